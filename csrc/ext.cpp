@@ -1,0 +1,95 @@
+// metile._ext: the C++ layer between metile's Python runtime and MLX.
+//
+// Built with NB_DOMAIN mlx so nanobind shares MLX's type registry: functions
+// here take and return mx.array / mx.Stream / mx.Dtype directly.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "mlx/fast.h"
+#include "msl_cpu/primitive.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+using namespace metile::msl_cpu;
+
+namespace {
+
+using Dim3 = std::tuple<int, int, int>;
+
+std::array<std::uint32_t, 3> to_dims(const Dim3& d, const char* what) {
+  auto [x, y, z] = d;
+  if (x < 0 || y < 0 || z < 0) {
+    throw std::invalid_argument(std::string("[metal_kernel] ") + what + " dimensions must be non-negative");
+  }
+  return {std::uint32_t(x), std::uint32_t(y), std::uint32_t(z)};
+}
+
+std::vector<mx::Shape> to_shapes(const std::vector<std::vector<int>>& shapes) {
+  std::vector<mx::Shape> out;
+  for (auto& s : shapes) out.emplace_back(s.begin(), s.end());
+  return out;
+}
+
+std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const std::string& name,
+                                  const std::vector<mx::array>& inputs,
+                                  const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
+                                  const std::vector<std::vector<int>>& output_shapes,
+                                  const std::vector<mx::Dtype>& output_dtypes, Dim3 grid,
+                                  Dim3 threadgroup, std::optional<float> init_value,
+                                  const std::string& lane_order, bool race_check, mx::Stream stream) {
+  LaunchSpec spec;
+  spec.name = name;
+  spec.shape_infos = shape_infos;
+  spec.dispatch.grid = to_dims(grid, "grid");
+  spec.dispatch.threadgroup = to_dims(threadgroup, "threadgroup");
+  spec.dispatch.order = parse_lane_order(lane_order);
+  spec.init_value = init_value;
+  spec.race_check = race_check;
+  return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
+                stream);
+}
+
+// Metal devices: hand the kernel to MLX's own metal_kernel, built from C++.
+std::vector<mx::array> launch_metal(
+    const std::string& name, const std::vector<std::string>& input_names,
+    const std::vector<std::string>& output_names, const std::string& source,
+    const std::string& header, bool ensure_row_contiguous, bool atomic_outputs,
+    const std::vector<mx::array>& inputs, const std::vector<std::vector<int>>& output_shapes,
+    const std::vector<mx::Dtype>& output_dtypes, Dim3 grid, Dim3 threadgroup,
+    const std::vector<std::pair<std::string, mx::fast::TemplateArg>>& template_args,
+    std::optional<float> init_value, bool verbose, mx::Stream stream) {
+  auto kernel = mx::fast::metal_kernel(name, input_names, output_names, source, header,
+                                       ensure_row_contiguous, atomic_outputs);
+  return kernel(inputs, to_shapes(output_shapes), output_dtypes, grid, threadgroup, template_args,
+                init_value, verbose, stream);
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "metile's C++ layer: MLX primitives and the MSL CPU runtime";
+  m.attr("abi_version") = METILE_MSL_ABI_VERSION;
+
+  nb::class_<KernelLibrary>(m, "KernelLibrary")
+      .def(nb::new_([](const std::string& path) { return std::make_shared<KernelLibrary>(path); }),
+           nb::arg("path"))
+      .def_prop_ro("path", &KernelLibrary::path);
+
+  m.def("launch_cpu", &launch_cpu, nb::arg("library"), nb::arg("name"), nb::arg("inputs"),
+        nb::arg("shape_infos"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
+        nb::arg("threadgroup"), nb::arg("init_value").none(), nb::arg("lane_order"),
+        nb::arg("race_check"), nb::arg("stream"),
+        "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
+  m.def("launch_metal", &launch_metal, nb::arg("name"), nb::arg("input_names"),
+        nb::arg("output_names"), nb::arg("source"), nb::arg("header"),
+        nb::arg("ensure_row_contiguous"), nb::arg("atomic_outputs"), nb::arg("inputs"),
+        nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
+        nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
+        nb::arg("stream"), "Launch through mlx::core::fast::metal_kernel (Metal devices).");
+}

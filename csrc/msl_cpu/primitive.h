@@ -1,0 +1,49 @@
+// The MLX primitive that runs an MSL kernel library on the CPU stream.  It is
+// an ordinary lazy node: nothing runs before mx.eval, and it traces through
+// mx.compile like any MLX op.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+#include "scheduler.h"
+
+namespace metile::msl_cpu {
+
+namespace mx = mlx::core;
+
+struct LaunchSpec {
+  // Per input: does the signature take {name}_shape, _strides, _ndim?
+  std::vector<std::tuple<bool, bool, bool>> shape_infos;
+  Dispatch dispatch;
+  std::optional<float> init_value;
+  // Run forward, reversed and shuffled lane orders and require equal outputs.
+  bool race_check = false;
+  std::string name;
+};
+
+class MslCpuKernel : public mx::Primitive {
+ public:
+  MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library, LaunchSpec spec)
+      : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "MetileMslCpuKernel"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ private:
+  std::shared_ptr<KernelLibrary> library_;
+  LaunchSpec spec_;
+};
+
+std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,
+                              const std::vector<mx::array>& inputs,
+                              const std::vector<mx::Shape>& output_shapes,
+                              const std::vector<mx::Dtype>& output_dtypes, mx::Stream stream);
+
+}  // namespace metile::msl_cpu

@@ -1,0 +1,60 @@
+// The MSL CPU runtime's scheduler: runs a compiled kernel library over a
+// Metal-style dispatch (grid counted in threads, possibly partial edge
+// threadgroups).  Threadgroups run in parallel on a pool of OS threads; the
+// threads of one group run as cooperative fibers that switch only at
+// threadgroup barriers and SIMD-group collectives.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "metile_msl/abi.h"
+
+namespace metile::msl_cpu {
+
+// The order in which a group's fibers are resumed.  A correct kernel gives
+// the same result for every order; a kernel that races on threadgroup memory
+// usually does not, which is how the race-exposing mode finds it.
+enum class LaneOrder { forward, reverse, shuffle };
+
+LaneOrder parse_lane_order(const std::string& name);
+
+struct Dispatch {
+  std::array<std::uint32_t, 3> grid;         // threads
+  std::array<std::uint32_t, 3> threadgroup;  // requested threads per group
+  LaneOrder order = LaneOrder::forward;
+};
+
+// A dlopen'd kernel library; closed when the last launch using it is gone.
+class KernelLibrary {
+ public:
+  explicit KernelLibrary(const std::string& path);
+  ~KernelLibrary();
+  KernelLibrary(const KernelLibrary&) = delete;
+  KernelLibrary& operator=(const KernelLibrary&) = delete;
+
+  const std::string& path() const { return path_; }
+  metile_lane_main_fn entry() const { return entry_; }
+
+ private:
+  std::string path_;
+  void* handle_ = nullptr;
+  metile_lane_main_fn entry_ = nullptr;
+};
+
+// Raised for anything the kernel did wrong at run time (divergent barrier,
+// threadgroup memory overflow, ...); the message says what and where.
+struct KernelError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Validates the dispatch against Metal's limits; throws std::invalid_argument.
+void check_dispatch(const Dispatch& d);
+
+// Runs every threadgroup of the dispatch to completion.  Throws KernelError.
+void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers);
+
+}  // namespace metile::msl_cpu

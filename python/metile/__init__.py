@@ -1,0 +1,24 @@
+"""metile: a tile-kernel language for MLX.
+
+Kernels written in Python (`@metile.kernel`) or as MSL (`metile.metal_kernel`)
+run as lazy nodes of the MLX graph: on Metal GPUs, on NVIDIA GPUs through
+MLX's CUDA backend, and on the CPU through metile's MSL CPU runtime.
+"""
+
+import mlx.core  # noqa: F401  (the extension shares MLX's nanobind types; load MLX first)
+
+from .runtime.metal_kernel import MetalKernel, metal_kernel
+from .runtime.msl_cpu.compiler import MslCompileError
+
+__version__ = "0.1.0"
+
+__all__ = ["metal_kernel", "MetalKernel", "MslCompileError"]
+
+try:  # the DSL (issue 3) exports its public names from metile.dsl
+    from .dsl import *  # noqa: F401,F403
+    from .dsl import __all__ as _dsl_all
+
+    __all__ += list(_dsl_all)
+except ModuleNotFoundError as _missing:  # pragma: no cover - only while the DSL is absent
+    if _missing.name != f"{__name__}.dsl":
+        raise

@@ -1,0 +1,148 @@
+"""Compile kernel translation units with clang and cache the libraries.
+
+The cache key is the full generated source, the compiler's identity and
+version, the flags, and a hash of the shim headers: a kernel is compiled once
+per machine and reused across processes (on-disk cache) and within one
+(in-memory cache).  Concurrent processes building the same kernel serialise
+on a file lock and publish the library by atomic rename.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+INCLUDE_DIR = Path(__file__).parent / "include"
+
+# Debian 12's default clang is 14, which lacks usable _Float16 on x86; bfloat
+# arithmetic needs clang >= 17.  Try the versioned names first.
+_CANDIDATES = [f"clang++-{v}" for v in range(22, 16, -1)] + ["clang++"]
+MIN_CLANG = 17
+
+INSTALL_HINT = (
+    "metile's MSL CPU runtime needs clang++ >= 17 with compiler-rt "
+    "(Debian/Ubuntu: `apt-get install clang-19 libclang-rt-19-dev`), "
+    "or set METILE_CXX to a suitable clang++."
+)
+
+_FLAGS = [
+    "-std=c++20",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-fno-strict-aliasing",
+    # Round every half/bfloat operation like the GPU instead of keeping
+    # float intermediates.
+    "-Xclang",
+    "-ffloat16-excess-precision=none",
+    "-Xclang",
+    "-fbfloat16-excess-precision=none",
+    # bfloat conversions live in compiler-rt's builtins, not libgcc.
+    "--rtlib=compiler-rt",
+    "-fvisibility=hidden",
+    "-Wno-unknown-attributes",
+    "-Wno-c++11-narrowing",
+    "-Wno-ignored-attributes",
+    "-ferror-limit=8",
+]
+if os.uname().machine in ("x86_64", "AMD64"):
+    _FLAGS.append("-mf16c")
+
+
+class MslCompileError(RuntimeError):
+    """The kernel's MSL did not compile; the message holds clang's diagnostics."""
+
+
+@functools.lru_cache(maxsize=None)
+def find_compiler() -> tuple[str, str]:
+    """(path, version banner) of the clang++ used for kernels."""
+    candidates = [os.environ["METILE_CXX"]] if os.environ.get("METILE_CXX") else _CANDIDATES
+    for name in candidates:
+        path = shutil.which(name)
+        if not path:
+            continue
+        banner = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+        match = re.search(r"clang version (\d+)", banner)
+        if match and int(match[1]) >= MIN_CLANG:
+            return path, banner.splitlines()[0]
+    raise RuntimeError(f"[metal_kernel] no suitable C++ compiler found. {INSTALL_HINT}")
+
+
+@functools.lru_cache(maxsize=None)
+def shim_fingerprint() -> str:
+    h = hashlib.sha256()
+    for path in sorted(INCLUDE_DIR.rglob("*")):
+        if path.is_file():
+            h.update(str(path.relative_to(INCLUDE_DIR)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("METILE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "metile"
+    )
+    path = Path(root) / "msl_cpu"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _key(source: str, flags: list[str]) -> str:
+    compiler, banner = find_compiler()
+    h = hashlib.sha256()
+    for part in (source, compiler, banner, " ".join(flags), shim_fingerprint()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _diagnostics(stderr: str) -> str:
+    # Keep the diagnostics about the user's code; clang's notes from inside
+    # the shim rarely help a kernel author.
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    return "\n".join(lines[:60])
+
+
+def _run(args: list[str], label: str) -> None:
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise MslCompileError(f"[metal_kernel] kernel '{label}' failed to compile:\n{_diagnostics(result.stderr)}")
+
+
+def compile_library(source: str, label: str) -> Path:
+    """Path of the shared library for `source`, compiling it on a cache miss."""
+    compiler, _ = find_compiler()
+    flags = _FLAGS + [f"-I{INCLUDE_DIR}"]
+    key = _key(source, flags)
+    target = cache_dir() / f"{key}.so"
+    if target.exists():
+        return target
+    with FileLock(str(target) + ".lock"):
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+            src = Path(tmp) / f"{key}.cpp"
+            src.write_text(source)
+            out = Path(tmp) / f"{key}.so"
+            _run([compiler, *flags, str(src), "-o", str(out)], label)
+            os.replace(out, target)
+    return target
+
+
+def check_address_spaces(source: str, label: str) -> None:
+    """Syntax-check `source` with distinct device/threadgroup/constant address
+    spaces, so mixing pointers of different spaces fails as it would on Metal."""
+    compiler, _ = find_compiler()
+    flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        src.write_text(source)
+        _run([compiler, *flags, f"-I{INCLUDE_DIR}", "-DMETILE_MSL_ADDRESS_SPACES", "-fsyntax-only", str(src)], label)

@@ -1,0 +1,25 @@
+import os
+import tempfile
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+# Compiled kernels are cached on disk; a run shares one cache directory so each
+# kernel compiles once (CI sets METILE_CACHE_DIR to keep it between steps).
+os.environ.setdefault("METILE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "metile-test-cache"))
+
+
+def default_is_cpu() -> bool:
+    return mx.default_device().type == mx.cpu
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+requires_msl_device = pytest.mark.skipif(
+    not (default_is_cpu() or mx.metal.is_available()),
+    reason="MSL kernels run on a Metal GPU or the CPU stream; this default device is neither",
+)

@@ -1,0 +1,220 @@
+"""metile.metal_kernel: hand-written MSL kernels checked against NumPy.
+
+On a Linux machine these run in the MSL CPU runtime; on a Mac the same tests
+run on the Metal GPU through MLX.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile_kernels.msl_reference import GEMM_SOURCE
+from conftest import requires_msl_device
+
+pytestmark = requires_msl_device
+
+RTOL, ATOL = 3e-4, 3e-5  # strict FP32
+
+
+def exp_kernel():
+    # The elementwise example of MLX's custom-kernel documentation.
+    source = """
+        uint elem = thread_position_in_grid.x;
+        T tmp = inp[elem];
+        out[elem] = metal::exp(tmp);
+    """
+    return metile.metal_kernel(name="myexp", input_names=["inp"], output_names=["out"], source=source)
+
+
+@pytest.mark.parametrize("dtype,tol", [(mx.float32, (RTOL, ATOL)), (mx.float16, (2e-3, 2e-3))])
+@pytest.mark.parametrize("n", [1, 7, 65, 1000])
+def test_exp_example(dtype, tol, n, rng):
+    x = rng.standard_normal(n).astype(np.float32)
+    a = mx.array(x).astype(dtype)
+    (out,) = exp_kernel()(
+        inputs=[a], template=[("T", dtype)], grid=(n, 1, 1), threadgroup=(256, 1, 1),
+        output_shapes=[a.shape], output_dtypes=[dtype],
+    )
+    expected = np.exp(np.array(a.astype(mx.float32)).astype(np.float64))
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)), expected, rtol=tol[0], atol=tol[1])
+
+
+def test_strided_input_uses_shape_strides_ndim(rng):
+    # ensure_row_contiguous=False: the kernel walks a transposed view itself.
+    source = """
+        uint elem = thread_position_in_grid.x;
+        uint loc = elem_to_loc(elem, inp_shape, inp_strides, inp_ndim);
+        out[elem] = inp[loc] * 2.0f;
+    """
+    kernel = metile.metal_kernel("strided", ["inp"], ["out"], source, ensure_row_contiguous=False)
+    x = rng.standard_normal((9, 13)).astype(np.float32)
+    a = mx.array(x).T  # non-contiguous
+    (out,) = kernel(inputs=[a], grid=(a.size, 1, 1), threadgroup=(64, 1, 1),
+                    output_shapes=[a.shape], output_dtypes=[mx.float32])
+    np.testing.assert_allclose(np.array(out), x.T * 2, rtol=RTOL, atol=ATOL)
+
+
+def test_template_arguments_int_bool_dtype(rng):
+    source = """
+        uint i = thread_position_in_grid.x;
+        T v = static_cast<T>(x[i]) * T(SCALE);
+        out[i] = NEGATE ? -v : v;
+    """
+    kernel = metile.metal_kernel("templated", ["x"], ["out"], source)
+    x = rng.standard_normal(100).astype(np.float32)
+    for scale, negate in ((3, True), (2, False)):
+        (out,) = kernel(inputs=[mx.array(x)], template=[("T", mx.float32), ("SCALE", scale), ("NEGATE", negate)],
+                        grid=(100, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(100,)], output_dtypes=[mx.float32])
+        np.testing.assert_allclose(np.array(out), x * scale * (-1 if negate else 1), rtol=RTOL, atol=ATOL)
+
+
+def test_scalar_and_small_inputs_follow_mlx_signature(rng):
+    # A Python float becomes a 0-d float32 (`const constant float&`); a
+    # 3-element array is passed in constant memory.
+    source = """
+        uint i = thread_position_in_grid.x;
+        out[i] = x[i] * alpha + coeffs[i % 3];
+    """
+    kernel = metile.metal_kernel("affine", ["x", "alpha", "coeffs"], ["out"], source)
+    x = rng.standard_normal(10).astype(np.float32)
+    c = np.array([1.0, 2.0, 3.0], np.float32)
+    (out,) = kernel(inputs=[mx.array(x), 0.5, mx.array(c)], grid=(10, 1, 1), threadgroup=(32, 1, 1),
+                    output_shapes=[(10,)], output_dtypes=[mx.float32])
+    np.testing.assert_allclose(np.array(out), x * 0.5 + c[np.arange(10) % 3], rtol=RTOL, atol=ATOL)
+
+
+REDUCE_SOURCE = """
+    threadgroup float partial[256];
+    uint tid = thread_position_in_threadgroup.x;
+    uint gid = threadgroup_position_in_grid.x;
+    uint i = thread_position_in_grid.x;
+    partial[tid] = i < n ? x[i] : 0.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint stride = 128; stride > 0; stride /= 2) {
+        if (tid < stride) {
+            partial[tid] += partial[tid + stride];
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    if (tid == 0) {
+        out[gid] = partial[0];
+    }
+"""
+
+
+@pytest.mark.parametrize("n", [1, 255, 256, 1000])
+def test_threadgroup_reduction_with_barriers(n, rng):
+    kernel = metile.metal_kernel("block_sum", ["x", "n"], ["out"], REDUCE_SOURCE)
+    x = rng.standard_normal(n).astype(np.float32)
+    groups = (n + 255) // 256
+    (out,) = kernel(inputs=[mx.array(x), n], grid=(groups * 256, 1, 1), threadgroup=(256, 1, 1),
+                    output_shapes=[(groups,)], output_dtypes=[mx.float32], race_check=True)
+    padded = np.zeros(groups * 256)
+    padded[:n] = x
+    np.testing.assert_allclose(np.array(out), padded.reshape(groups, 256).sum(1), rtol=RTOL, atol=1e-4)
+
+
+def test_race_check_reports_missing_barrier(rng):
+    # Same reduction without the barrier between the steps: the result then
+    # depends on the order in which threads run.
+    racy = REDUCE_SOURCE.replace("        threadgroup_barrier(mem_flags::mem_threadgroup);\n    }", "    }")
+    assert racy != REDUCE_SOURCE
+    kernel = metile.metal_kernel("racy_sum", ["x", "n"], ["out"], racy)
+    x = mx.array(rng.standard_normal(256).astype(np.float32))
+    (out,) = kernel(inputs=[x, 256], grid=(256, 1, 1), threadgroup=(256, 1, 1),
+                    output_shapes=[(1,)], output_dtypes=[mx.float32], race_check=True)
+    with pytest.raises(RuntimeError, match="race detected in kernel 'racy_sum'"):
+        mx.eval(out)
+
+
+def test_simd_sum_and_shuffle_xor(rng):
+    source = """
+        uint i = thread_position_in_grid.x;
+        uint lane = thread_index_in_simdgroup;
+        float v = x[i];
+        float total = simd_sum(v);
+        float butterfly = v;
+        for (ushort offset = 16; offset > 0; offset /= 2) {
+            butterfly += simd_shuffle_xor(butterfly, offset);
+        }
+        float neighbour = simd_shuffle_xor(v, ushort(1));
+        sums[i] = total;
+        butterflies[i] = butterfly;
+        swapped[i] = neighbour;
+        if (lane == 0) { firsts[i / 32] = simd_max(v); }
+    """
+    kernel = metile.metal_kernel("simd_ops", ["x"], ["sums", "butterflies", "swapped", "firsts"], source)
+    x = rng.standard_normal(128).astype(np.float32)
+    outs = kernel(inputs=[mx.array(x)], grid=(128, 1, 1), threadgroup=(64, 1, 1),
+                  output_shapes=[(128,), (128,), (128,), (4,)], output_dtypes=[mx.float32] * 4)
+    groups = x.reshape(4, 32).astype(np.float64)
+    np.testing.assert_allclose(np.array(outs[0]), np.repeat(groups.sum(1), 32), rtol=RTOL, atol=1e-4)
+    np.testing.assert_allclose(np.array(outs[1]), np.repeat(groups.sum(1), 32), rtol=RTOL, atol=1e-4)
+    np.testing.assert_array_equal(np.array(outs[2]), x.reshape(-1, 2)[:, ::-1].reshape(-1))
+    np.testing.assert_array_equal(np.array(outs[3]), x.reshape(4, 32).max(1))
+
+
+def test_atomic_histogram(rng):
+    source = """
+        uint i = thread_position_in_grid.x;
+        if (i < n) {
+            atomic_fetch_add_explicit(&hist[values[i]], 1, memory_order_relaxed);
+        }
+    """
+    kernel = metile.metal_kernel("histogram", ["values", "n"], ["hist"], source, atomic_outputs=True)
+    values = rng.integers(0, 16, size=5000).astype(np.int32)
+    (hist,) = kernel(inputs=[mx.array(values), 5000], grid=(5000, 1, 1), threadgroup=(256, 1, 1),
+                     output_shapes=[(16,)], output_dtypes=[mx.int32], init_value=0)
+    np.testing.assert_array_equal(np.array(hist), np.bincount(values, minlength=16))
+
+
+
+
+def gemm_kernel():
+    return metile.metal_kernel("gemm64", ["A", "B", "K", "N"], ["C"], GEMM_SOURCE)
+
+
+def run_gemm(a, b, **kw):
+    m, k = a.shape
+    n = b.shape[1]
+    (c,) = gemm_kernel()(inputs=[a, b, k, n], grid=(n // 64 * 32 * 4, m // 64, 1), threadgroup=(128, 1, 1),
+                         output_shapes=[(m, n)], output_dtypes=[mx.float32], **kw)
+    return c
+
+
+def test_simdgroup_matrix_gemm(rng):
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 64)).astype(np.float32)
+    c = run_gemm(mx.array(a), mx.array(b), race_check=True)
+    np.testing.assert_allclose(np.array(c), a.astype(np.float64) @ b, rtol=RTOL, atol=1e-4)
+
+
+def test_gemm_inside_mx_compile(rng):
+    a = rng.standard_normal((64, 128)).astype(np.float32)
+    b = rng.standard_normal((128, 64)).astype(np.float32)
+
+    @mx.compile
+    def f(x, y):
+        return run_gemm(x * 2.0, y) + 1.0
+
+    out = f(mx.array(a), mx.array(b))
+    np.testing.assert_allclose(np.array(out), (2 * a.astype(np.float64)) @ b + 1, rtol=RTOL, atol=1e-4)
+    # The compiled graph is reused for a second call with new values.
+    out2 = f(mx.array(b.T.copy()), mx.array(a.T.copy()))
+    np.testing.assert_allclose(np.array(out2), (2 * b.T.astype(np.float64)) @ a.T + 1, rtol=RTOL, atol=1e-4)
+
+
+def test_launch_is_lazy():
+    # This kernel fails when it runs (divergent barrier), so any work done
+    # before mx.eval would raise at the call.
+    source = """
+        if (thread_position_in_grid.x == 0) { return; }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        out[thread_position_in_grid.x] = 1.0f;
+    """
+    kernel = metile.metal_kernel("lazy_probe", ["x"], ["out"], source)
+    (out,) = kernel(inputs=[mx.zeros(4)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+                    output_shapes=[(4,)], output_dtypes=[mx.float32])
+    with pytest.raises(RuntimeError, match="divergent threadgroup barrier"):
+        mx.eval(out)

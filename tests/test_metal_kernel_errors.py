@@ -1,0 +1,135 @@
+"""Bad kernels and bad launches give clear errors, never a crash or a hang."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from conftest import default_is_cpu, requires_msl_device
+
+pytestmark = requires_msl_device
+cpu_runtime_only = pytest.mark.skipif(not default_is_cpu(), reason="checks messages of metile's MSL CPU runtime")
+
+
+def copy_kernel(source="out[thread_position_in_grid.x] = inp[thread_position_in_grid.x];", name="copy"):
+    return metile.metal_kernel(name, ["inp"], ["out"], source)
+
+
+def launch(kernel, n=8, **kw):
+    args = dict(inputs=[mx.zeros(n)], grid=(n, 1, 1), threadgroup=(n, 1, 1),
+                output_shapes=[(n,)], output_dtypes=[mx.float32])
+    args.update(kw)
+    return kernel(**args)
+
+
+@cpu_runtime_only
+def test_compile_error_names_the_body_line():
+    source = "uint i = thread_position_in_grid.x;\nfloat v = inp[i];\nout[i] = v + undefined_name;\n"
+    with pytest.raises(metile.MslCompileError) as info:
+        launch(copy_kernel(source, name="broken"))
+    message = str(info.value)
+    assert "kernel 'broken' failed to compile" in message
+    assert "broken (source):3:" in message
+    assert "undefined_name" in message
+
+
+@cpu_runtime_only
+def test_divergent_barrier_is_reported_not_hung():
+    source = """
+        uint i = thread_position_in_grid.x;
+        if (i % 2 == 0) {
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        out[i] = inp[i];
+    """
+    (out,) = launch(copy_kernel(source, name="divergent"))
+    with pytest.raises(RuntimeError, match=r"divergent threadgroup barrier .* 4 of 8 threads returned"):
+        mx.eval(out)
+
+
+@cpu_runtime_only
+def test_barriers_at_different_sites_are_reported():
+    source = """
+        uint i = thread_position_in_grid.x;
+        if (i < 4) {
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        } else {
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        out[i] = inp[i];
+    """
+    (out,) = launch(copy_kernel(source, name="two_sites"))
+    with pytest.raises(RuntimeError, match="threads wait at different threadgroup_barrier calls"):
+        mx.eval(out)
+
+
+@cpu_runtime_only
+def test_runtime_error_leaves_the_process_usable():
+    source = "if (thread_position_in_grid.x) return; threadgroup_barrier(mem_flags::mem_none); out[0] = 1.0f;"
+    (bad,) = launch(copy_kernel(source, name="fails"))
+    with pytest.raises(RuntimeError):
+        mx.eval(bad)
+    (good,) = launch(copy_kernel(), n=8)
+    np.testing.assert_array_equal(np.array(good), np.zeros(8, np.float32))
+
+
+@cpu_runtime_only
+def test_threadgroup_memory_limit():
+    source = """
+        threadgroup float big[9000];
+        big[thread_position_in_threadgroup.x] = 1.0f;
+        out[thread_position_in_grid.x] = big[0];
+    """
+    (out,) = launch(copy_kernel(source, name="too_much_tg"))
+    with pytest.raises(RuntimeError, match="threadgroup memory"):
+        mx.eval(out)
+
+
+def test_threadgroup_beyond_metal_limit():
+    with pytest.raises(ValueError, match="at most 1024 threads per threadgroup"):
+        launch(copy_kernel(), n=2048, grid=(2048, 1, 1), threadgroup=(2048, 1, 1))
+    with pytest.raises(ValueError, match="at most 1024 threads per threadgroup"):
+        launch(copy_kernel(), n=4096, grid=(64, 64, 1), threadgroup=(64, 32, 1))
+
+
+def test_argument_count_and_shape_checks():
+    kernel = copy_kernel()
+    with pytest.raises(ValueError, match="expected `inputs` to have size 1 but got size 2"):
+        launch(kernel, inputs=[mx.zeros(8), mx.zeros(8)])
+    with pytest.raises(ValueError, match="expected `output_dtypes` to have size 1 but got size 0"):
+        launch(kernel, output_dtypes=[])
+    with pytest.raises(ValueError, match="grid must be a tuple of three ints"):
+        launch(kernel, grid=(8, 1))
+    with pytest.raises(ValueError, match="at least one output"):
+        metile.metal_kernel("none", ["x"], [], "")
+    with pytest.raises(ValueError, match="must be distinct"):
+        metile.metal_kernel("dup", ["x"], ["x"], "")
+
+
+@cpu_runtime_only
+def test_address_space_check_mode():
+    # Passing threadgroup memory where the helper takes a device pointer is an
+    # error on Metal; the check mode reproduces it.
+    header = "inline float first(const device float* p) { return p[0]; }"
+    source = """
+        threadgroup float staged[32];
+        staged[thread_position_in_threadgroup.x] = inp[thread_position_in_grid.x];
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        out[thread_position_in_grid.x] = first(staged);
+    """
+    bad = metile.metal_kernel("mixed_spaces", ["inp"], ["out"], source, header=header)
+    with pytest.raises(metile.MslCompileError, match="mixed_spaces"):
+        bad.check(inputs=[mx.zeros(32)], output_dtypes=[mx.float32])
+    good = metile.metal_kernel("same_spaces", ["inp"], ["out"], source,
+                               header=header.replace("device", "threadgroup"))
+    good.check(inputs=[mx.zeros(32)], output_dtypes=[mx.float32])
+
+
+@pytest.mark.skipif(mx.metal.is_available(), reason="Metal runs MSL on the GPU")
+def test_gpu_stream_without_metal_says_where_msl_runs():
+    with pytest.raises((RuntimeError, ValueError)) as info:
+        launch(copy_kernel(), stream=mx.gpu)
+    message = str(info.value)
+    # On a CUDA machine metile names the fix; on a CPU-only MLX build, MLX
+    # itself refuses the GPU device before metile sees the stream.
+    assert "CPU stream" in message or "gpu" in message.lower()
