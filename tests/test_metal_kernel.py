@@ -142,7 +142,8 @@ def test_simd_sum_and_shuffle_xor(rng):
         sums[i] = total;
         butterflies[i] = butterfly;
         swapped[i] = neighbour;
-        if (lane == 0) { firsts[i / 32] = simd_max(v); }
+        float largest = simd_max(v);
+        if (lane == 0) { firsts[i / 32] = largest; }
     """
     kernel = metile.metal_kernel("simd_ops", ["x"], ["sums", "butterflies", "swapped", "firsts"], source)
     x = rng.standard_normal(128).astype(np.float32)

@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 import metile
-from conftest import default_is_cpu, requires_msl_device
+from conftest import default_is_cpu
 
-pytestmark = requires_msl_device
 cpu_runtime_only = pytest.mark.skipif(not default_is_cpu(), reason="checks messages of metile's MSL CPU runtime")
 
 
@@ -126,10 +125,15 @@ def test_address_space_check_mode():
 
 
 @pytest.mark.skipif(mx.metal.is_available(), reason="Metal runs MSL on the GPU")
-def test_gpu_stream_without_metal_says_where_msl_runs():
-    with pytest.raises((RuntimeError, ValueError)) as info:
-        launch(copy_kernel(), stream=mx.gpu)
-    message = str(info.value)
-    # On a CUDA machine metile names the fix; on a CPU-only MLX build, MLX
-    # itself refuses the GPU device before metile sees the stream.
-    assert "CPU stream" in message or "gpu" in message.lower()
+def test_gpu_without_metal_says_where_msl_runs():
+    from metile.runtime.metal_kernel import route
+
+    with pytest.raises(RuntimeError, match=r"kernel 'copy' is MSL, which runs on a Metal GPU or on the CPU stream.*stream=mx.cpu"):
+        route(mx.Device(mx.gpu), "copy")
+    assert route(mx.Device(mx.cpu)) == "cpu"
+
+
+@pytest.mark.skipif(not mx.cuda.is_available() or default_is_cpu(), reason="needs MLX's CUDA backend as default device")
+def test_cuda_default_device_call_needs_cpu_stream():
+    with pytest.raises(RuntimeError, match="Pass stream=mx.cpu"):
+        launch(copy_kernel())

@@ -66,6 +66,22 @@ def _stream(stream) -> mx.Stream:
     raise TypeError(_error(f"stream must be an mx.Stream, mx.Device or None, got {stream!r}"))
 
 
+def route(device: mx.Device, name: str = "kernel") -> str:
+    """Where MSL runs for `device`: "metal" (MLX's own metal_kernel) or "cpu"
+    (metile's MSL CPU runtime).  Other GPUs cannot run MSL."""
+    if device.type == mx.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    raise RuntimeError(
+        _error(
+            f"kernel '{name}' is MSL, which runs on a Metal GPU or on the CPU stream; "
+            f"the requested device is {device}, which is not a Metal GPU. Pass stream=mx.cpu to run it "
+            "in metile's MSL CPU runtime, or write the kernel with @metile.kernel to get CUDA code."
+        )
+    )
+
+
 def _load(tu: str, label: str) -> _ext.KernelLibrary:
     with _lock:
         if os.environ.get("METILE_MSL_CHECK_ADDRESS_SPACES") == "1" and tu not in _checked:
@@ -169,19 +185,11 @@ class MetalKernel:
         grid, threadgroup, shapes = self._validate(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template = list(template or [])
         s = _stream(stream)
-        if s.device.type == mx.gpu:
-            if mx.metal.is_available():
-                return _ext.launch_metal(
-                    self.name, self.input_names, self.output_names, self.source, self.header,
-                    self.ensure_row_contiguous, self.atomic_outputs, inputs, shapes, list(output_dtypes),
-                    grid, threadgroup, template, init_value, verbose, s,
-                )
-            raise RuntimeError(
-                _error(
-                    f"kernel '{self.name}' is MSL, which runs on a Metal GPU or on the CPU stream; "
-                    f"the requested device is {s.device} without Metal. Pass stream=mx.cpu to run it "
-                    "in metile's MSL CPU runtime, or write the kernel with @metile.kernel to get CUDA code."
-                )
+        if route(s.device, self.name) == "metal":
+            return _ext.launch_metal(
+                self.name, self.input_names, self.output_names, self.source, self.header,
+                self.ensure_row_contiguous, self.atomic_outputs, inputs, shapes, list(output_dtypes),
+                grid, threadgroup, template, init_value, verbose, s,
             )
         if self.ensure_row_contiguous:
             inputs = [mx.contiguous(x, stream=s) if x.ndim > 0 else x for x in inputs]

@@ -44,7 +44,7 @@ struct Runtime {
   // collective; then publishes the live-lane mask into simd->mask[parity].
   void (*simd_sync)(Lane*, Site, unsigned parity);
   // Aborts the launch with a message; never returns to the kernel.
-  [[noreturn]] void (*fail)(Lane*, const char* message);
+  void (*fail)(Lane*, const char* message);
 };
 
 // State shared by the lanes of one SIMD-group.  Collectives alternate between

@@ -1,0 +1,124 @@
+"""Content keys and the on-disk cache of generated kernels.
+
+A compiled specialization is identified by what determines its code, never
+by a user-chosen name: the kernel's source, the source of every
+@metile.inline helper it reaches, the values of the globals it reads, the
+constexpr values, the argument kinds/dtypes/ranks, the lane geometry request,
+the backend, and a fingerprint of the compiler's own source files.
+
+The disk cache stores the generated source and launch metadata as JSON under
+`$METILE_CACHE_DIR/dsl` (default `~/.cache/metile/dsl`).  The backend's own
+compile of that source is cached separately by the runtime that runs it.
+Writes are atomic (write to a temp file, then rename); unreadable entries are
+ignored and regenerated.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import tempfile
+import types
+from pathlib import Path
+
+from ..language.dtypes import DType
+
+_COMPILER_DIRS = ("frontend", "ir", "passes", "codegen", "language")
+_fingerprint: str | None = None
+
+
+def compiler_fingerprint() -> str:
+    """Hash of the compiler's source files: a compiler change invalidates every entry."""
+    global _fingerprint
+    if _fingerprint is None:
+        root = Path(__file__).resolve().parent.parent
+        h = hashlib.sha256()
+        files = [root / "runtime" / "kernel.py", root / "runtime" / "cache.py"]
+        for d in _COMPILER_DIRS:
+            files += sorted((root / d).glob("*.py"))
+        for f in files:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+        _fingerprint = h.hexdigest()[:16]
+    return _fingerprint
+
+
+def _global_names(tree: ast.AST) -> list[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+    return sorted(names)
+
+
+def _describe(value, seen: set) -> str:
+    if getattr(value, "__metile_inline__", False):
+        return "inline:" + source_fingerprint(value.__wrapped__, seen)
+    if getattr(value, "__metile_kernel__", False):
+        return "kernel:" + value.fn.__qualname__
+    if isinstance(value, types.ModuleType):
+        return "module:" + value.__name__
+    if isinstance(value, (types.BuiltinFunctionType, type)):
+        return f"builtin:{getattr(value, '__module__', '')}.{value.__qualname__}"
+    if callable(value) and hasattr(value, "__metile_builtin__"):
+        return "metile:" + value.__metile_builtin__
+    if isinstance(value, (int, float, bool, str, type(None), DType, tuple)):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, types.FunctionType):
+        return f"function:{value.__module__}.{value.__qualname__}"
+    return f"{type(value).__qualname__}:{value!r}"
+
+
+def source_fingerprint(fn, seen: set | None = None) -> str:
+    """Hash of `fn`'s source plus the globals/closure values it names (recursively
+    through @metile.inline helpers)."""
+    from ..frontend.source import function_source
+
+    seen = set() if seen is None else seen
+    if fn in seen:
+        return "recursive"
+    seen.add(fn)
+    src = function_source(fn)
+    h = hashlib.sha256(src.text.encode())
+    scope = {**fn.__globals__, **src.closure()}
+    for name in _global_names(src.tree):
+        if name in scope:
+            h.update(f"{name}={_describe(scope[name], seen)};".encode())
+    return h.hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("METILE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                               "metile")
+    return Path(base) / "dsl"
+
+
+def key_hash(parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def disk_load(key: str) -> dict | None:
+    if os.environ.get("METILE_DISABLE_DISK_CACHE"):
+        return None
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("key") == key else None
+
+
+def disk_store(key: str, data: dict) -> None:
+    if os.environ.get("METILE_DISABLE_DISK_CACHE"):
+        return
+    d = cache_dir()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(data, key=key), f)
+        os.replace(tmp, d / f"{key}.json")
+    except OSError:
+        pass  # a read-only or full cache directory only costs a recompile

@@ -1,0 +1,407 @@
+// Scalar and vector types of MSL, type traits, numeric_limits, as_type.
+//
+// Vectors are clang ext_vector_type vectors: they give Metal's sizes and
+// alignments (float3 is 16 bytes), swizzles (.xy, .wzyx, .rgba, swizzle
+// assignment), element-wise operators and vector-scalar operators.  What
+// clang does differently from Metal, and how the shim deals with it:
+//  * `float4(a, b)` does not compile and `float4(int4)` reinterprets bits:
+//    vector_ctors.h turns `floatN(...)` into a function-like macro that
+//    converts element-wise; `vec<T, N>(...)` and `static_cast<floatN>(...)`
+//    need the source rewrite in rewrite.py.
+//  * comparisons give integer masks (-1 / 0) of the operand's element width,
+//    not bool vectors; select/all/any accept either.
+//  *  * boolN is a vector of `signed char` holding 0 or 1 (clang's own bool
+//    vectors are bit-packed and have no .xyzw): Metal's size (bool4 is 4
+//    bytes), swizzles work, `if (m.x)` works.  Construction and conversion
+//    to it (`bool4(a < b)`) map nonzero to 1; `bool4 m = a < b;` does not
+//    compile (the mask is an int4).  The price: vec<int8_t, N> is the same
+//    type as boolN and converts like it (Metal code says charN, which is a
+//    vector of `char`, a distinct type).
+#pragma once
+
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+typedef unsigned long ulong;
+typedef _Float16 half;
+typedef __bf16 bfloat;
+typedef half float16_t;
+typedef bfloat bfloat16_t;
+
+template <typename T, int N>
+using vec = T __attribute__((ext_vector_type(N)));
+
+#define METILE_VEC_TYPES(T, NAME) \
+  typedef vec<T, 2> NAME##2;      \
+  typedef vec<T, 3> NAME##3;      \
+  typedef vec<T, 4> NAME##4;
+METILE_VEC_TYPES(signed char, bool)
+METILE_VEC_TYPES(char, char)
+METILE_VEC_TYPES(unsigned char, uchar)
+METILE_VEC_TYPES(short, short)
+METILE_VEC_TYPES(unsigned short, ushort)
+METILE_VEC_TYPES(int, int)
+METILE_VEC_TYPES(unsigned int, uint)
+METILE_VEC_TYPES(long, long)
+METILE_VEC_TYPES(unsigned long, ulong)
+METILE_VEC_TYPES(half, half)
+METILE_VEC_TYPES(float, float)
+METILE_VEC_TYPES(bfloat, bfloat)
+#undef METILE_VEC_TYPES
+
+// Metal's half literal suffix: `1.0h`.  (The bfloat suffix `1.0bf` cannot be
+// a user-defined literal in clang; rewrite.py turns it into a cast.)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wuser-defined-literals"
+constexpr half operator""h(long double x) { return static_cast<half>(static_cast<float>(x)); }
+constexpr half operator""h(unsigned long long x) { return static_cast<half>(x); }
+#pragma clang diagnostic pop
+
+namespace metile_rt {
+
+template <typename T>
+struct vec_traits {
+  static constexpr int size = 0;
+  using elem = T;
+};
+template <typename T, int N>
+struct vec_traits<vec<T, N>> {
+  static constexpr int size = N;
+  using elem = T;
+};
+template <typename T>
+inline constexpr bool is_vec = vec_traits<std::remove_cvref_t<T>>::size != 0;
+template <typename T>
+using elem_t = typename vec_traits<std::remove_cvref_t<T>>::elem;
+template <typename T>
+inline constexpr int vec_size = vec_traits<std::remove_cvref_t<T>>::size;
+
+template <typename T>
+inline constexpr bool is_float_scalar =
+    std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat>;
+template <typename T>
+inline constexpr bool is_int_scalar = std::is_integral_v<T>;
+template <typename T>
+inline constexpr bool is_arith_scalar = is_float_scalar<T> || is_int_scalar<T>;
+// Scalars and vectors of scalars: what the element-wise library accepts.
+template <typename T>
+concept Arith = is_arith_scalar<std::remove_cvref_t<T>> ||
+                (is_vec<T> && is_arith_scalar<elem_t<T>>);
+template <typename T>
+concept FloatArith = Arith<T> && is_float_scalar<elem_t<T>>;
+template <typename T>
+concept IntArith = Arith<T> && is_int_scalar<elem_t<T>>;
+
+// The type a math function computes in for an argument of type T: integer
+// arguments become float (Metal would reject some of these calls as
+// ambiguous; accepting them is harmless).
+template <typename T, bool = is_vec<T>>
+struct float_of_impl {
+  using type = std::conditional_t<is_float_scalar<T>, T, float>;
+};
+template <typename T>
+struct float_of_impl<T, true> {
+  using type = vec<typename float_of_impl<elem_t<T>, false>::type, vec_size<T>>;
+};
+template <typename T>
+using float_of = typename float_of_impl<std::remove_cvref_t<T>>::type;
+
+template <typename T>
+inline constexpr int float_rank = std::is_same_v<T, bfloat> ? 1
+                                  : std::is_same_v<T, half> ? 2
+                                  : std::is_same_v<T, float> ? 3
+                                                             : 4;
+
+// The common type of a mixed-type call such as max(x, 0) or pow(v, 2.0f):
+// a vector wins over a scalar (which is splatted), a floating type over an
+// integer one (so max(half, 0) stays half), else the usual C++ rules.  half
+// with bfloat gives float, as neither converts to the other on Metal.
+template <typename A, typename B>
+struct promote_scalar {
+  using type = std::conditional_t<
+      std::is_same_v<A, B>, A,
+      std::conditional_t<
+          is_float_scalar<A> && !is_float_scalar<B>, A,
+          std::conditional_t<
+              is_float_scalar<B> && !is_float_scalar<A>, B,
+              std::conditional_t<
+                  is_float_scalar<A> && is_float_scalar<B>,
+                  std::conditional_t<(float_rank<A> + float_rank<B> == 3), float,
+                                     std::conditional_t<(float_rank<A> > float_rank<B>), A, B>>,
+                  std::common_type_t<A, B>>>>>;
+};
+template <typename A, typename B, bool VA = is_vec<A>, bool VB = is_vec<B>>
+struct promote_impl {
+  using type = typename promote_scalar<A, B>::type;
+};
+template <typename A, typename B>
+struct promote_impl<A, B, true, false> {
+  using type = A;
+};
+template <typename A, typename B>
+struct promote_impl<A, B, false, true> {
+  using type = B;
+};
+template <typename A, typename B>
+struct promote_impl<A, B, true, true> {
+  static_assert(std::is_same_v<A, B>, "metal: vector arguments of different types");
+  using type = A;
+};
+template <typename... Ts>
+struct promote;
+template <typename A>
+struct promote<A> {
+  using type = A;
+};
+template <typename A, typename B, typename... R>
+struct promote<A, B, R...> {
+  using type = typename promote<typename promote_impl<A, B>::type, R...>::type;
+};
+template <typename... Ts>
+using promote_t = typename promote<std::remove_cvref_t<Ts>...>::type;
+
+// Converts one element as Metal's explicit conversions do; to bool means
+// "nonzero", which also turns comparison masks (-1/0) into true/false.
+template <typename To, typename From>
+constexpr To convert_elem(From x) {
+  if constexpr (std::is_same_v<To, bool> || std::is_same_v<To, signed char>)
+    return x != From(0);
+  else
+    return static_cast<To>(x);
+}
+
+// Scalar or vector of type T from a scalar (splat) or a same-size vector
+// (element-wise conversion).
+template <typename T, typename U>
+constexpr T convert(U x) {
+  if constexpr (!is_vec<T>) {
+    static_assert(!is_vec<U>, "metal: cannot convert a vector to a scalar");
+    return convert_elem<T>(x);
+  } else if constexpr (!is_vec<U>) {
+    using E = elem_t<T>;
+    return T(convert_elem<E>(x));
+  } else {
+    static_assert(vec_size<T> == vec_size<U>, "metal: vector conversion between different sizes");
+    using E = elem_t<T>;
+    if constexpr (std::is_same_v<T, std::remove_cvref_t<U>>) {
+      return x;
+    } else if constexpr (std::is_same_v<E, bool> || std::is_same_v<E, signed char>) {
+      T r;
+      for (int i = 0; i < vec_size<T>; ++i) r[i] = x[i] != elem_t<U>(0);
+      return r;
+    } else {
+      return __builtin_convertvector(x, T);
+    }
+  }
+}
+
+template <typename T, int N>
+struct vec_builder {
+  T e[N] = {};
+  int n = 0;
+  template <typename A>
+  constexpr void put(const A& a) {
+    if constexpr (is_vec<A>) {
+      for (int i = 0; i < vec_size<A>; ++i) e[n++] = convert_elem<T>(a[i]);
+    } else {
+      e[n++] = convert_elem<T>(a);
+    }
+  }
+  template <int... I>
+  constexpr vec<T, N> build(std::integer_sequence<int, I...>) const {
+    return vec<T, N>{e[I]...};
+  }
+};
+
+template <typename A>
+inline constexpr int component_count = is_vec<A> ? vec_size<A> : 1;
+
+// Metal vector construction: `float4(x)` splats a scalar, `float4(int4)`
+// converts element-wise, `float4(a.xy, 1, b.w)` concatenates; the component
+// count must match (a scalar alone splats), as Metal requires.
+template <typename T, int N, typename... A>
+constexpr vec<T, N> make_vec(const A&... a) {
+  if constexpr (sizeof...(A) == 0) {
+    return vec<T, N>(T(0));
+  } else if constexpr (sizeof...(A) == 1 && (component_count<A> + ...) != N) {
+    static_assert(((!is_vec<A>) && ...), "metal: vector constructor given a vector of the wrong size");
+    return convert<vec<T, N>>(a...);
+  } else if constexpr (sizeof...(A) == 1 && (is_vec<A> && ...)) {
+    return convert<vec<T, N>>(a...);
+  } else {
+    static_assert((component_count<A> + ...) == N,
+                  "metal: vector constructor arguments have the wrong number of components");
+    vec_builder<T, N> b;
+    (b.put(a), ...);
+    return b.build(std::make_integer_sequence<int, N>{});
+  }
+}
+
+}  // namespace metile_rt
+
+namespace metal {
+
+// as_type<T>(x): reinterpret the bits of x as T (same size, as in Metal).
+template <typename T, typename U>
+constexpr T as_type(const U& x) {
+  static_assert(sizeof(T) == sizeof(U), "metal: as_type between types of different sizes");
+  return __builtin_bit_cast(T, x);
+}
+
+// Metal's <metal_type_traits>: std's, except that half and bfloat count as
+// floating-point (libstdc++ does not say so for clang's _Float16/__bf16).
+using std::add_const;
+using std::add_const_t;
+using std::add_pointer_t;
+using std::bool_constant;
+using std::common_type;
+using std::common_type_t;
+using std::conditional;
+using std::conditional_t;
+using std::decay;
+using std::decay_t;
+using std::declval;
+using std::enable_if;
+using std::enable_if_t;
+using std::false_type;
+using std::integral_constant;
+using std::is_base_of;
+using std::is_base_of_v;
+using std::is_const;
+using std::is_const_v;
+using std::is_convertible;
+using std::is_convertible_v;
+using std::is_integral;
+using std::is_integral_v;
+using std::is_pointer;
+using std::is_pointer_v;
+using std::is_same;
+using std::is_same_v;
+using std::is_signed;
+using std::is_signed_v;
+using std::is_unsigned;
+using std::is_unsigned_v;
+using std::is_void;
+using std::is_void_v;
+using std::make_signed;
+using std::make_signed_t;
+using std::make_unsigned;
+using std::make_unsigned_t;
+using std::remove_const;
+using std::remove_const_t;
+using std::remove_cv;
+using std::remove_cv_t;
+using std::remove_reference;
+using std::remove_reference_t;
+using std::true_type;
+
+template <typename T>
+struct is_floating_point : bool_constant<metile_rt::is_float_scalar<remove_cv_t<T>>> {};
+template <typename T>
+inline constexpr bool is_floating_point_v = is_floating_point<T>::value;
+template <typename T>
+struct is_arithmetic : bool_constant<metile_rt::is_arith_scalar<remove_cv_t<T>>> {};
+template <typename T>
+inline constexpr bool is_arithmetic_v = is_arithmetic<T>::value;
+template <typename T>
+struct is_scalar : bool_constant<is_arithmetic_v<T> || std::is_scalar_v<T>> {};
+template <typename T>
+inline constexpr bool is_scalar_v = is_scalar<T>::value;
+template <typename T>
+struct is_vector : bool_constant<metile_rt::is_vec<T>> {};
+template <typename T>
+inline constexpr bool is_vector_v = is_vector<T>::value;
+
+template <typename T>
+struct numeric_limits : std::numeric_limits<T> {};
+
+template <>
+struct numeric_limits<half> {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr int digits = 11;
+  static constexpr int radix = 2;
+  static constexpr half min() { return __builtin_bit_cast(half, (unsigned short)0x0400); }
+  static constexpr half max() { return __builtin_bit_cast(half, (unsigned short)0x7bff); }
+  static constexpr half lowest() { return __builtin_bit_cast(half, (unsigned short)0xfbff); }
+  static constexpr half epsilon() { return __builtin_bit_cast(half, (unsigned short)0x1400); }
+  static constexpr half infinity() { return __builtin_bit_cast(half, (unsigned short)0x7c00); }
+  static constexpr half quiet_NaN() { return __builtin_bit_cast(half, (unsigned short)0x7e00); }
+  static constexpr half signaling_NaN() { return __builtin_bit_cast(half, (unsigned short)0x7d00); }
+  static constexpr half denorm_min() { return __builtin_bit_cast(half, (unsigned short)0x0001); }
+};
+
+template <>
+struct numeric_limits<bfloat> {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr int digits = 8;
+  static constexpr int radix = 2;
+  static constexpr bfloat min() { return __builtin_bit_cast(bfloat, (unsigned short)0x0080); }
+  static constexpr bfloat max() { return __builtin_bit_cast(bfloat, (unsigned short)0x7f7f); }
+  static constexpr bfloat lowest() { return __builtin_bit_cast(bfloat, (unsigned short)0xff7f); }
+  static constexpr bfloat epsilon() { return __builtin_bit_cast(bfloat, (unsigned short)0x3c00); }
+  static constexpr bfloat infinity() { return __builtin_bit_cast(bfloat, (unsigned short)0x7f80); }
+  static constexpr bfloat quiet_NaN() { return __builtin_bit_cast(bfloat, (unsigned short)0x7fc0); }
+  static constexpr bfloat signaling_NaN() { return __builtin_bit_cast(bfloat, (unsigned short)0x7fa0); }
+  static constexpr bfloat denorm_min() { return __builtin_bit_cast(bfloat, (unsigned short)0x0001); }
+};
+
+// Metal's packed vectors (no padding: packed_float3 is 12 bytes).  They
+// convert to and from the aligned vectors; arithmetic goes through those.
+template <typename T, int N>
+struct packed_vec;
+#define METILE_PACKED_BODY(N)                                                       \
+  using value_type = T;                                                             \
+  packed_vec() = default;                                                           \
+  constexpr packed_vec(vec<T, N> v) { *this = v; }                                  \
+  constexpr packed_vec& operator=(vec<T, N> v) {                                    \
+    for (int i = 0; i < N; ++i) (*this)[i] = v[i];                                  \
+    return *this;                                                                   \
+  }                                                                                 \
+  constexpr operator vec<T, N>() const {                                            \
+    vec<T, N> v;                                                                    \
+    for (int i = 0; i < N; ++i) v[i] = (*this)[i];                                  \
+    return v;                                                                       \
+  }                                                                                 \
+  constexpr T& operator[](int i) { return (&x)[i]; }                                \
+  constexpr const T& operator[](int i) const { return (&x)[i]; }
+template <typename T>
+struct packed_vec<T, 2> {
+  T x, y;
+  METILE_PACKED_BODY(2)
+};
+template <typename T>
+struct packed_vec<T, 3> {
+  T x, y, z;
+  METILE_PACKED_BODY(3)
+};
+template <typename T>
+struct packed_vec<T, 4> {
+  T x, y, z, w;
+  METILE_PACKED_BODY(4)
+};
+#undef METILE_PACKED_BODY
+
+}  // namespace metal
+
+#define METILE_PACKED_TYPES(T, NAME)                      \
+  typedef metal::packed_vec<T, 2> packed_##NAME##2;       \
+  typedef metal::packed_vec<T, 3> packed_##NAME##3;       \
+  typedef metal::packed_vec<T, 4> packed_##NAME##4;
+METILE_PACKED_TYPES(char, char)
+METILE_PACKED_TYPES(uchar, uchar)
+METILE_PACKED_TYPES(short, short)
+METILE_PACKED_TYPES(ushort, ushort)
+METILE_PACKED_TYPES(int, int)
+METILE_PACKED_TYPES(uint, uint)
+METILE_PACKED_TYPES(half, half)
+METILE_PACKED_TYPES(float, float)
+METILE_PACKED_TYPES(bfloat, bfloat)
+#undef METILE_PACKED_TYPES
