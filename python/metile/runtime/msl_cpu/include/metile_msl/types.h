@@ -241,6 +241,8 @@ constexpr vec<T, N> make_vec(const A&... a) {
 
 namespace metal {
 
+using ::vec;  // Metal spells it metal::vec too
+
 // as_type<T>(x): reinterpret the bits of x as T (same size, as in Metal).
 template <typename T, typename U>
 constexpr T as_type(const U& x) {

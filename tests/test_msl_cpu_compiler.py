@@ -1,0 +1,86 @@
+"""The MSL CPU runtime's source builder, compiler discovery and kernel cache."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile.runtime.msl_cpu import compiler, source
+from conftest import default_is_cpu
+
+cpu_runtime_only = pytest.mark.skipif(not default_is_cpu(), reason="exercises metile's MSL CPU runtime")
+
+
+def test_missing_compiler_names_the_fix(monkeypatch):
+    monkeypatch.setenv("METILE_CXX", "/nonexistent/clang++")
+    compiler.find_compiler.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"no suitable C\+\+ compiler found.*apt-get install clang-19 libclang-rt-19-dev"):
+            compiler.find_compiler()
+    finally:
+        monkeypatch.delenv("METILE_CXX")
+        compiler.find_compiler.cache_clear()
+
+
+def test_threadgroup_declarations_become_group_storage():
+    body = """
+        threadgroup float tile[32][33];
+        threadgroup atomic_int counter;
+        threadgroup float* p = &tile[0][0];
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    """
+    out = source.rewrite_threadgroup_declarations(body)
+    assert "threadgroup float (&tile)[32][33] = ::metile_rt::tg_storage<float[32][33]>(0);" in out
+    assert "threadgroup atomic_int& counter = ::metile_rt::tg_storage<atomic_int>(1);" in out
+    # pointers into threadgroup memory and barriers are left alone
+    assert "threadgroup float* p = &tile[0][0];" in out
+    assert "threadgroup_barrier(mem_flags::mem_threadgroup);" in out
+
+
+def test_signature_matches_mlx_rules():
+    tu = source.build(
+        name="sig",
+        inputs=[
+            source.InputSpec("big", mx.float16, 2, 64),
+            source.InputSpec("small", mx.int32, 1, 3),
+            source.InputSpec("scalar", mx.float32, 0, 1),
+        ],
+        output_names=["out"],
+        output_dtypes=[mx.bfloat16],
+        source="out[0] = big[big_strides[0]] + small[0] + scalar + big_ndim + thread_index_in_simdgroup;",
+        header="",
+        template=[("N", 4), ("FLAG", True), ("T", mx.float32)],
+        atomic_outputs=False,
+        rewrite=lambda s: s,
+    )
+    assert "template <int N, bool FLAG, typename T>" in tu
+    assert "const device float16_t* big [[buffer(0)]]" in tu
+    assert "const constant int64_t* big_strides [[buffer(1)]]" in tu
+    assert "const constant int& big_ndim [[buffer(2)]]" in tu
+    assert "big_shape" not in tu
+    assert "const constant int32_t* small [[buffer(3)]]" in tu
+    assert "const constant float& scalar [[buffer(4)]]" in tu
+    assert "device bfloat16_t* out [[buffer(5)]]" in tu
+    assert "uint thread_index_in_simdgroup [[thread_index_in_simdgroup]]" in tu
+    assert "custom_kernel_sig<4, true, float>(" in tu
+
+
+@cpu_runtime_only
+def test_kernels_compile_once_per_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    kernel = metile.metal_kernel("cached", ["x"], ["out"], "out[thread_position_in_grid.x] = x[thread_position_in_grid.x] + 1;")
+
+    def run(dtype):
+        (out,) = kernel(inputs=[mx.zeros(4, dtype=dtype)], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+                        output_shapes=[(4,)], output_dtypes=[dtype])
+        np.testing.assert_array_equal(np.array(out.astype(mx.float32)), np.ones(4))
+
+    run(mx.float32)
+    libraries = sorted((tmp_path / "msl_cpu").glob("*.so"))
+    assert len(libraries) == 1
+    stamp = libraries[0].stat().st_mtime_ns
+    run(mx.float32)
+    assert sorted((tmp_path / "msl_cpu").glob("*.so")) == libraries
+    assert libraries[0].stat().st_mtime_ns == stamp
+    run(mx.float16)  # another dtype is another specialization
+    assert len(list((tmp_path / "msl_cpu").glob("*.so"))) == 2
