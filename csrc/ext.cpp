@@ -70,6 +70,22 @@ std::vector<mx::array> launch_metal(
                 init_value, verbose, stream);
 }
 
+// NVIDIA devices: CUDA C++ through mlx::core::fast::cuda_kernel (MLX's
+// CUDA backend compiles it with NVRTC and caches it).
+std::vector<mx::array> launch_cuda(
+    const std::string& name, const std::vector<std::string>& input_names,
+    const std::vector<std::string>& output_names, const std::string& source,
+    const std::string& header, bool ensure_row_contiguous, int shared_memory,
+    const std::vector<mx::array>& inputs, const std::vector<std::vector<int>>& output_shapes,
+    const std::vector<mx::Dtype>& output_dtypes, Dim3 grid, Dim3 threadgroup,
+    const std::vector<std::pair<std::string, mx::fast::TemplateArg>>& template_args,
+    std::optional<float> init_value, bool verbose, mx::Stream stream) {
+  auto kernel = mx::fast::cuda_kernel(name, input_names, output_names, source, header,
+                                      ensure_row_contiguous, shared_memory);
+  return kernel(inputs, to_shapes(output_shapes), output_dtypes, grid, threadgroup, template_args,
+                init_value, verbose, stream);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -92,4 +108,10 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::metal_kernel (Metal devices).");
+  m.def("launch_cuda", &launch_cuda, nb::arg("name"), nb::arg("input_names"),
+        nb::arg("output_names"), nb::arg("source"), nb::arg("header"),
+        nb::arg("ensure_row_contiguous"), nb::arg("shared_memory"), nb::arg("inputs"),
+        nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
+        nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
+        nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
 }

@@ -7,12 +7,13 @@ MLX's CUDA backend, and on the CPU through metile's MSL CPU runtime.
 
 import mlx.core  # noqa: F401  (the extension shares MLX's nanobind types; load MLX first)
 
+from .runtime.cuda_kernel import CudaKernel, cuda_kernel
 from .runtime.metal_kernel import MetalKernel, metal_kernel
 from .runtime.msl_cpu.compiler import MslCompileError
 
 __version__ = "0.1.0"
 
-__all__ = ["metal_kernel", "MetalKernel", "MslCompileError"]
+__all__ = ["metal_kernel", "MetalKernel", "cuda_kernel", "CudaKernel", "MslCompileError"]
 
 try:  # the DSL (issue 3) exports its public names from metile.dsl
     from .dsl import *  # noqa: F401,F403

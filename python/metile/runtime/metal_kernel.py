@@ -11,59 +11,17 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 
 import mlx.core as mx
 
 from .. import _ext
 from .msl_cpu import compiler, source as msl_source
 from .msl_cpu.rewrite import rewrite_msl
-
-MAX_THREADS_PER_THREADGROUP = 1024
+from .source_kernel import SourceKernel, as_array, resolve_stream
 
 _libraries: dict[str, _ext.KernelLibrary] = {}
 _checked: set[str] = set()
 _lock = threading.Lock()
-
-
-def _error(message: str) -> str:
-    return f"[metal_kernel] {message}"
-
-
-def _dims(value, what: str) -> tuple[int, int, int]:
-    if not isinstance(value, Sequence) or len(value) != 3 or not all(isinstance(v, int) for v in value):
-        raise ValueError(_error(f"{what} must be a tuple of three ints, got {value!r}"))
-    if any(v < 0 for v in value):
-        raise ValueError(_error(f"{what} dimensions must be non-negative, got {tuple(value)}"))
-    return tuple(value)
-
-
-def _as_array(value, name: str) -> mx.array:
-    if isinstance(value, mx.array):
-        return value
-    # MLX's rule for scalar inputs: 0-d arrays of bool, int32 or float32.
-    if isinstance(value, bool):
-        return mx.array(value, dtype=mx.bool_)
-    if isinstance(value, int):
-        return mx.array(value, dtype=mx.int32)
-    if isinstance(value, float):
-        return mx.array(value, dtype=mx.float32)
-    try:
-        return mx.array(value)
-    except Exception:
-        raise TypeError(_error(f"input '{name}' must be an mx.array or a Python scalar, got {type(value).__name__}")) from None
-
-
-def _stream(stream) -> mx.Stream:
-    if stream is None:
-        return mx.default_stream(mx.default_device())
-    if isinstance(stream, mx.Stream):
-        return stream
-    if isinstance(stream, mx.DeviceType):
-        stream = mx.Device(stream)
-    if isinstance(stream, mx.Device):
-        return mx.default_stream(stream)
-    raise TypeError(_error(f"stream must be an mx.Stream, mx.Device or None, got {stream!r}"))
 
 
 def route(device: mx.Device, name: str = "kernel") -> str:
@@ -74,7 +32,7 @@ def route(device: mx.Device, name: str = "kernel") -> str:
     if mx.metal.is_available():
         return "metal"
     raise RuntimeError(
-        _error(
+        "[metal_kernel] " + (
             f"kernel '{name}' is MSL, which runs on a Metal GPU or on the CPU stream; "
             f"the requested device is {device}, which is not a Metal GPU. Pass stream=mx.cpu to run it "
             "in metile's MSL CPU runtime, or write the kernel with @metile.kernel to get CUDA code."
@@ -94,55 +52,14 @@ def _load(tu: str, label: str) -> _ext.KernelLibrary:
         return lib
 
 
-class MetalKernel:
+class MetalKernel(SourceKernel):
     """A callable MSL kernel; create it with `metile.metal_kernel`."""
 
-    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs):
-        if not output_names:
-            raise ValueError(_error("must specify at least one output"))
-        names = list(input_names) + list(output_names)
-        bad = [n for n in names if not str(n).isidentifier()]
-        if bad:
-            raise ValueError(_error(f"input/output names must be identifiers, got {bad}"))
-        if len(set(names)) != len(names):
-            raise ValueError(_error(f"input and output names must be distinct, got {names}"))
-        self.name = name
-        self.input_names = list(input_names)
-        self.output_names = list(output_names)
-        self.source = source
-        self.header = header
-        self.ensure_row_contiguous = ensure_row_contiguous
-        self.atomic_outputs = atomic_outputs
+    op = "metal_kernel"
 
-    def _validate(self, inputs, output_shapes, output_dtypes, grid, threadgroup):
-        if len(inputs) != len(self.input_names):
-            raise ValueError(
-                _error(f"expected `inputs` to have size {len(self.input_names)} but got size {len(inputs)}")
-            )
-        for what, seq in (("output_shapes", output_shapes), ("output_dtypes", output_dtypes)):
-            if len(seq) != len(self.output_names):
-                raise ValueError(
-                    _error(f"expected `{what}` to have size {len(self.output_names)} but got size {len(seq)}")
-                )
-        grid = _dims(grid, "grid")
-        threadgroup = _dims(threadgroup, "threadgroup")
-        if 0 in threadgroup:
-            raise ValueError(_error(f"threadgroup dimensions must be positive, got {threadgroup}"))
-        threads = 1
-        for g, t in zip(grid, threadgroup):
-            threads *= min(g, t) if g else t
-        if threads > MAX_THREADS_PER_THREADGROUP:
-            raise ValueError(
-                _error(
-                    f"threadgroup {threadgroup} has {threads} threads; Metal allows at most "
-                    f"{MAX_THREADS_PER_THREADGROUP} threads per threadgroup"
-                )
-            )
-        shapes = [[int(d) for d in s] for s in output_shapes]
-        for s in shapes:
-            if any(d < 0 for d in s):
-                raise ValueError(_error(f"output shape {s} has a negative dimension"))
-        return grid, threadgroup, shapes
+    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs):
+        super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
+        self.atomic_outputs = atomic_outputs
 
     def translation_unit(self, inputs, output_dtypes, template=()) -> str:
         """The C++ source the CPU runtime compiles for these argument types."""
@@ -163,7 +80,7 @@ class MetalKernel:
 
     def check(self, *, inputs, output_dtypes, template=()) -> None:
         """Compile-check the MSL with distinct address spaces (no run)."""
-        inputs = [_as_array(x, n) for x, n in zip(inputs, self.input_names)]
+        inputs = [as_array(x, n, self.op) for x, n in zip(inputs, self.input_names)]
         compiler.check_address_spaces(self.translation_unit(inputs, output_dtypes, template), self.name)
 
     def __call__(
@@ -181,10 +98,9 @@ class MetalKernel:
         lane_order=None,
         race_check=None,
     ):
-        inputs = [_as_array(x, n) for x, n in zip(inputs, self.input_names)] + list(inputs[len(self.input_names):])
-        grid, threadgroup, shapes = self._validate(inputs, output_shapes, output_dtypes, grid, threadgroup)
+        inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template = list(template or [])
-        s = _stream(stream)
+        s = resolve_stream(stream, self.op)
         if route(s.device, self.name) == "metal":
             return _ext.launch_metal(
                 self.name, self.input_names, self.output_names, self.source, self.header,

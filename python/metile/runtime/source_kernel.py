@@ -1,0 +1,106 @@
+"""What `metile.metal_kernel` and `metile.cuda_kernel` share: a kernel given as
+a source body plus MLX's call contract, and the checks that run before any
+graph node is built."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+
+# Metal's and CUDA's limit alike.
+MAX_THREADS_PER_THREADGROUP = 1024
+
+
+def as_array(value, name: str, op: str) -> mx.array:
+    if isinstance(value, mx.array):
+        return value
+    # MLX's rule for scalar inputs: 0-d arrays of bool, int32 or float32.
+    if isinstance(value, bool):
+        return mx.array(value, dtype=mx.bool_)
+    if isinstance(value, int):
+        return mx.array(value, dtype=mx.int32)
+    if isinstance(value, float):
+        return mx.array(value, dtype=mx.float32)
+    try:
+        return mx.array(value)
+    except Exception:
+        raise TypeError(
+            f"[{op}] input '{name}' must be an mx.array or a Python scalar, got {type(value).__name__}"
+        ) from None
+
+
+def resolve_stream(stream, op: str) -> mx.Stream:
+    if stream is None:
+        return mx.default_stream(mx.default_device())
+    if isinstance(stream, mx.Stream):
+        return stream
+    if isinstance(stream, mx.DeviceType):
+        stream = mx.Device(stream)
+    if isinstance(stream, mx.Device):
+        return mx.default_stream(stream)
+    raise TypeError(f"[{op}] stream must be an mx.Stream, mx.Device or None, got {stream!r}")
+
+
+class SourceKernel:
+    """A kernel body in a GPU language with MLX's generated signature."""
+
+    op = "kernel"  # error prefix, MLX style
+
+    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous):
+        if not output_names:
+            raise ValueError(self.error("must specify at least one output"))
+        names = list(input_names) + list(output_names)
+        bad = [n for n in names if not str(n).isidentifier()]
+        if bad:
+            raise ValueError(self.error(f"input/output names must be identifiers, got {bad}"))
+        if len(set(names)) != len(names):
+            raise ValueError(self.error(f"input and output names must be distinct, got {names}"))
+        self.name = name
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.source = source
+        self.header = header
+        self.ensure_row_contiguous = ensure_row_contiguous
+
+    def error(self, message: str) -> str:
+        return f"[{self.op}] {message}"
+
+    def _dims(self, value, what: str) -> tuple[int, int, int]:
+        if not isinstance(value, Sequence) or len(value) != 3 or not all(isinstance(v, int) for v in value):
+            raise ValueError(self.error(f"{what} must be a tuple of three ints, got {value!r}"))
+        if any(v < 0 for v in value):
+            raise ValueError(self.error(f"{what} dimensions must be non-negative, got {tuple(value)}"))
+        return tuple(value)
+
+    def prepare_call(self, inputs, output_shapes, output_dtypes, grid, threadgroup):
+        """Checked (inputs as arrays, grid, threadgroup, output shapes)."""
+        if len(inputs) != len(self.input_names):
+            raise ValueError(
+                self.error(f"expected `inputs` to have size {len(self.input_names)} but got size {len(inputs)}")
+            )
+        inputs = [as_array(x, n, self.op) for x, n in zip(inputs, self.input_names)]
+        for what, seq in (("output_shapes", output_shapes), ("output_dtypes", output_dtypes)):
+            if len(seq) != len(self.output_names):
+                raise ValueError(
+                    self.error(f"expected `{what}` to have size {len(self.output_names)} but got size {len(seq)}")
+                )
+        grid = self._dims(grid, "grid")
+        threadgroup = self._dims(threadgroup, "threadgroup")
+        if 0 in threadgroup:
+            raise ValueError(self.error(f"threadgroup dimensions must be positive, got {threadgroup}"))
+        threads = 1
+        for g, t in zip(grid, threadgroup):
+            threads *= min(g, t) if g else t
+        if threads > MAX_THREADS_PER_THREADGROUP:
+            raise ValueError(
+                self.error(
+                    f"threadgroup {threadgroup} has {threads} threads; the GPU allows at most "
+                    f"{MAX_THREADS_PER_THREADGROUP} threads per threadgroup"
+                )
+            )
+        shapes = [[int(d) for d in s] for s in output_shapes]
+        for s in shapes:
+            if any(d < 0 for d in s):
+                raise ValueError(self.error(f"output shape {s} has a negative dimension"))
+        return inputs, grid, threadgroup, shapes
