@@ -12,11 +12,14 @@
 #include <nanobind/stl/vector.h>
 
 #include "mlx/fast.h"
+#ifdef METILE_HAVE_MSL_CPU
 #include "msl_cpu/primitive.h"
+#else
+#include "metile_msl/abi.h"
+#endif
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
-using namespace metile::msl_cpu;
 
 namespace {
 
@@ -36,6 +39,9 @@ std::vector<mx::Shape> to_shapes(const std::vector<std::vector<int>>& shapes) {
   return out;
 }
 
+#ifdef METILE_HAVE_MSL_CPU
+using namespace metile::msl_cpu;
+
 std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const std::string& name,
                                   const std::vector<mx::array>& inputs,
                                   const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
@@ -54,6 +60,8 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
                 stream);
 }
+
+#endif
 
 // Metal devices: hand the kernel to MLX's own metal_kernel, built from C++.
 std::vector<mx::array> launch_metal(
@@ -92,6 +100,8 @@ NB_MODULE(_ext, m) {
   m.doc() = "metile's C++ layer: MLX primitives and the MSL CPU runtime";
   m.attr("abi_version") = METILE_MSL_ABI_VERSION;
 
+#ifdef METILE_HAVE_MSL_CPU
+  m.attr("has_msl_cpu") = true;
   nb::class_<KernelLibrary>(m, "KernelLibrary")
       .def(nb::new_([](const std::string& path) { return std::make_shared<KernelLibrary>(path); }),
            nb::arg("path"))
@@ -102,6 +112,9 @@ NB_MODULE(_ext, m) {
         nb::arg("threadgroup"), nb::arg("init_value").none(), nb::arg("lane_order"),
         nb::arg("race_check"), nb::arg("stream"),
         "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
+#else
+  m.attr("has_msl_cpu") = false;
+#endif
   m.def("launch_metal", &launch_metal, nb::arg("name"), nb::arg("input_names"),
         nb::arg("output_names"), nb::arg("source"), nb::arg("header"),
         nb::arg("ensure_row_contiguous"), nb::arg("atomic_outputs"), nb::arg("inputs"),

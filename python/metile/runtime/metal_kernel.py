@@ -41,6 +41,11 @@ def route(device: mx.Device, name: str = "kernel") -> str:
 
 
 def _load(tu: str, label: str) -> _ext.KernelLibrary:
+    if not _ext.has_msl_cpu:
+        raise RuntimeError(
+            "[metal_kernel] this metile build has no MSL CPU runtime (boost.context was not found when "
+            "it was built); install libboost-context-dev and reinstall metile"
+        )
     with _lock:
         if os.environ.get("METILE_MSL_CHECK_ADDRESS_SPACES") == "1" and tu not in _checked:
             compiler.check_address_spaces(tu, label)
