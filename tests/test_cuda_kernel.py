@@ -45,3 +45,16 @@ def test_shared_memory_block_sum_inside_compile(rng):
         return out.sum()
 
     np.testing.assert_allclose(float(f(mx.array(x))), 2 * x.astype(np.float64).sum(), rtol=3e-4, atol=1e-3)
+
+
+def test_same_name_different_source_runs_each_source():
+    # MLX caches CUDA modules by name; metile's names carry a content hash.
+    x = mx.arange(8).astype(mx.float32)
+    outs = []
+    for op in ("+", "*"):
+        kernel = metile.cuda_kernel("same_name", ["x"], ["out"],
+                                    f"int i = threadIdx.x; out[i] = x[i] {op} 2.0f;")
+        outs.append(kernel(inputs=[x], grid=(8, 1, 1), threadgroup=(8, 1, 1),
+                           output_shapes=[(8,)], output_dtypes=[mx.float32])[0])
+    np.testing.assert_array_equal(np.array(outs[0]), np.arange(8) + 2)
+    np.testing.assert_array_equal(np.array(outs[1]), np.arange(8) * 2)

@@ -7,6 +7,7 @@ kernels take one path.  Returns lazy arrays that trace through `mx.compile`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -36,10 +37,22 @@ class CudaKernel(SourceKernel):
                            f"the requested device is {s.device}")
             )
         return _ext.launch_cuda(
-            self.name, self.input_names, self.output_names, self.source, self.header,
+            self.unique_name(inputs, output_dtypes, template), self.input_names, self.output_names, self.source, self.header,
             self.ensure_row_contiguous, self.shared_memory, inputs, shapes, list(output_dtypes),
             grid, threadgroup, list(template or []), init_value, verbose, s,
         )
+
+
+    def unique_name(self, inputs, output_dtypes, template) -> str:
+        """MLX's CUDA backend caches compiled modules by kernel name alone, so
+        two kernels (or two specializations) sharing a name would silently run
+        the first one's code; the name metile passes carries a content hash."""
+        h = hashlib.sha256()
+        for part in (self.source, self.header, repr([(x.dtype, x.ndim) for x in inputs]),
+                     repr(list(output_dtypes)), repr(template), str(self.ensure_row_contiguous)):
+            h.update(part.encode())
+            h.update(b"\0")
+        return f"{self.name}_{h.hexdigest()[:16]}"
 
 
 def cuda_kernel(
