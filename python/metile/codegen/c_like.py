@@ -1,0 +1,209 @@
+"""A printer for thread-form Tile IR in C-like languages.
+
+Everything a backend differs in is a table entry or a small method on a
+subclass (`msl.MSLEmitter`; a CUDA emitter is the same size).  The printer
+never decides anything about tiles, layouts or memory: `passes.lower_tiles`
+already did.  Each SSA value becomes one `const` local; mutable state is only
+what `decl` ops declare.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir.core import Block, Function, Op, Value
+from ..ir.types import ScalarType
+from ..language import dtypes as dt
+
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%",
+         "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
+         "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+MATH = ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid")
+
+
+class CEmitter:
+    # --- tables a backend fills in ---------------------------------------------------
+    TYPES: dict[str, str] = {}          # dtype name -> spelling
+    GEOMETRY: dict[str, str] = {}       # program_id/num_programs/thread_id/simd_* -> expression
+    MATH_FUNCS: dict[str, str] = {}     # math op -> format over {x} (float32)
+    SIMD_REDUCE: dict[str, str] = {}    # reduce kind -> function
+    BARRIER = ""
+    INFINITY = "INFINITY"
+    NAN = "NAN"
+    SHARED_DECL = "{type} {name}[{size}];"
+    HELPERS: dict[str, str] = {}        # helper name -> source; emitted into the header when used
+
+    def __init__(self, fn: Function):
+        assert fn.form == "thread", "emit the thread form (run passes.lower_tiles first)"
+        self.fn = fn
+        self.threads = fn.meta["threads"]
+        self.names: dict[int, str] = {}
+        self.lines: list[str] = []
+        self.helpers_used: set[str] = set()
+        self.count = 0
+
+    # --- naming ------------------------------------------------------------------------
+    def type(self, t) -> str:
+        d = t.dtype if isinstance(t, ScalarType) else t
+        return self.TYPES[d.name]
+
+    def bind(self, v: Value, prefix="_v") -> str:
+        self.count += 1
+        name = f"{prefix}{self.count}"
+        self.names[v.id] = name
+        return name
+
+    def ref(self, v: Value) -> str:
+        return self.names[v.id]
+
+    def literal(self, value, d: dt.DType) -> str:
+        if d.is_bool:
+            return "true" if value else "false"
+        if d.is_int:
+            if d.kind == "u":
+                return f"{int(value)}u"
+            return "(-2147483647 - 1)" if value == -2**31 else (f"({value})" if value < 0 else str(value))
+        if math.isinf(value):
+            text = self.INFINITY if value > 0 else f"(-{self.INFINITY})"
+        elif math.isnan(value):
+            text = self.NAN
+        else:
+            text = repr(float(value)) + "f"
+            text = f"({text})" if value < 0 else text
+        return text if d == dt.float32 else f"static_cast<{self.TYPES[d.name]}>({text})"
+
+    # --- expressions -------------------------------------------------------------------
+    def expr(self, op: Op) -> str:
+        a = [self.ref(v) for v in op.operands]
+        name = op.name
+        rt = op.results[0].type if op.results else None
+        if name == "const":
+            return self.literal(op.attrs["value"], rt.dtype)
+        if name in self.GEOMETRY:
+            return self.GEOMETRY[name].format(axis="xyz"[op.attrs.get("axis", 0)])
+        if name == "param" or name == "var_get":
+            return op.attrs["name"]
+        if name == "local_get":
+            return f"{op.attrs['name']}[{a[0]}]"
+        if name == "mem_load":
+            load = f"{op.attrs['root']}[{a[0]}]"
+            return f"({a[1]} ? {load} : {a[2]})" if len(a) == 3 else load
+        if name in INFIX:
+            return f"({a[0]} {INFIX[name]} {a[1]})"
+        if name in ("maximum", "minimum"):
+            return self.minmax(name, a, rt)
+        if name == "neg":
+            return f"(-{a[0]})"
+        if name == "not":
+            return f"(!{a[0]})" if rt.dtype.is_bool else f"(~{a[0]})"
+        if name == "abs":
+            return self.math("abs", a[0], rt) if rt.dtype.is_float else f"metal::abs({a[0]})"
+        if name in MATH:
+            return self.math(name, a[0], rt)
+        if name == "cast":
+            return self.cast(a[0], op.operands[0].type, rt)
+        if name == "where":
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if name == "simd_reduce":
+            return f"{self.SIMD_REDUCE[op.attrs['kind']]}({a[0]})"
+        raise NotImplementedError(f"{type(self).__name__} cannot print {name}")
+
+    def minmax(self, name, a, rt) -> str:
+        cmp = ">" if name == "maximum" else "<"
+        return f"({a[0]} {cmp} {a[1]} ? {a[0]} : {a[1]})"
+
+    def math(self, name: str, x: str, rt) -> str:
+        if name == "erf":
+            self.helpers_used.add("erf")
+        fmt = self.MATH_FUNCS[name]
+        if rt.dtype == dt.float32:
+            return fmt.format(x=x)
+        t = self.type(rt)
+        return f"static_cast<{t}>({fmt.format(x=f'static_cast<float>({x})')})"
+
+    def cast(self, x: str, src, dst) -> str:
+        if dst.dtype.is_bool:
+            return f"({x} != 0)"
+        return f"static_cast<{self.type(dst)}>({x})"
+
+    # --- statements ------------------------------------------------------------------------
+    def emit(self, line: str, depth: int) -> None:
+        self.lines.append("  " * depth + line)
+
+    def block(self, block: Block, depth: int) -> None:
+        for op in block.ops:
+            self.statement(op, depth)
+
+    def statement(self, op: Op, depth: int) -> None:
+        name = op.name
+        a = [self.ref(v) for v in op.operands]
+        if name == "decl":
+            self.declare(op, depth)
+        elif name == "lane_loop":
+            self.lane_loop(op, depth)
+        elif name == "for":
+            iv = self.bind(op.regions[0].args[0], "_k")
+            self.emit(f"for (int {iv} = {a[0]}; {iv} < {a[1]}; {iv} += {a[2]}) {{", depth)
+            self.block(op.regions[0], depth + 1)
+            self.emit("}", depth)
+        elif name == "if":
+            self.emit(f"if ({a[0]}) {{", depth)
+            self.block(op.regions[0], depth + 1)
+            if op.regions[1].ops:
+                self.emit("} else {", depth)
+                self.block(op.regions[1], depth + 1)
+            self.emit("}", depth)
+        elif name == "while":
+            self.emit("while (true) {", depth)
+            self.block(op.regions[0], depth + 1)
+            self.block(op.regions[1], depth + 1)
+            self.emit("}", depth)
+        elif name == "condition":
+            self.emit(f"if (!{a[0]}) break;", depth)
+        elif name == "barrier":
+            self.emit(self.BARRIER, depth)
+        elif name == "var_set":
+            self.emit(f"{op.attrs['name']} = {a[0]};", depth)
+        elif name == "local_set":
+            self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
+        elif name == "mem_store":
+            store = f"{op.attrs['root']}[{a[0]}] = {a[1]};"
+            self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
+        elif name == "const":
+            self.names[op.result.id] = self.expr(op)
+        else:
+            r = op.result
+            self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
+
+    def declare(self, op: Op, depth: int) -> None:
+        t, name, size = self.TYPES[op.attrs["dtype"].name], op.attrs["name"], op.attrs["size"]
+        if op.attrs["storage"] == "shared":
+            self.emit(self.SHARED_DECL.format(type=t, name=name, size=size), depth)
+        elif op.attrs["storage"] == "local":
+            self.emit(f"{t} {name}[{size}];", depth)
+        else:
+            self.emit(f"{t} {name};", depth)
+
+    def lane_loop(self, op: Op, depth: int) -> None:
+        numel, slots, threads = op.attrs["numel"], op.attrs["slots"], op.attrs["threads"]
+        block = op.regions[0]
+        i, s = self.bind(block.args[0], "_i"), self.bind(block.args[1], "_s")
+        tid = self.GEOMETRY["thread_id"]
+        if slots == 1:
+            self.emit(f"{{ const int {s} = 0; const int {i} = {tid};", depth)
+        else:
+            self.emit(f"for (int {s} = 0; {s} < {slots}; ++{s}) {{ "
+                      f"const int {i} = {tid} + {s} * {threads};", depth)
+        if numel < slots * threads:
+            self.emit(f"  if ({i} < {numel}) {{", depth)
+            self.block(block, depth + 2)
+            self.emit("  }", depth)
+        else:
+            self.block(block, depth + 1)
+        self.emit("}", depth)
+
+    def render(self) -> tuple[str, str]:
+        """(header, body)"""
+        self.block(self.fn.body, 0)
+        header = "\n".join(self.HELPERS[h] for h in sorted(self.helpers_used))
+        return header, "\n".join(self.lines) + "\n"

@@ -1,0 +1,57 @@
+"""Metal Shading Language: the spelling table for `CEmitter`.
+
+Produces the (header, body) pair of the `metal_kernel` contract: the body
+refers to buffers by their input/output names and to the builtin attributes
+(`threadgroup_position_in_grid`, ...) that MLX adds to the signature when the
+body mentions them.  Math on half/bfloat is computed in float and rounded
+back (Metal's half-precision library functions are less accurate, and
+bfloat has none).  Metal has no erf; the header supplies one.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Function
+from .c_like import CEmitter
+
+_ERF = """\
+// erf for float: Abramowitz & Stegun 7.1.26 refined (max abs error ~1.2e-7 on [0, inf)).
+inline float metile_erf(float x) {
+  float a = metal::abs(x);
+  float t = 1.0f / (1.0f + 0.5f * a);
+  float y = t * metal::exp(-a * a - 1.26551223f + t * (1.00002368f + t * (0.37409196f +
+            t * (0.09678418f + t * (-0.18628806f + t * (0.27886807f + t * (-1.13520398f +
+            t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f)))))))));
+  return x >= 0.0f ? 1.0f - y : y - 1.0f;
+}"""
+
+
+class MSLEmitter(CEmitter):
+    TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
+             "uint32": "uint", "bool": "bool"}
+    GEOMETRY = {
+        "program_id": "static_cast<int>(threadgroup_position_in_grid.{axis})",
+        "num_programs": "static_cast<int>(threadgroups_per_grid.{axis})",
+        "thread_id": "static_cast<int>(thread_position_in_threadgroup.x)",
+        "simd_lane": "static_cast<int>(thread_index_in_simdgroup)",
+        "simd_group": "static_cast<int>(simdgroup_index_in_threadgroup)",
+    }
+    MATH_FUNCS = {"exp": "metal::exp({x})", "exp2": "metal::exp2({x})", "log": "metal::log({x})",
+                  "sqrt": "metal::sqrt({x})", "rsqrt": "metal::rsqrt({x})",
+                  "tanh": "metal::tanh({x})", "abs": "metal::abs({x})",
+                  "erf": "metile_erf({x})", "sigmoid": "(1.0f / (1.0f + metal::exp(-({x}))))"}
+    SIMD_REDUCE = {"sum": "metal::simd_sum", "max": "metal::simd_max", "min": "metal::simd_min"}
+    INFINITY = "metal::numeric_limits<float>::infinity()"
+    NAN = "metal::numeric_limits<float>::quiet_NaN()"
+    BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    SHARED_DECL = "threadgroup {type} {name}[{size}];"
+    HELPERS = {"erf": _ERF}
+
+    def minmax(self, name, a, rt) -> str:
+        if rt.dtype.name in ("float32", "float16", "int32", "uint32"):
+            return f"metal::{'max' if name == 'maximum' else 'min'}({a[0]}, {a[1]})"
+        return super().minmax(name, a, rt)
+
+
+def emit_msl(fn: Function) -> tuple[str, str]:
+    """(header, body) of a thread-form function."""
+    return MSLEmitter(fn).render()

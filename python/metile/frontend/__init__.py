@@ -1,0 +1,71 @@
+"""Frontend: a @metile.kernel Python function -> Tile IR (tile form).
+
+`build_tile_ir` specializes the function for one launch signature: each
+runtime parameter is a buffer (pointer) or a scalar of a given dtype; each
+constexpr is a Python value.  Errors are CompilationErrors with locations.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..ir.core import Block, Builder, Function, Param, Value
+from ..ir.types import PointerType, ScalarType
+from ..language import dtypes as dt
+from ..language.core import constexpr
+from .errors import CompilationError, LaunchError
+from .generator import CompileContext, Generator
+from .source import function_source
+
+__all__ = ["CompilationError", "LaunchError", "build_tile_ir", "constexpr_params"]
+
+
+def _is_constexpr_annotation(ann, fn) -> bool:
+    if ann is constexpr or isinstance(ann, constexpr):
+        return True
+    if isinstance(ann, str):  # `from __future__ import annotations`
+        return ann.split(".")[-1] == "constexpr"
+    return False
+
+
+def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
+    """(parameter names in order, the constexpr ones, their defaults)."""
+    sig = inspect.signature(fn)
+    names, consts, defaults = [], set(), {}
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            src = function_source(fn)
+            raise CompilationError("kernels cannot take *args or **kwargs", src.loc(src.tree))
+        names.append(p.name)
+        if _is_constexpr_annotation(p.annotation, fn) or (
+                p.kind == p.KEYWORD_ONLY and p.default is not p.empty):
+            consts.add(p.name)
+        if p.default is not p.empty:
+            defaults[p.name] = p.default
+    return names, consts, defaults
+
+
+def build_tile_ir(fn, specs: dict, constexprs: dict) -> tuple[Function, CompileContext]:
+    """`specs[name]` is ("buffer", DType) or ("scalar", DType) for runtime parameters."""
+    src = function_source(fn)
+    names, consts, _ = constexpr_params(fn)
+    body = Block()
+    builder = Builder(body)
+    params, env = [], {}
+    for name in names:
+        if name in consts:
+            params.append(Param(name, "constexpr", constant=constexprs[name]))
+            env[name] = constexprs[name]
+            continue
+        kind, dtype = specs[name]
+        t = PointerType(dtype, "device", name) if kind == "buffer" else ScalarType(dtype)
+        v = Value(t, None, name)
+        params.append(Param(name, kind, v))
+        env[name] = v
+    ctx = CompileContext()
+    gen = Generator(src, builder, ctx, env)
+    gen.visit_body(src.tree.body)
+    return Function(fn.__name__, params, body), ctx
+
+
+_ = dt

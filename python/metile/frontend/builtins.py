@@ -1,0 +1,231 @@
+"""How each `metile.*` builtin becomes Tile IR.
+
+Each entry receives the frontend `Generator`, the evaluated positional and
+keyword arguments (runtime Values or compile-time Python values) and returns
+the call's value.  Arguments the language requires at compile time (shapes,
+axes, dtypes) are checked here with `need_constexpr`.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ..ir.core import Value
+from ..ir.types import PointerType, ScalarType, TileType
+from ..language import dtypes as dt
+from .errors import CompilationError
+from .semantics import describe, is_const
+from .views import TensorView, make_view
+
+IMPLS = {}
+
+
+def builtin(signature: str, name: str | None = None):
+    """Register an implementation; `signature` is the Python parameter list users see."""
+    params = []
+    for part in filter(None, (p.strip() for p in signature.split(","))):
+        pname, eq, default = part.partition("=")
+        params.append(inspect.Parameter(
+            pname, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=eval(default) if eq else inspect.Parameter.empty))  # noqa: S307
+    sig = inspect.Signature(params)
+
+    def register(fn):
+        nonlocal name
+        name = name or fn.__name__.rstrip("_")
+
+        def call(gen, args, kwargs):
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise CompilationError(f"metile.{name}(): {e}") from None
+            bound.apply_defaults()
+            return fn(gen, **bound.arguments)
+
+        IMPLS[name] = call
+        return fn
+
+    return register
+
+
+def need_constexpr(value, what: str, kind=int):
+    if isinstance(value, Value) or not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise CompilationError(f"{what} must be a constexpr {kind.__name__} (known at compile "
+                               f"time), got {describe(value)}")
+    return value
+
+
+def need_dtype(value, what: str) -> dt.DType:
+    d = dt.to_dtype(value)
+    if d is None:
+        raise CompilationError(f"{what}: unsupported dtype {value!r}")
+    return d
+
+
+def _i32(gen, name: str, **attrs) -> Value:
+    return gen.b.value(name, [], ScalarType(dt.int32), **attrs)
+
+
+@builtin("axis=0")
+def program_id(gen, axis):
+    need_constexpr(axis, "program_id() axis")
+    if axis not in (0, 1, 2):
+        raise CompilationError(f"program_id() axis must be 0, 1 or 2, got {axis}")
+    return _i32(gen, "program_id", axis=axis)
+
+
+@builtin("axis=0")
+def num_programs(gen, axis):
+    need_constexpr(axis, "num_programs() axis")
+    if axis not in (0, 1, 2):
+        raise CompilationError(f"num_programs() axis must be 0, 1 or 2, got {axis}")
+    return _i32(gen, "num_programs", axis=axis)
+
+
+@builtin("")
+def thread_id(gen):
+    return _i32(gen, "thread_id")
+
+
+@builtin("")
+def num_threads(gen):
+    return _i32(gen, "num_threads")
+
+
+@builtin("start, end")
+def arange(gen, start, end):
+    need_constexpr(start, "arange() start")
+    need_constexpr(end, "arange() end")
+    if end <= start:
+        raise CompilationError(f"arange({start}, {end}) is empty")
+    return gen.b.value("arange", [], TileType((end - start,), ScalarType(dt.int32)),
+                       start=start, end=end)
+
+
+@builtin("pointer, mask=None, other=None")
+def load(gen, pointer, mask, other):
+    return gen.sem.load(pointer, mask=mask, other=other)
+
+
+@builtin("pointer, value, mask=None")
+def store(gen, pointer, value, mask):
+    gen.sem.store(pointer, value, mask=mask)
+
+
+@builtin("condition, x, y")
+def where(gen, condition, x, y):
+    return gen.sem.where(condition, x, y)
+
+
+@builtin("x, y")
+def maximum(gen, x, y):
+    return gen.sem.binary("maximum", x, y)
+
+
+@builtin("x, y")
+def minimum(gen, x, y):
+    return gen.sem.binary("minimum", x, y)
+
+
+def _unary(name):
+    @builtin("x", name)
+    def impl(gen, x):
+        return gen.sem.unary(name, x)
+
+
+for _name in ("exp", "exp2", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "erf"):
+    _unary(_name)
+
+
+@builtin("x, dtype")
+def cast(gen, x, dtype):
+    return gen.sem.cast(x, need_dtype(dtype, "cast()"))
+
+
+def _reduction(kind):
+    @builtin("x, axis=None", kind)
+    def impl(gen, x, axis):
+        return gen.sem.reduce(kind, x, axis)
+
+
+for _name in ("sum", "max", "min"):
+    _reduction(_name)
+
+
+def _shape(shape, what):
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, tuple) or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise CompilationError(f"{what} shape must be a tuple of positive constexpr ints, "
+                               f"got {describe(shape) if isinstance(shape, Value) else shape!r}")
+    return shape
+
+
+@builtin("shape, dtype='float32'")
+def zeros(gen, shape, dtype):
+    d = need_dtype(dtype, "zeros()")
+    return gen.sem.broadcast_to(gen.sem.const(0, d), _shape(shape, "zeros()"))
+
+
+@builtin("shape, value, dtype='float32'")
+def full(gen, shape, value, dtype):
+    d = need_dtype(dtype, "full()")
+    v = gen.sem.to_value(value, d)
+    if v.type != ScalarType(d):
+        raise CompilationError(f"full() value has type {v.type}, expected a {d} scalar")
+    return gen.sem.broadcast_to(v, _shape(shape, "full()"))
+
+
+@builtin("a, b")
+def cdiv(gen, a, b):
+    if is_const(a) and is_const(b):
+        return -(-a // b)
+    sem = gen.sem
+    return sem.binary("idiv", sem.binary("sub", sem.binary("add", a, b), 1), b)
+
+
+@builtin("a, b, acc=None")
+def dot(gen, a, b, acc):
+    return gen.sem.dot(a, b, acc)
+
+
+@builtin("size, dtype='float32'")
+def shared(gen, size, dtype):
+    need_constexpr(size, "shared() size")
+    if size <= 0:
+        raise CompilationError(f"shared() size must be positive, got {size}")
+    d = need_dtype(dtype, "shared()")
+    root = f"shared{gen.next_shared()}"
+    return gen.b.value("shared_alloc", [], PointerType(d, "threadgroup", root), size=size,
+                       root=root)
+
+
+@builtin("")
+def barrier(gen):
+    gen.b.op("barrier")
+
+
+@builtin("buffer, shape=None, strides=None, block_shape=None, access='readwrite'")
+def tensor(gen, buffer, shape, strides, block_shape, access):
+    return make_view(gen.sem, buffer, shape, strides, block_shape, access)
+
+
+@builtin("value")
+def loop_state(gen, value):
+    return value
+
+
+@builtin("start, end=None, step=1")
+def tile_range(gen, start, end, step):
+    raise CompilationError("tile_range() can only be used as the iterable of a for loop")
+
+
+def view_method(view: TensorView, name: str):
+    """`view.load(position)` / `view.store(position, value)` as callables for the frontend."""
+    if name == "load":
+        return lambda gen, args, kwargs: view.load(gen.sem, *args, **kwargs)
+    if name == "store":
+        return lambda gen, args, kwargs: view.store(gen.sem, *args, **kwargs)
+    if name in ("shape", "strides", "block_shape", "access", "dtype"):
+        return getattr(view, name)
+    raise CompilationError(f"tensor views have no attribute {name!r}")

@@ -1,0 +1,238 @@
+"""Structured control flow in the frontend: runtime `if`, `for`, `while`.
+
+Python variables become SSA values.  A variable reassigned inside a loop and
+live before it is loop-carried (a block argument of the body, yielded at the
+end); one reassigned in the branches of a runtime `if` becomes a result of
+the `if`.  A compile-time condition (constexpr, Python value) selects a branch
+statically and nothing is emitted for the other.  Names bound on only some
+paths become `Undefined` and are an error if read.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins as py_builtins
+
+from ..ir.core import Block, Builder, Value
+from ..ir.types import ScalarType, TileType, dtype_of
+from ..language import dtypes as dt
+from .errors import CompilationError
+from .semantics import Semantics, describe, is_const
+
+_MISSING = object()
+
+
+class Undefined:
+    """A name bound only on some paths (one branch, inside a loop)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+
+def assigned_names(stmts) -> set[str]:
+    out: set[str] = set()
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                out.add(node.id)
+    return out
+
+
+class ControlFlow:
+    """Mixin of `Generator`: the statements that open regions."""
+
+    def visit_If(self, node):
+        cond = self.visit(node.test)
+        if not isinstance(cond, Value):
+            self.visit_body(node.body if cond else node.orelse)
+            return
+        cond = self._scalar_condition(cond, "if")
+        before = dict(self.env)
+        branches = []
+        for stmts in (node.body, node.orelse):
+            block = Block()
+            env = self._in_block(block, stmts, dict(before))
+            branches.append((block, env))
+        names = [n for n in branches[0][1] if n in branches[1][1]
+                 and branches[0][1][n] is not branches[1][1][n]]
+        merged = self._merge(names, branches, node)
+        results = []
+        for block, env in branches:
+            builder = Builder(block)
+            builder.loc = self.b.loc
+            builder.op("yield", [merged_value(env[n], t, builder) for n, t in merged], [])
+        op = self.b.op("if", [cond], [t for _, t in merged], regions=[b for b, _ in branches])
+        results = dict(zip([n for n, _ in merged], op.results))
+        (_, env_a), (_, env_b) = branches
+        for n in set(env_a) | set(env_b):
+            a, b = env_a.get(n, _MISSING), env_b.get(n, _MISSING)
+            if n in results:
+                self.env[n] = results[n]
+            elif a is b or (is_const(a) and is_const(b) and a == b and type(a) is type(b)):
+                self.env[n] = a
+            else:
+                self.env[n] = Undefined(n, "it is assigned in only one branch of an if")
+
+    def _merge(self, names, branches, node):
+        merged = []
+        for n in names:
+            a, b = branches[0][1][n], branches[1][1][n]
+            if isinstance(a, Undefined) or isinstance(b, Undefined):
+                continue
+            if not isinstance(a, Value) and not isinstance(b, Value):
+                if is_const(a) and is_const(b) and a == b and type(a) is type(b):
+                    continue
+                if not (is_const(a) and is_const(b)):
+                    raise CompilationError(f"variable {n!r} holds different compile-time values "
+                                           f"in the two branches of a runtime if")
+            ta = a.type if isinstance(a, Value) else None
+            tb = b.type if isinstance(b, Value) else None
+            t = ta or tb
+            if ta and tb and ta != tb:
+                raise CompilationError(f"variable {n!r} is {ta} in one branch and {tb} in the "
+                                       f"other; cast so both agree")
+            if t is None:
+                t = ScalarType(_const_dtype(a))
+            merged.append((n, t))
+        return merged
+
+    def _scalar_condition(self, cond, what):
+        if isinstance(cond.type, TileType):
+            raise CompilationError(f"{what} condition must be a scalar, got a tile; use "
+                                   f"metile.where for elementwise selection")
+        if dtype_of(cond.type) != dt.bool_:
+            cond = self.sem.binary("ne", cond, 0)
+        return cond
+
+    def _in_block(self, block: Block, stmts, env: dict) -> dict:
+        saved_b, saved_sem, saved_env = self.b, self.sem, self.env
+        builder = Builder(block)
+        builder.loc = saved_b.loc
+        self.b, self.sem, self.env = builder, Semantics(builder), env
+        try:
+            self.visit_body(stmts)
+            return self.env
+        finally:
+            self.b, self.sem, self.env = saved_b, saved_sem, saved_env
+
+    def _carried(self, body_stmts, exclude=()) -> list[str]:
+        names = []
+        for n in sorted(assigned_names(body_stmts) - set(exclude)):
+            if n not in self.env:
+                continue
+            v = self.env[n]
+            if isinstance(v, Undefined):
+                continue
+            if not isinstance(v, Value) and not is_const(v):
+                raise CompilationError(f"variable {n!r} holds a compile-time {type(v).__name__} "
+                                       f"and is reassigned inside a runtime loop")
+            if is_const(v):
+                self.env[n] = self.sem.to_value(v)
+            names.append(n)
+        return names
+
+    def visit_For(self, node):
+        if node.orelse:
+            raise CompilationError("for/else is not supported")
+        if not isinstance(node.target, ast.Name):
+            raise CompilationError("the loop variable must be a single name")
+        it = node.iter
+        func = self.visit(it.func) if isinstance(it, ast.Call) else None
+        kind = {py_builtins.range: "range"}.get(func) if func is not None else None
+        if func is not None and getattr(func, "__metile_builtin__", None) == "tile_range":
+            kind = "tile_range"
+        if kind is None:
+            raise CompilationError("a kernel loop must iterate over range(...) or "
+                                   "metile.tile_range(...)")
+        args = [self.visit(a) for a in it.args]
+        kwargs = {k.arg: self.visit(k.value) for k in it.keywords}
+        if kwargs or not 1 <= len(args) <= 3:
+            raise CompilationError(f"{kind}() takes 1 to 3 positional arguments")
+        if len(args) == 1:
+            args = [0, args[0]]
+        start, end, step = (args + [1])[:3]
+        if is_const(step) and step <= 0:
+            raise CompilationError(f"{kind}() step must be positive, got {step}")
+        bounds = []
+        for v in (start, end, step):
+            v = self.sem.to_value(v, dt.int32)
+            if v.type != ScalarType(dt.int32):
+                raise CompilationError(f"{kind}() bounds must be int32 scalars, got {v.type}")
+            bounds.append(v)
+        carried = self._carried(node.body, exclude=[node.target.id])
+        body = Block()
+        iv = body.add_arg(ScalarType(dt.int32), node.target.id)
+        env = dict(self.env)
+        env[node.target.id] = iv
+        for n in carried:
+            env[n] = body.add_arg(self.env[n].type, n)
+        env = self._in_block(body, node.body, env)
+        self._yield(body, env, carried, "loop")
+        op = self.b.op("for", bounds + [self.env[n] for n in carried],
+                       [self.env[n].type for n in carried], {"kind": kind}, [body])
+        self._after_loop(env, carried, op.results, node)
+
+    def _yield(self, block, env, carried, what):
+        values = []
+        builder = Builder(block)
+        builder.loc = self.b.loc
+        for n, arg in zip(carried, block.args[-len(carried):] if carried else []):
+            v = env.get(n)
+            if isinstance(v, Undefined):
+                raise CompilationError(f"variable {n!r} is undefined at the end of the {what} "
+                                       f"body: {v.reason}")
+            if is_const(v):
+                v = Semantics(builder).literal(v, dtype_of(arg.type))
+            if not isinstance(v, Value) or v.type != arg.type:
+                got = v.type if isinstance(v, Value) else describe(v)
+                raise CompilationError(f"loop-carried variable {n!r} changes type from {arg.type} "
+                                       f"to {got} inside the {what}; cast it, or initialise it "
+                                       f"with the final type (e.g. metile.zeros)")
+            values.append(v)
+        builder.op("yield", values, [])
+
+    def _after_loop(self, body_env, carried, results, node):
+        for n, r in zip(carried, results):
+            self.env[n] = r
+        for n in assigned_names(node.body):
+            if n not in carried:
+                self.env[n] = Undefined(n, "it is first assigned inside a loop body")
+
+    def visit_While(self, node):
+        if node.orelse:
+            raise CompilationError("while/else is not supported")
+        carried = self._carried(node.body)
+        cond_block, body = Block(), Block()
+        env = dict(self.env)
+        for n in carried:
+            env[n] = cond_block.add_arg(self.env[n].type, n)
+        saved_b, saved_sem, saved_env = self.b, self.sem, self.env
+        self.b = Builder(cond_block)
+        self.b.loc, self.sem, self.env = saved_b.loc, Semantics(self.b), env
+        try:
+            cond = self.visit(node.test)
+            if not isinstance(cond, Value):
+                raise CompilationError("while condition must be a runtime scalar (loops that "
+                                       "need break are not supported)")
+            cond = self._scalar_condition(cond, "while")
+            self.b.op("condition", [cond], [])
+        finally:
+            self.b, self.sem, self.env = saved_b, saved_sem, saved_env
+        env = dict(self.env)
+        for n in carried:
+            env[n] = body.add_arg(self.env[n].type, n)
+        env = self._in_block(body, node.body, env)
+        self._yield(body, env, carried, "while loop")
+        op = self.b.op("while", [self.env[n] for n in carried], [self.env[n].type for n in carried],
+                       {}, [cond_block, body])
+        self._after_loop(env, carried, op.results, node)
+
+
+def _const_dtype(x):
+    return dt.bool_ if isinstance(x, bool) else dt.int32 if isinstance(x, int) else dt.float32
+
+
+def merged_value(v, t, builder):
+    if isinstance(v, Value):
+        return v
+    return Semantics(builder).literal(v, t.dtype)

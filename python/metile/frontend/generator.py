@@ -1,0 +1,413 @@
+"""Python AST -> Tile IR.
+
+The kernel body is walked once, statement by statement; nothing is traced or
+unrolled.  A name is bound either to a runtime Value (SSA) or to a
+compile-time Python value (constexprs, numbers, dtypes, views, tuples), and
+expressions over compile-time values fold in Python.  Control flow on runtime
+conditions becomes structured IR: variables reassigned inside a loop or a
+branch become loop-carried values / branch results.  Anything outside the
+supported subset is a CompilationError at the offending node.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins as py_builtins
+import types
+
+from ..ir.core import Builder, Value
+from ..ir.types import TileType, dtype_of, elem_type, shape_of
+from ..language import dtypes as dt
+from .builtins import IMPLS, view_method
+from .errors import CompilationError
+from .semantics import Semantics, describe, is_const
+from .control import ControlFlow, Undefined
+from .source import FunctionSource, function_source
+from .views import TensorView
+
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div",
+           ast.FloorDiv: "idiv", ast.Mod: "mod", ast.BitAnd: "and", ast.BitOr: "or",
+           ast.BitXor: "xor", ast.LShift: "shl", ast.RShift: "shr"}
+_CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+
+_UNSUPPORTED_NAMES = {
+    ast.Try: "try statement", ast.With: "with statement", ast.Raise: "raise statement",
+    ast.Global: "global statement", ast.Nonlocal: "nonlocal statement",
+    ast.Delete: "del statement", ast.ClassDef: "class definition",
+    ast.FunctionDef: "nested function definition", ast.Import: "import statement",
+    ast.ImportFrom: "import statement", ast.Break: "break statement",
+    ast.Continue: "continue statement", ast.ListComp: "list comprehension",
+    ast.DictComp: "dict comprehension", ast.SetComp: "set comprehension",
+    ast.GeneratorExp: "generator expression", ast.Lambda: "lambda",
+    ast.JoinedStr: "f-string", ast.Dict: "dict literal", ast.Set: "set literal",
+    ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield", ast.Starred: "starred expression",
+    ast.NamedExpr: "assignment expression", ast.AsyncFor: "async for",
+    ast.AsyncWith: "async with",
+}
+if hasattr(ast, "TryStar"):
+    _UNSUPPORTED_NAMES[ast.TryStar] = "try statement"
+if hasattr(ast, "Match"):
+    _UNSUPPORTED_NAMES[ast.Match] = "match statement"
+
+_PY_FUNCS = {"min", "max", "abs", "int", "float", "bool", "len", "range"}
+
+
+class CompileContext:
+    """State shared by a kernel and the helpers inlined into it."""
+
+    def __init__(self):
+        self.shared_count = 0
+        self.globals_used: dict[str, object] = {}
+        self.helpers: list[object] = []
+        self.depth = 0
+
+
+class _Return(Exception):
+    def __init__(self, value):
+        self.value = value
+
+
+class Generator(ControlFlow):
+    def __init__(self, src: FunctionSource, builder: Builder, ctx: CompileContext, env: dict,
+                 is_helper: bool = False):
+        self.src = src
+        self.b = builder
+        self.sem = Semantics(builder)
+        self.ctx = ctx
+        self.env = env
+        self.is_helper = is_helper
+        self._closure = src.closure()
+
+    def next_shared(self) -> int:
+        self.ctx.shared_count += 1
+        return self.ctx.shared_count - 1
+
+    # -- dispatch ------------------------------------------------------------------
+    def visit(self, node: ast.AST):
+        saved = self.b.loc
+        self.b.loc = self.src.loc(node)
+        try:
+            kind = _UNSUPPORTED_NAMES.get(type(node))
+            if kind is not None:
+                raise CompilationError(f"unsupported Python in a kernel: {kind}")
+            method = getattr(self, "visit_" + type(node).__name__, None)
+            if method is None:
+                raise CompilationError(f"unsupported Python in a kernel: {type(node).__name__}")
+            return method(node)
+        except CompilationError as e:
+            if e.loc is None:
+                e.loc = self.src.loc(node)
+            raise
+        finally:
+            self.b.loc = saved
+
+    def visit_body(self, stmts) -> None:
+        for i, stmt in enumerate(stmts):
+            if isinstance(stmt, ast.Return):
+                if i != len(stmts) - 1:
+                    raise CompilationError("code after return", self.src.loc(stmts[i + 1]))
+            self.visit(stmt)
+
+    # -- statements -----------------------------------------------------------------
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # docstring
+        self.visit(node.value)
+
+    def visit_Pass(self, node):
+        pass
+
+    def visit_Assign(self, node):
+        value = self.visit(node.value)
+        for target in node.targets:
+            self.assign(target, value)
+
+    def visit_AnnAssign(self, node):
+        if node.value is None:
+            raise CompilationError("annotation without a value")
+        self.assign(node.target, self.visit(node.value))
+
+    def visit_AugAssign(self, node):
+        if not isinstance(node.target, ast.Name):
+            raise CompilationError("augmented assignment only to a plain name; use metile.store")
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise CompilationError(f"unsupported operator {type(node.op).__name__}")
+        current = self.lookup(node.target.id)
+        self.env[node.target.id] = self.sem.binary(op, current, self.visit(node.value))
+
+    def assign(self, target, value) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            if not isinstance(value, tuple) or len(value) != len(target.elts):
+                raise CompilationError(f"cannot unpack {describe(value)} into {len(target.elts)} names")
+            for t, v in zip(target.elts, value):
+                self.assign(t, v)
+        elif isinstance(target, ast.Subscript):
+            raise CompilationError("item assignment is not supported; use metile.store or a "
+                                   "tensor view's .store()")
+        else:
+            raise CompilationError(f"unsupported assignment target {type(target).__name__}")
+
+    def visit_Return(self, node):
+        if not self.is_helper:
+            if node.value is not None:
+                raise CompilationError("a kernel cannot return a value; store results into an "
+                                       "output buffer")
+            return
+        raise _Return(None if node.value is None else self.visit(node.value))
+
+    def visit_Assert(self, node):
+        test = self.visit(node.test)
+        if isinstance(test, Value):
+            raise CompilationError("assert needs a compile-time condition")
+        if not test:
+            msg = self.visit(node.msg) if node.msg is not None else "assertion failed"
+            raise CompilationError(f"static assertion failed: {msg}")
+
+    # -- expressions ------------------------------------------------------------------
+    def visit_Constant(self, node):
+        if node.value is Ellipsis:
+            raise CompilationError("... is not supported")
+        return node.value
+
+    def lookup(self, name: str):
+        if name in self.env:
+            v = self.env[name]
+            if isinstance(v, Undefined):
+                raise CompilationError(f"name {name!r} is not defined here: {v.reason}")
+            return v
+        for scope in (self._closure, self.src.globals):
+            if name in scope:
+                value = scope[name]
+                self._record_global(name, value)
+                return value
+        if name in _PY_FUNCS:
+            return getattr(py_builtins, name)
+        if name in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[name]
+        raise CompilationError(f"name {name!r} is not defined")
+
+    def _record_global(self, name, value):
+        key = f"{self.src.fn.__module__}.{self.src.fn.__qualname__}:{name}"
+        self.ctx.globals_used[key] = value
+        if getattr(value, "__metile_inline__", False) and value not in self.ctx.helpers:
+            self.ctx.helpers.append(value)
+
+    def visit_Name(self, node):
+        return self.lookup(node.id)
+
+    def visit_Tuple(self, node):
+        return tuple(self.visit(e) for e in node.elts)
+
+    visit_List = visit_Tuple
+
+    def visit_BinOp(self, node):
+        a, b = self.visit(node.left), self.visit(node.right)
+        if isinstance(node.op, ast.MatMult):
+            return self.sem.dot(a, b)
+        if isinstance(node.op, ast.Pow):
+            if is_const(a) and is_const(b):
+                return a ** b
+            raise CompilationError("** is only supported on compile-time constants")
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            raise CompilationError(f"unsupported operator {type(node.op).__name__}")
+        if not (is_const(a) or isinstance(a, Value)) or not (is_const(b) or isinstance(b, Value)):
+            if not isinstance(a, Value) and not isinstance(b, Value):
+                return _fold_py(op, a, b)
+            raise CompilationError(f"unsupported operand: {describe(a)} and {describe(b)}")
+        return self.sem.binary(op, a, b)
+
+    def visit_UnaryOp(self, node):
+        x = self.visit(node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return x
+        if isinstance(node.op, ast.USub):
+            return self.sem.unary("neg", x)
+        if isinstance(node.op, ast.Not):
+            if isinstance(x, Value):
+                if isinstance(x.type, TileType) or dtype_of(x.type) != dt.bool_:
+                    raise CompilationError("'not' needs a bool scalar; use ~ for tiles")
+                return self.sem.unary("not", x)
+            return not x
+        if isinstance(node.op, ast.Invert):
+            if is_const(x):
+                return ~x
+            return self.sem.unary("not", x)
+        raise CompilationError(f"unsupported unary operator {type(node.op).__name__}")
+
+    def visit_BoolOp(self, node):
+        op = "and" if isinstance(node.op, ast.And) else "or"
+        result = self.visit(node.values[0])
+        for v_node in node.values[1:]:
+            if not isinstance(result, Value):
+                if (op == "and" and not result) or (op == "or" and result):
+                    return result
+                result = self.visit(v_node)
+                continue
+            other = self.visit(v_node)
+            for v in (result, other):
+                if isinstance(v, Value) and (isinstance(v.type, TileType) or
+                                             dtype_of(v.type) != dt.bool_):
+                    raise CompilationError(f"'{op}' needs bool scalars; use & and | for tiles")
+            result = self.sem.binary(op, result, other)
+        return result
+
+    def visit_Compare(self, node):
+        if len(node.ops) != 1:
+            raise CompilationError("chained comparisons are not supported")
+        a, b = self.visit(node.left), self.visit(node.comparators[0])
+        op = node.ops[0]
+        if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+            if isinstance(a, Value) or isinstance(b, Value):
+                raise CompilationError("is / in are only supported on compile-time values")
+            return {ast.Is: lambda: a is b, ast.IsNot: lambda: a is not b,
+                    ast.In: lambda: a in b, ast.NotIn: lambda: a not in b}[type(op)]()
+        if not isinstance(a, Value) and not isinstance(b, Value):
+            return _fold_py(_CMPOPS[type(op)], a, b)
+        return self.sem.binary(_CMPOPS[type(op)], a, b)
+
+    def visit_IfExp(self, node):
+        cond = self.visit(node.test)
+        if not isinstance(cond, Value):
+            return self.visit(node.body if cond else node.orelse)
+        return self.sem.where(cond, self.visit(node.body), self.visit(node.orelse))
+
+    def visit_Attribute(self, node):
+        obj = self.visit(node.value)
+        attr = node.attr
+        if isinstance(obj, Value):
+            if attr == "dtype":
+                e = elem_type(obj.type)
+                return e.dtype
+            if attr == "shape":
+                return shape_of(obj.type)
+            if attr == "to":
+                return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw)))
+            if attr == "T" and len(shape_of(obj.type)) == 2:
+                raise CompilationError("transpose (.T) of a tile is not supported yet")
+            raise CompilationError(f"a runtime value has no attribute {attr!r}")
+        if isinstance(obj, TensorView):
+            m = view_method(obj, attr)
+            return _Method(m) if callable(m) else m
+        if isinstance(obj, types.ModuleType) or not isinstance(obj, (int, float)):
+            try:
+                return getattr(obj, attr)
+            except AttributeError:
+                raise CompilationError(f"{describe(obj)} has no attribute {attr!r}") from None
+        raise CompilationError(f"{describe(obj)} has no attribute {attr!r}")
+
+    def visit_Subscript(self, node):
+        obj = self.visit(node.value)
+        idx = node.slice
+        items = idx.elts if isinstance(idx, ast.Tuple) else [idx]
+        if isinstance(obj, Value):
+            if not isinstance(obj.type, TileType):
+                raise CompilationError("only tiles can be indexed (with None and :)")
+            out, axis = obj, 0
+            for item in items:
+                if isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None:
+                    axis += 1
+                elif isinstance(item, ast.Constant) and item.value is None:
+                    out = self.sem.expand_dims(out, axis)
+                    axis += 1
+                else:
+                    raise CompilationError("tiles can only be indexed with None and ':' "
+                                           "(e.g. x[:, None]); element access is not supported")
+            if axis - (len(out.type.shape) - len(obj.type.shape)) > len(obj.type.shape):
+                raise CompilationError("too many ':' for the tile's rank")
+            return out
+        key = self.visit(idx)
+        try:
+            return obj[key]
+        except Exception as e:  # noqa: BLE001
+            raise CompilationError(f"cannot index {describe(obj)}: {e}") from None
+
+    def visit_Slice(self, node):
+        raise CompilationError("slices are only supported as ':' in tile indexing")
+
+    def visit_Call(self, node):
+        func = self.visit(node.func)
+        args = []
+        for a in node.args:
+            if isinstance(a, ast.Starred):
+                raise CompilationError("unsupported Python in a kernel: starred argument")
+            args.append(self.visit(a))
+        kwargs = {}
+        for k in node.keywords:
+            if k.arg is None:
+                raise CompilationError("unsupported Python in a kernel: **kwargs")
+            kwargs[k.arg] = self.visit(k.value)
+        if isinstance(func, _Method):
+            return func.fn(self, args, kwargs)
+        name = getattr(func, "__metile_builtin__", None)
+        if name is not None:
+            return IMPLS[name](self, args, kwargs)
+        if getattr(func, "__metile_inline__", False):
+            return self.inline_call(func, args, kwargs)
+        if func in (py_builtins.min, py_builtins.max):
+            if kwargs or len(args) < 2:
+                raise CompilationError(f"{func.__name__}() needs at least two arguments")
+            if any(isinstance(a, Value) for a in args):
+                out = args[0]
+                for a in args[1:]:
+                    out = self.sem.binary("minimum" if func is min else "maximum", out, a)
+                return out
+            return func(*args)
+        if func is py_builtins.abs:
+            return self.sem.unary("abs", *args)
+        if func in (py_builtins.int, py_builtins.float, py_builtins.bool, py_builtins.len):
+            if any(isinstance(a, Value) for a in args):
+                raise CompilationError(f"{func.__name__}() of a runtime value; use metile.cast")
+            return func(*args, **kwargs)
+        if func is py_builtins.range:
+            raise CompilationError("range() can only be used as the iterable of a for loop")
+        if getattr(func, "__metile_kernel__", False):
+            raise CompilationError("a kernel cannot call another @metile.kernel; mark shared code "
+                                   "@metile.inline")
+        label = getattr(func, "__qualname__", repr(func))
+        raise CompilationError(f"call to {label}, which is neither a metile builtin nor a "
+                               f"@metile.inline helper")
+
+    def inline_call(self, helper, args, kwargs):
+        import inspect
+        if self.ctx.depth > 32:
+            raise CompilationError("@metile.inline helpers nest more than 32 deep (recursion?)")
+        fn = helper.__wrapped__ if hasattr(helper, "__wrapped__") else helper
+        try:
+            bound = inspect.signature(fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise CompilationError(f"{fn.__qualname__}(): {e}") from None
+        bound.apply_defaults()
+        src = function_source(fn)
+        env = dict(bound.arguments)
+        sub = Generator(src, self.b, self.ctx, env, is_helper=True)
+        self.ctx.depth += 1
+        try:
+            sub.visit_body(src.tree.body)
+        except _Return as r:
+            return r.value
+        finally:
+            self.ctx.depth -= 1
+        return None
+
+
+class _Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+
+def _dtype_arg(args, kwargs):
+    from .builtins import need_dtype
+    value = args[0] if args else kwargs.get("dtype")
+    return need_dtype(value, ".to()")
+
+
+def _fold_py(op, a, b):
+    from .semantics import _PY_BINARY
+    try:
+        return _PY_BINARY[op](a, b)
+    except Exception as e:  # noqa: BLE001
+        raise CompilationError(f"cannot evaluate {a!r} {op} {b!r} at compile time: {e}") from None

@@ -1,0 +1,305 @@
+"""Typing rules of the language: how operands combine into Tile IR ops.
+
+Rules (each violation is a CompilationError at the offending expression):
+  * Two runtime values combine only if their dtypes are equal: metile never
+    converts implicitly (`metile.cast` / `x.to(dtype)` is explicit).
+  * A Python number adopts the dtype of the runtime value it meets; a float
+    constant never meets an int value (that would be an implicit conversion).
+  * Shapes broadcast as in NumPy; a scalar meets a tile by splatting.
+  * Integer `//` and `%` follow C (truncate toward zero), as on the GPU;
+    Python semantics apply only to compile-time constants.
+  * Pointers are a root buffer plus an int32 offset: `ptr + int` and `int + ptr`
+    only.
+Compile-time values (Python numbers, constexprs) fold in Python.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from ..ir.core import Builder, Value
+from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
+from ..ir.types import (PointerType, ScalarType, TileType, dtype_of, elem_type, is_pointer,
+                        shape_of, with_shape)
+from ..language import dtypes as dt
+from .errors import CompilationError
+
+_PY_BINARY = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "idiv": operator.floordiv, "mod": operator.mod, "and": operator.and_, "or": operator.or_,
+    "xor": operator.xor, "shl": operator.lshift, "shr": operator.rshift,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+    "eq": operator.eq, "ne": operator.ne, "maximum": max, "minimum": min,
+}
+
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": "%",
+           "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>"}
+
+
+def is_const(x) -> bool:
+    return isinstance(x, (bool, int, float))
+
+
+def param_hint(*xs) -> str:
+    """A hint when a scalar kernel parameter is used like a buffer (a launch passed a scalar)."""
+    for x in xs:
+        if isinstance(x, Value) and x.owner is None and isinstance(x.type, ScalarType):
+            return (f" (parameter {x.hint!r} was passed a scalar; pass an mx.array if it is a "
+                    f"buffer)")
+    return ""
+
+
+def describe(x) -> str:
+    if isinstance(x, Value):
+        kind = "tile" if isinstance(x.type, TileType) else "scalar"
+        return f"a {x.type} {kind}" if kind == "tile" else f"a runtime {x.type} value"
+    return f"{type(x).__name__} {x!r}"
+
+
+def broadcast_shapes(a: tuple, b: tuple) -> tuple:
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise CompilationError(f"shapes {a} and {b} do not broadcast")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+class Semantics:
+    def __init__(self, builder: Builder):
+        self.b = builder
+
+    # -- constants and shapes ------------------------------------------------
+    def const(self, value, dtype: dt.DType) -> Value:
+        if dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_int:
+            if isinstance(value, float):
+                raise CompilationError(f"float constant {value!r} used as {dtype}; cast explicitly")
+            value = int(value)
+            lo, hi = (0, 2**32 - 1) if dtype.kind == "u" else (-2**31, 2**31 - 1)
+            if not lo <= value <= hi:
+                raise CompilationError(f"constant {value} does not fit in {dtype}")
+        else:
+            value = float(value)
+        return self.b.value("const", [], ScalarType(dtype), value=value)
+
+    def literal(self, x, like: dt.DType) -> Value:
+        """A Python number typed to meet a value of dtype `like`."""
+        if isinstance(x, bool) and not like.is_bool:
+            raise CompilationError(f"bool constant {x!r} combined with {like}; cast explicitly")
+        if isinstance(x, float) and not like.is_float:
+            raise CompilationError(
+                f"float constant {x!r} combined with an {like} value; cast explicitly "
+                f"(metile.cast(x, metile.float32)) or use an int constant")
+        if like.is_bool and not isinstance(x, bool):
+            raise CompilationError(f"number {x!r} combined with a bool value")
+        return self.const(x, like)
+
+    def to_value(self, x, dtype: dt.DType | None = None) -> Value:
+        if isinstance(x, Value):
+            return x
+        if not is_const(x):
+            raise CompilationError(f"expected a number or a runtime value, got {describe(x)}")
+        if dtype is None:
+            dtype = dt.bool_ if isinstance(x, bool) else dt.int32 if isinstance(x, int) else dt.float32
+        return self.literal(x, dtype)
+
+    def broadcast_to(self, v: Value, shape: tuple) -> Value:
+        have = shape_of(v.type)
+        if have == tuple(shape):
+            return v
+        if not have:
+            return self.b.value("splat", [v], TileType(tuple(shape), v.type), shape=tuple(shape))
+        while len(have) < len(shape):
+            v = self.expand_dims(v, 0)
+            have = shape_of(v.type)
+        if have == tuple(shape):
+            return v
+        broadcast_shapes(have, tuple(shape))
+        return self.b.value("broadcast", [v], TileType(tuple(shape), elem_type(v.type)),
+                            shape=tuple(shape))
+
+    def expand_dims(self, v: Value, axis: int) -> Value:
+        shape = list(shape_of(v.type))
+        if not shape:
+            raise CompilationError("indexing with None needs a tile, got a scalar")
+        shape.insert(axis, 1)
+        return self.b.value("expand_dims", [v], TileType(tuple(shape), elem_type(v.type)), axis=axis)
+
+    def common(self, *xs) -> tuple[list[Value], tuple]:
+        """Runtime values for `xs`, broadcast to one shape (constants typed by the first value)."""
+        like = next((dtype_of(x.type) for x in xs if isinstance(x, Value) and dtype_of(x.type)), None)
+        vals = [x if isinstance(x, Value) else self.to_value(x, like) for x in xs]
+        shape: tuple = ()
+        for v in vals:
+            shape = broadcast_shapes(shape, shape_of(v.type))
+        return [self.broadcast_to(v, shape) for v in vals], shape
+
+    # -- elementwise ------------------------------------------------------------
+    def binary(self, name: str, a, b):
+        if is_const(a) and is_const(b):
+            return _PY_BINARY[name](a, b)
+        if name in ("add", "sub") and (isinstance(a, Value) and is_pointer(a.type)
+                                       or isinstance(b, Value) and is_pointer(b.type)):
+            return self._pointer_arith(name, a, b)
+        if isinstance(a, Value) and isinstance(b, Value):
+            da, db = dtype_of(a.type), dtype_of(b.type)
+            if da != db:
+                raise CompilationError(
+                    f"operands of '{_SYMBOL.get(name, name)}' have different dtypes ({da} and {db}); "
+                    f"metile does not convert implicitly: cast one with metile.cast"
+                    + param_hint(a, b))
+        (va, vb), shape = self.common(a, b)
+        d = dtype_of(va.type)
+        self._check_dtype(name, d)
+        rtype = dt.bool_ if name in COMPARE else d
+        return self.b.value(name, [va, vb], with_shape(ScalarType(rtype), shape))
+
+    def _check_dtype(self, name: str, d: dt.DType) -> None:
+        if name in FLOAT_ONLY and not d.is_float:
+            hint = " (use // for integer division)" if name == "div" else ""
+            raise CompilationError(f"'{name}' needs a floating-point operand, got {d}{hint}")
+        if name in INT_ONLY and not d.is_int:
+            raise CompilationError(f"'{_SYMBOL.get(name, name)}' needs integer operands, got {d}")
+        if name in ("and", "or", "xor") and d.is_float:
+            raise CompilationError(f"'{_SYMBOL[name]}' needs bool or integer operands, got {d}")
+        if d.is_bool and name not in ("and", "or", "xor", "eq", "ne", "not"):
+            raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on bool values")
+
+    def _pointer_arith(self, name: str, a, b):
+        if isinstance(b, Value) and is_pointer(b.type):
+            if name == "sub" or (isinstance(a, Value) and is_pointer(a.type)):
+                raise CompilationError("only pointer + integer offset is supported")
+            a, b = b, a
+        if isinstance(b, Value) and dtype_of(b.type) != dt.int32:
+            raise CompilationError(f"pointer offsets must be int32, got {dtype_of(b.type)}; cast them")
+        if isinstance(b, (float, bool)):
+            raise CompilationError(f"pointer offset must be an integer, got {b!r}")
+        if name == "sub":
+            b = self.unary("neg", b) if isinstance(b, Value) else -b
+        if isinstance(b, int):
+            b = self.const(b, dt.int32)
+        shape = broadcast_shapes(shape_of(a.type), shape_of(b.type))
+        pa, pb = self.broadcast_to(a, shape), self.broadcast_to(b, shape)
+        return self.b.value("ptr_add", [pa, pb], with_shape(elem_type(a.type), shape))
+
+    def unary(self, name: str, x):
+        if is_const(x):
+            import math
+            fold = {"neg": operator.neg, "not": operator.not_, "abs": abs, "exp": math.exp,
+                    "log": math.log, "sqrt": math.sqrt, "tanh": math.tanh, "erf": math.erf,
+                    "exp2": lambda v: 2.0 ** v, "rsqrt": lambda v: 1 / math.sqrt(v),
+                    "sigmoid": lambda v: 1 / (1 + math.exp(-v))}
+            return fold[name](x)
+        if is_pointer(x.type):
+            raise CompilationError(f"'{name}' is not defined on pointers")
+        d = dtype_of(x.type)
+        if name == "not" and d.is_float:
+            raise CompilationError(f"'~'/'not' needs a bool or integer operand, got {d}")
+        if name == "neg" and d.is_bool:
+            raise CompilationError("unary '-' is not defined on bool values")
+        if name not in ("not", "neg", "abs"):
+            self._check_dtype(name, d)
+        return self.b.value(name, [x], x.type)
+
+    def cast(self, x, dtype: dt.DType):
+        if isinstance(x, Value) and is_pointer(x.type):
+            raise CompilationError("pointers cannot be cast")
+        if not isinstance(x, Value):
+            x = self.to_value(x)
+        if dtype_of(x.type) == dtype:
+            return x
+        return self.b.value("cast", [x], with_shape(ScalarType(dtype), shape_of(x.type)), to=dtype)
+
+    def where(self, cond, a, b):
+        if isinstance(cond, bool) or (is_const(cond) and not isinstance(cond, Value)):
+            return a if cond else b
+        if dtype_of(cond.type) != dt.bool_:
+            raise CompilationError(f"where() condition must be bool, got {dtype_of(cond.type)}")
+        if isinstance(a, Value) and isinstance(b, Value) and dtype_of(a.type) != dtype_of(b.type):
+            raise CompilationError(f"where() branches have different dtypes "
+                                   f"({dtype_of(a.type)} and {dtype_of(b.type)}); cast one")
+        like = next((dtype_of(x.type) for x in (a, b) if isinstance(x, Value)), None)
+        if like is None:
+            like = dt.float32 if isinstance(a, float) or isinstance(b, float) else dt.int32
+        va, vb = self.to_value(a, like), self.to_value(b, like)
+        (c, va, vb), shape = self.common(cond, va, vb)
+        return self.b.value("where", [c, va, vb], va.type)
+
+    # -- memory -------------------------------------------------------------------
+    def load(self, ptr, mask=None, other=None):
+        if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
+            raise CompilationError(f"load() needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+        pt: PointerType = elem_type(ptr.type)
+        ops = [ptr]
+        if mask is not None:
+            mask = self._mask(mask)
+            other = self.to_value(0 if other is None else other, pt.dtype)
+            if dtype_of(other.type) != pt.dtype:
+                raise CompilationError(f"load() other= has dtype {dtype_of(other.type)}, "
+                                       f"the buffer holds {pt.dtype}")
+            ops, shape = self.common(ptr, mask, other)
+        shape = shape_of(ops[0].type)
+        return self.b.value("load", ops, with_shape(ScalarType(pt.dtype), shape))
+
+    def store(self, ptr, value, mask=None) -> None:
+        if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
+            raise CompilationError(f"store() needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+        pt: PointerType = elem_type(ptr.type)
+        value = self.to_value(value, pt.dtype)
+        if dtype_of(value.type) != pt.dtype:
+            raise CompilationError(f"store() of a {dtype_of(value.type)} value into a {pt.dtype} "
+                                   f"buffer; cast it explicitly")
+        items = [ptr, value] + ([self._mask(mask)] if mask is not None else [])
+        ops, shape = self.common(*items)
+        if len(shape) < len(shape_of(ptr.type)) or shape_of(ptr.type) != shape:
+            if shape_of(ptr.type) != shape:
+                raise CompilationError(f"store() value/mask of shape {shape} does not fit the "
+                                       f"pointer tile of shape {shape_of(ptr.type)}")
+        self.b.op("store", ops, [])
+
+    def _mask(self, mask):
+        if isinstance(mask, bool):
+            return self.const(mask, dt.bool_)
+        if not isinstance(mask, Value) or dtype_of(mask.type) != dt.bool_:
+            raise CompilationError(f"mask must be a bool value, got {describe(mask)}")
+        return mask
+
+    # -- tiles ---------------------------------------------------------------------
+    def reduce(self, kind: str, x, axis):
+        if not isinstance(x, Value) or not isinstance(x.type, TileType):
+            raise CompilationError(f"{kind}() needs a tile, got {describe(x)}")
+        d = dtype_of(x.type)
+        if d is None or d.is_bool:
+            raise CompilationError(f"{kind}() is not defined on {x.type}")
+        shape = x.type.shape
+        if axis is not None:
+            if not isinstance(axis, int):
+                raise CompilationError("reduction axis must be a constexpr int")
+            if not -len(shape) <= axis < len(shape):
+                raise CompilationError(f"axis {axis} out of range for a rank-{len(shape)} tile")
+            axis %= len(shape)
+            if len(shape) == 1:
+                axis = None
+        rshape = () if axis is None else shape[:axis] + shape[axis + 1:]
+        return self.b.value("reduce", [x], with_shape(ScalarType(d), rshape), kind=kind, axis=axis)
+
+    def dot(self, a, b, acc=None):
+        for name, v in (("a", a), ("b", b)):
+            if not isinstance(v, Value) or not isinstance(v.type, TileType) or len(v.type.shape) != 2:
+                raise CompilationError(f"dot() operand {name} must be a 2-D tile, got {describe(v)}")
+        (m, k), (k2, n) = a.type.shape, b.type.shape
+        if k != k2:
+            raise CompilationError(f"dot() inner dimensions differ: {a.type.shape} @ {b.type.shape}")
+        da, db = dtype_of(a.type), dtype_of(b.type)
+        if da != db or not da.is_float:
+            raise CompilationError(f"dot() needs two floating tiles of one dtype, got {da} and {db}")
+        rtype = TileType((m, n), ScalarType(dt.float32))
+        if acc is None:
+            acc = self.broadcast_to(self.const(0.0, dt.float32), (m, n))
+        elif not isinstance(acc, Value) or acc.type != rtype:
+            raise CompilationError(f"dot() accumulator must be a {rtype}, got {describe(acc)}")
+        return self.b.value("dot", [a, b, acc], rtype)

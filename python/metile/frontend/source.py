@@ -1,0 +1,66 @@
+"""Reading a kernel's (or helper's) Python source and mapping AST nodes to
+file:line:col in the user's file."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+from ..ir.core import Loc
+from .errors import CompilationError
+
+
+@dataclass
+class FunctionSource:
+    fn: object
+    file: str
+    first_line: int
+    indent: int
+    text: str
+    tree: ast.FunctionDef
+
+    def loc(self, node: ast.AST) -> Loc:
+        line = getattr(node, "lineno", 1)
+        col = getattr(node, "col_offset", 0)
+        return Loc(self.file, self.first_line + line - 1, col + self.indent)
+
+    @property
+    def globals(self) -> dict:
+        return self.fn.__globals__
+
+    def closure(self) -> dict:
+        names = self.fn.__code__.co_freevars
+        cells = self.fn.__closure__ or ()
+        out = {}
+        for name, cell in zip(names, cells):
+            try:
+                out[name] = cell.cell_contents
+            except ValueError:
+                pass
+        return out
+
+
+_cache: dict[object, FunctionSource] = {}
+
+
+def function_source(fn) -> FunctionSource:
+    src = _cache.get(fn)
+    if src is not None:
+        return src
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        file = inspect.getsourcefile(fn) or "<unknown>"
+    except (OSError, TypeError) as e:
+        raise CompilationError(f"cannot read the source of {fn.__qualname__}: {e}") from None
+    raw = "".join(lines)
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    text = textwrap.dedent(raw)
+    module = ast.parse(text)
+    tree = next(n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    if isinstance(tree, ast.AsyncFunctionDef):
+        raise CompilationError("async functions cannot be kernels", Loc(file, first, indent))
+    src = FunctionSource(fn, file, first, indent, text, tree)
+    _cache[fn] = src
+    return src

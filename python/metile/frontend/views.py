@@ -1,0 +1,114 @@
+"""`metile.tensor(...)` views: shaped, strided, access-checked windows on a
+buffer.  A view is a compile-time object of the frontend; its loads and stores
+become pointer arithmetic plus bounds-masked `load`/`store` ops, so later
+stages see ordinary Tile IR."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.core import Value
+from ..ir.types import PointerType
+from .errors import CompilationError
+from .semantics import Semantics, is_const
+
+ACCESS = ("read", "write", "readwrite")
+
+
+@dataclass
+class TensorView:
+    base: Value  # scalar pointer
+    shape: tuple
+    strides: tuple
+    block_shape: tuple | None
+    access: str
+
+    @property
+    def dtype(self):
+        return self.base.type.dtype
+
+    def _address(self, sem: Semantics, position, verb: str):
+        if not isinstance(position, tuple):
+            position = (position,)
+        if len(position) != len(self.shape):
+            raise CompilationError(f"{verb}() position has {len(position)} coordinates; "
+                                   f"the view has rank {len(self.shape)}")
+        offset, mask = 0, True
+        for i, (p, extent, stride) in enumerate(zip(position, self.shape, self.strides)):
+            if self.block_shape is not None:
+                coord = sem.binary("add", p, self._lane_coords(sem, i))
+            else:
+                coord = p
+            offset = sem.binary("add", offset, sem.binary("mul", coord, stride))
+            inside = sem.binary("lt", coord, extent)
+            if is_const(inside) and not isinstance(inside, Value):
+                if not inside and self.block_shape is None:
+                    raise CompilationError(f"{verb}() position {position} is outside the view's "
+                                           f"shape {self.shape}")
+                continue
+            mask = inside if mask is True else sem.binary("and", mask, inside)
+        if is_const(offset):
+            offset = sem.const(offset, _int32())
+        ptr = sem.binary("add", self.base, offset)
+        return ptr, (None if mask is True else mask)
+
+    def _lane_coords(self, sem: Semantics, axis: int):
+        """arange over the block along `axis`, shaped to broadcast over the block."""
+        extent = self.block_shape[axis]
+        v = sem.b.value("arange", [], _tile_i32((extent,)), start=0, end=extent)
+        for _ in range(axis):
+            v = sem.expand_dims(v, 0)
+        for _ in range(len(self.block_shape) - axis - 1):
+            v = sem.expand_dims(v, len(v.type.shape))
+        return v
+
+    def load(self, sem: Semantics, position):
+        if self.access == "write":
+            raise CompilationError("load from a write-only tensor view (access='write')")
+        ptr, mask = self._address(sem, position, "load")
+        return sem.load(ptr, mask=mask)
+
+    def store(self, sem: Semantics, position, value) -> None:
+        if self.access == "read":
+            raise CompilationError("store to a read-only tensor view (access='read')")
+        ptr, mask = self._address(sem, position, "store")
+        sem.store(ptr, value, mask=mask)
+
+
+def make_view(sem: Semantics, buffer, shape, strides, block_shape, access) -> TensorView:
+    if not (isinstance(buffer, Value) and isinstance(buffer.type, PointerType)):
+        raise CompilationError("tensor() needs a buffer parameter or a shared() allocation")
+    if isinstance(shape, (int, Value)):
+        shape = (shape,)
+    if not isinstance(shape, tuple) or not shape:
+        raise CompilationError("tensor() needs shape=(...)")
+    if strides is None:
+        strides, running = [], 1
+        for extent in reversed(shape):
+            strides.insert(0, running)
+            running = sem.binary("mul", running, extent)
+        strides = tuple(strides)
+    elif isinstance(strides, (int, Value)):
+        strides = (strides,)
+    if len(strides) != len(shape):
+        raise CompilationError(f"tensor() strides {strides} do not match shape rank {len(shape)}")
+    if block_shape is not None:
+        if isinstance(block_shape, int):
+            block_shape = (block_shape,)
+        if not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_shape):
+            raise CompilationError("tensor() block_shape must be positive constexpr ints")
+        if len(block_shape) != len(shape):
+            raise CompilationError("tensor() block_shape rank differs from shape rank")
+    if access not in ACCESS:
+        raise CompilationError(f"tensor() access must be one of {ACCESS}, got {access!r}")
+    return TensorView(buffer, tuple(shape), tuple(strides), block_shape, access)
+
+
+def _int32():
+    from ..language.dtypes import int32
+    return int32
+
+
+def _tile_i32(shape):
+    from ..ir.types import ScalarType, TileType
+    return TileType(shape, ScalarType(_int32()))

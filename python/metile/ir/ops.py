@@ -1,0 +1,54 @@
+"""The op vocabulary of Tile IR, grouped the way passes and emitters use it.
+
+Tile form (frontend output)
+  const{value}                          scalar constant
+  program_id{axis} num_programs{axis}   program (threadgroup) geometry, int32
+  thread_id num_threads                 thread geometry, int32
+  arange{start,end}                     int32 tile
+  splat(s){shape} broadcast(t){shape} expand_dims(t){axis}
+  <elementwise>(a, b, ...)              operands of one shape (frontend broadcasts)
+  ptr_add(p, offset)                    pointer + int32 offset (scalar or tile)
+  load(p, [mask, other])                scalar or tile read; masked lanes read `other`
+  store(p, value, [mask])               scalar or tile write
+  reduce(t){kind, axis}                 sum|max|min; axis None -> scalar
+  dot(a, b, acc)                        tile matrix product, fp32 accumulation
+  shared_alloc{size}                    threadgroup pointer (root = its name)
+  barrier
+  for(lb, ub, step, *init){kind} [body(iv, *carried) -> yield]
+  if(cond) [then -> yield] [else -> yield]
+  while(*init) [cond(*carried) -> condition(c, *carried)] [body(*carried) -> yield]
+
+Thread form (after passes.lower_tiles; every value is a scalar)
+  param{name}                           a runtime scalar parameter
+  decl{name, storage, dtype, size}      hoisted storage: "local" array, "shared" array, "var"
+  lane_loop{numel, slots, threads} [body(index, slot)]
+                                        the elements of a tile this thread owns
+  local_get(slot){name} local_set(slot, v){name}
+  var_get{name} var_set(v){name}
+  mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space}
+  simd_reduce(v){kind} simd_lane simd_group barrier
+  for(lb, ub, step) [body(iv)]   if(cond) [then] [else]   while [cond -> condition(c)] [body]
+  and every scalar op of the tile form
+"""
+
+BINARY = frozenset({"add", "sub", "mul", "div", "idiv", "mod", "maximum", "minimum",
+                    "and", "or", "xor", "shl", "shr"})
+COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+UNARY = frozenset({"neg", "not", "exp", "exp2", "log", "sqrt", "rsqrt", "abs", "tanh",
+                   "sigmoid", "erf"})
+FLOAT_ONLY = frozenset({"div", "exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
+INT_ONLY = frozenset({"idiv", "mod", "shl", "shr"})
+ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
+SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
+TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "dot"})
+CONTROL = frozenset({"for", "if", "while"})
+TERMINATORS = frozenset({"yield", "condition"})
+
+TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
+             | {"load", "store", "reduce", "shared_alloc", "barrier"})
+THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
+               | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
+                  "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"})
+
+# Reductions: identity element per kind, by dtype kind.
+REDUCE_KINDS = ("sum", "max", "min")

@@ -1,0 +1,86 @@
+"""The scalar element types a kernel can name (`metile.float32`, ...).
+
+A dtype is a plain value object: the IR stores it in types, the frontend
+compares it, each backend spells it.  MLX dtypes and short strings ("f32")
+are accepted wherever a kernel or a launch names a dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool
+    bits: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def itemsize(self) -> int:
+        return max(1, self.bits // 8)
+
+    def __repr__(self) -> str:
+        return f"metile.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+float32 = DType("float32", "f", 32)
+float16 = DType("float16", "f", 16)
+bfloat16 = DType("bfloat16", "f", 16)
+int32 = DType("int32", "i", 32)
+uint32 = DType("uint32", "u", 32)
+bool_ = DType("bool", "b", 8)
+
+ALL = (float32, float16, bfloat16, int32, uint32, bool_)
+
+_ALIASES = {
+    "f32": float32, "float32": float32, "float": float32,
+    "f16": float16, "float16": float16, "half": float16,
+    "bf16": bfloat16, "bfloat16": bfloat16,
+    "i32": int32, "int32": int32, "int": int32,
+    "u32": uint32, "uint32": uint32,
+    "bool": bool_, "i1": bool_,
+}
+
+
+_FROM_MLX: dict = {}
+
+
+def to_dtype(value) -> DType | None:
+    """A metile DType for a DType, an alias string or an mx.Dtype; None if unsupported."""
+    if isinstance(value, DType):
+        return value
+    if isinstance(value, str):
+        return _ALIASES.get(value)
+    try:
+        return _FROM_MLX[value]
+    except (KeyError, TypeError):
+        pass
+    name = str(value)  # mx.Dtype prints as "mlx.core.float32"
+    out = _ALIASES.get(name[len("mlx.core."):]) if name.startswith("mlx.core.") else None
+    try:
+        _FROM_MLX[value] = out
+    except TypeError:
+        pass
+    return out
+
+
+def to_mlx(dtype: DType):
+    import mlx.core as mx
+
+    return {"bool": mx.bool_}.get(dtype.name) or getattr(mx, dtype.name)

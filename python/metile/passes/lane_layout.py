@@ -1,0 +1,65 @@
+"""The lane layout of tiles, as seen while emitting element code.
+
+A program has T threads.  Element i of a row-major-linearised tile belongs to
+thread i % T, slot i // T.  `Ctx` is a position in that layout where element
+code is being emitted: inside a `lane_loop` (identity: the element this thread
+owns in this slot) or at coordinates derived from one (broadcasting, reduction
+axes, dot operands), where only threadgroup-memory tiles can be read.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Builder, Value
+from ..ir.types import PointerType, ScalarType, elem_type
+from ..language import dtypes as dt
+
+I32 = ScalarType(dt.int32)
+BOOL = ScalarType(dt.bool_)
+
+
+class Storage:
+    def __init__(self, kind: str, name: str, shape: tuple, dtype: dt.DType):
+        self.kind, self.name, self.shape, self.dtype = kind, name, shape, dtype
+
+
+def scalar_of(t) -> ScalarType:
+    """The per-element type a thread holds: pointers become int32 offsets."""
+    e = elem_type(t)
+    return I32 if isinstance(e, PointerType) else e
+
+
+class Ctx:
+    """Where element code is being emitted: a lane loop (or a derived coordinate view)."""
+
+    def __init__(self, low, b: Builder, shape, lin=None, slot=None, coords=None, identity=True):
+        self.low, self.b, self.shape = low, b, tuple(shape)
+        self.lin, self.slot, self.identity = lin, slot, identity
+        self._coords = coords
+        self.memo: dict[int, Value] = {}
+
+    def coords(self) -> list[Value]:
+        if self._coords is None:
+            out, rest = [], self.lin
+            for axis in range(len(self.shape) - 1, -1, -1):
+                extent = self.shape[axis]
+                if axis == 0:
+                    out.append(rest)
+                else:
+                    c = self.low.const(self.b, extent)
+                    out.append(self.b.value("mod", [rest, c], I32))
+                    rest = self.b.value("idiv", [rest, c], I32)
+            self._coords = out[::-1]
+        return self._coords
+
+    def derived(self, shape, coords) -> "Ctx":
+        return Ctx(self.low, self.b, shape, coords=coords, identity=False)
+
+    def linear(self, shape) -> Value:
+        if self.identity and tuple(shape) == self.shape:
+            return self.lin
+        coords = self.coords()
+        out = None
+        for c, extent in zip(coords, shape):
+            out = c if out is None else self.b.value(
+                "add", [self.b.value("mul", [out, self.low.const(self.b, extent)], I32), c], I32)
+        return out

@@ -1,0 +1,412 @@
+"""lower_tiles: tile form -> thread form.
+
+What it does.  Each tile op becomes code run by every thread for the
+elements it owns; after this pass every value is a per-thread scalar and the
+function is printable by any C-like backend.
+
+Lane layout.  A program has T threads (a multiple of 32, at most 1024).  A
+tile of N elements is linearised row-major; element i belongs to thread
+i % T, slot i // T.  A 1-D tile of N <= T elements is one element per thread;
+larger tiles give each thread ceil(N / T) slots (`lane_loop`).  For a 2-D tile
+(M, N) consecutive threads own consecutive columns of a row, so loads and
+stores along the contiguous axis are coalesced.
+
+Placement (see `placement.py`) decides whether each tile is recomputed at its
+uses, kept in registers ("local") or in threadgroup memory ("shared").
+Writes to shared tiles are bracketed by threadgroup barriers; a block
+reduction to a scalar is a per-thread partial, `simd_reduce`, and a pass over
+per-SIMD-group partials in threadgroup memory.
+
+Preconditions (not yet checked here): tile ops and barriers execute in
+uniform control flow, as with any threadgroup barrier.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from ..frontend.errors import CompilationError
+from ..ir.core import Block, Builder, Function, Op, Value
+from ..ir.ops import ELEMENTWISE
+from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
+from ..language import dtypes as dt
+from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
+from .lower_reductions import ReductionLowering
+from .placement import analyze
+
+SHARED_BYTES = 32 * 1024
+
+
+class Lowering(ReductionLowering):
+    def __init__(self, fn: Function, threads: int, buffers: dict):
+        self.fn = fn
+        self.T = threads
+        self.buffers = buffers  # (root, role) -> backend name; roles: read, out, written
+        self.place = analyze(fn)
+        self.decls: list[Op] = []
+        self.scalars: dict[int, Value] = {}
+        self.storage: dict[int, Storage] = {}
+        self.group_storage: dict[int, Storage] = {}
+        self.counter = 0
+        self.shared_bytes = 0
+        self.geometry: dict[str, Value] = {}
+
+    # -- helpers ---------------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def const(self, b: Builder, value, dtype=dt.int32) -> Value:
+        return b.value("const", [], ScalarType(dtype), value=value)
+
+    @staticmethod
+    def add(b: Builder, x: Value, y: Value) -> Value:
+        """x + y for int32 index math, folding a literal zero (keeps emitted code readable)."""
+        for u, v in ((x, y), (y, x)):
+            if isinstance(u.owner, Op) and u.owner.name == "const" and u.owner.attrs["value"] == 0:
+                return v
+        return b.value("add", [x, y], I32)
+
+    @staticmethod
+    def barrier(b: Builder) -> None:
+        if not (b.block.ops and b.block.ops[-1].name == "barrier"):
+            b.op("barrier")
+
+    def decl(self, storage: str, dtype: dt.DType, size: int = 1, prefix="_t") -> str:
+        name = self.fresh(prefix)
+        if storage == "shared":
+            self.shared_bytes += size * dtype.itemsize
+            if self.shared_bytes > SHARED_BYTES:
+                raise CompilationError(
+                    f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
+                    f"the {SHARED_BYTES} a threadgroup has; use smaller blocks")
+        self.decls.append(Op("decl", [], [], {"name": name, "storage": storage, "dtype": dtype,
+                                              "size": size}, []))
+        return name
+
+    def new_storage(self, kind: str, shape, t) -> Storage:
+        dtype = scalar_of(t).dtype
+        n = prod(shape)
+        size = n if kind == "shared" else ceil(n / self.T)
+        return Storage(kind, self.decl(kind, dtype, size, "_sh" if kind == "shared" else "_r"),
+                       tuple(shape), dtype)
+
+    def storage_for(self, v: Value) -> Storage:
+        gid = self.place.group.get(v.id)
+        if gid is not None:
+            if gid not in self.group_storage:
+                self.group_storage[gid] = self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
+            st = self.group_storage[gid]
+        else:
+            st = self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
+        self.storage[v.id] = st
+        return st
+
+    def s(self, v: Value) -> Value:
+        """The thread-form value of a scalar (pointers: their int32 offset)."""
+        return self.scalars[v.id]
+
+    def lane_loop(self, b: Builder, shape, fn) -> None:
+        numel = prod(shape)
+        block = Block()
+        lin = block.add_arg(I32, "i")
+        slot = block.add_arg(I32, "slot")
+        op = b.op("lane_loop", [], [], {"numel": numel, "slots": ceil(numel / self.T),
+                                        "threads": self.T}, [block])
+        inner = Builder(block)
+        inner.loc = b.loc
+        fn(Ctx(self, inner, shape, lin, slot))
+        return op
+
+    # -- element evaluation ------------------------------------------------------------
+    def elem(self, v: Value, ctx: Ctx) -> Value:
+        if isinstance(v, _Stored):
+            return self.read(v.st, ctx)
+        if not isinstance(v.type, TileType):
+            return self.s(v)
+        hit = ctx.memo.get(v.id)
+        if hit is not None:
+            return hit
+        st = self.storage.get(v.id)
+        out = self.read(st, ctx) if st is not None else self.compute(v, ctx)
+        ctx.memo[v.id] = out
+        return out
+
+    def read(self, st: Storage, ctx: Ctx) -> Value:
+        if st.kind == "local":
+            if not (ctx.identity and ctx.shape == st.shape):
+                raise AssertionError("lower_tiles: register tile read at a foreign coordinate")
+            return ctx.b.value("local_get", [ctx.slot], ScalarType(st.dtype), name=st.name)
+        return ctx.b.value("mem_load", [ctx.linear(st.shape)], ScalarType(st.dtype),
+                           root=st.name, space="threadgroup")
+
+    def write(self, st: Storage, ctx: Ctx, value: Value) -> None:
+        if st.kind == "local":
+            ctx.b.op("local_set", [ctx.slot, value], [], {"name": st.name})
+        else:
+            ctx.b.op("mem_store", [ctx.linear(st.shape), value], [], {"root": st.name,
+                                                                      "space": "threadgroup"})
+
+    def compute(self, v: Value, ctx: Ctx) -> Value:
+        op: Op = v.owner
+        b = ctx.b
+        st = scalar_of(v.type)
+        if op.name == "arange":
+            return self.add(b, ctx.coords()[0], self.const(b, op.attrs["start"]))
+        if op.name == "splat":
+            return self.s(op.operands[0])
+        if op.name == "broadcast":
+            src = op.operands[0]
+            zero = self.const(b, 0)
+            coords = [zero if s == 1 and t != 1 else c
+                      for c, s, t in zip(ctx.coords(), src.type.shape, ctx.shape)]
+            return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "expand_dims":
+            src = op.operands[0]
+            coords = list(ctx.coords())
+            del coords[op.attrs["axis"]]
+            return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "ptr_add":
+            a, off = (self.elem(o, ctx) for o in op.operands)
+            return self.add(b, a, off)
+        if op.name == "load":
+            return self.emit_load(b, op, [self.elem(o, ctx) for o in op.operands])
+        if op.name in ELEMENTWISE:
+            return b.value(op.name, [self.elem(o, ctx) for o in op.operands], st, **op.attrs)
+        if op.name == "reduce":
+            return self.axis_reduce(op, ctx)
+        if op.name == "dot":
+            return self.dot(op, ctx)
+        raise AssertionError(f"lower_tiles: cannot compute {op.name} per element")
+
+    def emit_load(self, b: Builder, op: Op, operands: list[Value]) -> Value:
+        ptr: PointerType = elem_type(op.operands[0].type)
+        index, rest = operands[0], operands[1:]
+        rtype = ScalarType(ptr.dtype)
+        if ptr.space == "threadgroup":
+            return b.value("mem_load", [index, *rest], rtype, root=ptr.root, space="threadgroup")
+        written = self.buffers.get((ptr.root, "written"))
+        value = b.value("mem_load", [index, *rest], rtype, root=self.buffers[(ptr.root, "read")],
+                        space="device")
+        if written is None:
+            return value
+        # The buffer is also an output whose untouched elements keep the input's
+        # values: read what this launch wrote where it wrote, else the input.
+        mask_other = [rest[0], self.const(b, False, dt.bool_)] if rest else []
+        w = b.value("mem_load", [index, *mask_other], BOOL, root=written, space="device")
+        new = b.value("mem_load", [index, *rest], rtype, root=self.buffers[(ptr.root, "out")],
+                      space="device")
+        return b.value("where", [w, new, value], rtype)
+
+    def emit_store(self, b: Builder, op: Op, operands: list[Value]) -> None:
+        ptr: PointerType = elem_type(op.operands[0].type)
+        index, value, rest = operands[0], operands[1], operands[2:]
+        if ptr.space == "threadgroup":
+            b.op("mem_store", [index, value, *rest], [], {"root": ptr.root, "space": "threadgroup"})
+            return
+        b.op("mem_store", [index, value, *rest], [], {"root": self.buffers[(ptr.root, "out")],
+                                                      "space": "device"})
+        written = self.buffers.get((ptr.root, "written"))
+        if written is not None:
+            b.op("mem_store", [index, self.const(b, True, dt.bool_), *rest], [],
+                 {"root": written, "space": "device"})
+
+    # -- statements ------------------------------------------------------------------------
+    def materialize(self, v: Value, b: Builder) -> None:
+        st = self.storage_for(v)
+        if st.kind == "shared":
+            self.barrier(b)
+        self.lane_loop(b, v.type.shape, lambda ctx: self.write(st, ctx, self.compute(v, ctx)))
+        if st.kind == "shared":
+            self.barrier(b)
+
+    def copy_into(self, b: Builder, st: Storage, v: Value) -> None:
+        if st.kind == "shared":
+            self.barrier(b)
+        self.lane_loop(b, st.shape, lambda ctx: self.write(st, ctx, self.elem(v, ctx)))
+        if st.kind == "shared":
+            self.barrier(b)
+
+    def lower_block(self, src: Block, b: Builder) -> list[Value] | None:
+        """Lower `src` into `b`; returns the operands of its terminator, if any."""
+        for op in src.ops:
+            b.loc = op.loc
+            if op.name in ("yield", "condition"):
+                return op.operands
+            self.lower_op(op, b)
+        return None
+
+    def lower_op(self, op: Op, b: Builder) -> None:
+        name = op.name
+        if name == "for":
+            return self.lower_for(op, b)
+        if name == "if":
+            return self.lower_if(op, b)
+        if name == "while":
+            return self.lower_while(op, b)
+        if name == "barrier":
+            self.barrier(b)
+            return
+        if name == "store":
+            if isinstance(op.operands[0].type, TileType):
+                shape = op.operands[0].type.shape
+                self.lane_loop(b, shape, lambda ctx: self.emit_store(
+                    ctx.b, op, [self.elem(o, ctx) for o in op.operands]))
+            else:
+                self.emit_store(b, op, [self.s(o) for o in op.operands])
+            return
+        result = op.results[0] if op.results else None
+        if result is not None and isinstance(result.type, TileType):
+            if self.place.kind[result.id] != "recompute":
+                self.materialize(result, b)
+            return
+        if name == "reduce":
+            self.scalars[result.id] = self.full_reduce(op, b)
+        elif name == "shared_alloc":
+            ptr: PointerType = result.type
+            self.shared_bytes += op.attrs["size"] * ptr.dtype.itemsize
+            self.decls.append(Op("decl", [], [], {"name": ptr.root, "storage": "shared",
+                                                  "dtype": ptr.dtype, "size": op.attrs["size"]}, []))
+            self.scalars[result.id] = self.const(b, 0)
+        elif name == "load":
+            self.scalars[result.id] = self.emit_load(b, op, [self.s(o) for o in op.operands])
+        elif name == "ptr_add":
+            self.scalars[result.id] = self.add(b, *(self.s(o) for o in op.operands))
+        elif name == "num_threads":
+            self.scalars[result.id] = self.const(b, self.T)
+        else:
+            new = b.op(name, [self.s(o) for o in op.operands], [scalar_of(r.type) for r in op.results],
+                       op.attrs)
+            for r, n in zip(op.results, new.results):
+                self.scalars[r.id] = n
+
+    # -- control flow ------------------------------------------------------------------------
+    def _slots(self, values: list[Value], b: Builder, inits=None) -> list:
+        """A var (scalars) or storage (tiles) for each carried value; initialised from `inits`."""
+        slots = []
+        for i, v in enumerate(values):
+            if isinstance(v.type, TileType):
+                slot = self.storage_for(v)
+                if inits is not None:
+                    self.copy_into(b, slot, inits[i])
+            else:
+                slot = self.decl("var", scalar_of(v.type).dtype, prefix="_c")
+                if inits is not None:
+                    b.op("var_set", [self.s(inits[i])], [], {"name": slot})
+            slots.append(slot)
+        return slots
+
+    def _bind(self, values: list[Value], slots: list, b: Builder) -> None:
+        for v, slot in zip(values, slots):
+            if isinstance(slot, Storage):
+                self.storage[v.id] = slot
+            else:
+                self.scalars[v.id] = b.value("var_get", [], scalar_of(v.type), name=slot)
+
+    def _assign(self, slots: list, values: list[Value], b: Builder, carried=()) -> None:
+        """Parallel assignment of yielded values into carried slots."""
+        pairs = [(s, v) for s, v, c in zip(slots, values, list(carried) + [None] * len(values))
+                 if v is not c]
+        tiles = [(s, v) for s, v in pairs if isinstance(s, Storage)]
+        if len(tiles) == 1 and tiles[0][0].kind == "local" or not carried:
+            for st, v in tiles:
+                self.copy_into(b, st, v)
+        elif tiles:
+            temps = []
+            for st, v in tiles:
+                tmp = self.new_storage("local", st.shape, v.type)
+                self.lane_loop(b, st.shape, lambda ctx, tmp=tmp, v=v: self.write(tmp, ctx,
+                                                                                 self.elem(v, ctx)))
+                temps.append(tmp)
+            for (st, _), tmp in zip(tiles, temps):
+                self.copy_into(b, st, _Stored(tmp))
+        for slot, v in pairs:
+            if not isinstance(slot, Storage):
+                b.op("var_set", [self.s(v)], [], {"name": slot})
+
+    def lower_for(self, op: Op, b: Builder) -> None:
+        lb, ub, step, *inits = op.operands
+        body = op.regions[0]
+        slots = self._slots(list(body.args[1:]), b, inits)
+        new_body = Block()
+        iv = new_body.add_arg(I32, body.args[0].hint)
+        self.scalars[body.args[0].id] = iv
+        inner = Builder(new_body)
+        self._bind(body.args[1:], slots, inner)
+        ys = self.lower_block(body, inner)
+        self._assign(slots, ys, inner, body.args[1:])
+        b.op("for", [self.s(lb), self.s(ub), self.s(step)], [], dict(op.attrs), [new_body])
+        for res, slot in zip(op.results, slots):
+            if isinstance(slot, Storage):
+                self.storage[res.id] = slot
+        self._bind([r for r in op.results], slots, b)
+
+    def lower_if(self, op: Op, b: Builder) -> None:
+        slots = self._slots(op.results, b)
+        regions = []
+        for src in op.regions:
+            block = Block()
+            inner = Builder(block)
+            ys = self.lower_block(src, inner) or []
+            self._assign(slots, ys, inner)
+            regions.append(block)
+        b.op("if", [self.s(op.operands[0])], [], {}, regions)
+        self._bind(op.results, slots, b)
+
+    def lower_while(self, op: Op, b: Builder) -> None:
+        cond_src, body_src = op.regions
+        slots = self._slots(list(cond_src.args), b, op.operands)
+        cond_block, body_block = Block(), Block()
+        cb = Builder(cond_block)
+        self._bind(cond_src.args, slots, cb)
+        (c,) = self.lower_block(cond_src, cb)
+        cb.op("condition", [self.s(c)], [])
+        bb = Builder(body_block)
+        self._bind(body_src.args, slots, bb)
+        ys = self.lower_block(body_src, bb)
+        self._assign(slots, ys, bb, body_src.args)
+        b.op("while", [], [], {}, [cond_block, body_block])
+        self._bind(op.results, slots, b)
+
+    def run(self) -> Function:
+        body = Block()
+        b = Builder(body)
+        for p in self.fn.params:
+            if p.value is not None and is_pointer(p.value.type):
+                self.scalars[p.value.id] = self.const(b, 0)
+            elif p.value is not None:
+                self.scalars[p.value.id] = b.value("param", [], p.value.type,
+                                                   name=self.buffers[(p.name, "scalar")])
+        self.lower_block(self.fn.body, b)
+        out = Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
+                       dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes))
+        return out
+
+
+class _Stored:
+    """A tile value already held in storage (used for copies out of temporaries)."""
+
+    def __init__(self, st: Storage):
+        self.type = TileType(st.shape, ScalarType(st.dtype))
+        self.id = -id(self)
+        self.st = st
+
+
+def choose_threads(fn: Function, requested: int | None = None) -> int:
+    """T: the requested SIMD-group count x 32, else the largest tile rounded up to 32 lanes
+    (capped at 1024), else one SIMD-group."""
+    if requested is not None:
+        return requested
+    from ..ir.core import walk
+    largest = 0
+    for op in walk(fn.body):
+        for r in op.results:
+            if isinstance(r.type, TileType):
+                largest = max(largest, r.type.numel)
+    if largest == 0:
+        return 32
+    return min(1024, -(-largest // 32) * 32)
+
+
+def lower_tiles(fn: Function, threads: int, buffers: dict) -> Function:
+    return Lowering(fn, threads, buffers).run()

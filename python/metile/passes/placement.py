@@ -1,0 +1,141 @@
+"""Placement analysis: how each tile value of a tile-form function is held.
+
+Every tile value gets one of three placements (consumed by `lower_tiles`):
+
+* ``recompute`` — not stored; evaluated at each element where it is used.
+  Chosen for index arithmetic (arange/splat/broadcast and integer/bool/pointer
+  ops over them: cheap and free of memory effects) and for pure values used
+  exactly once in the block that defines them (fusion of elementwise chains).
+* ``local`` — stored in each thread's registers in the lane layout (element
+  i of the tile lives in thread i % T, slot i // T).  Legal when every use
+  reads the value at the element's own coordinate.
+* ``shared`` — stored in threadgroup memory, row-major.  Required when some
+  use reads other coordinates: broadcasting (x[:, None]), reductions along an
+  axis of a rank >= 2 tile, and `dot` operands.
+
+Loads, reductions, dot results and loop-carried / branch-result tiles are
+always stored: loads must happen once, in program order relative to stores
+and barriers.  Loop-carried values share one storage per carried slot
+(block argument, loop result); the group is `shared` if any member needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.core import Block, Function, Op, Value
+from ..ir.ops import ELEMENTWISE
+from ..ir.types import PointerType, TileType, dtype_of, elem_type
+
+_INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims"})
+
+
+@dataclass
+class Placement:
+    kind: dict[int, str] = field(default_factory=dict)      # value id -> recompute|local|shared
+    group: dict[int, int] = field(default_factory=dict)     # carried value id -> group id
+    uses: dict[int, list] = field(default_factory=dict)     # value id -> [(op, operand index)]
+
+
+def _is_tile(v: Value) -> bool:
+    return isinstance(v.type, TileType)
+
+
+def analyze(fn: Function) -> Placement:
+    p = Placement()
+    defs: dict[int, tuple[Value, Block | None]] = {}
+    carried_groups: list[list[Value]] = []
+
+    def scan(block: Block):
+        for a in block.args:
+            defs[a.id] = (a, block)
+        for op in block.ops:
+            for i, v in enumerate(op.operands):
+                p.uses.setdefault(v.id, []).append((op, i))
+            for r in op.results:
+                defs[r.id] = (r, block)
+            for region in op.regions:
+                scan(region)
+            if op.name == "for":
+                body = op.regions[0]
+                for arg, res in zip(body.args[1:], op.results):
+                    carried_groups.append([arg, res])
+            elif op.name == "while":
+                cond, body = op.regions
+                for a, b, res in zip(cond.args, body.args, op.results):
+                    carried_groups.append([a, b, res])
+            elif op.name == "if":
+                for res in op.results:
+                    carried_groups.append([res])
+
+    scan(fn.body)
+
+    cheap_memo: dict[int, bool] = {}
+
+    def cheap(v: Value) -> bool:
+        if v.id in cheap_memo:
+            return cheap_memo[v.id]
+        op = v.owner if isinstance(v.owner, Op) else None
+        ok = False
+        if op is not None and op.name in _INDEX_OPS:
+            ok = all(cheap(o) for o in op.operands if _is_tile(o))
+        elif op is not None and op.name in ELEMENTWISE:
+            e = elem_type(v.type)
+            integral = isinstance(e, PointerType) or not dtype_of(v.type).is_float
+            ok = integral and all(cheap(o) for o in op.operands if _is_tile(o))
+        cheap_memo[v.id] = ok
+        return ok
+
+    carried_ids = {v.id for g in carried_groups for v in g}
+    for vid, (v, block) in defs.items():
+        if not _is_tile(v) or vid in carried_ids:
+            continue
+        op = v.owner
+        if cheap(v):
+            p.kind[vid] = "recompute"
+        elif op.name in ELEMENTWISE or op.name in _INDEX_OPS:
+            uses = p.uses.get(vid, [])
+            single = len(uses) == 1 and _op_in_block(uses[0][0], block)
+            p.kind[vid] = "recompute" if single else "stored"
+        else:
+            p.kind[vid] = "stored"  # load, reduce, dot
+
+    remote_memo: dict[int, bool] = {}
+
+    def remote(v: Value) -> bool:
+        if v.id in remote_memo:
+            return remote_memo[v.id]
+        remote_memo[v.id] = False  # carried cycles resolve through groups below
+        out = False
+        for op, idx in p.uses.get(v.id, []):
+            if op.name in ("broadcast", "expand_dims"):
+                out = out or (op.result.type.shape != v.type.shape or op.name == "expand_dims")
+            elif op.name == "reduce":
+                out = out or op.attrs["axis"] is not None
+            elif op.name == "dot":
+                out = out or idx < 2
+            elif op.results and _is_tile(op.results[0]) and \
+                    p.kind.get(op.results[0].id) == "recompute":
+                out = out or remote(op.results[0])
+            if out:
+                break
+        remote_memo[v.id] = out
+        return out
+
+    for vid, kind in list(p.kind.items()):
+        if kind == "stored":
+            p.kind[vid] = "shared" if remote(defs[vid][0]) else "local"
+    for gid, group in enumerate(carried_groups):
+        if not _is_tile(group[0]):
+            continue
+        kind = "shared" if any(remote(v) for v in group) else "local"
+        for v in group:
+            p.kind[v.id] = kind
+            p.group[v.id] = gid
+    # A recompute value read remotely forces its stored operands into shared memory:
+    # remote() already propagates through recompute consumers, so nothing more to do.
+    return p
+
+
+def _op_in_block(op: Op, block: Block | None) -> bool:
+    return block is not None and any(o is op for o in block.ops)

@@ -1,0 +1,94 @@
+"""uniformity: reject barriers and tile ops under thread-dependent control flow.
+
+A value is *divergent* when it may differ between the threads of one program:
+`thread_id()`, anything computed from a divergent value (including loads
+through divergent addresses), and results of control flow whose condition or
+bounds are divergent.  Code under a divergent `if` / loop runs on a subset of
+the threads, so it must not contain:
+
+* `barrier()` — every thread of the program must reach it;
+* tile operations — they are executed cooperatively by all threads (they
+  use barriers and SIMD-group collectives internally).
+
+A tile computed from a divergent scalar is rejected too: each thread would see
+a different tile.  Violations are CompilationErrors at the offending line.
+"""
+
+from __future__ import annotations
+
+from ..frontend.errors import CompilationError
+from ..ir.core import Block, Function, Op
+from ..ir.types import TileType
+
+
+def _is_tile_op(op: Op) -> bool:
+    return any(isinstance(r.type, TileType) for r in op.results) or \
+        any(isinstance(o.type, TileType) for o in op.operands)
+
+
+def check_uniformity(fn: Function) -> Function:
+    divergent: set[int] = set()
+    # Loop-carried values feed back into their loops: iterate to a fixed point.
+    for _ in range(8):
+        before = len(divergent)
+        _scan(fn.body, divergent, None, check=False)
+        if len(divergent) == before:
+            break
+    _scan(fn.body, divergent, None, check=True)
+    return fn
+
+
+def _scan(block: Block, div: set[int], why: Op | None, check: bool) -> None:
+    for op in block.ops:
+        if check and why is not None:
+            if op.name == "barrier":
+                raise CompilationError(
+                    f"barrier() under control flow that depends on thread_id() (line "
+                    f"{why.loc.line if why.loc else '?'}): every thread of the program must reach "
+                    f"it", op.loc)
+            if _is_tile_op(op):
+                raise CompilationError(
+                    f"tile operation under control flow that depends on thread_id() (line "
+                    f"{why.loc.line if why.loc else '?'}): tile operations run on all threads of "
+                    f"the program", op.loc)
+        if check and op.name == "splat" and op.operands[0].id in div:
+            raise CompilationError("a tile cannot be built from a value that depends on "
+                                   "thread_id(); each thread would see a different tile", op.loc)
+        inputs_div = any(o.id in div for o in op.operands)
+        if op.name == "thread_id" or (inputs_div and op.name not in ("for", "while", "if")):
+            div.update(r.id for r in op.results)
+        if op.name == "for":
+            lb, ub, step, *inits = op.operands
+            body = op.regions[0]
+            bounds_div = any(v.id in div for v in (lb, ub, step))
+            if bounds_div:
+                div.update(a.id for a in body.args)
+            for init, arg in zip(inits, body.args[1:]):
+                if init.id in div:
+                    div.add(arg.id)
+            _scan(body, div, why or (op if bounds_div else None), check)
+            ys = body.ops[-1].operands if body.ops and body.ops[-1].name == "yield" else []
+            for y, arg, res in zip(ys, body.args[1:], op.results):
+                if y.id in div or arg.id in div or bounds_div:
+                    div.update((arg.id, res.id))
+        elif op.name == "if":
+            cond_div = op.operands[0].id in div
+            for region in op.regions:
+                _scan(region, div, why or (op if cond_div else None), check)
+                ys = region.ops[-1].operands if region.ops and region.ops[-1].name == "yield" else []
+                for y, res in zip(ys, op.results):
+                    if y.id in div or cond_div:
+                        div.add(res.id)
+        elif op.name == "while":
+            cond, body = op.regions
+            for init, a, b in zip(op.operands, cond.args, body.args):
+                if init.id in div:
+                    div.update((a.id, b.id))
+            _scan(cond, div, why, check)
+            c = cond.ops[-1].operands[0] if cond.ops and cond.ops[-1].name == "condition" else None
+            c_div = c is not None and c.id in div
+            _scan(body, div, why or (op if c_div else None), check)
+            ys = body.ops[-1].operands if body.ops and body.ops[-1].name == "yield" else []
+            for y, a, b, res in zip(ys, cond.args, body.args, op.results):
+                if y.id in div or c_div:
+                    div.update((a.id, b.id, res.id))

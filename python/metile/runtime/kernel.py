@@ -1,0 +1,397 @@
+"""@metile.kernel objects: specialization, compile caches and launches.
+
+    @metile.kernel
+    def add(X, Y, Z, n, BLOCK: metile.constexpr):
+        ...
+    z = add[(metile.cdiv(n, 256),)](x, y, z, n, BLOCK=256)      # lazy mx.array
+    dispatch = add[grid].prepare(x, y, z, n, BLOCK=256)         # bind once
+    z = dispatch()                                              # minimal-overhead relaunch
+
+Launch contract.  `grid` counts programs (threadgroups), 1-3 ints or a
+callable of the bound arguments.  mx.array arguments are buffers; Python
+int/float/bool (and 0-d arrays) are runtime scalars; constexpr parameters
+specialize.  Buffers the kernel stores to are outputs: the launch returns
+their new contents (one array, or a tuple in parameter order), with the shape
+and dtype of the array passed.  Elements the kernel does not write keep the
+passed array's values: unless `passes.buffer_usage` proves every element is
+written, the kernel also records which elements it wrote and the result is
+`where(written, new, passed)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import mlx.core as mx
+
+from ..frontend import CompilationError, LaunchError, build_tile_ir, constexpr_params
+from ..ir.printer import format_function
+from ..ir.verifier import verify
+from ..language import dtypes as dt
+from ..passes.buffer_usage import Coverage, buffer_roles, store_coverage
+from ..passes.lower_tiles import choose_threads, lower_tiles
+from ..passes.uniformity import check_uniformity
+from . import cache
+
+BACKEND = "msl"
+RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "float", "int", "uint",
+            "bool", "char", "short", "long", "void", "auto", "const", "true", "false", "metal",
+            "bfloat", "bfloat16_t", "float16_t", "return", "if", "else", "for", "while", "do",
+            "switch", "case", "default", "break", "continue", "struct", "class", "static",
+            "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
+RESERVED_OPTIONS = ("num_simdgroups",)
+
+
+def debug_flags() -> set[str]:
+    return {w.strip() for w in os.environ.get("METILE_DEBUG", "").split(",") if w.strip()}
+
+
+def _arg_spec(name: str, value):
+    """(kind, dtype, ndim) of a runtime argument, or a LaunchError."""
+    if isinstance(value, mx.array):
+        d = dt.to_dtype(value.dtype)
+        if d is None:
+            raise LaunchError(f"argument {name!r}: dtype {value.dtype} is not supported "
+                              f"(metile kernels take float32, float16, bfloat16, int32, uint32, bool)")
+        if value.ndim == 0:
+            return ("scalar", d, 0)
+        return ("buffer", d, value.ndim)
+    if isinstance(value, bool):
+        return ("scalar", dt.bool_, 0)
+    if isinstance(value, int):
+        if not -2**31 <= value < 2**31:
+            raise LaunchError(f"argument {name!r}: {value} does not fit in int32")
+        return ("scalar", dt.int32, 0)
+    if isinstance(value, float):
+        return ("scalar", dt.float32, 0)
+    raise LaunchError(f"argument {name!r}: expected an mx.array or a Python int/float/bool, "
+                      f"got {type(value).__name__}")
+
+
+def _unique(base: str, used: set[str]) -> str:
+    name = f"arg_{base}" if base in RESERVED or base.startswith("_") else base
+    out, i = name, 1
+    while out in used:
+        i += 1
+        out = f"{name}{i}"
+    used.add(out)
+    return out
+
+
+class Variant:
+    """One generated kernel: source, the metal_kernel call signature, and the callable."""
+
+    def __init__(self, data: dict):
+        self.data = data
+        self._callable = None
+
+    def callable(self):
+        if self._callable is None:
+            from .. import metal_kernel  # the runtime (issue 2); imported lazily
+            d = self.data
+            self._callable = metal_kernel(d["name"], d["inputs"], d["outputs"], d["body"],
+                                          header=d["header"])
+        return self._callable
+
+
+class Specialization:
+    """A kernel for one argument signature and constexpr binding."""
+
+    def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req):
+        self.kernel, self.specs, self.constexprs, self.threads_req = kernel, specs, constexprs, \
+            threads_req
+        self._tile = None
+        self.key = cache.key_hash({
+            "source": cache.source_fingerprint(kernel.fn),
+            "specs": {k: [v[0], v[1].name, v[2]] for k, v in specs.items()},
+            "constexprs": {k: repr(v) for k, v in constexprs.items()},
+            "threads": threads_req, "backend": BACKEND,
+            "compiler": cache.compiler_fingerprint(),
+        })
+        self.entry = cache.disk_load(self.key)
+        if self.entry is None:
+            self.entry = self._analyze()
+            cache.disk_store(self.key, self.entry)
+        self.outputs: list[str] = self.entry["outputs"]
+        self.coverage = {k: Coverage(*v) for k, v in self.entry["coverage"].items()}
+        self.threads: int = self.entry["threads"]
+        self.variants: dict[tuple, Variant] = {}
+
+    def tile_ir(self):
+        if self._tile is None:
+            fn, _ = build_tile_ir(self.kernel.fn, {k: v[:2] for k, v in self.specs.items()},
+                                  self.constexprs)
+            verify(fn)
+            check_uniformity(fn)
+            fn.meta["passes"] = ["frontend", "verify", "uniformity"]
+            if "tile_ir" in debug_flags():
+                print(format_function(fn), file=sys.stdout)
+            self._tile = fn
+        return self._tile
+
+    def _analyze(self) -> dict:
+        fn = self.tile_ir()
+        loaded, stored = buffer_roles(fn)
+        names = self.kernel.param_names
+        outputs = [n for n in names if n in stored]
+        cov = store_coverage(fn, loaded)
+        threads = choose_threads(fn, self.threads_req)
+        return {"outputs": outputs, "loaded_outputs": sorted(loaded & stored),
+                "coverage": {k: [c.block, c.bound, c.bound_const] for k, c in cov.items()},
+                "threads": threads, "variants": {}}
+
+    def variant(self, proven: tuple) -> Variant:
+        v = self.variants.get(proven)
+        if v is not None:
+            return v
+        tag = "".join("1" if p else "0" for p in proven)
+        data = self.entry["variants"].get(tag)
+        if data is None:
+            data = self._generate(proven)
+            self.entry["variants"][tag] = data
+            cache.disk_store(self.key, self.entry)
+        elif "msl" in debug_flags():
+            print(data["header"] + "\n" + data["body"], file=sys.stdout)
+        v = self.variants[proven] = Variant(data)
+        return v
+
+    def _generate(self, proven: tuple) -> dict:
+        from ..codegen.msl import emit_msl
+
+        fn = self.tile_ir()
+        used: set[str] = set()
+        buffers, inputs, outputs, roles = {}, [], [], []
+        tracked = {o for o, p in zip(self.outputs, proven) if not p}
+        for name in self.kernel.param_names:
+            spec = self.specs.get(name)
+            if spec is None:
+                continue
+            if spec[0] == "scalar":
+                buffers[(name, "scalar")] = _unique(name, used)
+                inputs.append(buffers[(name, "scalar")])
+                roles.append(["in", name])
+            elif name not in self.outputs:
+                buffers[(name, "read")] = _unique(name, used)
+                inputs.append(buffers[(name, "read")])
+                roles.append(["in", name])
+        for name in self.outputs:
+            buffers[(name, "out")] = _unique(name, used)
+        for name in self.outputs:
+            if name in tracked:
+                buffers[(name, "read")] = _unique(f"{name}_in", used)
+                inputs.append(buffers[(name, "read")])
+                roles.append(["in", name])
+                buffers[(name, "written")] = _unique(f"{name}_written", used)
+        outputs = [buffers[(n, "out")] for n in self.outputs]
+        outputs += [buffers[(n, "written")] for n in self.outputs if n in tracked]
+        thread_fn = lower_tiles(fn, self.threads, buffers)
+        verify(thread_fn)
+        if "thread_ir" in debug_flags():
+            print(format_function(thread_fn), file=sys.stdout)
+        header, body = emit_msl(thread_fn)
+        if "msl" in debug_flags():
+            print(f"// metile kernel {fn.name} ({self.key[:12]})\n{header}\n{body}", file=sys.stdout)
+        return {"name": f"metile_{fn.name}_{self.key[:12]}_{''.join('1' if p else '0' for p in proven)}",
+                "header": header, "body": body, "inputs": inputs, "outputs": outputs,
+                "input_roles": roles, "tracked": [n for n in self.outputs if n in tracked],
+                "passes": fn.meta["passes"] + ["placement", "lower_tiles", "verify", "emit_msl"]}
+
+
+class Kernel:
+    """A @metile.kernel function; index it with a grid to launch."""
+
+    __metile_kernel__ = True
+
+    def __init__(self, fn, num_simdgroups: int | None = None):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+        try:
+            self.param_names, self.constexpr_names, self.defaults = constexpr_params(fn)
+        except CompilationError as e:
+            raise e.with_traceback(None) from None
+        self.num_simdgroups = num_simdgroups
+        self._specs: dict = {}
+
+    def __getitem__(self, grid) -> "Launcher":
+        return Launcher(self, grid)
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"launch a metile kernel with {self.fn.__name__}[grid](...)")
+
+    def __repr__(self) -> str:
+        return f"<metile.kernel {self.fn.__qualname__}>"
+
+    # -- binding ---------------------------------------------------------------------------
+    def bind(self, args, kwargs) -> tuple[dict, dict, int | None]:
+        """(runtime arguments by name, constexpr values by name, threads requested)."""
+        kwargs = dict(kwargs)
+        nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
+        if len(args) > len(self.param_names):
+            raise LaunchError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
+                              f"got {len(args)}")
+        bound = dict(zip(self.param_names, args))
+        for k, v in kwargs.items():
+            if k not in self.param_names:
+                raise LaunchError(f"{self.fn.__name__}() got an unexpected argument {k!r}")
+            if k in bound:
+                raise LaunchError(f"{self.fn.__name__}() got multiple values for {k!r}")
+            bound[k] = v
+        for k, v in self.defaults.items():
+            bound.setdefault(k, v)
+        missing = [n for n in self.param_names if n not in bound]
+        if missing:
+            raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
+        runtime = {n: bound[n] for n in self.param_names if n not in self.constexpr_names}
+        consts = {n: bound[n] for n in self.param_names if n in self.constexpr_names}
+        for n, v in consts.items():
+            try:
+                hash(v)
+            except TypeError:
+                raise LaunchError(f"constexpr {n!r} must be hashable, got {type(v).__name__}") \
+                    from None
+            if isinstance(v, mx.array):
+                raise LaunchError(f"constexpr {n!r} must be a Python value, got an mx.array")
+        threads = None
+        if nsg is not None:
+            if not isinstance(nsg, int) or not 1 <= nsg <= 32:
+                raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
+            threads = 32 * nsg
+        return runtime, consts, threads
+
+    def specialize(self, runtime: dict, consts: dict, threads) -> tuple[Specialization, dict]:
+        specs = {n: _arg_spec(n, v) for n, v in runtime.items()}
+        key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
+               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = Specialization(self, specs, consts, threads)
+            self._specs[key] = spec
+        return spec, specs
+
+
+def _grid(grid, bound: dict) -> tuple[int, int, int]:
+    if callable(grid):
+        grid = grid(bound)
+    if isinstance(grid, int):
+        grid = (grid,)
+    if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or \
+            not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in grid):
+        raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got {grid!r}")
+    return tuple(grid) + (1,) * (3 - len(grid))
+
+
+class Launcher:
+    def __init__(self, kernel: Kernel, grid):
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args, **kwargs):
+        return self.prepare(*args, **kwargs)()
+
+    def prepare(self, *args, **kwargs) -> "Dispatch":
+        try:
+            return Dispatch(self.kernel, self.grid, args, kwargs)
+        except CompilationError as e:
+            raise e.with_traceback(None) from None  # hide compiler frames
+
+
+class Dispatch:
+    """A launch with everything resolved; calling it enqueues the kernel again."""
+
+    def __init__(self, kernel: Kernel, grid, args, kwargs, like: "Dispatch | None" = None):
+        runtime, consts, threads = kernel.bind(args, kwargs)
+        if like is not None:
+            like._check_same(runtime, consts, threads)
+        spec, specs = kernel.specialize(runtime, consts, threads)
+        self.grid_arg, self.specs = grid, specs
+        grid = _grid(grid, {**runtime, **consts})
+        self.kernel, self.spec = kernel, spec
+        outputs = spec.outputs
+        for name in outputs:
+            if specs[name][0] != "buffer":
+                raise LaunchError(f"argument {name!r} is stored to by the kernel, so it must be "
+                                  f"an mx.array with at least one dimension")
+        out_arrays = [runtime[n] for n in outputs]
+        for name, value in runtime.items():
+            if name in outputs:
+                continue
+            for o, arr in zip(outputs, out_arrays):
+                if value is arr:
+                    raise LaunchError(f"argument {name!r} is the same array as output {o!r}; "
+                                      f"an input must not alias an output")
+        for i, a in enumerate(out_arrays):
+            for j in range(i):
+                if out_arrays[j] is a:
+                    raise LaunchError(f"outputs {outputs[j]!r} and {outputs[i]!r} are the same "
+                                      f"array")
+        scalars = {n: v for n, v in runtime.items() if specs[n][0] == "scalar"}
+        proven = tuple(
+            n in spec.coverage and spec.coverage[n].covers(grid[0], runtime[n].size, scalars)
+            for n in outputs)
+        self.variant = spec.variant(proven)
+        d = self.variant.data
+        self.outputs = out_arrays
+        self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
+        self.inputs = [runtime[name] for _, name in d["input_roles"]]
+        self.tracked = [outputs.index(n) for n in d["tracked"]]
+        T = spec.threads
+        self.call_kwargs = dict(
+            inputs=self.inputs, grid=(grid[0] * T, grid[1], grid[2]), threadgroup=(T, 1, 1),
+            output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
+            output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
+            init_value=0 if self.tracked else None)
+        self.single = len(out_arrays) == 1
+
+    def _check_same(self, runtime: dict, consts: dict, threads) -> None:
+        for name, value in runtime.items():
+            kind, d, ndim = _arg_spec(name, value)
+            pk, pd, pn = self.specs[name]
+            if (kind, d) != (pk, pd):
+                raise LaunchError(f"argument {name!r}: prepared for a {pd} {pk}, got a {d} {kind}")
+            if ndim != pn:
+                raise LaunchError(f"argument {name!r}: prepared for rank {pn}, got rank {ndim}")
+        if consts != self.spec.constexprs or threads != self.spec.threads_req:
+            raise LaunchError("constexpr arguments differ from the prepared launch; prepare again")
+
+    def __call__(self, *args, **kwargs):
+        """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
+        if args or kwargs:
+            try:
+                return Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)()
+            except CompilationError as e:
+                raise e.with_traceback(None) from None
+        if self.empty:
+            outs = list(self.outputs)
+        else:
+            outs = self.variant.callable()(**self.call_kwargs)
+            if self.tracked:
+                n = len(self.outputs)
+                for k, i in enumerate(self.tracked):
+                    outs[i] = mx.where(outs[n + k], outs[i], self.outputs[i])
+                outs = outs[:n]
+        if not outs:
+            return None
+        return outs[0] if self.single else tuple(outs)
+
+    @property
+    def source(self) -> str:
+        return self.variant.data["header"] + "\n" + self.variant.data["body"]
+
+
+def kernel(fn=None, *, num_simdgroups: int | None = None):
+    """Decorator: compile a Python function as a metile kernel (see module docstring)."""
+    if fn is None:
+        return lambda f: Kernel(f, num_simdgroups)
+    return Kernel(fn, num_simdgroups)
+
+
+def inline(fn):
+    """Decorator: a helper whose body is inlined into the kernels that call it."""
+    @functools.wraps(fn)
+    def stub(*args, **kwargs):
+        raise RuntimeError(f"{fn.__name__} is a @metile.inline helper; call it inside a kernel")
+
+    stub.__metile_inline__ = True
+    stub.__wrapped__ = fn
+    return stub

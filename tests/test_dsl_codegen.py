@@ -1,0 +1,189 @@
+"""Compiler stages without running kernels: Tile IR, lowering decisions visible
+in the generated MSL, debug output and the compile cache."""
+
+import re
+
+import mlx.core as mx
+import pytest
+
+import metile
+from metile.ir.core import Block, Builder, Function, Op, Value
+from metile.ir.printer import format_function
+from metile.ir.types import ScalarType
+from metile.ir.verifier import IRVerificationError, verify
+from metile.language import float32
+from dsl_kernels import block_sum, matmul, softmax_rows, vector_add
+
+
+def prepared_source(launcher, *args, **kwargs) -> str:
+    return launcher.prepare(*args, **kwargs).source
+
+
+def test_tile_ir_printer_and_verifier():
+    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64)
+    fn = d.spec.tile_ir()
+    verify(fn)
+    text = format_function(fn)
+    assert "func @vector_add(" in text and "BLOCK: constexpr = 64" in text
+    for op in ("program_id()", "arange()", "ptr_add(", "load(", "store("):
+        assert op in text, text
+
+
+def test_verifier_rejects_use_before_definition():
+    body = Block()
+    b = Builder(body)
+    dangling = Value(ScalarType(float32), None)
+    b.value("neg", [dangling], ScalarType(float32))
+    with pytest.raises(IRVerificationError, match="used before its definition"):
+        verify(Function("broken", [], body))
+    body = Block(ops=[Op("lane_loop", [], [], {}, [Block()])])
+    with pytest.raises(IRVerificationError, match="not an op of the tile form"):
+        verify(Function("broken", [], body))
+
+
+def test_one_element_per_thread_up_to_1024():
+    src = prepared_source(vector_add[(1,)], mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8,
+                          BLOCK=100)
+    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=100)
+    assert d.spec.threads == 128  # 100 rounded up to whole SIMD-groups
+    assert d.call_kwargs["threadgroup"] == (128, 1, 1) and d.call_kwargs["grid"] == (128, 1, 1)
+    assert "< 100" in src and "for (int _s" not in src
+
+
+def test_larger_blocks_loop_over_slots():
+    d = vector_add[(3,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=4096)
+    assert d.spec.threads == 1024
+    assert re.search(r"for \(int (_s\d+) = 0; \1 < 4; \+\+\1\)", d.source), d.source
+    assert d.call_kwargs["grid"] == (3 * 1024, 1, 1)
+
+
+def test_block_reduction_uses_simd_and_threadgroup_memory():
+    src = prepared_source(softmax_rows[(2,)], mx.zeros((2, 8)), mx.zeros((2, 8)), 8, 8, BLOCK=256)
+    assert "metal::simd_max" in src and "metal::simd_sum" in src
+    assert "threadgroup float" in src and "threadgroup_barrier" in src
+
+
+def test_dot_operands_go_through_threadgroup_memory_accumulator_stays_in_registers():
+    src = prepared_source(matmul[(1, 1)], mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)),
+                          8, 8, 8, BM=16, BN=16, BK=8)
+    assert src.count("threadgroup float") == 2  # the A and B tiles
+    assert "float _r1[1];" in src  # the accumulator: one register per thread
+    assert "for (int _k" in src  # the K loop stays a loop
+
+
+def test_loops_are_not_unrolled():
+    src = prepared_source(block_sum[(1,)], mx.zeros((1, 8)), mx.zeros((1,)), 8)
+    assert "while (true)" in src and src.count("threadgroup_barrier") <= 3
+
+
+def test_full_coverage_proof_avoids_copy():
+    d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000,
+                                 BLOCK=256)
+    assert d.variant.data["outputs"] == ["Z"] and not d.tracked
+    # a grid too small to cover the output: unwritten elements must be preserved
+    d = vector_add[(2,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000,
+                                 BLOCK=256)
+    assert d.variant.data["outputs"] == ["Z", "Z_written"] and d.tracked == [0]
+    assert "Z_in" in d.variant.data["inputs"]
+
+
+def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("METILE_DEBUG", "msl,tile_ir")
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    @metile.kernel
+    def fresh(X, BLOCK: metile.constexpr):
+        metile.store(X + metile.arange(0, BLOCK), 1.0)
+
+    fresh[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    out = capsys.readouterr().out
+    assert "func @fresh(" in out and "[tile form]" in out
+    assert "X[" in out and "1.0f" in out
+
+
+def test_disk_cache_skips_the_frontend(monkeypatch, tmp_path):
+    import metile.runtime.kernel as rk
+
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = rk.build_tile_ir
+    monkeypatch.setattr(rk, "build_tile_ir", lambda *a: calls.append(1) or real(*a))
+
+    def make():
+        @metile.kernel
+        def cached(X, BLOCK: metile.constexpr):
+            metile.store(X + metile.arange(0, BLOCK), 2.0)
+        return cached
+
+    src1 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source
+    assert calls == [1]
+    src2 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source  # new kernel object, same content
+    assert calls == [1] and src1 == src2
+    assert list((tmp_path / "dsl").glob("*.json"))
+    make()[(1,)].prepare(mx.zeros((8,)), BLOCK=16)  # a new constexpr value compiles
+    assert calls == [1, 1]
+
+
+def test_cache_key_is_content_not_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    def first():
+        @metile.kernel
+        def same_name(X, BLOCK: metile.constexpr):
+            metile.store(X + metile.arange(0, BLOCK), 1.0)
+        return same_name
+
+    def second():
+        @metile.kernel
+        def same_name(X, BLOCK: metile.constexpr):
+            metile.store(X + metile.arange(0, BLOCK), 5.0)
+        return second_body(same_name)
+
+    def second_body(k):
+        return k
+
+    a = first()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    b = second()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    assert a.spec.key != b.spec.key
+    assert "1.0f" in a.source and "5.0f" in b.source
+    assert a.variant.data["name"] != b.variant.data["name"]
+
+
+SCALE = 3.0
+
+
+def test_cache_key_includes_globals(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    def make():
+        @metile.kernel
+        def scaled(X, BLOCK: metile.constexpr):
+            metile.store(X + metile.arange(0, BLOCK), SCALE)
+        return scaled
+
+    a = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    monkeypatch.setitem(globals(), "SCALE", 4.0)
+    b = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    assert a.spec.key != b.spec.key and "4.0f" in b.source
+
+
+def test_corrupt_cache_entry_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    def make():
+        @metile.kernel
+        def corrupt(X, BLOCK: metile.constexpr):
+            metile.store(X + metile.arange(0, BLOCK), 1.0)
+        return corrupt
+
+    d = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    for f in (tmp_path / "dsl").glob("*.json"):
+        f.write_text("{not json")
+    assert make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source == d.source
+
+
+def test_specialization_by_dtype():
+    f32 = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64)
+    f16 = vector_add[(1,)].prepare(*(mx.zeros((8,), mx.float16) for _ in range(3)), 8, BLOCK=64)
+    assert f32.spec is not f16.spec
+    assert "half" in f16.source and "half" not in f32.source

@@ -1,0 +1,283 @@
+"""Rejected kernels and bad launches: the message names the problem, points at
+the user's line (file:line:col plus a caret) and shows no compiler frames.
+These run no kernel (the frontend rejects them first)."""
+
+import inspect
+import traceback
+
+import mlx.core as mx
+import pytest
+
+import metile
+
+
+def _line_of(fn, marker: str) -> int:
+    lines, first = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
+    for i, line in enumerate(lines):
+        if marker in line:
+            return first + i
+    raise AssertionError(marker)
+
+
+def compile_error(launch) -> metile.CompilationError:
+    with pytest.raises(metile.CompilationError) as info:
+        launch()
+    err = info.value
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    assert "metile/frontend" not in text and "metile/passes" not in text, text
+    assert "code_generator" not in text
+    return err
+
+
+def assert_points_at(err, kernel, marker: str, col: int | None = None):
+    line = _line_of(kernel, marker)
+    msg = str(err)
+    assert f"{__file__}:{line}:" in msg, msg
+    assert marker in msg.splitlines()[1], msg  # the source line is shown
+    assert msg.splitlines()[2].strip() == "^"
+    if col is not None:
+        assert f":{line}:{col}:" in msg, msg
+
+
+X = mx.zeros((8,))
+
+
+@metile.kernel
+def uses_try(X):
+    try:  # MARK-try
+        metile.store(X, 1.0)
+    finally:
+        pass
+
+
+def test_try_statement_rejected():
+    err = compile_error(lambda: uses_try[(1,)](X))
+    assert "unsupported Python in a kernel: try statement" in str(err)
+    assert_points_at(err, uses_try, "MARK-try", col=5)
+
+
+@metile.kernel
+def uses_list_comprehension(X, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    parts = [offs * i for i in range(3)]  # MARK-comp
+    metile.store(X + parts[0], 1.0)
+
+
+def test_list_comprehension_rejected():
+    err = compile_error(lambda: uses_list_comprehension[(1,)](X, BLOCK=8))
+    assert "list comprehension" in str(err)
+    assert_points_at(err, uses_list_comprehension, "MARK-comp", col=13)
+
+
+@metile.kernel
+def runtime_block(X, n):
+    offs = metile.arange(0, n)  # MARK-constexpr
+    metile.store(X + offs, 1.0)
+
+
+def test_runtime_value_where_constexpr_required():
+    err = compile_error(lambda: runtime_block[(1,)](X, 8))
+    assert "arange() end must be a constexpr int" in str(err)
+    assert "runtime int32" in str(err)
+    assert_points_at(err, runtime_block, "MARK-constexpr", col=12)
+
+
+@metile.kernel
+def mixes_dtypes(X, H, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs)
+    h = metile.load(H + offs)
+    metile.store(X + offs, x + h)  # MARK-mix
+
+
+def test_mixing_dtypes_without_cast():
+    err = compile_error(lambda: mixes_dtypes[(1,)](X, mx.zeros((8,), mx.float16), BLOCK=8))
+    assert "different dtypes (float32 and float16)" in str(err)
+    assert "metile.cast" in str(err)
+    assert_points_at(err, mixes_dtypes, "MARK-mix", col=28)
+
+
+@metile.kernel
+def float_constant_on_int(X, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.store(X + offs, (offs * 0.5).to(metile.float32))  # MARK-intfloat
+
+
+def test_float_constant_with_int_value():
+    err = compile_error(lambda: float_constant_on_int[(1,)](X, BLOCK=8))
+    assert "float constant 0.5 combined with an int32 value" in str(err)
+    assert_points_at(err, float_constant_on_int, "MARK-intfloat")
+
+
+@metile.kernel
+def writes_read_only_view(X, Y):
+    view = metile.tensor(X, shape=(8,), access="read")
+    view.store((0,), 1.0)  # MARK-readonly
+
+
+def test_store_to_read_only_view():
+    err = compile_error(lambda: writes_read_only_view[(1,)](X, X + 1))
+    assert "store to a read-only tensor view (access='read')" in str(err)
+    assert_points_at(err, writes_read_only_view, "MARK-readonly", col=5)
+
+
+@metile.inline
+def bad_helper(x):
+    return x + metile.load(x)  # MARK-helper
+
+
+@metile.kernel
+def calls_bad_helper(X):
+    metile.store(X, bad_helper(X))
+
+
+def test_error_inside_inline_helper_points_at_helper():
+    err = compile_error(lambda: calls_bad_helper[(1,)](X))
+    assert "pointer offsets must be int32, got float32" in str(err)
+    assert_points_at(err, bad_helper, "MARK-helper")
+
+
+@metile.kernel
+def store_wrong_dtype(X, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.store(X + offs, offs)  # MARK-storedtype
+
+
+def test_store_of_wrong_dtype():
+    err = compile_error(lambda: store_wrong_dtype[(1,)](X, BLOCK=8))
+    assert "store() of a int32 value into a float32 buffer" in str(err)
+    assert_points_at(err, store_wrong_dtype, "MARK-storedtype")
+
+
+@metile.kernel
+def carried_type_change(X, n):
+    acc = 0
+    for i in range(n):  # MARK-carried
+        acc = acc + metile.load(X + i)
+    metile.store(X, acc)
+
+
+def test_loop_carried_type_change():
+    err = compile_error(lambda: carried_type_change[(1,)](X, 4))
+    assert "different dtypes (int32 and float32)" in str(err)
+
+
+@metile.kernel
+def tile_condition(X, BLOCK: metile.constexpr):
+    x = metile.load(X + metile.arange(0, BLOCK))
+    if x > 0:  # MARK-tilecond
+        metile.store(X, 1.0)
+
+
+def test_if_on_a_tile():
+    err = compile_error(lambda: tile_condition[(1,)](X, BLOCK=8))
+    assert "if condition must be a scalar" in str(err)
+    assert_points_at(err, tile_condition, "MARK-tilecond")
+
+
+@metile.kernel
+def break_in_loop(X, n):
+    for i in range(n):
+        break  # MARK-break
+
+
+def test_break_rejected():
+    err = compile_error(lambda: break_in_loop[(1,)](X, 4))
+    assert "break statement" in str(err)
+    assert_points_at(err, break_in_loop, "MARK-break")
+
+
+@metile.kernel
+def calls_python(X):
+    metile.store(X, float(len([1])))  # MARK-pycall
+
+
+def test_calling_plain_python_function():
+    def helper():
+        return 1
+
+    @metile.kernel
+    def k(X):
+        metile.store(X, helper())  # MARK-plain
+
+    err = compile_error(lambda: k[(1,)](X))
+    assert "neither a metile builtin nor a @metile.inline helper" in str(err)
+    assert_points_at(err, k, "MARK-plain")
+
+
+# -- bad launches ------------------------------------------------------------------------
+
+@metile.kernel
+def copy(X, Y, n, BLOCK: metile.constexpr = 64):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+def test_wrong_argument_count():
+    with pytest.raises(metile.LaunchError, match="missing arguments: n"):
+        copy[(1,)](X, mx.zeros((8,)))
+    with pytest.raises(metile.LaunchError, match="takes 4 arguments, got 5"):
+        copy[(1,)](X, X, 8, 64, 1)
+    with pytest.raises(metile.LaunchError, match="unexpected argument 'BLOK'"):
+        copy[(1,)](X, mx.zeros((8,)), 8, BLOK=64)
+
+
+def test_unsupported_dtype():
+    with pytest.raises(metile.LaunchError, match="dtype mlx.core.int64 is not supported"):
+        copy[(1,)](mx.zeros((8,), mx.int64), mx.zeros((8,)), 8)
+
+
+def test_input_aliasing_output():
+    y = mx.zeros((8,))
+    with pytest.raises(metile.LaunchError, match="same array as output 'Y'"):
+        copy[(1,)](y, y, 8)
+
+
+def test_output_slot_must_be_array():
+    err = compile_error(lambda: copy[(1,)](X, 3.0, 8))
+    assert "parameter 'Y' was passed a scalar; pass an mx.array if it is a buffer" in str(err)
+
+
+def test_bad_grid():
+    with pytest.raises(metile.LaunchError, match="grid must be 1 to 3 non-negative ints"):
+        copy[(1, 2, 3, 4)](X, mx.zeros((8,)), 8)
+    with pytest.raises(metile.LaunchError, match="grid must be"):
+        copy[(-1,)](X, mx.zeros((8,)), 8)
+
+
+def test_prepared_dispatch_rejects_other_signature():
+    d = copy[(1,)].prepare(X, mx.zeros((8,)), 8)
+    with pytest.raises(metile.LaunchError, match="argument 'X'"):
+        d(mx.zeros((8,), mx.float16), mx.zeros((8,)), 8)
+    with pytest.raises(metile.LaunchError, match="rank"):
+        d(mx.zeros((2, 4)), mx.zeros((8,)), 8)
+
+
+def test_kernel_called_directly():
+    with pytest.raises(TypeError, match=r"copy\[grid\]"):
+        copy(X, X, 8)
+
+
+@metile.kernel
+def divergent_barrier(X):
+    tid = metile.thread_id()
+    if tid < 4:
+        metile.barrier()  # MARK-divergent
+
+
+def test_barrier_under_thread_dependent_if():
+    err = compile_error(lambda: divergent_barrier[(1,)](X))
+    assert "barrier() under control flow that depends on thread_id()" in str(err)
+    assert_points_at(err, divergent_barrier, "MARK-divergent")
+
+
+@metile.kernel
+def divergent_tile(X, BLOCK: metile.constexpr):
+    for i in metile.tile_range(metile.thread_id(), 64, 32):
+        metile.store(X + metile.arange(0, BLOCK), 1.0)  # MARK-divtile
+
+
+def test_tile_op_under_thread_dependent_loop():
+    err = compile_error(lambda: divergent_tile[(1,)](X, BLOCK=8))
+    assert "tile operation under control flow that depends on thread_id()" in str(err)
+    assert_points_at(err, divergent_tile, "MARK-divtile")
