@@ -15,6 +15,12 @@ from metile.language import float32
 from dsl_kernels import block_sum, matmul, softmax_rows, vector_add
 
 
+@pytest.fixture(autouse=True)
+def msl_backend(monkeypatch):
+    # These tests read the generated MSL, whatever the default device.
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+
+
 def prepared_source(launcher, *args, **kwargs) -> str:
     return launcher.prepare(*args, **kwargs).source
 

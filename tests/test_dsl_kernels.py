@@ -16,12 +16,10 @@ import numpy as np
 import pytest
 
 import metile
-from conftest import requires_msl_device
 from dsl_kernels import (block_rows, block_sum, block_view_copy, control_flow, layernorm, matmul,
                          scale_bias_act, softmax_rows, transpose, unary_math, vector_add,
                          view_copy)
 
-pytestmark = requires_msl_device
 
 SIZES = [1, 7, 9, 63, 65, 1000]
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

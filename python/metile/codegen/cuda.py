@@ -52,7 +52,14 @@ class CUDAEmitter(CEmitter):
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP}
 
+    def __init__(self, fn: Function, scalars: set[str] = frozenset()):
+        super().__init__(fn)
+        self.scalars = scalars
+
     def expr(self, op: Op) -> str:
+        # MLX's cuda_kernel passes 0-d inputs (runtime scalars) as pointers.
+        if op.name == "param" and op.attrs["name"] in self.scalars:
+            return f"{op.attrs['name']}[0]"
         if op.name == "simd_reduce":
             self.helpers_used.add("warp")
         if op.name == "abs" and not op.results[0].type.dtype.is_float:
@@ -69,6 +76,7 @@ class CUDAEmitter(CEmitter):
         return super().math(name, x, rt)
 
 
-def emit_cuda(fn: Function) -> tuple[str, str]:
-    """(header, body) of a thread-form function."""
-    return CUDAEmitter(fn).render()
+def emit_cuda(fn: Function, scalars: set[str] = frozenset()) -> tuple[str, str]:
+    """(header, body) of a thread-form function; `scalars` names the runtime
+    scalar inputs (read through their pointer)."""
+    return CUDAEmitter(fn, scalars).render()

@@ -35,13 +35,38 @@ from ..passes.lower_tiles import choose_threads, lower_tiles
 from ..passes.uniformity import check_uniformity
 from . import cache
 
-BACKEND = "msl"
+BACKENDS = ("msl", "cuda")
 RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "float", "int", "uint",
             "bool", "char", "short", "long", "void", "auto", "const", "true", "false", "metal",
             "bfloat", "bfloat16_t", "float16_t", "return", "if", "else", "for", "while", "do",
             "switch", "case", "default", "break", "continue", "struct", "class", "static",
             "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
 RESERVED_OPTIONS = ("num_simdgroups",)
+
+
+def current_backend() -> str:
+    """The emitter for the default device: CUDA on MLX's CUDA backend, MSL on
+    Metal and on the CPU (where the MSL CPU runtime executes it).
+    `METILE_BACKEND=msl|cuda` forces one (codegen tests; inspecting the other
+    backend's source)."""
+    forced = os.environ.get("METILE_BACKEND")
+    if forced:
+        if forced not in BACKENDS:
+            raise LaunchError(f"METILE_BACKEND must be one of {', '.join(BACKENDS)}, got {forced!r}")
+        return forced
+    if mx.default_device().type == mx.gpu and mx.cuda.is_available():
+        return "cuda"
+    return "msl"
+
+
+@functools.lru_cache(maxsize=None)
+def device_fingerprint(backend: str) -> str:
+    """The GPU a backend compiles for, as MLX reports it (part of cache keys)."""
+    try:
+        info = mx.device_info()
+    except Exception:  # older MLX
+        return backend
+    return f"{backend}:{info.get('architecture', '')}:{info.get('device_name', '')}"
 
 
 def debug_flags() -> set[str]:
@@ -83,31 +108,33 @@ def _unique(base: str, used: set[str]) -> str:
 class Variant:
     """One generated kernel: source, the metal_kernel call signature, and the callable."""
 
-    def __init__(self, data: dict):
+    def __init__(self, data: dict, backend: str):
         self.data = data
+        self.backend = backend
         self._callable = None
 
     def callable(self):
         if self._callable is None:
-            from .. import metal_kernel  # the runtime (issue 2); imported lazily
+            from .. import cuda_kernel, metal_kernel
             d = self.data
-            self._callable = metal_kernel(d["name"], d["inputs"], d["outputs"], d["body"],
-                                          header=d["header"])
+            make = cuda_kernel if self.backend == "cuda" else metal_kernel
+            self._callable = make(d["name"], d["inputs"], d["outputs"], d["body"], header=d["header"])
         return self._callable
 
 
 class Specialization:
     """A kernel for one argument signature and constexpr binding."""
 
-    def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req):
+    def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req, backend: str):
         self.kernel, self.specs, self.constexprs, self.threads_req = kernel, specs, constexprs, \
             threads_req
+        self.backend = backend
         self._tile = None
         self.key = cache.key_hash({
             "source": cache.source_fingerprint(kernel.fn),
             "specs": {k: [v[0], v[1].name, v[2]] for k, v in specs.items()},
             "constexprs": {k: repr(v) for k, v in constexprs.items()},
-            "threads": threads_req, "backend": BACKEND,
+            "threads": threads_req, "backend": backend, "device": device_fingerprint(backend),
             "compiler": cache.compiler_fingerprint(),
         })
         self.entry = cache.disk_load(self.key)
@@ -152,12 +179,13 @@ class Specialization:
             data = self._generate(proven)
             self.entry["variants"][tag] = data
             cache.disk_store(self.key, self.entry)
-        elif "msl" in debug_flags():
+        elif self.backend in debug_flags():
             print(data["header"] + "\n" + data["body"], file=sys.stdout)
-        v = self.variants[proven] = Variant(data)
+        v = self.variants[proven] = Variant(data, self.backend)
         return v
 
     def _generate(self, proven: tuple) -> dict:
+        from ..codegen.cuda import emit_cuda
         from ..codegen.msl import emit_msl
 
         fn = self.tile_ir()
@@ -190,13 +218,17 @@ class Specialization:
         verify(thread_fn)
         if "thread_ir" in debug_flags():
             print(format_function(thread_fn), file=sys.stdout)
-        header, body = emit_msl(thread_fn)
-        if "msl" in debug_flags():
+        if self.backend == "cuda":
+            scalars = {buffers[(n, "scalar")] for n, s in self.specs.items() if s[0] == "scalar"}
+            header, body = emit_cuda(thread_fn, scalars)
+        else:
+            header, body = emit_msl(thread_fn)
+        if self.backend in debug_flags():
             print(f"// metile kernel {fn.name} ({self.key[:12]})\n{header}\n{body}", file=sys.stdout)
         return {"name": f"metile_{fn.name}_{self.key[:12]}_{''.join('1' if p else '0' for p in proven)}",
                 "header": header, "body": body, "inputs": inputs, "outputs": outputs,
                 "input_roles": roles, "tracked": [n for n in self.outputs if n in tracked],
-                "passes": fn.meta["passes"] + ["placement", "lower_tiles", "verify", "emit_msl"]}
+                "passes": fn.meta["passes"] + ["placement", "lower_tiles", "verify", f"emit_{self.backend}"]}
 
 
 class Kernel:
@@ -262,11 +294,12 @@ class Kernel:
 
     def specialize(self, runtime: dict, consts: dict, threads) -> tuple[Specialization, dict]:
         specs = {n: _arg_spec(n, v) for n, v in runtime.items()}
+        backend = current_backend()
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
-               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads)
+               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend)
         spec = self._specs.get(key)
         if spec is None:
-            spec = Specialization(self, specs, consts, threads)
+            spec = Specialization(self, specs, consts, threads, backend)
             self._specs[key] = spec
         return spec, specs
 

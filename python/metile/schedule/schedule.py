@@ -1,0 +1,195 @@
+"""Schedule and Config: what a caller may require of a kernel's execution.
+
+A `Schedule` states requirements (backend, SIMD-group count, staging, vector
+width, double buffering); `plan_schedule` either honours every stated field or
+raises `ScheduleError` naming it.  Fields left automatic are chosen by the
+planner.  Values are checked here, at construction, so a typo fails where the
+user wrote it rather than deep inside compilation.
+
+A `Config` is one autotuning candidate: constexpr meta-parameters (BLOCK_M,
+...) plus an optional SIMD-group count, which kernels written against the
+older convention read as the NUM_SG constexpr.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("auto", "simdgroup", "simdgroup_inline", "tensor_ops", "nax", "elementwise")
+STAGINGS = ("auto", "device", "threadgroup")
+VECTOR_WIDTHS = (None, 1, 4)
+MAX_SIMDGROUPS = 32
+
+
+class ScheduleError(ValueError):
+    """A schedule requirement the compiler cannot honour for this kernel and target.
+
+    Subclasses ValueError rather than the frontend's CompilationError so this
+    package stays importable on its own; the compiler re-raises it as a
+    CompilationError at the kernel's definition when it has a source location.
+    `requirement` names the control (e.g. "vector_width=4"), `reason` says why.
+    """
+
+    def __init__(self, requirement: str, reason: str):
+        super().__init__(f"cannot honour {requirement}: {reason}")
+        self.requirement = requirement
+        self.reason = reason
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_num_simdgroups(value, owner: str) -> None:
+    if value is None:
+        return
+    if not _is_int(value):
+        raise TypeError(f"{owner}: num_simdgroups must be an int from 1 through {MAX_SIMDGROUPS} "
+                        f"or None, got {type(value).__name__} {value!r}")
+    if not 1 <= value <= MAX_SIMDGROUPS:
+        raise ValueError(f"{owner}: num_simdgroups must be from 1 through {MAX_SIMDGROUPS}, "
+                         f"got {value}")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Execution requirements; every field defaults to automatic selection."""
+
+    backend: str = "auto"
+    num_simdgroups: int | None = None
+    staging: str = "auto"
+    vector_width: int | None = None
+    double_buffer: bool | None = None
+
+    def __post_init__(self):
+        for field, value, allowed in (("backend", self.backend, BACKENDS),
+                                      ("staging", self.staging, STAGINGS)):
+            if not isinstance(value, str):
+                raise TypeError(f"Schedule: {field} must be a string, one of "
+                                f"{', '.join(allowed)}; got {type(value).__name__} {value!r}")
+            if value not in allowed:
+                raise ValueError(f"Schedule: unknown {field} {value!r}; "
+                                 f"expected one of {', '.join(allowed)}")
+        check_num_simdgroups(self.num_simdgroups, "Schedule")
+        vw = self.vector_width
+        if vw is not None and not _is_int(vw):
+            raise TypeError(f"Schedule: vector_width must be None, 1 or 4, "
+                            f"got {type(vw).__name__} {vw!r}")
+        if vw not in VECTOR_WIDTHS:
+            raise ValueError(f"Schedule: vector_width must be None, 1 or 4, got {vw}")
+        if self.double_buffer is not None and not isinstance(self.double_buffer, bool):
+            raise TypeError(f"Schedule: double_buffer must be None, True or False, "
+                            f"got {type(self.double_buffer).__name__} {self.double_buffer!r}")
+
+    @property
+    def is_automatic(self) -> bool:
+        """True when no field constrains the plan (Schedule() still specializes integer
+        scalars for shape proofs; that is the compiler's business, not the planner's)."""
+        return self == Schedule()
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "num_simdgroups": self.num_simdgroups,
+                "staging": self.staging, "vector_width": self.vector_width,
+                "double_buffer": self.double_buffer}
+
+    def key(self) -> str:
+        """A stable text key for compile and tuning caches (independent of hash seeds)."""
+        return "Schedule(" + ",".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+
+    def requirement(self, field: str) -> str:
+        """How an error names one of this schedule's fields, e.g. "vector_width=4"."""
+        return f"{field}={getattr(self, field)!r}"
+
+
+class Config:
+    """One autotuning candidate: constexpr meta-parameters and a SIMD-group count.
+
+    Immutable and hashable, so candidates can be cache-key parts and dict keys.
+    `num_simdgroups` is passed to kernels as NUM_SG; giving both with different
+    values is a contradiction and rejected.
+    """
+
+    __slots__ = ("_nsg", "_meta")
+
+    def __init__(self, num_simdgroups: int | None = None, **meta):
+        check_num_simdgroups(num_simdgroups, "Config")
+        if "NUM_SG" in meta:
+            legacy = meta["NUM_SG"]
+            check_num_simdgroups(legacy, "Config NUM_SG")
+            if num_simdgroups is not None and legacy != num_simdgroups:
+                raise ValueError(f"Config: NUM_SG={legacy} contradicts "
+                                 f"num_simdgroups={num_simdgroups}")
+            num_simdgroups = legacy
+        for name, value in meta.items():
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(f"Config: meta-parameter {name}={value!r} must be hashable") \
+                    from None
+        object.__setattr__(self, "_nsg", num_simdgroups)
+        object.__setattr__(self, "_meta", tuple(sorted(meta.items())))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Config is immutable")
+
+    @property
+    def num_simdgroups(self) -> int | None:
+        return self._nsg
+
+    @property
+    def meta(self) -> dict:
+        return {k: v for k, v in self._meta if k != "NUM_SG"}
+
+    def kwargs(self) -> dict:
+        """The constexpr keyword arguments a launch receives (NUM_SG included when set)."""
+        out = self.meta
+        if self._nsg is not None:
+            out["NUM_SG"] = self._nsg
+        return out
+
+    def key(self) -> str:
+        return "Config(" + ",".join(f"{k}={v!r}" for k, v in sorted(self.kwargs().items())) + ")"
+
+    def __eq__(self, other):
+        return isinstance(other, Config) and self.key() == other.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
+    def __repr__(self):
+        parts = [f"num_simdgroups={self._nsg}"] if self._nsg is not None else []
+        parts += [f"{k}={v!r}" for k, v in sorted(self.meta.items())]
+        return f"Config({', '.join(parts)})"
+
+
+def check_legacy_geometry(meta: dict, plan, schedule: Schedule | None = None) -> None:
+    """Check the older NUM_SG / WM / WN constexprs against a plan.
+
+    Kernels written before Schedule existed pick their geometry with these
+    constexprs; they stay legal but must agree with what the plan selected (and
+    with any explicit Schedule), or the kernel would index with one geometry
+    while launching another.  WM/WN count SIMD-groups along the tile's rows /
+    columns, i.e. `simdgroup_grid`.
+    """
+    nsg = plan.num_simdgroups
+    if "NUM_SG" in meta:
+        legacy = meta["NUM_SG"]
+        if schedule is not None and schedule.num_simdgroups not in (None, legacy):
+            raise ScheduleError(f"NUM_SG={legacy!r}",
+                                f"contradicts Schedule(num_simdgroups={schedule.num_simdgroups})")
+        if legacy != nsg:
+            raise ScheduleError(f"NUM_SG={legacy!r}",
+                                f"the {plan.backend} plan launches {nsg} SIMD-groups "
+                                f"(threadgroup {list(plan.threadgroup_size)})")
+    wm, wn = meta.get("WM"), meta.get("WN")
+    if wm is None and wn is None:
+        return
+    named = ", ".join(f"{k}={meta[k]!r}" for k in ("WM", "WN") if k in meta)
+    if plan.simdgroup_grid is None:
+        raise ScheduleError(named, f"the {plan.backend} plan has no SIMD-group grid; "
+                                   "WM/WN only place SIMD-groups over a GEMM tile")
+    grid = list(plan.simdgroup_grid)
+    for given, actual, axis in ((wm, grid[0], "WM (rows)"), (wn, grid[1], "WN (columns)")):
+        if given is not None and given != actual:
+            raise ScheduleError(named, f"the plan's SIMD-group grid is {grid}; "
+                                       f"{axis} must be {actual}")

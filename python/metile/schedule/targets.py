@@ -1,0 +1,193 @@
+"""Target capabilities as data: one frozen description per target.
+
+The planner reads these descriptions and never branches on a target's name,
+so adding a target is adding an entry to `TARGETS`.  A `MatrixPath` says how a
+matrix backend runs on a target: its fragment shape (the unit a SIMD-group grid
+must tile into), operand dtypes it computes exactly, dtypes it accepts only
+under relaxed precision, the staging it supports and whether its lane layout is
+visible to metile.
+
+Sources for the numbers: Apple's Metal feature-set tables (32 KiB threadgroup
+memory, 1024 threads, SIMD width 32 on apple7+); MLX's own dispatch for the
+M5 paths (`steel_gemm_fused_nax` instantiated for f16/bf16/f32 with 16x16
+fragments; float32 only when TF32 is enabled); CUDA's static shared memory
+limit of 48 KiB per block (larger needs an opt-in attribute metile does not set).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_F32, _F16, _BF16 = "float32", "float16", "bfloat16"
+
+
+@dataclass(frozen=True)
+class MatrixPath:
+    backend: str
+    fragment: tuple[int, int, int]           # (rows, columns, depth) of one matrix instruction
+    dtypes: tuple[str, ...]                  # operand dtypes computed at full precision
+    relaxed_dtypes: tuple[str, ...] = ()     # operand dtypes allowed only with relaxed precision
+    stagings: tuple[str, ...] = ("threadgroup", "device")
+    opaque: bool = False                     # lane ownership hidden by the SDK
+    layout: str = ""
+    note: str = ""                           # how operands map onto the hardware
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    language: str                            # "msl" or "cuda": what codegen emits
+    simd_width: int
+    max_threads_per_threadgroup: int
+    threadgroup_memory_bytes: int
+    matrix_paths: tuple[MatrixPath, ...]     # in order of automatic preference for matmul
+    vector_widths: tuple[int, ...] = (1, 4)
+    has_tensor_ops: bool = False
+    has_nax: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return ("elementwise",) + tuple(p.backend for p in self.matrix_paths)
+
+    def matrix_path(self, backend: str) -> MatrixPath | None:
+        for p in self.matrix_paths:
+            if p.backend == backend:
+                return p
+        return None
+
+    def with_note(self, note: str) -> "Target":
+        return Target(**{**self.__dict__, "notes": self.notes + (note,)})
+
+
+_SG_LAYOUT = "simdgroup_matrix 8x8 fragments (opaque lane ownership)"
+_APPLE_SG = MatrixPath("simdgroup", (8, 8, 8), (_F32, _F16, _BF16), layout=_SG_LAYOUT,
+                       note="simdgroup_matrix multiply-accumulate with a float32 accumulator")
+_APPLE_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16), layout=_SG_LAYOUT,
+                           note="kernel-owned 8x8 fragments")
+_TENSOR_OPS = MatrixPath("tensor_ops", (16, 16, 16), (_F32, _F16, _BF16), stagings=("device",),
+                         opaque=True,
+                         layout="native SDK cooperative_tensor (opaque lane ownership)",
+                         note="Metal 4 tensor operations (matmul2d) on cooperative tensors")
+_NAX = MatrixPath("nax", (16, 16, 16), (_F16, _BF16), relaxed_dtypes=(_F32,),
+                  stagings=("device",), opaque=True,
+                  layout="NAX 16x16 cooperative fragments (opaque lane ownership)",
+                  note="float32 products on NAX use reduced precision (MLX gates them on TF32)")
+
+_APPLE_COMMON = dict(language="msl", simd_width=32, max_threads_per_threadgroup=1024,
+                     threadgroup_memory_bytes=32 * 1024)
+
+
+def _apple(name: str, chips: str, m5: bool = False) -> Target:
+    paths = (_TENSOR_OPS, _NAX, _APPLE_SG, _APPLE_INLINE) if m5 else (_APPLE_SG, _APPLE_INLINE)
+    return Target(name, f"Apple GPU family {name[5:]} ({chips})", matrix_paths=paths,
+                  has_tensor_ops=m5, has_nax=m5, **_APPLE_COMMON)
+
+
+# CUDA: warp MMA (mma.sync m16n8k8) plays the SIMD-group matrix role.  Strict
+# float32 is legal but runs as FFMA; TF32 tensor cores need relaxed precision,
+# which the planner reports rather than silently applying.
+_CUDA_SG = MatrixPath("simdgroup", (16, 8, 8), (_F16, _BF16, _F32), layout="warp MMA fragments",
+                      note="tensor-core MMA for float16/bfloat16; float32 uses FFMA unless "
+                           "relaxed precision allows TF32")
+_CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16),
+                          layout="warp-owned 8x8 fragments (opaque lane ownership)")
+
+
+def _cuda(name: str, chips: str) -> Target:
+    return Target(name, f"NVIDIA {name} ({chips})", language="cuda", simd_width=32,
+                  max_threads_per_threadgroup=1024, threadgroup_memory_bytes=48 * 1024,
+                  matrix_paths=(_CUDA_SG, _CUDA_INLINE))
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    _apple("apple7", "M1, A14"),
+    _apple("apple8", "M2, A15/A16"),
+    _apple("apple9", "M3, M4, A17/A18"),
+    _apple("apple10", "M5-class", m5=True),
+    _cuda("sm_80", "A100-class"),
+    _cuda("sm_90", "H100/H200"),
+    _cuda("sm_100", "B200-class"),
+    # The CPU runtime executes the MSL an Apple GPU would receive, emulating
+    # simdgroup_matrix; it has no Metal 4 tensor ops or NAX to emulate.
+    Target("cpu_msl", "metile MSL CPU runtime (fibers)", matrix_paths=(_APPLE_SG, _APPLE_INLINE),
+           **_APPLE_COMMON),
+)}
+
+# MLX reports Apple GPUs as "applegpu_g<gen><variant>"; generation -> family.
+_APPLE_GEN = {13: "apple7", 14: "apple8", 15: "apple9", 16: "apple9", 17: "apple10"}
+
+
+def _apple_family(arch: str | None) -> tuple[str, str | None]:
+    if arch is None:
+        return "apple9", "Apple GPU architecture unknown; assuming apple9 (no tensor ops / NAX)"
+    a = arch.lower().strip()
+    if a in TARGETS and a.startswith("apple"):
+        return a, None
+    m = re.fullmatch(r"applegpu_g(\d+)\w*", a)
+    if m:
+        gen = int(m.group(1))
+        if gen in _APPLE_GEN:
+            return _APPLE_GEN[gen], None
+        if gen > max(_APPLE_GEN):
+            return "apple10", f"Apple GPU generation {gen} is newer than metile knows; using apple10"
+    raise ValueError(f"unknown Apple GPU architecture {arch!r}; expected apple7..apple10 or "
+                     f"MLX's applegpu_g13..g17")
+
+
+def _cuda_family(arch: str | None) -> tuple[str, str | None]:
+    if arch is None:
+        return "sm_90", "CUDA compute capability unknown; assuming sm_90 (H100/H200)"
+    m = re.fullmatch(r"(?:sm_?|compute_?)?(\d+)\.?(\d)?a?", arch.lower().strip())
+    if not m:
+        raise ValueError(f"unknown CUDA architecture {arch!r}; expected e.g. sm_90, 9.0 or 90")
+    major = int(m.group(1)) if m.group(2) is not None else int(m.group(1)) // 10
+    if major < 8:
+        raise ValueError(f"CUDA architecture {arch!r} is older than sm_80, which metile requires")
+    if major == 8:
+        return "sm_80", None
+    if major == 9:
+        return "sm_90", None
+    return "sm_100", None if major == 10 else f"{arch} treated as sm_100"
+
+
+def target_for(device_kind: str, arch: str | None = None) -> Target:
+    """The target for an MLX device kind ("cpu", "metal" or "cuda") and architecture.
+
+    arch: for Metal a family name ("apple10") or MLX's architecture string
+    ("applegpu_g17s"); for CUDA "sm_90", "9.0" or "90".  Unknown architectures
+    default to a conservative family and say so in `Target.notes`.
+    """
+    kind = device_kind.lower()
+    if kind == "cpu":
+        return TARGETS["cpu_msl"]
+    if kind in ("metal", "apple", "mps"):
+        name, note = _apple_family(arch)
+    elif kind == "cuda":
+        name, note = _cuda_family(arch)
+    else:
+        raise ValueError(f"unknown device kind {device_kind!r}; expected cpu, metal or cuda")
+    target = TARGETS[name]
+    return target.with_note(note) if note else target
+
+
+def current_target() -> Target:
+    """The target MLX's default device runs kernels on."""
+    import mlx.core as mx
+
+    device = mx.default_device()
+    if device.type == mx.cpu:
+        return target_for("cpu")
+    if mx.metal.is_available():
+        return target_for("metal", mx.metal.device_info().get("architecture"))
+    if mx.cuda.is_available():
+        try:
+            info = mx.device_info(device)
+        except (TypeError, RuntimeError, ValueError):
+            info = {}
+        major, minor = info.get("compute_capability_major"), info.get("compute_capability_minor")
+        arch = f"sm_{major}{minor or 0}" if major is not None else None
+        return target_for("cuda", arch)
+    raise RuntimeError(f"no metile target for MLX device {device}")
