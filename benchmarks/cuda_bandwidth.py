@@ -4,12 +4,14 @@
 
 The kernel is a fused scale + bias + leaky-ReLU over float32 vectors
 (reads x and b, writes y: 12 bytes per element).  The peer is the same
-expression as MLX ops under `mx.compile`, which MLX fuses into one kernel.
-Each measurement chains `--launches` dependent launches (y <- f(y, b)) and
-synchronises once, so per-launch host overhead and the ~80 us eval round trip
-are amortised; metile and MLX alternate, and each reported number is the
-median over `--rounds`.  Results: achieved GB/s, fraction of the HBM peak
-(`--peak-gbs`, H200: 4800) and the metile/MLX bandwidth ratio.
+expression as MLX ops, which `mx.compile` fuses into one kernel.  Each
+measurement runs `--launches` dependent launches (y <- f(y, b)) traced into
+one `mx.compile`d function, for metile and MLX alike, and synchronises once:
+Python launch overhead and the ~80 us eval round trip are amortised, so the
+numbers compare the kernels.  metile and MLX alternate; each number is the
+median over `--rounds`.  Results: GB/s, fraction of the HBM peak
+(`--peak-gbs`, H200: 4800), the metile/MLX bandwidth ratio, and separately
+the host cost of one eager (uncompiled) launch of each.
 """
 
 from __future__ import annotations
@@ -58,12 +60,22 @@ def chain(step, x, b, launches):
     return y
 
 
-def seconds_per_launch(step, x, b, launches) -> float:
+def seconds_per_launch(compiled_chain, x, b, launches) -> float:
     mx.synchronize()
     start = time.perf_counter()
-    mx.eval(chain(step, x, b, launches))
+    mx.eval(compiled_chain(x, b))
     mx.synchronize()
     return (time.perf_counter() - start) / launches
+
+
+def host_seconds_per_launch(step, x, b, launches) -> float:
+    """Graph-building time of eager launches (no evaluation inside the timer)."""
+    mx.synchronize()
+    start = time.perf_counter()
+    y = chain(step, x, b, launches)
+    elapsed = time.perf_counter() - start
+    mx.eval(y)
+    return elapsed / launches
 
 
 def main():
@@ -72,7 +84,8 @@ def main():
                         help="size of one float32 vector")
     parser.add_argument("--launches", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--block", type=int, default=1024)
+    parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096],
+                        help="BLOCK values to measure (elements per program)")
     parser.add_argument("--peak-gbs", type=float, default=4800.0)
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -83,52 +96,61 @@ def main():
         n = mib * 2**20 // 4
         x = mx.array(rng.standard_normal(n).astype(np.float32))
         b = mx.array(rng.standard_normal(n).astype(np.float32))
-        grid = (metile.cdiv(n, args.block),)
         out = mx.zeros((n,), mx.float32)
-
-        def ours(y, bias):
-            return scale_bias_leaky[grid](y, bias, out, SCALE, n, BLOCK=args.block)
-
-        # Correctness before timing: one step against NumPy (float64).
         z = np.array(x).astype(np.float64) * SCALE + np.array(b)
         ref = np.where(z > 0, z, 0.1 * z)
-        np.testing.assert_allclose(np.array(ours(x, b)), ref, rtol=3e-4, atol=3e-5)
         np.testing.assert_allclose(np.array(mlx_fused(x, b)), ref, rtol=3e-4, atol=3e-5)
+        for block in args.blocks:
+            grid = (metile.cdiv(n, block),)
 
-        for step in (ours, mlx_fused):  # warm-up: compile and allocate
-            seconds_per_launch(step, x, b, 3)
-        t_ours, t_mlx = [], []
-        for r in range(args.rounds):
-            order = [(ours, t_ours), (mlx_fused, t_mlx)]
-            for step, sink in order if r % 2 == 0 else order[::-1]:
-                sink.append(seconds_per_launch(step, x, b, args.launches))
-        bytes_moved = 3 * n * 4
-        ours_gbs = bytes_moved / float(np.median(t_ours)) / 1e9
-        mlx_gbs = bytes_moved / float(np.median(t_mlx)) / 1e9
-        case = {
-            "vector_mib": mib,
-            "elements": n,
-            "bytes_per_launch": bytes_moved,
-            "metile_us": float(np.median(t_ours)) * 1e6,
-            "mlx_compile_us": float(np.median(t_mlx)) * 1e6,
-            "metile_gbs": ours_gbs,
-            "mlx_compile_gbs": mlx_gbs,
-            "metile_fraction_of_peak": ours_gbs / args.peak_gbs,
-            "mlx_fraction_of_peak": mlx_gbs / args.peak_gbs,
-            "metile_over_mlx": ours_gbs / mlx_gbs,
-        }
-        cases.append(case)
-        print(f"{mib:4d} MiB  metile {ours_gbs:7.0f} GB/s ({case['metile_fraction_of_peak']:.0%} of peak)  "
-              f"mlx.compile {mlx_gbs:7.0f} GB/s ({case['mlx_fraction_of_peak']:.0%})  "
-              f"metile/mlx = {case['metile_over_mlx']:.3f}")
+            def ours(y, bias, grid=grid, block=block):
+                return scale_bias_leaky[grid](y, bias, out, SCALE, n, BLOCK=block)
+
+            # Correctness before timing: one step against NumPy (float64).
+            np.testing.assert_allclose(np.array(ours(x, b)), ref, rtol=3e-4, atol=3e-5)
+            chained = {
+                step: mx.compile(lambda y, bias, step=step: chain(step, y, bias, args.launches))
+                for step in (ours, mlx_fused)
+            }
+            for step in (ours, mlx_fused):  # warm-up: trace, compile, allocate
+                seconds_per_launch(chained[step], x, b, args.launches)
+            t_ours, t_mlx = [], []
+            for r in range(args.rounds):
+                order = [(ours, t_ours), (mlx_fused, t_mlx)]
+                for step, sink in order if r % 2 == 0 else order[::-1]:
+                    sink.append(seconds_per_launch(chained[step], x, b, args.launches))
+            host_ours = host_seconds_per_launch(ours, x, b, args.launches)
+            host_mlx = host_seconds_per_launch(mlx_fused, x, b, args.launches)
+            bytes_moved = 3 * n * 4
+            ours_gbs = bytes_moved / float(np.median(t_ours)) / 1e9
+            mlx_gbs = bytes_moved / float(np.median(t_mlx)) / 1e9
+            case = {
+                "vector_mib": mib,
+                "block": block,
+                "elements": n,
+                "bytes_per_launch": bytes_moved,
+                "metile_us": float(np.median(t_ours)) * 1e6,
+                "mlx_compile_us": float(np.median(t_mlx)) * 1e6,
+                "metile_gbs": ours_gbs,
+                "mlx_compile_gbs": mlx_gbs,
+                "metile_fraction_of_peak": ours_gbs / args.peak_gbs,
+                "mlx_fraction_of_peak": mlx_gbs / args.peak_gbs,
+                "metile_over_mlx": ours_gbs / mlx_gbs,
+                "eager_host_us_per_launch": {"metile": host_ours * 1e6, "mlx_compile": host_mlx * 1e6},
+            }
+            cases.append(case)
+            print(f"{mib:4d} MiB BLOCK={block:5d}  metile {ours_gbs:6.0f} GB/s "
+                  f"({case['metile_fraction_of_peak']:.0%} of peak)  mx.compile {mlx_gbs:6.0f} GB/s "
+                  f"({case['mlx_fraction_of_peak']:.0%})  metile/mlx = {case['metile_over_mlx']:.3f}  "
+                  f"eager host us/launch: metile {host_ours * 1e6:.0f}, mlx {host_mlx * 1e6:.0f}")
 
     report = {
         "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": gpu_name(),
         "platform": platform.platform(),
         "mlx_version": mx.__version__,
-        "metric": "median over rounds of (synchronized wall time / chained launches); metile and "
-                  "mx.compile alternate",
+        "metric": "median over rounds of (synchronized wall time / launches) for a chain of launches "
+                  "traced into one mx.compile'd function; metile and MLX alternate",
         "configuration": vars(args),
         "cases": cases,
     }

@@ -7,6 +7,8 @@
 # (default: tests).
 set -euo pipefail
 repo=$(pwd)
+# Strict FP32 for MLX's own matmuls in reference paths (MLX's CUDA default is TF32).
+export MLX_ENABLE_TF32=0
 bash .dev/device-setup.sh
 python3 -m pip install -q --no-index --no-build-isolation --no-deps "$repo" 2>&1 | tail -3
 out=${OUT:-/tmp}

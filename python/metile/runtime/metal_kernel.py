@@ -65,6 +65,8 @@ class MetalKernel(SourceKernel):
     def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
         self.atomic_outputs = atomic_outputs
+        self._libraries: dict[tuple, _ext.KernelLibrary] = {}
+        self._shape_infos = msl_source.shape_infos(source, self.input_names)
 
     def translation_unit(self, inputs, output_dtypes, template=()) -> str:
         """The C++ source the CPU runtime compiles for these argument types."""
@@ -114,10 +116,20 @@ class MetalKernel(SourceKernel):
             )
         if self.ensure_row_contiguous:
             inputs = [mx.contiguous(x, stream=s) if x.ndim > 0 else x for x in inputs]
-        tu = self.translation_unit(inputs, output_dtypes, template)
-        if verbose:
-            print(f"Generated source code for `{self.name}` (MSL CPU runtime):\n```\n{tu}\n```")
-        library = _load(tu, self.name)
+        # The translation unit depends only on this signature; building it (and
+        # hashing it for the library cache) on every launch would dominate the
+        # launch cost of small kernels.
+        signature = (
+            tuple((x.dtype, x.ndim, x.size < msl_source.MAX_CONSTANT_ARRAY_SIZE) for x in inputs),
+            tuple(output_dtypes),
+            tuple((k, repr(v)) for k, v in template),
+        )
+        library = self._libraries.get(signature)
+        if library is None or verbose:
+            tu = self.translation_unit(inputs, output_dtypes, template)
+            if verbose:
+                print(f"Generated source code for `{self.name}` (MSL CPU runtime):\n```\n{tu}\n```")
+            library = self._libraries[signature] = _load(tu, self.name)
         order = lane_order or os.environ.get("METILE_LANE_ORDER", "forward")
         if race_check is None:
             race_check = os.environ.get("METILE_RACE_CHECK") == "1"
@@ -125,7 +137,7 @@ class MetalKernel(SourceKernel):
             library,
             self.name,
             inputs,
-            msl_source.shape_infos(self.source, self.input_names),
+            self._shape_infos,
             shapes,
             list(output_dtypes),
             grid,

@@ -17,7 +17,7 @@ limit of 48 KiB per block (larger needs an opt-in attribute metile does not set)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 _F32, _F16, _BF16 = "float32", "float16", "bfloat16"
 
@@ -27,11 +27,12 @@ class MatrixPath:
     backend: str
     fragment: tuple[int, int, int]           # (rows, columns, depth) of one matrix instruction
     dtypes: tuple[str, ...]                  # operand dtypes computed at full precision
-    relaxed_dtypes: tuple[str, ...] = ()     # operand dtypes allowed only with relaxed precision
+    relaxed_dtypes: tuple[str, ...] = ()     # on the matrix unit only with relaxed precision
+    fallback_dtypes: tuple[str, ...] = ()    # computed with scalar FMA under strict precision
     stagings: tuple[str, ...] = ("threadgroup", "device")
     opaque: bool = False                     # lane ownership hidden by the SDK
     layout: str = ""
-    note: str = ""                           # how operands map onto the hardware
+    summary: str = ""                        # plural noun phrase used in plan reasons
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,23 @@ class Target:
         return None
 
     def with_note(self, note: str) -> "Target":
-        return Target(**{**self.__dict__, "notes": self.notes + (note,)})
+        return replace(self, notes=self.notes + (note,))
 
 
 _SG_LAYOUT = "simdgroup_matrix 8x8 fragments (opaque lane ownership)"
 _APPLE_SG = MatrixPath("simdgroup", (8, 8, 8), (_F32, _F16, _BF16), layout=_SG_LAYOUT,
-                       note="simdgroup_matrix multiply-accumulate with a float32 accumulator")
+                       summary="SIMD-group matrix (simdgroup_matrix) multiply-accumulates into "
+                               "float32 accumulators")
 _APPLE_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16), layout=_SG_LAYOUT,
-                           note="kernel-owned 8x8 fragments")
+                           summary="kernel-owned 8x8 fragments")
 _TENSOR_OPS = MatrixPath("tensor_ops", (16, 16, 16), (_F32, _F16, _BF16), stagings=("device",),
                          opaque=True,
                          layout="native SDK cooperative_tensor (opaque lane ownership)",
-                         note="Metal 4 tensor operations (matmul2d) on cooperative tensors")
+                         summary="Metal 4 tensor operations (matmul2d on cooperative tensors)")
 _NAX = MatrixPath("nax", (16, 16, 16), (_F16, _BF16), relaxed_dtypes=(_F32,),
                   stagings=("device",), opaque=True,
                   layout="NAX 16x16 cooperative fragments (opaque lane ownership)",
-                  note="float32 products on NAX use reduced precision (MLX gates them on TF32)")
+                  summary="NAX 16x16 cooperative fragments")
 
 _APPLE_COMMON = dict(language="msl", simd_width=32, max_threads_per_threadgroup=1024,
                      threadgroup_memory_bytes=32 * 1024)
@@ -82,22 +84,23 @@ _APPLE_COMMON = dict(language="msl", simd_width=32, max_threads_per_threadgroup=
 
 def _apple(name: str, chips: str, m5: bool = False) -> Target:
     paths = (_TENSOR_OPS, _NAX, _APPLE_SG, _APPLE_INLINE) if m5 else (_APPLE_SG, _APPLE_INLINE)
-    return Target(name, f"Apple GPU family {name[5:]} ({chips})", matrix_paths=paths,
+    return Target(name, f"Apple GPU family {name[5:]}: {chips}", matrix_paths=paths,
                   has_tensor_ops=m5, has_nax=m5, **_APPLE_COMMON)
 
 
 # CUDA: warp MMA (mma.sync m16n8k8) plays the SIMD-group matrix role.  Strict
 # float32 is legal but runs as FFMA; TF32 tensor cores need relaxed precision,
 # which the planner reports rather than silently applying.
-_CUDA_SG = MatrixPath("simdgroup", (16, 8, 8), (_F16, _BF16, _F32), layout="warp MMA fragments",
-                      note="tensor-core MMA for float16/bfloat16; float32 uses FFMA unless "
-                           "relaxed precision allows TF32")
-_CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16),
+_CUDA_SG = MatrixPath("simdgroup", (16, 8, 8), (_F16, _BF16), relaxed_dtypes=(_F32,),
+                      fallback_dtypes=(_F32,), layout="warp MMA fragments (opaque lane ownership)",
+                      summary="Warp-level MMA instructions (tensor cores) with float32 "
+                              "accumulators")
+_CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F16,), fallback_dtypes=(_F32,),
                           layout="warp-owned 8x8 fragments (opaque lane ownership)")
 
 
 def _cuda(name: str, chips: str) -> Target:
-    return Target(name, f"NVIDIA {name} ({chips})", language="cuda", simd_width=32,
+    return Target(name, f"NVIDIA {name}: {chips}", language="cuda", simd_width=32,
                   max_threads_per_threadgroup=1024, threadgroup_memory_bytes=48 * 1024,
                   matrix_paths=(_CUDA_SG, _CUDA_INLINE))
 
@@ -112,7 +115,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cuda("sm_100", "B200-class"),
     # The CPU runtime executes the MSL an Apple GPU would receive, emulating
     # simdgroup_matrix; it has no Metal 4 tensor ops or NAX to emulate.
-    Target("cpu_msl", "metile MSL CPU runtime (fibers)", matrix_paths=(_APPLE_SG, _APPLE_INLINE),
+    Target("cpu_msl", "metile's MSL CPU runtime", matrix_paths=(_APPLE_SG, _APPLE_INLINE),
            **_APPLE_COMMON),
 )}
 

@@ -1,0 +1,15 @@
+"""Execution schedules: requirements (Schedule), target capabilities, the pre-lowering
+plan (plan_schedule -> SchedulePlan) and the report of what lowering materialized
+(ExecutionReport).  Self-contained: nothing here imports the compiler."""
+
+from . import targets
+from .plan import KernelTraits, SchedulePlan, plan_schedule
+from .report import (REPORT_SCHEMA, AllocationReport, ExecutionReport, LoopReport, check_schema,
+                     debug_dump, validate_report)
+from .schedule import Config, Schedule, ScheduleError, check_legacy_geometry
+from .targets import TARGETS, MatrixPath, Target, current_target, target_for
+
+__all__ = ["Schedule", "Config", "ScheduleError", "check_legacy_geometry", "KernelTraits",
+           "SchedulePlan", "plan_schedule", "ExecutionReport", "LoopReport", "AllocationReport",
+           "REPORT_SCHEMA", "check_schema", "validate_report", "debug_dump", "targets", "Target",
+           "MatrixPath", "TARGETS", "target_for", "current_target"]

@@ -1,0 +1,435 @@
+"""plan_schedule: a Schedule plus what a kernel needs, on a target -> a SchedulePlan.
+
+The plan is decided before lowering and never changed by it: lowering's passes
+choose buffering, vectorization and traversal inside the plan's constraints
+and record what they materialized in the ExecutionReport.  In the plan,
+`vector_width` and `double_buffer` are constraints for those passes: None lets
+them choose, a value is a requirement (or, where the planner proved a feature
+impossible, a prohibition with a reason).
+
+`KernelTraits` is everything the planner reads about a kernel.  The compiler
+computes it from Tile IR; the planner never sees IR, which keeps it a pure
+function that is cheap to test for every target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import prod
+
+from .schedule import Schedule, ScheduleError
+from .targets import MatrixPath, Target
+
+KINDS = ("elementwise", "reduction", "matmul", "fragments")
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "bool": 1}
+_DEFAULT_SIMDGROUPS = (4, 2, 8, 1, 16, 32)  # automatic GEMM preference, first that tiles
+
+
+def dtype_name(dtype) -> str:
+    """"float32" for a metile DType, an mx.Dtype or an alias string."""
+    name = str(getattr(dtype, "name", dtype))
+    name = name.removeprefix("mlx.core.")
+    return {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "half": "float16",
+            "i32": "int32", "u32": "uint32"}.get(name, name)
+
+
+@dataclass(frozen=True)
+class KernelTraits:
+    """What plan_schedule needs to know about one specialized kernel.
+
+    kind:  "elementwise" (scalar lanes), "reduction" (scalar lanes with block
+           reductions), "matmul" (the canonical dot-over-K-tiles GEMM) or
+           "fragments" (kernel-written 8x8 fragment programs).
+    lanes: the traced lane geometry (threads per program) when the kernel fixes
+           it: arange/BLOCK for lane kernels, kernel(num_simdgroups=) or NUM_SG.
+           None for a GEMM whose geometry the planner may choose.
+    tile_shape: (BLOCK_M, BLOCK_N, BLOCK_K) for matmul, (BLOCK,) for lane kernels.
+    extents_divisible: per tile axis, whether the problem extent is provably a
+           multiple of the tile (True), provably not (False), or unknown (None:
+           an unspecialized runtime scalar).
+    vector_aligned: whether interior accesses are provably aligned to 4
+           elements (contiguous inner axis, row pitches and offsets multiples of 4).
+    shared_bytes: threadgroup memory the kernel allocates itself (metile.shared).
+    """
+
+    kind: str
+    tile_shape: tuple[int, ...] = ()
+    lanes: int | None = None
+    operand_dtypes: tuple[str, ...] = ()
+    accumulator_dtype: str | None = None
+    extents_divisible: tuple[bool | None, ...] = ()
+    vector_aligned: bool | None = None
+    relaxed_precision: bool = False
+    uses_shared: bool = False
+    shared_bytes: int = 0
+    epilogue_stores: int = 0
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"KernelTraits: kind must be one of {', '.join(KINDS)}, "
+                             f"got {self.kind!r}")
+        object.__setattr__(self, "tile_shape", tuple(int(t) for t in self.tile_shape))
+        object.__setattr__(self, "operand_dtypes", tuple(dtype_name(d) for d in self.operand_dtypes))
+        if self.accumulator_dtype is not None:
+            object.__setattr__(self, "accumulator_dtype", dtype_name(self.accumulator_dtype))
+        if self.kind == "matmul" and len(self.tile_shape) != 3:
+            raise ValueError("KernelTraits: a matmul needs tile_shape (BLOCK_M, BLOCK_N, BLOCK_K), "
+                             f"got {self.tile_shape}")
+        if self.kind == "matmul" and not self.operand_dtypes:
+            raise ValueError("KernelTraits: a matmul needs operand_dtypes")
+        if self.kind in ("elementwise", "reduction") and self.lanes is None:
+            raise ValueError(f"KernelTraits: a {self.kind} kernel needs its traced lanes")
+        if any(t <= 0 for t in self.tile_shape):
+            raise ValueError(f"KernelTraits: tile_shape must be positive, got {self.tile_shape}")
+
+    @property
+    def has_dot(self) -> bool:
+        return self.kind in ("matmul", "fragments")
+
+    def divisible(self, axis: int) -> bool | None:
+        return self.extents_divisible[axis] if axis < len(self.extents_divisible) else None
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """Immutable pre-lowering decisions; field names match the recorded report format."""
+
+    backend: str
+    threadgroup_size: tuple[int, int, int]
+    simdgroup_grid: tuple[int, int] | None
+    tile_shape: tuple[int, ...]
+    staging: str
+    vector_width: int | None
+    double_buffer: bool | None
+    reasons: tuple[str, ...]
+    cooperative_layout: str
+    outer_bounds_proven: bool
+
+    @property
+    def num_simdgroups(self) -> int:
+        if self.simdgroup_grid is not None:
+            return prod(self.simdgroup_grid)
+        return -(-prod(self.threadgroup_size) // 32)
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend, "threadgroup_size": list(self.threadgroup_size),
+                "simdgroup_grid": None if self.simdgroup_grid is None else list(self.simdgroup_grid),
+                "tile_shape": list(self.tile_shape), "staging": self.staging,
+                "vector_width": self.vector_width, "double_buffer": self.double_buffer,
+                "reasons": list(self.reasons), "cooperative_layout": self.cooperative_layout,
+                "outer_bounds_proven": self.outer_bounds_proven}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SchedulePlan":
+        grid = d["simdgroup_grid"]
+        return cls(d["backend"], tuple(d["threadgroup_size"]), None if grid is None else tuple(grid),
+                   tuple(d["tile_shape"]), d["staging"], d["vector_width"], d["double_buffer"],
+                   tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"])
+
+
+def plan_schedule(traits: KernelTraits, target: Target, schedule: Schedule | None = None
+                  ) -> SchedulePlan:
+    """The plan for `traits` on `target` honouring every explicit field of `schedule`,
+    or a ScheduleError naming the first requirement that cannot be honoured."""
+    schedule = Schedule() if schedule is None else schedule
+    if traits.kind == "matmul":
+        return _plan_matmul(traits, target, schedule)
+    if traits.kind == "fragments":
+        return _plan_fragments(traits, target, schedule)
+    return _plan_lanes(traits, target, schedule)
+
+
+# -- lane kernels (elementwise, reduction) -------------------------------------------------
+
+def _lane_geometry(traits: KernelTraits, target: Target, s: Schedule, backend: str) -> tuple:
+    lanes = traits.lanes
+    if lanes > target.max_threads_per_threadgroup:
+        raise ScheduleError(f"backend={backend!r}",
+                            f"the traced geometry has {lanes} lanes; {target.name} allows at most "
+                            f"{target.max_threads_per_threadgroup} threads per threadgroup")
+    if s.num_simdgroups is not None and s.num_simdgroups * target.simd_width != lanes:
+        raise ScheduleError(s.requirement("num_simdgroups"),
+                            f"{s.num_simdgroups} SIMD-groups are "
+                            f"{s.num_simdgroups * target.simd_width} lanes, but the kernel's traced "
+                            f"lane geometry is {lanes} lanes; {traits.kind} kernels keep the "
+                            "geometry they were traced with")
+    return (lanes, 1, 1)
+
+
+def _kernel_staging(traits: KernelTraits, s: Schedule) -> str:
+    """Staging of kernels that manage their own memory: it must match what they declare."""
+    actual = "threadgroup" if traits.uses_shared else "device"
+    if s.staging not in ("auto", actual):
+        has = "allocates threadgroup memory" if traits.uses_shared else "uses no threadgroup memory"
+        raise ScheduleError(s.requirement("staging"),
+                            f"staging must match the kernel's memory operations; this {traits.kind} "
+                            f"kernel {has}")
+    return actual
+
+
+def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePlan:
+    if s.backend not in ("auto", "elementwise"):
+        raise ScheduleError(s.requirement("backend"),
+                            f"this {traits.kind} kernel contains no dot for a matrix backend; "
+                            "it runs on scalar lanes (backend 'elementwise')")
+    tg = _lane_geometry(traits, target, s, "elementwise")
+    staging = _kernel_staging(traits, s)
+    if s.double_buffer:
+        raise ScheduleError("double_buffer=True",
+                            f"this {traits.kind} kernel has no staged K-loop to double buffer")
+    reasons = ["Lanes follow the geometry traced from the kernel (arange/BLOCK or num_simdgroups)."]
+    if traits.kind == "reduction":
+        reasons.append("Block reductions combine per-SIMD-group partials in threadgroup memory.")
+    if s.vector_width == 4:
+        _check_aligned(traits)
+        numel = prod(traits.tile_shape) if traits.tile_shape else tg[0]
+        per_lane = numel // tg[0]
+        if numel % (4 * tg[0]):
+            raise ScheduleError("vector_width=4",
+                                f"the {numel}-element tile over {tg[0]} lanes gives "
+                                f"{numel / tg[0]:g} elements per lane; width 4 needs each lane to "
+                                "own whole groups of 4 elements")
+        reasons.append(f"Each lane owns {per_lane} elements, loaded as aligned 4-wide vectors; "
+                       "masked tails stay scalar.")
+    bounds = bool(traits.extents_divisible) and all(d is True for d in traits.extents_divisible)
+    return SchedulePlan("elementwise", tg, None, traits.tile_shape or (tg[0],), staging,
+                        s.vector_width, s.double_buffer,
+                        tuple(reasons), "scalar lanes", bounds)
+
+
+def _check_aligned(traits: KernelTraits) -> None:
+    if traits.vector_aligned is not True:
+        why = ("interior accesses are provably misaligned" if traits.vector_aligned is False
+               else "alignment of the interior accesses is not provable (ragged or "
+                    "unspecialized extents, strides or offsets)")
+        raise ScheduleError("vector_width=4", f"{why}; pass sizes that are multiples of 4 "
+                                              "with Schedule(...) so they specialize, or use "
+                                              "vector_width=None")
+
+
+# -- kernel-written fragments (simdgroup_inline) --------------------------------------------
+
+def _plan_fragments(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePlan:
+    if s.backend not in ("auto", "simdgroup_inline"):
+        raise ScheduleError(s.requirement("backend"),
+                            "this kernel computes its own 8x8 fragment products, which only "
+                            "backend 'simdgroup_inline' lowers")
+    path = target.matrix_path("simdgroup_inline")
+    if path is None:
+        raise _missing_backend("simdgroup_inline", target)
+    if traits.lanes is None or traits.lanes % target.simd_width:
+        raise ScheduleError("backend='simdgroup_inline'",
+                            f"the traced lane geometry ({traits.lanes} lanes) must be a multiple of "
+                            f"{target.simd_width}: each SIMD-group owns whole fragments")
+    tg = _lane_geometry(traits, target, s, "simdgroup_inline")
+    for d in dict.fromkeys(traits.operand_dtypes):
+        _check_dtype(path, d, traits.relaxed_precision, target)
+    _check_accumulator(traits, "simdgroup_inline")
+    if s.vector_width == 4:
+        raise ScheduleError("vector_width=4", "simdgroup_inline kernels place their own loads; "
+                                              "forced vectorization is unsupported")
+    if s.double_buffer:
+        raise ScheduleError("double_buffer=True", "simdgroup_inline kernels stage memory "
+                                                  "explicitly; automatic double buffering is "
+                                                  "unsupported")
+    staging = _kernel_staging(traits, s)
+    _check_capacity(traits.shared_bytes, target, s.requirement("staging") if s.staging != "auto"
+                    else "backend='simdgroup_inline'", "the kernel's shared allocations")
+    reasons = ("Each SIMD-group owns opaque 8x8 register fragments; dot is a SIMD-group matrix "
+               "multiply-accumulate with a float32 accumulator.",
+               "The kernel assigns work to SIMD-groups; no whole-GEMM grid is placed.")
+    return SchedulePlan("simdgroup_inline", tg, None, (8, 8), staging, s.vector_width,
+                        s.double_buffer, reasons,
+                        path.layout, all(d is True for d in traits.extents_divisible)
+                        if traits.extents_divisible else False)
+
+
+# -- canonical GEMM -------------------------------------------------------------------------
+
+def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePlan:
+    if s.backend in ("elementwise", "simdgroup_inline"):
+        raise ScheduleError(s.requirement("backend"),
+                            f"this kernel is a whole-tile GEMM (dot over K tiles); backend "
+                            f"{s.backend!r} does not lower it; use simdgroup, tensor_ops or nax")
+    if s.backend != "auto":
+        path = target.matrix_path(s.backend)
+        if path is None:
+            raise _missing_backend(s.backend, target)
+        return _matmul_with(path, traits, target, s, explicit=True)
+    skipped, error = [], None
+    for path in target.matrix_paths:
+        if path.backend == "simdgroup_inline":
+            continue
+        try:
+            plan = _matmul_with(path, traits, target, s, explicit=False)
+        except ScheduleError as e:
+            skipped.append(f"{path.backend} not selected: {e.reason}.")
+            error = e
+            continue
+        return _with_reasons(plan, skipped + list(plan.reasons))
+    raise error if error is not None else _missing_backend("simdgroup", target)
+
+
+def _with_reasons(plan: SchedulePlan, reasons: list[str]) -> SchedulePlan:
+    return replace(plan, reasons=tuple(reasons))
+
+
+def _missing_backend(backend: str, target: Target) -> ScheduleError:
+    return ScheduleError(f"backend={backend!r}",
+                         f"target {target.name} ({target.description}) has no {backend} backend; "
+                         f"it supports {', '.join(target.backends)}")
+
+
+def _check_dtype(path: MatrixPath, dtype: str, relaxed: bool, target: Target) -> str | None:
+    """None when the matrix unit computes `dtype` exactly, else the reason it still runs."""
+    if dtype in path.dtypes:
+        return None
+    if relaxed and dtype in path.relaxed_dtypes:
+        return f"Relaxed precision: {dtype} operands run on the matrix unit at reduced precision."
+    if dtype in path.fallback_dtypes:
+        how = " (relaxed precision would use the matrix unit)" if dtype in path.relaxed_dtypes \
+            else ""
+        return f"Strict {dtype} operands use scalar FMA instead of the matrix unit{how}."
+    if dtype in path.relaxed_dtypes:
+        raise ScheduleError(f"backend={path.backend!r}",
+                            f"{path.backend} computes {dtype} products at reduced precision on "
+                            f"{target.name}; it needs RELAXED_PRECISION=True")
+    allowed = ", ".join(path.dtypes + path.relaxed_dtypes)
+    raise ScheduleError(f"backend={path.backend!r}",
+                        f"{path.backend} on {target.name} has no {dtype} matrix operands "
+                        f"(supports {allowed})")
+
+
+def _check_accumulator(traits: KernelTraits, backend: str) -> None:
+    if traits.accumulator_dtype not in (None, "float32"):
+        raise ScheduleError(f"backend={backend!r}",
+                            f"accumulator dtype {traits.accumulator_dtype}: matrix backends "
+                            "accumulate in float32")
+
+
+def _check_capacity(nbytes: int, target: Target, requirement: str, what: str) -> None:
+    if nbytes > target.threadgroup_memory_bytes:
+        raise ScheduleError(requirement, f"{what} need {nbytes} bytes of threadgroup memory; "
+                                         f"{target.name} has {target.threadgroup_memory_bytes}")
+
+
+def _factor_grid(nsg: int, bm: int, bn: int, fm: int, fn: int) -> tuple[int, int] | None:
+    """SIMD-group grid (rows, columns) splitting a bm x bn tile into whole fragments,
+    preferring square per-SIMD-group tiles."""
+    options = [(wm, nsg // wm) for wm in range(1, nsg + 1)
+               if nsg % wm == 0 and bm % (wm * fm) == 0 and bn % ((nsg // wm) * fn) == 0]
+    if not options:
+        return None
+    return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[0]))
+
+
+def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Schedule,
+                 explicit: bool) -> SchedulePlan:
+    name = path.backend
+    req = f"backend={name!r}" if explicit else "backend='auto'"
+    reasons = []
+    if path.opaque:
+        # Opaque SDK paths load straight into cooperative tensors: no access of
+        # theirs can be forced to a width, and there is no staging to buffer.
+        if s.vector_width is not None:
+            raise ScheduleError(f"{req} with {s.requirement('vector_width')}",
+                                f"{name} accesses are opaque and cannot satisfy an explicit "
+                                "vector width")
+        if s.double_buffer:
+            raise ScheduleError(f"{req} with double_buffer=True",
+                                f"{name} loads device memory directly into cooperative tensors; "
+                                "no software double buffer can materialize")
+        if s.staging == "threadgroup":
+            raise ScheduleError(f"{req} with staging='threadgroup'",
+                                f"{name} supports only device staging")
+    for d in dict.fromkeys(traits.operand_dtypes):
+        why = _check_dtype(path, d, traits.relaxed_precision, target)
+        if why:
+            reasons.append(why)
+    _check_accumulator(traits, name)
+    bm, bn, bk = traits.tile_shape
+    fm, fn, fk = path.fragment
+    if bm % fm or bn % fn or bk % fk:
+        raise ScheduleError(req, f"the {bm}x{bn}x{bk} tile is not made of whole {fm}x{fn}x{fk} "
+                                 f"{name} fragments")
+
+    nsg = s.num_simdgroups
+    lanes_nsg = None if traits.lanes is None else traits.lanes // target.simd_width
+    if nsg is not None and lanes_nsg is not None and nsg != lanes_nsg:
+        raise ScheduleError(s.requirement("num_simdgroups"),
+                            f"the kernel fixes {traits.lanes} lanes ({lanes_nsg} SIMD-groups)")
+    nsg = nsg if nsg is not None else lanes_nsg
+    if nsg is None:
+        nsg = next((n for n in _DEFAULT_SIMDGROUPS if _factor_grid(n, bm, bn, fm, fn)), None)
+    grid = None if nsg is None else _factor_grid(nsg, bm, bn, fm, fn)
+    if grid is None:
+        named = s.requirement("num_simdgroups") if s.num_simdgroups is not None else req
+        raise ScheduleError(named, f"no SIMD-group grid WM x WN = {nsg} divides the {bm}x{bn} tile "
+                                   f"into whole {fm}x{fn} fragments")
+    threads = nsg * target.simd_width
+    if threads > target.max_threads_per_threadgroup:
+        raise ScheduleError(s.requirement("num_simdgroups"),
+                            f"{threads} threads exceed {target.name}'s limit of "
+                            f"{target.max_threads_per_threadgroup}")
+
+    if path.opaque:
+        staging = "device"
+        dtypes = "/".join(dict.fromkeys(traits.operand_dtypes))
+        reasons += [f"{path.summary} accept {dtypes} operands, the {bm}x{bn}x{bk} tile and the "
+                    f"{grid[0]}x{grid[1]} SIMD-group grid.",
+                    "Operands go from device memory straight into register cooperative tensors.",
+                    "The SDK does not expose which lane owns which element."]
+        vw, db = None, None
+    else:
+        reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
+                          f"SIMD-group grid ({bm // grid[0]}x{bn // grid[1]} per SIMD-group).")
+        staging, vw, db = _controllable(traits, target, s, path, reasons)
+    bounds = traits.divisible(0) is True and traits.divisible(1) is True
+    return SchedulePlan(name, (threads, 1, 1), grid, (bm, bn, bk), staging, vw, db,
+                        tuple(reasons), path.layout, bounds)
+
+
+def _controllable(traits, target, s, path, reasons):
+    """Staging, vector width and double buffering on the SIMD-group path."""
+    bm, bn, bk = traits.tile_shape
+    itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
+    stage = (bm * bk + bk * bn) * itemsize
+    if s.vector_width == 4 and s.double_buffer:
+        raise ScheduleError("vector_width=4 with double_buffer=True",
+                            "4-wide staging loads and software double buffering cannot currently "
+                            "be combined")
+    staging = s.staging
+    if staging == "device" and (s.vector_width == 4 or s.double_buffer):
+        what = "vector_width=4" if s.vector_width == 4 else "double_buffer=True"
+        raise ScheduleError(f"staging='device' with {what}",
+                            f"{what} acts on threadgroup staging copies; device staging has none")
+    if staging == "auto":
+        fits = stage + traits.shared_bytes <= target.threadgroup_memory_bytes
+        staging = "threadgroup" if fits or s.vector_width == 4 or s.double_buffer else "device"
+        if staging == "device":
+            reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s threadgroup "
+                           "memory; fragments load directly from device memory.")
+    if staging == "threadgroup":
+        _check_capacity(stage + traits.shared_bytes, target,
+                        s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
+                        f"one {bm}x{bk} + {bk}x{bn} operand stage and the kernel's allocations")
+        reasons.append(f"Operand tiles are staged through threadgroup memory ({stage} bytes per "
+                       "stage) and loaded into SIMD-group fragments.")
+    db = s.double_buffer
+    if db:
+        _check_capacity(2 * stage + traits.shared_bytes, target, "double_buffer=True",
+                        "two operand stages and the kernel's allocations")
+        reasons.append("Software double buffering is required: two stages alternate over K.")
+    elif db is None and staging == "threadgroup" and \
+            2 * stage + traits.shared_bytes > target.threadgroup_memory_bytes:
+        db = False
+        reasons.append(f"Two {stage}-byte stages exceed {target.name}'s threadgroup memory; "
+                       "double buffering is prohibited.")
+    vw = s.vector_width
+    if vw == 4:
+        _check_aligned(traits)
+        reasons.append("Aligned interior staging loads are 4-wide; masked tails stay scalar.")
+    if not (traits.divisible(0) is True and traits.divisible(1) is True):
+        reasons.append("Row/column tiles are not proven complete; edge loads and stores keep "
+                       "their bounds checks.")
+    return staging, vw, db

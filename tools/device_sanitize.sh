@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck and racecheck over a representative subset of the
+# DSL kernel tests on the H200 (run after tools/device_test.sh installed metile).
+# Logs go to $OUT/sanitizer-*.log; the last lines of each are printed.
+set -uo pipefail
+repo=$(pwd)
+out=${OUT:-/tmp}
+export MLX_ENABLE_TF32=0
+subset="float32 and (vector_add or scale_bias or softmax or layernorm or transpose or matmul or block_sum or relaunch)"
+cd /tmp
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_dsl_kernels.py" "$repo/tests/test_cuda_kernel.py" \
+    -k "$subset or cu_ or shared_memory" > "$out/sanitizer-$tool.log" 2>&1
+  echo "== $tool exit $? =="
+  grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool.log" | tail -3
+done
