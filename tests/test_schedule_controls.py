@@ -28,7 +28,8 @@ def test_every_backend_is_accepted(backend):
                                          "threadgroup"),
     (dict(num_simdgroups=0), ValueError, "num_simdgroups must be from 1 through 32, got 0"),
     (dict(num_simdgroups=33), ValueError, "num_simdgroups must be from 1 through 32, got 33"),
-    (dict(num_simdgroups=4.0), TypeError, "num_simdgroups must be an int from 1 through 32 or None"),
+    (dict(num_simdgroups=4.0), TypeError,
+     "num_simdgroups must be an int from 1 through 32 or None"),
     (dict(num_simdgroups=True), TypeError, "got bool True"),
     (dict(vector_width=2), ValueError, "vector_width must be None, 1 or 4, got 2"),
     (dict(vector_width=True), TypeError, "vector_width must be None, 1 or 4, got bool"),
@@ -76,7 +77,8 @@ def test_config_maps_num_simdgroups_to_num_sg():
 def test_config_rejects_contradictions_and_bad_values():
     with pytest.raises(ValueError, match="NUM_SG=2 contradicts num_simdgroups=4"):
         Config(num_simdgroups=4, NUM_SG=2)
-    with pytest.raises(ValueError, match="Config: num_simdgroups must be from 1 through 32, got 64"):
+    with pytest.raises(ValueError, match="Config: num_simdgroups must be from 1 through 32, "
+                                         "got 64"):
         Config(num_simdgroups=64)
     with pytest.raises(TypeError, match="meta-parameter SHAPE=\\[1, 2\\] must be hashable"):
         Config(SHAPE=[1, 2])

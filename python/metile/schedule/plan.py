@@ -69,7 +69,8 @@ class KernelTraits:
             raise ValueError(f"KernelTraits: kind must be one of {', '.join(KINDS)}, "
                              f"got {self.kind!r}")
         object.__setattr__(self, "tile_shape", tuple(int(t) for t in self.tile_shape))
-        object.__setattr__(self, "operand_dtypes", tuple(dtype_name(d) for d in self.operand_dtypes))
+        object.__setattr__(self, "operand_dtypes",
+                           tuple(dtype_name(d) for d in self.operand_dtypes))
         if self.accumulator_dtype is not None:
             object.__setattr__(self, "accumulator_dtype", dtype_name(self.accumulator_dtype))
         if self.kind == "matmul" and len(self.tile_shape) != 3:
@@ -112,8 +113,9 @@ class SchedulePlan:
         return -(-prod(self.threadgroup_size) // 32)
 
     def to_dict(self) -> dict:
+        grid = self.simdgroup_grid
         return {"backend": self.backend, "threadgroup_size": list(self.threadgroup_size),
-                "simdgroup_grid": None if self.simdgroup_grid is None else list(self.simdgroup_grid),
+                "simdgroup_grid": None if grid is None else list(grid),
                 "tile_shape": list(self.tile_shape), "staging": self.staging,
                 "vector_width": self.vector_width, "double_buffer": self.double_buffer,
                 "reasons": list(self.reasons), "cooperative_layout": self.cooperative_layout,
@@ -122,8 +124,8 @@ class SchedulePlan:
     @classmethod
     def from_dict(cls, d: dict) -> "SchedulePlan":
         grid = d["simdgroup_grid"]
-        return cls(d["backend"], tuple(d["threadgroup_size"]), None if grid is None else tuple(grid),
-                   tuple(d["tile_shape"]), d["staging"], d["vector_width"], d["double_buffer"],
+        return cls(d["backend"], tuple(d["threadgroup_size"]),
+                   None if grid is None else tuple(grid), tuple(d["tile_shape"]), d["staging"], d["vector_width"], d["double_buffer"],
                    tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"])
 
 
@@ -148,10 +150,10 @@ def _lane_geometry(traits: KernelTraits, target: Target, s: Schedule, backend: s
                             f"the traced geometry has {lanes} lanes; {target.name} allows at most "
                             f"{target.max_threads_per_threadgroup} threads per threadgroup")
     if s.num_simdgroups is not None and s.num_simdgroups * target.simd_width != lanes:
+        wanted = s.num_simdgroups * target.simd_width
         raise ScheduleError(s.requirement("num_simdgroups"),
-                            f"{s.num_simdgroups} SIMD-groups are "
-                            f"{s.num_simdgroups * target.simd_width} lanes, but the kernel's traced "
-                            f"lane geometry is {lanes} lanes; {traits.kind} kernels keep the "
+                            f"{s.num_simdgroups} SIMD-groups are {wanted} lanes, but the kernel's "
+                            f"traced lane geometry is {lanes} lanes; {traits.kind} kernels keep the "
                             "geometry they were traced with")
     return (lanes, 1, 1)
 
@@ -162,8 +164,8 @@ def _kernel_staging(traits: KernelTraits, s: Schedule) -> str:
     if s.staging not in ("auto", actual):
         has = "allocates threadgroup memory" if traits.uses_shared else "uses no threadgroup memory"
         raise ScheduleError(s.requirement("staging"),
-                            f"staging must match the kernel's memory operations; this {traits.kind} "
-                            f"kernel {has}")
+                            "staging must match the kernel's memory operations; "
+                            f"this {traits.kind} kernel {has}")
     return actual
 
 
@@ -219,8 +221,8 @@ def _plan_fragments(traits: KernelTraits, target: Target, s: Schedule) -> Schedu
         raise _missing_backend("simdgroup_inline", target)
     if traits.lanes is None or traits.lanes % target.simd_width:
         raise ScheduleError("backend='simdgroup_inline'",
-                            f"the traced lane geometry ({traits.lanes} lanes) must be a multiple of "
-                            f"{target.simd_width}: each SIMD-group owns whole fragments")
+                            f"the traced lane geometry ({traits.lanes} lanes) must be a multiple "
+                            f"of {target.simd_width}: each SIMD-group owns whole fragments")
     tg = _lane_geometry(traits, target, s, "simdgroup_inline")
     for d in dict.fromkeys(traits.operand_dtypes):
         _check_dtype(path, d, traits.relaxed_precision, target)

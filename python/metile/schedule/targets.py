@@ -135,7 +135,8 @@ def _apple_family(arch: str | None) -> tuple[str, str | None]:
         if gen in _APPLE_GEN:
             return _APPLE_GEN[gen], None
         if gen > max(_APPLE_GEN):
-            return "apple10", f"Apple GPU generation {gen} is newer than metile knows; using apple10"
+            return "apple10", (f"Apple GPU generation {gen} is newer than metile knows; "
+                               "using apple10")
     raise ValueError(f"unknown Apple GPU architecture {arch!r}; expected apple7..apple10 or "
                      f"MLX's applegpu_g13..g17")
 
