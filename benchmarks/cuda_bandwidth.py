@@ -88,6 +88,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096],
                         help="BLOCK values to measure (elements per program)")
+    parser.add_argument("--num-simdgroups", type=int, nargs="+", default=[0],
+                        help="threads per program / 32 to measure; 0 lets metile choose")
     parser.add_argument("--peak-gbs", type=float, default=4800.0)
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -102,11 +104,12 @@ def main():
         z = np.array(x).astype(np.float64) * SCALE + np.array(b)
         ref = np.where(z > 0, z, 0.1 * z)
         np.testing.assert_allclose(np.array(mlx_fused(x, b)), ref, rtol=3e-4, atol=3e-5)
-        for block in args.blocks:
+        for block, nsg in [(b_, s_) for b_ in args.blocks for s_ in args.num_simdgroups]:
             grid = (metile.cdiv(n, block),)
+            options = {"num_simdgroups": nsg} if nsg else {}
 
-            def ours(y, bias, grid=grid, block=block):
-                return scale_bias_leaky[grid](y, bias, out, SCALE, n, BLOCK=block)
+            def ours(y, bias, grid=grid, block=block, options=options):
+                return scale_bias_leaky[grid](y, bias, out, SCALE, n, BLOCK=block, **options)
 
             # Correctness before timing: one step against NumPy (float64).
             np.testing.assert_allclose(np.array(ours(x, b)), ref, rtol=3e-4, atol=3e-5)
@@ -126,6 +129,7 @@ def main():
             case = {
                 "vector_mib": mib,
                 "block": block,
+                "num_simdgroups": nsg or "auto",
                 "elements": n,
                 "bytes_per_launch": bytes_moved,
                 "metile_us": float(np.median(t_ours)) * 1e6,
@@ -138,7 +142,7 @@ def main():
                 "eager_host_us_per_launch": {"metile_uncompiled": host_ours * 1e6, "mlx_compile": host_mlx * 1e6},
             }
             cases.append(case)
-            print(f"{mib:4d} MiB BLOCK={block:5d}  metile {ours_gbs:6.0f} GB/s "
+            print(f"{mib:4d} MiB BLOCK={block:5d} SG={nsg or 'auto':>4}  metile {ours_gbs:6.0f} GB/s "
                   f"({case['metile_fraction_of_peak']:.0%} of peak)  mx.compile {mlx_gbs:6.0f} GB/s "
                   f"({case['mlx_fraction_of_peak']:.0%})  metile/mlx = {case['metile_over_mlx']:.3f}  "
                   f"eager host us/launch: metile {host_ours * 1e6:.0f}, mlx {host_mlx * 1e6:.0f}")
