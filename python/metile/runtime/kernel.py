@@ -33,7 +33,9 @@ from ..language import dtypes as dt
 from ..passes.buffer_usage import Coverage, buffer_roles, store_coverage
 from ..passes.lower_tiles import choose_threads, lower_tiles
 from ..passes.uniformity import check_uniformity
-from . import cache
+from ..ir.core import Loc
+from ..schedule import Schedule, ScheduleError
+from . import cache, planning
 
 BACKENDS = ("msl", "cuda")
 RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "float", "int", "uint",
@@ -41,7 +43,7 @@ RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "fl
             "bfloat", "bfloat16_t", "float16_t", "return", "if", "else", "for", "while", "do",
             "switch", "case", "default", "break", "continue", "struct", "class", "static",
             "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
-RESERVED_OPTIONS = ("num_simdgroups",)
+RESERVED_OPTIONS = ("num_simdgroups", "SCHEDULE")
 
 
 def current_backend() -> str:
@@ -125,16 +127,21 @@ class Variant:
 class Specialization:
     """A kernel for one argument signature and constexpr binding."""
 
-    def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req, backend: str):
+    def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req, backend: str,
+                 schedule: Schedule | None = None, int_values: dict | None = None):
         self.kernel, self.specs, self.constexprs, self.threads_req = kernel, specs, constexprs, \
             threads_req
         self.backend = backend
+        self.schedule = schedule
+        self.int_values = int_values or {}
         self._tile = None
         self.key = cache.key_hash({
             "source": cache.source_fingerprint(kernel.fn),
             "specs": {k: [v[0], v[1].name, v[2]] for k, v in specs.items()},
             "constexprs": {k: repr(v) for k, v in constexprs.items()},
             "threads": threads_req, "backend": backend, "device": device_fingerprint(backend),
+            "schedule": None if schedule is None else schedule.key(),
+            "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
         })
         self.entry = cache.disk_load(self.key)
@@ -145,6 +152,7 @@ class Specialization:
         self.coverage = {k: Coverage(*v) for k, v in self.entry["coverage"].items()}
         self.threads: int = self.entry["threads"]
         self.variants: dict[tuple, Variant] = {}
+        self.plan = planning.SchedulePlan.from_dict(self.entry["plan"])
 
     def tile_ir(self):
         if self._tile is None:
@@ -165,7 +173,13 @@ class Specialization:
         outputs = [n for n in names if n in stored]
         cov = store_coverage(fn, loaded)
         threads = choose_threads(fn, self.threads_req)
-        return {"outputs": outputs, "loaded_outputs": sorted(loaded & stored),
+        try:
+            bounds = tuple(sorted({c.bound for c in cov.values() if c.bound}))
+            plan = planning.make_plan(fn, threads, self.constexprs, self.int_values, self.schedule,
+                                      planning.target_for_backend(self.backend), bounds)
+        except ScheduleError as e:
+            raise CompilationError(str(e), self.kernel.loc) from None
+        return {"outputs": outputs, "plan": plan.to_dict(), "loaded_outputs": sorted(loaded & stored),
                 "coverage": {k: [c.block, c.bound, c.bound_const] for k, c in cov.items()},
                 "threads": threads, "variants": {}}
 
@@ -225,10 +239,14 @@ class Specialization:
             header, body = emit_msl(thread_fn)
         if self.backend in debug_flags():
             print(f"// metile kernel {fn.name} ({self.key[:12]})\n{header}\n{body}", file=sys.stdout)
+        passes = fn.meta["passes"] + ["placement", "lower_tiles", "verify", f"emit_{self.backend}"]
+        report = planning.make_report(self.plan, thread_fn, passes,
+                                      planning.target_for_backend(self.backend))
+        planning.dump(fn.name, self.plan, report)
         return {"name": f"metile_{fn.name}_{self.key[:12]}_{''.join('1' if p else '0' for p in proven)}",
                 "header": header, "body": body, "inputs": inputs, "outputs": outputs,
                 "input_roles": roles, "tracked": [n for n in self.outputs if n in tracked],
-                "passes": fn.meta["passes"] + ["placement", "lower_tiles", "verify", f"emit_{self.backend}"]}
+                "passes": passes, "report": report.to_dict()}
 
 
 class Kernel:
@@ -245,6 +263,9 @@ class Kernel:
             raise e.with_traceback(None) from None
         self.num_simdgroups = num_simdgroups
         self._specs: dict = {}
+        self.last_dispatch: "Dispatch | None" = None
+        code = getattr(fn, "__code__", None)
+        self.loc = Loc(code.co_filename, code.co_firstlineno, 0) if code else None
 
     def __getitem__(self, grid) -> "Launcher":
         return Launcher(self, grid)
@@ -255,11 +276,33 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<metile.kernel {self.fn.__qualname__}>"
 
+    # The most recent launch's plan and report, for `kernel.explain()` after a
+    # launch; a prepared Dispatch has its own.
+    def _last(self) -> "Dispatch":
+        if self.last_dispatch is None:
+            raise RuntimeError(f"{self.fn.__name__} has not been launched or prepared yet; "
+                               "prepare it (kernel[grid].prepare(...)) to inspect its plan")
+        return self.last_dispatch
+
+    @property
+    def schedule_plan(self):
+        return self._last().schedule_plan
+
+    @property
+    def execution_report(self):
+        return self._last().execution_report
+
+    def explain(self) -> str:
+        return self._last().explain()
+
     # -- binding ---------------------------------------------------------------------------
-    def bind(self, args, kwargs) -> tuple[dict, dict, int | None]:
-        """(runtime arguments by name, constexpr values by name, threads requested)."""
+    def bind(self, args, kwargs) -> tuple[dict, dict, int | None, Schedule | None]:
+        """(runtime arguments by name, constexpr values by name, threads requested, schedule)."""
         kwargs = dict(kwargs)
         nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
+        schedule = None if "SCHEDULE" in self.param_names else kwargs.pop("SCHEDULE", None)
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")
         if len(args) > len(self.param_names):
             raise LaunchError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
                               f"got {len(args)}")
@@ -290,16 +333,22 @@ class Kernel:
             if not isinstance(nsg, int) or not 1 <= nsg <= 32:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
-        return runtime, consts, threads
+        return runtime, consts, threads, schedule
 
-    def specialize(self, runtime: dict, consts: dict, threads) -> tuple[Specialization, dict]:
+    def specialize(self, runtime: dict, consts: dict, threads, schedule=None
+                   ) -> tuple[Specialization, dict]:
         specs = {n: _arg_spec(n, v) for n, v in runtime.items()}
         backend = current_backend()
+        # An explicit schedule specializes integer scalars so that shape proofs
+        # (divisibility, alignment) are exact for this launch.
+        ints = {} if schedule is None else {
+            n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
-               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend)
+               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
+               None if schedule is None else schedule.key(), tuple(sorted(ints.items())))
         spec = self._specs.get(key)
         if spec is None:
-            spec = Specialization(self, specs, consts, threads, backend)
+            spec = Specialization(self, specs, consts, threads, backend, schedule, ints)
             self._specs[key] = spec
         return spec, specs
 
@@ -333,10 +382,10 @@ class Dispatch:
     """A launch with everything resolved; calling it enqueues the kernel again."""
 
     def __init__(self, kernel: Kernel, grid, args, kwargs, like: "Dispatch | None" = None):
-        runtime, consts, threads = kernel.bind(args, kwargs)
+        runtime, consts, threads, schedule = kernel.bind(args, kwargs)
         if like is not None:
             like._check_same(runtime, consts, threads)
-        spec, specs = kernel.specialize(runtime, consts, threads)
+        spec, specs = kernel.specialize(runtime, consts, threads, schedule)
         self.grid_arg, self.specs = grid, specs
         grid = _grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
@@ -375,6 +424,7 @@ class Dispatch:
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked else None)
         self.single = len(out_arrays) == 1
+        kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
         for name, value in runtime.items():
@@ -410,6 +460,20 @@ class Dispatch:
     @property
     def source(self) -> str:
         return self.variant.data["header"] + "\n" + self.variant.data["body"]
+
+    @property
+    def schedule_plan(self) -> planning.SchedulePlan:
+        """The immutable pre-lowering decisions for this launch, with their reasons."""
+        return self.spec.plan
+
+    @property
+    def execution_report(self) -> planning.ExecutionReport:
+        """What lowering materialized: plan, passes, loops, allocations, epilogues."""
+        return planning.report_from_dict(self.variant.data["report"])
+
+    def explain(self) -> str:
+        """The execution report as formatted JSON."""
+        return self.execution_report.explain()
 
 
 def kernel(fn=None, *, num_simdgroups: int | None = None):

@@ -1,0 +1,148 @@
+"""Connects compiled kernels to `metile.schedule`: traits from Tile IR, the plan
+for the current target, and the execution report of what lowering emitted.
+
+The planner never sees IR (it reads `KernelTraits`); the report never trusts
+the plan (it is rebuilt from the thread-form IR that the emitter printed), so
+`validate_report` compares two independent accounts of the kernel.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Function, walk
+from ..ir.types import TileType
+from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
+                        SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
+from ..schedule.report import debug_dump, validate_report
+from ..schedule.targets import Target, current_target, target_for
+
+
+def target_for_backend(backend: str) -> Target:
+    """The target a backend's code runs on: MSL on the CPU stream runs in the
+    CPU runtime; forced backends (METILE_BACKEND) plan for that backend."""
+    target = current_target()
+    if backend == "cuda" and not target.name.startswith("sm_"):
+        return target_for("cuda", None)
+    if backend == "msl" and target.name.startswith("sm_"):
+        return target_for("cpu")
+    return target
+
+_REDUCING = ("reduce", "simd_reduce")
+
+
+def _dot_dtypes(fn: Function) -> tuple[str, ...]:
+    for op in walk(fn.body):
+        if op.name == "dot":
+            return tuple(v.type.dtype.name for v in op.operands[:2])
+    return ()
+
+
+def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
+                  mask_bounds: tuple[str, ...] = ()) -> KernelTraits:
+    """What the planner needs to know about a specialized tile-form kernel.
+
+    `scalars` holds runtime scalar values when the launch specialized them
+    (an explicit Schedule), else is empty: extents are then unknown (None).
+    `mask_bounds` names the scalars that 1-D store masks compare against
+    (`offs < n`), from `passes.buffer_usage`.
+    """
+    ops = list(walk(fn.body))
+    names = {op.name for op in ops}
+    relaxed = bool(constexprs.get("RELAXED_PRECISION", False))
+    shared = [op for op in ops if op.name == "shared_alloc"]
+    shared_bytes = sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared)
+    matmul = fn.meta.get("matmul")
+    if "dot" in names and matmul:
+        bm, bn, bk = matmul["tile_shape"]
+        extents = matmul.get("extent_params", ())
+        divisible = tuple(
+            (scalars[p] % t == 0) if p in scalars else None for p, t in zip(extents, (bm, bn, bk)))
+        return KernelTraits("matmul", (bm, bn, bk), None, _dot_dtypes(fn), "float32", divisible,
+                            None, relaxed, True, shared_bytes, 1)
+    kind = "reduction" if names & set(_REDUCING) else "elementwise"
+    largest = max((r.type.numel for op in ops for r in op.results if isinstance(r.type, TileType)),
+                  default=threads)
+    divisible, aligned = (), None
+    if mask_bounds and all(b in scalars for b in mask_bounds):
+        divisible = (all(scalars[b] % largest == 0 for b in mask_bounds),)
+        # The canonical 1-D access (program_id * BLOCK + arange) over contiguous
+        # buffers is 4-aligned when BLOCK and every bound are multiples of 4.
+        aligned = largest % 4 == 0 and all(scalars[b] % 4 == 0 for b in mask_bounds)
+    elif mask_bounds:
+        divisible = (None,)
+    return KernelTraits(kind, (largest,), threads, (), None, divisible, aligned, relaxed,
+                        bool(shared), shared_bytes, 0)
+
+
+def make_plan(fn: Function, threads: int, constexprs: dict, scalars: dict,
+              schedule: Schedule | None, target: Target, mask_bounds: tuple[str, ...] = ()
+              ) -> SchedulePlan:
+    traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
+    plan = plan_schedule(traits, target, schedule)
+    check_legacy_geometry(constexprs, plan, schedule)
+    # Requirements the lowering cannot materialize yet are rejected here, by
+    # name, instead of being silently ignored.
+    if plan.vector_width == 4:
+        raise ScheduleError("vector_width=4", "metile's lowering does not emit vectorized "
+                                              "interiors yet (not implemented)")
+    if plan.double_buffer:
+        raise ScheduleError("double_buffer=True", "metile's lowering does not materialize software "
+                                                  "double buffering yet (not implemented)")
+    if traits.kind != "matmul" and plan.threadgroup_size[0] != threads:
+        raise ScheduleError("threadgroup size", f"the plan asks for {plan.threadgroup_size[0]} "
+                                                f"threads but lowering traced {threads}")
+    return plan
+
+
+def _loops(thread_fn: Function) -> list[LoopReport]:
+    loops = []
+    threads = thread_fn.meta["threads"]
+    for op in walk(thread_fn.body):
+        if op.name == "lane_loop":
+            slots = op.attrs["slots"]
+            if slots > 1:
+                loops.append(LoopReport("lane", "loop", threads, slots, threads))
+        elif op.name == "for":
+            step = op.operands[2].owner
+            step_value = step.attrs.get("value") if getattr(step, "name", None) == "const" else 0
+            iv = op.regions[0].args[0].hint or "i"
+            loops.append(LoopReport(iv, "loop", threads, 1, int(step_value or 0)))
+        elif op.name == "while":
+            loops.append(LoopReport("while", "loop", threads, 1, 0))
+    return loops
+
+
+def _allocations(thread_fn: Function) -> list[AllocationReport]:
+    out = []
+    for op in walk(thread_fn.body):
+        if op.name == "decl" and op.attrs.get("storage") == "shared":
+            d = op.attrs["dtype"]
+            out.append(AllocationReport(op.attrs["name"], "threadgroup", d.name, op.attrs["size"],
+                                        op.attrs["size"] * d.bits // 8))
+    return out
+
+
+def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
+                target: Target) -> ExecutionReport:
+    meta = thread_fn.meta.get("matmul") or {}
+    loops = [LoopReport(**lp) for lp in thread_fn.meta.get("loops", [])] or _loops(thread_fn)
+    allocations = ([AllocationReport(**a) for a in thread_fn.meta["allocations"]]
+                   if "allocations" in thread_fn.meta else _allocations(thread_fn))
+    report = ExecutionReport.build(
+        plan, passes=passes, loops=loops, allocations=allocations,
+        double_buffered=bool(meta.get("double_buffered", False)),
+        vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
+        epilogue_regions=int(meta.get("epilogue_regions", 0)))
+    validate_report(report, target.threadgroup_memory_bytes)
+    return report
+
+
+def report_from_dict(data: dict) -> ExecutionReport:
+    return ExecutionReport(
+        SchedulePlan.from_dict(data["plan"]), tuple(data["passes"]),
+        tuple(LoopReport(**lp) for lp in data["loops"]),
+        tuple(AllocationReport(**a) for a in data["allocations"]), data["double_buffered"],
+        data["vectorized_loads"], data["epilogue_regions"], tuple(data["notes"]))
+
+
+def dump(name: str, plan: SchedulePlan, report: ExecutionReport | None) -> None:
+    debug_dump(name, plan, report)

@@ -1,0 +1,117 @@
+"""SCHEDULE= on @metile.kernel launches: plans, reports, explain() and the
+requirements lowering cannot honour."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile.frontend.errors import CompilationError, LaunchError
+from metile.schedule import Schedule
+from dsl_kernels import softmax_rows, vector_add
+
+PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape", "staging", "vector_width",
+               "double_buffer", "reasons", "cooperative_layout", "outer_bounds_proven"]
+REPORT_FIELDS = ["plan", "passes", "loops", "allocations", "double_buffered", "vectorized_loads",
+                 "epilogue_regions", "notes"]
+
+
+def add_args(n):
+    return mx.arange(n).astype(mx.float32), mx.ones((n,)), mx.zeros((n,)), n
+
+
+def test_explain_is_the_report_as_json():
+    d = vector_add[(4,)].prepare(*add_args(1000), BLOCK=256)
+    report = json.loads(d.explain())
+    assert list(report) == REPORT_FIELDS
+    assert list(report["plan"]) == PLAN_FIELDS
+    assert report["plan"]["backend"] == "elementwise"
+    assert report["plan"]["threadgroup_size"] == [256, 1, 1]
+    assert report["passes"][0] == "frontend" and report["passes"][-1] in ("emit_msl", "emit_cuda")
+    assert report == d.execution_report.to_dict()
+    assert d.schedule_plan.to_dict() == report["plan"]
+
+
+def test_reduction_report_lists_threadgroup_allocations():
+    d = softmax_rows[(2,)].prepare(mx.zeros((2, 100)), mx.zeros((2, 100)), 100, 100, BLOCK=128)
+    report = d.execution_report
+    assert report.plan.backend == "elementwise"
+    assert report.allocations and all(a.space == "threadgroup" for a in report.allocations)
+    # 128 lanes = 4 SIMD-groups: one float partial per SIMD-group, per reduction
+    assert [a.bytes for a in report.allocations] == [16, 16]
+
+
+def test_schedule_specializes_integer_scalars_for_shape_proofs():
+    proven = vector_add[(4,)].prepare(*add_args(1024), BLOCK=256, SCHEDULE=Schedule())
+    ragged = vector_add[(4,)].prepare(*add_args(1000), BLOCK=256, SCHEDULE=Schedule())
+    assert proven.schedule_plan.outer_bounds_proven is True
+    assert ragged.schedule_plan.outer_bounds_proven is False
+    assert proven.spec.key != ragged.spec.key
+    # without a schedule, n stays a runtime value: one specialization serves both
+    a = vector_add[(4,)].prepare(*add_args(1024), BLOCK=256)
+    b = vector_add[(4,)].prepare(*add_args(1000), BLOCK=256)
+    assert a.spec is b.spec and a.schedule_plan.outer_bounds_proven is False
+
+
+def test_scheduled_launch_computes_the_same_numbers():
+    x, y, z, n = add_args(1000)
+    out = vector_add[(4,)](x, y, z, n, BLOCK=256, SCHEDULE=Schedule(backend="elementwise", num_simdgroups=8))
+    np.testing.assert_array_equal(np.array(out), np.arange(1000) + 1.0)
+
+
+@pytest.mark.parametrize("schedule,message", [
+    (Schedule(vector_width=4), "cannot honour vector_width=4: the 256-element tile over 256 lanes gives 1 elements per lane"),
+    (Schedule(num_simdgroups=4), "cannot honour num_simdgroups=4: 4 SIMD-groups are 128 lanes, but the kernel's traced lane geometry is 256 lanes"),
+    (Schedule(backend="tensor_ops"), "cannot honour backend='tensor_ops': this elementwise kernel contains no dot"),
+    (Schedule(staging="threadgroup"), "cannot honour staging='threadgroup': staging must match the kernel's memory operations"),
+    (Schedule(double_buffer=True), "cannot honour double_buffer=True: this elementwise kernel has no staged K-loop"),
+])
+def test_unsatisfiable_schedules_are_compile_errors_at_the_kernel(schedule, message):
+    with pytest.raises(CompilationError) as info:
+        vector_add[(4,)].prepare(*add_args(1000), BLOCK=256, SCHEDULE=schedule)
+    text = str(info.value)
+    assert message in text
+    assert "dsl_kernels.py:" in text.splitlines()[0]
+
+
+def test_width_four_on_ragged_shapes_is_rejected():
+    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably misaligned"):
+        vector_add[(1,)].prepare(*add_args(1001), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
+
+
+def test_width_four_on_aligned_shapes_is_not_silently_ignored():
+    # The plan accepts width 4 here (1024 = whole groups of 4 per lane), but no
+    # lowering pass vectorizes yet: the requirement is rejected by name.
+    with pytest.raises(CompilationError, match="vector_width=4: metile's lowering does not emit vectorized interiors yet"):
+        vector_add[(1,)].prepare(*add_args(1024), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
+
+
+def test_schedule_argument_must_be_a_schedule():
+    with pytest.raises(LaunchError, match="SCHEDULE must be a metile.Schedule, got dict"):
+        vector_add[(4,)].prepare(*add_args(1000), BLOCK=256, SCHEDULE={"backend": "auto"})
+
+
+def test_kernel_level_explain_follows_the_last_launch():
+    @metile.kernel
+    def copy(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        metile.store(Y + offs, metile.load(X + offs, mask=offs < n), mask=offs < n)
+
+    with pytest.raises(RuntimeError, match="has not been launched or prepared yet"):
+        copy.explain()
+    copy[(1,)](mx.ones((8,)), mx.zeros((8,)), 8, BLOCK=64)
+    assert json.loads(copy.explain())["plan"]["threadgroup_size"] == [64, 1, 1]
+
+
+def test_debug_schedule_writes_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("METILE_DEBUG", "schedule")
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path / "cache"))
+    vector_add[(2,)].prepare(*add_args(300), BLOCK=160)
+    files = list((tmp_path / "debug_output" / "schedule").glob("*.json"))
+    assert len(files) == 1
+    dumped = json.loads(files[0].read_text())
+    assert dumped["plan"]["threadgroup_size"] == [160, 1, 1]
+    assert "elementwise" in capsys.readouterr().out
