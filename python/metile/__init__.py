@@ -10,16 +10,15 @@ import mlx.core  # noqa: F401  (the extension shares MLX's nanobind types; load 
 from .runtime.cuda_kernel import CudaKernel, cuda_kernel
 from .runtime.metal_kernel import MetalKernel, metal_kernel
 from .runtime.msl_cpu.compiler import MslCompileError
+from .schedule import Config, ExecutionReport, Schedule, ScheduleError, SchedulePlan
 
 __version__ = "0.1.0"
 
-__all__ = ["metal_kernel", "MetalKernel", "cuda_kernel", "CudaKernel", "MslCompileError"]
+__all__ = ["metal_kernel", "MetalKernel", "cuda_kernel", "CudaKernel", "MslCompileError", "Schedule",
+           "Config", "ScheduleError", "SchedulePlan", "ExecutionReport", "autotune"]
 
-try:  # the DSL (issue 3) exports its public names from metile.dsl
-    from .dsl import *  # noqa: F401,F403
-    from .dsl import __all__ as _dsl_all
+from .dsl import *  # noqa: E402,F401,F403  (the kernel language: kernel, load, store, dot, ...)
+from .dsl import __all__ as _dsl_all  # noqa: E402
+from .runtime.autotuner import autotune  # noqa: E402
 
-    __all__ += list(_dsl_all)
-except ModuleNotFoundError as _missing:  # pragma: no cover - only while the DSL is absent
-    if _missing.name != f"{__name__}.dsl":
-        raise
+__all__ += list(_dsl_all)

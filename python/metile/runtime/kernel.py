@@ -300,6 +300,12 @@ class Kernel:
         """(runtime arguments by name, constexpr values by name, threads requested, schedule)."""
         kwargs = dict(kwargs)
         nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
+        if "NUM_SG" in kwargs and "NUM_SG" not in self.param_names:
+            # Legacy spelling (Config(num_simdgroups=...) passes NUM_SG).
+            legacy = kwargs.pop("NUM_SG")
+            if nsg is not None and nsg != legacy:
+                raise LaunchError(f"NUM_SG={legacy} contradicts num_simdgroups={nsg}")
+            nsg = legacy
         schedule = None if "SCHEDULE" in self.param_names else kwargs.pop("SCHEDULE", None)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")

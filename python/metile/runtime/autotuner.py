@@ -1,0 +1,95 @@
+"""`@metile.autotune(configs=[...])`: pick a kernel's meta-parameters by
+measuring them, once per tuning key (see `runtime.tuning`).
+
+    @metile.autotune(configs=[metile.Config(BLOCK=256), metile.Config(BLOCK=1024, num_simdgroups=8)])
+    @metile.kernel
+    def add(X, Y, Z, n, BLOCK: metile.constexpr): ...
+
+    z = add[lambda meta: (metile.cdiv(meta["n"], meta["BLOCK"]),)](x, y, z, n)
+
+The grid may depend on the candidate's meta-parameters (a callable of the
+bound arguments).  Candidates that cannot compile or that the schedule rejects
+are skipped with their reason; each candidate's outputs are checked against
+the first usable one before it is timed.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..frontend import CompilationError, LaunchError
+from ..schedule import Config, ScheduleError
+from . import cache, tuning
+from .kernel import Kernel, _grid, current_backend, device_fingerprint
+
+# Launch keywords that change numerics or lowering: part of the tuning key.
+POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE")
+
+
+def _outputs_close(outs, reference) -> bool:
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    reference = reference if isinstance(reference, tuple) else (reference,)
+    for a, b in zip(outs, reference):
+        # Candidates differ only in tiling, so they agree to accumulation-order rounding.
+        if not np.allclose(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)),
+                           rtol=1e-3, atol=1e-3, equal_nan=True):
+            return False
+    return True
+
+
+class Autotuned:
+    def __init__(self, kernel: Kernel, configs, warmup: int, reps: int):
+        if not isinstance(kernel, Kernel):
+            raise TypeError("metile.autotune decorates a @metile.kernel (put it above @metile.kernel)")
+        configs = list(configs)
+        if not configs or not all(isinstance(c, Config) for c in configs):
+            raise TypeError("metile.autotune needs a non-empty list of metile.Config")
+        self.kernel, self.configs, self.warmup, self.reps = kernel, configs, warmup, reps
+        self.last_result: tuning.TuneResult | None = None
+
+    def __getitem__(self, grid):
+        return _TunedLauncher(self, grid)
+
+
+class _TunedLauncher:
+    def __init__(self, tuned: Autotuned, grid):
+        self.tuned, self.grid = tuned, grid
+
+    def _launch(self, config: Config, args, kwargs):
+        options = {**kwargs, **config.meta}
+        if config.num_simdgroups is not None:
+            options["num_simdgroups"] = config.num_simdgroups
+        grid = self.grid
+        if callable(grid):
+            names = self.tuned.kernel.param_names
+            bound = {**dict(zip(names, args)), **options}
+            grid = _grid(grid, bound)
+        return self.tuned.kernel[grid](*args, **options)
+
+    def best(self, *args, **kwargs) -> Config:
+        """The winning Config for these arguments (measured or from the tuning cache)."""
+        kernel = self.tuned.kernel
+        bound = dict(zip(kernel.param_names, args))
+        bound.update({k: v for k, v in kwargs.items() if k in kernel.param_names})
+        overrides = {k: v for k, v in kwargs.items() if k in POLICY_KEYWORDS}
+        backend = current_backend()
+        parts = tuning.key_parts(
+            operands={k: v for k, v in bound.items() if k not in overrides},
+            overrides=overrides, grid=None if callable(self.grid) else self.grid,
+            source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
+            target=device_fingerprint(backend))
+        result = tuning.autotune(
+            self.tuned.configs, lambda c: self._launch(c, args, kwargs), parts,
+            warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,
+            unusable=(ScheduleError, CompilationError, LaunchError))
+        self.tuned.last_result = result
+        return result.config
+
+    def __call__(self, *args, **kwargs):
+        return self._launch(self.best(*args, **kwargs), args, kwargs)
+
+
+def autotune(configs, *, warmup: int = 2, reps: int = 7):
+    """Decorator over a @metile.kernel: launches use the fastest of `configs`."""
+    return lambda kernel: Autotuned(kernel, configs, warmup, reps)

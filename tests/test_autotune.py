@@ -1,0 +1,64 @@
+"""@metile.autotune over real kernels: the winner computes the right numbers,
+is remembered per tuning key, and unusable candidates are skipped with a reason."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+
+
+@metile.kernel
+def scaled_copy(X, Y, n, alpha, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    value = metile.load(X + offs, mask=mask).to(metile.float32) * alpha
+    metile.store(Y + offs, value.to(Y.dtype), mask=mask)
+
+
+def grid(meta):
+    return (metile.cdiv(meta["n"], meta["BLOCK"]),)
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    return metile.autotune(
+        configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=256, num_simdgroups=8),
+                 # the kernel has no WIDTH parameter: unusable, skipped with the reason
+                 metile.Config(BLOCK=128, WIDTH=4)],
+        warmup=1, reps=2)(scaled_copy)
+
+
+def test_winner_is_correct_and_cached(tuned):
+    x = mx.arange(1000).astype(mx.float32)
+    out = tuned[grid](x, mx.zeros((1000,)), 1000, 2.0)
+    np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(1000))
+    first = tuned.last_result
+    assert not first.from_cache
+    assert set(first.timings) == {"Config(BLOCK=64)", "Config(BLOCK=256,NUM_SG=8)"}
+    assert "unexpected argument 'WIDTH'" in first.unusable["Config(BLOCK=128,WIDTH=4)"]
+    tuned[grid](x, mx.zeros((1000,)), 1000, 3.0)  # same key: floats enter by type
+    assert tuned.last_result.from_cache and tuned.last_result.config == first.config
+
+
+def test_other_dtype_is_tuned_again(tuned):
+    tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
+    key32 = tuned.last_result.key
+    tuned[grid](mx.ones((100,), mx.float16), mx.zeros((100,), mx.float16), 100, 1.0)
+    assert not tuned.last_result.from_cache and tuned.last_result.key != key32
+
+
+def test_autotune_needs_configs_and_a_kernel():
+    with pytest.raises(TypeError, match="non-empty list of metile.Config"):
+        metile.autotune(configs=[])(scaled_copy)
+    with pytest.raises(TypeError, match="decorates a @metile.kernel"):
+        metile.autotune(configs=[metile.Config(BLOCK=64)])(lambda: None)
+
+
+def test_legacy_num_sg_sets_the_simdgroup_count():
+    x = mx.ones((100,))
+    d = scaled_copy[(1,)].prepare(x, mx.zeros((100,)), 100, 1.0, BLOCK=128, NUM_SG=8)
+    assert d.schedule_plan.threadgroup_size == (256, 1, 1)
+    with pytest.raises(metile.LaunchError, match="NUM_SG=8 contradicts num_simdgroups=4"):
+        scaled_copy[(1,)].prepare(x, mx.zeros((100,)), 100, 1.0, BLOCK=128, NUM_SG=8, num_simdgroups=4)
