@@ -87,6 +87,15 @@ def matmul(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr, BK: met
     metile.store(C + rm[:, None] * N + rn[None, :], acc.to(C.dtype), mask=mask)
 
 
+@metile.kernel
+def single_dot(A, B, C, BM: metile.constexpr, BN: metile.constexpr, BK: metile.constexpr):
+    """One dot outside a K loop: not a GEMM recurrence, so the reference lowering."""
+    rm, rn, rk = metile.arange(0, BM), metile.arange(0, BN), metile.arange(0, BK)
+    a = metile.load(A + rm[:, None] * BK + rk[None, :])
+    b = metile.load(B + rk[:, None] * BN + rn[None, :])
+    metile.store(C + rm[:, None] * BN + rn[None, :], metile.dot(a, b))
+
+
 @metile.kernel(num_simdgroups=4)
 def block_sum(X, Out, n, BLOCK: metile.constexpr = 128):
     """Thread level: each thread strides over its row, then a shared-memory tree."""

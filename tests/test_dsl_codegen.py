@@ -12,7 +12,7 @@ from metile.ir.printer import format_function
 from metile.ir.types import ScalarType
 from metile.ir.verifier import IRVerificationError, verify
 from metile.language import float32
-from dsl_kernels import block_sum, matmul, softmax_rows, vector_add
+from dsl_kernels import block_sum, matmul, single_dot, softmax_rows, vector_add
 
 
 @pytest.fixture(autouse=True)
@@ -69,12 +69,22 @@ def test_block_reduction_uses_simd_and_threadgroup_memory():
     assert "threadgroup float" in src and "threadgroup_barrier" in src
 
 
-def test_dot_operands_go_through_threadgroup_memory_accumulator_stays_in_registers():
-    src = prepared_source(matmul[(1, 1)], mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)),
-                          8, 8, 8, BM=16, BN=16, BK=8)
+def test_reference_dot_operands_go_through_threadgroup_memory():
+    # A dot outside a K-loop recurrence keeps the reference lowering (serial FFMA per element).
+    src = prepared_source(single_dot[(1,)], mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)),
+                          BM=8, BN=8, BK=8)
     assert src.count("threadgroup float") == 2  # the A and B tiles
-    assert "float _r1[1];" in src  # the accumulator: one register per thread
-    assert "for (int _k" in src  # the K loop stays a loop
+    assert "simdgroup_matrix" not in src and "for (int _k" in src
+
+
+def test_gemm_recurrence_lowers_to_fragments():
+    d = matmul[(1, 1)].prepare(mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)), 8, 8, 8,
+                               BM=16, BN=16, BK=8)
+    src = d.source
+    assert src.count("threadgroup float") == 3  # A and B stages, the epilogue scratch
+    assert "metal::simdgroup_multiply_accumulate(" in src
+    assert re.search(r"for \(int _k\d+ = 0; _k\d+ < _v\d+; _k\d+ \+= 8\)", src)  # the K loop
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == "simdgroup_matrix 8x8"
 
 
 def test_loops_are_not_unrolled():

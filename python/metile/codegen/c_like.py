@@ -32,6 +32,12 @@ class CEmitter:
     NAN = "NAN"
     SHARED_DECL = "{type} {name}[{size}];"
     HELPERS: dict[str, str] = {}        # helper name -> source; emitted into the header when used
+    # Matrix fragments (thread-form frag_* ops; see passes/lower_matmul.py).  Format fields:
+    # {frag} "name[index]", {type} fragment type, {root}/{offset}/{ld} threadgroup source,
+    # {d} {a} {b} {c} fragments of a multiply-accumulate, {value} fill value.
+    MATRIX_UNITS: tuple = ()            # passes.lower_matmul.MatrixUnit the backend offers
+    FRAGMENT: dict[str, str] = {}       # decl fill load store mma
+    SIMD_BARRIER = ""
 
     def __init__(self, fn: Function):
         assert fn.form == "thread", "emit the thread form (run passes.lower_tiles first)"
@@ -142,6 +148,8 @@ class CEmitter:
         elif name == "lane_loop":
             self.lane_loop(op, depth)
         elif name == "for":
+            if op.attrs.get("unroll"):
+                self.emit("#pragma unroll", depth)
             iv = self.bind(op.regions[0].args[0], "_k")
             self.emit(f"for (int {iv} = {a[0]}; {iv} < {a[1]}; {iv} += {a[2]}) {{", depth)
             self.block(op.regions[0], depth + 1)
@@ -171,14 +179,52 @@ class CEmitter:
             self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
         elif name == "const":
             self.names[op.result.id] = self.expr(op)
+        elif name == "param" and op.attrs.get("capture"):
+            r, cap = op.result, op.attrs["capture"]
+            self.emit(f"const {self.type(r.type)} {cap} = {self.expr(op)};", depth)
+            self.names[r.id] = cap
+        elif name.startswith("frag_"):
+            self.fragment_op(op, a, depth)
+        elif name == "simd_barrier":
+            self.emit(self.SIMD_BARRIER, depth)
         else:
             r = op.result
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
 
+    def fragment_type(self, role: str, dtype, shape) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")
+
+    def fragment_op(self, op: Op, a: list[str], depth: int) -> None:
+        at = op.attrs
+        fmt = self.FRAGMENT[op.name[len("frag_"):]]
+        if op.name == "frag_mma":
+            fields = {k: f"{at[k][0]}[{at[k][1]}]" for k in "dabc"}
+        elif op.name == "frag_store":
+            fields = {"frag": f"{at['name']}[{a[0]}]", "root": at["root"], "offset": a[1],
+                      "ld": at["ld"]}
+        elif op.name == "frag_load":
+            fields = {"frag": f"{at['name']}[{at['index']}]", "root": at["root"], "offset": a[0],
+                      "ld": at["ld"]}
+            if at.get("convert"):
+                fmt = self.FRAGMENT[f"load_{at['convert']}"]
+        else:
+            fields = {"frag": f"{at['name']}[{at['index']}]", "value": self.literal(
+                at["value"], dt.float32)}
+        for line in fmt.format(**fields).split("\n"):
+            self.emit(line, depth)
+
+    def shared_decl(self, t: str, name: str, size: int, align: int) -> str:
+        return self.SHARED_DECL.format(type=t, name=name, size=size)
+
     def declare(self, op: Op, depth: int) -> None:
+        if op.attrs["storage"] == "fragment":
+            at = op.attrs
+            t = self.fragment_type(at["role"], at["dtype"], at["shape"])
+            self.emit(self.FRAGMENT["decl"].format(type=t, name=at["name"], size=at["size"]), depth)
+            return
         t, name, size = self.TYPES[op.attrs["dtype"].name], op.attrs["name"], op.attrs["size"]
         if op.attrs["storage"] == "shared":
-            self.emit(self.SHARED_DECL.format(type=t, name=name, size=size), depth)
+            self.emit(self.shared_decl(t, name, size, op.attrs.get("align", 0)), depth)
         elif op.attrs["storage"] == "local":
             self.emit(f"{t} {name}[{size}];", depth)
         else:

@@ -12,6 +12,7 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
+from ..passes.lower_matmul import MatrixUnit
 from .c_like import CEmitter
 
 # Butterfly reductions over a full warp.  Every lane ends with the result, as
@@ -32,6 +33,13 @@ template <typename T> __device__ __forceinline__ T metile_warp_min(T v) {
 }"""
 
 
+# WMMA (tensor cores); included before the kernel when a fragment is declared.
+_WMMA = """\
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>"""
+
+
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "bool": "bool"}
@@ -50,7 +58,40 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP}
+    HELPERS = {"warp": _WARP, "wmma": _WMMA}
+    # Tensor cores through WMMA.  Strict float32 has no unit (FFMA register tiles);
+    # TF32 only under the kernel's RELAXED_PRECISION=True.
+    MATRIX_UNITS = (MatrixUnit("wmma 16x16x16", (16, 16, 16), ("float16", "bfloat16")),
+                    MatrixUnit("wmma tf32 16x16x8", (16, 16, 8), ("float32",), relaxed_only=True,
+                               convert="tf32"))
+    FRAGMENT = {
+        "decl": "{type} {name}[{size}];",
+        "fill": "nvcuda::wmma::fill_fragment({frag}, {value});",
+        "load": "nvcuda::wmma::load_matrix_sync({frag}, &{root}[{offset}], {ld});",
+        "load_tf32": "nvcuda::wmma::load_matrix_sync({frag}, &{root}[{offset}], {ld});\n"
+                     "for (int _t = 0; _t < {frag}.num_elements; ++_t) "
+                     "{frag}.x[_t] = nvcuda::wmma::__float_to_tf32({frag}.x[_t]);",
+        "store": "nvcuda::wmma::store_matrix_sync(&{root}[{offset}], {frag}, {ld}, "
+                 "nvcuda::wmma::mem_row_major);",
+        "mma": "nvcuda::wmma::mma_sync({d}, {a}, {b}, {c});",
+    }
+    SIMD_BARRIER = "__syncwarp();"
+
+    def fragment_type(self, role, dtype, shape) -> str:
+        self.helpers_used.add("wmma")
+        m, n, k = shape
+        if role == "acc":
+            return f"nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {m}, {n}, {k}, float>"
+        t = "nvcuda::wmma::precision::tf32" if dtype.name == "float32" else self.TYPES[dtype.name]
+        use = "matrix_a" if role == "a" else "matrix_b"
+        return (f"nvcuda::wmma::fragment<nvcuda::wmma::{use}, {m}, {n}, {k}, {t}, "
+                f"nvcuda::wmma::row_major>")
+
+    def shared_decl(self, t: str, name: str, size: int, align: int) -> str:
+        # WMMA loads/stores need 256-bit aligned pointers.
+        if align:
+            return f"__shared__ __align__({align}) {t} {name}[{size}];"
+        return super().shared_decl(t, name, size, align)
 
     def __init__(self, fn: Function, scalars: set[str] = frozenset()):
         super().__init__(fn)

@@ -11,6 +11,7 @@ bfloat has none).  Metal has no erf; the header supplies one.
 from __future__ import annotations
 
 from ..ir.core import Function
+from ..passes.lower_matmul import MatrixUnit
 from .c_like import CEmitter
 
 _ERF = """\
@@ -45,6 +46,22 @@ class MSLEmitter(CEmitter):
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
     HELPERS = {"erf": _ERF}
+    MATRIX_UNITS = (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8),
+                               ("float32", "float16", "bfloat16")),)
+    FRAGMENT = {
+        "decl": "{type} {name}[{size}];",
+        "fill": "{frag} = metal::make_filled_simdgroup_matrix<float, 8, 8>({value});",
+        "load": "metal::simdgroup_load({frag}, &{root}[{offset}], {ld});",
+        "store": "metal::simdgroup_store({frag}, &{root}[{offset}], {ld});",
+        "mma": "metal::simdgroup_multiply_accumulate({d}, {a}, {b}, {c});",
+    }
+    SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
+
+    def fragment_type(self, role, dtype, shape) -> str:
+        rows, cols, depth = shape
+        r, c = {"a": (rows, depth), "b": (depth, cols), "acc": (rows, cols)}[role]
+        # simdgroup_matrix<T, Cols, Rows>; every unit here is square (8x8).
+        return f"metal::simdgroup_matrix<{self.TYPES[dtype.name]}, {c}, {r}>"
 
     def minmax(self, name, a, rt) -> str:
         if rt.dtype.name in ("float32", "float16", "int32", "uint32"):

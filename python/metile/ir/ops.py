@@ -26,7 +26,18 @@ Thread form (after passes.lower_tiles; every value is a scalar)
   local_get(slot){name} local_set(slot, v){name}
   var_get{name} var_set(v){name}
   mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space}
-  simd_reduce(v){kind} simd_lane simd_group barrier
+  simd_reduce(v){kind} simd_lane simd_group barrier simd_barrier
+  decl{storage="fragment", role, dtype, size, shape}
+                                        `size` opaque matrix fragments per thread (role a|b|acc,
+                                        shape (rows, columns, depth) of the matrix unit)
+  frag_fill{name, index, value}         fill fragment name[index] with a constant
+  frag_load(offset){name, index, root, ld, convert}
+                                        fragment name[index] <- the (rows x cols) block of the
+                                        threadgroup array `root` starting at element `offset`,
+                                        row stride `ld` (row-major)
+  frag_mma{d, a, b, c}                  d = a @ b + c, each a (name, index) pair
+  frag_store(index, offset){name, root, ld}
+                                        the reverse of frag_load (index may be a runtime value)
   for(lb, ub, step) [body(iv)]   if(cond) [then] [else]   while [cond -> condition(c)] [body]
   and every scalar op of the tile form
 """
@@ -42,13 +53,17 @@ ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
 TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "dot"})
 CONTROL = frozenset({"for", "if", "while"})
+# Thread-form matrix fragments (see passes/lower_matmul.py): opaque per-SIMD-group
+# matrices whose lane ownership no pass or emitter depends on.
+FRAGMENT = frozenset({"frag_fill", "frag_load", "frag_mma", "frag_store", "simd_barrier"})
 TERMINATORS = frozenset({"yield", "condition"})
 
 TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
              | {"load", "store", "reduce", "shared_alloc", "barrier"})
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
-                  "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"})
+                  "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"}
+               | FRAGMENT)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min")

@@ -31,14 +31,16 @@ from ..ir.ops import ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
+from .gemm import find_gemm
+from .lower_matmul import MatmulLowering, plan_gemm
 from .lower_reductions import ReductionLowering
 from .placement import analyze
 
 SHARED_BYTES = 32 * 1024
 
 
-class Lowering(ReductionLowering):
-    def __init__(self, fn: Function, threads: int, buffers: dict):
+class Lowering(ReductionLowering, MatmulLowering):
+    def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=()):
         self.fn = fn
         self.T = threads
         self.buffers = buffers  # (root, role) -> backend name; roles: read, out, written
@@ -50,6 +52,11 @@ class Lowering(ReductionLowering):
         self.counter = 0
         self.shared_bytes = 0
         self.geometry: dict[str, Value] = {}
+        self.loops: list[dict] = []
+        self.gemm = find_gemm(fn)
+        self.gemm_plan = None
+        if self.gemm is not None:
+            self.gemm_plan = plan_gemm(self.gemm, matrix_units, relaxed_precision(fn), threads)
 
     # -- helpers ---------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -72,7 +79,7 @@ class Lowering(ReductionLowering):
         if not (b.block.ops and b.block.ops[-1].name == "barrier"):
             b.op("barrier")
 
-    def decl(self, storage: str, dtype: dt.DType, size: int = 1, prefix="_t") -> str:
+    def decl(self, storage: str, dtype: dt.DType, size: int = 1, prefix="_t", align=0) -> str:
         name = self.fresh(prefix)
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
@@ -80,8 +87,10 @@ class Lowering(ReductionLowering):
                 raise CompilationError(
                     f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
                     f"the {SHARED_BYTES} a threadgroup has; use smaller blocks")
-        self.decls.append(Op("decl", [], [], {"name": name, "storage": storage, "dtype": dtype,
-                                              "size": size}, []))
+        attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
+        if align:
+            attrs["align"] = align
+        self.decls.append(Op("decl", [], [], attrs, []))
         return name
 
     def new_storage(self, kind: str, shape, t) -> Storage:
@@ -238,6 +247,14 @@ class Lowering(ReductionLowering):
 
     def lower_op(self, op: Op, b: Builder) -> None:
         name = op.name
+        g = self.gemm
+        if g is not None:
+            if op is g.loop:
+                return self.lower_gemm_loop(op, b)
+            if op is g.store:
+                return self.lower_gemm_store(op, b)
+            if any(r.id in g.dependent for r in op.results):
+                return  # epilogue values: evaluated per element at the store
         if name == "for":
             return self.lower_for(op, b)
         if name == "if":
@@ -371,16 +388,27 @@ class Lowering(ReductionLowering):
     def run(self) -> Function:
         body = Block()
         b = Builder(body)
+        captured = {p.name for p in self.gemm.captured} if self.gemm else set()
         for p in self.fn.params:
             if p.value is not None and is_pointer(p.value.type):
                 self.scalars[p.value.id] = self.const(b, 0)
             elif p.value is not None:
+                # Epilogue coefficients are bound at kernel entry under compiler-generated
+                # names, so no later local or alias can shadow them.
+                extra = {"capture": f"_epi_{p.name}"} if p.name in captured else {}
                 self.scalars[p.value.id] = b.value("param", [], p.value.type,
-                                                   name=self.buffers[(p.name, "scalar")])
+                                                   name=self.buffers[(p.name, "scalar")], **extra)
         self.lower_block(self.fn.body, b)
-        out = Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
-                       dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes))
-        return out
+        meta = dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes,
+                    loops=self.loops, allocations=[
+                        {"name": d.attrs["name"], "space": "threadgroup",
+                         "dtype": d.attrs["dtype"].name, "elements": d.attrs["size"],
+                         "bytes": d.attrs["size"] * d.attrs["dtype"].itemsize}
+                        for d in self.decls if d.attrs["storage"] == "shared"])
+        if self.gemm is not None:
+            meta["matmul"] = self.matmul_meta()
+        return Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
+                        meta)
 
 
 class _Stored:
@@ -408,5 +436,20 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
     return min(1024, -(-largest // 32) * 32)
 
 
-def lower_tiles(fn: Function, threads: int, buffers: dict) -> Function:
-    return Lowering(fn, threads, buffers).run()
+def relaxed_precision(fn: Function) -> bool:
+    """The kernel's precision policy: a constexpr RELAXED_PRECISION=True allows reduced-
+    precision matrix units (e.g. TF32 for float32 operands)."""
+    return any(p.kind == "constexpr" and p.name == "RELAXED_PRECISION" and p.constant is True
+               for p in fn.params)
+
+
+def gemm_threads(fn: Function, matrix_units, requested: int | None) -> int | None:
+    """Threads of a GEMM-shaped kernel (its plan decides), else None."""
+    g = find_gemm(fn)
+    if g is None:
+        return None
+    return plan_gemm(g, matrix_units, relaxed_precision(fn), requested).threads
+
+
+def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=()) -> Function:
+    return Lowering(fn, threads, buffers, matrix_units).run()

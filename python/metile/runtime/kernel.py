@@ -31,7 +31,7 @@ from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..language import dtypes as dt
 from ..passes.buffer_usage import Coverage, buffer_roles, store_coverage
-from ..passes.lower_tiles import choose_threads, lower_tiles
+from ..passes.lower_tiles import choose_threads, gemm_threads, lower_tiles
 from ..passes.uniformity import check_uniformity
 from ..ir.core import Loc
 from ..schedule import Schedule, ScheduleError
@@ -44,6 +44,13 @@ RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "fl
             "switch", "case", "default", "break", "continue", "struct", "class", "static",
             "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
 RESERVED_OPTIONS = ("num_simdgroups", "SCHEDULE")
+
+
+def matrix_units(backend: str) -> tuple:
+    """The matrix instructions the backend's emitter declares (GEMM lowering picks one)."""
+    from ..codegen.cuda import CUDAEmitter
+    from ..codegen.msl import MSLEmitter
+    return (CUDAEmitter if backend == "cuda" else MSLEmitter).MATRIX_UNITS
 
 
 def current_backend() -> str:
@@ -172,7 +179,8 @@ class Specialization:
         names = self.kernel.param_names
         outputs = [n for n in names if n in stored]
         cov = store_coverage(fn, loaded)
-        threads = choose_threads(fn, self.threads_req)
+        threads = gemm_threads(fn, matrix_units(self.backend), self.threads_req) or \
+            choose_threads(fn, self.threads_req)
         try:
             bounds = tuple(sorted({c.bound for c in cov.values() if c.bound}))
             plan = planning.make_plan(fn, threads, self.constexprs, self.int_values, self.schedule,
@@ -228,7 +236,7 @@ class Specialization:
                 buffers[(name, "written")] = _unique(f"{name}_written", used)
         outputs = [buffers[(n, "out")] for n in self.outputs]
         outputs += [buffers[(n, "written")] for n in self.outputs if n in tracked]
-        thread_fn = lower_tiles(fn, self.threads, buffers)
+        thread_fn = lower_tiles(fn, self.threads, buffers, matrix_units(self.backend))
         verify(thread_fn)
         if "thread_ir" in debug_flags():
             print(format_function(thread_fn), file=sys.stdout)
@@ -246,6 +254,8 @@ class Specialization:
         return {"name": f"metile_{fn.name}_{self.key[:12]}_{''.join('1' if p else '0' for p in proven)}",
                 "header": header, "body": body, "inputs": inputs, "outputs": outputs,
                 "input_roles": roles, "tracked": [n for n in self.outputs if n in tracked],
+                "lowering": {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations")
+                             if k in thread_fn.meta},
                 "passes": passes, "report": report.to_dict()}
 
 

@@ -1,0 +1,82 @@
+"""GEMM kernels written in metile's tensor-view form.
+
+    output[rows, columns] = epilogue(left[rows, inner] @ right[inner, columns])
+
+All matrices are row-major.  The launch grid covers the output tiles:
+`grid(rows, columns, BLOCK_M, BLOCK_N)`.  `rows`, `columns` and `inner` are
+runtime scalars (any sizes, ragged edges masked), so one compiled kernel serves
+every shape of a given dtype and tile.  Operands may be float32, float16 or
+bfloat16 (both the same dtype); accumulation is float32 and the epilogue runs in
+float32 until the single conversion to the output's dtype.
+
+The compiler recognises the `dot` recurrence over K tiles and lowers it to
+matrix fragments (see `metile.passes.gemm` / `lower_matmul`); the epilogue of
+`matmul_epilogue` is fused into the store.  A user's own kernel written the
+same way gets the same lowering.
+"""
+
+import metile
+
+EPILOGUES = ("none", "affine", "affine_leaky", "relu", "gelu_tanh", "sigmoid_gated")
+
+
+def grid(rows: int, columns: int, BLOCK_M: int = 64, BLOCK_N: int = 64) -> tuple[int, int]:
+    return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N))
+
+
+@metile.kernel
+def matmul(left, right, output, rows, columns, inner,
+           BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+           BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False):
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    c.store((row_origin, column_origin), accumulator.to(output.dtype))
+
+
+@metile.inline
+def gelu_tanh(x):
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (1.0 + metile.tanh(inner))
+
+
+@metile.kernel
+def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
+                    BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+                    BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
+                    EPILOGUE: metile.constexpr = "affine_leaky",
+                    NEGATIVE_SLOPE: metile.constexpr = 0.1):
+    """`matmul` with a fused pointwise epilogue chosen by EPILOGUE (see EPILOGUES).
+    alpha and beta are runtime float32 scalars; epilogues that do not use them ignore them."""
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    result = accumulator
+    if EPILOGUE == "affine":
+        result = accumulator * alpha + beta
+    elif EPILOGUE == "affine_leaky":
+        scaled = accumulator * alpha + beta
+        result = metile.where(scaled > 0, scaled, scaled * NEGATIVE_SLOPE)
+    elif EPILOGUE == "relu":
+        result = metile.maximum(accumulator, 0.0)
+    elif EPILOGUE == "gelu_tanh":
+        result = gelu_tanh(accumulator)
+    elif EPILOGUE == "sigmoid_gated":
+        result = accumulator * metile.sigmoid(accumulator)
+    c.store((row_origin, column_origin), result.to(output.dtype))

@@ -1,0 +1,270 @@
+"""gemm: recognise the canonical GEMM recurrence and its pointwise epilogue (tile form).
+
+The canonical shape is
+
+    acc = zeros((BM, BN), float32)
+    for k in tile_range(lo, hi, BK):          # top level, carries only acc
+        acc = dot(<(BM, BK) tile>, <(BK, BN) tile>, acc)
+    store(<pointer tile>, <epilogue of acc>, <mask>)   # the kernel's only store
+
+where the operand tiles are computed in the loop body from loads and index
+arithmetic (Triton-style pointers + masks, or `tensor(...).load(...)` views,
+which lower to the same ops).  `find_gemm` returns a `GemmPattern` for such a
+kernel, `None` for a kernel without a dot recurrence (its dots keep the
+reference lowering), and raises a `CompilationError` naming the reason for a
+kernel that has the recurrence but cannot be lowered as one fused GEMM.
+
+The epilogue is the backward slice of the stored value over values that depend
+on the accumulator (shared subexpressions are evaluated once per element).
+It may use float32 arithmetic, comparisons, `where`, maximum/minimum, the
+unary math functions and one final cast to the output dtype; its other leaves
+are constants and runtime scalar parameters.  Those parameters are captured at
+kernel entry under compiler-generated names (`_epi_<name>`).  Rejected, each
+with its own message: extra memory reads, reductions, control flow, several
+stores, a second matrix recurrence, intermediate narrowing casts, and
+dimension parameters (scalars that bound loops, addresses or masks) as leaves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..frontend.errors import CompilationError
+from ..ir.core import Block, Function, Op, Param, Value, walk
+from ..ir.ops import COMPARE, CONTROL
+from ..ir.types import TileType, dtype_of
+from ..language import dtypes as dt
+
+# Pointwise ops an epilogue may contain (besides a final cast).
+EPILOGUE_OPS = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "exp",
+                          "exp2", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "where",
+                          "cast", "and", "or", "not"}) | COMPARE
+# Ops allowed in the K loop body besides the dot (operand computation).
+_BODY_FORBIDDEN = {"store": "a store", "reduce": "a reduction", "barrier": "a barrier",
+                   "shared_alloc": "a shared() allocation"}
+
+PREFIX = "cannot lower the GEMM"
+
+
+@dataclass
+class GemmPattern:
+    loop: Op
+    dot: Op
+    store: Op
+    result: Value                       # the accumulator after the K loop
+    epilogue: list[Op]                  # ops from `result` to the stored value, program order
+    dependent: set[int]                 # ids of every value that depends on the accumulator
+    captured: list[Param] = field(default_factory=list)   # runtime scalars the epilogue reads
+    dimension_params: list[str] = field(default_factory=list)
+
+    @property
+    def a(self) -> Value:
+        return self.dot.operands[0]
+
+    @property
+    def b(self) -> Value:
+        return self.dot.operands[1]
+
+    @property
+    def tile(self) -> tuple[int, int, int]:
+        (bm, bk), (_, bn) = self.a.type.shape, self.b.type.shape
+        return bm, bn, bk
+
+    @property
+    def operand_dtype(self) -> dt.DType:
+        return dtype_of(self.a.type)
+
+    @property
+    def out_dtype(self) -> dt.DType:
+        return dtype_of(self.store.operands[1].type)
+
+    @property
+    def k_loop_masked(self) -> bool:
+        return any(op.name == "load" and len(op.operands) > 1 for op in walk(self.loop.regions[0]))
+
+    @property
+    def outer_bounds_proven(self) -> bool:
+        return len(self.store.operands) < 3
+
+    @property
+    def epilogue_regions(self) -> int:
+        return 1 if self.epilogue else 0
+
+
+def _reject(message: str, op: Op | None) -> CompilationError:
+    return CompilationError(f"{PREFIX}: {message}", op.loc if op is not None else None)
+
+
+def _backward(values, stop=lambda v: False):
+    """Every value reachable backwards from `values` through defining ops."""
+    seen, todo = {}, list(values)
+    while todo:
+        v = todo.pop()
+        if v.id in seen or stop(v):
+            continue
+        seen[v.id] = v
+        if isinstance(v.owner, Op):
+            todo.extend(v.owner.operands)
+    return seen
+
+
+def _dimension_params(fn: Function) -> dict[int, Param]:
+    """Scalar parameters that bound a loop or enter an address or mask."""
+    roots = []
+    for op in walk(fn.body):
+        if op.name == "for":
+            roots += op.operands[:3]
+        elif op.name in ("load", "store"):
+            roots += [op.operands[0]] + op.operands[2 if op.name == "store" else 1:]
+    reach = _backward(roots)
+    return {p.value.id: p for p in fn.params
+            if p.kind == "scalar" and p.value is not None and p.value.id in reach}
+
+
+def _is_zero_splat(v: Value) -> bool:
+    op = v.owner
+    if not isinstance(op, Op) or op.name != "splat":
+        return False
+    src = op.operands[0].owner
+    return isinstance(src, Op) and src.name == "const" and src.attrs["value"] == 0
+
+
+def find_gemm(fn: Function) -> GemmPattern | None:
+    dots = [op for op in walk(fn.body) if op.name == "dot"]
+    parent: dict[int, Op] = {}
+    for op in walk(fn.body):
+        for region in op.regions:
+            parent[id(region)] = op
+    recurrences = []
+    for d in dots:
+        acc = d.operands[2]
+        block = acc.owner
+        loop = parent.get(id(block)) if isinstance(block, Block) else None
+        if loop is None or loop.name != "for":
+            continue
+        index = block.args.index(acc) - 1
+        if index >= 0 and block.ops and block.ops[-1].operands[index] is d.result:
+            recurrences.append((d, loop))
+    if not recurrences:
+        return None
+    dot, loop = recurrences[0]
+    for other in dots:
+        if other is not dot:
+            raise _reject("the kernel has a second matrix product (dot); a fused GEMM has one "
+                          "matrix recurrence", other)
+    if not any(op is loop for op in fn.body.ops):
+        raise _reject("the K loop is nested inside control flow; it must be at the top level of "
+                      "the kernel", loop)
+    if len(loop.results) != 1:
+        raise _reject("the K loop carries other values besides the accumulator", loop)
+    if not _is_zero_splat(loop.operands[3]):
+        raise _reject("the accumulator must start from metile.zeros((BLOCK_M, BLOCK_N))", loop)
+    for op in walk(loop.regions[0]):
+        if op.name in _BODY_FORBIDDEN:
+            raise _reject(f"{_BODY_FORBIDDEN[op.name]} inside the K loop", op)
+        if op.name in CONTROL:
+            raise _reject("control flow inside the K loop", op)
+
+    result = loop.results[0]
+    stores = [op for op in walk(fn.body) if op.name == "store"]
+    if len(stores) != 1:
+        extra = next((s for s in stores if s.loc is not None), None) if not stores else stores[1]
+        raise _reject("a fused GEMM stores its result once; this kernel has several stores"
+                      if stores else "the kernel never stores the accumulator", extra or loop)
+    (store,) = stores
+    if not any(op is store for op in fn.body.ops):
+        raise _reject("the output store is inside control flow (an epilogue has no control "
+                      "flow)", store)
+
+    # Values that depend on the accumulator, in program order after the loop.
+    dependent = {result.id}
+    after = fn.body.ops[fn.body.ops.index(loop) + 1:]
+    for op in after:
+        if op.name in CONTROL:
+            inner = {v.id for o in walk_regions(op) for v in o.operands}
+            if dependent & (inner | {v.id for v in op.operands}):
+                raise _reject("control flow in the epilogue (the accumulator is used inside "
+                              "if/for/while)", op)
+            continue
+        if any(v.id in dependent for v in op.operands):
+            if op is store:
+                continue
+            dependent |= {r.id for r in op.results}
+    ptr, value, *mask = store.operands
+    if value.id not in dependent:
+        raise _reject("the stored value does not depend on the accumulator", store)
+    if any(v.id in dependent for v in [ptr, *mask]):
+        raise _reject("the store's address or mask depends on the accumulator", store)
+
+    # The epilogue: the stored value's backward slice within the dependent values.
+    slice_ = _backward([value], stop=lambda v: v.id not in dependent or v is result)
+    epilogue = [op for op in after if op is not store and any(r.id in slice_ for r in op.results)]
+    dims = _dimension_params(fn)
+    for op in epilogue:
+        _check_epilogue_op(op, op.result is value)
+        for v in op.operands:
+            if v.id not in dependent:
+                _check_leaf(v, op, dims)
+    names = [p.name for p in fn.params if p.value is not None and p.value.id in dims]
+    g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names)
+    g.captured = captured_params(fn, g)
+    return g
+
+
+def walk_regions(op: Op):
+    for region in op.regions:
+        yield from walk(region)
+
+
+def _check_epilogue_op(op: Op, final: bool) -> None:
+    if op.name == "reduce":
+        raise _reject("a reduction of the accumulator is not a pointwise epilogue", op)
+    if op.name == "load":
+        raise _reject("extra memory read in the epilogue (a load whose address depends on the "
+                      "accumulator)", op)
+    if op.name not in EPILOGUE_OPS:
+        raise _reject(f"'{op.name}' is not a supported epilogue operation", op)
+    d = dtype_of(op.result.type)
+    if d not in (dt.float32, dt.bool_) and not (final and op.name == "cast" and d.is_float):
+        raise _reject(f"the epilogue computes in float32 until the final conversion; this "
+                      f"{op.name} produces {d} before the end", op)
+
+
+def _check_leaf(v: Value, user: Op, dims: dict) -> None:
+    """A non-accumulator operand of an epilogue op: constants and runtime scalars only."""
+    cone = list(_backward([v]).values())
+    # Memory reads first: a bias load's mask names dimension parameters too, and the
+    # read is the reason it cannot fuse.
+    for w in sorted(cone, key=lambda w: not (isinstance(w.owner, Op) and w.owner.name == "load")):
+        op = w.owner
+        if op is None:
+            if w.id in dims:
+                raise _reject(f"dimension parameter {dims[w.id].name!r} used in the epilogue "
+                              f"(scalars that bound loops, addresses or masks cannot be epilogue "
+                              f"leaves)", user)
+            continue
+        if isinstance(op, Block):
+            raise _reject("a loop-carried or branch value used in the epilogue", user)
+        if op.name == "load":
+            ptr = op.operands[0].type
+            root = (ptr.elem if isinstance(ptr, TileType) else ptr).root
+            raise _reject(f"extra memory read in the epilogue (a load of {root!r}); only pointwise "
+                          f"functions of the accumulator, constants and runtime scalars are fused",
+                          op)
+        if op.name == "reduce":
+            raise _reject("a reduction in the epilogue", op)
+        if op.name in ("arange", "program_id", "num_programs", "thread_id", "num_threads"):
+            raise _reject(f"a position-dependent value ({op.name}) in the epilogue", user)
+        if op.name not in EPILOGUE_OPS | {"const", "splat", "broadcast", "expand_dims"}:
+            raise _reject(f"'{op.name}' is not a supported epilogue operand", user)
+
+
+def captured_params(fn: Function, g: GemmPattern) -> list[Param]:
+    """The runtime scalar parameters the epilogue reads, in parameter order."""
+    leaves = set()
+    for op in g.epilogue:
+        for v in op.operands:
+            if v.id not in g.dependent:
+                leaves |= set(_backward([v]))
+    return [p for p in fn.params if p.kind == "scalar" and p.value is not None
+            and p.value.id in leaves]

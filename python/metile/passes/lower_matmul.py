@@ -1,0 +1,344 @@
+"""GEMM lowering for `lower_tiles` (a mixin of `Lowering`): the canonical dot
+recurrence found by `passes.gemm` becomes staged matrix-fragment code.
+
+Geometry.  The threadgroup is num_simdgroups x 32 threads.  The BM x BN output
+tile is split over a SIMD-group grid (wm x wn); each SIMD-group owns a
+(BM/wm) x (BN/wn) sub-tile made of fr x fc fragments of the backend's matrix
+unit (`MatrixUnit`: 8x8x8 simdgroup_matrix on Metal, 16x16x16 WMMA on CUDA).
+
+Per K step:  barrier; every thread copies its share of the (BM, BK) and
+(BK, BN) operand tiles from device memory into threadgroup memory (the user's
+own load expressions, masks included, so ragged edges read zero); barrier;
+each SIMD-group loads operand fragments from threadgroup memory and runs
+fr x fc multiply-accumulates per depth step, accumulating in float32.
+
+Epilogue.  No code depends on which lane holds which fragment element: each
+accumulator fragment is stored to a per-SIMD-group float32 scratch in
+threadgroup memory, and after a SIMD-group barrier every lane evaluates the
+epilogue program for the scratch elements it picks (element e = lane + 32 s)
+at their tile coordinates, then stores through the user's pointer and mask.
+
+Without a matrix unit for the operand dtype and tile (strict float32 on CUDA,
+or a tile that is not made of whole fragments) the same staging feeds an FFMA
+path: each thread accumulates a TM x TN register micro-tile (rows ty + i*TY,
+columns tx + j*TX, so consecutive threads store consecutive columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..frontend.errors import CompilationError
+from ..ir.core import Block, Builder, Op, Value
+from ..ir.types import ScalarType, TileType
+from ..language import dtypes as dt
+from .gemm import GemmPattern
+from .lane_layout import I32, Ctx, Storage
+
+F32 = ScalarType(dt.float32)
+
+
+@dataclass(frozen=True)
+class MatrixUnit:
+    """A matrix instruction a backend offers (declared by its emitter)."""
+
+    name: str                      # reported as meta["matmul"]["fragment"]
+    shape: tuple[int, int, int]    # (rows, columns, depth) of one fragment product
+    dtypes: tuple[str, ...]        # operand dtypes it takes (accumulator: float32)
+    relaxed_only: bool = False     # reduced precision: only with RELAXED_PRECISION=True
+    convert: str | None = None     # operand conversion after loading (e.g. "tf32")
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    unit: MatrixUnit | None        # None: FFMA register micro-tiles
+    threads: int
+    grid: tuple[int, int]          # SIMD-group grid (fragments) or thread grid (FFMA)
+
+    @property
+    def fragment(self) -> str:
+        return self.unit.name if self.unit else "ffma"
+
+
+DEFAULT_SIMDGROUPS = (4, 2, 1)
+
+
+def _factor_grid(nsg: int, bm: int, bn: int, fm: int, fn: int):
+    """(wm, wn) with wm * wn = nsg splitting bm x bn into whole fm x fn fragments,
+    preferring square per-SIMD-group tiles."""
+    options = [(wm, nsg // wm) for wm in range(1, nsg + 1)
+               if nsg % wm == 0 and bm % (wm * fm) == 0 and bn % ((nsg // wm) * fn) == 0]
+    return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[0])) if options else None
+
+
+def _thread_grid(threads: int, bm: int, bn: int):
+    """(ty, tx) with ty * tx = threads, tx | bn, ty | bm: balanced micro-tiles, wide rows."""
+    options = [(threads // tx, tx) for tx in range(1, min(threads, bn) + 1)
+               if threads % tx == 0 and bn % tx == 0 and bm % (threads // tx) == 0]
+    if not options:
+        return None
+    return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[1]))
+
+
+def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | None) -> GemmPlan:
+    bm, bn, bk = g.tile
+    d = g.operand_dtype.name
+    counts = [requested_threads // 32] if requested_threads else list(DEFAULT_SIMDGROUPS)
+    for unit in units:
+        if d not in unit.dtypes or (unit.relaxed_only and not relaxed):
+            continue
+        fm, fn, fk = unit.shape
+        if bk % fk:
+            continue
+        for nsg in counts:
+            grid = _factor_grid(nsg, bm, bn, fm, fn)
+            if grid:
+                return GemmPlan(unit, nsg * 32, grid)
+    for nsg in counts:
+        grid = _thread_grid(nsg * 32, bm, bn)
+        if grid:
+            return GemmPlan(None, nsg * 32, grid)
+    raise CompilationError(
+        f"cannot lower the GEMM: the {bm}x{bn} tile cannot be split over "
+        f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
+
+
+class MatmulLowering:
+    """Mixin of `Lowering`; expects `self.gemm` (GemmPattern) and `self.gemm_plan`."""
+
+    # -- entry points called from Lowering.lower_op ------------------------------------------
+    def lower_gemm_loop(self, op: Op, b: Builder) -> None:
+        g, plan = self.gemm, self.gemm_plan
+        bm, bn, bk = g.tile
+        od = g.operand_dtype
+        align = 32 if plan.unit else 0
+        self.stage_a = Storage("shared", self.decl("shared", od, bm * bk, "_sa", align=align),
+                               (bm, bk), od)
+        self.stage_b = Storage("shared", self.decl("shared", od, bk * bn, "_sb", align=align),
+                               (bk, bn), od)
+        if plan.unit:
+            self._fragment_setup(b)
+        else:
+            self._ffma_setup(b)
+        lb, ub, step = (self.s(v) for v in op.operands[:3])
+        body = op.regions[0]
+        new_body = Block()
+        iv = new_body.add_arg(I32, body.args[0].hint)
+        self.scalars[body.args[0].id] = iv
+        inner = Builder(new_body)
+        inner.loc = op.loc
+        for bop in body.ops:  # scalar work of the body; tiles are evaluated where staged
+            if bop.name in ("yield", "dot") or any(isinstance(r.type, TileType)
+                                                    for r in bop.results):
+                continue
+            inner.loc = bop.loc
+            self.lower_op(bop, inner)
+        self.barrier(inner)  # the previous step's fragment reads are done
+        self.lane_loop(inner, (bm, bk), lambda ctx: self.write(self.stage_a, ctx,
+                                                               self.elem(g.a, ctx)))
+        self.lane_loop(inner, (bk, bn), lambda ctx: self.write(self.stage_b, ctx,
+                                                               self.elem(g.b, ctx)))
+        inner.op("barrier")
+        self.report_loop(body.args[0].hint or "k", "loop", bk)
+        if plan.unit:
+            self._fragment_step(inner)
+        else:
+            self._ffma_step(inner)
+        b.op("for", [lb, ub, step], [], dict(op.attrs), [new_body])
+
+    def lower_gemm_store(self, op: Op, b: Builder) -> None:
+        if self.gemm_plan.unit:
+            self._fragment_epilogue(b)
+        else:
+            self._ffma_epilogue(b)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def report_loop(self, iv: str, kind: str, step: int, lanes: int | None = None) -> None:
+        self.loops.append({"induction_variable": iv, "kind": kind,
+                           "lanes": self.T if lanes is None else lanes, "elements_per_lane": 1,
+                           "iteration_step": step})
+
+    def _for(self, b: Builder, lo, hi, step, hint: str, body, unroll=False) -> None:
+        """A counted loop whose body is built by `body(builder, iv)`."""
+        block = Block()
+        iv = block.add_arg(I32, hint)
+        inner = Builder(block)
+        inner.loc = b.loc
+        body(inner, iv)
+        as_value = [x if isinstance(x, Value) else self.const(b, x) for x in (lo, hi, step)]
+        b.op("for", as_value, [], {"kind": "range", "unroll": unroll}, [block])
+
+    def _i(self, b: Builder, name: str, x: Value, y) -> Value:
+        y = y if isinstance(y, Value) else self.const(b, y)
+        return b.value(name, [x, y], I32)
+
+    def _epilogue_store(self, b: Builder, row: Value, col: Value, acc: Value) -> None:
+        """Evaluate the epilogue at tile coordinates (row, col) and store it."""
+        g = self.gemm
+        bm, bn, _ = g.tile
+        ctx = Ctx(self, b, (bm, bn), coords=[row, col], identity=False)
+        memo = {g.result.id: acc}
+
+        def value(v: Value) -> Value:
+            hit = memo.get(v.id)
+            if hit is not None:
+                return hit
+            if v.id in g.dependent:
+                op = v.owner
+                out = b.value(op.name, [value(o) for o in op.operands],
+                              ScalarType(v.type.elem.dtype), **op.attrs)
+            else:
+                out = self.elem(v, ctx)
+            memo[v.id] = out
+            return out
+
+        ptr, val, *mask = g.store.operands
+        self.emit_store(b, g.store, [self.elem(ptr, ctx), value(val)]
+                        + [self.elem(m, ctx) for m in mask])
+
+    # -- matrix-fragment path ----------------------------------------------------------------
+    def _fragment_setup(self, b: Builder) -> None:
+        g, plan = self.gemm, self.gemm_plan
+        bm, bn, _ = g.tile
+        fm, fn, _ = plan.unit.shape
+        wm, wn = plan.grid
+        self.fr, self.fc = bm // wm // fm, bn // wn // fn
+        od = g.operand_dtype
+        self.frag_a = self.decl_fragment("a", od, self.fr)
+        self.frag_b = self.decl_fragment("b", od, self.fc)
+        self.frag_c = self.decl_fragment("acc", dt.float32, self.fr * self.fc)
+        sg = b.value("simd_group", [], I32)
+        self.row0 = self._i(b, "mul", self._i(b, "idiv", sg, wn), bm // wm)
+        self.col0 = self._i(b, "mul", self._i(b, "mod", sg, wn), bn // wn)
+        self.sg = sg
+        for i in range(self.fr * self.fc):
+            b.op("frag_fill", [], [], {"name": self.frag_c, "index": i, "value": 0.0})
+
+    def decl_fragment(self, role: str, dtype: dt.DType, count: int) -> str:
+        name = self.fresh(f"_f{role}")
+        self.decls.append(Op("decl", [], [], {"name": name, "storage": "fragment", "role": role,
+                                              "dtype": dtype, "size": count,
+                                              "shape": self.gemm_plan.unit.shape}, []))
+        return name
+
+    def _fragment_step(self, b: Builder) -> None:
+        g, unit = self.gemm, self.gemm_plan.unit
+        bm, bn, bk = g.tile
+        fm, fn, fk = unit.shape
+
+        def depth(lb: Builder, kk: Value) -> None:
+            for i in range(self.fr):
+                row = self._i(lb, "add", self.row0, i * fm)
+                off = self._i(lb, "add", self._i(lb, "mul", row, bk), kk)
+                lb.op("frag_load", [off], [], {"name": self.frag_a, "index": i,
+                                               "root": self.stage_a.name, "ld": bk,
+                                               "convert": unit.convert})
+            for j in range(self.fc):
+                col = self._i(lb, "add", self.col0, j * fn)
+                off = self._i(lb, "add", self._i(lb, "mul", kk, bn), col)
+                lb.op("frag_load", [off], [], {"name": self.frag_b, "index": j,
+                                               "root": self.stage_b.name, "ld": bn,
+                                               "convert": unit.convert})
+            for i in range(self.fr):
+                for j in range(self.fc):
+                    c = (self.frag_c, i * self.fc + j)
+                    lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
+                                               "b": (self.frag_b, j), "c": c})
+
+        self._for(b, 0, bk, fk, "kk", depth, unroll=True)
+        self.report_loop("kk", "loop", fk)
+
+    def _fragment_epilogue(self, b: Builder) -> None:
+        unit = self.gemm_plan.unit
+        fm, fn, _ = unit.shape
+        nsg = self.T // 32
+        scratch = self.decl("shared", dt.float32, nsg * fm * fn, "_sc", align=32)
+        base = self._i(b, "mul", self.sg, fm * fn)
+        lane = b.value("simd_lane", [], I32)
+
+        def per_fragment(fb: Builder, f: Value) -> None:
+            fb.op("frag_store", [f, base], [], {"name": self.frag_c, "root": scratch, "ld": fn})
+            fb.op("simd_barrier")
+            i, j = self._i(fb, "idiv", f, self.fc), self._i(fb, "mod", f, self.fc)
+            row_f = self._i(fb, "add", self.row0, self._i(fb, "mul", i, fm))
+            col_f = self._i(fb, "add", self.col0, self._i(fb, "mul", j, fn))
+
+            def per_element(eb: Builder, e: Value) -> None:
+                row = self._i(eb, "add", row_f, self._i(eb, "idiv", e, fn))
+                col = self._i(eb, "add", col_f, self._i(eb, "mod", e, fn))
+                acc = eb.value("mem_load", [self._i(eb, "add", base, e)], F32, root=scratch,
+                               space="threadgroup")
+                self._epilogue_store(eb, row, col, acc)
+
+            self._for(fb, lane, fm * fn, 32, "e", per_element)
+            fb.op("simd_barrier")  # every lane has read the scratch before the next store
+
+        self._for(b, 0, self.fr * self.fc, 1, "f", per_fragment, unroll=True)
+        self.report_loop("f", "epilogue", 1)
+        self.report_loop("e", "epilogue", 32)
+
+    # -- FFMA path ------------------------------------------------------------------------------
+    def _ffma_setup(self, b: Builder) -> None:
+        bm, bn, _ = self.gemm.tile
+        ty, tx = self.gemm_plan.grid
+        self.tm, self.tn = bm // ty, bn // tx
+        self.acc_regs = self.decl("local", dt.float32, self.tm * self.tn, "_acc")
+        tid = b.value("thread_id", [], I32)
+        self.ty_i, self.tx_i = self._i(b, "idiv", tid, tx), self._i(b, "mod", tid, tx)
+        zero = self.const(b, 0.0, dt.float32)
+        self._for(b, 0, self.tm * self.tn, 1, "s", lambda lb, s: lb.op(
+            "local_set", [s, zero], [], {"name": self.acc_regs}), unroll=True)
+
+    def _ffma_step(self, b: Builder) -> None:
+        bm, bn, bk = self.gemm.tile
+        ty, tx = self.gemm_plan.grid
+
+        def to_f32(lb, v):
+            return v if v.type == F32 else lb.value("cast", [v], F32, to=dt.float32)
+
+        def depth(lb: Builder, kk: Value) -> None:
+            a = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", self._i(
+                lb, "mul", self._i(lb, "add", self.ty_i, i * ty), bk), kk)],
+                ScalarType(self.stage_a.dtype), root=self.stage_a.name, space="threadgroup"))
+                for i in range(self.tm)]
+            row = self._i(lb, "mul", kk, bn)
+            bv = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", row, self._i(
+                lb, "add", self.tx_i, j * tx))], ScalarType(self.stage_b.dtype),
+                root=self.stage_b.name, space="threadgroup")) for j in range(self.tn)]
+            for i in range(self.tm):
+                for j in range(self.tn):
+                    s = self.const(lb, i * self.tn + j)
+                    cur = lb.value("local_get", [s], F32, name=self.acc_regs)
+                    prod = lb.value("mul", [a[i], bv[j]], F32)
+                    lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
+                          {"name": self.acc_regs})
+
+        self._for(b, 0, bk, 1, "kk", depth, unroll=True)
+        self.report_loop("kk", "loop", 1)
+
+    def _ffma_epilogue(self, b: Builder) -> None:
+        ty, tx = self.gemm_plan.grid
+
+        def per_element(eb: Builder, s: Value) -> None:
+            i, j = self._i(eb, "idiv", s, self.tn), self._i(eb, "mod", s, self.tn)
+            row = self._i(eb, "add", self.ty_i, self._i(eb, "mul", i, ty))
+            col = self._i(eb, "add", self.tx_i, self._i(eb, "mul", j, tx))
+            acc = eb.value("local_get", [s], F32, name=self.acc_regs)
+            self._epilogue_store(eb, row, col, acc)
+
+        # Unrolled so the register array is indexed by constants (no local-memory spill).
+        self._for(b, 0, self.tm * self.tn, 1, "s", per_element, unroll=True)
+        self.report_loop("s", "epilogue", 1)
+
+    def matmul_meta(self) -> dict:
+        g, plan = self.gemm, self.gemm_plan
+        return {"tile_shape": list(g.tile), "simdgroup_grid": list(plan.grid) if plan.unit
+                else [self.T // 32, 1], "threadgroup_size": [self.T, 1, 1],
+                "staging": "threadgroup", "fragment": plan.fragment,
+                "operand_dtype": g.operand_dtype.name, "output_dtype": g.out_dtype.name,
+                "epilogue_regions": g.epilogue_regions,
+                "epilogue_ops": [op.name for op in g.epilogue],
+                "captured_scalars": [p.name for p in g.captured],
+                "k_loop_masked": g.k_loop_masked, "outer_bounds_proven": g.outer_bounds_proven,
+                **({} if plan.unit else {"thread_grid": list(plan.grid),
+                                         "micro_tile": [self.tm, self.tn]})}
