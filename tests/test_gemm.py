@@ -123,7 +123,7 @@ def prepare(kernel, dtype="float32", out="float32", m=64, n=64, k=64, **kw):
 
 
 def fragment_ops(src: str) -> list[str]:
-    return re.findall(r"(simdgroup_\w+|nvcuda::wmma::\w+)\(", src)
+    return re.findall(r"(simdgroup_\w+|metile_frag_\w+)\(", src)
 
 
 @pytest.mark.parametrize("backend", ["msl", "cuda"])
@@ -168,34 +168,47 @@ def test_msl_uses_simdgroup_matrix_without_lane_mapping(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,t", [("float16", "__half"), ("bfloat16", "__nv_bfloat16")])
-def test_cuda_half_types_use_wmma(monkeypatch, dtype, t):
+def test_cuda_half_types_use_tensor_core_mma(monkeypatch, dtype, t):
     monkeypatch.setenv("METILE_BACKEND", "cuda")
     d = prepare(matmul, dtype)
     src = d.source
-    assert "#include <mma.h>" in src
-    assert (f"nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, {t}, "
-            "nvcuda::wmma::row_major>") in src
-    assert "nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>" in src
-    assert src.count("nvcuda::wmma::mma_sync(") == 4  # 2x2 fragments per warp
+    kind = "f16" if dtype == "float16" else "bf16"
+    # mma.sync through inline PTX: NVRTC under MLX cannot include <mma.h>
+    assert "#include" not in src
+    assert f'METILE_MMA_HALF("m16n8k16", "{kind}")' in src
+    assert f"metile_frag_a<{t}> _fa" in src and "metile_frag_acc _facc" in src
+    assert src.count("metile_frag_mma(") - 3 == 4  # 2x2 fragments per warp (+3 helper definitions)
     assert f"__shared__ __align__(32) {t} _sa1[1024];" in src and "__syncwarp();" in src
-    assert "tf32" not in src
-    assert d.variant.data["lowering"]["matmul"]["fragment"] == "wmma 16x16x16"
+    assert "metile_frag_a_tf32 _fa" not in src
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == "mma.sync m16n8k16 (16x16x16 fragments)"
 
 
 def test_cuda_strict_float32_uses_ffma_and_tf32_only_when_relaxed(monkeypatch):
     monkeypatch.setenv("METILE_BACKEND", "cuda")
     strict = prepare(matmul)
-    assert "wmma" not in strict.source and "tf32" not in strict.source
+    assert "mma.sync" not in strict.source and "tf32" not in strict.source
     assert strict.variant.data["lowering"]["matmul"]["fragment"] == "ffma"
     assert "float _acc3[32];" in strict.source  # an 8x4 register micro-tile per thread
     relaxed = prepare(matmul, RELAXED_PRECISION=True)
-    assert "nvcuda::wmma::precision::tf32" in relaxed.source
-    assert "nvcuda::wmma::__float_to_tf32(" in relaxed.source
-    assert relaxed.variant.data["lowering"]["matmul"]["fragment"] == "wmma tf32 16x16x8"
+    assert "metile_frag_a_tf32 _fa" in relaxed.source and "cvt.rna.tf32.f32" in relaxed.source
+    assert relaxed.variant.data["lowering"]["matmul"]["fragment"] == "mma.sync m16n8k8 tf32 (16x16x8 fragments)"
 
 
 def test_cuda_small_tile_falls_to_ffma(monkeypatch):
     # A 16x16 tile over four warps leaves 8x8 per warp: not whole 16x16 WMMA fragments.
     monkeypatch.setenv("METILE_BACKEND", "cuda")
     d = prepare(matmul, "float16", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_simdgroups=4)
-    assert d.variant.data["lowering"]["matmul"]["fragment"] == "ffma" and "wmma" not in d.source
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == "ffma" and "mma.sync" not in d.source
+
+
+def test_gemm_output_coverage_is_proven_when_the_grid_covers_it():
+    # The 2-D tile store writes every element exactly when grid * tile covers
+    # (rows, columns) and the row stride equals columns: no preserve-mask output.
+    m, n, k = 100, 37, 129
+    args = (mx.zeros((m, k)), mx.zeros((k, n)), mx.zeros((m, n)), m, n, k)
+    assert matmul[grid(m, n)].prepare(*args).tracked == []
+    partial = matmul[(1, 1)].prepare(*args)
+    assert partial.tracked == [0] and partial.variant.data["outputs"] == ["output", "output_written"]
+    out = np.array(matmul[(1, 1)](mx.ones((m, k)), mx.ones((k, n)), mx.full((m, n), -1.0), m, n, k))
+    np.testing.assert_array_equal(out[64:], -1.0)  # rows no program wrote keep the passed values
+    np.testing.assert_array_equal(out[:64], float(k))

@@ -204,8 +204,8 @@ REJECTIONS = [
     ("8 SIMD-groups on 32x32 tensor_ops", gemm(tile=(32, 32, 16)), "apple10",
      dict(backend="tensor_ops", num_simdgroups=8),
      "no SIMD-group grid WM x WN = 8 divides the 32x32 tile into whole 16x16 fragments"),
-    ("partial fragment tile", gemm(tile=(64, 64, 4)), "apple9", {},
-     "cannot honour backend='auto': the 64x64x4 tile is not made of whole 8x8x8 simdgroup "
+    ("partial fragment tile", gemm(tile=(64, 64, 4)), "apple9", dict(backend="simdgroup"),
+     "cannot honour backend='simdgroup': the 64x64x4 tile is not made of whole 8x8x8 simdgroup "
      "fragments"),
     ("num_simdgroups vs fixed GEMM lanes", gemm(lanes=256), "apple9", dict(num_simdgroups=4),
      "cannot honour num_simdgroups=4: the kernel fixes 256 lanes (8 SIMD-groups)"),
@@ -300,3 +300,11 @@ def test_traits_validation():
         KernelTraits("elementwise", (256,))
     t = KernelTraits("matmul", (64, 64, 16), operand_dtypes=("f16", "mlx.core.float16"))
     assert t.operand_dtypes == ("float16", "float16") and t.has_dot
+
+
+def test_auto_falls_back_to_scalar_fma_when_no_fragment_fits():
+    plan = plan_schedule(gemm(tile=(64, 64, 4)), TARGETS["apple9"], Schedule())
+    assert plan.backend == "elementwise" and plan.simdgroup_grid is None
+    assert plan.cooperative_layout == "scalar FMA register micro-tiles"
+    assert plan.staging == "threadgroup" and plan.threadgroup_size == (128, 1, 1)
+    assert any("not made of whole 8x8x8 simdgroup fragments" in r for r in plan.reasons)

@@ -251,5 +251,6 @@ class CEmitter:
     def render(self) -> tuple[str, str]:
         """(header, body)"""
         self.block(self.fn.body, 0)
-        header = "\n".join(self.HELPERS[h] for h in sorted(self.helpers_used))
+        # The launch layer pastes the header straight before its own code.
+        header = "".join(self.HELPERS[h] + "\n" for h in sorted(self.helpers_used))
         return header, "\n".join(self.lines) + "\n"

@@ -33,11 +33,97 @@ template <typename T> __device__ __forceinline__ T metile_warp_min(T v) {
 }"""
 
 
-# WMMA (tensor cores); included before the kernel when a fragment is declared.
-_WMMA = """\
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-#include <mma.h>"""
+# Tensor-core fragments through PTX mma.sync (sm_80+).  NVRTC as MLX runs it
+# cannot include <mma.h> (its crt/ part is missing from the CUDA wheels), so
+# metile spells the fragments itself.  A 16x16 tile is held in the register
+# layout of mma.sync m16n8k16 (f16/bf16) or m16n8k8 (tf32), as two n=8 halves:
+# lane l, g = l / 4, t = l % 4.  This layout is private to these helpers; the
+# DSL and the generated body never see it.
+_MMA = """\
+template <typename T> struct metile_frag_a { unsigned r[4]; };
+template <typename T> struct metile_frag_b { unsigned r[4]; };
+struct metile_frag_a_tf32 { unsigned r[4]; };
+struct metile_frag_b_tf32 { unsigned r[4]; };
+struct metile_frag_acc { float x[8]; };
+
+template <typename T> __device__ __forceinline__ unsigned metile_pack2(const T* p, int i, int j) {
+  const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
+  return static_cast<unsigned>(s[i]) | (static_cast<unsigned>(s[j]) << 16);
+}
+__device__ __forceinline__ unsigned metile_to_tf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+// A: 16x16 row-major at p (leading dimension ld).
+template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_a<T>& f, const T* p, int ld) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  f.r[0] = metile_pack2(p, g * ld + 2 * t, g * ld + 2 * t + 1);
+  f.r[1] = metile_pack2(p, (g + 8) * ld + 2 * t, (g + 8) * ld + 2 * t + 1);
+  f.r[2] = metile_pack2(p, g * ld + 2 * t + 8, g * ld + 2 * t + 9);
+  f.r[3] = metile_pack2(p, (g + 8) * ld + 2 * t + 8, (g + 8) * ld + 2 * t + 9);
+}
+// B: 16x16 row-major (K x N) at p; mma.sync wants it column-wise per n=8 half.
+template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_b<T>& f, const T* p, int ld) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int h = 0; h < 2; ++h) {
+    const int n = h * 8 + g;
+    f.r[2 * h] = metile_pack2(p, (2 * t) * ld + n, (2 * t + 1) * ld + n);
+    f.r[2 * h + 1] = metile_pack2(p, (2 * t + 8) * ld + n, (2 * t + 9) * ld + n);
+  }
+}
+// TF32 A: 16x8, B: 8x16, converted with round-to-nearest when loaded.
+__device__ __forceinline__ void metile_frag_load(metile_frag_a_tf32& f, const float* p, int ld) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  f.r[0] = metile_to_tf32(p[g * ld + t]);
+  f.r[1] = metile_to_tf32(p[(g + 8) * ld + t]);
+  f.r[2] = metile_to_tf32(p[g * ld + t + 4]);
+  f.r[3] = metile_to_tf32(p[(g + 8) * ld + t + 4]);
+}
+__device__ __forceinline__ void metile_frag_load(metile_frag_b_tf32& f, const float* p, int ld) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int h = 0; h < 2; ++h) {
+    f.r[2 * h] = metile_to_tf32(p[t * ld + h * 8 + g]);
+    f.r[2 * h + 1] = metile_to_tf32(p[(t + 4) * ld + h * 8 + g]);
+  }
+}
+__device__ __forceinline__ void metile_frag_fill(metile_frag_acc& f, float v) {
+  for (int i = 0; i < 8; ++i) f.x[i] = v;
+}
+__device__ __forceinline__ void metile_frag_store(float* p, const metile_frag_acc& f, int ld) {
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int h = 0; h < 2; ++h) {
+    const int n = h * 8 + 2 * t;
+    p[g * ld + n] = f.x[4 * h];
+    p[g * ld + n + 1] = f.x[4 * h + 1];
+    p[(g + 8) * ld + n] = f.x[4 * h + 2];
+    p[(g + 8) * ld + n + 1] = f.x[4 * h + 3];
+  }
+}
+#define METILE_MMA_HALF(SHAPE, KIND)                                                        \
+  for (int h = 0; h < 2; ++h) {                                                             \
+    float* dd = d.x + 4 * h;                                                                \
+    const float* cc = c.x + 4 * h;                                                          \
+    asm volatile("mma.sync.aligned." SHAPE ".row.col.f32." KIND "." KIND ".f32 "           \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"                 \
+                 : "=f"(dd[0]), "=f"(dd[1]), "=f"(dd[2]), "=f"(dd[3])                        \
+                 : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]),      \
+                   "r"(b.r[2 * h + 1]), "f"(cc[0]), "f"(cc[1]), "f"(cc[2]), "f"(cc[3]));      \
+  }
+__device__ __forceinline__ void metile_frag_mma(metile_frag_acc& d, const metile_frag_a<__half>& a,
+                                                const metile_frag_b<__half>& b, const metile_frag_acc& c) {
+  METILE_MMA_HALF("m16n8k16", "f16")
+}
+__device__ __forceinline__ void metile_frag_mma(metile_frag_acc& d, const metile_frag_a<__nv_bfloat16>& a,
+                                                const metile_frag_b<__nv_bfloat16>& b, const metile_frag_acc& c) {
+  METILE_MMA_HALF("m16n8k16", "bf16")
+}
+__device__ __forceinline__ void metile_frag_mma(metile_frag_acc& d, const metile_frag_a_tf32& a,
+                                                const metile_frag_b_tf32& b, const metile_frag_acc& c) {
+  METILE_MMA_HALF("m16n8k8", "tf32")
+}
+#undef METILE_MMA_HALF
+"""
 
 
 class CUDAEmitter(CEmitter):
@@ -58,37 +144,34 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "wmma": _WMMA}
-    # Tensor cores through WMMA.  Strict float32 has no unit (FFMA register tiles);
-    # TF32 only under the kernel's RELAXED_PRECISION=True.
-    MATRIX_UNITS = (MatrixUnit("wmma 16x16x16", (16, 16, 16), ("float16", "bfloat16")),
-                    MatrixUnit("wmma tf32 16x16x8", (16, 16, 8), ("float32",), relaxed_only=True,
-                               convert="tf32"))
+    HELPERS = {"warp": _WARP, "mma": _MMA}
+    # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
+    # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
+    MATRIX_UNITS = (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16),
+                               ("float16", "bfloat16")),
+                    MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8),
+                               ("float32",), relaxed_only=True, convert="tf32"))
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
-        "fill": "nvcuda::wmma::fill_fragment({frag}, {value});",
-        "load": "nvcuda::wmma::load_matrix_sync({frag}, &{root}[{offset}], {ld});",
-        "load_tf32": "nvcuda::wmma::load_matrix_sync({frag}, &{root}[{offset}], {ld});\n"
-                     "for (int _t = 0; _t < {frag}.num_elements; ++_t) "
-                     "{frag}.x[_t] = nvcuda::wmma::__float_to_tf32({frag}.x[_t]);",
-        "store": "nvcuda::wmma::store_matrix_sync(&{root}[{offset}], {frag}, {ld}, "
-                 "nvcuda::wmma::mem_row_major);",
-        "mma": "nvcuda::wmma::mma_sync({d}, {a}, {b}, {c});",
+        "fill": "metile_frag_fill({frag}, {value});",
+        "load": "metile_frag_load({frag}, &{root}[{offset}], {ld});",
+        # the tf32 fragment types round while loading
+        "load_tf32": "metile_frag_load({frag}, &{root}[{offset}], {ld});",
+        "store": "metile_frag_store(&{root}[{offset}], {frag}, {ld});",
+        "mma": "metile_frag_mma({d}, {a}, {b}, {c});",
     }
     SIMD_BARRIER = "__syncwarp();"
 
     def fragment_type(self, role, dtype, shape) -> str:
-        self.helpers_used.add("wmma")
-        m, n, k = shape
+        self.helpers_used.add("mma")
         if role == "acc":
-            return f"nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {m}, {n}, {k}, float>"
-        t = "nvcuda::wmma::precision::tf32" if dtype.name == "float32" else self.TYPES[dtype.name]
-        use = "matrix_a" if role == "a" else "matrix_b"
-        return (f"nvcuda::wmma::fragment<nvcuda::wmma::{use}, {m}, {n}, {k}, {t}, "
-                f"nvcuda::wmma::row_major>")
+            return "metile_frag_acc"
+        if dtype.name == "float32":
+            return f"metile_frag_{role}_tf32"
+        return f"metile_frag_{role}<{self.TYPES[dtype.name]}>"
 
     def shared_decl(self, t: str, name: str, size: int, align: int) -> str:
-        # WMMA loads/stores need 256-bit aligned pointers.
+        # Keeps fragment tiles aligned for wide loads.
         if align:
             return f"__shared__ __align__({align}) {t} {name}[{size}];"
         return super().shared_decl(t, name, size, align)

@@ -13,7 +13,15 @@ contents.  The recognised form is the canonical 1-D block store
 as the only store to `Out`, at the top level of the kernel (not under an if
 or a loop) and with `Out` never loaded.  It covers [0, grid[0] * BLOCK)
 intersected with [0, n); the launch checks `grid[0] * BLOCK >= Out.size` and
-`n >= Out.size` against the actual arguments.  Any other store pattern is
+`n >= Out.size` against the actual arguments.  The 2-D form (a GEMM's output
+tile, pointer or tensor-view spelling alike)
+
+    rows = program_id(a) * BM + arange(0, BM)      (along tile dim 0)
+    cols = program_id(b) * BN + arange(0, BN)      (along tile dim 1)
+    store(Out + rows[:, None] * S + cols[None, :], value, mask=(rows < M) & (cols < N))
+
+writes exactly [0, M * N) when S == N; the launch checks S == N, both grid
+axes cover M and N, and M * N >= Out.size.  Any other store pattern is
 conservatively "not proven" (the launch then preserves unwritten elements).
 """
 
@@ -31,7 +39,11 @@ class Coverage:
     bound: str | None       # scalar parameter n in `mask = offs < n`, or None (no mask)
     bound_const: int | None = None
 
-    def covers(self, grid0: int, size: int, args: dict) -> bool:
+    def to_json(self) -> list:
+        return ["1d", self.block, self.bound, self.bound_const]
+
+    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        grid0 = grid[0]
         if grid0 * self.block < size:
             return False
         if self.bound is not None:
@@ -40,6 +52,39 @@ class Coverage:
         if self.bound_const is not None:
             return self.bound_const >= size
         return True
+
+
+Scalar = "int | str"  # a constant, or the name of a runtime scalar parameter
+
+
+def _value(s, args: dict):
+    return s if isinstance(s, int) else args.get(s)
+
+
+@dataclass(frozen=True)
+class TileCoverage:
+    """The 2-D tile store of the module docstring."""
+
+    axes: tuple[int, int]       # program_id axis of the row and column index
+    blocks: tuple[int, int]     # BM, BN
+    bounds: tuple              # M, N (Scalar)
+    row_stride: object         # S (Scalar)
+
+    def to_json(self) -> list:
+        return ["2d", list(self.axes), list(self.blocks), list(self.bounds), self.row_stride]
+
+    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        m, n, s = (_value(b, args) for b in (*self.bounds, self.row_stride))
+        if not all(isinstance(x, int) for x in (m, n, s)) or s != n:
+            return False
+        (ra, ca), (bm, bn) = self.axes, self.blocks
+        return grid[ra] * bm >= m and grid[ca] * bn >= n and m * n >= size
+
+
+def coverage_from_json(data: list):
+    if data[0] == "2d":
+        return TileCoverage(tuple(data[1]), tuple(data[2]), tuple(data[3]), data[4])
+    return Coverage(*data[1:])
 
 
 def _root(v: Value) -> PointerType | None:
@@ -90,7 +135,106 @@ def _block_offsets(v: Value) -> int | None:
     return None
 
 
-def store_coverage(fn: Function, loaded: set[str]) -> dict[str, Coverage]:
+def _layout(v: Value) -> tuple[int, int] | None:
+    """(tile dim, block) of `arange(0, B)`, possibly moved by expand_dims/broadcast."""
+    op = _def(v)
+    if op is None:
+        return None
+    if op.name == "arange":
+        return (0, op.attrs["end"]) if op.attrs["start"] == 0 else None
+    if op.name == "broadcast":
+        return _layout(op.operands[0])
+    if op.name == "expand_dims":
+        inner = _layout(op.operands[0])
+        if inner is None:
+            return None
+        return (inner[0] + (1 if op.attrs["axis"] <= inner[0] else 0), inner[1])
+    return None
+
+
+def _index(v: Value) -> tuple[int, int, int] | None:
+    """(tile dim, block, program axis) if v == program_id(axis) * B + arange(0, B) along a dim."""
+    op = _def(v)
+    while op is not None and op.name == "broadcast":
+        op = _def(op.operands[0])
+    if op is None or op.name != "add":
+        return None
+    for a, b in (op.operands, op.operands[::-1]):
+        lay, base = _layout(a), _def(_strip(b))
+        if lay is None or base is None or base.name != "mul":
+            continue
+        for pid, c in (base.operands, base.operands[::-1]):
+            p, k = _def(pid), _def(c)
+            if p is not None and p.name == "program_id" and k is not None and k.name == "const" \
+                    and k.attrs["value"] == lay[1]:
+                return (lay[0], lay[1], p.attrs["axis"])
+    return None
+
+
+def _scalar(v: Value, params: dict):
+    v = _strip(v)
+    if id(v) in params:
+        return params[id(v)]
+    op = _def(v)
+    if op is not None and op.name == "const" and isinstance(op.attrs["value"], int):
+        return op.attrs["value"]
+    return None
+
+
+def _terms(v: Value, params: dict) -> list | None:
+    """v as a sum of (index, coefficient) terms (+ zero constants), or None."""
+    idx = _index(v)
+    if idx is not None:
+        return [(idx, 1)]
+    op = _def(v)
+    if op is None:
+        return None
+    if op.name == "broadcast":
+        return _terms(op.operands[0], params)
+    if op.name == "add":
+        parts = [_terms(x, params) for x in op.operands]
+        return None if None in parts else parts[0] + parts[1]
+    if op.name == "splat" and _scalar(v, params) == 0:
+        return []
+    if op.name == "mul":
+        for x, c in (op.operands, op.operands[::-1]):
+            inner, coef = _terms(x, params), _scalar(c, params)
+            if inner is not None and len(inner) == 1 and inner[0][1] == 1 and coef is not None:
+                return [(inner[0][0], coef)]
+    return None
+
+
+def _bounds(mask: Value, params: dict) -> dict | None:
+    """{index: bound} for mask == (index < bound) & ... (broadcasts looked through)."""
+    op = _def(mask)
+    if op is None:
+        return None
+    if op.name == "broadcast":
+        return _bounds(op.operands[0], params)
+    if op.name == "and":
+        parts = [_bounds(x, params) for x in op.operands]
+        return None if None in parts else {**parts[0], **parts[1]}
+    if op.name == "lt":
+        idx, bound = _index(op.operands[0]), _scalar(op.operands[1], params)
+        return None if idx is None or bound is None else {idx: bound}
+    return None
+
+
+def _tile_coverage(offs: Value, mask: Value | None, params: dict) -> TileCoverage | None:
+    terms = _terms(offs, params)
+    if terms is None or mask is None or len(terms) != 2:
+        return None
+    by_dim = {idx[0]: (idx, coef) for idx, coef in terms}
+    bounds = _bounds(mask, params)
+    if set(by_dim) != {0, 1} or bounds is None:
+        return None
+    (row, stride), (col, unit) = by_dim[0], by_dim[1]
+    if unit != 1 or row[2] == col[2] or row not in bounds or col not in bounds:
+        return None
+    return TileCoverage((row[2], col[2]), (row[1], col[1]), (bounds[row], bounds[col]), stride)
+
+
+def store_coverage(fn: Function, loaded: set[str]) -> dict:
     stores: dict[str, list[Op]] = {}
     for op in walk(fn.body):
         if op.name == "store" and (p := _root(op.operands[0])) and p.space == "device":
@@ -110,6 +254,10 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict[str, Coverage]:
             continue
         block = _block_offsets(offs)
         if block is None:
+            tile = _tile_coverage(offs, store.operands[2] if len(store.operands) == 3 else None,
+                                  params)
+            if tile is not None:
+                out[root] = tile
             continue
         if len(store.operands) == 2:
             out[root] = Coverage(block, None)

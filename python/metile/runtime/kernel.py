@@ -30,8 +30,8 @@ from ..frontend import CompilationError, LaunchError, build_tile_ir, constexpr_p
 from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..language import dtypes as dt
-from ..passes.buffer_usage import Coverage, buffer_roles, store_coverage
-from ..passes.lower_tiles import choose_threads, gemm_threads, lower_tiles
+from ..passes.buffer_usage import buffer_roles, coverage_from_json, store_coverage
+from ..passes.lower_tiles import lower_tiles
 from ..passes.uniformity import check_uniformity
 from ..ir.core import Loc
 from ..schedule import Schedule, ScheduleError
@@ -156,7 +156,7 @@ class Specialization:
             self.entry = self._analyze()
             cache.disk_store(self.key, self.entry)
         self.outputs: list[str] = self.entry["outputs"]
-        self.coverage = {k: Coverage(*v) for k, v in self.entry["coverage"].items()}
+        self.coverage = {k: coverage_from_json(v) for k, v in self.entry["coverage"].items()}
         self.threads: int = self.entry["threads"]
         self.variants: dict[tuple, Variant] = {}
         self.plan = planning.SchedulePlan.from_dict(self.entry["plan"])
@@ -179,16 +179,18 @@ class Specialization:
         names = self.kernel.param_names
         outputs = [n for n in names if n in stored]
         cov = store_coverage(fn, loaded)
-        threads = gemm_threads(fn, matrix_units(self.backend), self.threads_req) or \
-            choose_threads(fn, self.threads_req)
         try:
-            bounds = tuple(sorted({c.bound for c in cov.values() if c.bound}))
-            plan = planning.make_plan(fn, threads, self.constexprs, self.int_values, self.schedule,
-                                      planning.target_for_backend(self.backend), bounds)
+            bounds = tuple(sorted({c.bound for c in cov.values() if getattr(c, "bound", None)}))
+            tiles = [c.bounds for c in cov.values() if hasattr(c, "bounds")]
+            plan, threads = planning.make_plan(
+                fn, self.constexprs, self.int_values, self.schedule,
+                planning.target_for_backend(self.backend), threads_req=self.threads_req,
+                units=matrix_units(self.backend), mask_bounds=bounds,
+                tile_bounds=tiles[0] if tiles else None)
         except ScheduleError as e:
             raise CompilationError(str(e), self.kernel.loc) from None
         return {"outputs": outputs, "plan": plan.to_dict(), "loaded_outputs": sorted(loaded & stored),
-                "coverage": {k: [c.block, c.bound, c.bound_const] for k, c in cov.items()},
+                "coverage": {k: c.to_json() for k, c in cov.items()},
                 "threads": threads, "variants": {}}
 
     def variant(self, proven: tuple) -> Variant:
@@ -247,7 +249,11 @@ class Specialization:
             header, body = emit_msl(thread_fn)
         if self.backend in debug_flags():
             print(f"// metile kernel {fn.name} ({self.key[:12]})\n{header}\n{body}", file=sys.stdout)
-        passes = fn.meta["passes"] + ["placement", "lower_tiles", "verify", f"emit_{self.backend}"]
+        matmul = thread_fn.meta.get("matmul") or {}
+        gemm = ["lower_matmul"] + (["fuse_epilogue"] if matmul.get("epilogue_regions") else []) \
+            if matmul else []
+        passes = fn.meta["passes"] + ["plan_schedule", "placement", "lower_tiles", *gemm, "verify",
+                                      f"emit_{self.backend}"]
         report = planning.make_report(self.plan, thread_fn, passes,
                                       planning.target_for_backend(self.backend))
         planning.dump(fn.name, self.plan, report)
@@ -425,7 +431,7 @@ class Dispatch:
                                       f"array")
         scalars = {n: v for n, v in runtime.items() if specs[n][0] == "scalar"}
         proven = tuple(
-            n in spec.coverage and spec.coverage[n].covers(grid[0], runtime[n].size, scalars)
+            n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars)
             for n in outputs)
         self.variant = spec.variant(proven)
         d = self.variant.data

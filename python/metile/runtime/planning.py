@@ -8,8 +8,13 @@ the plan (it is rebuilt from the thread-form IR that the emitter printed), so
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..ir.core import Function, walk
 from ..ir.types import TileType
+from ..passes.gemm import find_gemm
+from ..passes.lower_matmul import plan_gemm
+from ..passes.lower_tiles import choose_threads, relaxed_precision
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
                         SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
 from ..schedule.report import debug_dump, validate_report
@@ -50,14 +55,6 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
     relaxed = bool(constexprs.get("RELAXED_PRECISION", False))
     shared = [op for op in ops if op.name == "shared_alloc"]
     shared_bytes = sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared)
-    matmul = fn.meta.get("matmul")
-    if "dot" in names and matmul:
-        bm, bn, bk = matmul["tile_shape"]
-        extents = matmul.get("extent_params", ())
-        divisible = tuple(
-            (scalars[p] % t == 0) if p in scalars else None for p, t in zip(extents, (bm, bn, bk)))
-        return KernelTraits("matmul", (bm, bn, bk), None, _dot_dtypes(fn), "float32", divisible,
-                            None, relaxed, True, shared_bytes, 1)
     kind = "reduction" if names & set(_REDUCING) else "elementwise"
     largest = max((r.type.numel for op in ops for r in op.results if isinstance(r.type, TileType)),
                   default=threads)
@@ -73,12 +70,7 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
                         bool(shared), shared_bytes, 0)
 
 
-def make_plan(fn: Function, threads: int, constexprs: dict, scalars: dict,
-              schedule: Schedule | None, target: Target, mask_bounds: tuple[str, ...] = ()
-              ) -> SchedulePlan:
-    traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
-    plan = plan_schedule(traits, target, schedule)
-    check_legacy_geometry(constexprs, plan, schedule)
+def _reject_unmaterialized(plan: SchedulePlan) -> None:
     # Requirements the lowering cannot materialize yet are rejected here, by
     # name, instead of being silently ignored.
     if plan.vector_width == 4:
@@ -87,10 +79,52 @@ def make_plan(fn: Function, threads: int, constexprs: dict, scalars: dict,
     if plan.double_buffer:
         raise ScheduleError("double_buffer=True", "metile's lowering does not materialize software "
                                                   "double buffering yet (not implemented)")
-    if traits.kind != "matmul" and plan.threadgroup_size[0] != threads:
+
+
+def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, target: Target,
+               units, threads_req, tile_bounds) -> tuple[SchedulePlan, int]:
+    params = {id(p.value): p.name for p in fn.params if p.value is not None}
+    k_extent = params.get(id(g.loop.operands[1]))
+    extents = (*(tile_bounds or (None, None)), k_extent)
+    divisible = tuple(scalars[p] % t == 0 if isinstance(p, str) and p in scalars else None
+                      for p, t in zip(extents, g.tile))
+    shared = [op for op in walk(fn.body) if op.name == "shared_alloc"]
+    traits = KernelTraits("matmul", g.tile, threads_req, (g.operand_dtype.name,) * 2, "float32",
+                          divisible, None, relaxed_precision(fn), True,
+                          sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared),
+                          1)
+    plan = plan_schedule(traits, target, schedule)
+    check_legacy_geometry(constexprs, plan, schedule)
+    _reject_unmaterialized(plan)
+    # The GEMM lowering places fragments for the backend's own matrix unit
+    # within the planned thread count; the plan records what it chose.
+    gp = plan_gemm(g, units, relaxed_precision(fn), plan.threadgroup_size[0])
+    why = (f"Lowered with {gp.fragment} on a {gp.grid[0]}x{gp.grid[1]} "
+           f"{'SIMD-group' if gp.unit else 'thread'} grid.")
+    plan = dataclasses.replace(plan, threadgroup_size=(gp.threads, 1, 1),
+                               simdgroup_grid=tuple(gp.grid) if gp.unit else None,
+                               reasons=plan.reasons + (why,))
+    return plan, gp.threads
+
+
+def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule | None,
+              target: Target, *, threads_req: int | None, units=(), mask_bounds: tuple = (),
+              tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int]:
+    """(plan, threads) for a specialized tile-form kernel; ScheduleError when the
+    schedule cannot be honoured."""
+    g = find_gemm(fn)
+    if g is not None:
+        return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
+                          tile_bounds)
+    threads = choose_threads(fn, threads_req)
+    traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
+    plan = plan_schedule(traits, target, schedule)
+    check_legacy_geometry(constexprs, plan, schedule)
+    _reject_unmaterialized(plan)
+    if plan.threadgroup_size[0] != threads:
         raise ScheduleError("threadgroup size", f"the plan asks for {plan.threadgroup_size[0]} "
                                                 f"threads but lowering traced {threads}")
-    return plan
+    return plan, threads
 
 
 def _loops(thread_fn: Function) -> list[LoopReport]:

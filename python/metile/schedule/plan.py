@@ -25,6 +25,10 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4,
 _DEFAULT_SIMDGROUPS = (4, 2, 8, 1, 16, 32)  # automatic GEMM preference, first that tiles
 
 
+class FragmentShapeError(ScheduleError):
+    """The tile is not made of whole fragments of a matrix path."""
+
+
 def dtype_name(dtype) -> str:
     """"float32" for a metile DType, an mx.Dtype or an alias string."""
     name = str(getattr(dtype, "name", dtype))
@@ -258,7 +262,7 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule) -> ScheduleP
         if path is None:
             raise _missing_backend(s.backend, target)
         return _matmul_with(path, traits, target, s, explicit=True)
-    skipped, error = [], None
+    skipped, errors = [], []
     for path in target.matrix_paths:
         if path.backend == "simdgroup_inline":
             continue
@@ -266,10 +270,31 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule) -> ScheduleP
             plan = _matmul_with(path, traits, target, s, explicit=False)
         except ScheduleError as e:
             skipped.append(f"{path.backend} not selected: {e.reason}.")
-            error = e
+            errors.append(e)
             continue
         return _with_reasons(plan, skipped + list(plan.reasons))
-    raise error if error is not None else _missing_backend("simdgroup", target)
+    if errors and all(isinstance(e, FragmentShapeError) for e in errors) and \
+            s.vector_width is None and not s.double_buffer:
+        return _scalar_matmul(traits, target, s, skipped)
+    raise errors[-1] if errors else _missing_backend("simdgroup", target)
+
+
+def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: list[str]
+                   ) -> SchedulePlan:
+    """Automatic fallback when no matrix unit fits the tile: each thread keeps a
+    register micro-tile and multiplies with scalar FMAs (staged operands)."""
+    nsg = s.num_simdgroups or (traits.lanes // target.simd_width if traits.lanes else 4)
+    threads = nsg * target.simd_width
+    if threads > target.max_threads_per_threadgroup:
+        raise ScheduleError(s.requirement("num_simdgroups"),
+                            f"{threads} threads exceed {target.name}'s limit of "
+                            f"{target.max_threads_per_threadgroup}")
+    bm, bn, bk = traits.tile_shape
+    reasons = skipped + ["No matrix unit fits the tile: threads multiply register micro-tiles "
+                         "with scalar FMAs from threadgroup-staged operands."]
+    bounds = traits.divisible(0) is True and traits.divisible(1) is True
+    return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), "threadgroup", None,
+                        s.double_buffer, tuple(reasons), "scalar FMA register micro-tiles", bounds)
 
 
 def _with_reasons(plan: SchedulePlan, reasons: list[str]) -> SchedulePlan:
@@ -352,8 +377,8 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
     bm, bn, bk = traits.tile_shape
     fm, fn, fk = path.fragment
     if bm % fm or bn % fn or bk % fk:
-        raise ScheduleError(req, f"the {bm}x{bn}x{bk} tile is not made of whole {fm}x{fn}x{fk} "
-                                 f"{name} fragments")
+        raise FragmentShapeError(req, f"the {bm}x{bn}x{bk} tile is not made of whole "
+                                      f"{fm}x{fn}x{fk} {name} fragments")
 
     nsg = s.num_simdgroups
     lanes_nsg = None if traits.lanes is None else traits.lanes // target.simd_width
@@ -366,8 +391,9 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
     grid = None if nsg is None else _factor_grid(nsg, bm, bn, fm, fn)
     if grid is None:
         named = s.requirement("num_simdgroups") if s.num_simdgroups is not None else req
-        raise ScheduleError(named, f"no SIMD-group grid WM x WN = {nsg} divides the {bm}x{bn} tile "
-                                   f"into whole {fm}x{fn} fragments")
+        error = FragmentShapeError if s.num_simdgroups is None else ScheduleError
+        raise error(named, f"no SIMD-group grid WM x WN = {nsg} divides the {bm}x{bn} tile "
+                           f"into whole {fm}x{fn} fragments")
     threads = nsg * target.simd_width
     if threads > target.max_threads_per_threadgroup:
         raise ScheduleError(s.requirement("num_simdgroups"),

@@ -91,7 +91,8 @@ def _apple(name: str, chips: str, m5: bool = False) -> Target:
 # CUDA: warp MMA (mma.sync m16n8k8) plays the SIMD-group matrix role.  Strict
 # float32 is legal but runs as FFMA; TF32 tensor cores need relaxed precision,
 # which the planner reports rather than silently applying.
-_CUDA_SG = MatrixPath("simdgroup", (16, 8, 8), (_F16, _BF16), relaxed_dtypes=(_F32,),
+# metile's CUDA fragments are 16x16 tiles of mma.sync m16n8k16 (m16n8k8 for tf32)
+_CUDA_SG = MatrixPath("simdgroup", (16, 16, 8), (_F16, _BF16), relaxed_dtypes=(_F32,),
                       fallback_dtypes=(_F32,), layout="warp MMA fragments (opaque lane ownership)",
                       summary="Warp-level MMA instructions (tensor cores) with float32 "
                               "accumulators")
