@@ -6,11 +6,11 @@ set -uo pipefail
 repo=$(pwd)
 out=${OUT:-/tmp}
 export MLX_ENABLE_TF32=0
-subset="float32 and (vector_add or scale_bias or softmax or layernorm or transpose or matmul or block_sum or relaunch)"
+subset="float32 and (vector_add or scale_bias or softmax or layernorm or transpose or matmul or block_sum or relaunch) or ragged_shapes or affine"
 cd /tmp
 for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 99 \
-    python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_dsl_kernels.py" "$repo/tests/test_cuda_kernel.py" \
+    python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_dsl_kernels.py" "$repo/tests/test_cuda_kernel.py" "$repo/tests/test_gemm.py" "$repo/tests/test_epilogue.py" \
     -k "$subset or cu_ or shared_memory" > "$out/sanitizer-$tool.log" 2>&1
   echo "== $tool exit $? =="
   grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool.log" | tail -3

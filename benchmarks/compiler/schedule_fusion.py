@@ -1,0 +1,191 @@
+"""GEMM epilogue fusion: one fused metile dispatch against the same matmul plus a
+separate pointwise dispatch, and against MLX under mx.compile.
+
+    MLX_ENABLE_TF32=0 python -m benchmarks.compiler.schedule_fusion --sizes 64 256 1024 \
+        [--dtype float32|float16|bfloat16] [--rounds 5] --output results.json
+
+The operation is out = leaky_relu(alpha * (A @ B) + beta) on square matrices
+(alpha=1.25, beta=-0.5, slope 0.1).  Before timing, every variant is checked
+against NumPy (float64 reference of the same rounded inputs); float32 uses the
+strict rtol=3e-4, atol=3e-5 and needs MLX_ENABLE_TF32=0 set before Python
+starts (MLX's CUDA default is TF32), otherwise the benchmark refuses to run.
+
+Timing: each variant is an mx.compile'd function over resident inputs (so a
+call costs a few microseconds of host time for metile and MLX alike); a sample
+enqueues `launches` independent calls and synchronises once; variants of a
+pair alternate in ABAB/BABA order and each reported latency is the median over
+rounds.  The two pairs (fused vs two launches, fused vs mx.compile) are timed
+separately, like the recorded M5 report this file's JSON follows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+import metile
+from metile.runtime import cache
+from metile_kernels.gemm import grid, matmul, matmul_epilogue
+
+ALPHA, BETA, SLOPE = 1.25, -0.5, 0.1
+TOLERANCE = {"float32": (3e-4, 3e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
+
+
+@metile.kernel
+def affine_leaky(X, Y, alpha, beta, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    scaled = metile.load(X + offs, mask=mask).to(metile.float32) * alpha + beta
+    metile.store(Y + offs, metile.where(scaled > 0, scaled, scaled * SLOPE).to(Y.dtype), mask=mask)
+
+
+def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    z = ALPHA * (a.astype(np.float64) @ b.astype(np.float64)) + BETA
+    return np.where(z > 0, z, SLOPE * z)
+
+
+def variants(n: int, dtype):
+    out = mx.zeros((n, n), dtype)
+    g = grid(n, n)
+
+    def fused(a, b):
+        return matmul_epilogue[g](a, b, out, n, n, n, ALPHA, BETA, EPILOGUE="affine_leaky",
+                                  NEGATIVE_SLOPE=SLOPE)
+
+    def two_launches(a, b):
+        product = matmul[g](a, b, mx.zeros((n, n), mx.float32), n, n, n)
+        return affine_leaky[(metile.cdiv(n * n, 1024),)](product, out, ALPHA, BETA, n * n, BLOCK=1024)
+
+    def mlx(a, b):
+        z = (a @ b).astype(mx.float32) * ALPHA + BETA
+        return mx.where(z > 0, z, SLOPE * z).astype(dtype)
+
+    return {"fused": mx.compile(fused), "two_launches": mx.compile(two_launches),
+            "mlx_compile": mx.compile(mlx)}
+
+
+def sample(fn, a, b, launches: int) -> float:
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval([fn(a, b) for _ in range(launches)])
+    mx.synchronize()
+    return (time.perf_counter() - start) / launches
+
+
+def pair(first, second, a, b, launches: int, rounds: int) -> tuple[float, float]:
+    times = ([], [])
+    for r in range(rounds):
+        order = [(first, times[0]), (second, times[1])]
+        for fn, sink in order if r % 2 == 0 else order[::-1]:
+            sink.append(sample(fn, a, b, launches))
+    return float(np.median(times[0])), float(np.median(times[1]))
+
+
+def reports(n: int, dtype, a, b) -> dict:
+    g = grid(n, n)
+    fused = matmul_epilogue[g].prepare(a, b, mx.zeros((n, n), dtype), n, n, n, ALPHA, BETA,
+                                       EPILOGUE="affine_leaky", NEGATIVE_SLOPE=SLOPE)
+    product = matmul[g].prepare(a, b, mx.zeros((n, n), mx.float32), n, n, n)
+    pointwise = affine_leaky[(metile.cdiv(n * n, 1024),)].prepare(
+        mx.zeros((n, n)), mx.zeros((n, n), dtype), ALPHA, BETA, n * n, BLOCK=1024)
+    return {"fused": fused.execution_report.to_dict(), "product": product.execution_report.to_dict(),
+            "separate_epilogue": pointwise.execution_report.to_dict()}
+
+
+def device_name() -> str:
+    info = mx.device_info()
+    return info.get("device_name", str(mx.default_device()))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target-ms", type=float, default=50.0, help="wall time per sample")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    if args.dtype == "float32" and os.environ.get("MLX_ENABLE_TF32") != "0":
+        sys.exit("strict float32 comparison: set MLX_ENABLE_TF32=0 before starting Python "
+                 "(MLX would otherwise use TF32 for its matmul)")
+    dtype = getattr(mx, args.dtype)
+    rtol, atol = TOLERANCE[args.dtype]
+    cases = []
+    for n in args.sizes:
+        rng = np.random.default_rng(args.seed + n)
+        a = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
+        b = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
+        ref = reference(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
+        fns = variants(n, dtype)
+        errors = {}
+        for name, fn in fns.items():
+            got = np.array(fn(a, b).astype(mx.float32)).astype(np.float64)
+            np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol,
+                                       err_msg=f"{name} at {n}^3 disagrees with NumPy")
+            errors[name] = float(np.abs(got - ref).max())
+        # Enough launches per sample to fill ~target-ms of wall time.
+        one = sample(fns["fused"], a, b, 2)
+        launches = int(min(500, max(3, args.target_ms / 1e3 / max(one, 1e-6))))
+        fused_us, two_us = pair(fns["fused"], fns["two_launches"], a, b, launches, args.rounds)
+        fused2_us, mlx_us = pair(fns["fused"], fns["mlx_compile"], a, b, launches, args.rounds)
+        case = {
+            "shape": [n, n, n], "seed": args.seed + n, "launches_per_sample": launches,
+            "max_absolute_error": {"metile_fused": errors["fused"],
+                                   "metile_two_launches": errors["two_launches"],
+                                   "mlx_compile": errors["mlx_compile"]},
+            "fusion_pair_us": {"fused": fused_us * 1e6, "two_launches": two_us * 1e6,
+                               "speedup": two_us / fused_us},
+            "mlx_pair_us": {"fused": fused2_us * 1e6, "mlx_compile": mlx_us * 1e6,
+                            "speedup": mlx_us / fused2_us},
+            "execution_reports": reports(n, dtype, a, b),
+        }
+        cases.append(case)
+        print(f"{n:5d}^3 {args.dtype}: fused {fused_us * 1e6:9.1f} us  two launches {two_us * 1e6:9.1f} us "
+              f"({case['fusion_pair_us']['speedup']:.2f}x)  |  fused {fused2_us * 1e6:9.1f} us  "
+              f"mx.compile {mlx_us * 1e6:9.1f} us ({case['mlx_pair_us']['speedup']:.2f}x)  "
+              f"[{case['execution_reports']['fused']['plan']['backend']}]")
+
+    source = Path(__file__).read_bytes()
+    report = {
+        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "platform": platform.platform(),
+        "compiler_implementation": cache.compiler_fingerprint(),
+        "benchmark_source_sha256": hashlib.sha256(source).hexdigest(),
+        "device": device_name(),
+        "mlx_version": mx.__version__,
+        "environment": {"MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32")},
+        "metric": "alternating, per-invocation synchronized wall latency of mx.compile'd calls; "
+                  "setup excluded",
+        "precision_comparison": {
+            "class": "same_storage_precision",
+            "storage": f"{args.dtype} inputs and outputs; float32 accumulation and epilogue",
+            "metile": "FP32 accumulation, RELAXED_PRECISION=False",
+            "mlx": f"mx.compile with {args.dtype} inputs and MLX_ENABLE_TF32="
+                   f"{os.environ.get('MLX_ENABLE_TF32')}",
+            "reference": "NumPy float64 matmul and epilogue of the same rounded inputs; "
+                         "tolerance, not bitwise equivalence",
+            "rtol": rtol, "atol": atol, "bitwise_exact": False,
+        },
+        "configuration": {"sizes": args.sizes, "dtype": args.dtype, "seed": args.seed,
+                          "rounds": args.rounds, "target_ms": args.target_ms,
+                          "output": args.output},
+        "cases": cases,
+    }
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
