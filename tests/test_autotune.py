@@ -62,3 +62,18 @@ def test_legacy_num_sg_sets_the_simdgroup_count():
     assert d.schedule_plan.threadgroup_size == (256, 1, 1)
     with pytest.raises(metile.LaunchError, match="NUM_SG=8 contradicts num_simdgroups=4"):
         scaled_copy[(1,)].prepare(x, mx.zeros((100,)), 100, 1.0, BLOCK=128, NUM_SG=8, num_simdgroups=4)
+
+
+def test_key_arguments_select_their_own_winner(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128)], key=["alpha"],
+                            warmup=1, reps=1)(scaled_copy)
+    x = mx.ones((100,))
+    tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    assert tuned.last_result.from_cache
+    out = tuned[grid](x, mx.zeros((100,)), 100, 3.0)  # alpha is a key: measured again
+    assert not tuned.last_result.from_cache
+    np.testing.assert_array_equal(np.array(out), np.full(100, 3.0))
+    with pytest.raises(ValueError, match="key names unknown parameters"):
+        metile.autotune(configs=[metile.Config(BLOCK=64)], key=["size"])(scaled_copy)

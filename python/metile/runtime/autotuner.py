@@ -1,13 +1,16 @@
 """`@metile.autotune(configs=[...])`: pick a kernel's meta-parameters by
 measuring them, once per tuning key (see `runtime.tuning`).
 
-    @metile.autotune(configs=[metile.Config(BLOCK=256), metile.Config(BLOCK=1024, num_simdgroups=8)])
+    @metile.autotune(configs=[metile.Config(BLOCK=256), metile.Config(BLOCK=1024, num_simdgroups=8)],
+                     key=["n"])
     @metile.kernel
     def add(X, Y, Z, n, BLOCK: metile.constexpr): ...
 
     z = add[lambda meta: (metile.cdiv(meta["n"], meta["BLOCK"]),)](x, y, z, n)
 
-The grid may depend on the candidate's meta-parameters (a callable of the
+Arrays enter the tuning key by type, dtype, shape and strides and integer
+scalars by value; `key` names further arguments (e.g. floats) whose values
+should select their own winner.  The grid may depend on the candidate's meta-parameters (a callable of the
 bound arguments).  Candidates that cannot compile or that the schedule rejects
 are skipped with their reason; each candidate's outputs are checked against
 the first usable one before it is timed.
@@ -39,13 +42,18 @@ def _outputs_close(outs, reference) -> bool:
 
 
 class Autotuned:
-    def __init__(self, kernel: Kernel, configs, warmup: int, reps: int):
+    def __init__(self, kernel: Kernel, configs, key, warmup: int, reps: int):
         if not isinstance(kernel, Kernel):
             raise TypeError("metile.autotune decorates a @metile.kernel (put it above @metile.kernel)")
         configs = list(configs)
         if not configs or not all(isinstance(c, Config) for c in configs):
             raise TypeError("metile.autotune needs a non-empty list of metile.Config")
+        unknown = [k for k in key if k not in kernel.param_names]
+        if unknown:
+            raise ValueError(f"metile.autotune key names unknown parameters {unknown}; "
+                             f"{kernel.fn.__name__} has {kernel.param_names}")
         self.kernel, self.configs, self.warmup, self.reps = kernel, configs, warmup, reps
+        self.key = tuple(key)
         self.last_result: tuning.TuneResult | None = None
 
     def __getitem__(self, grid):
@@ -78,7 +86,7 @@ class _TunedLauncher:
             operands={k: v for k, v in bound.items() if k not in overrides},
             overrides=overrides, grid=None if callable(self.grid) else self.grid,
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
-            target=device_fingerprint(backend))
+            target=device_fingerprint(backend), by_value=self.tuned.key)
         result = tuning.autotune(
             self.tuned.configs, lambda c: self._launch(c, args, kwargs), parts,
             warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,
@@ -90,6 +98,6 @@ class _TunedLauncher:
         return self._launch(self.best(*args, **kwargs), args, kwargs)
 
 
-def autotune(configs, *, warmup: int = 2, reps: int = 7):
+def autotune(configs, key=(), *, warmup: int = 2, reps: int = 7):
     """Decorator over a @metile.kernel: launches use the fastest of `configs`."""
-    return lambda kernel: Autotuned(kernel, configs, warmup, reps)
+    return lambda kernel: Autotuned(kernel, configs, key, warmup, reps)
