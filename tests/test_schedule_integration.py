@@ -81,11 +81,12 @@ def test_width_four_on_ragged_shapes_is_rejected():
         vector_add[(1,)].prepare(*add_args(1001), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
 
 
-def test_width_four_on_aligned_shapes_is_not_silently_ignored():
-    # The plan accepts width 4 here (1024 = whole groups of 4 per lane), but no
-    # lowering pass vectorizes yet: the requirement is rejected by name.
-    with pytest.raises(CompilationError, match="vector_width=4: metile's lowering does not emit vectorized interiors yet"):
-        vector_add[(1,)].prepare(*add_args(1024), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
+def test_width_four_on_aligned_shapes_is_materialized():
+    # 1024 = whole groups of 4 per lane: passes/vectorize_elementwise.py emits them
+    # (tests/test_schedule_lowering.py checks the source and the tails).
+    d = vector_add[(1,)].prepare(*add_args(1024), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
+    assert d.execution_report.vectorized_loads == 2
+    np.testing.assert_array_equal(np.array(d()), np.arange(1024) + 1.0)
 
 
 def test_schedule_argument_must_be_a_schedule():

@@ -112,6 +112,9 @@ class CEmitter:
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if name == "simd_reduce":
             return f"{self.SIMD_REDUCE[op.attrs['kind']]}({a[0]})"
+        if name == "frag_get":  # element a[0] of the ones this lane holds (opaque mapping)
+            at = op.attrs
+            return self.FRAGMENT["get"].format(frag=f"{at['name']}[{at['index']}]", e=a[0])
         raise NotImplementedError(f"{type(self).__name__} cannot print {name}")
 
     def minmax(self, name, a, rt) -> str:
@@ -183,13 +186,29 @@ class CEmitter:
             r, cap = op.result, op.attrs["capture"]
             self.emit(f"const {self.type(r.type)} {cap} = {self.expr(op)};", depth)
             self.names[r.id] = cap
-        elif name.startswith("frag_"):
+        elif name == "vec_load":
+            self.vector_load(op, a, depth)
+        elif name.startswith("frag_") and name != "frag_get":
             self.fragment_op(op, a, depth)
         elif name == "simd_barrier":
             self.emit(self.SIMD_BARRIER, depth)
         else:
             r = op.result
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
+
+    # 4-wide loads (thread-form vec_load): dtype name -> (vector type, element format over
+    # {v} the vector, {i} the element index, {c} its xyzw name).
+    VECTOR_TYPES: dict[str, tuple[str, str]] = {}
+    VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
+
+    def vector_load(self, op: Op, a: list[str], depth: int) -> None:
+        vtype, element = self.VECTOR_TYPES[op.results[0].type.dtype.name]
+        self.count += 1
+        name = f"_w{self.count}"
+        self.emit(self.VECTOR_LOAD.format(vtype=vtype, name=name, root=op.attrs["root"],
+                                          index=a[0]), depth)
+        for i, r in enumerate(op.results):
+            self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i])
 
     def fragment_type(self, role: str, dtype, shape) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")
@@ -202,11 +221,17 @@ class CEmitter:
         elif op.name == "frag_store":
             fields = {"frag": f"{at['name']}[{a[0]}]", "root": at["root"], "offset": a[1],
                       "ld": at["ld"]}
+            if at.get("transpose"):
+                fmt = self.FRAGMENT["store_t"]
+        elif op.name == "frag_set":
+            fields = {"frag": f"{at['name']}[{at['index']}]", "e": a[0], "value": a[1]}
         elif op.name == "frag_load":
             fields = {"frag": f"{at['name']}[{at['index']}]", "root": at["root"], "offset": a[0],
                       "ld": at["ld"]}
             if at.get("convert"):
                 fmt = self.FRAGMENT[f"load_{at['convert']}"]
+            elif at.get("transpose"):
+                fmt = self.FRAGMENT["load_t"]
         else:
             fields = {"frag": f"{at['name']}[{at['index']}]", "value": self.literal(
                 at["value"], dt.float32)}

@@ -126,6 +126,50 @@ __device__ __forceinline__ void metile_frag_mma(metile_frag_acc& d, const metile
 """
 
 
+# 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
+# per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
+# 2 (l % 4) + 1.  Private to these helpers, like the mma.sync layout above.
+_FRAG8 = """\
+template <typename T> struct metile_frag8 { T x[2]; };
+template <typename T, typename P> __device__ __forceinline__ void metile_frag_load(metile_frag8<T>& f, const P* p, int ld) {
+  const int l = threadIdx.x & 31, r = l >> 2, c = (l & 3) * 2;
+  f.x[0] = static_cast<T>(static_cast<float>(p[r * ld + c]));
+  f.x[1] = static_cast<T>(static_cast<float>(p[r * ld + c + 1]));
+}
+template <typename T, typename P> __device__ __forceinline__ void metile_frag_load_t(metile_frag8<T>& f, const P* p, int ld) {
+  const int l = threadIdx.x & 31, r = l >> 2, c = (l & 3) * 2;
+  f.x[0] = static_cast<T>(static_cast<float>(p[c * ld + r]));
+  f.x[1] = static_cast<T>(static_cast<float>(p[(c + 1) * ld + r]));
+}
+template <typename T, typename P> __device__ __forceinline__ void metile_frag_store(P* p, const metile_frag8<T>& f, int ld) {
+  const int l = threadIdx.x & 31, r = l >> 2, c = (l & 3) * 2;
+  p[r * ld + c] = static_cast<P>(static_cast<float>(f.x[0]));
+  p[r * ld + c + 1] = static_cast<P>(static_cast<float>(f.x[1]));
+}
+template <typename T, typename P> __device__ __forceinline__ void metile_frag_store_t(P* p, const metile_frag8<T>& f, int ld) {
+  const int l = threadIdx.x & 31, r = l >> 2, c = (l & 3) * 2;
+  p[c * ld + r] = static_cast<P>(static_cast<float>(f.x[0]));
+  p[(c + 1) * ld + r] = static_cast<P>(static_cast<float>(f.x[1]));
+}
+__device__ __forceinline__ void metile_frag_fill(metile_frag8<float>& f, float v) { f.x[0] = v; f.x[1] = v; }
+// d = a @ b + c in float32: A[r][k] and B[k][c] come from their owners by shuffle.
+template <typename TA, typename TB> __device__ __forceinline__ void metile_frag_mma(
+    metile_frag8<float>& d, const metile_frag8<TA>& a, const metile_frag8<TB>& b, const metile_frag8<float>& c) {
+  const int l = threadIdx.x & 31, r = l >> 2, h = l & 3;
+  float acc0 = c.x[0], acc1 = c.x[1];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float ark = __shfl_sync(0xffffffffu, static_cast<float>(a.x[k & 1]), r * 4 + (k >> 1));
+    const float b0 = __shfl_sync(0xffffffffu, static_cast<float>(b.x[0]), k * 4 + h);
+    const float b1 = __shfl_sync(0xffffffffu, static_cast<float>(b.x[1]), k * 4 + h);
+    acc0 = fmaf(ark, b0, acc0);
+    acc1 = fmaf(ark, b1, acc1);
+  }
+  d.x[0] = acc0;
+  d.x[1] = acc1;
+}"""
+
+
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "bool": "bool"}
@@ -144,7 +188,7 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "mma": _MMA}
+    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8}
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
     MATRIX_UNITS = (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16),
@@ -159,10 +203,23 @@ class CUDAEmitter(CEmitter):
         "load_tf32": "metile_frag_load({frag}, &{root}[{offset}], {ld});",
         "store": "metile_frag_store(&{root}[{offset}], {frag}, {ld});",
         "mma": "metile_frag_mma({d}, {a}, {b}, {c});",
+        # simdgroup_inline 8x8 fragments (metile_frag8)
+        "load_t": "metile_frag_load_t({frag}, &{root}[{offset}], {ld});",
+        "store_t": "metile_frag_store_t(&{root}[{offset}], {frag}, {ld});",
+        "get": "{frag}.x[{e}]",
+        "set": "{frag}.x[{e}] = {value};",
     }
     SIMD_BARRIER = "__syncwarp();"
+    # 16-byte float4 / 8-byte uint2 loads; 2-byte elements are read back through the
+    # element type (the alignment of the whole group was proven by the pass).
+    VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"),
+                    "float16": ("uint2", "reinterpret_cast<const __half*>(&{v})[{i}]"),
+                    "bfloat16": ("uint2", "reinterpret_cast<const __nv_bfloat16*>(&{v})[{i}]")}
 
     def fragment_type(self, role, dtype, shape) -> str:
+        if tuple(shape) == (8, 8, 8):  # simdgroup_inline fragments
+            self.helpers_used.add("frag8")
+            return f"metile_frag8<{self.TYPES[dtype.name]}>"
         self.helpers_used.add("mma")
         if role == "acc":
             return "metile_frag_acc"

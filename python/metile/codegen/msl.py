@@ -54,8 +54,21 @@ class MSLEmitter(CEmitter):
         "load": "metal::simdgroup_load({frag}, &{root}[{offset}], {ld});",
         "store": "metal::simdgroup_store({frag}, &{root}[{offset}], {ld});",
         "mma": "metal::simdgroup_multiply_accumulate({d}, {a}, {b}, {c});",
+        # simdgroup_inline kernels: transposed views and per-lane pointwise access.
+        "load_t": "metal::simdgroup_load({frag}, &{root}[{offset}], {ld}, ulong2(0, 0), true);",
+        "store_t": "metal::simdgroup_store({frag}, &{root}[{offset}], {ld}, ulong2(0, 0), true);",
+        "get": "{frag}.thread_elements()[{e}]",
+        "set": "{frag}.thread_elements()[{e}] = {value};",
     }
     SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
+    # A 4-wide load read through Metal's packed vector (element alignment) into the
+    # aligned vector type: the pass proved 4-element alignment relative to the buffer,
+    # and packed types keep it well-defined where a buffer's base is only element-aligned
+    # (the CPU runtime's allocations).
+    VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
+                    "bfloat16": ("bfloat4", "{v}.{c}")}
+    VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
+                   "(&{root}[{index}]);")
 
     def fragment_type(self, role, dtype, shape) -> str:
         rows, cols, depth = shape

@@ -45,7 +45,8 @@ def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
     return names, consts, defaults
 
 
-def build_tile_ir(fn, specs: dict, constexprs: dict) -> tuple[Function, CompileContext]:
+def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False
+                  ) -> tuple[Function, CompileContext]:
     """`specs[name]` is ("buffer", DType) or ("scalar", DType) for runtime parameters."""
     src = function_source(fn)
     names, consts, _ = constexpr_params(fn)
@@ -63,9 +64,13 @@ def build_tile_ir(fn, specs: dict, constexprs: dict) -> tuple[Function, CompileC
         params.append(Param(name, kind, v))
         env[name] = v
     ctx = CompileContext()
+    ctx.fragments = fragments
     gen = Generator(src, builder, ctx, env)
     gen.visit_body(src.tree.body)
-    return Function(fn.__name__, params, body), ctx
+    out = Function(fn.__name__, params, body)
+    if fragments:
+        out.meta["fragments"] = True
+    return out, ctx
 
 
 _ = dt

@@ -222,10 +222,15 @@ def tile_range(gen, start, end, step):
 
 def view_method(view: TensorView, name: str):
     """`view.load(position)` / `view.store(position, value)` as callables for the frontend."""
+    from . import fragments
     if name == "load":
-        return lambda gen, args, kwargs: view.load(gen.sem, *args, **kwargs)
+        return lambda gen, args, kwargs: (
+            fragments.load(gen, view, *args, **kwargs) if fragments.applies(gen, view)
+            else view.load(gen.sem, *args, **kwargs))
     if name == "store":
-        return lambda gen, args, kwargs: view.store(gen.sem, *args, **kwargs)
+        return lambda gen, args, kwargs: (
+            fragments.store(gen, view, *args, **kwargs) if fragments.applies(gen, view)
+            else view.store(gen.sem, *args, **kwargs))
     if name in ("shape", "strides", "block_shape", "access", "dtype"):
         return getattr(view, name)
     raise CompilationError(f"tensor views have no attribute {name!r}")

@@ -88,6 +88,11 @@ class ControlFlow:
             ta = a.type if isinstance(a, Value) else None
             tb = b.type if isinstance(b, Value) else None
             t = ta or tb
+            if ta and tb and ta != tb and all(getattr(x, "space", None) == "threadgroup"
+                                              for x in (ta, tb)):
+                raise CompilationError(f"conditional shared-pointer selection is unsupported: "
+                                       f"variable {n!r} points into a different shared "
+                                       f"allocation in each branch; select an offset instead")
             if ta and tb and ta != tb:
                 raise CompilationError(f"variable {n!r} is {ta} in one branch and {tb} in the "
                                        f"other; cast so both agree")

@@ -60,6 +60,7 @@ class CompileContext:
         self.globals_used: dict[str, object] = {}
         self.helpers: list[object] = []
         self.depth = 0
+        self.fragments = False  # simdgroup_inline: 8x8 block views are matrix fragments
 
 
 class _Return(Exception):

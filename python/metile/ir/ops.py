@@ -57,13 +57,24 @@ CONTROL = frozenset({"for", "if", "while"})
 # matrices whose lane ownership no pass or emitter depends on.
 FRAGMENT = frozenset({"frag_fill", "frag_load", "frag_mma", "frag_store", "simd_barrier"})
 TERMINATORS = frozenset({"yield", "condition"})
+# simdgroup_inline kernels (see frontend/fragments.py, passes/lower_fragments.py):
+# tile-form 8x8 matrix-view accesses, and thread-form per-lane element access of an
+# opaque fragment (frag_get(e){name,index} / frag_set(e, v){name,index}: element e of
+# the FRAGMENT_ELEMENTS a lane holds; which matrix element that is stays unknown).
+FRAGMENT_VIEW = frozenset({"frag_view_load", "frag_view_store"})
+FRAGMENT_ELEMS = frozenset({"frag_get", "frag_set"})
+FRAGMENT_ELEMENTS = 2
+
+# 4-wide device loads of proven-aligned, in-bounds groups (passes/lower_matmul.py):
+# vec_load(index){root, space, width} -> `width` scalar results (elements index...).
+VECTOR = frozenset({"vec_load"})
 
 TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
-             | {"load", "store", "reduce", "shared_alloc", "barrier"})
+             | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
                   "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min")

@@ -96,10 +96,10 @@ def buffer_roles(fn: Function) -> tuple[set[str], set[str]]:
     """(loaded roots, stored roots) among device buffer parameters."""
     loaded, stored = set(), set()
     for op in walk(fn.body):
-        if op.name in ("load", "store"):
+        if op.name in ("load", "store", "frag_view_load", "frag_view_store"):
             p = _root(op.operands[0])
             if p is not None and p.space == "device":
-                (loaded if op.name == "load" else stored).add(p.root)
+                (loaded if op.name.endswith("load") else stored).add(p.root)
     return loaded, stored
 
 

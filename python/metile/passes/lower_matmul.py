@@ -10,7 +10,10 @@ Per K step:  barrier; every thread copies its share of the (BM, BK) and
 (BK, BN) operand tiles from device memory into threadgroup memory (the user's
 own load expressions, masks included, so ragged edges read zero); barrier;
 each SIMD-group loads operand fragments from threadgroup memory and runs
-fr x fc multiply-accumulates per depth step, accumulating in float32.
+fr x fc multiply-accumulates per depth step, accumulating in float32.  With
+specialized sizes (an explicit Schedule) `gemm_bounds` proves guards away and
+`gemm_staging` splits the K loop, vectorizes aligned copies and double-buffers
+the stages as the plan requires.
 
 Epilogue.  No code depends on which lane holds which fragment element: each
 accumulator fragment is stored to a per-SIMD-group float32 scratch in
@@ -30,9 +33,11 @@ from dataclasses import dataclass
 
 from ..frontend.errors import CompilationError
 from ..ir.core import Block, Builder, Op, Value
-from ..ir.types import ScalarType, TileType
+from ..ir.types import ScalarType
 from ..language import dtypes as dt
 from .gemm import GemmPattern
+from .gemm_bounds import prove_gemm_bounds
+from .gemm_staging import GemmStaging
 from .lane_layout import I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
@@ -103,48 +108,56 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
         f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
 
 
-class MatmulLowering:
+class MatmulLowering(GemmStaging):
     """Mixin of `Lowering`; expects `self.gemm` (GemmPattern) and `self.gemm_plan`."""
 
     # -- entry points called from Lowering.lower_op ------------------------------------------
+    def prepare_gemm(self, plan=None, scalars=None) -> None:
+        """Called by `Lowering.__init__`: the schedule plan and the launch's specialized
+        integer scalars (empty without an explicit Schedule)."""
+        self.schedule_plan = plan
+        self.known_scalars = dict(scalars or {})
+        self.load_rewrite = None
+        self.lowering_passes: list[str] = []
+        self.vector_loads = 0
+        self.gemm_bounds = None
+        if self.gemm is not None and self.known_scalars:
+            self.gemm_bounds = prove_gemm_bounds(self.fn, self.gemm, self.known_scalars)
+            if self.gemm_bounds is not None:
+                self.lowering_passes.append("prove_gemm_bounds")
+
+    def schedule_meta(self) -> dict:
+        return {"vectorized_loads": self.vector_loads, "lowering_passes": self.lowering_passes}
+
     def lower_gemm_loop(self, op: Op, b: Builder) -> None:
         g, plan = self.gemm, self.gemm_plan
         bm, bn, bk = g.tile
         od = g.operand_dtype
         align = 32 if plan.unit else 0
-        self.stage_a = Storage("shared", self.decl("shared", od, bm * bk, "_sa", align=align),
-                               (bm, bk), od)
-        self.stage_b = Storage("shared", self.decl("shared", od, bk * bn, "_sb", align=align),
-                               (bk, bn), od)
+        sp = self.schedule_plan
+        bounds = self.gemm_bounds
+        self.double_buffered = bool(sp is not None and sp.double_buffer)
+        if self.double_buffered and bounds is None:
+            raise CompilationError("double_buffer=True: the K loop's start, end and step are not "
+                                   "known integers, so its tiles cannot be scheduled over two "
+                                   "stages", op.loc)
+        stages = 2 if self.double_buffered else 1
+        self.stage_a = Storage("shared", self.decl("shared", od, stages * bm * bk, "_sa",
+                                                   align=align), (bm, bk), od)
+        self.stage_b = Storage("shared", self.decl("shared", od, stages * bk * bn, "_sb",
+                                                   align=align), (bk, bn), od)
         if plan.unit:
             self._fragment_setup(b)
         else:
             self._ffma_setup(b)
-        lb, ub, step = (self.s(v) for v in op.operands[:3])
-        body = op.regions[0]
-        new_body = Block()
-        iv = new_body.add_arg(I32, body.args[0].hint)
-        self.scalars[body.args[0].id] = iv
-        inner = Builder(new_body)
-        inner.loc = op.loc
-        for bop in body.ops:  # scalar work of the body; tiles are evaluated where staged
-            if bop.name in ("yield", "dot") or any(isinstance(r.type, TileType)
-                                                    for r in bop.results):
-                continue
-            inner.loc = bop.loc
-            self.lower_op(bop, inner)
-        self.barrier(inner)  # the previous step's fragment reads are done
-        self.lane_loop(inner, (bm, bk), lambda ctx: self.write(self.stage_a, ctx,
-                                                               self.elem(g.a, ctx)))
-        self.lane_loop(inner, (bk, bn), lambda ctx: self.write(self.stage_b, ctx,
-                                                               self.elem(g.b, ctx)))
-        inner.op("barrier")
-        self.report_loop(body.args[0].hint or "k", "loop", bk)
-        if plan.unit:
-            self._fragment_step(inner)
+        self.k_body = op.regions[0]
+        self.interior_tile = self._interior_predicate(b) if bounds is not None else None
+        if bounds is None:
+            self._unsplit_k_loop(op, b)
+        elif self.double_buffered:
+            self.double_buffer_staging(b)
         else:
-            self._ffma_step(inner)
-        b.op("for", [lb, ub, step], [], dict(op.attrs), [new_body])
+            self.split_k_loop(b)
 
     def lower_gemm_store(self, op: Op, b: Builder) -> None:
         if self.gemm_plan.unit:
@@ -221,7 +234,7 @@ class MatmulLowering:
                                               "shape": self.gemm_plan.unit.shape}, []))
         return name
 
-    def _fragment_step(self, b: Builder) -> None:
+    def _fragment_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
         g, unit = self.gemm, self.gemm_plan.unit
         bm, bn, bk = g.tile
         fm, fn, fk = unit.shape
@@ -229,13 +242,13 @@ class MatmulLowering:
         def depth(lb: Builder, kk: Value) -> None:
             for i in range(self.fr):
                 row = self._i(lb, "add", self.row0, i * fm)
-                off = self._i(lb, "add", self._i(lb, "mul", row, bk), kk)
+                off = self.add(lb, base_a, self._i(lb, "add", self._i(lb, "mul", row, bk), kk))
                 lb.op("frag_load", [off], [], {"name": self.frag_a, "index": i,
                                                "root": self.stage_a.name, "ld": bk,
                                                "convert": unit.convert})
             for j in range(self.fc):
                 col = self._i(lb, "add", self.col0, j * fn)
-                off = self._i(lb, "add", self._i(lb, "mul", kk, bn), col)
+                off = self.add(lb, base_b, self._i(lb, "add", self._i(lb, "mul", kk, bn), col))
                 lb.op("frag_load", [off], [], {"name": self.frag_b, "index": j,
                                                "root": self.stage_b.name, "ld": bn,
                                                "convert": unit.convert})
@@ -246,7 +259,6 @@ class MatmulLowering:
                                                "b": (self.frag_b, j), "c": c})
 
         self._for(b, 0, bk, fk, "kk", depth, unroll=True)
-        self.report_loop("kk", "loop", fk)
 
     def _fragment_epilogue(self, b: Builder) -> None:
         unit = self.gemm_plan.unit
@@ -289,7 +301,7 @@ class MatmulLowering:
         self._for(b, 0, self.tm * self.tn, 1, "s", lambda lb, s: lb.op(
             "local_set", [s, zero], [], {"name": self.acc_regs}), unroll=True)
 
-    def _ffma_step(self, b: Builder) -> None:
+    def _ffma_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
         bm, bn, bk = self.gemm.tile
         ty, tx = self.gemm_plan.grid
 
@@ -297,11 +309,11 @@ class MatmulLowering:
             return v if v.type == F32 else lb.value("cast", [v], F32, to=dt.float32)
 
         def depth(lb: Builder, kk: Value) -> None:
-            a = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", self._i(
-                lb, "mul", self._i(lb, "add", self.ty_i, i * ty), bk), kk)],
+            a = [to_f32(lb, lb.value("mem_load", [self.add(lb, base_a, self._i(lb, "add", self._i(
+                lb, "mul", self._i(lb, "add", self.ty_i, i * ty), bk), kk))],
                 ScalarType(self.stage_a.dtype), root=self.stage_a.name, space="threadgroup"))
                 for i in range(self.tm)]
-            row = self._i(lb, "mul", kk, bn)
+            row = self.add(lb, base_b, self._i(lb, "mul", kk, bn))
             bv = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", row, self._i(
                 lb, "add", self.tx_i, j * tx))], ScalarType(self.stage_b.dtype),
                 root=self.stage_b.name, space="threadgroup")) for j in range(self.tn)]
@@ -314,7 +326,6 @@ class MatmulLowering:
                           {"name": self.acc_regs})
 
         self._for(b, 0, bk, 1, "kk", depth, unroll=True)
-        self.report_loop("kk", "loop", 1)
 
     def _ffma_epilogue(self, b: Builder) -> None:
         ty, tx = self.gemm_plan.grid
@@ -340,5 +351,10 @@ class MatmulLowering:
                 "epilogue_ops": [op.name for op in g.epilogue],
                 "captured_scalars": [p.name for p in g.captured],
                 "k_loop_masked": g.k_loop_masked, "outer_bounds_proven": g.outer_bounds_proven,
+                "double_buffered": bool(getattr(self, "double_buffered", False)),
+                "stages": 2 if getattr(self, "double_buffered", False) else 1,
+                "k_split": None if self.gemm_bounds is None else {
+                    "complete_iterations": self.gemm_bounds.n_full,
+                    "remainder": self.gemm_bounds.has_remainder},
                 **({} if plan.unit else {"thread_grid": list(plan.grid),
                                          "micro_tile": [self.tm, self.tn]})}

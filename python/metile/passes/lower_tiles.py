@@ -34,13 +34,15 @@ from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
 from .lower_matmul import MatmulLowering, plan_gemm
 from .lower_reductions import ReductionLowering
+from .vectorize_elementwise import ElementwiseVectorLowering
 from .placement import analyze
 
 SHARED_BYTES = 32 * 1024
 
 
-class Lowering(ReductionLowering, MatmulLowering):
-    def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=()):
+class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
+    def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
+                 scalars=None):
         self.fn = fn
         self.T = threads
         self.buffers = buffers  # (root, role) -> backend name; roles: read, out, written
@@ -53,10 +55,13 @@ class Lowering(ReductionLowering, MatmulLowering):
         self.shared_bytes = 0
         self.geometry: dict[str, Value] = {}
         self.loops: list[dict] = []
-        self.gemm = find_gemm(fn)
+        # simdgroup_inline kernels write their own fragment program (no GEMM pattern)
+        self.gemm = None if fn.meta.get("fragments") else find_gemm(fn)
         self.gemm_plan = None
         if self.gemm is not None:
             self.gemm_plan = plan_gemm(self.gemm, matrix_units, relaxed_precision(fn), threads)
+        self.prepare_gemm(plan, scalars)  # schedule plan + specialized scalars (lower_matmul)
+        self.prepare_elementwise_vector(plan, scalars)
 
     # -- helpers ---------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -179,6 +184,8 @@ class Lowering(ReductionLowering, MatmulLowering):
             a, off = (self.elem(o, ctx) for o in op.operands)
             return self.add(b, a, off)
         if op.name == "load":
+            if self.load_rewrite is not None:  # guards reduced by proofs (lower_matmul)
+                return self.load_rewrite(op, ctx)
             return self.emit_load(b, op, [self.elem(o, ctx) for o in op.operands])
         if op.name in ELEMENTWISE:
             return b.value(op.name, [self.elem(o, ctx) for o in op.operands], st, **op.attrs)
@@ -265,6 +272,8 @@ class Lowering(ReductionLowering, MatmulLowering):
             self.barrier(b)
             return
         if name == "store":
+            if self.elementwise_vector is not None and op is self.elementwise_vector.store:
+                return self.lower_vector_store(op, b)  # vectorize_elementwise.py
             if isinstance(op.operands[0].type, TileType):
                 shape = op.operands[0].type.shape
                 self.lane_loop(b, shape, lambda ctx: self.emit_store(
@@ -407,6 +416,7 @@ class Lowering(ReductionLowering, MatmulLowering):
                         for d in self.decls if d.attrs["storage"] == "shared"])
         if self.gemm is not None:
             meta["matmul"] = self.matmul_meta()
+        meta.update(self.schedule_meta())
         return Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
                         meta)
 
@@ -451,5 +461,9 @@ def gemm_threads(fn: Function, matrix_units, requested: int | None) -> int | Non
     return plan_gemm(g, matrix_units, relaxed_precision(fn), requested).threads
 
 
-def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=()) -> Function:
-    return Lowering(fn, threads, buffers, matrix_units).run()
+def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
+                scalars=None) -> Function:
+    if fn.meta.get("fragments"):  # simdgroup_inline kernels: passes/lower_fragments.py
+        from .lower_fragments import lower_fragments
+        return lower_fragments(fn, threads, buffers)
+    return Lowering(fn, threads, buffers, matrix_units, plan, scalars).run()

@@ -34,7 +34,9 @@ def check_uniformity(fn: Function) -> Function:
         _scan(fn.body, divergent, None, check=False)
         if len(divergent) == before:
             break
-    _scan(fn.body, divergent, None, check=True)
+    # simdgroup_inline kernels assign work to SIMD-groups: their fragment ops need only
+    # SIMD-uniform control and operands, which passes/shared_hazards.py checks.
+    _scan(fn.body, divergent, None, check="barriers" if fn.meta.get("fragments") else True)
     return fn
 
 
@@ -46,12 +48,12 @@ def _scan(block: Block, div: set[int], why: Op | None, check: bool) -> None:
                     f"barrier() under control flow that depends on thread_id() (line "
                     f"{why.loc.line if why.loc else '?'}): every thread of the program must reach "
                     f"it", op.loc)
-            if _is_tile_op(op):
+            if _is_tile_op(op) and check is True:
                 raise CompilationError(
                     f"tile operation under control flow that depends on thread_id() (line "
                     f"{why.loc.line if why.loc else '?'}): tile operations run on all threads of "
                     f"the program", op.loc)
-        if check and op.name == "splat" and op.operands[0].id in div:
+        if check is True and op.name == "splat" and op.operands[0].id in div:
             raise CompilationError("a tile cannot be built from a value that depends on "
                                    "thread_id(); each thread would see a different tile", op.loc)
         inputs_div = any(o.id in div for o in op.operands)

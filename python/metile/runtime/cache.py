@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..language.dtypes import DType
 
-_COMPILER_DIRS = ("frontend", "ir", "passes", "codegen", "language")
+_COMPILER_DIRS = ("frontend", "ir", "passes", "codegen", "language", "schedule")
 _fingerprint: str | None = None
 
 
@@ -35,7 +35,9 @@ def compiler_fingerprint() -> str:
     if _fingerprint is None:
         root = Path(__file__).resolve().parent.parent
         h = hashlib.sha256()
-        files = [root / "runtime" / "kernel.py", root / "runtime" / "cache.py"]
+        # planning.py and schedule/ decide the plan stored in each entry.
+        files = [root / "runtime" / "kernel.py", root / "runtime" / "cache.py",
+                 root / "runtime" / "planning.py"]
         for d in _COMPILER_DIRS:
             files += sorted((root / d).glob("*.py"))
         for f in files:

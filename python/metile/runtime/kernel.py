@@ -163,8 +163,9 @@ class Specialization:
 
     def tile_ir(self):
         if self._tile is None:
+            fragments = self.schedule is not None and self.schedule.backend == "simdgroup_inline"
             fn, _ = build_tile_ir(self.kernel.fn, {k: v[:2] for k, v in self.specs.items()},
-                                  self.constexprs)
+                                  self.constexprs, *((True,) if fragments else ()))
             verify(fn)
             check_uniformity(fn)
             fn.meta["passes"] = ["frontend", "verify", "uniformity"]
@@ -238,7 +239,8 @@ class Specialization:
                 buffers[(name, "written")] = _unique(f"{name}_written", used)
         outputs = [buffers[(n, "out")] for n in self.outputs]
         outputs += [buffers[(n, "written")] for n in self.outputs if n in tracked]
-        thread_fn = lower_tiles(fn, self.threads, buffers, matrix_units(self.backend))
+        thread_fn = lower_tiles(fn, self.threads, buffers, matrix_units(self.backend),
+                                plan=self.plan, scalars=self.int_values)
         verify(thread_fn)
         if "thread_ir" in debug_flags():
             print(format_function(thread_fn), file=sys.stdout)
@@ -252,6 +254,7 @@ class Specialization:
         matmul = thread_fn.meta.get("matmul") or {}
         gemm = ["lower_matmul"] + (["fuse_epilogue"] if matmul.get("epilogue_regions") else []) \
             if matmul else []
+        gemm += thread_fn.meta.get("lowering_passes", [])  # proofs, splitting, buffering
         passes = fn.meta["passes"] + ["plan_schedule", "placement", "lower_tiles", *gemm, "verify",
                                       f"emit_{self.backend}"]
         report = planning.make_report(self.plan, thread_fn, passes,
@@ -323,6 +326,9 @@ class Kernel:
                 raise LaunchError(f"NUM_SG={legacy} contradicts num_simdgroups={nsg}")
             nsg = legacy
         schedule = None if "SCHEDULE" in self.param_names else kwargs.pop("SCHEDULE", None)
+        strict = None if "STRICT_MATH" in self.param_names else kwargs.pop("STRICT_MATH", None)
+        if strict is not None and not isinstance(strict, bool):
+            raise LaunchError(f"STRICT_MATH must be True or False, got {strict!r}")
         if schedule is not None and not isinstance(schedule, Schedule):
             raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")
         if len(args) > len(self.param_names):
@@ -342,6 +348,12 @@ class Kernel:
             raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
         runtime = {n: bound[n] for n in self.param_names if n not in self.constexpr_names}
         consts = {n: bound[n] for n in self.param_names if n in self.constexpr_names}
+        if strict is not None:
+            # A launch-level precision policy (strict is metile's default): a
+            # specialization key like any constexpr; it contradicts RELAXED_PRECISION.
+            if strict and consts.get("RELAXED_PRECISION") is True:
+                raise LaunchError("STRICT_MATH=True contradicts RELAXED_PRECISION=True")
+            consts["STRICT_MATH"] = strict
         for n, v in consts.items():
             try:
                 hash(v)

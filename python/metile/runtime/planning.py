@@ -13,6 +13,8 @@ import dataclasses
 from ..ir.core import Function, walk
 from ..ir.types import TileType
 from ..passes.gemm import find_gemm
+from ..passes.gemm_bounds import prove_gemm_bounds, staging_load
+from ..passes.vectorize_elementwise import vectorizable
 from ..passes.lower_matmul import plan_gemm
 from ..passes.lower_tiles import choose_threads, relaxed_precision
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
@@ -70,15 +72,18 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
                         bool(shared), shared_bytes, 0)
 
 
-def _reject_unmaterialized(plan: SchedulePlan) -> None:
-    # Requirements the lowering cannot materialize yet are rejected here, by
-    # name, instead of being silently ignored.
+def _reject_unmaterialized(plan: SchedulePlan, fn: Function, scalars: dict) -> None:
+    # Requirements the lowering cannot materialize for non-GEMM kernels are
+    # rejected here, by name, instead of being silently ignored.  (GEMMs: see
+    # _gemm_plan; passes.gemm_bounds / lower_matmul materialize both.)
     if plan.vector_width == 4:
-        raise ScheduleError("vector_width=4", "metile's lowering does not emit vectorized "
-                                              "interiors yet (not implemented)")
+        found = vectorizable(fn, scalars)
+        if isinstance(found, str):
+            raise ScheduleError("vector_width=4", found)
     if plan.double_buffer:
-        raise ScheduleError("double_buffer=True", "metile's lowering does not materialize software "
-                                                  "double buffering yet (not implemented)")
+        raise ScheduleError("double_buffer=True", "metile's lowering double-buffers only GEMM "
+                                                  "operand staging (not implemented for this "
+                                                  "kernel)")
 
 
 def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, target: Target,
@@ -89,13 +94,26 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
     divisible = tuple(scalars[p] % t == 0 if isinstance(p, str) and p in scalars else None
                       for p, t in zip(extents, g.tile))
     shared = [op for op in walk(fn.body) if op.name == "shared_alloc"]
+    bounds = prove_gemm_bounds(fn, g, scalars) if scalars else None
+    loads = [staging_load(g.a), staging_load(g.b)]
+    # 4-alignment of both staging loads (None: unknown without specialized scalars).
+    aligned = None if bounds is None else all(
+        ld is not None and bounds.aligned.get(id(ld), False) for ld in loads)
     traits = KernelTraits("matmul", g.tile, threads_req, (g.operand_dtype.name,) * 2, "float32",
-                          divisible, None, relaxed_precision(fn), True,
+                          divisible, aligned, relaxed_precision(fn), True,
                           sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared),
                           1)
     plan = plan_schedule(traits, target, schedule)
     check_legacy_geometry(constexprs, plan, schedule)
-    _reject_unmaterialized(plan)
+    if plan.double_buffer and bounds is None:
+        raise ScheduleError("double_buffer=True", "the K loop's start, end and step are not known "
+                                                  "integers, so its tiles cannot be scheduled over "
+                                                  "two stages")
+    if plan.vector_width == 4 and bounds is not None and \
+            not (bounds.any_interior_tile and bounds.n_full):
+        what = "output tile" if not bounds.any_interior_tile else "K step"
+        raise ScheduleError("vector_width=4", f"no {what} is complete for these sizes, so every "
+                                              "staging load keeps its scalar guards")
     # The GEMM lowering places fragments for the backend's own matrix unit
     # within the planned thread count; the plan records what it chose.
     gp = plan_gemm(g, units, relaxed_precision(fn), plan.threadgroup_size[0])
@@ -112,6 +130,9 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
               tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int]:
     """(plan, threads) for a specialized tile-form kernel; ScheduleError when the
     schedule cannot be honoured."""
+    if fn.meta.get("fragments"):  # simdgroup_inline: kernel-written 8x8 fragments
+        from ..passes.fragment_plan import fragment_plan
+        return fragment_plan(fn, constexprs, schedule, target, threads_req)
     g = find_gemm(fn)
     if g is not None:
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
@@ -120,7 +141,7 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
     traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
     plan = plan_schedule(traits, target, schedule)
     check_legacy_geometry(constexprs, plan, schedule)
-    _reject_unmaterialized(plan)
+    _reject_unmaterialized(plan, fn, scalars)
     if plan.threadgroup_size[0] != threads:
         raise ScheduleError("threadgroup size", f"the plan asks for {plan.threadgroup_size[0]} "
                                                 f"threads but lowering traced {threads}")

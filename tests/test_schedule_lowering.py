@@ -1,0 +1,350 @@
+"""Lowering honours the schedule plan through named passes (issue 5, item 3):
+GEMM bounds proofs, K-loop splitting into complete and remainder iterations,
+4-wide aligned staging loads and two-stage software double buffering.
+
+Numerical tests run the MSL on the CPU runtime against NumPy (float64 from the
+rounded operands; strict FP32 output tolerance rtol=3e-4, atol=3e-5).  Source-
+text tests force an emitter with METILE_BACKEND and never launch, so the CUDA
+checks run here too.  Tiles are 32x32x16 to keep each compile small; every
+launch with a Schedule specializes its sizes, so each shape is one compile.
+"""
+
+import json
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import CompilationError, Schedule
+from metile.passes.gemm import find_gemm
+from metile.passes.gemm_bounds import prove_gemm_bounds, staging_load
+from metile.passes.vectorize_elementwise import vectorizable
+from metile_kernels.gemm import grid, matmul, matmul_epilogue
+from test_gemm import check, operands
+
+TILE = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16)
+RAGGED = (75, 45, 37)      # edge tiles on both axes, a 5-deep K remainder
+ALIGNED4 = (72, 40, 44)    # ragged against the tile but every row stride a multiple of 4
+
+
+def prepare(rng, m, n, k, dtype="float32", schedule=None):
+    a, b, ref = operands(rng, m, n, k, dtype)
+    extra = {} if schedule is None else {"SCHEDULE": schedule}
+    d = matmul[grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), m, n, k, **TILE, **extra)
+    return d, ref
+
+
+def kinds(report):
+    return [lp.kind for lp in report.loops if lp.induction_variable == "k"]
+
+
+def stage_bytes(report):
+    return {a.name[:3]: a.bytes for a in report.allocations}
+
+
+# -- numerics: ragged GEMMs with and without double buffering --------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("double_buffer", [False, True])
+def test_ragged_gemm_matches_numpy(rng, dtype, double_buffer):
+    d, ref = prepare(rng, *RAGGED, dtype, Schedule(double_buffer=double_buffer))
+    check(d(), ref)
+    report = d.execution_report
+    assert {"prove_gemm_bounds", "split_k_loop"} <= set(report.passes)
+    assert ("double_buffer_staging" in report.passes) is double_buffer
+    assert report.double_buffered is double_buffer
+    assert kinds(report)[-1] == "remainder" and "interior" in kinds(report)
+    itemsize = 4 if dtype == "float32" else 2
+    stages = 2 if double_buffer else 1
+    assert stage_bytes(report)["_sa"] == stages * 32 * 16 * itemsize
+    assert stage_bytes(report)["_sb"] == stages * 16 * 32 * itemsize
+    assert d.variant.data["lowering"]["matmul"]["stages"] == stages
+
+
+@pytest.mark.parametrize("schedule,shape", [(Schedule(double_buffer=True), (77, 43, 37)),
+                                            (Schedule(vector_width=4), (76, 44, 44))])
+def test_ffma_path_honours_the_plan(monkeypatch, tmp_path, rng, schedule, shape):
+    # CUDA's strict-float32 GEMM multiplies register micro-tiles with FFMA; hiding the
+    # MSL matrix unit runs that path here.  Own cache directory and shapes: no other
+    # test may pick these specializations up.
+    import metile.codegen.msl as msl
+    monkeypatch.setattr(msl.MSLEmitter, "MATRIX_UNITS", ())
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    d, ref = prepare(rng, *shape, schedule=schedule)
+    check(d(), ref)
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == "ffma"
+    report = d.execution_report
+    assert report.double_buffered is bool(schedule.double_buffer)
+    assert (report.vectorized_loads > 0) is (schedule.vector_width == 4)
+
+
+@pytest.mark.parametrize("shape", [(20, 12, 7), (64, 64, 48)])
+def test_double_buffering_edge_cases(rng, shape):
+    # Only a remainder tile (K < BLOCK_K, no interior output tile); only complete tiles.
+    d, ref = prepare(rng, *shape, schedule=Schedule(double_buffer=True))
+    check(d(), ref)
+    report = d.execution_report
+    assert report.double_buffered
+    expected = {"remainder"} if shape[2] < 16 else {"interior"}
+    assert set(kinds(report)) == expected
+
+
+def test_fused_epilogue_with_double_buffering(rng):
+    m, n, k = RAGGED
+    a, b, ref = operands(rng, m, n, k, "float16")
+    d = matmul_epilogue[grid(m, n, 32, 32)].prepare(
+        a, b, mx.zeros((m, n)), m, n, k, 1.25, -0.5, **TILE, EPILOGUE="affine_leaky",
+        SCHEDULE=Schedule(double_buffer=True))
+    s = ref * 1.25 - 0.5
+    check(d(), np.where(s > 0, s, s * 0.1))
+    assert d.execution_report.double_buffered and d.execution_report.epilogue_regions == 1
+    assert "fuse_epilogue" in d.execution_report.passes
+
+
+def test_without_a_schedule_every_guard_stays(rng):
+    d, ref = prepare(rng, *RAGGED)
+    check(d(), ref)
+    report = d.execution_report
+    assert "prove_gemm_bounds" not in report.passes and "split_k_loop" not in report.passes
+    assert kinds(report) == ["loop"]
+
+
+# -- bounds proofs ------------------------------------------------------------------------------
+
+def proofs(rng, m, n, k):
+    d, _ = prepare(rng, m, n, k, schedule=Schedule())
+    fn = d.spec.tile_ir()
+    g = find_gemm(fn)
+    return prove_gemm_bounds(fn, g, {"rows": m, "columns": n, "inner": k}), g
+
+
+def names(conjuncts):
+    """Which extent each unproven conjunct compares against."""
+    out = set()
+    for c in conjuncts:
+        bound = c.owner.operands[1].owner.operands[0]   # lt(x, splat(extent))
+        out.add(bound.hint or repr(bound))
+    return out
+
+
+def test_aligned_k_never_drops_row_and_column_checks(rng):
+    # K is a multiple of BLOCK_K: every K conjunct is proven; rows (70) and columns (50)
+    # are ragged, so edge tiles keep their row/column guards.
+    b, g = proofs(rng, 70, 50, 32)
+    assert (b.n_full, b.has_remainder) == (2, False)
+    assert b.p_max == {0: 1, 1: 0}           # row tiles 0-1 and column tile 0 are interior
+    a_load, b_load = staging_load(g.a), staging_load(g.b)
+    interior = b.interior_facts
+    assert b.remaining(a_load, interior) == [] and b.remaining(b_load, interior) == []
+    edge = b.with_edge(interior)
+    assert len(b.remaining(a_load, edge)) == 1    # the row check of A
+    assert len(b.remaining(b_load, edge)) == 1    # the column check of B
+    remainder = b.with_edge(b.remainder_facts)
+    assert len(b.remaining(a_load, remainder)) == 2   # a remainder keeps the K check too
+
+
+def test_edge_tiles_keep_guards_in_the_source(monkeypatch, rng):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    d, _ = prepare(rng, 70, 50, 32, schedule=Schedule())
+    src = d.source
+    # One uniform interior test per threadgroup, then unguarded and guarded copies.
+    assert re.search(r"threadgroup_position_in_grid\.x\);\s*const bool \w+ = \(\w+ <= 1\);", src)
+    assert re.search(r"= left\[\w+\];", src) and re.search(r"\? left\[\w+\] : 0\.0f\)", src)
+    assert re.search(r"= right\[\w+\];", src) and re.search(r"\? right\[\w+\] : 0\.0f\)", src)
+    assert d.execution_report.loops[0].kind == "interior"
+
+
+# -- width 4 ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,vector", [("float32", "float4"), ("float16", "half4")])
+def test_vector_width_four_on_aligned_shapes(rng, dtype, vector):
+    d, ref = prepare(rng, *ALIGNED4, dtype, Schedule(vector_width=4))
+    check(d(), ref)
+    report = d.execution_report
+    assert "vectorize_staging" in report.passes
+    count = len(re.findall(rf"const {vector} \w+ = \*reinterpret_cast<const device packed_{vector}\*>",
+                           d.source))
+    assert report.vectorized_loads == count == 2      # one per operand, interior copies only
+    assert [lp.elements_per_lane for lp in report.loops if lp.kind == "interior"][:2] == [4, 4]
+    assert kinds(report) == ["interior", "remainder"]
+    assert not report.double_buffered
+
+
+def test_vector_width_four_is_rejected_on_ragged_strides(rng):
+    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably "
+                                               "misaligned"):
+        prepare(rng, *RAGGED, schedule=Schedule(vector_width=4))
+
+
+def test_vector_width_four_without_a_complete_tile_is_rejected(rng):
+    with pytest.raises(CompilationError, match="vector_width=4: no output tile is complete"):
+        prepare(rng, 8, 8, 8, schedule=Schedule(vector_width=4))
+    with pytest.raises(CompilationError, match="vector_width=4: no K step is complete"):
+        prepare(rng, 64, 64, 12, schedule=Schedule(vector_width=4))
+
+
+def test_vector_width_one_emits_no_vector_loads(monkeypatch, rng):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    d, _ = prepare(rng, *ALIGNED4, schedule=Schedule(vector_width=1))
+    assert d.execution_report.vectorized_loads == 0
+    assert "float4" not in d.source and "vectorize_staging" not in d.execution_report.passes
+
+
+def test_width_four_with_double_buffering_is_rejected(rng):
+    with pytest.raises(CompilationError, match="vector_width=4 with double_buffer=True"):
+        prepare(rng, *ALIGNED4, schedule=Schedule(vector_width=4, double_buffer=True))
+
+
+# -- explain() -------------------------------------------------------------------------------------
+
+def test_explain_shows_the_passes_and_loops(monkeypatch, rng):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    d, _ = prepare(rng, *RAGGED, schedule=Schedule(double_buffer=True))
+    data = json.loads(d.explain())
+    passes = data["passes"]
+    assert passes.index("prove_gemm_bounds") < passes.index("split_k_loop") < \
+        passes.index("double_buffer_staging")
+    assert passes[-2:] == ["verify", "emit_msl"]
+    assert data["double_buffered"] is True and data["plan"]["double_buffer"] is True
+    k = [lp for lp in data["loops"] if lp["induction_variable"] == "k"]
+    assert [lp["kind"] for lp in k] == ["interior", "interior", "remainder"]
+    assert all(lp["iteration_step"] == 16 for lp in k)
+    assert "No software double buffer was materialized." not in data["notes"]
+
+
+# -- source text: both backends --------------------------------------------------------------------
+
+def _block_after(src: str, header: str) -> str:
+    """The text of the `{ ... }` block that follows `header` (brace-matched)."""
+    start = src.index(header)
+    i = src.index("{", start)
+    depth = 0
+    for j in range(i, len(src)):
+        depth += {"{": 1, "}": -1}.get(src[j], 0)
+        if depth == 0:
+            return src[i:j + 1]
+    raise AssertionError("unbalanced braces")
+
+
+@pytest.mark.parametrize("backend,barrier,decl", [
+    ("msl", "threadgroup_barrier(mem_flags::mem_threadgroup);", "threadgroup float {}[1024];"),
+    ("cuda", "__syncthreads();", "__shared__ float {}[1024];"),
+])
+def test_double_buffer_source_has_two_stages_and_one_barrier_per_step(monkeypatch, rng, backend,
+                                                                      barrier, decl):
+    monkeypatch.setenv("METILE_BACKEND", backend)
+    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True))
+    src = d.source
+    for name in re.findall(r"(_s[ab]\d+)\[1024\]", src):
+        assert decl.format(name) in src                     # 2 x 32x16 float stages
+    assert len(re.findall(r"(_s[ab]\d+)\[1024\]", src)) == 2
+    loop = re.search(r"for \(int (_k\d+) = 0; \1 < 48; \1 \+= 16\)", src)
+    assert loop, "the steady-state loop runs over all but the last complete tile"
+    body = _block_after(src, loop.group(0))
+    assert body.count(barrier) == 1
+    assert d.execution_report.double_buffered
+
+
+@pytest.mark.parametrize("dtype,pattern", [
+    ("float32", r"const float4 \w+ = \*reinterpret_cast<const float4\*>\(&\w+\[\w+\]\);"),
+    ("float16", r"const uint2 \w+ = \*reinterpret_cast<const uint2\*>\(&\w+\[\w+\]\);"),
+    ("bfloat16", r"const uint2 \w+ = \*reinterpret_cast<const uint2\*>\(&\w+\[\w+\]\);"),
+])
+def test_cuda_vector_loads(monkeypatch, rng, dtype, pattern):
+    monkeypatch.setenv("METILE_BACKEND", "cuda")
+    d, _ = prepare(rng, *ALIGNED4, dtype, Schedule(vector_width=4))
+    assert len(re.findall(pattern, d.source)) == d.execution_report.vectorized_loads == 2
+    if dtype != "float32":
+        t = "__half" if dtype == "float16" else "__nv_bfloat16"
+        assert f"reinterpret_cast<const {t}*>(&" in d.source
+
+
+def test_msl_bfloat_vector_loads(monkeypatch, rng):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    d, _ = prepare(rng, *ALIGNED4, "bfloat16", Schedule(vector_width=4))
+    assert d.source.count("reinterpret_cast<const device packed_bfloat4*>") == 2
+
+
+# -- elementwise: width 4 with scalar masked tails, and bounds ------------------------------------
+
+@metile.kernel
+def axpy(X, Y, Z, alpha, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    x = metile.load(X + offs, mask=mask).to(metile.float32)
+    y = metile.load(Y + offs, mask=mask).to(metile.float32)
+    metile.store(Z + offs, (alpha * x + y).to(Z.dtype), mask=mask)
+
+
+@metile.kernel
+def double_in_place(X, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(X + offs, metile.load(X + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+
+def axpy_launch(rng, n, dtype="float32", schedule=None, block=512):
+    d = getattr(mx, dtype)
+    x = mx.array(rng.standard_normal(n).astype(np.float32)).astype(d)
+    y = mx.array(rng.standard_normal(n).astype(np.float32)).astype(d)
+    extra = {} if schedule is None else {"SCHEDULE": schedule}
+    disp = axpy[(metile.cdiv(n, block),)].prepare(x, y, mx.zeros((n,), dtype=d), 1.5, n,
+                                                   BLOCK=block, num_simdgroups=4, **extra)
+    ref = 1.5 * np.array(x.astype(mx.float32)) + np.array(y.astype(mx.float32))
+    return disp, ref
+
+
+@pytest.mark.parametrize("n", [2048, 1500, 516])
+def test_elementwise_width_four_with_scalar_tails(rng, n):
+    # 2048: every block complete; 1500, 516: a masked scalar tail block (516 = 512 + 4).
+    d, ref = axpy_launch(rng, n, schedule=Schedule(vector_width=4))
+    np.testing.assert_allclose(np.array(d()), ref, rtol=1e-6, atol=1e-6)
+    report = d.execution_report
+    assert "vectorize_elementwise" in report.passes
+    assert report.vectorized_loads == 2 == d.source.count("packed_float4*>")
+    assert [(lp.kind, lp.elements_per_lane) for lp in report.loops] == \
+        [("interior", 4), ("remainder", 4)]
+
+
+def test_elementwise_width_four_half(rng):
+    d, ref = axpy_launch(rng, 1000, "float16", Schedule(vector_width=4))
+    np.testing.assert_allclose(np.array(d().astype(mx.float32)), ref, rtol=2e-3, atol=2e-3)
+    assert d.source.count("packed_half4*>") == d.execution_report.vectorized_loads == 2
+
+
+def test_elementwise_width_four_source_text(monkeypatch, rng):
+    monkeypatch.setenv("METILE_BACKEND", "cuda")
+    d, _ = axpy_launch(rng, 1500, schedule=Schedule(vector_width=4))
+    src = d.source
+    assert len(re.findall(r"const float4 \w+ = \*reinterpret_cast<const float4\*>\(&X\[", src)) == 1
+    assert len(re.findall(r"const float4 \w+ = \*reinterpret_cast<const float4\*>\(&Y\[", src)) == 1
+    # Interior programs (0 and 1 of 3) store unguarded; the tail keeps the mask.
+    assert re.search(r"const bool \w+ = \(\w+ <= 1\);\nif \(\w+\) \{", src)
+    assert re.search(r"if \(\w+\) Z\[\w+\] = ", src) and re.search(r"\n    Z\[\w+\] = ", src)
+
+
+def test_elementwise_width_four_rejections(rng):
+    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably "
+                                               "misaligned"):
+        axpy_launch(rng, 1001, schedule=Schedule(vector_width=4))
+    with pytest.raises(CompilationError, match="vector_width=4: no program's block is complete"):
+        axpy_launch(rng, 256, schedule=Schedule(vector_width=4))
+    x = mx.ones((1024,))
+    with pytest.raises(CompilationError, match="vector_width=4: alignment of the interior "
+                                               "accesses is not provable"):
+        double_in_place[(2,)].prepare(x, 1024, BLOCK=512, num_simdgroups=4,
+                                      SCHEDULE=Schedule(vector_width=4))
+    # The lowering's own analysis names the reason too.
+    fn = double_in_place[(2,)].prepare(x, 1024, BLOCK=512, num_simdgroups=4).spec.tile_ir()
+    assert vectorizable(fn, {"n": 1024}) == "the kernel reads the buffer it stores to"
+
+
+@pytest.mark.parametrize("n", [1500, 2048])
+def test_elementwise_bounds_without_vectors(rng, n):
+    # A Schedule specializes n; width None/1 keep the scalar path and every tail guard.
+    for schedule in (Schedule(), Schedule(vector_width=1)):
+        d, ref = axpy_launch(rng, n, schedule=schedule)
+        np.testing.assert_allclose(np.array(d()), ref, rtol=1e-6, atol=1e-6)
+        assert d.execution_report.vectorized_loads == 0 and "float4" not in d.source
+        assert "< _v" in d.source or "< n" in d.source      # the tail guard stays
