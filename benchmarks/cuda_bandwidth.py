@@ -88,6 +88,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096],
                         help="BLOCK values to measure (elements per program)")
+    parser.add_argument("--vector-width", type=int, default=None, choices=[1, 4],
+                        help="launch with SCHEDULE=metile.Schedule(vector_width=...)")
     parser.add_argument("--num-simdgroups", type=int, nargs="+", default=[0],
                         help="threads per program / 32 to measure; 0 lets metile choose")
     parser.add_argument("--peak-gbs", type=float, default=4800.0)
@@ -107,6 +109,8 @@ def main():
         for block, nsg in [(b_, s_) for b_ in args.blocks for s_ in args.num_simdgroups]:
             grid = (metile.cdiv(n, block),)
             options = {"num_simdgroups": nsg} if nsg else {}
+            if args.vector_width:
+                options["SCHEDULE"] = metile.Schedule(vector_width=args.vector_width)
 
             def ours(y, bias, grid=grid, block=block, options=options):
                 return scale_bias_leaky[grid](y, bias, out, SCALE, n, BLOCK=block, **options)
@@ -130,6 +134,7 @@ def main():
                 "vector_mib": mib,
                 "block": block,
                 "num_simdgroups": nsg or "auto",
+                "vector_width": args.vector_width,
                 "elements": n,
                 "bytes_per_launch": bytes_moved,
                 "metile_us": float(np.median(t_ours)) * 1e6,
