@@ -170,6 +170,17 @@ template <typename TA, typename TB> __device__ __forceinline__ void metile_frag_
 }"""
 
 
+_VEC = """\
+template <typename V, typename T> __device__ __forceinline__ V metile_load_vec(const T* p) {
+  if ((reinterpret_cast<unsigned long long>(p) & (sizeof(V) - 1)) == 0) {
+    return *reinterpret_cast<const V*>(p);
+  }
+  V v;
+  memcpy(&v, p, sizeof(V));
+  return v;
+}"""
+
+
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "bool": "bool"}
@@ -188,7 +199,7 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8}
+    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC}
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
     MATRIX_UNITS = (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16),
@@ -212,9 +223,17 @@ class CUDAEmitter(CEmitter):
     SIMD_BARRIER = "__syncwarp();"
     # 16-byte float4 / 8-byte uint2 loads; 2-byte elements are read back through the
     # element type (the alignment of the whole group was proven by the pass).
+    # The 4-element alignment proof is relative to the buffer start; MLX may hand a
+    # kernel a row-contiguous slice whose base is not 16-byte aligned, so the load
+    # checks the address (uniform per buffer, so the branch does not diverge).
+    VECTOR_LOAD = "const {vtype} {name} = metile_load_vec<{vtype}>(&{root}[{index}]);"
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"),
                     "float16": ("uint2", "reinterpret_cast<const __half*>(&{v})[{i}]"),
                     "bfloat16": ("uint2", "reinterpret_cast<const __nv_bfloat16*>(&{v})[{i}]")}
+
+    def vector_load(self, op: Op, a: list[str], depth: int) -> None:
+        self.helpers_used.add("vec")
+        super().vector_load(op, a, depth)
 
     def fragment_type(self, role, dtype, shape) -> str:
         if tuple(shape) == (8, 8, 8):  # simdgroup_inline fragments
