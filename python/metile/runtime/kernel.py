@@ -273,8 +273,9 @@ class Kernel:
 
     __metile_kernel__ = True
 
-    def __init__(self, fn, num_simdgroups: int | None = None):
+    def __init__(self, fn, num_simdgroups: int | None = None, differentiable: bool = False):
         self.fn = fn
+        self.differentiable = differentiable
         functools.update_wrapper(self, fn)
         try:
             self.param_names, self.constexpr_names, self.defaults = constexpr_params(fn)
@@ -458,6 +459,10 @@ class Dispatch:
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked else None)
         self.single = len(out_arrays) == 1
+        self.scalars = scalars
+        self.autodiff = None
+        if kernel.differentiable and not self.empty:
+            self.autodiff = self._differentiable(runtime, outputs)
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
@@ -471,6 +476,32 @@ class Dispatch:
         if consts != self.spec.constexprs or threads != self.spec.threads_req:
             raise LaunchError("constexpr arguments differ from the prepared launch; prepare again")
 
+    def _differentiable(self, runtime: dict, outputs: list[str]):
+        """The launch wrapped in mx.custom_function with the expression vjp."""
+        from . import autodiff
+
+        fn = self.spec.tile_ir()
+        autodiff.check_pointwise(fn)
+        n = min(a.size for a in self.outputs)
+        if self.tracked or any(a.size != n for a in self.outputs):
+            raise CompilationError("differentiable=True needs launches that write every output "
+                                   "element (grid * BLOCK and n covering the outputs)",
+                                   self.kernel.loc)
+        roles = self.variant.data["input_roles"]
+        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
+                  and name not in outputs]
+        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        call, kwargs = self.variant.callable(), self.call_kwargs
+
+        def launch(*arrays):
+            inputs = list(kwargs["inputs"])
+            for i, a in zip(positions, arrays):
+                inputs[i] = a
+            return call(**{**kwargs, "inputs": inputs})[:len(outputs)]
+
+        forward = autodiff.differentiable_launch(fn, launch, loaded, outputs, self.scalars, n)
+        return lambda: forward(*[runtime[name] for name in loaded])
+
     def __call__(self, *args, **kwargs):
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
         if args or kwargs:
@@ -480,6 +511,8 @@ class Dispatch:
                 raise e.with_traceback(None) from None
         if self.empty:
             outs = list(self.outputs)
+        elif self.autodiff is not None:
+            outs = list(self.autodiff())
         else:
             outs = self.variant.callable()(**self.call_kwargs)
             if self.tracked:
@@ -510,11 +543,12 @@ class Dispatch:
         return self.execution_report.explain()
 
 
-def kernel(fn=None, *, num_simdgroups: int | None = None):
-    """Decorator: compile a Python function as a metile kernel (see module docstring)."""
+def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False):
+    """Decorator: compile a Python function as a metile kernel (see module docstring).
+    `differentiable=True` gives pointwise kernels a vjp (see runtime/autodiff.py)."""
     if fn is None:
-        return lambda f: Kernel(f, num_simdgroups)
-    return Kernel(fn, num_simdgroups)
+        return lambda f: Kernel(f, num_simdgroups, differentiable)
+    return Kernel(fn, num_simdgroups, differentiable)
 
 
 def inline(fn):
