@@ -204,8 +204,8 @@ def test_explain_shows_the_passes_and_loops(monkeypatch, rng):
     d, _ = prepare(rng, *RAGGED, schedule=Schedule(double_buffer=True))
     data = json.loads(d.explain())
     passes = data["passes"]
-    assert passes.index("prove_gemm_bounds") < passes.index("split_k_loop") < \
-        passes.index("double_buffer_staging")
+    assert passes.index("prove_gemm_bounds") < passes.index("lower_matmul") < \
+        passes.index("split_k_loop") < passes.index("double_buffer_staging")
     assert passes[-2:] == ["verify", "emit_msl"]
     assert data["double_buffered"] is True and data["plan"]["double_buffer"] is True
     k = [lp for lp in data["loops"] if lp["induction_variable"] == "k"]

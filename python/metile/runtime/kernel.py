@@ -252,9 +252,13 @@ class Specialization:
         if self.backend in debug_flags():
             print(f"// metile kernel {fn.name} ({self.key[:12]})\n{header}\n{body}", file=sys.stdout)
         matmul = thread_fn.meta.get("matmul") or {}
-        gemm = ["lower_matmul"] + (["fuse_epilogue"] if matmul.get("epilogue_regions") else []) \
-            if matmul else []
-        gemm += thread_fn.meta.get("lowering_passes", [])  # proofs, splitting, buffering
+        # In the order they ran: bounds proofs feed the GEMM lowering, which then
+        # splits, vectorizes and buffers its staging.
+        extra = thread_fn.meta.get("lowering_passes", [])
+        gemm = [p for p in extra if p == "prove_gemm_bounds"]
+        if matmul:
+            gemm += ["lower_matmul"] + (["fuse_epilogue"] if matmul.get("epilogue_regions") else [])
+        gemm += [p for p in extra if p != "prove_gemm_bounds"]
         passes = fn.meta["passes"] + ["plan_schedule", "placement", "lower_tiles", *gemm, "verify",
                                       f"emit_{self.backend}"]
         report = planning.make_report(self.plan, thread_fn, passes,
