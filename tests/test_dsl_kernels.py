@@ -321,3 +321,24 @@ def test_inside_nn_module(rng):
     check(out, normed @ w.T + bias, "float32")
     out_c = mx.compile(model)(x)
     check(out_c, normed @ w.T + bias, "float32")
+
+
+def test_repeated_launches_reuse_the_resolved_dispatch(rng):
+    # The second call with the same signature takes the cached path: new arrays,
+    # same checks.
+    n = 65
+    x, xr = make(rng, (n,), "float32")
+    y, yr = make(rng, (n,), "float32")
+    first = vector_add[(1,)](x, x, mx.zeros((n,)), n, BLOCK=256)
+    assert len(vector_add._launches) >= 1
+    again = vector_add[(1,)](x, y, mx.zeros((n,)), n, BLOCK=256)
+    check(first, 2 * xr, "float32")
+    check(again, xr + yr, "float32")
+    z = mx.zeros((n,))
+    with pytest.raises(metile.LaunchError, match="the same array as output"):
+        vector_add[(1,)](x, z, z, n, BLOCK=256)
+    # a different n is a different entry (coverage proofs depend on it)
+    short = vector_add[(1,)](x, y, mx.full((n,), -1.0), 7, BLOCK=256)
+    out = np.array(short)
+    np.testing.assert_allclose(out[:7], (xr + yr)[:7], rtol=3e-4, atol=3e-5)
+    np.testing.assert_array_equal(out[7:], -1.0)

@@ -288,6 +288,7 @@ class Kernel:
         self.num_simdgroups = num_simdgroups
         self._specs: dict = {}
         self.last_dispatch: "Dispatch | None" = None
+        self._launches: dict = {}
         code = getattr(fn, "__code__", None)
         self.loc = Loc(code.co_filename, code.co_firstlineno, 0) if code else None
 
@@ -403,12 +404,69 @@ def _grid(grid, bound: dict) -> tuple[int, int, int]:
     return tuple(grid) + (1,) * (3 - len(grid))
 
 
+def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
+    """The output arrays; a LaunchError if an input is an output or two outputs coincide."""
+    out_arrays = [runtime[n] for n in outputs]
+    for name, value in runtime.items():
+        if name in outputs:
+            continue
+        for o, arr in zip(outputs, out_arrays):
+            if value is arr:
+                raise LaunchError(f"argument {name!r} is the same array as output {o!r}; "
+                                  f"an input must not alias an output")
+    for i, a in enumerate(out_arrays):
+        for j in range(i):
+            if out_arrays[j] is a:
+                raise LaunchError(f"outputs {outputs[j]!r} and {outputs[i]!r} are the same array")
+    return out_arrays
+
+
+_LAUNCH_CACHE_SIZE = 256
+
+
+def _launch_key(grid, args, kwargs):
+    """What a repeated `kernel[grid](...)` call must share to reuse a resolved launch:
+    the grid, each argument's type, dtype and shape (scalars by value: they take part
+    in coverage proofs), and the keyword options.  None when a call is not cacheable."""
+    if callable(grid):
+        return None
+    parts = []
+    for a in args:
+        if isinstance(a, mx.array):
+            parts.append((a.dtype, tuple(a.shape)))
+        elif isinstance(a, (bool, int, float)):
+            parts.append((type(a), a))
+        else:
+            return None
+    try:
+        # with types: True == 1 and 1.0 == 1 must not share an entry
+        options = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
+        hash(options)
+    except TypeError:
+        return None
+    grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
+    return (grid_key, tuple(parts), options)
+
+
 class Launcher:
     def __init__(self, kernel: Kernel, grid):
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, **kwargs):
-        return self.prepare(*args, **kwargs)()
+        # A repeated launch with the same signature reuses the resolved Dispatch
+        # (binding, specialization, coverage proof) and only swaps the arrays.
+        kernel = self.kernel
+        key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
+        if key is not None:
+            template = kernel._launches.get(key)
+            if template is not None:
+                return template._relaunch(args)
+        d = self.prepare(*args, **kwargs)
+        if key is not None and d._positional:
+            if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
+                kernel._launches.clear()
+            kernel._launches[key] = d
+        return d()
 
     def prepare(self, *args, **kwargs) -> "Dispatch":
         try:
@@ -433,19 +491,7 @@ class Dispatch:
             if specs[name][0] != "buffer":
                 raise LaunchError(f"argument {name!r} is stored to by the kernel, so it must be "
                                   f"an mx.array with at least one dimension")
-        out_arrays = [runtime[n] for n in outputs]
-        for name, value in runtime.items():
-            if name in outputs:
-                continue
-            for o, arr in zip(outputs, out_arrays):
-                if value is arr:
-                    raise LaunchError(f"argument {name!r} is the same array as output {o!r}; "
-                                      f"an input must not alias an output")
-        for i, a in enumerate(out_arrays):
-            for j in range(i):
-                if out_arrays[j] is a:
-                    raise LaunchError(f"outputs {outputs[j]!r} and {outputs[i]!r} are the same "
-                                      f"array")
+        out_arrays = _check_aliasing(runtime, outputs)
         scalars = {n: v for n, v in runtime.items() if specs[n][0] == "scalar"}
         proven = tuple(
             n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars)
@@ -464,6 +510,9 @@ class Dispatch:
             init_value=0 if self.tracked else None)
         self.single = len(out_arrays) == 1
         self.scalars = scalars
+        positional = set(kernel.param_names[:len(args)])
+        self._positional = all(name in positional for _, name in d["input_roles"]) and \
+            all(name in positional for name in outputs)
         self.autodiff = None
         if kernel.differentiable and not self.empty:
             self.autodiff = self._differentiable(runtime, outputs)
@@ -506,6 +555,27 @@ class Dispatch:
         forward = autodiff.differentiable_launch(fn, launch, loaded, outputs, self.scalars, n)
         return lambda: forward(*[runtime[name] for name in loaded])
 
+    def _relaunch(self, args):
+        """This launch with new arrays of the same signature (see Launcher.__call__)."""
+        runtime = dict(zip(self.kernel.param_names, args))
+        outputs = _check_aliasing(runtime, self.spec.outputs)
+        if self.empty:
+            return outputs[0] if self.single else tuple(outputs)
+        inputs = [runtime[name] for _, name in self.variant.data["input_roles"]]
+        outs = self.variant.callable()(**{**self.call_kwargs, "inputs": inputs})
+        return self._finish(outs, outputs)
+
+    def _finish(self, outs, passed):
+        """Merge preserve-masked outputs with the passed arrays; one array or a tuple."""
+        if self.tracked:
+            n = len(passed)
+            for k, i in enumerate(self.tracked):
+                outs[i] = mx.where(outs[n + k], outs[i], passed[i])
+            outs = outs[:n]
+        if not outs:
+            return None
+        return outs[0] if self.single else tuple(outs)
+
     def __call__(self, *args, **kwargs):
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
         if args or kwargs:
@@ -518,12 +588,7 @@ class Dispatch:
         elif self.autodiff is not None:
             outs = list(self.autodiff())
         else:
-            outs = self.variant.callable()(**self.call_kwargs)
-            if self.tracked:
-                n = len(self.outputs)
-                for k, i in enumerate(self.tracked):
-                    outs[i] = mx.where(outs[n + k], outs[i], self.outputs[i])
-                outs = outs[:n]
+            return self._finish(self.variant.callable()(**self.call_kwargs), self.outputs)
         if not outs:
             return None
         return outs[0] if self.single else tuple(outs)
