@@ -137,3 +137,31 @@ def test_gpu_without_metal_says_where_msl_runs():
 def test_cuda_default_device_call_needs_cpu_stream():
     with pytest.raises(RuntimeError, match="Pass stream=mx.cpu"):
         launch(copy_kernel())
+
+
+@cpu_runtime_only
+def test_invalid_memory_access_is_reported_not_a_crash():
+    source = """
+        device float* wild = (device float*)(16);
+        wild[thread_position_in_grid.x] = inp[0];
+        out[thread_position_in_grid.x] = 1.0f;
+    """
+    (out,) = launch(copy_kernel(source, name="wild_pointer"))
+    with pytest.raises(RuntimeError, match=r"invalid memory access at address 0x10 in threadgroup \(0, 0, 0\)"):
+        mx.eval(out)
+    (good,) = launch(copy_kernel(), n=8)
+    np.testing.assert_array_equal(np.array(good), np.zeros(8, np.float32))
+
+
+@cpu_runtime_only
+def test_fiber_stack_overflow_is_reported():
+    # 800 KB of locals per thread overflow the 128 KiB fiber stack; the kernel is
+    # compiled with stack-clash probing, so the guard page catches it.
+    source = """
+        float big[200000];
+        for (int i = 0; i < 200000; ++i) big[i] = inp[0] + i;
+        out[thread_position_in_grid.x] = big[thread_position_in_grid.x * 1000];
+    """
+    (out,) = launch(copy_kernel(source, name="deep_stack"), n=4)
+    with pytest.raises(RuntimeError, match="invalid memory access .* fiber stack overflow"):
+        mx.eval(out)

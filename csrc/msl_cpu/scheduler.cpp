@@ -1,6 +1,8 @@
 #include "scheduler.h"
 
 #include <dlfcn.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -8,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -334,6 +337,60 @@ void run_group(Worker& w, const Dispatch& d, const std::array<std::uint32_t, 3>&
   w.poisoned_high_water = w.group.used;
 }
 
+// Fault guard.  A kernel that dereferences a bad address (an index past its
+// buffer, a stack overflow into a fiber's guard page) must not take the Python
+// process down: while a worker runs kernel code, SIGSEGV/SIGBUS jump back to
+// the group's scheduler, which reports the fault as a kernel error.  Signals
+// raised outside kernel code go to the handler that was installed before.
+thread_local sigjmp_buf* t_fault_jump = nullptr;
+thread_local volatile sig_atomic_t t_in_kernel = 0;
+thread_local void* t_fault_address = nullptr;
+struct sigaction g_previous_segv, g_previous_bus;
+
+void fault_handler(int sig, siginfo_t* info, void* context) {
+  if (t_in_kernel && t_fault_jump) {
+    t_in_kernel = 0;
+    t_fault_address = info->si_addr;
+    siglongjmp(*t_fault_jump, sig);
+  }
+  const struct sigaction& previous = sig == SIGSEGV ? g_previous_segv : g_previous_bus;
+  if (previous.sa_flags & SA_SIGINFO) {
+    previous.sa_sigaction(sig, info, context);
+  } else if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  } else {
+    previous.sa_handler(sig);
+  }
+}
+
+void install_fault_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction action {};
+    action.sa_sigaction = fault_handler;
+    action.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &g_previous_segv);
+    sigaction(SIGBUS, &action, &g_previous_bus);
+  });
+  // The handler must run on an alternate stack: the fault may be a fiber's
+  // stack overflow.  Keep a thread's existing alternate stack if it has one.
+  thread_local bool has_stack = false;
+  if (!has_stack) {
+    stack_t current{};
+    sigaltstack(nullptr, &current);
+    if (current.ss_flags & SS_DISABLE) {
+      static thread_local std::vector<char> memory(1 << 16);
+      stack_t ours{};
+      ours.ss_sp = memory.data();
+      ours.ss_size = memory.size();
+      sigaltstack(&ours, nullptr);
+    }
+    has_stack = true;
+  }
+}
+
 // A small persistent pool: dispatches are frequent and short, so threads are
 // kept rather than spawned per launch.
 class Pool {
@@ -443,6 +500,7 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
   std::string error;
 
   Pool::get().run([&](std::size_t) {
+    install_fault_guard();
     Worker& w = worker_for_thread();
     w.entry = lib.entry();
     w.buffers = buffers;
@@ -454,7 +512,20 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
           static_cast<std::uint32_t>(g % groups[0]),
           static_cast<std::uint32_t>((g / groups[0]) % groups[1]),
           static_cast<std::uint32_t>(g / (std::uint64_t(groups[0]) * groups[1]))};
-      run_group(w, d, gid, groups);
+      sigjmp_buf fault;
+      if (sigsetjmp(fault, 1) == 0) {
+        t_fault_jump = &fault;
+        t_in_kernel = 1;
+        run_group(w, d, gid, groups);
+        t_in_kernel = 0;
+      } else {
+        char where[64];
+        std::snprintf(where, sizeof where, "%p", t_fault_address);
+        w.fail("invalid memory access at address " + std::string(where) + " in " +
+               group_name(gid) + " (an index outside its buffer, or a fiber stack overflow: "
+               "see METILE_MSL_STACK_KB)");
+      }
+      t_fault_jump = nullptr;
       if (w.failed) {
         failed = true;
         std::lock_guard<std::mutex> lock(error_mutex);

@@ -48,6 +48,10 @@ _FLAGS = [
     # bfloat conversions live in compiler-rt's builtins, not libgcc.
     "--rtlib=compiler-rt",
     "-fvisibility=hidden",
+    # Probe every page of a large frame, so a kernel overflowing its fiber stack
+    # hits the guard page (a reported fault) instead of jumping past it into
+    # other memory.
+    "-fstack-clash-protection",
     "-Wno-unknown-attributes",
     "-Wno-c++11-narrowing",
     "-Wno-ignored-attributes",
