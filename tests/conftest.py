@@ -8,6 +8,8 @@ import pytest
 # Compiled kernels are cached on disk; a run shares one cache directory so each
 # kernel compiles once (CI sets METILE_CACHE_DIR to keep it between steps).
 os.environ.setdefault("METILE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "metile-test-cache"))
+# A kernel that never finishes fails its test instead of hanging the run.
+os.environ.setdefault("METILE_MSL_TIMEOUT_S", "300")
 
 
 def default_is_cpu() -> bool:

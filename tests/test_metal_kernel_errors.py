@@ -165,3 +165,18 @@ def test_fiber_stack_overflow_is_reported():
     (out,) = launch(copy_kernel(source, name="deep_stack"), n=4)
     with pytest.raises(RuntimeError, match="invalid memory access .* fiber stack overflow"):
         mx.eval(out)
+
+
+@cpu_runtime_only
+def test_endless_kernel_is_interrupted_by_the_timeout(monkeypatch):
+    monkeypatch.setenv("METILE_MSL_TIMEOUT_S", "1")
+    source = """
+        float v = inp[0];
+        while (v >= 0.0f) { v = v + 1.0f; if (v > 1e30f) v = 0.0f; }
+        out[thread_position_in_grid.x] = v;
+    """
+    (out,) = launch(copy_kernel(source, name="endless"), n=64, grid=(64, 1, 1), threadgroup=(32, 1, 1))
+    with pytest.raises(RuntimeError, match=r"kernel exceeded METILE_MSL_TIMEOUT_S=1 s in threadgroup"):
+        mx.eval(out)
+    (good,) = launch(copy_kernel(), n=8)
+    np.testing.assert_array_equal(np.array(good), np.zeros(8, np.float32))

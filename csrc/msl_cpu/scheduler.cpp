@@ -11,8 +11,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <cstdio>
+#include <chrono>
 #include <functional>
 #include <mutex>
+#include <pthread.h>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -364,6 +366,17 @@ void fault_handler(int sig, siginfo_t* info, void* context) {
   }
 }
 
+// The watchdog's signal: a real-time signal nothing else in MLX uses.  It only
+// interrupts a worker that is inside kernel code; elsewhere it is ignored.
+int watchdog_signal() { return SIGRTMIN + 7; }
+
+void watchdog_handler(int sig, siginfo_t*, void*) {
+  if (t_in_kernel && t_fault_jump) {
+    t_in_kernel = 0;
+    siglongjmp(*t_fault_jump, sig);
+  }
+}
+
 void install_fault_guard() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -373,6 +386,11 @@ void install_fault_guard() {
     sigemptyset(&action.sa_mask);
     sigaction(SIGSEGV, &action, &g_previous_segv);
     sigaction(SIGBUS, &action, &g_previous_bus);
+    struct sigaction watchdog {};
+    watchdog.sa_sigaction = watchdog_handler;
+    watchdog.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&watchdog.sa_mask);
+    sigaction(watchdog_signal(), &watchdog, nullptr);
   });
   // The handler must run on an alternate stack: the fault may be a fiber's
   // stack overflow.  Keep a thread's existing alternate stack if it has one.
@@ -499,8 +517,34 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
   std::mutex error_mutex;
   std::string error;
 
+  // METILE_MSL_TIMEOUT_S bounds a dispatch's wall time: a kernel that never
+  // finishes (an endless loop) is interrupted and reported instead of hanging.
+  const char* limit_env = std::getenv("METILE_MSL_TIMEOUT_S");
+  const double limit = limit_env ? std::strtod(limit_env, nullptr) : 0.0;
+  std::mutex threads_mutex;
+  std::vector<pthread_t> threads;
+  std::mutex done_mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::atomic<bool> timed_out{false};
+  std::thread watchdog;
+  if (limit > 0) {
+    watchdog = std::thread([&] {
+      std::unique_lock<std::mutex> lock(done_mutex);
+      if (done_cv.wait_for(lock, std::chrono::duration<double>(limit), [&] { return done; })) return;
+      timed_out = true;
+      failed = true;
+      std::lock_guard<std::mutex> t(threads_mutex);
+      for (pthread_t thread : threads) pthread_kill(thread, watchdog_signal());
+    });
+  }
+
   Pool::get().run([&](std::size_t) {
     install_fault_guard();
+    {
+      std::lock_guard<std::mutex> lock(threads_mutex);
+      threads.push_back(pthread_self());
+    }
     Worker& w = worker_for_thread();
     w.entry = lib.entry();
     w.buffers = buffers;
@@ -518,6 +562,9 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
         t_in_kernel = 1;
         run_group(w, d, gid, groups);
         t_in_kernel = 0;
+      } else if (timed_out) {
+        w.fail("kernel exceeded METILE_MSL_TIMEOUT_S=" + std::string(limit_env) + " s in " +
+               group_name(gid) + " (a loop that never ends?)");
       } else {
         char where[64];
         std::snprintf(where, sizeof where, "%p", t_fault_address);
@@ -533,7 +580,20 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
         break;
       }
     }
+    std::lock_guard<std::mutex> lock(threads_mutex);
+    threads.erase(std::find(threads.begin(), threads.end(), pthread_self()));
   });
+  if (watchdog.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(done_mutex);
+      done = true;
+    }
+    done_cv.notify_all();
+    watchdog.join();
+  }
+  if (failed && error.empty() && timed_out) {
+    error = "kernel exceeded METILE_MSL_TIMEOUT_S=" + std::string(limit_env) + " s";
+  }
   if (failed) throw KernelError("[metal_kernel] " + error);
 }
 

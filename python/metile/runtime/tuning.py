@@ -37,7 +37,8 @@ from ..schedule.schedule import Config, ScheduleError
 
 FORMAT = 1
 # METILE_* variables that cannot change generated code or its numerics.
-_ENV_IGNORED = {"METILE_CACHE_DIR", "METILE_DEBUG", "METILE_DISABLE_DISK_CACHE"}
+_ENV_IGNORED = {"METILE_CACHE_DIR", "METILE_DEBUG", "METILE_DISABLE_DISK_CACHE",
+                "METILE_MSL_TIMEOUT_S", "METILE_RACE_CHECK", "METILE_MSL_CHECK_ADDRESS_SPACES"}
 
 
 class TuningError(RuntimeError):
