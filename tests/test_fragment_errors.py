@@ -293,3 +293,80 @@ def test_scratch_shape_must_match_block():
     rejected(short_scratch, "# MARK", r"scratch misuse: the scratch tensor has 8 rows; with "
              r"BLOCK=64 threads it needs BLOCK // 4 = 16", mx.zeros((8, 8)),
              mx.array([8], mx.int32), mx.zeros((8, 8)))
+
+
+@metile.kernel
+def group_outside(A, B, Out, *, BLOCK: metile.constexpr = 64):
+    memory = metile.shared(64, dtype="f32")
+    matrix = metile.tensor(memory, shape=(8, 8), block_shape=(8, 8))
+    output = metile.tensor(Out, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="write")
+    output.store((0, 0), matrix.load((metile.thread_id() // 32 * 8, 0)))  # MARK
+
+
+def test_per_simdgroup_tile_out_of_bounds():
+    # the second of the two SIMD-groups' tiles (rows 8..15) is outside the 8-row view
+    rejected(group_outside, "# MARK", r"out-of-bounds shared tile: the 8x8 tile's row origin is "
+             r"not provably within \[0, 0\] for every one of the 2 SIMD-groups")
+
+
+@metile.kernel
+def group_neighbour(A, B, Out, *, BLOCK: metile.constexpr = 64):
+    memory = metile.shared(192, dtype="f32")
+    matrix = metile.tensor(memory, shape=(24, 8), block_shape=(8, 8))
+    output = metile.tensor(Out, shape=(16, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="write")
+    row = metile.thread_id() // 32 * 8
+    fragment = matrix.load((row, 0))
+    matrix.store((row + 8, 0), fragment)  # MARK
+    output.store((row, 0), fragment)
+
+
+def test_per_simdgroup_tiles_overlapping_another_group():
+    # group g overwrites the tile group g + 1 reads: not provably disjoint
+    msg = rejected(group_neighbour, "# MARK", "missing barrier", M, M, mx.zeros((16, 8)))
+    assert "finish the matrix read before the storage is overwritten" in msg
+
+
+@metile.kernel
+def lane_while(A, B, Out, *, BLOCK: metile.constexpr = 32):
+    left = metile.tensor(A, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="read")
+    output = metile.tensor(Out, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="write")
+    step = 0
+    while step < metile.thread_id() % 4:  # WHILE
+        output.store((0, 0), left.load((0, 0)))  # MARK
+        step = step + 1
+
+
+def test_matrix_op_under_lane_divergent_while():
+    msg = rejected(lane_while, "# MARK", "matrix operations need control flow that is uniform "
+                   "within each SIMD-group")
+    assert f"the while loop at line {_line_of(lane_while, '# WHILE')} has a condition that " \
+           f"depends on thread_id()" in msg
+
+
+@metile.kernel
+def carried_lane_while(A, B, Out, *, BLOCK: metile.constexpr = 32):
+    left = metile.tensor(A, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="read")
+    output = metile.tensor(Out, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="write")
+    step = 0
+    while step < 4:
+        output.store((0, 0), left.load((0, 0)))  # MARK
+        step = step + 1 + metile.thread_id() % 2  # lane-dependent through the carried value
+
+
+def test_lane_divergence_carried_into_while_condition():
+    rejected(carried_lane_while, "# MARK", "uniform within each SIMD-group")
+
+
+@metile.kernel
+def barrier_in_group_while(A, B, Out, *, BLOCK: metile.constexpr = 64):
+    step = 0
+    while step < metile.thread_id() // 32:
+        metile.barrier()  # MARK
+        step = step + 1
+
+
+def test_barrier_needs_threadgroup_uniform_while():
+    # SIMD-uniform is enough for matrix operations, not for a threadgroup barrier
+    rejected(barrier_in_group_while, "# MARK", r"barrier\(\) under control flow that depends on "
+             r"thread_id\(\).*every thread of the program must reach it")

@@ -472,3 +472,138 @@ def test_padded_and_transposed_shared_views(rng):
     a64 = a.astype(np.float64)
     np.testing.assert_allclose(np.array(out), a64 @ a64.T, rtol=RTOL, atol=ATOL)
     assert "ulong2(0, 0), true)" in padded_gram.last_dispatch.source  # transposed matrix load
+
+
+@metile.kernel
+def group_products(A, B, Output, *, BLOCK: metile.constexpr = 64):
+    """relu(A_g @ B_g) for each SIMD-group g = thread_id() // 32: rows [24 g, 24 g + 24)
+    of one shared allocation belong to group g (its A tile, B tile, then the product).
+    No barrier between a group's matrix reads and its product store: the in-bounds
+    proof and the hazard analysis cover every SIMD-group's own tiles."""
+    memory = metile.shared(BLOCK * 6, dtype="f32")
+    values = metile.tensor(memory, shape=(BLOCK * 3 // 4, 8))
+    matrix = metile.tensor(memory, shape=(BLOCK * 3 // 4, 8), block_shape=(8, 8))
+    for index in metile.tile_range(metile.thread_id(), BLOCK * 2, BLOCK):
+        row = index // 64 * 24 + index % 64 // 8
+        values.store((row, index % 8), metile.load(A + index))
+        values.store((row + 8, index % 8), metile.load(B + index))
+    metile.barrier()
+    base = metile.thread_id() // 32 * 24
+    product = metile.dot(matrix.load((base, 0)), matrix.load((base + 8, 0)),
+                         metile.zeros((8, 8)))
+    matrix.store((base + 16, 0), metile.maximum(product, 0.0))
+    metile.barrier()
+    for index in metile.tile_range(metile.thread_id(), BLOCK * 2, BLOCK):
+        row = index // 64 * 24 + 16 + index % 64 // 8
+        metile.store(Output + index, values.load((row, index % 8)))
+
+
+@pytest.mark.parametrize("block", [64, 128])
+def test_per_simdgroup_shared_tiles(rng, block, monkeypatch):
+    # every lane order must give the same result (METILE_RACE_CHECK): the groups'
+    # tiles really are disjoint
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    groups = block // 32
+    a, b = _f32(rng, (groups, 8, 8)), _f32(rng, (groups, 8, 8))
+    out = group_products[(1,)](mx.array(a), mx.array(b), mx.zeros((groups, 8, 8)), BLOCK=block,
+                               STRICT_MATH=True, SCHEDULE=INLINE)
+    ref = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0.0)
+    np.testing.assert_allclose(np.array(out), ref, rtol=RTOL, atol=ATOL)
+
+
+@metile.kernel
+def group_rounds(Source, Output, *, BLOCK: metile.constexpr = 64):
+    """SIMD-group g doubles its tile g + 1 times: a while loop whose condition is
+    uniform within each SIMD-group (and differs between them)."""
+    source = metile.tensor(Source, shape=(BLOCK // 4, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="read")
+    output = metile.tensor(Output, shape=(BLOCK // 4, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="write")
+    group = metile.thread_id() // 32
+    fragment = metile.loop_state(source.load((group * 8, 0)))
+    step = 0
+    while step <= group:
+        fragment = fragment * 2.0
+        step = step + 1
+    output.store((group * 8, 0), fragment)
+
+
+def test_simd_uniform_while_condition(rng):
+    source = _f32(rng, (4, 8, 8))
+    out = group_rounds[(1,)](mx.array(source), mx.zeros((4, 8, 8)), BLOCK=128,
+                             STRICT_MATH=True, SCHEDULE=INLINE)
+    expect = source * (2.0 ** np.arange(1, 5, dtype=np.float32))[:, None, None]
+    np.testing.assert_array_equal(np.array(out), expect)
+
+
+@metile.kernel(differentiable=True)
+def relu_epilogue(Source, Control, Output, *, BLOCK: metile.constexpr = 32):
+    """A pointwise fragment epilogue over device tiles with a masked tail."""
+    scratch = metile.tensor(metile.shared(BLOCK * 2, dtype="f32"), shape=(BLOCK // 4, 8))
+    rows = metile.load(Control)
+    source = metile.tensor(Source, shape=(rows, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="read")
+    output = metile.tensor(Output, shape=(rows, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="write")
+    for row in metile.tile_range(0, rows, 8):
+        o = (row, 0)
+        output.store(o, metile.maximum(source.load(o, scratch=scratch) * 2.0, 0.0),
+                     scratch=scratch)
+
+
+@metile.kernel(differentiable=True)
+def product_epilogue(A, B, Output, *, BLOCK: metile.constexpr = 32):
+    left = metile.tensor(A, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="read")
+    right = metile.tensor(B, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="read")
+    output = metile.tensor(Output, shape=(8, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="write")
+    product = metile.dot(left.load((0, 0)), right.load((0, 0)), metile.zeros((8, 8)))  # MARK
+    output.store((0, 0), metile.maximum(product, 0.0))
+
+
+def test_fragment_epilogue_vjp(rng):
+    rows, capacity = 9, 16
+    source = _f32(rng, (capacity, 8))
+    weights = _f32(rng, (capacity, 8))
+    control = mx.array([rows], mx.int32)
+
+    def loss(s):
+        out = relu_epilogue[(1,)](s, control, mx.full((capacity, 8), -7.0),
+                                  STRICT_MATH=True, SCHEDULE=INLINE)
+        return (out * mx.array(weights)).sum(), out
+
+    (value, out), grad = mx.value_and_grad(loss)(mx.array(source))
+    expect = np.full((capacity, 8), -7.0, np.float32)
+    expect[:rows] = np.maximum(source[:rows] * 2.0, 0.0)
+    np.testing.assert_array_equal(np.array(out), expect)
+    # rows past the row count are never read: their gradient is zero
+    ref = np.zeros((capacity, 8), np.float32)
+    ref[:rows] = weights[:rows] * 2.0 * (source[:rows] > 0)
+    np.testing.assert_allclose(np.array(grad), ref, rtol=RTOL, atol=ATOL)
+
+
+def test_matrix_products_are_not_differentiated():
+    import inspect
+    with pytest.raises(metile.CompilationError, match="does not differentiate matrix products"
+                       ) as info:
+        product_epilogue[(1,)](mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)),
+                               STRICT_MATH=True, SCHEDULE=INLINE)
+    lines, first = inspect.getsourcelines(product_epilogue.fn)
+    line = first + next(i for i, t in enumerate(lines) if "# MARK" in t)
+    assert f"test_fragments.py:{line}:" in str(info.value)
+
+
+@metile.kernel(differentiable=True)
+def shifted_epilogue(Source, Output, *, BLOCK: metile.constexpr = 32):
+    source = metile.tensor(Source, shape=(16, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="read")
+    output = metile.tensor(Output, shape=(16, 8), strides=(8, 1), block_shape=(8, 8),
+                           access="write")
+    output.store((8, 0), source.load((0, 0)) * 2.0)
+
+
+def test_position_changing_epilogue_is_not_pointwise():
+    with pytest.raises(metile.CompilationError, match="every matrix view access needs the same "
+                       "origin, extents and strides"):
+        shifted_epilogue[(1,)](mx.zeros((16, 8)), mx.zeros((16, 8)), STRICT_MATH=True,
+                               SCHEDULE=INLINE)

@@ -10,8 +10,8 @@ from .shared_hazards import check_shared_contract
 
 
 def fragment_plan(fn: Function, constexprs: dict, schedule, target, threads_req):
-    check_shared_contract(fn)
     threads = fragment_threads(fn, constexprs, threads_req)
+    check_shared_contract(fn, threads)
     ops = list(walk(fn.body))
     dtypes = tuple(dict.fromkeys(v.type.elem.dtype.name for op in ops if op.name == "dot"
                                  for v in op.operands[:2]))

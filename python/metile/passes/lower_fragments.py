@@ -64,7 +64,7 @@ def fragment_threads(fn: Function, constexprs: dict, requested: int | None) -> i
 class FragmentLowering(Lowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=()):
         super().__init__(fn, threads, buffers, ())
-        ranges = Checker(fn)
+        ranges = Checker(fn, threads)
         ranges._divergence(fn.body)
         self.ranges = ranges  # loop-index intervals for tile completeness proofs
         self.gemm = None  # a dot over a loop here is the kernel's own program, not a GEMM
@@ -440,7 +440,7 @@ class _Named(Value):
 
 
 def lower_fragments(fn: Function, threads: int, buffers: dict) -> Function:
-    check_shared_contract(fn)  # again here: the plan may have come from the disk cache
+    check_shared_contract(fn, threads)  # again here: the plan may have come from the disk cache
     passes = fn.meta.setdefault("passes", [])
     for name in ("shared_hazards", "lower_fragments"):
         if name not in passes:

@@ -14,6 +14,16 @@ naming why):
 
 Matrix products and mutable multi-stage pipelines are not differentiated: the
 replay would not be the kernel's expression.
+
+`simdgroup_inline` kernels qualify when their outputs are a pointwise function
+of 8x8 device-tile loads (`check_fragment_pointwise`): every matrix view access
+has the same origin, extents and strides, so an output element at address a
+depends only on the inputs' elements at a.  Loops, runtime extents and masked
+tails are allowed (they choose which elements are written, which the launch
+records); a `dot`, shared memory other than scratch, barriers, scalar device
+stores and values carried across iterations are not.  The vjp replays the
+stored expression over the whole flattened arrays and keeps the cotangent of
+the elements the kernel wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import mlx.core as mx
 
 from ..frontend import CompilationError
 from ..ir.core import Function, walk
+from ..ir.types import elem_type
 from ..passes.buffer_usage import _block_offsets, _def, _strip
 
 _MX = {
@@ -66,6 +77,56 @@ def check_pointwise(fn: Function) -> None:
                     raise _reject("masks must be `offs < n`", op)
 
 
+def check_fragment_pointwise(fn: Function) -> None:
+    """Raise a CompilationError unless the simdgroup_inline kernel `fn` is a pointwise
+    map of device tiles (module docstring)."""
+    params = {id(p.value) for p in fn.params if p.value is not None}
+    ops = list(walk(fn.body))
+    scratch = {op.attrs["scratch"] for op in ops if op.attrs.get("scratch")}
+    geometry, stored, pointwise = None, set(), set(params)
+    for op in ops:
+        if op.name == "dot":
+            raise CompilationError("differentiable=True does not differentiate matrix products "
+                                   "(metile.dot): expression vjp covers pointwise fragment "
+                                   "epilogues only", op.loc)
+        if op.name == "shared_alloc" and op.attrs["root"] not in scratch or op.name == "barrier":
+            raise _reject(f"'{op.name}' (shared-memory exchange) is not an elementwise "
+                          f"operation", op)
+        if op.name == "store" or (op.name == "load"
+                                  and not elem_type(op.results[0].type).dtype.is_int):
+            raise _reject("scalar device loads and stores are not part of a fragment "
+                          "expression (only integer extents may be loaded)", op)
+        if op.name in ("frag_view_load", "frag_view_store"):
+            if op.attrs["space"] != "device" or id(op.operands[0]) not in params:
+                raise _reject("matrix views must address a buffer parameter directly", op)
+            key = (tuple(_const(v) if _const(v) is not None else id(v)
+                         for v in op.operands[1:5]), tuple(op.attrs["strides"]))
+            if geometry is not None and key != geometry:
+                raise _reject("every matrix view access needs the same origin, extents and "
+                              "strides, so each output element depends on the inputs' elements "
+                              "at its own address", op)
+            geometry = key
+            if op.name == "frag_view_store":
+                root = id(op.operands[0])
+                if root in stored:
+                    raise _reject("each output is stored by one expression", op)
+                stored.add(root)
+                if id(op.operands[5]) not in pointwise:
+                    raise _reject("the stored fragment must be a pointwise function of matrix "
+                                  "loads, constants and scalar parameters (no loop-carried or "
+                                  "position-dependent values)", op)
+            else:
+                pointwise.add(id(op.results[0]))
+        elif op.name == "const" or (op.name in _MX or op.name in ("splat", "cast")) and \
+                op.operands and all(id(v) in pointwise for v in op.operands):
+            pointwise.update(id(r) for r in op.results)
+
+
+def _const(v):
+    op = _def(v)
+    return op.attrs["value"] if op is not None and op.name == "const" else None
+
+
 def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str, mx.array]:
     """The kernel's stored values as MLX ops over whole (flattened) input arrays."""
     env: dict[int, object] = {}
@@ -82,12 +143,18 @@ def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str
         elif name == "splat":
             if id(op.operands[0]) in env:
                 env[id(op.results[0])] = env[id(op.operands[0])]
+        elif name == "load" and fn.meta.get("fragments"):
+            continue  # an integer extent (check_fragment_pointwise), not part of the values
         elif name == "load":
             root = _def(op.operands[0]).operands[0]
             env[id(op.results[0])] = loaded[_root_name(fn, root)]
         elif name == "store":
             root = _def(op.operands[0]).operands[0]
             out[_root_name(fn, root)] = env[id(op.operands[1])]
+        elif name == "frag_view_load":
+            env[id(op.results[0])] = loaded[_root_name(fn, op.operands[0])]
+        elif name == "frag_view_store":
+            out[_root_name(fn, op.operands[0])] = env[id(op.operands[5])]
         elif name == "cast":
             value = env[id(op.operands[0])]
             target = _DTYPES[op.results[0].type.dtype.name]
@@ -127,3 +194,45 @@ def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_
                 for g, p in zip(grads, primals)]
 
     return forward
+
+
+def fragment_differentiable_launch(fn: Function, launch, loaded_names: list[str],
+                                   output_names: list[str], scalars: dict):
+    """`launch(*loaded_arrays) -> (outputs, written)` made differentiable for a
+    simdgroup_inline kernel that passed check_fragment_pointwise; `written` holds one
+    float32 mask per output (1 where the kernel stored).  The vjp replays the stored
+    expression over the flattened arrays and keeps the written elements' cotangents."""
+    k = len(output_names)
+
+    @mx.custom_function
+    def forward(*arrays):
+        outs, written = launch(*arrays)
+        return [*outs, *written]
+
+    @forward.vjp
+    def backward(primals, cotangents, outputs):
+        n = max(o.size for o in outputs[:k])
+        floats = [i for i, p in enumerate(primals) if mx.issubdtype(p.dtype, mx.floating)]
+
+        def fit(a, m):
+            flat = a.reshape(-1)
+            return flat[:m] if flat.size >= m else mx.pad(flat, (0, m - flat.size))
+
+        def expression(*arrays):
+            flat = {name: fit(a, n) for name, a in zip(loaded_names, primals)}
+            flat.update({loaded_names[i]: fit(a, n) for i, a in zip(floats, arrays)})
+            values = replay(fn, flat, scalars)
+            return [mx.broadcast_to(mx.array(values[name]) if not isinstance(values[name],
+                                                                              mx.array)
+                                    else values[name], (n,))[:o.size].astype(mx.float32)
+                    for name, o in zip(output_names, outputs)]
+
+        cots = [c.reshape(-1).astype(mx.float32) * m.reshape(-1)
+                for c, m in zip(cotangents[:k], outputs[k:])]
+        _, grads = mx.vjp(expression, [primals[i] for i in floats], cots)
+        out = [mx.zeros_like(p) for p in primals]
+        for i, g in zip(floats, grads):
+            out[i] = fit(g, primals[i].size).reshape(primals[i].shape).astype(primals[i].dtype)
+        return out
+
+    return lambda *arrays: forward(*arrays)[:k]

@@ -534,6 +534,8 @@ class Dispatch:
         from . import autodiff
 
         fn = self.spec.tile_ir()
+        if fn.meta.get("fragments"):
+            return self._differentiable_fragments(fn, runtime, outputs)
         autodiff.check_pointwise(fn)
         n = min(a.size for a in self.outputs)
         if self.tracked or any(a.size != n for a in self.outputs):
@@ -553,6 +555,33 @@ class Dispatch:
             return call(**{**kwargs, "inputs": inputs})[:len(outputs)]
 
         forward = autodiff.differentiable_launch(fn, launch, loaded, outputs, self.scalars, n)
+        return lambda: forward(*[runtime[name] for name in loaded])
+
+    def _differentiable_fragments(self, fn, runtime: dict, outputs: list[str]):
+        """simdgroup_inline kernels: a pointwise epilogue of device tiles (autodiff.py)."""
+        from . import autodiff
+
+        autodiff.check_fragment_pointwise(fn)
+        roles = self.variant.data["input_roles"]
+        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
+                  and name not in outputs]
+        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        call, kwargs, passed = self.variant.callable(), self.call_kwargs, list(self.outputs)
+        tracked, k = self.tracked, len(outputs)
+
+        def launch(*arrays):
+            inputs = list(kwargs["inputs"])
+            for i, a in zip(positions, arrays):
+                inputs[i] = a
+            outs = list(call(**{**kwargs, "inputs": inputs}))
+            written = [mx.ones(a.shape, mx.float32) for a in passed]
+            for j, i in enumerate(tracked):
+                written[i] = outs[k + j].astype(mx.float32)
+                outs[i] = mx.where(outs[k + j], outs[i], passed[i])
+            return outs[:k], written
+
+        forward = autodiff.fragment_differentiable_launch(fn, launch, loaded, outputs,
+                                                          self.scalars)
         return lambda: forward(*[runtime[name] for name in loaded])
 
     def _relaunch(self, args):
