@@ -64,11 +64,9 @@ def test_epilogue_cast_to_narrow_output(rng, in_dtype, out_dtype):
     check(out, reference("affine_leaky", acc), out_dtype)
 
 
-@metile.kernel
-def triton_style_epilogue(A, B, C, M, N, K, alpha, beta, BM: metile.constexpr = 32,
-                          BN: metile.constexpr = 32, BK: metile.constexpr = 16):
-    rm = metile.program_id(0) * BM + metile.arange(0, BM)
-    rn = metile.program_id(1) * BN + metile.arange(0, BN)
+@metile.inline
+def k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK):
+    """The canonical dot-over-K recurrence every kernel below shares."""
     acc = metile.zeros((BM, BN), dtype=metile.float32)
     for k in metile.tile_range(0, K, BK):
         rk = k + metile.arange(0, BK)
@@ -77,6 +75,15 @@ def triton_style_epilogue(A, B, C, M, N, K, alpha, beta, BM: metile.constexpr = 
         b = metile.load(B + rk[:, None] * N + rn[None, :],
                         mask=(rk[:, None] < K) & (rn[None, :] < N))
         acc = metile.dot(a, b, acc)
+    return acc
+
+
+@metile.kernel
+def triton_style_epilogue(A, B, C, M, N, K, alpha, beta, BM: metile.constexpr = 32,
+                          BN: metile.constexpr = 32, BK: metile.constexpr = 16):
+    rm = metile.program_id(0) * BM + metile.arange(0, BM)
+    rn = metile.program_id(1) * BN + metile.arange(0, BN)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     scaled = acc * alpha + beta                      # shared by the three uses below
     activated = metile.where(scaled > 0, scaled, scaled * 0.1)
     gated = metile.minimum(activated, 4.0) - metile.abs(scaled) * 0.0625
@@ -125,14 +132,7 @@ def bias_epilogue(A, B, C, Bias, M, N, K, BM: metile.constexpr = 16, BN: metile.
                   BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     bias = metile.load(Bias + rn, mask=rn < N)  # REJECT
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], acc + bias[None, :], mask=mask)
@@ -143,14 +143,7 @@ def reduction_epilogue(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.c
                        BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     row_max = metile.max(acc, axis=1)  # REJECT
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], acc - row_max[:, None], mask=mask)
@@ -161,14 +154,7 @@ def control_flow_epilogue(A, B, C, M, N, K, flag, BM: metile.constexpr = 16,
                           BN: metile.constexpr = 16, BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     if flag > 0:  # REJECT
         acc = acc * 2.0
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -180,14 +166,7 @@ def two_stores(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.constexpr
                BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], acc, mask=mask)
     metile.store(C + rm[:, None] * N + rn[None, :], acc * 2.0, mask=mask)  # REJECT
@@ -198,14 +177,7 @@ def two_products(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.constex
                  BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     square = metile.load(B + metile.arange(0, BN)[:, None] * N + rn[None, :])
     again = metile.dot(acc, square)  # REJECT
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -217,14 +189,7 @@ def dimension_leaf(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.const
                    BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     mean = acc / metile.cast(K, metile.float32)  # REJECT
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], mean, mask=mask)
@@ -235,14 +200,7 @@ def early_narrowing(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.cons
                     BK: metile.constexpr = 8):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     half = acc.to(metile.float16)  # REJECT
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], half * 2.0, mask=mask)
