@@ -19,16 +19,13 @@ the host cost of one eager (uncompiled) launch of each.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
-import subprocess
 import time
 
 import mlx.core as mx
 import numpy as np
 
 import metile
+from benchmarks.common import machine, write_report
 
 SCALE = 0.5
 
@@ -45,14 +42,6 @@ def scale_bias_leaky(X, B, Y, scale, n, BLOCK: metile.constexpr):
 def mlx_fused(x, b):
     z = x * SCALE + b
     return mx.where(z > 0, z, 0.1 * z)
-
-
-def gpu_name() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return str(mx.default_device())
 
 
 def chain(step, x, b, launches):
@@ -153,18 +142,13 @@ def main():
                   f"eager host us/launch: metile {host_ours * 1e6:.0f}, mlx {host_mlx * 1e6:.0f}")
 
     report = {
-        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": gpu_name(),
-        "platform": platform.platform(),
-        "mlx_version": mx.__version__,
+        **machine(),
         "metric": "median over rounds of (synchronized wall time / launches) for a chain of dependent "
                   "calls of an mx.compile'd step, one sync per chain; metile and MLX alternate",
         "configuration": vars(args),
         "cases": cases,
     }
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(report, f, indent=2)
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ CPU code it is, it is not a performance target.
 """
 
 import argparse
-import json
-import platform
 import time
 
 import mlx.core as mx
 import numpy as np
 
 import metile
+from benchmarks.common import machine, write_report
 from metile_kernels.msl_reference import GEMM_SOURCE
 
 EXP_SOURCE = """
@@ -86,10 +85,7 @@ def main():
                      output_shapes=[(s, s)], output_dtypes=[mx.float32])[0],
         lambda: a @ b, args.repeats, 2 * s**3, "flop_per_s"))
 
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump({"machine": platform.platform(), "processor": platform.processor(),
-                       "mlx_version": mx.__version__, "cases": rows}, f, indent=2)
+    write_report(args.output, {**machine(), "cases": rows})
 
 
 if __name__ == "__main__":

@@ -21,11 +21,8 @@ separately, like the recorded M5 report this file's JSON follows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
+from benchmarks.common import machine, write_report
 from metile.runtime import cache
 from metile_kernels.gemm import grid, matmul, matmul_epilogue
 
@@ -100,11 +98,6 @@ def reports(n: int, dtype, a, b, tile: dict) -> dict:
         mx.zeros((n, n)), mx.zeros((n, n), dtype), ALPHA, BETA, n * n, BLOCK=1024)
     return {"fused": fused.execution_report.to_dict(), "product": product.execution_report.to_dict(),
             "separate_epilogue": pointwise.execution_report.to_dict()}
-
-
-def device_name() -> str:
-    info = mx.device_info()
-    return info.get("device_name", str(mx.default_device()))
 
 
 def main():
@@ -179,12 +172,9 @@ def main():
 
     source = Path(__file__).read_bytes()
     report = {
-        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "platform": platform.platform(),
+        **machine(),
         "compiler_implementation": cache.compiler_fingerprint(),
         "benchmark_source_sha256": hashlib.sha256(source).hexdigest(),
-        "device": device_name(),
-        "mlx_version": mx.__version__,
         "environment": {"MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32")},
         "metric": "alternating, per-invocation synchronized wall latency of mx.compile'd calls; "
                   "setup excluded",
@@ -204,9 +194,7 @@ def main():
                           "output": args.output},
         "cases": cases,
     }
-    if args.output:
-        with open(args.output, "w") as f:
-            json.dump(report, f, indent=2)
+    write_report(args.output, report)
 
 
 if __name__ == "__main__":
