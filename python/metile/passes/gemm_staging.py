@@ -152,7 +152,7 @@ class GemmStaging:
                 lb.op("mem_store", [self.add(lb, dst, self.const(lb, e)), r], [],
                       {"root": st.name, "space": "threadgroup"})
 
-        op = self.lane_loop(b, (rows, groups), body)
+        self.lane_loop(b, (rows, groups), body)
         self.loops.append({"induction_variable": f"stage_{'a' if st is self.stage_a else 'b'}", "kind": "interior",
                            "lanes": self.T, "elements_per_lane": 4,
                            "iteration_step": 4 * self.T})
