@@ -43,7 +43,6 @@ RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "fl
             "bfloat", "bfloat16_t", "float16_t", "return", "if", "else", "for", "while", "do",
             "switch", "case", "default", "break", "continue", "struct", "class", "static",
             "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
-RESERVED_OPTIONS = ("num_simdgroups", "SCHEDULE")
 
 
 def matrix_units(backend: str) -> tuple:
