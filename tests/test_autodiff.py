@@ -47,9 +47,10 @@ def test_gradients_match_numpy(rng, n):
     weights = np.arange(n)
     np.testing.assert_allclose(np.array(gx), rx * weights, rtol=3e-4, atol=3e-5 * max(n, 1))
     np.testing.assert_allclose(np.array(gb), rb * weights, rtol=3e-4, atol=3e-5 * max(n, 1))
-    # the same inside mx.compile
+    # the same inside mx.compile, against NumPy: compile fuses MLX's own ops around the
+    # kernel (the cotangent product), so on a GPU the last bits may differ from eager
     cx = mx.compile(mx.grad(loss))(mx.array(x), mx.array(b))
-    np.testing.assert_allclose(np.array(cx), np.array(gx), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.array(cx), rx * weights, rtol=3e-4, atol=3e-5 * max(n, 1))
 
 
 def test_forward_values_are_the_kernels(rng):

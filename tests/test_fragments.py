@@ -1,6 +1,8 @@
 """simdgroup_inline kernels: opaque 8x8 matrix fragments, shared-memory
 exchanges and device tiles with masked tails (passes/lower_fragments.py),
-run through the MSL CPU runtime and checked against NumPy in float64.
+checked against NumPy in float64 on the default device: the MSL CPU runtime
+here, the CUDA warp-level helpers (codegen/cuda.py metile_frag8) on an NVIDIA
+GPU.  Source-text checks follow the backend that ran.
 
 Strict FP32 tolerances: rtol=3e-4, atol=3e-5.  The two specification
 examples are copied as written.
@@ -11,9 +13,9 @@ import numpy as np
 import pytest
 
 import metile
-from conftest import requires_msl_device
+from conftest import default_is_cpu, requires_msl_device
 
-pytestmark = requires_msl_device
+MSL = default_is_cpu() or mx.metal.is_available()  # else the default device is CUDA
 
 RTOL, ATOL = 3e-4, 3e-5
 INLINE = metile.Schedule(backend="simdgroup_inline")
@@ -237,7 +239,10 @@ def test_two_products(rng):
     b = np.array(right_buffer, np.float64)
     np.testing.assert_allclose(np.array(out), np.maximum(a @ b, 0) @ b, rtol=RTOL, atol=ATOL)
     src = two_products.last_dispatch.source
-    assert "simdgroup_multiply_accumulate" in src and "simdgroup_load" in src
+    if MSL:
+        assert "simdgroup_multiply_accumulate" in src and "simdgroup_load" in src
+    else:
+        assert "metile_frag_mma(" in src and "metile_frag_load(" in src
     assert two_products.schedule_plan.backend == "simdgroup_inline"
     report = two_products.execution_report
     assert "shared_hazards" in report.passes and "lower_fragments" in report.passes
@@ -264,7 +269,8 @@ def test_masked_tiles(rng, rows):
     np.testing.assert_array_equal(np.array(out), expect)
 
 
-def test_masked_tiles_source_paths():
+def test_masked_tiles_source_paths(monkeypatch):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
     d = masked_tiles[(1,)].prepare(mx.zeros((9, 8)), mx.array([9], mx.int32), mx.zeros((9, 8)),
                                    STRICT_MATH=True, SCHEDULE=INLINE)
     src = d.source
@@ -330,7 +336,8 @@ def test_loop_state_across_split_loop(rng, rows):
                                rtol=RTOL, atol=ATOL)
     src = folded_rows.last_dispatch.source
     # complete iterations first (no guard), then the guarded remainder
-    assert src.count("for (int") >= 2 and "simdgroup_barrier" in src
+    assert src.count("for (int") >= 2
+    assert ("simdgroup_barrier" if MSL else "__syncwarp();") in src
 
 
 def test_float16_operands(rng):
@@ -343,7 +350,8 @@ def test_float16_operands(rng):
     # float16 storage rounds the product: two units in the last place of float16
     np.testing.assert_allclose(np.array(rounded.astype(mx.float32)).reshape(8, 8), ref,
                                rtol=2e-3, atol=2e-3)
-    assert "simdgroup_matrix<half, 8, 8>" in half_products.last_dispatch.source
+    assert ("simdgroup_matrix<half, 8, 8>" if MSL else "metile_frag8<__half>") in \
+        half_products.last_dispatch.source
 
 
 @pytest.mark.parametrize("block", [64, 128])
@@ -365,6 +373,7 @@ def test_column_major_device_view(rng, n):
     np.testing.assert_array_equal(np.array(out), expect)
 
 
+@requires_msl_device  # lane orders are the CPU runtime's; compute-sanitizer's racecheck on CUDA
 def test_no_races_under_any_lane_order(rng, monkeypatch):
     # The CPU runtime runs every lane order and requires equal outputs: a missing
     # barrier in the lowering (scratch reuse, shared bridge) would show up here.
@@ -448,6 +457,7 @@ int main() {
 """
 
 
+@pytest.mark.skipif(not MSL, reason="needs the CPU runtime's clang++; on a GPU the helpers run for real")
 def test_cuda_fragment_helpers_on_a_replayed_warp(tmp_path):
     # The CUDA 8x8 helpers (codegen/cuda.py _FRAG8) executed on the CPU: 32 lanes
     # replayed in two passes stand in for the warp's shuffles.
@@ -471,7 +481,9 @@ def test_padded_and_transposed_shared_views(rng):
     out = padded_gram[(1,)](mx.array(a), mx.zeros((8, 8)), STRICT_MATH=True, SCHEDULE=INLINE)
     a64 = a.astype(np.float64)
     np.testing.assert_allclose(np.array(out), a64 @ a64.T, rtol=RTOL, atol=ATOL)
-    assert "ulong2(0, 0), true)" in padded_gram.last_dispatch.source  # transposed matrix load
+    # transposed matrix load
+    assert ("ulong2(0, 0), true)" if MSL else "metile_frag_load_t(") in \
+        padded_gram.last_dispatch.source
 
 
 @metile.kernel

@@ -14,4 +14,12 @@ for tool in memcheck racecheck; do
     -k "$subset or cu_ or shared_memory" > "$out/sanitizer-$tool.log" 2>&1
   echo "== $tool exit $? =="
   grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool.log" | tail -3
+  # schedule lowering (4-wide loads, double-buffered stages, interior/remainder
+  # splits) and 8x8 warp fragments (shuffles, masked tails through shared scratch)
+  compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_schedule_lowering.py" "$repo/tests/test_fragments.py" \
+    -k "width_four or double_buffer or ragged or two_products or masked_tiles or attention or per_simdgroup or column_major or negative_origin" \
+    > "$out/sanitizer-$tool-schedules.log" 2>&1
+  echo "== $tool (schedules, fragments) exit $? =="
+  grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool-schedules.log" | tail -3
 done
