@@ -13,7 +13,7 @@ for tool in memcheck racecheck; do
     python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_dsl_kernels.py" "$repo/tests/test_cuda_kernel.py" "$repo/tests/test_gemm.py" "$repo/tests/test_epilogue.py" \
     -k "$subset or cu_ or shared_memory" > "$out/sanitizer-$tool.log" 2>&1
   echo "== $tool exit $? =="
-  grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool.log" | tail -3
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$out/sanitizer-$tool.log" | tail -3
   # schedule lowering (4-wide loads, double-buffered stages, interior/remainder
   # splits) and 8x8 warp fragments (shuffles, masked tails through shared scratch)
   compute-sanitizer --tool "$tool" --error-exitcode 99 \
@@ -21,5 +21,5 @@ for tool in memcheck racecheck; do
     -k "width_four or double_buffer or ragged or two_products or masked_tiles or attention or per_simdgroup or column_major or negative_origin" \
     > "$out/sanitizer-$tool-schedules.log" 2>&1
   echo "== $tool (schedules, fragments) exit $? =="
-  grep -E "ERROR SUMMARY|passed|failed" "$out/sanitizer-$tool-schedules.log" | tail -3
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$out/sanitizer-$tool-schedules.log" | tail -3
 done
