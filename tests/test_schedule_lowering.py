@@ -336,6 +336,28 @@ def test_elementwise_width_four_source_text(monkeypatch, rng):
     assert re.search(r"if \(\w+\) Z\[\w+\] = ", src) and re.search(r"\n    Z\[\w+\] = ", src)
 
 
+@pytest.mark.parametrize("block,lanes", [(2048, 512), (4096, 1024), (96, 0)])
+def test_elementwise_width_four_chooses_lanes(rng, block, lanes):
+    # num_simdgroups left open: metile picks lanes that each own whole groups of 4;
+    # with an explicit count that splits the tile unevenly it refuses instead.
+    n = block * 3
+    x, y = (mx.array(rng.standard_normal(n).astype(np.float32)) for _ in range(2))
+    launch = axpy[(3,)]
+    if not lanes:  # 96 elements: 24 lanes would be needed, less than one SIMD-group
+        with pytest.raises(CompilationError, match="whole groups of 4 elements"):
+            launch.prepare(x, y, mx.zeros((n,)), 1.5, n, BLOCK=block,
+                           SCHEDULE=Schedule(vector_width=4))
+        return
+    d = launch.prepare(x, y, mx.zeros((n,)), 1.5, n, BLOCK=block, SCHEDULE=Schedule(vector_width=4))
+    np.testing.assert_allclose(np.array(d()), 1.5 * np.array(x) + np.array(y), rtol=1e-6, atol=1e-6)
+    assert d.schedule_plan.threadgroup_size == (lanes, 1, 1)
+    assert d.execution_report.vectorized_loads == vector_loads(d, "float4") == 2
+    if block // 64 <= 32:  # block / 2 lanes, if a threadgroup can have them
+        with pytest.raises(CompilationError, match="gives 2 elements per lane"):
+            launch.prepare(x, y, mx.zeros((n,)), 1.5, n, BLOCK=block, num_simdgroups=block // 64,
+                           SCHEDULE=Schedule(vector_width=4))
+
+
 def test_elementwise_width_four_rejections(rng):
     with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably "
                                                "misaligned"):

@@ -125,6 +125,19 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
     return plan, gp.threads
 
 
+def _vector_lanes(fn: Function, default: int) -> int:
+    """Lanes for a lane kernel that must load 4-wide when the caller left the lane
+    count open: the most SIMD-groups whose lanes each own whole groups of 4
+    elements of the largest tile (a 2048-element tile gets 512 lanes, not 1024
+    lanes of 2).  Without such a count the default stays and the planner says why."""
+    largest = max((r.type.numel for op in walk(fn.body) for r in op.results
+                   if isinstance(r.type, TileType)), default=0)
+    for lanes in range(min(1024, largest // 4) // 32 * 32, 0, -32):
+        if largest % (4 * lanes) == 0:
+            return lanes
+    return default
+
+
 def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule | None,
               target: Target, *, threads_req: int | None, units=(), mask_bounds: tuple = (),
               tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int]:
@@ -138,6 +151,8 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
                           tile_bounds)
     threads = choose_threads(fn, threads_req)
+    if threads_req is None and schedule is not None and schedule.vector_width == 4:
+        threads = _vector_lanes(fn, threads)
     traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
     plan = plan_schedule(traits, target, schedule)
     check_legacy_geometry(constexprs, plan, schedule)
