@@ -52,13 +52,18 @@ def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(z > 0, z, SLOPE * z)
 
 
-def variants(n: int, dtype, tile: dict):
+def variants(n: int, dtype, tile: dict, schedule: metile.Schedule | None = None):
     out = mx.zeros((n, n), dtype)
     g = grid(n, n, tile["BLOCK_M"], tile["BLOCK_N"])
+    plain = {k: v for k, v in tile.items() if k != "SCHEDULE"}
 
     def fused(a, b):
         return matmul_epilogue[g](a, b, out, n, n, n, ALPHA, BETA, EPILOGUE="affine_leaky",
                                   NEGATIVE_SLOPE=SLOPE, **tile)
+
+    def fused_automatic(a, b):  # the same launch without the requested Schedule
+        return matmul_epilogue[g](a, b, out, n, n, n, ALPHA, BETA, EPILOGUE="affine_leaky",
+                                  NEGATIVE_SLOPE=SLOPE, **plain)
 
     def two_launches(a, b):
         product = matmul[g](a, b, mx.zeros((n, n), mx.float32), n, n, n, **tile)
@@ -68,8 +73,11 @@ def variants(n: int, dtype, tile: dict):
         z = (a @ b).astype(mx.float32) * ALPHA + BETA
         return mx.where(z > 0, z, SLOPE * z).astype(dtype)
 
-    return {"fused": mx.compile(fused), "two_launches": mx.compile(two_launches),
-            "mlx_compile": mx.compile(mlx)}
+    fns = {"fused": mx.compile(fused), "two_launches": mx.compile(two_launches),
+           "mlx_compile": mx.compile(mlx)}
+    if schedule is not None:
+        fns["fused_automatic"] = mx.compile(fused_automatic)
+    return fns
 
 
 def sample(fn, a, b, launches: int) -> float:
@@ -111,6 +119,10 @@ def main():
     parser.add_argument("--num-simdgroups", type=int, default=None)
     parser.add_argument("--time-anyway", action="store_true",
                         help="also time variants that fail the tolerance gate (marked in the JSON)")
+    parser.add_argument("--vector-width", type=int, choices=(1, 4), default=None,
+                        help="require Schedule(vector_width=...) for the metile GEMMs")
+    parser.add_argument("--double-buffer", choices=("on", "off"), default=None,
+                        help="require Schedule(double_buffer=...) for the metile GEMMs")
     parser.add_argument("--output")
     args = parser.parse_args()
     if args.dtype == "float32" and os.environ.get("MLX_ENABLE_TF32") != "0":
@@ -121,13 +133,20 @@ def main():
     tile = dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K"), args.tile))
     if args.num_simdgroups:
         tile["num_simdgroups"] = args.num_simdgroups
+    schedule = None
+    if args.vector_width is not None or args.double_buffer is not None:
+        # A required schedule also pairs the fused kernel against itself without it.
+        schedule = metile.Schedule(vector_width=args.vector_width,
+                                   double_buffer=None if args.double_buffer is None
+                                   else args.double_buffer == "on")
+        tile["SCHEDULE"] = schedule
     cases = []
     for n in args.sizes:
         rng = np.random.default_rng(args.seed + n)
         a = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
         b = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
         ref = reference(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
-        fns = variants(n, dtype, tile)
+        fns = variants(n, dtype, tile, schedule)
         errors, failures = {}, {}
         for name, fn in fns.items():
             got = np.array(fn(a, b).astype(mx.float32)).astype(np.float64)
@@ -161,6 +180,11 @@ def main():
             fused2_us, mlx_us = pair(fns["fused"], fns["mlx_compile"], a, b, launches, args.rounds)
             case["mlx_pair_us"] = {"fused": fused2_us * 1e6, "mlx_compile": mlx_us * 1e6,
                                    "speedup": mlx_us / fused2_us}
+        if schedule is not None and not {"fused", "fused_automatic"} & timed:
+            req_us, auto_us = pair(fns["fused"], fns["fused_automatic"], a, b, launches, args.rounds)
+            case["schedule_pair_us"] = {"required_schedule": req_us * 1e6,
+                                        "automatic": auto_us * 1e6, "speedup": auto_us / req_us}
+            print(f"{n:5d}^3 {schedule}: {req_us * 1e6:9.1f} us vs automatic {auto_us * 1e6:9.1f} us")
         case["execution_reports"] = reports(n, dtype, a, b, tile)
         cases.append(case)
         fp, mp = case.get("fusion_pair_us"), case.get("mlx_pair_us")
@@ -188,7 +212,9 @@ def main():
                          "tolerance, not bitwise equivalence",
             "rtol": rtol, "atol": atol, "bitwise_exact": False,
         },
-        "configuration": {"sizes": args.sizes, "dtype": args.dtype, "seed": args.seed, "tile": tile,
+        "configuration": {"sizes": args.sizes, "dtype": args.dtype, "seed": args.seed,
+                          "tile": {k: v for k, v in tile.items() if k != "SCHEDULE"},
+                          "schedule": None if schedule is None else repr(schedule),
                           "time_anyway": args.time_anyway,
                           "rounds": args.rounds, "target_ms": args.target_ms,
                           "output": args.output},
