@@ -62,7 +62,7 @@ def test_scheduled_launch_computes_the_same_numbers():
 
 
 @pytest.mark.parametrize("schedule,message", [
-    (Schedule(vector_width=4), "cannot honour vector_width=4: the 256-element tile over 256 lanes gives 1 elements per lane"),
+    (Schedule(vector_width=4, num_simdgroups=8), "cannot honour vector_width=4: the 256-element tile over 256 lanes gives 1 elements per lane"),
     (Schedule(num_simdgroups=4), "cannot honour num_simdgroups=4: 4 SIMD-groups are 128 lanes, but the kernel's traced lane geometry is 256 lanes"),
     (Schedule(backend="tensor_ops"), "cannot honour backend='tensor_ops': this elementwise kernel contains no dot"),
     (Schedule(staging="threadgroup"), "cannot honour staging='threadgroup': staging must match the kernel's memory operations"),

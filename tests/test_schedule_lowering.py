@@ -382,3 +382,25 @@ def test_elementwise_bounds_without_vectors(rng, n):
         np.testing.assert_allclose(np.array(d()), ref, rtol=1e-6, atol=1e-6)
         assert d.execution_report.vectorized_loads == 0 and "float4" not in d.source
         assert "< _v" in d.source or "< n" in d.source      # the tail guard stays
+
+
+def test_cuda_explain_reports_its_own_geometry(monkeypatch, rng):
+    # The recorded field names stay; the words inside are CUDA's, and strict FP32
+    # says it runs on FFMA register micro-tiles rather than warp MMA.
+    monkeypatch.setenv("METILE_BACKEND", "cuda")
+    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True))
+    data = json.loads(d.explain())
+    plan = data["plan"]
+    assert plan["cooperative_layout"] == "scalar FMA register micro-tiles (per-thread)"
+    assert plan["simdgroup_grid"] is None and plan["threadgroup_size"] == [128, 1, 1]
+    # a 32x16 + 16x32 float32 stage is 4096 bytes; two stages of each operand are allocated
+    assert "Operand tiles are staged through shared memory (4096 bytes per stage) and loaded " \
+           "into per-thread registers." in plan["reasons"]
+    assert any("ordinary loads (no asynchronous copies)" in r for r in plan["reasons"])
+    assert not any("MMA" in r for r in plan["reasons"])
+    assert data["passes"][-1] == "emit_cuda" and data["double_buffered"] is True
+    assert [a["bytes"] for a in data["allocations"]] == [4096, 4096]
+    assert any(n.startswith("On sm_") and "a SIMD-group a warp" in n for n in data["notes"])
+    half, _ = prepare(rng, 96, 96, 64, "float16", Schedule())
+    assert half.schedule_plan.reasons[0].startswith("Warp-level MMA instructions (tensor cores)")
+    assert "2x2 warp grid" in half.schedule_plan.reasons[0]

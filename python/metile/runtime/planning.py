@@ -151,7 +151,8 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
                           tile_bounds)
     threads = choose_threads(fn, threads_req)
-    if threads_req is None and schedule is not None and schedule.vector_width == 4:
+    if threads_req is None and schedule is not None and schedule.vector_width == 4 and \
+            schedule.num_simdgroups is None:
         threads = _vector_lanes(fn, threads)
     traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
     plan = plan_schedule(traits, target, schedule)
@@ -201,7 +202,8 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
         plan, passes=passes, loops=loops, allocations=allocations,
         double_buffered=bool(meta.get("double_buffered", False)),
         vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
-        epilogue_regions=int(meta.get("epilogue_regions", 0)))
+        epilogue_regions=int(meta.get("epilogue_regions", 0)),
+        notes=(target.terms_note,) if target.terms_note else ())
     validate_report(report, target.threadgroup_memory_bytes)
     return report
 

@@ -185,7 +185,8 @@ def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePl
                             f"this {traits.kind} kernel has no staged K-loop to double buffer")
     reasons = ["Lanes follow the geometry traced from the kernel (arange/BLOCK or num_simdgroups)."]
     if traits.kind == "reduction":
-        reasons.append("Block reductions combine per-SIMD-group partials in threadgroup memory.")
+        reasons.append(f"Block reductions combine per-{target.group_word} partials in "
+                       f"{target.shared_word}.")
     if s.vector_width == 4:
         _check_aligned(traits)
         numel = prod(traits.tile_shape) if traits.tile_shape else tg[0]
@@ -241,9 +242,10 @@ def _plan_fragments(traits: KernelTraits, target: Target, s: Schedule) -> Schedu
     staging = _kernel_staging(traits, s)
     _check_capacity(traits.shared_bytes, target, s.requirement("staging") if s.staging != "auto"
                     else "backend='simdgroup_inline'", "the kernel's shared allocations")
-    reasons = ("Each SIMD-group owns opaque 8x8 register fragments; dot is a SIMD-group matrix "
+    g = target.group_word
+    reasons = (f"Each {g} owns opaque 8x8 register fragments; dot is a {g} matrix "
                "multiply-accumulate with a float32 accumulator.",
-               "The kernel assigns work to SIMD-groups; no whole-GEMM grid is placed.")
+               f"The kernel assigns work to {g}s; no whole-GEMM grid is placed.")
     return SchedulePlan("simdgroup_inline", tg, None, (8, 8), staging, s.vector_width,
                         s.double_buffer, reasons,
                         path.layout, all(d is True for d in traits.extents_divisible)
@@ -291,7 +293,7 @@ def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: l
                             f"{target.max_threads_per_threadgroup}")
     bm, bn, bk = traits.tile_shape
     reasons = skipped + ["No matrix unit fits the tile: threads multiply register micro-tiles "
-                         "with scalar FMAs from threadgroup-staged operands."]
+                         f"with scalar FMAs from operands staged in {target.shared_word}."]
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), "threadgroup", None,
                         s.double_buffer, tuple(reasons), "scalar FMA register micro-tiles", bounds)
@@ -336,7 +338,7 @@ def _check_accumulator(traits: KernelTraits, backend: str) -> None:
 
 def _check_capacity(nbytes: int, target: Target, requirement: str, what: str) -> None:
     if nbytes > target.threadgroup_memory_bytes:
-        raise ScheduleError(requirement, f"{what} need {nbytes} bytes of threadgroup memory; "
+        raise ScheduleError(requirement, f"{what} need {nbytes} bytes of {target.shared_word}; "
                                          f"{target.name} has {target.threadgroup_memory_bytes}")
 
 
@@ -369,10 +371,12 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if s.staging == "threadgroup":
             raise ScheduleError(f"{req} with staging='threadgroup'",
                                 f"{name} supports only device staging")
+    scalar_fma = False  # strict operands the matrix unit would round: FMA micro-tiles instead
     for d in dict.fromkeys(traits.operand_dtypes):
         why = _check_dtype(path, d, traits.relaxed_precision, target)
         if why:
             reasons.append(why)
+            scalar_fma |= why.startswith("Strict")
     _check_accumulator(traits, name)
     bm, bn, bk = traits.tile_shape
     fm, fn, fk = path.fragment
@@ -409,12 +413,15 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
                     "The SDK does not expose which lane owns which element."]
         vw, db = None, None
     else:
-        reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
-                          f"SIMD-group grid ({bm // grid[0]}x{bn // grid[1]} per SIMD-group).")
+        g = target.group_word
+        if not scalar_fma:
+            reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
+                              f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
         staging, vw, db = _controllable(traits, target, s, path, reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
-    return SchedulePlan(name, (threads, 1, 1), grid, (bm, bn, bk), staging, vw, db,
-                        tuple(reasons), path.layout, bounds)
+    layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
+    return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
+                        vw, db, tuple(reasons), layout, bounds)
 
 
 def _controllable(traits, target, s, path, reasons):
@@ -435,23 +442,27 @@ def _controllable(traits, target, s, path, reasons):
         fits = stage + traits.shared_bytes <= target.threadgroup_memory_bytes
         staging = "threadgroup" if fits or s.vector_width == 4 or s.double_buffer else "device"
         if staging == "device":
-            reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s threadgroup "
-                           "memory; fragments load directly from device memory.")
+            reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s "
+                           f"{target.shared_word}; fragments load directly from device memory.")
     if staging == "threadgroup":
         _check_capacity(stage + traits.shared_bytes, target,
                         s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
                         f"one {bm}x{bk} + {bk}x{bn} operand stage and the kernel's allocations")
-        reasons.append(f"Operand tiles are staged through threadgroup memory ({stage} bytes per "
-                       "stage) and loaded into SIMD-group fragments.")
+        into = "per-thread registers" if any(r.startswith("Strict") for r in reasons) \
+            else f"{target.group_word} fragments"
+        reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "
+                       f"per stage) and loaded into {into}.")
     db = s.double_buffer
     if db:
         _check_capacity(2 * stage + traits.shared_bytes, target, "double_buffer=True",
                         "two operand stages and the kernel's allocations")
-        reasons.append("Software double buffering is required: two stages alternate over K.")
+        reasons.append("Software double buffering is required: two stages alternate over K; "
+                       "the next stage is loaded with ordinary loads (no asynchronous copies) "
+                       "while the current one is multiplied, one barrier per step.")
     elif db is None and staging == "threadgroup" and \
             2 * stage + traits.shared_bytes > target.threadgroup_memory_bytes:
         db = False
-        reasons.append(f"Two {stage}-byte stages exceed {target.name}'s threadgroup memory; "
+        reasons.append(f"Two {stage}-byte stages exceed {target.name}'s {target.shared_word}; "
                        "double buffering is prohibited.")
     vw = s.vector_width
     if vw == 4:

@@ -48,6 +48,10 @@ class Target:
     has_tensor_ops: bool = False
     has_nax: bool = False
     notes: tuple[str, ...] = field(default=())
+    # The target's own words in plan reasons (field names stay Metal's, as recorded).
+    group_word: str = "SIMD-group"
+    shared_word: str = "threadgroup memory"
+    terms_note: str = ""
 
     @property
     def backends(self) -> tuple[str, ...]:
@@ -103,7 +107,11 @@ _CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F16,), fallback_dtype
 def _cuda(name: str, chips: str) -> Target:
     return Target(name, f"NVIDIA {name}: {chips}", language="cuda", simd_width=32,
                   max_threads_per_threadgroup=1024, threadgroup_memory_bytes=48 * 1024,
-                  matrix_paths=(_CUDA_SG, _CUDA_INLINE))
+                  matrix_paths=(_CUDA_SG, _CUDA_INLINE), group_word="warp",
+                  shared_word="shared memory",
+                  terms_note=f"On {name} a threadgroup is a thread block, a SIMD-group a warp, "
+                             "threadgroup memory __shared__ memory and a threadgroup barrier "
+                             "__syncthreads().")
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
