@@ -44,6 +44,35 @@ def mlx_fused(x, b):
     return mx.where(z > 0, z, 0.1 * z)
 
 
+RAW_BODY = """
+    uint i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n[0]) {
+        float z = x[i] * scale[0] + b[i];
+        y[i] = z > 0.0f ? z : 0.1f * z;
+    }
+"""
+
+
+def raw_peers(n: int) -> dict:
+    """The same computation as hand-written CUDA through MLX's custom-kernel path
+    (mx.fast.cuda_kernel) and through metile's C++ layer (metile.cuda_kernel): where
+    these trail MLX's fused kernel too, the gap is the custom-kernel launch path,
+    not metile's generated code."""
+    scale, count = mx.array(SCALE, mx.float32), mx.array(n, mx.uint32)
+    kernels = {"mx_fast_cuda_kernel": mx.fast.cuda_kernel, "metile_cuda_kernel": metile.cuda_kernel}
+    steps = {}
+    for label, make in kernels.items():
+        k = make(name=f"bandwidth_raw_{label}", input_names=["x", "b", "scale", "n"],
+                 output_names=["y"], source=RAW_BODY)
+
+        def step(y, bias, k=k):
+            return k(inputs=[y, bias, scale, count], output_shapes=[(n,)],
+                     output_dtypes=[mx.float32], grid=(metile.cdiv(n, 256) * 256, 1, 1),
+                     threadgroup=(256, 1, 1))[0]
+        steps[label] = mx.compile(step)
+    return steps
+
+
 def chain(step, x, b, launches):
     y = x
     for _ in range(launches):
@@ -81,6 +110,9 @@ def main():
                         help="launch with SCHEDULE=metile.Schedule(vector_width=...)")
     parser.add_argument("--num-simdgroups", type=int, nargs="+", default=[0],
                         help="threads per program / 32 to measure; 0 lets metile choose")
+    parser.add_argument("--raw-peers", action="store_true",
+                        help="also time the same kernel hand-written through mx.fast.cuda_kernel "
+                             "and metile.cuda_kernel (once per size, alternating with MLX)")
     parser.add_argument("--peak-gbs", type=float, default=4800.0)
     parser.add_argument("--output")
     args = parser.parse_args()
@@ -95,6 +127,21 @@ def main():
         z = np.array(x).astype(np.float64) * SCALE + np.array(b)
         ref = np.where(z > 0, z, 0.1 * z)
         np.testing.assert_allclose(np.array(mlx_fused(x, b)), ref, rtol=3e-4, atol=3e-5)
+        if args.raw_peers:
+            steps = {"mlx_compile": mlx_fused, **raw_peers(n)}
+            times = {label: [] for label in steps}
+            for label, step in steps.items():
+                np.testing.assert_allclose(np.array(step(x, b)), ref, rtol=3e-4, atol=3e-5)
+                seconds_per_launch(step, x, b, args.launches)
+            order = list(steps)
+            for r in range(args.rounds):  # rotate who goes first
+                for label in order[r % len(order):] + order[:r % len(order)]:
+                    times[label].append(seconds_per_launch(steps[label], x, b, args.launches))
+            us = {label: float(np.median(t)) * 1e6 for label, t in times.items()}
+            cases.append({"vector_mib": mib, "raw_peers_us": us,
+                          "over_mlx": {k: us["mlx_compile"] / v for k, v in us.items()}})
+            print(f"{mib:4d} MiB raw peers (us/launch): " +
+                  ", ".join(f"{k} {v:.1f}" for k, v in us.items()))
         for block, nsg in [(b_, s_) for b_ in args.blocks for s_ in args.num_simdgroups]:
             grid = (metile.cdiv(n, block),)
             options = {"num_simdgroups": nsg} if nsg else {}
