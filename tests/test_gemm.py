@@ -180,6 +180,9 @@ def test_cuda_half_types_use_tensor_core_mma(monkeypatch, dtype, t):
     assert src.count("metile_frag_mma(") - 3 == 4  # 2x2 fragments per warp (+3 helper definitions)
     assert f"__shared__ __align__(32) {t} _sa1[1024];" in src and "__syncwarp();" in src
     assert "metile_frag_a_tf32 _fa" not in src
+    # fragments come from shared memory with ldmatrix (B transposed), scalar gathers otherwise
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "__isShared(p)" in src
     assert d.variant.data["lowering"]["matmul"]["fragment"] == "mma.sync m16n8k16 (16x16x16 fragments)"
 
 

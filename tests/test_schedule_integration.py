@@ -116,3 +116,55 @@ def test_debug_schedule_writes_json(tmp_path, monkeypatch, capsys):
     dumped = json.loads(files[0].read_text())
     assert dumped["plan"]["threadgroup_size"] == [160, 1, 1]
     assert "elementwise" in capsys.readouterr().out
+
+
+@pytest.fixture
+def m5_target(monkeypatch):
+    """Plan as on an M5-class GPU (apple10: Metal 4 tensor ops and NAX in hardware),
+    while the MSL still runs here (CPU runtime) or on whatever the default device is."""
+    import metile.runtime.planning as planning
+    from metile.schedule import target_for
+    monkeypatch.setattr(planning, "current_target", lambda: target_for("metal", "apple10"))
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+
+
+@pytest.mark.skipif(not (mx.default_device().type == mx.cpu or mx.metal.is_available()),
+                    reason="runs the MSL it plans for")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_m5_gemm_uses_what_metile_lowers(m5_target, rng, dtype):
+    # The hardware has tensor ops and NAX, metile's lowering does not: the automatic
+    # plan says so and picks simdgroup fragments, and the numbers are right.
+    from test_gemm import check
+    from test_schedule_lowering import prepare
+    d, ref = prepare(rng, 70, 50, 40, dtype)
+    plan = d.schedule_plan
+    assert (plan.backend, plan.staging) == ("simdgroup", "threadgroup")
+    assert plan.reasons[0].startswith("tensor_ops not selected: metile does not lower tensor_ops "
+                                      "yet (not implemented; apple10 supports it")
+    assert plan.reasons[1].startswith("nax not selected: metile does not lower nax yet")
+    check(d(), ref)
+
+
+@pytest.mark.parametrize("schedule,message", [
+    (Schedule(backend="tensor_ops"), "cannot honour backend='tensor_ops': metile does not lower "
+                                     "tensor_ops yet (not implemented"),
+    (Schedule(backend="nax"), "cannot honour backend='nax': metile does not lower nax yet"),
+    (Schedule(staging="device"), "cannot honour staging='device': metile's GEMM lowering stages "
+                                 "operands through threadgroup memory; fragments loaded straight "
+                                 "from device memory are not implemented"),
+])
+def test_unlowered_requirements_are_compile_errors(m5_target, rng, schedule, message):
+    from test_schedule_lowering import prepare
+    with pytest.raises(CompilationError) as info:
+        prepare(rng, 70, 50, 40, "float16", schedule)
+    assert message in str(info.value) and "gemm.py:" in str(info.value).splitlines()[0]
+
+
+def test_a_stage_too_large_for_threadgroup_memory_is_refused_not_device_staged(rng):
+    # 128x64 + 64x128 float32 = 64 KiB: the hardware could load fragments from device
+    # memory, metile's lowering cannot, so the plan refuses instead of failing later.
+    from metile_kernels.gemm import grid, matmul
+    a, b = mx.zeros((128, 128)), mx.zeros((128, 128))
+    with pytest.raises(CompilationError, match="need 65536 bytes of (threadgroup|shared) memory"):
+        matmul[grid(128, 128, 128, 128)].prepare(a, b, mx.zeros((128, 128)), 128, 128, 128,
+                                                 BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)

@@ -314,3 +314,18 @@ def test_auto_falls_back_to_scalar_fma_when_no_fragment_fits():
     assert plan.cooperative_layout == "scalar FMA register micro-tiles"
     assert plan.staging == "threadgroup" and plan.threadgroup_size == (128, 1, 1)
     assert any("not made of whole 8x8x8 simdgroup fragments" in r for r in plan.reasons)
+
+
+def test_planning_against_what_metile_lowers():
+    # Without a Lowering the planner describes the hardware (the M5 contract table);
+    # with LOWERING it never plans a path the code generators lack.
+    from metile.schedule import LOWERING
+    assert plan(gemm(), "apple10").backend == "tensor_ops"
+    lowered = plan_schedule(gemm(), TARGETS["apple10"], Schedule(), LOWERING)
+    assert (lowered.backend, lowered.staging) == ("simdgroup", "threadgroup")
+    with pytest.raises(ScheduleError, match="backend='nax': metile does not lower nax yet"):
+        plan_schedule(gemm(dtype="float16"), TARGETS["apple10"], Schedule(backend="nax"), LOWERING)
+    big = gemm(tile=(128, 128, 64))
+    assert plan(big, "apple9").staging == "device"   # hardware: fragments from device memory
+    with pytest.raises(ScheduleError, match="need 65536 bytes of threadgroup memory"):
+        plan_schedule(big, TARGETS["apple9"], Schedule(), LOWERING)

@@ -55,8 +55,27 @@ __device__ __forceinline__ unsigned metile_to_tf32(float x) {
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
 }
+// ldmatrix (sm_75+) moves a 16x16 16-bit tile from shared memory straight into the
+// mma.sync fragment layout below: matrix i (addressed by lanes 8i..8i+7) is rows
+// 8(i%2).. and columns 8(i/2).. of the tile, i.e. registers r0..r3 in fragment order;
+// .trans gives B its k-pairs.  It needs shared memory and 16-byte aligned rows (the
+// tile pointer and ld are uniform across the warp, so every lane takes one path).
+__device__ __forceinline__ bool metile_ldmatrix_ok(const void* p, int ld) {
+  return __isShared(p) && ((reinterpret_cast<unsigned long long>(p) | (2ull * ld)) & 15) == 0;
+}
+template <bool TRANS, typename T> __device__ __forceinline__ void metile_ldmatrix_x4(unsigned (&r)[4], const T* p, int ld) {
+  const int l = threadIdx.x & 31;
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p + ((l & 7) + ((l >> 3) & 1) * 8) * ld + (l >> 4) * 8));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
 // A: 16x16 row-major at p (leading dimension ld).
 template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_a<T>& f, const T* p, int ld) {
+  if (metile_ldmatrix_ok(p, ld)) { metile_ldmatrix_x4<false>(f.r, p, ld); return; }
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
   f.r[0] = metile_pack2(p, g * ld + 2 * t, g * ld + 2 * t + 1);
   f.r[1] = metile_pack2(p, (g + 8) * ld + 2 * t, (g + 8) * ld + 2 * t + 1);
@@ -65,6 +84,7 @@ template <typename T> __device__ __forceinline__ void metile_frag_load(metile_fr
 }
 // B: 16x16 row-major (K x N) at p; mma.sync wants it column-wise per n=8 half.
 template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_b<T>& f, const T* p, int ld) {
+  if (metile_ldmatrix_ok(p, ld)) { metile_ldmatrix_x4<true>(f.r, p, ld); return; }
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
   for (int h = 0; h < 2; ++h) {
     const int n = h * 8 + g;

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..ir.core import Function, walk
-from ..schedule import KernelTraits, plan_schedule
+from ..schedule import LOWERING, KernelTraits, plan_schedule
 from .lower_fragments import fragment_threads
 from .lower_tiles import relaxed_precision
 from .shared_hazards import check_shared_contract
@@ -20,4 +20,4 @@ def fragment_plan(fn: Function, constexprs: dict, schedule, target, threads_req)
                           relaxed_precision(fn), bool(shared),
                           sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8
                               for op in shared), 0)
-    return plan_schedule(traits, target, schedule), threads
+    return plan_schedule(traits, target, schedule, LOWERING), threads

@@ -20,7 +20,7 @@ from ..passes.lower_tiles import choose_threads, relaxed_precision
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
                         SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
 from ..schedule.report import debug_dump, validate_report
-from ..schedule.targets import Target, current_target, target_for
+from ..schedule.targets import LOWERING, Target, current_target, target_for
 
 
 def target_for_backend(backend: str) -> Target:
@@ -103,7 +103,7 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
                           divisible, aligned, relaxed_precision(fn), True,
                           sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared),
                           1)
-    plan = plan_schedule(traits, target, schedule)
+    plan = plan_schedule(traits, target, schedule, LOWERING)
     check_legacy_geometry(constexprs, plan, schedule)
     if plan.double_buffer and bounds is None:
         raise ScheduleError("double_buffer=True", "the K loop's start, end and step are not known "
@@ -155,7 +155,7 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
             schedule.num_simdgroups is None:
         threads = _vector_lanes(fn, threads)
     traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
-    plan = plan_schedule(traits, target, schedule)
+    plan = plan_schedule(traits, target, schedule, LOWERING)
     check_legacy_geometry(constexprs, plan, schedule)
     _reject_unmaterialized(plan, fn, scalars)
     if plan.threadgroup_size[0] != threads:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .schedule import Schedule, ScheduleError
-from .targets import MatrixPath, Target
+from .targets import Lowering, MatrixPath, Target
 
 KINDS = ("elementwise", "reduction", "matmul", "fragments")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "bool": 1}
@@ -133,13 +133,14 @@ class SchedulePlan:
                    tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"])
 
 
-def plan_schedule(traits: KernelTraits, target: Target, schedule: Schedule | None = None
-                  ) -> SchedulePlan:
+def plan_schedule(traits: KernelTraits, target: Target, schedule: Schedule | None = None,
+                  lowering: Lowering | None = None) -> SchedulePlan:
     """The plan for `traits` on `target` honouring every explicit field of `schedule`,
-    or a ScheduleError naming the first requirement that cannot be honoured."""
+    or a ScheduleError naming the first requirement that cannot be honoured.
+    `lowering`: what the code generators implement (None: the hardware alone)."""
     schedule = Schedule() if schedule is None else schedule
     if traits.kind == "matmul":
-        return _plan_matmul(traits, target, schedule)
+        return _plan_matmul(traits, target, schedule, lowering)
     if traits.kind == "fragments":
         return _plan_fragments(traits, target, schedule)
     return _plan_lanes(traits, target, schedule)
@@ -254,7 +255,13 @@ def _plan_fragments(traits: KernelTraits, target: Target, s: Schedule) -> Schedu
 
 # -- canonical GEMM -------------------------------------------------------------------------
 
-def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePlan:
+def _not_lowered(backend: str, target: Target) -> str:
+    return (f"metile does not lower {backend} yet (not implemented; {target.name} supports it, "
+            "metile's GEMM lowering emits simdgroup fragments)")
+
+
+def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule,
+                 lowering: Lowering | None) -> SchedulePlan:
     if s.backend in ("elementwise", "simdgroup_inline"):
         raise ScheduleError(s.requirement("backend"),
                             f"this kernel is a whole-tile GEMM (dot over K tiles); backend "
@@ -263,13 +270,18 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule) -> ScheduleP
         path = target.matrix_path(s.backend)
         if path is None:
             raise _missing_backend(s.backend, target)
-        return _matmul_with(path, traits, target, s, explicit=True)
+        if lowering is not None and s.backend not in lowering.matrix_backends:
+            raise ScheduleError(s.requirement("backend"), _not_lowered(s.backend, target))
+        return _matmul_with(path, traits, target, s, explicit=True, lowering=lowering)
     skipped, errors = [], []
     for path in target.matrix_paths:
         if path.backend == "simdgroup_inline":
             continue
+        if lowering is not None and path.backend not in lowering.matrix_backends:
+            skipped.append(f"{path.backend} not selected: {_not_lowered(path.backend, target)}.")
+            continue
         try:
-            plan = _matmul_with(path, traits, target, s, explicit=False)
+            plan = _matmul_with(path, traits, target, s, explicit=False, lowering=lowering)
         except ScheduleError as e:
             skipped.append(f"{path.backend} not selected: {e.reason}.")
             errors.append(e)
@@ -353,7 +365,7 @@ def _factor_grid(nsg: int, bm: int, bn: int, fm: int, fn: int) -> tuple[int, int
 
 
 def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Schedule,
-                 explicit: bool) -> SchedulePlan:
+                 explicit: bool, lowering: Lowering | None = None) -> SchedulePlan:
     name = path.backend
     req = f"backend={name!r}" if explicit else "backend='auto'"
     reasons = []
@@ -417,14 +429,14 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if not scalar_fma:
             reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
                               f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
-        staging, vw, db = _controllable(traits, target, s, path, reasons)
+        staging, vw, db = _controllable(traits, target, s, path, reasons, lowering)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
     return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
                         vw, db, tuple(reasons), layout, bounds)
 
 
-def _controllable(traits, target, s, path, reasons):
+def _controllable(traits, target, s, path, reasons, lowering=None):
     """Staging, vector width and double buffering on the SIMD-group path."""
     bm, bn, bk = traits.tile_shape
     itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
@@ -438,9 +450,16 @@ def _controllable(traits, target, s, path, reasons):
         what = "vector_width=4" if s.vector_width == 4 else "double_buffer=True"
         raise ScheduleError(f"staging='device' with {what}",
                             f"{what} acts on threadgroup staging copies; device staging has none")
+    staged_only = lowering is not None and not lowering.device_staged_gemm
+    if staging == "device" and staged_only:
+        raise ScheduleError(s.requirement("staging"),
+                            "metile's GEMM lowering stages operands through "
+                            f"{target.shared_word}; fragments loaded straight from device memory "
+                            "are not implemented")
     if staging == "auto":
         fits = stage + traits.shared_bytes <= target.threadgroup_memory_bytes
-        staging = "threadgroup" if fits or s.vector_width == 4 or s.double_buffer else "device"
+        staging = "threadgroup" if fits or s.vector_width == 4 or s.double_buffer or \
+            staged_only else "device"
         if staging == "device":
             reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s "
                            f"{target.shared_word}; fragments load directly from device memory.")

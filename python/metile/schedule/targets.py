@@ -67,6 +67,19 @@ class Target:
         return replace(self, notes=self.notes + (note,))
 
 
+@dataclass(frozen=True)
+class Lowering:
+    """What metile's code generators materialize, as opposed to what a target's
+    hardware offers.  `plan_schedule` without one plans against the hardware alone
+    (the contract table); compilation passes `LOWERING`, so an automatic plan
+    never picks a path nothing lowers and an explicit request for one is refused
+    as not implemented."""
+    matrix_backends: tuple[str, ...] = ("simdgroup", "simdgroup_inline")
+    device_staged_gemm: bool = False     # GEMM fragments loaded straight from device memory
+
+
+LOWERING = Lowering()
+
 _SG_LAYOUT = "simdgroup_matrix 8x8 fragments (opaque lane ownership)"
 _APPLE_SG = MatrixPath("simdgroup", (8, 8, 8), (_F32, _F16, _BF16), layout=_SG_LAYOUT,
                        summary="SIMD-group matrix (simdgroup_matrix) multiply-accumulates into "
