@@ -16,7 +16,8 @@ fusion() {  # name, extra arguments
   timeout "$budget" python3 -m benchmarks.compiler.schedule_fusion --sizes 1024 2048 4096 --rounds 5 \
     --target-ms 30 --time-anyway --output "$out/h200-schedule-fusion-$name.json" "$@" | tail -8
 }
-for what in "${@:-bandwidth gemm}"; do
+[ $# -gt 0 ] || set -- bandwidth gemm
+for what in "$@"; do
   case $what in
     bandwidth)
       timeout "$budget" python3 -m benchmarks.cuda_bandwidth --sizes-mib 16 64 256 --blocks 2048 4096 \
