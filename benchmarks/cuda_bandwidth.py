@@ -45,7 +45,7 @@ def mlx_fused(x, b):
 
 
 RAW_BODY = """
-    uint i = blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n[0]) {
         float z = x[i] * scale[0] + b[i];
         y[i] = z > 0.0f ? z : 0.1f * z;

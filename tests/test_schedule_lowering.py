@@ -268,8 +268,10 @@ def test_cuda_vector_loads(monkeypatch, rng, dtype, pattern):
     d, _ = prepare(rng, *ALIGNED4, dtype, Schedule(vector_width=4))
     assert len(re.findall(pattern, d.source)) == d.execution_report.vectorized_loads == 2
     if dtype != "float32":
-        t = "__half" if dtype == "float16" else "__nv_bfloat16"
-        assert f"reinterpret_cast<const {t}*>(&" in d.source
+        t = "half" if dtype == "float16" else "bfloat16"
+        # elements are shifted out of the 32-bit words (no address taken, no local memory)
+        assert len(re.findall(rf"__ushort_as_{t}\(static_cast<unsigned short>\(_w\d+\.[xy] >> (0|16)\)\)",
+                              d.source)) == 8
 
 
 def test_msl_bfloat_vector_loads(monkeypatch, rng):
@@ -404,3 +406,23 @@ def test_cuda_explain_reports_its_own_geometry(monkeypatch, rng):
     half, _ = prepare(rng, 96, 96, 64, "float16", Schedule())
     assert half.schedule_plan.reasons[0].startswith("Warp-level MMA instructions (tensor cores)")
     assert "2x2 warp grid" in half.schedule_plan.reasons[0]
+
+
+@pytest.mark.parametrize("backend", ["cuda", "msl"])
+def test_threadgroup_capacity_is_the_targets(monkeypatch, backend):
+    # A 128x128x32 half tile, double-buffered, plus the epilogue's staging: 40 KiB.
+    # CUDA blocks have 48 KiB of static shared memory, Apple threadgroups 32 KiB.
+    from metile_kernels.gemm import matmul_epilogue
+    monkeypatch.setenv("METILE_BACKEND", backend)
+    n = 256
+    a = mx.zeros((n, n), mx.float16)
+    launch = matmul_epilogue[grid(n, n, 128, 128)]
+    args = (a, a, mx.zeros((n, n), mx.float16), n, n, n, 1.0, 0.0)
+    kwargs = dict(EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1, BLOCK_M=128, BLOCK_N=128,
+                  BLOCK_K=32, num_simdgroups=8, SCHEDULE=Schedule(double_buffer=True))
+    if backend == "msl":
+        with pytest.raises(CompilationError, match=r"need \d+ bytes, more than the 32768"):
+            launch.prepare(*args, **kwargs)
+        return
+    d = launch.prepare(*args, **kwargs)
+    assert sum(x.bytes for x in d.execution_report.allocations) == 40960

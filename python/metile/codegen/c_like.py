@@ -197,7 +197,8 @@ class CEmitter:
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
 
     # 4-wide loads (thread-form vec_load): dtype name -> (vector type, element format over
-    # {v} the vector, {i} the element index, {c} its xyzw name).
+    # {v} the vector, {i} the element index, {c} its xyzw name, {h}/{shift} the word and
+    # bit offset of a 16-bit element).
     VECTOR_TYPES: dict[str, tuple[str, str]] = {}
     VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
 
@@ -208,7 +209,9 @@ class CEmitter:
         self.emit(self.VECTOR_LOAD.format(vtype=vtype, name=name, root=op.attrs["root"],
                                           index=a[0]), depth)
         for i, r in enumerate(op.results):
-            self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i])
+            # {h}/{shift}: the 32-bit word and bit offset of 16-bit element i
+            self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i], h="xy"[i // 2],
+                                              shift=16 * (i % 2))
 
     def fragment_type(self, role: str, dtype, shape) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")

@@ -247,9 +247,13 @@ class CUDAEmitter(CEmitter):
     # kernel a row-contiguous slice whose base is not 16-byte aligned, so the load
     # checks the address (uniform per buffer, so the branch does not diverge).
     VECTOR_LOAD = "const {vtype} {name} = metile_load_vec<{vtype}>(&{root}[{index}]);"
+    # 16-bit elements are shifted out of the words: taking the vector's address to index
+    # it would put it in local memory.
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"),
-                    "float16": ("uint2", "reinterpret_cast<const __half*>(&{v})[{i}]"),
-                    "bfloat16": ("uint2", "reinterpret_cast<const __nv_bfloat16*>(&{v})[{i}]")}
+                    "float16": ("uint2", "__ushort_as_half(static_cast<unsigned short>({v}.{h} >> "
+                                         "{shift}))"),
+                    "bfloat16": ("uint2", "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
+                                          ">> {shift}))")}
 
     def vector_load(self, op: Op, a: list[str], depth: int) -> None:
         self.helpers_used.add("vec")

@@ -37,13 +37,14 @@ from .lower_reductions import ReductionLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
 from .placement import analyze
 
-SHARED_BYTES = 32 * 1024
+SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their target's capacity
 
 
 class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                 scalars=None):
+                 scalars=None, shared_limit: int = SHARED_BYTES):
         self.fn = fn
+        self.shared_limit = shared_limit
         self.T = threads
         self.buffers = buffers  # (root, role) -> backend name; roles: read, out, written
         self.place = analyze(fn)
@@ -88,10 +89,10 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
         name = self.fresh(prefix)
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
-            if self.shared_bytes > SHARED_BYTES:
+            if self.shared_bytes > self.shared_limit:
                 raise CompilationError(
                     f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
-                    f"the {SHARED_BYTES} a threadgroup has; use smaller blocks")
+                    f"the {self.shared_limit} a threadgroup has; use smaller blocks")
         attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
         if align:
             attrs["align"] = align
@@ -462,8 +463,8 @@ def gemm_threads(fn: Function, matrix_units, requested: int | None) -> int | Non
 
 
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                scalars=None) -> Function:
+                scalars=None, shared_limit: int = SHARED_BYTES) -> Function:
     if fn.meta.get("fragments"):  # simdgroup_inline kernels: passes/lower_fragments.py
         from .lower_fragments import lower_fragments
         return lower_fragments(fn, threads, buffers)
-    return Lowering(fn, threads, buffers, matrix_units, plan, scalars).run()
+    return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit).run()

@@ -146,6 +146,8 @@ class Specialization:
             "specs": {k: [v[0], v[1].name, v[2]] for k, v in specs.items()},
             "constexprs": {k: repr(v) for k, v in constexprs.items()},
             "threads": threads_req, "backend": backend, "device": device_fingerprint(backend),
+            # plans depend on the target's capabilities (the device names it on GPUs)
+            "target": planning.target_for_backend(backend).name,
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
@@ -238,8 +240,10 @@ class Specialization:
                 buffers[(name, "written")] = _unique(f"{name}_written", used)
         outputs = [buffers[(n, "out")] for n in self.outputs]
         outputs += [buffers[(n, "written")] for n in self.outputs if n in tracked]
-        thread_fn = lower_tiles(fn, self.threads, buffers, matrix_units(self.backend),
-                                plan=self.plan, scalars=self.int_values)
+        thread_fn = lower_tiles(
+            fn, self.threads, buffers, matrix_units(self.backend), plan=self.plan,
+            scalars=self.int_values,
+            shared_limit=planning.target_for_backend(self.backend).threadgroup_memory_bytes)
         verify(thread_fn)
         if "thread_ir" in debug_flags():
             print(format_function(thread_fn), file=sys.stdout)
@@ -384,6 +388,7 @@ class Kernel:
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
+               planning.target_for_backend(backend).name,
                None if schedule is None else schedule.key(), tuple(sorted(ints.items())))
         spec = self._specs.get(key)
         if spec is None:
