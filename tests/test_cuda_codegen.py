@@ -4,6 +4,7 @@ in tests/test_dsl_kernels.py on the H200)."""
 import mlx.core as mx
 import pytest
 
+import metile
 from dsl_kernels import block_sum, softmax_rows, vector_add
 
 
@@ -42,3 +43,18 @@ def test_backend_is_part_of_the_cache_key(monkeypatch):
     monkeypatch.setenv("METILE_BACKEND", "msl")
     msl = vector_add[(1,)].prepare(*args, BLOCK=32)
     assert cuda.spec.key != msl.spec.key and cuda.source != msl.source
+
+
+def test_cuda_kernel_names_carry_the_content():
+    # MLX caches CUDA modules by name: the name must change with source, header and
+    # argument signature, and stay the same (without rehashing) for a repeated launch.
+    f32, f16 = [mx.zeros((4,))], [mx.zeros((4,), mx.float16)]
+    k = metile.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];")
+    first = k.unique_name(f32, [mx.float32], None)
+    assert first.startswith("k_") and k.unique_name(f32, [mx.float32], None) == first
+    assert k.unique_name(f16, [mx.float32], None) != first
+    assert k.unique_name(f32, [mx.float16], None) != first
+    other = metile.cuda_kernel("k", ["x"], ["y"], "y[0] = 2 * x[0];")
+    assert other.unique_name(f32, [mx.float32], None) != first
+    header = metile.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];", header="// v2")
+    assert header.unique_name(f32, [mx.float32], None) != first

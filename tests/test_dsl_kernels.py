@@ -243,6 +243,13 @@ def test_prepared_dispatch_relaunches(rng):
     check(second, 2 * xr, "float32")
     geometry = "blockIdx.x" if dispatch.variant.backend == "cuda" else "threadgroup_position_in_grid"
     assert geometry in dispatch.source
+    # new arrays of the same signature: the same resolved launch with the arrays swapped
+    y, yr = make(rng, (n,), "float32")
+    check(dispatch(x, y, mx.zeros((n,)), n, BLOCK=256), xr + yr, "float32")
+    assert vector_add.last_dispatch is dispatch
+    # a different signature rebinds through the checks
+    with pytest.raises(metile.LaunchError, match="prepared for a float32 buffer, got a float16"):
+        dispatch(x.astype(mx.float16), y, mx.zeros((n,)), n, BLOCK=256)
 
 
 def test_grid_callable_and_multiple_outputs(rng):

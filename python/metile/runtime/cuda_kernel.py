@@ -26,6 +26,7 @@ class CudaKernel(SourceKernel):
         if not isinstance(shared_memory, int) or shared_memory < 0:
             raise ValueError(self.error(f"shared_memory must be a non-negative int, got {shared_memory!r}"))
         self.shared_memory = shared_memory
+        self._names: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose=False, stream=None):
@@ -47,12 +48,18 @@ class CudaKernel(SourceKernel):
         """MLX's CUDA backend caches compiled modules by kernel name alone, so
         two kernels (or two specializations) sharing a name would silently run
         the first one's code; the name metile passes carries a content hash."""
-        h = hashlib.sha256()
-        for part in (self.source, self.header, repr([(x.dtype, x.ndim) for x in inputs]),
-                     repr(list(output_dtypes)), repr(template), str(self.ensure_row_contiguous)):
-            h.update(part.encode())
-            h.update(b"\0")
-        return f"{self.name}_{h.hexdigest()[:16]}"
+        # Hashing a GEMM's source on every eager launch cost more than the rest of
+        # the launch; the name depends only on this signature.
+        signature = (tuple((x.dtype, x.ndim) for x in inputs), tuple(output_dtypes), repr(template))
+        name = self._names.get(signature)
+        if name is None:
+            h = hashlib.sha256()
+            for part in (self.source, self.header, repr([(x.dtype, x.ndim) for x in inputs]),
+                         repr(list(output_dtypes)), repr(template), str(self.ensure_row_contiguous)):
+                h.update(part.encode())
+                h.update(b"\0")
+            name = self._names[signature] = f"{self.name}_{h.hexdigest()[:16]}"
+        return name
 
 
 def cuda_kernel(

@@ -520,6 +520,9 @@ class Dispatch:
         self.autodiff = None
         if kernel.differentiable and not self.empty:
             self.autodiff = self._differentiable(runtime, outputs)
+        # calling this dispatch again with arguments of the same signature swaps arrays only
+        self._key = None if kernel.differentiable or not self._positional else \
+            _launch_key(self.grid_arg, args, kwargs)
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
@@ -612,6 +615,8 @@ class Dispatch:
     def __call__(self, *args, **kwargs):
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
         if args or kwargs:
+            if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
+                return self._relaunch(args)
             try:
                 return Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)()
             except CompilationError as e:
