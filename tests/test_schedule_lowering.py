@@ -426,3 +426,26 @@ def test_threadgroup_capacity_is_the_targets(monkeypatch, backend):
         return
     d = launch.prepare(*args, **kwargs)
     assert sum(x.bytes for x in d.execution_report.allocations) == 40960
+
+
+@pytest.mark.parametrize("shape,schedule", [
+    ((70, 50, 37), Schedule(double_buffer=True)),    # ragged: guarded edges and K remainder
+    ((64, 64, 48), Schedule(double_buffer=True)),
+    ((64, 64, 48), Schedule(vector_width=4)),
+    ((68, 36, 44), Schedule(vector_width=4)),        # multiples of 4, edge tiles stay scalar
+])
+def test_scalar_fma_fallback_honours_width_and_double_buffer(rng, shape, schedule):
+    # BLOCK_K=4 is no whole 8-deep simdgroup fragment (and no 16-deep warp MMA): the plan
+    # falls back to FFMA register micro-tiles, whose staging takes the same controls.
+    m, n, k = shape
+    a, b, ref = operands(rng, m, n, k, "float32")
+    d = matmul[grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), m, n, k, BLOCK_M=32,
+                                           BLOCK_N=32, BLOCK_K=4, SCHEDULE=schedule)
+    check(d(), ref)
+    plan, report = d.schedule_plan, d.execution_report
+    assert plan.cooperative_layout.startswith("scalar FMA register micro-tiles")
+    if schedule.double_buffer:
+        assert plan.double_buffer and report.double_buffered
+        assert "double_buffer_staging" in report.passes
+    else:
+        assert plan.vector_width == 4 and report.vectorized_loads == vector_loads(d, "float4") > 0

@@ -287,8 +287,7 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule,
             errors.append(e)
             continue
         return _with_reasons(plan, skipped + list(plan.reasons))
-    if errors and all(isinstance(e, FragmentShapeError) for e in errors) and \
-            s.vector_width is None and not s.double_buffer:
+    if errors and all(isinstance(e, FragmentShapeError) for e in errors):
         return _scalar_matmul(traits, target, s, skipped)
     raise errors[-1] if errors else _missing_backend("simdgroup", target)
 
@@ -305,10 +304,12 @@ def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: l
                             f"{target.max_threads_per_threadgroup}")
     bm, bn, bk = traits.tile_shape
     reasons = skipped + ["No matrix unit fits the tile: threads multiply register micro-tiles "
-                         f"with scalar FMAs from operands staged in {target.shared_word}."]
+                         "with scalar FMAs."]
+    # The FFMA lowering always stages operands, and stages them like the fragment path.
+    staging, vw, db = _controllable(traits, target, s, reasons, Lowering())
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
-    return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), "threadgroup", None,
-                        s.double_buffer, tuple(reasons), "scalar FMA register micro-tiles", bounds)
+    return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), staging, vw, db,
+                        tuple(reasons), "scalar FMA register micro-tiles", bounds)
 
 
 def _with_reasons(plan: SchedulePlan, reasons: list[str]) -> SchedulePlan:
@@ -429,15 +430,15 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if not scalar_fma:
             reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
                               f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
-        staging, vw, db = _controllable(traits, target, s, path, reasons, lowering)
+        staging, vw, db = _controllable(traits, target, s, reasons, lowering)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
     return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
                         vw, db, tuple(reasons), layout, bounds)
 
 
-def _controllable(traits, target, s, path, reasons, lowering=None):
-    """Staging, vector width and double buffering on the SIMD-group path."""
+def _controllable(traits, target, s, reasons, lowering=None):
+    """Staging, vector width and double buffering of staged GEMM operands."""
     bm, bn, bk = traits.tile_shape
     itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
     stage = (bm * bk + bk * bn) * itemsize
@@ -467,7 +468,7 @@ def _controllable(traits, target, s, path, reasons, lowering=None):
         _check_capacity(stage + traits.shared_bytes, target,
                         s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
                         f"one {bm}x{bk} + {bk}x{bn} operand stage and the kernel's allocations")
-        into = "per-thread registers" if any(r.startswith("Strict") for r in reasons) \
+        into = "per-thread registers" if any("scalar FMA" in r for r in reasons) \
             else f"{target.group_word} fragments"
         reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "
                        f"per stage) and loaded into {into}.")
