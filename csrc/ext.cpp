@@ -48,7 +48,9 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
                                   const std::vector<std::vector<int>>& output_shapes,
                                   const std::vector<mx::Dtype>& output_dtypes, Dim3 grid,
                                   Dim3 threadgroup, std::optional<float> init_value,
-                                  const std::string& lane_order, bool race_check, mx::Stream stream) {
+                                  const std::string& lane_order, bool race_check,
+                                  bool bounds_check, const std::vector<std::string>& buffer_names,
+                                  mx::Stream stream) {
   LaunchSpec spec;
   spec.name = name;
   spec.shape_infos = shape_infos;
@@ -57,6 +59,8 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   spec.dispatch.order = parse_lane_order(lane_order);
   spec.init_value = init_value;
   spec.race_check = race_check;
+  spec.bounds_check = bounds_check;
+  spec.buffer_names = buffer_names;
   return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
                 stream);
 }
@@ -110,7 +114,7 @@ NB_MODULE(_ext, m) {
   m.def("launch_cpu", &launch_cpu, nb::arg("library"), nb::arg("name"), nb::arg("inputs"),
         nb::arg("shape_infos"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("init_value").none(), nb::arg("lane_order"),
-        nb::arg("race_check"), nb::arg("stream"),
+        nb::arg("race_check"), nb::arg("bounds_check"), nb::arg("buffer_names"), nb::arg("stream"),
         "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
 #else
   m.attr("has_msl_cpu") = false;

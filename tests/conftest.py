@@ -10,6 +10,9 @@ import pytest
 os.environ.setdefault("METILE_CACHE_DIR", os.path.join(tempfile.gettempdir(), "metile-test-cache"))
 # A kernel that never finishes fails its test instead of hanging the run.
 os.environ.setdefault("METILE_MSL_TIMEOUT_S", "300")
+# Every CPU-runtime launch runs on fenced copies of its buffers: an index before the
+# start or past the end of any buffer fails the test, naming the buffer.
+os.environ.setdefault("METILE_MSL_BOUNDS_CHECK", "1")
 
 
 def default_is_cpu() -> bool:

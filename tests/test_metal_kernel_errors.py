@@ -183,3 +183,34 @@ def test_endless_kernel_is_interrupted_by_the_timeout(monkeypatch):
     with pytest.raises(RuntimeError, match=r"kernel exceeded METILE_MSL_TIMEOUT_S=1 s in threadgroup"):
         mx.eval(out)
     assert_runtime_still_works()
+
+
+@cpu_runtime_only
+@pytest.mark.parametrize("source,where", [
+    # one element past the end / before the start
+    ("out[thread_position_in_grid.x] = inp[thread_position_in_grid.x + 1];",
+     r"'inp' \(32 bytes\) accessed at byte offset 32, past its end"),
+    ("out[thread_position_in_grid.x + 1] = inp[thread_position_in_grid.x];",
+     r"'out' \(32 bytes\) accessed at byte offset 32, past its end"),
+    ("out[thread_position_in_grid.x] = inp[int(thread_position_in_grid.x) - 1];",
+     r"'inp' \(32 bytes\) accessed at byte offset -4, before its start"),
+])
+def test_bounds_check_names_the_buffer(source, where):
+    # (not run unchecked: the stray write would corrupt this process's heap unnoticed)
+    (out,) = launch(copy_kernel(source, name="off_by_one"), n=8, bounds_check=True)
+    with pytest.raises(RuntimeError, match=r"out-of-bounds access in threadgroup \(0, 0, 0\): " + where):
+        mx.eval(out)
+    assert_runtime_still_works()
+
+
+@cpu_runtime_only
+def test_bounds_check_keeps_correct_results(rng, monkeypatch):
+    # the same numbers with every buffer fenced (through the environment, as a DSL
+    # launch would see it), odd sizes included
+    monkeypatch.setenv("METILE_MSL_BOUNDS_CHECK", "1")
+    from dsl_kernels import vector_add
+    for n in (1, 7, 1000):
+        x = rng.standard_normal(n).astype(np.float32)
+        z = vector_add[(metile.cdiv(n, 256),)](mx.array(x), mx.array(x), mx.zeros((n,)), n,
+                                               BLOCK=256)
+        np.testing.assert_array_equal(np.array(z), 2 * x)

@@ -93,6 +93,8 @@ def test_winner_for_another_dtype_or_policy_is_not_reused(cache, change):
 
 def test_environment_and_candidates_are_part_of_the_key(cache, monkeypatch):
     monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+    for name in [n for n in os.environ if n.startswith("METILE_") and n != "METILE_CACHE_DIR"]:
+        monkeypatch.delenv(name)  # e.g. a suite run with METILE_MSL_BOUNDS_CHECK=1
     base = tuning_key(parts())
     monkeypatch.setenv("MLX_ENABLE_TF32", "0")
     assert tuning_key(parts()) != base

@@ -1,5 +1,9 @@
 #include "primitive.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -20,15 +24,21 @@ struct Bindings {
   std::vector<void*> pointers;
 };
 
+std::vector<void*> data_of(const std::vector<mx::array>& arrays) {
+  std::vector<void*> data;
+  for (const auto& a : arrays) data.push_back(const_cast<void*>(static_cast<const void*>(a.data<char>())));
+  return data;
+}
+
 Bindings bind_arguments(const LaunchSpec& spec, const std::vector<mx::array>& inputs,
-              const std::vector<void*>& output_data) {
+                        const std::vector<void*>& input_data, const std::vector<void*>& output_data) {
   Bindings b;
   b.shapes.reserve(inputs.size());
   b.strides.reserve(inputs.size());
   b.ndims.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const mx::array& in = inputs[i];
-    b.pointers.push_back(const_cast<void*>(static_cast<const void*>(in.data<char>())));
+    b.pointers.push_back(input_data[i]);
     if (in.ndim() == 0) continue;
     auto [shape, strides, ndim] = spec.shape_infos[i];
     if (shape) {
@@ -82,6 +92,93 @@ void initialise(void* data, const mx::array& out, const std::optional<float>& in
   }
 }
 
+// Bounds-check mode: every buffer is copied into its own mapping between two
+// inaccessible pages, once against the trailing page (an index past the end
+// faults) and once against the leading one (an index before the start faults),
+// and the fault is reported with the buffer's name.  Without it a small overrun
+// lands in memory MLX's allocator pooled nearby, unnoticed, as it may on a GPU.
+// Ends are rounded up to 16 bytes so 4-wide accesses stay aligned: overruns of
+// fewer bytes than that rounding pass.
+class GuardedBuffers {
+ public:
+  explicit GuardedBuffers(bool at_end) : at_end_(at_end), page_(sysconf(_SC_PAGESIZE)) {}
+  ~GuardedBuffers() {
+    for (auto& r : regions_) munmap(r.map, r.map_bytes);
+  }
+  GuardedBuffers(const GuardedBuffers&) = delete;
+  GuardedBuffers& operator=(const GuardedBuffers&) = delete;
+
+  char* add(const void* source, std::size_t bytes, std::string name) {
+    std::size_t rounded = (bytes + 15) / 16 * 16;
+    std::size_t body = std::max<std::size_t>((rounded + page_ - 1) / page_ * page_, page_);
+    std::size_t total = body + 2 * page_;
+    void* map = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) throw std::runtime_error("[metal_kernel] bounds check: mmap failed");
+    char* m = static_cast<char*>(map);
+    if (mprotect(m + page_, body, PROT_READ | PROT_WRITE) != 0) {
+      munmap(map, total);
+      throw std::runtime_error("[metal_kernel] bounds check: mprotect failed");
+    }
+    char* data = m + page_ + (at_end_ ? body - rounded : 0);
+    if (bytes) std::memcpy(data, source, bytes);
+    regions_.push_back({m, total, data, bytes, std::move(name)});
+    return data;
+  }
+
+  std::string describe(const void* address) const {
+    const char* a = static_cast<const char*>(address);
+    for (const auto& r : regions_) {
+      if (a < r.map || a >= r.map + r.map_bytes) continue;
+      std::ostringstream msg;
+      msg << "'" << r.name << "' (" << r.bytes << " bytes) accessed at byte offset " << (a - r.data)
+          << (a < r.data ? ", before its start" : ", past its end");
+      return msg.str();
+    }
+    return "";
+  }
+
+ private:
+  struct Region {
+    char* map;
+    std::size_t map_bytes;
+    char* data;
+    std::size_t bytes;
+    std::string name;
+  };
+  bool at_end_;
+  std::size_t page_;
+  std::vector<Region> regions_;
+};
+
+std::string buffer_name(const LaunchSpec& spec, std::size_t i, std::size_t n_inputs) {
+  if (i < spec.buffer_names.size()) return spec.buffer_names[i];
+  return i < n_inputs ? "input " + std::to_string(i) : "output " + std::to_string(i - n_inputs);
+}
+
+void run_bounds_checked(const KernelLibrary& lib, const LaunchSpec& spec,
+                        const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  for (bool at_end : {true, false}) {
+    GuardedBuffers guarded(at_end);
+    std::vector<void*> in_data, out_data;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      in_data.push_back(guarded.add(inputs[i].data<char>(), inputs[i].nbytes(),
+                                    buffer_name(spec, i, inputs.size())));
+    }
+    for (std::size_t o = 0; o < outputs.size(); ++o) {
+      out_data.push_back(guarded.add(outputs[o].data<char>(), outputs[o].nbytes(),
+                                     buffer_name(spec, inputs.size() + o, inputs.size())));
+    }
+    Bindings b = bind_arguments(spec, inputs, in_data, out_data);
+    run_dispatch(lib, spec.dispatch, b.pointers.data(),
+                 [&guarded](const void* address) { return guarded.describe(address); });
+    if (at_end) {  // the second run only looks for accesses before the start
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        std::memcpy(outputs[o].data<char>(), out_data[o], outputs[o].nbytes());
+      }
+    }
+  }
+}
+
 const char* order_name(LaneOrder o) {
   return o == LaneOrder::forward ? "forward" : o == LaneOrder::reverse ? "reversed" : "shuffled";
 }
@@ -93,8 +190,12 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
     data.push_back(out.data<char>());
     initialise(data.back(), out, spec.init_value);
   }
-  Bindings b = bind_arguments(spec, inputs, data);
-  run_dispatch(lib, spec.dispatch, b.pointers.data());
+  if (spec.bounds_check) {
+    run_bounds_checked(lib, spec, inputs, outputs);
+  } else {
+    Bindings b = bind_arguments(spec, inputs, data_of(inputs), data);
+    run_dispatch(lib, spec.dispatch, b.pointers.data());
+  }
   if (!spec.race_check) return;
 
   // Re-run with the other lane orders into scratch outputs and compare: a
@@ -107,7 +208,7 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
       scratch_data.push_back(scratch.back().data());
       initialise(scratch_data.back(), out, spec.init_value);
     }
-    Bindings sb = bind_arguments(spec, inputs, scratch_data);
+    Bindings sb = bind_arguments(spec, inputs, data_of(inputs), scratch_data);
     Dispatch d = spec.dispatch;
     d.order = order;
     run_dispatch(lib, d, sb.pointers.data());
@@ -157,7 +258,7 @@ bool MslCpuKernel::is_equivalent(const mx::Primitive& other) const {
          o->spec_.dispatch.grid == spec_.dispatch.grid &&
          o->spec_.dispatch.threadgroup == spec_.dispatch.threadgroup &&
          o->spec_.dispatch.order == spec_.dispatch.order && o->spec_.init_value == spec_.init_value &&
-         o->spec_.race_check == spec_.race_check;
+         o->spec_.race_check == spec_.race_check && o->spec_.bounds_check == spec_.bounds_check;
 }
 
 std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,

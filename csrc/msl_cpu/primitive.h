@@ -23,7 +23,10 @@ struct LaunchSpec {
   std::optional<float> init_value;
   // Run forward, reversed and shuffled lane orders and require equal outputs.
   bool race_check = false;
+  // Run on copies of every buffer fenced by inaccessible pages (see primitive.cpp).
+  bool bounds_check = false;
   std::string name;
+  std::vector<std::string> buffer_names;  // inputs, then outputs (for bounds-check messages)
 };
 
 class MslCpuKernel : public mx::Primitive {

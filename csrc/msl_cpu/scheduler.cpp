@@ -502,7 +502,8 @@ void check_dispatch(const Dispatch& d) {
   }
 }
 
-void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers) {
+void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers,
+                  const FaultDescriber& describe_fault) {
   check_dispatch(d);
   std::array<std::uint32_t, 3> groups{};
   std::uint64_t total = 1;
@@ -566,11 +567,16 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
         w.fail("kernel exceeded METILE_MSL_TIMEOUT_S=" + std::string(limit_env) + " s in " +
                group_name(gid) + " (a loop that never ends?)");
       } else {
-        char where[64];
-        std::snprintf(where, sizeof where, "%p", t_fault_address);
-        w.fail("invalid memory access at address " + std::string(where) + " in " +
-               group_name(gid) + " (an index outside its buffer, or a fiber stack overflow: "
-               "see METILE_MSL_STACK_KB)");
+        std::string what = describe_fault ? describe_fault(t_fault_address) : std::string();
+        if (!what.empty()) {
+          w.fail("out-of-bounds access in " + group_name(gid) + ": " + what);
+        } else {
+          char where[64];
+          std::snprintf(where, sizeof where, "%p", t_fault_address);
+          w.fail("invalid memory access at address " + std::string(where) + " in " +
+                 group_name(gid) + " (an index outside its buffer, or a fiber stack overflow: "
+                 "see METILE_MSL_STACK_KB; METILE_MSL_BOUNDS_CHECK=1 names the buffer)");
+        }
       }
       t_fault_jump = nullptr;
       if (w.failed) {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -54,7 +55,12 @@ struct KernelError : std::runtime_error {
 // Validates the dispatch against Metal's limits; throws std::invalid_argument.
 void check_dispatch(const Dispatch& d);
 
+// Names what a faulting address belongs to ("4 bytes past the end of 'y'"), or
+// returns "" when it does not know (bounds-check mode supplies one).
+using FaultDescriber = std::function<std::string(const void*)>;
+
 // Runs every threadgroup of the dispatch to completion.  Throws KernelError.
-void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers);
+void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers,
+                  const FaultDescriber& describe_fault = {});
 
 }  // namespace metile::msl_cpu

@@ -105,6 +105,7 @@ class MetalKernel(SourceKernel):
         stream=None,
         lane_order=None,
         race_check=None,
+        bounds_check=None,
     ):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template = list(template or [])
@@ -134,6 +135,8 @@ class MetalKernel(SourceKernel):
         order = lane_order or os.environ.get("METILE_LANE_ORDER", "forward")
         if race_check is None:
             race_check = os.environ.get("METILE_RACE_CHECK") == "1"
+        if bounds_check is None:
+            bounds_check = os.environ.get("METILE_MSL_BOUNDS_CHECK") == "1"
         return _ext.launch_cpu(
             library,
             self.name,
@@ -146,6 +149,8 @@ class MetalKernel(SourceKernel):
             None if init_value is None else float(init_value),
             order,
             bool(race_check),
+            bool(bounds_check),
+            self.input_names + self.output_names,
             s,
         )
 
@@ -167,6 +172,9 @@ def metal_kernel(
     `init_value=`, `verbose=`, `stream=`.  CPU-only extras: `lane_order=`
     ("forward", "reverse", "shuffle"; default `$METILE_LANE_ORDER`) and
     `race_check=` (run all three orders and fail if the outputs differ;
-    default `$METILE_RACE_CHECK == "1"`).
+    default `$METILE_RACE_CHECK == "1"`) and `bounds_check=` (run on copies of
+    the buffers fenced by inaccessible pages, so an index before the start or
+    past the 16-byte-rounded end of a buffer is an error naming it; default
+    `$METILE_MSL_BOUNDS_CHECK == "1"`).
     """
     return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs)
