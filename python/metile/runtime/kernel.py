@@ -36,6 +36,7 @@ from ..passes.uniformity import check_uniformity
 from ..ir.core import Loc
 from ..schedule import Schedule, ScheduleError
 from . import cache, planning
+from .source_kernel import as_array
 
 BACKENDS = ("msl", "cuda")
 RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "float", "int", "uint",
@@ -504,7 +505,12 @@ class Dispatch:
         d = self.variant.data
         self.outputs = out_arrays
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
-        self.inputs = [runtime[name] for _, name in d["input_roles"]]
+        # Scalars are part of the launch key by value, so a relaunch can reuse their
+        # 0-d arrays instead of building them again (MLX's rule, source_kernel.as_array).
+        self.inputs = [as_array(runtime[name], name, "metile") for _, name in d["input_roles"]]
+        self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d["input_roles"],
+                                                                           self.inputs))
+                               if not isinstance(runtime[name], mx.array)}
         self.tracked = [outputs.index(n) for n in d["tracked"]]
         T = spec.threads
         self.call_kwargs = dict(
@@ -597,7 +603,9 @@ class Dispatch:
         outputs = _check_aliasing(runtime, self.spec.outputs)
         if self.empty:
             return outputs[0] if self.single else tuple(outputs)
-        inputs = [runtime[name] for _, name in self.variant.data["input_roles"]]
+        scalars = self._scalar_inputs
+        inputs = [scalars[i] if i in scalars else runtime[name]
+                  for i, (_, name) in enumerate(self.variant.data["input_roles"])]
         outs = self.variant.callable()(**{**self.call_kwargs, "inputs": inputs})
         return self._finish(outs, outputs)
 
