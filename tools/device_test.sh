@@ -16,7 +16,10 @@ cd /tmp  # import the installed package, not the source tree
 set +e
 targets=()
 for t in "${@:-tests}"; do targets+=("$repo/$t"); done
-python3 -m pytest -q -p no:cacheprovider --junitxml="$out/junit.xml" "${targets[@]}" | tail -25
+# the log goes to $OUT as it is written: a run cut off by the device's time limit
+# still brings back how far it got
+python3 -m pytest -q -p no:cacheprovider --durations=15 --junitxml="$out/junit.xml" "${targets[@]}" 2>&1 \
+  | tee "$out/pytest.log" | tail -45
 set -e
 python3 "$repo/tools/summarize_run.py" "$out/junit.xml" > "$out/device-run.json"
 cat "$out/device-run.json"
