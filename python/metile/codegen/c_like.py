@@ -179,6 +179,9 @@ class CEmitter:
             self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
         elif name == "mem_store":
             store = f"{op.attrs['root']}[{a[0]}] = {a[1]};"
+            if op.attrs.get("atomic"):
+                store = self.ATOMIC_ADD.format(root=op.attrs["root"], index=a[0], value=a[1],
+                                               t=self.ATOMIC_TYPES[op.operands[1].type.dtype.name])
             self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
         elif name == "const":
             self.names[op.result.id] = self.expr(op)
@@ -195,6 +198,10 @@ class CEmitter:
         else:
             r = op.result
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
+
+    # atomic_add: element type name -> the backend's atomic type; {root}, {index}, {value}, {t}
+    ATOMIC_TYPES: dict[str, str] = {}
+    ATOMIC_ADD = ""
 
     # 4-wide loads (thread-form vec_load): dtype name -> (vector type, element format over
     # {v} the vector, {i} the element index, {c} its xyzw name, {h}/{shift} the word and

@@ -204,6 +204,8 @@ template <typename V, typename T> __device__ __forceinline__ V metile_load_vec(c
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "bool": "bool"}
+    ATOMIC_TYPES = {"float32": "float", "int32": "int", "uint32": "unsigned int"}
+    ATOMIC_ADD = "atomicAdd(reinterpret_cast<{t}*>(&{root}[{index}]), {value});"
     GEOMETRY = {
         "program_id": "static_cast<int>(blockIdx.{axis})",
         "num_programs": "static_cast<int>(gridDim.{axis})",

@@ -29,6 +29,10 @@ inline float metile_erf(float x) {
 class MSLEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
              "uint32": "uint", "bool": "bool"}
+    # MLX declares outputs `device T*`; the update goes through the layout-compatible atomic type
+    ATOMIC_TYPES = {"float32": "atomic_float", "int32": "atomic_int", "uint32": "atomic_uint"}
+    ATOMIC_ADD = ("metal::atomic_fetch_add_explicit((device metal::{t}*)&{root}[{index}], {value}, "
+                  "metal::memory_order_relaxed);")
     GEOMETRY = {
         "program_id": "static_cast<int>(threadgroup_position_in_grid.{axis})",
         "num_programs": "static_cast<int>(threadgroups_per_grid.{axis})",

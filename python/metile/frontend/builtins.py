@@ -112,6 +112,11 @@ def store(gen, pointer, value, mask):
     gen.sem.store(pointer, value, mask=mask)
 
 
+@builtin("pointer, value, mask=None")
+def atomic_add(gen, pointer, value, mask):
+    gen.sem.store(pointer, value, mask=mask, atomic="add")
+
+
 @builtin("condition, x, y")
 def where(gen, condition, x, y):
     return gen.sem.where(condition, x, y)

@@ -67,6 +67,10 @@ def broadcast_shapes(a: tuple, b: tuple) -> tuple:
     return tuple(out)
 
 
+# Device atomics metile emits on every backend (Metal atomic_float/int/uint, CUDA atomicAdd).
+ATOMIC_DTYPES = ("float32", "int32", "uint32")
+
+
 class Semantics:
     def __init__(self, builder: Builder):
         self.b = builder
@@ -245,21 +249,28 @@ class Semantics:
         shape = shape_of(ops[0].type)
         return self.b.value("load", ops, with_shape(ScalarType(pt.dtype), shape))
 
-    def store(self, ptr, value, mask=None) -> None:
+    def store(self, ptr, value, mask=None, atomic: str | None = None) -> None:
+        what = "atomic_add()" if atomic else "store()"
         if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
-            raise CompilationError(f"store() needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+            raise CompilationError(f"{what} needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
         pt: PointerType = elem_type(ptr.type)
+        if atomic and pt.space != "device":
+            raise CompilationError("atomic_add() on threadgroup memory is not supported; "
+                                   "it updates device buffers")
+        if atomic and pt.dtype.name not in ATOMIC_DTYPES:
+            raise CompilationError(f"atomic_add() on a {pt.dtype} buffer is not supported; "
+                                   f"it takes {', '.join(ATOMIC_DTYPES)} buffers")
         value = self.to_value(value, pt.dtype)
         if dtype_of(value.type) != pt.dtype:
-            raise CompilationError(f"store() of a {dtype_of(value.type)} value into a {pt.dtype} "
+            raise CompilationError(f"{what} of a {dtype_of(value.type)} value into a {pt.dtype} "
                                    f"buffer; cast it explicitly")
         items = [ptr, value] + ([self._mask(mask)] if mask is not None else [])
         ops, shape = self.common(*items)
         if len(shape) < len(shape_of(ptr.type)) or shape_of(ptr.type) != shape:
             if shape_of(ptr.type) != shape:
-                raise CompilationError(f"store() value/mask of shape {shape} does not fit the "
+                raise CompilationError(f"{what} value/mask of shape {shape} does not fit the "
                                        f"pointer tile of shape {shape_of(ptr.type)}")
-        self.b.op("store", ops, [])
+        self.b.op("store", ops, [], {"atomic": atomic} if atomic else None)
 
     def _mask(self, mask):
         if isinstance(mask, bool):

@@ -9,7 +9,7 @@ Tile form (frontend output)
   <elementwise>(a, b, ...)              operands of one shape (frontend broadcasts)
   ptr_add(p, offset)                    pointer + int32 offset (scalar or tile)
   load(p, [mask, other])                scalar or tile read; masked lanes read `other`
-  store(p, value, [mask])               scalar or tile write
+  store(p, value, [mask]){atomic?}      scalar or tile write; atomic="add": atomic_add
   reduce(t){kind, axis}                 sum|max|min; axis None -> scalar
   dot(a, b, acc)                        tile matrix product, fp32 accumulation
   shared_alloc{size}                    threadgroup pointer (root = its name)
@@ -25,7 +25,7 @@ Thread form (after passes.lower_tiles; every value is a scalar)
                                         the elements of a tile this thread owns
   local_get(slot){name} local_set(slot, v){name}
   var_get{name} var_set(v){name}
-  mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space}
+  mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space, atomic?}
   simd_reduce(v){kind} simd_lane simd_group barrier simd_barrier
   decl{storage="fragment", role, dtype, size, shape}
                                         `size` opaque matrix fragments per thread (role a|b|acc,

@@ -41,6 +41,9 @@ _DOCS = {
     "arange": "arange(start, end) -> int32 tile [start, end); both bounds constexpr.",
     "load": "load(pointer, mask=None, other=None): scalar or tile load; masked-off lanes read `other` (0).",
     "store": "store(pointer, value, mask=None): scalar or tile store; masked-off lanes write nothing.",
+    "atomic_add": "atomic_add(pointer, value, mask=None): adds value to device memory atomically "
+                  "(relaxed order; float32, int32 or uint32 buffers); returns nothing. The buffer "
+                  "ends as the passed array plus every added value.",
     "where": "where(condition, a, b): elementwise selection.",
     "maximum": "maximum(a, b): elementwise maximum.",
     "minimum": "minimum(a, b): elementwise minimum.",

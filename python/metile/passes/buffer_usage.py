@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.core import Function, Op, Value, walk
+from ..frontend.errors import CompilationError
 from ..ir.types import PointerType, elem_type
 
 
@@ -234,10 +235,31 @@ def _tile_coverage(offs: Value, mask: Value | None, params: dict) -> TileCoverag
     return TileCoverage((row[2], col[2]), (row[1], col[1]), (bounds[row], bounds[col]), stride)
 
 
+def atomic_roots(fn: Function) -> dict[str, Op]:
+    """Device buffers updated with atomic_add, each with its first atomic store.
+
+    Such a buffer takes no other access in the kernel (CompilationError at the
+    access otherwise): its result is the passed array plus the added values, so a
+    load would see a partial sum and a plain store would be added, not written."""
+    atomic: dict[str, Op] = {}
+    for op in walk(fn.body):
+        if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0])):
+            atomic.setdefault(p.root, op)
+    for op in walk(fn.body):
+        if op.name in ("load", "store", "frag_view_load", "frag_view_store") and \
+                not op.attrs.get("atomic") and (p := _root(op.operands[0])) and p.root in atomic:
+            kind = "loaded" if op.name.endswith("load") else "stored to"
+            raise CompilationError(f"buffer {p.root!r} is updated with atomic_add and also {kind} "
+                                   "in this kernel; a buffer takes either atomic adds or ordinary "
+                                   "accesses", op.loc)
+    return atomic
+
+
 def store_coverage(fn: Function, loaded: set[str]) -> dict:
     stores: dict[str, list[Op]] = {}
     for op in walk(fn.body):
-        if op.name == "store" and (p := _root(op.operands[0])) and p.space == "device":
+        if op.name == "store" and not op.attrs.get("atomic") and \
+                (p := _root(op.operands[0])) and p.space == "device":
             stores.setdefault(p.root, []).append(op)
     top = {id(op) for op in fn.body.ops}
     params = {id(p.value): p.name for p in fn.params if p.value is not None}

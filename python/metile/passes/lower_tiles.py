@@ -221,8 +221,11 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
         if ptr.space == "threadgroup":
             b.op("mem_store", [index, value, *rest], [], {"root": ptr.root, "space": "threadgroup"})
             return
-        b.op("mem_store", [index, value, *rest], [], {"root": self.buffers[(ptr.root, "out")],
-                                                      "space": "device"})
+        attrs = {"root": self.buffers[(ptr.root, "out")], "space": "device"}
+        if op.attrs.get("atomic"):
+            b.op("mem_store", [index, value, *rest], [], {**attrs, "atomic": op.attrs["atomic"]})
+            return
+        b.op("mem_store", [index, value, *rest], [], attrs)
         written = self.buffers.get((ptr.root, "written"))
         if written is not None:
             b.op("mem_store", [index, self.const(b, True, dt.bool_), *rest], [],
@@ -279,6 +282,16 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                 shape = op.operands[0].type.shape
                 self.lane_loop(b, shape, lambda ctx: self.emit_store(
                     ctx.b, op, [self.elem(o, ctx) for o in op.operands]))
+            elif op.attrs.get("atomic"):
+                # every thread holds the scalar; a scalar atomic_add happens once per
+                # program (as in Triton), by its first thread
+                operands = [self.s(o) for o in op.operands]
+                then = Block()
+                tb = Builder(then)
+                tb.loc = b.loc
+                self.emit_store(tb, op, operands)
+                first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
+                b.op("if", [first], [], regions=[then, Block()])
             else:
                 self.emit_store(b, op, [self.s(o) for o in op.operands])
             return

@@ -54,6 +54,8 @@ def vectorizable(fn: Function, scalars: dict) -> ElementwiseVector | str:
             return f"the kernel contains {_FORBIDDEN[op.name]} (only canonical 1-D elementwise " \
                    f"kernels are vectorized)"
     stores = [op for op in ops if op.name == "store"]
+    if any(op.attrs.get("atomic") for op in stores):
+        return "the kernel uses atomic_add (atomic updates stay scalar)"
     if len(stores) != 1 or not isinstance(stores[0].operands[0].type, TileType):
         return "the kernel must store one tile"
     store = stores[0]

@@ -30,10 +30,10 @@ from ..frontend import CompilationError, LaunchError, build_tile_ir, constexpr_p
 from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..language import dtypes as dt
-from ..passes.buffer_usage import buffer_roles, coverage_from_json, store_coverage
+from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json, store_coverage
 from ..passes.lower_tiles import lower_tiles
 from ..passes.uniformity import check_uniformity
-from ..ir.core import Loc
+from ..ir.core import Loc, walk
 from ..schedule import Schedule, ScheduleError
 from . import cache, planning
 from .source_kernel import as_array
@@ -158,6 +158,7 @@ class Specialization:
             self.entry = self._analyze()
             cache.disk_store(self.key, self.entry)
         self.outputs: list[str] = self.entry["outputs"]
+        self.atomic_outputs: list[str] = self.entry.get("atomic_outputs", [])
         self.coverage = {k: coverage_from_json(v) for k, v in self.entry["coverage"].items()}
         self.threads: int = self.entry["threads"]
         self.variants: dict[tuple, Variant] = {}
@@ -181,6 +182,14 @@ class Specialization:
         loaded, stored = buffer_roles(fn)
         names = self.kernel.param_names
         outputs = [n for n in names if n in stored]
+        atomic = atomic_roots(fn)
+        if atomic:
+            first = next(iter(atomic.values()))
+            why = ("differentiable=True kernels" if self.kernel.differentiable else
+                   "kernels with dot" if any(op.name == "dot" for op in walk(fn.body)) else
+                   "simdgroup_inline kernels" if fn.meta.get("fragments") else None)
+            if why:
+                raise CompilationError(f"atomic_add is not supported in {why}", first.loc)
         cov = store_coverage(fn, loaded)
         try:
             bounds = tuple(sorted({c.bound for c in cov.values() if getattr(c, "bound", None)}))
@@ -192,7 +201,8 @@ class Specialization:
                 tile_bounds=tiles[0] if tiles else None)
         except ScheduleError as e:
             raise CompilationError(str(e), self.kernel.loc) from None
-        return {"outputs": outputs, "plan": plan.to_dict(), "loaded_outputs": sorted(loaded & stored),
+        return {"outputs": outputs, "atomic_outputs": [n for n in outputs if n in atomic],
+                "plan": plan.to_dict(), "loaded_outputs": sorted(loaded & stored),
                 "coverage": {k: c.to_json() for k, c in cov.items()},
                 "threads": threads, "variants": {}}
 
@@ -498,8 +508,11 @@ class Dispatch:
                                   f"an mx.array with at least one dimension")
         out_arrays = _check_aliasing(runtime, outputs)
         scalars = {n: v for n, v in runtime.items() if specs[n][0] == "scalar"}
+        # atomic_add outputs start at zero and are added to the passed arrays afterwards
+        # (_finish), so they need no coverage proof or written mask
         proven = tuple(
-            n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars)
+            n in spec.atomic_outputs or
+            (n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars))
             for n in outputs)
         self.variant = spec.variant(proven)
         d = self.variant.data
@@ -512,12 +525,13 @@ class Dispatch:
                                                                            self.inputs))
                                if not isinstance(runtime[name], mx.array)}
         self.tracked = [outputs.index(n) for n in d["tracked"]]
+        self.atomic = [outputs.index(n) for n in spec.atomic_outputs]
         T = spec.threads
         self.call_kwargs = dict(
             inputs=self.inputs, grid=(grid[0] * T, grid[1], grid[2]), threadgroup=(T, 1, 1),
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
-            init_value=0 if self.tracked else None)
+            init_value=0 if self.tracked or self.atomic else None)
         self.single = len(out_arrays) == 1
         self.scalars = scalars
         positional = set(kernel.param_names[:len(args)])
@@ -610,7 +624,10 @@ class Dispatch:
         return self._finish(outs, outputs)
 
     def _finish(self, outs, passed):
-        """Merge preserve-masked outputs with the passed arrays; one array or a tuple."""
+        """Merge preserve-masked outputs with the passed arrays, add atomic_add outputs to
+        them; one array or a tuple."""
+        for i in self.atomic:
+            outs[i] = passed[i] + outs[i]
         if self.tracked:
             n = len(passed)
             for k, i in enumerate(self.tracked):

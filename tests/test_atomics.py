@@ -1,0 +1,152 @@
+"""metile.atomic_add: device buffers updated atomically; the result is the passed
+array plus every added value.  Integer results are exact (and independent of thread
+order); float sums are checked against NumPy with a float32 tolerance."""
+
+import inspect
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import CompilationError
+
+
+@metile.kernel
+def histogram(Values, Counts, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    bins = metile.load(Values + offs, mask=mask)
+    metile.atomic_add(Counts + bins, 1, mask=mask)
+
+
+@metile.kernel
+def scatter_add(X, Index, Out, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.atomic_add(Out + metile.load(Index + offs, mask=mask), metile.load(X + offs, mask=mask),
+                      mask=mask)
+
+
+@metile.kernel
+def block_total(X, Total, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.atomic_add(Total, metile.sum(metile.load(X + offs, mask=offs < n)))
+
+
+@metile.kernel
+def column_sums(X, Sums, rows, BLOCK_R: metile.constexpr, COLS: metile.constexpr):
+    """A 2-D tile: each program adds its rows into per-column sums (uint32)."""
+    r = metile.program_id(0) * BLOCK_R + metile.arange(0, BLOCK_R)
+    c = metile.arange(0, COLS)
+    mask = (r < rows)[:, None]
+    x = metile.load(X + r[:, None] * COLS + c[None, :], mask=mask)
+    metile.atomic_add(Sums + metile.zeros((BLOCK_R, COLS), metile.int32) + c[None, :], x,
+                      mask=mask)
+
+
+@pytest.mark.parametrize("n,block,nsg", [(1000, 256, None), (37, 16, 2), (1, 64, None)])
+def test_histogram_counts_exactly(rng, n, block, nsg):
+    # 16 elements over 64 threads: no element may be added twice
+    values = rng.integers(0, 10, n).astype(np.int32)
+    start = np.arange(10, dtype=np.int32)
+    extra = {} if nsg is None else {"num_simdgroups": nsg}
+    counts = histogram[(metile.cdiv(n, block),)](mx.array(values), mx.array(start), n, BLOCK=block,
+                                                 **extra)
+    np.testing.assert_array_equal(np.array(counts), start + np.bincount(values, minlength=10))
+
+
+def test_scatter_add_matches_numpy(rng):
+    n = 5000
+    x = rng.standard_normal(n).astype(np.float32)
+    index = rng.integers(0, 7, n).astype(np.int32)
+    start = rng.standard_normal(7).astype(np.float32)
+    out = scatter_add[(metile.cdiv(n, 512),)](mx.array(x), mx.array(index), mx.array(start), n,
+                                              BLOCK=512)
+    ref = start.astype(np.float64)
+    np.add.at(ref, index, x.astype(np.float64))
+    np.testing.assert_allclose(np.array(out), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_scalar_atomic_happens_once_per_program(rng):
+    x = rng.standard_normal(1000).astype(np.float32)
+    total = block_total[(4,)](mx.array(x), mx.array([2.0]), 1000, BLOCK=256)
+    # once per program: every one of the 256 threads holds the block's sum
+    np.testing.assert_allclose(np.array(total), [2.0 + x.astype(np.float64).sum()], rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_two_dimensional_tile_and_unsigned(rng):
+    rows, cols = 50, 8
+    x = rng.integers(0, 1000, (rows, cols)).astype(np.uint32)
+    sums = column_sums[(metile.cdiv(rows, 16),)](mx.array(x), mx.zeros((cols,), mx.uint32), rows,
+                                                 BLOCK_R=16, COLS=cols)
+    np.testing.assert_array_equal(np.array(sums), x.sum(axis=0))
+
+
+def test_atomics_compose_with_compile_and_any_lane_order(rng, monkeypatch):
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")  # integer adds: every order agrees
+    values = rng.integers(0, 5, 300).astype(np.int32)
+
+    @mx.compile
+    def step(v, c):
+        return histogram[(2,)](v, c, 300, BLOCK=256) * 2
+
+    out = step(mx.array(values), mx.zeros((5,), mx.int32))
+    np.testing.assert_array_equal(np.array(out), 2 * np.bincount(values, minlength=5))
+
+
+@pytest.mark.parametrize("backend,spelling", [
+    ("msl", "metal::atomic_fetch_add_explicit((device metal::atomic_int*)&Counts["),
+    ("cuda", "atomicAdd(reinterpret_cast<int*>(&Counts["),
+])
+def test_backend_spelling(monkeypatch, backend, spelling):
+    monkeypatch.setenv("METILE_BACKEND", backend)
+    d = histogram[(1,)].prepare(mx.zeros((8,), mx.int32), mx.zeros((4,), mx.int32), 8, BLOCK=8)
+    assert spelling in d.source and "Counts_written" not in d.source
+    assert d.call_kwargs["init_value"] == 0
+
+
+@metile.kernel
+def add_then_read(X, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.atomic_add(X + offs, 1.0, mask=offs < n)
+    metile.store(X + offs, metile.load(X + offs) * 2.0)  # MARK
+
+
+@metile.kernel
+def half_atomic(X, BLOCK: metile.constexpr):
+    metile.atomic_add(X + metile.arange(0, BLOCK), metile.zeros((BLOCK,), metile.float16))  # MARK
+
+
+@metile.kernel
+def shared_atomic(X, BLOCK: metile.constexpr):
+    scratch = metile.shared(BLOCK)
+    metile.atomic_add(scratch + metile.arange(0, BLOCK), 1.0)  # MARK
+    metile.store(X + metile.arange(0, BLOCK), metile.load(scratch + metile.arange(0, BLOCK)))
+
+
+@metile.kernel(differentiable=True)
+def differentiable_atomic(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.atomic_add(Y + offs, metile.load(X + offs))  # MARK
+
+
+def _line(kernel) -> str:
+    lines, first = inspect.getsourcelines(kernel.fn)
+    return f"test_atomics.py:{first + next(i for i, t in enumerate(lines) if '# MARK' in t)}:"
+
+
+@pytest.mark.parametrize("kernel,args,message", [
+    (add_then_read, lambda: (mx.zeros((8,)), 8), "buffer 'X' is updated with atomic_add and also "
+                                                 "loaded in this kernel"),
+    (half_atomic, lambda: (mx.zeros((8,), mx.float16),), "atomic_add() on a float16 buffer is not "
+                                                         "supported; it takes float32, int32, uint32"),
+    (shared_atomic, lambda: (mx.zeros((8,)),), "atomic_add() on threadgroup memory is not supported"),
+    (differentiable_atomic, lambda: (mx.zeros((8,)), mx.zeros((8,))),
+     "atomic_add is not supported in differentiable=True kernels"),
+])
+def test_rejections_name_the_line(kernel, args, message):
+    with pytest.raises(CompilationError) as info:
+        kernel[(1,)](*args(), BLOCK=8)
+    assert message in str(info.value) and _line(kernel) in str(info.value)
