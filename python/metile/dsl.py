@@ -4,7 +4,8 @@ from .frontend.errors import CompilationError, LaunchError
 from .language import (BUILTINS, DType, bfloat16, bool_, constexpr, float16, float32, int32,
                        uint32)
 from .language.core import *  # noqa: F401,F403
-from .runtime.kernel import Dispatch, Kernel, inline, kernel
+from .runtime.dispatch import Dispatch
+from .runtime.kernel import Kernel, inline, kernel
 
 __all__ = ["kernel", "inline", "constexpr", "CompilationError", "LaunchError", "Kernel",
            "Dispatch", "DType", "float32", "float16", "bfloat16", "int32", "uint32", "bool_",

@@ -24,7 +24,8 @@ import numpy as np
 from ..frontend import CompilationError, LaunchError
 from ..schedule import Config, ScheduleError
 from . import cache, tuning
-from .kernel import Kernel, _grid, current_backend, device_fingerprint
+from .dispatch import _grid
+from .kernel import Kernel, current_backend, device_fingerprint
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
 POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE")

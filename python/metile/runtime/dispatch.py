@@ -1,0 +1,280 @@
+"""Launching a specialized kernel: `kernel[grid](...)` (Launcher, with a cache of
+resolved launches keyed on the call's signature) and `Dispatch`, a launch with
+everything resolved (specialization, coverage proof, variant, call arguments) that
+enqueues the kernel again when called."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..frontend import CompilationError, LaunchError
+from . import planning
+from .kernel import Kernel, _arg_spec
+from .source_kernel import as_array
+
+
+def _grid(grid, bound: dict) -> tuple[int, int, int]:
+    if callable(grid):
+        grid = grid(bound)
+    if isinstance(grid, int):
+        grid = (grid,)
+    if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or \
+            not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in grid):
+        raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got {grid!r}")
+    return tuple(grid) + (1,) * (3 - len(grid))
+
+
+def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
+    """The output arrays; a LaunchError if an input is an output or two outputs coincide."""
+    out_arrays = [runtime[n] for n in outputs]
+    for name, value in runtime.items():
+        if name in outputs:
+            continue
+        for o, arr in zip(outputs, out_arrays):
+            if value is arr:
+                raise LaunchError(f"argument {name!r} is the same array as output {o!r}; "
+                                  f"an input must not alias an output")
+    for i, a in enumerate(out_arrays):
+        for j in range(i):
+            if out_arrays[j] is a:
+                raise LaunchError(f"outputs {outputs[j]!r} and {outputs[i]!r} are the same array")
+    return out_arrays
+
+
+_LAUNCH_CACHE_SIZE = 256
+
+
+def _launch_key(grid, args, kwargs):
+    """What a repeated `kernel[grid](...)` call must share to reuse a resolved launch:
+    the grid, each argument's type, dtype and shape (scalars by value: they take part
+    in coverage proofs), and the keyword options.  None when a call is not cacheable."""
+    if callable(grid):
+        return None
+    parts = []
+    for a in args:
+        if isinstance(a, mx.array):
+            parts.append((a.dtype, tuple(a.shape)))
+        elif isinstance(a, (bool, int, float)):
+            parts.append((type(a), a))
+        else:
+            return None
+    try:
+        # with types: True == 1 and 1.0 == 1 must not share an entry
+        options = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
+        hash(options)
+    except TypeError:
+        return None
+    grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
+    return (grid_key, tuple(parts), options)
+
+
+class Launcher:
+    def __init__(self, kernel: Kernel, grid):
+        self.kernel, self.grid = kernel, grid
+
+    def __call__(self, *args, **kwargs):
+        # A repeated launch with the same signature reuses the resolved Dispatch
+        # (binding, specialization, coverage proof) and only swaps the arrays.
+        kernel = self.kernel
+        key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
+        if key is not None:
+            template = kernel._launches.get(key)
+            if template is not None:
+                return template._relaunch(args)
+        d = self.prepare(*args, **kwargs)
+        if key is not None and d._positional:
+            if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
+                kernel._launches.clear()
+            kernel._launches[key] = d
+        return d()
+
+    def prepare(self, *args, **kwargs) -> "Dispatch":
+        try:
+            return Dispatch(self.kernel, self.grid, args, kwargs)
+        except CompilationError as e:
+            raise e.with_traceback(None) from None  # hide compiler frames
+
+
+class Dispatch:
+    """A launch with everything resolved; calling it enqueues the kernel again."""
+
+    def __init__(self, kernel: Kernel, grid, args, kwargs, like: "Dispatch | None" = None):
+        runtime, consts, threads, schedule = kernel.bind(args, kwargs)
+        if like is not None:
+            like._check_same(runtime, consts, threads)
+        spec, specs = kernel.specialize(runtime, consts, threads, schedule)
+        self.grid_arg, self.specs = grid, specs
+        grid = _grid(grid, {**runtime, **consts})
+        self.kernel, self.spec = kernel, spec
+        outputs = spec.outputs
+        for name in outputs:
+            if specs[name][0] != "buffer":
+                raise LaunchError(f"argument {name!r} is stored to by the kernel, so it must be "
+                                  f"an mx.array with at least one dimension")
+        out_arrays = _check_aliasing(runtime, outputs)
+        scalars = {n: v for n, v in runtime.items() if specs[n][0] == "scalar"}
+        # atomic_add outputs start at zero and are added to the passed arrays afterwards
+        # (_finish), so they need no coverage proof or written mask
+        proven = tuple(
+            n in spec.atomic_outputs or
+            (n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars))
+            for n in outputs)
+        self.variant = spec.variant(proven)
+        d = self.variant.data
+        self.outputs = out_arrays
+        self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
+        # Scalars are part of the launch key by value, so a relaunch can reuse their
+        # 0-d arrays instead of building them again (MLX's rule, source_kernel.as_array).
+        self.inputs = [as_array(runtime[name], name, "metile") for _, name in d["input_roles"]]
+        self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d["input_roles"],
+                                                                           self.inputs))
+                               if not isinstance(runtime[name], mx.array)}
+        self.tracked = [outputs.index(n) for n in d["tracked"]]
+        self.atomic = [outputs.index(n) for n in spec.atomic_outputs]
+        T = spec.threads
+        self.call_kwargs = dict(
+            inputs=self.inputs, grid=(grid[0] * T, grid[1], grid[2]), threadgroup=(T, 1, 1),
+            output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
+            output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
+            init_value=0 if self.tracked or self.atomic else None)
+        self.single = len(out_arrays) == 1
+        self.scalars = scalars
+        positional = set(kernel.param_names[:len(args)])
+        self._positional = all(name in positional for _, name in d["input_roles"]) and \
+            all(name in positional for name in outputs)
+        self.autodiff = None
+        if kernel.differentiable and not self.empty:
+            self.autodiff = self._differentiable(runtime, outputs)
+        # calling this dispatch again with arguments of the same signature swaps arrays only
+        self._key = None if kernel.differentiable or not self._positional else \
+            _launch_key(self.grid_arg, args, kwargs)
+        kernel.last_dispatch = self
+
+    def _check_same(self, runtime: dict, consts: dict, threads) -> None:
+        for name, value in runtime.items():
+            kind, d, ndim = _arg_spec(name, value)
+            pk, pd, pn = self.specs[name]
+            if (kind, d) != (pk, pd):
+                raise LaunchError(f"argument {name!r}: prepared for a {pd} {pk}, got a {d} {kind}")
+            if ndim != pn:
+                raise LaunchError(f"argument {name!r}: prepared for rank {pn}, got rank {ndim}")
+        if consts != self.spec.constexprs or threads != self.spec.threads_req:
+            raise LaunchError("constexpr arguments differ from the prepared launch; prepare again")
+
+    def _differentiable(self, runtime: dict, outputs: list[str]):
+        """The launch wrapped in mx.custom_function with the expression vjp."""
+        from . import autodiff
+
+        fn = self.spec.tile_ir()
+        if fn.meta.get("fragments"):
+            return self._differentiable_fragments(fn, runtime, outputs)
+        autodiff.check_pointwise(fn)
+        n = min(a.size for a in self.outputs)
+        if self.tracked or any(a.size != n for a in self.outputs):
+            raise CompilationError("differentiable=True needs launches that write every output "
+                                   "element (grid * BLOCK and n covering the outputs)",
+                                   self.kernel.loc)
+        roles = self.variant.data["input_roles"]
+        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
+                  and name not in outputs]
+        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        call, kwargs = self.variant.callable(), self.call_kwargs
+
+        def launch(*arrays):
+            inputs = list(kwargs["inputs"])
+            for i, a in zip(positions, arrays):
+                inputs[i] = a
+            return call(**{**kwargs, "inputs": inputs})[:len(outputs)]
+
+        forward = autodiff.differentiable_launch(fn, launch, loaded, outputs, self.scalars, n)
+        return lambda: forward(*[runtime[name] for name in loaded])
+
+    def _differentiable_fragments(self, fn, runtime: dict, outputs: list[str]):
+        """simdgroup_inline kernels: a pointwise epilogue of device tiles (autodiff.py)."""
+        from . import autodiff
+
+        autodiff.check_fragment_pointwise(fn)
+        roles = self.variant.data["input_roles"]
+        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
+                  and name not in outputs]
+        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        call, kwargs, passed = self.variant.callable(), self.call_kwargs, list(self.outputs)
+        tracked, k = self.tracked, len(outputs)
+
+        def launch(*arrays):
+            inputs = list(kwargs["inputs"])
+            for i, a in zip(positions, arrays):
+                inputs[i] = a
+            outs = list(call(**{**kwargs, "inputs": inputs}))
+            written = [mx.ones(a.shape, mx.float32) for a in passed]
+            for j, i in enumerate(tracked):
+                written[i] = outs[k + j].astype(mx.float32)
+                outs[i] = mx.where(outs[k + j], outs[i], passed[i])
+            return outs[:k], written
+
+        forward = autodiff.fragment_differentiable_launch(fn, launch, loaded, outputs,
+                                                          self.scalars)
+        return lambda: forward(*[runtime[name] for name in loaded])
+
+    def _relaunch(self, args):
+        """This launch with new arrays of the same signature (see Launcher.__call__)."""
+        runtime = dict(zip(self.kernel.param_names, args))
+        outputs = _check_aliasing(runtime, self.spec.outputs)
+        if self.empty:
+            return outputs[0] if self.single else tuple(outputs)
+        scalars = self._scalar_inputs
+        inputs = [scalars[i] if i in scalars else runtime[name]
+                  for i, (_, name) in enumerate(self.variant.data["input_roles"])]
+        outs = self.variant.callable()(**{**self.call_kwargs, "inputs": inputs})
+        return self._finish(outs, outputs)
+
+    def _finish(self, outs, passed):
+        """Merge preserve-masked outputs with the passed arrays, add atomic_add outputs to
+        them; one array or a tuple."""
+        for i in self.atomic:
+            outs[i] = passed[i] + outs[i]
+        if self.tracked:
+            n = len(passed)
+            for k, i in enumerate(self.tracked):
+                outs[i] = mx.where(outs[n + k], outs[i], passed[i])
+            outs = outs[:n]
+        if not outs:
+            return None
+        return outs[0] if self.single else tuple(outs)
+
+    def __call__(self, *args, **kwargs):
+        """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
+        if args or kwargs:
+            if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
+                return self._relaunch(args)
+            try:
+                return Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)()
+            except CompilationError as e:
+                raise e.with_traceback(None) from None
+        if self.empty:
+            outs = list(self.outputs)
+        elif self.autodiff is not None:
+            outs = list(self.autodiff())
+        else:
+            return self._finish(self.variant.callable()(**self.call_kwargs), self.outputs)
+        if not outs:
+            return None
+        return outs[0] if self.single else tuple(outs)
+
+    @property
+    def source(self) -> str:
+        return self.variant.data["header"] + "\n" + self.variant.data["body"]
+
+    @property
+    def schedule_plan(self) -> planning.SchedulePlan:
+        """The immutable pre-lowering decisions for this launch, with their reasons."""
+        return self.spec.plan
+
+    @property
+    def execution_report(self) -> planning.ExecutionReport:
+        """What lowering materialized: plan, passes, loops, allocations, epilogues."""
+        return planning.report_from_dict(self.variant.data["report"])
+
+    def explain(self) -> str:
+        """The execution report as formatted JSON."""
+        return self.execution_report.explain()
