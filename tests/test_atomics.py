@@ -150,3 +150,22 @@ def test_rejections_name_the_line(kernel, args, message):
     with pytest.raises(CompilationError) as info:
         kernel[(1,)](*args(), BLOCK=8)
     assert message in str(info.value) and _line(kernel) in str(info.value)
+
+
+@metile.kernel
+def thread_level_counts(Values, Counts, Flags, n):
+    """Thread-level code: each thread's own scalar atomic_add, and a uniform update made
+    only by the threads that take a thread-dependent branch."""
+    for i in metile.tile_range(metile.thread_id(), n, metile.num_threads()):
+        metile.atomic_add(Counts + metile.load(Values + i), 1)
+    if metile.thread_id() < 3:
+        metile.atomic_add(Flags, 1)
+
+
+def test_thread_level_atomics_are_per_thread(rng):
+    n = 200
+    values = rng.integers(0, 6, n).astype(np.int32)
+    counts, flags = thread_level_counts[(1,)](mx.array(values), mx.zeros((6,), mx.int32),
+                                              mx.zeros((1,), mx.int32), n, num_simdgroups=2)
+    np.testing.assert_array_equal(np.array(counts), np.bincount(values, minlength=6))
+    np.testing.assert_array_equal(np.array(flags), [3])

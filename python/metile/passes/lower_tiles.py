@@ -282,9 +282,9 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                 shape = op.operands[0].type.shape
                 self.lane_loop(b, shape, lambda ctx: self.emit_store(
                     ctx.b, op, [self.elem(o, ctx) for o in op.operands]))
-            elif op.attrs.get("atomic"):
-                # every thread holds the scalar; a scalar atomic_add happens once per
-                # program (as in Triton), by its first thread
+            elif op.attrs.get("once_per_program"):
+                # every thread holds the same update (passes/uniformity.py): it happens
+                # once per program, as in Triton, by the program's first thread
                 operands = [self.s(o) for o in op.operands]
                 then = Block()
                 tb = Builder(then)
