@@ -1,0 +1,119 @@
+"""Every CUDA path metile emits compiles with NVRTC for sm_80 and sm_90, on a
+machine without a GPU (tests/nvrtc.py; the numbers come from the H200 runs in
+tests/device-runs/).  Skipped where the nvidia-cuda-nvrtc wheel is missing."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from dsl_kernels import block_sum, layernorm, softmax_rows, transpose, vector_add, view_copy
+from metile_kernels.gemm import grid, matmul, matmul_epilogue
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+from test_atomics import block_total, column_sums, histogram, thread_level_counts
+from test_fragments import (INLINE, attention_tiles, half_products, masked_tiles, per_group_tiles,
+                            relu_epilogue, transpose_tiles, two_products)
+from test_schedule_lowering import axpy
+
+pytestmark = pytest.mark.skipif(TOOLKIT is None, reason="needs the nvidia-cuda-nvrtc, "
+                                                        "nvidia-cuda-runtime and nvidia-cuda-cccl "
+                                                        "wheels (pip install '.[test]')")
+
+F32, F16, BF16, I32 = mx.float32, mx.float16, mx.bfloat16, mx.int32
+
+
+def _z(*shape, dtype=F32):
+    return mx.zeros(shape, dtype)
+
+
+def _gemm(dtype, m=72, n=40, k=44, kernel=matmul, tile=(32, 32, 16), **kw):
+    a, b = _z(m, k, dtype=dtype), _z(k, n, dtype=dtype)
+    bm, bn, bk = tile
+    extra = dict(EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1) if kernel is matmul_epilogue else {}
+    args = (a, b, _z(m, n), m, n, k) + ((1.5, -0.25) if kernel is matmul_epilogue else ())
+    return kernel[grid(m, n, bm, bn)].prepare(*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                                              **extra, **kw)
+
+
+CASES = {
+    "vector_add": lambda: vector_add[(4,)].prepare(_z(1000), _z(1000), _z(1000), 1000, BLOCK=256),
+    "softmax_half": lambda: softmax_rows[(4,)].prepare(_z(4, 100, dtype=F16), _z(4, 100, dtype=F16),
+                                                       100, 100, BLOCK=128),
+    "layernorm_bf16": lambda: layernorm[(4,)].prepare(
+        _z(4, 100, dtype=BF16), _z(100, dtype=BF16), _z(100, dtype=BF16), _z(4, 100, dtype=BF16),
+        100, 100, 1e-5, BLOCK=128),
+    "transpose": lambda: transpose[(2, 2)].prepare(_z(40, 50), _z(50, 40), 40, 50, BM=32, BN=32),
+    "block_sum": lambda: block_sum[(4,)].prepare(_z(4, 300), _z(4), 300),
+    "view_copy": lambda: view_copy[(1,)].prepare(_z(8, 8), _z(8, 8)),
+    "axpy_width_four": lambda: axpy[(3,)].prepare(_z(1500), _z(1500), _z(1500), 1.5, 1500,
+                                                  BLOCK=512, SCHEDULE=metile.Schedule(vector_width=4)),
+    "axpy_width_four_half": lambda: axpy[(2,)].prepare(
+        _z(1000, dtype=F16), _z(1000, dtype=F16), _z(1000, dtype=F16), 1.5, 1000, BLOCK=512,
+        SCHEDULE=metile.Schedule(vector_width=4)),
+    "gemm_f32_ffma": lambda: _gemm(F32),
+    "gemm_f32_tf32": lambda: _gemm(F32, RELAXED_PRECISION=True),
+    "gemm_f16_mma": lambda: _gemm(F16),
+    "gemm_bf16_mma": lambda: _gemm(BF16),
+    "gemm_f16_epilogue_128": lambda: _gemm(F16, 256, 256, 256, matmul_epilogue, (128, 128, 32),
+                                           num_simdgroups=8),
+    "gemm_f16_width_four": lambda: _gemm(F16, SCHEDULE=metile.Schedule(vector_width=4)),
+    "gemm_bf16_width_four": lambda: _gemm(BF16, SCHEDULE=metile.Schedule(vector_width=4)),
+    "gemm_f32_width_four": lambda: _gemm(F32, SCHEDULE=metile.Schedule(vector_width=4)),
+    "gemm_f16_double_buffer": lambda: _gemm(F16, 75, 45, 37, SCHEDULE=metile.Schedule(double_buffer=True)),
+    "gemm_f32_double_buffer": lambda: _gemm(F32, 96, 96, 64, SCHEDULE=metile.Schedule(double_buffer=True)),
+    "gemm_ffma_fallback_double_buffer": lambda: _gemm(F32, 70, 50, 37, tile=(32, 32, 4),
+                                                      SCHEDULE=metile.Schedule(double_buffer=True)),
+    "fragments_two_products": lambda: two_products[(1,)].prepare(_z(8, 8), _z(8, 8), _z(8, 8),
+                                                                 STRICT_MATH=True, SCHEDULE=INLINE),
+    "fragments_masked_tiles": lambda: masked_tiles[(1,)].prepare(
+        _z(24, 8), mx.array([9], I32), _z(24, 8), STRICT_MATH=True, SCHEDULE=INLINE),
+    "fragments_attention": lambda: attention_tiles[(1,)].prepare(
+        _z(16, 16), _z(16, 16), _z(16, 16), _z(16, 16), N=16, STRICT_MATH=True, SCHEDULE=INLINE),
+    "fragments_half": lambda: half_products[(1,)].prepare(
+        _z(8, 8, dtype=F16), _z(8, 8, dtype=F16), _z(8, 8), _z(64, dtype=F16), STRICT_MATH=True,
+        SCHEDULE=INLINE),
+    "fragments_per_group": lambda: per_group_tiles[(1,)].prepare(_z(32, 8), _z(32, 8), BLOCK=128,
+                                                                 STRICT_MATH=True, SCHEDULE=INLINE),
+    "fragments_column_major": lambda: transpose_tiles[(1,)].prepare(
+        _z(13, 8), mx.array([13], I32), _z(8, 16), STRICT_MATH=True, SCHEDULE=INLINE),
+    "fragments_epilogue": lambda: relu_epilogue[(1,)].prepare(
+        _z(16, 8), mx.array([9], I32), _z(16, 8), STRICT_MATH=True, SCHEDULE=INLINE),
+    "atomic_histogram": lambda: histogram[(4,)].prepare(_z(1000, dtype=I32), _z(10, dtype=I32),
+                                                        1000, BLOCK=256),
+    "atomic_scalar": lambda: block_total[(4,)].prepare(_z(1000), _z(1), 1000, BLOCK=256),
+    "atomic_unsigned_2d": lambda: column_sums[(4,)].prepare(
+        _z(50, 8, dtype=mx.uint32), _z(8, dtype=mx.uint32), 50, BLOCK_R=16, COLS=8),
+    "atomic_thread_level": lambda: thread_level_counts[(1,)].prepare(
+        _z(200, dtype=I32), _z(6, dtype=I32), _z(1, dtype=I32), 200, num_simdgroups=2),
+}
+
+
+# Everything for the H200's sm_90; the tensor-core paths (mma.sync, ldmatrix) for sm_80 too.
+ARCHS = [(case, "sm_90") for case in sorted(CASES)] + \
+    [(case, "sm_80") for case in sorted(CASES) if case.startswith(("gemm_f16", "gemm_bf16", "gemm_f32_tf32"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,arch", ARCHS)
+def test_generated_cuda_compiles(monkeypatch, case, arch):
+    monkeypatch.setenv("METILE_BACKEND", "cuda")
+    dispatch = CASES[case]()
+    source = translation_unit(dispatch)
+    ok, log = compile_cuda(source, arch)
+    assert ok, f"{case} for {arch}:\n{log}"
+
+
+def test_a_compile_error_is_reported():
+    # the check itself can fail: a body NVRTC rejects comes back with its log
+    ok, log = compile_cuda('extern "C" __global__ void k(float* y) { y[0] = undefined_name; }',
+                           "sm_90")
+    assert not ok and "undefined_name" in log
+
+
+def test_ffma_fallback_numbers_on_this_device(rng):
+    # (the CPU twin of one case above, so the case is known to lower to something correct)
+    a = mx.array(rng.standard_normal((70, 37)).astype(np.float32))
+    b = mx.array(rng.standard_normal((37, 50)).astype(np.float32))
+    out = matmul[grid(70, 50, 32, 32)](a, b, _z(70, 50), 70, 50, 37, BLOCK_M=32, BLOCK_N=32,
+                                       BLOCK_K=4, SCHEDULE=metile.Schedule(double_buffer=True))
+    np.testing.assert_allclose(np.array(out), np.array(a) @ np.array(b), rtol=3e-4, atol=3e-5)
