@@ -126,6 +126,13 @@ def shared_atomic(X, BLOCK: metile.constexpr):
     metile.store(X + metile.arange(0, BLOCK), metile.load(scratch + metile.arange(0, BLOCK)))
 
 
+@metile.kernel
+def old_value(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    old = metile.atomic_add(X + offs, 1.0)  # MARK
+    metile.store(Y + offs, old)
+
+
 @metile.kernel(differentiable=True)
 def differentiable_atomic(X, Y, BLOCK: metile.constexpr):
     offs = metile.arange(0, BLOCK)
@@ -145,6 +152,8 @@ def _line(kernel) -> str:
     (shared_atomic, lambda: (mx.zeros((8,)),), "atomic_add() on threadgroup memory is not supported"),
     (differentiable_atomic, lambda: (mx.zeros((8,)), mx.zeros((8,))),
      "atomic_add is not supported in differentiable=True kernels"),
+    (old_value, lambda: (mx.zeros((8,)), mx.zeros((8,))),
+     "metile.atomic_add() returns no value (atomic_add does not return the old contents)"),
 ])
 def test_rejections_name_the_line(kernel, args, message):
     with pytest.raises(CompilationError) as info:
