@@ -184,12 +184,7 @@ class FragmentLowering(Lowering):
             b.op("frag_fill", [], [], {"name": name, "index": 0,
                                        "value": float(op.operands[0].owner.attrs["value"])})
         else:
-            def body(inner: Builder, e: Value) -> None:
-                x = self.felem(v, e, inner, {})
-                if x.type.dtype != dtype:
-                    x = inner.value("cast", [x], ScalarType(dtype))
-                inner.op("frag_set", [e, x], [], {"name": name, "index": 0})
-            self._for(b, 0, FRAGMENT_ELEMENTS, 1, "_e", body, unroll=True)
+            self.copy_fragment(b, name, dtype, v)
         if have is None:
             self.frags[v.id] = (name, dtype)
         return name
