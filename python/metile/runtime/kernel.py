@@ -138,10 +138,12 @@ class Specialization:
     """A kernel for one argument signature and constexpr binding."""
 
     def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req, backend: str,
-                 schedule: Schedule | None = None, int_values: dict | None = None):
+                 target: planning.Target, schedule: Schedule | None = None,
+                 int_values: dict | None = None):
         self.kernel, self.specs, self.constexprs, self.threads_req = kernel, specs, constexprs, \
             threads_req
         self.backend = backend
+        self.target = target  # what this backend's code runs on (planning.target_for_backend)
         self.schedule = schedule
         self.int_values = int_values or {}
         self._tile = None
@@ -151,7 +153,7 @@ class Specialization:
             "constexprs": {k: repr(v) for k, v in constexprs.items()},
             "threads": threads_req, "backend": backend, "device": device_fingerprint(backend),
             # plans depend on the target's capabilities (the device names it on GPUs)
-            "target": planning.target_for_backend(backend).name,
+            "target": target.name,
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
@@ -199,7 +201,7 @@ class Specialization:
             tiles = [c.bounds for c in cov.values() if hasattr(c, "bounds")]
             plan, threads = planning.make_plan(
                 fn, self.constexprs, self.int_values, self.schedule,
-                planning.target_for_backend(self.backend), threads_req=self.threads_req,
+                self.target, threads_req=self.threads_req,
                 units=matrix_units(self.backend), mask_bounds=bounds,
                 tile_bounds=tiles[0] if tiles else None)
         except ScheduleError as e:
@@ -257,7 +259,7 @@ class Specialization:
         thread_fn = lower_tiles(
             fn, self.threads, buffers, matrix_units(self.backend), plan=self.plan,
             scalars=self.int_values,
-            shared_limit=planning.target_for_backend(self.backend).threadgroup_memory_bytes)
+            shared_limit=self.target.threadgroup_memory_bytes)
         verify(thread_fn)
         if "thread_ir" in debug_flags():
             print(format_function(thread_fn), file=sys.stdout)
@@ -278,8 +280,7 @@ class Specialization:
         gemm += [p for p in extra if p != "prove_gemm_bounds"]
         passes = fn.meta["passes"] + ["plan_schedule", "placement", "lower_tiles", *gemm, "verify",
                                       f"emit_{self.backend}"]
-        report = planning.make_report(self.plan, thread_fn, passes,
-                                      planning.target_for_backend(self.backend))
+        report = planning.make_report(self.plan, thread_fn, passes, self.target)
         planning.dump(fn.name, self.plan, report)
         return {"name": f"metile_{fn.name}_{self.key[:12]}_{''.join('1' if p else '0' for p in proven)}",
                 "header": header, "body": body, "inputs": inputs, "outputs": outputs,
@@ -397,17 +398,18 @@ class Kernel:
                    ) -> tuple[Specialization, dict]:
         specs = {n: _arg_spec(n, v) for n, v in runtime.items()}
         backend = current_backend()
+        target = planning.target_for_backend(backend)
         # An explicit schedule specializes integer scalars so that shape proofs
         # (divisibility, alignment) are exact for this launch.
         ints = {} if schedule is None else {
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
-               planning.target_for_backend(backend).name,
-               None if schedule is None else schedule.key(), tuple(sorted(ints.items())))
+               target.name, None if schedule is None else schedule.key(),
+               tuple(sorted(ints.items())))
         spec = self._specs.get(key)
         if spec is None:
-            spec = Specialization(self, specs, consts, threads, backend, schedule, ints)
+            spec = Specialization(self, specs, consts, threads, backend, target, schedule, ints)
             self._specs[key] = spec
         return spec, specs
 
