@@ -82,10 +82,10 @@ class Launcher:
             if template is not None:
                 return template._relaunch(args)
         d = self.prepare(*args, **kwargs)
-        if key is not None and d._positional:
+        if d._key is not None:  # this call's key, when the launch can be reused
             if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
                 kernel._launches.clear()
-            kernel._launches[key] = d
+            kernel._launches[d._key] = d
         return d()
 
     def prepare(self, *args, **kwargs) -> "Dispatch":
@@ -139,14 +139,15 @@ class Dispatch:
             init_value=0 if self.tracked or self.atomic else None)
         self.single = len(out_arrays) == 1
         self.scalars = scalars
-        positional = set(kernel.param_names[:len(args)])
-        self._positional = all(name in positional for _, name in d["input_roles"]) and \
-            all(name in positional for name in outputs)
         self.autodiff = None
         if kernel.differentiable and not self.empty:
             self.autodiff = self._differentiable(runtime, outputs)
-        # calling this dispatch again with arguments of the same signature swaps arrays only
-        self._key = None if kernel.differentiable or not self._positional else \
+        # Calling this launch again with arguments of the same signature (this key) swaps
+        # the arrays only: _relaunch takes them positionally.
+        passed = set(kernel.param_names[:len(args)])
+        positional = all(name in passed for _, name in d["input_roles"]) and \
+            all(name in passed for name in outputs)
+        self._key = None if kernel.differentiable or not positional else \
             _launch_key(self.grid_arg, args, kwargs)
         kernel.last_dispatch = self
 
