@@ -444,17 +444,19 @@ class _Stored:
         self.st = st
 
 
+def largest_tile(fn: Function) -> int:
+    """Elements of the kernel's largest tile value (0 without tiles)."""
+    from ..ir.core import walk
+    return max((r.type.numel for op in walk(fn.body) for r in op.results
+                if isinstance(r.type, TileType)), default=0)
+
+
 def choose_threads(fn: Function, requested: int | None = None) -> int:
     """T: the requested SIMD-group count x 32, else the largest tile rounded up to 32 lanes
     (capped at 1024), else one SIMD-group."""
     if requested is not None:
         return requested
-    from ..ir.core import walk
-    largest = 0
-    for op in walk(fn.body):
-        for r in op.results:
-            if isinstance(r.type, TileType):
-                largest = max(largest, r.type.numel)
+    largest = largest_tile(fn)
     if largest == 0:
         return 32
     return min(1024, -(-largest // 32) * 32)

@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..ir.core import Function, walk
-from ..ir.types import TileType
 from ..passes.gemm import find_gemm
 from ..passes.gemm_bounds import prove_gemm_bounds, staging_load
 from ..passes.vectorize_elementwise import vectorizable
 from ..passes.lower_matmul import plan_gemm
-from ..passes.lower_tiles import choose_threads, relaxed_precision
+from ..passes.lower_tiles import choose_threads, largest_tile, relaxed_precision
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
                         SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
 from ..schedule.report import debug_dump, validate_report
@@ -58,8 +57,7 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
     shared = [op for op in ops if op.name == "shared_alloc"]
     shared_bytes = sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared)
     kind = "reduction" if names & set(_REDUCING) else "elementwise"
-    largest = max((r.type.numel for op in ops for r in op.results if isinstance(r.type, TileType)),
-                  default=threads)
+    largest = largest_tile(fn) or threads
     divisible, aligned = (), None
     if mask_bounds and all(b in scalars for b in mask_bounds):
         divisible = (all(scalars[b] % largest == 0 for b in mask_bounds),)
@@ -130,8 +128,7 @@ def _vector_lanes(fn: Function, default: int) -> int:
     count open: the most SIMD-groups whose lanes each own whole groups of 4
     elements of the largest tile (a 2048-element tile gets 512 lanes, not 1024
     lanes of 2).  Without such a count the default stays and the planner says why."""
-    largest = max((r.type.numel for op in walk(fn.body) for r in op.results
-                   if isinstance(r.type, TileType)), default=0)
+    largest = largest_tile(fn)
     for lanes in range(min(1024, largest // 4) // 32 * 32, 0, -32):
         if largest % (4 * lanes) == 0:
             return lanes
