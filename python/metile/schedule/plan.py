@@ -306,7 +306,7 @@ def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: l
     reasons = skipped + ["No matrix unit fits the tile: threads multiply register micro-tiles "
                          "with scalar FMAs."]
     # The FFMA lowering always stages operands, and stages them like the fragment path.
-    staging, vw, db = _controllable(traits, target, s, reasons, Lowering())
+    staging, vw, db = _controllable(traits, target, s, reasons, Lowering(), scalar_fma=True)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), staging, vw, db,
                         tuple(reasons), "scalar FMA register micro-tiles", bounds)
@@ -430,15 +430,16 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if not scalar_fma:
             reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
                               f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
-        staging, vw, db = _controllable(traits, target, s, reasons, lowering)
+        staging, vw, db = _controllable(traits, target, s, reasons, lowering, scalar_fma)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
     return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
                         vw, db, tuple(reasons), layout, bounds)
 
 
-def _controllable(traits, target, s, reasons, lowering=None):
-    """Staging, vector width and double buffering of staged GEMM operands."""
+def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False):
+    """Staging, vector width and double buffering of staged GEMM operands (loaded into
+    per-thread registers with `scalar_fma`, else into the matrix unit's fragments)."""
     bm, bn, bk = traits.tile_shape
     itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
     stage = (bm * bk + bk * bn) * itemsize
@@ -468,8 +469,7 @@ def _controllable(traits, target, s, reasons, lowering=None):
         _check_capacity(stage + traits.shared_bytes, target,
                         s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
                         f"one {bm}x{bk} + {bk}x{bn} operand stage and the kernel's allocations")
-        into = "per-thread registers" if any("scalar FMA" in r for r in reasons) \
-            else f"{target.group_word} fragments"
+        into = "per-thread registers" if scalar_fma else f"{target.group_word} fragments"
         reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "
                        f"per stage) and loaded into {into}.")
     db = s.double_buffer
