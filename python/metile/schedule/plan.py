@@ -322,13 +322,19 @@ def _missing_backend(backend: str, target: Target) -> ScheduleError:
                          f"it supports {', '.join(target.backends)}")
 
 
+def _scalar_fma(path: MatrixPath, dtype: str, relaxed: bool) -> bool:
+    """`dtype` operands run as scalar FMAs: strict precision the matrix unit would round."""
+    return dtype not in path.dtypes and dtype in path.fallback_dtypes and \
+        not (relaxed and dtype in path.relaxed_dtypes)
+
+
 def _check_dtype(path: MatrixPath, dtype: str, relaxed: bool, target: Target) -> str | None:
     """None when the matrix unit computes `dtype` exactly, else the reason it still runs."""
     if dtype in path.dtypes:
         return None
     if relaxed and dtype in path.relaxed_dtypes:
         return f"Relaxed precision: {dtype} operands run on the matrix unit at reduced precision."
-    if dtype in path.fallback_dtypes:
+    if _scalar_fma(path, dtype, relaxed):
         how = " (relaxed precision would use the matrix unit)" if dtype in path.relaxed_dtypes \
             else ""
         return f"Strict {dtype} operands use scalar FMA instead of the matrix unit{how}."
@@ -384,12 +390,11 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if s.staging == "threadgroup":
             raise ScheduleError(f"{req} with staging='threadgroup'",
                                 f"{name} supports only device staging")
-    scalar_fma = False  # strict operands the matrix unit would round: FMA micro-tiles instead
     for d in dict.fromkeys(traits.operand_dtypes):
         why = _check_dtype(path, d, traits.relaxed_precision, target)
         if why:
             reasons.append(why)
-            scalar_fma |= why.startswith("Strict")
+    scalar_fma = any(_scalar_fma(path, d, traits.relaxed_precision) for d in traits.operand_dtypes)
     _check_accumulator(traits, name)
     bm, bn, bk = traits.tile_shape
     fm, fn, fk = path.fragment
