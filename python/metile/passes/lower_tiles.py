@@ -223,8 +223,7 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
             return
         attrs = {"root": self.buffers[(ptr.root, "out")], "space": "device"}
         if op.attrs.get("atomic"):
-            b.op("mem_store", [index, value, *rest], [], {**attrs, "atomic": op.attrs["atomic"]})
-            return
+            attrs["atomic"] = op.attrs["atomic"]  # never tracked: no written mask below
         b.op("mem_store", [index, value, *rest], [], attrs)
         written = self.buffers.get((ptr.root, "written"))
         if written is not None:
