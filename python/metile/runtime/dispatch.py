@@ -76,6 +76,7 @@ class Launcher:
         # A repeated launch with the same signature reuses the resolved Dispatch
         # (binding, specialization, coverage proof) and only swaps the arrays.
         kernel = self.kernel
+        kernel.refresh()
         key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
         if key is not None:
             template = kernel._launches.get(key)
@@ -89,6 +90,7 @@ class Launcher:
         return d()
 
     def prepare(self, *args, **kwargs) -> "Dispatch":
+        self.kernel.refresh()
         try:
             return Dispatch(self.kernel, self.grid, args, kwargs)
         except CompilationError as e:

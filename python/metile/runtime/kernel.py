@@ -37,6 +37,7 @@ from ..passes.uniformity import check_uniformity
 from ..ir.core import Loc, walk
 from ..schedule import Schedule, ScheduleError
 from . import cache, planning
+from .dependencies import Snapshot
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch, Launcher
@@ -307,12 +308,25 @@ class Kernel:
         self._specs: dict = {}
         self.last_dispatch: "Dispatch | None" = None
         self._launches: dict = {}
+        self._deps: Snapshot | None = None
         code = getattr(fn, "__code__", None)
         self.loc = Loc(code.co_filename, code.co_firstlineno, 0) if code else None
 
     def __getitem__(self, grid) -> "Launcher":
         from .dispatch import Launcher  # dispatch.py builds on this module
         return Launcher(self, grid)
+
+    def refresh(self) -> None:
+        """Forget compiled specializations and resolved launches when a global or
+        closure value the kernel reads (or a helper it calls) changed since they
+        were made; the next launch then compiles against the current values.  A
+        prepared Dispatch keeps the code it was prepared with."""
+        if self._deps is None:
+            self._deps = Snapshot(self.fn)
+        elif self._deps.changed():
+            self._specs.clear()
+            self._launches.clear()
+            self._deps = Snapshot(self.fn)
 
     def __call__(self, *args, **kwargs):
         raise TypeError(f"launch a metile kernel with {self.fn.__name__}[grid](...)")

@@ -1,0 +1,114 @@
+"""What a kernel's generated code depends on outside its own text: the global and
+closure values it reads, through every @metile.inline helper it reaches.
+
+The disk cache key (cache.source_fingerprint) hashes those values; the in-memory
+caches of a Kernel (specializations, resolved launches) are keyed only on the
+call signature, so they ask `Snapshot.changed()` before reusing anything.  That
+is what makes a notebook's `SCALE = 2.0`, or a redefined helper, take effect on
+the next launch instead of silently running the old code.
+
+Taking a snapshot resolves each name once; checking it is a handful of dict
+lookups and identity comparisons, cheap enough for every launch.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+
+from ..language.dtypes import DType
+
+_MISSING = object()
+# Values compared by identity: immutable, or replaced (not mutated) when a user
+# edits them.  Anything else (lists, dicts, arrays) is also compared by repr, so
+# an in-place edit counts as a change.
+_BY_IDENTITY = (int, float, bool, str, bytes, type(None), DType, types.FunctionType,
+                types.ModuleType, types.BuiltinFunctionType, type)
+
+
+def _by_identity(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_by_identity(v) for v in value)
+    return isinstance(value, _BY_IDENTITY) or callable(value)
+
+
+def _repr(value) -> str | None:
+    try:
+        return repr(value)
+    except Exception:  # no usable repr: fall back to identity
+        return None
+
+
+def _names(tree: ast.AST):
+    """Global names read, and `module.attr` chains (module attributes such as a
+    helper defined in another module) as (name, attr) pairs."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            yield node.id, None
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            yield node.value.id, node.attr
+
+
+class Snapshot:
+    """The values `fn` (and the helpers it reaches) read, as seen now."""
+
+    def __init__(self, fn):
+        self._refs: list[tuple] = []  # (getter, token)
+        self._walk(fn, set())
+
+    def _walk(self, fn, seen: set) -> None:
+        from ..frontend.source import function_source
+
+        if fn in seen:
+            return
+        seen.add(fn)
+        src = function_source(fn)
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        glob = fn.__globals__
+        for name, attr in sorted(set(_names(src.tree)), key=lambda p: (p[0], p[1] or "")):
+            if name in cells:
+                get = _cell_getter(cells[name])
+            elif name in glob:
+                get = _dict_getter(glob, name)
+            else:
+                # A builtin, a local, or a global defined later: record its absence.
+                get = _dict_getter(glob, name)
+            value = get()
+            if attr is not None:
+                if not isinstance(value, types.ModuleType):
+                    continue
+                get = _attr_getter(value, attr)
+                value = get()
+            # Names that are not globals (locals, builtins), modules and metile's
+            # own functions cannot change what a kernel means between launches.
+            if value is _MISSING or isinstance(value, types.ModuleType) or \
+                    hasattr(value, "__metile_builtin__"):
+                continue
+            text = None if _by_identity(value) else _repr(value)
+            self._refs.append((get, value, text))
+            if getattr(value, "__metile_inline__", False):
+                self._walk(value.__wrapped__, seen)
+
+    def changed(self) -> bool:
+        for get, value, text in self._refs:
+            now = get()
+            if now is not value and (text is None or _repr(now) != text):
+                return True
+        return False
+
+
+def _dict_getter(d: dict, name: str):
+    return lambda: d.get(name, _MISSING)
+
+
+def _cell_getter(cell):
+    def get():
+        try:
+            return cell.cell_contents
+        except ValueError:
+            return _MISSING
+    return get
+
+
+def _attr_getter(module, attr: str):
+    return lambda: getattr(module, attr, _MISSING)

@@ -1,0 +1,117 @@
+"""A kernel's caches follow the values its code reads: a changed global, closure
+value or helper takes effect on the next launch (in memory as on disk), as a
+notebook user expects.  Results are checked against NumPy."""
+
+import subprocess
+import sys
+import textwrap
+
+import mlx.core as mx
+import numpy as np
+
+import metile
+
+SCALE = 2.0
+OFFSETS = (1.0, 10.0)
+
+
+@metile.kernel
+def scaled(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) * SCALE + OFFSETS[1], mask=mask)
+
+
+@metile.inline
+def twice(v):
+    return v * 2.0
+
+
+@metile.kernel
+def through_helper(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, twice(metile.load(X + offs, mask=mask)), mask=mask)
+
+
+def _run(k, x):
+    n = x.size
+    return np.array(k[(metile.cdiv(n, 64),)](x, mx.zeros((n,)), n, BLOCK=64))
+
+
+def test_changed_global_is_used_by_the_next_launch(monkeypatch):
+    x = mx.arange(100, dtype=mx.float32)
+    xn = np.arange(100, dtype=np.float64)
+    np.testing.assert_allclose(_run(scaled, x), xn * 2.0 + 10.0)
+    # the same call signature twice: the second reuses the resolved launch
+    np.testing.assert_allclose(_run(scaled, x), xn * 2.0 + 10.0)
+    monkeypatch.setitem(globals(), "SCALE", 3.0)
+    np.testing.assert_allclose(_run(scaled, x), xn * 3.0 + 10.0)
+    monkeypatch.setitem(globals(), "OFFSETS", (1.0, -5.0))
+    np.testing.assert_allclose(_run(scaled, x), xn * 3.0 - 5.0)
+    monkeypatch.undo()
+    np.testing.assert_allclose(_run(scaled, x), xn * 2.0 + 10.0)
+
+
+def test_redefined_helper_is_used_by_the_next_launch(monkeypatch):
+    x = mx.arange(70, dtype=mx.float32)
+    xn = np.arange(70, dtype=np.float64)
+    np.testing.assert_allclose(_run(through_helper, x), xn * 2.0)
+
+    @metile.inline
+    def thrice(v):
+        return v * 3.0
+
+    monkeypatch.setitem(globals(), "twice", thrice)
+    np.testing.assert_allclose(_run(through_helper, x), xn * 3.0)
+
+
+def test_changed_closure_value_is_used_by_the_next_launch():
+    factor = 4.0
+
+    @metile.kernel
+    def closure_scale(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        mask = offs < n
+        metile.store(Y + offs, metile.load(X + offs, mask=mask) * factor, mask=mask)
+
+    x = mx.arange(65, dtype=mx.float32)
+    xn = np.arange(65, dtype=np.float64)
+    np.testing.assert_allclose(_run(closure_scale, x), xn * 4.0)
+    factor = 0.5  # noqa: F841 (read through the kernel's closure cell)
+    np.testing.assert_allclose(_run(closure_scale, x), xn * 0.5)
+
+
+def test_prepared_dispatch_keeps_its_code(monkeypatch):
+    x = mx.arange(10, dtype=mx.float32)
+    d = scaled[(1,)].prepare(x, mx.zeros((10,)), 10, BLOCK=64)
+    monkeypatch.setitem(globals(), "SCALE", -1.0)
+    np.testing.assert_allclose(np.array(d()), np.arange(10) * 2.0 + 10.0)
+    np.testing.assert_allclose(_run(scaled, x), np.arange(10) * -1.0 + 10.0)
+
+
+def test_disk_cache_keyed_on_globals(tmp_path):
+    # Two processes sharing one disk cache, the global differing between them.
+    script = textwrap.dedent("""
+        import sys, mlx.core as mx, numpy as np, metile
+        K = float(sys.argv[1])
+
+        @metile.kernel
+        def k(X, Y, n, BLOCK: metile.constexpr):
+            offs = metile.arange(0, BLOCK)
+            m = offs < n
+            metile.store(Y + offs, metile.load(X + offs, mask=m) + K, mask=m)
+
+        print(np.array(k[(1,)](mx.arange(4, dtype=mx.float32), mx.zeros((4,)), 4, BLOCK=32)).tolist())
+    """)
+    path = tmp_path / "k.py"
+    path.write_text(script)
+    env = {"METILE_CACHE_DIR": str(tmp_path / "cache")}
+    import os
+    outs = []
+    for value in ("1", "100", "1"):
+        r = subprocess.run([sys.executable, str(path), value], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, **env})
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.strip())
+    assert outs == ["[1.0, 2.0, 3.0, 4.0]", "[100.0, 101.0, 102.0, 103.0]", "[1.0, 2.0, 3.0, 4.0]"]
