@@ -15,13 +15,13 @@ import metile.ops as ops
 TOL = {"float32": (3e-4, 3e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
 
 
-def np_act(z, activation):
+def np_act(z, activation, slope=0.01):  # MLX's leaky_relu default
     if activation is None:
         return z
     if activation == "relu":
         return np.maximum(z, 0)
     if activation == "leaky_relu":
-        return np.where(z > 0, z, 0.1 * z)
+        return np.where(z > 0, z, slope * z)
     if activation == "silu":
         return z / (1 + np.exp(-z))
     return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
@@ -135,3 +135,43 @@ def test_bad_arguments():
         ops.linear(x, mx.zeros((3, 8)), mx.zeros((4,)))
     with pytest.raises(ValueError, match="backend must be"):
         ops.matmul(x, mx.zeros((8, 3)), backend="cuda")
+
+
+def test_leaky_relu_slope_matches_mlx_and_is_a_parameter(rng):
+    x, xr = arrays(rng, (8, 16), "float32")
+    w, wr = arrays(rng, (12, 16), "float32")
+    z = xr @ wr.T
+    for backend in ("metile", "mlx"):
+        y = ops.linear(x, w, activation="leaky_relu", backend=backend)
+        np.testing.assert_allclose(np.array(y), np.array(nn.leaky_relu(x @ w.T)),
+                                   rtol=3e-4, atol=3e-5)
+        y = ops.linear(x, w, activation="leaky_relu", backend=backend, negative_slope=0.2)
+        np.testing.assert_allclose(np.array(y), np.where(z > 0, z, 0.2 * z), rtol=3e-4, atol=3e-5)
+    layer = metile.nn.Linear(16, 12, activation="leaky_relu", negative_slope=0.3, backend="metile")
+    layer.weight = w
+    zb = z + np.array(layer.bias)
+    np.testing.assert_allclose(np.array(layer(x)), np.where(zb > 0, zb, 0.3 * zb),
+                               rtol=3e-4, atol=3e-5)
+    with pytest.raises(TypeError, match="negative_slope must be a number, got str"):
+        metile.nn.Linear(4, 4, activation="leaky_relu", negative_slope="0.1")
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "leaky_relu", "gelu_tanh", "silu"])
+def test_quantize_keeps_the_activation(rng, activation):
+    model = nn.Sequential(metile.nn.Linear(64, 32, activation=activation, backend="mlx"))
+    x, _ = arrays(rng, (5, 64), "float32")
+    nn.quantize(model, group_size=32, bits=8)
+    layer = model.layers[0]
+    assert isinstance(layer, nn.QuantizedLinear)
+    # reference: MLX's own quantized product, then the activation in NumPy
+    q = mx.quantized_matmul(x, layer.weight, layer.scales, layer.biases, transpose=True,
+                            group_size=32, bits=8) + layer.bias
+    np.testing.assert_allclose(np.array(model(x)), np_act(np.array(q).astype(np.float64), activation),
+                               rtol=3e-4, atol=3e-5)
+
+
+def test_quantize_input_with_activation_is_refused():
+    layer = metile.nn.Linear(64, 32, activation="relu")
+    with pytest.raises(ValueError, match="quantize_input=True is not supported for a layer with "
+                                         "activation='relu'"):
+        layer.to_quantized(mode="nvfp4", quantize_input=True)

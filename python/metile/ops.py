@@ -29,13 +29,17 @@ ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "
                "leaky_relu": "affine_leaky"}
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16)
+# leaky_relu's slope for negative inputs when none is given: MLX's default
+# (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
+LEAKY_SLOPE = 0.01
 
 
 def _gelu_tanh(z):
     return 0.5 * z * (1 + mx.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
 
 
-def _activate(z, activation, slope=0.1):
+def activate(z, activation, slope=LEAKY_SLOPE):
+    """activation(z) as MLX ops (the composite path and quantized layers)."""
     if activation is None:
         return z
     if activation == "relu":
@@ -47,7 +51,7 @@ def _activate(z, activation, slope=0.1):
     return _gelu_tanh(z)
 
 
-def _activation_grad(z, activation, slope=0.1):
+def _activation_grad(z, activation, slope):
     """d activation / dz, in float32."""
     if activation is None:
         return mx.ones_like(z)
@@ -120,7 +124,7 @@ def _fused_matmul(activation, slope):
     return f
 
 
-def matmul(a, b, *, epilogue=None, negative_slope: float = 0.1, backend: str = "auto"):
+def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu"; `a` may have leading batch dimensions."""
     _check(a, b, epilogue)
@@ -128,27 +132,30 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = 0.1, backend: str = "
     lead = a.shape[:-1]
     a2 = a.reshape(-1, a.shape[-1])
     if path == "mlx":
-        out = _activate((a2 @ b).astype(mx.float32), epilogue, negative_slope).astype(a.dtype)
+        out = activate((a2 @ b).astype(mx.float32), epilogue, negative_slope).astype(a.dtype)
     else:
         out = _fused_matmul(epilogue, negative_slope)(a2, b)
     return out.reshape(*lead, b.shape[1])
 
 
-def linear(x, weight, bias=None, activation=None, *, backend: str = "auto"):
+def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
+           negative_slope: float = LEAKY_SLOPE):
     """activation(x @ weight.T + bias), weight stored (out_features, in_features) as in MLX."""
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
     if bias is None:
-        return matmul(x, weight.T, epilogue=activation, backend=backend)
+        return matmul(x, weight.T, epilogue=activation, backend=backend,
+                      negative_slope=negative_slope)
     if bias.shape != (weight.shape[0],):
         raise ValueError(f"[metile.ops] bias shape {bias.shape} does not match {weight.shape[0]} "
                          "output features")
     # The bias is an extra memory read: not part of the fused epilogue.
     y = matmul(x, weight.T, backend=backend)
-    return _activate((y + bias).astype(mx.float32), activation).astype(x.dtype)
+    return activate((y + bias).astype(mx.float32), activation, negative_slope).astype(x.dtype)
 
 
-def explain_matmul(a, b, *, epilogue=None, negative_slope: float = 0.1, backend: str = "auto") -> str:
+def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
+                   backend: str = "auto") -> str:
     """Which path `matmul` takes for these arguments, why, and the kernel's report."""
     _check(a, b, epilogue)
     path, reason = _resolve(backend)
@@ -160,9 +167,10 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = 0.1, backend:
     return json.dumps(info, indent=2)
 
 
-def explain_linear(x, weight, bias=None, activation=None, *, backend: str = "auto") -> str:
+def explain_linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
+                   negative_slope: float = LEAKY_SLOPE) -> str:
     info = json.loads(explain_matmul(x, weight.T, epilogue=None if bias is not None else activation,
-                                     backend=backend))
+                                     backend=backend, negative_slope=negative_slope))
     info["op"] = "linear"
     if bias is not None:
         info["unfused"] = (f"bias add{' and ' + activation if activation else ''} run as MLX ops: "
