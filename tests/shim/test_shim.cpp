@@ -133,8 +133,6 @@ static void test_values() {
   packed_float3 pf = float3(1, 2, 3);
   float3 back = pf;
   CHECK(back.z == 3 && pf.y == 2);
-  complex64_t z1(1, 2), z2(3, 4);
-  CHECK((z1 * z2).real == -5 && (z1 * z2).imag == 10);
 }
 
 // ---------------------------------------------------------------------------
