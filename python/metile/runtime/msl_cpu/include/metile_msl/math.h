@@ -527,3 +527,39 @@ METILE_MATH_NAMES(METILE_USING)
 #undef METILE_MATH_NAMES
 
 }  // namespace metal
+
+// Metal's math constants (<metal_math>): float ones with an _F suffix, half
+// ones with _H, each the argument's value rounded to that type.
+#define MAXFLOAT 0x1.fffffep127f
+#define HUGE_VALF __builtin_huge_valf()
+#define INFINITY __builtin_inff()
+#define NAN __builtin_nanf("")
+#define MAXHALF (static_cast<half>(0x1.ffcp15f))
+#define HUGE_VALH (static_cast<half>(__builtin_huge_valf()))
+
+#define M_E_F 2.718281828459045235f
+#define M_LOG2E_F 1.442695040888963407f
+#define M_LOG10E_F 0.434294481903251828f
+#define M_LN2_F 0.693147180559945309f
+#define M_LN10_F 2.302585092994045684f
+#define M_PI_F 3.141592653589793238f
+#define M_PI_2_F 1.570796326794896619f
+#define M_PI_4_F 0.785398163397448310f
+#define M_1_PI_F 0.318309886183790672f
+#define M_2_PI_F 0.636619772367581343f
+#define M_2_SQRTPI_F 1.128379167095512574f
+#define M_SQRT2_F 1.414213562373095049f
+#define M_SQRT1_2_F 0.707106781186547524f
+#define M_E_H (static_cast<half>(2.718281828459045235f))
+#define M_LOG2E_H (static_cast<half>(1.442695040888963407f))
+#define M_LOG10E_H (static_cast<half>(0.434294481903251828f))
+#define M_LN2_H (static_cast<half>(0.693147180559945309f))
+#define M_LN10_H (static_cast<half>(2.302585092994045684f))
+#define M_PI_H (static_cast<half>(3.141592653589793238f))
+#define M_PI_2_H (static_cast<half>(1.570796326794896619f))
+#define M_PI_4_H (static_cast<half>(0.785398163397448310f))
+#define M_1_PI_H (static_cast<half>(0.318309886183790672f))
+#define M_2_PI_H (static_cast<half>(0.636619772367581343f))
+#define M_2_SQRTPI_H (static_cast<half>(1.128379167095512574f))
+#define M_SQRT2_H (static_cast<half>(1.414213562373095049f))
+#define M_SQRT1_2_H (static_cast<half>(0.707106781186547524f))

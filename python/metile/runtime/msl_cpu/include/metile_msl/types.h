@@ -57,7 +57,37 @@ constexpr half operator""h(long double x) { return static_cast<half>(static_cast
 constexpr half operator""h(unsigned long long x) { return static_cast<half>(x); }
 #pragma clang diagnostic pop
 
+namespace metal {
+template <typename T, int N>
+struct packed_vec;
+}
+
 namespace metile_rt {
+
+// packed_floatN & co. take part in vector construction and conversion as
+// the aligned vector they hold: `float4(p)`, `ushort2(packed_ushort2)`.
+template <typename T>
+struct packed_traits {
+  static constexpr int size = 0;
+};
+template <typename T, int N>
+struct packed_traits<metal::packed_vec<T, N>> {
+  static constexpr int size = N;
+  using vector = vec<T, N>;
+};
+template <typename T>
+inline constexpr bool is_packed = packed_traits<std::remove_cvref_t<T>>::size != 0;
+
+// The aligned vector for a packed one; anything else unchanged.
+template <typename A>
+constexpr decltype(auto) unpack(const A& a) {
+  if constexpr (is_packed<A>)
+    return typename packed_traits<std::remove_cvref_t<A>>::vector(a);
+  else
+    return a;
+}
+template <typename A>
+using unpacked_t = std::remove_cvref_t<decltype(unpack(std::declval<const A&>()))>;
 
 template <typename T>
 struct vec_traits {
@@ -174,7 +204,9 @@ constexpr To convert_elem(From x) {
 // (element-wise conversion).
 template <typename T, typename U>
 constexpr T convert(U x) {
-  if constexpr (!is_vec<T>) {
+  if constexpr (is_packed<U>) {
+    return convert<T>(unpack(x));
+  } else if constexpr (!is_vec<T>) {
     static_assert(!is_vec<U>, "metal: cannot convert a vector to a scalar");
     return convert_elem<T>(x);
   } else if constexpr (!is_vec<U>) {
@@ -214,14 +246,16 @@ struct vec_builder {
 };
 
 template <typename A>
-inline constexpr int component_count = is_vec<A> ? vec_size<A> : 1;
+inline constexpr int component_count = is_vec<unpacked_t<A>> ? vec_size<unpacked_t<A>> : 1;
 
 // Metal vector construction: `float4(x)` splats a scalar, `float4(int4)`
 // converts element-wise, `float4(a.xy, 1, b.w)` concatenates; the component
 // count must match (a scalar alone splats), as Metal requires.
 template <typename T, int N, typename... A>
 constexpr vec<T, N> make_vec(const A&... a) {
-  if constexpr (sizeof...(A) == 0) {
+  if constexpr ((is_packed<A> || ...)) {
+    return make_vec<T, N>(unpack(a)...);
+  } else if constexpr (sizeof...(A) == 0) {
     return vec<T, N>(T(0));
   } else if constexpr (sizeof...(A) == 1 && (component_count<A> + ...) != N) {
     static_assert(((!is_vec<A>) && ...), "metal: vector constructor given a vector of the wrong size");
@@ -363,6 +397,13 @@ struct packed_vec;
   using value_type = T;                                                             \
   packed_vec() = default;                                                           \
   constexpr packed_vec(vec<T, N> v) { *this = v; }                                  \
+  /* packed_float4(x, y, z, w), packed_float4(int4), packed_half2(packed_float2) */ \
+  template <typename... A>                                                          \
+    requires(sizeof...(A) > 0 && !(sizeof...(A) == 1 &&                            \
+                                   (std::is_same_v<std::remove_cvref_t<A>, vec<T, N>> && ...))) \
+  constexpr explicit packed_vec(const A&... a) {                                    \
+    *this = ::metile_rt::make_vec<T, N>(a...);                                      \
+  }                                                                                 \
   constexpr packed_vec& operator=(vec<T, N> v) {                                    \
     for (int i = 0; i < N; ++i) (*this)[i] = v[i];                                  \
     return *this;                                                                   \
@@ -407,3 +448,45 @@ METILE_PACKED_TYPES(half, half)
 METILE_PACKED_TYPES(float, float)
 METILE_PACKED_TYPES(bfloat, bfloat)
 #undef METILE_PACKED_TYPES
+
+// Metal's limit macros (<metal_types> defines them; C++'s <climits>/<cfloat>
+// are not included, so the names are free).  MSL's long is 64 bits, as on
+// this host.  Values are exact bit patterns so `x == FLT_MAX` and
+// `as_type<uint>(FLT_MIN)` agree with the GPU.
+#define CHAR_BIT 8
+#define SCHAR_MAX 127
+#define SCHAR_MIN (-127 - 1)
+#define UCHAR_MAX 255
+#define CHAR_MAX SCHAR_MAX
+#define CHAR_MIN SCHAR_MIN
+#define USHRT_MAX 65535
+#define SHRT_MAX 32767
+#define SHRT_MIN (-32767 - 1)
+#define UINT_MAX 0xffffffffu
+#define INT_MAX 2147483647
+#define INT_MIN (-2147483647 - 1)
+#define ULONG_MAX 0xfffffffffffffffful
+#define LONG_MAX 0x7fffffffffffffffl
+#define LONG_MIN (-0x7fffffffffffffffl - 1)
+
+#define FLT_DIG 6
+#define FLT_MANT_DIG 24
+#define FLT_MAX_10_EXP 38
+#define FLT_MAX_EXP 128
+#define FLT_MIN_10_EXP (-37)
+#define FLT_MIN_EXP (-125)
+#define FLT_RADIX 2
+#define FLT_MAX 0x1.fffffep127f
+#define FLT_MIN 0x1.0p-126f
+#define FLT_EPSILON 0x1.0p-23f
+
+#define HALF_DIG 3
+#define HALF_MANT_DIG 11
+#define HALF_MAX_10_EXP 4
+#define HALF_MAX_EXP 16
+#define HALF_MIN_10_EXP (-4)
+#define HALF_MIN_EXP (-13)
+#define HALF_RADIX 2
+#define HALF_MAX (static_cast<half>(0x1.ffcp15f))
+#define HALF_MIN (static_cast<half>(0x1.0p-14f))
+#define HALF_EPSILON (static_cast<half>(0x1.0p-10f))
