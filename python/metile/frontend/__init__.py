@@ -14,6 +14,7 @@ from ..ir.types import PointerType, ScalarType
 from ..language import dtypes as dt
 from ..language.core import constexpr
 from .errors import CompilationError, LaunchError
+from .desugar_control import desugar
 from .generator import CompileContext, Generator
 from .source import function_source
 
@@ -66,7 +67,7 @@ def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False
     ctx = CompileContext()
     ctx.fragments = fragments
     gen = Generator(src, builder, ctx, env)
-    gen.visit_body(src.tree.body)
+    gen.visit_body(desugar(src, is_helper=False))
     out = Function(fn.__name__, params, body)
     if fragments:
         out.meta["fragments"] = True

@@ -21,6 +21,24 @@ from .semantics import Semantics, describe, is_const
 
 _MISSING = object()
 
+# desugar_control's name for a helper's return value (not a Python identifier).
+RETURN_VALUE = "<return value>"
+
+
+class _Unset:
+    """A helper's return value on a path that has not returned yet: nothing will read
+    it there, so a runtime if merges it with whatever the other branch holds."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET = _Unset()
+
+
+def _label(name: str) -> str:
+    return "the return value" if name == RETURN_VALUE else f"variable {name!r}"
+
 
 class Undefined:
     """A name bound only on some paths (one branch, inside a loop)."""
@@ -61,7 +79,8 @@ class ControlFlow:
             builder = Builder(block)
             builder.loc = self.b.loc
             builder.op("yield", [merged_value(env[n], t, builder) for n, t in merged], [])
-        op = self.b.op("if", [cond], [t for _, t in merged], regions=[b for b, _ in branches])
+        op = self.b.op("if", [cond], [t for _, t in merged], _exit_attrs(node),
+                       regions=[b for b, _ in branches])
         results = dict(zip([n for n, _ in merged], op.results))
         (_, env_a), (_, env_b) = branches
         for n in set(env_a) | set(env_b):
@@ -70,6 +89,8 @@ class ControlFlow:
                 self.env[n] = results[n]
             elif a is b or (is_const(a) and is_const(b) and a == b and type(a) is type(b)):
                 self.env[n] = a
+            elif (a is UNSET and b is not _MISSING) or (b is UNSET and a is not _MISSING):
+                self.env[n] = b if a is UNSET else a
             else:
                 self.env[n] = Undefined(n, "it is assigned in only one branch of an if")
 
@@ -82,9 +103,22 @@ class ControlFlow:
             if not isinstance(a, Value) and not isinstance(b, Value):
                 if is_const(a) and is_const(b) and a == b and type(a) is type(b):
                     continue
+                if a is UNSET or b is UNSET:
+                    continue
                 if not (is_const(a) and is_const(b)):
-                    raise CompilationError(f"variable {n!r} holds different compile-time values "
-                                           f"in the two branches of a runtime if")
+                    raise CompilationError(f"{_label(n)} holds different compile-time values "
+                                           f"in the two branches of a runtime if "
+                                           f"({describe(a)} and {describe(b)})")
+            for x in (a, b):
+                if not isinstance(x, Value) and not is_const(x) and x is not UNSET:
+                    other = b if x is a else a
+                    if n == RETURN_VALUE and x is None:
+                        raise CompilationError(f"the helper returns a value ({other.type}) on one "
+                                               f"path of this runtime if and nothing on the "
+                                               f"other; return a value on every path")
+                    raise CompilationError(f"{_label(n)} is {other.type} in one branch of a "
+                                           f"runtime if and the compile-time {describe(x)} in "
+                                           f"the other")
             ta = a.type if isinstance(a, Value) else None
             tb = b.type if isinstance(b, Value) else None
             t = ta or tb
@@ -94,7 +128,7 @@ class ControlFlow:
                                        f"variable {n!r} points into a different shared "
                                        f"allocation in each branch; select an offset instead")
             if ta and tb and ta != tb:
-                raise CompilationError(f"variable {n!r} is {ta} in one branch and {tb} in the "
+                raise CompilationError(f"{_label(n)} is {ta} in one branch and {tb} in the "
                                        f"other; cast so both agree")
             if t is None:
                 t = ScalarType(_const_dtype(a))
@@ -217,8 +251,9 @@ class ControlFlow:
         try:
             cond = self.visit(node.test)
             if not isinstance(cond, Value):
-                raise CompilationError("while condition must be a runtime scalar (loops that "
-                                       "need break are not supported)")
+                raise CompilationError(f"while condition must be a runtime scalar, got the "
+                                       f"compile-time {describe(cond)} (a loop that runs until "
+                                       f"a break is written `while True:`)")
             cond = self._scalar_condition(cond, "while")
             self.b.op("condition", [cond], [])
         finally:
@@ -229,7 +264,7 @@ class ControlFlow:
         env = self._in_block(body, node.body, env)
         self._yield(body, env, carried, "while loop")
         op = self.b.op("while", [self.env[n] for n in carried], [self.env[n].type for n in carried],
-                       {}, [cond_block, body])
+                       _exit_attrs(node), [cond_block, body])
         self._after_loop(env, carried, op.results, node)
 
 
@@ -237,7 +272,22 @@ def _const_dtype(x):
     return dt.bool_ if isinstance(x, bool) else dt.int32 if isinstance(x, int) else dt.float32
 
 
+def _exit_attrs(node) -> dict:
+    """desugar_control's note of the return / break a guard stands for."""
+    exit_ = getattr(node, "metile_exit", None)
+    return {"exit": exit_} if exit_ else {}
+
+
 def merged_value(v, t, builder):
     if isinstance(v, Value):
         return v
-    return Semantics(builder).literal(v, t.dtype)
+    sem = Semantics(builder)
+    if v is UNSET:
+        # Not read on this path (it has not returned): any value of the right type.
+        if isinstance(t, TileType):
+            return sem.broadcast_to(sem.const(0, t.elem.dtype), t.shape)
+        if isinstance(t, ScalarType):
+            return sem.const(0, t.dtype)
+        raise CompilationError(f"a helper that returns a {t} under a runtime condition is not "
+                               f"supported; return an offset or index instead")
+    return sem.literal(v, t.dtype)

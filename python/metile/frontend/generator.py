@@ -21,7 +21,8 @@ from ..language import dtypes as dt
 from .builtins import IMPLS, view_method
 from .errors import CompilationError
 from .semantics import Semantics, describe, is_const
-from .control import ControlFlow, Undefined
+from .control import UNSET, ControlFlow, Undefined
+from .desugar_control import desugar
 from .source import FunctionSource, function_source
 from .views import TensorView
 
@@ -35,8 +36,7 @@ _UNSUPPORTED_NAMES = {
     ast.Global: "global statement", ast.Nonlocal: "nonlocal statement",
     ast.Delete: "del statement", ast.ClassDef: "class definition",
     ast.FunctionDef: "nested function definition", ast.Import: "import statement",
-    ast.ImportFrom: "import statement", ast.Break: "break statement",
-    ast.Continue: "continue statement", ast.ListComp: "list comprehension",
+    ast.ImportFrom: "import statement", ast.ListComp: "list comprehension",
     ast.DictComp: "dict comprehension", ast.SetComp: "set comprehension",
     ast.GeneratorExp: "generator expression", ast.Lambda: "lambda",
     ast.JoinedStr: "f-string", ast.Dict: "dict literal", ast.Set: "set literal",
@@ -159,12 +159,11 @@ class Generator(ControlFlow):
             raise CompilationError(f"unsupported assignment target {type(target).__name__}")
 
     def visit_Return(self, node):
+        # desugar_control leaves at most a final return; a kernel's has no value.
         if not self.is_helper:
-            if node.value is not None:
-                raise CompilationError("a kernel cannot return a value; store results into an "
-                                       "output buffer")
             return
-        raise _Return(None if node.value is None else self.visit(node.value))
+        value = None if node.value is None else self.visit(node.value)
+        raise _Return(None if value is UNSET else value)
 
     def visit_Assert(self, node):
         test = self.visit(node.test)
@@ -394,7 +393,7 @@ class Generator(ControlFlow):
         sub = Generator(src, self.b, self.ctx, env, is_helper=True)
         self.ctx.depth += 1
         try:
-            sub.visit_body(src.tree.body)
+            sub.visit_body(desugar(src, is_helper=True))
         except _Return as r:
             return r.value
         finally:

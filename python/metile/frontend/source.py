@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..ir.core import Loc
 from .errors import CompilationError
@@ -20,6 +20,8 @@ class FunctionSource:
     indent: int
     text: str
     tree: ast.FunctionDef
+    # desugar_control's body, per "inlined as a helper" flag
+    desugared: dict = field(default_factory=dict)
 
     def loc(self, node: ast.AST) -> Loc:
         line = getattr(node, "lineno", 1)

@@ -44,19 +44,26 @@ def check_uniformity(fn: Function) -> Function:
     return fn
 
 
+def _cause(why: Op) -> str:
+    """Where the divergence comes from; a guard made for a return / break / continue
+    (frontend.desugar_control) names that statement."""
+    exit_ = why.attrs.get("exit")
+    if exit_:
+        return f"the {exit_} depends on it, so some threads skip the code after it"
+    return f"line {why.loc.line if why.loc else '?'}"
+
+
 def _scan(block: Block, div: set[int], why: Op | None, check: bool) -> None:
     for op in block.ops:
         if check and why is not None:
             if op.name == "barrier":
                 raise CompilationError(
-                    f"barrier() under control flow that depends on thread_id() (line "
-                    f"{why.loc.line if why.loc else '?'}): every thread of the program must reach "
-                    f"it", op.loc)
+                    f"barrier() under control flow that depends on thread_id() ({_cause(why)}): "
+                    f"every thread of the program must reach it", op.loc)
             if _is_tile_op(op) and check is True:
                 raise CompilationError(
-                    f"tile operation under control flow that depends on thread_id() (line "
-                    f"{why.loc.line if why.loc else '?'}): tile operations run on all threads of "
-                    f"the program", op.loc)
+                    f"tile operation under control flow that depends on thread_id() "
+                    f"({_cause(why)}): tile operations run on all threads of the program", op.loc)
         if check is True and op.name == "splat" and op.operands[0].id in div:
             raise CompilationError("a tile cannot be built from a value that depends on "
                                    "thread_id(); each thread would see a different tile", op.loc)
