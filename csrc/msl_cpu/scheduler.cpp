@@ -8,6 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <cstdio>
@@ -15,6 +19,7 @@
 #include <functional>
 #include <mutex>
 #include <pthread.h>
+#include <semaphore.h>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -60,12 +65,45 @@ namespace {
 
 constexpr std::uint32_t kMaxThreadsPerThreadgroup = 1024;
 
+// METILE_MSL_* settings.  A value that does not parse is an error naming the
+// variable, its value and what is accepted: silently running with the default
+// would hide the user's mistake (a timeout that never fires, say).
+double env_number(const char* name, double fallback, double lo, double hi, bool whole,
+                  const char* accepted) {
+  const char* raw = std::getenv(name);
+  if (!raw || !*raw) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(raw, &end);
+  while (end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  bool ok = end != raw && *end == '\0' && errno == 0 && std::isfinite(value) && value >= lo &&
+            value <= hi && (!whole || value == std::floor(value));
+  if (!ok) {
+    throw std::invalid_argument(std::string("[metal_kernel] invalid ") + name + "='" + raw +
+                                "': expected " + accepted);
+  }
+  return value;
+}
+
+std::size_t env_threads() {
+  return static_cast<std::size_t>(env_number(
+      "METILE_MSL_THREADS", std::max(1u, std::thread::hardware_concurrency()), 1, 4096, true,
+      "a whole number of CPU runtime worker threads from 1 to 4096 (unset: one per core)"));
+}
+
+std::size_t env_stack_kb() {
+  return static_cast<std::size_t>(env_number(
+      "METILE_MSL_STACK_KB", 128, 16, 65536, true,
+      "a whole number of KiB per fiber stack from 16 to 65536 (unset: 128)"));
+}
+
+double env_timeout_s() {
+  return env_number("METILE_MSL_TIMEOUT_S", 0, 0, 1e9, false,
+                    "a number of seconds >= 0 (0 or unset: no limit)");
+}
+
 std::size_t stack_bytes() {
-  static const std::size_t bytes = [] {
-    const char* env = std::getenv("METILE_MSL_STACK_KB");
-    std::size_t kb = env ? std::strtoul(env, nullptr, 10) : 0;
-    return (kb >= 16 ? kb : 128) * 1024;
-  }();
+  static const std::size_t bytes = env_stack_kb() * 1024;
   return bytes;
 }
 
@@ -135,6 +173,12 @@ struct Worker {
     for (std::size_t i = 0; i < n; ++i) mprotect(stacks + i * stack_bytes(), page, PROT_NONE);
   }
   void* stack_top(std::size_t i) { return stacks + (i + 1) * stack_bytes(); }
+  // Every address of the stack mapping is readable except the guard pages, so
+  // a fault inside it is a stack overflow.
+  bool owns_stack(const void* address) const {
+    const char* a = static_cast<const char*>(address);
+    return stacks && a >= stacks && a < stacks + stack_count * stack_bytes();
+  }
 
   void fail(std::string message) {
     if (!failed) {
@@ -340,30 +384,77 @@ void run_group(Worker& w, const Dispatch& d, const std::array<std::uint32_t, 3>&
 }
 
 // Fault guard.  A kernel that dereferences a bad address (an index past its
-// buffer, a stack overflow into a fiber's guard page) must not take the Python
-// process down: while a worker runs kernel code, SIGSEGV/SIGBUS jump back to
-// the group's scheduler, which reports the fault as a kernel error.  Signals
+// buffer, a stack overflow into a fiber's guard page, a misaligned vector
+// move) or divides an integer by zero must not take the Python process down:
+// while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE jump back to the
+// group's scheduler, which reports the fault as a kernel error.  Signals
 // raised outside kernel code go to the handler that was installed before.
+struct Fault {
+  int signal = 0;
+  int code = 0;
+  void* address = nullptr;
+};
 thread_local sigjmp_buf* t_fault_jump = nullptr;
 thread_local volatile sig_atomic_t t_in_kernel = 0;
-thread_local void* t_fault_address = nullptr;
-struct sigaction g_previous_segv, g_previous_bus;
+thread_local Fault t_fault;
+struct sigaction g_previous_segv, g_previous_bus, g_previous_fpe;
+
+void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* context) {
+  if (previous.sa_flags & SA_SIGINFO) {
+    previous.sa_sigaction(sig, info, context);
+  } else if (previous.sa_handler == SIG_DFL) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  } else if (previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(sig);
+  }
+}
 
 void fault_handler(int sig, siginfo_t* info, void* context) {
   if (t_in_kernel && t_fault_jump) {
     t_in_kernel = 0;
-    t_fault_address = info->si_addr;
+    t_fault = {sig, info->si_code, info->si_addr};
     siglongjmp(*t_fault_jump, sig);
   }
-  const struct sigaction& previous = sig == SIGSEGV ? g_previous_segv : g_previous_bus;
-  if (previous.sa_flags & SA_SIGINFO) {
-    previous.sa_sigaction(sig, info, context);
-  } else if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
-    signal(sig, SIG_DFL);
-    raise(sig);
-  } else {
-    previous.sa_handler(sig);
+  chain(sig == SIGSEGV ? g_previous_segv : sig == SIGBUS ? g_previous_bus : g_previous_fpe, sig, info,
+        context);
+}
+
+// What went wrong, as precisely as the signal tells: the kernel error's text.
+std::string fault_message(const Worker& w, const Fault& f, const std::string& where,
+                          const FaultDescriber& describe_fault) {
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", f.address);
+  if (f.signal == SIGFPE) {
+    if (f.code == FPE_INTDIV || f.code == FPE_INTOVF) {
+      // x86 traps both; a GPU returns an unspecified value instead.  Stopping
+      // is the one behaviour that cannot silently differ from the GPU's.
+      return "integer division by zero (or INT_MIN / -1) in " + where +
+             ": Metal leaves the result unspecified, so metile's CPU runtime stops the kernel "
+             "(guard the divisor of `/` and `%`)";
+    }
+    return "arithmetic fault (SIGFPE code " + std::to_string(f.code) + ") at " + address + " in " + where;
   }
+  if (std::string what = describe_fault ? describe_fault(f.address) : std::string(); !what.empty()) {
+    return "out-of-bounds access in " + where + ": " + what;
+  }
+  if (w.owns_stack(f.address)) {
+    return "invalid memory access at address " + std::string(address) + " in " + where +
+           ": fiber stack overflow (the thread's locals need more than METILE_MSL_STACK_KB=" +
+           std::to_string(stack_bytes() / 1024) + " KiB; raise it)";
+  }
+  // x86 reports a general-protection fault (an aligned vector move on an
+  // unaligned address, or a non-canonical pointer) as SIGSEGV from the kernel
+  // with no address, unlike a page fault, which names the address.
+  if (f.signal == SIGSEGV && f.code == SI_KERNEL && f.address == nullptr) {
+    return "invalid memory access in " + where +
+           ": a general-protection fault, most likely a misaligned vector access (a pointer cast to "
+           "a 16-byte type such as float4 or uint4 on an address that is not 16-byte aligned), "
+           "else a wild pointer";
+  }
+  return "invalid memory access at address " + std::string(address) + " in " + where +
+         ": out of bounds (an index outside its buffer, or a wild pointer; "
+         "METILE_MSL_BOUNDS_CHECK=1 names the buffer)";
 }
 
 // The watchdog's signal: a real-time signal nothing else in MLX uses.  It only
@@ -386,6 +477,7 @@ void install_fault_guard() {
     sigemptyset(&action.sa_mask);
     sigaction(SIGSEGV, &action, &g_previous_segv);
     sigaction(SIGBUS, &action, &g_previous_bus);
+    sigaction(SIGFPE, &action, &g_previous_fpe);
     struct sigaction watchdog {};
     watchdog.sa_sigaction = watchdog_handler;
     watchdog.sa_flags = SA_SIGINFO | SA_ONSTACK;
@@ -408,6 +500,105 @@ void install_fault_guard() {
     has_stack = true;
   }
 }
+
+// Why a dispatch stopped early.  A timeout or an interrupt also signals every
+// worker still inside kernel code, which jumps back to its scheduler.
+enum class Stop : int { none, failed, timeout, interrupt };
+
+struct Stopper {
+  std::atomic<int> reason{int(Stop::none)};
+  std::mutex mutex;
+  std::vector<pthread_t> threads;  // workers taking part in the dispatch
+
+  Stop why() const { return Stop(reason.load()); }
+  bool stopped() const { return why() != Stop::none; }
+  void stop(Stop why) {
+    int none = int(Stop::none);
+    if (!reason.compare_exchange_strong(none, int(why)) || why == Stop::failed) return;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (pthread_t t : threads) pthread_kill(t, watchdog_signal());
+  }
+};
+
+// Ctrl-C.  While a kernel runs, MLX's eval waits in C++ and Python only notes
+// the signal, so a SIGINT would be acted on when the kernel ends (never, for a
+// kernel that does not end).  While any dispatch runs, SIGINT first wakes a
+// monitor thread (sem_post is async-signal-safe) that stops every running
+// dispatch the way the watchdog does, then goes on to the handler that was
+// installed before (Python's, which records the KeyboardInterrupt to raise).
+// Where SIGINT is ignored or left at its default, nothing is installed.
+std::mutex g_running_mutex;
+std::vector<Stopper*> g_running;
+struct sigaction g_previous_int;
+bool g_int_installed = false;
+sem_t g_interrupts;
+
+void interrupt_handler(int sig, siginfo_t* info, void* context) {
+  int saved = errno;
+  sem_post(&g_interrupts);
+  errno = saved;
+  chain(g_previous_int, sig, info, context);
+}
+
+void interrupt_monitor() {
+  for (;;) {
+    if (sem_wait(&g_interrupts) != 0) continue;
+    std::lock_guard<std::mutex> lock(g_running_mutex);
+    for (Stopper* s : g_running) s->stop(Stop::interrupt);
+  }
+}
+
+// Registers a dispatch with the Ctrl-C monitor for its lifetime.
+class InterruptScope {
+ public:
+  explicit InterruptScope(Stopper& s) : stopper_(s) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      sem_init(&g_interrupts, 0, 0);
+      // The monitor takes no signals itself, so SIGINT's handler and the
+      // watchdog's signal always land on threads that expect them.
+      sigset_t all, old;
+      sigfillset(&all);
+      pthread_sigmask(SIG_SETMASK, &all, &old);
+      std::thread(interrupt_monitor).detach();
+      pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    });
+    std::lock_guard<std::mutex> lock(g_running_mutex);
+    if (g_running.empty()) {
+      struct sigaction current {};
+      sigaction(SIGINT, nullptr, &current);
+      bool handled = (current.sa_flags & SA_SIGINFO) ||
+                     (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
+      if (handled && current.sa_sigaction != interrupt_handler) {
+        g_previous_int = current;
+        struct sigaction ours = current;
+        ours.sa_sigaction = interrupt_handler;
+        ours.sa_flags = current.sa_flags | SA_SIGINFO | SA_ONSTACK;
+        sigaction(SIGINT, &ours, nullptr);
+        g_int_installed = true;
+      }
+    }
+    g_running.push_back(&stopper_);
+  }
+  ~InterruptScope() {
+    std::lock_guard<std::mutex> lock(g_running_mutex);
+    g_running.erase(std::find(g_running.begin(), g_running.end(), &stopper_));
+    if (g_running.empty() && g_int_installed) {
+      // Put the previous handler back unless someone replaced ours meanwhile.
+      struct sigaction current {};
+      sigaction(SIGINT, nullptr, &current);
+      if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == interrupt_handler) {
+        sigaction(SIGINT, &g_previous_int, nullptr);
+      }
+      g_int_installed = false;
+    }
+  }
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  Stopper& stopper_;
+};
 
 // A small persistent pool: dispatches are frequent and short, so threads are
 // kept rather than spawned per launch.
@@ -437,9 +628,7 @@ class Pool {
 
  private:
   Pool() {
-    std::size_t n = std::thread::hardware_concurrency();
-    if (const char* env = std::getenv("METILE_MSL_THREADS")) n = std::strtoul(env, nullptr, 10);
-    n = std::max<std::size_t>(1, n);
+    std::size_t n = env_threads();
     for (std::size_t i = 1; i < n; ++i) {
       workers_.emplace_back([this, i] { loop(i); });
     }
@@ -500,7 +689,13 @@ void check_dispatch(const Dispatch& d) {
     throw std::invalid_argument("[metal_kernel] threadgroup of " + std::to_string(tg) +
                                 " threads exceeds Metal's limit of 1024 threads per threadgroup");
   }
+  // At the call, so a bad setting fails before anything is queued.
+  env_threads();
+  env_stack_kb();
+  env_timeout_s();
 }
+
+bool is_interrupt(const char* message) { return message && std::strstr(message, kInterruptedText); }
 
 void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buffers,
                   const FaultDescriber& describe_fault) {
@@ -513,38 +708,34 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
     groups[a] = (d.grid[a] + tg - 1) / tg;
     total *= groups[a];
   }
+  const std::string kernel = d.kernel.empty() ? "" : "kernel '" + d.kernel + "': ";
   std::atomic<std::uint64_t> next{0};
-  std::atomic<bool> failed{false};
+  Stopper stopper;
+  InterruptScope interruptible(stopper);
   std::mutex error_mutex;
   std::string error;
 
   // METILE_MSL_TIMEOUT_S bounds a dispatch's wall time: a kernel that never
   // finishes (an endless loop) is interrupted and reported instead of hanging.
-  const char* limit_env = std::getenv("METILE_MSL_TIMEOUT_S");
-  const double limit = limit_env ? std::strtod(limit_env, nullptr) : 0.0;
-  std::mutex threads_mutex;
-  std::vector<pthread_t> threads;
+  const double limit = env_timeout_s();
+  const std::string limit_text = limit > 0 ? std::getenv("METILE_MSL_TIMEOUT_S") : "";
   std::mutex done_mutex;
   std::condition_variable done_cv;
   bool done = false;
-  std::atomic<bool> timed_out{false};
   std::thread watchdog;
   if (limit > 0) {
     watchdog = std::thread([&] {
       std::unique_lock<std::mutex> lock(done_mutex);
       if (done_cv.wait_for(lock, std::chrono::duration<double>(limit), [&] { return done; })) return;
-      timed_out = true;
-      failed = true;
-      std::lock_guard<std::mutex> t(threads_mutex);
-      for (pthread_t thread : threads) pthread_kill(thread, watchdog_signal());
+      stopper.stop(Stop::timeout);
     });
   }
 
   Pool::get().run([&](std::size_t) {
     install_fault_guard();
     {
-      std::lock_guard<std::mutex> lock(threads_mutex);
-      threads.push_back(pthread_self());
+      std::lock_guard<std::mutex> lock(stopper.mutex);
+      stopper.threads.push_back(pthread_self());
     }
     Worker& w = worker_for_thread();
     w.entry = lib.entry();
@@ -552,42 +743,40 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
     w.failed = false;
     w.error.clear();
     w.rng.seed(0x6d65746c);
-    for (std::uint64_t g; !failed.load(std::memory_order_relaxed) && (g = next.fetch_add(1)) < total;) {
+    for (std::uint64_t g; !stopper.stopped() && (g = next.fetch_add(1)) < total;) {
       std::array<std::uint32_t, 3> gid{
           static_cast<std::uint32_t>(g % groups[0]),
           static_cast<std::uint32_t>((g / groups[0]) % groups[1]),
           static_cast<std::uint32_t>(g / (std::uint64_t(groups[0]) * groups[1]))};
       sigjmp_buf fault;
+      t_fault = {};
       if (sigsetjmp(fault, 1) == 0) {
         t_fault_jump = &fault;
         t_in_kernel = 1;
-        run_group(w, d, gid, groups);
+        // A stop signalled before t_in_kernel was set found nothing to
+        // interrupt; it is seen here instead.
+        if (!stopper.stopped()) run_group(w, d, gid, groups);
         t_in_kernel = 0;
-      } else if (timed_out) {
-        w.fail("kernel exceeded METILE_MSL_TIMEOUT_S=" + std::string(limit_env) + " s in " +
-               group_name(gid) + " (a loop that never ends?)");
-      } else {
-        std::string what = describe_fault ? describe_fault(t_fault_address) : std::string();
-        if (!what.empty()) {
-          w.fail("out-of-bounds access in " + group_name(gid) + ": " + what);
-        } else {
-          char where[64];
-          std::snprintf(where, sizeof where, "%p", t_fault_address);
-          w.fail("invalid memory access at address " + std::string(where) + " in " +
-                 group_name(gid) + " (an index outside its buffer, or a fiber stack overflow: "
-                 "see METILE_MSL_STACK_KB; METILE_MSL_BOUNDS_CHECK=1 names the buffer)");
+      } else if (t_fault.signal == 0) {  // the watchdog's signal
+        if (stopper.why() == Stop::timeout) {
+          w.fail("kernel exceeded METILE_MSL_TIMEOUT_S=" + limit_text + " s in " + group_name(gid) +
+                 " (a loop that never ends?)");
+        } else if (stopper.why() == Stop::interrupt) {
+          w.fail(std::string(kInterruptedText) + " in " + group_name(gid));
         }
+      } else {
+        w.fail(fault_message(w, t_fault, group_name(gid), describe_fault));
       }
       t_fault_jump = nullptr;
       if (w.failed) {
-        failed = true;
+        stopper.stop(Stop::failed);
         std::lock_guard<std::mutex> lock(error_mutex);
         if (error.empty()) error = w.error;
         break;
       }
     }
-    std::lock_guard<std::mutex> lock(threads_mutex);
-    threads.erase(std::find(threads.begin(), threads.end(), pthread_self()));
+    std::lock_guard<std::mutex> lock(stopper.mutex);
+    stopper.threads.erase(std::find(stopper.threads.begin(), stopper.threads.end(), pthread_self()));
   });
   if (watchdog.joinable()) {
     {
@@ -597,10 +786,14 @@ void run_dispatch(const KernelLibrary& lib, const Dispatch& d, void* const* buff
     done_cv.notify_all();
     watchdog.join();
   }
-  if (failed && error.empty() && timed_out) {
-    error = "kernel exceeded METILE_MSL_TIMEOUT_S=" + std::string(limit_env) + " s";
+  // A stop that reached no worker inside a group (it came between groups)
+  // still ends the dispatch with its reason.
+  if (error.empty() && stopper.why() == Stop::timeout) {
+    error = "kernel exceeded METILE_MSL_TIMEOUT_S=" + limit_text + " s";
+  } else if (error.empty() && stopper.why() == Stop::interrupt) {
+    error = kInterruptedText;
   }
-  if (failed) throw KernelError("[metal_kernel] " + error);
+  if (!error.empty()) throw KernelError("[metal_kernel] " + kernel + error);
 }
 
 }  // namespace metile::msl_cpu

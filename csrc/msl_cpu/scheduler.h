@@ -27,6 +27,7 @@ struct Dispatch {
   std::array<std::uint32_t, 3> grid;         // threads
   std::array<std::uint32_t, 3> threadgroup;  // requested threads per group
   LaneOrder order = LaneOrder::forward;
+  std::string kernel;                        // the kernel's name, for error messages
 };
 
 // A dlopen'd kernel library; closed when the last launch using it is gone.
@@ -52,8 +53,16 @@ struct KernelError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Validates the dispatch against Metal's limits; throws std::invalid_argument.
+// Validates the dispatch against Metal's limits, and the METILE_MSL_* settings
+// the runtime reads (an unparsable value is an error naming the variable, not a
+// silent default); throws std::invalid_argument.
 void check_dispatch(const Dispatch& d);
+
+// Ctrl-C during a dispatch stops it with a KernelError whose message contains
+// this text; MLX re-raises it at mx.eval as a plain runtime_error, so the
+// Python layer recognises it by is_interrupt and raises KeyboardInterrupt.
+inline constexpr const char kInterruptedText[] = "interrupted by SIGINT (Ctrl-C)";
+bool is_interrupt(const char* message);
 
 // Names what a faulting address belongs to ("4 bytes past the end of 'y'"), or
 // returns "" when it does not know (bounds-check mode supplies one).

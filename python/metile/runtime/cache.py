@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 import types
+import warnings
 from pathlib import Path
 
 from ..language.dtypes import DType
@@ -122,5 +123,24 @@ def disk_store(key: str, data: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(dict(data, key=key), f)
         os.replace(tmp, d / f"{key}.json")
-    except OSError:
-        pass  # a read-only or full cache directory only costs a recompile
+    except OSError as e:
+        # A read-only or full cache directory only costs a recompile.
+        warn_unwritable(d, e, "generated kernel sources")
+
+
+_warned_dirs: set[str] = set()
+
+
+def warn_unwritable(directory: Path, error: OSError, what: str) -> None:
+    """Warn, once per directory, that a cache cannot be written and why."""
+    if str(directory) in _warned_dirs:
+        return
+    _warned_dirs.add(str(directory))
+    reason = error.strerror or str(error)
+    warnings.warn(
+        f"metile: cannot write the cache directory {directory} ({reason}); {what} are not kept "
+        "between runs, so each process compiles them again. Point METILE_CACHE_DIR at a writable "
+        "directory.",
+        RuntimeWarning,
+        stacklevel=3,
+    )

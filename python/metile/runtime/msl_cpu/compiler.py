@@ -5,10 +5,18 @@ version, the flags, and a hash of the shim headers: a kernel is compiled once
 per machine and reused across processes (on-disk cache) and within one
 (in-memory cache).  Concurrent processes building the same kernel serialise
 on a file lock and publish the library by atomic rename.
+
+Loading a damaged shared object can kill the process (a truncated file maps
+pages past its end: SIGBUS inside dlopen), so each library's size and SHA-256
+are recorded beside it when it is written and checked before it is handed
+out; one that fails is rebuilt.  A cache directory that cannot be written
+costs only the reuse: kernels are built in a private temporary directory, with
+a warning.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
@@ -16,6 +24,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from filelock import FileLock
@@ -39,6 +48,11 @@ _FLAGS = [
     "-fPIC",
     "-shared",
     "-fno-strict-aliasing",
+    # C++ lets the compiler assume every loop without side effects ends, so a
+    # kernel's endless loop would be deleted and return garbage at once; a GPU
+    # would spin.  Keep such loops, so the METILE_MSL_TIMEOUT_S watchdog and
+    # Ctrl-C see them.
+    "-fno-finite-loops",
     # Round every half/bfloat operation like the GPU instead of keeping
     # float intermediates.
     "-Xclang",
@@ -90,13 +104,86 @@ def shim_fingerprint() -> str:
     return h.hexdigest()
 
 
+_usable_dirs: dict[Path, Path] = {}
+
+
 def cache_dir() -> Path:
+    """Where libraries are built and kept: `$METILE_CACHE_DIR/msl_cpu`, or a
+    private temporary directory (with a warning) when that cannot be written."""
     root = os.environ.get("METILE_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "metile"
     )
     path = Path(root) / "msl_cpu"
-    path.mkdir(parents=True, exist_ok=True)
+    usable = _usable_dirs.get(path)
+    if usable is None:
+        usable = _usable_dirs[path] = _writable_or_private(path)
+    return usable
+
+
+def _writable_or_private(path: Path) -> Path:
+    # Probing with a real file, not os.access: as root, permission bits do
+    # not stop writes, and a read-only mount or a path through a regular file
+    # is only found by trying.
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+        return path
+    except OSError as e:
+        from ..cache import warn_unwritable
+
+        warn_unwritable(path, e, "compiled kernels")
+        return _private_dir()
+
+
+@functools.lru_cache(maxsize=None)
+def _private_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="metile-msl-cpu-"))
+    atexit.register(shutil.rmtree, path, True)
     return path
+
+
+# Paths whose library passed the check in this process, with the file's
+# identity then: a library is hashed once per process, not once per load.
+_verified: dict[Path, tuple] = {}
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _record_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _intact(library: Path) -> bool:
+    """Whether `library` is exactly the file its record describes."""
+    try:
+        st = library.stat()
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if _verified.get(library) == identity:
+            return True
+        size, digest = _record_path(library).read_text().split()
+        if int(size) != st.st_size or digest != _digest(library):
+            return False
+    except (OSError, ValueError):
+        return False
+    _verified[library] = identity
+    return True
+
+
+def _publish(built: Path, target: Path) -> None:
+    # The record goes first: a reader that sees the new library with the old
+    # record fails the check and waits on the lock, where both are current.
+    record = built.with_name(built.name + ".sha256")
+    record.write_text(f"{built.stat().st_size} {_digest(built)}\n")
+    os.replace(record, _record_path(target))
+    os.replace(built, target)
 
 
 def _key(source: str, flags: list[str]) -> str:
@@ -126,18 +213,19 @@ def compile_library(source: str, label: str) -> Path:
     compiler, _ = find_compiler()
     flags = _FLAGS + [f"-I{INCLUDE_DIR}"]
     key = _key(source, flags)
-    target = cache_dir() / f"{key}.so"
-    if target.exists():
+    directory = cache_dir()
+    target = directory / f"{key}.so"
+    if _intact(target):
         return target
     with FileLock(str(target) + ".lock"):
-        if target.exists():
+        if _intact(target):
             return target
-        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
             src = Path(tmp) / f"{key}.cpp"
             src.write_text(source)
             out = Path(tmp) / f"{key}.so"
             _run([compiler, *flags, str(src), "-o", str(out)], label)
-            os.replace(out, target)
+            _publish(out, target)
     return target
 
 
