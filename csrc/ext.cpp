@@ -57,6 +57,7 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   spec.dispatch.grid = to_dims(grid, "grid");
   spec.dispatch.threadgroup = to_dims(threadgroup, "threadgroup");
   spec.dispatch.order = parse_lane_order(lane_order);
+  spec.dispatch.kernel = name;
   spec.init_value = init_value;
   spec.race_check = race_check;
   spec.bounds_check = bounds_check;
@@ -106,6 +107,18 @@ NB_MODULE(_ext, m) {
 
 #ifdef METILE_HAVE_MSL_CPU
   m.attr("has_msl_cpu") = true;
+  // A dispatch stopped by Ctrl-C reaches Python through MLX's stored error, a
+  // plain runtime_error, from mx.eval.  Translators are shared by the mlx
+  // domain, so this one sees it there and lets Python's SIGINT handler raise
+  // (KeyboardInterrupt by default).
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::runtime_error& e) {
+      if (!is_interrupt(e.what())) throw;
+      if (PyErr_CheckSignals() == 0) PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+    }
+  });
   nb::class_<KernelLibrary>(m, "KernelLibrary")
       .def(nb::new_([](const std::string& path) { return std::make_shared<KernelLibrary>(path); }),
            nb::arg("path"))
