@@ -49,6 +49,7 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
                                   const std::vector<mx::Dtype>& output_dtypes, Dim3 grid,
                                   Dim3 threadgroup, std::optional<float> init_value,
                                   const std::string& lane_order, bool race_check,
+                                  const std::vector<std::tuple<bool, double, double>>& race_compare,
                                   bool bounds_check, const std::vector<std::string>& buffer_names,
                                   mx::Stream stream) {
   LaunchSpec spec;
@@ -60,6 +61,7 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   spec.dispatch.kernel = name;
   spec.init_value = init_value;
   spec.race_check = race_check;
+  for (auto [compare, rtol, atol] : race_compare) spec.race_compare.push_back({compare, rtol, atol});
   spec.bounds_check = bounds_check;
   spec.buffer_names = buffer_names;
   return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
@@ -72,13 +74,15 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
 std::vector<mx::array> launch_metal(
     const std::string& name, const std::vector<std::string>& input_names,
     const std::vector<std::string>& output_names, const std::string& source,
-    const std::string& header, bool ensure_row_contiguous, bool atomic_outputs,
+    const std::string& header, bool ensure_row_contiguous, bool atomic_outputs, int math_mode,
     const std::vector<mx::array>& inputs, const std::vector<std::vector<int>>& output_shapes,
     const std::vector<mx::Dtype>& output_dtypes, Dim3 grid, Dim3 threadgroup,
     const std::vector<std::pair<std::string, mx::fast::TemplateArg>>& template_args,
     std::optional<float> init_value, bool verbose, mx::Stream stream) {
+  mx::CompileOptions options;
+  options.math_mode = static_cast<mx::MathMode>(math_mode);
   auto kernel = mx::fast::metal_kernel(name, input_names, output_names, source, header,
-                                       ensure_row_contiguous, atomic_outputs);
+                                       ensure_row_contiguous, atomic_outputs, options);
   return kernel(inputs, to_shapes(output_shapes), output_dtypes, grid, threadgroup, template_args,
                 init_value, verbose, stream);
 }
@@ -127,14 +131,15 @@ NB_MODULE(_ext, m) {
   m.def("launch_cpu", &launch_cpu, nb::arg("library"), nb::arg("name"), nb::arg("inputs"),
         nb::arg("shape_infos"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("init_value").none(), nb::arg("lane_order"),
-        nb::arg("race_check"), nb::arg("bounds_check"), nb::arg("buffer_names"), nb::arg("stream"),
+        nb::arg("race_check"), nb::arg("race_compare"), nb::arg("bounds_check"), nb::arg("buffer_names"), nb::arg("stream"),
         "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
 #else
   m.attr("has_msl_cpu") = false;
 #endif
   m.def("launch_metal", &launch_metal, nb::arg("name"), nb::arg("input_names"),
         nb::arg("output_names"), nb::arg("source"), nb::arg("header"),
-        nb::arg("ensure_row_contiguous"), nb::arg("atomic_outputs"), nb::arg("inputs"),
+        nb::arg("ensure_row_contiguous"), nb::arg("atomic_outputs"), nb::arg("math_mode"),
+        nb::arg("inputs"),
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::metal_kernel (Metal devices).");

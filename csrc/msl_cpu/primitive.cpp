@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "mlx/allocator.h"
@@ -15,6 +18,101 @@ namespace metile::msl_cpu {
 
 namespace {
 
+// Metal binds an array at its byte offset into a buffer whose contents are
+// aligned to at least 16 bytes (Metal's largest alignment for a device-memory
+// argument), so kernels cast a buffer's start to float4* or uint4*.  MLX's CPU
+// allocator gives data only 8-byte aligned, and clang compiles those casts to
+// aligned 16-byte moves, which fault there.  So each buffer is bound where
+// Metal would put it: outputs 16-byte aligned, and an input whose address
+// disagrees with its offset into its buffer modulo 16 is copied to where it
+// agrees.  A view at an odd offset stays exactly as aligned as on Metal, so a
+// vector access that Metal does not allow there still faults.
+constexpr std::int64_t kMetalBufferAlign = 16;
+
+std::int64_t mod_align(std::int64_t x) {
+  return ((x % kMetalBufferAlign) + kMetalBufferAlign) % kMetalBufferAlign;
+}
+
+std::int64_t address_phase(const void* p) {
+  return static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(p) % kMetalBufferAlign);
+}
+
+// Where `a`'s data pointer sits modulo the alignment on Metal.
+std::int64_t metal_phase(const mx::array& a) { return mod_align(a.offset()); }
+
+// The bytes a kernel may reach from an array's data pointer, [lo, hi): what
+// its strides span (a sliced or transposed view, a broadcast, a negative
+// stride), which is not its element count.
+struct Extent {
+  std::int64_t lo = 0;
+  std::int64_t hi = 0;
+  std::size_t bytes() const { return static_cast<std::size_t>(hi - lo); }
+};
+
+Extent extent_of(const mx::array& a) {
+  if (a.size() == 0) return {};
+  std::int64_t lo = 0, hi = 0;
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    std::int64_t reach = a.strides()[i] * static_cast<std::int64_t>(a.shape(i) - 1);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  auto item = static_cast<std::int64_t>(a.itemsize());
+  return {lo * item, (hi + 1) * item};
+}
+
+// Aligned host memory that lives as long as one launch.
+class Scratch {
+ public:
+  char* allocate(std::size_t bytes) {
+    std::size_t rounded = std::max<std::size_t>((bytes + kMetalBufferAlign - 1) / kMetalBufferAlign, 1) *
+                          kMetalBufferAlign;
+    void* p = std::aligned_alloc(kMetalBufferAlign, rounded);
+    if (!p) throw std::bad_alloc();
+    blocks_.emplace_back(static_cast<char*>(p));
+    return blocks_.back().get();
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<char, Free>> blocks_;
+};
+
+// The pointer an input is bound with: its own data when aligned as on Metal,
+// else a copy of everything its strides reach, placed at Metal's alignment.
+void* metal_aligned_input(const mx::array& a, Scratch& scratch) {
+  char* data = const_cast<char*>(a.data<char>());
+  std::int64_t phase = metal_phase(a);
+  if (address_phase(data) == phase) return data;
+  Extent e = extent_of(a);
+  // The copy's data pointer is base + d, d >= -lo and d = phase (mod 16).
+  std::int64_t d = -e.lo + mod_align(phase + e.lo);
+  char* base = scratch.allocate(static_cast<std::size_t>(d + e.hi));
+  if (e.bytes()) std::memcpy(base + d + e.lo, data + e.lo, e.bytes());
+  return base + d;
+}
+
+std::vector<void*> metal_aligned_inputs(const std::vector<mx::array>& inputs, Scratch& scratch) {
+  std::vector<void*> data;
+  for (const auto& a : inputs) data.push_back(metal_aligned_input(a, scratch));
+  return data;
+}
+
+// An output buffer starting where Metal's would (kMetalBufferAlign): MLX's
+// allocation is over-sized and the array starts at an offset into it.
+void allocate_metal_aligned(mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes() + kMetalBufferAlign));
+  std::int64_t shift = mod_align(-address_phase(out.data<char>()));
+  if (shift % static_cast<std::int64_t>(out.itemsize()) == 0 && shift) {
+    out.copy_shared_buffer(out, out.strides(), out.flags(), out.data_size(),
+                           shift / static_cast<std::int64_t>(out.itemsize()));
+  }
+  if (address_phase(out.data<char>()) != 0) {
+    throw std::runtime_error("[metal_kernel] internal error: could not align an output buffer");
+  }
+}
+
 // What the kernel signature receives for one launch: the arrays' data and,
 // per input, the shape/strides/ndim values MLX would bind as constants.
 struct Bindings {
@@ -23,12 +121,6 @@ struct Bindings {
   std::vector<int> ndims;
   std::vector<void*> pointers;
 };
-
-std::vector<void*> data_of(const std::vector<mx::array>& arrays) {
-  std::vector<void*> data;
-  for (const auto& a : arrays) data.push_back(const_cast<void*>(static_cast<const void*>(a.data<char>())));
-  return data;
-}
 
 Bindings bind_arguments(const LaunchSpec& spec, const std::vector<mx::array>& inputs,
                         const std::vector<void*>& input_data, const std::vector<void*>& output_data) {
@@ -97,8 +189,9 @@ void initialise(void* data, const mx::array& out, const std::optional<float>& in
 // faults) and once against the leading one (an index before the start faults),
 // and the fault is reported with the buffer's name.  Without it a small overrun
 // lands in memory MLX's allocator pooled nearby, unnoticed, as it may on a GPU.
-// Ends are rounded up to 16 bytes so 4-wide accesses stay aligned: overruns of
-// fewer bytes than that rounding pass.
+// A buffer's fenced span is what its strides reach (extent_of), and it keeps
+// Metal's alignment, so an end that is not a multiple of 16 bytes is followed
+// by a few accessible bytes: overruns smaller than that pass.
 class GuardedBuffers {
  public:
   explicit GuardedBuffers(bool at_end) : at_end_(at_end), page_(sysconf(_SC_PAGESIZE)) {}
@@ -108,9 +201,11 @@ class GuardedBuffers {
   GuardedBuffers(const GuardedBuffers&) = delete;
   GuardedBuffers& operator=(const GuardedBuffers&) = delete;
 
-  char* add(const void* source, std::size_t bytes, std::string name) {
-    std::size_t rounded = (bytes + 15) / 16 * 16;
-    std::size_t body = std::max<std::size_t>((rounded + page_ - 1) / page_ * page_, page_);
+  // Copies [data + e.lo, data + e.hi) and returns the copy's data pointer,
+  // which is `phase` modulo kMetalBufferAlign.
+  char* add(const char* data, Extent e, std::int64_t phase, std::string name) {
+    std::size_t span = e.bytes() + kMetalBufferAlign;
+    std::size_t body = std::max<std::size_t>((span + page_ - 1) / page_ * page_, page_);
     std::size_t total = body + 2 * page_;
     void* map = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (map == MAP_FAILED) throw std::runtime_error("[metal_kernel] bounds check: mmap failed");
@@ -119,10 +214,15 @@ class GuardedBuffers {
       munmap(map, total);
       throw std::runtime_error("[metal_kernel] bounds check: mprotect failed");
     }
-    char* data = m + page_ + (at_end_ ? body - rounded : 0);
-    if (bytes) std::memcpy(data, source, bytes);
-    regions_.push_back({m, total, data, bytes, std::move(name)});
-    return data;
+    // Offsets from the (page-aligned) body start: the data pointer as late
+    // (at_end) or as early as its phase allows.
+    auto body_bytes = static_cast<std::int64_t>(body);
+    std::int64_t d = at_end_ ? body_bytes - e.hi - mod_align(body_bytes - e.hi - phase)
+                             : -e.lo + mod_align(phase + e.lo);
+    char* copy = m + page_ + d;
+    if (e.bytes()) std::memcpy(copy + e.lo, data + e.lo, e.bytes());
+    regions_.push_back({m, total, copy, e, std::move(name)});
+    return copy;
   }
 
   std::string describe(const void* address) const {
@@ -130,8 +230,8 @@ class GuardedBuffers {
     for (const auto& r : regions_) {
       if (a < r.map || a >= r.map + r.map_bytes) continue;
       std::ostringstream msg;
-      msg << "'" << r.name << "' (" << r.bytes << " bytes) accessed at byte offset " << (a - r.data)
-          << (a < r.data ? ", before its start" : ", past its end");
+      msg << "'" << r.name << "' (" << r.extent.bytes() << " bytes) accessed at byte offset " << (a - r.data)
+          << (a < r.data + r.extent.lo ? ", before its start" : ", past its end");
       return msg.str();
     }
     return "";
@@ -142,7 +242,7 @@ class GuardedBuffers {
     char* map;
     std::size_t map_bytes;
     char* data;
-    std::size_t bytes;
+    Extent extent;
     std::string name;
   };
   bool at_end_;
@@ -161,11 +261,12 @@ void run_bounds_checked(const KernelLibrary& lib, const LaunchSpec& spec,
     GuardedBuffers guarded(at_end);
     std::vector<void*> in_data, out_data;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      in_data.push_back(guarded.add(inputs[i].data<char>(), inputs[i].nbytes(),
+      in_data.push_back(guarded.add(inputs[i].data<char>(), extent_of(inputs[i]), metal_phase(inputs[i]),
                                     buffer_name(spec, i, inputs.size())));
     }
     for (std::size_t o = 0; o < outputs.size(); ++o) {
-      out_data.push_back(guarded.add(outputs[o].data<char>(), outputs[o].nbytes(),
+      Extent whole{0, static_cast<std::int64_t>(outputs[o].nbytes())};
+      out_data.push_back(guarded.add(outputs[o].data<char>(), whole, 0,
                                      buffer_name(spec, inputs.size() + o, inputs.size())));
     }
     Bindings b = bind_arguments(spec, inputs, in_data, out_data);
@@ -183,6 +284,32 @@ const char* order_name(LaneOrder o) {
   return o == LaneOrder::forward ? "forward" : o == LaneOrder::reverse ? "reversed" : "shuffled";
 }
 
+double element_value(const char* p, mx::Dtype dtype) {
+  switch (dtype) {
+    case mx::bool_: return *reinterpret_cast<const bool*>(p);
+    case mx::uint8: return *reinterpret_cast<const std::uint8_t*>(p);
+    case mx::uint16: return *reinterpret_cast<const std::uint16_t*>(p);
+    case mx::uint32: return *reinterpret_cast<const std::uint32_t*>(p);
+    case mx::uint64: return static_cast<double>(*reinterpret_cast<const std::uint64_t*>(p));
+    case mx::int8: return *reinterpret_cast<const std::int8_t*>(p);
+    case mx::int16: return *reinterpret_cast<const std::int16_t*>(p);
+    case mx::int32: return *reinterpret_cast<const std::int32_t*>(p);
+    case mx::int64: return static_cast<double>(*reinterpret_cast<const std::int64_t*>(p));
+    case mx::float16: return static_cast<float>(*reinterpret_cast<const mx::float16_t*>(p));
+    case mx::bfloat16: return static_cast<float>(*reinterpret_cast<const mx::bfloat16_t*>(p));
+    case mx::float32: return *reinterpret_cast<const float*>(p);
+    case mx::float64: return *reinterpret_cast<const double*>(p);
+    default: throw std::invalid_argument("[metal_kernel] race check: unsupported output dtype");
+  }
+}
+
+bool same_element(const char* a, const char* b, const mx::array& out, const RaceCompare& how) {
+  if (how.rtol == 0.0 && how.atol == 0.0) return std::memcmp(a, b, out.itemsize()) == 0;
+  double x = element_value(a, out.dtype()), y = element_value(b, out.dtype());
+  if (x == y || (std::isnan(x) && std::isnan(y))) return true;
+  return std::fabs(x - y) <= how.atol + how.rtol * std::fabs(x);
+}
+
 void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx::array>& inputs,
          std::vector<mx::array>& outputs) {
   std::vector<void*> data;
@@ -190,37 +317,47 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
     data.push_back(out.data<char>());
     initialise(data.back(), out, spec.init_value);
   }
+  Scratch scratch;
   if (spec.bounds_check) {
     run_bounds_checked(lib, spec, inputs, outputs);
   } else {
-    Bindings b = bind_arguments(spec, inputs, data_of(inputs), data);
+    Bindings b = bind_arguments(spec, inputs, metal_aligned_inputs(inputs, scratch), data);
     run_dispatch(lib, spec.dispatch, b.pointers.data());
   }
   if (!spec.race_check) return;
 
   // Re-run with the other lane orders into scratch outputs and compare: a
-  // kernel whose result depends on the order of its threads has a race.
+  // kernel whose result depends on the order of its threads has a race,
+  // unless the caller declared that output order-dependent.
+  std::vector<void*> input_data = metal_aligned_inputs(inputs, scratch);
   for (LaneOrder order : {LaneOrder::reverse, LaneOrder::shuffle}) {
-    std::vector<std::vector<char>> scratch;
     std::vector<void*> scratch_data;
     for (auto& out : outputs) {
-      scratch.emplace_back(out.nbytes());
-      scratch_data.push_back(scratch.back().data());
+      scratch_data.push_back(scratch.allocate(out.nbytes()));
       initialise(scratch_data.back(), out, spec.init_value);
     }
-    Bindings sb = bind_arguments(spec, inputs, data_of(inputs), scratch_data);
+    Bindings sb = bind_arguments(spec, inputs, input_data, scratch_data);
     Dispatch d = spec.dispatch;
     d.order = order;
     run_dispatch(lib, d, sb.pointers.data());
     for (std::size_t o = 0; o < outputs.size(); ++o) {
+      RaceCompare how = o < spec.race_compare.size() ? spec.race_compare[o] : RaceCompare{};
+      if (!how.compare) continue;
       const char* expected = outputs[o].data<char>();
+      const char* got = static_cast<const char*>(scratch_data[o]);
       std::size_t item = outputs[o].itemsize();
       for (std::size_t i = 0; i < outputs[o].nbytes(); i += item) {
-        if (std::memcmp(expected + i, scratch[o].data() + i, item) != 0) {
+        if (!same_element(expected + i, got + i, outputs[o], how)) {
           std::ostringstream msg;
-          msg << "[metal_kernel] race detected in kernel '" << spec.name << "': output " << o
-              << " differs at element " << i / item << " between forward and " << order_name(order)
-              << " thread order (missing threadgroup_barrier, or threads writing the same location)";
+          msg.precision(9);
+          msg << "[metal_kernel] race detected in kernel '" << spec.name << "': output "
+              << buffer_name(spec, inputs.size() + o, inputs.size()) << " differs at element " << i / item
+              << " between forward and " << order_name(order) << " thread order ("
+              << element_value(expected + i, outputs[o].dtype()) << " vs "
+              << element_value(got + i, outputs[o].dtype())
+              << "): missing threadgroup_barrier, or threads writing the same location; if the kernel "
+                 "means this output to depend on thread order (float atomics, hash inserts), declare "
+                 "it with order_dependent_outputs=";
           throw KernelError(msg.str());
         }
       }
@@ -233,7 +370,7 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
 void MslCpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (auto& out : outputs) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    allocate_metal_aligned(out);
     encoder.set_output_array(out);
   }
   for (auto& in : inputs) encoder.set_input_array(in);
@@ -258,7 +395,8 @@ bool MslCpuKernel::is_equivalent(const mx::Primitive& other) const {
          o->spec_.dispatch.grid == spec_.dispatch.grid &&
          o->spec_.dispatch.threadgroup == spec_.dispatch.threadgroup &&
          o->spec_.dispatch.order == spec_.dispatch.order && o->spec_.init_value == spec_.init_value &&
-         o->spec_.race_check == spec_.race_check && o->spec_.bounds_check == spec_.bounds_check;
+         o->spec_.race_check == spec_.race_check && o->spec_.race_compare == spec_.race_compare &&
+         o->spec_.bounds_check == spec_.bounds_check;
 }
 
 std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,

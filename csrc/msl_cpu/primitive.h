@@ -16,6 +16,14 @@ namespace metile::msl_cpu {
 
 namespace mx = mlx::core;
 
+// How the race check compares one output across thread orders.
+struct RaceCompare {
+  bool compare = true;  // false: the output may legitimately depend on order
+  double rtol = 0.0;    // both zero: bit-exact
+  double atol = 0.0;    // else |a - b| <= atol + rtol * |a|, element-wise
+  bool operator==(const RaceCompare&) const = default;
+};
+
 struct LaunchSpec {
   // Per input: does the signature take {name}_shape, _strides, _ndim?
   std::vector<std::tuple<bool, bool, bool>> shape_infos;
@@ -23,6 +31,7 @@ struct LaunchSpec {
   std::optional<float> init_value;
   // Run forward, reversed and shuffled lane orders and require equal outputs.
   bool race_check = false;
+  std::vector<RaceCompare> race_compare;  // per output; empty: all bit-exact
   // Run on copies of every buffer fenced by inaccessible pages (see primitive.cpp).
   bool bounds_check = false;
   std::string name;

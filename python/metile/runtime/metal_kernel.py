@@ -9,9 +9,10 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 
@@ -58,14 +59,91 @@ def _load(tu: str, label: str) -> _ext.KernelLibrary:
         return lib
 
 
+# MLX's math modes, in the order of its MathMode enum.
+MATH_MODES = ("safe", "relaxed", "fast")
+
+
+def math_mode_of(compile_options) -> int:
+    """MLX's MathMode value for `compile_options`, checked as MLX checks it."""
+    if compile_options is None:
+        return 0
+    if not isinstance(compile_options, Mapping):
+        raise ValueError("[metal_kernel] Expected `compile_options` to be a dict.")
+    mode = 0
+    for key, value in compile_options.items():
+        if key != "math_mode":
+            raise ValueError(f"[metal_kernel] Unknown compile option `{key}`.")
+        if value not in MATH_MODES:
+            raise ValueError("[metal_kernel] Expected math_mode to be 'safe', 'relaxed', or 'fast'.")
+        mode = MATH_MODES.index(value)
+    return mode
+
+
+def _int_dims(value):
+    """`value` with NumPy integers (anything with __index__ but bool) as ints,
+    as MLX accepts them; anything else is left for the shared check to reject."""
+    if not isinstance(value, Sequence | tuple) or isinstance(value, str):
+        return value
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            return value
+        out.append(operator.index(v))
+    return tuple(out)
+
+
+def race_compare(spec, output_names: list[str]) -> list[tuple[bool, float, float]]:
+    """Per output, how the race check compares it: (compare, rtol, atol).
+
+    `spec` lists the outputs whose values may legitimately depend on thread
+    order: a sequence of names (not compared), or a mapping from name to
+    None (not compared) or to a tolerance, `rtol` or `(rtol, atol)`
+    (compared as |forward - other| <= atol + rtol * |forward|)."""
+    compare = [(True, 0.0, 0.0)] * len(output_names)
+    if spec is None:
+        return compare
+    if isinstance(spec, str) or not isinstance(spec, Mapping | Sequence):
+        raise TypeError(
+            "[metal_kernel] order_dependent_outputs must be a list of output names or a dict from output "
+            f"name to None, rtol or (rtol, atol), got {spec!r}"
+        )
+    items = spec.items() if isinstance(spec, Mapping) else ((name, None) for name in spec)
+    for name, tol in items:
+        if name not in output_names:
+            raise ValueError(
+                f"[metal_kernel] order_dependent_outputs names '{name}', which is not an output; "
+                f"the outputs are {output_names}"
+            )
+        if tol is None:
+            entry = (False, 0.0, 0.0)
+        else:
+            rtol, atol = tol if isinstance(tol, tuple) else (tol, 0.0)
+            try:
+                rtol, atol = float(rtol), float(atol)
+            except (TypeError, ValueError):
+                rtol = atol = -1.0
+            if not (rtol >= 0 and atol >= 0) or (rtol == 0 and atol == 0):
+                raise ValueError(
+                    f"[metal_kernel] order_dependent_outputs['{name}'] must be None, a positive rtol or "
+                    f"(rtol, atol) with non-negative values, not both zero; got {tol!r}"
+                )
+            entry = (True, rtol, atol)
+        compare[output_names.index(name)] = entry
+    return compare
+
+
 class MetalKernel(SourceKernel):
     """A callable MSL kernel; create it with `metile.metal_kernel`."""
 
     op = "metal_kernel"
 
-    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs):
+    def __init__(
+        self, name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs,
+        compile_options=None,
+    ):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
         self.atomic_outputs = atomic_outputs
+        self.math_mode = math_mode_of(compile_options)
         self._libraries: dict[tuple, _ext.KernelLibrary] = {}
         self._shape_infos = msl_source.shape_infos(source, self.input_names)
 
@@ -106,14 +184,18 @@ class MetalKernel(SourceKernel):
         lane_order=None,
         race_check=None,
         bounds_check=None,
+        order_dependent_outputs=None,
     ):
-        inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
+        compare = race_compare(order_dependent_outputs, self.output_names)
+        inputs, grid, threadgroup, shapes = self.prepare_call(
+            inputs, output_shapes, output_dtypes, _int_dims(grid), _int_dims(threadgroup)
+        )
         template = list(template or [])
         s = resolve_stream(stream, self.op)
         if route(s.device, self.name) == "metal":
             return _ext.launch_metal(
                 self.name, self.input_names, self.output_names, self.source, self.header,
-                self.ensure_row_contiguous, self.atomic_outputs, inputs, shapes, list(output_dtypes),
+                self.ensure_row_contiguous, self.atomic_outputs, self.math_mode, inputs, shapes, list(output_dtypes),
                 grid, threadgroup, template, init_value, verbose, s,
             )
         if self.ensure_row_contiguous:
@@ -149,6 +231,7 @@ class MetalKernel(SourceKernel):
             None if init_value is None else float(init_value),
             order,
             bool(race_check),
+            compare,
             bool(bounds_check),
             self.input_names + self.output_names,
             s,
@@ -163,6 +246,7 @@ def metal_kernel(
     header: str = "",
     ensure_row_contiguous: bool = True,
     atomic_outputs: bool = False,
+    compile_options: dict | None = None,
 ) -> MetalKernel:
     """A custom Metal kernel from a body of MSL, like `mx.fast.metal_kernel`,
     runnable on a Metal GPU and on the CPU stream of any machine.
@@ -175,6 +259,14 @@ def metal_kernel(
     default `$METILE_RACE_CHECK == "1"`) and `bounds_check=` (run on copies of
     the buffers fenced by inaccessible pages, so an index before the start or
     past the 16-byte-rounded end of a buffer is an error naming it; default
-    `$METILE_MSL_BOUNDS_CHECK == "1"`).
+    `$METILE_MSL_BOUNDS_CHECK == "1"`) and `order_dependent_outputs=` (outputs
+    the race check must not require to be equal across orders: a list of
+    names, or a dict from name to None or a tolerance `rtol` / `(rtol, atol)`).
+
+    `compile_options={"math_mode": "safe" | "relaxed" | "fast"}` is checked as
+    MLX checks it and passed to Metal; the CPU runtime computes every mode with
+    IEEE semantics (what "safe" promises, and a result the faster modes allow).
     """
-    return MetalKernel(name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs)
+    return MetalKernel(
+        name, input_names, output_names, source, header, ensure_row_contiguous, atomic_outputs, compile_options
+    )
