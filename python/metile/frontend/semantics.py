@@ -36,6 +36,10 @@ _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": 
            "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>"}
 
 
+
+def _article(word) -> str:
+    return "an" if str(word)[:1] in "aeiou" else "a"
+
 def is_const(x) -> bool:
     return isinstance(x, (bool, int, float))
 
@@ -96,7 +100,7 @@ class Semantics:
             raise CompilationError(f"bool constant {x!r} combined with {like}; cast explicitly")
         if isinstance(x, float) and not like.is_float:
             raise CompilationError(
-                f"float constant {x!r} combined with an {like} value; cast explicitly "
+                f"float constant {x!r} combined with {_article(like)} {like} value; cast explicitly "
                 f"(metile.cast(x, metile.float32)) or use an int constant")
         if like.is_bool and not isinstance(x, bool):
             raise CompilationError(f"number {x!r} combined with a bool value")
@@ -241,7 +245,9 @@ class Semantics:
         ops = [ptr]
         if mask is not None:
             mask = self._mask(mask)
-            other = self.to_value(0 if other is None else other, pt.dtype)
+            if other is None:  # masked-off lanes read zero (False in a bool buffer)
+                other = False if pt.dtype.is_bool else 0
+            other = self.to_value(other, pt.dtype)
             if dtype_of(other.type) != pt.dtype:
                 raise CompilationError(f"load() other= has dtype {dtype_of(other.type)}, "
                                        f"the buffer holds {pt.dtype}")

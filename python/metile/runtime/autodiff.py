@@ -182,13 +182,17 @@ def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_
 
     @forward.vjp
     def backward(primals, cotangents, outputs):
+        # MLX passes a lone primal as a bare array, not a one-element sequence.
+        primals = [primals] if isinstance(primals, mx.array) else list(primals)
+        cotangents = [cotangents] if isinstance(cotangents, mx.array) else cotangents
+
         def expression(*arrays):
             flat = {k: a.reshape(-1)[:n] for k, a in zip(loaded_names, arrays)}
             values = replay(fn, flat, scalars)
             return [values[k] for k in output_names]
 
         cots = [c.reshape(-1)[:n] for c in cotangents]
-        _, grads = mx.vjp(expression, list(primals), cots)
+        _, grads = mx.vjp(expression, primals, cots)
         # Elements past n are never read by the kernel: their gradient is zero.
         return [mx.pad(g.reshape(-1), (0, math.prod(p.shape) - n)).reshape(p.shape)
                 for g, p in zip(grads, primals)]
@@ -211,6 +215,7 @@ def fragment_differentiable_launch(fn: Function, launch, loaded_names: list[str]
 
     @forward.vjp
     def backward(primals, cotangents, outputs):
+        primals = [primals] if isinstance(primals, mx.array) else list(primals)
         n = max(o.size for o in outputs[:k])
         floats = [i for i, p in enumerate(primals) if mx.issubdtype(p.dtype, mx.floating)]
 

@@ -5,6 +5,8 @@ enqueues the kernel again when called."""
 
 from __future__ import annotations
 
+import operator
+
 import mlx.core as mx
 
 from ..frontend import CompilationError, LaunchError
@@ -16,12 +18,35 @@ from .source_kernel import as_array
 def _grid(grid, bound: dict) -> tuple[int, int, int]:
     if callable(grid):
         grid = grid(bound)
-    if isinstance(grid, int):
-        grid = (grid,)
+    if not isinstance(grid, (tuple, list, bool, float)) and hasattr(grid, "__index__"):
+        grid = (operator.index(grid),)
+    if isinstance(grid, (tuple, list)):
+        # NumPy and other integer types are accepted as MLX accepts them.
+        grid = tuple(operator.index(g) if not isinstance(g, (bool, float)) and
+                     hasattr(g, "__index__") else g for g in grid)
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or \
             not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in grid):
         raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got {grid!r}")
     return tuple(grid) + (1,) * (3 - len(grid))
+
+
+# MLX's custom-kernel calls take the grid in threads as 32-bit ints; CUDA caps the
+# y and z block counts at 65535.
+_INT32_MAX = 2**31 - 1
+_CUDA_GRID_YZ = 65535
+
+
+def _check_grid_limits(grid, threads: int, backend: str) -> None:
+    if grid[0] * threads > _INT32_MAX:
+        raise LaunchError(f"grid {grid[0]} programs x {threads} threads = {grid[0] * threads} "
+                          f"threads on axis 0 exceeds {_INT32_MAX} (the launch takes 32-bit thread "
+                          f"counts); use fewer, larger programs (a bigger BLOCK) or a 2-D grid")
+    for axis in (1, 2):
+        if grid[axis] > _INT32_MAX:
+            raise LaunchError(f"grid axis {axis} has {grid[axis]} programs, more than {_INT32_MAX}")
+        if backend == "cuda" and grid[axis] > _CUDA_GRID_YZ:
+            raise LaunchError(f"grid axis {axis} has {grid[axis]} programs; CUDA allows at most "
+                              f"{_CUDA_GRID_YZ} on axes 1 and 2: put the large count on axis 0")
 
 
 def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
@@ -134,6 +159,7 @@ class Dispatch:
         self.tracked = [outputs.index(n) for n in d["tracked"]]
         self.atomic = [outputs.index(n) for n in spec.atomic_outputs]
         T = spec.threads
+        _check_grid_limits(grid, T, spec.backend)
         self.call_kwargs = dict(
             inputs=self.inputs, grid=(grid[0] * T, grid[1], grid[2]), threadgroup=(T, 1, 1),
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
@@ -142,6 +168,7 @@ class Dispatch:
         self.single = len(out_arrays) == 1
         self.scalars = scalars
         self.autodiff = None
+        self._guarded = None
         if kernel.differentiable and not self.empty:
             self.autodiff = self._differentiable(runtime, outputs)
         # Calling this launch again with arguments of the same signature (this key) swaps
@@ -228,8 +255,28 @@ class Dispatch:
         scalars = self._scalar_inputs
         inputs = [scalars[i] if i in scalars else runtime[name]
                   for i, (_, name) in enumerate(self.variant.data["input_roles"])]
-        outs = self.variant.callable()(**{**self.call_kwargs, "inputs": inputs})
-        return self._finish(outs, outputs)
+        return self._finish(self._launch(inputs), outputs)
+
+    def _launch(self, inputs):
+        """Enqueue the kernel on `inputs`.  Wrapped in mx.custom_function whose vjp
+        explains how to get a gradient: MLX's own message for a primitive without
+        one is "[Primitive::vjp] Not implemented"."""
+        if self._guarded is None:
+            call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
+
+            @mx.custom_function
+            def launch(inputs):
+                return call(**{**kwargs, "inputs": inputs})
+
+            @launch.vjp
+            def no_vjp(primals, cotangents, outputs):
+                raise LaunchError(
+                    f"kernel {name!r} has no vjp, so mx.grad/mx.vjp cannot differentiate through "
+                    f"it: declare a pointwise kernel @metile.kernel(differentiable=True), or wrap "
+                    f"the launch in mx.custom_function and give it a vjp")
+
+            self._guarded = launch
+        return list(self._guarded(inputs))
 
     def _finish(self, outs, passed):
         """Merge preserve-masked outputs with the passed arrays, add atomic_add outputs to
@@ -259,7 +306,7 @@ class Dispatch:
         elif self.autodiff is not None:
             outs = list(self.autodiff())
         else:
-            return self._finish(self.variant.callable()(**self.call_kwargs), self.outputs)
+            return self._finish(self._launch(self.inputs), self.outputs)
         if not outs:
             return None
         return outs[0] if self.single else tuple(outs)

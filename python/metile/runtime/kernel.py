@@ -118,6 +118,16 @@ def _unique(base: str, used: set[str]) -> str:
     return out
 
 
+def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
+    """Say which constexpr a constant in the message came from: `BLOCK=8.0` reaches
+    the compiler as the bare constant 8.0."""
+    named = [f"{k}={v!r}" for k, v in constexprs.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)
+             and f"constant {v!r}" in error.message]
+    if named:
+        error.message += f" (the constant is constexpr {', '.join(named)})"
+
+
 class Variant:
     """One generated kernel: source, the metal_kernel call signature, and the callable."""
 
@@ -173,8 +183,12 @@ class Specialization:
     def tile_ir(self):
         if self._tile is None:
             fragments = self.schedule is not None and self.schedule.backend == "simdgroup_inline"
-            fn, _ = build_tile_ir(self.kernel.fn, {k: v[:2] for k, v in self.specs.items()},
-                                  self.constexprs, *((True,) if fragments else ()))
+            try:
+                fn, _ = build_tile_ir(self.kernel.fn, {k: v[:2] for k, v in self.specs.items()},
+                                      self.constexprs, *((True,) if fragments else ()))
+            except CompilationError as e:
+                _name_constexprs(e, self.constexprs)
+                raise
             verify(fn)
             check_uniformity(fn)
             fn.meta["passes"] = ["frontend", "verify", "uniformity"]
@@ -188,6 +202,11 @@ class Specialization:
         loaded, stored = buffer_roles(fn)
         names = self.kernel.param_names
         outputs = [n for n in names if n in stored]
+        if not outputs:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r} stores to no buffer, so it "
+                                   f"has no result: a kernel's outputs are the buffers it writes "
+                                   f"with metile.store, a tensor view's store or atomic_add",
+                                   self.kernel.loc)
         atomic = atomic_roots(fn)
         if atomic:
             first = next(iter(atomic.values()))

@@ -1,0 +1,90 @@
+"""Launch-time mistakes a new user makes, each answered by an error that names
+the culprit and the fix (or by the correct result, checked against NumPy)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import CompilationError, LaunchError
+
+
+@metile.kernel
+def double(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=m) * 2.0, mask=m)
+
+
+@metile.kernel(differentiable=True)
+def square(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    x = metile.load(X + offs, mask=m)
+    metile.store(Y + offs, x * x, mask=m)
+
+
+@metile.kernel
+def reads_only(X, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.load(X + offs, mask=offs < n)
+
+
+@metile.kernel
+def count_true(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)  # masked-off lanes read False
+    metile.store(Y + offs, metile.where(x, 1, 0), mask=offs < BLOCK)
+
+
+def test_grad_of_single_input_differentiable_kernel():
+    x = mx.array(np.linspace(-2, 2, 9).astype(np.float32))
+    g = mx.grad(lambda a: (square[(1,)](a, mx.zeros((9,)), 9, BLOCK=16) * mx.arange(9)).sum())(x)
+    np.testing.assert_allclose(np.array(g), 2 * np.array(x) * np.arange(9), rtol=3e-4, atol=3e-5)
+
+
+def test_grad_through_kernel_without_vjp_says_how_to_get_one():
+    x = mx.ones((8,))
+    with pytest.raises(LaunchError, match=r"kernel 'double' has no vjp.*"
+                                          r"@metile\.kernel\(differentiable=True\).*custom_function"):
+        mx.grad(lambda a: double[(1,)](a, mx.zeros((8,)), 8, BLOCK=8).sum())(x)
+    # a kernel off the gradient's path is fine
+    g = mx.grad(lambda a: (a * double[(1,)](mx.ones((8,)), mx.zeros((8,)), 8, BLOCK=8)).sum())(x)
+    np.testing.assert_allclose(np.array(g), np.full(8, 2.0))
+
+
+def test_grid_beyond_32_bit_thread_counts():
+    with pytest.raises(LaunchError, match=r"grid 134217728 programs x 32 threads = 4294967296 "
+                                          r"threads on axis 0 exceeds 2147483647"):
+        double[(2**27,)](mx.ones((8,)), mx.zeros((8,)), 8, BLOCK=8)
+    with pytest.raises(LaunchError, match="grid axis 1 has 2147483648 programs"):
+        double[(1, 2**31)](mx.ones((8,)), mx.zeros((8,)), 8, BLOCK=8)
+
+
+def test_grid_of_numpy_integers():
+    x = mx.arange(100, dtype=mx.float32)
+    for grid in ((np.int64(4),), np.int32(4), [np.uint8(4)]):
+        y = double[grid](x, mx.zeros((100,)), 100, BLOCK=32)
+        np.testing.assert_allclose(np.array(y), np.arange(100) * 2.0)
+    with pytest.raises(LaunchError, match=r"grid must be 1 to 3 non-negative ints"):
+        double[(2.0,)](x, mx.zeros((100,)), 100, BLOCK=32)
+
+
+def test_float_constexpr_is_named():
+    with pytest.raises(CompilationError, match=r"float constant 8\.0 combined with an int32 value.*"
+                                               r"\(the constant is constexpr BLOCK=8\.0\)"):
+        double[(1,)](mx.ones((8,)), mx.zeros((8,)), 8, BLOCK=8.0)
+
+
+def test_kernel_without_stores():
+    with pytest.raises(CompilationError, match="kernel 'reads_only' stores to no buffer, so it has "
+                                               "no result"):
+        reads_only[(1,)](mx.ones((8,)), 8, BLOCK=8)
+
+
+def test_bool_buffers():
+    x = mx.array([True, False, True, True, False])
+    y = count_true[(1,)](x, mx.zeros((8,), dtype=mx.int32), 5, BLOCK=8)
+    np.testing.assert_array_equal(np.array(y), [1, 0, 1, 1, 0, 0, 0, 0])
+    with pytest.raises(CompilationError, match="float constant 2.0 combined with a bool value"):
+        double[(1,)](x, mx.zeros((5,)), 5, BLOCK=8)
