@@ -176,15 +176,32 @@ def test_if_on_a_tile():
 
 
 @metile.kernel
-def break_in_loop(X, n):
+def code_after_break(X, n):
     for i in range(n):
-        break  # MARK-break
+        break
+        metile.store(X + i, 1.0)  # MARK-dead
 
 
-def test_break_rejected():
-    err = compile_error(lambda: break_in_loop[(1,)](X, 4))
-    assert "break statement" in str(err)
-    assert_points_at(err, break_in_loop, "MARK-break")
+def test_code_after_break_rejected():
+    # break itself is supported (tests/test_control_flow.py); dead code after it is a mistake.
+    err = compile_error(lambda: code_after_break[(1,)](X, 4))
+    assert "code after break never runs" in str(err)
+    assert_points_at(err, code_after_break, "MARK-dead", col=9)
+
+
+@metile.kernel
+def for_else(X, n):
+    for i in range(n):  # MARK-forelse
+        if i > 2:
+            break
+    else:
+        metile.store(X, 1.0)
+
+
+def test_for_else_rejected():
+    err = compile_error(lambda: for_else[(1,)](X, 4))
+    assert "for/else is not supported" in str(err)
+    assert_points_at(err, for_else, "MARK-forelse", col=5)
 
 
 @metile.kernel
