@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 
-from .. import _ext
-from .msl_cpu import compiler, source as msl_source
+from .. import _ext, settings
+from .msl_cpu import compiler, source as msl_source, strict
 from .msl_cpu.rewrite import rewrite_msl
 from .source_kernel import SourceKernel, as_array, resolve_stream
+
+LANE_ORDERS = ("forward", "reverse", "shuffle")
 
 _libraries: dict[str, _ext.KernelLibrary] = {}
 _checked: set[str] = set()
@@ -49,8 +51,8 @@ def _load(tu: str, label: str) -> _ext.KernelLibrary:
             "it was built); install libboost-context-dev and reinstall metile"
         )
     with _lock:
-        if os.environ.get("METILE_MSL_CHECK_ADDRESS_SPACES") == "1" and tu not in _checked:
-            compiler.check_address_spaces(tu, label)
+        if tu not in _checked and strict.enabled():
+            strict.check(tu, label)
             _checked.add(tu)
         path = str(compiler.compile_library(tu, label))
         lib = _libraries.get(path)
@@ -165,9 +167,9 @@ class MetalKernel(SourceKernel):
         )
 
     def check(self, *, inputs, output_dtypes, template=()) -> None:
-        """Compile-check the MSL with distinct address spaces (no run)."""
+        """Compile-check the MSL against the strict Metal model (no run); see msl_cpu/strict.py."""
         inputs = [as_array(x, n, self.op) for x, n in zip(inputs, self.input_names)]
-        compiler.check_address_spaces(self.translation_unit(inputs, output_dtypes, template), self.name)
+        strict.check(self.translation_unit(inputs, output_dtypes, template), self.name)
 
     def __call__(
         self,
@@ -214,11 +216,11 @@ class MetalKernel(SourceKernel):
             if verbose:
                 print(f"Generated source code for `{self.name}` (MSL CPU runtime):\n```\n{tu}\n```")
             library = self._libraries[signature] = _load(tu, self.name)
-        order = lane_order or os.environ.get("METILE_LANE_ORDER", "forward")
+        order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
         if race_check is None:
-            race_check = os.environ.get("METILE_RACE_CHECK") == "1"
+            race_check = settings.flag("METILE_RACE_CHECK")
         if bounds_check is None:
-            bounds_check = os.environ.get("METILE_MSL_BOUNDS_CHECK") == "1"
+            bounds_check = settings.flag("METILE_MSL_BOUNDS_CHECK")
         return _ext.launch_cpu(
             library,
             self.name,

@@ -1,0 +1,73 @@
+// Type predicates of the strict model: which argument types a Metal function
+// family accepts, and the result type of a call.
+#pragma once
+
+namespace metile_strict {
+
+using metile_rt::elem_t;
+using metile_rt::is_vec;
+using metile_rt::vec_size;
+
+template <typename T>
+using bare = std::remove_cv_t<std::remove_reference_t<T>>;
+
+// Metal's floating-point element types: half and float, plus bfloat (MLX's
+// header gives bfloat the math library on every metal_kernel).  Not double:
+// Metal has none.
+template <typename T>
+inline constexpr bool fp_scalar = std::is_same_v<T, half> || std::is_same_v<T, float> || std::is_same_v<T, bfloat>;
+template <typename T>
+inline constexpr bool int_scalar = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+template <typename T>
+inline constexpr bool fp_type = fp_scalar<elem_t<bare<T>>>;
+template <typename T>
+inline constexpr bool int_type = int_scalar<elem_t<bare<T>>>;
+
+// The result of an element-wise call on arguments As...: all of one element
+// type, all vectors of one length; a scalar of the element type may meet the
+// vectors (it is splatted).  No result (a substitution failure, i.e. "no
+// matching function") otherwise.
+template <bool Ok, typename... As>
+struct common_impl {};
+template <typename... As>
+struct common_impl<true, As...> {
+  static constexpr int n = std::max({vec_size<As>...});
+  using type = std::conditional_t<n == 0, elem_t<std::tuple_element_t<0, std::tuple<As...>>>,
+                                  vec<elem_t<std::tuple_element_t<0, std::tuple<As...>>>, (n == 0 ? 2 : n)>>;
+};
+template <typename A0, typename... As>
+inline constexpr bool same_shape =
+    ((std::is_same_v<elem_t<A0>, elem_t<As>>) && ...) &&
+    ((vec_size<As> == 0 || vec_size<A0> == 0 || vec_size<As> == vec_size<A0>) && ...);
+
+template <typename... As>
+using fp_common = typename common_impl<same_shape<bare<As>...> && (fp_type<As> && ...), bare<As>...>::type;
+template <typename... As>
+using int_common = typename common_impl<same_shape<bare<As>...> && (int_type<As> && ...), bare<As>...>::type;
+template <typename... As>
+using arith_common =
+    typename common_impl<same_shape<bare<As>...> && ((fp_type<As> && ...) || (int_type<As> && ...)), bare<As>...>::type;
+
+// The boolean result of a relational function on T.
+template <typename T, int N = vec_size<T>>
+struct bool_of {
+  using type = vec<signed char, N>;
+};
+template <typename T>
+struct bool_of<T, 0> {
+  using type = bool;
+};
+
+// Values a SIMD-group collective can move: scalars and vectors of Metal's
+// arithmetic types (64-bit integers and bool included: MLX's header adds
+// shuffles for them to every metal_kernel).
+template <typename T>
+inline constexpr bool simd_value = std::is_arithmetic_v<elem_t<bare<T>>> && !std::is_same_v<elem_t<bare<T>>, double>;
+
+template <typename T>
+struct identity {
+  using type = T;
+};
+
+}  // namespace metile_strict

@@ -1,0 +1,98 @@
+"""The strict Metal check: a kernel's full translation unit compiled with
+`clang++ -fsyntax-only` against include_strict/, a C++ model of the Metal API
+as strict as Metal's compiler (distinct address spaces, exact simdgroup_matrix,
+simd_*, atomic and math signatures, no implicit vector conversions; the
+model's header says what it rejects).  The runtime shim (include/) is looser so
+that it can run everything Metal runs; this check is what keeps a kernel that
+passes on the CPU from failing to compile on a Mac.
+
+Enabled by METILE_MSL_STRICT=1 (the test suite turns it on) or by
+`MetalKernel.check`.  A passing translation unit is remembered on disk next to
+the compiled kernels, so each one is checked once per machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import compiler
+
+STRICT_INCLUDE_DIR = Path(__file__).parent / "include_strict"
+
+# Kept from the runtime's flags: the language mode and half/bfloat semantics.
+# Added: vectors convert only explicitly, as in Metal.
+_FLAGS = [
+    "-std=c++20",
+    "-fsyntax-only",
+    "-Xclang",
+    "-ffloat16-excess-precision=none",
+    "-Xclang",
+    "-fbfloat16-excess-precision=none",
+    "-flax-vector-conversions=none",
+    "-Wno-unknown-attributes",
+    "-Wno-ignored-attributes",
+    "-Wno-c++11-narrowing",
+    "-ferror-limit=8",
+]
+if os.uname().machine in ("x86_64", "AMD64"):
+    _FLAGS.append("-mf16c")
+
+
+def enabled() -> bool:
+    """METILE_MSL_STRICT=1 (or the older METILE_MSL_CHECK_ADDRESS_SPACES=1)."""
+    value = os.environ.get("METILE_MSL_STRICT") or os.environ.get("METILE_MSL_CHECK_ADDRESS_SPACES") or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"METILE_MSL_STRICT must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _fingerprint() -> str:
+    h = hashlib.sha256(compiler.shim_fingerprint().encode())
+    for path in sorted(STRICT_INCLUDE_DIR.rglob("*")):
+        if path.is_file():
+            h.update(str(path.relative_to(STRICT_INCLUDE_DIR)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+_model_fingerprint: str | None = None
+
+
+def check(source: str, label: str) -> None:
+    """Raises MslCompileError with clang's diagnostics if `source` is not valid
+    against the strict Metal model."""
+    global _model_fingerprint
+    if _model_fingerprint is None:
+        _model_fingerprint = _fingerprint()
+    path, banner = compiler.find_compiler()
+    h = hashlib.sha256()
+    for part in (source, path, banner, " ".join(_FLAGS), _model_fingerprint):
+        h.update(part.encode())
+        h.update(b"\0")
+    marker = None
+    try:
+        marker = compiler.cache_dir() / f"{h.hexdigest()[:32]}.strict-ok"
+        if marker.exists():
+            return
+    except OSError:
+        pass
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        src.write_text(source)
+        args = [path, *_FLAGS, f"-I{STRICT_INCLUDE_DIR}", f"-I{compiler.INCLUDE_DIR}", str(src)]
+        result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()][:60]
+        raise compiler.MslCompileError(
+            f"[metal_kernel] kernel '{label}' is not valid Metal (strict check, METILE_MSL_STRICT=1):\n"
+            + "\n".join(lines)
+        )
+    if marker is not None:
+        try:
+            marker.touch()
+        except OSError:
+            pass
