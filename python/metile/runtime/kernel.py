@@ -82,8 +82,7 @@ def device_fingerprint(backend: str) -> str:
     return f"{backend}:{info.get('architecture', '')}:{info.get('device_name', '')}"
 
 
-def debug_flags() -> set[str]:
-    return {w.strip() for w in os.environ.get("METILE_DEBUG", "").split(",") if w.strip()}
+from ..settings import debug_flags  # noqa: E402  (re-exported: used across runtime/)
 
 
 def _arg_spec(name: str, value):

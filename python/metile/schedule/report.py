@@ -198,7 +198,8 @@ def check_schema(value, schema: dict = REPORT_SCHEMA, path: str = "$") -> None:
 # -- METILE_DEBUG=schedule ------------------------------------------------------------------
 
 def debug_enabled() -> bool:
-    return "schedule" in {w.strip() for w in os.environ.get("METILE_DEBUG", "").split(",")}
+    from ..settings import debug_flags
+    return "schedule" in debug_flags()
 
 
 def debug_dump(name: str, plan: SchedulePlan, report: ExecutionReport | None = None,

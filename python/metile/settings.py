@@ -1,0 +1,59 @@
+"""METILE_* environment settings, read and validated in one place.
+
+A setting with a value metile does not understand is an error naming the
+variable, its value and what is accepted: a typo such as
+`METILE_RACE_CHECK=yes please` must not silently leave a check off.
+Unknown words in a list setting (METILE_DEBUG) are a warning, since a
+misspelt debug switch costs only output.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+# What METILE_DEBUG may name (comma-separated): the stages that print or dump.
+DEBUG_WORDS = ("tile_ir", "thread_ir", "msl", "cuda", "schedule")
+
+
+class SettingError(ValueError):
+    """An environment variable metile reads holds a value it does not accept."""
+
+
+def flag(name: str) -> bool:
+    """A boolean setting: unset, empty, 0/false/no/off or 1/true/yes/on."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingError(f"{name}={raw!r} is not a boolean; use 1 (on) or 0 (off)")
+
+
+def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> str | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in allowed:
+        raise SettingError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
+    return raw
+
+
+_warned: set[str] = set()
+
+
+def debug_flags() -> set[str]:
+    """The words of METILE_DEBUG; an unknown word warns once."""
+    words = {w.strip() for w in os.environ.get("METILE_DEBUG", "").split(",") if w.strip()}
+    unknown = sorted(words.difference(DEBUG_WORDS))
+    if unknown and ",".join(unknown) not in _warned:
+        _warned.add(",".join(unknown))
+        warnings.warn(f"METILE_DEBUG: unknown word(s) {', '.join(unknown)}; known: "
+                      f"{', '.join(DEBUG_WORDS)}", stacklevel=3)
+    return words
