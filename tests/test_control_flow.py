@@ -1,0 +1,392 @@
+"""return, break and continue in kernels and @metile.inline helpers, with Python's
+(and Triton's) meaning, checked against NumPy on the MSL CPU runtime.  Outputs
+start as a sentinel, so an element a return skipped is seen untouched.
+
+Tolerances: float32 strict (rtol=3e-4, atol=3e-5); searches and counts are exact."""
+
+import inspect
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile.frontend.desugar_control import desugar
+from metile.frontend.source import function_source
+
+RTOL, ATOL = 3e-4, 3e-5
+SENTINEL = -7.0
+
+
+def _rows(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+# -- return in the kernel body --------------------------------------------------------------
+
+@metile.kernel
+def early_exit(X, Y, n, used, BLOCK: metile.constexpr):
+    pid = metile.program_id(0)
+    if pid >= used:
+        return
+    offs = pid * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    metile.store(Y + offs, x * 2.0 + 1.0, mask=offs < n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 65, 1000])
+def test_return_when_the_grid_is_larger_than_needed(rng, n):
+    x = _rows(rng, (n,))
+    used = max(1, metile.cdiv(n, 32) - 1)  # the last program(s) must not store
+    grid = metile.cdiv(n, 32) + 3
+    y = np.array(early_exit[(grid,)](mx.array(x), mx.full((n,), SENTINEL), n, used, BLOCK=32))
+    done = min(n, used * 32)
+    np.testing.assert_allclose(y[:done], x[:done] * 2.0 + 1.0, rtol=RTOL, atol=ATOL)
+    assert (y[done:] == SENTINEL).all()
+
+
+@metile.kernel(num_simdgroups=2)
+def thread_exit(X, Y, n, BLOCK: metile.constexpr = 64):
+    i = metile.program_id(0) * BLOCK + metile.thread_id()
+    if i >= n:
+        return
+    x = metile.load(X + i)
+    if x < 0.0:
+        metile.store(Y + i, -x)
+        return
+    metile.store(Y + i, x * 3.0)
+
+
+@pytest.mark.parametrize("n", [1, 9, 63, 1000])
+def test_early_return_in_thread_level_code(rng, n):
+    x = _rows(rng, (n,))
+    y = np.array(thread_exit[(metile.cdiv(n, 64),)](mx.array(x), mx.full((n,), SENTINEL), n))
+    np.testing.assert_allclose(y, np.where(x < 0, -x, 3.0 * x), rtol=RTOL, atol=ATOL)
+
+
+@metile.kernel(num_simdgroups=4)
+def rows_sum(X, Out, n, rows, BLOCK: metile.constexpr = 128):
+    """Thread level with shared memory and barriers after a program-uniform return."""
+    row = metile.program_id(0)
+    if row >= rows:
+        return
+    partial = metile.shared(BLOCK, dtype=metile.float32)
+    tid = metile.thread_id()
+    acc = 0.0
+    for i in metile.tile_range(tid, n, BLOCK):
+        acc += metile.load(X + row * n + i)
+    metile.store(partial + tid, acc)
+    metile.barrier()
+    step = BLOCK // 2
+    while step > 0:
+        if tid < step:
+            metile.store(partial + tid, metile.load(partial + tid) + metile.load(partial + tid + step))
+        metile.barrier()
+        step = step // 2
+    if tid == 0:
+        metile.store(Out + row, metile.load(partial))
+
+
+def test_uniform_return_before_barriers(rng):
+    x = _rows(rng, (5, 301))
+    out = np.array(rows_sum[(8,)](mx.array(x), mx.full((8,), SENTINEL), 301, 5))
+    np.testing.assert_allclose(out[:5], x.astype(np.float64).sum(1), rtol=RTOL, atol=ATOL)
+    assert (out[5:] == SENTINEL).all()
+
+
+@metile.kernel
+def static_exit(X, Y, n, MODE: metile.constexpr, BLOCK: metile.constexpr = 64):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    metile.store(Y + offs, x, mask=offs < n)
+    if MODE == 0:
+        return
+    metile.store(Y + offs, x * 3.0, mask=offs < n)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_return_under_a_compile_time_condition(rng, mode, monkeypatch):
+    x = _rows(rng, (100,))
+    y = np.array(static_exit[(2,)](mx.array(x), mx.full((100,), SENTINEL), 100, MODE=mode))
+    np.testing.assert_allclose(y, x * (3.0 if mode else 1.0), rtol=RTOL, atol=ATOL)
+    if mode == 0:  # nothing is emitted after a return taken at compile time
+        monkeypatch.setenv("METILE_BACKEND", "msl")
+        args = (mx.array(x), mx.zeros((100,)), 100)
+        assert _body(static_exit[(2,)].prepare(*args, MODE=0).source) == \
+            _body(store_once[(2,)].prepare(*args).source)
+
+
+@metile.kernel
+def store_once(X, Y, n, BLOCK: metile.constexpr = 64):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    metile.store(Y + offs, x, mask=offs < n)
+
+
+# -- return in inline helpers ----------------------------------------------------------------
+
+@metile.inline
+def piecewise(x):
+    if x < -1.0:
+        return -x
+    if x < 1.0:
+        return x * x
+    return 2.0 * x - 1.0
+
+
+@metile.inline
+def clipped(x, lo):
+    # a return inside one branch of an if that does not always return: flags, not a merge
+    y = x
+    if x < lo:
+        y = lo
+        if x < lo - 1.0:
+            return lo - 1.0
+    return y * 0.5
+
+
+@metile.kernel(num_simdgroups=1)
+def apply_helpers(X, A, B, n, BLOCK: metile.constexpr = 32):
+    i = metile.program_id(0) * BLOCK + metile.thread_id()
+    if i < n:
+        x = metile.load(X + i)
+        metile.store(A + i, piecewise(x))
+        metile.store(B + i, clipped(x, 0.25))
+
+
+@pytest.mark.parametrize("n", [1, 33, 1000])
+def test_helper_returns_per_thread(rng, n):
+    x = _rows(rng, (n,), 2.0)
+    a, b = apply_helpers[(metile.cdiv(n, 32),)](mx.array(x), mx.full((n,), SENTINEL),
+                                                mx.full((n,), SENTINEL), n)
+    ref_a = np.where(x < -1, -x, np.where(x < 1, x * x, 2 * x - 1))
+    ref_b = np.where(x < 0.25 - 1.0, 0.25 - 1.0, np.where(x < 0.25, 0.25, x) * 0.5)
+    np.testing.assert_allclose(np.array(a), ref_a, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.array(b), ref_b, rtol=RTOL, atol=ATOL)
+
+
+@metile.inline
+def per_program(x, flag):
+    if flag > 0:
+        return x * 2.0
+    return -x
+
+
+@metile.kernel
+def tile_helper(X, Y, Flags, n, BLOCK: metile.constexpr = 64):
+    pid = metile.program_id(0)
+    offs = pid * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    metile.store(Y + offs, per_program(x, metile.load(Flags + pid)), mask=offs < n)
+
+
+def test_helper_returns_tiles_under_a_program_condition(rng):
+    x = _rows(rng, (300,))
+    flags = np.array([1, 0, 0, 1, 1], np.int32)
+    y = np.array(tile_helper[(5,)](mx.array(x), mx.full((300,), SENTINEL), mx.array(flags), 300))
+    ref = np.where(np.repeat(flags, 64)[:300] > 0, 2 * x, -x)
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
+
+
+# -- break and continue --------------------------------------------------------------------
+
+@metile.kernel(num_simdgroups=1)
+def first_over(X, Out, n, t):
+    """Per program (uniform): the first index of its row above t, or -1."""
+    row = metile.program_id(0)
+    i = 0
+    found = -1
+    while True:
+        if i >= n:
+            break
+        if metile.load(X + row * n + i) > t:
+            found = i
+            break
+        i += 1
+    if metile.thread_id() == 0:
+        metile.store(Out + row, found)
+
+
+@metile.kernel(num_simdgroups=1)
+def first_over_per_thread(X, Out, rows, n, t):
+    """Per thread (divergent): each thread searches its own row."""
+    row = metile.program_id(0) * 32 + metile.thread_id()
+    if row >= rows:
+        return
+    found = -1
+    i = 0
+    while i < n:
+        if metile.load(X + row * n + i) > t:
+            found = i
+            break
+        i += 1
+    metile.store(Out + row, found)
+
+
+def _first_over(x, t):
+    return np.array([int(np.argmax(r > t)) if (r > t).any() else -1 for r in x], np.int32)
+
+
+@pytest.mark.parametrize("n", [1, 9, 65])
+def test_break_in_while_searches(rng, n):
+    x = _rows(rng, (37, n))
+    t = 1.2
+    out = first_over[(37,)](mx.array(x), mx.full((37,), 99, dtype=mx.int32), n, t)
+    np.testing.assert_array_equal(np.array(out), _first_over(x, t))
+    out = first_over_per_thread[(2,)](mx.array(x), mx.full((37,), 99, dtype=mx.int32), 37, n, t)
+    np.testing.assert_array_equal(np.array(out), _first_over(x, t))
+
+
+@metile.kernel(num_simdgroups=1)
+def skip_sums(X, Out, n):
+    """Per thread: sum the positives, and of the negatives only the first two."""
+    row = metile.program_id(0) * 32 + metile.thread_id()
+    acc = 0.0
+    negatives = 0
+    for i in range(n):
+        v = metile.load(X + row * n + i)
+        if v < 0.0:
+            negatives += 1
+            if negatives > 2:
+                continue
+        if v == 0.5:
+            continue
+        acc += v
+    metile.store(Out + row, acc)
+
+
+def test_continue_skips_iterations(rng):
+    x = _rows(rng, (32, 20))
+    x[3, 4] = 0.5
+    out = np.array(skip_sums[(1,)](mx.array(x), mx.full((32,), SENTINEL), 20))
+    ref = []
+    for r in x.astype(np.float64):
+        acc, neg = 0.0, 0
+        for v in r:
+            if v < 0:
+                neg += 1
+                if neg > 2:
+                    continue
+            if v == 0.5:
+                continue
+            acc += v
+        ref.append(acc)
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
+@metile.kernel
+def nested_break(X, Out, rows, n, t, BLOCK: metile.constexpr = 32):
+    """Tile code: per program, over its rows, sum each row in chunks until a chunk's
+    max exceeds t (break in the inner loop only); reductions hold barriers inside."""
+    total = 0.0
+    for r in range(rows):
+        for start in range(0, n, BLOCK):
+            offs = start + metile.arange(0, BLOCK)
+            x = metile.load(X + (metile.program_id(0) * rows + r) * n + offs, mask=offs < n,
+                            other=-1.0)
+            if metile.max(x) > t:
+                break
+            total += metile.sum(metile.where(offs < n, x, 0.0))
+    metile.store(Out + metile.program_id(0), total)
+
+
+def test_nested_loops_break_in_the_inner_loop(rng):
+    programs, rows, n, t = 3, 4, 100, 2.2
+    x = _rows(rng, (programs, rows, n))
+    out = np.array(nested_break[(programs,)](mx.array(x), mx.full((programs,), SENTINEL), rows,
+                                             n, t))
+    ref = np.zeros(programs)
+    for p in range(programs):
+        for r in range(rows):
+            for s in range(0, n, 32):
+                chunk = x[p, r, s:s + 32].astype(np.float64)
+                if chunk.max() > t:
+                    break
+                ref[p] += chunk.sum()
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
+@metile.kernel(num_simdgroups=1)
+def return_in_loop(X, Out, Steps, n, t):
+    """Per thread: store the first index over t and stop; -1 when none."""
+    row = metile.program_id(0) * 32 + metile.thread_id()
+    for i in range(n):
+        metile.store(Steps + row, i + 1)
+        if metile.load(X + row * n + i) > t:
+            metile.store(Out + row, i)
+            return
+    metile.store(Out + row, -1)
+
+
+@metile.kernel
+def uniform_return_in_loop(X, Y, n, BLOCK: metile.constexpr = 16):
+    """Tile code: program p copies chunks 0, 1, ... and returns at its stop index."""
+    pid = metile.program_id(0)
+    limit = metile.load(X + pid * n * BLOCK)  # the stop index, stored in the row's first slot
+    for k in range(n):
+        offs = (pid * n + k) * BLOCK + metile.arange(0, BLOCK)
+        if k == metile.cast(limit, metile.int32):
+            return
+        metile.store(Y + offs, metile.load(X + offs) + 1.0)
+    metile.store(Y + pid * n * BLOCK, SENTINEL * 2.0)
+
+
+def test_return_inside_loops(rng):
+    x = _rows(rng, (32, 12))
+    out, steps = return_in_loop[(1,)](mx.array(x), mx.full((32,), 99, dtype=mx.int32),
+                                      mx.zeros((32,), dtype=mx.int32), 12, 1.0)
+    first = _first_over(x, 1.0)
+    np.testing.assert_array_equal(np.array(out), first)
+    np.testing.assert_array_equal(np.array(steps), np.where(first >= 0, first + 1, 12))
+
+    n, block = 5, 16
+    x = _rows(rng, (3, n, block))
+    x[:, 0, 0] = [2, 0, 9]  # program 2 never hits its stop: it runs to the end
+    y = np.array(uniform_return_in_loop[(3,)](mx.array(x), mx.full((3, n, block), SENTINEL), n))
+    ref = np.full((3, n, block), SENTINEL)
+    for p, stop in enumerate([2, 0, n]):
+        ref[p, :stop] = x[p, :stop] + 1.0
+    ref[2, 0, 0] = SENTINEL * 2.0  # only the program that finished its loop gets here
+    np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
+
+
+# -- what is not rewritten stays the same ------------------------------------------------------
+
+@metile.kernel
+def plain(X, Y, n, BLOCK: metile.constexpr = 64):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+@metile.kernel
+def plain_with_return(X, Y, n, BLOCK: metile.constexpr = 64):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 1.0, mask=offs < n)
+    return
+
+
+@metile.kernel
+def guarded_by_hand(X, Y, n, used, BLOCK: metile.constexpr):
+    pid = metile.program_id(0)
+    if pid >= used:
+        pass
+    else:
+        offs = pid * BLOCK + metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n)
+        metile.store(Y + offs, x * 2.0 + 1.0, mask=offs < n)
+
+
+def _body(source: str) -> str:
+    return source  # the kernel body as metal_kernel takes it; the signature is built later
+
+
+def test_no_flags_where_none_are_needed(monkeypatch):
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    src = function_source(plain.fn if hasattr(plain, "fn") else inspect.unwrap(plain))
+    assert desugar(src, is_helper=False) is src.tree.body
+    args = (mx.zeros((100,)), mx.zeros((100,)), 100)
+    assert _body(plain[(2,)].prepare(*args).source) == \
+        _body(plain_with_return[(2,)].prepare(*args).source)
+    # `if pid >= used: return` is the if/else a user would write, with no flag variable
+    assert _body(early_exit[(2,)].prepare(*args, 1, BLOCK=64).source) == \
+        _body(guarded_by_hand[(2,)].prepare(*args, 1, BLOCK=64).source)
