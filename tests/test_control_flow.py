@@ -390,3 +390,153 @@ def test_no_flags_where_none_are_needed(monkeypatch):
     # `if pid >= used: return` is the if/else a user would write, with no flag variable
     assert _body(early_exit[(2,)].prepare(*args, 1, BLOCK=64).source) == \
         _body(guarded_by_hand[(2,)].prepare(*args, 1, BLOCK=64).source)
+
+
+# -- located compile errors ----------------------------------------------------------------------
+
+def _compile_error(launch) -> metile.CompilationError:
+    with pytest.raises(metile.CompilationError) as info:
+        launch()
+    return info.value
+
+
+def _points_at(err, fn, marker: str):
+    lines, first = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else inspect.unwrap(fn))
+    line = first + next(i for i, text in enumerate(lines) if marker in text)
+    msg = str(err).splitlines()
+    assert msg[0].startswith(f"{__file__}:{line}:"), str(err)
+    assert marker in msg[1] and msg[2].strip() == "^", str(err)
+    return line
+
+
+def _line(fn, marker: str) -> int:
+    lines, first = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else inspect.unwrap(fn))
+    return first + next(i for i, text in enumerate(lines) if marker in text)
+
+
+@metile.kernel(num_simdgroups=1)
+def divergent_return(X, n):
+    tid = metile.thread_id()
+    if tid >= n:
+        return  # MARK-ret
+    metile.store(X + tid, 1.0)
+    metile.barrier()  # MARK-barrier
+    metile.store(X + tid, 2.0)
+
+
+@metile.kernel(num_simdgroups=1)
+def divergent_break(X, n):
+    tid = metile.thread_id()
+    for i in range(n):
+        if tid == i:
+            break  # MARK-brk
+        metile.barrier()  # MARK-barrier
+    metile.store(X + tid, 1.0)
+
+
+@metile.kernel(num_simdgroups=1)
+def divergent_continue(X, n):
+    tid = metile.thread_id()
+    for i in range(n):
+        if tid < i:
+            continue  # MARK-cont
+        metile.store(X + tid, 1.0)
+        metile.barrier()  # MARK-barrier
+
+
+@metile.kernel(num_simdgroups=1)
+def divergent_return_in_loop(X, n):
+    tid = metile.thread_id()
+    for i in range(n):
+        metile.barrier()  # MARK-barrier
+        if tid == i:
+            metile.store(X + tid, 1.0)
+            return  # MARK-ret
+
+
+@pytest.mark.parametrize("kernel,kind,marker", [
+    (divergent_return, "return", "MARK-ret"), (divergent_break, "break", "MARK-brk"),
+    (divergent_continue, "continue", "MARK-cont"), (divergent_return_in_loop, "return", "MARK-ret")])
+def test_exit_that_makes_a_barrier_divergent(kernel, kind, marker):
+    err = _compile_error(lambda: kernel[(1,)](mx.zeros((32,)), 4))
+    _points_at(err, kernel, "MARK-barrier")
+    assert (f"barrier() under control flow that depends on thread_id() (the {kind} at line "
+            f"{_line(kernel, marker)} depends on it, so some threads skip the code after it): "
+            f"every thread of the program must reach it") in str(err)
+
+
+@metile.kernel
+def divergent_return_before_tile(X, n, BLOCK: metile.constexpr = 32):
+    if metile.thread_id() >= n:
+        return  # MARK-ret
+    offs = metile.arange(0, BLOCK)  # MARK-tile
+    metile.store(X + offs, metile.load(X + offs) + 1.0)
+
+
+def test_exit_before_tile_code_that_depends_on_the_thread():
+    err = _compile_error(lambda: divergent_return_before_tile[(1,)](mx.zeros((32,)), 4))
+    _points_at(err, divergent_return_before_tile, "MARK-tile")
+    assert (f"tile operation under control flow that depends on thread_id() (the return at "
+            f"line {_line(divergent_return_before_tile, 'MARK-ret')} depends on it") in str(err)
+
+
+@metile.inline
+def mixed_types(x):
+    if x > 0.0:
+        return x
+    return metile.cast(x, metile.int32)
+
+
+@metile.inline
+def sometimes_none(x):
+    if x > 0.0:
+        return x * 2.0
+
+
+@metile.inline
+def returns_in_loop(x, n):
+    for i in range(n):
+        if x > i:
+            return x  # MARK-loopret
+    return x
+
+
+@metile.kernel(num_simdgroups=1)
+def uses_helper(X, n, WHICH: metile.constexpr):
+    x = metile.load(X + metile.thread_id())
+    if WHICH == 0:
+        y = mixed_types(x)
+    elif WHICH == 1:
+        y = sometimes_none(x)
+    else:
+        y = returns_in_loop(x, n)
+    metile.store(X + metile.thread_id(), y)
+
+
+def test_helper_return_values_must_agree():
+    x = mx.zeros((32,))
+    err = _compile_error(lambda: uses_helper[(1,)](x, 4, WHICH=0))
+    assert "error: the return value is float32 in one branch and int32 in the other; cast so " \
+           "both agree" in str(err)
+    assert str(err).startswith(f"{__file__}:{_line(mixed_types, 'if x > 0.0')}:")
+    err = _compile_error(lambda: uses_helper[(1,)](x, 4, WHICH=1))
+    assert "the helper returns a value (float32) on one path of this runtime if and nothing on " \
+           "the other; return a value on every path" in str(err)
+    assert str(err).startswith(f"{__file__}:{_line(sometimes_none, 'if x > 0.0')}:")
+    err = _compile_error(lambda: uses_helper[(1,)](x, 4, WHICH=2))
+    _points_at(err, returns_in_loop, "MARK-loopret")
+    assert "return inside a loop of an @metile.inline helper that returns a value is not " \
+           "supported" in str(err)
+
+
+@metile.kernel
+def returns_value(X):
+    metile.store(X, 1.0)
+    if metile.program_id(0) > 0:
+        return 1  # MARK-retval
+
+
+def test_kernel_cannot_return_a_value():
+    err = _compile_error(lambda: returns_value[(1,)](mx.zeros((4,))))
+    _points_at(err, returns_value, "MARK-retval")
+    assert "a kernel cannot return a value; store results into an output buffer" in str(err)
