@@ -253,6 +253,21 @@ def test_unwritable_source_cache_is_a_warning(tmp_path, monkeypatch):
     assert cache.disk_load("0" * 32) is None
 
 
+def test_unwritable_tuning_cache_is_a_warning(tmp_path):
+    from metile.runtime.tuning import TuningCache
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    tuning = TuningCache(blocker / "tuning")
+    assert tuning.load("k") is None
+    with pytest.warns(RuntimeWarning) as record:
+        tuning.store("k", {"key": "k"})
+    assert [str(w.message) for w in record] == [
+        f"metile: cannot write the cache directory {blocker / 'tuning'} (Not a directory); autotuning "
+        "results are not kept between runs, so each process measures them again. Point "
+        "METILE_CACHE_DIR at a writable directory."]
+
+
 # -- settings -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variable,value,accepted", [

@@ -125,22 +125,22 @@ def disk_store(key: str, data: dict) -> None:
         os.replace(tmp, d / f"{key}.json")
     except OSError as e:
         # A read-only or full cache directory only costs a recompile.
-        warn_unwritable(d, e, "generated kernel sources")
+        warn_unwritable(d, e, "generated kernel sources are not kept between runs, so each process "
+                              "generates them again")
 
 
 _warned_dirs: set[str] = set()
 
 
-def warn_unwritable(directory: Path, error: OSError, what: str) -> None:
-    """Warn, once per directory, that a cache cannot be written and why."""
+def warn_unwritable(directory: Path, error: OSError, consequence: str) -> None:
+    """Warn, once per directory, that a cache cannot be written, why, and what it costs."""
     if str(directory) in _warned_dirs:
         return
     _warned_dirs.add(str(directory))
     reason = error.strerror or str(error)
     warnings.warn(
-        f"metile: cannot write the cache directory {directory} ({reason}); {what} are not kept "
-        "between runs, so each process compiles them again. Point METILE_CACHE_DIR at a writable "
-        "directory.",
+        f"metile: cannot write the cache directory {directory} ({reason}); {consequence}. "
+        "Point METILE_CACHE_DIR at a writable directory.",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -137,7 +137,7 @@ class TuningCache:
         path = self.path(key)
         try:
             text = path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # the latter: store() warns about it
             return None
         except OSError as e:
             warnings.warn(f"metile: ignoring unreadable tuning cache entry {path}: {e}")
@@ -153,6 +153,16 @@ class TuningCache:
         return entry
 
     def store(self, key: str, entry: dict) -> None:
+        try:
+            self._store(key, entry)
+        except OSError as e:
+            # An unwritable cache only costs measuring again in the next process.
+            from .cache import warn_unwritable
+
+            warn_unwritable(self.directory, e, "autotuning results are not kept between runs, so "
+                                               "each process measures them again")
+
+    def _store(self, key: str, entry: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
         with FileLock(str(path) + ".lock"):

@@ -133,7 +133,8 @@ def _writable_or_private(path: Path) -> Path:
     except OSError as e:
         from ..cache import warn_unwritable
 
-        warn_unwritable(path, e, "compiled kernels")
+        warn_unwritable(path, e, "compiled kernels are not kept between runs, so each process "
+                              "compiles them again")
         return _private_dir()
 
 
