@@ -350,6 +350,86 @@ def test_return_inside_loops(rng):
     np.testing.assert_allclose(y, ref, rtol=RTOL, atol=ATOL)
 
 
+@metile.inline
+def store_positive(ptr, x):
+    if x <= 0.0:
+        return
+    metile.store(ptr, x)
+
+
+@metile.kernel(num_simdgroups=1)
+def while_continue_break(X, Out, Count, n, t):
+    """Per thread: a while loop with both continue and break, then a helper's bare return."""
+    row = metile.program_id(0) * 32 + metile.thread_id()
+    acc = 0.0
+    count = 0
+    i = 0
+    while i < n:
+        v = metile.load(X + row * n + i)
+        i += 1
+        if v < -t:
+            continue
+        if v > t:
+            count += 100
+            break
+        acc += v
+        count += 1
+    store_positive(Out + row, acc)
+    metile.store(Count + row, count)
+
+
+@metile.kernel
+def chunk_sums(X, Out, n, t, BLOCK: metile.constexpr = 32):
+    """Tile code over tile_range: skip negative chunks, stop once the total passes t."""
+    pid = metile.program_id(0)
+    total = 0.0
+    for s in metile.tile_range(0, n, BLOCK):
+        offs = s + metile.arange(0, BLOCK)
+        m = metile.sum(metile.load(X + pid * n + offs, mask=offs < n))
+        if m < 0.0:
+            continue
+        total += m
+        if total > t:
+            break
+    metile.store(Out + pid, total)
+
+
+def test_continue_and_break_in_one_loop(rng):
+    n, t = 17, 1.5
+    x = _rows(rng, (32, n))
+    out, count = while_continue_break[(1,)](mx.array(x), mx.full((32,), SENTINEL),
+                                            mx.zeros((32,), dtype=mx.int32), n, t)
+    ref_out, ref_count = [], []
+    for r in x.astype(np.float64):
+        acc, c = 0.0, 0
+        for v in r:
+            if v < -t:
+                continue
+            if v > t:
+                c += 100
+                break
+            acc += v
+            c += 1
+        ref_out.append(acc if acc > 0 else SENTINEL)
+        ref_count.append(c)
+    np.testing.assert_allclose(np.array(out), ref_out, rtol=RTOL, atol=ATOL)
+    np.testing.assert_array_equal(np.array(count), ref_count)
+
+    x = _rows(rng, (3, 201))
+    out = np.array(chunk_sums[(3,)](mx.array(x), mx.full((3,), SENTINEL), 201, 2.0))
+    ref = []
+    for r in x.astype(np.float64):
+        total = 0.0
+        for s in range(0, 201, 32):
+            if r[s:s + 32].sum() < 0:
+                continue
+            total += r[s:s + 32].sum()
+            if total > 2.0:
+                break
+        ref.append(total)
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
 # -- what is not rewritten stays the same ------------------------------------------------------
 
 @metile.kernel
