@@ -620,3 +620,18 @@ def test_kernel_cannot_return_a_value():
     err = _compile_error(lambda: returns_value[(1,)](mx.zeros((4,))))
     _points_at(err, returns_value, "MARK-retval")
     assert "a kernel cannot return a value; store results into an output buffer" in str(err)
+
+
+@metile.kernel
+def endless(X):
+    i = 0
+    while True:  # MARK-endless
+        i += 1
+    metile.store(X, 1.0)
+
+
+def test_while_true_without_break():
+    err = _compile_error(lambda: endless[(1,)](mx.zeros((4,))))
+    _points_at(err, endless, "MARK-endless")
+    assert "while condition must be a runtime scalar, got the compile-time bool True: with no " \
+           "break or return in it the loop never ends" in str(err)

@@ -252,8 +252,9 @@ class ControlFlow:
             cond = self.visit(node.test)
             if not isinstance(cond, Value):
                 raise CompilationError(f"while condition must be a runtime scalar, got the "
-                                       f"compile-time {describe(cond)} (a loop that runs until "
-                                       f"a break is written `while True:`)")
+                                       f"compile-time {describe(cond)}: " + (
+                                           "with no break or return in it the loop never ends"
+                                           if cond else "the loop never runs"))
             cond = self._scalar_condition(cond, "while")
             self.b.op("condition", [cond], [])
         finally:
