@@ -223,3 +223,180 @@ def test_launch_is_lazy():
                     output_shapes=[(4,)], output_dtypes=[mx.float32])
     with pytest.raises(RuntimeError, match="divergent threadgroup barrier"):
         mx.eval(out)
+
+
+# --- Metal fidelity of the CPU runtime: buffer alignment, strided fences,
+# order-dependent outputs, compile_options, NumPy integers (issue 11) -----------
+
+ADDRESS_PHASES = """
+    if (thread_position_in_grid.x == 0) {
+        phases[0] = uint(ulong(fresh) % 16);
+        phases[1] = uint(ulong(view16) % 16);
+        phases[2] = uint(ulong(view4) % 16);
+        phases[3] = uint(ulong(phases) % 16);
+    }
+"""
+
+
+@pytest.mark.parametrize("bounds_check", [False, True])
+def test_buffers_bound_at_metal_alignment(bounds_check):
+    # Metal binds an array at its byte offset into a 16-byte-aligned buffer:
+    # a fresh array and a view 16 bytes in are 16-byte aligned, a view 4 bytes
+    # in is 4 mod 16, and outputs are aligned (MLX's CPU arrays are 8 mod 16).
+    kernel = metile.metal_kernel("address_phases", ["fresh", "view16", "view4"], ["phases"], ADDRESS_PHASES,
+                                 ensure_row_contiguous=False)
+    base = mx.arange(64, dtype=mx.float32)
+    (phases,) = kernel(inputs=[base + 1, base[4:], base[1:]], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+                       output_shapes=[(4,)], output_dtypes=[mx.uint32], stream=mx.cpu, bounds_check=bounds_check)
+    np.testing.assert_array_equal(np.array(phases), [0, 0, 4, 0])
+
+
+VEC4_SCALE = """
+    uint i = thread_position_in_grid.x;
+    float4 v = *(const device float4*)(inp + 4 * i);
+    *(device float4*)(out + 4 * i) = v * 2.0f;
+"""
+
+
+@pytest.mark.parametrize("bounds_check", [False, True])
+@pytest.mark.parametrize("offset", [0, 4, 8])
+def test_vector_pointer_casts_on_aligned_buffers(offset, bounds_check):
+    # `*(device float4*)p` on a buffer start: a fault on MLX's 8-byte-aligned
+    # CPU arrays before buffers were bound at Metal's alignment.
+    kernel = metile.metal_kernel("vec4_scale", ["inp"], ["out"], VEC4_SCALE)
+    base = np.arange(80, dtype=np.float32)
+    x = mx.array(base)[offset:offset + 64]
+    (out,) = kernel(inputs=[x], grid=(16, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(64,)],
+                    output_dtypes=[mx.float32], stream=mx.cpu, bounds_check=bounds_check)
+    np.testing.assert_array_equal(np.array(out), 2 * base[offset:offset + 64])
+
+
+def test_vector_cast_on_view_misaligned_on_metal_still_faults():
+    # A view one float into its buffer is 4 mod 16 on Metal too: a float4 cast
+    # there is the kernel's error, and the runtime does not hide it.
+    kernel = metile.metal_kernel("vec4_scale_view", ["inp"], ["out"], VEC4_SCALE, ensure_row_contiguous=False)
+    x = mx.arange(68, dtype=mx.float32)[1:65]
+    (out,) = kernel(inputs=[x], grid=(16, 1, 1), threadgroup=(8, 1, 1), output_shapes=[(64,)],
+                    output_dtypes=[mx.float32], stream=mx.cpu, bounds_check=False)
+    with pytest.raises(RuntimeError, match=r"kernel 'vec4_scale_view': invalid memory access"):
+        mx.eval(out)
+
+
+STRIDED_READ = """
+    uint i = thread_position_in_grid.x;
+    out[i] = inp[elem_to_loc(int(i), inp_shape, inp_strides, inp_ndim)] + inp[EXTRA];
+"""
+
+
+@pytest.mark.parametrize("view", ["slice", "offset_slice", "transpose", "broadcast", "negative_stride"])
+def test_bounds_check_fences_what_the_strides_reach(view):
+    kernel = metile.metal_kernel("strided_read", ["inp"], ["out"], STRIDED_READ, ensure_row_contiguous=False)
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    b = mx.array(base)
+    x, ref = {
+        "slice": (b[:, :3], base[:, :3]),  # 24 elements spanning 59
+        "offset_slice": (b[2:, 5:], base[2:, 5:]),
+        "transpose": (b.T, base.T),
+        "broadcast": (mx.broadcast_to(b[:1], (5, 8)), np.broadcast_to(base[:1], (5, 8))),  # 40 over 8
+        "negative_stride": (b[::-1, 1::2], base[::-1, 1::2]),
+    }[view]
+    (out,) = kernel(inputs=[x], template=[("EXTRA", 0)], grid=(x.size, 1, 1), threadgroup=(32, 1, 1),
+                    output_shapes=[x.shape], output_dtypes=[mx.float32], stream=mx.cpu, bounds_check=True)
+    np.testing.assert_array_equal(np.array(out), ref + ref.reshape(-1)[0])
+
+
+def test_bounds_check_reports_a_read_past_a_strided_views_extent():
+    kernel = metile.metal_kernel("strided_read_past", ["inp"], ["out"], STRIDED_READ, ensure_row_contiguous=False)
+    x = mx.arange(64, dtype=mx.float32).reshape(8, 8)[:, :3]  # reaches 7 * 8 + 2 = element 58
+    (out,) = kernel(inputs=[x], template=[("EXTRA", 60)], grid=(24, 1, 1), threadgroup=(32, 1, 1),
+                    output_shapes=[(8, 3)], output_dtypes=[mx.float32], stream=mx.cpu, bounds_check=True)
+    with pytest.raises(RuntimeError, match=r"'inp' \(236 bytes\) accessed at byte offset 240, past its end"):
+        mx.eval(out)
+
+
+FLOAT_ATOMIC_SUM = """
+    atomic_fetch_add_explicit(&total[0], w[thread_position_in_grid.x], memory_order_relaxed);
+"""
+
+
+def float_atomic_sum(**kw):
+    # 1 + 1e8 - 1e8 in float: 0 added forward, 1 added in reverse order.
+    kernel = metile.metal_kernel("float_atomic_sum", ["w"], ["total"], FLOAT_ATOMIC_SUM, atomic_outputs=True)
+    w = mx.array([1.0, 1e8, -1e8], dtype=mx.float32)
+    (out,) = kernel(inputs=[w], grid=(3, 1, 1), threadgroup=(3, 1, 1), output_shapes=[(1,)],
+                    output_dtypes=[mx.float32], init_value=0, stream=mx.cpu, race_check=True, **kw)
+    mx.eval(out)
+    return np.array(out)
+
+
+def test_race_check_reports_an_undeclared_order_dependent_output():
+    with pytest.raises(RuntimeError, match=(
+            r"race detected in kernel 'float_atomic_sum': output total differs at element 0 between forward "
+            r"and reversed thread order \(0 vs 1\).*declare it with order_dependent_outputs=")):
+        float_atomic_sum()
+
+
+@pytest.mark.parametrize("declared", [["total"], {"total": None}, {"total": (0.0, 1.0)}])
+def test_order_dependent_outputs_are_exempt_from_the_race_check(declared):
+    assert float_atomic_sum(order_dependent_outputs=declared)[0] in (0.0, 1.0)
+
+
+def test_order_dependent_tolerance_is_enforced():
+    with pytest.raises(RuntimeError, match=r"output total differs at element 0"):
+        float_atomic_sum(order_dependent_outputs={"total": (0.0, 0.5)})
+
+
+@pytest.mark.parametrize("declared,error,message", [
+    (["sum"], ValueError,
+     "[metal_kernel] order_dependent_outputs names 'sum', which is not an output; the outputs are ['total']"),
+    ("total", TypeError,
+     "[metal_kernel] order_dependent_outputs must be a list of output names or a dict from output name to "
+     "None, rtol or (rtol, atol), got 'total'"),
+    ({"total": -1.0}, ValueError,
+     "[metal_kernel] order_dependent_outputs['total'] must be None, a positive rtol or (rtol, atol) with "
+     "non-negative values, not both zero; got -1.0"),
+    ({"total": (0, 0)}, ValueError,
+     "[metal_kernel] order_dependent_outputs['total'] must be None, a positive rtol or (rtol, atol) with "
+     "non-negative values, not both zero; got (0, 0)"),
+])
+def test_order_dependent_outputs_bad_values(declared, error, message):
+    with pytest.raises(error) as info:
+        float_atomic_sum(order_dependent_outputs=declared)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("mode", ["safe", "relaxed", "fast"])
+def test_compile_options_math_mode(mode, rng):
+    kernel = metile.metal_kernel("math_mode_exp", ["inp"], ["out"],
+                                 "out[thread_position_in_grid.x] = metal::exp(inp[thread_position_in_grid.x]);",
+                                 compile_options={"math_mode": mode})
+    x = rng.standard_normal(40).astype(np.float32)
+    x[:2] = [-np.inf, np.inf]
+    (out,) = kernel(inputs=[mx.array(x)], grid=(40, 1, 1), threadgroup=(32, 1, 1), output_shapes=[(40,)],
+                    output_dtypes=[mx.float32])
+    # Every mode computes with IEEE semantics on the CPU runtime ("safe" on Metal).
+    np.testing.assert_allclose(np.array(out), np.exp(x.astype(np.float64)), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("options,message", [
+    ("fast", "[metal_kernel] Expected `compile_options` to be a dict."),
+    ({"math_mode": "FAST"}, "[metal_kernel] Expected math_mode to be 'safe', 'relaxed', or 'fast'."),
+    ({"math_mode": 2}, "[metal_kernel] Expected math_mode to be 'safe', 'relaxed', or 'fast'."),
+    ({"fast_math": True}, "[metal_kernel] Unknown compile option `fast_math`."),
+])
+def test_compile_options_rejected_as_mlx_rejects_them(options, message):
+    with pytest.raises(ValueError) as info:
+        metile.metal_kernel("bad_options", ["inp"], ["out"], "out[0] = inp[0];", compile_options=options)
+    assert str(info.value) == message
+
+
+def test_grid_and_threadgroup_accept_numpy_integers(rng):
+    kernel = metile.metal_kernel("np_grid", ["inp"], ["out"],
+                                 "out[thread_position_in_grid.x] = inp[thread_position_in_grid.x] + 1.0f;")
+    x = rng.standard_normal(10).astype(np.float32)
+    (out,) = kernel(inputs=[mx.array(x)], grid=(np.int64(x.size), np.int32(1), 1),
+                    threadgroup=(np.uint8(8), 1, np.int16(1)), output_shapes=[x.shape], output_dtypes=[mx.float32])
+    np.testing.assert_allclose(np.array(out), x + 1, rtol=RTOL, atol=ATOL)
+    with pytest.raises(ValueError, match=r"grid must be a tuple of three ints, got \(10.0, 1, 1\)"):
+        kernel(inputs=[mx.array(x)], grid=(10.0, 1, 1), threadgroup=(8, 1, 1), output_shapes=[x.shape],
+               output_dtypes=[mx.float32])
