@@ -635,3 +635,43 @@ def test_while_true_without_break():
     _points_at(err, endless, "MARK-endless")
     assert "while condition must be a runtime scalar, got the compile-time bool True: with no " \
            "break or return in it the loop never ends" in str(err)
+
+
+@metile.kernel
+def fragment_product(A, B, Output, used, *, BLOCK: metile.constexpr = 32):
+    left_memory = metile.shared(64, dtype="f32")
+    right_memory = metile.shared(64, dtype="f32")
+    result_memory = metile.shared(64, dtype="f32")
+    if metile.program_id(0) >= used:
+        return
+    left = metile.tensor(A, shape=(8, 8), access="read")
+    right = metile.tensor(B, shape=(8, 8), access="read")
+    output = metile.tensor(Output, shape=(8, 8), access="write")
+    left_values = metile.tensor(left_memory, shape=(8, 8))
+    right_values = metile.tensor(right_memory, shape=(8, 8))
+    result_values = metile.tensor(result_memory, shape=(8, 8))
+    left_matrix = metile.tensor(left_memory, shape=(8, 8), block_shape=(8, 8))
+    right_matrix = metile.tensor(right_memory, shape=(8, 8), block_shape=(8, 8))
+    result_matrix = metile.tensor(result_memory, shape=(8, 8), block_shape=(8, 8))
+    for index in metile.tile_range(metile.thread_id(), 64, BLOCK):
+        position = (index // 8, index % 8)
+        left_values.store(position, left.load(position))
+        right_values.store(position, right.load(position))
+    metile.barrier()
+    first = metile.dot(left_matrix.load((0, 0)), right_matrix.load((0, 0)), metile.zeros((8, 8)))
+    result_matrix.store((0, 0), first)
+    metile.barrier()
+    for index in metile.tile_range(metile.thread_id(), 64, BLOCK):
+        position = (index // 8, index % 8)
+        output.store(position, result_values.load(position))
+
+
+@pytest.mark.parametrize("used", [0, 1])
+def test_uniform_return_in_a_simdgroup_inline_kernel(rng, used):
+    # Fragment kernels keep metile.shared at the top: allocated before the return.
+    a, b = _rows(rng, (8, 8)), _rows(rng, (8, 8))
+    out = np.array(fragment_product[(2,)](mx.array(a), mx.array(b), mx.full((8, 8), SENTINEL), used,
+                                          STRICT_MATH=True,
+                                          SCHEDULE=metile.Schedule(backend="simdgroup_inline")))
+    ref = a.astype(np.float64) @ b if used else np.full((8, 8), SENTINEL)
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
