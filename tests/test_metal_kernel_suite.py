@@ -153,7 +153,7 @@ PACKED_RGB = metile.metal_kernel(
     float3 c = float3(pixels[i]);
     gray[i] = dot(c, float3(0.2126f, 0.7152f, 0.0722f));
     device packed_float3* o = (device packed_float3*)inverted;
-    o[i] = packed_float3(1.0f - c);
+    o[i] = 1.0f - pixels[i];  // arithmetic on a packed vector, stored back packed
     """,
 )
 

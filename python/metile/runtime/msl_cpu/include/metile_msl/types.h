@@ -432,6 +432,35 @@ struct packed_vec<T, 4> {
 };
 #undef METILE_PACKED_BODY
 
+// Metal's packed vectors take the arithmetic operators too; here they compute
+// in the aligned vector type, which converts back on assignment to a packed one.
+#define METILE_PACKED_OP(op)                                                          \
+  template <typename T, int N, typename U>                                            \
+  constexpr auto operator op(const packed_vec<T, N>& a, const U& b)                   \
+      -> decltype(vec<T, N>() op ::metile_rt::unpack(b)) {                            \
+    return vec<T, N>(a) op ::metile_rt::unpack(b);                                    \
+  }                                                                                   \
+  template <typename U, typename T, int N>                                            \
+    requires(!::metile_rt::is_packed<U>)                                              \
+  constexpr auto operator op(const U& a, const packed_vec<T, N>& b)                   \
+      -> decltype(a op vec<T, N>()) {                                                 \
+    return a op vec<T, N>(b);                                                         \
+  }                                                                                   \
+  template <typename T, int N, typename U>                                            \
+  constexpr packed_vec<T, N>& operator op##=(packed_vec<T, N>& a, const U& b) {       \
+    a = vec<T, N>(a) op ::metile_rt::unpack(b);                                       \
+    return a;                                                                         \
+  }
+METILE_PACKED_OP(+)
+METILE_PACKED_OP(-)
+METILE_PACKED_OP(*)
+METILE_PACKED_OP(/)
+#undef METILE_PACKED_OP
+template <typename T, int N>
+constexpr vec<T, N> operator-(const packed_vec<T, N>& a) {
+  return -vec<T, N>(a);
+}
+
 }  // namespace metal
 
 #define METILE_PACKED_TYPES(T, NAME)                      \
