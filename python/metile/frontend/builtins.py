@@ -58,7 +58,8 @@ def need_constexpr(value, what: str, kind=int):
 def need_dtype(value, what: str) -> dt.DType:
     d = dt.to_dtype(value)
     if d is None:
-        raise CompilationError(f"{what}: unsupported dtype {value!r}")
+        raise CompilationError(f"{what}: unsupported dtype {value!r}; kernels take "
+                               f"{', '.join(d.name for d in dt.ALL)}")
     return d
 
 
@@ -97,7 +98,7 @@ def arange(gen, start, end):
     need_constexpr(start, "arange() start")
     need_constexpr(end, "arange() end")
     if end <= start:
-        raise CompilationError(f"arange({start}, {end}) is empty")
+        raise CompilationError(f"arange({start}, {end}) is empty: end must be greater than start")
     return gen.b.value("arange", [], TileType((end - start,), ScalarType(dt.int32)),
                        start=start, end=end)
 

@@ -53,6 +53,22 @@ def param_hint(*xs) -> str:
     return ""
 
 
+_PY_FOR = {"i": "a Python int", "u": "a Python int", "f": "a Python float", "b": "a Python bool"}
+
+
+def _scalar_origin(a: Value, b: Value) -> str:
+    """The launch argument behind a dtype mismatch with a scalar parameter: either a
+    buffer was passed a number, or a scalar the wrong kind of number (8.0, NaN or
+    True compared with an int32)."""
+    for x, other in ((a, b), (b, a)):
+        if x.owner is None and isinstance(x.type, ScalarType):
+            d = dtype_of(other.type)
+            return (f" (parameter {x.hint!r} was passed a scalar; pass an mx.array if it is a "
+                    f"buffer, or {_PY_FOR.get(d.kind, 'a number')} to match the {d} operand if "
+                    f"it is a scalar)")
+    return ""
+
+
 def describe(x) -> str:
     if isinstance(x, Value):
         kind = "tile" if isinstance(x.type, TileType) else "scalar"
@@ -149,17 +165,25 @@ class Semantics:
     # -- elementwise ------------------------------------------------------------
     def binary(self, name: str, a, b):
         if is_const(a) and is_const(b):
-            return _PY_BINARY[name](a, b)
-        if name in ("add", "sub") and (isinstance(a, Value) and is_pointer(a.type)
-                                       or isinstance(b, Value) and is_pointer(b.type)):
-            return self._pointer_arith(name, a, b)
+            try:
+                return _PY_BINARY[name](a, b)
+            except (ArithmeticError, ValueError) as e:
+                raise CompilationError(f"cannot evaluate {a!r} {_SYMBOL.get(name, name)} {b!r} at "
+                                       f"compile time: {e}") from None
+        pointers = [isinstance(x, Value) and is_pointer(x.type) for x in (a, b)]
+        if any(pointers):
+            if name in ("add", "sub"):
+                return self._pointer_arith(name, a, b)
+            raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on pointers: "
+                                   f"a pointer only takes + or - an int32 offset (load or store "
+                                   f"through it to get values)")
         if isinstance(a, Value) and isinstance(b, Value):
             da, db = dtype_of(a.type), dtype_of(b.type)
             if da != db:
                 raise CompilationError(
                     f"operands of '{_SYMBOL.get(name, name)}' have different dtypes ({da} and {db}); "
                     f"metile does not convert implicitly: cast one with metile.cast"
-                    + param_hint(a, b))
+                    + _scalar_origin(a, b))
         (va, vb), shape = self.common(a, b)
         d = dtype_of(va.type)
         self._check_dtype(name, d)

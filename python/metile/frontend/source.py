@@ -59,8 +59,16 @@ def function_source(fn) -> FunctionSource:
     raw = "".join(lines)
     indent = len(lines[0]) - len(lines[0].lstrip())
     text = textwrap.dedent(raw)
-    module = ast.parse(text)
-    tree = next(n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        module = ast.Module(body=[], type_ignores=[])
+    tree = next((n for n in module.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                None)
+    if tree is None:  # a lambda: its source line is some other statement
+        what = "a lambda" if fn.__name__ == "<lambda>" else fn.__qualname__
+        raise CompilationError(f"{what} cannot be a kernel or helper: write it with def",
+                               Loc(file, first, indent))
     if isinstance(tree, ast.AsyncFunctionDef):
         raise CompilationError("async functions cannot be kernels", Loc(file, first, indent))
     src = FunctionSource(fn, file, first, indent, text, tree)

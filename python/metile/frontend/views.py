@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.core import Value
-from ..ir.types import PointerType
+from ..ir.types import PointerType, ScalarType
 from .errors import CompilationError
-from .semantics import Semantics, is_const
+from .semantics import Semantics, describe, is_const
 
 ACCESS = ("read", "write", "readwrite")
 
@@ -82,6 +82,9 @@ def make_view(sem: Semantics, buffer, shape, strides, block_shape, access) -> Te
         shape = (shape,)
     if not isinstance(shape, tuple) or not shape:
         raise CompilationError("tensor() needs shape=(...)")
+    _check_extents("shape", shape)
+    if strides is not None and not isinstance(strides, (int, Value)):
+        _check_extents("strides", strides)
     if strides is None:
         strides, running = [], 1
         for extent in reversed(shape):
@@ -102,6 +105,14 @@ def make_view(sem: Semantics, buffer, shape, strides, block_shape, access) -> Te
     if access not in ACCESS:
         raise CompilationError(f"tensor() access must be one of {ACCESS}, got {access!r}")
     return TensorView(buffer, tuple(shape), tuple(strides), block_shape, access)
+
+
+def _check_extents(what: str, values) -> None:
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, Value)) or \
+                isinstance(v, Value) and not (isinstance(v.type, ScalarType) and v.type.dtype.is_int):
+            raise CompilationError(f"tensor() {what}[{i}] must be an int (constexpr or a runtime "
+                                   f"int scalar), got {describe(v)}")
 
 
 def _int32():
