@@ -318,10 +318,12 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
     initialise(data.back(), out, spec.init_value);
   }
   Scratch scratch;
+  std::vector<void*> input_data;
+  if (!spec.bounds_check || spec.race_check) input_data = metal_aligned_inputs(inputs, scratch);
   if (spec.bounds_check) {
     run_bounds_checked(lib, spec, inputs, outputs);
   } else {
-    Bindings b = bind_arguments(spec, inputs, metal_aligned_inputs(inputs, scratch), data);
+    Bindings b = bind_arguments(spec, inputs, input_data, data);
     run_dispatch(lib, spec.dispatch, b.pointers.data());
   }
   if (!spec.race_check) return;
@@ -329,7 +331,6 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
   // Re-run with the other lane orders into scratch outputs and compare: a
   // kernel whose result depends on the order of its threads has a race,
   // unless the caller declared that output order-dependent.
-  std::vector<void*> input_data = metal_aligned_inputs(inputs, scratch);
   for (LaneOrder order : {LaneOrder::reverse, LaneOrder::shuffle}) {
     std::vector<void*> scratch_data;
     for (auto& out : outputs) {
