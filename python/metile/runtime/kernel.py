@@ -21,11 +21,13 @@ written, the kernel also records which elements it wrote and the result is
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
+import numpy as np
 
 from ..frontend import CompilationError, LaunchError, build_tile_ir, constexpr_params
 from ..ir.printer import format_function
@@ -121,8 +123,9 @@ def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
     """Say which constexpr a constant in the message came from: `BLOCK=8.0` reaches
     the compiler as the bare constant 8.0."""
     named = [f"{k}={v!r}" for k, v in constexprs.items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool)
-             and f"constant {v!r}" in error.message]
+             if (isinstance(v, (int, float, str)) or v is None)
+             and (f"constant {v!r}" in error.message
+                  or f"{type(v).__name__} {v!r}" in error.message)]
     if named:
         error.message += f" (the constant is constexpr {', '.join(named)})"
 
@@ -315,6 +318,9 @@ class Kernel:
     __metile_kernel__ = True
 
     def __init__(self, fn, num_simdgroups: int | None = None, differentiable: bool = False):
+        if not inspect.isfunction(fn):
+            raise TypeError(f"metile.kernel decorates a Python function written with def, got "
+                            f"{type(fn).__name__} {fn!r}")
         self.fn = fn
         self.differentiable = differentiable
         functools.update_wrapper(self, fn)
@@ -400,6 +406,9 @@ class Kernel:
             bound[k] = v
         for k, v in self.defaults.items():
             bound.setdefault(k, v)
+        for k, v in bound.items():
+            if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
+                bound[k] = v.item()  # NumPy scalars count as the Python numbers they hold
         missing = [n for n in self.param_names if n not in bound]
         if missing:
             raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
