@@ -17,7 +17,12 @@ from .source_kernel import as_array
 
 def _grid(grid, bound: dict) -> tuple[int, int, int]:
     if callable(grid):
-        grid = grid(bound)
+        try:
+            grid = grid(bound)
+        except Exception as e:
+            raise LaunchError(f"the grid callable raised {type(e).__name__}: {e}; it receives a "
+                              f"dict of the launch's arguments by name: "
+                              f"{', '.join(map(repr, bound))}") from e
     if not isinstance(grid, (tuple, list, bool, float)) and hasattr(grid, "__index__"):
         grid = (operator.index(grid),)
     if isinstance(grid, (tuple, list)):
@@ -262,6 +267,13 @@ class Dispatch:
         explains how to get a gradient: MLX's own message for a primitive without
         one is "[Primitive::vjp] Not implemented"."""
         if self._guarded is None:
+            if self.spec.backend == "cuda" and not (mx.default_device().type == mx.gpu
+                                                    and mx.cuda.is_available()):
+                raise LaunchError(
+                    f"kernel {self.kernel.fn.__name__!r} was compiled to CUDA (METILE_BACKEND=cuda), "
+                    f"which runs only on MLX's CUDA backend; the default device is "
+                    f"{mx.default_device()}. Unset METILE_BACKEND to run it here (a prepared "
+                    f"launch's .source still shows the CUDA code)")
             call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
 
             @mx.custom_function
