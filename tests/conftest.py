@@ -13,6 +13,10 @@ os.environ.setdefault("METILE_MSL_TIMEOUT_S", "300")
 # Every CPU-runtime launch runs on fenced copies of its buffers: an index before the
 # start or past the end of any buffer fails the test, naming the buffer.
 os.environ.setdefault("METILE_MSL_BOUNDS_CHECK", "1")
+# Every kernel's MSL is also compiled against the strict Metal model
+# (runtime/msl_cpu/strict.py): code Metal's compiler would reject fails its
+# test here, not later on a Mac.  Checked once per translation unit and cached.
+os.environ.setdefault("METILE_MSL_STRICT", "1")
 
 
 def default_is_cpu() -> bool:

@@ -134,6 +134,25 @@ def race_compare(spec, output_names: list[str]) -> list[tuple[bool, float, float
     return compare
 
 
+# Words an MSL kernel argument cannot be named: MSL's own keywords (function
+# and address-space qualifiers; `metal` would hide the metal:: namespace) and
+# the C++14 keywords MSL inherits.  Metal accepts them on no GPU, so the CPU
+# runtime refuses them too.
+MSL_KEYWORDS = frozenset(
+    "kernel vertex fragment device constant thread threadgroup threadgroup_imageblock ray_data object_data "
+    "metal".split()
+)
+CXX_KEYWORDS = frozenset(
+    "alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t char32_t class compl "
+    "const constexpr const_cast continue decltype default delete do double dynamic_cast else enum explicit "
+    "export extern false float for friend goto if inline int long mutable namespace new noexcept not not_eq "
+    "nullptr operator or or_eq private protected public register reinterpret_cast return short signed sizeof "
+    "static static_assert static_cast struct switch template this thread_local throw true try typedef typeid "
+    "typename union unsigned using virtual void volatile wchar_t while xor xor_eq".split()
+)
+RESERVED_NAMES = MSL_KEYWORDS | CXX_KEYWORDS
+
+
 class MetalKernel(SourceKernel):
     """A callable MSL kernel; create it with `metile.metal_kernel`."""
 
@@ -144,6 +163,13 @@ class MetalKernel(SourceKernel):
         compile_options=None,
     ):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
+        for role, names in (("input_names", self.input_names), ("output_names", self.output_names)):
+            for i, n in enumerate(names):
+                if n in RESERVED_NAMES:
+                    raise ValueError(self.error(
+                        f"{role}[{i}] is {n!r}, which is a reserved word of Metal Shading Language and cannot "
+                        f"name a kernel argument (Metal's compiler rejects it); rename it, e.g. {n + '_'!r}"
+                    ))
         self.atomic_outputs = atomic_outputs
         self.math_mode = math_mode_of(compile_options)
         self._libraries: dict[tuple, _ext.KernelLibrary] = {}

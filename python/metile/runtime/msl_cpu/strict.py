@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from filelock import FileLock
+
 from . import compiler
 
 STRICT_INCLUDE_DIR = Path(__file__).parent / "include_strict"
@@ -60,6 +62,36 @@ def _fingerprint() -> str:
 
 
 _model_fingerprint: str | None = None
+# Every translation unit starts with these two includes; parsing them is most
+# of a check's cost, so they are precompiled once per model version.
+_PRELUDE = "#include <metal_stdlib>\n#include <metile_msl/mlx_utils.h>\n"
+
+
+def _include_flags() -> list[str]:
+    return [f"-I{STRICT_INCLUDE_DIR}", f"-I{compiler.INCLUDE_DIR}"]
+
+
+def _precompiled_model(path: str) -> list[str]:
+    """Flags that use a precompiled model header, built on first use; none
+    (parse the headers each time) if the cache directory is not writable."""
+    try:
+        pch = compiler.cache_dir() / f"strict-{_model_fingerprint[:24]}.pch"
+        if not pch.exists():
+            with FileLock(str(pch) + ".lock"):
+                if not pch.exists():
+                    # The header stays: the precompiled file refers to it.
+                    header = pch.with_suffix(".h")
+                    header.write_text(_PRELUDE)
+                    with tempfile.TemporaryDirectory(dir=pch.parent) as tmp:
+                        out = Path(tmp) / "prelude.pch"
+                        args = [path, *_FLAGS, *_include_flags(), "-x", "c++-header", str(header), "-o", str(out)]
+                        args.remove("-fsyntax-only")
+                        if subprocess.run(args, capture_output=True).returncode != 0:
+                            return []
+                        os.replace(out, pch)
+        return ["-include-pch", str(pch)]
+    except OSError:
+        return []
 
 
 def check(source: str, label: str) -> None:
@@ -83,12 +115,12 @@ def check(source: str, label: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
-        args = [path, *_FLAGS, f"-I{STRICT_INCLUDE_DIR}", f"-I{compiler.INCLUDE_DIR}", str(src)]
+        args = [path, *_FLAGS, *_include_flags(), *_precompiled_model(path), str(src)]
         result = subprocess.run(args, capture_output=True, text=True)
     if result.returncode != 0:
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()][:60]
         raise compiler.MslCompileError(
-            f"[metal_kernel] kernel '{label}' is not valid Metal (strict check, METILE_MSL_STRICT=1):\n"
+            f"[metal_kernel] kernel '{label}' failed to compile (strict Metal check, METILE_MSL_STRICT=1):\n"
             + "\n".join(lines)
         )
     if marker is not None:
