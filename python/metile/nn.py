@@ -25,8 +25,14 @@ class Linear(mlx_nn.Linear):
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True, activation=None,
                  backend: str = "auto", negative_slope: float = ops.LEAKY_SLOPE):
-        super().__init__(input_dims, output_dims, bias=bias)
+        for name, dims in (("input_dims", input_dims), ("output_dims", output_dims)):
+            if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+                raise ValueError(f"[metile.nn.Linear] {name} must be a positive int, got {dims!r}")
+        if backend not in ("auto", "metile", "mlx"):
+            raise ValueError(f"[metile.nn.Linear] backend must be 'auto', 'metile' or 'mlx', "
+                             f"got {backend!r}")
         _check_activation("Linear", activation, negative_slope)
+        super().__init__(input_dims, output_dims, bias=bias)
         self.activation = activation
         self.negative_slope = float(negative_slope)
         self.backend = backend

@@ -22,6 +22,7 @@ the kernel's execution report when the kernel runs.
 from __future__ import annotations
 
 import json
+import math
 
 import mlx.core as mx
 
@@ -68,10 +69,17 @@ def _activation_grad(z, activation, slope):
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
 
 
-def _check(a, b, activation):
+def _check_activation(activation, slope):
     if activation not in ACTIVATIONS:
         raise ValueError(f"[metile.ops] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
                          f"got {activation!r}")
+    if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+        raise TypeError(f"[metile.ops] negative_slope must be a number, got "
+                        f"{type(slope).__name__} {slope!r}")
+
+
+def _check(a, b, activation, slope=LEAKY_SLOPE):
+    _check_activation(activation, slope)
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, mx.array):
             raise TypeError(f"[metile.ops] {name} must be an mx.array, got {type(x).__name__}")
@@ -127,10 +135,11 @@ def _fused_matmul(activation, slope):
 def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu"; `a` may have leading batch dimensions."""
-    _check(a, b, epilogue)
+    _check(a, b, epilogue, negative_slope)
     path, _ = _resolve(backend)
     lead = a.shape[:-1]
-    a2 = a.reshape(-1, a.shape[-1])
+    # an explicit row count: reshape(-1, 0) cannot infer it when K is 0
+    a2 = a.reshape(math.prod(lead), a.shape[-1])
     if path == "mlx":
         out = activate((a2 @ b).astype(mx.float32), epilogue, negative_slope).astype(a.dtype)
     else:
@@ -143,9 +152,12 @@ def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
     """activation(x @ weight.T + bias), weight stored (out_features, in_features) as in MLX."""
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
+    _check_activation(activation, negative_slope)
     if bias is None:
         return matmul(x, weight.T, epilogue=activation, backend=backend,
                       negative_slope=negative_slope)
+    if not isinstance(bias, mx.array):
+        raise TypeError(f"[metile.ops] bias must be an mx.array or None, got {type(bias).__name__}")
     if bias.shape != (weight.shape[0],):
         raise ValueError(f"[metile.ops] bias shape {bias.shape} does not match {weight.shape[0]} "
                          "output features")
@@ -157,12 +169,13 @@ def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
 def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
                    backend: str = "auto") -> str:
     """Which path `matmul` takes for these arguments, why, and the kernel's report."""
-    _check(a, b, epilogue)
+    _check(a, b, epilogue, negative_slope)
     path, reason = _resolve(backend)
     info = {"op": "matmul", "path": "metile_kernel" if path == "metile" else "mlx_composite",
             "reason": reason, "epilogue": epilogue}
     if path == "metile":
-        d = _launch(a.reshape(-1, a.shape[-1]), b, epilogue, negative_slope, dispatch_only=True)
+        a2 = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+        d = _launch(a2, b, epilogue, negative_slope, dispatch_only=True)
         info["execution_report"] = d.execution_report.to_dict()
     return json.dumps(info, indent=2)
 

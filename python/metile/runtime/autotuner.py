@@ -49,6 +49,9 @@ class Autotuned:
         configs = list(configs)
         if not configs or not all(isinstance(c, Config) for c in configs):
             raise TypeError("metile.autotune needs a non-empty list of metile.Config")
+        if isinstance(key, str) or not all(isinstance(k, str) for k in key):
+            raise TypeError(f"metile.autotune key must be a list of parameter names, e.g. "
+                            f"key=['n'], got {key!r}")
         unknown = [k for k in key if k not in kernel.param_names]
         if unknown:
             raise ValueError(f"metile.autotune key names unknown parameters {unknown}; "
