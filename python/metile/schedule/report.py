@@ -114,9 +114,11 @@ def validate_report(report: ExecutionReport, threadgroup_memory_bytes: int | Non
         raise ScheduleError("staging='device'", f"lowering allocated {report.threadgroup_bytes} "
                                                 "bytes of threadgroup staging")
     if threadgroup_memory_bytes is not None and report.threadgroup_bytes > threadgroup_memory_bytes:
-        raise ScheduleError(f"staging={plan.staging!r}",
-                            f"allocations use {report.threadgroup_bytes} bytes of threadgroup "
-                            f"memory; the target has {threadgroup_memory_bytes}")
+        # shared() arrays count here too, so the plan's staging is not necessarily the cause
+        raise ScheduleError("the threadgroup memory limit",
+                            f"allocations (shared() arrays and operand staging) use "
+                            f"{report.threadgroup_bytes} bytes of threadgroup memory; the target "
+                            f"has {threadgroup_memory_bytes}: use smaller shared() arrays or tiles")
 
 
 # -- the JSON format ------------------------------------------------------------------------
