@@ -115,8 +115,13 @@ def check(source: str, label: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(source)
-        args = [path, *_FLAGS, *_include_flags(), *_precompiled_model(path), str(src)]
-        result = subprocess.run(args, capture_output=True, text=True)
+        pch = _precompiled_model(path)
+        result = subprocess.run([path, *_FLAGS, *_include_flags(), *pch, str(src)], capture_output=True, text=True)
+        if pch and result.returncode != 0 and "AST file" in result.stderr:
+            # A damaged or stale precompiled header: drop it (rebuilt next time)
+            # and check this unit from the headers.
+            Path(pch[1]).unlink(missing_ok=True)
+            result = subprocess.run([path, *_FLAGS, *_include_flags(), str(src)], capture_output=True, text=True)
     if result.returncode != 0:
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()][:60]
         raise compiler.MslCompileError(
