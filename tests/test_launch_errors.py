@@ -88,3 +88,17 @@ def test_bool_buffers():
     np.testing.assert_array_equal(np.array(y), [1, 0, 1, 1, 0, 0, 0, 0])
     with pytest.raises(CompilationError, match="float constant 2.0 combined with a bool value"):
         double[(1,)](x, mx.zeros((5,)), 5, BLOCK=8)
+
+
+def test_source_kernels_take_numpy_ints_and_refuse_huge_grids():
+    k = metile.metal_kernel(name="copy4", input_names=["a"], output_names=["b"],
+                            source="uint i = thread_position_in_grid.x; b[i] = a[i];")
+    call = dict(inputs=[mx.arange(4, dtype=mx.float32)], output_shapes=[(4,)],
+                output_dtypes=[mx.float32])
+    b = k(grid=(np.int64(4), np.int32(1), 1), threadgroup=(np.uint16(4), 1, 1), **call)[0]
+    np.testing.assert_array_equal(np.array(b), np.arange(4))
+    with pytest.raises(ValueError, match=r"\[metal_kernel\] grid \(2147483648, 1, 1\) has a "
+                                         r"dimension above 2147483647"):
+        k(grid=(2**31, 1, 1), threadgroup=(4, 1, 1), **call)
+    with pytest.raises(ValueError, match=r"grid must be a tuple of three ints, got \(True, 1, 1\)"):
+        k(grid=(True, 1, 1), threadgroup=(4, 1, 1), **call)

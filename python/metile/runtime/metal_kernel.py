@@ -9,7 +9,6 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
-import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -79,19 +78,6 @@ def math_mode_of(compile_options) -> int:
             raise ValueError("[metal_kernel] Expected math_mode to be 'safe', 'relaxed', or 'fast'.")
         mode = MATH_MODES.index(value)
     return mode
-
-
-def _int_dims(value):
-    """`value` with NumPy integers (anything with __index__ but bool) as ints,
-    as MLX accepts them; anything else is left for the shared check to reject."""
-    if not isinstance(value, Sequence | tuple) or isinstance(value, str):
-        return value
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not hasattr(v, "__index__"):
-            return value
-        out.append(operator.index(v))
-    return tuple(out)
 
 
 def race_compare(spec, output_names: list[str]) -> list[tuple[bool, float, float]]:
@@ -216,7 +202,7 @@ class MetalKernel(SourceKernel):
     ):
         compare = race_compare(order_dependent_outputs, self.output_names)
         inputs, grid, threadgroup, shapes = self.prepare_call(
-            inputs, output_shapes, output_dtypes, _int_dims(grid), _int_dims(threadgroup)
+            inputs, output_shapes, output_dtypes, grid, threadgroup
         )
         template = list(template or [])
         s = resolve_stream(stream, self.op)

@@ -4,6 +4,7 @@ graph node is built."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -42,6 +43,9 @@ def resolve_stream(stream, op: str) -> mx.Stream:
     raise TypeError(f"[{op}] stream must be an mx.Stream, mx.Device or None, got {stream!r}")
 
 
+_INT32_MAX = 2**31 - 1
+
+
 class SourceKernel:
     """A kernel body in a GPU language with MLX's generated signature."""
 
@@ -67,10 +71,18 @@ class SourceKernel:
         return f"[{self.op}] {message}"
 
     def _dims(self, value, what: str) -> tuple[int, int, int]:
-        if not isinstance(value, Sequence) or len(value) != 3 or not all(isinstance(v, int) for v in value):
+        # NumPy integers (anything with __index__ except bool) count as ints, as in MLX.
+        if isinstance(value, Sequence) and not isinstance(value, str):
+            value = tuple(operator.index(v) if hasattr(v, "__index__") and not isinstance(v, bool)
+                          else v for v in value)
+        if not isinstance(value, Sequence) or len(value) != 3 or \
+                not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ValueError(self.error(f"{what} must be a tuple of three ints, got {value!r}"))
         if any(v < 0 for v in value):
             raise ValueError(self.error(f"{what} dimensions must be non-negative, got {tuple(value)}"))
+        if any(v > _INT32_MAX for v in value):
+            raise ValueError(self.error(f"{what} {tuple(value)} has a dimension above {_INT32_MAX}: "
+                                        f"MLX takes {what} sizes as 32-bit ints"))
         return tuple(value)
 
     def prepare_call(self, inputs, output_shapes, output_dtypes, grid, threadgroup):
