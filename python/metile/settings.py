@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -43,6 +44,15 @@ def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> s
     if raw not in allowed:
         raise SettingError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
     return raw
+
+
+def cache_root() -> Path:
+    """Where metile keeps what it compiles and measures: $METILE_CACHE_DIR, else
+    $XDG_CACHE_HOME/metile, else ~/.cache/metile.  Each cache is a folder below."""
+    explicit = os.environ.get("METILE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "metile"
 
 
 _warned: set[str] = set()

@@ -7,7 +7,7 @@ constexpr values, the argument kinds/dtypes/ranks, the lane geometry request,
 the backend, and a fingerprint of the compiler's own source files.
 
 The disk cache stores the generated source and launch metadata as JSON under
-`$METILE_CACHE_DIR/dsl` (default `~/.cache/metile/dsl`).  The backend's own
+`settings.cache_root()/dsl` (`$METILE_CACHE_DIR`, default `~/.cache/metile`).  The backend's own
 compile of that source is cached separately by the runtime that runs it.
 Writes are atomic (write to a temp file, then rename); unreadable entries are
 ignored and regenerated.
@@ -24,6 +24,7 @@ import types
 import warnings
 from pathlib import Path
 
+from .. import settings
 from ..language.dtypes import DType
 
 _COMPILER_DIRS = ("frontend", "ir", "passes", "codegen", "language", "schedule")
@@ -93,9 +94,7 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("METILE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                               "metile")
-    return Path(base) / "dsl"
+    return settings.cache_root() / "dsl"
 
 
 def key_hash(parts) -> str:
@@ -103,7 +102,7 @@ def key_hash(parts) -> str:
 
 
 def disk_load(key: str) -> dict | None:
-    if os.environ.get("METILE_DISABLE_DISK_CACHE"):
+    if settings.flag("METILE_DISABLE_DISK_CACHE"):
         return None
     path = cache_dir() / f"{key}.json"
     try:
@@ -114,7 +113,7 @@ def disk_load(key: str) -> dict | None:
 
 
 def disk_store(key: str, data: dict) -> None:
-    if os.environ.get("METILE_DISABLE_DISK_CACHE"):
+    if settings.flag("METILE_DISABLE_DISK_CACHE"):
         return
     d = cache_dir()
     try:

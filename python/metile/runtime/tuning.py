@@ -46,9 +46,8 @@ class TuningError(RuntimeError):
 
 
 def tuning_dir() -> Path:
-    base = os.environ.get("METILE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                               "metile")
-    return Path(base) / "tuning"
+    from .. import settings
+    return settings.cache_root() / "tuning"
 
 
 # -- key ------------------------------------------------------------------------------------

@@ -110,10 +110,8 @@ _usable_dirs: dict[Path, Path] = {}
 def cache_dir() -> Path:
     """Where libraries are built and kept: `$METILE_CACHE_DIR/msl_cpu`, or a
     private temporary directory (with a warning) when that cannot be written."""
-    root = os.environ.get("METILE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "metile"
-    )
-    path = Path(root) / "msl_cpu"
+    from ... import settings
+    path = settings.cache_root() / "msl_cpu"
     usable = _usable_dirs.get(path)
     if usable is None:
         usable = _usable_dirs[path] = _writable_or_private(path)
