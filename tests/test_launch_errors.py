@@ -102,3 +102,17 @@ def test_source_kernels_take_numpy_ints_and_refuse_huge_grids():
         k(grid=(2**31, 1, 1), threadgroup=(4, 1, 1), **call)
     with pytest.raises(ValueError, match=r"grid must be a tuple of three ints, got \(True, 1, 1\)"):
         k(grid=(True, 1, 1), threadgroup=(4, 1, 1), **call)
+
+
+@metile.kernel
+def keyword_names(vertex, fragment, n, BLOCK: metile.constexpr):
+    o = metile.arange(0, BLOCK)
+    metile.store(fragment + o, metile.load(vertex + o, mask=o < n) + 1.0, mask=o < n)
+
+
+def test_parameters_named_like_metal_keywords_are_renamed():
+    y = keyword_names[(1,)](mx.arange(5, dtype=mx.float32), mx.zeros((5,)), 5, BLOCK=8)
+    np.testing.assert_array_equal(np.array(y), np.arange(5) + 1.0)
+    src = keyword_names[(1,)].prepare(mx.arange(5, dtype=mx.float32), mx.zeros((5,)), 5,
+                                      BLOCK=8).source
+    assert "arg_vertex" in src and "arg_fragment" in src

@@ -106,7 +106,10 @@ class Launcher:
         # A repeated launch with the same signature reuses the resolved Dispatch
         # (binding, specialization, coverage proof) and only swaps the arrays.
         kernel = self.kernel
-        kernel.refresh()
+        try:
+            kernel.refresh()
+        except CompilationError as e:
+            raise e.with_traceback(None) from None
         key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
         if key is not None:
             template = kernel._launches.get(key)
@@ -120,8 +123,8 @@ class Launcher:
         return d()
 
     def prepare(self, *args, **kwargs) -> "Dispatch":
-        self.kernel.refresh()
         try:
+            self.kernel.refresh()
             return Dispatch(self.kernel, self.grid, args, kwargs)
         except CompilationError as e:
             raise e.with_traceback(None) from None  # hide compiler frames

@@ -39,17 +39,18 @@ from ..passes.uniformity import check_uniformity
 from ..ir.core import Loc, walk
 from ..schedule import Schedule, ScheduleError
 from . import cache, planning
+from .metal_kernel import RESERVED_NAMES
 from .dependencies import Snapshot
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch, Launcher
 
 BACKENDS = ("msl", "cuda")
-RESERVED = {"kernel", "device", "constant", "threadgroup", "thread", "half", "float", "int", "uint",
-            "bool", "char", "short", "long", "void", "auto", "const", "true", "false", "metal",
-            "bfloat", "bfloat16_t", "float16_t", "return", "if", "else", "for", "while", "do",
-            "switch", "case", "default", "break", "continue", "struct", "class", "static",
-            "inline", "template", "typename", "namespace", "using", "sizeof", "vec", "main"}
+# Generated argument names avoid MSL/C++ keywords and the shim's type names; a
+# Python parameter that collides is renamed (arg_<name>), never refused.
+RESERVED = set(RESERVED_NAMES) | {
+    "half", "float", "int", "uint", "bool", "char", "short", "long", "void", "bfloat",
+    "bfloat16_t", "float16_t", "vec", "main"}
 
 
 def matrix_units(backend: str) -> tuple:
