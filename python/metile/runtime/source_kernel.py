@@ -5,6 +5,7 @@ graph node is built."""
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -52,6 +53,17 @@ class SourceKernel:
     op = "kernel"  # error prefix, MLX style
 
     def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous):
+        # The name becomes part of the generated function's name, so Metal and NVRTC
+        # reject anything but an identifier's characters.
+        if not isinstance(name, str) or not re.fullmatch(r"\w+", name):
+            raise ValueError(self.error(f"name must be letters, digits and underscores (it names "
+                                        f"the generated function), got {name!r}"))
+        for what, value in (("input_names", input_names), ("output_names", output_names)):
+            if isinstance(value, str) or not isinstance(value, Sequence):
+                raise TypeError(self.error(f"{what} must be a list of strings, got {value!r}"))
+        for what, value in (("source", source), ("header", header)):
+            if not isinstance(value, str):
+                raise TypeError(self.error(f"{what} must be a string, got {type(value).__name__}"))
         if not output_names:
             raise ValueError(self.error("must specify at least one output"))
         names = list(input_names) + list(output_names)
@@ -111,7 +123,16 @@ class SourceKernel:
                     f"{MAX_THREADS_PER_THREADGROUP} threads per threadgroup"
                 )
             )
-        shapes = [[int(d) for d in s] for s in output_shapes]
+        for name, d in zip(self.output_names, output_dtypes):
+            if not isinstance(d, mx.Dtype):
+                raise TypeError(self.error(f"output_dtypes entry for {name!r} must be an mx.Dtype "
+                                           f"(e.g. mx.float32), got {type(d).__name__} {d!r}"))
+        for name, s in zip(self.output_names, output_shapes):
+            if isinstance(s, str) or not isinstance(s, Sequence) or not all(
+                    hasattr(d, "__index__") and not isinstance(d, bool) for d in s):
+                raise TypeError(self.error(f"output_shapes entry for {name!r} must be a tuple of "
+                                           f"ints, got {s!r}"))
+        shapes = [[operator.index(d) for d in s] for s in output_shapes]
         for s in shapes:
             if any(d < 0 for d in s):
                 raise ValueError(self.error(f"output shape {s} has a negative dimension"))
