@@ -1,6 +1,6 @@
-// Compiled with -fsyntax-only -DMETILE_MSL_ADDRESS_SPACES by
+// Checked against the strict Metal model (include_strict/) by
 // tests/test_msl_shim.py: must compile as is, and fail with each of
-// -DBAD=1..4 (pointers of the wrong address space, as Metal rejects them).
+// `#define BAD 1..4` (pointers of the wrong address space, as Metal rejects them).
 #include <metal_stdlib>
 using namespace metal;
 

@@ -38,7 +38,9 @@ from ..schedule.schedule import Config, ScheduleError
 FORMAT = 1
 # METILE_* variables that cannot change generated code or its numerics.
 _ENV_IGNORED = {"METILE_CACHE_DIR", "METILE_DEBUG", "METILE_DISABLE_DISK_CACHE",
-                "METILE_MSL_TIMEOUT_S", "METILE_RACE_CHECK", "METILE_MSL_CHECK_ADDRESS_SPACES"}
+                "METILE_MSL_TIMEOUT_S", "METILE_RACE_CHECK", "METILE_MSL_CHECK_ADDRESS_SPACES",
+                "METILE_MSL_STRICT", "METILE_MSL_BOUNDS_CHECK", "METILE_MSL_STACK_KB",
+                "METILE_LANE_ORDER"}
 
 
 class TuningError(RuntimeError):

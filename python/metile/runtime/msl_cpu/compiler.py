@@ -226,14 +226,3 @@ def compile_library(source: str, label: str) -> Path:
             _run([compiler, *flags, str(src), "-o", str(out)], label)
             _publish(out, target)
     return target
-
-
-def check_address_spaces(source: str, label: str) -> None:
-    """Syntax-check `source` with distinct device/threadgroup/constant address
-    spaces, so mixing pointers of different spaces fails as it would on Metal."""
-    compiler, _ = find_compiler()
-    flags = [f for f in _FLAGS if f not in ("-shared", "-fPIC")]
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.cpp"
-        src.write_text(source)
-        _run([compiler, *flags, f"-I{INCLUDE_DIR}", "-DMETILE_MSL_ADDRESS_SPACES", "-fsyntax-only", str(src)], label)

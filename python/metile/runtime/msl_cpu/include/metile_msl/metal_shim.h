@@ -9,13 +9,9 @@
 // threadgroup barriers.  What is not covered is listed in README-style notes
 // at the top of each part.
 //
-// Two modes:
-//  * default: address-space qualifiers (device, threadgroup, constant,
-//    thread) are empty macros, all memory is plain host memory.
-//  * METILE_MSL_ADDRESS_SPACES defined (use with -fsyntax-only only): device,
-//    threadgroup and constant become distinct clang address spaces, so
-//    passing a threadgroup pointer where a device pointer is expected is a
-//    compile error, as on Metal.  The shim never runs in this mode.
+// Address-space qualifiers (device, threadgroup, constant, thread) are empty
+// macros: all memory is plain host memory.  The strict check compiles the
+// same source against include_strict/, where they are distinct, as on Metal.
 #pragma once
 
 // Standard headers first: the address-space macros below would otherwise
@@ -29,17 +25,12 @@
 
 #include "abi.h"
 
-#ifdef METILE_MSL_ADDRESS_SPACES
-#define device __attribute__((address_space(1)))
-#define constant __attribute__((address_space(2)))
-#define threadgroup __attribute__((address_space(3)))
-#define threadgroup_imageblock __attribute__((address_space(3)))
-#else
+// Address spaces are erased here; the strict check (include_strict/) keeps
+// them distinct, as Metal does.
 #define device
 #define constant
 #define threadgroup
 #define threadgroup_imageblock
-#endif
 #define thread
 #define ray_data
 #define object_data

@@ -52,11 +52,6 @@ inline char* append_str(char* p, const char* s) {
   __builtin_unreachable();
 }
 
-#ifdef METILE_MSL_ADDRESS_SPACES
-#define METILE_TG_REF __attribute__((address_space(3)))
-#else
-#define METILE_TG_REF
-#endif
 
 // The storage of the threadgroup variable numbered `slot` in the kernel
 // (the source generator numbers each `threadgroup T name...;` declaration):
@@ -65,7 +60,7 @@ inline char* append_str(char* p, const char* s) {
 // groups and fills it with a poison pattern, so the memory starts out
 // garbage, as on the GPU.
 template <typename T>
-inline METILE_TG_REF T& tg_storage(unsigned slot) {
+inline T& tg_storage(unsigned slot) {
   Lane* me = current_lane;
   GroupShared* g = me->group;
   if (slot >= kMaxThreadgroupSlots) me->rt->fail(me, "too many threadgroup variables in one kernel (limit 256)");
@@ -78,7 +73,7 @@ inline METILE_TG_REF T& tg_storage(unsigned slot) {
     g->used = off + sizeof(T);
     g->slots[slot] = p;
   }
-  return *(METILE_TG_REF T*)p;
+  return *(T*)p;
 }
 
 // One SIMD-group exchange, following the protocol the scheduler implements:
