@@ -125,7 +125,8 @@ case("scalar-int-below-int32", lambda: launch_copy(X8, zeros8(), -2**31 - 1),
      error(LaunchError, r"argument 'n': -2147483649 does not fit in int32"))
 _MISMATCH = (r"operands of 'lt' have different dtypes \(int32 and {}\); metile does not convert "
              r"implicitly: cast one with metile.cast \(parameter 'n' was passed a scalar; pass an "
-             r"mx.array if it is a buffer, or a Python int to match the int32 operand if it is a scalar")
+             r"mx.array if it is a buffer, or a Python int to match the int32 operand if it is a "
+             r"scalar")
 case("scalar-nan-for-int", lambda: launch_copy(X8, zeros8(), float("nan")),
      error(CompilationError, _MISMATCH.format("float32")))
 case("scalar-float-for-int", lambda: launch_copy(X8, zeros8(), 8.0),
@@ -657,78 +658,121 @@ def k_increment(X):
 I8 = mx.arange(8, dtype=mx.int32)
 A64 = mx.ones((8, 8))
 lang = [
-    ("load-from-scalar", lambda: k_load_scalar[(1,)](zeros8(), 3), r"load\(\) needs a pointer, got a runtime int32 value \(parameter \'n\' was passed a scalar"),
-    ("store-to-scalar", lambda: k_store_to_scalar[(1,)](zeros8(), 3), r"store\(\) needs a pointer, got a runtime int32 value \(parameter \'n\' was passed a scalar"),
+    ("load-from-scalar", lambda: k_load_scalar[(1,)](zeros8(), 3),
+     r"load\(\) needs a pointer, got a runtime int32 value \(parameter \'n\' was passed a scalar"),
+    ("store-to-scalar", lambda: k_store_to_scalar[(1,)](zeros8(), 3),
+     r"store\(\) needs a pointer, got a runtime int32 value \(parameter \'n\' was passed a scalar"),
     ("store-float-into-int", lambda: k_store_float_into_int[(1,)](I8, BLOCK=8),
      r"store\(\) of a float32 value into a int32 buffer"),
-    ("mismatched-tile-shapes", lambda: k_tile_shapes[(1,)](mx.zeros((16,))), r"shapes \(8,\) and \(16,\) do not broadcast"),
-    ("reduce-axis-out-of-range", lambda: k_reduce_axis[(1,)](zeros8(), AXIS=1), r"axis 1 out of range for a rank-1 tile"),
-    ("reduce-negative-axis", lambda: k_reduce_axis[(1,)](zeros8(), AXIS=-2), r"axis -2 out of range for a rank-1 tile"),
-    ("reduce-string-axis", lambda: k_reduce_axis[(1,)](zeros8(), AXIS="0"), r"reduction axis must be a constexpr int"),
-    ("reduce-runtime-axis", lambda: k_reduce_runtime_axis[(1,)](zeros8(), 0), r"reduction axis must be a constexpr int"),
+    ("mismatched-tile-shapes", lambda: k_tile_shapes[(1,)](mx.zeros((16,))),
+     r"shapes \(8,\) and \(16,\) do not broadcast"),
+    ("reduce-axis-out-of-range", lambda: k_reduce_axis[(1,)](zeros8(), AXIS=1),
+     r"axis 1 out of range for a rank-1 tile"),
+    ("reduce-negative-axis", lambda: k_reduce_axis[(1,)](zeros8(), AXIS=-2),
+     r"axis -2 out of range for a rank-1 tile"),
+    ("reduce-string-axis", lambda: k_reduce_axis[(1,)](zeros8(), AXIS="0"),
+     r"reduction axis must be a constexpr int"),
+    ("reduce-runtime-axis", lambda: k_reduce_runtime_axis[(1,)](zeros8(), 0),
+     r"reduction axis must be a constexpr int"),
     ("program-id-axis-3", lambda: k_program_id[(1,)](zeros8(), AXIS=3),
      r"program_id\(\) axis must be 0, 1 or 2, got 3"),
     ("program-id-axis-negative", lambda: k_program_id[(1,)](zeros8(), AXIS=-1),
      r"program_id\(\) axis must be 0, 1 or 2, got -1"),
-    ("program-id-runtime-axis", lambda: k_program_id_runtime[(1,)](zeros8(), 0), r"program_id\(\) axis must be a constexpr int \(known at compile time\), got a runtime int32 value"),
+    ("program-id-runtime-axis", lambda: k_program_id_runtime[(1,)](zeros8(), 0),
+     r"program_id\(\) axis must be a constexpr int \(known at compile time\), got a runtime int32 "
+     r"value"),
     ("dot-inner-mismatch", lambda: k_dot[(1,)](A64, A64, mx.zeros((64,)), SA=(8, 16), SB=(8, 8)),
      r"dot\(\) inner dimensions differ: \(8, 16\) @ \(8, 8\)"),
     ("dot-int-operands", lambda: k_dot[(1,)](mx.ones((64,), mx.int32), mx.ones((64,), mx.int32),
-                                             mx.zeros((64,), mx.int32), SA=(8, 8), SB=(8, 8)), r"dot\(\) needs two floating tiles of one dtype, got int32 and int32"),
+                                             mx.zeros((64,), mx.int32), SA=(8, 8), SB=(8, 8)),
+     r"dot\(\) needs two floating tiles of one dtype, got int32 and int32"),
     ("dot-1d-operands", lambda: k_dot_1d[(1,)](zeros8(), zeros8()),
      r"dot\(\) operand a must be a 2-D tile"),
-    ("dot-acc-shape", lambda: k_dot_acc[(1,)](A64, mx.zeros((64,))), r"dot\(\) accumulator must be a tile<8x8, float32>, got a tile<16x16, float32> tile"),
-    ("arange-reversed", lambda: k_arange[(1,)](mx.zeros((16,)), START=8, END=0), r"arange\(8, 0\) is empty: end must be greater than start"),
-    ("arange-float-end", lambda: k_arange[(1,)](mx.zeros((16,)), START=0, END=8.0), r"arange\(\) end must be a constexpr int \(known at compile time\), got float 8.0"),
-    ("zeros-bad-dtype", lambda: k_zeros_dtype[(1,)](zeros8(), DT="float64"), r"zeros\(\): unsupported dtype \'float64\'; kernels take float32, float16, bfloat16, int32, uint32, bool"),
-    ("cast-to-non-dtype", lambda: k_cast[(1,)](zeros8(), DT=3), r"cast\(\): unsupported dtype 3; kernels take float32"),
-    ("float-mask", lambda: k_float_mask[(1,)](zeros8()), r"mask must be a bool value, got a tile<8, float32> tile"),
-    ("mask-shape-mismatch", lambda: k_mask_shape[(1,)](zeros8()), r"shapes \(8,\) and \(16,\) do not broadcast"),
-    ("load-other-string", lambda: k_other_string[(1,)](zeros8()), r"expected a number or a runtime value, got str \'zero\'\n.*other=\"zero\""),
-    ("pointer-float-offset", lambda: k_float_offset[(1,)](zeros8()), r"pointer offset must be an integer, got 0.5"),
-    ("pointer-times-two", lambda: k_pointer_times_two[(1,)](zeros8()), r"\'\*\' is not defined on pointers: a pointer only takes \+ or - an int32 offset"),
-    ("pointer-plus-pointer", lambda: k_pointer_plus_pointer[(1,)](zeros8(), zeros8()), r"only pointer \+ integer offset is supported"),
+    ("dot-acc-shape", lambda: k_dot_acc[(1,)](A64, mx.zeros((64,))),
+     r"dot\(\) accumulator must be a tile<8x8, float32>, got a tile<16x16, float32> tile"),
+    ("arange-reversed", lambda: k_arange[(1,)](mx.zeros((16,)), START=8, END=0),
+     r"arange\(8, 0\) is empty: end must be greater than start"),
+    ("arange-float-end", lambda: k_arange[(1,)](mx.zeros((16,)), START=0, END=8.0),
+     r"arange\(\) end must be a constexpr int \(known at compile time\), got float 8.0"),
+    ("zeros-bad-dtype", lambda: k_zeros_dtype[(1,)](zeros8(), DT="float64"),
+     r"zeros\(\): unsupported dtype \'float64\'; kernels take float32, float16, bfloat16, int32, "
+     r"uint32, bool"),
+    ("cast-to-non-dtype", lambda: k_cast[(1,)](zeros8(), DT=3),
+     r"cast\(\): unsupported dtype 3; kernels take float32"),
+    ("float-mask", lambda: k_float_mask[(1,)](zeros8()),
+     r"mask must be a bool value, got a tile<8, float32> tile"),
+    ("mask-shape-mismatch", lambda: k_mask_shape[(1,)](zeros8()),
+     r"shapes \(8,\) and \(16,\) do not broadcast"),
+    ("load-other-string", lambda: k_other_string[(1,)](zeros8()),
+     r"expected a number or a runtime value, got str \'zero\'\n.*other=\"zero\""),
+    ("pointer-float-offset", lambda: k_float_offset[(1,)](zeros8()),
+     r"pointer offset must be an integer, got 0.5"),
+    ("pointer-times-two", lambda: k_pointer_times_two[(1,)](zeros8()),
+     r"\'\*\' is not defined on pointers: a pointer only takes \+ or - an int32 offset"),
+    ("pointer-plus-pointer", lambda: k_pointer_plus_pointer[(1,)](zeros8(), zeros8()),
+     r"only pointer \+ integer offset is supported"),
     ("shared-size-zero", lambda: k_shared[(1,)](zeros8(), SIZE=0),
      r"shared\(\) size must be positive, got 0"),
     ("shared-size-negative", lambda: k_shared[(1,)](zeros8(), SIZE=-4),
      r"shared\(\) size must be positive, got -4"),
-    ("barrier-with-argument", lambda: k_barrier_args[(1,)](zeros8()), r"metile.barrier\(\): too many positional arguments"),
-    ("atomic-add-float16", lambda: k_atomic[(1,)](zeros8(mx.float16), BLOCK=8), r"atomic_add\(\) on a float16 buffer is not supported; it takes float32, int32, uint32 buffers"),
-    ("atomic-add-and-load", lambda: k_atomic_and_load[(1,)](zeros8()), r"buffer \'X\' is updated with atomic_add and also loaded in this kernel"),
-    ("view-bad-access", lambda: k_view_access[(1,)](zeros8()), r"tensor\(\) access must be one of \(\'read\', \'write\', \'readwrite\'\), got \'w\'"),
-    ("view-index-rank", lambda: k_view_rank[(1,)](zeros8()), r"store\(\) position has 2 coordinates; the view has rank 1"),
-    ("view-string-shape", lambda: k_view_shape[(1,)](zeros8()), r"tensor\(\) shape\[1\] must be an int \(constexpr or a runtime int scalar\), got str \'a\'"),
+    ("barrier-with-argument", lambda: k_barrier_args[(1,)](zeros8()),
+     r"metile.barrier\(\): too many positional arguments"),
+    ("atomic-add-float16", lambda: k_atomic[(1,)](zeros8(mx.float16), BLOCK=8),
+     r"atomic_add\(\) on a float16 buffer is not supported; it takes float32, int32, uint32 "
+     r"buffers"),
+    ("atomic-add-and-load", lambda: k_atomic_and_load[(1,)](zeros8()),
+     r"buffer \'X\' is updated with atomic_add and also loaded in this kernel"),
+    ("view-bad-access", lambda: k_view_access[(1,)](zeros8()),
+     r"tensor\(\) access must be one of \(\'read\', \'write\', \'readwrite\'\), got \'w\'"),
+    ("view-index-rank", lambda: k_view_rank[(1,)](zeros8()),
+     r"store\(\) position has 2 coordinates; the view has rank 1"),
+    ("view-string-shape", lambda: k_view_shape[(1,)](zeros8()),
+     r"tensor\(\) shape\[1\] must be an int \(constexpr or a runtime int scalar\), got str \'a\'"),
     ("divergent-barrier", lambda: k_divergent_barrier[(1,)](zeros8()),
      r"barrier\(\) under control flow that depends on thread_id\(\)"),
     ("kernel-calls-kernel", lambda: k_call_kernel[(1,)](zeros8()),
      r"a kernel cannot call another @metile.kernel"),
-    ("undefined-name", lambda: k_undefined[(1,)](zeros8()), r"name 'undefined_name' is not defined"),
-    ("python-math-module", lambda: k_math_module[(1,)](zeros8()), r"call to sqrt, which is neither a metile builtin nor a @metile.inline helper"),
-    ("chained-comparison", lambda: k_chained[(1,)](zeros8(), 2), r"chained comparisons are not supported"),
+    ("undefined-name", lambda: k_undefined[(1,)](zeros8()),
+     r"name 'undefined_name' is not defined"),
+    ("python-math-module", lambda: k_math_module[(1,)](zeros8()),
+     r"call to sqrt, which is neither a metile builtin nor a @metile.inline helper"),
+    ("chained-comparison", lambda: k_chained[(1,)](zeros8(), 2),
+     r"chained comparisons are not supported"),
     ("item-assignment", lambda: k_item_assign[(1,)](zeros8()), r"item assignment is not supported"),
     ("if-on-a-tile", lambda: k_tile_if[(1,)](zeros8()), r"if condition must be a scalar"),
-    ("not-on-a-tile", lambda: k_tile_not[(1,)](zeros8()), r"\'not\' needs a bool scalar; use ~ for tiles"),
-    ("runtime-power", lambda: k_runtime_pow[(1,)](zeros8(), 2), r"\*\* is only supported on compile-time constants"),
-    ("constant-division-by-zero", lambda: k_const_div_zero[(1,)](zeros8()), r"cannot evaluate 1 // 0 at compile time: integer division or modulo by zero"),
-    ("with-statement", lambda: k_with[(1,)](zeros8()), r"unsupported Python in a kernel: with statement"),
+    ("not-on-a-tile", lambda: k_tile_not[(1,)](zeros8()),
+     r"\'not\' needs a bool scalar; use ~ for tiles"),
+    ("runtime-power", lambda: k_runtime_pow[(1,)](zeros8(), 2),
+     r"\*\* is only supported on compile-time constants"),
+    ("constant-division-by-zero", lambda: k_const_div_zero[(1,)](zeros8()),
+     r"cannot evaluate 1 // 0 at compile time: integer division or modulo by zero"),
+    ("with-statement", lambda: k_with[(1,)](zeros8()),
+     r"unsupported Python in a kernel: with statement"),
     ("lambda", lambda: k_lambda[(1,)](zeros8()), r"unsupported Python in a kernel: lambda"),
     ("f-string", lambda: k_fstring[(1,)](zeros8()), r"unsupported Python in a kernel: f-string"),
-    ("dict-literal", lambda: k_dict[(1,)](zeros8()), r"unsupported Python in a kernel: dict literal"),
+    ("dict-literal", lambda: k_dict[(1,)](zeros8()),
+     r"unsupported Python in a kernel: dict literal"),
     ("nested-def", lambda: k_nested_def[(1,)](zeros8()),
      r"unsupported Python in a kernel: nested function definition"),
-    ("import-in-kernel", lambda: k_import[(1,)](zeros8()), r"unsupported Python in a kernel: import"),
+    ("import-in-kernel", lambda: k_import[(1,)](zeros8()),
+     r"unsupported Python in a kernel: import"),
     ("global-statement", lambda: k_global[(1,)](zeros8()),
      r"unsupported Python in a kernel: global statement"),
-    ("del-statement", lambda: k_del[(1,)](zeros8()), r"unsupported Python in a kernel: del statement"),
+    ("del-statement", lambda: k_del[(1,)](zeros8()),
+     r"unsupported Python in a kernel: del statement"),
     ("walrus", lambda: k_walrus[(1,)](zeros8()),
      r"unsupported Python in a kernel: assignment expression"),
-    ("return-a-value", lambda: k_return_value[(1,)](zeros8()), r"a kernel cannot return a value; store results into an output buffer"),
-    ("range-zero-step", lambda: k_zero_step[(1,)](zeros8()), r"range\(\) step must be positive, got 0"),
+    ("return-a-value", lambda: k_return_value[(1,)](zeros8()),
+     r"a kernel cannot return a value; store results into an output buffer"),
+    ("range-zero-step", lambda: k_zero_step[(1,)](zeros8()),
+     r"range\(\) step must be positive, got 0"),
     ("kernel-without-stores", lambda: k_no_store[(1,)](zeros8()),
      r"kernel 'k_no_store' stores to no buffer"),
     ("inline-recursion", lambda: k_recursion[(1,)](zeros8()),
      r"@metile.inline helpers nest more than 32 deep \(recursion\?\)"),
-    ("differentiable-reduction", lambda: k_diff_reduce[(1,)](zeros8(), mx.zeros((1,))), r"differentiable=True needs a pointwise kernel: loads and stores must address program_id\(0\) \* BLOCK \+ arange\(0, BLOCK\)"),
+    ("differentiable-reduction", lambda: k_diff_reduce[(1,)](zeros8(), mx.zeros((1,))),
+     r"differentiable=True needs a pointwise kernel: loads and stores must address program_id\(0\) "
+     r"\* BLOCK \+ arange\(0, BLOCK\)"),
 ]
 for _id, _fn, _pattern in lang:
     case(_id, _fn, error(CompilationError, _pattern))
@@ -741,7 +785,8 @@ case("arange-non-power-of-two", lambda: k_arange[(1,)](mx.full((16,), -1.0), STA
 case("range-runtime-step", lambda: k_runtime_range_step[(1,)](zeros8(), 3), correct(equal([1, 0, 0] * 2 + [1, 0])))
 case("shared-beyond-32KiB", lambda: k_shared[(1,)](zeros8(), SIZE=100_000),
      error(ScheduleError, r"cannot honour the threadgroup memory limit: allocations \(shared\(\) arrays "
-                          r"and operand staging\) use 400000 bytes of threadgroup memory; the target "
+                          r"and operand staging\) use 400000 bytes of threadgroup memory; the "
+                          r"target "
                           r"has 32768"))
 
 case("early-return", lambda: k_early_return[(4,)](X8, mx.full((8,), -1.0), 8, BLOCK=4),
@@ -756,7 +801,8 @@ case("differentiable-one-input",
      correct(equal(2 * np.arange(8, dtype=np.float32))))
 case("grad-through-plain-kernel", lambda: mx.grad(lambda x: double[(1,)](x, zeros8()).sum())(X8),
      error(LaunchError, r"kernel 'double' has no vjp, so mx.grad/mx.vjp cannot differentiate "
-                        r"through it: declare a pointwise kernel @metile.kernel\(differentiable=True\)"))
+                        r"through it: declare a pointwise kernel "
+                        r"@metile.kernel\(differentiable=True\)"))
 _DIV_FAULT = (r"kernel 'metile_k_int_div_\w+': integer division by zero \(or INT_MIN / -1\) in "
               r"threadgroup \(0, 0, 0\): Metal leaves the result unspecified")
 case("integer-division-by-zero", lambda: k_int_div[(1,)](mx.array([7], mx.int32), mx.zeros((1,), mx.int32), 0),
@@ -773,7 +819,8 @@ S = metile.Schedule
 schedule_fields = [
     ("schedule-unknown-backend", lambda: S(backend="gpu"), ValueError,
      r"Schedule: unknown backend 'gpu'; expected one of auto, simdgroup"),
-    ("schedule-backend-int", lambda: S(backend=3), TypeError, r"Schedule: backend must be a string"),
+    ("schedule-backend-int", lambda: S(backend=3), TypeError,
+     r"Schedule: backend must be a string"),
     ("schedule-unknown-staging", lambda: S(staging="shared"), ValueError,
      r"Schedule: unknown staging 'shared'; expected one of auto, device, threadgroup"),
     ("schedule-zero-simdgroups", lambda: S(num_simdgroups=0), ValueError,
@@ -855,7 +902,8 @@ def mk_call(kernel=None, **kw):
 
 TWICE = 2 * np.arange(8, dtype=np.float32)
 metal_ctor = [
-    ("mk-no-outputs", lambda: mk(output_names=()), ValueError, r"\[metal_kernel\] must specify at least one output"),
+    ("mk-no-outputs", lambda: mk(output_names=()), ValueError,
+     r"\[metal_kernel\] must specify at least one output"),
     ("mk-duplicate-inputs", lambda: mk(input_names=("a", "a")), ValueError,
      r"\[metal_kernel\] input and output names must be distinct"),
     ("mk-output-named-like-input", lambda: mk(output_names=("inp",)), ValueError,
@@ -889,9 +937,9 @@ case("mk-input-string", lambda: mk_call(inputs=["abc"]),
 case("mk-input-none", lambda: mk_call(inputs=[None]),
      error(TypeError, r"\[metal_kernel\] input 'inp' must be an mx.array or a Python scalar, got NoneType"))
 case("mk-input-numpy", lambda: mk_call(inputs=[np.arange(8, dtype=np.float32)]), correct(equal(TWICE)))
+_NO_DOUBLE = "issue 11: float64 runs on the CPU runtime though MSL has no double (metal_kernel, helper C)"
 case("mk-input-float64", lambda: mk_call(inputs=[X8.astype(mx.float64)]),
-     error((TypeError, ValueError), r"\[metal_kernel\] .*'inp'.*float64"),
-     xfail="issue 11: float64 runs on the CPU runtime though MSL has no double (metal_kernel, helper C)")
+     error((TypeError, ValueError), r"\[metal_kernel\] .*'inp'.*float64"), xfail=_NO_DOUBLE)
 case("mk-output-shapes-count", lambda: mk_call(output_shapes=[]),
      error(ValueError, r"expected `output_shapes` to have size 1 but got size 0"))
 case("mk-output-shape-negative", lambda: mk_call(output_shapes=[(-8,)]),
@@ -905,7 +953,7 @@ case("mk-output-dtype-numpy", lambda: mk_call(output_dtypes=[np.float32]),
 case("mk-output-dtype-string", lambda: mk_call(output_dtypes=["float32"]),
      error(TypeError, r"\[metal_kernel\] output_dtypes entry for 'out' must be an mx.Dtype"))
 case("mk-output-dtype-float64", lambda: mk_call(output_dtypes=[mx.float64]),
-     error((TypeError, ValueError), r"\[metal_kernel\] .*'out'.*float64"), xfail="issue 11: float64 runs on the CPU runtime though MSL has no double (metal_kernel, helper C)")
+     error((TypeError, ValueError), r"\[metal_kernel\] .*'out'.*float64"), xfail=_NO_DOUBLE)
 case("mk-grid-floats", lambda: mk_call(grid=(8.0, 1, 1)),
      error(ValueError, r"\[metal_kernel\] grid must be a tuple of three ints, got \(8.0, 1, 1\)"))
 case("mk-grid-negative", lambda: mk_call(grid=(-8, 1, 1)),
@@ -1049,7 +1097,8 @@ case("env-backend-unknown", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=
      error(LaunchError, r"METILE_BACKEND must be one of msl, cuda, got 'opencl'"))
 case("env-backend-cuda-on-cpu", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=16), METILE_BACKEND="cuda"),
      error(LaunchError, r"kernel 'copy' was compiled to CUDA \(METILE_BACKEND=cuda\), which runs only on "
-                        r"MLX's CUDA backend; the default device is Device\(cpu, 0\). Unset METILE_BACKEND"))
+                        r"MLX's CUDA backend; the default device is Device\(cpu, 0\). Unset "
+                        r"METILE_BACKEND"))
 case("env-debug-unknown", with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DEBUG="everything"),
      warns(UserWarning, r"METILE_DEBUG: unknown word\(s\) everything; known: tile_ir, thread_ir, msl, cuda, "
                         r"schedule", equal(np.ones(8, np.float32))))
@@ -1075,10 +1124,9 @@ case("env-cxx-missing", with_env(fresh_kernel_call, METILE_CXX="/nonexistent/cla
 case("env-cache-dir-is-a-file", with_env(fresh_kernel_call, METILE_CACHE_DIR=__file__ + "/cache"),
      warns(Warning, r"metile: cannot write the cache directory .*test_bad_inputs.py/cache.*"
                         r"Point METILE_CACHE_DIR at a writable directory", equal(TWICE)))
-case("env-disable-disk-cache-maybe", with_env(lambda: mk_call(), METILE_DISABLE_DISK_CACHE="maybe"),
-     error(ValueError, r"METILE_DISABLE_DISK_CACHE='maybe' is not a boolean"),
-     xfail="issue 11: METILE_DISABLE_DISK_CACHE takes any non-empty value, 0 included, as 'on' "
-           "(runtime/cache.py, helper B)")
+case("env-disable-disk-cache-maybe",
+     with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DISABLE_DISK_CACHE="maybe"),
+     error(ValueError, r"METILE_DISABLE_DISK_CACHE='maybe' is not a boolean; use 1 \(on\) or 0 \(off\)"))
 
 
 # -- running the table ------------------------------------------------------------------------
@@ -1123,7 +1171,7 @@ def test_bad_input(id_, fn, expect, isolate):
     if not isolate:
         check_outcome(fn, expect)
         return
-    env = dict(os.environ, METILE_MSL_TIMEOUT_S="5")
+    env = dict(os.environ, METILE_MSL_TIMEOUT_S="2")
     here = os.path.dirname(os.path.abspath(__file__))
     code = f"import test_bad_inputs as t; t.run_isolated({id_!r})"
     try:
