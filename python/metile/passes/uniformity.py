@@ -13,9 +13,13 @@ the threads, so it must not contain:
 A tile computed from a divergent scalar is rejected too: each thread would see
 a different tile.  Violations are CompilationErrors at the offending line.
 
-The pass also marks each scalar `atomic_add` whose operands and enclosing control
-are uniform with `once_per_program`: every thread holds the same update, which
-lowering performs once (by thread 0); a divergent one is each thread's own.
+The pass also marks each scalar `atomic_add` and scalar device-memory store whose
+operands and enclosing control are uniform with `once_per_program`: every thread
+holds the same update, which lowering performs once (by thread 0), as Triton
+does; a divergent one is each thread's own.  For a plain store this is what
+makes `store(X, load(X) + 1)` add one: were every thread to store, later threads
+would read earlier threads' results.  (Threadgroup stores stay per thread: a
+thread may read back its own uniform write without a barrier.)
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def _scan(block: Block, div: set[int], why: Op | None, check: bool) -> None:
             raise CompilationError("a tile cannot be built from a value that depends on "
                                    "thread_id(); each thread would see a different tile", op.loc)
         inputs_div = any(o.id in div for o in op.operands)
-        if check and op.name == "store" and op.attrs.get("atomic") and not _is_tile_op(op):
+        if check and op.name == "store" and not _is_tile_op(op) and (
+                op.attrs.get("atomic") or getattr(op.operands[0].type, "space", None) == "device"):
             op.attrs["once_per_program"] = why is None and not inputs_div
         if op.name == "thread_id" or (inputs_div and op.name not in ("for", "while", "if")):
             div.update(r.id for r in op.results)
