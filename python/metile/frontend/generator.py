@@ -194,6 +194,11 @@ class Generator(ControlFlow):
             return getattr(py_builtins, name)
         if name in ("True", "False", "None"):
             return {"True": True, "False": False, "None": None}[name]
+        if hasattr(py_builtins, name):
+            allowed = ", ".join(sorted(_PY_FUNCS))
+            raise CompilationError(f"Python's built-in {name!r} is not available inside a kernel "
+                                   f"(kernels can call metile functions, @metile.inline helpers "
+                                   f"and {allowed})")
         raise CompilationError(f"name {name!r} is not defined")
 
     def _record_global(self, name, value):
