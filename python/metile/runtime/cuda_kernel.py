@@ -31,6 +31,7 @@ class CudaKernel(SourceKernel):
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose=False, stream=None):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
+        template, init_value = self.checked_extras(template, init_value)
         s = resolve_stream(stream, self.op)
         if s.device.type != mx.gpu or not mx.cuda.is_available():
             raise RuntimeError(
@@ -40,7 +41,7 @@ class CudaKernel(SourceKernel):
         return _ext.launch_cuda(
             self.unique_name(inputs, output_dtypes, template), self.input_names, self.output_names, self.source, self.header,
             self.ensure_row_contiguous, self.shared_memory, inputs, shapes, list(output_dtypes),
-            grid, threadgroup, list(template or []), init_value, verbose, s,
+            grid, threadgroup, template, init_value, verbose, s,
         )
 
 

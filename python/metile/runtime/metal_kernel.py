@@ -139,6 +139,15 @@ CXX_KEYWORDS = frozenset(
 RESERVED_NAMES = MSL_KEYWORDS | CXX_KEYWORDS
 
 
+def _refuse_double(inputs, output_dtypes, input_names, output_names) -> None:
+    """MSL has no 64-bit float: the CPU runtime could run it, Metal could not."""
+    named = [(n, x.dtype) for n, x in zip(input_names, inputs)] + list(zip(output_names, output_dtypes))
+    for name, dtype in named:
+        if dtype == mx.float64:
+            raise TypeError(f"[metal_kernel] {name!r} is float64, which Metal does not have (MSL "
+                            f"has no double); cast it to float32")
+
+
 class MetalKernel(SourceKernel):
     """A callable MSL kernel; create it with `metile.metal_kernel`."""
 
@@ -204,7 +213,8 @@ class MetalKernel(SourceKernel):
         inputs, grid, threadgroup, shapes = self.prepare_call(
             inputs, output_shapes, output_dtypes, grid, threadgroup
         )
-        template = list(template or [])
+        template, init_value = self.checked_extras(template, init_value)
+        _refuse_double(inputs, output_dtypes, self.input_names, self.output_names)
         s = resolve_stream(stream, self.op)
         if route(s.device, self.name) == "metal":
             return _ext.launch_metal(
@@ -242,7 +252,7 @@ class MetalKernel(SourceKernel):
             list(output_dtypes),
             grid,
             threadgroup,
-            None if init_value is None else float(init_value),
+            init_value,
             order,
             bool(race_check),
             compare,

@@ -97,6 +97,28 @@ class SourceKernel:
                                         f"MLX takes {what} sizes as 32-bit ints"))
         return tuple(value)
 
+    def checked_extras(self, template, init_value) -> tuple[list, float | None]:
+        """`template` as a list of (name, value) pairs and `init_value` as a float,
+        or an error naming what is wrong (values are checked by the backend)."""
+        if template is None:
+            template = []
+        if isinstance(template, (str, bytes)) or not isinstance(template, Sequence):
+            raise TypeError(self.error(f"template must be a list of (name, value) pairs, e.g. "
+                                       f"[('T', mx.float32), ('N', 4)], got {template!r}"))
+        for i, entry in enumerate(template):
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise TypeError(self.error(f"template must be a list of (name, value) pairs, e.g. "
+                                           f"[('T', mx.float32), ('N', 4)]; entry {i} is {entry!r}"))
+            if not isinstance(entry[0], str) or not entry[0].isidentifier():
+                raise TypeError(self.error(f"template entry {i} has name {entry[0]!r}; a template "
+                                           f"parameter name must be an identifier string"))
+        if init_value is not None and (isinstance(init_value, bool) or
+                                       not isinstance(init_value, (int, float))):
+            raise TypeError(self.error(f"init_value must be a number (every output element starts "
+                                       f"at it) or None, got {type(init_value).__name__} "
+                                       f"{init_value!r}"))
+        return [tuple(e) for e in template], None if init_value is None else float(init_value)
+
     def prepare_call(self, inputs, output_shapes, output_dtypes, grid, threadgroup):
         """Checked (inputs as arrays, grid, threadgroup, output shapes)."""
         if len(inputs) != len(self.input_names):
