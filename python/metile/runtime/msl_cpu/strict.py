@@ -1,10 +1,19 @@
 """The strict Metal check: a kernel's full translation unit compiled with
-`clang++ -fsyntax-only` against include_strict/, a C++ model of the Metal API
-as strict as Metal's compiler (distinct address spaces, exact simdgroup_matrix,
-simd_*, atomic and math signatures, no implicit vector conversions; the
-model's header says what it rejects).  The runtime shim (include/) is looser so
-that it can run everything Metal runs; this check is what keeps a kernel that
-passes on the CPU from failing to compile on a Mac.
+`clang++ -std=c++14 -fsyntax-only` against include_strict/, a C++14 model of
+the Metal API as strict as Metal's compiler (distinct address spaces, exact
+simdgroup_matrix, simd_*, atomic and math signatures, no implicit vector
+conversions; the model's header says what it rejects).  The runtime shim
+(include/) is looser so that it can run everything Metal runs, and compiles as
+C++20; this check is what keeps a kernel that passes on the CPU from failing
+to compile on a Mac.
+
+Metal Shading Language (up to MSL 3.2) is C++14.  Later C++ is refused: what
+C++14 lacks outright (concepts, `auto` template parameters, class template
+argument deduction) fails as it does on Metal, and what clang accepts in
+C++14 only as an extension with a warning (if constexpr, structured bindings,
+fold expressions, inline variables, nested namespace definitions, if/switch
+initialisers, designated initialisers, hexadecimal floating literals) is an
+error here too, as it is not MSL.
 
 Enabled by METILE_MSL_STRICT=1 (the test suite turns it on) or by
 `MetalKernel.check`.  A passing translation unit is remembered on disk next to
@@ -25,10 +34,15 @@ from . import compiler
 
 STRICT_INCLUDE_DIR = Path(__file__).parent / "include_strict"
 
-# Kept from the runtime's flags: the language mode and half/bfloat semantics.
-# Added: vectors convert only explicitly, as in Metal.
+# Kept from the runtime's flags: half/bfloat semantics.  Changed: the language
+# is C++14, Metal's, with every later feature clang would accept as an
+# extension an error.  Added: vectors convert only explicitly, as in Metal.
 _FLAGS = [
-    "-std=c++20",
+    "-std=c++14",
+    "-Werror=c++17-extensions",
+    "-Werror=c++20-extensions",
+    "-Werror=c++23-extensions",
+    "-Werror=c++2c-extensions",
     "-fsyntax-only",
     "-Xclang",
     "-ffloat16-excess-precision=none",

@@ -64,6 +64,30 @@ struct packed_vec;
 
 namespace metile_rt {
 
+// C++14 throughout (no if constexpr, folds, inline variables or concepts
+// outside the #if below): the strict Metal model (include_strict/) includes
+// this header, and Metal Shading Language is C++14.
+
+template <typename T>
+using remove_cvref_t = typename std::remove_cv<typename std::remove_reference<T>::type>::type;
+
+// Folds over packs of constants, for C++14.
+constexpr bool all_of() { return true; }
+template <typename... B>
+constexpr bool all_of(bool first, B... rest) {
+  return first && all_of(rest...);
+}
+constexpr bool any_of() { return false; }
+template <typename... B>
+constexpr bool any_of(bool first, B... rest) {
+  return first || any_of(rest...);
+}
+constexpr int sum_of() { return 0; }
+template <typename... I>
+constexpr int sum_of(int first, I... rest) {
+  return first + sum_of(rest...);
+}
+
 // packed_floatN & co. take part in vector construction and conversion as
 // the aligned vector they hold: `float4(p)`, `ushort2(packed_ushort2)`.
 template <typename T>
@@ -76,18 +100,19 @@ struct packed_traits<metal::packed_vec<T, N>> {
   using vector = vec<T, N>;
 };
 template <typename T>
-inline constexpr bool is_packed = packed_traits<std::remove_cvref_t<T>>::size != 0;
+constexpr bool is_packed = packed_traits<remove_cvref_t<T>>::size != 0;
 
 // The aligned vector for a packed one; anything else unchanged.
-template <typename A>
-constexpr decltype(auto) unpack(const A& a) {
-  if constexpr (is_packed<A>)
-    return typename packed_traits<std::remove_cvref_t<A>>::vector(a);
-  else
-    return a;
+template <typename A, typename std::enable_if<!is_packed<A>, int>::type = 0>
+constexpr const A& unpack(const A& a) {
+  return a;
+}
+template <typename A, typename std::enable_if<is_packed<A>, int>::type = 0>
+constexpr typename packed_traits<A>::vector unpack(const A& a) {
+  return typename packed_traits<A>::vector(a);
 }
 template <typename A>
-using unpacked_t = std::remove_cvref_t<decltype(unpack(std::declval<const A&>()))>;
+using unpacked_t = remove_cvref_t<decltype(unpack(std::declval<const A&>()))>;
 
 template <typename T>
 struct vec_traits {
@@ -100,27 +125,39 @@ struct vec_traits<vec<T, N>> {
   using elem = T;
 };
 template <typename T>
-inline constexpr bool is_vec = vec_traits<std::remove_cvref_t<T>>::size != 0;
+constexpr bool is_vec = vec_traits<remove_cvref_t<T>>::size != 0;
 template <typename T>
-using elem_t = typename vec_traits<std::remove_cvref_t<T>>::elem;
+using elem_t = typename vec_traits<remove_cvref_t<T>>::elem;
 template <typename T>
-inline constexpr int vec_size = vec_traits<std::remove_cvref_t<T>>::size;
+constexpr int vec_size = vec_traits<remove_cvref_t<T>>::size;
+
+// True when the pack is exactly one argument of type V (cv and references
+// ignored).
+template <typename V, typename... A>
+constexpr bool is_just = false;
+template <typename V, typename A>
+constexpr bool is_just<V, A> = std::is_same<V, remove_cvref_t<A>>::value;
 
 template <typename T>
-inline constexpr bool is_float_scalar =
-    std::is_floating_point_v<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat>;
+constexpr bool is_float_scalar =
+    std::is_floating_point<T>::value || std::is_same<T, half>::value || std::is_same<T, bfloat>::value;
 template <typename T>
-inline constexpr bool is_int_scalar = std::is_integral_v<T>;
+constexpr bool is_int_scalar = std::is_integral<T>::value;
 template <typename T>
-inline constexpr bool is_arith_scalar = is_float_scalar<T> || is_int_scalar<T>;
+constexpr bool is_arith_scalar = is_float_scalar<T> || is_int_scalar<T>;
+
+#if __cplusplus >= 202002L
 // Scalars and vectors of scalars: what the element-wise library accepts.
+// Only the runtime shim's library (C++20) uses these; the strict model
+// declares Metal's own signatures.
 template <typename T>
-concept Arith = is_arith_scalar<std::remove_cvref_t<T>> ||
+concept Arith = is_arith_scalar<remove_cvref_t<T>> ||
                 (is_vec<T> && is_arith_scalar<elem_t<T>>);
 template <typename T>
 concept FloatArith = Arith<T> && is_float_scalar<elem_t<T>>;
 template <typename T>
 concept IntArith = Arith<T> && is_int_scalar<elem_t<T>>;
+#endif
 
 // The type a math function computes in for an argument of type T: integer
 // arguments become float (Metal would reject some of these calls as
@@ -134,13 +171,13 @@ struct float_of_impl<T, true> {
   using type = vec<typename float_of_impl<elem_t<T>, false>::type, vec_size<T>>;
 };
 template <typename T>
-using float_of = typename float_of_impl<std::remove_cvref_t<T>>::type;
+using float_of = typename float_of_impl<remove_cvref_t<T>>::type;
 
 template <typename T>
-inline constexpr int float_rank = std::is_same_v<T, bfloat> ? 1
-                                  : std::is_same_v<T, half> ? 2
-                                  : std::is_same_v<T, float> ? 3
-                                                             : 4;
+constexpr int float_rank = std::is_same<T, bfloat>::value ? 1
+                           : std::is_same<T, half>::value ? 2
+                           : std::is_same<T, float>::value ? 3
+                                                           : 4;
 
 // The common type of a mixed-type call such as max(x, 0) or pow(v, 2.0f):
 // a vector wins over a scalar (which is splatted), a floating type over an
@@ -149,7 +186,7 @@ inline constexpr int float_rank = std::is_same_v<T, bfloat> ? 1
 template <typename A, typename B>
 struct promote_scalar {
   using type = std::conditional_t<
-      std::is_same_v<A, B>, A,
+      std::is_same<A, B>::value, A,
       std::conditional_t<
           is_float_scalar<A> && !is_float_scalar<B>, A,
           std::conditional_t<
@@ -174,7 +211,7 @@ struct promote_impl<A, B, false, true> {
 };
 template <typename A, typename B>
 struct promote_impl<A, B, true, true> {
-  static_assert(std::is_same_v<A, B>, "metal: vector arguments of different types");
+  static_assert(std::is_same<A, B>::value, "metal: vector arguments of different types");
   using type = A;
 };
 template <typename... Ts>
@@ -188,56 +225,89 @@ struct promote<A, B, R...> {
   using type = typename promote<typename promote_impl<A, B>::type, R...>::type;
 };
 template <typename... Ts>
-using promote_t = typename promote<std::remove_cvref_t<Ts>...>::type;
+using promote_t = typename promote<remove_cvref_t<Ts>...>::type;
 
 // Converts one element as Metal's explicit conversions do; to bool means
 // "nonzero", which also turns comparison masks (-1/0) into true/false.
 template <typename To, typename From>
+constexpr To convert_elem_impl(From x, std::true_type /* to bool */) {
+  return x != From(0);
+}
+template <typename To, typename From>
+constexpr To convert_elem_impl(From x, std::false_type) {
+  return static_cast<To>(x);
+}
+template <typename To, typename From>
 constexpr To convert_elem(From x) {
-  if constexpr (std::is_same_v<To, bool> || std::is_same_v<To, signed char>)
-    return x != From(0);
-  else
-    return static_cast<To>(x);
+  return convert_elem_impl<To>(
+      x, std::integral_constant<bool, std::is_same<To, bool>::value || std::is_same<To, signed char>::value>());
 }
 
 // Scalar or vector of type T from a scalar (splat) or a same-size vector
 // (element-wise conversion).
 template <typename T, typename U>
-constexpr T convert(U x) {
-  if constexpr (is_packed<U>) {
-    return convert<T>(unpack(x));
-  } else if constexpr (!is_vec<T>) {
-    static_assert(!is_vec<U>, "metal: cannot convert a vector to a scalar");
-    return convert_elem<T>(x);
-  } else if constexpr (!is_vec<U>) {
-    using E = elem_t<T>;
-    return T(convert_elem<E>(x));
-  } else {
-    static_assert(vec_size<T> == vec_size<U>, "metal: vector conversion between different sizes");
-    using E = elem_t<T>;
-    if constexpr (std::is_same_v<T, std::remove_cvref_t<U>>) {
-      return x;
-    } else if constexpr (std::is_same_v<E, bool> || std::is_same_v<E, signed char>) {
-      T r;
-      for (int i = 0; i < vec_size<T>; ++i) r[i] = x[i] != elem_t<U>(0);
-      return r;
-    } else {
-      return __builtin_convertvector(x, T);
-    }
+constexpr T convert(U x);
+
+// How convert<T>(U) proceeds: 0 through the aligned vector of a packed one,
+// 1 to a scalar, 2 splat of a scalar, 3 to its own type, 4 to a bool vector,
+// 5 between vector types.
+template <typename T, typename U>
+constexpr int convert_kind = is_packed<U>  ? 0
+                             : !is_vec<T> ? 1
+                             : !is_vec<U> ? 2
+                             : std::is_same<T, remove_cvref_t<U>>::value ? 3
+                             : std::is_same<elem_t<T>, bool>::value || std::is_same<elem_t<T>, signed char>::value
+                                 ? 4
+                                 : 5;
+template <typename T, typename U, int Kind = convert_kind<T, U>>
+struct converter;
+template <typename T, typename U>
+struct converter<T, U, 0> {
+  static constexpr T run(U x) { return convert<T>(unpack(x)); }
+};
+template <typename T, typename U>
+struct converter<T, U, 1> {
+  static_assert(!is_vec<U>, "metal: cannot convert a vector to a scalar");
+  static constexpr T run(U x) { return convert_elem<T>(x); }
+};
+template <typename T, typename U>
+struct converter<T, U, 2> {
+  static constexpr T run(U x) { return T(convert_elem<elem_t<T>>(x)); }
+};
+template <typename T, typename U>
+struct converter<T, U, 3> {
+  static constexpr T run(U x) { return x; }
+};
+template <typename T, typename U>
+struct converter<T, U, 4> {
+  static_assert(vec_size<T> == vec_size<U>, "metal: vector conversion between different sizes");
+  static constexpr T run(U x) {
+    T r;
+    for (int i = 0; i < vec_size<T>; ++i) r[i] = x[i] != elem_t<U>(0);
+    return r;
   }
+};
+template <typename T, typename U>
+struct converter<T, U, 5> {
+  static_assert(vec_size<T> == vec_size<U>, "metal: vector conversion between different sizes");
+  static constexpr T run(U x) { return __builtin_convertvector(x, T); }
+};
+template <typename T, typename U>
+constexpr T convert(U x) {
+  return converter<T, U>::run(x);
 }
 
 template <typename T, int N>
 struct vec_builder {
   T e[N] = {};
   int n = 0;
-  template <typename A>
+  template <typename A, typename std::enable_if<is_vec<A>, int>::type = 0>
   constexpr void put(const A& a) {
-    if constexpr (is_vec<A>) {
-      for (int i = 0; i < vec_size<A>; ++i) e[n++] = convert_elem<T>(a[i]);
-    } else {
-      e[n++] = convert_elem<T>(a);
-    }
+    for (int i = 0; i < vec_size<A>; ++i) e[n++] = convert_elem<T>(a[i]);
+  }
+  template <typename A, typename std::enable_if<!is_vec<A>, int>::type = 0>
+  constexpr void put(const A& a) {
+    e[n++] = convert_elem<T>(a);
   }
   template <int... I>
   constexpr vec<T, N> build(std::integer_sequence<int, I...>) const {
@@ -246,29 +316,66 @@ struct vec_builder {
 };
 
 template <typename A>
-inline constexpr int component_count = is_vec<unpacked_t<A>> ? vec_size<unpacked_t<A>> : 1;
+constexpr int component_count = is_vec<unpacked_t<A>> ? vec_size<unpacked_t<A>> : 1;
 
 // Metal vector construction: `float4(x)` splats a scalar, `float4(int4)`
 // converts element-wise, `float4(a.xy, 1, b.w)` concatenates; the component
 // count must match (a scalar alone splats), as Metal requires.
 template <typename T, int N, typename... A>
-constexpr vec<T, N> make_vec(const A&... a) {
-  if constexpr ((is_packed<A> || ...)) {
+constexpr vec<T, N> make_vec(const A&... a);
+
+// How make_vec proceeds: 0 through the aligned vectors of packed arguments,
+// 1 zero, 2 one argument with another component count (a scalar splats),
+// 3 one vector (element-wise conversion), 4 concatenation.
+template <int N, typename... A>
+constexpr int make_vec_kind = any_of(is_packed<A>...)                                     ? 0
+                              : sizeof...(A) == 0                                         ? 1
+                              : sizeof...(A) == 1 && sum_of(component_count<A>...) != N ? 2
+                              : sizeof...(A) == 1 && all_of(is_vec<A>...)                ? 3
+                                                                                          : 4;
+template <typename T, int N, int Kind>
+struct vec_maker;
+template <typename T, int N>
+struct vec_maker<T, N, 0> {
+  template <typename... A>
+  static constexpr vec<T, N> run(const A&... a) {
     return make_vec<T, N>(unpack(a)...);
-  } else if constexpr (sizeof...(A) == 0) {
-    return vec<T, N>(T(0));
-  } else if constexpr (sizeof...(A) == 1 && (component_count<A> + ...) != N) {
-    static_assert(((!is_vec<A>) && ...), "metal: vector constructor given a vector of the wrong size");
-    return convert<vec<T, N>>(a...);
-  } else if constexpr (sizeof...(A) == 1 && (is_vec<A> && ...)) {
-    return convert<vec<T, N>>(a...);
-  } else {
-    static_assert((component_count<A> + ...) == N,
+  }
+};
+template <typename T, int N>
+struct vec_maker<T, N, 1> {
+  static constexpr vec<T, N> run() { return vec<T, N>(T(0)); }
+};
+template <typename T, int N>
+struct vec_maker<T, N, 2> {
+  template <typename A>
+  static constexpr vec<T, N> run(const A& a) {
+    static_assert(!is_vec<A>, "metal: vector constructor given a vector of the wrong size");
+    return convert<vec<T, N>>(a);
+  }
+};
+template <typename T, int N>
+struct vec_maker<T, N, 3> {
+  template <typename A>
+  static constexpr vec<T, N> run(const A& a) {
+    return convert<vec<T, N>>(a);
+  }
+};
+template <typename T, int N>
+struct vec_maker<T, N, 4> {
+  template <typename... A>
+  static constexpr vec<T, N> run(const A&... a) {
+    static_assert(sum_of(component_count<A>...) == N,
                   "metal: vector constructor arguments have the wrong number of components");
     vec_builder<T, N> b;
-    (b.put(a), ...);
+    int expand[] = {(b.put(a), 0)...};
+    (void)expand;
     return b.build(std::make_integer_sequence<int, N>{});
   }
+};
+template <typename T, int N, typename... A>
+constexpr vec<T, N> make_vec(const A&... a) {
+  return vec_maker<T, N, make_vec_kind<N, A...>>::run(a...);
 }
 
 }  // namespace metile_rt
@@ -289,7 +396,6 @@ constexpr T as_type(const U& x) {
 using std::add_const;
 using std::add_const_t;
 using std::add_pointer_t;
-using std::bool_constant;
 using std::common_type;
 using std::common_type_t;
 using std::conditional;
@@ -302,23 +408,14 @@ using std::enable_if_t;
 using std::false_type;
 using std::integral_constant;
 using std::is_base_of;
-using std::is_base_of_v;
 using std::is_const;
-using std::is_const_v;
 using std::is_convertible;
-using std::is_convertible_v;
 using std::is_integral;
-using std::is_integral_v;
 using std::is_pointer;
-using std::is_pointer_v;
 using std::is_same;
-using std::is_same_v;
 using std::is_signed;
-using std::is_signed_v;
 using std::is_unsigned;
-using std::is_unsigned_v;
 using std::is_void;
-using std::is_void_v;
 using std::make_signed;
 using std::make_signed_t;
 using std::make_unsigned;
@@ -330,23 +427,44 @@ using std::remove_cv_t;
 using std::remove_reference;
 using std::remove_reference_t;
 using std::true_type;
+// Defined here rather than taken from std: std has them from C++17 only.
+template <bool B>
+using bool_constant = integral_constant<bool, B>;
+template <typename B, typename D>
+constexpr bool is_base_of_v = is_base_of<B, D>::value;
+template <typename T>
+constexpr bool is_const_v = is_const<T>::value;
+template <typename F, typename T>
+constexpr bool is_convertible_v = is_convertible<F, T>::value;
+template <typename T>
+constexpr bool is_integral_v = is_integral<T>::value;
+template <typename T>
+constexpr bool is_pointer_v = is_pointer<T>::value;
+template <typename T, typename U>
+constexpr bool is_same_v = is_same<T, U>::value;
+template <typename T>
+constexpr bool is_signed_v = is_signed<T>::value;
+template <typename T>
+constexpr bool is_unsigned_v = is_unsigned<T>::value;
+template <typename T>
+constexpr bool is_void_v = is_void<T>::value;
 
 template <typename T>
 struct is_floating_point : bool_constant<metile_rt::is_float_scalar<remove_cv_t<T>>> {};
 template <typename T>
-inline constexpr bool is_floating_point_v = is_floating_point<T>::value;
+constexpr bool is_floating_point_v = is_floating_point<T>::value;
 template <typename T>
 struct is_arithmetic : bool_constant<metile_rt::is_arith_scalar<remove_cv_t<T>>> {};
 template <typename T>
-inline constexpr bool is_arithmetic_v = is_arithmetic<T>::value;
+constexpr bool is_arithmetic_v = is_arithmetic<T>::value;
 template <typename T>
-struct is_scalar : bool_constant<is_arithmetic_v<T> || std::is_scalar_v<T>> {};
+struct is_scalar : bool_constant<is_arithmetic_v<T> || std::is_scalar<T>::value> {};
 template <typename T>
-inline constexpr bool is_scalar_v = is_scalar<T>::value;
+constexpr bool is_scalar_v = is_scalar<T>::value;
 template <typename T>
 struct is_vector : bool_constant<metile_rt::is_vec<T>> {};
 template <typename T>
-inline constexpr bool is_vector_v = is_vector<T>::value;
+constexpr bool is_vector_v = is_vector<T>::value;
 
 template <typename T>
 struct numeric_limits : std::numeric_limits<T> {};
@@ -398,9 +516,8 @@ struct packed_vec;
   packed_vec() = default;                                                           \
   constexpr packed_vec(vec<T, N> v) { *this = v; }                                  \
   /* packed_float4(x, y, z, w), packed_float4(int4), packed_half2(packed_float2) */ \
-  template <typename... A>                                                          \
-    requires(sizeof...(A) > 0 && !(sizeof...(A) == 1 &&                            \
-                                   (std::is_same_v<std::remove_cvref_t<A>, vec<T, N>> && ...))) \
+  template <typename... A,                                                          \
+            typename std::enable_if<(sizeof...(A) > 0) && !::metile_rt::is_just<vec<T, N>, A...>, int>::type = 0> \
   constexpr explicit packed_vec(const A&... a) {                                    \
     *this = ::metile_rt::make_vec<T, N>(a...);                                      \
   }                                                                                 \
@@ -440,8 +557,8 @@ struct packed_vec<T, 4> {
       -> decltype(vec<T, N>() op ::metile_rt::unpack(b)) {                            \
     return vec<T, N>(a) op ::metile_rt::unpack(b);                                    \
   }                                                                                   \
-  template <typename U, typename T, int N>                                            \
-    requires(!::metile_rt::is_packed<U>)                                              \
+  template <typename U, typename T, int N,                                            \
+            typename std::enable_if<!::metile_rt::is_packed<U>, int>::type = 0>        \
   constexpr auto operator op(const U& a, const packed_vec<T, N>& b)                   \
       -> decltype(a op vec<T, N>()) {                                                 \
     return a op vec<T, N>(b);                                                         \
@@ -480,8 +597,9 @@ METILE_PACKED_TYPES(bfloat, bfloat)
 
 // Metal's limit macros (<metal_types> defines them; C++'s <climits>/<cfloat>
 // are not included, so the names are free).  MSL's long is 64 bits, as on
-// this host.  Values are exact bit patterns so `x == FLT_MAX` and
-// `as_type<uint>(FLT_MIN)` agree with the GPU.
+// this host.  Values are exact (decimal, not hexadecimal floating literals,
+// which C++14 does not have) so `x == FLT_MAX` and `as_type<uint>(FLT_MIN)`
+// agree with the GPU.
 #define CHAR_BIT 8
 #define SCHAR_MAX 127
 #define SCHAR_MIN (-127 - 1)
@@ -505,9 +623,9 @@ METILE_PACKED_TYPES(bfloat, bfloat)
 #define FLT_MIN_10_EXP (-37)
 #define FLT_MIN_EXP (-125)
 #define FLT_RADIX 2
-#define FLT_MAX 0x1.fffffep127f
-#define FLT_MIN 0x1.0p-126f
-#define FLT_EPSILON 0x1.0p-23f
+#define FLT_MAX 3.40282346638528859812e+38f
+#define FLT_MIN 1.17549435082228750797e-38f
+#define FLT_EPSILON 1.1920928955078125e-07f
 
 #define HALF_DIG 3
 #define HALF_MANT_DIG 11
@@ -516,6 +634,6 @@ METILE_PACKED_TYPES(bfloat, bfloat)
 #define HALF_MIN_10_EXP (-4)
 #define HALF_MIN_EXP (-13)
 #define HALF_RADIX 2
-#define HALF_MAX (static_cast<half>(0x1.ffcp15f))
-#define HALF_MIN (static_cast<half>(0x1.0p-14f))
-#define HALF_EPSILON (static_cast<half>(0x1.0p-10f))
+#define HALF_MAX (static_cast<half>(65504.0f))
+#define HALF_MIN (static_cast<half>(6.103515625e-05f))
+#define HALF_EPSILON (static_cast<half>(9.765625e-04f))

@@ -7,8 +7,8 @@ namespace metal {
 
 template <typename T>
 struct atomic {
-  static_assert(std::is_same_v<T, int> || std::is_same_v<T, uint> || std::is_same_v<T, bool> ||
-                    std::is_same_v<T, float> || std::is_same_v<T, ulong> || std::is_same_v<T, long>,
+  static_assert(std::is_same<T, int>::value || std::is_same<T, uint>::value || std::is_same<T, bool>::value ||
+                    std::is_same<T, float>::value || std::is_same<T, ulong>::value || std::is_same<T, long>::value,
                 "metal: atomic<T> is defined for int, uint, bool, float, ulong and long");
   using value_type = T;
   T __value;

@@ -135,13 +135,13 @@ R isunordered(T x, U y);
 bool all(bool x);
 bool any(bool x);
 template <typename T, int N>
-std::enable_if_t<std::is_integral_v<T>, bool> all(vec<T, N> x);
+std::enable_if_t<std::is_integral<T>::value, bool> all(vec<T, N> x);
 template <typename T, int N>
-std::enable_if_t<std::is_integral_v<T>, bool> any(vec<T, N> x);
+std::enable_if_t<std::is_integral<T>::value, bool> any(vec<T, N> x);
 template <typename T>
-std::enable_if_t<!metile_strict::is_vec<T> && std::is_arithmetic_v<T>, T> select(T a, T b, bool c);
+std::enable_if_t<!metile_strict::is_vec<T> && std::is_arithmetic<T>::value, T> select(T a, T b, bool c);
 template <typename T, int N, typename M>
-std::enable_if_t<std::is_integral_v<M>, vec<T, N>> select(vec<T, N> a, vec<T, N> b, vec<M, N> c);
+std::enable_if_t<std::is_integral<M>::value, vec<T, N>> select(vec<T, N> a, vec<T, N> b, vec<M, N> c);
 template <typename T, int N>
 vec<T, N> select(vec<T, N> a, vec<T, N> b, bool c);
 
@@ -166,16 +166,16 @@ vec<T, N> select(vec<T, N> a, vec<T, N> b, bool c);
 #define HUGE_VALH ((half)__builtin_inff())
 #endif
 #ifndef MAXFLOAT
-#define MAXFLOAT 0x1.fffffep+127f
+#define MAXFLOAT 3.40282346638528859812e+38f
 #endif
 #ifndef FLT_MAX
-#define FLT_MAX 0x1.fffffep+127f
+#define FLT_MAX 3.40282346638528859812e+38f
 #endif
 #ifndef FLT_MIN
-#define FLT_MIN 0x1p-126f
+#define FLT_MIN 1.17549435082228750797e-38f
 #endif
 #ifndef FLT_EPSILON
-#define FLT_EPSILON 0x1p-23f
+#define FLT_EPSILON 1.1920928955078125e-07f
 #endif
 #ifndef MAXHALF
 #define MAXHALF ((half)65504.0f)
@@ -184,10 +184,10 @@ vec<T, N> select(vec<T, N> a, vec<T, N> b, bool c);
 #define HALF_MAX ((half)65504.0f)
 #endif
 #ifndef HALF_MIN
-#define HALF_MIN ((half)0x1p-14f)
+#define HALF_MIN ((half)6.103515625e-05f)
 #endif
 #ifndef HALF_EPSILON
-#define HALF_EPSILON ((half)0x1p-10f)
+#define HALF_EPSILON ((half)9.765625e-04f)
 #endif
 #ifndef M_PI_F
 #define M_E_F 2.71828182845904523536f

@@ -30,7 +30,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
-#include <source_location>
 #include <tuple>
 #include <type_traits>
 #include <utility>
