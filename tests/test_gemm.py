@@ -178,12 +178,18 @@ def test_cuda_half_types_use_tensor_core_mma(monkeypatch, dtype, t):
     assert f'METILE_MMA_HALF("m16n8k16", "{kind}")' in src
     assert f"metile_frag_a<{t}> _fa" in src and "metile_frag_acc _facc" in src
     assert src.count("metile_frag_mma(") - 3 == 4  # 2x2 fragments per warp (+3 helper definitions)
-    assert f"__shared__ __align__(32) {t} _sa1[1024];" in src and "__syncwarp();" in src
     assert "metile_frag_a_tf32 _fa" not in src
-    # fragments come from shared memory with ldmatrix (B transposed), scalar gathers otherwise
+    # operands staged by 16-byte cp.async into a ring of swizzled stages, fragments read
+    # with ldmatrix (B transposed); the epilogue reads the accumulators in registers
+    lowering = d.variant.data["lowering"]["matmul"]
+    stages = lowering["stages"]
+    assert stages >= 2 and lowering["async_copy"] and lowering["epilogue_from"] == "registers"
+    assert f"__shared__ __align__(128) {t} _sa1[{stages * 64 * 16}];" in src
+    assert "cp.async.cg.shared.global" in src and f"metile_cp_async_wait<{stages - 2}>();" in src
+    assert "__syncwarp();" not in src and "_sc" not in src
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src
-    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "__isShared(p)" in src
-    assert d.variant.data["lowering"]["matmul"]["fragment"] == "mma.sync m16n8k16 (16x16x16 fragments)"
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in src and "metile_frag_load_sw<" in src
+    assert lowering["fragment"] == "mma.sync m16n8k16 (16x16x16 fragments)"
 
 
 def test_cuda_strict_float32_uses_ffma_and_tf32_only_when_relaxed(monkeypatch):

@@ -145,6 +145,43 @@ __device__ __forceinline__ void metile_frag_mma(metile_frag_acc& d, const metile
 #undef METILE_MMA_HALF
 """
 
+# cp.async staging (sm_80+) and ldmatrix from XOR-swizzled tiles (passes/gemm_async.py).
+# The swizzle moves 16-byte chunk c of row r to c ^ ((r / U) % CM): the 8 rows one
+# ldmatrix matrix reads then fall in 8 different 16-byte bank groups.
+_ASYNC = """\
+__device__ __forceinline__ void metile_cp_async16(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void metile_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void metile_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ bool metile_aligned16(const void* p) {
+  return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
+}
+template <bool TRANS, int LD, int U, int CM, typename T>
+__device__ __forceinline__ void metile_ldmatrix_sw(unsigned (&r)[4], const T* base, int row, int col) {
+  const int l = threadIdx.x & 31;
+  const int rr = row + (l & 7) + ((l >> 3) & 1) * 8, cc = col + (l >> 4) * 8;
+  const int off = rr * LD + ((((cc >> 3) ^ ((rr / U) % CM))) << 3);
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+template <int LD, int U, int CM, typename T>
+__device__ __forceinline__ void metile_frag_load_sw(metile_frag_a<T>& f, const T* base, int row, int col) {
+  metile_ldmatrix_sw<false, LD, U, CM>(f.r, base, row, col);
+}
+template <int LD, int U, int CM, typename T>
+__device__ __forceinline__ void metile_frag_load_sw(metile_frag_b<T>& f, const T* base, int row, int col) {
+  metile_ldmatrix_sw<true, LD, U, CM>(f.r, base, row, col);
+}"""
+
 
 # 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
 # per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
@@ -221,11 +258,11 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC}
+    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC}
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
     MATRIX_UNITS = (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16),
-                               ("float16", "bfloat16")),
+                               ("float16", "bfloat16"), async_copy=True, lane_coords=True),
                     MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8),
                                ("float32",), relaxed_only=True, convert="tf32"))
     FRAGMENT = {
@@ -256,6 +293,30 @@ class CUDAEmitter(CEmitter):
                                          "{shift}))"),
                     "bfloat16": ("uint2", "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
                                           ">> {shift}))")}
+
+    def statement(self, op: Op, depth: int) -> None:
+        name = op.name
+        if name == "cp_async":
+            self.helpers_used.add("z_async")
+            a = [self.ref(v) for v in op.operands]
+            at = op.attrs
+            self.emit(f"metile_cp_async16(&{at['dst']}[{a[0]}], &{at['src']}[{a[1]}]);", depth)
+        elif name == "cp_async_commit":
+            self.emit("metile_cp_async_commit();", depth)
+        elif name == "cp_async_wait":
+            self.emit(f"metile_cp_async_wait<{op.attrs['pending']}>();", depth)
+        else:
+            super().statement(op, depth)
+
+    def fragment_op(self, op: Op, a: list[str], depth: int) -> None:
+        at = op.attrs
+        if op.name == "frag_load" and at.get("swizzle"):
+            u, cm = at["swizzle"]
+            self.helpers_used.add("z_async")
+            self.emit(f"metile_frag_load_sw<{at['ld']}, {u}, {cm}>({at['name']}[{at['index']}], "
+                      f"&{at['root']}[{a[0]}], {a[1]}, {a[2]});", depth)
+            return
+        super().fragment_op(op, a, depth)
 
     def vector_load(self, op: Op, a: list[str], depth: int) -> None:
         self.helpers_used.add("vec")
@@ -288,6 +349,15 @@ class CUDAEmitter(CEmitter):
             return f"{op.attrs['name']}[0]"
         if op.name == "simd_reduce":
             self.helpers_used.add("warp")
+        if op.name == "aligned16":
+            self.helpers_used.add("z_async")
+            return f"metile_aligned16(&{op.attrs['root']}[{self.ref(op.operands[0])}])"
+        if op.name == "acc_coord":
+            # element e of a metile_frag_acc: n=8 half e / 4, rows g and g + 8, column pairs
+            e = op.attrs["e"]
+            if op.attrs["axis"] == 0:
+                return f"(static_cast<int>((threadIdx.x & 31u) >> 2) + {8 * ((e >> 1) & 1)})"
+            return f"(static_cast<int>(threadIdx.x & 3u) * 2 + {8 * (e >> 2) + (e & 1)})"
         if op.name == "abs" and not op.results[0].type.dtype.is_float:
             return f"abs({self.ref(op.operands[0])})"
         return super().expr(op)

@@ -69,12 +69,18 @@ FRAGMENT_ELEMENTS = 2
 # vec_load(index){root, space, width} -> `width` scalar results (elements index...).
 VECTOR = frozenset({"vec_load"})
 
+# Asynchronous GEMM staging and register epilogues (passes/gemm_async.py; emitted only for
+# a matrix unit that declares them): cp_async(dst_offset, src_index){dst, src, bytes},
+# cp_async_commit, cp_async_wait{pending}, aligned16(index){root} -> bool,
+# acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
+ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord"})
+
 TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
              | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
                   "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT | FRAGMENT_ELEMS | VECTOR)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min")

@@ -36,6 +36,7 @@ from ..ir.core import Block, Builder, Op, Value
 from ..ir.types import ScalarType
 from ..language import dtypes as dt
 from .gemm import GemmPattern
+from .gemm_async import AsyncStaging, swizzle_params
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
 from .lane_layout import I32, Ctx, Storage
@@ -52,6 +53,8 @@ class MatrixUnit:
     dtypes: tuple[str, ...]        # operand dtypes it takes (accumulator: float32)
     relaxed_only: bool = False     # reduced precision: only with RELAXED_PRECISION=True
     convert: str | None = None     # operand conversion after loading (e.g. "tf32")
+    async_copy: bool = False       # 16-byte asynchronous global->shared copies (gemm_async)
+    lane_coords: bool = False      # the emitter can name each accumulator element's (row, column)
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
         f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
 
 
-class MatmulLowering(GemmStaging):
+class MatmulLowering(GemmStaging, AsyncStaging):
     """Mixin of `Lowering`; expects `self.gemm` (GemmPattern) and `self.gemm_plan`."""
 
     # -- entry points called from Lowering.lower_op ------------------------------------------
@@ -121,6 +124,8 @@ class MatmulLowering(GemmStaging):
         self.lowering_passes: list[str] = []
         self.vector_loads = 0
         self.gemm_bounds = None
+        self.num_stages = 1
+        self.swizzles: dict[str, tuple | None] = {}
         if self.gemm is not None and self.known_scalars:
             self.gemm_bounds = prove_gemm_bounds(self.fn, self.gemm, self.known_scalars)
             if self.gemm_bounds is not None:
@@ -141,16 +146,28 @@ class MatmulLowering(GemmStaging):
             raise CompilationError("double_buffer=True: the K loop's start, end and step are not "
                                    "known integers, so its tiles cannot be scheduled over two "
                                    "stages", op.loc)
-        stages = 2 if self.double_buffered else 1
+        self.use_async = bool(plan.unit) and self.async_eligible()
+        if self.use_async:
+            stages = self.choose_stages((bm * bk + bk * bn) * od.itemsize)
+            align = 128
+        else:
+            stages = 2 if self.double_buffered else 1
+        self.num_stages = stages
         self.stage_a = Storage("shared", self.decl("shared", od, stages * bm * bk, "_sa",
                                                    align=align), (bm, bk), od)
         self.stage_b = Storage("shared", self.decl("shared", od, stages * bk * bn, "_sb",
                                                    align=align), (bk, bn), od)
+        if self.use_async:
+            group = 16 // od.itemsize
+            self.swizzles = {self.stage_a.name: swizzle_params(bk, group),
+                             self.stage_b.name: swizzle_params(bn, group)}
         if plan.unit:
             self._fragment_setup(b)
         else:
             self._ffma_setup(b)
         self.k_body = op.regions[0]
+        if self.use_async:
+            return self.async_pipeline(op, b)
         self.interior_tile = self._interior_predicate(b) if bounds is not None else None
         if bounds is None:
             self._unsplit_k_loop(op, b)
@@ -160,7 +177,9 @@ class MatmulLowering(GemmStaging):
             self.split_k_loop(b)
 
     def lower_gemm_store(self, op: Op, b: Builder) -> None:
-        if self.gemm_plan.unit:
+        if self.gemm_plan.unit and self.gemm_plan.unit.lane_coords:
+            self._register_epilogue(b)
+        elif self.gemm_plan.unit:
             self._fragment_epilogue(b)
         else:
             self._ffma_epilogue(b)
@@ -239,7 +258,33 @@ class MatmulLowering(GemmStaging):
         bm, bn, bk = g.tile
         fm, fn, fk = unit.shape
 
+        swz_a = self.swizzles.get(self.stage_a.name, False)
+        swz_b = self.swizzles.get(self.stage_b.name, False)
+
+        def load(lb, frag, index, st, base, row, col, ld, swz):
+            if swz is False:  # linear rows
+                off = self.add(lb, base, self._i(lb, "add", self._i(lb, "mul", row, ld), col))
+                lb.op("frag_load", [off], [], {"name": frag, "index": index, "root": st.name,
+                                               "ld": ld, "convert": unit.convert})
+            else:
+                lb.op("frag_load", [base, row, col], [], {
+                    "name": frag, "index": index, "root": st.name, "ld": ld,
+                    "convert": unit.convert, "swizzle": swz})
+
         def depth(lb: Builder, kk: Value) -> None:
+            if swz_a is not False or swz_b is not False:
+                for i in range(self.fr):
+                    load(lb, self.frag_a, i, self.stage_a, base_a,
+                         self._i(lb, "add", self.row0, i * fm), kk, bk, swz_a)
+                for j in range(self.fc):
+                    load(lb, self.frag_b, j, self.stage_b, base_b, kk,
+                         self._i(lb, "add", self.col0, j * fn), bn, swz_b)
+                for i in range(self.fr):
+                    for j in range(self.fc):
+                        c = (self.frag_c, i * self.fc + j)
+                        lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
+                                                   "b": (self.frag_b, j), "c": c})
+                return
             for i in range(self.fr):
                 row = self._i(lb, "add", self.row0, i * fm)
                 off = self.add(lb, base_a, self._i(lb, "add", self._i(lb, "mul", row, bk), kk))
@@ -288,6 +333,25 @@ class MatmulLowering(GemmStaging):
         self._for(b, 0, self.fr * self.fc, 1, "f", per_fragment, unroll=True)
         self.report_loop("f", "epilogue", 1)
         self.report_loop("e", "epilogue", 32)
+
+    def _register_epilogue(self, b: Builder) -> None:
+        """Epilogue from registers: each accumulator element is evaluated and stored at the
+        (row, column) the emitter names for it (`acc_coord`), no shared-memory round trip."""
+        fm, fn, _ = self.gemm_plan.unit.shape
+        per = fm * fn // 32
+        self.lowering_passes.append("register_epilogue")
+        for i in range(self.fr):
+            row_f = self._i(b, "add", self.row0, i * fm)
+            for j in range(self.fc):
+                col_f = self._i(b, "add", self.col0, j * fn)
+                for e in range(per):
+                    r = b.value("acc_coord", [], I32, e=e, axis=0)
+                    c = b.value("acc_coord", [], I32, e=e, axis=1)
+                    acc = b.value("frag_get", [self.const(b, e)], F32, name=self.frag_c,
+                                  index=i * self.fc + j)
+                    self._epilogue_store(b, self._i(b, "add", row_f, r),
+                                         self._i(b, "add", col_f, c), acc)
+        self.report_loop("f", "epilogue", 1)
 
     # -- FFMA path ------------------------------------------------------------------------------
     def _ffma_setup(self, b: Builder) -> None:
@@ -352,7 +416,12 @@ class MatmulLowering(GemmStaging):
                 "captured_scalars": [p.name for p in g.captured],
                 "k_loop_masked": g.k_loop_masked, "outer_bounds_proven": g.outer_bounds_proven,
                 "double_buffered": bool(getattr(self, "double_buffered", False)),
-                "stages": 2 if getattr(self, "double_buffered", False) else 1,
+                "stages": self.num_stages,
+                "async_copy": bool(getattr(self, "use_async", False)),
+                "shared_layout": {n: ("xor-swizzled 16-byte chunks" if sw else "row-major")
+                                  for n, sw in self.swizzles.items()} or "row-major",
+                "epilogue_from": "registers" if plan.unit and plan.unit.lane_coords
+                else ("shared-memory scratch" if plan.unit else "registers"),
                 "k_split": None if self.gemm_bounds is None else {
                     "complete_iterations": self.gemm_bounds.n_full,
                     "remainder": self.gemm_bounds.has_remainder},

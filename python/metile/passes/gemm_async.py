@@ -1,0 +1,300 @@
+"""async_pipeline_staging: GEMM operands staged with 16-byte asynchronous copies
+through a multi-stage shared-memory ring (a mixin of `MatmulLowering`).
+
+Used when the backend's matrix unit declares `async_copy` (CUDA's mma.sync unit:
+cp.async, sm_80+) and both operand tiles are plain loads whose addresses are
+contiguous along the tile's last axis (coefficient 1, proven from the index
+arithmetic, whatever the runtime strides of the other axis) with a zero fill.
+
+Copies.  Each operand tile is split into 16-byte groups of G consecutive
+columns.  A group whose mask holds for all G elements and whose source address
+is 16-byte aligned (checked at run time: MLX may hand over an offset view) is
+one cp.async; any other group (ragged edges, K tails, misaligned views) is
+copied element by element with the user's mask, zeros where it fails.  A mask
+conjunct that does not depend on the column is tested once per group; one of
+the form `f(column) < X` (or <=) with f increasing is tested at the group's
+last column, `>`/`>=` at its first; anything else at every column.
+
+Pipeline.  S stages (2..5): tiles 0..S-2 are in flight before the loop; step t
+waits until tile t has landed (cp.async.wait_group S-2), one barrier, issues
+tile t+S-1 into the stage tile t-1 used (every warp has finished it: the
+barrier), then multiplies tile t.  Every step commits one group, empty or not,
+so the wait count stays exact.
+
+Layout.  Rows of 16-byte chunks are XOR-swizzled (chunk ^ (row / U) % C') so
+the 8 rows an ldmatrix reads hit 8 different bank groups; the copy and the
+fragment loads use the same function (`swizzle_params`).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from ..ir.core import Builder, Op, Value
+from ..ir.types import TileType, elem_type
+from .gemm_bounds import staging_load
+from .lane_layout import BOOL, I32, Ctx
+
+MAX_STAGES = 5
+_MONOTONE = {"lt": "last", "le": "last", "gt": "first", "ge": "first"}
+
+
+def swizzle_params(ld: int, group: int):
+    """(U, C') of the chunk swizzle of a row of `ld` elements in groups of `group`, or
+    None when the row is not a power-of-two number of chunks (then rows stay linear)."""
+    chunks = ld // group
+    if ld % group or chunks < 2 or chunks & (chunks - 1):
+        return None
+    return max(1, 8 // chunks), min(chunks, 8)
+
+
+def _axis_coeffs(v: Value, memo: dict):
+    """{tile axis: int coefficient or None (runtime)} of `v`'s affine dependence on the
+    tile coordinates, or False when it is not affine in them."""
+    if v.id in memo:
+        return memo[v.id]
+    op = v.owner
+    out = {}
+    if isinstance(op, Op):
+        args = [_axis_coeffs(o, memo) for o in op.operands]
+        n = op.name
+        if any(a is False for a in args):
+            out = False
+        elif n == "arange":
+            out = {0: 1}
+        elif n in ("splat", "broadcast"):
+            out = args[0] if args else {}
+        elif n == "expand_dims":
+            d = op.attrs["axis"]
+            out = {(k + 1 if k >= d else k): c for k, c in args[0].items()}
+        elif n in ("add", "ptr_add", "sub"):
+            out = dict(args[0])
+            for k, c in args[1].items():
+                old = out.get(k, 0)
+                out[k] = None if old is None or c is None else old + (-c if n == "sub" else c)
+        elif n == "mul":
+            if args[0] and args[1]:
+                out = False
+            else:
+                dep, other = (0, 1) if args[0] else (1, 0)
+                f = _int_const(op.operands[other])
+                out = {k: (c * f if c is not None and f is not None else None)
+                       for k, c in args[dep].items()}
+        elif any(args):
+            out = False
+    memo[v.id] = out
+    return out
+
+
+def _axes(v: Value, memo: dict) -> frozenset:
+    """The tile axes `v` depends on."""
+    if v.id not in memo:
+        op = v.owner
+        out = frozenset()
+        if isinstance(op, Op):
+            args = [_axes(o, memo) for o in op.operands]
+            if op.name == "arange":
+                out = frozenset({0})
+            elif op.name == "expand_dims":
+                d = op.attrs["axis"]
+                out = frozenset(k + 1 if k >= d else k for k in args[0])
+            else:
+                out = frozenset().union(*args)
+        memo[v.id] = out
+    return memo[v.id]
+
+
+def _int_const(v: Value):
+    op = v.owner
+    while isinstance(op, Op) and op.name in ("splat", "broadcast", "expand_dims"):
+        op = op.operands[0].owner
+    if isinstance(op, Op) and op.name == "const" and isinstance(op.attrs["value"], int) \
+            and not isinstance(op.attrs["value"], bool):
+        return op.attrs["value"]
+    return None
+
+
+def _conjuncts(mask: Value) -> list[Value]:
+    op = mask.owner
+    if isinstance(op, Op) and op.name == "and" and isinstance(mask.type, TileType):
+        return [c for o in op.operands for c in _conjuncts(o)]
+    return [mask]
+
+
+class AsyncStaging:
+    """Expects the `MatmulLowering` state (gemm, gemm_plan, schedule_plan, buffers, T)."""
+
+    def async_eligible(self) -> bool:
+        """Whether this GEMM can take the cp.async pipeline (see the module docstring)."""
+        unit, sp = self.gemm_plan.unit, self.schedule_plan
+        if unit is None or not unit.async_copy:
+            return False
+        if sp is not None and (sp.double_buffer or sp.vector_width == 4):
+            return False   # the plan asked for the ordinary-load passes; honour them
+        od = self.gemm.operand_dtype
+        group = 16 // od.itemsize
+        self.async_loads = {}
+        for value in (self.gemm.a, self.gemm.b):
+            ld = staging_load(value)
+            if ld is None or len(ld.results[0].type.shape) != 2:
+                return False
+            rows, cols = ld.results[0].type.shape
+            if cols % group or (rows * cols // group) % 1:
+                return False
+            root = elem_type(ld.operands[0].type).root
+            if elem_type(ld.operands[0].type).space == "threadgroup" or \
+                    self.buffers.get((root, "written")) is not None:
+                return False
+            if len(ld.operands) == 3 and _int_const(ld.operands[2]) != 0:
+                other = ld.operands[2].owner
+                if not (isinstance(other, Op) and other.name in ("const", "splat")
+                        and _float_zero(other)):
+                    return False
+            coeffs = _axis_coeffs(ld.operands[0], {})
+            if coeffs is False or coeffs.get(1) != 1:
+                return False
+            checks = []
+            if len(ld.operands) > 1:
+                for c in _conjuncts(ld.operands[1]):
+                    checks.append((c, self._conjunct_mode(c)))
+            self.async_loads[id(ld)] = (ld, checks)
+        return True
+
+    def _conjunct_mode(self, c: Value) -> str:
+        if 1 not in _axes(c, {}):
+            return "once"   # independent of the column (constant over the group)
+        op = c.owner
+        while isinstance(op, Op) and op.name == "broadcast":
+            op = op.operands[0].owner
+        if isinstance(op, Op) and op.name in _MONOTONE:
+            lhs, rhs = (_axis_coeffs(o, {}) for o in op.operands)
+            if lhs is not False and rhs is not False and not rhs.get(1) \
+                    and isinstance(lhs.get(1), int) and lhs[1] > 0:
+                return _MONOTONE[op.name]
+        return "each"
+
+    # -- the pipeline ------------------------------------------------------------------------
+    def choose_stages(self, stage_bytes: int) -> int:
+        sp = self.schedule_plan
+        requested = getattr(sp, "num_stages", None) if sp is not None else None
+        if requested:
+            return requested
+        room = self.shared_limit - self.shared_bytes
+        return max(2, min(4, room // stage_bytes))
+
+    def async_pipeline(self, op: Op, b: Builder) -> None:
+        """The K loop as an S-stage cp.async pipeline (module docstring)."""
+        bk = self.gemm.tile[2]
+        s = self.num_stages
+        lo, hi, step = (self.s(v) for v in op.operands[:3])
+        self.lowering_passes.append("async_pipeline_staging")
+        span = b.value("sub", [hi, lo], I32)
+        n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
+        n = b.value("maximum", [n, self.const(b, 0)], I32)
+
+        def k_of(lb: Builder, t: Value) -> Value:
+            return self.add(lb, lo, lb.value("mul", [t, step], I32))
+
+        def issue(lb: Builder, t: Value, stage) -> None:
+            then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
+            tb = Builder(then.regions[0])
+            tb.loc = lb.loc
+            self._bind_k(tb, k_of(tb, t))
+            self._async_copy(tb, stage)
+
+        for t in range(s - 1):
+            issue(b, self.const(b, t), t)
+            b.op("cp_async_commit")
+
+        def body(lb: Builder, t: Value) -> None:
+            lb.op("cp_async_wait", [], [], {"pending": s - 2})
+            lb.op("barrier")
+            nxt = self._i(lb, "add", t, s - 1)
+            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            lb.op("cp_async_commit")
+            self._compute(lb, self._i(lb, "mod", t, s))
+
+        self._for(b, 0, n, 1, "t", body)
+        b.op("cp_async_wait", [], [], {"pending": 0})
+        self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
+        self._report_inner()
+
+    def _async_copy(self, b: Builder, stage) -> None:
+        g = self.gemm
+        bm, bn, bk = g.tile
+        for value, st, shape in ((g.a, self.stage_a, (bm, bk)), (g.b, self.stage_b, (bk, bn))):
+            ld, checks = self.async_loads[id(staging_load(value))]
+            base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
+                    else self.const(b, stage * prod(shape)))
+            self._copy_groups(b, ld, checks, st, shape, base)
+
+    def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value) -> None:
+        rows, cols = shape
+        group = 16 // st.dtype.itemsize
+        groups = cols // group
+        root = self.buffers[(elem_type(ld.operands[0].type).root, "read")]
+        swz = self.swizzles.get(st.name)
+
+        def at(lb, row, col):
+            return Ctx(self, lb, shape, coords=[row, col], identity=False)
+
+        def conj(lb, c: Value, row, col) -> Value:
+            coords = [self.const(lb, 0) if s == 1 and t != 1 else x
+                      for x, s, t in zip([row, col], c.type.shape, shape)]
+            return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
+
+        def body(ctx: Ctx) -> None:
+            lb = ctx.b
+            row = self._i(lb, "idiv", ctx.lin, groups)
+            col = self._i(lb, "mul", self._i(lb, "mod", ctx.lin, groups), group)
+            cols_e = [self._i(lb, "add", col, e) for e in range(group)]
+            index = self.elem(ld.operands[0], at(lb, row, col))
+            full = None
+            for c, mode in checks:
+                where = {"once": [col], "first": [col], "last": [cols_e[-1]],
+                         "each": cols_e}[mode]
+                for x in where:
+                    m = conj(lb, c, row, x)
+                    full = m if full is None else lb.value("and", [full, m], BOOL)
+            dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
+            ok = lb.value("aligned16", [index], BOOL, root=root)
+            if full is not None:
+                ok = lb.value("and", [full, ok], BOOL)
+            branch = lb.op("if", [ok], [], {}, [_block(), _block()])
+            tb, eb = Builder(branch.regions[0]), Builder(branch.regions[1])
+            tb.loc = eb.loc = lb.loc
+            tb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
+            zero = self.const(eb, 0.0, st.dtype)
+            for e in range(group):
+                idx = self._i(eb, "add", index, e)
+                mask = None
+                for c, _ in checks:
+                    m = conj(eb, c, row, self._i(eb, "add", col, e))
+                    mask = m if mask is None else eb.value("and", [mask, m], BOOL)
+                args = [idx] if mask is None else [idx, mask, zero]
+                v = self.emit_load(eb, ld, args)
+                eb.op("mem_store", [self._i(eb, "add", dst, e), v], [],
+                      {"root": st.name, "space": "threadgroup"})
+
+        self.lane_loop(b, (rows, groups), body)
+
+    def swizzled_offset(self, b: Builder, row: Value, col: Value, ld: int, swz) -> Value:
+        """Element offset of (row, col) (col a multiple of the chunk) in a swizzled tile."""
+        if swz is None:
+            return self._i(b, "add", self._i(b, "mul", row, ld), col)
+        group, (u, cm) = 16 // self.gemm.operand_dtype.itemsize, swz
+        chunk = self._i(b, "idiv", col, group)
+        key = self._i(b, "mod", self._i(b, "idiv", row, u) if u > 1 else row, cm)
+        moved = self._i(b, "mul", b.value("xor", [chunk, key], I32), group)
+        return self._i(b, "add", self._i(b, "mul", row, ld), moved)
+
+
+def _float_zero(op: Op) -> bool:
+    while op.name in ("splat", "broadcast"):
+        op = op.operands[0].owner
+    return op.name == "const" and op.attrs["value"] == 0
+
+
+def _block():
+    from ..ir.core import Block
+    return Block()
