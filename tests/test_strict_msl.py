@@ -1,7 +1,8 @@
 """The strict Metal check (runtime/msl_cpu/strict.py, include_strict/): programs
 Metal's compiler rejects fail it with the compiler's message, programs Metal
 accepts (including metile's own generated kernels, 4-wide ones too) pass it,
-and reserved words cannot name kernel arguments."""
+C++ after C++14 (Metal's language) fails it while the same kernel in C++14
+passes, and reserved words cannot name kernel arguments."""
 
 import mlx.core as mx
 import numpy as np
@@ -80,6 +81,94 @@ ACCEPTED = [
     "int elem = int(thread_position_in_grid.x); out[elem] = in0[elem_to_loc(elem, in0_shape, in0_strides, in0_ndim)]"
     " + Limits<float>::finite_max + log1p(in0[0]);",
 ]
+
+
+# Metal Shading Language is C++14.  Each case: (header, body) in a later C++,
+# clang's message, where it points, and the same kernel in C++14 (accepted).
+CXX17 = {
+    "if_constexpr": (
+        ("template <int N> float scale(float x) { if constexpr (N > 1) return x * N; else return x; }",
+         "out[0] = scale<2>(in0[0]);"),
+        "constexpr if is a C++17 extension", "header):1:44",
+        ("template <int N> float scale(float x) { if (N > 1) return x * N; return x; }",
+         "out[0] = scale<2>(in0[0]);")),
+    "structured_binding": (
+        ("struct P { float a; float b; };", "P p{in0[0], 1.0f}; auto [a, b] = p; out[0] = a + b;"),
+        "decomposition declarations are a C++17 extension", "source):1:25",
+        ("struct P { float a; float b; };", "P p{in0[0], 1.0f}; float a = p.a, b = p.b; out[0] = a + b;")),
+    "fold_expression": (
+        ("template <typename... T> float sum(T... v) { return (v + ... + 0.0f); }", "out[0] = sum(in0[0], in0[1]);"),
+        "pack fold expression is a C++17 extension", "header):1:58",
+        ("float sum() { return 0.0f; }\n"
+         "template <typename T, typename... R> float sum(T v, R... r) { return v + sum(r...); }",
+         "out[0] = sum(in0[0], in0[1]);")),
+    "inline_variable": (
+        ("constant inline float kScale = 2.0f;", "out[0] = in0[0] * kScale;"),
+        "inline variables are a C++17 extension", "header):1:10",
+        ("constant float kScale = 2.0f;", "out[0] = in0[0] * kScale;")),
+    "concept": (
+        ("template <typename T> concept Floating = metal::is_floating_point_v<T>;\n"
+         "template <Floating T> T twice(T x) { return x + x; }", "out[0] = twice(in0[0]);"),
+        "unknown type name 'concept'", "header):1:23",
+        ("template <typename T, typename = metal::enable_if_t<metal::is_floating_point_v<T>>>\n"
+         "T twice(T x) { return x + x; }", "out[0] = twice(in0[0]);")),
+    "nested_namespace": (
+        ("namespace a::b { float f(float x) { return x; } }", "out[0] = a::b::f(in0[0]);"),
+        "nested namespace definition is a C++17 extension", "header):1:12",
+        ("namespace a { namespace b { float f(float x) { return x; } } }", "out[0] = a::b::f(in0[0]);")),
+    "auto_template_parameter": (
+        ("template <auto N> float scale(float x) { return x * N; }", "out[0] = scale<2>(in0[0]);"),
+        "'auto' not allowed in template parameter until C++17", "header):1:11",
+        ("template <int N> float scale(float x) { return x * N; }", "out[0] = scale<2>(in0[0]);")),
+    "class_template_argument_deduction": (
+        ("template <typename T> struct Box { T v; Box(T x) : v(x) {} };", "Box b(in0[0]); out[0] = b.v;"),
+        "use of class template 'Box' requires template arguments", "source):1:1",
+        ("template <typename T> struct Box { T v; Box(T x) : v(x) {} };", "Box<float> b(in0[0]); out[0] = b.v;")),
+    "designated_initializer": (
+        ("struct P { float a; float b; };", "P p = {.a = in0[0], .b = 1.0f}; out[0] = p.a + p.b;"),
+        "designated initializers are a C++20 extension", "source):1:8",
+        ("struct P { float a; float b; };", "P p = {in0[0], 1.0f}; out[0] = p.a + p.b;")),
+    "if_initializer": (
+        ("", "if (float v = in0[0]; v > 0) out[0] = v;"),
+        "'if' initialization statements are a C++17 extension", "source):1:5",
+        ("", "float v = in0[0]; if (v > 0) out[0] = v;")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CXX17))
+def test_later_cxx_fails_the_check_and_cxx14_passes(name):
+    (header, source), message, where, (header14, source14) = CXX17[name]
+    with pytest.raises(MslCompileError) as info:
+        _check(source, header=header)
+    text = str(info.value)
+    assert "failed to compile (strict Metal check" in text
+    assert message in text
+    assert f"strict_case ({where}:" in text
+    _check(source14, header=header14)
+
+
+def test_cxx14_forms_run(rng):
+    # The C++14 spellings the cases above accept compute what they should.
+    header = "\n".join([
+        "template <int N> float scale(float x) { if (N > 1) return x * N; return x; }",
+        "float sum() { return 0.0f; }",
+        "template <typename T, typename... R> float sum(T v, R... r) { return v + sum(r...); }",
+        "constant float kScale = 2.0f;",
+        "template <typename T, typename = metal::enable_if_t<metal::is_floating_point_v<T>>>",
+        "T twice(T x) { return x + x; }",
+        "struct P { float a; float b; };",
+    ])
+    source = """
+        uint i = thread_position_in_grid.x;
+        P p = {x[i], 1.0f};
+        float a = p.a, b = p.b;
+        out[i] = scale<3>(a) + sum(a, b, kScale) + twice(b);
+    """
+    x = rng.standard_normal(64).astype(np.float32)
+    kernel = metile.metal_kernel("cxx14_forms", ["x"], ["out"], source, header=header)
+    out = kernel(inputs=[mx.array(x)], output_shapes=[(64,)], output_dtypes=[mx.float32], grid=(64, 1, 1),
+                 threadgroup=(32, 1, 1), stream=mx.cpu)[0]
+    np.testing.assert_allclose(np.array(out), 3 * x + (x + 1 + 2) + 2, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("source", ACCEPTED, ids=range(len(ACCEPTED)))

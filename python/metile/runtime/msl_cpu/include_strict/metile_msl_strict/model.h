@@ -1,9 +1,14 @@
-// A C++ model of the Metal Shading Language API, as strict as Metal's own
+// A C++14 model of the Metal Shading Language API, as strict as Metal's own
 // compiler where the MSL specification is clear, for checking (never running)
-// kernel sources: `clang++ -fsyntax-only` against this directory, ahead of the
-// runtime shim's include/ on the include path (metile/runtime/msl_cpu/strict.py).
+// kernel sources: `clang++ -std=c++14 -fsyntax-only` against this directory,
+// ahead of the runtime shim's include/ on the include path
+// (metile/runtime/msl_cpu/strict.py).  MSL is C++14, so the model and the
+// shim headers it includes are C++14 too: the check makes every C++17+
+// feature an error, in these headers as in the kernel.
 //
 // What it rejects that the runtime shim accepts:
+//  * C++ after C++14 (if constexpr, structured bindings, fold expressions,
+//    inline variables, concepts, ...): the runtime compiles as C++20;
 //  * address spaces are distinct types: device, constant and threadgroup are
 //    clang address spaces, so a pointer of one never converts to another or to
 //    a thread pointer;
