@@ -67,7 +67,10 @@ def enabled() -> bool:
 
 
 def _fingerprint() -> str:
+    # The flags too: a precompiled model is only valid in the language mode
+    # it was built in.
     h = hashlib.sha256(compiler.shim_fingerprint().encode())
+    h.update(" ".join(_FLAGS).encode())
     for path in sorted(STRICT_INCLUDE_DIR.rglob("*")):
         if path.is_file():
             h.update(str(path.relative_to(STRICT_INCLUDE_DIR)).encode())
