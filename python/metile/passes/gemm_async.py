@@ -243,10 +243,9 @@ class AsyncStaging:
                       for x, s, t in zip([row, col], c.type.shape, shape)]
             return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
 
-        def body(ctx: Ctx) -> None:
-            lb = ctx.b
-            row = self._i(lb, "idiv", ctx.lin, groups)
-            col = self._i(lb, "mul", self._i(lb, "mod", ctx.lin, groups), group)
+        def body(lb: Builder, lin: Value) -> None:
+            row = self._i(lb, "idiv", lin, groups)
+            col = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
             cols_e = [self._i(lb, "add", col, e) for e in range(group)]
             index = self.elem(ld.operands[0], at(lb, row, col))
             full = None
@@ -276,7 +275,20 @@ class AsyncStaging:
                 eb.op("mem_store", [self._i(eb, "add", dst, e), v], [],
                       {"root": st.name, "space": "threadgroup"})
 
-        self.lane_loop(b, (rows, groups), body)
+        n = rows * groups
+        tid = b.value("thread_id", [], I32)
+        # Unrolled over this thread's groups: constant slot offsets let the compiler hoist
+        # the per-group address and swizzle arithmetic out of the K loop.
+        for slot in range((n + self.T - 1) // self.T):
+            lin = self._i(b, "add", tid, slot * self.T)
+            if (slot + 1) * self.T <= n:
+                body(b, lin)
+            else:
+                part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
+                            [_block(), _block()])
+                pb = Builder(part.regions[0])
+                pb.loc = b.loc
+                body(pb, lin)
 
     def swizzled_offset(self, b: Builder, row: Value, col: Value, ld: int, swz) -> Value:
         """Element offset of (row, col) (col a multiple of the chunk) in a swizzled tile."""
