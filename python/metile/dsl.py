@@ -1,6 +1,6 @@
 """The public names of metile's kernel language (re-exported by `metile`)."""
 
-from .frontend.errors import CompilationError, LaunchError
+from .errors import CompilationError, LaunchError
 from .language import (BUILTINS, DType, bfloat16, bool_, constexpr, float16, float32, int32,
                        uint32)
 from .language.core import *  # noqa: F401,F403

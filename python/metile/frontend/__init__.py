@@ -13,7 +13,7 @@ from ..ir.core import Block, Builder, Function, Param, Value
 from ..ir.types import PointerType, ScalarType
 from ..language import dtypes as dt
 from ..language.core import constexpr
-from .errors import CompilationError, LaunchError
+from ..errors import CompilationError, LaunchError
 from .desugar_control import desugar
 from .generator import CompileContext, Generator
 from .source import function_source

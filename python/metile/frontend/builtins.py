@@ -13,7 +13,7 @@ import inspect
 from ..ir.core import Value
 from ..ir.types import PointerType, ScalarType, TileType
 from ..language import dtypes as dt
-from .errors import CompilationError
+from ..errors import CompilationError
 from .semantics import describe, is_const
 from .views import TensorView, make_view
 

@@ -16,7 +16,7 @@ import builtins as py_builtins
 from ..ir.core import Block, Builder, Value
 from ..ir.types import ScalarType, TileType, dtype_of
 from ..language import dtypes as dt
-from .errors import CompilationError
+from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
 
 _MISSING = object()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import ast
 
 from .control import RETURN_VALUE, UNSET
-from .errors import CompilationError
+from ..errors import CompilationError
 
 RETURNED = "<returned>"
 _EXITS = (ast.Return, ast.Break, ast.Continue)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..ir.core import Op, Value
 from ..ir.types import ScalarType, TileType
 from ..language import dtypes as dt
-from .errors import CompilationError
+from ..errors import CompilationError
 from .semantics import is_const
 from .views import TensorView
 

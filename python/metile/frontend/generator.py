@@ -19,7 +19,7 @@ from ..ir.core import Builder, Value
 from ..ir.types import TileType, dtype_of, elem_type, shape_of
 from ..language import dtypes as dt
 from .builtins import IMPLS, view_method
-from .errors import CompilationError
+from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
 from .control import UNSET, ControlFlow, Undefined
 from .desugar_control import desugar

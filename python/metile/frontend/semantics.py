@@ -22,7 +22,7 @@ from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
 from ..ir.types import (PointerType, ScalarType, TileType, dtype_of, elem_type, is_pointer,
                         shape_of, with_shape)
 from ..language import dtypes as dt
-from .errors import CompilationError
+from ..errors import CompilationError
 
 _PY_BINARY = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,

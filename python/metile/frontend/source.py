@@ -9,7 +9,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ..ir.core import Loc
-from .errors import CompilationError
+from ..errors import CompilationError
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..ir.core import Value
 from ..ir.types import PointerType, ScalarType
-from .errors import CompilationError
+from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
 
 ACCESS = ("read", "write", "readwrite")

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.core import Function, Op, Value, walk
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.types import PointerType, elem_type
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Function, Op, Param, Value, walk
 from ..ir.ops import COMPARE, CONTROL
 from ..ir.types import TileType, dtype_of

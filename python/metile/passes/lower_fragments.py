@@ -29,7 +29,7 @@ subclass takes the fragment ops:
 
 from __future__ import annotations
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Builder, Function, Op, Value, walk
 from ..ir.ops import ELEMENTWISE, FRAGMENT_ELEMENTS
 from ..ir.types import ScalarType, TileType, elem_type

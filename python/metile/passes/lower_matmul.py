@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Builder, Op, Value
 from ..ir.types import ScalarType
 from ..language import dtypes as dt

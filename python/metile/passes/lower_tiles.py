@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from math import ceil, prod
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Builder, Function, Op, Value
 from ..ir.ops import ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer

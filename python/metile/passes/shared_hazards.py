@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Function, Op, Value, walk
 from ..ir.types import PointerType, ScalarType, TileType, elem_type
 

@@ -24,7 +24,7 @@ thread may read back its own uniform write without a barrier.)
 
 from __future__ import annotations
 
-from ..frontend.errors import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Block, Function, Op
 from ..ir.types import TileType
 

@@ -22,7 +22,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..frontend import CompilationError, LaunchError
-from ..schedule import Config, ScheduleError
+from ..errors import ScheduleError
+from ..schedule import Config
 from . import cache, tuning
 from .dispatch import _grid
 from .kernel import Kernel, current_backend, device_fingerprint

@@ -33,7 +33,8 @@ from typing import Callable, Sequence
 import mlx.core as mx
 from filelock import FileLock
 
-from ..schedule.schedule import Config, ScheduleError
+from ..errors import ScheduleError
+from ..schedule.schedule import Config
 
 FORMAT = 1
 # METILE_* variables that cannot change generated code or its numerics.

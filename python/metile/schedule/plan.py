@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import prod
 
-from .schedule import Schedule, ScheduleError
+from ..errors import ScheduleError
+from .schedule import Schedule
 from .targets import Lowering, MatrixPath, Target
 
 KINDS = ("elementwise", "reduction", "matmul", "fragments")

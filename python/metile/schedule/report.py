@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .plan import SchedulePlan
-from .schedule import ScheduleError
+from ..errors import ScheduleError
 
 
 @dataclass(frozen=True)

@@ -15,25 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ScheduleError
+
 BACKENDS = ("auto", "simdgroup", "simdgroup_inline", "tensor_ops", "nax", "elementwise")
 STAGINGS = ("auto", "device", "threadgroup")
 VECTOR_WIDTHS = (None, 1, 4)
 MAX_SIMDGROUPS = 32
-
-
-class ScheduleError(ValueError):
-    """A schedule requirement the compiler cannot honour for this kernel and target.
-
-    Subclasses ValueError rather than the frontend's CompilationError so this
-    package stays importable on its own; the compiler re-raises it as a
-    CompilationError at the kernel's definition when it has a source location.
-    `requirement` names the control (e.g. "vector_width=4"), `reason` says why.
-    """
-
-    def __init__(self, requirement: str, reason: str):
-        super().__init__(f"cannot honour {requirement}: {reason}")
-        self.requirement = requirement
-        self.reason = reason
 
 
 def _is_int(value) -> bool:
