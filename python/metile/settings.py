@@ -16,8 +16,10 @@ from pathlib import Path
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
-# What METILE_DEBUG may name (comma-separated): the stages that print or dump.
-DEBUG_WORDS = ("tile_ir", "thread_ir", "msl", "cuda", "schedule")
+# What METILE_DEBUG may name (comma-separated): the compile steps that print or
+# dump what they produced (compiler/pipeline.py), and older words for the same.
+DEBUG_WORDS = ("uniformity", "plan_schedule", "lower_tiles", "lower_fragments", "emit_msl",
+               "emit_cuda", "tile_ir", "thread_ir", "msl", "cuda", "schedule")
 
 
 class SettingError(ValueError):

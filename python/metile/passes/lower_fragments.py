@@ -436,10 +436,6 @@ class _Named(Value):
 
 def lower_fragments(fn: Function, threads: int, buffers: dict) -> Function:
     check_shared_contract(fn, threads)  # again here: the plan may have come from the disk cache
-    passes = fn.meta.setdefault("passes", [])
-    for name in ("shared_hazards", "lower_fragments"):
-        if name not in passes:
-            passes.append(name)
     lowering = FragmentLowering(fn, threads, buffers)
     out = lowering.run()
     out.meta["split_loops"] = lowering.split_loops

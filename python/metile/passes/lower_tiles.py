@@ -478,7 +478,7 @@ def gemm_threads(fn: Function, matrix_units, requested: int | None) -> int | Non
 
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                 scalars=None, shared_limit: int = SHARED_BYTES) -> Function:
-    if fn.meta.get("fragments"):  # simdgroup_inline kernels: passes/lower_fragments.py
-        from .lower_fragments import lower_fragments
-        return lower_fragments(fn, threads, buffers)
+    """Tile form -> thread form for kernels without kernel-written fragments
+    (`simdgroup_inline` kernels lower through passes/lower_fragments.py)."""
+    assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit).run()

@@ -26,7 +26,8 @@ from ..errors import ScheduleError
 from ..schedule import Config
 from . import cache, tuning
 from .dispatch import _grid
-from .kernel import Kernel, current_backend, device_fingerprint
+from ..compiler.backend import resolve_backend
+from .kernel import Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
 POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE")
@@ -86,12 +87,14 @@ class _TunedLauncher:
         bound = dict(zip(kernel.param_names, args))
         bound.update({k: v for k, v in kwargs.items() if k in kernel.param_names})
         overrides = {k: v for k, v in kwargs.items() if k in POLICY_KEYWORDS}
-        backend = current_backend()
+        backend = resolve_backend(kwargs.get("backend") if "backend" not in kernel.param_names
+                                  else None)
         parts = tuning.key_parts(
             operands={k: v for k, v in bound.items() if k not in overrides},
             overrides=overrides, grid=None if callable(self.grid) else self.grid,
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
-            target=device_fingerprint(backend), by_value=self.tuned.key)
+            target=f"{backend.device}:{backend.language}:{backend.target.name}",
+            by_value=self.tuned.key)
         result = tuning.autotune(
             self.tuned.configs, lambda c: self._launch(c, args, kwargs), parts,
             warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,

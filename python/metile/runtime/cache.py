@@ -27,7 +27,7 @@ from pathlib import Path
 from .. import settings
 from ..language.dtypes import DType
 
-_COMPILER_DIRS = ("frontend", "ir", "passes", "codegen", "language", "schedule")
+_COMPILER_DIRS = ("compiler", "frontend", "ir", "passes", "codegen", "language", "schedule")
 _fingerprint: str | None = None
 
 
@@ -37,9 +37,7 @@ def compiler_fingerprint() -> str:
     if _fingerprint is None:
         root = Path(__file__).resolve().parent.parent
         h = hashlib.sha256()
-        # planning.py and schedule/ decide the plan stored in each entry.
-        files = [root / "runtime" / "kernel.py", root / "runtime" / "cache.py",
-                 root / "runtime" / "planning.py"]
+        files = [root / "runtime" / "kernel.py", root / "runtime" / "cache.py", root / "errors.py"]
         for d in _COMPILER_DIRS:
             files += sorted((root / d).glob("*.py"))
         for f in files:

@@ -10,7 +10,7 @@ import operator
 import mlx.core as mx
 
 from ..frontend import CompilationError, LaunchError
-from . import planning
+from ..schedule import ExecutionReport, SchedulePlan
 from .kernel import Kernel, _arg_spec
 from .source_kernel import as_array
 
@@ -134,10 +134,10 @@ class Dispatch:
     """A launch with everything resolved; calling it enqueues the kernel again."""
 
     def __init__(self, kernel: Kernel, grid, args, kwargs, like: "Dispatch | None" = None):
-        runtime, consts, threads, schedule = kernel.bind(args, kwargs)
+        runtime, consts, threads, schedule, backend = kernel.bind(args, kwargs)
         if like is not None:
             like._check_same(runtime, consts, threads)
-        spec, specs = kernel.specialize(runtime, consts, threads, schedule)
+        spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
         self.grid_arg, self.specs = grid, specs
         grid = _grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
@@ -155,19 +155,19 @@ class Dispatch:
             (n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars))
             for n in outputs)
         self.variant = spec.variant(proven)
-        d = self.variant.data
+        d = self.variant.compiled
         self.outputs = out_arrays
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
         # 0-d arrays instead of building them again (MLX's rule, source_kernel.as_array).
-        self.inputs = [as_array(runtime[name], name, "metile") for _, name in d["input_roles"]]
-        self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d["input_roles"],
+        self.inputs = [as_array(runtime[name], name, "metile") for _, name in d.input_roles]
+        self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d.input_roles,
                                                                            self.inputs))
                                if not isinstance(runtime[name], mx.array)}
-        self.tracked = [outputs.index(n) for n in d["tracked"]]
+        self.tracked = [outputs.index(n) for n in d.tracked]
         self.atomic = [outputs.index(n) for n in spec.atomic_outputs]
         T = spec.threads
-        _check_grid_limits(grid, T, spec.backend)
+        _check_grid_limits(grid, T, spec.backend.language)
         self.call_kwargs = dict(
             inputs=self.inputs, grid=(grid[0] * T, grid[1], grid[2]), threadgroup=(T, 1, 1),
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
@@ -182,7 +182,7 @@ class Dispatch:
         # Calling this launch again with arguments of the same signature (this key) swaps
         # the arrays only: _relaunch takes them positionally.
         passed = set(kernel.param_names[:len(args)])
-        positional = all(name in passed for _, name in d["input_roles"]) and \
+        positional = all(name in passed for _, name in d.input_roles) and \
             all(name in passed for name in outputs)
         self._key = None if kernel.differentiable or not positional else \
             _launch_key(self.grid_arg, args, kwargs)
@@ -212,7 +212,7 @@ class Dispatch:
             raise CompilationError("differentiable=True needs launches that write every output "
                                    "element (grid * BLOCK and n covering the outputs)",
                                    self.kernel.loc)
-        roles = self.variant.data["input_roles"]
+        roles = self.variant.compiled.input_roles
         loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
                   and name not in outputs]
         positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
@@ -232,7 +232,7 @@ class Dispatch:
         from . import autodiff
 
         autodiff.check_fragment_pointwise(fn)
-        roles = self.variant.data["input_roles"]
+        roles = self.variant.compiled.input_roles
         loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
                   and name not in outputs]
         positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
@@ -262,7 +262,7 @@ class Dispatch:
             return outputs[0] if self.single else tuple(outputs)
         scalars = self._scalar_inputs
         inputs = [scalars[i] if i in scalars else runtime[name]
-                  for i, (_, name) in enumerate(self.variant.data["input_roles"])]
+                  for i, (_, name) in enumerate(self.variant.compiled.input_roles)]
         return self._finish(self._launch(inputs), outputs)
 
     def _launch(self, inputs):
@@ -270,13 +270,17 @@ class Dispatch:
         explains how to get a gradient: MLX's own message for a primitive without
         one is "[Primitive::vjp] Not implemented"."""
         if self._guarded is None:
-            if self.spec.backend == "cuda" and not (mx.default_device().type == mx.gpu
-                                                    and mx.cuda.is_available()):
+            backend = self.spec.backend
+            if not backend.native:
+                runs_on = ("MLX's CUDA backend" if backend.language == "cuda" else
+                           "Metal or the CPU (metile's MSL CPU runtime)")
                 raise LaunchError(
-                    f"kernel {self.kernel.fn.__name__!r} was compiled to CUDA (METILE_BACKEND=cuda), "
-                    f"which runs only on MLX's CUDA backend; the default device is "
-                    f"{mx.default_device()}. Unset METILE_BACKEND to run it here (a prepared "
-                    f"launch's .source still shows the CUDA code)")
+                    f"kernel {self.kernel.fn.__name__!r} was compiled to "
+                    f"{'CUDA' if backend.language == 'cuda' else 'MSL'} (backend="
+                    f"{backend.language!r} or METILE_BACKEND={backend.language}), which runs only "
+                    f"on {runs_on}; the default device is {backend.device_label}. Leave the "
+                    f"backend to the device to run it here (a prepared launch's .source still "
+                    f"shows the code)")
             call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
 
             @mx.custom_function
@@ -328,17 +332,17 @@ class Dispatch:
 
     @property
     def source(self) -> str:
-        return self.variant.data["header"] + "\n" + self.variant.data["body"]
+        return self.variant.compiled.source
 
     @property
-    def schedule_plan(self) -> planning.SchedulePlan:
+    def schedule_plan(self) -> SchedulePlan:
         """The immutable pre-lowering decisions for this launch, with their reasons."""
         return self.spec.plan
 
     @property
-    def execution_report(self) -> planning.ExecutionReport:
+    def execution_report(self) -> ExecutionReport:
         """What lowering materialized: plan, passes, loops, allocations, epilogues."""
-        return planning.report_from_dict(self.variant.data["report"])
+        return self.variant.compiled.report
 
     def explain(self) -> str:
         """The execution report as formatted JSON."""

@@ -201,7 +201,7 @@ def check_schema(value, schema: dict = REPORT_SCHEMA, path: str = "$") -> None:
 
 def debug_enabled() -> bool:
     from ..settings import debug_flags
-    return "schedule" in debug_flags()
+    return bool({"schedule", "plan_schedule"} & debug_flags())
 
 
 def debug_dump(name: str, plan: SchedulePlan, report: ExecutionReport | None = None,

@@ -1,5 +1,5 @@
 """Connects compiled kernels to `metile.schedule`: traits from Tile IR, the plan
-for the current target, and the execution report of what lowering emitted.
+for the backend's target, and the execution report of what lowering emitted.
 
 The planner never sees IR (it reads `KernelTraits`); the report never trusts
 the plan (it is rebuilt from the thread-form IR that the emitter printed), so
@@ -15,22 +15,14 @@ from ..passes.gemm import find_gemm
 from ..passes.gemm_bounds import prove_gemm_bounds, staging_load
 from ..passes.vectorize_elementwise import vectorizable
 from ..passes.lower_matmul import plan_gemm
+from ..passes.lower_fragments import fragment_threads
 from ..passes.lower_tiles import choose_threads, largest_tile, relaxed_precision
+from ..passes.shared_hazards import check_shared_contract
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
                         SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
 from ..schedule.report import debug_dump, validate_report
-from ..schedule.targets import LOWERING, Target, current_target, target_for
+from ..schedule.targets import LOWERING, Target
 
-
-def target_for_backend(backend: str) -> Target:
-    """The target a backend's code runs on: MSL on the CPU stream runs in the
-    CPU runtime; forced backends (METILE_BACKEND) plan for that backend."""
-    target = current_target()
-    if backend == "cuda" and not target.name.startswith("sm_"):
-        return target_for("cuda", None)
-    if backend == "msl" and target.name.startswith("sm_"):
-        return target_for("cpu")
-    return target
 
 _REDUCING = ("reduce", "simd_reduce")
 
@@ -135,14 +127,28 @@ def _vector_lanes(fn: Function, default: int) -> int:
     return default
 
 
+
+def _fragment_plan(fn: Function, constexprs: dict, schedule, target: Target, threads_req):
+    """The plan of a `simdgroup_inline` kernel (traits kind "fragments")."""
+    threads = fragment_threads(fn, constexprs, threads_req)
+    check_shared_contract(fn, threads)
+    ops = list(walk(fn.body))
+    dtypes = tuple(dict.fromkeys(v.type.elem.dtype.name for op in ops if op.name == "dot"
+                                 for v in op.operands[:2]))
+    shared = [op for op in ops if op.name == "shared_alloc"]
+    traits = KernelTraits("fragments", (8, 8), threads, dtypes, "float32", (), None,
+                          relaxed_precision(fn), bool(shared),
+                          sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8
+                              for op in shared), 0)
+    return plan_schedule(traits, target, schedule, LOWERING), threads
+
 def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule | None,
               target: Target, *, threads_req: int | None, units=(), mask_bounds: tuple = (),
               tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int]:
     """(plan, threads) for a specialized tile-form kernel; ScheduleError when the
     schedule cannot be honoured."""
     if fn.meta.get("fragments"):  # simdgroup_inline: kernel-written 8x8 fragments
-        from ..passes.fragment_plan import fragment_plan
-        return fragment_plan(fn, constexprs, schedule, target, threads_req)
+        return _fragment_plan(fn, constexprs, schedule, target, threads_req)
     g = find_gemm(fn)
     if g is not None:
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,

@@ -1,0 +1,135 @@
+"""One record per code generator, resolved once and passed down.
+
+A `Backend` says everything the compiler needs to know about where a kernel's
+code goes: the language it is written in (MSL or CUDA C++), the hardware it is
+planned for (`schedule.Target`: thread and shared-memory limits, matrix paths),
+the emitter's matrix units, and the launcher that enqueues the source on MLX's
+graph.  `resolve_backend` is the only function that looks at MLX's device or at
+`METILE_BACKEND`; every later stage reads the record it was given.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import LaunchError
+from ..schedule.targets import Target, target_for
+
+LANGUAGES = ("msl", "cuda")
+
+
+@dataclass(frozen=True)
+class Backend:
+    language: str            # "msl" | "cuda": what the emitter writes
+    target: Target           # the hardware the plan is made for
+    device: str              # the device the code was resolved for (part of cache keys)
+    native: bool = True      # whether that device runs this language
+    device_label: str = ""   # the device as MLX prints it, for messages
+
+    @property
+    def emitter(self):
+        from ..codegen.cuda import CUDAEmitter
+        from ..codegen.msl import MSLEmitter
+        return CUDAEmitter if self.language == "cuda" else MSLEmitter
+
+    @property
+    def matrix_units(self) -> tuple:
+        """The matrix instructions this emitter spells (GEMM lowering picks one)."""
+        return self.emitter.MATRIX_UNITS
+
+    @property
+    def shared_memory_bytes(self) -> int:
+        return self.target.threadgroup_memory_bytes
+
+    @property
+    def max_threads(self) -> int:
+        return self.target.max_threads_per_threadgroup
+
+    def emit(self, thread_fn, scalars: set[str]) -> tuple[str, str]:
+        """(header, body) of MLX's custom-kernel contract for this language."""
+        if self.language == "cuda":
+            from ..codegen.cuda import emit_cuda
+            return emit_cuda(thread_fn, scalars)
+        from ..codegen.msl import emit_msl
+        return emit_msl(thread_fn)
+
+    @property
+    def launcher(self) -> Callable:
+        """make(name, input_names, output_names, body, header=...) -> a callable kernel."""
+        from ..runtime.cuda_kernel import cuda_kernel
+        from ..runtime.metal_kernel import metal_kernel
+        return cuda_kernel if self.language == "cuda" else metal_kernel
+
+
+def _device_target() -> tuple[str, Target, str]:
+    """(kind, target, label) of MLX's default device."""
+    import mlx.core as mx
+
+    device = mx.default_device()
+    label = str(device)
+    if device.type == mx.cpu:
+        return "cpu", target_for("cpu"), label
+    if mx.metal.is_available():
+        return "metal", target_for("metal", mx.metal.device_info().get("architecture")), label
+    if mx.cuda.is_available():
+        try:
+            info = mx.device_info(device)
+        except (TypeError, RuntimeError, ValueError):
+            info = {}
+        major, minor = info.get("compute_capability_major"), info.get("compute_capability_minor")
+        arch = f"sm_{major}{minor or 0}" if major is not None else None
+        return "cuda", target_for("cuda", arch), label
+    raise RuntimeError(f"no metile target for MLX device {device}")
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprint(kind: str) -> str:
+    import mlx.core as mx
+
+    try:
+        info = mx.device_info()
+    except Exception:  # older MLX
+        return kind
+    return f"{kind}:{info.get('architecture', '')}:{info.get('device_name', '')}"
+
+
+def resolve_backend(language: "str | Backend | None" = None, *, target: str | None = None) -> Backend:
+    """The backend a kernel compiles for.
+
+    `language` ("msl" or "cuda") is the caller's choice (a launch's `backend=`);
+    else `METILE_BACKEND`; else the default device's: CUDA on MLX's CUDA backend,
+    MSL on Metal and on the CPU (where the MSL CPU runtime runs it).  `target`
+    names the hardware to plan for (e.g. "apple10" to see an M5 plan here);
+    by default the device's own, or, for a language the device does not run,
+    that language's reference target.
+    """
+    if isinstance(language, Backend):
+        return language
+    import os
+
+    if language is not None and language not in LANGUAGES:
+        raise LaunchError(f"backend must be one of {', '.join(LANGUAGES)}, got {language!r}")
+    forced = os.environ.get("METILE_BACKEND") or None
+    if forced is not None and forced not in LANGUAGES:
+        raise LaunchError(f"METILE_BACKEND must be one of {', '.join(LANGUAGES)}, got {forced!r}")
+    chosen = language or forced
+    kind, device_target, label = _device_target()
+    device_language = "cuda" if kind == "cuda" else "msl"
+    chosen = chosen or device_language
+    if target is not None:
+        from ..schedule.targets import TARGETS
+        if target not in TARGETS:
+            raise LaunchError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+        planned = TARGETS[target]
+        if planned.language != chosen:
+            raise LaunchError(f"target {target!r} runs {planned.language}, not {chosen}")
+    elif chosen == device_language:
+        planned = device_target
+    else:
+        # Code for a language the device does not run (inspecting CUDA source on a
+        # Mac or the CPU, MSL on an NVIDIA machine): plan for that language's
+        # reference hardware.
+        planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
+    return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label)

@@ -1,0 +1,271 @@
+"""The compile pipeline: a kernel specialization in, typed results out.
+
+    frontend -> verify -> uniformity -> buffer_usage -> plan_schedule     (analyze)
+      -> lower_tiles | lower_fragments (+ the lowering's own steps) -> verify -> emit_<language>
+                                                                       (generate)
+
+`analyze` runs once per specialization (argument kinds, constexprs, schedule,
+backend) and returns an `Analysis`: which buffers are outputs, the coverage
+proofs of their stores, the schedule plan and the thread count.  `generate`
+runs once per variant (which outputs are proven fully written) and returns a
+`CompiledKernel`: the source pair, its call signature and the execution
+report.  Both record the steps that ran, in order, as `Step`s; the execution
+report's `passes` and `explain()` list exactly those.  `METILE_DEBUG=<step>`
+prints what a step produced (the older words tile_ir, thread_ir, msl, cuda and
+schedule name the same dumps).
+
+Both results serialize to JSON for the disk cache (`to_json` / `from_json`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import CompilationError, ScheduleError
+from ..frontend import build_tile_ir
+from ..ir.core import Function, Loc, walk
+from ..ir.printer import format_function
+from ..ir.verifier import verify
+from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json, store_coverage
+from ..passes.lower_fragments import lower_fragments
+from ..passes.lower_tiles import lower_tiles
+from ..passes.uniformity import check_uniformity
+from ..schedule import ExecutionReport, Schedule, SchedulePlan
+from ..settings import debug_flags
+from . import planning
+from .backend import Backend
+
+# What METILE_DEBUG prints after a step, and the older word for the same dump.
+DUMP_ALIASES = {"uniformity": "tile_ir", "lower_tiles": "thread_ir",
+                "lower_fragments": "thread_ir", "emit_msl": "msl", "emit_cuda": "cuda",
+                "plan_schedule": "schedule"}
+
+
+def dumps(step: str) -> bool:
+    flags = debug_flags()
+    return step in flags or DUMP_ALIASES.get(step) in flags
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to compile: a kernel function specialized for one launch signature."""
+    fn: object                       # the Python function
+    param_names: tuple[str, ...]
+    specs: dict                      # runtime name -> (kind, DType, ndim)
+    constexprs: dict
+    threads_req: int | None
+    schedule: Schedule | None
+    int_values: dict                 # runtime ints specialized by an explicit schedule
+    backend: Backend
+    differentiable: bool = False
+    loc: Loc | None = None
+
+    @property
+    def fragments(self) -> bool:
+        return self.schedule is not None and self.schedule.backend == "simdgroup_inline"
+
+
+@dataclass
+class Analysis:
+    """What a specialization's tile form proves and plans (once per specialization)."""
+    outputs: list[str]
+    atomic_outputs: list[str]
+    loaded_outputs: list[str]
+    coverage: dict                   # output name -> coverage proof (passes.buffer_usage)
+    plan: SchedulePlan
+    threads: int
+    steps: list[str]
+
+    def to_json(self) -> dict:
+        return {"outputs": self.outputs, "atomic_outputs": self.atomic_outputs,
+                "loaded_outputs": self.loaded_outputs,
+                "coverage": {k: c.to_json() for k, c in self.coverage.items()},
+                "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Analysis":
+        return cls(d["outputs"], d["atomic_outputs"], d["loaded_outputs"],
+                   {k: coverage_from_json(v) for k, v in d["coverage"].items()},
+                   SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"])
+
+
+@dataclass
+class CompiledKernel:
+    """One generated kernel (a variant of a specialization): MLX's custom-kernel
+    call signature and source, and what lowering materialized."""
+    name: str
+    header: str
+    body: str
+    inputs: list[str]                # argument names of the kernel source, in order
+    outputs: list[str]
+    input_roles: list[list[str]]     # ["in", parameter] for each input, in order
+    tracked: list[str]               # outputs with a written-mask (not proven covered)
+    lowering: dict                   # matmul / loops / allocations the lowering recorded
+    report: ExecutionReport
+    language: str
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        return self.header + "\n" + self.body
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "header": self.header, "body": self.body,
+                "inputs": self.inputs, "outputs": self.outputs, "input_roles": self.input_roles,
+                "tracked": self.tracked, "lowering": self.lowering, "passes": self.steps,
+                "report": self.report.to_dict(), "language": self.language}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CompiledKernel":
+        return cls(d["name"], d["header"], d["body"], d["inputs"], d["outputs"],
+                   d["input_roles"], d["tracked"], d["lowering"],
+                   planning.report_from_dict(d["report"]), d["language"], d["passes"])
+
+
+# -- analyze --------------------------------------------------------------------------------
+
+def tile_form(req: Request) -> tuple[Function, list[str]]:
+    """frontend -> verify -> uniformity: the kernel's Tile IR, checked."""
+    try:
+        fn, _ = build_tile_ir(req.fn, {k: v[:2] for k, v in req.specs.items()}, req.constexprs,
+                              *((True,) if req.fragments else ()))
+    except CompilationError as e:
+        _name_constexprs(e, req.constexprs)
+        raise
+    verify(fn)
+    check_uniformity(fn)
+    if dumps("uniformity"):
+        print(format_function(fn), file=sys.stdout)
+    return fn, ["frontend", "verify", "uniformity"]
+
+
+def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
+    """buffer_usage -> plan_schedule on a kernel's tile form."""
+    loaded, stored = buffer_roles(fn)
+    name = getattr(req.fn, "__name__", "kernel")
+    outputs = [n for n in req.param_names if n in stored]
+    if not outputs:
+        raise CompilationError(f"kernel {name!r} stores to no buffer, so it has no result: a "
+                               f"kernel's outputs are the buffers it writes with metile.store, "
+                               f"a tensor view's store or atomic_add", req.loc)
+    atomic = atomic_roots(fn)
+    if atomic:
+        first = next(iter(atomic.values()))
+        why = ("differentiable=True kernels" if req.differentiable else
+               "kernels with dot" if any(op.name == "dot" for op in walk(fn.body)) else
+               "simdgroup_inline kernels" if fn.meta.get("fragments") else None)
+        if why:
+            raise CompilationError(f"atomic_add is not supported in {why}", first.loc)
+    cov = store_coverage(fn, loaded)
+    try:
+        bounds = tuple(sorted({c.bound for c in cov.values() if getattr(c, "bound", None)}))
+        tiles = [c.bounds for c in cov.values() if hasattr(c, "bounds")]
+        plan, threads = planning.make_plan(
+            fn, req.constexprs, req.int_values, req.schedule, req.backend.target,
+            threads_req=req.threads_req, units=req.backend.matrix_units, mask_bounds=bounds,
+            tile_bounds=tiles[0] if tiles else None)
+    except ScheduleError as e:
+        raise CompilationError(str(e), req.loc) from None
+    return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
+                    plan, threads, steps + ["buffer_usage", "plan_schedule"])
+
+
+def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
+    """Say which constexpr a constant in the message came from: `BLOCK=8.0` reaches
+    the compiler as the bare constant 8.0."""
+    named = [f"{k}={v!r}" for k, v in constexprs.items()
+             if (isinstance(v, (int, float, str)) or v is None)
+             and (f"constant {v!r}" in error.message
+                  or f"{type(v).__name__} {v!r}" in error.message)]
+    if named:
+        error.message += f" (the constant is constexpr {', '.join(named)})"
+
+
+# -- generate -------------------------------------------------------------------------------
+
+def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name: str,
+             reserved: frozenset) -> CompiledKernel:
+    """lower -> verify -> emit for one variant: `proven[i]` says output i is proven
+    fully written (else the kernel also records which elements it wrote)."""
+    signature = _signature(req, analysis, proven, reserved)
+    buffers, inputs, outputs, roles, tracked = signature
+    backend = req.backend
+    if fn.meta.get("fragments"):
+        lowered = ["shared_hazards", "lower_fragments"]
+        thread_fn = lower_fragments(fn, analysis.threads, buffers)
+    else:
+        thread_fn = lower_tiles(fn, analysis.threads, buffers, backend.matrix_units,
+                                plan=analysis.plan, scalars=req.int_values,
+                                shared_limit=backend.shared_memory_bytes)
+        lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
+    verify(thread_fn)
+    if dumps(lowered[-1]) or dumps("lower_tiles"):
+        print(format_function(thread_fn), file=sys.stdout)
+    scalars = {buffers[(n, "scalar")] for n, s in req.specs.items() if s[0] == "scalar"}
+    header, body = backend.emit(thread_fn, scalars)
+    emit = f"emit_{backend.language}"
+    if dumps(emit):
+        print(f"// metile kernel {fn.name} ({name})\n{header}\n{body}", file=sys.stdout)
+    steps = analysis.steps + lowered + ["verify", emit]
+    report = planning.make_report(analysis.plan, thread_fn, steps, backend.target)
+    if dumps("plan_schedule"):
+        planning.dump(fn.name, analysis.plan, report)
+    return CompiledKernel(
+        name, header, body, inputs, outputs, roles, tracked,
+        {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations") if k in thread_fn.meta},
+        report, backend.language, steps)
+
+
+def _lowering_steps(thread_fn: Function) -> list[str]:
+    """The steps the tile lowering ran inside itself, in the order they ran: bounds
+    proofs feed the GEMM lowering, which then splits, vectorizes and buffers its
+    staging (recorded by the lowering in `meta["lowering_passes"]`)."""
+    matmul = thread_fn.meta.get("matmul") or {}
+    extra = thread_fn.meta.get("lowering_passes", [])
+    steps = [p for p in extra if p == "prove_gemm_bounds"]
+    if matmul:
+        steps += ["lower_matmul"] + (["fuse_epilogue"] if matmul.get("epilogue_regions") else [])
+    return steps + [p for p in extra if p != "prove_gemm_bounds"]
+
+
+def _signature(req: Request, analysis: Analysis, proven: tuple, reserved: frozenset):
+    """The generated kernel's argument names: inputs (read buffers, scalars, and the
+    passed contents of tracked outputs), outputs (and their written-masks)."""
+    used: set[str] = set()
+
+    def unique(base: str) -> str:
+        # A Python parameter named like an MSL/C++ keyword is renamed, never refused.
+        stem = f"arg_{base}" if base in reserved or base.startswith("_") else base
+        out, i = stem, 1
+        while out in used:
+            i += 1
+            out = f"{stem}{i}"
+        used.add(out)
+        return out
+
+    buffers, inputs, roles = {}, [], []
+    tracked = {o for o, p in zip(analysis.outputs, proven) if not p}
+    for name in req.param_names:
+        spec = req.specs.get(name)
+        if spec is None:
+            continue
+        if spec[0] == "scalar":
+            buffers[(name, "scalar")] = unique(name)
+            inputs.append(buffers[(name, "scalar")])
+            roles.append(["in", name])
+        elif name not in analysis.outputs:
+            buffers[(name, "read")] = unique(name)
+            inputs.append(buffers[(name, "read")])
+            roles.append(["in", name])
+    for name in analysis.outputs:
+        buffers[(name, "out")] = unique(name)
+    for name in analysis.outputs:
+        if name in tracked:
+            buffers[(name, "read")] = unique(f"{name}_in")
+            inputs.append(buffers[(name, "read")])
+            roles.append(["in", name])
+            buffers[(name, "written")] = unique(f"{name}_written")
+    outputs = [buffers[(n, "out")] for n in analysis.outputs]
+    outputs += [buffers[(n, "written")] for n in analysis.outputs if n in tracked]
+    return buffers, inputs, outputs, roles, [n for n in analysis.outputs if n in tracked]
