@@ -105,15 +105,14 @@ def static_exit(X, Y, n, MODE: metile.constexpr, BLOCK: metile.constexpr = 64):
 
 
 @pytest.mark.parametrize("mode", [0, 1])
-def test_return_under_a_compile_time_condition(rng, mode, monkeypatch):
+def test_return_under_a_compile_time_condition(rng, mode):
     x = _rows(rng, (100,))
     y = np.array(static_exit[(2,)](mx.array(x), mx.full((100,), SENTINEL), 100, MODE=mode))
     np.testing.assert_allclose(y, x * (3.0 if mode else 1.0), rtol=RTOL, atol=ATOL)
     if mode == 0:  # nothing is emitted after a return taken at compile time
-        monkeypatch.setenv("METILE_BACKEND", "msl")
         args = (mx.array(x), mx.zeros((100,)), 100)
-        assert _body(static_exit[(2,)].prepare(*args, MODE=0).source) == \
-            _body(store_once[(2,)].prepare(*args).source)
+        assert _body(static_exit[(2,)].prepare(*args, MODE=0, backend="msl").source) == \
+            _body(store_once[(2,)].prepare(*args, backend="msl").source)
 
 
 @metile.kernel
@@ -460,16 +459,15 @@ def _body(source: str) -> str:
     return source  # the kernel body as metal_kernel takes it; the signature is built later
 
 
-def test_no_flags_where_none_are_needed(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
+def test_no_flags_where_none_are_needed():
     src = function_source(plain.fn if hasattr(plain, "fn") else inspect.unwrap(plain))
     assert desugar(src, is_helper=False) is src.tree.body
     args = (mx.zeros((100,)), mx.zeros((100,)), 100)
-    assert _body(plain[(2,)].prepare(*args).source) == \
-        _body(plain_with_return[(2,)].prepare(*args).source)
+    assert _body(plain[(2,)].prepare(*args, backend="msl").source) == \
+        _body(plain_with_return[(2,)].prepare(*args, backend="msl").source)
     # `if pid >= used: return` is the if/else a user would write, with no flag variable
-    assert _body(early_exit[(2,)].prepare(*args, 1, BLOCK=64).source) == \
-        _body(guarded_by_hand[(2,)].prepare(*args, 1, BLOCK=64).source)
+    assert _body(early_exit[(2,)].prepare(*args, 1, BLOCK=64, backend="msl").source) == \
+        _body(guarded_by_hand[(2,)].prepare(*args, 1, BLOCK=64, backend="msl").source)
 
 
 # -- located compile errors ----------------------------------------------------------------------

@@ -2,19 +2,14 @@
 in tests/test_dsl_kernels.py on the H200)."""
 
 import mlx.core as mx
-import pytest
 
 import metile
 from dsl_kernels import block_sum, softmax_rows, vector_add
 
 
-@pytest.fixture(autouse=True)
-def cuda_backend(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-
-
 def test_geometry_scalars_and_masks():
-    d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000, BLOCK=256)
+    d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000, BLOCK=256,
+                                  backend="cuda")
     src = d.source
     assert "blockIdx.x" in src and "threadIdx.x" in src
     assert "n[0]" in src  # MLX passes runtime scalars to CUDA kernels as pointers
@@ -23,7 +18,8 @@ def test_geometry_scalars_and_masks():
 
 
 def test_block_reduction_uses_warp_shuffles_and_shared_memory():
-    src = softmax_rows[(2,)].prepare(mx.zeros((2, 8)), mx.zeros((2, 8)), 8, 8, BLOCK=256).source
+    src = softmax_rows[(2,)].prepare(mx.zeros((2, 8)), mx.zeros((2, 8)), 8, 8, BLOCK=256,
+                                       backend="cuda").source
     assert "__shfl_xor_sync" in src and "metile_warp_max(" in src and "metile_warp_sum(" in src
     assert "__shared__ float" in src and "__syncthreads();" in src
     assert "cuda::std::numeric_limits<float>::infinity()" in src
@@ -31,17 +27,16 @@ def test_block_reduction_uses_warp_shuffles_and_shared_memory():
 
 def test_half_types_and_math_in_float():
     x, y, z = (mx.zeros((8,), mx.float16) for _ in range(3))
-    src = vector_add[(1,)].prepare(x, y, z, 8, BLOCK=32).source
+    src = vector_add[(1,)].prepare(x, y, z, 8, BLOCK=32, backend="cuda").source
     assert "__half" in src
-    src = block_sum[(1,)].prepare(mx.zeros((1, 8)), mx.zeros((1,)), 8).source
+    src = block_sum[(1,)].prepare(mx.zeros((1, 8)), mx.zeros((1,)), 8, backend="cuda").source
     assert "__syncthreads();" in src and "while (true)" in src
 
 
-def test_backend_is_part_of_the_cache_key(monkeypatch):
+def test_backend_is_part_of_the_cache_key():
     args = (mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8)
-    cuda = vector_add[(1,)].prepare(*args, BLOCK=32)
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    msl = vector_add[(1,)].prepare(*args, BLOCK=32)
+    cuda = vector_add[(1,)].prepare(*args, BLOCK=32, backend="cuda")
+    msl = vector_add[(1,)].prepare(*args, BLOCK=32, backend="msl")
     assert cuda.spec.key != msl.spec.key and cuda.source != msl.source
 
 

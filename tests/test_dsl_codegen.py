@@ -15,18 +15,15 @@ from metile.language import float32
 from dsl_kernels import block_sum, matmul, single_dot, softmax_rows, vector_add
 
 
-@pytest.fixture(autouse=True)
-def msl_backend(monkeypatch):
-    # These tests read the generated MSL, whatever the default device.
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-
+# These tests read the generated MSL, whatever the default device: every prepare names it.
 
 def prepared_source(launcher, *args, **kwargs) -> str:
-    return launcher.prepare(*args, **kwargs).source
+    return launcher.prepare(*args, backend="msl", **kwargs).source
 
 
 def test_tile_ir_printer_and_verifier():
-    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64)
+    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64,
+                                 backend="msl")
     fn = d.spec.tile_ir()
     verify(fn)
     text = format_function(fn)
@@ -50,14 +47,16 @@ def test_verifier_rejects_use_before_definition():
 def test_one_element_per_thread_up_to_1024():
     src = prepared_source(vector_add[(1,)], mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8,
                           BLOCK=100)
-    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=100)
+    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=100,
+                                 backend="msl")
     assert d.spec.threads == 128  # 100 rounded up to whole SIMD-groups
     assert d.call_kwargs["threadgroup"] == (128, 1, 1) and d.call_kwargs["grid"] == (128, 1, 1)
     assert "< 100" in src and "for (int _s" not in src
 
 
 def test_larger_blocks_loop_over_slots():
-    d = vector_add[(3,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=4096)
+    d = vector_add[(3,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=4096,
+                                 backend="msl")
     assert d.spec.threads == 1024
     assert re.search(r"for \(int (_s\d+) = 0; \1 < 4; \+\+\1\)", d.source), d.source
     assert d.call_kwargs["grid"] == (3 * 1024, 1, 1)
@@ -79,7 +78,7 @@ def test_reference_dot_operands_go_through_threadgroup_memory():
 
 def test_gemm_recurrence_lowers_to_fragments():
     d = matmul[(1, 1)].prepare(mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)), 8, 8, 8,
-                               BM=16, BN=16, BK=8)
+                               BM=16, BN=16, BK=8, backend="msl")
     src = d.source
     assert src.count("threadgroup float") == 3  # A and B stages, the epilogue scratch
     assert "metal::simdgroup_multiply_accumulate(" in src
@@ -94,11 +93,11 @@ def test_loops_are_not_unrolled():
 
 def test_full_coverage_proof_avoids_copy():
     d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000,
-                                 BLOCK=256)
+                                 BLOCK=256, backend="msl")
     assert d.variant.data["outputs"] == ["Z"] and not d.tracked
     # a grid too small to cover the output: unwritten elements must be preserved
     d = vector_add[(2,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000,
-                                 BLOCK=256)
+                                 BLOCK=256, backend="msl")
     assert d.variant.data["outputs"] == ["Z", "Z_written"] and d.tracked == [0]
     assert "Z_in" in d.variant.data["inputs"]
 
@@ -111,19 +110,19 @@ def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
     def fresh(X, BLOCK: metile.constexpr):
         metile.store(X + metile.arange(0, BLOCK), 1.0)
 
-    fresh[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    fresh[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     out = capsys.readouterr().out
     assert "func @fresh(" in out and "[tile form]" in out
     assert "X[" in out and "1.0f" in out
 
 
 def test_disk_cache_skips_the_frontend(monkeypatch, tmp_path):
-    import metile.runtime.kernel as rk
+    import metile.compiler.pipeline as pipeline
 
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
     calls = []
-    real = rk.build_tile_ir
-    monkeypatch.setattr(rk, "build_tile_ir", lambda *a: calls.append(1) or real(*a))
+    real = pipeline.build_tile_ir
+    monkeypatch.setattr(pipeline, "build_tile_ir", lambda *a, **kw: calls.append(1) or real(*a, **kw))
 
     def make():
         @metile.kernel
@@ -131,12 +130,13 @@ def test_disk_cache_skips_the_frontend(monkeypatch, tmp_path):
             metile.store(X + metile.arange(0, BLOCK), 2.0)
         return cached
 
-    src1 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source
+    src1 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source
     assert calls == [1]
-    src2 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source  # new kernel object, same content
+    # a new kernel object, same content
+    src2 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source
     assert calls == [1] and src1 == src2
     assert list((tmp_path / "dsl").glob("*.json"))
-    make()[(1,)].prepare(mx.zeros((8,)), BLOCK=16)  # a new constexpr value compiles
+    make()[(1,)].prepare(mx.zeros((8,)), BLOCK=16, backend="msl")  # a new constexpr value compiles
     assert calls == [1, 1]
 
 
@@ -158,8 +158,8 @@ def test_cache_key_is_content_not_name(tmp_path, monkeypatch):
     def second_body(k):
         return k
 
-    a = first()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
-    b = second()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    a = first()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
+    b = second()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     assert a.spec.key != b.spec.key
     assert "1.0f" in a.source and "5.0f" in b.source
     assert a.variant.data["name"] != b.variant.data["name"]
@@ -177,9 +177,9 @@ def test_cache_key_includes_globals(tmp_path, monkeypatch):
             metile.store(X + metile.arange(0, BLOCK), SCALE)
         return scaled
 
-    a = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    a = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     monkeypatch.setitem(globals(), "SCALE", 4.0)
-    b = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    b = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     assert a.spec.key != b.spec.key and "4.0f" in b.source
 
 
@@ -192,14 +192,16 @@ def test_corrupt_cache_entry_is_ignored(tmp_path, monkeypatch):
             metile.store(X + metile.arange(0, BLOCK), 1.0)
         return corrupt
 
-    d = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8)
+    d = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     for f in (tmp_path / "dsl").glob("*.json"):
         f.write_text("{not json")
-    assert make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8).source == d.source
+    assert make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source == d.source
 
 
 def test_specialization_by_dtype():
-    f32 = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64)
-    f16 = vector_add[(1,)].prepare(*(mx.zeros((8,), mx.float16) for _ in range(3)), 8, BLOCK=64)
+    f32 = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64,
+                                   backend="msl")
+    f16 = vector_add[(1,)].prepare(*(mx.zeros((8,), mx.float16) for _ in range(3)), 8, BLOCK=64,
+                                   backend="msl")
     assert f32.spec is not f16.spec
     assert "half" in f16.source and "half" not in f32.source

@@ -112,15 +112,14 @@ def test_user_epilogue_with_shared_subexpressions_and_runtime_scalars(rng):
         check(d(a, b, mx.zeros((m, n)), m, n, k, alpha, beta), ref)
 
 
-def test_cuda_epilogue_captures_scalars_from_their_pointers(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
+def test_cuda_epilogue_captures_scalars_from_their_pointers():
     a = mx.zeros((64, 64), mx.float16)
     d = matmul_epilogue[(1, 1)].prepare(a, a, mx.zeros((64, 64), mx.float16), 64, 64, 64, 1.0,
-                                        0.0, EPILOGUE="gelu_tanh")
+                                        0.0, EPILOGUE="gelu_tanh", backend="cuda")
     src = d.source
     assert "const float _epi_alpha" not in src  # gelu reads no coefficient
     d = matmul_epilogue[(1, 1)].prepare(a, a, mx.zeros((64, 64), mx.float16), 64, 64, 64, 1.0,
-                                        0.0, EPILOGUE="affine_leaky")
+                                        0.0, EPILOGUE="affine_leaky", backend="cuda")
     assert "const float _epi_alpha = alpha[0];" in d.source
     assert "static_cast<__half>(" in d.source  # the single final conversion
 
@@ -223,8 +222,7 @@ def _marked_line(kernel) -> int:
 
 
 @pytest.mark.parametrize("kernel,message", REJECTED, ids=[k.__name__ for k, _ in REJECTED])
-def test_rejected_epilogues(monkeypatch, kernel, message):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
+def test_rejected_epilogues(kernel, message):
     m = n = k = 16
     args = [mx.zeros((m, k)), mx.zeros((k, n)),
             mx.zeros((m, n), mx.float16 if kernel is early_narrowing else mx.float32)]
@@ -232,7 +230,7 @@ def test_rejected_epilogues(monkeypatch, kernel, message):
         args.append(mx.zeros((n,)))
     args += [m, n, k] + ([1] if kernel is control_flow_epilogue else [])
     with pytest.raises(metile.CompilationError) as err:
-        kernel[(1, 1)].prepare(*args)
+        kernel[(1, 1)].prepare(*args, backend="msl")
     assert "error: cannot lower the GEMM: " in str(err.value) and message in str(err.value)
     assert err.value.lineno == _marked_line(kernel)
     assert "metile/passes" not in str(err.value)  # the user's line, not compiler frames

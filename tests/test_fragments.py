@@ -269,10 +269,9 @@ def test_masked_tiles(rng, rows):
     np.testing.assert_array_equal(np.array(out), expect)
 
 
-def test_masked_tiles_source_paths(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
+def test_masked_tiles_source_paths():
     d = masked_tiles[(1,)].prepare(mx.zeros((9, 8)), mx.array([9], mx.int32), mx.zeros((9, 8)),
-                                   STRICT_MATH=True, SCHEDULE=INLINE)
+                                   STRICT_MATH=True, SCHEDULE=INLINE, backend="msl")
     src = d.source
     # complete tiles: matrix load/store; tails: SIMD-group barriers around scratch copies
     assert "simdgroup_load(_fr" in src and "&Source[" in src and "&Output[" in src
@@ -296,18 +295,17 @@ def test_strict_math_contradiction():
                            STRICT_MATH=1, SCHEDULE=INLINE)
 
 
-def test_cuda_text(monkeypatch):
+def test_cuda_text():
     # 8x8 fragments on CUDA: a warp-level FFMA/shuffle emulation with private lane
     # ownership (codegen/cuda.py metile_frag8); run on the device machine for numbers.
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
     d = masked_tiles[(1,)].prepare(mx.zeros((9, 8)), mx.array([9], mx.int32), mx.zeros((9, 8)),
-                                   STRICT_MATH=True, SCHEDULE=INLINE)
+                                   STRICT_MATH=True, SCHEDULE=INLINE, backend="cuda")
     src = d.source
     assert "metile_frag8<float>" in src and "__syncwarp();" in src
     assert "metile_frag_load(_fr" in src and "metile_frag_store(&Output[" in src
     assert "thread_elements" not in src and "metal::" not in src
     d = attention_block[(1,)].prepare(*(mx.zeros((8, 8)) for _ in range(4)), STRICT_MATH=True,
-                                      SCHEDULE=INLINE)
+                                      SCHEDULE=INLINE, backend="cuda")
     src = d.source
     assert "metile_frag_mma(" in src and "__shfl_sync" in src and "metile_frag_load_t(" in src
     assert d.variant.data["passes"][-1] == "emit_cuda"
