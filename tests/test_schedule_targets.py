@@ -3,7 +3,8 @@
 import mlx.core as mx
 import pytest
 
-from metile.schedule import TARGETS, current_target, target_for
+from metile.compiler import resolve_backend
+from metile.schedule import TARGETS, target_for
 
 
 @pytest.mark.parametrize("name", ["apple7", "apple8", "apple9"])
@@ -81,7 +82,7 @@ def test_target_for_rejects(kind, arch, message):
 
 
 def test_current_target_follows_the_default_device():
-    t = current_target()
+    t = resolve_backend().target
     if mx.default_device().type == mx.cpu:
         assert t.name == "cpu_msl"
     elif mx.cuda.is_available():

@@ -12,7 +12,7 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
-from ..passes.lower_matmul import MatrixUnit
+from ..schedule import targets
 from .c_like import CEmitter
 
 # Butterfly reductions over a full warp.  Every lane ends with the result, as
@@ -259,12 +259,7 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC}
-    # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
-    # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
-    MATRIX_UNITS = (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16),
-                               ("float16", "bfloat16"), async_copy=True, lane_coords=True),
-                    MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8),
-                               ("float32",), relaxed_only=True, convert="tf32"))
+    MATRIX_UNITS = targets.MATRIX_UNITS["cuda"]  # the one table (schedule/targets.py)
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "metile_frag_fill({frag}, {value});",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import LaunchError
-from ..schedule.targets import Target, target_for
+from ..schedule.targets import MATRIX_UNITS, Target, target_for
 
 LANGUAGES = ("msl", "cuda")
 
@@ -36,8 +36,9 @@ class Backend:
 
     @property
     def matrix_units(self) -> tuple:
-        """The matrix instructions this emitter spells (GEMM lowering picks one)."""
-        return self.emitter.MATRIX_UNITS
+        """The matrix instructions this language's emitter spells (GEMM lowering picks
+        one), from the one table in schedule/targets.py."""
+        return MATRIX_UNITS[self.language]
 
     @property
     def shared_memory_bytes(self) -> int:

@@ -37,24 +37,12 @@ from ..ir.types import ScalarType
 from ..language import dtypes as dt
 from .gemm import GemmPattern
 from .gemm_async import AsyncStaging, swizzle_params
+from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
 from .lane_layout import I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
-
-
-@dataclass(frozen=True)
-class MatrixUnit:
-    """A matrix instruction a backend offers (declared by its emitter)."""
-
-    name: str                      # reported as meta["matmul"]["fragment"]
-    shape: tuple[int, int, int]    # (rows, columns, depth) of one fragment product
-    dtypes: tuple[str, ...]        # operand dtypes it takes (accumulator: float32)
-    relaxed_only: bool = False     # reduced precision: only with RELAXED_PRECISION=True
-    convert: str | None = None     # operand conversion after loading (e.g. "tf32")
-    async_copy: bool = False       # 16-byte asynchronous global->shared copies (gemm_async)
-    lane_coords: bool = False      # the emitter can name each accumulator element's (row, column)
 
 
 @dataclass(frozen=True)
@@ -93,7 +81,7 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
     d = g.operand_dtype.name
     counts = [requested_threads // 32] if requested_threads else list(DEFAULT_SIMDGROUPS)
     for unit in units:
-        if d not in unit.dtypes or (unit.relaxed_only and not relaxed):
+        if not unit.takes(d, relaxed):
             continue
         fm, fn, fk = unit.shape
         if bk % fk:

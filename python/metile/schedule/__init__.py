@@ -7,9 +7,9 @@ from .plan import KernelTraits, SchedulePlan, plan_schedule
 from .report import (REPORT_SCHEMA, AllocationReport, ExecutionReport, LoopReport, check_schema,
                      debug_dump, validate_report)
 from .schedule import Config, Schedule, ScheduleError, check_legacy_geometry
-from .targets import LOWERING, TARGETS, Lowering, MatrixPath, Target, current_target, target_for
+from .targets import LOWERING, TARGETS, Lowering, MatrixPath, Target, target_for
 
 __all__ = ["Schedule", "Config", "ScheduleError", "check_legacy_geometry", "KernelTraits",
            "SchedulePlan", "plan_schedule", "ExecutionReport", "LoopReport", "AllocationReport",
            "REPORT_SCHEMA", "check_schema", "validate_report", "debug_dump", "targets", "Target",
-           "MatrixPath", "Lowering", "LOWERING", "TARGETS", "target_for", "current_target"]
+           "MatrixPath", "Lowering", "LOWERING", "TARGETS", "target_for"]

@@ -398,7 +398,7 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
     scalar_fma = any(_scalar_fma(path, d, traits.relaxed_precision) for d in traits.operand_dtypes)
     _check_accumulator(traits, name)
     bm, bn, bk = traits.tile_shape
-    fm, fn, fk = path.fragment
+    fm, fn, fk = path.fragment_for(traits.operand_dtypes, traits.relaxed_precision)
     if bm % fm or bn % fn or bk % fk:
         raise FragmentShapeError(req, f"the {bm}x{bn}x{bk} tile is not made of whole "
                                       f"{fm}x{fn}x{fk} {name} fragments")

@@ -23,6 +23,36 @@ _F32, _F16, _BF16 = "float32", "float16", "bfloat16"
 
 
 @dataclass(frozen=True)
+class MatrixUnit:
+    """A matrix instruction one of metile's emitters spells."""
+
+    name: str                      # reported as meta["matmul"]["fragment"]
+    shape: tuple[int, int, int]    # (rows, columns, depth) of one fragment product
+    dtypes: tuple[str, ...]        # operand dtypes it takes (accumulator: float32)
+    relaxed_only: bool = False     # reduced precision: only with RELAXED_PRECISION=True
+    convert: str | None = None     # operand conversion after loading (e.g. "tf32")
+    async_copy: bool = False       # 16-byte asynchronous global->shared copies (gemm_async)
+    lane_coords: bool = False      # the emitter can name each accumulator element's (row, column)
+
+    def takes(self, dtype: str, relaxed: bool) -> bool:
+        return dtype in self.dtypes and (relaxed or not self.relaxed_only)
+
+
+# The one table of the matrix instructions metile lowers GEMMs to, per language:
+# the planner (MatrixPath.units), the GEMM lowering (passes/lower_matmul.plan_gemm)
+# and the emitters (their fragment spellings) all read it.
+MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
+    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16)),),
+    # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
+    # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
+    "cuda": (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
+                        async_copy=True, lane_coords=True),
+             MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8), (_F32,),
+                        relaxed_only=True, convert="tf32")),
+}
+
+
+@dataclass(frozen=True)
 class MatrixPath:
     backend: str
     fragment: tuple[int, int, int]           # (rows, columns, depth) of one matrix instruction
@@ -33,6 +63,15 @@ class MatrixPath:
     opaque: bool = False                     # lane ownership hidden by the SDK
     layout: str = ""
     summary: str = ""                        # plural noun phrase used in plan reasons
+    units: tuple[MatrixUnit, ...] = ()       # the instructions metile lowers this path to
+
+    def fragment_for(self, dtypes, relaxed: bool) -> tuple[int, int, int]:
+        """The fragment the lowering uses for these operand dtypes: the first unit
+        that takes them all, else the path's hardware fragment."""
+        for unit in self.units:
+            if all(unit.takes(d, relaxed) for d in dtypes):
+                return unit.shape
+        return self.fragment
 
 
 @dataclass(frozen=True)
@@ -83,7 +122,7 @@ LOWERING = Lowering()
 _SG_LAYOUT = "simdgroup_matrix 8x8 fragments (opaque lane ownership)"
 _APPLE_SG = MatrixPath("simdgroup", (8, 8, 8), (_F32, _F16, _BF16), layout=_SG_LAYOUT,
                        summary="SIMD-group matrix (simdgroup_matrix) multiply-accumulates into "
-                               "float32 accumulators")
+                               "float32 accumulators", units=MATRIX_UNITS["msl"])
 _APPLE_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16), layout=_SG_LAYOUT,
                            summary="kernel-owned 8x8 fragments")
 _TENSOR_OPS = MatrixPath("tensor_ops", (16, 16, 16), (_F32, _F16, _BF16), stagings=("device",),
@@ -108,11 +147,12 @@ def _apple(name: str, chips: str, m5: bool = False) -> Target:
 # CUDA: warp MMA (mma.sync m16n8k8) plays the SIMD-group matrix role.  Strict
 # float32 is legal but runs as FFMA; TF32 tensor cores need relaxed precision,
 # which the planner reports rather than silently applying.
-# metile's CUDA fragments are 16x16 tiles of mma.sync m16n8k16 (m16n8k8 for tf32)
+# metile's CUDA fragments are 16x16 tiles of mma.sync m16n8k16 (m16n8k8 for tf32):
+# the units of MATRIX_UNITS["cuda"]; (16, 16, 8) is the smallest of them.
 _CUDA_SG = MatrixPath("simdgroup", (16, 16, 8), (_F16, _BF16), relaxed_dtypes=(_F32,),
                       fallback_dtypes=(_F32,), layout="warp MMA fragments (opaque lane ownership)",
                       summary="Warp-level MMA instructions (tensor cores) with float32 "
-                              "accumulators")
+                              "accumulators", units=MATRIX_UNITS["cuda"])
 _CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F16,), fallback_dtypes=(_F32,),
                           layout="warp-owned 8x8 fragments (opaque lane ownership)")
 
@@ -197,23 +237,3 @@ def target_for(device_kind: str, arch: str | None = None) -> Target:
         raise ValueError(f"unknown device kind {device_kind!r}; expected cpu, metal or cuda")
     target = TARGETS[name]
     return target.with_note(note) if note else target
-
-
-def current_target() -> Target:
-    """The target MLX's default device runs kernels on."""
-    import mlx.core as mx
-
-    device = mx.default_device()
-    if device.type == mx.cpu:
-        return target_for("cpu")
-    if mx.metal.is_available():
-        return target_for("metal", mx.metal.device_info().get("architecture"))
-    if mx.cuda.is_available():
-        try:
-            info = mx.device_info(device)
-        except (TypeError, RuntimeError, ValueError):
-            info = {}
-        major, minor = info.get("compute_capability_major"), info.get("compute_capability_minor")
-        arch = f"sm_{major}{minor or 0}" if major is not None else None
-        return target_for("cuda", arch)
-    raise RuntimeError(f"no metile target for MLX device {device}")
