@@ -30,6 +30,13 @@ ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "
                "leaky_relu": "affine_leaky"}
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16)
+# NVIDIA, 16-bit operands: the cp.async / ldmatrix / register-epilogue GEMM (gemm_async).
+# Measured on the H200 (benchmarks/results/h200-gemm-*.json): 128x128x32 on 8 warps
+# (64x32 per warp, three 16 KiB stages) led 4096^3 among 128x128/4 warps, 256x128,
+# 128x256 and 128x64; a grid of fewer tiles than SMs takes 64x64x32 tiles instead.
+CUDA_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_simdgroups=8)
+CUDA_SMALL_BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_simdgroups=4)
+CUDA_SMS = 132
 # leaky_relu's slope for negative inputs when none is given: MLX's default
 # (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
 LEAKY_SLOPE = 0.01
@@ -109,10 +116,21 @@ def _launch(a2, b, activation, slope, dispatch_only=False):
 
     m, k = a2.shape
     n = b.shape[1]
-    launcher = matmul_epilogue[grid(m, n, BLOCK["BLOCK_M"], BLOCK["BLOCK_N"])]
+    block = _block(m, n, a2.dtype)
+    launcher = matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
     args = (a2, b, mx.zeros((m, n), a2.dtype), m, n, k, 1.0, 0.0)
-    kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **BLOCK)
+    kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
     return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+
+
+def _block(m: int, n: int, dtype) -> dict:
+    """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
+    backend for 16-bit operands, else the portable 64x64x16."""
+    if dtype == mx.float32 or mx.default_device().type != mx.gpu or not mx.cuda.is_available():
+        return BLOCK
+    if math.ceil(m / 128) * math.ceil(n / 128) < CUDA_SMS:
+        return CUDA_SMALL_BLOCK
+    return CUDA_BLOCK
 
 
 def _fused_matmul(activation, slope):
