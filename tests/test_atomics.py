@@ -100,9 +100,9 @@ def test_atomics_compose_with_compile_and_any_lane_order(rng, monkeypatch):
     ("msl", "metal::atomic_fetch_add_explicit((device metal::atomic_int*)&Counts["),
     ("cuda", "atomicAdd(reinterpret_cast<int*>(&Counts["),
 ])
-def test_backend_spelling(monkeypatch, backend, spelling):
-    monkeypatch.setenv("METILE_BACKEND", backend)
-    d = histogram[(1,)].prepare(mx.zeros((8,), mx.int32), mx.zeros((4,), mx.int32), 8, BLOCK=8)
+def test_backend_spelling(backend, spelling):
+    d = histogram[(1,)].prepare(mx.zeros((8,), mx.int32), mx.zeros((4,), mx.int32), 8, BLOCK=8,
+                                backend=backend)
     assert spelling in d.source and "Counts_written" not in d.source
     assert d.call_kwargs["init_value"] == 0
 

@@ -119,13 +119,11 @@ def test_debug_schedule_writes_json(tmp_path, monkeypatch, capsys):
 
 
 @pytest.fixture
-def m5_target(monkeypatch):
+def m5_target():
     """Plan as on an M5-class GPU (apple10: Metal 4 tensor ops and NAX in hardware),
     while the MSL still runs here (CPU runtime) or on whatever the default device is."""
-    import metile.runtime.planning as planning
-    from metile.schedule import target_for
-    monkeypatch.setattr(planning, "current_target", lambda: target_for("metal", "apple10"))
-    monkeypatch.setenv("METILE_BACKEND", "msl")
+    from metile.compiler import resolve_backend
+    return resolve_backend("msl", target="apple10")
 
 
 @pytest.mark.skipif(not (mx.default_device().type == mx.cpu or mx.metal.is_available()),
@@ -136,7 +134,7 @@ def test_m5_gemm_uses_what_metile_lowers(m5_target, rng, dtype):
     # plan says so and picks simdgroup fragments, and the numbers are right.
     from test_gemm import check
     from test_schedule_lowering import prepare
-    d, ref = prepare(rng, 70, 50, 40, dtype)
+    d, ref = prepare(rng, 70, 50, 40, dtype, backend=m5_target)
     plan = d.schedule_plan
     assert (plan.backend, plan.staging) == ("simdgroup", "threadgroup")
     assert plan.reasons[0].startswith("tensor_ops not selected: metile does not lower tensor_ops "
@@ -156,7 +154,7 @@ def test_m5_gemm_uses_what_metile_lowers(m5_target, rng, dtype):
 def test_unlowered_requirements_are_compile_errors(m5_target, rng, schedule, message):
     from test_schedule_lowering import prepare
     with pytest.raises(CompilationError) as info:
-        prepare(rng, 70, 50, 40, "float16", schedule)
+        prepare(rng, 70, 50, 40, "float16", schedule, backend=m5_target)
     assert message in str(info.value) and "gemm.py:" in str(info.value).splitlines()[0]
 
 

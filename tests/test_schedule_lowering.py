@@ -4,7 +4,7 @@ GEMM bounds proofs, K-loop splitting into complete and remainder iterations,
 
 Numerical tests run the MSL on the CPU runtime against NumPy (float64 from the
 rounded operands; strict FP32 output tolerance rtol=3e-4, atol=3e-5).  Source-
-text tests force an emitter with METILE_BACKEND and never launch, so the CUDA
+text tests name an emitter with backend= and never launch, so the CUDA
 checks run here too.  Tiles are 32x32x16 to keep each compile small; every
 launch with a Schedule specializes its sizes, so each shape is one compile.
 """
@@ -29,10 +29,11 @@ RAGGED = (75, 45, 37)      # edge tiles on both axes, a 5-deep K remainder
 ALIGNED4 = (72, 40, 44)    # ragged against the tile but every row stride a multiple of 4
 
 
-def prepare(rng, m, n, k, dtype="float32", schedule=None):
+def prepare(rng, m, n, k, dtype="float32", schedule=None, backend=None):
     a, b, ref = operands(rng, m, n, k, dtype)
     extra = {} if schedule is None else {"SCHEDULE": schedule}
-    d = matmul[grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), m, n, k, **TILE, **extra)
+    d = matmul[grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), m, n, k, **TILE, **extra,
+                                           backend=backend)
     return d, ref
 
 
@@ -69,8 +70,8 @@ def test_ffma_path_honours_the_plan(monkeypatch, tmp_path, rng, schedule, shape)
     # CUDA's strict-float32 GEMM multiplies register micro-tiles with FFMA; hiding the
     # MSL matrix unit runs that path here.  Own cache directory and shapes: no other
     # test may pick these specializations up.
-    import metile.codegen.msl as msl
-    monkeypatch.setattr(msl.MSLEmitter, "MATRIX_UNITS", ())
+    import metile.schedule.targets as targets
+    monkeypatch.setitem(targets.MATRIX_UNITS, "msl", ())
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
     d, ref = prepare(rng, *shape, schedule=schedule)
     check(d(), ref)
@@ -145,9 +146,8 @@ def test_aligned_k_never_drops_row_and_column_checks(rng):
     assert len(b.remaining(a_load, remainder)) == 2   # a remainder keeps the K check too
 
 
-def test_edge_tiles_keep_guards_in_the_source(monkeypatch, rng):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    d, _ = prepare(rng, 70, 50, 32, schedule=Schedule())
+def test_edge_tiles_keep_guards_in_the_source(rng):
+    d, _ = prepare(rng, 70, 50, 32, schedule=Schedule(), backend="msl")
     src = d.source
     # One uniform interior test per threadgroup, then unguarded and guarded copies.
     assert re.search(r"threadgroup_position_in_grid\.x\);\s*const bool \w+ = \(\w+ <= 1\);", src)
@@ -196,9 +196,8 @@ def test_vector_width_four_without_a_complete_tile_is_rejected(rng):
         prepare(rng, 64, 64, 12, schedule=Schedule(vector_width=4))
 
 
-def test_vector_width_one_emits_no_vector_loads(monkeypatch, rng):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    d, _ = prepare(rng, *ALIGNED4, schedule=Schedule(vector_width=1))
+def test_vector_width_one_emits_no_vector_loads(rng):
+    d, _ = prepare(rng, *ALIGNED4, schedule=Schedule(vector_width=1), backend="msl")
     assert d.execution_report.vectorized_loads == 0
     assert "float4" not in d.source and "vectorize_staging" not in d.execution_report.passes
 
@@ -210,9 +209,8 @@ def test_width_four_with_double_buffering_is_rejected(rng):
 
 # -- explain() -------------------------------------------------------------------------------------
 
-def test_explain_shows_the_passes_and_loops(monkeypatch, rng):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    d, _ = prepare(rng, *RAGGED, schedule=Schedule(double_buffer=True))
+def test_explain_shows_the_passes_and_loops(rng):
+    d, _ = prepare(rng, *RAGGED, schedule=Schedule(double_buffer=True), backend="msl")
     data = json.loads(d.explain())
     passes = data["passes"]
     assert passes.index("prove_gemm_bounds") < passes.index("lower_matmul") < \
@@ -243,10 +241,8 @@ def _block_after(src: str, header: str) -> str:
     ("msl", "threadgroup_barrier(mem_flags::mem_threadgroup);", "threadgroup float {}[1024];"),
     ("cuda", "__syncthreads();", "__shared__ float {}[1024];"),
 ])
-def test_double_buffer_source_has_two_stages_and_one_barrier_per_step(monkeypatch, rng, backend,
-                                                                      barrier, decl):
-    monkeypatch.setenv("METILE_BACKEND", backend)
-    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True))
+def test_double_buffer_source_has_two_stages_and_one_barrier_per_step(rng, backend, barrier, decl):
+    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True), backend=backend)
     src = d.source
     for name in re.findall(r"(_s[ab]\d+)\[1024\]", src):
         assert decl.format(name) in src                     # 2 x 32x16 float stages
@@ -263,9 +259,8 @@ def test_double_buffer_source_has_two_stages_and_one_barrier_per_step(monkeypatc
     ("float16", r"const uint2 \w+ = metile_load_vec<uint2>\(&\w+\[\w+\]\);"),
     ("bfloat16", r"const uint2 \w+ = metile_load_vec<uint2>\(&\w+\[\w+\]\);"),
 ])
-def test_cuda_vector_loads(monkeypatch, rng, dtype, pattern):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    d, _ = prepare(rng, *ALIGNED4, dtype, Schedule(vector_width=4))
+def test_cuda_vector_loads(rng, dtype, pattern):
+    d, _ = prepare(rng, *ALIGNED4, dtype, Schedule(vector_width=4), backend="cuda")
     assert len(re.findall(pattern, d.source)) == d.execution_report.vectorized_loads == 2
     if dtype != "float32":
         t = "half" if dtype == "float16" else "bfloat16"
@@ -274,9 +269,8 @@ def test_cuda_vector_loads(monkeypatch, rng, dtype, pattern):
                               d.source)) == 8
 
 
-def test_msl_bfloat_vector_loads(monkeypatch, rng):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    d, _ = prepare(rng, *ALIGNED4, "bfloat16", Schedule(vector_width=4))
+def test_msl_bfloat_vector_loads(rng):
+    d, _ = prepare(rng, *ALIGNED4, "bfloat16", Schedule(vector_width=4), backend="msl")
     assert d.source.count("reinterpret_cast<const device packed_bfloat4*>") == 2
 
 
@@ -297,13 +291,14 @@ def double_in_place(X, n, BLOCK: metile.constexpr):
     metile.store(X + offs, metile.load(X + offs, mask=offs < n) * 2.0, mask=offs < n)
 
 
-def axpy_launch(rng, n, dtype="float32", schedule=None, block=512):
+def axpy_launch(rng, n, dtype="float32", schedule=None, block=512, backend=None):
     d = getattr(mx, dtype)
     x = mx.array(rng.standard_normal(n).astype(np.float32)).astype(d)
     y = mx.array(rng.standard_normal(n).astype(np.float32)).astype(d)
     extra = {} if schedule is None else {"SCHEDULE": schedule}
     disp = axpy[(metile.cdiv(n, block),)].prepare(x, y, mx.zeros((n,), dtype=d), 1.5, n,
-                                                   BLOCK=block, num_simdgroups=4, **extra)
+                                                   BLOCK=block, num_simdgroups=4, **extra,
+                                                   backend=backend)
     ref = 1.5 * np.array(x.astype(mx.float32)) + np.array(y.astype(mx.float32))
     return disp, ref
 
@@ -326,9 +321,8 @@ def test_elementwise_width_four_half(rng):
     assert vector_loads(d, "half4") == d.execution_report.vectorized_loads == 2
 
 
-def test_elementwise_width_four_source_text(monkeypatch, rng):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    d, _ = axpy_launch(rng, 1500, schedule=Schedule(vector_width=4))
+def test_elementwise_width_four_source_text(rng):
+    d, _ = axpy_launch(rng, 1500, schedule=Schedule(vector_width=4), backend="cuda")
     src = d.source
     assert len(re.findall(r"const float4 \w+ = metile_load_vec<float4>\(&X\[", src)) == 1
     assert len(re.findall(r"const float4 \w+ = metile_load_vec<float4>\(&Y\[", src)) == 1
@@ -386,11 +380,10 @@ def test_elementwise_bounds_without_vectors(rng, n):
         assert "< _v" in d.source or "< n" in d.source      # the tail guard stays
 
 
-def test_cuda_explain_reports_its_own_geometry(monkeypatch, rng):
+def test_cuda_explain_reports_its_own_geometry(rng):
     # The recorded field names stay; the words inside are CUDA's, and strict FP32
     # says it runs on FFMA register micro-tiles rather than warp MMA.
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True))
+    d, _ = prepare(rng, 96, 96, 64, schedule=Schedule(double_buffer=True), backend="cuda")
     data = json.loads(d.explain())
     plan = data["plan"]
     assert plan["cooperative_layout"] == "scalar FMA register micro-tiles (per-thread)"
@@ -403,23 +396,23 @@ def test_cuda_explain_reports_its_own_geometry(monkeypatch, rng):
     assert data["passes"][-1] == "emit_cuda" and data["double_buffered"] is True
     assert [a["bytes"] for a in data["allocations"]] == [4096, 4096]
     assert any(n.startswith("On sm_") and "a SIMD-group a warp" in n for n in data["notes"])
-    half, _ = prepare(rng, 96, 96, 64, "float16", Schedule())
+    half, _ = prepare(rng, 96, 96, 64, "float16", Schedule(), backend="cuda")
     assert half.schedule_plan.reasons[0].startswith("Warp-level MMA instructions (tensor cores)")
     assert "2x2 warp grid" in half.schedule_plan.reasons[0]
 
 
 @pytest.mark.parametrize("backend", ["cuda", "msl"])
-def test_threadgroup_capacity_is_the_targets(monkeypatch, backend):
+def test_threadgroup_capacity_is_the_targets(backend):
     # A 128x128x32 half tile, double-buffered, plus the epilogue's staging: 40 KiB.
     # CUDA blocks have 48 KiB of static shared memory, Apple threadgroups 32 KiB.
     from metile_kernels.gemm import matmul_epilogue
-    monkeypatch.setenv("METILE_BACKEND", backend)
     n = 256
     a = mx.zeros((n, n), mx.float16)
     launch = matmul_epilogue[grid(n, n, 128, 128)]
     args = (a, a, mx.zeros((n, n), mx.float16), n, n, n, 1.0, 0.0)
     kwargs = dict(EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1, BLOCK_M=128, BLOCK_N=128,
-                  BLOCK_K=32, num_simdgroups=8, SCHEDULE=Schedule(double_buffer=True))
+                  BLOCK_K=32, num_simdgroups=8, SCHEDULE=Schedule(double_buffer=True),
+                  backend=backend)
     if backend == "msl":
         with pytest.raises(CompilationError, match=r"need \d+ bytes, more than the 32768"):
             launch.prepare(*args, **kwargs)
