@@ -127,28 +127,26 @@ def fragment_ops(src: str) -> list[str]:
 
 
 @pytest.mark.parametrize("backend", ["msl", "cuda"])
-def test_user_kernel_in_the_spec_form_gets_the_same_lowering(monkeypatch, backend):
-    monkeypatch.setenv("METILE_BACKEND", backend)
-    lib, user = prepare(matmul, "float16"), prepare(user_matmul, "float16")
+def test_user_kernel_in_the_spec_form_gets_the_same_lowering(backend):
+    lib = prepare(matmul, "float16", backend=backend)
+    user = prepare(user_matmul, "float16", backend=backend)
     assert lib.source == user.source
     assert lib.variant.data["lowering"] == user.variant.data["lowering"]
 
 
-def test_pointer_and_view_forms_lower_alike(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
-    view = prepare(matmul, BLOCK_M=16, BLOCK_N=16, BLOCK_K=8)
+def test_pointer_and_view_forms_lower_alike():
+    view = prepare(matmul, BLOCK_M=16, BLOCK_N=16, BLOCK_K=8, backend="msl")
     a, b = mx.zeros((64, 64)), mx.zeros((64, 64))
     pointer = pointer_matmul[(4, 4)].prepare(a, b, mx.zeros((64, 64)), 64, 64, 64, BM=16, BN=16,
-                                             BK=8)
+                                             BK=8, backend="msl")
     assert fragment_ops(view.source) == fragment_ops(pointer.source)
     v, p = view.variant.data["lowering"]["matmul"], pointer.variant.data["lowering"]["matmul"]
     assert v == p
 
 
-def test_msl_uses_simdgroup_matrix_without_lane_mapping(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "msl")
+def test_msl_uses_simdgroup_matrix_without_lane_mapping():
     for dtype, t in [("float32", "float"), ("float16", "half"), ("bfloat16", "bfloat16_t")]:
-        d = prepare(matmul, dtype)
+        d = prepare(matmul, dtype, backend="msl")
         src = d.source
         assert f"metal::simdgroup_matrix<{t}, 8, 8> _fa" in src
         assert "metal::simdgroup_matrix<float, 8, 8> _facc" in src
@@ -168,9 +166,8 @@ def test_msl_uses_simdgroup_matrix_without_lane_mapping(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,t", [("float16", "__half"), ("bfloat16", "__nv_bfloat16")])
-def test_cuda_half_types_use_tensor_core_mma(monkeypatch, dtype, t):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    d = prepare(matmul, dtype)
+def test_cuda_half_types_use_tensor_core_mma(dtype, t):
+    d = prepare(matmul, dtype, backend="cuda")
     src = d.source
     kind = "f16" if dtype == "float16" else "bf16"
     # mma.sync through inline PTX: NVRTC under MLX cannot include <mma.h>
@@ -192,21 +189,20 @@ def test_cuda_half_types_use_tensor_core_mma(monkeypatch, dtype, t):
     assert lowering["fragment"] == "mma.sync m16n8k16 (16x16x16 fragments)"
 
 
-def test_cuda_strict_float32_uses_ffma_and_tf32_only_when_relaxed(monkeypatch):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    strict = prepare(matmul)
+def test_cuda_strict_float32_uses_ffma_and_tf32_only_when_relaxed():
+    strict = prepare(matmul, backend="cuda")
     assert "mma.sync" not in strict.source and "tf32" not in strict.source
     assert strict.variant.data["lowering"]["matmul"]["fragment"] == "ffma"
     assert "float _acc3[32];" in strict.source  # an 8x4 register micro-tile per thread
-    relaxed = prepare(matmul, RELAXED_PRECISION=True)
+    relaxed = prepare(matmul, RELAXED_PRECISION=True, backend="cuda")
     assert "metile_frag_a_tf32 _fa" in relaxed.source and "cvt.rna.tf32.f32" in relaxed.source
     assert relaxed.variant.data["lowering"]["matmul"]["fragment"] == "mma.sync m16n8k8 tf32 (16x16x8 fragments)"
 
 
-def test_cuda_small_tile_falls_to_ffma(monkeypatch):
+def test_cuda_small_tile_falls_to_ffma():
     # A 16x16 tile over four warps leaves 8x8 per warp: not whole 16x16 WMMA fragments.
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    d = prepare(matmul, "float16", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_simdgroups=4)
+    d = prepare(matmul, "float16", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_simdgroups=4,
+                backend="cuda")
     assert d.variant.data["lowering"]["matmul"]["fragment"] == "ffma" and "mma.sync" not in d.source
 
 
