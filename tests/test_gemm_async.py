@@ -49,16 +49,15 @@ def test_float32_output_from_registers(rng):
     np.testing.assert_allclose(np.array(out), ref, rtol=3e-4, atol=3e-5)
 
 
-def _cuda(monkeypatch, bm=128, bn=128, bk=32, nsg=4, dtype=mx.float16, m=256, n=256, k=256):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
+def _cuda(bm=128, bn=128, bk=32, nsg=4, dtype=mx.float16, m=256, n=256, k=256):
     a, b = mx.zeros((m, k), dtype), mx.zeros((k, n), dtype)
     return matmul_epilogue[grid(m, n, bm, bn)].prepare(
         a, b, mx.zeros((m, n), dtype), m, n, k, 1.0, 0.0, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        num_simdgroups=nsg, EPILOGUE="relu")
+        num_simdgroups=nsg, EPILOGUE="relu", backend="cuda")
 
 
-def test_cuda_source_and_report(monkeypatch):
-    d = _cuda(monkeypatch)
+def test_cuda_source_and_report():
+    d = _cuda()
     src, data = d.source, d.variant.data
     mm = data["lowering"]["matmul"]
     # 16 KiB per stage: three stages fill the 48 KiB of static shared memory
@@ -73,8 +72,8 @@ def test_cuda_source_and_report(monkeypatch):
     assert src.count("metile_aligned16(") == 3 * 2 * 4 + 1  # 4 groups per thread
 
 
-def test_cuda_wide_tile_takes_two_stages(monkeypatch):
-    mm = _cuda(monkeypatch, 128, 256, 32, 8).variant.data["lowering"]["matmul"]
+def test_cuda_wide_tile_takes_two_stages():
+    mm = _cuda(128, 256, 32, 8).variant.data["lowering"]["matmul"]
     assert mm["stages"] == 2 and mm["simdgroup_grid"] == [2, 4]
 
 
