@@ -12,7 +12,7 @@ from .runtime.metal_kernel import MetalKernel, metal_kernel
 from .runtime.msl_cpu.compiler import MslCompileError
 from .schedule import Config, ExecutionReport, Schedule, ScheduleError, SchedulePlan
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: E402
 
 __all__ = ["metal_kernel", "MetalKernel", "cuda_kernel", "CudaKernel", "MslCompileError", "Schedule",
            "Config", "ScheduleError", "SchedulePlan", "ExecutionReport", "autotune", "SettingError"]

@@ -104,24 +104,24 @@ def buffer_roles(fn: Function) -> tuple[set[str], set[str]]:
     return loaded, stored
 
 
-def _def(v: Value) -> Op | None:
+def defining_op(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None
 
 
-def _strip(v: Value) -> Value:
+def strip_broadcasts(v: Value) -> Value:
     """Look through splat/broadcast (they do not change which elements are addressed)."""
-    while (op := _def(v)) is not None and op.name in ("splat", "broadcast"):
+    while (op := defining_op(v)) is not None and op.name in ("splat", "broadcast"):
         v = op.operands[0]
     return v
 
 
-def _block_offsets(v: Value) -> int | None:
+def block_offsets(v: Value) -> int | None:
     """BLOCK if v == program_id(0) * BLOCK + arange(0, BLOCK) (either operand order)."""
-    op = _def(v)
+    op = defining_op(v)
     if op is None or op.name != "add":
         return None
     for a, b in (op.operands, op.operands[::-1]):
-        ar, base = _def(_strip(a)), _def(_strip(b))
+        ar, base = defining_op(strip_broadcasts(a)), defining_op(strip_broadcasts(b))
         if ar is None or ar.name != "arange" or ar.attrs["start"] != 0 or base is None:
             continue
         block = ar.attrs["end"]
@@ -129,7 +129,7 @@ def _block_offsets(v: Value) -> int | None:
             continue
         x, y = base.operands
         for pid, c in ((x, y), (y, x)):
-            p, k = _def(pid), _def(c)
+            p, k = defining_op(pid), defining_op(c)
             if p is not None and p.name == "program_id" and p.attrs["axis"] == 0 \
                     and k is not None and k.name == "const" and k.attrs["value"] == block:
                 return block
@@ -138,7 +138,7 @@ def _block_offsets(v: Value) -> int | None:
 
 def _layout(v: Value) -> tuple[int, int] | None:
     """(tile dim, block) of `arange(0, B)`, possibly moved by expand_dims/broadcast."""
-    op = _def(v)
+    op = defining_op(v)
     if op is None:
         return None
     if op.name == "arange":
@@ -155,17 +155,17 @@ def _layout(v: Value) -> tuple[int, int] | None:
 
 def _index(v: Value) -> tuple[int, int, int] | None:
     """(tile dim, block, program axis) if v == program_id(axis) * B + arange(0, B) along a dim."""
-    op = _def(v)
+    op = defining_op(v)
     while op is not None and op.name == "broadcast":
-        op = _def(op.operands[0])
+        op = defining_op(op.operands[0])
     if op is None or op.name != "add":
         return None
     for a, b in (op.operands, op.operands[::-1]):
-        lay, base = _layout(a), _def(_strip(b))
+        lay, base = _layout(a), defining_op(strip_broadcasts(b))
         if lay is None or base is None or base.name != "mul":
             continue
         for pid, c in (base.operands, base.operands[::-1]):
-            p, k = _def(pid), _def(c)
+            p, k = defining_op(pid), defining_op(c)
             if p is not None and p.name == "program_id" and k is not None and k.name == "const" \
                     and k.attrs["value"] == lay[1]:
                 return (lay[0], lay[1], p.attrs["axis"])
@@ -173,10 +173,10 @@ def _index(v: Value) -> tuple[int, int, int] | None:
 
 
 def _scalar(v: Value, params: dict):
-    v = _strip(v)
+    v = strip_broadcasts(v)
     if id(v) in params:
         return params[id(v)]
-    op = _def(v)
+    op = defining_op(v)
     if op is not None and op.name == "const" and isinstance(op.attrs["value"], int):
         return op.attrs["value"]
     return None
@@ -187,7 +187,7 @@ def _terms(v: Value, params: dict) -> list | None:
     idx = _index(v)
     if idx is not None:
         return [(idx, 1)]
-    op = _def(v)
+    op = defining_op(v)
     if op is None:
         return None
     if op.name == "broadcast":
@@ -207,7 +207,7 @@ def _terms(v: Value, params: dict) -> list | None:
 
 def _bounds(mask: Value, params: dict) -> dict | None:
     """{index: bound} for mask == (index < bound) & ... (broadcasts looked through)."""
-    op = _def(mask)
+    op = defining_op(mask)
     if op is None:
         return None
     if op.name == "broadcast":
@@ -268,13 +268,13 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
         if root in loaded or len(ops) != 1 or id(ops[0]) not in top:
             continue
         store = ops[0]
-        ptr = _def(store.operands[0])
+        ptr = defining_op(store.operands[0])
         if ptr is None or ptr.name != "ptr_add":
             continue
         base, offs = ptr.operands
-        if id(_strip(base)) not in params:
+        if id(strip_broadcasts(base)) not in params:
             continue
-        block = _block_offsets(offs)
+        block = block_offsets(offs)
         if block is None:
             tile = _tile_coverage(offs, store.operands[2] if len(store.operands) == 3 else None,
                                   params)
@@ -284,12 +284,12 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
         if len(store.operands) == 2:
             out[root] = Coverage(block, None)
             continue
-        mask = _def(store.operands[2])
+        mask = defining_op(store.operands[2])
         if mask is None or mask.name != "lt" or mask.operands[0] is not offs:
             continue
-        n = _strip(mask.operands[1])
+        n = strip_broadcasts(mask.operands[1])
         if id(n) in params:
             out[root] = Coverage(block, params[id(n)])
-        elif (c := _def(n)) is not None and c.name == "const":
+        elif (c := defining_op(n)) is not None and c.name == "const":
             out[root] = Coverage(block, None, c.attrs["value"])
     return out

@@ -99,14 +99,14 @@ class GemmBounds:
 
     def remaining(self, load: Op, facts: Facts) -> list[Value]:
         """The conjuncts of `load`'s mask not proven under `facts`."""
-        ev = _Intervals(self.fn, self.scalars, self.iv, facts)
+        ev = Intervals(self.fn, self.scalars, self.iv, facts)
         return [c for c in self.conjuncts[id(load)] if ev.get(c) != (1, 1)]
 
     def with_edge(self, facts: Facts) -> Facts:
         return Facts(facts.k, self.tile_pids(False))
 
 
-class _Intervals:
+class Intervals:
     """Integer interval [lo, hi] of a tile-form value over all its elements; None
     when unknown.  Booleans are [0, 1] intervals ((1, 1): proven true)."""
 
@@ -159,17 +159,17 @@ class _Intervals:
         return None
 
 
-def _conjuncts(mask: Value) -> list[Value]:
+def mask_conjuncts(mask: Value) -> list[Value]:
     op = mask.owner
     if isinstance(op, Op) and op.name == "and" and isinstance(mask.type, TileType):
-        return [c for o in op.operands for c in _conjuncts(o)]
+        return [c for o in op.operands for c in mask_conjuncts(o)]
     if isinstance(op, Op) and op.name == "broadcast" and isinstance(op.operands[0].type, TileType) \
             and len(op.operands[0].type.shape) == len(mask.type.shape):
-        return _conjuncts(op.operands[0])
+        return mask_conjuncts(op.operands[0])
     return [mask]
 
 
-def _depends(v: Value, iv: Value) -> set:
+def depends_on(v: Value, iv: Value) -> set:
     """Which of k / program_id(axis) a value depends on."""
     out, seen, todo = set(), set(), [v]
     while todo:
@@ -218,13 +218,13 @@ def prove_gemm_bounds(fn: Function, g: GemmPattern, scalars: dict) -> GemmBounds
         for op in _loads_in(v):
             if op not in loads:
                 loads.append(op)
-    conj = {id(op): (_conjuncts(op.operands[1]) if len(op.operands) > 1 else []) for op in loads}
+    conj = {id(op): (mask_conjuncts(op.operands[1]) if len(op.operands) > 1 else []) for op in loads}
     b = GemmBounds(lo, hi, step, {}, loads, conj, fn=fn, scalars=scalars, iv=iv)
     # p_max per axis from the conjuncts that depend on that program id alone.
     for axis in range(3):
-        own = [c for cs in conj.values() for c in cs if _depends(c, iv) == {("pid", axis)}]
+        own = [c for cs in conj.values() for c in cs if depends_on(c, iv) == {("pid", axis)}]
         if own:
-            b.p_max[axis] = _largest_proven(fn, scalars, iv, own, axis)
+            b.p_max[axis] = largest_proven(fn, scalars, iv, own, axis)
     for op in loads:
         b.aligned[id(op)] = is_aligned4(op, fn, scalars, iv, lo, step)
     return b
@@ -245,12 +245,12 @@ def _loads_in(v: Value) -> list[Op]:
     return out
 
 
-def _largest_proven(fn, scalars, iv, conjuncts, axis) -> int:
+def largest_proven(fn, scalars, iv, conjuncts, axis) -> int:
     """The largest P such that every conjunct holds for program_id(axis) in [0, P]; -1 if
     none, BIG if all."""
     def ok(p):
         pids = tuple((0, p) if a == axis else (0, BIG) for a in range(3))
-        ev = _Intervals(fn, scalars, iv, Facts((0, BIG), pids))
+        ev = Intervals(fn, scalars, iv, Facts((0, BIG), pids))
         return all(ev.get(c) == (1, 1) for c in conjuncts)
 
     if ok(BIG):
@@ -266,7 +266,7 @@ def _largest_proven(fn, scalars, iv, conjuncts, axis) -> int:
 
 # -- alignment ----------------------------------------------------------------------------------
 
-def _affine(v: Value, fn_params: dict, iv: Value, memo: dict):
+def affine_form(v: Value, fn_params: dict, iv: Value, memo: dict):
     """{var: coefficient} (var: ("axis", i), "k", ("pid", a), "1") or None."""
     if v.id in memo:
         return memo[v.id]
@@ -279,7 +279,7 @@ def _affine(v: Value, fn_params: dict, iv: Value, memo: dict):
     else:
         op = v.owner
         n = op.name if isinstance(op, Op) else None
-        args = [_affine(o, fn_params, iv, memo) for o in op.operands] if n else []
+        args = [affine_form(o, fn_params, iv, memo) for o in op.operands] if n else []
         if n is None or any(a is None for a in args):
             out = None
         elif n == "const":
@@ -324,7 +324,7 @@ def is_aligned4(load: Op, fn: Function, scalars: dict, iv: Value, lo: int, step:
             params[p.value.id] = scalars.get(p.name)
         else:
             params[p.value.id] = "ptr"
-    f = _affine(load.operands[0], params, iv, {})
+    f = affine_form(load.operands[0], params, iv, {})
     if f is None or f.get(("axis", 1), 0) != 1:
         return False
     f = dict(f)

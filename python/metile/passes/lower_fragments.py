@@ -36,7 +36,7 @@ from ..ir.types import ScalarType, TileType, elem_type
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32
 from .lower_tiles import Lowering
-from .shared_hazards import Checker, _const, check_shared_contract
+from .shared_hazards import Checker, constant_value, check_shared_contract
 
 F32 = ScalarType(dt.float32)
 SHAPE = (8, 8)
@@ -88,7 +88,7 @@ class FragmentLowering(Lowering):
         """Ids of the device tile accesses that are complete in every iteration below
         (ub // 8) * 8 of a zero-start, step-8 loop; None unless every access qualifies."""
         lb, ub, step = op.operands[:3]
-        if _const(lb) != 0 or _const(step) != 8:
+        if constant_value(lb) != 0 or constant_value(step) != 8:
             return None
         iv = op.regions[0].args[0]
         nested = {id(x) for o in walk(op.regions[0]) if o.name in ("for", "while")
@@ -101,7 +101,7 @@ class FragmentLowering(Lowering):
             r0, c0, rows, cols = inner.operands[1:5]
             ok = False
             for (o, e), (o2, e2) in (((r0, rows), (c0, cols)), ((c0, cols), (r0, rows))):
-                other, extent = self.ranges._interval(o2), _const(e2)
+                other, extent = self.ranges._interval(o2), constant_value(e2)
                 if o is iv and e is ub and other is not None and extent is not None \
                         and other[0] >= 0 and other[1] + 8 <= extent:
                     ok = True

@@ -80,7 +80,7 @@ def _def(v: Value) -> Op | None:
     return v.owner if isinstance(v.owner, Op) else None  # block arguments: None
 
 
-def _const(v: Value):
+def constant_value(v: Value):
     op = _def(v)
     if op is not None and op.name == "const" and isinstance(op.attrs["value"], int) \
             and not isinstance(op.attrs["value"], bool):
@@ -92,7 +92,7 @@ def _pointer_origin(v: Value):
     """(shared_alloc op, constant element offset or None) of a threadgroup pointer."""
     offset = 0
     while _def(v) is not None and v.owner.name == "ptr_add":
-        c = _const(v.owner.operands[1])
+        c = constant_value(v.owner.operands[1])
         offset = None if offset is None or c is None else offset + c
         v = v.owner.operands[0]
     if _def(v) is None or v.owner.name != "shared_alloc":
@@ -184,7 +184,7 @@ class Checker:
             if op.name == "thread_id":
                 self.lane_divergent.add(op.result.id)
             elif op.name == "idiv" and op.operands[0].id in self.lane_divergent \
-                    and (_const(op.operands[1]) or 1) % 32 == 0 \
+                    and (constant_value(op.operands[1]) or 1) % 32 == 0 \
                     and _def(op.operands[0]) is not None \
                     and op.operands[0].owner.name == "thread_id":
                 pass  # thread_id() // (32 k) is the same on every lane of a SIMD-group
@@ -196,7 +196,7 @@ class Checker:
                 self._while_divergence(op, why)
                 continue
             if op.name == "for":
-                lb, ub, step = (_const(v) for v in op.operands[:3])
+                lb, ub, step = (constant_value(v) for v in op.operands[:3])
                 if None not in (lb, ub, step) and step > 0 and ub > lb:
                     self.ranges[op.regions[0].args[0].id] = (lb, lb + (ub - lb - 1) // step * step)
             control = op.operands[:3] if op.name == "for" else op.operands[:1]
@@ -232,7 +232,7 @@ class Checker:
     def _affine(self, v: Value, depth: int = 0):
         """(k, lo, hi) with v in k * g + [lo, hi] for the SIMD-group index
         g = thread_id() // 32 in [0, groups - 1]; None when not provable."""
-        c = _const(v)
+        c = constant_value(v)
         if c is not None:
             return 0, c, c
         r = self.ranges.get(v.id)
@@ -242,7 +242,7 @@ class Checker:
         if op is None or depth > 32:
             return None
         if op.name == "idiv":
-            src, d = _def(op.operands[0]), _const(op.operands[1])
+            src, d = _def(op.operands[0]), constant_value(op.operands[1])
             if src is None or src.name != "thread_id" or self.groups is None \
                     or not d or d <= 0 or d % 32:
                 return None

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ..ir.core import Block, Builder, Function, Op, Value, walk
 from ..ir.types import TileType, elem_type
-from .gemm_bounds import BIG, Facts, _affine, _conjuncts, _depends, _Intervals, _largest_proven
+from .gemm_bounds import BIG, Facts, affine_form, mask_conjuncts, depends_on, Intervals, largest_proven
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 from .placement import analyze
 
@@ -75,20 +75,20 @@ def vectorizable(fn: Function, scalars: dict) -> ElementwiseVector | str:
     loads = [op for op in ops if op.name == "load" and isinstance(op.results[0].type, TileType)]
     if any(elem_type(op.operands[0].type).root == stored for op in loads):
         return "the kernel reads the buffer it stores to"
-    conj = {id(op): (_conjuncts(op.operands[1]) if len(op.operands) > 1 else []) for op in loads}
-    conj[id(store)] = _conjuncts(store.operands[2]) if len(store.operands) > 2 else []
+    conj = {id(op): (mask_conjuncts(op.operands[1]) if len(op.operands) > 1 else []) for op in loads}
+    conj[id(store)] = mask_conjuncts(store.operands[2]) if len(store.operands) > 2 else []
     every = [c for cs in conj.values() for c in cs]
-    if any(_depends(c, None) - {("pid", 0)} for c in every):
+    if any(depends_on(c, None) - {("pid", 0)} for c in every):
         return "a mask depends on more than program_id(0) and the block's positions"
-    p_max = _largest_proven(fn, scalars, None, every, 0) if every else BIG
+    p_max = largest_proven(fn, scalars, None, every, 0) if every else BIG
     if p_max < 0:
         return "no program's block is complete for these sizes (every element is a tail)"
     interior = Facts((0, 0), ((0, p_max), (0, BIG), (0, BIG)))
-    ev = _Intervals(fn, scalars, None, interior)
+    ev = Intervals(fn, scalars, None, interior)
     proven = {k: all(ev.get(c) == (1, 1) for c in cs) for k, cs in conj.items()}
     aligned = {}
     for op in loads:
-        f = _affine(op.operands[0], params, None, {})
+        f = affine_form(op.operands[0], params, None, {})
         aligned[id(op)] = f is not None and f.get(("axis", 0), 0) == 1 and all(
             c % 4 == 0 for k, c in f.items() if k != ("axis", 0))
     if not any(aligned[id(op)] and proven[id(op)] for op in loads):

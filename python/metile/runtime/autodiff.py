@@ -35,7 +35,7 @@ import mlx.core as mx
 from ..frontend import CompilationError
 from ..ir.core import Function, walk
 from ..ir.types import elem_type
-from ..passes.buffer_usage import _block_offsets, _def, _strip
+from ..passes.buffer_usage import block_offsets, defining_op, strip_broadcasts
 
 _MX = {
     "add": mx.add, "sub": mx.subtract, "mul": mx.multiply, "div": mx.divide,
@@ -65,14 +65,14 @@ def check_pointwise(fn: Function) -> None:
                        "thread_id", "num_programs", "num_threads"):
             raise _reject(f"'{op.name}' is not an elementwise operation", op)
         if op.name in ("load", "store"):
-            ptr = _def(op.operands[0])
-            if ptr is None or ptr.name != "ptr_add" or id(_strip(ptr.operands[0])) not in params \
-                    or _block_offsets(ptr.operands[1]) is None:
+            ptr = defining_op(op.operands[0])
+            if ptr is None or ptr.name != "ptr_add" or id(strip_broadcasts(ptr.operands[0])) not in params \
+                    or block_offsets(ptr.operands[1]) is None:
                 raise _reject("loads and stores must address program_id(0) * BLOCK + "
                               "arange(0, BLOCK) of a buffer parameter", op)
             mask_index = 1 if op.name == "load" else 2
             if len(op.operands) > mask_index:
-                mask = _def(op.operands[mask_index])
+                mask = defining_op(op.operands[mask_index])
                 if mask is None or mask.name != "lt" or mask.operands[0] is not ptr.operands[1]:
                     raise _reject("masks must be `offs < n`", op)
 
@@ -123,7 +123,7 @@ def check_fragment_pointwise(fn: Function) -> None:
 
 
 def _const(v):
-    op = _def(v)
+    op = defining_op(v)
     return op.attrs["value"] if op is not None and op.name == "const" else None
 
 
@@ -146,10 +146,10 @@ def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str
         elif name == "load" and fn.meta.get("fragments"):
             continue  # an integer extent (check_fragment_pointwise), not part of the values
         elif name == "load":
-            root = _def(op.operands[0]).operands[0]
+            root = defining_op(op.operands[0]).operands[0]
             env[id(op.results[0])] = loaded[_root_name(fn, root)]
         elif name == "store":
-            root = _def(op.operands[0]).operands[0]
+            root = defining_op(op.operands[0]).operands[0]
             out[_root_name(fn, root)] = env[id(op.operands[1])]
         elif name == "frag_view_load":
             env[id(op.results[0])] = loaded[_root_name(fn, op.operands[0])]
@@ -167,7 +167,7 @@ def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str
 
 
 def _root_name(fn: Function, value) -> str:
-    target = id(_strip(value))
+    target = id(strip_broadcasts(value))
     return next(p.name for p in fn.params if p.value is not None and id(p.value) == target)
 
 

@@ -25,7 +25,7 @@ from ..frontend import CompilationError, LaunchError
 from ..errors import ScheduleError
 from ..schedule import Config
 from . import cache, tuning
-from .dispatch import _grid
+from .dispatch import resolve_grid
 from ..compiler.backend import resolve_backend
 from .kernel import Kernel
 
@@ -78,7 +78,7 @@ class _TunedLauncher:
         if callable(grid):
             names = self.tuned.kernel.param_names
             bound = {**dict(zip(names, args)), **options}
-            grid = _grid(grid, bound)
+            grid = resolve_grid(grid, bound)
         return self.tuned.kernel[grid](*args, **options)
 
     def best(self, *args, **kwargs) -> Config:

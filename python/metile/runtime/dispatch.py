@@ -6,16 +6,20 @@ enqueues the kernel again when called."""
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from ..frontend import CompilationError, LaunchError
+from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, SchedulePlan
-from .kernel import Kernel, _arg_spec
+from .arguments import arg_spec
 from .source_kernel import as_array
 
+if TYPE_CHECKING:
+    from .kernel import Kernel
 
-def _grid(grid, bound: dict) -> tuple[int, int, int]:
+
+def resolve_grid(grid, bound: dict) -> tuple[int, int, int]:
     if callable(grid):
         try:
             grid = grid(bound)
@@ -99,7 +103,7 @@ def _launch_key(grid, args, kwargs):
 
 
 class Launcher:
-    def __init__(self, kernel: Kernel, grid):
+    def __init__(self, kernel: "Kernel", grid):
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, **kwargs):
@@ -133,13 +137,13 @@ class Launcher:
 class Dispatch:
     """A launch with everything resolved; calling it enqueues the kernel again."""
 
-    def __init__(self, kernel: Kernel, grid, args, kwargs, like: "Dispatch | None" = None):
+    def __init__(self, kernel: "Kernel", grid, args, kwargs, like: "Dispatch | None" = None):
         runtime, consts, threads, schedule, backend = kernel.bind(args, kwargs)
         if like is not None:
             like._check_same(runtime, consts, threads)
         spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
         self.grid_arg, self.specs = grid, specs
-        grid = _grid(grid, {**runtime, **consts})
+        grid = resolve_grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
         outputs = spec.outputs
         for name in outputs:
@@ -190,7 +194,7 @@ class Dispatch:
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
         for name, value in runtime.items():
-            kind, d, ndim = _arg_spec(name, value)
+            kind, d, ndim = arg_spec(name, value)
             pk, pd, pn = self.specs[name]
             if (kind, d) != (pk, pd):
                 raise LaunchError(f"argument {name!r}: prepared for a {pd} {pk}, got a {d} {kind}")

@@ -37,39 +37,19 @@ from ..language import dtypes as dt
 from ..schedule import Schedule
 from ..settings import debug_flags
 from . import cache
+from .arguments import arg_spec
 from .dependencies import Snapshot
+from .dispatch import Launcher
 from .metal_kernel import RESERVED_NAMES
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatch, Launcher
+    from .dispatch import Dispatch
 
 # Generated argument names avoid MSL/C++ keywords and the shim's type names; a
 # Python parameter that collides is renamed (arg_<name>), never refused.
 RESERVED = frozenset(RESERVED_NAMES | {
     "half", "float", "int", "uint", "bool", "char", "short", "long", "void", "bfloat",
     "bfloat16_t", "float16_t", "vec", "main"})
-
-
-def _arg_spec(name: str, value):
-    """(kind, dtype, ndim) of a runtime argument, or a LaunchError."""
-    if isinstance(value, mx.array):
-        d = dt.to_dtype(value.dtype)
-        if d is None:
-            raise LaunchError(f"argument {name!r}: dtype {value.dtype} is not supported "
-                              f"(metile kernels take float32, float16, bfloat16, int32, uint32, bool)")
-        if value.ndim == 0:
-            return ("scalar", d, 0)
-        return ("buffer", d, value.ndim)
-    if isinstance(value, bool):
-        return ("scalar", dt.bool_, 0)
-    if isinstance(value, int):
-        if not -2**31 <= value < 2**31:
-            raise LaunchError(f"argument {name!r}: {value} does not fit in int32")
-        return ("scalar", dt.int32, 0)
-    if isinstance(value, float):
-        return ("scalar", dt.float32, 0)
-    raise LaunchError(f"argument {name!r}: expected an mx.array or a Python int/float/bool, "
-                      f"got {type(value).__name__}")
 
 
 class Variant:
@@ -195,7 +175,6 @@ class Kernel:
         self.loc = Loc(code.co_filename, code.co_firstlineno, 0) if code else None
 
     def __getitem__(self, grid) -> "Launcher":
-        from .dispatch import Launcher  # dispatch.py builds on this module
         return Launcher(self, grid)
 
     def refresh(self) -> None:
@@ -302,7 +281,7 @@ class Kernel:
 
     def specialize(self, runtime: dict, consts: dict, threads, schedule=None, backend=None
                    ) -> tuple[Specialization, dict]:
-        specs = {n: _arg_spec(n, v) for n, v in runtime.items()}
+        specs = {n: arg_spec(n, v) for n, v in runtime.items()}
         backend = resolve_backend(backend)
         # An explicit schedule specializes integer scalars so that shape proofs
         # (divisibility, alignment) are exact for this launch.

@@ -93,7 +93,7 @@ def relevant_environment(environ=None) -> dict:
 
 
 def toolchain() -> dict:
-    from .. import __version__
+    from ..version import __version__
 
     return {"mlx": mx.__version__, "metile": __version__, "machine": platform.machine(),
             "system": platform.system()}
