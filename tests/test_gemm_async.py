@@ -13,7 +13,7 @@ import pytest
 
 from metile_kernels.gemm import grid, matmul, matmul_epilogue
 
-CONFIGS = [(128, 128, 32, 4), (128, 256, 32, 8), (64, 64, 16, 4)]
+CONFIGS = [(128, 128, 32, 4), (128, 128, 32, 8), (128, 256, 32, 8), (64, 64, 16, 4), (64, 64, 32, 4)]
 SHAPES = [(1, 1, 1), (130, 70, 37), (129, 257, 72)]
 TOL = {"float16": dict(rtol=2e-3, atol=2e-3), "bfloat16": dict(rtol=1.6e-2, atol=1.6e-2)}
 
