@@ -48,7 +48,7 @@ def _dtype(d) -> str:
 
 
 def translation_unit(dispatch) -> str:
-    """The standalone CUDA source of a prepared dispatch (METILE_BACKEND=cuda)."""
+    """The standalone CUDA source of a dispatch prepared with backend="cuda"."""
     data = dispatch.variant.data
     params = [f"const {_dtype(as_array(a, n, 'nvrtc').dtype)}* __restrict__ {n}"
               for n, a in zip(data["inputs"], dispatch.call_kwargs["inputs"])]

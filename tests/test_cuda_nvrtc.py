@@ -35,56 +35,73 @@ def _gemm(dtype, m=72, n=40, k=44, kernel=matmul, tile=(32, 32, 16), **kw):
                                               **extra, **kw)
 
 
-CASES = {
-    "vector_add": lambda: vector_add[(4,)].prepare(_z(1000), _z(1000), _z(1000), 1000, BLOCK=256),
-    "softmax_half": lambda: softmax_rows[(4,)].prepare(_z(4, 100, dtype=F16), _z(4, 100, dtype=F16),
-                                                       100, 100, BLOCK=128),
-    "layernorm_bf16": lambda: layernorm[(4,)].prepare(
+CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
+    "vector_add": lambda backend=None: vector_add[(4,)].prepare(
+        _z(1000), _z(1000), _z(1000), 1000, BLOCK=256, backend=backend),
+    "softmax_half": lambda backend=None: softmax_rows[(4,)].prepare(
+        _z(4, 100, dtype=F16), _z(4, 100, dtype=F16), 100, 100, BLOCK=128, backend=backend),
+    "layernorm_bf16": lambda backend=None: layernorm[(4,)].prepare(
         _z(4, 100, dtype=BF16), _z(100, dtype=BF16), _z(100, dtype=BF16), _z(4, 100, dtype=BF16),
-        100, 100, 1e-5, BLOCK=128),
-    "transpose": lambda: transpose[(2, 2)].prepare(_z(40, 50), _z(50, 40), 40, 50, BM=32, BN=32),
-    "block_sum": lambda: block_sum[(4,)].prepare(_z(4, 300), _z(4), 300),
-    "view_copy": lambda: view_copy[(1,)].prepare(_z(8, 8), _z(8, 8)),
-    "axpy_width_four": lambda: axpy[(3,)].prepare(_z(1500), _z(1500), _z(1500), 1.5, 1500,
-                                                  BLOCK=512, SCHEDULE=metile.Schedule(vector_width=4)),
-    "axpy_width_four_half": lambda: axpy[(2,)].prepare(
+        100, 100, 1e-5, BLOCK=128, backend=backend),
+    "transpose": lambda backend=None: transpose[(2, 2)].prepare(
+        _z(40, 50), _z(50, 40), 40, 50, BM=32, BN=32, backend=backend),
+    "block_sum": lambda backend=None: block_sum[(4,)].prepare(_z(4, 300), _z(4), 300,
+                                                              backend=backend),
+    "view_copy": lambda backend=None: view_copy[(1,)].prepare(_z(8, 8), _z(8, 8), backend=backend),
+    "axpy_width_four": lambda backend=None: axpy[(3,)].prepare(
+        _z(1500), _z(1500), _z(1500), 1.5, 1500, BLOCK=512,
+        SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
+    "axpy_width_four_half": lambda backend=None: axpy[(2,)].prepare(
         _z(1000, dtype=F16), _z(1000, dtype=F16), _z(1000, dtype=F16), 1.5, 1000, BLOCK=512,
-        SCHEDULE=metile.Schedule(vector_width=4)),
-    "gemm_f32_ffma": lambda: _gemm(F32),
-    "gemm_f32_tf32": lambda: _gemm(F32, RELAXED_PRECISION=True),
-    "gemm_f16_mma": lambda: _gemm(F16),
-    "gemm_bf16_mma": lambda: _gemm(BF16),
-    "gemm_f16_epilogue_128": lambda: _gemm(F16, 256, 256, 256, matmul_epilogue, (128, 128, 32),
-                                           num_simdgroups=8),
-    "gemm_f16_width_four": lambda: _gemm(F16, SCHEDULE=metile.Schedule(vector_width=4)),
-    "gemm_bf16_width_four": lambda: _gemm(BF16, SCHEDULE=metile.Schedule(vector_width=4)),
-    "gemm_f32_width_four": lambda: _gemm(F32, SCHEDULE=metile.Schedule(vector_width=4)),
-    "gemm_f16_double_buffer": lambda: _gemm(F16, 75, 45, 37, SCHEDULE=metile.Schedule(double_buffer=True)),
-    "gemm_f32_double_buffer": lambda: _gemm(F32, 96, 96, 64, SCHEDULE=metile.Schedule(double_buffer=True)),
-    "gemm_ffma_fallback_double_buffer": lambda: _gemm(F32, 70, 50, 37, tile=(32, 32, 4),
-                                                      SCHEDULE=metile.Schedule(double_buffer=True)),
-    "fragments_two_products": lambda: two_products[(1,)].prepare(_z(8, 8), _z(8, 8), _z(8, 8),
-                                                                 STRICT_MATH=True, SCHEDULE=INLINE),
-    "fragments_masked_tiles": lambda: masked_tiles[(1,)].prepare(
-        _z(24, 8), mx.array([9], I32), _z(24, 8), STRICT_MATH=True, SCHEDULE=INLINE),
-    "fragments_attention": lambda: attention_tiles[(1,)].prepare(
-        _z(16, 16), _z(16, 16), _z(16, 16), _z(16, 16), N=16, STRICT_MATH=True, SCHEDULE=INLINE),
-    "fragments_half": lambda: half_products[(1,)].prepare(
+        SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
+    "gemm_f32_ffma": lambda backend=None: _gemm(F32, backend=backend),
+    "gemm_f32_tf32": lambda backend=None: _gemm(F32, RELAXED_PRECISION=True, backend=backend),
+    "gemm_f16_mma": lambda backend=None: _gemm(F16, backend=backend),
+    "gemm_bf16_mma": lambda backend=None: _gemm(BF16, backend=backend),
+    "gemm_f16_epilogue_128": lambda backend=None: _gemm(
+        F16, 256, 256, 256, matmul_epilogue, (128, 128, 32), num_simdgroups=8, backend=backend),
+    "gemm_f16_width_four": lambda backend=None: _gemm(
+        F16, SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
+    "gemm_bf16_width_four": lambda backend=None: _gemm(
+        BF16, SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
+    "gemm_f32_width_four": lambda backend=None: _gemm(
+        F32, SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
+    "gemm_f16_double_buffer": lambda backend=None: _gemm(
+        F16, 75, 45, 37, SCHEDULE=metile.Schedule(double_buffer=True), backend=backend),
+    "gemm_f32_double_buffer": lambda backend=None: _gemm(
+        F32, 96, 96, 64, SCHEDULE=metile.Schedule(double_buffer=True), backend=backend),
+    "gemm_ffma_fallback_double_buffer": lambda backend=None: _gemm(
+        F32, 70, 50, 37, tile=(32, 32, 4), SCHEDULE=metile.Schedule(double_buffer=True),
+        backend=backend),
+    "fragments_two_products": lambda backend=None: two_products[(1,)].prepare(
+        _z(8, 8), _z(8, 8), _z(8, 8), STRICT_MATH=True, SCHEDULE=INLINE, backend=backend),
+    "fragments_masked_tiles": lambda backend=None: masked_tiles[(1,)].prepare(
+        _z(24, 8), mx.array([9], I32), _z(24, 8), STRICT_MATH=True, SCHEDULE=INLINE,
+        backend=backend),
+    "fragments_attention": lambda backend=None: attention_tiles[(1,)].prepare(
+        _z(16, 16), _z(16, 16), _z(16, 16), _z(16, 16), N=16, STRICT_MATH=True, SCHEDULE=INLINE,
+        backend=backend),
+    "fragments_half": lambda backend=None: half_products[(1,)].prepare(
         _z(8, 8, dtype=F16), _z(8, 8, dtype=F16), _z(8, 8), _z(64, dtype=F16), STRICT_MATH=True,
-        SCHEDULE=INLINE),
-    "fragments_per_group": lambda: per_group_tiles[(1,)].prepare(_z(32, 8), _z(32, 8), BLOCK=128,
-                                                                 STRICT_MATH=True, SCHEDULE=INLINE),
-    "fragments_column_major": lambda: transpose_tiles[(1,)].prepare(
-        _z(13, 8), mx.array([13], I32), _z(8, 16), STRICT_MATH=True, SCHEDULE=INLINE),
-    "fragments_epilogue": lambda: relu_epilogue[(1,)].prepare(
-        _z(16, 8), mx.array([9], I32), _z(16, 8), STRICT_MATH=True, SCHEDULE=INLINE),
-    "atomic_histogram": lambda: histogram[(4,)].prepare(_z(1000, dtype=I32), _z(10, dtype=I32),
-                                                        1000, BLOCK=256),
-    "atomic_scalar": lambda: block_total[(4,)].prepare(_z(1000), _z(1), 1000, BLOCK=256),
-    "atomic_unsigned_2d": lambda: column_sums[(4,)].prepare(
-        _z(50, 8, dtype=mx.uint32), _z(8, dtype=mx.uint32), 50, BLOCK_R=16, COLS=8),
-    "atomic_thread_level": lambda: thread_level_counts[(1,)].prepare(
-        _z(200, dtype=I32), _z(6, dtype=I32), _z(1, dtype=I32), 200, num_simdgroups=2),
+        SCHEDULE=INLINE, backend=backend),
+    "fragments_per_group": lambda backend=None: per_group_tiles[(1,)].prepare(
+        _z(32, 8), _z(32, 8), BLOCK=128, STRICT_MATH=True, SCHEDULE=INLINE, backend=backend),
+    "fragments_column_major": lambda backend=None: transpose_tiles[(1,)].prepare(
+        _z(13, 8), mx.array([13], I32), _z(8, 16), STRICT_MATH=True, SCHEDULE=INLINE,
+        backend=backend),
+    "fragments_epilogue": lambda backend=None: relu_epilogue[(1,)].prepare(
+        _z(16, 8), mx.array([9], I32), _z(16, 8), STRICT_MATH=True, SCHEDULE=INLINE,
+        backend=backend),
+    "atomic_histogram": lambda backend=None: histogram[(4,)].prepare(
+        _z(1000, dtype=I32), _z(10, dtype=I32), 1000, BLOCK=256, backend=backend),
+    "atomic_scalar": lambda backend=None: block_total[(4,)].prepare(
+        _z(1000), _z(1), 1000, BLOCK=256, backend=backend),
+    "atomic_unsigned_2d": lambda backend=None: column_sums[(4,)].prepare(
+        _z(50, 8, dtype=mx.uint32), _z(8, dtype=mx.uint32), 50, BLOCK_R=16, COLS=8,
+        backend=backend),
+    "atomic_thread_level": lambda backend=None: thread_level_counts[(1,)].prepare(
+        _z(200, dtype=I32), _z(6, dtype=I32), _z(1, dtype=I32), 200, num_simdgroups=2,
+        backend=backend),
 }
 
 
@@ -95,9 +112,8 @@ ARCHS = [(case, "sm_90") for case in sorted(CASES)] + \
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,arch", ARCHS)
-def test_generated_cuda_compiles(monkeypatch, case, arch):
-    monkeypatch.setenv("METILE_BACKEND", "cuda")
-    dispatch = CASES[case]()
+def test_generated_cuda_compiles(case, arch):
+    dispatch = CASES[case](backend="cuda")
     source = translation_unit(dispatch)
     ok, log = compile_cuda(source, arch)
     assert ok, f"{case} for {arch}:\n{log}"
