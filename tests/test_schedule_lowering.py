@@ -403,8 +403,9 @@ def test_cuda_explain_reports_its_own_geometry(rng):
 
 @pytest.mark.parametrize("backend", ["cuda", "msl"])
 def test_threadgroup_capacity_is_the_targets(backend):
-    # A 128x128x32 half tile, double-buffered, plus the epilogue's staging: 40 KiB.
-    # CUDA blocks have 48 KiB of static shared memory, Apple threadgroups 32 KiB.
+    # A 128x128x32 half tile, double-buffered, plus (on Metal) the epilogue's staging:
+    # 40 KiB, over Apple's 32 KiB.  CUDA blocks have 48 KiB of static shared memory and
+    # apply the epilogue to accumulator registers: 32 KiB of operand stages.
     from metile_kernels.gemm import matmul_epilogue
     n = 256
     a = mx.zeros((n, n), mx.float16)
@@ -418,7 +419,7 @@ def test_threadgroup_capacity_is_the_targets(backend):
             launch.prepare(*args, **kwargs)
         return
     d = launch.prepare(*args, **kwargs)
-    assert sum(x.bytes for x in d.execution_report.allocations) == 40960
+    assert sum(x.bytes for x in d.execution_report.allocations) == 32768
 
 
 @pytest.mark.parametrize("shape,schedule", [

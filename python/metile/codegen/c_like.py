@@ -35,7 +35,6 @@ class CEmitter:
     # Matrix fragments (thread-form frag_* ops; see passes/lower_matmul.py).  Format fields:
     # {frag} "name[index]", {type} fragment type, {root}/{offset}/{ld} threadgroup source,
     # {d} {a} {b} {c} fragments of a multiply-accumulate, {value} fill value.
-    MATRIX_UNITS: tuple = ()            # passes.lower_matmul.MatrixUnit the backend offers
     FRAGMENT: dict[str, str] = {}       # decl fill load store mma
     SIMD_BARRIER = ""
 

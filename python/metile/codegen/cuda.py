@@ -12,7 +12,6 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
-from ..schedule import targets
 from .c_like import CEmitter
 
 # Butterfly reductions over a full warp.  Every lane ends with the result, as
@@ -259,7 +258,6 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC}
-    MATRIX_UNITS = targets.MATRIX_UNITS["cuda"]  # the one table (schedule/targets.py)
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "metile_frag_fill({frag}, {value});",

@@ -11,7 +11,6 @@ bfloat has none).  Metal has no erf; the header supplies one.
 from __future__ import annotations
 
 from ..ir.core import Function
-from ..schedule import targets
 from .c_like import CEmitter
 
 _ERF = """\
@@ -50,7 +49,6 @@ class MSLEmitter(CEmitter):
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
     HELPERS = {"erf": _ERF}
-    MATRIX_UNITS = targets.MATRIX_UNITS["msl"]  # the one table (schedule/targets.py)
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "{frag} = metal::make_filled_simdgroup_matrix<float, 8, 8>({value});",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import LaunchError
-from ..schedule.targets import Target, target_for
+from ..schedule.targets import MATRIX_UNITS, Target, target_for
 
 LANGUAGES = ("msl", "cuda")
 
@@ -38,7 +38,7 @@ class Backend:
     def matrix_units(self) -> tuple:
         """The matrix instructions this language's emitter spells (GEMM lowering picks
         one): its entry of the one table, schedule/targets.py MATRIX_UNITS."""
-        return self.emitter.MATRIX_UNITS
+        return MATRIX_UNITS[self.language]
 
     @property
     def shared_memory_bytes(self) -> int:

@@ -29,6 +29,7 @@ from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json, store_coverage
 from ..passes.lower_fragments import lower_fragments
+from ..passes.lower_matmul import GemmPlan
 from ..passes.lower_tiles import lower_tiles
 from ..passes.uniformity import check_uniformity
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
@@ -76,18 +77,29 @@ class Analysis:
     plan: SchedulePlan
     threads: int
     steps: list[str]
+    # A GEMM's fragment plan: the matrix unit by name (None: FFMA micro-tiles) and the
+    # SIMD-group (or thread) grid, as planned; the lowering reads it.
+    gemm: dict | None = None
 
     def to_json(self) -> dict:
         return {"outputs": self.outputs, "atomic_outputs": self.atomic_outputs,
                 "loaded_outputs": self.loaded_outputs,
                 "coverage": {k: c.to_json() for k, c in self.coverage.items()},
-                "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps}
+                "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps,
+                "gemm": self.gemm}
 
     @classmethod
     def from_json(cls, d: dict) -> "Analysis":
         return cls(d["outputs"], d["atomic_outputs"], d["loaded_outputs"],
                    {k: coverage_from_json(v) for k, v in d["coverage"].items()},
-                   SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"])
+                   SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"], d["gemm"])
+
+    def gemm_plan(self, units) -> GemmPlan | None:
+        if self.gemm is None:
+            return None
+        unit = next(u for u in units if u.name == self.gemm["unit"]) if self.gemm["unit"] \
+            else None
+        return GemmPlan(unit, self.gemm["threads"], tuple(self.gemm["grid"]))
 
 
 @dataclass
@@ -161,14 +173,17 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
     try:
         bounds = tuple(sorted({c.bound for c in cov.values() if getattr(c, "bound", None)}))
         tiles = [c.bounds for c in cov.values() if hasattr(c, "bounds")]
-        plan, threads = planning.make_plan(
+        plan, threads, gemm = planning.make_plan(
             fn, req.constexprs, req.int_values, req.schedule, req.backend.target,
             threads_req=req.threads_req, units=req.backend.matrix_units, mask_bounds=bounds,
             tile_bounds=tiles[0] if tiles else None)
     except ScheduleError as e:
         raise CompilationError(str(e), req.loc) from None
+    gemm_json = None if gemm is None else {
+        "unit": gemm.unit.name if gemm.unit else None, "threads": gemm.threads,
+        "grid": list(gemm.grid)}
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
-                    plan, threads, steps + ["buffer_usage", "plan_schedule"])
+                    plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json)
 
 
 def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
@@ -197,7 +212,8 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
     else:
         thread_fn = lower_tiles(fn, analysis.threads, buffers, backend.matrix_units,
                                 plan=analysis.plan, scalars=req.int_values,
-                                shared_limit=backend.shared_memory_bytes)
+                                shared_limit=backend.shared_memory_bytes,
+                                gemm_plan=analysis.gemm_plan(backend.matrix_units))
         lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
     verify(thread_fn)
     if dumps(lowered[-1]) or dumps("lower_tiles"):

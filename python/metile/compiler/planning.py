@@ -14,7 +14,7 @@ from ..ir.core import Function, walk
 from ..passes.gemm import find_gemm
 from ..passes.gemm_bounds import prove_gemm_bounds, staging_load
 from ..passes.vectorize_elementwise import vectorizable
-from ..passes.lower_matmul import plan_gemm
+from ..passes.lower_matmul import GemmPlan, plan_gemm
 from ..passes.lower_fragments import fragment_threads
 from ..passes.lower_tiles import choose_threads, largest_tile, relaxed_precision
 from ..passes.shared_hazards import check_shared_contract
@@ -77,7 +77,7 @@ def _reject_unmaterialized(plan: SchedulePlan, fn: Function, scalars: dict) -> N
 
 
 def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, target: Target,
-               units, threads_req, tile_bounds) -> tuple[SchedulePlan, int]:
+               units, threads_req, tile_bounds) -> tuple[SchedulePlan, int, GemmPlan]:
     params = {id(p.value): p.name for p in fn.params if p.value is not None}
     k_extent = params.get(id(g.loop.operands[1]))
     extents = (*(tile_bounds or (None, None)), k_extent)
@@ -112,7 +112,7 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
     plan = dataclasses.replace(plan, threadgroup_size=(gp.threads, 1, 1),
                                simdgroup_grid=tuple(gp.grid) if gp.unit else None,
                                reasons=plan.reasons + (why,))
-    return plan, gp.threads
+    return plan, gp.threads, gp
 
 
 def _vector_lanes(fn: Function, default: int) -> int:
@@ -144,11 +144,12 @@ def _fragment_plan(fn: Function, constexprs: dict, schedule, target: Target, thr
 
 def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule | None,
               target: Target, *, threads_req: int | None, units=(), mask_bounds: tuple = (),
-              tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int]:
-    """(plan, threads) for a specialized tile-form kernel; ScheduleError when the
-    schedule cannot be honoured."""
+              tile_bounds: tuple | None = None) -> tuple[SchedulePlan, int, GemmPlan | None]:
+    """(plan, threads, the GEMM lowering's fragment plan or None) for a specialized
+    tile-form kernel; ScheduleError when the schedule cannot be honoured.  The
+    lowering reads this answer; nothing decides the thread count again."""
     if fn.meta.get("fragments"):  # simdgroup_inline: kernel-written 8x8 fragments
-        return _fragment_plan(fn, constexprs, schedule, target, threads_req)
+        return (*_fragment_plan(fn, constexprs, schedule, target, threads_req), None)
     g = find_gemm(fn)
     if g is not None:
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
@@ -164,7 +165,7 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
     if plan.threadgroup_size[0] != threads:
         raise ScheduleError("threadgroup size", f"the plan asks for {plan.threadgroup_size[0]} "
                                                 f"threads but lowering traced {threads}")
-    return plan, threads
+    return plan, threads, None
 
 
 def _loops(thread_fn: Function) -> list[LoopReport]:

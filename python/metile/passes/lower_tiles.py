@@ -42,7 +42,7 @@ SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their targe
 
 class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                 scalars=None, shared_limit: int = SHARED_BYTES):
+                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None):
         self.fn = fn
         self.shared_limit = shared_limit
         self.T = threads
@@ -58,8 +58,10 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
         self.loops: list[dict] = []
         # simdgroup_inline kernels write their own fragment program (no GEMM pattern)
         self.gemm = None if fn.meta.get("fragments") else find_gemm(fn)
-        self.gemm_plan = None
-        if self.gemm is not None:
+        # The planner's fragment plan (compiler/planning.py) when it made one; callers
+        # without a plan (tests lowering IR directly) get the same rule applied here.
+        self.gemm_plan = gemm_plan
+        if self.gemm is not None and gemm_plan is None:
             self.gemm_plan = plan_gemm(self.gemm, matrix_units, relaxed_precision(fn), threads)
         self.prepare_gemm(plan, scalars)  # schedule plan + specialized scalars (lower_matmul)
         self.prepare_elementwise_vector(plan, scalars)
@@ -468,17 +470,10 @@ def relaxed_precision(fn: Function) -> bool:
                for p in fn.params)
 
 
-def gemm_threads(fn: Function, matrix_units, requested: int | None) -> int | None:
-    """Threads of a GEMM-shaped kernel (its plan decides), else None."""
-    g = find_gemm(fn)
-    if g is None:
-        return None
-    return plan_gemm(g, matrix_units, relaxed_precision(fn), requested).threads
-
-
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                scalars=None, shared_limit: int = SHARED_BYTES) -> Function:
+                scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
-    return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit).run()
+    return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit,
+                    gemm_plan).run()
