@@ -1,14 +1,28 @@
-"""Passes over Tile IR, one module each, in pipeline order:
+"""Passes over Tile IR, one module each, in the order compiler/pipeline.py runs them.
 
-  uniformity      (check)   barriers / tile ops only under thread-uniform control flow
-  buffer_usage    (analysis) which buffers are loaded / stored; store-coverage proofs
-  placement       (analysis) recompute / registers / threadgroup memory for each tile
-  gemm            (analysis) the canonical dot-over-K recurrence and its fused epilogue
-  lower_tiles     tile form -> thread form (lane loops, reductions, dot); GEMM-shaped
-                  kernels through lower_matmul (staged operands, matrix fragments or
-                  FFMA micro-tiles, per-element epilogue at the single store)
+Checks and analyses on tile form:
+  uniformity            barriers / tile ops only under thread-uniform control flow; marks
+                        uniform scalar stores and atomics once per program
+  buffer_usage          which buffers are loaded / stored; store-coverage proofs
+  gemm                  the canonical dot-over-K recurrence and its fused epilogue
+  gemm_bounds           prove_gemm_bounds: which GEMM staging loads are provably in bounds
+                        and 4-aligned (interval proofs)
+  shared_hazards        the shared-memory contract of simdgroup_inline kernels
+  placement             recompute / registers / threadgroup memory for each tile
 
-The runtime (`runtime/kernel.py`) runs them and records the list it ran in the
-compiled kernel's metadata (`passes`).  Every pass leaves IR that `ir.verify`
-accepts.
+Lowering, tile form -> thread form:
+  lower_tiles           lane loops, reductions and dot (mixins below); GEMM-shaped kernels
+                        through lower_matmul
+    lane_layout         which lane owns which tile element
+    lower_reductions    block reductions and dot (SIMD-group collectives + shared memory)
+    vectorize_elementwise  4-wide interiors for canonical 1-D elementwise kernels
+    lower_matmul        staged operands, matrix fragments (the unit from the plan) or FFMA
+                        micro-tiles, the epilogue at the single store
+    gemm_staging        split_k_loop, vectorize_staging, double_buffer_staging
+    gemm_async          16-byte asynchronous copies through a multi-stage swizzled ring
+                        (CUDA), register epilogue
+  lower_fragments       simdgroup_inline kernels: kernel-written 8x8 fragments
+
+Each pass that runs records its name in the compiled kernel's steps (the execution
+report's `passes`).  Every pass leaves IR that `ir.verify` accepts.
 """
