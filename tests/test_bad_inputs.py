@@ -1089,12 +1089,13 @@ def fresh_kernel_call():
 case("env-backend-unknown", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=16), METILE_BACKEND="opencl"),
      error(LaunchError, r"METILE_BACKEND must be one of msl, cuda, got 'opencl'"))
 case("env-backend-cuda-on-cpu", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=16), METILE_BACKEND="cuda"),
-     error(LaunchError, r"kernel 'copy' was compiled to CUDA \(METILE_BACKEND=cuda\), which runs only on "
-                        r"MLX's CUDA backend; the default device is Device\(cpu, 0\). Unset "
-                        r"METILE_BACKEND"))
+     error(LaunchError, r"kernel 'copy' was compiled to CUDA \(backend='cuda' or METILE_BACKEND=cuda\), "
+                        r"which runs only on MLX's CUDA backend; the default device is Device\(cpu, 0\). "
+                        r"Leave the backend to the device"))
 case("env-debug-unknown", with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DEBUG="everything"),
-     warns(UserWarning, r"METILE_DEBUG: unknown word\(s\) everything; known: tile_ir, thread_ir, msl, cuda, "
-                        r"schedule", equal(np.ones(8, np.float32))))
+     warns(UserWarning, r"METILE_DEBUG: unknown word\(s\) everything; known: uniformity, plan_schedule, "
+                        r"lower_tiles, .*tile_ir, thread_ir, msl, cuda, schedule",
+           equal(np.ones(8, np.float32))))
 _SETTING = r"{}='{}' is not {}"
 for _var, _value, _accepted in (
         ("METILE_LANE_ORDER", "sideways", "one of forward, reverse, shuffle"),
