@@ -32,3 +32,15 @@ requires_msl_device = pytest.mark.skipif(
     not (default_is_cpu() or mx.metal.is_available()),
     reason="MSL kernels run on a Metal GPU or the CPU stream; this default device is neither",
 )
+
+
+def _has_clang() -> bool:
+    # Looked up by name, not through the runtime's find_compiler, which remembers its
+    # answer for the process (tests change METILE_CXX).
+    import shutil
+    from metile.runtime.msl_cpu.compiler import _CANDIDATES
+    return any(shutil.which(c) for c in _CANDIDATES)
+
+
+requires_clang = pytest.mark.skipif(not _has_clang(), reason="needs clang++ >= 17 (the MSL CPU "
+                                                               "runtime's compiler)")

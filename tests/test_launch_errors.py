@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import metile
+from conftest import requires_msl_device
 from metile import CompilationError, LaunchError
 
 
@@ -90,6 +91,7 @@ def test_bool_buffers():
         double[(1,)](x, mx.zeros((5,)), 5, BLOCK=8)
 
 
+@requires_msl_device
 def test_source_kernels_take_numpy_ints_and_refuse_huge_grids():
     k = metile.metal_kernel(name="copy4", input_names=["a"], output_names=["b"],
                             source="uint i = thread_position_in_grid.x; b[i] = a[i];")

@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 
 import metile
+from conftest import requires_msl_device
+
+# MLX's metal_kernel helpers, run by the kernels that call them: on Metal or the CPU runtime.
+pytestmark = requires_msl_device
 
 LINEAR_UINT = metile.metal_kernel(
     "utils_linear_uint", ["inp"], ["out", "loc"],

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import metile
+from conftest import requires_msl_device
 from metile import settings
 
 
@@ -24,6 +25,7 @@ def test_flags(monkeypatch):
         settings.flag("METILE_RACE_CHECK")
 
 
+@requires_msl_device
 def test_invalid_settings_fail_a_launch_by_name(monkeypatch):
     k = metile.metal_kernel(name="copy", input_names=["a"], output_names=["b"],
                             source="uint i = thread_position_in_grid.x; b[i] = a[i];")

@@ -10,6 +10,10 @@ import pytest
 
 import metile
 from metile.runtime.msl_cpu.compiler import MslCompileError
+from conftest import requires_clang, requires_msl_device
+
+# The check compiles with clang; tests that also run a kernel need an MSL device.
+pytestmark = requires_clang
 
 X = mx.zeros((64,), dtype=mx.float32)
 
@@ -147,6 +151,7 @@ def test_later_cxx_fails_the_check_and_cxx14_passes(name):
     _check(source14, header=header14)
 
 
+@requires_msl_device
 def test_cxx14_forms_run(rng):
     # The C++14 spellings the cases above accept compute what they should.
     header = "\n".join([
@@ -205,6 +210,7 @@ def _add(x, y, out, n, BLOCK: metile.constexpr):
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@requires_msl_device
 def test_width_four_kernels_pass_the_check_and_run(dtype, monkeypatch, rng):
     # The old address-space check rejected every 4-wide kernel: the packed
     # vector it loads through could not convert from a device object.
