@@ -62,15 +62,19 @@ __device__ __forceinline__ unsigned metile_to_tf32(float x) {
 __device__ __forceinline__ bool metile_ldmatrix_ok(const void* p, int ld) {
   return __isShared(p) && ((reinterpret_cast<unsigned long long>(p) | (2ull * ld)) & 15) == 0;
 }
-template <bool TRANS, typename T> __device__ __forceinline__ void metile_ldmatrix_x4(unsigned (&r)[4], const T* p, int ld) {
-  const int l = threadIdx.x & 31;
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p + ((l & 7) + ((l >> 3) & 1) * 8) * ld + (l >> 4) * 8));
+// Four 8x8 16-bit matrices from the shared-memory address `a` of this lane's row.
+template <bool TRANS> __device__ __forceinline__ void metile_ldmatrix_at(unsigned (&r)[4], unsigned a) {
   if (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+template <bool TRANS, typename T> __device__ __forceinline__ void metile_ldmatrix_x4(unsigned (&r)[4], const T* p, int ld) {
+  const int l = threadIdx.x & 31;
+  metile_ldmatrix_at<TRANS>(r, static_cast<unsigned>(__cvta_generic_to_shared(
+      p + ((l & 7) + ((l >> 3) & 1) * 8) * ld + (l >> 4) * 8)));
 }
 // A: 16x16 row-major at p (leading dimension ld).
 template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_a<T>& f, const T* p, int ld) {
@@ -164,13 +168,7 @@ __device__ __forceinline__ void metile_ldmatrix_sw(unsigned (&r)[4], const T* ba
   const int l = threadIdx.x & 31;
   const int rr = row + (l & 7) + ((l >> 3) & 1) * 8, cc = col + (l >> 4) * 8;
   const int off = rr * LD + ((((cc >> 3) ^ ((rr / U) % CM))) << 3);
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(base + off));
-  if (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  metile_ldmatrix_at<TRANS>(r, static_cast<unsigned>(__cvta_generic_to_shared(base + off)));
 }
 template <int LD, int U, int CM, typename T>
 __device__ __forceinline__ void metile_frag_load_sw(metile_frag_a<T>& f, const T* base, int row, int col) {
