@@ -118,3 +118,12 @@ def test_parameters_named_like_metal_keywords_are_renamed():
     src = keyword_names[(1,)].prepare(mx.arange(5, dtype=mx.float32), mx.zeros((5,)), 5,
                                       BLOCK=8).source
     assert "arg_vertex" in src and "arg_fragment" in src
+
+
+def test_buffers_beyond_32_bit_offsets_are_refused():
+    # lazy arrays: nothing is allocated, the launch is refused before anything runs
+    big = mx.zeros((2**16, 2**15), dtype=mx.float16)  # MLX shapes are int32 per axis
+    with pytest.raises(LaunchError, match=r"argument 'X' has 2147483648 elements; metile kernels "
+                                          r"index buffers of at most 2146435072 elements \(32-bit "
+                                          r"offsets; 64-bit offsets are not implemented yet\)"):
+        double[(1,)](big, mx.zeros((8,), mx.float16), 8, BLOCK=8)

@@ -7,6 +7,10 @@ import mlx.core as mx
 from ..errors import LaunchError
 from ..language import dtypes as dt
 
+# Element offsets in generated code are int32; program_id * BLOCK + arange stays below
+# 2**31 for buffers up to this size (a block of the last program may run past n).
+MAX_BUFFER_ELEMENTS = 2**31 - 2**20
+
 
 def arg_spec(name: str, value):
     """(kind, dtype, ndim) of a runtime argument, or a LaunchError."""
@@ -17,6 +21,14 @@ def arg_spec(name: str, value):
                               f"(metile kernels take float32, float16, bfloat16, int32, uint32, bool)")
         if value.ndim == 0:
             return ("scalar", d, 0)
+        if value.size > MAX_BUFFER_ELEMENTS:
+            # Generated kernels compute element offsets in 32-bit integers: a larger
+            # buffer would wrap around silently, so it is refused until 64-bit offsets
+            # are lowered.
+            raise LaunchError(f"argument {name!r} has {value.size} elements; metile kernels "
+                              f"index buffers of at most {MAX_BUFFER_ELEMENTS} elements (32-bit "
+                              f"offsets; 64-bit offsets are not implemented yet): split the "
+                              f"array, or launch on views of it")
         return ("buffer", d, value.ndim)
     if isinstance(value, bool):
         return ("scalar", dt.bool_, 0)
