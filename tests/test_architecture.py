@@ -154,6 +154,12 @@ def _scale(X, Y, n, BLOCK: metile.constexpr):
 def _steps(dispatch) -> list[str]:
     steps = json.loads(dispatch.explain())["passes"]
     assert steps == list(dispatch.execution_report.passes) == dispatch.variant.compiled.steps
+    # each step in explain()'s "steps", the main ones saying what they proved or produced
+    assert "steps" not in json.loads(dispatch.explain())  # the recorded report format
+    log = json.loads(dispatch.explain(steps=True))["steps"]
+    assert [e["step"] for e in log] == steps
+    detailed = {e["step"] for e in log if e.get("detail")}
+    assert {"frontend", "uniformity", "buffer_usage", "plan_schedule", steps[-1]} <= detailed
     return steps
 
 

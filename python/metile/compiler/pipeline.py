@@ -37,6 +37,11 @@ from ..settings import debug_flags
 from . import planning
 from .backend import Backend
 
+# How buffer_usage proved that a launch writes every element of an output (checked
+# against the grid at launch), as explain() words it.
+_COVERAGE = {"Coverage": "full coverage provable from the grid: 1-D block stores",
+             "TileCoverage": "full coverage provable from the grid: 2-D tile stores"}
+
 # What METILE_DEBUG prints after a step, and the older word for the same dump.
 DUMP_ALIASES = {"uniformity": "tile_ir", "lower_tiles": "thread_ir",
                 "lower_fragments": "thread_ir", "emit_msl": "msl", "emit_cuda": "cuda",
@@ -80,19 +85,21 @@ class Analysis:
     # A GEMM's fragment plan: the matrix unit by name (None: FFMA micro-tiles) and the
     # SIMD-group (or thread) grid, as planned; the lowering reads it.
     gemm: dict | None = None
+    details: dict = field(default_factory=dict)   # step -> what it proved or decided
 
     def to_json(self) -> dict:
         return {"outputs": self.outputs, "atomic_outputs": self.atomic_outputs,
                 "loaded_outputs": self.loaded_outputs,
                 "coverage": {k: c.to_json() for k, c in self.coverage.items()},
                 "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps,
-                "gemm": self.gemm}
+                "gemm": self.gemm, "details": self.details}
 
     @classmethod
     def from_json(cls, d: dict) -> "Analysis":
         return cls(d["outputs"], d["atomic_outputs"], d["loaded_outputs"],
                    {k: coverage_from_json(v) for k, v in d["coverage"].items()},
-                   SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"], d["gemm"])
+                   SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"], d["gemm"],
+                   d["details"])
 
     def gemm_plan(self, units) -> GemmPlan | None:
         if self.gemm is None:
@@ -117,6 +124,12 @@ class CompiledKernel:
     report: ExecutionReport
     language: str
     steps: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)   # step -> what it proved or produced
+
+    def step_log(self) -> list[dict]:
+        """The steps that ran, in order, each with what it proved or produced."""
+        return [{"step": s, **({"detail": self.details[s]} if s in self.details else {})}
+                for s in self.steps]
 
     @property
     def source(self) -> str:
@@ -126,13 +139,15 @@ class CompiledKernel:
         return {"name": self.name, "header": self.header, "body": self.body,
                 "inputs": self.inputs, "outputs": self.outputs, "input_roles": self.input_roles,
                 "tracked": self.tracked, "lowering": self.lowering, "passes": self.steps,
-                "report": self.report.to_dict(), "language": self.language}
+                "report": self.report.to_dict(), "language": self.language,
+                "details": self.details}
 
     @classmethod
     def from_json(cls, d: dict) -> "CompiledKernel":
         return cls(d["name"], d["header"], d["body"], d["inputs"], d["outputs"],
                    d["input_roles"], d["tracked"], d["lowering"],
-                   planning.report_from_dict(d["report"]), d["language"], d["passes"])
+                   planning.report_from_dict(d["report"]), d["language"], d["passes"],
+                   d["details"])
 
 
 # -- analyze --------------------------------------------------------------------------------
@@ -182,8 +197,20 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
     gemm_json = None if gemm is None else {
         "unit": gemm.unit.name if gemm.unit else None, "threads": gemm.threads,
         "grid": list(gemm.grid)}
+    ops = list(walk(fn.body))
+    once = sum(1 for op in ops if op.attrs.get("once_per_program"))
+    details = {
+        "frontend": f"{len(ops)} tile-form ops",
+        "uniformity": "no barrier or tile op under thread-dependent control"
+                      + (f"; {once} uniform scalar store(s) once per program" if once else ""),
+        "buffer_usage": "outputs " + ", ".join(
+            f"{n} ({_COVERAGE.get(type(cov[n]).__name__, 'coverage proof') if n in cov else 'no coverage proof: a written-mask keeps unwritten elements'})"
+            for n in outputs),
+        "plan_schedule": f"{plan.backend}, {threads} threads"
+                         + (f", {gemm.fragment} on a {gemm.grid[0]}x{gemm.grid[1]} grid" if gemm else ""),
+    }
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
-                    plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json)
+                    plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details)
 
 
 def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
@@ -225,12 +252,17 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
         print(f"// metile kernel {fn.name} ({name})\n{header}\n{body}", file=sys.stdout)
     steps = analysis.steps + lowered + ["verify", emit]
     report = planning.make_report(analysis.plan, thread_fn, steps, backend.target)
+    details = dict(analysis.details)
+    details[lowered[-1] if fn.meta.get("fragments") else "lower_tiles"] = (
+        f"{len(report.loops)} loop(s), {len(report.allocations)} threadgroup allocation(s), "
+        f"{analysis.threads} threads")
+    details[emit] = f"{len(header) + len(body)} characters of {backend.language.upper()}"
     if dumps("plan_schedule"):
         planning.dump(fn.name, analysis.plan, report)
     return CompiledKernel(
         name, header, body, inputs, outputs, roles, tracked,
         {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations") if k in thread_fn.meta},
-        report, backend.language, steps)
+        report, backend.language, steps, details)
 
 
 def _lowering_steps(thread_fn: Function) -> list[str]:

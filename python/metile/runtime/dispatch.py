@@ -5,6 +5,7 @@ enqueues the kernel again when called."""
 
 from __future__ import annotations
 
+import json
 import operator
 from typing import TYPE_CHECKING
 
@@ -348,6 +349,11 @@ class Dispatch:
         """What lowering materialized: plan, passes, loops, allocations, epilogues."""
         return self.variant.compiled.report
 
-    def explain(self) -> str:
-        """The execution report as formatted JSON."""
-        return self.execution_report.explain()
+    def explain(self, steps: bool = False) -> str:
+        """The execution report as formatted JSON (the recorded format; its `passes`
+        are the compile steps that ran).  `steps=True` adds "steps": each step with
+        what it proved or produced."""
+        report = self.execution_report.to_dict()
+        if steps:
+            report["steps"] = self.variant.compiled.step_log()
+        return json.dumps(report, indent=2)

@@ -211,11 +211,11 @@ class Kernel:
     def execution_report(self):
         return self._last().execution_report
 
-    def explain(self) -> str:
-        return self._last().explain()
+    def explain(self, steps: bool = False) -> str:
+        return self._last().explain(steps)
 
     # -- binding ---------------------------------------------------------------------------
-    def bind(self, args, kwargs) -> tuple[dict, dict, int | None, Schedule | None]:
+    def bind(self, args, kwargs) -> tuple[dict, dict, int | None, Schedule | None, object]:
         """(runtime arguments by name, constexpr values by name, threads requested, schedule,
         backend requested)."""
         kwargs = dict(kwargs)
