@@ -32,7 +32,7 @@ import math
 
 import mlx.core as mx
 
-from ..frontend import CompilationError
+from ..errors import CompilationError
 from ..ir.core import Function, walk
 from ..ir.types import elem_type
 from ..passes.buffer_usage import block_offsets, defining_op, strip_broadcasts

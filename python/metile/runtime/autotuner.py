@@ -21,7 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..frontend import CompilationError, LaunchError
+from ..errors import CompilationError, LaunchError
 from ..errors import ScheduleError
 from ..schedule import Config
 from . import cache, tuning
