@@ -21,8 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..errors import CompilationError, LaunchError
-from ..errors import ScheduleError
+from ..errors import CompilationError, LaunchError, ScheduleError
 from ..schedule import Config
 from . import cache, tuning
 from .dispatch import resolve_grid
