@@ -12,19 +12,28 @@ bias vector is an extra memory read, which GEMM epilogue fusion does not take
 (see the compiler's epilogue rules), so `linear` with a bias runs the GEMM
 without an epilogue and adds the bias and activation as MLX ops.
 
-`backend="auto"` runs metile's kernel on GPUs; on the CPU the kernel would run
-in the MSL CPU runtime, an emulator, so "auto" picks the MLX composite there.
-`backend="metile"` forces the kernel, `backend="mlx"` the composite.
-`explain_linear` / `explain_matmul` say which path a call takes and why, with
-the kernel's execution report when the kernel runs.
+Which path runs (`backend=`): "metile" forces the kernel, "mlx" MLX's own
+composite, and "auto" (the default) routes by measurement (runtime/routing.py):
+each call signature (dtype, rows rounded up to a power of two, exact N and K,
+layout, epilogue, device) runs the metile kernel only if a recorded measurement
+on this machine found it faster than MLX's composite.  Without a recorded
+decision the cost model picks MLX's composite: on the CPU the kernel would run
+in the MSL CPU runtime (an emulator); on a GPU nothing says the kernel is
+faster.  Measuring is explicit (`tune_matmul`/`tune_linear`, `with tuning():`
+or METILE_OPS_TUNE=1).  `explain_linear` / `explain_matmul` say which path a
+call takes, why, and the measured times behind the decision.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from dataclasses import dataclass
 
 import mlx.core as mx
+
+from .runtime import routing
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
                "leaky_relu": "affine_leaky"}
@@ -100,23 +109,12 @@ def _check(a, b, activation, slope=LEAKY_SLOPE):
         raise ValueError(f"[metile.ops] inner dimensions differ: {a.shape} @ {b.shape}")
 
 
-def _resolve(backend: str) -> tuple[str, str]:
-    if backend not in ("auto", "metile", "mlx"):
-        raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
-    if backend != "auto":
-        return backend, f"backend={backend!r} requested"
-    if mx.default_device().type == mx.cpu:
-        return "mlx", ("the default device is the CPU, where metile kernels run in the MSL CPU "
-                       "runtime (an emulator); MLX's native CPU matmul is faster")
-    return "metile", "GPU default device: metile's GEMM kernel with a fused epilogue"
-
-
-def _launch(a2, b, activation, slope, dispatch_only=False):
+def _launch(a2, b, activation, slope, block=None, dispatch_only=False):
     from metile_kernels.gemm import grid, matmul_epilogue
 
     m, k = a2.shape
     n = b.shape[1]
-    block = _block(m, n, a2.dtype)
+    block = _block(m, n, a2.dtype) if block is None else block
     launcher = matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
     args = (a2, b, mx.zeros((m, n), a2.dtype), m, n, k, 1.0, 0.0)
     kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
@@ -126,19 +124,23 @@ def _launch(a2, b, activation, slope, dispatch_only=False):
 def _block(m: int, n: int, dtype) -> dict:
     """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
     backend for 16-bit operands, else the portable 64x64x16."""
-    if dtype == mx.float32 or mx.default_device().type != mx.gpu or not mx.cuda.is_available():
+    if dtype == mx.float32 or not _on_cuda():
         return BLOCK
     if math.ceil(m / 128) * math.ceil(n / 128) < CUDA_SMS:
         return CUDA_SMALL_BLOCK
     return CUDA_BLOCK
 
 
-def _fused_matmul(activation, slope):
+def _on_cuda() -> bool:
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+def _fused_matmul(activation, slope, block=None):
     """A differentiable act(a @ b) whose forward is one metile kernel."""
 
     @mx.custom_function
     def f(a2, b):
-        return _launch(a2, b, activation, slope)
+        return _launch(a2, b, activation, slope, block)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -150,60 +152,311 @@ def _fused_matmul(activation, slope):
     return f
 
 
+# -- the two implementations of each op ---------------------------------------------------------
+
+def _matmul_mlx(a2, b, epilogue, slope):
+    z = a2 @ b
+    if epilogue is None:
+        return z
+    return activate(z.astype(mx.float32), epilogue, slope).astype(a2.dtype)
+
+
+def _linear_mlx(x2, weight, bias, activation, slope):
+    # mx.addmm as mlx.nn.Linear computes it, so a converted layer routed to MLX gives
+    # the unconverted layer's numbers.
+    z = x2 @ weight.T if bias is None else mx.addmm(bias, x2, weight.T)
+    if activation is None:
+        return z
+    return activate(z.astype(mx.float32), activation, slope).astype(x2.dtype)
+
+
+def _linear_metile(x2, weight, bias, activation, slope, block=None):
+    if bias is None:
+        return _fused_matmul(activation, slope, block)(x2, weight.T)
+    # The bias is an extra memory read: not part of the fused epilogue.
+    y = _fused_matmul(None, slope, block)(x2, weight.T)
+    return activate((y + bias).astype(mx.float32), activation, slope).astype(x2.dtype)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+@dataclass
+class _Route:
+    path: str                    # "metile" or "mlx"
+    block: dict | None           # the metile kernel's tile when path == "metile"
+    decision: routing.Decision
+
+
+def _config_name(block: dict) -> str:
+    return "metile:" + ",".join(f"{k}={v}" for k, v in block.items())
+
+
+def metile_configs(dtype) -> list[dict]:
+    """The metile kernel configurations `auto` measures against MLX for a dtype on
+    the default device: both measured CUDA tiles for 16-bit operands on NVIDIA,
+    else the portable tile."""
+    if dtype != mx.float32 and _on_cuda():
+        return [CUDA_BLOCK, CUDA_SMALL_BLOCK]
+    return [BLOCK]
+
+
+@functools.lru_cache(maxsize=None)
+def _device_description(device_type: str) -> dict:
+    if device_type == "gpu":
+        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
+    else:
+        backend = "cpu"
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001  (the name only narrows the key)
+        name = ""
+    return {"type": device_type, "backend": backend, "name": str(name)}
+
+
+@functools.lru_cache(maxsize=1)
+def _fingerprints() -> dict:
+    from metile_kernels.gemm import matmul_epilogue
+
+    from .runtime import cache
+    return {"compiler": cache.compiler_fingerprint(),
+            "kernel": cache.source_fingerprint(matmul_epilogue.fn)}
+
+
+def m_bucket(m: int) -> int:
+    """Rows rounded up to a power of two: calls whose row counts share a bucket share
+    a routing decision (decoding steps and prefill lengths vary; N and K do not)."""
+    return 1 if m <= 1 else 1 << (m - 1).bit_length()
+
+
+_keys: dict[tuple, tuple[str, dict]] = {}
+
+
+def _signature(op, dtype, m, n, k, layout, epilogue, has_bias) -> tuple[str, dict]:
+    """(decision key, key parts) of a call; memoised, since every auto call needs it."""
+    device = mx.default_device().type
+    device_type = "gpu" if device == mx.gpu else "cpu"
+    env = tuple(routing.tuning.relevant_environment().items())
+    memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, device_type, env)
+    hit = _keys.get(memo)
+    if hit is not None:
+        return hit
+    cfgs = metile_configs(dtype)
+    parts = {"op": op, "dtype": str(dtype).removeprefix("mlx.core."), "m_bucket": m_bucket(m),
+             "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
+             "device": _device_description(device_type),
+             "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
+             "environment": dict(env), "toolchain": routing.tuning.toolchain(), **_fingerprints()}
+    hit = _keys[memo] = (routing.decision_key(parts), parts)
+    return hit
+
+
+def _cost_model() -> routing.Decision:
+    if mx.default_device().type == mx.cpu:
+        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
+                  "metile kernels run in the MSL CPU runtime (an emulator); MLX's native CPU "
+                  "matmul is faster")
+    else:
+        reason = ("cost model (no measurement recorded): MLX's composite until a measurement on "
+                  "this machine finds a metile kernel faster (metile.ops.tune_linear / "
+                  "tune_matmul, `with metile.ops.tuning():` or METILE_OPS_TUNE=1)")
+    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+
+
+def _validate(out, reference):
+    """None if `out` agrees with MLX's result to the dtype's accumulation-order rounding."""
+    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
+    if out.shape != reference.shape or out.dtype != reference.dtype:
+        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
+    o, r = out.astype(mx.float32), reference.astype(mx.float32)
+    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
+        return "non-finite values where MLX has finite ones (or the reverse)"
+    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
+    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
+    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
+
+
+def _operands(shapes, dtype):
+    """Fresh operands for a measurement, from a fixed key: the caller's arrays may be
+    traced, and the global random state must not move."""
+    keys = mx.random.split(mx.random.key(0), len(shapes))
+    return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
+            for i, s in enumerate(shapes)]
+
+
+def _candidates(op, activation, slope, dtype, has_bias):
+    if op == "matmul":
+        ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
+        return [ref] + [routing.Candidate(_config_name(c),
+                                          lambda a, b, c=c: _fused_matmul(activation, slope, c)(a, b))
+                        for c in metile_configs(dtype)]
+
+    def ref_run(x, w, *bias):
+        return _linear_mlx(x, w, bias[0] if bias else None, activation, slope)
+
+    def kernel_run(c):
+        return lambda x, w, *bias: _linear_metile(x, w, bias[0] if bias else None, activation,
+                                                  slope, c)
+
+    return ([routing.Candidate(routing.REFERENCE, ref_run)]
+            + [routing.Candidate(_config_name(c), kernel_run(c)) for c in metile_configs(dtype)])
+
+
+def _route(op, arrays, activation, slope, backend, *, measure=None, force=False) -> _Route:
+    """Which implementation runs.  `arrays`: (a2, b) for matmul, (x2, weight[, bias])
+    for linear.  measure: None = when a tuning scope or METILE_OPS_TUNE asks."""
+    if backend not in ("auto", "metile", "mlx"):
+        raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+    a2, b = arrays[0], arrays[1]
+    m, k = a2.shape
+    n = b.shape[1] if op == "matmul" else b.shape[0]
+    if backend == "mlx":
+        return _Route("mlx", None, routing.Decision("mlx", "requested", "backend='mlx' requested"))
+    if backend == "metile":
+        block = _block(m, n, a2.dtype)
+        return _Route("metile", block, routing.Decision(_config_name(block), "requested",
+                                                        "backend='metile' requested"))
+    layout = "a@b" if op == "matmul" else "x@w.T"
+    has_bias = len(arrays) > 2
+    key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias)
+    entry, path = (None, None) if force else routing.lookup(key)
+    if entry is not None:
+        decision = routing.from_entry(entry, path)
+    else:
+        measure = routing.measuring_requested() if measure is None else measure
+        if measure and routing.can_evaluate(*arrays):
+            shapes = [(m, k), tuple(b.shape)] + ([tuple(arrays[2].shape)] if has_bias else [])
+            decision = routing.measure(
+                key, parts, _candidates(op, activation, slope, a2.dtype, has_bias),
+                _operands(shapes, a2.dtype), _validate, budget_s=routing.budget(),
+                clock=routing.scope_clock())
+        else:
+            decision = _cost_model()
+    if decision.winner == routing.REFERENCE:
+        return _Route("mlx", None, decision)
+    by_name = {_config_name(c): c for c in metile_configs(a2.dtype)}
+    if decision.winner not in by_name:   # a decision naming a tile this version lacks
+        return _Route("mlx", None, _cost_model())
+    return _Route("metile", by_name[decision.winner], decision)
+
+
+# -- public ops ---------------------------------------------------------------------------------
+
+def _rows(a):
+    # an explicit row count: reshape(-1, 0) cannot infer it when K is 0
+    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+
+
 def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu"; `a` may have leading batch dimensions."""
     _check(a, b, epilogue, negative_slope)
-    path, _ = _resolve(backend)
-    lead = a.shape[:-1]
-    # an explicit row count: reshape(-1, 0) cannot infer it when K is 0
-    a2 = a.reshape(math.prod(lead), a.shape[-1])
-    if path == "mlx":
-        out = activate((a2 @ b).astype(mx.float32), epilogue, negative_slope).astype(a.dtype)
+    a2 = _rows(a)
+    route = _route("matmul", (a2, b), epilogue, negative_slope, backend)
+    if route.path == "mlx":
+        out = _matmul_mlx(a2, b, epilogue, negative_slope)
     else:
-        out = _fused_matmul(epilogue, negative_slope)(a2, b)
-    return out.reshape(*lead, b.shape[1])
+        out = _fused_matmul(epilogue, negative_slope, route.block)(a2, b)
+    return out.reshape(*a.shape[:-1], b.shape[1])
 
 
-def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
-           negative_slope: float = LEAKY_SLOPE):
-    """activation(x @ weight.T + bias), weight stored (out_features, in_features) as in MLX."""
+def _check_linear(x, weight, bias, activation, slope):
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
-    _check_activation(activation, negative_slope)
+    _check(x, weight.T, activation, slope)
     if bias is None:
-        return matmul(x, weight.T, epilogue=activation, backend=backend,
-                      negative_slope=negative_slope)
+        return
     if not isinstance(bias, mx.array):
         raise TypeError(f"[metile.ops] bias must be an mx.array or None, got {type(bias).__name__}")
     if bias.shape != (weight.shape[0],):
         raise ValueError(f"[metile.ops] bias shape {bias.shape} does not match {weight.shape[0]} "
                          "output features")
-    # The bias is an extra memory read: not part of the fused epilogue.
-    y = matmul(x, weight.T, backend=backend)
-    return activate((y + bias).astype(mx.float32), activation, negative_slope).astype(x.dtype)
+
+
+def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
+           negative_slope: float = LEAKY_SLOPE):
+    """activation(x @ weight.T + bias), weight stored (out_features, in_features) as in MLX."""
+    _check_activation(activation, negative_slope)
+    _check_linear(x, weight, bias, activation, negative_slope)
+    x2 = _rows(x)
+    arrays = (x2, weight) if bias is None else (x2, weight, bias)
+    route = _route("linear", arrays, activation, negative_slope, backend)
+    if route.path == "mlx":
+        out = _linear_mlx(x2, weight, bias, activation, negative_slope)
+    else:
+        out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# -- measuring on request -----------------------------------------------------------------------
+
+def tuning(budget_s: float | None = None, clock=None):
+    """`with metile.ops.tuning(): model(x)`: every eager `auto` call inside whose
+    signature has no recorded decision measures it (about `budget_s` seconds of timing,
+    default METILE_OPS_TUNE_BUDGET_S or 0.25, plus compiling kernels not yet cached)
+    and records the winner for every later process on this machine.  Calls traced
+    by mx.compile/mx.vmap inside the block are not measured.  `clock` replaces
+    time.perf_counter (tests)."""
+    return routing.tuning_scope(budget_s, clock)
+
+
+def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
+                budget_s: float | None = None, force: bool = False, clock=None) -> dict:
+    """Measure (or, unless `force`, read the recorded) routing decision for this call
+    signature now; returns it as explain_matmul's "route" dict."""
+    _check(a, b, epilogue, negative_slope)
+    with routing.tuning_scope(budget_s, clock):
+        route = _route("matmul", (_rows(a), b), epilogue, negative_slope, "auto", measure=True,
+                       force=force)
+    return route.decision.to_dict()
+
+
+def tune_linear(x, weight, bias=None, activation=None, *, negative_slope: float = LEAKY_SLOPE,
+                budget_s: float | None = None, force: bool = False, clock=None) -> dict:
+    """tune_matmul for `linear`'s signature."""
+    _check_activation(activation, negative_slope)
+    _check_linear(x, weight, bias, activation, negative_slope)
+    arrays = (_rows(x), weight) if bias is None else (_rows(x), weight, bias)
+    with routing.tuning_scope(budget_s, clock):
+        route = _route("linear", arrays, activation, negative_slope, "auto", measure=True,
+                       force=force)
+    return route.decision.to_dict()
+
+
+# -- explaining ---------------------------------------------------------------------------------
+
+def _explain(op, arrays, activation, slope, backend, epilogue_in_kernel) -> dict:
+    route = _route(op, arrays, activation, slope, backend, measure=False)
+    d = route.decision
+    info = {"op": op, "path": "metile_kernel" if route.path == "metile" else "mlx_composite",
+            "reason": d.reason, "epilogue": activation, "route": d.to_dict()}
+    if route.path == "metile":
+        a2, b = arrays[0], arrays[1]
+        rhs = b if op == "matmul" else b.T
+        dispatch = _launch(a2, rhs, epilogue_in_kernel, slope, route.block, dispatch_only=True)
+        info["config"] = dict(route.block)
+        info["execution_report"] = dispatch.execution_report.to_dict()
+    return info
 
 
 def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
                    backend: str = "auto") -> str:
-    """Which path `matmul` takes for these arguments, why, and the kernel's report."""
+    """Which path `matmul` takes for these arguments, why (the routing decision with
+    its measured times per candidate, in microseconds), and the kernel's report.
+    Never measures: a call with no recorded decision reports the cost model."""
     _check(a, b, epilogue, negative_slope)
-    path, reason = _resolve(backend)
-    info = {"op": "matmul", "path": "metile_kernel" if path == "metile" else "mlx_composite",
-            "reason": reason, "epilogue": epilogue}
-    if path == "metile":
-        a2 = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
-        d = _launch(a2, b, epilogue, negative_slope, dispatch_only=True)
-        info["execution_report"] = d.execution_report.to_dict()
-    return json.dumps(info, indent=2)
+    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend,
+                               epilogue), indent=2)
 
 
 def explain_linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
                    negative_slope: float = LEAKY_SLOPE) -> str:
-    info = json.loads(explain_matmul(x, weight.T, epilogue=None if bias is not None else activation,
-                                     backend=backend, negative_slope=negative_slope))
-    info["op"] = "linear"
-    if bias is not None:
+    _check_activation(activation, negative_slope)
+    _check_linear(x, weight, bias, activation, negative_slope)
+    arrays = (_rows(x), weight) if bias is None else (_rows(x), weight, bias)
+    info = _explain("linear", arrays, activation, negative_slope, backend,
+                    None if bias is not None else activation)
+    if bias is not None and info["path"] == "metile_kernel":
         info["unfused"] = (f"bias add{' and ' + activation if activation else ''} run as MLX ops: "
-                           "a bias vector is an extra memory read, which the GEMM epilogue does not fuse")
+                           "a bias vector is an extra memory read, which the GEMM epilogue does "
+                           "not fuse")
     return json.dumps(info, indent=2)

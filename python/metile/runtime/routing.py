@@ -1,0 +1,248 @@
+"""Measured routing: run an op as a metile kernel only where it was measured faster
+than MLX's own composite on this machine.
+
+An op (metile.ops.matmul, linear, ...) describes each call by a signature: what
+can change which implementation is fastest (dtype, shape bucket, layout,
+epilogue, device).  The signature, plus the candidate names, the device, the
+toolchain, the numerics-relevant environment and the compiler and kernel
+fingerprints, hashes to a key.  A decision per key lives in
+`settings.cache_root()/routing/<key>.json` (the tuning cache's format and
+locking, its own folder), so a machine measures a signature once and every
+later process reuses it.
+
+Where no decision is recorded the op's cost model decides (the ops choose MLX:
+see ops.py), never a kernel nobody has timed.  Measuring happens only when asked
+for: `metile.ops.tune_*`, inside `with metile.ops.tuning():`, or with
+METILE_OPS_TUNE=1; and only where it can run (not while mx.compile or mx.vmap
+traces: `can_evaluate`).  A measurement runs every candidate once on fresh
+random operands of the call's shapes, rejects any whose result differs from the
+reference candidate (MLX's composite, always first), then times the rest in
+alternating order for about `budget_s` seconds in total.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import mlx.core as mx
+
+from .. import settings
+from . import tuning
+
+FORMAT = 1
+REFERENCE = "mlx"
+# A kernel must beat the reference by this fraction to be chosen: timing noise of a
+# few percent must not flip a layer onto a kernel that is not really faster.
+MARGIN = 0.03
+# Seconds of timing per measured signature (compiling candidates that are not yet
+# in the kernel cache comes on top).
+DEFAULT_BUDGET_S = 0.25
+SAMPLES = 5
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to compute the op: `run(*operands)` returns its mx.array result."""
+    name: str
+    run: Callable[..., mx.array]
+
+
+@dataclass
+class Decision:
+    winner: str
+    source: str             # "measured", "cache", "cost_model" or "requested"
+    reason: str
+    key: str | None = None
+    timings: dict = field(default_factory=dict)     # candidate -> seconds per call
+    unusable: dict = field(default_factory=dict)    # candidate -> why it cannot be chosen
+    cache_file: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"winner": self.winner, "source": self.source, "reason": self.reason,
+                "timings_us": {k: round(v * 1e6, 3) for k, v in self.timings.items()},
+                "unusable": dict(self.unusable), "key": self.key, "cache_file": self.cache_file}
+
+
+def routing_dir() -> Path:
+    return settings.cache_root() / "routing"
+
+
+# -- decisions on disk, remembered per process ------------------------------------------------
+
+_lock = threading.Lock()
+_memory: dict[tuple[str, str], dict | None] = {}
+
+
+def clear_memory() -> None:
+    """Forget what this process read from the decision cache (tests edit the files)."""
+    with _lock:
+        _memory.clear()
+
+
+def _cache() -> tuning.TuningCache:
+    return tuning.TuningCache(routing_dir())
+
+
+def lookup(key: str) -> tuple[dict | None, Path]:
+    """The recorded decision for `key` (None if none or unreadable) and its file.
+    A corrupt file is ignored with a warning naming it (TuningCache.load)."""
+    cache = _cache()
+    slot = (str(cache.directory), key)
+    with _lock:
+        if slot in _memory:
+            return _memory[slot], cache.path(key)
+    entry = cache.load(key)
+    if entry is not None and not isinstance(entry.get("timings"), dict):
+        entry = None
+    with _lock:
+        _memory[slot] = entry
+    return entry, cache.path(key)
+
+
+def record(key: str, entry: dict) -> Path:
+    cache = _cache()
+    cache.store(key, entry)
+    with _lock:
+        _memory[(str(cache.directory), key)] = entry
+    return cache.path(key)
+
+
+def decision_key(parts: dict) -> str:
+    return tuning.tuning_key({**parts, "format": FORMAT, "kind": "routing"})
+
+
+def from_entry(entry: dict, path: Path) -> Decision:
+    return Decision(entry["winner"], "cache", entry.get("reason", "recorded measurement"),
+                    entry["key"], dict(entry["timings"]), dict(entry.get("unusable", {})),
+                    str(path))
+
+
+# -- when measuring may run --------------------------------------------------------------------
+
+_tuning = threading.local()
+
+
+@contextmanager
+def tuning_scope(budget_s: float | None = None, clock: Callable[[], float] | None = None):
+    """Inside: an op call whose signature has no recorded decision measures it."""
+    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
+                                 or not budget_s > 0):
+        raise ValueError(f"[metile.ops.tuning] budget_s must be a positive number of seconds, "
+                         f"got {budget_s!r}")
+    previous = getattr(_tuning, "scope", None)
+    _tuning.scope = (budget_s, clock)
+    try:
+        yield
+    finally:
+        _tuning.scope = previous
+
+
+def measuring_requested() -> bool:
+    return getattr(_tuning, "scope", None) is not None or settings.flag("METILE_OPS_TUNE")
+
+
+def budget() -> float:
+    scope = getattr(_tuning, "scope", None)
+    if scope is not None and scope[0] is not None:
+        return float(scope[0])
+    raw = os.environ.get("METILE_OPS_TUNE_BUDGET_S")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise settings.SettingError(f"METILE_OPS_TUNE_BUDGET_S={raw!r} is not a positive number "
+                                    f"of seconds")
+    return value
+
+
+def scope_clock() -> Callable[[], float]:
+    scope = getattr(_tuning, "scope", None)
+    return scope[1] if scope is not None and scope[1] is not None else time.perf_counter
+
+
+def can_evaluate(*arrays: mx.array) -> bool:
+    """False while mx.compile or mx.vmap traces these arrays (they have no data).
+    MLX exposes no tracing flag to Python; evaluating is the observable test, and an
+    eager call being measured is about to synchronize anyway."""
+    try:
+        mx.eval(*arrays)
+    except ValueError as e:
+        if "function transformations" in str(e):
+            return False
+        raise
+    return True
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+def _time(candidate: Candidate, operands, launches: int, clock) -> float:
+    start = clock()
+    outs = [candidate.run(*operands) for _ in range(launches)]
+    mx.eval(*outs)
+    mx.synchronize()
+    return (clock() - start) / launches
+
+
+def measure(key: str, parts: dict, candidates: Sequence[Candidate], operands: Sequence[mx.array],
+            validate: Callable[[mx.array, mx.array], str | None], *, budget_s: float,
+            clock: Callable[[], float] = time.perf_counter) -> Decision:
+    """Validate, time and record.  candidates[0] is the reference (MLX's composite);
+    `validate(out, reference_out)` returns None or what is wrong.  The winner is the
+    fastest validated candidate if it beats the reference by MARGIN, else the reference."""
+    if not candidates or candidates[0].name != REFERENCE:
+        raise ValueError(f"routing candidates must start with the reference {REFERENCE!r}")
+    mx.eval(*operands)
+    reference = candidates[0].run(*operands)
+    mx.eval(reference)
+    usable, unusable = [candidates[0]], {}
+    for c in candidates[1:]:
+        try:
+            out = c.run(*operands)          # also the warm-up: compiles the kernel
+            mx.eval(out)
+            problem = validate(out, reference)
+        except Exception as e:  # noqa: BLE001  (any failure makes the candidate unusable, by name)
+            unusable[c.name] = f"{type(e).__name__}: {e}"
+            continue
+        if problem:
+            unusable[c.name] = f"validation against {REFERENCE} failed: {problem}"
+        else:
+            usable.append(c)
+
+    single = {c.name: max(_time(c, operands, 1, clock), 1e-9) for c in usable}
+    per_sample = budget_s / (len(usable) * SAMPLES)
+    launches = {n: max(1, min(1000, int(per_sample / t))) for n, t in single.items()}
+    samples = SAMPLES if all(t <= per_sample for t in single.values()) else MIN_SAMPLES
+    times: dict[str, list[float]] = {c.name: [] for c in usable}
+    for i in range(samples):
+        for c in (usable if i % 2 == 0 else usable[::-1]):   # alternate: drift hits all alike
+            times[c.name].append(_time(c, operands, launches[c.name], clock))
+    timings = {n: statistics.median(v) for n, v in times.items()}
+
+    ref_time = timings[REFERENCE]
+    contenders = {n: t for n, t in timings.items() if n != REFERENCE}
+    best = min(contenders, key=contenders.get) if contenders else None
+    if best is not None and contenders[best] < ref_time * (1 - MARGIN):
+        winner = best
+        reason = (f"measured: {best} {contenders[best] * 1e6:.1f} us vs {REFERENCE} "
+                  f"{ref_time * 1e6:.1f} us per call")
+    else:
+        winner = REFERENCE
+        reason = (f"measured: no metile candidate beat {REFERENCE} ({ref_time * 1e6:.1f} us per "
+                  f"call) by {MARGIN:.0%}" if best is not None else
+                  "measured: no metile candidate passed validation")
+    entry = {"format": tuning.FORMAT, "key": key, "winner": winner, "reason": reason,
+             "timings": timings, "unusable": unusable, "parts": parts,
+             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = record(key, entry)
+    return Decision(winner, "measured", reason, key, timings, unusable, str(path))
