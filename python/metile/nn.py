@@ -1,7 +1,11 @@
 """`metile.nn.Linear`: a drop-in for `mlx.nn.Linear` whose matmul (and
-activation, when fused) runs as a metile kernel; see `metile.ops.linear`."""
+activation, when fused) runs as a metile kernel; see `metile.ops.linear`.
+`metile.nn.convert(model)` puts it into an existing MLX model in place."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as mlx_nn
@@ -36,6 +40,23 @@ class Linear(mlx_nn.Linear):
         self.activation = activation
         self.negative_slope = float(negative_slope)
         self.backend = backend
+
+    @classmethod
+    def from_linear(cls, layer: mlx_nn.Linear, activation=None, backend: str = "auto",
+                    negative_slope: float = ops.LEAKY_SLOPE) -> "Linear":
+        """A metile.nn.Linear holding `layer`'s own weight and bias arrays (no copy),
+        its frozen parameters and its training mode."""
+        out_dims, in_dims = layer.weight.shape
+        new = cls(in_dims, out_dims, bias="bias" in layer, activation=activation,
+                  backend=backend, negative_slope=negative_slope)
+        # The fresh layer's random initialisation is lazy and replaced here, so it is
+        # never computed.
+        new.weight = layer.weight
+        if "bias" in layer:
+            new.bias = layer.bias
+        new._no_grad = set(layer._no_grad)
+        new._training = layer._training
+        return new
 
     def __call__(self, x: mx.array) -> mx.array:
         return ops.linear(x, self.weight, self.get("bias"), self.activation, backend=self.backend,
@@ -86,3 +107,153 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
 
     def _extra_repr(self) -> str:
         return f"{super()._extra_repr()}, activation={self.activation}"
+
+
+# -- converting an existing model -----------------------------------------------------------------
+
+@dataclass
+class ConversionReport:
+    """What `convert` did, by module path ("layers.0", "mlp.fc1", ...)."""
+    converted: dict = field(default_factory=dict)   # path -> the metile layer it became
+    fused: dict = field(default_factory=dict)       # activation's path -> the Linear it joined
+    skipped: dict = field(default_factory=dict)     # path -> why it was left alone
+
+    def __str__(self) -> str:
+        lines = [f"converted {len(self.converted)}, fused {len(self.fused)}, "
+                 f"skipped {len(self.skipped)}"]
+        lines += [f"  converted {p}: {what}" for p, what in self.converted.items()]
+        lines += [f"  fused {p} into {into}" for p, into in self.fused.items()]
+        lines += [f"  skipped {p}: {why}" for p, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+_ACTIVATION_FUNCTIONS = {mlx_nn.relu: "relu", mlx_nn.silu: "silu", mlx_nn.gelu_approx: "gelu_tanh"}
+
+
+def _activation_of(item):
+    """(activation, slope, None) when `item` (a Sequential entry) is an activation the
+    GEMM epilogue computes exactly, (None, None, why) for one it cannot, else None."""
+    slope = ops.LEAKY_SLOPE
+    if isinstance(item, mlx_nn.ReLU):
+        return "relu", slope, None
+    if isinstance(item, mlx_nn.SiLU):
+        return "silu", slope, None
+    if isinstance(item, mlx_nn.GELU):
+        approx = getattr(item, "_approx", "none")
+        if approx in ("precise", "tanh"):
+            return "gelu_tanh", slope, None
+        return None, None, (f"GELU(approx={approx!r}) is not the tanh approximation the GEMM "
+                            f"epilogue computes; it runs as its own module")
+    if isinstance(item, mlx_nn.LeakyReLU):
+        slope = getattr(item, "_negative_slope", ops.LEAKY_SLOPE)
+        # MLX computes max(slope * x, x), which equals the epilogue's
+        # where(x > 0, x, slope * x) only for slopes in [0, 1].
+        if isinstance(slope, (int, float)) and not isinstance(slope, bool) and 0 <= slope <= 1:
+            return "leaky_relu", float(slope), None
+        return None, None, (f"LeakyReLU(negative_slope={slope!r}) is fused only for slopes in "
+                            f"[0, 1]; it runs as its own module")
+    if not isinstance(item, mlx_nn.Module) and callable(item):
+        for fn, name in _ACTIVATION_FUNCTIONS.items():
+            if item is fn:
+                return name, slope, None
+    return None
+
+
+def _why_not(path: str, module, predicate) -> str | None:
+    """None if `module` (an mlx.nn.Module) should become a metile.nn.Linear."""
+    if isinstance(module, Linear):
+        return "already a metile.nn.Linear"
+    if isinstance(module, mlx_nn.QuantizedLinear):
+        return ("quantized (mlx.nn.QuantizedLinear): its weight is packed integers, and metile's "
+                "GEMM takes float weights")
+    if not isinstance(module, mlx_nn.Linear):
+        return f"not an mlx.nn.Linear ({type(module).__name__})"
+    if type(module) is not mlx_nn.Linear:
+        return (f"{type(module).__name__} subclasses mlx.nn.Linear; its own __call__ may "
+                f"compute something else")
+    if module.weight.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        return f"weight dtype {module.weight.dtype} (metile's GEMM takes float32/float16/bfloat16)"
+    if "bias" in module and module.bias.dtype != module.weight.dtype:
+        return f"bias dtype {module.bias.dtype} differs from the weight's {module.weight.dtype}"
+    if predicate is not None and not predicate(path, module):
+        return "class_predicate returned False"
+    return None
+
+
+def _has_modules(module) -> bool:
+    return any(True for _ in _slots(module, ""))
+
+
+def _slots(container, prefix):
+    """(path, parent, key, value) for each module directly inside `container`
+    (through nested lists and dicts, as mlx.nn.Module.children() sees them)."""
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    for key, value in list(items):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, mlx_nn.Module):
+            yield path, container, key, value
+        elif isinstance(value, (list, dict)):
+            yield from _slots(value, path)
+
+
+def _convert(container, prefix, backend, predicate, report):
+    fusions = {}
+    if isinstance(container, mlx_nn.Sequential):
+        layers = container.layers
+        for i in range(len(layers) - 1):
+            path = f"{prefix}.layers.{i}" if prefix else f"layers.{i}"
+            nxt = f"{prefix}.layers.{i + 1}" if prefix else f"layers.{i + 1}"
+            if not isinstance(layers[i], mlx_nn.Module) or _why_not(path, layers[i], predicate):
+                continue
+            found = _activation_of(layers[i + 1])
+            if found is None:
+                continue
+            activation, slope, why = found
+            if why is not None:
+                report.skipped[nxt] = why
+            else:
+                fusions[i] = (activation, slope, nxt)
+    for path, parent, key, child in list(_slots(container, prefix)):
+        why = _why_not(path, child, predicate)
+        if why is None:
+            activation, slope, act_path = None, ops.LEAKY_SLOPE, None
+            if parent is getattr(container, "layers", None) and key in fusions:
+                activation, slope, act_path = fusions[key]
+            parent[key] = Linear.from_linear(child, activation, backend, slope)
+            if act_path is not None:
+                parent[key + 1] = mlx_nn.Identity()
+                report.fused[act_path] = path
+            report.converted[path] = repr(parent[key])
+        elif isinstance(child, (mlx_nn.Linear, mlx_nn.QuantizedLinear)) or not _has_modules(child):
+            if path not in report.fused and path not in report.skipped:
+                report.skipped[path] = why
+        else:
+            _convert(child, path, backend, predicate, report)
+
+
+def convert(model: mlx_nn.Module, *, backend: str = "auto",
+            class_predicate: Callable[[str, mlx_nn.Module], bool] | None = None) -> ConversionReport:
+    """Swap, in place, each `mlx.nn.Linear` of `model` for a `metile.nn.Linear` holding
+    the same weight and bias arrays (as `mlx.nn.quantize` swaps layers).  In an
+    `nn.Sequential`, a Linear followed by ReLU, SiLU, GELU(approx="precise"/"tanh"),
+    LeakyReLU (slope in [0, 1]) or the functions nn.relu/nn.silu/nn.gelu_approx takes
+    that activation into its epilogue and the activation's slot becomes nn.Identity
+    (it has no parameters, so parameters(), save_weights and load_weights keep their
+    keys).  `class_predicate(path, module)` returning False keeps a Linear as it is.
+    Returns a ConversionReport: what was converted or fused, and why every other
+    leaf module was skipped."""
+    if not isinstance(model, mlx_nn.Module):
+        raise TypeError(f"[metile.nn.convert] model must be an mlx.nn.Module, got "
+                        f"{type(model).__name__}")
+    if backend not in ("auto", "metile", "mlx"):
+        raise ValueError(f"[metile.nn.convert] backend must be 'auto', 'metile' or 'mlx', "
+                         f"got {backend!r}")
+    if class_predicate is not None and not callable(class_predicate):
+        raise TypeError("[metile.nn.convert] class_predicate must be callable (path, module) -> "
+                        "bool")
+    if isinstance(model, mlx_nn.Linear):
+        raise ValueError("[metile.nn.convert] the model is itself a Linear and cannot be replaced "
+                         "in place; use metile.nn.Linear.from_linear(layer)")
+    report = ConversionReport()
+    _convert(model, "", backend, class_predicate, report)
+    return report

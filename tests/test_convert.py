@@ -1,0 +1,163 @@
+"""metile.nn.convert: swapping mlx.nn.Linear layers of an existing model in place."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import metile
+import metile.nn as mnn
+
+
+class Block(nn.Module):
+    """A transformer-like block: attention projections without bias, a LayerNorm, an
+    MLP as nn.Sequential(Linear, GELU(tanh), Linear), an Embedding and a quantized head."""
+
+    def __init__(self, vocab=11, dims=32, hidden=48):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dims)
+        self.norm = nn.LayerNorm(dims)
+        self.q = nn.Linear(dims, dims, bias=False)
+        self.k = nn.Linear(dims, dims, bias=False)
+        self.v = nn.Linear(dims, dims, bias=False)
+        self.o = nn.Linear(dims, dims, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(dims, hidden), nn.GELU(approx="precise"),
+                                 nn.Linear(hidden, dims))
+        self.gate = nn.Sequential(nn.Linear(dims, dims), nn.LeakyReLU(0.2), nn.Linear(dims, dims),
+                                  nn.LeakyReLU(3.0))
+        self.head = nn.QuantizedLinear(dims, 32, group_size=32, bits=8)
+        self.out = nn.Linear(32, vocab)
+
+    def __call__(self, tokens):
+        h = self.norm(self.embed(tokens))
+        q, k, v = self.q(h), self.k(h), self.v(h)
+        scores = (q @ k.swapaxes(-1, -2)) / q.shape[-1] ** 0.5
+        h = h + self.o(mx.softmax(scores, axis=-1) @ v)
+        h = h + self.mlp(h) + self.gate(h)
+        return self.out(nn.silu(self.head(h)))
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.SiLU(),
+                         nn.Linear(32, 1))
+
+
+def twins(make):
+    mx.random.seed(0)
+    reference, model = make(), make()
+    model.update(reference.parameters())
+    mx.eval(reference.parameters())
+    return reference, model
+
+
+def tokens(rng):
+    return mx.array(rng.integers(0, 11, size=(2, 7)).astype(np.int32))
+
+
+def test_report_names_what_was_converted_fused_and_skipped():
+    _, model = twins(Block)
+    report = mnn.convert(model)
+    assert sorted(report.converted) == ["gate.layers.0", "gate.layers.2", "k", "mlp.layers.0",
+                                        "mlp.layers.2", "o", "out", "q", "v"]
+    assert report.fused == {"mlp.layers.1": "mlp.layers.0", "gate.layers.1": "gate.layers.0"}
+    assert report.skipped == {
+        "embed": "not an mlx.nn.Linear (Embedding)",
+        "norm": "not an mlx.nn.Linear (LayerNorm)",
+        "gate.layers.3": "LeakyReLU(negative_slope=3.0) is fused only for slopes in [0, 1]; it "
+                         "runs as its own module",
+        "head": "quantized (mlx.nn.QuantizedLinear): its weight is packed integers, and metile's "
+                "GEMM takes float weights"}
+    assert isinstance(model.mlp.layers[0], mnn.Linear)
+    assert model.mlp.layers[0].activation == "gelu_tanh"
+    assert model.gate.layers[0].activation == "leaky_relu"
+    assert model.gate.layers[0].negative_slope == 0.2
+    assert isinstance(model.mlp.layers[1], nn.Identity)
+    assert "fused mlp.layers.1 into mlp.layers.0" in str(report)
+    again = mnn.convert(model)
+    assert again.converted == {} and again.skipped["q"] == "already a metile.nn.Linear"
+
+
+@pytest.mark.parametrize("backend", ["auto", "metile"])
+def test_logits_and_parameters_match_the_unconverted_model(rng, backend):
+    reference, model = twins(Block)
+    keys = [k for k, _ in tree_flatten(model.parameters())]
+    weight = model.q.weight
+    mnn.convert(model, backend=backend)
+    assert [k for k, _ in tree_flatten(model.parameters())] == keys
+    assert model.q.weight is weight   # the same array, not a copy
+    t = tokens(rng)
+    expected = np.array(reference(t)).astype(np.float64)
+    np.testing.assert_allclose(np.array(model(t)), expected, rtol=3e-4, atol=3e-5)
+    np.testing.assert_allclose(np.array(mx.compile(model)(t)), expected, rtol=3e-4, atol=3e-5)
+
+
+def test_save_and_load_weights_roundtrip(rng, tmp_path):
+    reference, model = twins(Block)
+    mnn.convert(model)
+    path = str(tmp_path / "w.safetensors")
+    model.save_weights(path)
+    fresh = Block()
+    fresh.load_weights(path)               # the unconverted class loads converted weights
+    t = tokens(rng)
+    np.testing.assert_allclose(np.array(fresh(t)), np.array(reference(t)), rtol=3e-4, atol=3e-5)
+    other = Block()
+    mnn.convert(other)
+    other.load_weights(path)               # and a converted model loads them too
+    np.testing.assert_allclose(np.array(other(t)), np.array(reference(t)), rtol=3e-4, atol=3e-5)
+
+
+@pytest.mark.parametrize("backend", ["auto", "metile"])
+def test_training_gives_the_losses_of_the_unconverted_model(rng, backend):
+    reference, model = twins(mlp)
+    report = mnn.convert(model, backend=backend)
+    assert report.fused == {"layers.1": "layers.0", "layers.3": "layers.2"}
+    x = mx.array(rng.standard_normal((32, 16)).astype(np.float32))
+    y = mx.array(np.sin(np.array(x).sum(axis=1, keepdims=True)))
+
+    def run(m, steps=5):
+        optimizer = optim.SGD(learning_rate=0.1)
+        step = nn.value_and_grad(m, lambda m: ((m(x) - y) ** 2).mean())
+        losses = []
+        for _ in range(steps):
+            loss, grads = step(m)
+            optimizer.update(m, grads)
+            mx.eval(m.parameters(), optimizer.state)
+            losses.append(loss.item())
+        return losses
+
+    ours, theirs = run(model), run(reference)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+    assert ours[-1] < ours[0]
+
+
+def test_class_predicate_and_frozen_parameters():
+    _, model = twins(mlp)
+    model.layers[2].freeze()
+    report = mnn.convert(model, class_predicate=lambda path, m: path != "layers.4")
+    assert report.skipped["layers.4"] == "class_predicate returned False"
+    assert type(model.layers[4]) is nn.Linear
+    assert model.layers[2].activation == "silu"
+    trainable = [k for k, _ in tree_flatten(model.trainable_parameters())]
+    assert "layers.2.weight" not in trainable and "layers.0.weight" in trainable
+
+
+def test_functions_in_a_sequential_are_fused(rng):
+    reference, model = twins(lambda: nn.Sequential(nn.Linear(8, 8), nn.relu, nn.Linear(8, 4),
+                                                   nn.gelu_approx))
+    report = mnn.convert(model)
+    assert report.fused == {"layers.1": "layers.0", "layers.3": "layers.2"}
+    x = mx.array(rng.standard_normal((5, 8)).astype(np.float32))
+    np.testing.assert_allclose(np.array(model(x)), np.array(reference(x)), rtol=3e-4, atol=3e-5)
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match=r"model must be an mlx.nn.Module, got list"):
+        mnn.convert([nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="backend must be 'auto', 'metile' or 'mlx', got 'gpu'"):
+        mnn.convert(mlp(), backend="gpu")
+    with pytest.raises(ValueError, match="is itself a Linear"):
+        mnn.convert(nn.Linear(2, 2))
+    layer = metile.nn.Linear.from_linear(nn.Linear(3, 2, bias=False), "relu")
+    assert "bias" not in layer and layer.activation == "relu"
