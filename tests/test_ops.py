@@ -113,12 +113,21 @@ def test_explain_says_which_path_and_why(rng):
     auto = json.loads(ops.explain_linear(x, w, activation="relu"))
     if mx.default_device().type == mx.cpu:
         assert auto["path"] == "mlx_composite" and "emulator" in auto["reason"]
+    assert auto["route"]["source"] in ("cost_model", "cache")
     forced = json.loads(ops.explain_linear(x, w, activation="relu", backend="metile"))
     assert forced["path"] == "metile_kernel"
+    assert forced["route"]["source"] == "requested" and forced["config"] == ops.BLOCK
     assert forced["execution_report"]["epilogue_regions"] == 1
     with_bias = json.loads(ops.explain_linear(x, w, mx.zeros((3,)), "relu", backend="metile"))
     assert "extra memory read" in with_bias["unfused"]
     assert with_bias["execution_report"]["epilogue_regions"] == 0
+
+
+def test_metile_namespace_after_plain_import():
+    import metile
+
+    layer = metile.nn.Linear(4, 3)
+    assert isinstance(layer, nn.Linear) and metile.ops.linear is ops.linear
 
 
 def test_bad_arguments():
@@ -135,6 +144,8 @@ def test_bad_arguments():
         ops.linear(x, mx.zeros((3, 8)), mx.zeros((4,)))
     with pytest.raises(ValueError, match="backend must be"):
         ops.matmul(x, mx.zeros((8, 3)), backend="cuda")
+    with pytest.raises(ValueError, match="backend must be"):
+        ops.linear(x, mx.zeros((3, 8)), backend="gpu")
 
 
 def test_leaky_relu_slope_matches_mlx_and_is_a_parameter(rng):

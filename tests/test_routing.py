@@ -253,6 +253,10 @@ def test_environment_switch_measures_the_first_eager_call(rng, monkeypatch):
     x, w, _ = operands(rng)
     ops.matmul(x, w.T, epilogue="gelu_tanh")
     assert json.loads(ops.explain_matmul(x, w.T, epilogue="gelu_tanh"))["route"]["source"] == "cache"
+    monkeypatch.delenv("METILE_OPS_TUNE")     # the switch is not part of the decision's key
+    routing.clear_memory()
+    assert json.loads(ops.explain_matmul(x, w.T, epilogue="gelu_tanh"))["route"]["source"] == "cache"
+    monkeypatch.setenv("METILE_OPS_TUNE", "1")
     monkeypatch.setenv("METILE_OPS_TUNE_BUDGET_S", "soon")
     with pytest.raises(SettingError, match="METILE_OPS_TUNE_BUDGET_S='soon' is not a positive"):
         ops.matmul(x, w.T, epilogue="relu")
