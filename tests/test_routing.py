@@ -302,3 +302,16 @@ def test_nn_linear_auto_follows_the_decision(rng, monkeypatch):
     assert json.loads(layer.explain(x))["path"] == "metile_kernel"
     np.testing.assert_allclose(np.array(layer(x)), reference(x, layer.weight, layer.bias),
                                rtol=3e-4, atol=3e-5)
+
+
+def test_numerics_environment_selects_its_own_decision(rng, monkeypatch):
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
+    monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+    x, w, _ = operands(rng)
+    ops.tune_matmul(x, w.T, budget_s=0.01, clock=clock)
+    assert json.loads(ops.explain_matmul(x, w.T))["route"]["source"] == "cache"
+    monkeypatch.setenv("MLX_ENABLE_TF32", "0")     # strict FP32 may change which path wins
+    assert json.loads(ops.explain_matmul(x, w.T))["route"]["source"] == "cost_model"
+    monkeypatch.delenv("MLX_ENABLE_TF32")
+    assert json.loads(ops.explain_matmul(x, w.T))["route"]["source"] == "cache"

@@ -235,7 +235,7 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias) -> tuple[str, dic
     """(decision key, key parts) of a call; memoised, since every auto call needs it."""
     device = mx.default_device().type
     device_type = "gpu" if device == mx.gpu else "cpu"
-    env = tuple(routing.tuning.relevant_environment().items())
+    env = routing.environment()
     memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, device_type, env)
     hit = _keys.get(memo)
     if hit is not None:

@@ -78,7 +78,9 @@ def routing_dir() -> Path:
 # -- decisions on disk, remembered per process ------------------------------------------------
 
 _lock = threading.Lock()
-_memory: dict[tuple[str, str], dict | None] = {}
+# (where the cache root comes from, key) -> (entry or None, file).  Every `auto` call
+# looks here, so the hit path reads two variables instead of building the path.
+_memory: dict[tuple, tuple[dict | None, Path]] = {}
 
 
 def clear_memory() -> None:
@@ -91,27 +93,50 @@ def _cache() -> tuning.TuningCache:
     return tuning.TuningCache(routing_dir())
 
 
+def _slot(key: str) -> tuple:
+    return os.environ.get("METILE_CACHE_DIR"), os.environ.get("XDG_CACHE_HOME"), key
+
+
 def lookup(key: str) -> tuple[dict | None, Path]:
     """The recorded decision for `key` (None if none or unreadable) and its file.
-    A corrupt file is ignored with a warning naming it (TuningCache.load)."""
+    A corrupt file is ignored with a warning naming it (TuningCache.load).  What a
+    process read is remembered: a decision another process records later is seen
+    by the next process."""
+    slot = _slot(key)
+    hit = _memory.get(slot)
+    if hit is not None:
+        return hit
     cache = _cache()
-    slot = (str(cache.directory), key)
-    with _lock:
-        if slot in _memory:
-            return _memory[slot], cache.path(key)
     entry = cache.load(key)
     if entry is not None and not isinstance(entry.get("timings"), dict):
         entry = None
     with _lock:
-        _memory[slot] = entry
+        _memory[slot] = (entry, cache.path(key))
     return entry, cache.path(key)
+
+
+_env_memo: list = [None, None]
+
+
+def environment() -> tuple:
+    """tuning.relevant_environment() as a tuple, rescanned only when the number of
+    variables or the value of one it found changes (a full scan of os.environ costs
+    tens of microseconds, too much for every call)."""
+    probe, value = _env_memo
+    names = ("MLX_ENABLE_TF32",) + (tuple(k for k, _ in value) if value is not None else ())
+    now = (len(os.environ), tuple(os.environ.get(n) for n in names))
+    if probe != now or value is None:
+        value = tuple(tuning.relevant_environment().items())
+        names = ("MLX_ENABLE_TF32",) + tuple(k for k, _ in value)
+        _env_memo[:] = [(len(os.environ), tuple(os.environ.get(n) for n in names)), value]
+    return value
 
 
 def record(key: str, entry: dict) -> Path:
     cache = _cache()
     cache.store(key, entry)
     with _lock:
-        _memory[(str(cache.directory), key)] = entry
+        _memory[_slot(key)] = (entry, cache.path(key))
     return cache.path(key)
 
 
