@@ -70,6 +70,21 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
         F16, 75, 45, 37, SCHEDULE=metile.Schedule(double_buffer=True), backend=backend),
     "gemm_f32_double_buffer": lambda backend=None: _gemm(
         F32, 96, 96, 64, SCHEDULE=metile.Schedule(double_buffer=True), backend=backend),
+    # Schedule(num_stages=...) and grouped program order (tests/test_gemm_stages_and_order.py)
+    "gemm_f16_stages_1": lambda backend=None: _gemm(
+        F16, 75, 45, 37, SCHEDULE=metile.Schedule(num_stages=1), backend=backend),
+    "gemm_f16_stages_2": lambda backend=None: _gemm(
+        F16, 75, 45, 37, SCHEDULE=metile.Schedule(num_stages=2), backend=backend),
+    "gemm_f16_stages_3": lambda backend=None: _gemm(
+        F16, 200, 136, 72, matmul_epilogue, (64, 64, 32), SCHEDULE=metile.Schedule(num_stages=3),
+        backend=backend),
+    "gemm_bf16_stages_4": lambda backend=None: _gemm(
+        BF16, 75, 45, 37, SCHEDULE=metile.Schedule(num_stages=4), backend=backend),
+    "gemm_f16_grouped": lambda backend=None: _gemm(
+        F16, 200, 136, 72, matmul_epilogue, (64, 64, 32),
+        SCHEDULE=metile.Schedule(program_order="grouped", group_size=3), backend=backend),
+    "gemm_f32_grouped_two_stages": lambda backend=None: _gemm(
+        F32, 150, 90, 37, SCHEDULE=metile.Schedule(num_stages=2, group_size=2), backend=backend),
     "gemm_ffma_fallback_double_buffer": lambda backend=None: _gemm(
         F32, 70, 50, 37, tile=(32, 32, 4), SCHEDULE=metile.Schedule(double_buffer=True),
         backend=backend),

@@ -13,9 +13,10 @@ from metile.schedule import Schedule
 from dsl_kernels import softmax_rows, vector_add
 
 PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape", "staging", "vector_width",
-               "double_buffer", "reasons", "cooperative_layout", "outer_bounds_proven"]
+               "double_buffer", "reasons", "cooperative_layout", "outer_bounds_proven",
+               "num_stages", "program_order", "group_size"]
 REPORT_FIELDS = ["plan", "passes", "loops", "allocations", "double_buffered", "vectorized_loads",
-                 "epilogue_regions", "notes"]
+                 "epilogue_regions", "notes", "num_stages"]
 
 
 def add_args(n):

@@ -15,6 +15,9 @@ SEED_PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape
                     "vector_width", "double_buffer", "reasons", "cooperative_layout",
                     "outer_bounds_proven"]
 SEED_LOOP_FIELDS = ["induction_variable", "kind", "lanes", "elements_per_lane", "iteration_step"]
+# Fields added since (optional in REPORT_SCHEMA: recorded reports without them stay valid).
+ADDED_REPORT_FIELDS = ["num_stages"]
+ADDED_PLAN_FIELDS = ["num_stages", "program_order", "group_size"]
 
 
 def gemm_report(**schedule):
@@ -33,8 +36,8 @@ def gemm_report(**schedule):
 def test_gemm_explain_field_by_field():
     report = gemm_report(vector_width=4)
     data = json.loads(report.explain())
-    assert list(data) == SEED_REPORT_FIELDS
-    assert list(data["plan"]) == SEED_PLAN_FIELDS
+    assert list(data) == SEED_REPORT_FIELDS + ADDED_REPORT_FIELDS
+    assert list(data["plan"]) == SEED_PLAN_FIELDS + ADDED_PLAN_FIELDS
     assert [list(lp) for lp in data["loops"]] == [SEED_LOOP_FIELDS] * 2
     plan = data["plan"]
     assert (plan["backend"], plan["threadgroup_size"], plan["simdgroup_grid"],
@@ -62,7 +65,8 @@ def test_elementwise_explain_field_by_field():
     plan = plan_schedule(KernelTraits("elementwise", (256,), lanes=256), TARGETS["cpu_msl"])
     report = ExecutionReport.build(plan, passes=["split_elementwise_loops", "fold_constants"])
     data = json.loads(report.explain())
-    assert list(data) == SEED_REPORT_FIELDS and list(data["plan"]) == SEED_PLAN_FIELDS
+    assert list(data) == SEED_REPORT_FIELDS + ADDED_REPORT_FIELDS
+    assert list(data["plan"]) == SEED_PLAN_FIELDS + ADDED_PLAN_FIELDS
     assert data["plan"]["simdgroup_grid"] is None
     assert data["plan"]["cooperative_layout"] == "scalar lanes"
     assert (data["loops"], data["allocations"], data["double_buffered"],

@@ -96,9 +96,11 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
     plan = plan_schedule(traits, target, schedule, LOWERING)
     check_legacy_geometry(constexprs, plan, schedule)
     if plan.double_buffer and bounds is None:
-        raise ScheduleError("double_buffer=True", "the K loop's start, end and step are not known "
-                                                  "integers, so its tiles cannot be scheduled over "
-                                                  "two stages")
+        named = "double_buffer=True" if schedule is None or schedule.num_stages is None else \
+            schedule.requirement("num_stages")
+        raise ScheduleError(named, "the K loop's start, end and step are not known "
+                                   "integers, so its tiles cannot be scheduled over "
+                                   "two stages")
     if plan.vector_width == 4 and bounds is not None and \
             not (bounds.any_interior_tile and bounds.n_full):
         what = "output tile" if not bounds.any_interior_tile else "K step"
@@ -207,7 +209,8 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
         double_buffered=bool(meta.get("double_buffered", False)),
         vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
         epilogue_regions=int(meta.get("epilogue_regions", 0)),
-        notes=(target.terms_note,) if target.terms_note else ())
+        notes=(target.terms_note,) if target.terms_note else (),
+        num_stages=meta.get("stages"))
     validate_report(report, target.threadgroup_memory_bytes)
     return report
 
@@ -217,7 +220,8 @@ def report_from_dict(data: dict) -> ExecutionReport:
         SchedulePlan.from_dict(data["plan"]), tuple(data["passes"]),
         tuple(LoopReport(**lp) for lp in data["loops"]),
         tuple(AllocationReport(**a) for a in data["allocations"]), data["double_buffered"],
-        data["vectorized_loads"], data["epilogue_regions"], tuple(data["notes"]))
+        data["vectorized_loads"], data["epilogue_regions"], tuple(data["notes"]),
+        data.get("num_stages"))
 
 
 def dump(name: str, plan: SchedulePlan, report: ExecutionReport | None) -> None:

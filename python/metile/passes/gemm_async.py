@@ -129,7 +129,7 @@ class AsyncStaging:
         unit, sp = self.gemm_plan.unit, self.schedule_plan
         if unit is None or not unit.async_copy:
             return False
-        if sp is not None and (sp.double_buffer or sp.vector_width == 4):
+        if sp is not None and (sp.double_buffer or sp.vector_width == 4 or sp.num_stages == 1):
             return False   # the plan asked for the ordinary-load passes; honour them
         od = self.gemm.operand_dtype
         group = 16 // od.itemsize

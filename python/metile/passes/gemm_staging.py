@@ -54,7 +54,7 @@ class GemmStaging:
             return None
         cond = None
         for axis, p in sorted(axes.items()):
-            pid = b.value("program_id", [], I32, axis=axis)
+            pid = self.program_id(b, axis)
             c = b.value("le", [pid, self.const(b, p)], BOOL)
             cond = c if cond is None else b.value("and", [cond, c], BOOL)
         return cond

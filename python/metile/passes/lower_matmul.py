@@ -21,6 +21,15 @@ threadgroup memory, and after a SIMD-group barrier every lane evaluates the
 epilogue program for the scratch elements it picks (element e = lane + 32 s)
 at their tile coordinates, then stores through the user's pointer and mask.
 
+Program order.  With `program_order="grouped"` in the plan, the program ids are
+remapped once at kernel entry (`grouped_program_order`): the launch-order
+index l = p0 + p1 * n0 (axis 0 varies fastest) walks groups of G tiles along
+axis 0; within a group, tiles go down the group's rows first, then across axis
+1 (the last group has n0 mod G rows).  Every use of program_id(0/1) in the
+kernel, the bounds predicates included, reads the remapped ids, so the kernel
+computes exactly the tiles it would in launch order, in another order; the
+remap is a bijection of the launched grid (axis 2 is untouched).
+
 Without a matrix unit for the operand dtype and tile (strict float32 on CUDA,
 or a tile that is not made of whole fragments) the same staging feeds an FFMA
 path: each thread accumulates a TM x TN register micro-tile (rows ty + i*TY,
@@ -113,11 +122,36 @@ class MatmulLowering(GemmStaging, AsyncStaging):
         self.vector_loads = 0
         self.gemm_bounds = None
         self.num_stages = 1
+        self.double_buffered = False
+        self.program_ids: dict[int, Value] | None = None
         self.swizzles: dict[str, tuple | None] = {}
         if self.gemm is not None and self.known_scalars:
             self.gemm_bounds = prove_gemm_bounds(self.fn, self.gemm, self.known_scalars)
             if self.gemm_bounds is not None:
                 self.lowering_passes.append("prove_gemm_bounds")
+
+    def remap_program_ids(self, b: Builder) -> None:
+        """Pass `grouped_program_order` (module docstring), emitted at kernel entry."""
+        sp = self.schedule_plan
+        if self.gemm is None or sp is None or sp.program_order != "grouped":
+            return
+        group = sp.group_size
+        p0, p1 = (b.value("program_id", [], I32, axis=a) for a in (0, 1))
+        n0, n1 = (b.value("num_programs", [], I32, axis=a) for a in (0, 1))
+        linear = self._i(b, "add", p0, self._i(b, "mul", p1, n0))
+        per_group = self._i(b, "mul", n1, group)
+        first = self._i(b, "mul", self._i(b, "idiv", linear, per_group), group)
+        rows = b.value("minimum", [self._i(b, "sub", n0, first), self.const(b, group)], I32)
+        local = self._i(b, "mod", linear, per_group)
+        self.program_ids = {0: self._i(b, "add", first, self._i(b, "mod", local, rows)),
+                            1: self._i(b, "idiv", local, rows)}
+        self.lowering_passes.append("grouped_program_order")
+
+    def program_id(self, b: Builder, axis: int) -> Value:
+        """The program id the kernel computes with (remapped under grouped order)."""
+        if self.program_ids is not None and axis in self.program_ids:
+            return self.program_ids[axis]
+        return b.value("program_id", [], I32, axis=axis)
 
     def schedule_meta(self) -> dict:
         return {"vectorized_loads": self.vector_loads, "lowering_passes": self.lowering_passes}
@@ -129,16 +163,25 @@ class MatmulLowering(GemmStaging, AsyncStaging):
         align = 32 if plan.unit else 0
         sp = self.schedule_plan
         bounds = self.gemm_bounds
-        self.double_buffered = bool(sp is not None and sp.double_buffer)
-        if self.double_buffered and bounds is None:
-            raise CompilationError("double_buffer=True: the K loop's start, end and step are not "
-                                   "known integers, so its tiles cannot be scheduled over two "
-                                   "stages", op.loc)
+        required = getattr(sp, "num_stages", None)
         self.use_async = bool(plan.unit) and self.async_eligible()
         if self.use_async:
             stages = self.choose_stages((bm * bk + bk * bn) * od.itemsize)
             align = 128
         else:
+            if required is not None and required > 2:
+                raise CompilationError(
+                    f"num_stages={required}: more than 2 operand stages are not implemented for "
+                    f"the ordinary-load staged GEMM path ({plan.fragment}), which this GEMM takes "
+                    "because its operand tiles are not plain loads contiguous along their last "
+                    "axis in 16-byte groups (what asynchronous copies need); use num_stages 1 "
+                    "or 2", op.loc)
+            self.double_buffered = bool(sp is not None and (sp.double_buffer or required == 2))
+            if self.double_buffered and bounds is None:
+                named = "double_buffer=True" if required is None else f"num_stages={required}"
+                raise CompilationError(f"{named}: the K loop's start, end and step are not "
+                                       "known integers, so its tiles cannot be scheduled over "
+                                       "two stages", op.loc)
             stages = 2 if self.double_buffered else 1
         self.num_stages = stages
         self.stage_a = Storage("shared", self.decl("shared", od, stages * bm * bk, "_sa",

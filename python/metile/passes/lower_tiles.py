@@ -315,6 +315,8 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
             self.scalars[result.id] = self.add(b, *(self.s(o) for o in op.operands))
         elif name == "num_threads":
             self.scalars[result.id] = self.const(b, self.T)
+        elif name == "program_id" and self.program_ids is not None:
+            self.scalars[result.id] = self.program_id(b, op.attrs["axis"])
         else:
             new = b.op(name, [self.s(o) for o in op.operands], [scalar_of(r.type) for r in op.results],
                        op.attrs)
@@ -422,6 +424,7 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                 extra = {"capture": f"_epi_{p.name}"} if p.name in captured else {}
                 self.scalars[p.value.id] = b.value("param", [], p.value.type,
                                                    name=self.buffers[(p.name, "scalar")], **extra)
+        self.remap_program_ids(b)  # grouped GEMM program order (lower_matmul.py)
         self.lower_block(self.fn.body, b)
         meta = dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes,
                     loops=self.loops, allocations=[

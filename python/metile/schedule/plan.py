@@ -3,9 +3,10 @@
 The plan is decided before lowering and never changed by it: lowering's passes
 choose buffering, vectorization and traversal inside the plan's constraints
 and record what they materialized in the ExecutionReport.  In the plan,
-`vector_width` and `double_buffer` are constraints for those passes: None lets
-them choose, a value is a requirement (or, where the planner proved a feature
-impossible, a prohibition with a reason).
+`vector_width`, `double_buffer` and `num_stages` are constraints for those
+passes: None lets them choose, a value is a requirement (or, where the planner
+proved a feature impossible, a prohibition with a reason).  `program_order` and
+`group_size` say in which order a GEMM's programs take their output tiles.
 
 `KernelTraits` is everything the planner reads about a kernel.  The compiler
 computes it from Tile IR; the planner never sees IR, which keeps it a pure
@@ -110,6 +111,11 @@ class SchedulePlan:
     reasons: tuple[str, ...]
     cooperative_layout: str
     outer_bounds_proven: bool
+    # Added after the recorded format (optional in REPORT_SCHEMA; older plans read back
+    # with these defaults).
+    num_stages: int | None = None
+    program_order: str = "linear"
+    group_size: int | None = None
 
     @property
     def num_simdgroups(self) -> int:
@@ -124,14 +130,17 @@ class SchedulePlan:
                 "tile_shape": list(self.tile_shape), "staging": self.staging,
                 "vector_width": self.vector_width, "double_buffer": self.double_buffer,
                 "reasons": list(self.reasons), "cooperative_layout": self.cooperative_layout,
-                "outer_bounds_proven": self.outer_bounds_proven}
+                "outer_bounds_proven": self.outer_bounds_proven,
+                "num_stages": self.num_stages, "program_order": self.program_order,
+                "group_size": self.group_size}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SchedulePlan":
         grid = d["simdgroup_grid"]
         return cls(d["backend"], tuple(d["threadgroup_size"]),
                    None if grid is None else tuple(grid), tuple(d["tile_shape"]), d["staging"], d["vector_width"], d["double_buffer"],
-                   tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"])
+                   tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"],
+                   d.get("num_stages"), d.get("program_order", "linear"), d.get("group_size"))
 
 
 def plan_schedule(traits: KernelTraits, target: Target, schedule: Schedule | None = None,
@@ -185,6 +194,7 @@ def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePl
     if s.double_buffer:
         raise ScheduleError("double_buffer=True",
                             f"this {traits.kind} kernel has no staged K-loop to double buffer")
+    _no_gemm_controls(s, f"this {traits.kind} kernel")
     reasons = ["Lanes follow the geometry traced from the kernel (arange/BLOCK or num_simdgroups)."]
     if traits.kind == "reduction":
         reasons.append(f"Block reductions combine per-{target.group_word} partials in "
@@ -204,6 +214,20 @@ def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePl
     return SchedulePlan("elementwise", tg, None, traits.tile_shape or (tg[0],), staging,
                         s.vector_width, s.double_buffer,
                         tuple(reasons), "scalar lanes", bounds)
+
+
+def _no_gemm_controls(s: Schedule, what: str) -> None:
+    """num_stages and the program order act on the GEMM lowering's staged K loop and
+    output-tile grid; other kernels have neither, so a request is refused, not ignored."""
+    if s.num_stages is not None:
+        raise ScheduleError(s.requirement("num_stages"),
+                            f"{what} has no staged K loop; operand stages exist only in "
+                            "metile's GEMM lowering (a dot over K tiles)")
+    if s.program_order == "grouped" or s.group_size is not None:
+        named = s.requirement("group_size") if s.group_size is not None else \
+            s.requirement("program_order")
+        raise ScheduleError(named, f"{what} is not a GEMM; grouped program order remaps the "
+                                   "output-tile grid of metile's GEMM lowering only")
 
 
 def _check_aligned(traits: KernelTraits) -> None:
@@ -241,6 +265,8 @@ def _plan_fragments(traits: KernelTraits, target: Target, s: Schedule) -> Schedu
         raise ScheduleError("double_buffer=True", "simdgroup_inline kernels stage memory "
                                                   "explicitly; automatic double buffering is "
                                                   "unsupported")
+    _no_gemm_controls(s, "this simdgroup_inline kernel (it stages memory and places its "
+                         "programs itself)")
     staging = _kernel_staging(traits, s)
     _check_capacity(traits.shared_bytes, target, s.requirement("staging") if s.staging != "auto"
                     else "backend='simdgroup_inline'", "the kernel's shared allocations")
@@ -307,10 +333,13 @@ def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: l
     reasons = skipped + ["No matrix unit fits the tile: threads multiply register micro-tiles "
                          "with scalar FMAs."]
     # The FFMA lowering always stages operands, and stages them like the fragment path.
-    staging, vw, db = _controllable(traits, target, s, reasons, Lowering(), scalar_fma=True)
+    staging, vw, db, stages = _controllable(traits, target, s, reasons, Lowering(),
+                                            scalar_fma=True)
+    order, group = _program_order(s, reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), staging, vw, db,
-                        tuple(reasons), "scalar FMA register micro-tiles", bounds)
+                        tuple(reasons), "scalar FMA register micro-tiles", bounds, stages,
+                        order, group)
 
 
 def _with_reasons(plan: SchedulePlan, reasons: list[str]) -> SchedulePlan:
@@ -391,6 +420,10 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         if s.staging == "threadgroup":
             raise ScheduleError(f"{req} with staging='threadgroup'",
                                 f"{name} supports only device staging")
+        if s.num_stages is not None:
+            raise ScheduleError(f"{req} with {s.requirement('num_stages')}",
+                                f"{name} loads device memory directly into cooperative tensors; "
+                                "there are no operand stages")
     for d in dict.fromkeys(traits.operand_dtypes):
         why = _check_dtype(path, d, traits.relaxed_precision, target)
         if why:
@@ -430,32 +463,91 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
                     f"{grid[0]}x{grid[1]} SIMD-group grid.",
                     "Operands go from device memory straight into register cooperative tensors.",
                     "The SDK does not expose which lane owns which element."]
-        vw, db = None, None
+        vw, db, stages = None, None, None
     else:
         g = target.group_word
         if not scalar_fma:
             reasons.insert(0, f"{path.summary} on a {grid[0]}x{grid[1]} "
                               f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
-        staging, vw, db = _controllable(traits, target, s, reasons, lowering, scalar_fma)
+        unit = None if scalar_fma else path.unit_for(traits.operand_dtypes,
+                                                     traits.relaxed_precision)
+        staging, vw, db, stages = _controllable(traits, target, s, reasons, lowering, scalar_fma,
+                                                unit)
+    order, group = _program_order(s, reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
     return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
-                        vw, db, tuple(reasons), layout, bounds)
+                        vw, db, tuple(reasons), layout, bounds, stages, order, group)
 
 
-def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False):
-    """Staging, vector width and double buffering of staged GEMM operands (loaded into
-    per-thread registers with `scalar_fma`, else into the matrix unit's fragments)."""
+DEFAULT_GROUP_SIZE = 8
+
+
+def _program_order(s: Schedule, reasons: list[str]) -> tuple[str, int | None]:
+    """The order in which a GEMM's programs take output tiles (applied by the lowering:
+    passes/lower_matmul.py remaps program ids at kernel entry)."""
+    if s.program_order == "linear" or (s.program_order == "auto" and s.group_size is None):
+        how = "required" if s.program_order == "linear" else (
+            "the automatic default: grouped order was not measured on a GPU when it was "
+            "built, so the default stays the order measured so far")
+        reasons.append(f"Programs take output tiles in launch order (program_order='linear', "
+                       f"{how}).")
+        return "linear", None
+    group = s.group_size or DEFAULT_GROUP_SIZE
+    reasons.append(f"Grouped program order: consecutive programs take {group} output tiles along "
+                   "grid axis 0 for each step along axis 1, so programs running together share "
+                   f"operand panels in cache (program ids remapped at kernel entry; group_size="
+                   f"{group}{'' if s.group_size else ', the default'}).")
+    return "grouped", group
+
+
+def _path_words(target: Target, unit, scalar_fma: bool) -> str:
+    what = "scalar FMA" if scalar_fma or unit is None else unit.name
+    return f"the ordinary-load staged GEMM path ({what} on {target.name})"
+
+
+def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, unit=None):
+    """Staging, vector width, double buffering and operand stage count of staged GEMM
+    operands (loaded into per-thread registers with `scalar_fma`, else into the matrix
+    unit's fragments).  A unit with asynchronous copies stages through a ring of up to 5
+    stages (passes/gemm_async.py); the ordinary-load paths have 1 or 2 (double buffering)."""
     bm, bn, bk = traits.tile_shape
     itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
     stage = (bm * bk + bk * bn) * itemsize
-    if s.vector_width == 4 and s.double_buffer:
-        raise ScheduleError("vector_width=4 with double_buffer=True",
+    n = s.num_stages
+    if s.double_buffer is True and n not in (None, 2):
+        raise ScheduleError(f"double_buffer=True with num_stages={n}",
+                            "double buffering is exactly 2 operand stages")
+    if s.double_buffer is False and n is not None and n > 1:
+        raise ScheduleError(f"double_buffer=False with num_stages={n}",
+                            f"{n} operand stages buffer the next K step while the current one "
+                            "is multiplied; double_buffer=False allows only num_stages=1")
+    ring = bool(unit is not None and unit.async_copy and not scalar_fma and
+                s.vector_width != 4 and not s.double_buffer)
+    if n is not None and n > 2 and not ring:
+        why = ("vector_width=4 selects ordinary 4-wide loads" if s.vector_width == 4 and
+               unit is not None and unit.async_copy else
+               "only CUDA's 16-bit mma.sync units stage with asynchronous copies")
+        raise ScheduleError(s.requirement("num_stages"),
+                            f"more than 2 operand stages are not implemented for "
+                            f"{_path_words(target, unit, scalar_fma)}: it has single staging or "
+                            f"double buffering (num_stages 1 or 2); {why}")
+    # On the ordinary-load paths 2 stages are the double_buffer_staging pass and 1 stage
+    # prohibits it; on a ring the count goes to the lowering as is.
+    want_db = s.double_buffer
+    if want_db is None and n is not None and not ring:
+        want_db = n == 2
+    if n == 1:
+        want_db = False
+    if s.vector_width == 4 and want_db:
+        named = "double_buffer=True" if s.double_buffer else s.requirement("num_stages")
+        raise ScheduleError(f"vector_width=4 with {named}",
                             "4-wide staging loads and software double buffering cannot currently "
                             "be combined")
     staging = s.staging
-    if staging == "device" and (s.vector_width == 4 or s.double_buffer):
-        what = "vector_width=4" if s.vector_width == 4 else "double_buffer=True"
+    if staging == "device" and (s.vector_width == 4 or s.double_buffer or n is not None):
+        what = "vector_width=4" if s.vector_width == 4 else "double_buffer=True" \
+            if s.double_buffer else s.requirement("num_stages")
         raise ScheduleError(f"staging='device' with {what}",
                             f"{what} acts on threadgroup staging copies; device staging has none")
     staged_only = lowering is not None and not lowering.device_staged_gemm
@@ -467,7 +559,7 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False):
     if staging == "auto":
         fits = stage + traits.shared_bytes <= target.threadgroup_memory_bytes
         staging = "threadgroup" if fits or s.vector_width == 4 or s.double_buffer or \
-            staged_only else "device"
+            n is not None or staged_only else "device"
         if staging == "device":
             reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s "
                            f"{target.shared_word}; fragments load directly from device memory.")
@@ -478,18 +570,24 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False):
         into = "per-thread registers" if scalar_fma else f"{target.group_word} fragments"
         reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "
                        f"per stage) and loaded into {into}.")
-    db = s.double_buffer
+    if n is not None and staging == "threadgroup":
+        _check_capacity(n * stage + traits.shared_bytes, target, s.requirement("num_stages"),
+                        f"{n} operand stages of {stage} bytes and the kernel's allocations")
+    db = want_db
     if db:
-        _check_capacity(2 * stage + traits.shared_bytes, target, "double_buffer=True",
+        named = "double_buffer=True" if s.double_buffer else s.requirement("num_stages")
+        _check_capacity(2 * stage + traits.shared_bytes, target, named,
                         "two operand stages and the kernel's allocations")
         reasons.append("Software double buffering is required: two stages alternate over K; "
                        "the next stage is loaded with ordinary loads (no asynchronous copies) "
-                       "while the current one is multiplied, one barrier per step.")
+                       "while the current one is multiplied, one barrier per step"
+                       + ("." if s.double_buffer else f" ({named} on this path)."))
     elif db is None and staging == "threadgroup" and \
             2 * stage + traits.shared_bytes > target.threadgroup_memory_bytes:
         db = False
         reasons.append(f"Two {stage}-byte stages exceed {target.name}'s {target.shared_word}; "
                        "double buffering is prohibited.")
+    stages = _stage_count(traits, target, s, reasons, stage, staging, db, ring)
     vw = s.vector_width
     if vw == 4:
         _check_aligned(traits)
@@ -497,4 +595,38 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False):
     if not (traits.divisible(0) is True and traits.divisible(1) is True):
         reasons.append("Row/column tiles are not proven complete; edge loads and stores keep "
                        "their bounds checks.")
-    return staging, vw, db
+    return staging, vw, db, stages
+
+
+def _stage_count(traits, target, s, reasons, stage, staging, db, ring) -> int | None:
+    """The plan's num_stages: the requirement (explicit, or implied by double_buffer), the
+    count the ordinary-load path will use, or None when the lowering picks the ring depth."""
+    if staging != "threadgroup":
+        return None
+    n = s.num_stages
+    if n is None and db is not None:
+        n = 2 if db else 1
+    if ring:
+        if n is None:
+            room = target.threadgroup_memory_bytes - traits.shared_bytes
+            auto = max(2, min(4, room // stage))
+            reasons.append(f"Operand stages are the lowering's choice: a ring of as many "
+                           f"{stage}-byte stages as fit {target.shared_word} (2 to 4; {auto} "
+                           "here) filled by 16-byte asynchronous copies (cp.async) when both "
+                           "operand loads are contiguous, else one stage with ordinary loads.")
+        elif n >= 2:
+            reasons.append(f"num_stages={n} is required: a ring of {n} {stage}-byte "
+                           f"{target.shared_word} stages filled by 16-byte asynchronous copies "
+                           "(cp.async); operand loads the copies cannot take are refused.")
+        else:
+            reasons.append("One operand stage (num_stages=1): ordinary loads, no asynchronous "
+                           "copies; each K step copies, synchronises and multiplies.")
+        return n
+    if n is None:
+        n = 1
+        reasons.append("One operand stage (the automatic choice of the ordinary-load path; "
+                       "num_stages=2 or double_buffer=True double-buffers).")
+    elif n == 1 and s.num_stages == 1:
+        reasons.append("One operand stage (num_stages=1 is required): each K step copies, "
+                       "synchronises and multiplies.")
+    return n

@@ -65,11 +65,12 @@ class ExecutionReport:
     vectorized_loads: int = 0
     epilogue_regions: int = 0
     notes: tuple[str, ...] = ()
+    num_stages: int | None = None    # operand stages the GEMM lowering emitted (None: no K loop)
 
     @classmethod
     def build(cls, plan: SchedulePlan, *, passes=(), loops=(), allocations=(),
               double_buffered: bool = False, vectorized_loads: int = 0, epilogue_regions: int = 0,
-              notes=()) -> "ExecutionReport":
+              notes=(), num_stages: int | None = None) -> "ExecutionReport":
         """A report with the standard notes for what materialized, then `notes`."""
         standard = list(DEFAULT_NOTES)
         if not double_buffered:
@@ -77,7 +78,8 @@ class ExecutionReport:
         if "opaque" in plan.cooperative_layout:
             standard.append("Lane ownership of matrix fragments is opaque and not reported.")
         return cls(plan, tuple(passes), tuple(loops), tuple(allocations), bool(double_buffered),
-                   int(vectorized_loads), int(epilogue_regions), tuple(standard) + tuple(notes))
+                   int(vectorized_loads), int(epilogue_regions), tuple(standard) + tuple(notes),
+                   num_stages)
 
     @property
     def threadgroup_bytes(self) -> int:
@@ -89,7 +91,8 @@ class ExecutionReport:
                 "allocations": [a.to_dict() for a in self.allocations],
                 "double_buffered": self.double_buffered,
                 "vectorized_loads": self.vectorized_loads,
-                "epilogue_regions": self.epilogue_regions, "notes": list(self.notes)}
+                "epilogue_regions": self.epilogue_regions, "notes": list(self.notes),
+                "num_stages": self.num_stages}
 
     def explain(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -104,6 +107,13 @@ def validate_report(report: ExecutionReport, threadgroup_memory_bytes: int | Non
         raise ScheduleError("double_buffer=True", "lowering did not materialize a double buffer")
     if plan.double_buffer is False and report.double_buffered:
         raise ScheduleError("double_buffer=False", "lowering materialized a double buffer")
+    if plan.num_stages is not None and report.num_stages is not None and \
+            plan.num_stages != report.num_stages:
+        raise ScheduleError(f"num_stages={plan.num_stages}",
+                            f"lowering emitted {report.num_stages} operand stages")
+    if plan.program_order == "grouped" and "grouped_program_order" not in report.passes:
+        raise ScheduleError("program_order='grouped'",
+                            "lowering did not remap the program ids")
     if plan.vector_width == 4 and report.vectorized_loads == 0:
         raise ScheduleError("vector_width=4", "lowering emitted no 4-wide loads")
     if plan.vector_width == 1 and report.vectorized_loads:
@@ -127,9 +137,14 @@ _INT = {"type": "integer", "minimum": 0}
 _STRS = {"type": "array", "items": {"type": "string"}}
 
 
-def _obj(props: dict) -> dict:
-    return {"type": "object", "properties": props, "required": list(props),
-            "additionalProperties": False}
+def _obj(props: dict, optional: dict | None = None) -> dict:
+    """An object with exactly `props` required; `optional` fields were added after the
+    recorded format, so reports written before them stay valid."""
+    return {"type": "object", "properties": {**props, **(optional or {})},
+            "required": list(props), "additionalProperties": False}
+
+
+_STAGES = {"type": ["integer", "null"], "minimum": 1}
 
 
 PLAN_SCHEMA = _obj({
@@ -143,6 +158,10 @@ PLAN_SCHEMA = _obj({
     "reasons": _STRS,
     "cooperative_layout": {"type": "string"},
     "outer_bounds_proven": {"type": "boolean"},
+}, optional={
+    "num_stages": _STAGES,
+    "program_order": {"enum": ["linear", "grouped"]},
+    "group_size": {"type": ["integer", "null"], "minimum": 1},
 })
 REPORT_SCHEMA = _obj({
     "plan": PLAN_SCHEMA,
@@ -157,7 +176,7 @@ REPORT_SCHEMA = _obj({
     "vectorized_loads": _INT,
     "epilogue_regions": _INT,
     "notes": _STRS,
-})
+}, optional={"num_stages": _STAGES})
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None),
           "integer": int}

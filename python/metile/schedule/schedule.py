@@ -1,7 +1,7 @@
 """Schedule and Config: what a caller may require of a kernel's execution.
 
 A `Schedule` states requirements (backend, SIMD-group count, staging, vector
-width, double buffering); `plan_schedule` either honours every stated field or
+width, double buffering, operand stage count, GEMM program order); `plan_schedule` either honours every stated field or
 raises `ScheduleError` naming it.  Fields left automatic are chosen by the
 planner.  Values are checked here, at construction, so a typo fails where the
 user wrote it rather than deep inside compilation.
@@ -21,10 +21,25 @@ BACKENDS = ("auto", "simdgroup", "simdgroup_inline", "tensor_ops", "nax", "eleme
 STAGINGS = ("auto", "device", "threadgroup")
 VECTOR_WIDTHS = (None, 1, 4)
 MAX_SIMDGROUPS = 32
+MAX_STAGES = 5
+PROGRAM_ORDERS = ("auto", "linear", "grouped")
+# Large enough for any useful L2 group; small enough that group_size x programs along
+# axis 1 (at most 65535 on CUDA) stays far inside the int32 index math.
+MAX_GROUP_SIZE = 4096
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_count(value, field: str, most: int) -> None:
+    if value is None:
+        return
+    if not _is_int(value):
+        raise TypeError(f"Schedule: {field} must be an int from 1 through {most} or None, "
+                        f"got {type(value).__name__} {value!r}")
+    if not 1 <= value <= most:
+        raise ValueError(f"Schedule: {field} must be from 1 through {most}, got {value}")
 
 
 def check_num_simdgroups(value, owner: str) -> None:
@@ -47,10 +62,19 @@ class Schedule:
     staging: str = "auto"
     vector_width: int | None = None
     double_buffer: bool | None = None
+    # Operand stages of a GEMM's K loop (1: single staging, 2: double buffering, more:
+    # an asynchronous-copy ring where the target has one); None: the planner chooses.
+    num_stages: int | None = None
+    # Order in which a GEMM's programs take output tiles: "linear" (launch order),
+    # "grouped" (group_size tiles along axis 0 per sweep of axis 1, for L2 reuse);
+    # "auto" is "linear" today, or "grouped" when group_size is given.
+    program_order: str = "auto"
+    group_size: int | None = None
 
     def __post_init__(self):
         for field, value, allowed in (("backend", self.backend, BACKENDS),
-                                      ("staging", self.staging, STAGINGS)):
+                                      ("staging", self.staging, STAGINGS),
+                                      ("program_order", self.program_order, PROGRAM_ORDERS)):
             if not isinstance(value, str):
                 raise TypeError(f"Schedule: {field} must be a string, one of "
                                 f"{', '.join(allowed)}; got {type(value).__name__} {value!r}")
@@ -67,6 +91,12 @@ class Schedule:
         if self.double_buffer is not None and not isinstance(self.double_buffer, bool):
             raise TypeError(f"Schedule: double_buffer must be None, True or False, "
                             f"got {type(self.double_buffer).__name__} {self.double_buffer!r}")
+        _check_count(self.num_stages, "num_stages", MAX_STAGES)
+        _check_count(self.group_size, "group_size", MAX_GROUP_SIZE)
+        if self.group_size is not None and self.program_order == "linear":
+            raise ValueError(f"Schedule: group_size={self.group_size} contradicts "
+                             "program_order='linear'; group_size applies to "
+                             "program_order='grouped'")
 
     @property
     def is_automatic(self) -> bool:
@@ -77,11 +107,16 @@ class Schedule:
     def to_dict(self) -> dict:
         return {"backend": self.backend, "num_simdgroups": self.num_simdgroups,
                 "staging": self.staging, "vector_width": self.vector_width,
-                "double_buffer": self.double_buffer}
+                "double_buffer": self.double_buffer, "num_stages": self.num_stages,
+                "program_order": self.program_order, "group_size": self.group_size}
 
     def key(self) -> str:
-        """A stable text key for compile and tuning caches (independent of hash seeds)."""
-        return "Schedule(" + ",".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+        """A stable text key for compile and tuning caches (independent of hash seeds).
+        Fields added after the first recorded format appear only when set, so the keys
+        of schedules that do not use them stay what they were."""
+        later = {"num_stages": None, "program_order": "auto", "group_size": None}
+        return "Schedule(" + ",".join(f"{k}={v!r}" for k, v in self.to_dict().items()
+                                      if k not in later or v != later[k]) + ")"
 
     def requirement(self, field: str) -> str:
         """How an error names one of this schedule's fields, e.g. "vector_width=4"."""

@@ -65,13 +65,16 @@ class MatrixPath:
     summary: str = ""                        # plural noun phrase used in plan reasons
     units: tuple[MatrixUnit, ...] = ()       # the instructions metile lowers this path to
 
+    def unit_for(self, dtypes, relaxed: bool) -> MatrixUnit | None:
+        """The unit the lowering uses for these operand dtypes: the first that takes
+        them all (None: none does; the GEMM then runs as FFMA micro-tiles)."""
+        return next((u for u in self.units if all(u.takes(d, relaxed) for d in dtypes)), None)
+
     def fragment_for(self, dtypes, relaxed: bool) -> tuple[int, int, int]:
         """The fragment the lowering uses for these operand dtypes: the first unit
         that takes them all, else the path's hardware fragment."""
-        for unit in self.units:
-            if all(unit.takes(d, relaxed) for d in dtypes):
-                return unit.shape
-        return self.fragment
+        unit = self.unit_for(dtypes, relaxed)
+        return self.fragment if unit is None else unit.shape
 
 
 @dataclass(frozen=True)
