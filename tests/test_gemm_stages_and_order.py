@@ -322,7 +322,55 @@ def test_cuda_one_stage_uses_ordinary_loads():
     d = cuda_gemm(mx.bfloat16, Schedule(num_stages=1))
     mm = d.variant.data["lowering"]["matmul"]
     assert (mm["stages"], mm["async_copy"], mm["double_buffered"]) == (1, False, False)
-    assert "cp_async" not in d.source.split("extern")[0] or "metile_cp_async_wait<" not in d.source
+    assert "metile_cp_async_wait<" not in d.source
+    assert "__half _sa1[" not in d.source and "__nv_bfloat16 _sa1[2048];" in d.source
+
+
+@metile.kernel
+def matmul_bt(left, right_t, output, rows, columns, inner, BLOCK_M: metile.constexpr = 32,
+              BLOCK_N: metile.constexpr = 32, BLOCK_K: metile.constexpr = 16):
+    """output = left @ right_t.T: the right operand's tile is strided along its columns,
+    which 16-byte asynchronous copies cannot take."""
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = metile.tensor(right_t, shape=(inner, columns), strides=(1, inner),
+                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    r0 = metile.program_id(0) * BLOCK_M
+    c0 = metile.program_id(1) * BLOCK_N
+    acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        acc = metile.dot(a.load((r0, k)), b.load((k, c0)), acc)
+    c.store((r0, c0), acc)
+
+
+def _bt(schedule, backend=None, rng=None):
+    m, n, k = RAGGED
+    if rng is None:
+        a, bt = mx.zeros((m, k), mx.float16), mx.zeros((n, k), mx.float16)
+    else:
+        a, b, ref = operands(rng, m, n, k, "float16")
+        bt = mx.contiguous(b.T)
+    d = matmul_bt[grid(m, n, 32, 32)].prepare(a, bt, mx.zeros((m, n)), m, n, k,
+                                              SCHEDULE=schedule, backend=backend)
+    return (d, ref) if rng is not None else d
+
+
+def test_cuda_stages_where_asynchronous_copies_cannot_stage_the_operands():
+    with pytest.raises(CompilationError, match="num_stages=3: more than 2 operand stages are not "
+                                               "implemented for the ordinary-load staged GEMM "
+                                               "path .*not plain loads contiguous"):
+        _bt(Schedule(num_stages=3), backend="cuda")
+    two = _bt(Schedule(num_stages=2), backend="cuda").variant.data["lowering"]["matmul"]
+    assert (two["stages"], two["async_copy"], two["double_buffered"]) == (2, False, True)
+    auto = _bt(Schedule(), backend="cuda").variant.data["lowering"]["matmul"]
+    assert (auto["stages"], auto["async_copy"]) == (1, False)
+
+
+def test_strided_operand_numbers_with_two_stages(rng):
+    d, ref = _bt(Schedule(num_stages=2, group_size=2), rng=rng)
+    check(d(), ref)
 
 
 def test_cuda_grouped_order_source():
