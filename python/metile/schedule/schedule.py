@@ -21,6 +21,9 @@ BACKENDS = ("auto", "simdgroup", "simdgroup_inline", "tensor_ops", "nax", "eleme
 STAGINGS = ("auto", "device", "threadgroup")
 VECTOR_WIDTHS = (None, 1, 4)
 MAX_SIMDGROUPS = 32
+# Fields added after the first recorded format, with their defaults: keys and reprs
+# show them only when set.
+_LATER_DEFAULTS = {"num_stages": None, "program_order": "auto", "group_size": None}
 MAX_STAGES = 5
 PROGRAM_ORDERS = ("auto", "linear", "grouped")
 # Large enough for any useful L2 group; small enough that group_size x programs along
@@ -114,9 +117,16 @@ class Schedule:
         """A stable text key for compile and tuning caches (independent of hash seeds).
         Fields added after the first recorded format appear only when set, so the keys
         of schedules that do not use them stay what they were."""
-        later = {"num_stages": None, "program_order": "auto", "group_size": None}
-        return "Schedule(" + ",".join(f"{k}={v!r}" for k, v in self.to_dict().items()
-                                      if k not in later or v != later[k]) + ")"
+        return "Schedule(" + ",".join(f"{k}={v!r}" for k, v in self._recorded_fields()) + ")"
+
+    def _recorded_fields(self):
+        return [(k, v) for k, v in self.to_dict().items()
+                if k not in _LATER_DEFAULTS or v != _LATER_DEFAULTS[k]]
+
+    def __repr__(self) -> str:
+        # Like the key: the later fields only when set, so printed schedules (and
+        # benchmark records) keep their recorded form.
+        return "Schedule(" + ", ".join(f"{k}={v!r}" for k, v in self._recorded_fields()) + ")"
 
     def requirement(self, field: str) -> str:
         """How an error names one of this schedule's fields, e.g. "vector_width=4"."""
