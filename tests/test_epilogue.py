@@ -124,7 +124,7 @@ def test_cuda_epilogue_captures_scalars_from_their_pointers():
     assert "static_cast<__half>(" in d.source  # the single final conversion
 
 
-# -- rejected epilogues ---------------------------------------------------------------------
+# -- a bias read (fused since epilogues may read; tests/test_epilogue_reads.py) -------------
 
 @metile.kernel
 def bias_epilogue(A, B, C, Bias, M, N, K, BM: metile.constexpr = 16, BN: metile.constexpr = 16,
@@ -132,9 +132,22 @@ def bias_epilogue(A, B, C, Bias, M, N, K, BM: metile.constexpr = 16, BN: metile.
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
     acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
-    bias = metile.load(Bias + rn, mask=rn < N)  # REJECT
+    bias = metile.load(Bias + rn, mask=rn < N)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     metile.store(C + rm[:, None] * N + rn[None, :], acc + bias[None, :], mask=mask)
+
+
+def test_pointer_style_bias_is_fused(rng):
+    m, n, k = 33, 41, 19
+    a, b, acc = operands(rng, m, n, k, "float32")
+    bias = rng.standard_normal(n).astype(np.float32)
+    d = bias_epilogue[(metile.cdiv(m, 16), metile.cdiv(n, 16))].prepare(
+        a, b, mx.zeros((m, n)), mx.array(bias), m, n, k)
+    assert [r["buffer"] for r in d.variant.data["lowering"]["matmul"]["epilogue_reads"]] == ["Bias"]
+    check(d(), acc + bias[None, :])
+
+
+# -- rejected epilogues ---------------------------------------------------------------------
 
 
 @metile.kernel
@@ -206,7 +219,6 @@ def early_narrowing(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.cons
 
 
 REJECTED = [
-    (bias_epilogue, "extra memory read in the epilogue (a load of 'Bias')"),
     (reduction_epilogue, "a reduction of the accumulator is not a pointwise epilogue"),
     (control_flow_epilogue, "control flow in the epilogue"),
     (two_stores, "this kernel has several stores"),
@@ -226,8 +238,6 @@ def test_rejected_epilogues(kernel, message):
     m = n = k = 16
     args = [mx.zeros((m, k)), mx.zeros((k, n)),
             mx.zeros((m, n), mx.float16 if kernel is early_narrowing else mx.float32)]
-    if kernel is bias_epilogue:
-        args.append(mx.zeros((n,)))
     args += [m, n, k] + ([1] if kernel is control_flow_epilogue else [])
     with pytest.raises(metile.CompilationError) as err:
         kernel[(1, 1)].prepare(*args, backend="msl")

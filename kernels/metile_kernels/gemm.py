@@ -80,3 +80,51 @@ def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
     elif EPILOGUE == "sigmoid_gated":
         result = accumulator * metile.sigmoid(accumulator)
     c.store((row_origin, column_origin), result.to(output.dtype))
+
+
+@metile.kernel
+def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
+                    BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+                    BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
+                    BIAS: metile.constexpr = "columns", RESIDUAL: metile.constexpr = False,
+                    EPILOGUE: metile.constexpr = "none", NEGATIVE_SLOPE: metile.constexpr = 0.1):
+    """activation(left @ right + bias) (+ residual), all in one kernel: the bias and the
+    residual are read inside the fused epilogue (passes/gemm_epilogue_reads.py).
+
+    BIAS: "columns" (bias has `columns` elements, one per output column: a Linear's bias),
+    "rows" (`rows` elements, one per output row) or "none".  RESIDUAL: add `residual`
+    (rows x columns, row-major) after the activation.  EPILOGUE: as matmul_epilogue's,
+    with alpha = 1 and beta = 0.  Unused buffers are not read (pass any array)."""
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    result = accumulator
+    if BIAS == "columns":
+        per_column = metile.tensor(bias, shape=(columns,), strides=(1,), block_shape=(BLOCK_N,),
+                                   access="read")
+        result = result + per_column.load((column_origin,)).to(metile.float32)[None, :]
+    elif BIAS == "rows":
+        per_row = metile.tensor(bias, shape=(rows,), strides=(1,), block_shape=(BLOCK_M,),
+                                access="read")
+        result = result + per_row.load((row_origin,)).to(metile.float32)[:, None]
+    if EPILOGUE == "affine_leaky":
+        result = metile.where(result > 0, result, result * NEGATIVE_SLOPE)
+    elif EPILOGUE == "relu":
+        result = metile.maximum(result, 0.0)
+    elif EPILOGUE == "gelu_tanh":
+        result = gelu_tanh(result)
+    elif EPILOGUE == "sigmoid_gated":
+        result = result * metile.sigmoid(result)
+    if RESIDUAL:
+        r = metile.tensor(residual, shape=(rows, columns), strides=(columns, 1),
+                          block_shape=(BLOCK_M, BLOCK_N), access="read")
+        result = result + r.load((row_origin, column_origin)).to(metile.float32)
+    c.store((row_origin, column_origin), result.to(output.dtype))

@@ -18,9 +18,11 @@ The epilogue is the backward slice of the stored value over values that depend
 on the accumulator (shared subexpressions are evaluated once per element).
 It may use float32 arithmetic, comparisons, `where`, maximum/minimum, the
 unary math functions and one final cast to the output dtype; its other leaves
-are constants and runtime scalar parameters.  Those parameters are captured at
-kernel entry under compiler-generated names (`_epi_<name>`).  Rejected, each
-with its own message: extra memory reads, reductions, control flow, several
+are constants, runtime scalar parameters and the reads `gemm_epilogue_reads`
+admits (a bias vector along rows or columns, a matrix at the store's
+coordinates).  The scalars are captured at kernel entry under compiler-generated
+names (`_epi_<name>`).  Rejected, each with its own message: other memory reads
+(of the output, indirect, of another shape), reductions, control flow, several
 stores, a second matrix recurrence, intermediate narrowing casts, and
 dimension parameters (scalars that bound loops, addresses or masks) as leaves.
 """
@@ -32,8 +34,9 @@ from dataclasses import dataclass, field
 from ..errors import CompilationError
 from ..ir.core import Block, Function, Op, Param, Value, walk
 from ..ir.ops import COMPARE, CONTROL
-from ..ir.types import TileType, dtype_of
+from ..ir.types import dtype_of
 from ..language import dtypes as dt
+from .gemm_epilogue_reads import EpilogueRead, check_epilogue_reads, leaf_cone
 
 # Pointwise ops an epilogue may contain (besides a final cast).
 EPILOGUE_OPS = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "exp",
@@ -56,6 +59,8 @@ class GemmPattern:
     dependent: set[int]                 # ids of every value that depends on the accumulator
     captured: list[Param] = field(default_factory=list)   # runtime scalars the epilogue reads
     dimension_params: list[str] = field(default_factory=list)
+    reads: list[EpilogueRead] = field(default_factory=list)  # bias / residual loads
+    fused_reads: set[int] = field(default_factory=set)  # tile values evaluated at the store
 
     @property
     def a(self) -> Value:
@@ -200,13 +205,20 @@ def find_gemm(fn: Function) -> GemmPattern | None:
     slice_ = _backward([value], stop=lambda v: v.id not in dependent or v is result)
     epilogue = [op for op in after if op is not store and any(r.id in slice_ for r in op.results)]
     dims = _dimension_params(fn)
+    leaves = []
     for op in epilogue:
         _check_epilogue_op(op, op.result is value)
         for v in op.operands:
             if v.id not in dependent:
                 _check_leaf(v, op, dims)
+                leaves.append(v)
+    uses: dict[int, list] = {}
+    for op in walk(fn.body):
+        for i, v in enumerate(op.operands):
+            uses.setdefault(v.id, []).append((op, i))
+    reads, fused = check_epilogue_reads(fn, epilogue, dependent, store, uses, leaves)
     names = [p.name for p in fn.params if p.value is not None and p.value.id in dims]
-    g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names)
+    g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names, reads, fused)
     g.captured = captured_params(fn, g)
     return g
 
@@ -231,11 +243,10 @@ def _check_epilogue_op(op: Op, final: bool) -> None:
 
 
 def _check_leaf(v: Value, user: Op, dims: dict) -> None:
-    """A non-accumulator operand of an epilogue op: constants and runtime scalars only."""
-    cone = list(_backward([v]).values())
-    # Memory reads first: a bias load's mask names dimension parameters too, and the
-    # read is the reason it cannot fuse.
-    for w in sorted(cone, key=lambda w: not (isinstance(w.owner, Op) and w.owner.name == "load")):
+    """A non-accumulator operand of an epilogue op: constants, runtime scalars and loads
+    (whose contract `gemm_epilogue_reads` checks; their addresses and masks may use
+    positions and dimension parameters)."""
+    for w in leaf_cone(v).values():
         op = w.owner
         if op is None:
             if w.id in dims:
@@ -246,11 +257,7 @@ def _check_leaf(v: Value, user: Op, dims: dict) -> None:
         if isinstance(op, Block):
             raise _reject("a loop-carried or branch value used in the epilogue", user)
         if op.name == "load":
-            ptr = op.operands[0].type
-            root = (ptr.elem if isinstance(ptr, TileType) else ptr).root
-            raise _reject(f"extra memory read in the epilogue (a load of {root!r}); only pointwise "
-                          f"functions of the accumulator, constants and runtime scalars are fused",
-                          op)
+            continue
         if op.name == "reduce":
             raise _reject("a reduction in the epilogue", op)
         if op.name in ("arange", "program_id", "num_programs", "thread_id", "num_threads"):
@@ -265,6 +272,6 @@ def captured_params(fn: Function, g: GemmPattern) -> list[Param]:
     for op in g.epilogue:
         for v in op.operands:
             if v.id not in g.dependent:
-                leaves |= set(_backward([v]))
+                leaves |= set(leaf_cone(v))
     return [p for p in fn.params if p.kind == "scalar" and p.value is not None
             and p.value.id in leaves]

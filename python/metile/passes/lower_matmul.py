@@ -20,6 +20,8 @@ accumulator fragment is stored to a per-SIMD-group float32 scratch in
 threadgroup memory, and after a SIMD-group barrier every lane evaluates the
 epilogue program for the scratch elements it picks (element e = lane + 32 s)
 at their tile coordinates, then stores through the user's pointer and mask.
+Epilogue reads (bias vectors, residual matrices; `gemm_epilogue_reads`) are
+loaded there too, per element, under their own mask and the store's.
 
 Program order.  With `program_order="grouped"` in the plan, the program ids are
 remapped once at kernel entry (`grouped_program_order`): the launch-order
@@ -42,14 +44,14 @@ from dataclasses import dataclass
 
 from ..errors import CompilationError
 from ..ir.core import Block, Builder, Op, Value
-from ..ir.types import ScalarType
+from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
 from .gemm import GemmPattern
 from .gemm_async import AsyncStaging, swizzle_params
 from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
-from .lane_layout import I32, Ctx, Storage
+from .lane_layout import BOOL, I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
 
@@ -256,8 +258,23 @@ class MatmulLowering(GemmStaging, AsyncStaging):
             return out
 
         ptr, val, *mask = g.store.operands
-        self.emit_store(b, g.store, [self.elem(ptr, ctx), value(val)]
-                        + [self.elem(m, ctx) for m in mask])
+        guard = [self.elem(m, ctx) for m in mask]
+        if g.reads:
+            # Bias / residual loads happen here, per element, within the store's bounds.
+            self.load_rewrite = lambda op, lctx: self._epilogue_read(op, lctx, guard)
+        stored = value(val)
+        self.load_rewrite = None
+        self.emit_store(b, g.store, [self.elem(ptr, ctx), stored] + guard)
+
+    def _epilogue_read(self, op: Op, ctx: Ctx, guard: list[Value]) -> Value:
+        operands = [self.elem(o, ctx) for o in op.operands]
+        if guard:
+            if len(operands) == 1:
+                zero = self.const(ctx.b, 0.0, elem_type(op.operands[0].type).dtype)
+                operands += [guard[0], zero]
+            else:
+                operands[1] = ctx.b.value("and", [operands[1], guard[0]], BOOL)
+        return self.emit_load(ctx.b, op, operands)
 
     # -- matrix-fragment path ----------------------------------------------------------------
     def _fragment_setup(self, b: Builder) -> None:
@@ -445,6 +462,7 @@ class MatmulLowering(GemmStaging, AsyncStaging):
                 "epilogue_regions": g.epilogue_regions,
                 "epilogue_ops": [op.name for op in g.epilogue],
                 "captured_scalars": [p.name for p in g.captured],
+                "epilogue_reads": [r.describe() for r in g.reads],
                 "k_loop_masked": g.k_loop_masked, "outer_bounds_proven": g.outer_bounds_proven,
                 "double_buffered": bool(getattr(self, "double_buffered", False)),
                 "stages": self.num_stages,

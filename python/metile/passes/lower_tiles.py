@@ -265,8 +265,8 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                 return self.lower_gemm_loop(op, b)
             if op is g.store:
                 return self.lower_gemm_store(op, b)
-            if any(r.id in g.dependent for r in op.results):
-                return  # epilogue values: evaluated per element at the store
+            if any(r.id in g.dependent or r.id in g.fused_reads for r in op.results):
+                return  # epilogue values and reads: evaluated per element at the store
         if name == "for":
             return self.lower_for(op, b)
         if name == "if":
