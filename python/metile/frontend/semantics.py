@@ -1,10 +1,16 @@
 """Typing rules of the language: how operands combine into Tile IR ops.
 
 Rules (each violation is a CompilationError at the offending expression):
-  * Two runtime values combine only if their dtypes are equal: metile never
-    converts implicitly (`metile.cast` / `x.to(dtype)` is explicit).
-  * A Python number adopts the dtype of the runtime value it meets; a float
-    constant never meets an int value (that would be an implicit conversion).
+  * Mixed dtypes promote as in Triton (`promote`): kinds rank bool < integer <
+    float and the higher kind wins; within a kind the wider dtype wins;
+    float16 with bfloat16 gives float32; int32 with uint32 gives uint32.
+  * A Python number (literal or constexpr) does not take part in promotion
+    when its kind is at most the runtime operand's (`x_f16 * 2.0` stays
+    float16, `i * 3` stays int32); a number of a higher kind promotes the
+    operand to int32 or float32 (`i * 0.5` is float32).
+  * `/` is true division: integer operands become float32 first.
+  * `store`, `atomic_add` and `load(other=)` convert the value to the
+    pointer's element type, as an explicit cast would.
   * Shapes broadcast as in NumPy; a scalar meets a tile by splatting.
   * Integer `//` and `%` follow C (truncate toward zero), as on the GPU;
     Python semantics apply only to compile-time constants.
@@ -45,27 +51,20 @@ def is_const(x) -> bool:
 
 
 def param_hint(*xs) -> str:
-    """A hint when a scalar kernel parameter is used like a buffer (a launch passed a scalar)."""
-    for x in xs:
-        if isinstance(x, Value) and x.owner is None and isinstance(x.type, ScalarType):
+    """A hint when a scalar kernel parameter is used like a buffer (a launch passed a scalar),
+    found through the arithmetic that made `xs` (`Y + offs` with a scalar Y)."""
+    seen, todo = set(), [x for x in xs if isinstance(x, Value)]
+    while todo and len(seen) < 64:
+        x = todo.pop()
+        if x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.owner is None and isinstance(x.type, ScalarType) and x.hint:
             return (f" (parameter {x.hint!r} was passed a scalar; pass an mx.array if it is a "
                     f"buffer)")
-    return ""
-
-
-_PY_FOR = {"i": "a Python int", "u": "a Python int", "f": "a Python float", "b": "a Python bool"}
-
-
-def _scalar_origin(a: Value, b: Value) -> str:
-    """The launch argument behind a dtype mismatch with a scalar parameter: either a
-    buffer was passed a number, or a scalar the wrong kind of number (8.0, NaN or
-    True compared with an int32)."""
-    for x, other in ((a, b), (b, a)):
-        if x.owner is None and isinstance(x.type, ScalarType):
-            d = dtype_of(other.type)
-            return (f" (parameter {x.hint!r} was passed a scalar; pass an mx.array if it is a "
-                    f"buffer, or {_PY_FOR.get(d.kind, 'a number')} to match the {d} operand if "
-                    f"it is a scalar)")
+        owner = getattr(x, "owner", None)
+        if owner is not None and hasattr(owner, "operands") and owner.name != "load":
+            todo.extend(owner.operands)
     return ""
 
 
@@ -85,6 +84,38 @@ def broadcast_shapes(a: tuple, b: tuple) -> tuple:
             raise CompilationError(f"shapes {a} and {b} do not broadcast")
         out.append(max(x, y))
     return tuple(out)
+
+
+_KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2}
+
+
+def promote(a: dt.DType, b: dt.DType) -> dt.DType:
+    """The common dtype of two runtime operands (Triton's rules, see the module doc)."""
+    if a == b:
+        return a
+    ka, kb = _KIND_RANK[a.kind], _KIND_RANK[b.kind]
+    if ka != kb:
+        return a if ka > kb else b
+    if a.bits != b.bits:
+        return a if a.bits > b.bits else b
+    if a.is_float:  # float16 and bfloat16: neither holds the other's values
+        return dt.float32
+    return a if a.kind == "u" else b
+
+
+def number_dtype(x) -> dt.DType:
+    """The dtype a Python number takes on its own."""
+    if isinstance(x, bool):
+        return dt.bool_
+    if isinstance(x, int):
+        return dt.int32 if -2**31 <= x < 2**31 else dt.uint32 if 0 <= x < 2**32 else dt.int32
+    return dt.float32
+
+
+def with_number(d: dt.DType, x) -> dt.DType:
+    """The dtype of a runtime `d` operand combined with the Python number `x`."""
+    n = number_dtype(x)
+    return d if _KIND_RANK[n.kind] <= _KIND_RANK[d.kind] else n
 
 
 # Device atomics metile emits on every backend (Metal atomic_float/int/uint, CUDA atomicAdd).
@@ -127,9 +158,7 @@ class Semantics:
             return x
         if not is_const(x):
             raise CompilationError(f"expected a number or a runtime value, got {describe(x)}")
-        if dtype is None:
-            dtype = dt.bool_ if isinstance(x, bool) else dt.int32 if isinstance(x, int) else dt.float32
-        return self.literal(x, dtype)
+        return self.literal(x, number_dtype(x) if dtype is None else dtype)
 
     def broadcast_to(self, v: Value, shape: tuple) -> Value:
         have = shape_of(v.type)
@@ -178,14 +207,15 @@ class Semantics:
                                    f"a pointer only takes + or - an int32 offset (load or store "
                                    f"through it to get values)")
         if isinstance(a, Value) and isinstance(b, Value):
-            da, db = dtype_of(a.type), dtype_of(b.type)
-            if da != db:
-                raise CompilationError(
-                    f"operands of '{_SYMBOL.get(name, name)}' have different dtypes ({da} and {db}); "
-                    f"metile does not convert implicitly: cast one with metile.cast"
-                    + _scalar_origin(a, b))
-        (va, vb), shape = self.common(a, b)
-        d = dtype_of(va.type)
+            d = promote(dtype_of(a.type), dtype_of(b.type))
+        else:
+            v, x = (a, b) if isinstance(a, Value) else (b, a)
+            if not is_const(x):
+                raise CompilationError(f"expected a number or a runtime value, got {describe(x)}")
+            d = with_number(dtype_of(v.type), x)
+        if name == "div" and not d.is_float:
+            d = dt.float32  # `/` is true division, also between integers
+        (va, vb), shape = self.common(self.convert(a, d), self.convert(b, d))
         self._check_dtype(name, d)
         rtype = dt.bool_ if name in COMPARE else d
         return self.b.value(name, [va, vb], with_shape(ScalarType(rtype), shape))
@@ -237,6 +267,18 @@ class Semantics:
             self._check_dtype(name, d)
         return self.b.value(name, [x], x.type)
 
+    def convert(self, x, dtype: dt.DType) -> Value:
+        """`x` as a `dtype` value: implicit conversion (promotion, stores), folded for numbers."""
+        if isinstance(x, Value):
+            return x if is_pointer(x.type) else self.cast(x, dtype)
+        if not is_const(x):
+            raise CompilationError(f"expected a number or a runtime value, got {describe(x)}")
+        if dtype.is_bool:
+            return self.const(bool(x), dtype)
+        if dtype.is_float or not isinstance(x, float):
+            return self.const(x, dtype)
+        return self.cast(self.const(x, dt.float32), dtype)  # C's conversion: toward zero
+
     def cast(self, x, dtype: dt.DType):
         if isinstance(x, Value) and is_pointer(x.type):
             raise CompilationError("pointers cannot be cast")
@@ -249,16 +291,19 @@ class Semantics:
     def where(self, cond, a, b):
         if isinstance(cond, bool) or (is_const(cond) and not isinstance(cond, Value)):
             return a if cond else b
-        if dtype_of(cond.type) != dt.bool_:
-            raise CompilationError(f"where() condition must be bool, got {dtype_of(cond.type)}")
-        if isinstance(a, Value) and isinstance(b, Value) and dtype_of(a.type) != dtype_of(b.type):
-            raise CompilationError(f"where() branches have different dtypes "
-                                   f"({dtype_of(a.type)} and {dtype_of(b.type)}); cast one")
-        like = next((dtype_of(x.type) for x in (a, b) if isinstance(x, Value)), None)
-        if like is None:
-            like = dt.float32 if isinstance(a, float) or isinstance(b, float) else dt.int32
-        va, vb = self.to_value(a, like), self.to_value(b, like)
-        (c, va, vb), shape = self.common(cond, va, vb)
+        if not isinstance(cond, Value) or is_pointer(cond.type):
+            raise CompilationError(f"where() condition must be a bool or integer value, got "
+                                   f"{describe(cond)}")
+        if dtype_of(cond.type) != dt.bool_:  # Triton's rule: nonzero selects `a`
+            cond = self.binary("ne", cond, 0)
+        if isinstance(a, Value) and isinstance(b, Value):
+            d = promote(dtype_of(a.type), dtype_of(b.type))
+        elif isinstance(a, Value) or isinstance(b, Value):
+            v, x = (a, b) if isinstance(a, Value) else (b, a)
+            d = with_number(dtype_of(v.type), x)
+        else:
+            d = max((number_dtype(x) for x in (a, b)), key=lambda t: _KIND_RANK[t.kind])
+        (c, va, vb), shape = self.common(cond, self.convert(a, d), self.convert(b, d))
         return self.b.value("where", [c, va, vb], va.type)
 
     # -- memory -------------------------------------------------------------------
@@ -271,10 +316,7 @@ class Semantics:
             mask = self._mask(mask)
             if other is None:  # masked-off lanes read zero (False in a bool buffer)
                 other = False if pt.dtype.is_bool else 0
-            other = self.to_value(other, pt.dtype)
-            if dtype_of(other.type) != pt.dtype:
-                raise CompilationError(f"load() other= has dtype {dtype_of(other.type)}, "
-                                       f"the buffer holds {pt.dtype}")
+            other = self.convert(other, pt.dtype)
             ops, shape = self.common(ptr, mask, other)
         shape = shape_of(ops[0].type)
         return self.b.value("load", ops, with_shape(ScalarType(pt.dtype), shape))
@@ -290,10 +332,10 @@ class Semantics:
         if atomic and pt.dtype.name not in ATOMIC_DTYPES:
             raise CompilationError(f"atomic_add() on a {pt.dtype} buffer is not supported; "
                                    f"it takes {', '.join(ATOMIC_DTYPES)} buffers")
-        value = self.to_value(value, pt.dtype)
-        if dtype_of(value.type) != pt.dtype:
-            raise CompilationError(f"{what} of a {dtype_of(value.type)} value into a {pt.dtype} "
-                                   f"buffer; cast it explicitly")
+        if isinstance(value, Value) and is_pointer(value.type):
+            raise CompilationError(f"{what} of a pointer: MLX exposes no device addresses, so "
+                                   f"pointers cannot be stored")
+        value = self.convert(value, pt.dtype)
         items = [ptr, value] + ([self._mask(mask)] if mask is not None else [])
         ops, shape = self.common(*items)
         if len(shape) < len(shape_of(ptr.type)) or shape_of(ptr.type) != shape:
