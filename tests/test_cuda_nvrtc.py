@@ -8,7 +8,7 @@ import pytest
 
 import metile
 from dsl_kernels import block_sum, layernorm, softmax_rows, transpose, vector_add, view_copy
-from metile_kernels.gemm import grid, matmul, matmul_epilogue
+from metile_kernels.gemm import grid, linear_epilogue, matmul, matmul_epilogue
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 from test_atomics import block_total, column_sums, histogram, thread_level_counts
 from test_fragments import (INLINE, attention_tiles, half_products, masked_tiles, per_group_tiles,
@@ -33,6 +33,13 @@ def _gemm(dtype, m=72, n=40, k=44, kernel=matmul, tile=(32, 32, 16), **kw):
     args = (a, b, _z(m, n), m, n, k) + ((1.5, -0.25) if kernel is matmul_epilogue else ())
     return kernel[grid(m, n, bm, bn)].prepare(*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                                               **extra, **kw)
+
+
+def _linear(dtype, m, n, k, tile, **kw):
+    bm, bn, bk = tile
+    return linear_epilogue[grid(m, n, bm, bn)].prepare(
+        _z(m, k, dtype=dtype), _z(k, n, dtype=dtype), _z(m, n, dtype=dtype),
+        _z(max(m, n), dtype=dtype), _z(m, n, dtype=dtype), m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **kw)
 
 
 CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
@@ -88,6 +95,14 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
     "gemm_ffma_fallback_double_buffer": lambda backend=None: _gemm(
         F32, 70, 50, 37, tile=(32, 32, 4), SCHEDULE=metile.Schedule(double_buffer=True),
         backend=backend),
+    # epilogues that read (tests/test_epilogue_reads.py): bias per column / row, residual
+    "gemm_f16_bias_gelu_residual": lambda backend=None: _linear(
+        F16, 200, 136, 72, (128, 128, 32), num_simdgroups=8, BIAS="columns", RESIDUAL=True,
+        EPILOGUE="gelu_tanh", backend=backend),
+    "gemm_bf16_row_bias": lambda backend=None: _linear(
+        BF16, 75, 45, 37, (32, 32, 16), BIAS="rows", EPILOGUE="relu", backend=backend),
+    "gemm_f32_ffma_bias_residual": lambda backend=None: _linear(
+        F32, 70, 50, 37, (32, 32, 16), BIAS="columns", RESIDUAL=True, backend=backend),
     "fragments_two_products": lambda backend=None: two_products[(1,)].prepare(
         _z(8, 8), _z(8, 8), _z(8, 8), STRICT_MATH=True, SCHEDULE=INLINE, backend=backend),
     "fragments_masked_tiles": lambda backend=None: masked_tiles[(1,)].prepare(

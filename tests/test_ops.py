@@ -119,8 +119,9 @@ def test_explain_says_which_path_and_why(rng):
     assert forced["route"]["source"] == "requested" and forced["config"] == ops.BLOCK
     assert forced["execution_report"]["epilogue_regions"] == 1
     with_bias = json.loads(ops.explain_linear(x, w, mx.zeros((3,)), "relu", backend="metile"))
-    assert "extra memory read" in with_bias["unfused"]
-    assert with_bias["execution_report"]["epilogue_regions"] == 0
+    # bias and activation are one fused epilogue that reads the bias vector
+    assert with_bias["execution_report"]["epilogue_regions"] == 1
+    assert [r["buffer"] for r in with_bias["epilogue_reads"]] == ["bias"]
 
 
 def test_metile_namespace_after_plain_import():

@@ -7,10 +7,12 @@ Both take and return lazy mx.arrays, work inside mx.compile, and are
 differentiable (mx.custom_function; the backward pass uses MLX ops, recomputing
 the pre-activation where the activation's derivative needs it).
 
-The GEMM epilogue (the activation) is fused into the kernel's output store.  A
-bias vector is an extra memory read, which GEMM epilogue fusion does not take
-(see the compiler's epilogue rules), so `linear` with a bias runs the GEMM
-without an epilogue and adds the bias and activation as MLX ops.
+The GEMM epilogue is fused into the kernel's output store: the activation, and
+for `linear` the bias vector and the residual matrix, which the epilogue reads
+per output element (`linear_epilogue` in metile_kernels/gemm.py; the compiler's
+contract for epilogue reads is passes/gemm_epilogue_reads.py):
+
+    y = metile.ops.linear(x, weight, bias, "gelu_tanh", residual=h)   # act(x @ w.T + b) + h
 
 Which path runs (`backend=`): "metile" forces the kernel, "mlx" MLX's own
 composite, and "auto" (the default) routes by measurement (runtime/routing.py):
@@ -170,12 +172,64 @@ def _linear_mlx(x2, weight, bias, activation, slope):
     return activate(z.astype(mx.float32), activation, slope).astype(x2.dtype)
 
 
-def _linear_metile(x2, weight, bias, activation, slope, block=None):
-    if bias is None:
+def _linear_mlx_residual(x2, weight, bias, activation, slope, residual=None):
+    z = _linear_mlx(x2, weight, bias, activation, slope)
+    return z if residual is None else z + residual
+
+
+def _launch_linear(x2, wt, bias, residual, activation, slope, block=None, dispatch_only=False):
+    from metile_kernels.gemm import grid, linear_epilogue
+
+    m, k = x2.shape
+    n = wt.shape[1]
+    block = _block(m, n, x2.dtype) if block is None else block
+    launcher = linear_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
+    # An absent bias/residual is never read; any array fills its slot.
+    args = (x2, wt, mx.zeros((m, n), x2.dtype), x2 if bias is None else bias,
+            x2 if residual is None else residual, m, n, k)
+    kw = dict(BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
+              EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
+    return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+
+
+def _fused_linear(activation, slope, block, has_bias, has_residual):
+    """A differentiable act(x2 @ wt + bias) + residual whose forward is one metile kernel."""
+
+    def unpack(arrays):
+        rest = list(arrays[2:])
+        bias = rest.pop(0) if has_bias else None
+        return arrays[0], arrays[1], bias, (rest.pop(0) if has_residual else None)
+
+    @mx.custom_function
+    def f(*arrays):
+        x2, wt, bias, residual = unpack(arrays)
+        return _launch_linear(x2, wt, bias, residual, activation, slope, block)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x2, wt, bias, residual = unpack(primals)
+        z = x2.astype(mx.float32) @ wt.astype(mx.float32)
+        if bias is not None:
+            z = z + bias.astype(mx.float32)
+        c = cotangent.astype(mx.float32)
+        g = c * _activation_grad(z, activation, slope)
+        grads = [(g @ wt.astype(mx.float32).T).astype(x2.dtype),
+                 (x2.astype(mx.float32).T @ g).astype(wt.dtype)]
+        if bias is not None:
+            grads.append(g.sum(axis=0).astype(bias.dtype))
+        if residual is not None:
+            grads.append(c.astype(residual.dtype))
+        return tuple(grads)
+
+    return f
+
+
+def _linear_metile(x2, weight, bias, activation, slope, block=None, residual=None):
+    if bias is None and residual is None:
         return _fused_matmul(activation, slope, block)(x2, weight.T)
-    # The bias is an extra memory read: not part of the fused epilogue.
-    y = _fused_matmul(None, slope, block)(x2, weight.T)
-    return activate((y + bias).astype(mx.float32), activation, slope).astype(x2.dtype)
+    extra = [a for a in (bias, residual) if a is not None]
+    return _fused_linear(activation, slope, block, bias is not None,
+                         residual is not None)(x2, weight.T, *extra)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -222,6 +276,14 @@ def _fingerprints() -> dict:
             "kernel": cache.source_fingerprint(matmul_epilogue.fn)}
 
 
+@functools.lru_cache(maxsize=1)
+def _linear_fingerprint() -> str:
+    from metile_kernels.gemm import linear_epilogue
+
+    from .runtime import cache
+    return cache.source_fingerprint(linear_epilogue.fn)
+
+
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two: calls whose row counts share a bucket share
     a routing decision (decoding steps and prefill lengths vary; N and K do not)."""
@@ -231,12 +293,14 @@ def m_bucket(m: int) -> int:
 _keys: dict[tuple, tuple[str, dict]] = {}
 
 
-def _signature(op, dtype, m, n, k, layout, epilogue, has_bias) -> tuple[str, dict]:
+def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
+               has_residual=False) -> tuple[str, dict]:
     """(decision key, key parts) of a call; memoised, since every auto call needs it."""
     device = mx.default_device().type
     device_type = "gpu" if device == mx.gpu else "cpu"
     env = routing.environment()
-    memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, device_type, env)
+    memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, has_residual,
+            device_type, env)
     hit = _keys.get(memo)
     if hit is not None:
         return hit
@@ -246,6 +310,9 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias) -> tuple[str, dic
              "device": _device_description(device_type),
              "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
              "environment": dict(env), "toolchain": routing.tuning.toolchain(), **_fingerprints()}
+    if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
+        parts["residual"] = has_residual
+        parts["linear_kernel"] = _linear_fingerprint()
     hit = _keys[memo] = (routing.decision_key(parts), parts)
     return hit
 
@@ -283,27 +350,37 @@ def _operands(shapes, dtype):
             for i, s in enumerate(shapes)]
 
 
-def _candidates(op, activation, slope, dtype, has_bias):
+def _candidates(op, activation, slope, dtype, has_bias, has_residual=False):
     if op == "matmul":
         ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
         return [ref] + [routing.Candidate(_config_name(c),
                                           lambda a, b, c=c: _fused_matmul(activation, slope, c)(a, b))
                         for c in metile_configs(dtype)]
 
-    def ref_run(x, w, *bias):
-        return _linear_mlx(x, w, bias[0] if bias else None, activation, slope)
+    def split(extra):
+        extra = list(extra)
+        bias = extra.pop(0) if has_bias else None
+        return bias, (extra.pop(0) if has_residual else None)
+
+    def ref_run(x, w, *extra):
+        bias, residual = split(extra)
+        return _linear_mlx_residual(x, w, bias, activation, slope, residual)
 
     def kernel_run(c):
-        return lambda x, w, *bias: _linear_metile(x, w, bias[0] if bias else None, activation,
-                                                  slope, c)
+        def run(x, w, *extra):
+            bias, residual = split(extra)
+            return _linear_metile(x, w, bias, activation, slope, c, residual)
+        return run
 
     return ([routing.Candidate(routing.REFERENCE, ref_run)]
             + [routing.Candidate(_config_name(c), kernel_run(c)) for c in metile_configs(dtype)])
 
 
-def _route(op, arrays, activation, slope, backend, *, measure=None, force=False) -> _Route:
+def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
+           residual=None) -> _Route:
     """Which implementation runs.  `arrays`: (a2, b) for matmul, (x2, weight[, bias])
-    for linear.  measure: None = when a tuning scope or METILE_OPS_TUNE asks."""
+    for linear; `residual` (rows, N) for linear's residual add.  measure: None = when a
+    tuning scope or METILE_OPS_TUNE asks."""
     if backend not in ("auto", "metile", "mlx"):
         raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
     a2, b = arrays[0], arrays[1]
@@ -317,16 +394,19 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False)
                                                         "backend='metile' requested"))
     layout = "a@b" if op == "matmul" else "x@w.T"
     has_bias = len(arrays) > 2
-    key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias)
+    has_residual = residual is not None
+    key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual)
     entry, path = (None, None) if force else routing.lookup(key)
     if entry is not None:
         decision = routing.from_entry(entry, path)
     else:
         measure = routing.measuring_requested() if measure is None else measure
-        if measure and routing.can_evaluate(*arrays):
-            shapes = [(m, k), tuple(b.shape)] + ([tuple(arrays[2].shape)] if has_bias else [])
+        extra = (residual,) if has_residual else ()
+        if measure and routing.can_evaluate(*arrays, *extra):
+            shapes = [(m, k), tuple(b.shape)] + ([tuple(arrays[2].shape)] if has_bias else []) \
+                + ([(m, n)] if has_residual else [])
             decision = routing.measure(
-                key, parts, _candidates(op, activation, slope, a2.dtype, has_bias),
+                key, parts, _candidates(op, activation, slope, a2.dtype, has_bias, has_residual),
                 _operands(shapes, a2.dtype), _validate, budget_s=routing.budget(),
                 clock=routing.scope_clock())
         else:
@@ -359,6 +439,21 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     return out.reshape(*a.shape[:-1], b.shape[1])
 
 
+def _check_residual(x, weight, residual):
+    if residual is None:
+        return
+    if not isinstance(residual, mx.array):
+        raise TypeError(f"[metile.ops] residual must be an mx.array or None, got "
+                        f"{type(residual).__name__}")
+    want = (*x.shape[:-1], weight.shape[0])
+    if tuple(residual.shape) != want:
+        raise ValueError(f"[metile.ops] residual shape {tuple(residual.shape)} does not match "
+                         f"the output shape {want}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"[metile.ops] residual has dtype {residual.dtype}; expected x's "
+                        f"dtype {x.dtype}")
+
+
 def _check_linear(x, weight, bias, activation, slope):
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
@@ -372,18 +467,23 @@ def _check_linear(x, weight, bias, activation, slope):
                          "output features")
 
 
-def linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
+def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str = "auto",
            negative_slope: float = LEAKY_SLOPE):
-    """activation(x @ weight.T + bias), weight stored (out_features, in_features) as in MLX."""
+    """activation(x @ weight.T + bias) + residual, weight stored (out_features,
+    in_features) as in MLX; `residual` (optional) has the output's shape and x's dtype
+    (the transformer's residual add).  On the metile path bias, activation and residual
+    are one fused epilogue."""
     _check_activation(activation, negative_slope)
     _check_linear(x, weight, bias, activation, negative_slope)
+    _check_residual(x, weight, residual)
     x2 = _rows(x)
+    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
     arrays = (x2, weight) if bias is None else (x2, weight, bias)
-    route = _route("linear", arrays, activation, negative_slope, backend)
+    route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
-        out = _linear_mlx(x2, weight, bias, activation, negative_slope)
+        out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
     else:
-        out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block)
+        out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -410,30 +510,41 @@ def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     return route.decision.to_dict()
 
 
-def tune_linear(x, weight, bias=None, activation=None, *, negative_slope: float = LEAKY_SLOPE,
-                budget_s: float | None = None, force: bool = False, clock=None) -> dict:
+def tune_linear(x, weight, bias=None, activation=None, *, residual=None,
+                negative_slope: float = LEAKY_SLOPE, budget_s: float | None = None,
+                force: bool = False, clock=None) -> dict:
     """tune_matmul for `linear`'s signature."""
     _check_activation(activation, negative_slope)
     _check_linear(x, weight, bias, activation, negative_slope)
-    arrays = (_rows(x), weight) if bias is None else (_rows(x), weight, bias)
+    _check_residual(x, weight, residual)
+    x2 = _rows(x)
+    arrays = (x2, weight) if bias is None else (x2, weight, bias)
+    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
     with routing.tuning_scope(budget_s, clock):
         route = _route("linear", arrays, activation, negative_slope, "auto", measure=True,
-                       force=force)
+                       force=force, residual=r2)
     return route.decision.to_dict()
 
 
 # -- explaining ---------------------------------------------------------------------------------
 
-def _explain(op, arrays, activation, slope, backend, epilogue_in_kernel) -> dict:
-    route = _route(op, arrays, activation, slope, backend, measure=False)
+def _explain(op, arrays, activation, slope, backend, residual=None) -> dict:
+    route = _route(op, arrays, activation, slope, backend, measure=False, residual=residual)
     d = route.decision
     info = {"op": op, "path": "metile_kernel" if route.path == "metile" else "mlx_composite",
             "reason": d.reason, "epilogue": activation, "route": d.to_dict()}
     if route.path == "metile":
         a2, b = arrays[0], arrays[1]
         rhs = b if op == "matmul" else b.T
-        dispatch = _launch(a2, rhs, epilogue_in_kernel, slope, route.block, dispatch_only=True)
+        bias = arrays[2] if len(arrays) > 2 else None
+        if bias is None and residual is None:
+            dispatch = _launch(a2, rhs, activation, slope, route.block, dispatch_only=True)
+        else:
+            dispatch = _launch_linear(a2, rhs, bias, residual, activation, slope, route.block,
+                                      dispatch_only=True)
         info["config"] = dict(route.block)
+        # what the fused epilogue reads besides the accumulator (bias, residual)
+        info["epilogue_reads"] = dispatch.variant.data["lowering"]["matmul"]["epilogue_reads"]
         info["execution_report"] = dispatch.execution_report.to_dict()
     return info
 
@@ -444,19 +555,17 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     its measured times per candidate, in microseconds), and the kernel's report.
     Never measures: a call with no recorded decision reports the cost model."""
     _check(a, b, epilogue, negative_slope)
-    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend,
-                               epilogue), indent=2)
+    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend),
+                      indent=2)
 
 
-def explain_linear(x, weight, bias=None, activation=None, *, backend: str = "auto",
-                   negative_slope: float = LEAKY_SLOPE) -> str:
+def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
+                   backend: str = "auto", negative_slope: float = LEAKY_SLOPE) -> str:
     _check_activation(activation, negative_slope)
     _check_linear(x, weight, bias, activation, negative_slope)
-    arrays = (_rows(x), weight) if bias is None else (_rows(x), weight, bias)
-    info = _explain("linear", arrays, activation, negative_slope, backend,
-                    None if bias is not None else activation)
-    if bias is not None and info["path"] == "metile_kernel":
-        info["unfused"] = (f"bias add{' and ' + activation if activation else ''} run as MLX ops: "
-                           "a bias vector is an extra memory read, which the GEMM epilogue does "
-                           "not fuse")
-    return json.dumps(info, indent=2)
+    _check_residual(x, weight, residual)
+    x2 = _rows(x)
+    arrays = (x2, weight) if bias is None else (x2, weight, bias)
+    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
+    return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
+                      indent=2)
