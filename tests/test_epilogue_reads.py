@@ -8,6 +8,7 @@ Tolerances as in test_gemm.py (the output's dtype adds one rounding).
 """
 
 import inspect
+import json
 
 import mlx.core as mx
 import numpy as np
@@ -81,6 +82,8 @@ def test_residual_only_and_report(rng):
     info = d.variant.data["lowering"]["matmul"]
     assert [r["buffer"] for r in info["epilogue_reads"]] == ["residual"]
     assert info["epilogue_reads"][0]["kind"] == "matrix"
+    assert ("epilogue reads 'residual' (float16 matrix) at the store's coordinates, within the "
+            "store's bounds") in json.loads(d.explain())["notes"]
 
 
 @metile.kernel

@@ -209,10 +209,16 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
         double_buffered=bool(meta.get("double_buffered", False)),
         vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
         epilogue_regions=int(meta.get("epilogue_regions", 0)),
-        notes=(target.terms_note,) if target.terms_note else (),
+        notes=((target.terms_note,) if target.terms_note else ()) + _read_notes(meta),
         num_stages=meta.get("stages"))
     validate_report(report, target.threadgroup_memory_bytes)
     return report
+
+
+def _read_notes(matmul: dict) -> tuple[str, ...]:
+    """One note per memory read fused into the GEMM epilogue (bias, residual)."""
+    return tuple(f"epilogue reads {r['buffer']!r} ({r['dtype']} {r['kind']}) at the store's "
+                 f"coordinates, within the store's bounds" for r in matmul.get("epilogue_reads", []))
 
 
 def report_from_dict(data: dict) -> ExecutionReport:
