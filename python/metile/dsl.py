@@ -1,12 +1,13 @@
 """The public names of metile's kernel language (re-exported by `metile`)."""
 
 from .errors import CompilationError, LaunchError
-from .language import (BUILTINS, DType, bfloat16, bool_, constexpr, float16, float32, int32,
-                       uint32)
+from .language import (BUILTINS, DType, bfloat16, bool_, constexpr, float16, float32, int1, int32,
+                       math, uint32)
 from .language.core import *  # noqa: F401,F403
 from .runtime.dispatch import Dispatch
 from .runtime.kernel import Kernel, inline, kernel
 
 __all__ = ["kernel", "inline", "constexpr", "CompilationError", "LaunchError", "Kernel",
-           "Dispatch", "DType", "float32", "float16", "bfloat16", "int32", "uint32", "bool_",
+           "Dispatch", "DType", "float32", "float16", "bfloat16", "int32", "uint32", "bool_", "int1",
+           "math",
            *BUILTINS]

@@ -18,7 +18,7 @@ from ..language import dtypes as dt
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%",
          "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
          "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-MATH = ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid")
+from ..ir.ops import MATH_BINARY, MATH_UNARY as MATH
 
 
 class CEmitter:
@@ -105,6 +105,8 @@ class CEmitter:
             return self.math("abs", a[0], rt) if rt.dtype.is_float else f"metal::abs({a[0]})"
         if name in MATH:
             return self.math(name, a[0], rt)
+        if name in MATH_BINARY:
+            return self.math(name, a[0], rt, a[1])
         if name == "cast":
             return self.cast(a[0], op.operands[0].type, rt)
         if name == "where":
@@ -120,14 +122,16 @@ class CEmitter:
         cmp = ">" if name == "maximum" else "<"
         return f"({a[0]} {cmp} {a[1]} ? {a[0]} : {a[1]})"
 
-    def math(self, name: str, x: str, rt) -> str:
-        if name == "erf":
-            self.helpers_used.add("erf")
+    def math(self, name: str, x: str, rt, y: str | None = None) -> str:
+        """Float math in float32: half and bfloat16 operands convert around the call."""
+        if name in self.HELPERS:
+            self.helpers_used.add(name)
         fmt = self.MATH_FUNCS[name]
         if rt.dtype == dt.float32:
-            return fmt.format(x=x)
+            return fmt.format(x=x, y=y)
         t = self.type(rt)
-        return f"static_cast<{t}>({fmt.format(x=f'static_cast<float>({x})')})"
+        x, y = (f"static_cast<float>({v})" for v in (x, y))
+        return f"static_cast<{t}>({fmt.format(x=x, y=y)})"
 
     def cast(self, x: str, src, dst) -> str:
         if dst.dtype.is_bool:

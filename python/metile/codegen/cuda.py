@@ -249,7 +249,10 @@ class CUDAEmitter(CEmitter):
     }
     MATH_FUNCS = {"exp": "expf({x})", "exp2": "exp2f({x})", "log": "logf({x})", "sqrt": "sqrtf({x})",
                   "rsqrt": "rsqrtf({x})", "tanh": "tanhf({x})", "abs": "fabsf({x})", "erf": "erff({x})",
-                  "sigmoid": "(1.0f / (1.0f + expf(-({x}))))"}
+                  "sigmoid": "(1.0f / (1.0f + expf(-({x}))))", "log2": "log2f({x})",
+                  "sin": "sinf({x})", "cos": "cosf({x})", "tan": "tanf({x})", "asin": "asinf({x})",
+                  "acos": "acosf({x})", "atan": "atanf({x})", "floor": "floorf({x})",
+                  "ceil": "ceilf({x})", "pow": "powf({x}, {y})", "atan2": "atan2f({x}, {y})"}
     SIMD_REDUCE = {"sum": "metile_warp_sum", "max": "metile_warp_max", "min": "metile_warp_min"}
     INFINITY = "cuda::std::numeric_limits<float>::infinity()"
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
@@ -352,16 +355,6 @@ class CUDAEmitter(CEmitter):
         if op.name == "abs" and not op.results[0].type.dtype.is_float:
             return f"abs({self.ref(op.operands[0])})"
         return super().expr(op)
-
-    def math(self, name: str, x: str, rt) -> str:
-        # CUDA has erff; the shared printer would request Metal's helper.
-        if name == "erf":
-            fmt = self.MATH_FUNCS[name]
-            if rt.dtype.name == "float32":
-                return fmt.format(x=x)
-            return f"static_cast<{self.type(rt)}>({fmt.format(x=f'static_cast<float>({x})')})"
-        return super().math(name, x, rt)
-
 
 def emit_cuda(fn: Function, scalars: set[str] = frozenset()) -> tuple[str, str]:
     """(header, body) of a thread-form function; `scalars` names the runtime

@@ -42,7 +42,12 @@ class MSLEmitter(CEmitter):
     MATH_FUNCS = {"exp": "metal::exp({x})", "exp2": "metal::exp2({x})", "log": "metal::log({x})",
                   "sqrt": "metal::sqrt({x})", "rsqrt": "metal::rsqrt({x})",
                   "tanh": "metal::tanh({x})", "abs": "metal::abs({x})",
-                  "erf": "metile_erf({x})", "sigmoid": "(1.0f / (1.0f + metal::exp(-({x}))))"}
+                  "erf": "metile_erf({x})", "sigmoid": "(1.0f / (1.0f + metal::exp(-({x}))))",
+                  "log2": "metal::log2({x})", "sin": "metal::sin({x})", "cos": "metal::cos({x})",
+                  "tan": "metal::tan({x})", "asin": "metal::asin({x})", "acos": "metal::acos({x})",
+                  "atan": "metal::atan({x})", "floor": "metal::floor({x})",
+                  "ceil": "metal::ceil({x})", "pow": "metal::pow({x}, {y})",
+                  "atan2": "metal::atan2({x}, {y})"}
     SIMD_REDUCE = {"sum": "metal::simd_sum", "max": "metal::simd_max", "min": "metal::simd_min"}
     INFINITY = "metal::numeric_limits<float>::infinity()"
     NAN = "metal::numeric_limits<float>::quiet_NaN()"

@@ -14,7 +14,7 @@ from ..ir.core import Value
 from ..ir.types import PointerType, ScalarType, TileType
 from ..language import dtypes as dt
 from ..errors import CompilationError
-from .semantics import describe, is_const
+from .semantics import broadcast_shapes, describe, is_const
 from .views import TensorView, make_view
 
 IMPLS = {}
@@ -139,8 +139,44 @@ def _unary(name):
         return gen.sem.unary(name, x)
 
 
-for _name in ("exp", "exp2", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "erf"):
+for _name in ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "erf",
+              "sin", "cos", "tan", "asin", "acos", "atan", "floor", "ceil"):
     _unary(_name)
+
+# Triton's correctly rounded spellings: metile's division and square root are the
+# backend's (Metal's fast math is not correctly rounded; see README "Coming from Triton").
+IMPLS["sqrt_rn"] = IMPLS["sqrt"]
+
+
+def _binary_math(name):
+    @builtin("x, y", name)
+    def impl(gen, x, y):
+        return gen.sem.binary(name, x, y)
+
+
+for _name in ("pow", "atan2"):
+    _binary_math(_name)
+
+
+@builtin("x, y, ieee_rounding=False")
+def fdiv(gen, x, y, ieee_rounding):
+    return gen.sem.binary("div", x, y)
+
+
+@builtin("x, y")
+def div_rn(gen, x, y):
+    return gen.sem.binary("div", x, y)
+
+
+@builtin("x, y, z")
+def fma(gen, x, y, z):
+    # two roundings (multiply, then add): metile has no fused op yet
+    return gen.sem.binary("add", gen.sem.binary("mul", x, y), z)
+
+
+@builtin("x, min, max, propagate_nan=None")
+def clamp(gen, x, min, max, propagate_nan):
+    return gen.sem.binary("minimum", gen.sem.binary("maximum", x, min), max)
 
 
 @builtin("x, dtype")
@@ -165,6 +201,37 @@ def _shape(shape, what):
         raise CompilationError(f"{what} shape must be a tuple of positive constexpr ints, "
                                f"got {describe(shape) if isinstance(shape, Value) else shape!r}")
     return shape
+
+
+@builtin("input, axis")
+def expand_dims(gen, input, axis):
+    if not isinstance(input, Value) or not isinstance(input.type, TileType):
+        raise CompilationError(f"expand_dims() needs a tile, got {describe(input)}")
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    out = input
+    for a in axes:
+        need_constexpr(a, "expand_dims() axis")
+        rank = len(out.type.shape) + 1
+        if not -rank <= a < rank:
+            raise CompilationError(f"expand_dims() axis {a} is out of range for a rank-{rank} "
+                                   f"result")
+        out = gen.sem.expand_dims(out, a % rank)
+    return out
+
+
+@builtin("input, shape")
+def broadcast_to(gen, input, shape):
+    shape = _shape(shape, "broadcast_to()")
+    v = gen.sem.to_value(input)
+    have = v.type.shape if isinstance(v.type, TileType) else ()
+    try:
+        fits = len(shape) >= len(have) and broadcast_shapes(have, shape) == shape
+    except CompilationError:
+        fits = False
+    if not fits:
+        raise CompilationError(f"broadcast_to(): a tile of shape {have} does not broadcast to "
+                               f"{shape}")
+    return gen.sem.broadcast_to(v, shape)
 
 
 @builtin("shape, dtype='float32'")
@@ -209,6 +276,79 @@ def shared(gen, size, dtype):
 @builtin("")
 def barrier(gen):
     gen.b.op("barrier")
+
+
+IMPLS["debug_barrier"] = IMPLS["barrier"]
+
+
+# -- hints and compile-time helpers ---------------------------------------------------
+# Triton's compiler reads multiple_of / max_contiguous / max_constancy / assume to prove
+# alignment; metile's passes prove alignment and bounds from the index arithmetic itself,
+# so the hints are checked for form and otherwise do not change the program.
+
+def _hint(name):
+    @builtin("input, values", name)
+    def impl(gen, input, values):
+        vals = values if isinstance(values, tuple) else (values,)
+        if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                for v in vals):
+            raise CompilationError(f"{name}() values must be positive constexpr ints, "
+                                   f"got {describe(values)}")
+        if not isinstance(input, Value) and not is_const(input):
+            raise CompilationError(f"{name}() needs a value, got {describe(input)}")
+        return input
+
+
+for _name in ("multiple_of", "max_contiguous", "max_constancy"):
+    _hint(_name)
+
+
+@builtin("cond")
+def assume(gen, cond):
+    if not isinstance(cond, Value):
+        if not cond:
+            raise CompilationError("assume() of a condition that is false at compile time")
+        return None
+    if cond.type != ScalarType(dt.bool_):
+        raise CompilationError(f"assume() needs a bool scalar condition, got {describe(cond)}")
+    return None
+
+
+@builtin("cond, msg=''")
+def static_assert(gen, cond, msg):
+    if isinstance(cond, Value):
+        raise CompilationError("static_assert() needs a compile-time condition, got "
+                               f"{describe(cond)}")
+    if not cond:
+        raise CompilationError(f"static_assert failed{': ' + str(msg) if msg else ''}")
+
+
+def _static_print(gen, args, kwargs):
+    loc = gen.b.loc
+    shown = [str(a.type) if isinstance(a, Value) else repr(a) if not isinstance(a, str) else a
+             for a in args]
+    print(f"{loc.file}:{loc.line}: static_print:", *shown, **{k: v for k, v in kwargs.items()
+                                                               if k in ("sep", "end")})
+
+
+IMPLS["static_print"] = _static_print
+
+
+@builtin("n")
+def next_power_of_2(gen, n):
+    need_constexpr(n, "next_power_of_2() argument")
+    from ..language.core import next_power_of_2 as host
+    return host(n)
+
+
+def _loop_only(name):
+    def impl(gen, args, kwargs):
+        raise CompilationError(f"{name}() can only be used as the iterable of a for loop")
+    return impl
+
+
+for _name in ("static_range", "range"):
+    IMPLS[_name] = _loop_only(_name)
 
 
 @builtin("buffer, shape=None, strides=None, block_shape=None, access='readwrite'")

@@ -178,20 +178,28 @@ class ControlFlow:
         it = node.iter
         func = self.visit(it.func) if isinstance(it, ast.Call) else None
         kind = {py_builtins.range: "range"}.get(func) if func is not None else None
-        if func is not None and getattr(func, "__metile_builtin__", None) == "tile_range":
-            kind = "tile_range"
+        builtin = getattr(func, "__metile_builtin__", None)
+        if builtin in ("tile_range", "range", "static_range"):
+            kind = builtin
         if kind is None:
-            raise CompilationError("a kernel loop must iterate over range(...) or "
-                                   "metile.tile_range(...)")
+            raise CompilationError("a kernel loop must iterate over range(...), metile.range(...), "
+                                   "metile.static_range(...) or metile.tile_range(...)")
         args = [self.visit(a) for a in it.args]
         kwargs = {k.arg: self.visit(k.value) for k in it.keywords}
-        if kwargs or not 1 <= len(args) <= 3:
+        if kind != "static_range":
+            _loop_options(kind, kwargs, self.b.loc)
+        elif kwargs:
+            raise CompilationError(f"static_range() takes no keyword arguments, got "
+                                   f"{', '.join(kwargs)}")
+        if not 1 <= len(args) <= 3:
             raise CompilationError(f"{kind}() takes 1 to 3 positional arguments")
         if len(args) == 1:
             args = [0, args[0]]
         start, end, step = (args + [1])[:3]
         if is_const(step) and step <= 0:
             raise CompilationError(f"{kind}() step must be positive, got {step}")
+        if kind == "static_range":
+            return self._unrolled(node, start, end, step)
         bounds = []
         for v in (start, end, step):
             v = self.sem.to_value(v, dt.int32)
@@ -210,6 +218,19 @@ class ControlFlow:
         op = self.b.op("for", bounds + [self.env[n] for n in carried],
                        [self.env[n].type for n in carried], {"kind": kind}, [body])
         self._after_loop(env, carried, op.results, node)
+
+    def _unrolled(self, node, start, end, step):
+        """static_range: the body once per value, the loop variable a compile-time int."""
+        for v in (start, end, step):
+            if isinstance(v, Value) or isinstance(v, bool) or not isinstance(v, int):
+                raise CompilationError(f"static_range() bounds must be constexpr ints, got "
+                                       f"{describe(v)}")
+        if len(range(start, end, step)) > 4096:
+            raise CompilationError(f"static_range({start}, {end}, {step}) unrolls "
+                                   f"{len(range(start, end, step))} bodies; at most 4096")
+        for i in range(start, end, step):
+            self.env[node.target.id] = i
+            self.visit_body(node.body)
 
     def _yield(self, block, env, carried, what):
         values = []
@@ -267,6 +288,31 @@ class ControlFlow:
         op = self.b.op("while", [self.env[n] for n in carried], [self.env[n].type for n in carried],
                        _exit_attrs(node), [cond_block, body])
         self._after_loop(env, carried, op.results, node)
+
+
+# Triton's loop options: accepted, and each one this compiler does not honour warns
+# (the loop still runs, in order, once per iteration).
+_LOOP_OPTIONS = {
+    "num_stages": "software pipelining of a loop is not done here; metile pipelines the "
+                  "K loop of a recognised GEMM, set by Schedule(num_stages=...)",
+    "warp_specialize": "metile does not specialize warps",
+    "loop_unroll_factor": "metile does not unroll runtime loops on request",
+    "disallow_acc_multi_buffer": "metile does not multi-buffer accumulators",
+    "flatten": "metile does not flatten loop nests",
+    "disable_licm": "metile does not hoist loop invariants",
+}
+
+
+def _loop_options(kind, kwargs, loc) -> None:
+    import warnings
+    for name in list(kwargs):
+        value = kwargs.pop(name)
+        if name not in _LOOP_OPTIONS:
+            raise CompilationError(f"{kind}() got an unexpected keyword argument {name!r}")
+        if value is None or value is False or name == "num_stages" and value == 1:
+            continue
+        warnings.warn(f"{loc.file}:{loc.line}: {kind}({name}={value!r}) is accepted but not "
+                      f"honoured: {_LOOP_OPTIONS[name]}", stacklevel=2)
 
 
 def _const_dtype(x):

@@ -18,6 +18,7 @@ import types
 from ..ir.core import Builder, Value
 from ..ir.types import TileType, dtype_of, elem_type, shape_of
 from ..language import dtypes as dt
+from ..language import unsupported
 from .builtins import IMPLS, view_method
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -299,7 +300,8 @@ class Generator(ControlFlow):
             if attr == "to":
                 return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw)))
             if attr == "T" and len(shape_of(obj.type)) == 2:
-                raise CompilationError("transpose (.T) of a tile is not supported yet")
+                raise CompilationError("transpose (.T, Triton's tl.trans) of a tile is not "
+                                       "supported yet")
             raise CompilationError(f"a runtime value has no attribute {attr!r}")
         if isinstance(obj, TensorView):
             m = view_method(obj, attr)
@@ -308,6 +310,13 @@ class Generator(ControlFlow):
             try:
                 return getattr(obj, attr)
             except AttributeError:
+                name = getattr(obj, "__name__", "")
+                why = unsupported.reason(attr) if name in ("metile", "metile.language.math") \
+                    else None
+                if why is not None:
+                    prefix = "metile.math" if name.endswith("math") else "metile"
+                    raise CompilationError(f"{prefix}.{attr} (Triton's tl.{attr}) is not "
+                                           f"supported: {why}") from None
                 raise CompilationError(f"{describe(obj)} has no attribute {attr!r}") from None
         raise CompilationError(f"{describe(obj)} has no attribute {attr!r}")
 
@@ -413,6 +422,16 @@ class _Method:
 
 def _dtype_arg(args, kwargs):
     from .builtins import need_dtype
+    extra = set(kwargs) - {"dtype", "fp_downcast_rounding", "bitcast"}
+    if extra or len(args) > 1:
+        raise CompilationError(f".to() takes a dtype (and Triton's fp_downcast_rounding=, "
+                               f"bitcast=), got {', '.join(sorted(extra)) or 'extra arguments'}")
+    if kwargs.get("bitcast"):
+        raise CompilationError(".to(dtype, bitcast=True) (a reinterpreting cast) is not "
+                               "supported yet; metile's casts convert values")
+    if kwargs.get("fp_downcast_rounding") not in (None, "rtne"):
+        raise CompilationError(f".to() fp_downcast_rounding={kwargs['fp_downcast_rounding']!r} "
+                               f"is not supported; conversions round to nearest even")
     value = args[0] if args else kwargs.get("dtype")
     return need_dtype(value, ".to()")
 

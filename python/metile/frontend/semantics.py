@@ -21,6 +21,7 @@ Compile-time values (Python numbers, constexprs) fold in Python.
 
 from __future__ import annotations
 
+import math
 import operator
 
 from ..ir.core import Builder, Value
@@ -36,6 +37,7 @@ _PY_BINARY = {
     "xor": operator.xor, "shl": operator.lshift, "shr": operator.rshift,
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
     "eq": operator.eq, "ne": operator.ne, "maximum": max, "minimum": min,
+    "pow": lambda a, b: math.pow(a, b), "atan2": lambda a, b: math.atan2(a, b),
 }
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": "%",
@@ -250,12 +252,15 @@ class Semantics:
 
     def unary(self, name: str, x):
         if is_const(x):
-            import math
-            fold = {"neg": operator.neg, "not": operator.not_, "abs": abs, "exp": math.exp,
-                    "log": math.log, "sqrt": math.sqrt, "tanh": math.tanh, "erf": math.erf,
+            fold = {"neg": operator.neg, "not": operator.not_, "abs": abs,
                     "exp2": lambda v: 2.0 ** v, "rsqrt": lambda v: 1 / math.sqrt(v),
                     "sigmoid": lambda v: 1 / (1 + math.exp(-v))}
-            return fold[name](x)
+            fn = fold.get(name) or getattr(math, name)
+            try:
+                return fn(x)
+            except (ArithmeticError, ValueError) as e:
+                raise CompilationError(f"cannot evaluate {name}({x!r}) at compile time: {e}") \
+                    from None
         if is_pointer(x.type):
             raise CompilationError(f"'{name}' is not defined on pointers")
         d = dtype_of(x.type)

@@ -43,11 +43,14 @@ Thread form (after passes.lower_tiles; every value is a scalar)
 """
 
 BINARY = frozenset({"add", "sub", "mul", "div", "idiv", "mod", "maximum", "minimum",
-                    "and", "or", "xor", "shl", "shr"})
+                    "and", "or", "xor", "shl", "shr", "pow", "atan2"})
 COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
-UNARY = frozenset({"neg", "not", "exp", "exp2", "log", "sqrt", "rsqrt", "abs", "tanh",
-                   "sigmoid", "erf"})
-FLOAT_ONLY = frozenset({"div", "exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"})
+# Float math computed in float32 on every backend (half and bfloat16 convert around it).
+MATH_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "erf",
+                        "sin", "cos", "tan", "asin", "acos", "atan", "floor", "ceil"})
+MATH_BINARY = frozenset({"pow", "atan2"})
+UNARY = frozenset({"neg", "not", "abs"}) | MATH_UNARY
+FLOAT_ONLY = frozenset({"div"}) | MATH_UNARY | MATH_BINARY
 INT_ONLY = frozenset({"idiv", "mod", "shl", "shr"})
 ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})

@@ -2,7 +2,8 @@
 
 from .core import *  # noqa: F401,F403
 from .core import BUILTINS, constexpr
-from .dtypes import DType, bfloat16, bool_, float16, float32, int32, to_dtype, uint32
+from . import math
+from .dtypes import DType, bfloat16, bool_, float16, float32, int1, int32, to_dtype, uint32
 
-__all__ = ["DType", "bfloat16", "bool_", "float16", "float32", "int32", "uint32", "to_dtype",
-           "constexpr", *BUILTINS]
+__all__ = ["DType", "bfloat16", "bool_", "float16", "float32", "int1", "int32", "uint32",
+           "to_dtype", "constexpr", "math", *BUILTINS]

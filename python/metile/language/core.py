@@ -49,11 +49,21 @@ _DOCS = {
     "minimum": "minimum(a, b): elementwise minimum.",
     "exp": "exp(x)", "exp2": "exp2(x)", "log": "log(x)", "sqrt": "sqrt(x)", "rsqrt": "rsqrt(x)",
     "abs": "abs(x)", "tanh": "tanh(x)", "sigmoid": "sigmoid(x) = 1 / (1 + exp(-x))", "erf": "erf(x)",
-    "cast": "cast(x, dtype): explicit conversion; the only way to change a value's dtype.",
+    "log2": "log2(x)", "sin": "sin(x)", "cos": "cos(x)", "tan": "tan(x)", "asin": "asin(x)",
+    "acos": "acos(x)", "atan": "atan(x)", "floor": "floor(x)", "ceil": "ceil(x)",
+    "pow": "pow(x, y): x ** y in float (x < 0 follows the target's pow).",
+    "atan2": "atan2(y, x)",
+    "sqrt_rn": "sqrt_rn(x): sqrt(x) (the backend's square root)",
+    "fdiv": "fdiv(x, y, ieee_rounding=False): x / y", "div_rn": "div_rn(x, y): x / y",
+    "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",
+    "clamp": "clamp(x, min, max) = minimum(maximum(x, min), max).",
+    "cast": "cast(x, dtype): explicit conversion (mixed operands also promote as in Triton).",
     "sum": "sum(x, axis=None): reduction; None reduces every axis to a scalar.",
     "max": "max(x, axis=None): reduction.",
     "min": "min(x, axis=None): reduction.",
     "zeros": "zeros(shape, dtype=float32): constant tile.",
+    "expand_dims": "expand_dims(x, axis): a new axis of extent 1 (axis may be a tuple).",
+    "broadcast_to": "broadcast_to(x, shape): NumPy broadcasting to `shape`.",
     "full": "full(shape, value, dtype=float32): constant tile.",
     "cdiv": "cdiv(a, b) = (a + b - 1) // b.",
     "dot": "dot(a, b, acc=None): tile matrix product a[M,K] @ b[K,N] (+ acc), accumulated in float32.",
@@ -63,6 +73,17 @@ _DOCS = {
     "tile_range": "tile_range(start, end, step=1): loop range, written `for i in metile.tile_range(...)`.",
     "shared": "shared(size, dtype=float32): threadgroup (shared) memory; returns a pointer.",
     "barrier": "barrier(): threadgroup barrier; must be reached by every thread of the program.",
+    "debug_barrier": "debug_barrier(): Triton's name for barrier().",
+    # hints and compile-time helpers (Triton's names)
+    "multiple_of": "multiple_of(x, values): hint, returns x (metile proves alignment itself).",
+    "max_contiguous": "max_contiguous(x, values): hint, returns x.",
+    "max_constancy": "max_constancy(x, values): hint, returns x.",
+    "assume": "assume(cond): hint; a compile-time False is an error, a runtime one is not used.",
+    "static_assert": "static_assert(cond, msg=''): compile-time assertion.",
+    "static_print": "static_print(*values): prints at compile time (values' types for runtime ones).",
+    "static_range": "static_range(start, end=None, step=1): a for loop unrolled at compile time.",
+    "range": "range(start, end=None, step=1, num_stages=None, ...): a runtime for loop "
+             "(Triton's tl.range; num_stages and warp_specialize warn: not honoured here).",
     "tensor": "tensor(buffer, shape=, strides=None, block_shape=None, access='readwrite'): indexed view.",
     "loop_state": "loop_state(value): marks a loop-carried value (identity; any reassigned variable is carried).",
 }
@@ -76,6 +97,17 @@ def cdiv(a, b):
 
 
 cdiv.__metile_builtin__ = "cdiv"
+
+
+def next_power_of_2(n):
+    """The smallest power of two >= n (1 for n <= 1); usable on the host and in kernels."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"next_power_of_2() needs an int, got {type(n).__name__}")
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+next_power_of_2.__metile_builtin__ = "next_power_of_2"
+_DOCS["next_power_of_2"] = next_power_of_2.__doc__
 
 BUILTINS = tuple(_DOCS)
 

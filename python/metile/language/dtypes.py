@@ -32,6 +32,16 @@ class DType:
     def itemsize(self) -> int:
         return max(1, self.bits // 8)
 
+    @property
+    def element_ty(self) -> "DType":
+        """Triton's `ptr.dtype.element_ty`: a pointer's `.dtype` in metile is already its
+        element type, so this is the dtype itself."""
+        return self
+
+    @property
+    def primitive_bitwidth(self) -> int:
+        return self.bits
+
     def __repr__(self) -> str:
         return f"metile.{self.name}"
 
@@ -45,6 +55,7 @@ bfloat16 = DType("bfloat16", "f", 16)
 int32 = DType("int32", "i", 32)
 uint32 = DType("uint32", "u", 32)
 bool_ = DType("bool", "b", 8)
+int1 = bool_  # Triton's name for the bool type
 
 ALL = (float32, float16, bfloat16, int32, uint32, bool_)
 
@@ -54,7 +65,7 @@ _ALIASES = {
     "bf16": bfloat16, "bfloat16": bfloat16,
     "i32": int32, "int32": int32, "int": int32,
     "u32": uint32, "uint32": uint32,
-    "bool": bool_, "i1": bool_,
+    "bool": bool_, "i1": bool_, "int1": bool_,
 }
 
 
