@@ -14,6 +14,7 @@ from test_atomics import block_total, column_sums, histogram, thread_level_count
 from test_fragments import (INLINE, attention_tiles, half_products, masked_tiles, per_group_tiles,
                             relu_epilogue, transpose_tiles, two_products)
 from test_schedule_lowering import axpy
+from test_triton_parity import binary, converting_store, hinted, int_condition, math1, math2
 
 pytestmark = pytest.mark.skipif(TOOLKIT is None, reason="needs the nvidia-cuda-nvrtc, "
                                                         "nvidia-cuda-runtime and nvidia-cuda-cccl "
@@ -132,6 +133,29 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
     "atomic_thread_level": lambda backend=None: thread_level_counts[(1,)].prepare(
         _z(200, dtype=I32), _z(6, dtype=I32), _z(1, dtype=I32), 200, num_simdgroups=2,
         backend=backend),
+    # Triton's promotion, store conversion, integer where and math (tests/test_triton_parity.py)
+    "triton_promote_half_bf16": lambda backend=None: binary[(8,)].prepare(
+        _z(1000, dtype=F16), _z(1000, dtype=BF16), _z(1000), 1000, OP="add", OUT=metile.float32,
+        BLOCK=128, backend=backend),
+    "triton_promote_int_unsigned": lambda backend=None: binary[(8,)].prepare(
+        _z(1000, dtype=I32), _z(1000, dtype=mx.uint32), _z(1000, dtype=mx.uint32), 1000,
+        OP="max", OUT=metile.uint32, BLOCK=128, backend=backend),
+    "triton_store_bf16_and_bool": lambda backend=None: converting_store[(8,)].prepare(
+        _z(1000), _z(1000, dtype=mx.bool_), 1000, BLOCK=128, backend=backend),
+    "triton_where_int_condition": lambda backend=None: int_condition[(8,)].prepare(
+        _z(1000, dtype=I32), _z(1000, dtype=F16), _z(1000, dtype=F16), 1000, BLOCK=128,
+        backend=backend),
+    "triton_hints_static_range": lambda backend=None: hinted[(8,)].prepare(
+        _z(1000), _z(1000), 1000, BLOCK=128, backend=backend),
+    **{f"triton_math_{name}_{dt}": (lambda name, dtype: lambda backend=None: math1[(8,)].prepare(
+        _z(1000, dtype=dtype), _z(1000, dtype=dtype), 1000, FN=getattr(metile.math, name),
+        BLOCK=128, backend=backend))(name, dtype)
+       for name in ("log2", "sin", "cos", "tan", "asin", "acos", "atan", "floor", "ceil")
+       for dt, dtype in (("f32", F32), ("bf16", BF16))},
+    **{f"triton_math_{name}_{dt}": (lambda name, dtype: lambda backend=None: math2[(8,)].prepare(
+        _z(1000, dtype=dtype), _z(1000, dtype=dtype), _z(1000, dtype=dtype), 1000,
+        FN=getattr(metile.math, name), BLOCK=128, backend=backend))(name, dtype)
+       for name in ("pow", "atan2") for dt, dtype in (("f32", F32), ("f16", F16))},
 }
 
 
