@@ -72,3 +72,35 @@ def test_non_pointwise_kernels_are_rejected():
 def test_partial_launches_are_rejected():
     with pytest.raises(metile.CompilationError, match="write every output element"):
         gelu_bias[(1,)](mx.ones((300,)), mx.ones((300,)), mx.zeros((300,)), 1.0, 300, BLOCK=256)
+
+
+@metile.kernel(differentiable=True)
+def _trig(X, Y, Z, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    x = metile.load(X + offs, mask=m)
+    y = metile.load(Y + offs, mask=m)
+    metile.store(Z + offs, metile.sin(x) * metile.pow(y, 2.0) + metile.atan2(x, y), mask=m)
+
+
+@metile.kernel(differentiable=True)
+def _bits(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=m) ^ 3, mask=m)
+
+
+def test_math_added_for_triton_has_gradients():
+    xn = np.linspace(-1.0, 1.0, 9).astype(np.float32)
+    yn = np.linspace(0.5, 2.0, 9).astype(np.float32)
+    f = lambda a, b: _trig[(1,)](a, b, mx.zeros((9,)), 9, BLOCK=16).sum()  # noqa: E731
+    gx, gy = mx.grad(f, argnums=(0, 1))(mx.array(xn), mx.array(yn))
+    x, y = xn.astype(np.float64), yn.astype(np.float64)
+    np.testing.assert_allclose(np.array(gx), np.cos(x) * y**2 + y / (x**2 + y**2), rtol=3e-4, atol=3e-5)
+    np.testing.assert_allclose(np.array(gy), 2 * np.sin(x) * y - x / (x**2 + y**2), rtol=3e-4, atol=3e-5)
+
+
+def test_an_op_the_backward_pass_cannot_replay_is_refused():
+    with pytest.raises(metile.CompilationError, match="the backward pass cannot replay 'xor' as an MLX op"):
+        mx.grad(lambda a: _bits[(1,)](a, mx.zeros((8,), mx.int32), 8, BLOCK=8).astype(mx.float32)
+                .sum())(mx.arange(8, dtype=mx.int32))

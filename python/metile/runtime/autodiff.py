@@ -46,8 +46,13 @@ _MX = {
     "neg": mx.negative, "not": mx.logical_not, "exp": mx.exp, "log": mx.log, "sqrt": mx.sqrt,
     "rsqrt": mx.rsqrt, "abs": mx.abs, "tanh": mx.tanh, "sigmoid": mx.sigmoid, "erf": mx.erf,
     "exp2": lambda x: mx.power(2.0, x), "where": mx.where,
+    "log2": mx.log2, "sin": mx.sin, "cos": mx.cos, "tan": mx.tan, "asin": mx.arcsin,
+    "acos": mx.arccos, "atan": mx.arctan, "floor": mx.floor, "ceil": mx.ceil,
+    "pow": mx.power, "atan2": mx.arctan2,
 }
 _INDEX_OPS = {"program_id", "arange", "splat", "broadcast", "ptr_add"}
+# What replay() handles besides the _MX table.
+_REPLAYED = _INDEX_OPS | {"const", "load", "store", "cast"}
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "int32": mx.int32, "uint32": mx.uint32, "bool": mx.bool_}
 
@@ -64,6 +69,10 @@ def check_pointwise(fn: Function) -> None:
         if op.name in ("for", "if", "while", "reduce", "dot", "shared_alloc", "barrier",
                        "thread_id", "num_programs", "num_threads"):
             raise _reject(f"'{op.name}' is not an elementwise operation", op)
+        if op.name not in _MX and op.name not in _REPLAYED:
+            # the vjp replays the kernel as MLX ops: an op it cannot replay is refused
+            # here rather than failing (or silently missing) in the backward pass
+            raise _reject(f"the backward pass cannot replay '{op.name}' as an MLX op", op)
         if op.name in ("load", "store"):
             ptr = defining_op(op.operands[0])
             if ptr is None or ptr.name != "ptr_add" or id(strip_broadcasts(ptr.operands[0])) not in params \
