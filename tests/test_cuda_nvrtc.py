@@ -28,7 +28,8 @@ def _z(*shape, dtype=F32):
 
 
 def _gemm(dtype, m=72, n=40, k=44, kernel=matmul, tile=(32, 32, 16), **kw):
-    a, b = _z(m, k, dtype=dtype), _z(k, n, dtype=dtype)
+    # TRANSPOSE_B: the right operand as an nn.Linear weight is stored, (n, k)
+    a, b = _z(m, k, dtype=dtype), _z(*((n, k) if kw.get("TRANSPOSE_B") else (k, n)), dtype=dtype)
     bm, bn, bk = tile
     extra = dict(EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1) if kernel is matmul_epilogue else {}
     args = (a, b, _z(m, n), m, n, k) + ((1.5, -0.25) if kernel is matmul_epilogue else ())
@@ -39,7 +40,8 @@ def _gemm(dtype, m=72, n=40, k=44, kernel=matmul, tile=(32, 32, 16), **kw):
 def _linear(dtype, m, n, k, tile, **kw):
     bm, bn, bk = tile
     return linear_epilogue[grid(m, n, bm, bn)].prepare(
-        _z(m, k, dtype=dtype), _z(k, n, dtype=dtype), _z(m, n, dtype=dtype),
+        _z(m, k, dtype=dtype), _z(*((n, k) if kw.get("TRANSPOSE_B") else (k, n)), dtype=dtype),
+        _z(m, n, dtype=dtype),
         _z(max(m, n), dtype=dtype), _z(m, n, dtype=dtype), m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **kw)
 
 
@@ -104,6 +106,26 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
         BF16, 75, 45, 37, (32, 32, 16), BIAS="rows", EPILOGUE="relu", backend=backend),
     "gemm_f32_ffma_bias_residual": lambda backend=None: _linear(
         F32, 70, 50, 37, (32, 32, 16), BIAS="columns", RESIDUAL=True, backend=backend),
+    # the weight read as stored (TRANSPOSE_B, tests/test_gemm_transposed_b.py): ordinary
+    # staged loads, since the tile is contiguous along K, not the copied N axis
+    "gemm_f16_transposed_b_128": lambda backend=None: _gemm(
+        F16, 256, 256, 256, matmul_epilogue, (128, 128, 32), num_simdgroups=8, TRANSPOSE_B=True,
+        backend=backend),
+    "gemm_f16_transposed_b_bias_gelu_residual": lambda backend=None: _linear(
+        F16, 200, 136, 72, (128, 128, 32), num_simdgroups=8, BIAS="columns", RESIDUAL=True,
+        EPILOGUE="gelu_tanh", TRANSPOSE_B=True, backend=backend),
+    "gemm_bf16_transposed_b_small_tile_silu": lambda backend=None: _linear(
+        BF16, 75, 45, 37, (64, 64, 32), num_simdgroups=4, BIAS="columns",
+        EPILOGUE="sigmoid_gated", TRANSPOSE_B=True, backend=backend),
+    "gemm_f16_transposed_b_stages_2": lambda backend=None: _gemm(
+        F16, 75, 45, 37, matmul_epilogue, (64, 64, 32), TRANSPOSE_B=True,
+        SCHEDULE=metile.Schedule(num_stages=2), backend=backend),
+    "gemm_f32_ffma_transposed_b": lambda backend=None: _linear(
+        F32, 70, 50, 37, (32, 32, 16), BIAS="columns", RESIDUAL=True, TRANSPOSE_B=True,
+        backend=backend),
+    "gemm_f32_tf32_transposed_b": lambda backend=None: _gemm(
+        F32, 70, 50, 37, matmul_epilogue, (64, 64, 32), RELAXED_PRECISION=True, TRANSPOSE_B=True,
+        backend=backend),
     "fragments_two_products": lambda backend=None: two_products[(1,)].prepare(
         _z(8, 8), _z(8, 8), _z(8, 8), STRICT_MATH=True, SCHEDULE=INLINE, backend=backend),
     "fragments_masked_tiles": lambda backend=None: masked_tiles[(1,)].prepare(

@@ -116,7 +116,8 @@ def test_explain_says_which_path_and_why(rng):
     assert auto["route"]["source"] in ("cost_model", "cache")
     forced = json.loads(ops.explain_linear(x, w, activation="relu", backend="metile"))
     assert forced["path"] == "metile_kernel"
-    assert forced["route"]["source"] == "requested" and forced["config"] == ops.BLOCK
+    assert forced["route"]["source"] == "requested"
+    assert forced["config"] == {**ops.BLOCK, "TRANSPOSE_B": True}   # the weight as stored
     assert forced["execution_report"]["epilogue_regions"] == 1
     with_bias = json.loads(ops.explain_linear(x, w, mx.zeros((3,)), "relu", backend="metile"))
     # bias and activation are one fused epilogue that reads the bias vector

@@ -89,7 +89,9 @@ def test_slower_metile_candidate_is_not_chosen(rng, monkeypatch):
     x, w, b = operands(rng)
     decision = ops.tune_linear(x, w, b, "relu", budget_s=0.01, clock=clock)
     assert decision["winner"] == "mlx" and decision["source"] == "measured"
-    assert decision["timings_us"] == {"mlx": 1000.0, "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16": 5000.0}
+    assert decision["timings_us"] == {"mlx": 1000.0,
+                                      "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16,TRANSPOSE_B=True":
+                                      5000.0}
     info = json.loads(ops.explain_linear(x, w, b, "relu"))
     assert info["path"] == "mlx_composite" and info["route"]["source"] == "cache"
     assert "no metile candidate beat mlx (1000.0 us per call) by 3%" in info["reason"]
@@ -101,11 +103,12 @@ def test_faster_metile_candidate_is_chosen_and_runs(rng, monkeypatch):
     price(monkeypatch, clock, {"mlx": 1e-3, "metile": 4e-4})
     x, w, b = operands(rng)
     decision = ops.tune_linear(x, w, b, "relu", budget_s=0.01, clock=clock)
-    name = "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16"
+    # linear reads the weight as stored: the transposed-B kernel, named as such
+    name = "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16,TRANSPOSE_B=True"
     assert decision["winner"] == name
     assert decision["reason"] == f"measured: {name} 400.0 us vs mlx 1000.0 us per call"
     info = json.loads(ops.explain_linear(x, w, b, "relu"))
-    assert info["path"] == "metile_kernel" and info["config"] == ops.BLOCK
+    assert info["path"] == "metile_kernel" and info["config"] == {**ops.BLOCK, "TRANSPOSE_B": True}
     assert info["route"]["timings_us"][name] == 400.0
     np.testing.assert_allclose(np.array(ops.linear(x, w, b, "relu")), reference(x, w, b),
                                rtol=3e-4, atol=3e-5)

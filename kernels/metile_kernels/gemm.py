@@ -2,7 +2,10 @@
 
     output[rows, columns] = epilogue(left[rows, inner] @ right[inner, columns])
 
-All matrices are row-major.  The launch grid covers the output tiles:
+All matrices are row-major, except that with TRANSPOSE_B=True `right` is the
+(columns, inner) row-major matrix whose transpose is multiplied: an
+`mlx.nn.Linear` weight as stored, read through strides (1, inner) so no
+transposed copy is made.  The launch grid covers the output tiles:
 `grid(rows, columns, BLOCK_M, BLOCK_N)`.  `rows`, `columns` and `inner` are
 runtime scalars (any sizes, ragged edges masked), so one compiled kernel serves
 every shape of a given dtype and tile.  Operands may be float32, float16 or
@@ -24,14 +27,29 @@ def grid(rows: int, columns: int, BLOCK_M: int = 64, BLOCK_N: int = 64) -> tuple
     return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N))
 
 
+@metile.inline
+def right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B):
+    """The (inner, columns) right operand: row-major, or with TRANSPOSE_B the transpose
+    of a row-major (columns, inner) buffer.  The transposed tile is contiguous along K,
+    not N, so CUDA's 16-byte asynchronous copies do not take it (gemm_async falls back
+    to ordinary staged loads)."""
+    if TRANSPOSE_B:
+        view = metile.tensor(right, shape=(inner, columns), strides=(1, inner),
+                             block_shape=(BLOCK_K, BLOCK_N), access="read")
+    else:
+        view = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
+                             block_shape=(BLOCK_K, BLOCK_N), access="read")
+    return view
+
+
 @metile.kernel
 def matmul(left, right, output, rows, columns, inner,
            BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
-           BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False):
+           BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
+           TRANSPOSE_B: metile.constexpr = False):
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
-    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
     c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
@@ -53,13 +71,12 @@ def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
                     BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
                     BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
                     EPILOGUE: metile.constexpr = "affine_leaky",
-                    NEGATIVE_SLOPE: metile.constexpr = 0.1):
+                    NEGATIVE_SLOPE: metile.constexpr = 0.1, TRANSPOSE_B: metile.constexpr = False):
     """`matmul` with a fused pointwise epilogue chosen by EPILOGUE (see EPILOGUES).
     alpha and beta are runtime float32 scalars; epilogues that do not use them ignore them."""
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
-    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
     c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
@@ -87,7 +104,8 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
                     BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
                     BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
                     BIAS: metile.constexpr = "columns", RESIDUAL: metile.constexpr = False,
-                    EPILOGUE: metile.constexpr = "none", NEGATIVE_SLOPE: metile.constexpr = 0.1):
+                    EPILOGUE: metile.constexpr = "none", NEGATIVE_SLOPE: metile.constexpr = 0.1,
+                    TRANSPOSE_B: metile.constexpr = False):
     """activation(left @ right + bias) (+ residual), all in one kernel: the bias and the
     residual are read inside the fused epilogue (passes/gemm_epilogue_reads.py).
 
@@ -97,8 +115,7 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
     with alpha = 1 and beta = 0.  Unused buffers are not read (pass any array)."""
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
-    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
     c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import lazy_graph
 from .runtime import routing
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
@@ -111,34 +112,53 @@ def _check(a, b, activation, slope=LEAKY_SLOPE):
         raise ValueError(f"[metile.ops] inner dimensions differ: {a.shape} @ {b.shape}")
 
 
-def _launch(a2, b, activation, slope, block=None, dispatch_only=False):
+def _columns(b, block) -> int:
+    return b.shape[0] if block.get("TRANSPOSE_B") else b.shape[1]
+
+
+def _as_rhs(b, block):
+    """The (K, N) right operand as MLX ops (the backward pass): a TRANSPOSE_B block's
+    operand is the (N, K) matrix whose transpose is multiplied."""
+    return b.T if block.get("TRANSPOSE_B") else b
+
+
+def _launch(a2, b, activation, slope, block, dispatch_only=False):
     from metile_kernels.gemm import grid, matmul_epilogue
 
     m, k = a2.shape
-    n = b.shape[1]
-    block = _block(m, n, a2.dtype) if block is None else block
+    n = _columns(b, block)
     launcher = matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
     args = (a2, b, mx.zeros((m, n), a2.dtype), m, n, k, 1.0, 0.0)
     kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
     return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
 
 
-def _block(m: int, n: int, dtype) -> dict:
+def _block(m: int, n: int, dtype, transpose_b: bool = False) -> dict:
     """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
-    backend for 16-bit operands, else the portable 64x64x16."""
+    backend for 16-bit operands, else the portable 64x64x16; with `transpose_b` the
+    kernel reads the right operand as stored (N, K)."""
     if dtype == mx.float32 or not _on_cuda():
-        return BLOCK
-    if math.ceil(m / 128) * math.ceil(n / 128) < CUDA_SMS:
-        return CUDA_SMALL_BLOCK
-    return CUDA_BLOCK
+        block = BLOCK
+    elif math.ceil(m / 128) * math.ceil(n / 128) < CUDA_SMS:
+        block = CUDA_SMALL_BLOCK
+    else:
+        block = CUDA_BLOCK
+    return _transposed(block) if transpose_b else block
+
+
+def _transposed(block: dict) -> dict:
+    # the flag is part of the configuration, so candidate names and routing decisions
+    # tell the two layouts (different kernels) apart
+    return {**block, "TRANSPOSE_B": True}
 
 
 def _on_cuda() -> bool:
     return mx.default_device().type == mx.gpu and mx.cuda.is_available()
 
 
-def _fused_matmul(activation, slope, block=None):
-    """A differentiable act(a @ b) whose forward is one metile kernel."""
+def _fused_matmul(activation, slope, block):
+    """A differentiable act(a @ b) whose forward is one metile kernel; with a
+    TRANSPOSE_B block, `b` is (N, K) and the kernel computes act(a @ b.T)."""
 
     @mx.custom_function
     def f(a2, b):
@@ -147,9 +167,11 @@ def _fused_matmul(activation, slope, block=None):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a2, b = primals
-        z = (a2.astype(mx.float32) @ b.astype(mx.float32))
+        rhs = _as_rhs(b.astype(mx.float32), block)
+        z = a2.astype(mx.float32) @ rhs
         g = cotangent.astype(mx.float32) * _activation_grad(z, activation, slope)
-        return (g @ b.astype(mx.float32).T).astype(a2.dtype), (a2.astype(mx.float32).T @ g).astype(b.dtype)
+        return ((g @ rhs.T).astype(a2.dtype),
+                _as_rhs(a2.astype(mx.float32).T @ g, block).astype(b.dtype))
 
     return f
 
@@ -177,15 +199,15 @@ def _linear_mlx_residual(x2, weight, bias, activation, slope, residual=None):
     return z if residual is None else z + residual
 
 
-def _launch_linear(x2, wt, bias, residual, activation, slope, block=None, dispatch_only=False):
+def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_only=False):
+    """w: the weight as stored (N, K) with a TRANSPOSE_B block, else its (K, N) transpose."""
     from metile_kernels.gemm import grid, linear_epilogue
 
     m, k = x2.shape
-    n = wt.shape[1]
-    block = _block(m, n, x2.dtype) if block is None else block
+    n = _columns(w, block)
     launcher = linear_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
     # An absent bias/residual is never read; any array fills its slot.
-    args = (x2, wt, mx.zeros((m, n), x2.dtype), x2 if bias is None else bias,
+    args = (x2, w, mx.zeros((m, n), x2.dtype), x2 if bias is None else bias,
             x2 if residual is None else residual, m, n, k)
     kw = dict(BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
               EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
@@ -193,7 +215,8 @@ def _launch_linear(x2, wt, bias, residual, activation, slope, block=None, dispat
 
 
 def _fused_linear(activation, slope, block, has_bias, has_residual):
-    """A differentiable act(x2 @ wt + bias) + residual whose forward is one metile kernel."""
+    """A differentiable act(x2 @ w.T + bias) + residual whose forward is one metile
+    kernel; `w` is the stored (N, K) weight with a TRANSPOSE_B block, else (K, N)."""
 
     def unpack(arrays):
         rest = list(arrays[2:])
@@ -202,19 +225,20 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
 
     @mx.custom_function
     def f(*arrays):
-        x2, wt, bias, residual = unpack(arrays)
-        return _launch_linear(x2, wt, bias, residual, activation, slope, block)
+        x2, w, bias, residual = unpack(arrays)
+        return _launch_linear(x2, w, bias, residual, activation, slope, block)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
-        x2, wt, bias, residual = unpack(primals)
-        z = x2.astype(mx.float32) @ wt.astype(mx.float32)
+        x2, w, bias, residual = unpack(primals)
+        rhs = _as_rhs(w.astype(mx.float32), block)
+        z = x2.astype(mx.float32) @ rhs
         if bias is not None:
             z = z + bias.astype(mx.float32)
         c = cotangent.astype(mx.float32)
         g = c * _activation_grad(z, activation, slope)
-        grads = [(g @ wt.astype(mx.float32).T).astype(x2.dtype),
-                 (x2.astype(mx.float32).T @ g).astype(wt.dtype)]
+        grads = [(g @ rhs.T).astype(x2.dtype),
+                 _as_rhs(x2.astype(mx.float32).T @ g, block).astype(w.dtype)]
         if bias is not None:
             grads.append(g.sum(axis=0).astype(bias.dtype))
         if residual is not None:
@@ -224,12 +248,19 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
     return f
 
 
-def _linear_metile(x2, weight, bias, activation, slope, block=None, residual=None):
+def _linear_operand(weight, block):
+    return weight if block.get("TRANSPOSE_B") else weight.T
+
+
+def _linear_metile(x2, weight, bias, activation, slope, block, residual=None):
+    # A TRANSPOSE_B kernel reads the weight as stored; any other block multiplies
+    # weight.T, which the custom-kernel call copies to row-major.
+    w = _linear_operand(weight, block)
     if bias is None and residual is None:
-        return _fused_matmul(activation, slope, block)(x2, weight.T)
+        return _fused_matmul(activation, slope, block)(x2, w)
     extra = [a for a in (bias, residual) if a is not None]
     return _fused_linear(activation, slope, block, bias is not None,
-                         residual is not None)(x2, weight.T, *extra)
+                         residual is not None)(x2, w, *extra)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -245,13 +276,26 @@ def _config_name(block: dict) -> str:
     return "metile:" + ",".join(f"{k}={v}" for k, v in block.items())
 
 
-def metile_configs(dtype) -> list[dict]:
-    """The metile kernel configurations `auto` measures against MLX for a dtype on
-    the default device: both measured CUDA tiles for 16-bit operands on NVIDIA,
-    else the portable tile."""
-    if dtype != mx.float32 and _on_cuda():
-        return [CUDA_BLOCK, CUDA_SMALL_BLOCK]
-    return [BLOCK]
+# Layouts of the right operand: row-major (K, N), or the transpose of a row-major
+# (N, K) matrix (a Linear's weight, a `w.T` view given to matmul).
+ROW_MAJOR_LAYOUTS = ("a@b",)
+TRANSPOSED_LAYOUTS = ("a@b.T", "x@w.T")
+
+
+def metile_configs(dtype, layout: str = "a@b") -> list[dict]:
+    """The metile kernel configurations `auto` measures against MLX for a dtype and
+    right-operand layout on the default device: both measured CUDA tiles for 16-bit
+    operands on NVIDIA, else the portable tile.  A transposed layout takes the
+    TRANSPOSE_B kernels, which read the operand as stored; on NVIDIA the row-major
+    kernels (after MLX copies the operand to row-major) stay candidates too, since
+    only they stage the operand with 16-byte asynchronous copies."""
+    cuda = dtype != mx.float32 and _on_cuda()
+    base = [CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK]
+    if layout in ROW_MAJOR_LAYOUTS:
+        return base
+    if layout not in TRANSPOSED_LAYOUTS:
+        raise ValueError(f"[metile.ops] unknown layout {layout!r}")
+    return [_transposed(c) for c in base] + (base if cuda else [])
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,7 +348,7 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     hit = _keys.get(memo)
     if hit is not None:
         return hit
-    cfgs = metile_configs(dtype)
+    cfgs = metile_configs(dtype, layout)
     parts = {"op": op, "dtype": str(dtype).removeprefix("mlx.core."), "m_bucket": m_bucket(m),
              "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
              "device": _device_description(device_type),
@@ -350,12 +394,13 @@ def _operands(shapes, dtype):
             for i, s in enumerate(shapes)]
 
 
-def _candidates(op, activation, slope, dtype, has_bias, has_residual=False):
-    if op == "matmul":
+def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False):
+    if op == "matmul":   # b: the (K, N) operand, a transposed view in a transposed layout
         ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
         return [ref] + [routing.Candidate(_config_name(c),
-                                          lambda a, b, c=c: _fused_matmul(activation, slope, c)(a, b))
-                        for c in metile_configs(dtype)]
+                                          lambda a, b, c=c: _fused_matmul(activation, slope, c)(
+                                              a, _as_rhs(b, c)))
+                        for c in metile_configs(dtype, layout)]
 
     def split(extra):
         extra = list(extra)
@@ -373,14 +418,16 @@ def _candidates(op, activation, slope, dtype, has_bias, has_residual=False):
         return run
 
     return ([routing.Candidate(routing.REFERENCE, ref_run)]
-            + [routing.Candidate(_config_name(c), kernel_run(c)) for c in metile_configs(dtype)])
+            + [routing.Candidate(_config_name(c), kernel_run(c))
+               for c in metile_configs(dtype, layout)])
 
 
 def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
-           residual=None) -> _Route:
-    """Which implementation runs.  `arrays`: (a2, b) for matmul, (x2, weight[, bias])
-    for linear; `residual` (rows, N) for linear's residual add.  measure: None = when a
-    tuning scope or METILE_OPS_TUNE asks."""
+           residual=None, layout=None) -> _Route:
+    """Which implementation runs.  `arrays`: (a2, b) for matmul (b (K, N); with layout
+    "a@b.T" a transposed view), (x2, weight[, bias]) for linear; `residual` (rows, N)
+    for linear's residual add.  measure: None = when a tuning scope or METILE_OPS_TUNE
+    asks."""
     if backend not in ("auto", "metile", "mlx"):
         raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
     a2, b = arrays[0], arrays[1]
@@ -388,11 +435,12 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     n = b.shape[1] if op == "matmul" else b.shape[0]
     if backend == "mlx":
         return _Route("mlx", None, routing.Decision("mlx", "requested", "backend='mlx' requested"))
+    if layout is None:
+        layout = "a@b" if op == "matmul" else "x@w.T"
     if backend == "metile":
-        block = _block(m, n, a2.dtype)
+        block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS)
         return _Route("metile", block, routing.Decision(_config_name(block), "requested",
                                                         "backend='metile' requested"))
-    layout = "a@b" if op == "matmul" else "x@w.T"
     has_bias = len(arrays) > 2
     has_residual = residual is not None
     key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual)
@@ -403,17 +451,21 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
         measure = routing.measuring_requested() if measure is None else measure
         extra = (residual,) if has_residual else ()
         if measure and routing.can_evaluate(*arrays, *extra):
-            shapes = [(m, k), tuple(b.shape)] + ([tuple(arrays[2].shape)] if has_bias else []) \
-                + ([(m, n)] if has_residual else [])
+            view = layout == "a@b.T"   # measured on a transposed view, as called
+            shapes = [(m, k), (n, k) if view else tuple(b.shape)] \
+                + ([tuple(arrays[2].shape)] if has_bias else []) + ([(m, n)] if has_residual else [])
+            operands = _operands(shapes, a2.dtype)
+            if view:
+                operands[1] = operands[1].T
             decision = routing.measure(
-                key, parts, _candidates(op, activation, slope, a2.dtype, has_bias, has_residual),
-                _operands(shapes, a2.dtype), _validate, budget_s=routing.budget(),
-                clock=routing.scope_clock())
+                key, parts,
+                _candidates(op, activation, slope, a2.dtype, layout, has_bias, has_residual),
+                operands, _validate, budget_s=routing.budget(), clock=routing.scope_clock())
         else:
             decision = _cost_model()
     if decision.winner == routing.REFERENCE:
         return _Route("mlx", None, decision)
-    by_name = {_config_name(c): c for c in metile_configs(a2.dtype)}
+    by_name = {_config_name(c): c for c in metile_configs(a2.dtype, layout)}
     if decision.winner not in by_name:   # a decision naming a tile this version lacks
         return _Route("mlx", None, _cost_model())
     return _Route("metile", by_name[decision.winner], decision)
@@ -426,16 +478,24 @@ def _rows(a):
     return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
+def _layout(b) -> str:
+    """matmul's right-operand layout: "a@b.T" when `b` is, unevaluated, a transposed
+    view (b = w.T): then the kernel reads w in place, where passing b would copy it.
+    MLX 0.32 shows Python neither strides nor contiguity, so an already-evaluated
+    transposed view is not recognised and is copied as before (lazy_graph.py)."""
+    return "a@b.T" if lazy_graph.is_transposed_view(b) else "a@b"
+
+
 def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu"; `a` may have leading batch dimensions."""
     _check(a, b, epilogue, negative_slope)
     a2 = _rows(a)
-    route = _route("matmul", (a2, b), epilogue, negative_slope, backend)
+    route = _route("matmul", (a2, b), epilogue, negative_slope, backend, layout=_layout(b))
     if route.path == "mlx":
         out = _matmul_mlx(a2, b, epilogue, negative_slope)
     else:
-        out = _fused_matmul(epilogue, negative_slope, route.block)(a2, b)
+        out = _fused_matmul(epilogue, negative_slope, route.block)(a2, _as_rhs(b, route.block))
     return out.reshape(*a.shape[:-1], b.shape[1])
 
 
@@ -506,7 +566,7 @@ def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     _check(a, b, epilogue, negative_slope)
     with routing.tuning_scope(budget_s, clock):
         route = _route("matmul", (_rows(a), b), epilogue, negative_slope, "auto", measure=True,
-                       force=force)
+                       force=force, layout=_layout(b))
     return route.decision.to_dict()
 
 
@@ -528,14 +588,16 @@ def tune_linear(x, weight, bias=None, activation=None, *, residual=None,
 
 # -- explaining ---------------------------------------------------------------------------------
 
-def _explain(op, arrays, activation, slope, backend, residual=None) -> dict:
-    route = _route(op, arrays, activation, slope, backend, measure=False, residual=residual)
+def _explain(op, arrays, activation, slope, backend, residual=None, layout=None) -> dict:
+    route = _route(op, arrays, activation, slope, backend, measure=False, residual=residual,
+                   layout=layout)
     d = route.decision
     info = {"op": op, "path": "metile_kernel" if route.path == "metile" else "mlx_composite",
             "reason": d.reason, "epilogue": activation, "route": d.to_dict()}
     if route.path == "metile":
         a2, b = arrays[0], arrays[1]
-        rhs = b if op == "matmul" else b.T
+        # matmul's b is (K, N); linear's is the stored (N, K) weight
+        rhs = _as_rhs(b, route.block) if op == "matmul" else _linear_operand(b, route.block)
         bias = arrays[2] if len(arrays) > 2 else None
         if bias is None and residual is None:
             dispatch = _launch(a2, rhs, activation, slope, route.block, dispatch_only=True)
@@ -555,8 +617,8 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     its measured times per candidate, in microseconds), and the kernel's report.
     Never measures: a call with no recorded decision reports the cost model."""
     _check(a, b, epilogue, negative_slope)
-    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend),
-                      indent=2)
+    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend,
+                               layout=_layout(b)), indent=2)
 
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
