@@ -14,6 +14,12 @@ contract for epilogue reads is passes/gemm_epilogue_reads.py):
 
     y = metile.ops.linear(x, weight, bias, "gelu_tanh", residual=h)   # act(x @ w.T + b) + h
 
+Operands are read where they lie: `linear` gives the kernel the weight as stored,
+(out_features, in_features), and the kernel reads it through strides as the (K, N)
+right operand (TRANSPOSE_B), so no transposed copy is made; `matmul(a, w.T)` does the
+same for a `w.T` it can see in the lazy graph (lazy_graph.py; an already-evaluated
+transposed view is copied to row-major, as MLX 0.32 shows Python no strides).
+
 Which path runs (`backend=`): "metile" forces the kernel, "mlx" MLX's own
 composite, and "auto" (the default) routes by measurement (runtime/routing.py):
 each call signature (dtype, rows rounded up to a power of two, exact N and K,
@@ -604,7 +610,7 @@ def _explain(op, arrays, activation, slope, backend, residual=None, layout=None)
         else:
             dispatch = _launch_linear(a2, rhs, bias, residual, activation, slope, route.block,
                                       dispatch_only=True)
-        info["config"] = dict(route.block)
+        info["config"] = dict(route.block)   # TRANSPOSE_B: the right operand read as stored
         # what the fused epilogue reads besides the accumulator (bias, residual)
         info["epilogue_reads"] = dispatch.variant.data["lowering"]["matmul"]["epilogue_reads"]
         info["execution_report"] = dispatch.execution_report.to_dict()
