@@ -497,7 +497,9 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     "silu"; `a` may have leading batch dimensions."""
     _check(a, b, epilogue, negative_slope)
     a2 = _rows(a)
-    route = _route("matmul", (a2, b), epilogue, negative_slope, backend, layout=_layout(b))
+    # the graph export walks b's lazy graph: only when a metile kernel may run
+    layout = "a@b" if backend == "mlx" else _layout(b)
+    route = _route("matmul", (a2, b), epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
         out = _matmul_mlx(a2, b, epilogue, negative_slope)
     else:
