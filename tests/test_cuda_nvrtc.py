@@ -14,6 +14,8 @@ from test_atomics import block_total, column_sums, histogram, thread_level_count
 from test_fragments import (INLINE, attention_tiles, half_products, masked_tiles, per_group_tiles,
                             relu_epilogue, transpose_tiles, two_products)
 from test_schedule_lowering import axpy
+from test_shape_and_scan_ops import (arg_axes, matmul_bt, regroup, row_argmax, scan_axes, scan_rows, scores,
+                                     transpose_tiles as transpose_block)
 from test_triton_parity import binary, converting_store, hinted, int_condition, math1, math2
 
 pytestmark = pytest.mark.skipif(TOOLKIT is None, reason="needs the nvidia-cuda-nvrtc, "
@@ -178,6 +180,34 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
         _z(1000, dtype=dtype), _z(1000, dtype=dtype), _z(1000, dtype=dtype), 1000,
         FN=getattr(metile.math, name), BLOCK=128, backend=backend))(name, dtype)
        for name in ("pow", "atan2") for dt, dtype in (("f32", F32), ("f16", F16))},
+    # shape ops, index reductions and scans (tests/test_shape_and_scan_ops.py)
+    "shape_transpose_bf16": lambda backend=None: transpose_block[(5, 2)].prepare(
+        _z(65, 33, dtype=BF16), _z(33, 65, dtype=BF16), 65, 33, HOW="T", BM=16, BN=32,
+        backend=backend),
+    "shape_reshape_then_trans": lambda backend=None: regroup[(1,)].prepare(
+        _z(2, 32, dtype=F16), _z(4, 16, dtype=F16), A=2, B=32, C=16, D=4, backend=backend),
+    "shape_dot_transposed": lambda backend=None: scores[(1,)].prepare(
+        _z(16, 8, dtype=F16), _z(24, 8, dtype=F16), _z(16, 24), M=16, N=24, D=8,
+        backend=backend),
+    "shape_gemm_f16_transposed_operand": lambda backend=None: matmul_bt[(2, 2)].prepare(
+        _z(40, 20, dtype=F16), _z(36, 20, dtype=F16), _z(40, 36), 40, 36, 20, BM=32, BN=32,
+        BK=16, backend=backend),
+    "shape_gemm_f32_transposed_operand": lambda backend=None: matmul_bt[(2, 2)].prepare(
+        _z(40, 20), _z(36, 20), _z(40, 36), 40, 36, 20, BM=32, BN=32, BK=16, backend=backend),
+    "argmax_rows_f16_1024": lambda backend=None: row_argmax[(3,)].prepare(
+        _z(3, 1000, dtype=F16), _z(3, dtype=I32), _z(3, dtype=I32), _z(3, dtype=F16), 1000,
+        FILL=float("-inf"), KIND="max", LEFT=True, BLOCK=1024, backend=backend),
+    "argmin_axes_i32": lambda backend=None: arg_axes[(1,)].prepare(
+        _z(9, 33, dtype=I32), _z(9, dtype=I32), _z(33, dtype=I32), _z(1, dtype=I32),
+        _z(9, dtype=I32), M=9, N=33, LEFT=False, backend=backend),
+    "cumsum_rows_bf16": lambda backend=None: scan_rows[(2,)].prepare(
+        _z(2, 65, dtype=BF16), _z(2, 65, dtype=BF16), 65, KIND="sum", REVERSE=True, BLOCK=128,
+        backend=backend),
+    "cumprod_rows_f32": lambda backend=None: scan_rows[(2,)].prepare(
+        _z(2, 65), _z(2, 65), 65, KIND="prod", REVERSE=False, BLOCK=128, backend=backend),
+    "cumsum_axes_i32": lambda backend=None: scan_axes[(1,)].prepare(
+        _z(9, 33, dtype=I32), _z(9, 33, dtype=I32), _z(9, 33, dtype=I32), _z(9, 33, dtype=I32),
+        M=9, N=33, backend=backend),
 }
 
 

@@ -184,14 +184,112 @@ def cast(gen, x, dtype):
     return gen.sem.cast(x, need_dtype(dtype, "cast()"))
 
 
+def _keep_dims(gen, x, r, axis, keep_dims):
+    """The reduced axis (every axis for axis=None) kept with extent 1, as Triton's keep_dims."""
+    if not keep_dims:
+        return r
+    rank = len(x.type.shape)
+    if axis is None or rank == 1:
+        return gen.sem.broadcast_to(r, (1,) * rank)
+    return gen.sem.expand_dims(r, axis % rank)
+
+
 def _reduction(kind):
-    @builtin("x, axis=None", kind)
-    def impl(gen, x, axis):
-        return gen.sem.reduce(kind, x, axis)
+    @builtin("input, axis=None, return_indices=False, return_indices_tie_break_left=True, "
+             "keep_dims=False", kind)
+    def impl(gen, input, axis, return_indices, return_indices_tie_break_left, keep_dims):
+        r = _keep_dims(gen, input, gen.sem.reduce(kind, input, axis), axis, keep_dims)
+        if not return_indices:
+            return r
+        if kind == "sum":
+            raise CompilationError("sum() has no return_indices (max() and min() do)")
+        i = gen.sem.reduce("arg" + kind, input, axis, return_indices_tie_break_left)
+        return r, _keep_dims(gen, input, i, axis, keep_dims)
 
 
 for _name in ("sum", "max", "min"):
     _reduction(_name)
+
+
+def _arg_reduction(kind):
+    @builtin("input, axis, tie_break_left=True, keep_dims=False", kind)
+    def impl(gen, input, axis, tie_break_left, keep_dims):
+        if not isinstance(tie_break_left, bool):
+            raise CompilationError(f"{kind}() tie_break_left must be a constexpr bool")
+        r = gen.sem.reduce(kind, input, axis, tie_break_left)
+        return _keep_dims(gen, input, r, axis, keep_dims)
+
+
+for _name in ("argmax", "argmin"):
+    _arg_reduction(_name)
+
+
+def _scan(name, kind):
+    @builtin("input, axis=0, reverse=False, dtype=None", name)
+    def impl(gen, input, axis, reverse, dtype):
+        if not isinstance(reverse, bool):
+            raise CompilationError(f"{name}() reverse must be a constexpr bool")
+        if dtype is not None:
+            input = gen.sem.cast(input, need_dtype(dtype, f"{name}() dtype"))
+        return gen.sem.scan(kind, input, axis, reverse)
+
+
+_scan("cumsum", "sum")
+_scan("cumprod", "prod")
+
+
+def _dims(args, what):
+    """Triton's `f(x, 1, 0)` and `f(x, (1, 0))` spellings of a dims/shape argument."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    for a in args:
+        if isinstance(a, Value) or isinstance(a, bool) or not isinstance(a, int):
+            raise CompilationError(f"{what} must be constexpr ints, got {describe(a)}")
+    return tuple(args)
+
+
+def _permute_call(name):
+    def impl(gen, args, kwargs):
+        if not args:
+            raise CompilationError(f"metile.{name}() needs a tile")
+        x, rest = args[0], args[1:]
+        extra = set(kwargs) - {"dims"}
+        if extra:
+            raise CompilationError(f"metile.{name}() got an unexpected keyword argument "
+                                   f"{sorted(extra)[0]!r}")
+        if "dims" in kwargs:
+            rest = (kwargs["dims"],)
+        dims = _dims(rest, f"{name}() dims")
+        if not dims and name == "trans":
+            rank = len(x.type.shape) if isinstance(x, Value) and isinstance(x.type, TileType) else 0
+            if rank != 2:
+                raise CompilationError(f"trans() without dims needs a 2-D tile, got "
+                                       f"{describe(x)}; pass the axis order")
+            dims = (1, 0)
+        return gen.sem.permute(x, dims, name)
+    return impl
+
+
+def _reshape_call(name):
+    def impl(gen, args, kwargs):
+        if not args:
+            raise CompilationError(f"metile.{name}() needs a tile")
+        x, rest = args[0], args[1:]
+        extra = set(kwargs) - {"shape", "can_reorder"}
+        if extra:
+            raise CompilationError(f"metile.{name}() got an unexpected keyword argument "
+                                   f"{sorted(extra)[0]!r}")
+        if "shape" in kwargs:
+            rest = (kwargs["shape"],)
+        # can_reorder=True lets Triton pick any order; keeping row-major order is one of them
+        return gen.sem.reshape(x, _dims(rest, f"{name}() shape"), name)
+    return impl
+
+
+for _name in ("trans", "permute"):
+    IMPLS[_name] = _permute_call(_name)
+for _name in ("reshape", "view"):
+    IMPLS[_name] = _reshape_call(_name)
 
 
 def _shape(shape, what):

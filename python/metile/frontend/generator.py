@@ -299,9 +299,13 @@ class Generator(ControlFlow):
                 return shape_of(obj.type)
             if attr == "to":
                 return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw)))
-            if attr == "T" and len(shape_of(obj.type)) == 2:
-                raise CompilationError("transpose (.T, Triton's tl.trans) of a tile is not "
-                                       "supported yet")
+            if attr == "T":
+                if len(shape_of(obj.type)) != 2:
+                    raise CompilationError(f".T needs a 2-D tile, got {describe(obj)}; use "
+                                           f"metile.permute for other ranks")
+                return self.sem.permute(obj, (1, 0), "trans")
+            if attr in _TILE_METHODS:
+                return _Method(lambda gen, args, kw: IMPLS[attr](gen, [obj, *args], kw))
             raise CompilationError(f"a runtime value has no attribute {attr!r}")
         if isinstance(obj, TensorView):
             m = view_method(obj, attr)
@@ -413,6 +417,11 @@ class Generator(ControlFlow):
         finally:
             self.ctx.depth -= 1
         return None
+
+
+# Triton's tensor methods that are metile builtins taking the tile first (`x.reshape(4, 8)`)
+_TILE_METHODS = frozenset({"trans", "permute", "reshape", "view", "expand_dims", "broadcast_to",
+                           "sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod"})
 
 
 class _Method:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import operator
+from math import prod
 
 from ..ir.core import Builder, Value
 from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
@@ -357,7 +358,7 @@ class Semantics:
         return mask
 
     # -- tiles ---------------------------------------------------------------------
-    def reduce(self, kind: str, x, axis):
+    def reduce(self, kind: str, x, axis, tie_break_left: bool = True):
         if not isinstance(x, Value) or not isinstance(x.type, TileType):
             raise CompilationError(f"{kind}() needs a tile, got {describe(x)}")
         d = dtype_of(x.type)
@@ -373,7 +374,61 @@ class Semantics:
             if len(shape) == 1:
                 axis = None
         rshape = () if axis is None else shape[:axis] + shape[axis + 1:]
-        return self.b.value("reduce", [x], with_shape(ScalarType(d), rshape), kind=kind, axis=axis)
+        attrs = {"kind": kind, "axis": axis}
+        if kind in ("argmax", "argmin"):
+            d = dt.int32
+            if not tie_break_left:
+                attrs["tie_break_left"] = False
+        return self.b.value("reduce", [x], with_shape(ScalarType(d), rshape), **attrs)
+
+    def scan(self, kind: str, x, axis, reverse: bool = False):
+        what = {"sum": "cumsum", "prod": "cumprod"}[kind]
+        if not isinstance(x, Value) or not isinstance(x.type, TileType):
+            raise CompilationError(f"{what}() needs a tile, got {describe(x)}")
+        shape = x.type.shape
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise CompilationError(f"{what}() axis must be a constexpr int, got {describe(axis)}")
+        if not -len(shape) <= axis < len(shape):
+            raise CompilationError(f"{what}() axis {axis} is out of range for a rank-{len(shape)} "
+                                   f"tile")
+        if dtype_of(x.type).is_bool:  # Triton scans bool as int32
+            x = self.cast(x, dt.int32)
+        attrs = {"kind": kind, "axis": axis % len(shape)}
+        if reverse:
+            attrs["reverse"] = True
+        return self.b.value("scan", [x], x.type, **attrs)
+
+    def permute(self, x, dims: tuple, what: str = "permute"):
+        if not isinstance(x, Value) or not isinstance(x.type, TileType):
+            raise CompilationError(f"{what}() needs a tile, got {describe(x)}")
+        shape = x.type.shape
+        if sorted(d for d in dims if isinstance(d, int)) != list(range(len(shape))) \
+                or any(isinstance(d, bool) for d in dims):
+            raise CompilationError(f"{what}() dims {dims} are not a permutation of the "
+                                   f"{len(shape)} axes of a {x.type}")
+        if tuple(dims) == tuple(range(len(shape))):
+            return x
+        rshape = tuple(shape[d] for d in dims)
+        return self.b.value("permute", [x], TileType(rshape, elem_type(x.type)), dims=tuple(dims))
+
+    def reshape(self, x, shape: tuple, what: str = "reshape"):
+        if not isinstance(x, Value) or not isinstance(x.type, TileType):
+            raise CompilationError(f"{what}() needs a tile, got {describe(x)}")
+        have = x.type.shape
+        if not all(isinstance(s, int) and not isinstance(s, bool) and (s > 0 or s == -1)
+                   for s in shape) or not shape or list(shape).count(-1) > 1:
+            raise CompilationError(f"{what}() shape must be positive constexpr ints (one may be "
+                                   f"-1), got {shape!r}")
+        known = prod(s for s in shape if s != -1)
+        if -1 in shape and x.type.numel % known == 0:
+            shape = tuple(x.type.numel // known if s == -1 else s for s in shape)
+        if prod(shape) != x.type.numel:
+            raise CompilationError(f"{what}(): a tile of shape {have} ({x.type.numel} elements) "
+                                   f"cannot take the shape {shape}")
+        if tuple(shape) == have:
+            return x
+        return self.b.value("reshape", [x], TileType(tuple(shape), elem_type(x.type)),
+                            shape=tuple(shape))
 
     def dot(self, a, b, acc=None):
         for name, v in (("a", a), ("b", b)):

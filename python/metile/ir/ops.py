@@ -6,11 +6,16 @@ Tile form (frontend output)
   thread_id num_threads                 thread geometry, int32
   arange{start,end}                     int32 tile
   splat(s){shape} broadcast(t){shape} expand_dims(t){axis}
+  permute(t){dims}                      result axis i is operand axis dims[i] (trans, .T)
+  reshape(t){shape}                     same elements in the same row-major order
   <elementwise>(a, b, ...)              operands of one shape (frontend broadcasts)
   ptr_add(p, offset)                    pointer + int32 offset (scalar or tile)
   load(p, [mask, other])                scalar or tile read; masked lanes read `other`
   store(p, value, [mask]){atomic?}      scalar or tile write; atomic="add": atomic_add
-  reduce(t){kind, axis}                 sum|max|min; axis None -> scalar
+  reduce(t){kind, axis}                 sum|max|min|argmax|argmin; axis None -> scalar
+                                        (arg kinds: int32 index, ties -> smallest or
+                                        {tie_break_left: False} largest)
+  scan(t){kind, axis, reverse}          inclusive prefix sum|prod along axis, same shape
   dot(a, b, acc)                        tile matrix product, fp32 accumulation
   shared_alloc{size}                    threadgroup pointer (root = its name)
   barrier
@@ -54,7 +59,8 @@ FLOAT_ONLY = frozenset({"div"}) | MATH_UNARY | MATH_BINARY
 INT_ONLY = frozenset({"idiv", "mod", "shl", "shr"})
 ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
-TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "dot"})
+TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
+                       "scan", "dot"})
 CONTROL = frozenset({"for", "if", "while"})
 # Thread-form matrix fragments (see passes/lower_matmul.py): opaque per-SIMD-group
 # matrices whose lane ownership no pass or emitter depends on.
@@ -86,4 +92,5 @@ THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC)
 
 # Reductions: identity element per kind, by dtype kind.
-REDUCE_KINDS = ("sum", "max", "min")
+REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")
+SCAN_KINDS = ("sum", "prod")

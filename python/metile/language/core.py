@@ -58,9 +58,25 @@ _DOCS = {
     "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",
     "clamp": "clamp(x, min, max) = minimum(maximum(x, min), max).",
     "cast": "cast(x, dtype): explicit conversion (mixed operands also promote as in Triton).",
-    "sum": "sum(x, axis=None): reduction; None reduces every axis to a scalar.",
-    "max": "max(x, axis=None): reduction.",
-    "min": "min(x, axis=None): reduction.",
+    "sum": "sum(x, axis=None, keep_dims=False): reduction; None reduces every axis to a scalar.",
+    "max": "max(x, axis=None, return_indices=False, return_indices_tie_break_left=True, "
+           "keep_dims=False): reduction; with return_indices, (values, argmax indices).",
+    "min": "min(x, axis=None, return_indices=False, return_indices_tie_break_left=True, "
+           "keep_dims=False): reduction; with return_indices, (values, argmin indices).",
+    "argmax": "argmax(x, axis, tie_break_left=True, keep_dims=False) -> int32: index of the "
+              "largest element (ties: the smallest index; tie_break_left=False: the largest). "
+              "axis=None indexes the row-major flattened tile.",
+    "argmin": "argmin(x, axis, tie_break_left=True, keep_dims=False) -> int32: as argmax, "
+              "for the smallest element.",
+    "cumsum": "cumsum(x, axis=0, reverse=False, dtype=None): inclusive prefix sum along axis "
+              "(floats accumulate in float32; bool scans as int32).",
+    "cumprod": "cumprod(x, axis=0, reverse=False, dtype=None): inclusive prefix product.",
+    "trans": "trans(x, *dims): permute a tile's axes (no dims: swap the two axes of a 2-D "
+             "tile); also x.T and x.trans().",
+    "permute": "permute(x, *dims): result axis i is axis dims[i] of x.",
+    "reshape": "reshape(x, *shape, can_reorder=False): the same elements in the same row-major "
+               "order under a new shape (one extent may be -1).",
+    "view": "view(x, *shape): reshape (the row-major order is kept).",
     "zeros": "zeros(shape, dtype=float32): constant tile.",
     "expand_dims": "expand_dims(x, axis): a new axis of extent 1 (axis may be a tuple).",
     "broadcast_to": "broadcast_to(x, shape): NumPy broadcasting to `shape`.",

@@ -54,6 +54,15 @@ class Ctx:
     def derived(self, shape, coords) -> "Ctx":
         return Ctx(self.low, self.b, shape, coords=coords, identity=False)
 
+    def reshaped(self, shape) -> "Ctx":
+        """The same element seen as one of a tile of `shape` with the same row-major order:
+        in a lane loop it is still this thread's slot, so register tiles stay readable."""
+        if self.identity:
+            out = Ctx(self.low, self.b, shape, lin=self.lin, slot=self.slot)
+            out.memo = self.memo  # a value read at the same linear element is the same
+            return out
+        return Ctx(self.low, self.b, shape, lin=self.linear(self.shape), identity=False)
+
     def linear(self, shape) -> Value:
         if self.identity and tuple(shape) == self.shape:
             return self.lin

@@ -1,4 +1,4 @@
-"""Reductions and `dot` for `lower_tiles` (a mixin of `Lowering`).
+"""Reductions, scans and `dot` for `lower_tiles` (a mixin of `Lowering`).
 
 * Full reduction to a scalar: each thread folds the elements it owns, then
   `simd_reduce` combines the 32 lanes of a SIMD-group, lane 0 of each group
@@ -8,6 +8,12 @@
 * Reduction along an axis of a rank >= 2 tile: the operand is in threadgroup
   memory (placement guarantees it) and each result element is a serial fold
   over the axis.
+* argmax/argmin: to a scalar, two block reductions (the extreme value, then the
+  smallest index holding it); along an axis, a serial scan keeping (value, index).
+  Either way ties give the smallest index (Triton's tie_break_left) on every
+  backend, independent of the order lanes combine in.
+* cumsum/cumprod (`scan`): the operand is in threadgroup memory and each
+  result element folds its line along the axis up to itself, in order.
 * `dot`: operands in threadgroup memory, each output element a serial fold
   over K in float32.  This is the reference lowering; SIMD-group matrix and
   tensor-core lowerings replace it where a schedule selects them.
@@ -45,16 +51,52 @@ class ReductionLowering:
     def full_reduce(self, op: Op, b: Builder) -> Value:
         (x,) = op.operands
         kind, d = op.attrs["kind"], dtype_of(x.type)
+        if kind in ("argmax", "argmin"):
+            return self.full_arg_reduce(op, b)
         acc_d = self._acc_dtype(d)
+        r = self._fold_all(b, x.type.shape, kind, acc_d,
+                           lambda ctx: self._cast(ctx.b, self.elem(x, ctx), acc_d))
+        return self._cast(b, r, d)
+
+    def full_arg_reduce(self, op: Op, b: Builder) -> Value:
+        """Two block reductions: the extreme value, then the smallest (tie_break_left=False:
+        largest) row-major index holding it, so ties resolve the same on every backend
+        whatever order lanes combine in."""
+        (x,) = op.operands
+        d = dtype_of(x.type)
+        acc_d = self._acc_dtype(d)
+        value_kind = op.attrs["kind"][3:]
+        best = self._fold_all(b, x.type.shape, value_kind, acc_d,
+                              lambda ctx: self._cast(ctx.b, self.elem(x, ctx), acc_d))
+        left = op.attrs.get("tie_break_left", True)
+        index_kind = "min" if left else "max"
+        none = self._identity(b, index_kind, dt.int32)
+
+        def index(ctx: Ctx) -> Value:
+            e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
+            hit = ctx.b.value("eq", [e, best], BOOL)
+            return ctx.b.value("where", [hit, ctx.linear(ctx.shape), none], I32)
+
+        i = self._fold_all(b, x.type.shape, index_kind, dt.int32, index)
+        # Only NaN can match nothing (its order is unspecified, as in Triton): keep the
+        # index inside the tile rather than return the fold's identity.
+        last = self.const(b, x.type.numel - 1)
+        clamp = "minimum" if left else "maximum"
+        return b.value(clamp, [i, last if left else self.const(b, 0)], I32)
+
+    def _fold_all(self, b: Builder, shape, kind: str, acc_d: dt.DType, element) -> Value:
+        """Fold `element(ctx)` over every element of a tile of `shape`: per thread, across a
+        SIMD-group, then across SIMD-groups through threadgroup memory.  Every thread gets
+        the result."""
         acc = self.decl("var", acc_d, prefix="_acc")
         b.op("var_set", [self._identity(b, kind, acc_d)], [], {"name": acc})
 
         def body(ctx: Ctx):
-            e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
+            e = element(ctx)
             cur = ctx.b.value("var_get", [], ScalarType(acc_d), name=acc)
             ctx.b.op("var_set", [self._combine(ctx.b, kind, cur, e)], [], {"name": acc})
 
-        self.lane_loop(b, x.type.shape, body)
+        self.lane_loop(b, shape, body)
         part = b.value("var_get", [], ScalarType(acc_d), name=acc)
         r = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind)
         groups = self.T // 32
@@ -78,11 +120,13 @@ class ReductionLowering:
                  regions=[loop])
             r = b.value("var_get", [], ScalarType(acc_d), name=acc)
             self.barrier(b)  # the scratch may be reused by the next reduction
-        return self._cast(b, r, d)
+        return r
 
     def axis_reduce(self, op: Op, ctx: Ctx) -> Value:
         (x,) = op.operands
         kind, axis, d = op.attrs["kind"], op.attrs["axis"], dtype_of(x.type)
+        if kind in ("argmax", "argmin"):
+            return self.axis_arg_reduce(op, ctx)
         acc_d = self._acc_dtype(d)
         acc = self.decl("var", acc_d, prefix="_acc")
         ctx.b.op("var_set", [self._identity(ctx.b, kind, acc_d)], [], {"name": acc})
@@ -98,6 +142,69 @@ class ReductionLowering:
         b = ctx.b
         b.op("for", [self.const(b, 0), self.const(b, x.type.shape[axis]), self.const(b, 1)], [],
              regions=[loop])
+        return self._cast(b, b.value("var_get", [], ScalarType(acc_d), name=acc), d)
+
+    def axis_arg_reduce(self, op: Op, ctx: Ctx) -> Value:
+        """A serial scan along the axis keeping (best value, its index): a strictly better
+        element replaces the best, so ties keep the first index (`>=`/`<=`: the last)."""
+        (x,) = op.operands
+        kind, axis, d = op.attrs["kind"], op.attrs["axis"], dtype_of(x.type)
+        acc_d = self._acc_dtype(d)
+        value_kind = kind[3:]
+        left = op.attrs.get("tie_break_left", True)
+        better = {("max", True): "gt", ("max", False): "ge",
+                  ("min", True): "lt", ("min", False): "le"}[value_kind, left]
+        best = self.decl("var", acc_d, prefix="_best")
+        at = self.decl("var", dt.int32, prefix="_at")
+        ctx.b.op("var_set", [self._identity(ctx.b, value_kind, acc_d)], [], {"name": best})
+        ctx.b.op("var_set", [self.const(ctx.b, 0)], [], {"name": at})
+        loop = Block()
+        j = loop.add_arg(I32, "j")
+        lb = Builder(loop)
+        coords = list(ctx.coords())
+        coords.insert(axis, j)
+        e = self._cast(lb, self.elem(x, Ctx(self, lb, x.type.shape, coords=coords,
+                                             identity=False)), acc_d)
+        cur = lb.value("var_get", [], ScalarType(acc_d), name=best)
+        take = lb.value(better, [e, cur], BOOL)
+        lb.op("var_set", [lb.value("where", [take, e, cur], ScalarType(acc_d))], [],
+              {"name": best})
+        old = lb.value("var_get", [], I32, name=at)
+        lb.op("var_set", [lb.value("where", [take, j, old], I32)], [], {"name": at})
+        b = ctx.b
+        b.op("for", [self.const(b, 0), self.const(b, x.type.shape[axis]), self.const(b, 1)], [],
+             regions=[loop])
+        return b.value("var_get", [], I32, name=at)
+
+    def scan(self, op: Op, ctx: Ctx) -> Value:
+        """Inclusive prefix of the element's line along the axis, folded in order from the
+        line's start (reverse: from its end) in the accumulation dtype; the operand is in
+        threadgroup memory (placement)."""
+        (x,) = op.operands
+        kind, axis, d = op.attrs["kind"], op.attrs["axis"], dtype_of(x.type)
+        acc_d = self._acc_dtype(d)
+        b = ctx.b
+        acc = self.decl("var", acc_d, prefix="_acc")
+        unit = self.const(b, 0.0 if acc_d.is_float else 0, acc_d) if kind == "sum" else \
+            self.const(b, 1.0 if acc_d.is_float else 1, acc_d)
+        b.op("var_set", [unit], [], {"name": acc})
+        here = ctx.coords()[axis]
+        one = self.const(b, 1)
+        if op.attrs.get("reverse"):
+            lo, hi = here, self.const(b, x.type.shape[axis])
+        else:
+            lo, hi = self.const(b, 0), b.value("add", [here, one], I32)
+        loop = Block()
+        j = loop.add_arg(I32, "j")
+        lb = Builder(loop)
+        coords = list(ctx.coords())
+        coords[axis] = j
+        e = self._cast(lb, self.elem(x, Ctx(self, lb, x.type.shape, coords=coords,
+                                             identity=False)), acc_d)
+        cur = lb.value("var_get", [], ScalarType(acc_d), name=acc)
+        name = "add" if kind == "sum" else "mul"
+        lb.op("var_set", [lb.value(name, [cur, e], cur.type)], [], {"name": acc})
+        b.op("for", [lo, hi, one], [], regions=[loop])
         return self._cast(b, b.value("var_get", [], ScalarType(acc_d), name=acc), d)
 
     def dot(self, op: Op, ctx: Ctx) -> Value:

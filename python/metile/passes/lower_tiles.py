@@ -183,6 +183,17 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
             coords = list(ctx.coords())
             del coords[op.attrs["axis"]]
             return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "permute":
+            src = op.operands[0]
+            coords = [None] * len(src.type.shape)
+            for c, d in zip(ctx.coords(), op.attrs["dims"]):
+                coords[d] = c
+            return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "reshape":
+            src = op.operands[0]
+            return self.elem(src, ctx.reshaped(src.type.shape))
+        if op.name == "scan":
+            return self.scan(op, ctx)
         if op.name == "ptr_add":
             a, off = (self.elem(o, ctx) for o in op.operands)
             return self.add(b, a, off)

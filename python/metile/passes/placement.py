@@ -11,9 +11,10 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   reads the value at the element's own coordinate.
 * ``shared`` — stored in threadgroup memory, row-major.  Required when some
   use reads other coordinates: broadcasting (x[:, None]), reductions along an
-  axis of a rank >= 2 tile, and `dot` operands.
+  axis of a rank >= 2 tile, `dot` operands, `permute` (trans) and `scan`
+  operands.  `reshape` reads in place (the lane layout is row-major order).
 
-Loads, reductions, dot results and loop-carried / branch-result tiles are
+Loads, reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored: loads must happen once, in program order relative to stores
 and barriers.  Loop-carried values share one storage per carried slot
 (block argument, loop result); the group is `shared` if any member needs it.
@@ -27,7 +28,9 @@ from ..ir.core import Block, Function, Op, Value
 from ..ir.ops import ELEMENTWISE
 from ..ir.types import PointerType, TileType, dtype_of, elem_type
 
-_INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims"})
+# permute reads its operand at other coordinates; reshape keeps the row-major order and so
+# the lane layout (element i stays in thread i % T, slot i // T): it reads in place.
+_INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape"})
 
 
 @dataclass
@@ -112,6 +115,8 @@ def analyze(fn: Function) -> Placement:
                 out = out or (op.result.type.shape != v.type.shape or op.name == "expand_dims")
             elif op.name == "reduce":
                 out = out or op.attrs["axis"] is not None
+            elif op.name in ("permute", "scan"):
+                out = True
             elif op.name == "dot":
                 out = out or idx < 2
             elif op.results and _is_tile(op.results[0]) and \
