@@ -348,6 +348,29 @@ def test_cumsum_along_axes(m, n):
     np.testing.assert_array_equal(np.array(c), np.cumsum(xn > 0, 1))
 
 
+@metile.kernel
+def carried(X, Y, Z, n):
+    acc = metile.zeros((4, 8), dtype=metile.float32)
+    run = metile.zeros((32,), dtype=metile.float32)
+    for i in range(0, n):
+        x = metile.load(X + i * 32 + metile.arange(0, 32))
+        acc += x.reshape(4, 8)
+        run = metile.cumsum(run + x, 0)
+    metile.store(Y + metile.arange(0, 8)[:, None] * 4 + metile.arange(0, 4)[None, :], acc.T)
+    metile.store(Z + metile.arange(0, 32), run)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_shape_ops_and_scans_on_loop_carried_tiles(n):
+    x, xn = _values((n, 32), F32, 16)
+    y, z = carried[(1,)](x, mx.zeros((8, 4)), mx.zeros((32,)), n)
+    np.testing.assert_allclose(np.array(y), xn.sum(0).reshape(4, 8).T, rtol=3e-4, atol=3e-5)
+    run = np.zeros(32)
+    for row in xn:
+        run = np.cumsum(run + row)
+    np.testing.assert_allclose(np.array(z), run, rtol=3e-4, atol=3e-5)
+
+
 # -- refusals ----------------------------------------------------------------------------------
 
 @metile.kernel
