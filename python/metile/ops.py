@@ -507,6 +507,16 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     return out.reshape(*a.shape[:-1], b.shape[1])
 
 
+def _linear_args(x, weight, bias, activation, negative_slope, residual):
+    """`linear`'s arguments checked and flattened to rows: (arrays, residual as rows x N)."""
+    _check_activation(activation, negative_slope)
+    _check_linear(x, weight, bias, activation, negative_slope)
+    _check_residual(x, weight, residual)
+    x2 = _rows(x)
+    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
+    return ((x2, weight) if bias is None else (x2, weight, bias)), r2
+
+
 def _check_residual(x, weight, residual):
     if residual is None:
         return
@@ -541,12 +551,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     in_features) as in MLX; `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
-    _check_activation(activation, negative_slope)
-    _check_linear(x, weight, bias, activation, negative_slope)
-    _check_residual(x, weight, residual)
-    x2 = _rows(x)
-    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
-    arrays = (x2, weight) if bias is None else (x2, weight, bias)
+    arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
+    x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
         out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
@@ -582,12 +588,7 @@ def tune_linear(x, weight, bias=None, activation=None, *, residual=None,
                 negative_slope: float = LEAKY_SLOPE, budget_s: float | None = None,
                 force: bool = False, clock=None) -> dict:
     """tune_matmul for `linear`'s signature."""
-    _check_activation(activation, negative_slope)
-    _check_linear(x, weight, bias, activation, negative_slope)
-    _check_residual(x, weight, residual)
-    x2 = _rows(x)
-    arrays = (x2, weight) if bias is None else (x2, weight, bias)
-    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
+    arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     with routing.tuning_scope(budget_s, clock):
         route = _route("linear", arrays, activation, negative_slope, "auto", measure=True,
                        force=force, residual=r2)
@@ -631,11 +632,6 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
                    backend: str = "auto", negative_slope: float = LEAKY_SLOPE) -> str:
-    _check_activation(activation, negative_slope)
-    _check_linear(x, weight, bias, activation, negative_slope)
-    _check_residual(x, weight, residual)
-    x2 = _rows(x)
-    arrays = (x2, weight) if bias is None else (x2, weight, bias)
-    r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
+    arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
                       indent=2)
