@@ -461,8 +461,8 @@ def k_divergent_barrier(X):
 
 
 @metile.kernel
-def k_call_kernel(X):
-    copy(X, X, 8)
+def k_call_kernel(X, n):
+    copy(X, X, n, n)  # a kernel called from a kernel is inlined; BLOCK must be constant
 
 
 @metile.kernel
@@ -727,8 +727,9 @@ lang = [
      r"tensor\(\) shape\[1\] must be an int \(constexpr or a runtime int scalar\), got str \'a\'"),
     ("divergent-barrier", lambda: k_divergent_barrier[(1,)](zeros8()),
      r"barrier\(\) under control flow that depends on thread_id\(\)"),
-    ("kernel-calls-kernel", lambda: k_call_kernel[(1,)](zeros8()),
-     r"a kernel cannot call another @metile.kernel"),
+    ("kernel-call-runtime-constexpr", lambda: k_call_kernel[(1,)](zeros8(), 8),
+     r"copy\(\): constexpr parameter 'BLOCK' needs a compile-time value, got a runtime int32 "
+     r"value"),
     ("undefined-name", lambda: k_undefined[(1,)](zeros8()),
      r"name 'undefined_name' is not defined"),
     ("python-math-module", lambda: k_math_module[(1,)](zeros8()),
@@ -766,7 +767,8 @@ lang = [
     ("kernel-without-stores", lambda: k_no_store[(1,)](zeros8()),
      r"kernel 'k_no_store' stores to no buffer"),
     ("inline-recursion", lambda: k_recursion[(1,)](zeros8()),
-     r"@metile.inline helpers nest more than 32 deep \(recursion\?\)"),
+     r"@metile.inline helpers and kernels called from kernels nest more than 32 deep "
+     r"\(recursion\?\)"),
     ("differentiable-reduction", lambda: k_diff_reduce[(1,)](zeros8(), mx.zeros((1,))),
      r"differentiable=True needs a pointwise kernel: loads and stores must address program_id\(0\) "
      r"\* BLOCK \+ arange\(0, BLOCK\)"),

@@ -390,24 +390,44 @@ class Generator(ControlFlow):
         if func is py_builtins.range:
             raise CompilationError("range() can only be used as the iterable of a for loop")
         if getattr(func, "__metile_kernel__", False):
-            raise CompilationError("a kernel cannot call another @metile.kernel; mark shared code "
-                                   "@metile.inline")
+            return self.kernel_call(func, args, kwargs)
         label = getattr(func, "__qualname__", repr(func))
         raise CompilationError(f"call to {label}, which is neither a metile builtin nor a "
                                f"@metile.inline helper")
 
+    def kernel_call(self, kernel, args, kwargs):
+        """A @metile.kernel called from a kernel is a device function (as Triton's @jit
+        functions call each other): its body is inlined like an @metile.inline helper's.
+        Its constexpr parameters take the call's compile-time values; its stores write the
+        caller's buffers; launch options (grid, num_simdgroups) belong to the caller."""
+        fn = kernel.fn
+        bound = self._bind_call(fn, args, kwargs)
+        for name in kernel.constexpr_names:
+            if isinstance(bound[name], Value):
+                raise CompilationError(
+                    f"{fn.__qualname__}(): constexpr parameter {name!r} needs a compile-time "
+                    f"value, got {describe(bound[name])}")
+        return self._inline_body(fn, bound)
+
     def inline_call(self, helper, args, kwargs):
-        import inspect
-        if self.ctx.depth > 32:
-            raise CompilationError("@metile.inline helpers nest more than 32 deep (recursion?)")
         fn = helper.__wrapped__ if hasattr(helper, "__wrapped__") else helper
+        return self._inline_body(fn, self._bind_call(fn, args, kwargs))
+
+    @staticmethod
+    def _bind_call(fn, args, kwargs) -> dict:
+        import inspect
         try:
             bound = inspect.signature(fn).bind(*args, **kwargs)
         except TypeError as e:
             raise CompilationError(f"{fn.__qualname__}(): {e}") from None
         bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def _inline_body(self, fn, env: dict):
+        if self.ctx.depth > 32:
+            raise CompilationError("@metile.inline helpers and kernels called from kernels nest "
+                                   "more than 32 deep (recursion?)")
         src = function_source(fn)
-        env = dict(bound.arguments)
         sub = Generator(src, self.b, self.ctx, env, is_helper=True)
         self.ctx.depth += 1
         try:

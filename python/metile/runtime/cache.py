@@ -59,7 +59,8 @@ def _describe(value, seen: set) -> str:
     if getattr(value, "__metile_inline__", False):
         return "inline:" + source_fingerprint(value.__wrapped__, seen)
     if getattr(value, "__metile_kernel__", False):
-        return "kernel:" + value.fn.__qualname__
+        # a kernel called from a kernel is inlined: its source is part of the caller's
+        return "kernel:" + source_fingerprint(value.fn, seen)
     if isinstance(value, types.ModuleType):
         return "module:" + value.__name__
     if isinstance(value, (types.BuiltinFunctionType, type)):
@@ -75,7 +76,7 @@ def _describe(value, seen: set) -> str:
 
 def source_fingerprint(fn, seen: set | None = None) -> str:
     """Hash of `fn`'s source plus the globals/closure values it names (recursively
-    through @metile.inline helpers)."""
+    through @metile.inline helpers and kernels called from the kernel)."""
     from ..frontend.source import function_source
 
     seen = set() if seen is None else seen

@@ -88,6 +88,8 @@ class Snapshot:
             self._refs.append((get, value, text))
             if getattr(value, "__metile_inline__", False):
                 self._walk(value.__wrapped__, seen)
+            elif getattr(value, "__metile_kernel__", False):
+                self._walk(value.fn, seen)  # called from this kernel: inlined
 
     def changed(self) -> bool:
         for get, value, text in self._refs:

@@ -20,6 +20,7 @@ written, the kernel also records which elements it wrote and the result is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import sys
@@ -219,6 +220,8 @@ class Kernel:
         """(runtime arguments by name, constexpr values by name, threads requested, schedule,
         backend requested)."""
         kwargs = dict(kwargs)
+        launch_nsg = "num_simdgroups" in kwargs or (
+            "NUM_SG" in kwargs and "NUM_SG" not in self.param_names)
         nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
         if "NUM_SG" in kwargs and "NUM_SG" not in self.param_names:
             # Legacy spelling (Config(num_simdgroups=...) passes NUM_SG).
@@ -227,6 +230,9 @@ class Kernel:
                 raise LaunchError(f"NUM_SG={legacy} contradicts num_simdgroups={nsg}")
             nsg = legacy
         schedule = None if "SCHEDULE" in self.param_names else kwargs.pop("SCHEDULE", None)
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")
+        nsg, schedule = self._triton_options(kwargs, nsg, launch_nsg, schedule)
         # backend="msl"|"cuda" (or a compiler.Backend): compile for that language instead
         # of the default device's, e.g. to read the CUDA source on a Mac or the CPU.
         backend = None if "backend" in self.param_names else kwargs.pop("backend", None)
@@ -236,8 +242,6 @@ class Kernel:
         strict = None if "STRICT_MATH" in self.param_names else kwargs.pop("STRICT_MATH", None)
         if strict is not None and not isinstance(strict, bool):
             raise LaunchError(f"STRICT_MATH must be True or False, got {strict!r}")
-        if schedule is not None and not isinstance(schedule, Schedule):
-            raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")
         if len(args) > len(self.param_names):
             raise LaunchError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
                               f"got {len(args)}")
@@ -278,6 +282,28 @@ class Kernel:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
         return runtime, consts, threads, schedule, backend
+
+    def _triton_options(self, kwargs: dict, nsg, launch_nsg: bool, schedule):
+        """Triton's launch options: num_warps is num_simdgroups (a warp and a SIMD-group are
+        both 32 lanes); num_stages is Schedule(num_stages=), merged with any SCHEDULE given.
+        A kernel with parameters of these names receives them as arguments instead."""
+        if "num_warps" in kwargs and "num_warps" not in self.param_names:
+            warps = kwargs.pop("num_warps")
+            if launch_nsg and nsg != warps:
+                raise LaunchError(f"num_warps={warps!r} contradicts num_simdgroups={nsg!r}")
+            if not isinstance(warps, int) or isinstance(warps, bool) or not 1 <= warps <= 32:
+                raise LaunchError(f"num_warps must be an int in 1..32, got {warps!r}")
+            nsg = warps
+        if "num_stages" in kwargs and "num_stages" not in self.param_names:
+            stages = kwargs.pop("num_stages")
+            if schedule is not None and schedule.num_stages not in (None, stages):
+                raise LaunchError(f"num_stages={stages!r} contradicts the SCHEDULE's "
+                                  f"num_stages={schedule.num_stages!r}")
+            try:
+                schedule = dataclasses.replace(schedule or Schedule(), num_stages=stages)
+            except (TypeError, ValueError) as e:
+                raise LaunchError(f"num_stages={stages!r}: {e}") from None
+        return nsg, schedule
 
     def specialize(self, runtime: dict, consts: dict, threads, schedule=None, backend=None
                    ) -> tuple[Specialization, dict]:

@@ -8,7 +8,8 @@ user wrote it rather than deep inside compilation.
 
 A `Config` is one autotuning candidate: constexpr meta-parameters (BLOCK_M,
 ...) plus an optional SIMD-group count, which kernels written against the
-older convention read as the NUM_SG constexpr.
+older convention read as the NUM_SG constexpr.  Triton's `num_warps` and
+`num_stages` are accepted and passed to the launch as written.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class Config:
                 raise ValueError(f"Config: NUM_SG={legacy} contradicts "
                                  f"num_simdgroups={num_simdgroups}")
             num_simdgroups = legacy
+        _check_triton_options(meta, num_simdgroups)
         for name, value in meta.items():
             try:
                 hash(value)
@@ -192,6 +194,24 @@ class Config:
         parts = [f"num_simdgroups={self._nsg}"] if self._nsg is not None else []
         parts += [f"{k}={v!r}" for k, v in sorted(self.meta.items())]
         return f"Config({', '.join(parts)})"
+
+
+def _check_triton_options(meta: dict, num_simdgroups) -> None:
+    """Triton's num_warps / num_stages stay launch keywords of the candidate (a kernel with
+    parameters of those names receives them as arguments; otherwise they are
+    num_simdgroups and Schedule(num_stages=)); their values are checked here, early."""
+    warps = meta.get("num_warps")
+    if warps is not None:
+        if not _is_int(warps) or not 1 <= warps <= MAX_SIMDGROUPS:
+            raise ValueError(f"Config: num_warps must be an int from 1 through {MAX_SIMDGROUPS}, "
+                             f"got {warps!r}")
+        if num_simdgroups is not None and warps != num_simdgroups:
+            raise ValueError(f"Config: num_warps={warps} contradicts "
+                             f"num_simdgroups={num_simdgroups}")
+    stages = meta.get("num_stages")
+    if stages is not None and (not _is_int(stages) or not 1 <= stages <= MAX_STAGES):
+        raise ValueError(f"Config: num_stages must be an int from 1 through {MAX_STAGES}, "
+                         f"got {stages!r}")
 
 
 def check_legacy_geometry(meta: dict, plan, schedule: Schedule | None = None) -> None:

@@ -1,0 +1,263 @@
+"""Triton's launch surface and device functions (issue 15, item 10).
+
+* `num_warps=` at launch is `num_simdgroups=` (a warp and a SIMD-group are both 32
+  lanes); `num_stages=` is `Schedule(num_stages=)`, merged with a SCHEDULE given;
+  the same keywords in `metile.Config` for autotuning.  A kernel with parameters of
+  those names receives them as arguments.
+* A `@metile.kernel` called from a kernel is a device function (Triton's @jit
+  functions calling each other): its body is inlined, constexprs bound from the call.
+* `metile.cdiv` and `metile.next_power_of_2` on the host and in kernels.
+
+Numbers on the MSL CPU runtime against NumPy; errors by their message.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import CompilationError, LaunchError, Schedule
+from metile_kernels.gemm import grid as gemm_grid, matmul
+from test_gemm import check, operands
+
+RAGGED = (1, 7, 63, 65, 1000)
+
+
+@metile.kernel
+def scaled_copy(X, Y, n, alpha, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) * alpha, mask=mask)
+
+
+def launch_copy(n, **options):
+    x = np.arange(n, dtype=np.float32)
+    return x, scaled_copy[(metile.cdiv(n, 128),)](mx.array(x), mx.zeros((n,)), n, 2.0,
+                                                  BLOCK=128, **options)
+
+
+# -- num_warps / num_stages at launch -----------------------------------------------------------
+
+@pytest.mark.parametrize("warps", [1, 2, 4])
+def test_num_warps_is_num_simdgroups(warps):
+    x = mx.ones((65,))
+    d = scaled_copy[(1,)].prepare(x, mx.zeros((65,)), 65, 1.0, BLOCK=128, num_warps=warps)
+    same = scaled_copy[(1,)].prepare(x, mx.zeros((65,)), 65, 1.0, BLOCK=128,
+                                     num_simdgroups=warps)
+    assert d.schedule_plan.threadgroup_size == same.schedule_plan.threadgroup_size == \
+        (32 * warps, 1, 1)
+    x, y = launch_copy(1000, num_warps=warps)
+    np.testing.assert_array_equal(np.array(y), 2 * x)
+    _, y = launch_copy(65, num_warps=warps, num_simdgroups=warps)  # agreeing: fine
+    np.testing.assert_array_equal(np.array(y), 2 * np.arange(65))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(num_warps=2, num_simdgroups=4), "num_warps=2 contradicts num_simdgroups=4"),
+    (dict(num_warps=8, NUM_SG=4), "num_warps=8 contradicts num_simdgroups=4"),
+    (dict(num_warps=0), "num_warps must be an int in 1..32, got 0"),
+    (dict(num_warps=2.0), "num_warps must be an int in 1..32, got 2.0"),
+    (dict(num_stages=2, SCHEDULE=Schedule(num_stages=3)),
+     "num_stages=2 contradicts the SCHEDULE's num_stages=3"),
+    (dict(num_stages=9), "num_stages=9: Schedule: num_stages must be from 1 through 5, got 9"),
+    (dict(num_stages=2, SCHEDULE="fast"), "SCHEDULE must be a metile.Schedule, got str"),
+])
+def test_launch_option_errors(options, message):
+    with pytest.raises(LaunchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        launch_copy(8, **options)
+
+
+def test_num_stages_on_a_kernel_without_k_loop_is_refused_by_name():
+    with pytest.raises(CompilationError, match="cannot honour num_stages=2: this elementwise "
+                                               "kernel has no staged K loop"):
+        launch_copy(8, num_stages=2)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_num_stages_sets_the_gemm_stages(rng, stages):
+    m, n, k = 75, 45, 37
+    a, b, ref = operands(rng, m, n, k, "float16")
+    tile = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16)
+    d = matmul[gemm_grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), m, n, k, **tile,
+                                                num_stages=stages, num_warps=4)
+    check(d(), ref)
+    assert d.schedule_plan.num_stages == stages and d.schedule_plan.num_simdgroups == 4
+    # merged with a SCHEDULE that states other fields (and agrees on num_stages)
+    merged = matmul[gemm_grid(m, n, 32, 32)].prepare(
+        a, b, mx.zeros((m, n)), m, n, k, **tile, num_stages=stages,
+        SCHEDULE=Schedule(staging="threadgroup", num_stages=stages))
+    check(merged(), ref)
+    assert merged.schedule_plan.num_stages == stages
+    assert merged.schedule_plan.staging == "threadgroup"
+
+
+@metile.kernel
+def named_like_options(Y, num_warps, num_stages: metile.constexpr):
+    offs = metile.arange(0, 8)
+    metile.store(Y + offs, offs * 0 + num_warps * 10 + num_stages)
+
+
+def test_parameters_named_like_the_options_are_arguments():
+    y = named_like_options[(1,)](mx.zeros((8,), mx.int32), num_warps=7, num_stages=9)
+    np.testing.assert_array_equal(np.array(y), np.full(8, 79))
+    y = named_like_options[(1,)](mx.zeros((8,), mx.int32), 3, 4)
+    np.testing.assert_array_equal(np.array(y), np.full(8, 34))
+
+
+# -- Config(num_warps=, num_stages=) ---------------------------------------------------------------
+
+def copy_grid(meta):
+    return (metile.cdiv(meta["n"], meta["BLOCK"]),)
+
+
+def test_config_num_warps_autotunes(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(
+        configs=[metile.Config(BLOCK=64, num_warps=2), metile.Config(BLOCK=256, num_warps=8),
+                 # refused for this elementwise kernel (no staged K loop): skipped, with why
+                 metile.Config(BLOCK=64, num_warps=2, num_stages=2)],
+        warmup=1, reps=1)(scaled_copy)
+    x = np.arange(1000, dtype=np.float32)
+    out = tuned[copy_grid](mx.array(x), mx.zeros((1000,)), 1000, 0.5)
+    np.testing.assert_array_equal(np.array(out), 0.5 * x)
+    result = tuned.last_result
+    assert set(result.timings) == {"Config(BLOCK=64,num_warps=2)",
+                                   "Config(BLOCK=256,num_warps=8)"}
+    assert "cannot honour num_stages=2" in \
+        result.unusable["Config(BLOCK=64,num_stages=2,num_warps=2)"]
+    assert scaled_copy.schedule_plan.threadgroup_size[0] in (64, 256)
+
+
+def test_config_num_stages_autotunes_a_gemm(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tile = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16)
+    tuned = metile.autotune(configs=[metile.Config(**tile, num_stages=1, num_warps=4),
+                                     metile.Config(**tile, num_stages=2, num_warps=4)],
+                            warmup=1, reps=1)(matmul)
+    m, n, k = 65, 63, 37
+    a, b, ref = operands(rng, m, n, k, "float32")
+    check(tuned[gemm_grid(m, n, 32, 32)](a, b, mx.zeros((m, n)), m, n, k), ref)
+    assert len(tuned.last_result.timings) == 2 and not tuned.last_result.unusable
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_warps=64), "Config: num_warps must be an int from 1 through 32, got 64"),
+    (dict(num_warps=4, num_simdgroups=8), "Config: num_warps=4 contradicts num_simdgroups=8"),
+    (dict(num_warps=4, NUM_SG=2), "Config: num_warps=4 contradicts num_simdgroups=2"),
+    (dict(num_stages=0), "Config: num_stages must be an int from 1 through 5, got 0"),
+])
+def test_config_option_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        metile.Config(BLOCK=64, **kwargs)
+
+
+# -- a kernel called from a kernel -----------------------------------------------------------------
+
+@metile.kernel
+def axpy_values(x, y, alpha):
+    return alpha * x + y
+
+
+@metile.kernel
+def store_block(X, Y, n, scale, BLOCK: metile.constexpr, SHIFT: metile.constexpr = 0):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) * scale + SHIFT, mask=mask)
+
+
+@metile.kernel
+def calls_value_kernel(X, Y, Z, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    x = metile.load(X + offs, mask=mask)
+    y = metile.load(Y + offs, mask=mask)
+    metile.store(Z + offs, axpy_values(x, y, 3.0), mask=mask)
+
+
+@metile.kernel
+def calls_storing_kernel(X, Y, Z, n, BLOCK: metile.constexpr):
+    # positional constexpr, then keyword constexprs; the callee's default for SHIFT
+    store_block(X, Y, n, 2.0, BLOCK)
+    store_block(X, Z, n, -1.0, BLOCK=BLOCK, SHIFT=BLOCK // 2)
+
+
+@pytest.mark.parametrize("n", RAGGED)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kernel_returning_a_value(rng, n, dtype):
+    x = rng.standard_normal(n).astype(dtype)
+    y = rng.standard_normal(n).astype(dtype)
+    z = calls_value_kernel[(metile.cdiv(n, 64),)](mx.array(x), mx.array(y),
+                                                  mx.zeros((n,), getattr(mx, dtype)), n, BLOCK=64)
+    ref = (3.0 * x.astype(np.float32) + y.astype(np.float32)).astype(dtype)
+    tol = dict(rtol=1e-3, atol=1e-3) if dtype == "float16" else dict(rtol=3e-4, atol=3e-5)
+    np.testing.assert_allclose(np.array(z).astype(np.float32), ref.astype(np.float32), **tol)
+
+
+@pytest.mark.parametrize("n", RAGGED)
+def test_kernel_that_stores(n):
+    x = np.arange(n, dtype=np.float32)
+    y, z = calls_storing_kernel[(metile.cdiv(n, 32),)](mx.array(x), mx.zeros((n,)),
+                                                       mx.full((n,), 5.0), n, BLOCK=32)
+    np.testing.assert_array_equal(np.array(y), 2 * x)
+    np.testing.assert_array_equal(np.array(z), -x + 16)
+
+
+@metile.kernel
+def calls_with_runtime_constexpr(X, Y, n):
+    store_block(X, Y, n, 1.0, n)
+
+
+@metile.kernel
+def calls_with_launch_option(X, Y, n):
+    store_block(X, Y, n, 1.0, BLOCK=8, num_warps=4)
+
+
+@metile.kernel
+def recursive_kernel(X, DEPTH: metile.constexpr):
+    recursive_kernel(X, DEPTH)
+
+
+@pytest.mark.parametrize("kernel, message", [
+    (calls_with_runtime_constexpr,
+     r"store_block\(\): constexpr parameter 'BLOCK' needs a compile-time value, got a runtime "
+     r"int32 value"),
+    (calls_with_launch_option,
+     r"store_block\(\): got an unexpected keyword argument 'num_warps'"),
+])
+def test_kernel_call_errors_are_located(kernel, message):
+    with pytest.raises(CompilationError, match=message) as info:
+        kernel[(1,)](mx.zeros((8,)), mx.zeros((8,)), 8)
+    assert "store_block(" in str(info.value)  # the caret line is the call
+
+
+def test_recursive_kernel_call_is_refused():
+    with pytest.raises(CompilationError, match=r"@metile.inline helpers and kernels called from "
+                                               r"kernels nest more than 32 deep \(recursion\?\)"):
+        recursive_kernel[(1,)](mx.zeros((8,)), DEPTH=1)
+
+
+# -- cdiv and next_power_of_2 ----------------------------------------------------------------------
+
+@metile.kernel
+def rounding(Y, n, BLOCK: metile.constexpr):
+    WIDTH: metile.constexpr = metile.next_power_of_2(BLOCK)
+    width = metile.sum(metile.arange(0, WIDTH) * 0 + 1)  # a tile of that many elements
+    programs = metile.cdiv(n, BLOCK)  # a runtime int
+    offs = metile.arange(0, 8)
+    metile.store(Y + offs, offs * 0 + programs * 1000 + width + metile.cdiv(BLOCK, 3))
+
+
+@pytest.mark.parametrize("n", RAGGED)
+@pytest.mark.parametrize("block", [3, 8, 33])
+def test_cdiv_and_next_power_of_2_in_a_kernel(n, block):
+    y = rounding[(1,)](mx.zeros((8,), mx.int32), n, BLOCK=block)
+    width = 1 << (block - 1).bit_length()
+    expected = -(-n // block) * 1000 + width + -(-block // 3)
+    np.testing.assert_array_equal(np.array(y), np.full(8, expected))
+
+
+def test_cdiv_and_next_power_of_2_on_the_host():
+    assert [metile.cdiv(a, b) for a, b in ((0, 4), (1, 4), (4, 4), (5, 4), (1000, 7))] == \
+        [0, 1, 1, 2, 143]
+    assert [metile.next_power_of_2(v) for v in (0, 1, 2, 3, 64, 65, 1000)] == \
+        [1, 1, 2, 4, 64, 128, 1024]
