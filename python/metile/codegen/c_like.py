@@ -182,10 +182,9 @@ class CEmitter:
             self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
         elif name == "mem_store":
             store = f"{op.attrs['root']}[{a[0]}] = {a[1]};"
-            if op.attrs.get("atomic"):
-                store = self.ATOMIC_ADD.format(root=op.attrs["root"], index=a[0], value=a[1],
-                                               t=self.ATOMIC_TYPES[op.operands[1].type.dtype.name])
             self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
+        elif name == "mem_atomic":
+            self.atomic(op, a, depth)
         elif name == "const":
             self.names[op.result.id] = self.expr(op)
         elif name == "param" and op.attrs.get("capture"):
@@ -202,9 +201,33 @@ class CEmitter:
             r = op.result
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
 
-    # atomic_add: element type name -> the backend's atomic type; {root}, {index}, {value}, {t}
-    ATOMIC_TYPES: dict[str, str] = {}
-    ATOMIC_ADD = ""
+    # mem_atomic: (kind, dtype name) or kind -> the call returning the old value, over {p} the
+    # element's address, {v} the value, {c} the compare value; ATOMIC_HELPERS name the
+    # header helpers those calls use; ATOMIC_INIT copies the element in first ({state},
+    # {out}, {init}, {index}).
+    ATOMIC: dict = {}
+    ATOMIC_HELPER = "atomics"
+    ATOMIC_INIT = ""
+
+    def atomic(self, op: Op, a: list[str], depth: int) -> None:
+        at, r = op.attrs, op.result
+        kind, dname = at["kind"], r.type.dtype.name
+        fmt = self.ATOMIC.get((kind, dname)) or self.ATOMIC[kind]
+        cas = kind == "cas"
+        mask = a[3 if cas else 2] if len(a) > (3 if cas else 2) else None
+        self.helpers_used.add(self.ATOMIC_HELPER)
+        name, t = self.bind(r), self.type(r.type)
+        call = fmt.format(p=f"&{at['root']}[{a[0]}]", v=a[1], c=a[2] if cas else "", t=t)
+        lines = [self.ATOMIC_INIT.format(state=at["state"], out=at["root"], init=at["init"],
+                                         index=a[0])] if "init" in at else []
+        lines.append(f"{name} = {call};")
+        self.emit(f"{t} {name} = {t}(0);", depth)
+        if mask is not None:
+            self.emit(f"if ({mask}) {{", depth)
+        for line in lines:
+            self.emit(line, depth + (mask is not None))
+        if mask is not None:
+            self.emit("}", depth)
 
     # 4-wide loads (thread-form vec_load): dtype name -> (vector type, element format over
     # {v} the vector, {i} the element index, {c} its xyzw name, {h}/{shift} the word and

@@ -235,11 +235,72 @@ template <typename V, typename T> __device__ __forceinline__ V metile_load_vec(c
 }"""
 
 
+# Atomics (codegen/c_like.py `atomic`; the reasons are msl.py's _ATOMICS): CUDA has no float
+# atomicMax/Min either, so both use the same sign-split integer order.  __threadfence orders
+# the copied-in element before its ready mark.
+_ATOMICS = """__device__ inline unsigned metile_u32(float x) { return __float_as_uint(x); }
+__device__ inline unsigned metile_u32(int x) { return static_cast<unsigned>(x); }
+__device__ inline unsigned metile_u32(unsigned x) { return x; }
+template <typename T> __device__ inline T metile_from_u32(unsigned u);
+template <> __device__ inline float metile_from_u32<float>(unsigned u) { return __uint_as_float(u); }
+template <> __device__ inline int metile_from_u32<int>(unsigned u) { return static_cast<int>(u); }
+template <> __device__ inline unsigned metile_from_u32<unsigned>(unsigned u) { return u; }
+__device__ inline float metile_atomic_fmax(float* p, float v) {
+  return __float_as_int(v) >= 0 ? __int_as_float(atomicMax(reinterpret_cast<int*>(p), __float_as_int(v)))
+                                : __uint_as_float(atomicMin(reinterpret_cast<unsigned*>(p), __float_as_uint(v)));
+}
+__device__ inline float metile_atomic_fmin(float* p, float v) {
+  return __float_as_int(v) >= 0 ? __int_as_float(atomicMin(reinterpret_cast<int*>(p), __float_as_int(v)))
+                                : __uint_as_float(atomicMax(reinterpret_cast<unsigned*>(p), __float_as_uint(v)));
+}
+template <typename T>
+__device__ inline T metile_atomic_cas(T* p, T c, T v) {
+  return metile_from_u32<T>(atomicCAS(reinterpret_cast<unsigned*>(p), metile_u32(c), metile_u32(v)));
+}
+template <typename T>
+__device__ inline void metile_atomic_init(bool* state, T* out, const T* in, int i) {
+  unsigned* w = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned char*>(state) + (i & ~3));
+  const unsigned shift = static_cast<unsigned>(i & 3) * 8u;
+  unsigned cur = atomicAdd(w, 0u);
+  while (((cur >> shift) & 0xffu) != 1u) {
+    if (((cur >> shift) & 0xffu) == 0u) {
+      const unsigned seen = atomicCAS(w, cur, cur | (2u << shift));
+      if (seen == cur) {
+        atomicExch(reinterpret_cast<unsigned*>(&out[i]), metile_u32(in[i]));
+        __threadfence();
+        atomicXor(w, 3u << shift);
+        return;
+      }
+      cur = seen;
+    } else {
+      cur = atomicAdd(w, 0u);
+    }
+  }
+}"""
+
+
+def _call(fn: str, ctype: str) -> str:
+    return f"{fn}(reinterpret_cast<{ctype}*>({{p}}), {{v}})"
+
+
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "bool": "bool"}
-    ATOMIC_TYPES = {"float32": "float", "int32": "int", "uint32": "unsigned int"}
-    ATOMIC_ADD = "atomicAdd(reinterpret_cast<{t}*>(&{root}[{index}]), {value});"
+    ATOMIC = {
+        **{(k, d): _call(fn, c) for k, fn in (("add", "atomicAdd"), ("max", "atomicMax"),
+                                              ("min", "atomicMin"), ("and", "atomicAnd"),
+                                              ("or", "atomicOr"), ("xor", "atomicXor"),
+                                              ("xchg", "atomicExch"))
+           for d, c in (("int32", "int"), ("uint32", "unsigned int"))},
+        ("add", "float32"): _call("atomicAdd", "float"),
+        ("xchg", "float32"): _call("atomicExch", "float"),
+        ("max", "float32"): "metile_atomic_fmax(reinterpret_cast<float*>({p}), {v})",
+        ("min", "float32"): "metile_atomic_fmin(reinterpret_cast<float*>({p}), {v})",
+        ("cas", "int32"): "metile_atomic_cas<int>(reinterpret_cast<int*>({p}), {c}, {v})",
+        ("cas", "uint32"): "metile_atomic_cas<unsigned>(reinterpret_cast<unsigned*>({p}), {c}, {v})",
+        ("cas", "float32"): "metile_atomic_cas<float>(reinterpret_cast<float*>({p}), {c}, {v})",
+    }
+    ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
     GEOMETRY = {
         "program_id": "static_cast<int>(blockIdx.{axis})",
         "num_programs": "static_cast<int>(gridDim.{axis})",
@@ -258,7 +319,8 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC}
+    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC,
+               "atomics": _ATOMICS}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "metile_frag_fill({frag}, {value});",

@@ -25,13 +25,78 @@ inline float metile_erf(float x) {
 }"""
 
 
+# Atomics (codegen/c_like.py `atomic`).  Metal has relaxed device atomics on 32-bit words
+# only: float max/min order the bits as signed ints when the value's sign bit is clear and as
+# unsigned ints when it is set (IEEE order for non-NaN floats, -0.0 below +0.0); xchg and cas
+# act on the bits (cas compares bit patterns, as on CUDA); the weak compare-exchange retries
+# spurious failures.  metile_atomic_init copies element i in from the passed contents before
+# its first atomic: a byte of the written-mask goes 0 -> 2 (copying) -> 1 (ready) through a
+# compare-exchange on its aligned 32-bit word; the copying thread finishes inside the loop
+# iteration that won, so SIMD lockstep cannot starve it.
+_ATOMICS = """#define METILE_RELAXED metal::memory_order_relaxed
+inline float metile_atomic_fmax(device float* p, float v) {
+  return as_type<int>(v) >= 0
+      ? as_type<float>(metal::atomic_fetch_max_explicit((device metal::atomic_int*)p, as_type<int>(v), METILE_RELAXED))
+      : as_type<float>(metal::atomic_fetch_min_explicit((device metal::atomic_uint*)p, as_type<uint>(v), METILE_RELAXED));
+}
+inline float metile_atomic_fmin(device float* p, float v) {
+  return as_type<int>(v) >= 0
+      ? as_type<float>(metal::atomic_fetch_min_explicit((device metal::atomic_int*)p, as_type<int>(v), METILE_RELAXED))
+      : as_type<float>(metal::atomic_fetch_max_explicit((device metal::atomic_uint*)p, as_type<uint>(v), METILE_RELAXED));
+}
+template <typename T>
+inline T metile_atomic_xchg(device T* p, T v) {
+  return as_type<T>(metal::atomic_exchange_explicit((device metal::atomic_uint*)p, as_type<uint>(v), METILE_RELAXED));
+}
+template <typename T>
+inline T metile_atomic_cas(device T* p, T c, T v) {
+  const uint want = as_type<uint>(c);
+  uint seen = want;
+  while (!metal::atomic_compare_exchange_weak_explicit((device metal::atomic_uint*)p, &seen, as_type<uint>(v),
+                                                       METILE_RELAXED, METILE_RELAXED)) {
+    if (seen != want) return as_type<T>(seen);
+    seen = want;
+  }
+  return c;
+}
+template <typename T, typename In>  // In: MLX passes small inputs in the constant space
+inline void metile_atomic_init(device bool* state, device T* out, In in, int i) {
+  device metal::atomic_uint* w = (device metal::atomic_uint*)((device uchar*)state + (i & ~3));
+  const uint shift = uint(i & 3) * 8u;
+  uint cur = metal::atomic_load_explicit(w, METILE_RELAXED);
+  while (((cur >> shift) & 0xffu) != 1u) {
+    if (((cur >> shift) & 0xffu) == 0u) {
+      if (metal::atomic_compare_exchange_weak_explicit(w, &cur, cur | (2u << shift), METILE_RELAXED, METILE_RELAXED)) {
+        metal::atomic_exchange_explicit((device metal::atomic_uint*)&out[i], as_type<uint>(static_cast<T>(in[i])), METILE_RELAXED);
+        metal::atomic_fetch_xor_explicit(w, 3u << shift, METILE_RELAXED);
+        return;
+      }
+    } else {
+      cur = metal::atomic_load_explicit(w, METILE_RELAXED);
+    }
+  }
+}"""
+
+
+def _fetch(op: str, atomic_type: str) -> str:
+    return (f"metal::atomic_fetch_{op}_explicit((device metal::{atomic_type}*){{p}}, {{v}}, "
+            f"METILE_RELAXED)")
+
+
 class MSLEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
              "uint32": "uint", "bool": "bool"}
-    # MLX declares outputs `device T*`; the update goes through the layout-compatible atomic type
-    ATOMIC_TYPES = {"float32": "atomic_float", "int32": "atomic_int", "uint32": "atomic_uint"}
-    ATOMIC_ADD = ("metal::atomic_fetch_add_explicit((device metal::{t}*)&{root}[{index}], {value}, "
-                  "metal::memory_order_relaxed);")
+    # MLX declares outputs `device T*`; updates go through the layout-compatible atomic type
+    ATOMIC = {
+        **{(k, d): _fetch(k, a) for k in ("add", "max", "min", "and", "or", "xor")
+           for d, a in (("int32", "atomic_int"), ("uint32", "atomic_uint"))},
+        ("add", "float32"): _fetch("add", "atomic_float"),
+        ("max", "float32"): "metile_atomic_fmax({p}, {v})",
+        ("min", "float32"): "metile_atomic_fmin({p}, {v})",
+        "xchg": "metile_atomic_xchg({p}, {v})",
+        "cas": "metile_atomic_cas({p}, {c}, {v})",
+    }
+    ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
     GEOMETRY = {
         "program_id": "static_cast<int>(threadgroup_position_in_grid.{axis})",
         "num_programs": "static_cast<int>(threadgroups_per_grid.{axis})",
@@ -53,7 +118,7 @@ class MSLEmitter(CEmitter):
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
-    HELPERS = {"erf": _ERF}
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "{frag} = metal::make_filled_simdgroup_matrix<float, 8, 8>({value});",

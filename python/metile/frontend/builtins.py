@@ -113,9 +113,19 @@ def store(gen, pointer, value, mask):
     gen.sem.store(pointer, value, mask=mask)
 
 
-@builtin("pointer, value, mask=None")
-def atomic_add(gen, pointer, value, mask):
-    gen.sem.store(pointer, value, mask=mask, atomic="add")
+def _atomic(kind):
+    @builtin("pointer, val, mask=None, sem=None, scope=None", f"atomic_{kind}")
+    def impl(gen, pointer, val, mask, sem, scope):
+        return gen.sem.atomic(kind, pointer, val, mask=mask, sem=sem, scope=scope)
+
+
+for _kind in ("add", "max", "min", "xchg", "and", "or", "xor"):
+    _atomic(_kind)
+
+
+@builtin("pointer, cmp, val, sem=None, scope=None")
+def atomic_cas(gen, pointer, cmp, val, sem, scope):
+    return gen.sem.atomic("cas", pointer, val, compare=cmp, sem=sem, scope=scope)
 
 
 @builtin("condition, x, y")

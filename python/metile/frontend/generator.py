@@ -122,12 +122,9 @@ class Generator(ControlFlow):
     def visit_Assign(self, node):
         value = self.visit(node.value)
         if value is None and isinstance(node.value, ast.Call):
-            # store(), atomic_add(), barrier(): statements, not values
+            # store(), barrier(): statements, not values
             name = ast.unparse(node.value.func)
-            raise CompilationError(f"{name}() returns no value (atomic_add does not return the "
-                                   f"old contents); call it as a statement"
-                                   if name.endswith("atomic_add") else
-                                   f"{name}() returns no value; call it as a statement")
+            raise CompilationError(f"{name}() returns no value; call it as a statement")
         for target in node.targets:
             self.assign(target, value)
 

@@ -9,7 +9,7 @@ Rules (each violation is a CompilationError at the offending expression):
     float16, `i * 3` stays int32); a number of a higher kind promotes the
     operand to int32 or float32 (`i * 0.5` is float32).
   * `/` is true division: integer operands become float32 first.
-  * `store`, `atomic_add` and `load(other=)` convert the value to the
+  * `store`, atomics and `load(other=)` convert the value to the
     pointer's element type, as an explicit cast would.
   * Shapes broadcast as in NumPy; a scalar meets a tile by splatting.
   * Integer `//` and `%` follow C (truncate toward zero), as on the GPU;
@@ -121,8 +121,15 @@ def with_number(d: dt.DType, x) -> dt.DType:
     return d if _KIND_RANK[n.kind] <= _KIND_RANK[d.kind] else n
 
 
-# Device atomics metile emits on every backend (Metal atomic_float/int/uint, CUDA atomicAdd).
+# Device atomics metile emits on every backend (Metal atomic_float/int/uint, CUDA atomic*):
+# the buffer dtypes each kind takes.
 ATOMIC_DTYPES = ("float32", "int32", "uint32")
+ATOMIC_KIND_DTYPES = {**{k: ATOMIC_DTYPES for k in ("add", "max", "min", "xchg", "cas")},
+                      **{k: ("int32", "uint32") for k in ("and", "or", "xor")}}
+# Accepted for Triton's signature; every atomic is relaxed at device scope (Metal has only
+# memory_order_relaxed), see README "Coming from Triton".
+ATOMIC_SEMS = (None, "relaxed", "acquire", "release", "acq_rel")
+ATOMIC_SCOPES = (None, "gpu", "cta", "sys")
 
 
 class Semantics:
@@ -349,6 +356,41 @@ class Semantics:
                 raise CompilationError(f"{what} value/mask of shape {shape} does not fit the "
                                        f"pointer tile of shape {shape_of(ptr.type)}")
         self.b.op("store", ops, [], {"atomic": atomic} if atomic else None)
+
+    def atomic(self, kind: str, ptr, value, mask=None, compare=None, sem=None, scope=None):
+        """atomic_<kind>: a `store` op with attrs {atomic: kind} whose result is the old value
+        (operands ptr, value, [mask]; cas: ptr, value, compare)."""
+        what = f"atomic_{kind}()"
+        if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
+            raise CompilationError(f"{what} needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+        if sem not in ATOMIC_SEMS:
+            raise CompilationError(f"{what} sem={sem!r}: expected one of "
+                                   f"{', '.join(map(repr, ATOMIC_SEMS[1:]))}")
+        if scope not in ATOMIC_SCOPES:
+            raise CompilationError(f"{what} scope={scope!r}: expected one of "
+                                   f"{', '.join(map(repr, ATOMIC_SCOPES[1:]))}")
+        pt: PointerType = elem_type(ptr.type)
+        if pt.space != "device":
+            raise CompilationError(f"{what} on threadgroup memory is not supported; "
+                                   "it updates device buffers")
+        allowed = ATOMIC_KIND_DTYPES[kind]
+        if pt.dtype.name not in allowed:
+            raise CompilationError(f"{what} on a {pt.dtype} buffer is not supported; "
+                                   f"it takes {', '.join(allowed)} buffers")
+        if isinstance(value, Value) and is_pointer(value.type):
+            raise CompilationError(f"{what} of a pointer: MLX exposes no device addresses, so "
+                                   f"pointers cannot be stored")
+        items = [ptr, self.convert(value, pt.dtype)]
+        if compare is not None:
+            items.append(self.convert(compare, pt.dtype))
+        if mask is not None:
+            items.append(self._mask(mask))
+        ops, shape = self.common(*items)
+        if shape_of(ptr.type) != shape:
+            raise CompilationError(f"{what} value/mask of shape {shape} does not fit the "
+                                   f"pointer tile of shape {shape_of(ptr.type)}")
+        op = self.b.op("store", ops, [with_shape(ScalarType(pt.dtype), shape)], {"atomic": kind})
+        return op.results[0]
 
     def _mask(self, mask):
         if isinstance(mask, bool):

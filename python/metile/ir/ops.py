@@ -11,7 +11,9 @@ Tile form (frontend output)
   <elementwise>(a, b, ...)              operands of one shape (frontend broadcasts)
   ptr_add(p, offset)                    pointer + int32 offset (scalar or tile)
   load(p, [mask, other])                scalar or tile read; masked lanes read `other`
-  store(p, value, [mask]){atomic?}      scalar or tile write; atomic="add": atomic_add
+  store(p, value, [mask]){atomic?}      scalar or tile write; atomic=kind (add, max, min, xchg,
+                                        cas, and, or, xor): atomic_<kind>, its result the old
+                                        value (cas operands: p, value, compare)
   reduce(t){kind, axis}                 sum|max|min|argmax|argmin; axis None -> scalar
                                         (arg kinds: int32 index, ties -> smallest or
                                         {tie_break_left: False} largest)
@@ -30,7 +32,11 @@ Thread form (after passes.lower_tiles; every value is a scalar)
                                         the elements of a tile this thread owns
   local_get(slot){name} local_set(slot, v){name}
   var_get{name} var_set(v){name}
-  mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space, atomic?}
+  mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space}
+  mem_atomic(index, v, [compare | mask]){root, kind, init?, state?} -> the old value: device
+                                        atomic (compare for kind "cas"); with init/state the
+                                        element is first copied in from buffer `init` once,
+                                        marking byte `state`[index] (passes/buffer_usage.py)
   simd_reduce(v){kind} simd_lane simd_group barrier simd_barrier
   decl{storage="fragment", role, dtype, size, shape}
                                         `size` opaque matrix fragments per thread (role a|b|acc,
@@ -88,7 +94,7 @@ TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
              | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
-                  "mem_load", "mem_store", "simd_reduce", "simd_lane", "simd_group", "barrier"}
+                  "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
                | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC)
 
 # Reductions: identity element per kind, by dtype kind.

@@ -41,9 +41,22 @@ _DOCS = {
     "arange": "arange(start, end) -> int32 tile [start, end); both bounds constexpr.",
     "load": "load(pointer, mask=None, other=None): scalar or tile load; masked-off lanes read `other` (0).",
     "store": "store(pointer, value, mask=None): scalar or tile store; masked-off lanes write nothing.",
-    "atomic_add": "atomic_add(pointer, value, mask=None): adds value to device memory atomically "
-                  "(relaxed order; float32, int32 or uint32 buffers); returns nothing. The buffer "
-                  "ends as the passed array plus every added value.",
+    "atomic_add": "atomic_add(pointer, val, mask=None, sem=None, scope=None): adds val to device "
+                  "memory atomically (float32, int32 or uint32 buffers); returns the old value.",
+    "atomic_max": "atomic_max(pointer, val, mask=None, sem=None, scope=None): stores the larger; "
+                  "returns the old value (float32, int32, uint32).",
+    "atomic_min": "atomic_min(pointer, val, mask=None, sem=None, scope=None): stores the smaller; "
+                  "returns the old value (float32, int32, uint32).",
+    "atomic_xchg": "atomic_xchg(pointer, val, mask=None, sem=None, scope=None): stores val; "
+                   "returns the old value.",
+    "atomic_cas": "atomic_cas(pointer, cmp, val, sem=None, scope=None): stores val where the old "
+                  "value equals cmp (bitwise); returns the old value.",
+    "atomic_and": "atomic_and(pointer, val, mask=None, sem=None, scope=None): int32/uint32; "
+                  "returns the old value.",
+    "atomic_or": "atomic_or(pointer, val, mask=None, sem=None, scope=None): int32/uint32; "
+                 "returns the old value.",
+    "atomic_xor": "atomic_xor(pointer, val, mask=None, sem=None, scope=None): int32/uint32; "
+                  "returns the old value.",
     "where": "where(condition, a, b): elementwise selection.",
     "maximum": "maximum(a, b): elementwise maximum.",
     "minimum": "minimum(a, b): elementwise minimum.",

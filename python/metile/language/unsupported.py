@@ -25,9 +25,6 @@ REASONS = {
        for n in ("associative_scan", "sort", "reduce", "xor_sum", "histogram", "softmax")},
     **{n: "random numbers (Philox) are not built yet"
        for n in ("rand", "randn", "randint", "randint4x", "philox", "pair_uniform_to_normal")},
-    **{n: "metile's only atomic is atomic_add (no old value returned)"
-       for n in ("atomic_cas", "atomic_xchg", "atomic_max", "atomic_min", "atomic_and",
-                 "atomic_or", "atomic_xor")},
     "device_print": "printing from a kernel is not built yet (static_print works at compile time)",
     "device_assert": "assertions in a running kernel are not built yet (static_assert works)",
     "umulhi": "the high half of a 32-bit multiply needs 64-bit integers, which metile lacks",

@@ -236,23 +236,45 @@ def _tile_coverage(offs: Value, mask: Value | None, params: dict) -> TileCoverag
 
 
 def atomic_roots(fn: Function) -> dict[str, Op]:
-    """Device buffers updated with atomic_add, each with its first atomic store.
+    """Device buffers whose atomics add from zero, each with its first atomic.
 
-    Such a buffer takes no other access in the kernel (CompilationError at the
-    access otherwise): its result is the passed array plus the added values, so a
-    load would see a partial sum and a plain store would be added, not written."""
-    atomic: dict[str, Op] = {}
+    A buffer updated only with atomic_add whose old values go unused starts at zero
+    and its result is the passed array plus the added values (runtime/dispatch.py).
+    Any other atomic buffer (max, min, xchg, cas, and, or, xor, mixed kinds, or an
+    old value used) is left out: it is an ordinary tracked output whose elements the
+    lowering initialises from the passed contents at their first atomic (lower_tiles
+    `atomic_init`), so every old value and the result are Triton's.  An atomic buffer
+    takes no ordinary access (CompilationError at the access): a load would race with
+    the atomics.  Atomics in dot and simdgroup_inline kernels are refused here."""
+    atomic: dict[str, list[Op]] = {}
+    used: set[int] = set()
     for op in walk(fn.body):
+        used.update(v.id for v in op.operands)
         if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0])):
-            atomic.setdefault(p.root, op)
+            atomic.setdefault(p.root, []).append(op)
     for op in walk(fn.body):
         if op.name in ("load", "store", "frag_view_load", "frag_view_store") and \
                 not op.attrs.get("atomic") and (p := _root(op.operands[0])) and p.root in atomic:
             kind = "loaded" if op.name.endswith("load") else "stored to"
-            raise CompilationError(f"buffer {p.root!r} is updated with atomic_add and also {kind} "
-                                   "in this kernel; a buffer takes either atomic adds or ordinary "
+            raise CompilationError(f"buffer {p.root!r} is updated with atomics and also {kind} "
+                                   "in this kernel; a buffer takes either atomics or ordinary "
                                    "accesses", op.loc)
-    return atomic
+    if atomic:
+        first = next(iter(atomic.values()))[0]
+        why = ("kernels with dot" if any(op.name == "dot" for op in walk(fn.body)) else
+               "simdgroup_inline kernels" if fn.meta.get("fragments") else None)
+        if why:
+            raise CompilationError(f"atomic_{first.attrs['atomic']} is not supported in {why}",
+                                   first.loc)
+    return {root: ops[0] for root, ops in atomic.items()
+            if all(op.attrs["atomic"] == "add" and op.results[0].id not in used for op in ops)}
+
+
+def atomic_init_roots(fn: Function) -> set[str]:
+    """Atomic buffers initialised from the passed contents (see atomic_roots)."""
+    roots = {p.root for op in walk(fn.body)
+             if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0]))}
+    return roots - set(atomic_roots(fn))
 
 
 def store_coverage(fn: Function, loaded: set[str]) -> dict:

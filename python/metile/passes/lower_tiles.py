@@ -236,12 +236,60 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
             return
         attrs = {"root": self.buffers[(ptr.root, "out")], "space": "device"}
         if op.attrs.get("atomic"):
-            attrs["atomic"] = op.attrs["atomic"]  # never tracked: no written mask below
+            return self.emit_atomic(b, op, ptr, operands)
         b.op("mem_store", [index, value, *rest], [], attrs)
         written = self.buffers.get((ptr.root, "written"))
         if written is not None:
             b.op("mem_store", [index, self.const(b, True, dt.bool_), *rest], [],
                  {"root": written, "space": "device"})
+
+    def emit_atomic(self, b: Builder, op: Op, ptr: PointerType, operands: list[Value]) -> Value:
+        """mem_atomic: the old value.  A buffer initialised from its passed contents
+        (buffer_usage.atomic_roots) is tracked: `init`/`state` name its input and its
+        written-mask, which the emitter's atomic_init uses to copy each element in
+        before its first atomic (and marks it written)."""
+        attrs = {"root": self.buffers[(ptr.root, "out")], "kind": op.attrs["atomic"]}
+        state = self.buffers.get((ptr.root, "written"))
+        if state is not None:
+            attrs.update(init=self.buffers[(ptr.root, "read")], state=state)
+        return b.value("mem_atomic", operands, ScalarType(ptr.dtype), **attrs)
+
+    def lower_atomic(self, op: Op, b: Builder) -> None:
+        """A tile atomic writes its old values into the result's storage; a scalar one done
+        once per program (uniformity.py) hands thread 0's old value to every thread."""
+        result = op.results[0]
+        if isinstance(op.operands[0].type, TileType):
+            st = self.storage_for(result) if self.place.kind.get(result.id, "local") != \
+                "recompute" else None
+            if st is not None and st.kind == "shared":
+                self.barrier(b)
+
+            def body(ctx):
+                old = self.emit_store(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
+                if st is not None:
+                    self.write(st, ctx, old)
+
+            self.lane_loop(b, op.operands[0].type.shape, body)
+            if st is not None and st.kind == "shared":
+                self.barrier(b)
+            return
+        operands = [self.s(o) for o in op.operands]
+        if not op.attrs.get("once_per_program"):
+            self.scalars[result.id] = self.emit_store(b, op, operands)
+            return
+        dtype = result.type.dtype
+        slot = self.decl("shared", dtype, 1, "_old")
+        then = Block()
+        tb = Builder(then)
+        tb.loc = b.loc
+        old = self.emit_store(tb, op, operands)
+        tb.op("mem_store", [self.const(tb, 0), old], [], {"root": slot, "space": "threadgroup"})
+        first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
+        self.barrier(b)  # a loop's previous iteration may still read the slot
+        b.op("if", [first], [], regions=[then, Block()])
+        self.barrier(b)
+        self.scalars[result.id] = b.value("mem_load", [self.const(b, 0)], ScalarType(dtype),
+                                          root=slot, space="threadgroup")
 
     # -- statements ------------------------------------------------------------------------
     def materialize(self, v: Value, b: Builder) -> None:
@@ -287,6 +335,8 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
         if name == "barrier":
             self.barrier(b)
             return
+        if name == "store" and op.attrs.get("atomic"):
+            return self.lower_atomic(op, b)
         if name == "store":
             if self.elementwise_vector is not None and op is self.elementwise_vector.store:
                 return self.lower_vector_store(op, b)  # vectorize_elementwise.py

@@ -1,0 +1,194 @@
+"""Triton's atomics (atomic_max/min/xchg/cas/and/or/xor, old values returned) on the CPU
+runtime against NumPy.  A buffer updated with anything but unused-result atomic_add starts
+from the passed contents, so results are Triton's in-place updates."""
+
+import subprocess
+import sys
+import textwrap
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+
+NP_AT = {"max": np.maximum.at, "min": np.minimum.at, "and": np.bitwise_and.at,
+         "or": np.bitwise_or.at, "xor": np.bitwise_xor.at, "add": np.add.at}
+
+
+def _scatter(kind):
+    fn = getattr(metile, f"atomic_{kind}")
+
+    @metile.kernel
+    def scatter(X, Index, V, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        m = offs < n
+        fn(X + metile.load(Index + offs, mask=m), metile.load(V + offs, mask=m), mask=m)
+
+    return scatter
+
+
+SCATTER = {k: _scatter(k) for k in NP_AT}
+
+
+@pytest.mark.parametrize("kind,dtype", [("max", np.int32), ("min", np.int32),
+                                        ("max", np.float32), ("min", np.float32),
+                                        ("max", np.uint32), ("and", np.int32), ("or", np.uint32),
+                                        ("xor", np.int32)])
+@pytest.mark.parametrize("n", [1, 333])
+def test_scatter_matches_numpy_from_passed_contents(kind, dtype, n):
+    rng = np.random.default_rng(n)
+    bins = 13
+    if dtype == np.float32:
+        v, x = rng.normal(size=n).astype(dtype), rng.normal(size=bins).astype(dtype)
+    else:
+        lo = 0 if dtype == np.uint32 else -1000
+        v, x = rng.integers(lo, 1 << 20, n).astype(dtype), rng.integers(lo, 1 << 20, bins).astype(dtype)
+    idx = rng.integers(0, bins - 2, n).astype(np.int32)  # the last bins stay untouched
+    out = SCATTER[kind][(metile.cdiv(n, 128),)](mx.array(x), mx.array(idx), mx.array(v), n,
+                                                BLOCK=128)
+    ref = x.copy()
+    NP_AT[kind](ref, idx, v)
+    np.testing.assert_array_equal(np.array(out), ref)
+
+
+@metile.kernel
+def ticket_counter(Counter, Tickets, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    zero = metile.zeros((BLOCK,), metile.int32)
+    old = metile.atomic_add(Counter + zero, 1, mask=m)
+    metile.store(Tickets + offs, old, mask=m)
+
+
+@pytest.mark.parametrize("n", [1, 300])
+def test_ticket_counter_hands_out_unique_old_values(n):
+    counter, tickets = ticket_counter[(metile.cdiv(n, 64),)](
+        mx.array([5], mx.int32), mx.zeros((n,), mx.int32), n, BLOCK=64)
+    assert int(np.array(counter)[0]) == 5 + n
+    np.testing.assert_array_equal(np.sort(np.array(tickets)), np.arange(5, 5 + n))
+
+
+@metile.kernel
+def exchange(X, V, Old, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Old + offs, metile.atomic_xchg(X + offs, metile.load(V + offs, mask=m), mask=m),
+                 mask=m)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint32])
+def test_xchg_returns_the_passed_contents(dtype):
+    n = 70
+    x, v = np.arange(100, 100 + n + 5).astype(dtype), np.arange(n).astype(dtype)
+    out, old = exchange[(2,)](mx.array(x), mx.array(v), mx.zeros((n,), mx.array(x).dtype), n,
+                              BLOCK=64)
+    np.testing.assert_array_equal(np.array(old), x[:n])
+    np.testing.assert_array_equal(np.array(out), np.concatenate([v, x[n:]]))
+
+
+@metile.kernel
+def cas_once(X, Cmp, V, Old, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    old = metile.atomic_cas(X + offs, metile.load(Cmp + offs, mask=m), metile.load(V + offs, mask=m))
+    metile.store(Old + offs, old, mask=m)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_cas_swaps_only_where_equal(dtype):
+    n = 64
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 3, n).astype(dtype)
+    cmp, v = rng.integers(0, 3, n).astype(dtype), rng.integers(10, 20, n).astype(dtype)
+    out, old = cas_once[(1,)](mx.array(x), mx.array(cmp), mx.array(v), mx.zeros((n,), mx.array(x).dtype),
+                              n, BLOCK=64)
+    np.testing.assert_array_equal(np.array(old), x)
+    np.testing.assert_array_equal(np.array(out), np.where(x == cmp, v, x))
+
+
+@metile.kernel
+def uniform_max(X, Old, v):
+    old = metile.atomic_max(X, v)  # same on every thread: once per program
+    metile.store(Old + metile.program_id(0), old)
+
+
+def test_uniform_scalar_atomic_once_per_program_with_its_old_value():
+    out, old = uniform_max[(4,)](mx.array([3], mx.int32), mx.zeros((4,), mx.int32), 7)
+    assert int(np.array(out)[0]) == 7
+    assert sorted(np.array(old).tolist()) == [3, 7, 7, 7]
+
+
+@metile.kernel
+def add_then_max(X, V, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    m = offs < n
+    metile.atomic_add(X + offs % 4, metile.load(V + offs, mask=m), mask=m)
+    metile.barrier()
+    metile.atomic_max(X + offs % 4, 100, mask=m & (offs < 2))
+
+
+def test_mixed_kinds_on_one_buffer_start_from_the_passed_contents():
+    n = 40
+    v = np.arange(n, dtype=np.int32)
+    x = np.array([1, 2, 3, 4, 5], np.int32)
+    out = add_then_max[(1,)](mx.array(x), mx.array(v), n, BLOCK=64)
+    ref = x.copy()
+    np.add.at(ref, np.arange(n) % 4, v)
+    ref[:2] = np.maximum(ref[:2], 100)
+    np.testing.assert_array_equal(np.array(out), ref)
+
+
+LOCK = textwrap.dedent("""
+    import mlx.core as mx, numpy as np, metile
+
+    @metile.kernel
+    def locked_sum(Lock, Total, X, n, BLOCK: metile.constexpr):
+        # one thread per program takes the spin lock and does a plain read-modify-write
+        pid = metile.program_id(0)
+        offs = pid * BLOCK + metile.arange(0, BLOCK)
+        s = metile.sum(metile.load(X + offs, mask=offs < n))
+        if metile.thread_id() == 0:
+            while metile.atomic_cas(Lock, 0, 1) == 1:
+                pass
+            t = metile.atomic_xchg(Total, 0.0)
+            metile.atomic_xchg(Total, t + s)
+            metile.atomic_xchg(Lock, 0)
+
+    n = 1000
+    x = np.random.default_rng(0).normal(size=n).astype(np.float32)
+    lock, total = locked_sum[(metile.cdiv(n, 64),)](mx.zeros((1,), mx.int32), mx.zeros((1,)),
+                                                   mx.array(x), n, BLOCK=64)
+    assert int(np.array(lock)[0]) == 0
+    np.testing.assert_allclose(np.array(total)[0], x.sum(dtype=np.float64), rtol=1e-4)
+    print("ok")
+""")
+
+
+def test_cas_spin_lock_protects_a_read_modify_write(tmp_path):
+    script = tmp_path / "lock.py"  # a file: the kernel's source must be readable
+    script.write_text(LOCK)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@metile.kernel
+def bad_sem(X):
+    metile.atomic_max(X, 1, sem="seq_cst")  # MARK
+
+
+@metile.kernel
+def float_and(X):
+    metile.atomic_and(X, 1.0)  # MARK
+
+
+@pytest.mark.parametrize("kernel,args,message", [
+    (bad_sem, lambda: (mx.zeros((1,), mx.int32),),
+     "atomic_max() sem='seq_cst': expected one of 'relaxed', 'acquire', 'release', 'acq_rel'"),
+    (float_and, lambda: (mx.zeros((1,)),),
+     "atomic_and() on a float32 buffer is not supported; it takes int32, uint32 buffers"),
+])
+def test_atomic_errors(kernel, args, message):
+    with pytest.raises(metile.CompilationError) as info:
+        kernel[(1,)](*args())
+    assert message in str(info.value)
