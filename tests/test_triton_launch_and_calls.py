@@ -140,6 +140,19 @@ def test_config_num_stages_autotunes_a_gemm(rng, tmp_path, monkeypatch):
     assert len(tuned.last_result.timings) == 2 and not tuned.last_result.unusable
 
 
+def test_launch_options_of_a_tuned_call_enter_the_tuning_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128)],
+                            warmup=1, reps=1)(scaled_copy)
+    x = np.arange(100, dtype=np.float32)
+    tuned[copy_grid](mx.array(x), mx.zeros((100,)), 100, 1.0)
+    plain = tuned.last_result.key
+    out = tuned[copy_grid](mx.array(x), mx.zeros((100,)), 100, 1.0, num_warps=2)
+    np.testing.assert_array_equal(np.array(out), x)
+    assert tuned.last_result.key != plain and not tuned.last_result.from_cache
+    assert scaled_copy.schedule_plan.threadgroup_size == (64, 1, 1)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_warps=64), "Config: num_warps must be an int from 1 through 32, got 64"),
     (dict(num_warps=4, num_simdgroups=8), "Config: num_warps=4 contradicts num_simdgroups=8"),
@@ -234,6 +247,29 @@ def test_recursive_kernel_call_is_refused():
     with pytest.raises(CompilationError, match=r"@metile.inline helpers and kernels called from "
                                                r"kernels nest more than 32 deep \(recursion\?\)"):
         recursive_kernel[(1,)](mx.zeros((8,)), DEPTH=1)
+
+
+FACTOR = 2.0
+
+
+@metile.kernel
+def scale_by_factor(x):
+    return x * FACTOR
+
+
+@metile.kernel
+def calls_factor_kernel(X, Y):
+    offs = metile.arange(0, 8)
+    metile.store(Y + offs, scale_by_factor(metile.load(X + offs)))
+
+
+def test_a_changed_global_of_the_called_kernel_recompiles_the_caller(monkeypatch):
+    x = np.arange(8, dtype=np.float32)
+    y = calls_factor_kernel[(1,)](mx.array(x), mx.zeros((8,)))
+    np.testing.assert_array_equal(np.array(y), 2 * x)
+    monkeypatch.setitem(globals(), "FACTOR", 5.0)
+    y = calls_factor_kernel[(1,)](mx.array(x), mx.zeros((8,)))
+    np.testing.assert_array_equal(np.array(y), 5 * x)
 
 
 # -- cdiv and next_power_of_2 ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 measuring them, once per tuning key (see `runtime.tuning`).
 
     @metile.autotune(configs=[metile.Config(BLOCK=256), metile.Config(BLOCK=1024, num_simdgroups=8)],
-                     key=["n"])
+                     key=["n"])  # Triton's num_warps=, num_stages= are accepted too
     @metile.kernel
     def add(X, Y, Z, n, BLOCK: metile.constexpr): ...
 
@@ -29,7 +29,7 @@ from ..compiler.backend import resolve_backend
 from .kernel import Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
-POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE")
+POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE", "num_stages", "num_warps")
 
 
 def _outputs_close(outs, reference) -> bool:
