@@ -216,6 +216,32 @@ def test_kernel_that_stores(n):
 
 
 @metile.kernel
+def first_half(X, Y, n, BLOCK: metile.constexpr):
+    pid = metile.program_id(0)
+    if pid * BLOCK >= n // 2:
+        return
+    offs = pid * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs) + 100.0, mask=offs < n // 2)
+
+
+@metile.kernel
+def calls_early_returning_kernel(X, Y, Z, n, BLOCK: metile.constexpr):
+    first_half(X, Y, n, BLOCK)
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Z + offs, metile.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 40, 65])
+def test_return_in_a_called_kernel_returns_to_the_caller(n):
+    x = np.arange(n, dtype=np.float32)
+    y, z = calls_early_returning_kernel[(metile.cdiv(n, 8),)](
+        mx.array(x), mx.full((n,), -1.0), mx.zeros((n,)), n, BLOCK=8)
+    half = n // 2
+    np.testing.assert_array_equal(np.array(y), np.concatenate([x[:half] + 100, -np.ones(n - half)]))
+    np.testing.assert_array_equal(np.array(z), x)
+
+
+@metile.kernel
 def calls_with_runtime_constexpr(X, Y, n):
     store_block(X, Y, n, 1.0, n)
 
