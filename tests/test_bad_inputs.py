@@ -718,7 +718,7 @@ lang = [
      r"atomic_add\(\) on a float16 buffer is not supported; it takes float32, int32, uint32 "
      r"buffers"),
     ("atomic-add-and-load", lambda: k_atomic_and_load[(1,)](zeros8()),
-     r"buffer \'X\' is updated with atomic_add and also loaded in this kernel"),
+     r"buffer \'X\' is updated with atomics and also loaded in this kernel"),
     ("view-bad-access", lambda: k_view_access[(1,)](zeros8()),
      r"tensor\(\) access must be one of \(\'read\', \'write\', \'readwrite\'\), got \'w\'"),
     ("view-index-rank", lambda: k_view_rank[(1,)](zeros8()),
