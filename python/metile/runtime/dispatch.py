@@ -5,14 +5,16 @@ enqueues the kernel again when called."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
+import warnings
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from ..errors import CompilationError, LaunchError
-from ..schedule import ExecutionReport, SchedulePlan
+from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .arguments import arg_spec
 from .source_kernel import as_array
 
@@ -57,6 +59,22 @@ def _check_grid_limits(grid, threads: int, backend: str) -> None:
         if backend == "cuda" and grid[axis] > _CUDA_GRID_YZ:
             raise LaunchError(f"grid axis {axis} has {grid[axis]} programs; CUDA allows at most "
                               f"{_CUDA_GRID_YZ} on axes 1 and 2: put the large count on axis 0")
+
+
+def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError):
+    """Triton's `num_stages=` launch option (or Config field) on a kernel with nothing to
+    pipeline: Triton ignores it, so a Triton launch runs here too, with a warning saying
+    why it is not honoured.  Re-raises `error` for anything else, including num_stages
+    written into an explicit SCHEDULE (a requirement, refused as such)."""
+    from_launch = "num_stages" in kwargs and "num_stages" not in kernel.param_names and \
+        "SCHEDULE" not in kwargs
+    if not from_launch or f"num_stages={kwargs['num_stages']!r}" not in error.message:
+        raise error
+    warnings.warn(f"num_stages={kwargs['num_stages']!r} is not honoured for kernel "
+                  f"{kernel.fn.__name__!r} and is ignored (as Triton ignores it where nothing "
+                  f"is pipelined): {error.message}", stacklevel=4)
+    rest = dataclasses.replace(schedule, num_stages=None)
+    return None if rest == Schedule() else rest
 
 
 def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
@@ -142,7 +160,11 @@ class Dispatch:
         runtime, consts, threads, schedule, backend = kernel.bind(args, kwargs)
         if like is not None:
             like._check_same(runtime, consts, threads)
-        spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
+        try:
+            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
+        except CompilationError as e:
+            schedule = _drop_launch_stages(kernel, kwargs, schedule, e)
+            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
         self.grid_arg, self.specs = grid, specs
         grid = resolve_grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
