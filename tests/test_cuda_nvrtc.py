@@ -11,6 +11,7 @@ from dsl_kernels import block_sum, layernorm, softmax_rows, transpose, vector_ad
 from metile_kernels.gemm import grid, linear_epilogue, matmul, matmul_epilogue
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 from test_atomics import block_total, column_sums, histogram, thread_level_counts
+from test_atomics_triton import SCATTER, cas_once, exchange, ticket_counter, uniform_max
 from test_fragments import (INLINE, attention_tiles, half_products, masked_tiles, per_group_tiles,
                             relu_epilogue, transpose_tiles, two_products)
 from test_schedule_lowering import axpy
@@ -157,6 +158,23 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
     "atomic_thread_level": lambda backend=None: thread_level_counts[(1,)].prepare(
         _z(200, dtype=I32), _z(6, dtype=I32), _z(1, dtype=I32), 200, num_simdgroups=2,
         backend=backend),
+    # Triton's atomics (tests/test_atomics_triton.py): every kind, old values, init from input
+    **{f"atomic_{k}_{d}": (lambda k=k, d=d: lambda backend=None: SCATTER[k][(2,)].prepare(
+        _z(13, dtype=d), _z(200, dtype=I32), _z(200, dtype=d), 200, BLOCK=128,
+        backend=backend))()
+       for k, d in (("max", mx.float32), ("min", mx.float32), ("max", I32), ("min", mx.uint32),
+                    ("and", I32), ("or", mx.uint32), ("xor", I32))},
+    "atomic_xchg_float": lambda backend=None: exchange[(2,)].prepare(
+        _z(80), _z(70), _z(70), 70, BLOCK=64, backend=backend),
+    "atomic_cas_float": lambda backend=None: cas_once[(1,)].prepare(
+        _z(64), _z(64), _z(64), _z(64), 64, BLOCK=64, backend=backend),
+    "atomic_cas_int": lambda backend=None: cas_once[(1,)].prepare(
+        _z(64, dtype=I32), _z(64, dtype=I32), _z(64, dtype=I32), _z(64, dtype=I32), 64,
+        BLOCK=64, backend=backend),
+    "atomic_ticket": lambda backend=None: ticket_counter[(2,)].prepare(
+        _z(1, dtype=I32), _z(100, dtype=I32), 100, BLOCK=64, backend=backend),
+    "atomic_uniform_old": lambda backend=None: uniform_max[(4,)].prepare(
+        _z(1, dtype=I32), _z(4, dtype=I32), 7, backend=backend),
     # Triton's promotion, store conversion, integer where and math (tests/test_triton_parity.py)
     "triton_promote_half_bf16": lambda backend=None: binary[(8,)].prepare(
         _z(1000, dtype=F16), _z(1000, dtype=BF16), _z(1000), 1000, OP="add", OUT=metile.float32,
