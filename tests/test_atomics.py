@@ -176,3 +176,10 @@ def test_thread_level_atomics_are_per_thread(rng):
                                               mx.zeros((1,), mx.int32), n, num_simdgroups=2)
     np.testing.assert_array_equal(np.array(counts), np.bincount(values, minlength=6))
     np.testing.assert_array_equal(np.array(flags), [3])
+
+
+def test_atomic_add_old_value_counts_the_passed_contents():
+    # the old value is used, so the buffer starts from the passed array (not from zero)
+    x, y = old_value[(1,)](mx.arange(8).astype(mx.float32), mx.zeros((8,)), BLOCK=8)
+    np.testing.assert_array_equal(np.array(y), np.arange(8))
+    np.testing.assert_array_equal(np.array(x), np.arange(8) + 1)
