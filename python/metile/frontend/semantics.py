@@ -334,17 +334,11 @@ class Semantics:
         shape = shape_of(ops[0].type)
         return self.b.value("load", ops, with_shape(ScalarType(pt.dtype), shape))
 
-    def store(self, ptr, value, mask=None, atomic: str | None = None) -> None:
-        what = "atomic_add()" if atomic else "store()"
+    def store(self, ptr, value, mask=None) -> None:
+        what = "store()"
         if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
             raise CompilationError(f"{what} needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
         pt: PointerType = elem_type(ptr.type)
-        if atomic and pt.space != "device":
-            raise CompilationError("atomic_add() on threadgroup memory is not supported; "
-                                   "it updates device buffers")
-        if atomic and pt.dtype.name not in ATOMIC_DTYPES:
-            raise CompilationError(f"atomic_add() on a {pt.dtype} buffer is not supported; "
-                                   f"it takes {', '.join(ATOMIC_DTYPES)} buffers")
         if isinstance(value, Value) and is_pointer(value.type):
             raise CompilationError(f"{what} of a pointer: MLX exposes no device addresses, so "
                                    f"pointers cannot be stored")
@@ -355,7 +349,7 @@ class Semantics:
             if shape_of(ptr.type) != shape:
                 raise CompilationError(f"{what} value/mask of shape {shape} does not fit the "
                                        f"pointer tile of shape {shape_of(ptr.type)}")
-        self.b.op("store", ops, [], {"atomic": atomic} if atomic else None)
+        self.b.op("store", ops, [])
 
     def atomic(self, kind: str, ptr, value, mask=None, compare=None, sem=None, scope=None):
         """atomic_<kind>: a `store` op with attrs {atomic: kind} whose result is the old value

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from ..errors import CompilationError
 from ..ir.core import Op, Value
 from ..ir.ops import ELEMENTWISE
-from ..ir.types import TileType, dtype_of, elem_type
+from ..ir.types import TileType, elem_type
 
 PREFIX = "cannot lower the GEMM"
 # Ops an epilogue read's address or mask may be built from (index arithmetic).

@@ -34,9 +34,7 @@ from ..compiler.backend import Backend, resolve_backend
 from ..errors import CompilationError, LaunchError
 from ..frontend import constexpr_params
 from ..ir.core import Loc
-from ..language import dtypes as dt
 from ..schedule import Schedule
-from ..settings import debug_flags
 from . import cache
 from .arguments import arg_spec
 from .dependencies import Snapshot

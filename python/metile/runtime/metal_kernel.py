@@ -9,7 +9,6 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 

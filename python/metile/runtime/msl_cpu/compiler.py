@@ -24,7 +24,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import warnings
 from pathlib import Path
 
 from filelock import FileLock
