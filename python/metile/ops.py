@@ -16,9 +16,11 @@ contract for epilogue reads is passes/gemm_epilogue_reads.py):
 
 Operands are read where they lie: `linear` gives the kernel the weight as stored,
 (out_features, in_features), and the kernel reads it through strides as the (K, N)
-right operand (TRANSPOSE_B), so no transposed copy is made; `matmul(a, w.T)` does the
-same for a `w.T` it can see in the lazy graph (lazy_graph.py; an already-evaluated
-transposed view is copied to row-major, as MLX 0.32 shows Python no strides).
+right operand (TRANSPOSE_B), so no transposed copy is made; `matmul(a, w.T,
+backend="metile")` does the same for a `w.T` it can see in the lazy graph
+(lazy_graph.py; an already-evaluated transposed view is copied to row-major, as MLX
+0.32 shows Python no strides; `auto` calls do not look, since the export walks b's
+whole lazy graph).
 
 Which path runs (`backend=`): "metile" forces the kernel, "mlx" MLX's own
 composite, and "auto" (the default) routes by measurement (runtime/routing.py):
@@ -488,7 +490,10 @@ def _layout(b) -> str:
     """matmul's right-operand layout: "a@b.T" when `b` is, unevaluated, a transposed
     view (b = w.T): then the kernel reads w in place, where passing b would copy it.
     MLX 0.32 shows Python neither strides nor contiguity, so an already-evaluated
-    transposed view is not recognised and is copied as before (lazy_graph.py)."""
+    transposed view is not recognised and is copied as before (lazy_graph.py).
+    Looked up for backend="metile" only: the graph export walks all of b's lazy
+    graph, a cost an `auto` call (usually MLX's composite) must not pay on every call
+    of an eager model; `linear` knows its weight's layout without it."""
     return "a@b.T" if lazy_graph.is_transposed_view(b) else "a@b"
 
 
@@ -497,8 +502,7 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     "silu"; `a` may have leading batch dimensions."""
     _check(a, b, epilogue, negative_slope)
     a2 = _rows(a)
-    # the graph export walks b's lazy graph: only when a metile kernel may run
-    layout = "a@b" if backend == "mlx" else _layout(b)
+    layout = _layout(b) if backend == "metile" else "a@b"
     route = _route("matmul", (a2, b), epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
         out = _matmul_mlx(a2, b, epilogue, negative_slope)
@@ -580,7 +584,7 @@ def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     _check(a, b, epilogue, negative_slope)
     with routing.tuning_scope(budget_s, clock):
         route = _route("matmul", (_rows(a), b), epilogue, negative_slope, "auto", measure=True,
-                       force=force, layout=_layout(b))
+                       force=force, layout="a@b")
     return route.decision.to_dict()
 
 
@@ -627,7 +631,7 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     Never measures: a call with no recorded decision reports the cost model."""
     _check(a, b, epilogue, negative_slope)
     return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend,
-                               layout=_layout(b)), indent=2)
+                               layout=_layout(b) if backend == "metile" else "a@b"), indent=2)
 
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
