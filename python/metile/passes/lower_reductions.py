@@ -130,6 +130,18 @@ class ReductionLowering:
         acc_d = self._acc_dtype(d)
         acc = self.decl("var", acc_d, prefix="_acc")
         ctx.b.op("var_set", [self._identity(ctx.b, kind, acc_d)], [], {"name": acc})
+
+        def step(lb, j, e):
+            cur = lb.value("var_get", [], ScalarType(acc_d), name=acc)
+            lb.op("var_set", [self._combine(lb, kind, cur, e)], [], {"name": acc})
+
+        self._along_axis(ctx, x, axis, acc_d, step)
+        b = ctx.b
+        return self._cast(b, b.value("var_get", [], ScalarType(acc_d), name=acc), d)
+
+    def _along_axis(self, ctx: Ctx, x, axis: int, acc_d, step) -> None:
+        """A loop over `axis` of tile `x` at this element's other coordinates: `step(lb, j,
+        e)` builds the body, `e` being the element at index j (cast to `acc_d`)."""
         loop = Block()
         j = loop.add_arg(I32, "j")
         lb = Builder(loop)
@@ -137,12 +149,10 @@ class ReductionLowering:
         coords.insert(axis, j)
         e = self._cast(lb, self.elem(x, Ctx(self, lb, x.type.shape, coords=coords,
                                              identity=False)), acc_d)
-        cur = lb.value("var_get", [], ScalarType(acc_d), name=acc)
-        lb.op("var_set", [self._combine(lb, kind, cur, e)], [], {"name": acc})
+        step(lb, j, e)
         b = ctx.b
         b.op("for", [self.const(b, 0), self.const(b, x.type.shape[axis]), self.const(b, 1)], [],
              regions=[loop])
-        return self._cast(b, b.value("var_get", [], ScalarType(acc_d), name=acc), d)
 
     def axis_arg_reduce(self, op: Op, ctx: Ctx) -> Value:
         """A serial scan along the axis keeping (best value, its index): a strictly better
@@ -158,23 +168,17 @@ class ReductionLowering:
         at = self.decl("var", dt.int32, prefix="_at")
         ctx.b.op("var_set", [self._identity(ctx.b, value_kind, acc_d)], [], {"name": best})
         ctx.b.op("var_set", [self.const(ctx.b, 0)], [], {"name": at})
-        loop = Block()
-        j = loop.add_arg(I32, "j")
-        lb = Builder(loop)
-        coords = list(ctx.coords())
-        coords.insert(axis, j)
-        e = self._cast(lb, self.elem(x, Ctx(self, lb, x.type.shape, coords=coords,
-                                             identity=False)), acc_d)
-        cur = lb.value("var_get", [], ScalarType(acc_d), name=best)
-        take = lb.value(better, [e, cur], BOOL)
-        lb.op("var_set", [lb.value("where", [take, e, cur], ScalarType(acc_d))], [],
-              {"name": best})
-        old = lb.value("var_get", [], I32, name=at)
-        lb.op("var_set", [lb.value("where", [take, j, old], I32)], [], {"name": at})
-        b = ctx.b
-        b.op("for", [self.const(b, 0), self.const(b, x.type.shape[axis]), self.const(b, 1)], [],
-             regions=[loop])
-        return b.value("var_get", [], I32, name=at)
+
+        def step(lb, j, e):
+            cur = lb.value("var_get", [], ScalarType(acc_d), name=best)
+            take = lb.value(better, [e, cur], BOOL)
+            lb.op("var_set", [lb.value("where", [take, e, cur], ScalarType(acc_d))], [],
+                  {"name": best})
+            old = lb.value("var_get", [], I32, name=at)
+            lb.op("var_set", [lb.value("where", [take, j, old], I32)], [], {"name": at})
+
+        self._along_axis(ctx, x, axis, acc_d, step)
+        return ctx.b.value("var_get", [], I32, name=at)
 
     def scan(self, op: Op, ctx: Ctx) -> Value:
         """Inclusive prefix of the element's line along the axis, folded in order from the
