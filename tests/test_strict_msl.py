@@ -230,3 +230,38 @@ def test_invalid_setting_is_an_error(monkeypatch):
     from metile.runtime.msl_cpu import strict
     with pytest.raises(ValueError, match="METILE_MSL_STRICT must be 0 or 1, got 'yes'"):
         strict.enabled()
+
+
+def test_precompiled_model_from_another_copy_of_the_headers_is_not_used(tmp_path, monkeypatch):
+    # The CI failure of stop 10: a precompiled model built from a source
+    # checkout's headers, reused by a pip-installed copy with the same
+    # contents, included every header twice ("redefinition of ...").
+    import shutil
+    from metile.runtime.msl_cpu import compiler, strict
+
+    source = "#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* o [[buffer(0)]]) { o[0] = 1.0f; }\n"
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "copy"
+    shutil.copytree(strict.STRICT_INCLUDE_DIR, copy / "include_strict")
+    shutil.copytree(compiler.INCLUDE_DIR, copy / "include")
+    with monkeypatch.context() as m:
+        m.setattr(strict, "STRICT_INCLUDE_DIR", copy / "include_strict")
+        m.setattr(compiler, "INCLUDE_DIR", copy / "include")
+        m.setattr(strict, "_model_fingerprint", None)
+        strict.check(source, "from_copy")
+    assert list((tmp_path / "cache").rglob("strict-*.pch")), "the copy's check built no precompiled model"
+    monkeypatch.setattr(strict, "_model_fingerprint", None)
+    strict.check(source + "// another unit\n", "from_package")
+
+
+def test_damaged_precompiled_model_never_fails_a_valid_kernel(tmp_path, monkeypatch):
+    from metile.runtime.msl_cpu import strict
+
+    source = "#include <metal_stdlib>\nusing namespace metal;\nkernel void k(device float* o [[buffer(0)]]) { o[0] = 2.0f; }\n"
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(strict, "_model_fingerprint", None)
+    strict.check(source, "first")
+    (pch,) = (tmp_path / "cache").rglob("strict-*.pch")
+    pch.write_bytes(b"not a precompiled header")
+    strict.check(source + "// again\n", "second")
+    assert not pch.exists() or pch.read_bytes() != b"not a precompiled header"

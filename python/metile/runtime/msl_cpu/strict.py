@@ -71,6 +71,10 @@ def _fingerprint() -> str:
     # it was built in.
     h = hashlib.sha256(compiler.shim_fingerprint().encode())
     h.update(" ".join(_FLAGS).encode())
+    # And where the headers are: a precompiled header names them by absolute
+    # path, so one built from a source checkout, used by a pip-installed copy
+    # of the same headers, includes both and every definition twice.
+    h.update(" ".join(_include_flags()).encode())
     for path in sorted(STRICT_INCLUDE_DIR.rglob("*")):
         if path.is_file():
             h.update(str(path.relative_to(STRICT_INCLUDE_DIR)).encode())
@@ -103,6 +107,9 @@ def _precompiled_model(path: str) -> list[str]:
                         out = Path(tmp) / "prelude.pch"
                         args = [path, *_FLAGS, *_include_flags(), "-x", "c++-header", str(header), "-o", str(out)]
                         args.remove("-fsyntax-only")
+                        # Content is in the name; mtimes (a reinstall) must
+                        # not invalidate it.
+                        args[1:1] = ["-Xclang", "-fno-pch-timestamp"]
                         if subprocess.run(args, capture_output=True).returncode != 0:
                             return []
                         os.replace(out, pch)
@@ -134,11 +141,13 @@ def check(source: str, label: str) -> None:
         src.write_text(source)
         pch = _precompiled_model(path)
         result = subprocess.run([path, *_FLAGS, *_include_flags(), *pch, str(src)], capture_output=True, text=True)
-        if pch and result.returncode != 0 and "AST file" in result.stderr:
-            # A damaged or stale precompiled header: drop it (rebuilt next time)
-            # and check this unit from the headers.
-            Path(pch[1]).unlink(missing_ok=True)
+        if pch and result.returncode != 0:
+            # Whatever the error, the headers decide: a damaged or stale
+            # precompiled header must never fail a valid kernel.  If the unit
+            # passes without it, the header is dropped (rebuilt next time).
             result = subprocess.run([path, *_FLAGS, *_include_flags(), str(src)], capture_output=True, text=True)
+            if result.returncode == 0:
+                Path(pch[1]).unlink(missing_ok=True)
     if result.returncode != 0:
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()][:60]
         raise compiler.MslCompileError(
