@@ -4,10 +4,12 @@ from .errors import CompilationError, LaunchError
 from .language import (BUILTINS, DType, bfloat16, bool_, constexpr, float16, float32, int1, int32,
                        math, uint32)
 from .language.core import *  # noqa: F401,F403
+from .language.random import *  # noqa: F401,F403
+from .language.random import __all__ as _random_all
 from .runtime.dispatch import Dispatch
 from .runtime.kernel import Kernel, inline, kernel
 
 __all__ = ["kernel", "inline", "constexpr", "CompilationError", "LaunchError", "Kernel",
            "Dispatch", "DType", "float32", "float16", "bfloat16", "int32", "uint32", "bool_", "int1",
            "math",
-           *BUILTINS]
+           *BUILTINS, *_random_all]

@@ -26,6 +26,7 @@ class CEmitter:
     TYPES: dict[str, str] = {}          # dtype name -> spelling
     GEOMETRY: dict[str, str] = {}       # program_id/num_programs/thread_id/simd_* -> expression
     MATH_FUNCS: dict[str, str] = {}     # math op -> format over {x} (float32)
+    UMULHI = ""                         # high half of a uint32 product, over {x} {y}
     SIMD_REDUCE: dict[str, str] = {}    # reduce kind -> function
     BARRIER = ""
     INFINITY = "INFINITY"
@@ -107,6 +108,8 @@ class CEmitter:
             return self.math(name, a[0], rt)
         if name in MATH_BINARY:
             return self.math(name, a[0], rt, a[1])
+        if name == "umulhi":
+            return self.umulhi(a, rt)
         if name == "cast":
             return self.cast(a[0], op.operands[0].type, rt)
         if name == "where":
@@ -132,6 +135,14 @@ class CEmitter:
         t = self.type(rt)
         x, y = (f"static_cast<float>({v})" for v in (x, y))
         return f"static_cast<{t}>({fmt.format(x=x, y=y)})"
+
+    def umulhi(self, a, rt) -> str:
+        """Unsigned on every dtype (Triton's rule): int32 operands are read as uint32."""
+        if rt.dtype.kind == "u":
+            return self.UMULHI.format(x=a[0], y=a[1])
+        u = self.TYPES["uint32"]
+        x, y = (f"static_cast<{u}>({v})" for v in a)
+        return f"static_cast<{self.type(rt)}>({self.UMULHI.format(x=x, y=y)})"
 
     def cast(self, x: str, src, dst) -> str:
         if dst.dtype.is_bool:

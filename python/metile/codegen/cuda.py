@@ -314,6 +314,7 @@ class CUDAEmitter(CEmitter):
                   "sin": "sinf({x})", "cos": "cosf({x})", "tan": "tanf({x})", "asin": "asinf({x})",
                   "acos": "acosf({x})", "atan": "atanf({x})", "floor": "floorf({x})",
                   "ceil": "ceilf({x})", "pow": "powf({x}, {y})", "atan2": "atan2f({x}, {y})"}
+    UMULHI = "__umulhi({x}, {y})"
     SIMD_REDUCE = {"sum": "metile_warp_sum", "max": "metile_warp_max", "min": "metile_warp_min"}
     INFINITY = "cuda::std::numeric_limits<float>::infinity()"
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"

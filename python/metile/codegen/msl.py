@@ -113,6 +113,7 @@ class MSLEmitter(CEmitter):
                   "atan": "metal::atan({x})", "floor": "metal::floor({x})",
                   "ceil": "metal::ceil({x})", "pow": "metal::pow({x}, {y})",
                   "atan2": "metal::atan2({x}, {y})"}
+    UMULHI = "metal::mulhi({x}, {y})"
     SIMD_REDUCE = {"sum": "metal::simd_sum", "max": "metal::simd_max", "min": "metal::simd_min"}
     INFINITY = "metal::numeric_limits<float>::infinity()"
     NAN = "metal::numeric_limits<float>::quiet_NaN()"

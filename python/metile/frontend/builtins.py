@@ -164,7 +164,7 @@ def _binary_math(name):
         return gen.sem.binary(name, x, y)
 
 
-for _name in ("pow", "atan2"):
+for _name in ("pow", "atan2", "umulhi"):
     _binary_math(_name)
 
 

@@ -39,6 +39,7 @@ _PY_BINARY = {
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
     "eq": operator.eq, "ne": operator.ne, "maximum": max, "minimum": min,
     "pow": lambda a, b: math.pow(a, b), "atan2": lambda a, b: math.atan2(a, b),
+    "umulhi": lambda a, b: ((a % 2**32) * (b % 2**32)) >> 32,
 }
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": "%",

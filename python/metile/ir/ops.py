@@ -54,7 +54,7 @@ Thread form (after passes.lower_tiles; every value is a scalar)
 """
 
 BINARY = frozenset({"add", "sub", "mul", "div", "idiv", "mod", "maximum", "minimum",
-                    "and", "or", "xor", "shl", "shr", "pow", "atan2"})
+                    "and", "or", "xor", "shl", "shr", "pow", "atan2", "umulhi"})
 COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 # Float math computed in float32 on every backend (half and bfloat16 convert around it).
 MATH_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "erf",
@@ -62,7 +62,8 @@ MATH_UNARY = frozenset({"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "
 MATH_BINARY = frozenset({"pow", "atan2"})
 UNARY = frozenset({"neg", "not", "abs"}) | MATH_UNARY
 FLOAT_ONLY = frozenset({"div"}) | MATH_UNARY | MATH_BINARY
-INT_ONLY = frozenset({"idiv", "mod", "shl", "shr"})
+# umulhi: the high 32 bits of the unsigned 64-bit product (Triton's tl.umulhi)
+INT_ONLY = frozenset({"idiv", "mod", "shl", "shr", "umulhi"})
 ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
 TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",

@@ -3,7 +3,9 @@
 from .core import *  # noqa: F401,F403
 from .core import BUILTINS, constexpr
 from . import math
+from .random import *  # noqa: F401,F403  (Philox: rand, randn, randint, ...)
+from .random import __all__ as _random_all
 from .dtypes import DType, bfloat16, bool_, float16, float32, int1, int32, to_dtype, uint32
 
 __all__ = ["DType", "bfloat16", "bool_", "float16", "float32", "int1", "int32", "uint32",
-           "to_dtype", "constexpr", "math", *BUILTINS]
+           "to_dtype", "constexpr", "math", *BUILTINS, *_random_all]

@@ -66,6 +66,8 @@ _DOCS = {
     "acos": "acos(x)", "atan": "atan(x)", "floor": "floor(x)", "ceil": "ceil(x)",
     "pow": "pow(x, y): x ** y in float (x < 0 follows the target's pow).",
     "atan2": "atan2(y, x)",
+    "umulhi": "umulhi(x, y): the high 32 bits of the 64-bit product of int32/uint32 operands, "
+              "both read as unsigned (Triton's tl.umulhi).",
     "sqrt_rn": "sqrt_rn(x): sqrt(x) (the backend's square root)",
     "fdiv": "fdiv(x, y, ieee_rounding=False): x / y", "div_rn": "div_rn(x, y): x / y",
     "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",

@@ -4,8 +4,8 @@ extra float math.  Each is the same marker as the top-level `metile.<name>`, so
 runs in float32; float16 and bfloat16 operands convert around it."""
 
 from .core import (abs, acos, asin, atan, atan2, ceil, cos, div_rn, erf, exp, exp2, fdiv, floor,
-                   fma, log, log2, pow, rsqrt, sigmoid, sin, sqrt, sqrt_rn, tan, tanh)
+                   fma, log, log2, pow, rsqrt, sigmoid, sin, sqrt, sqrt_rn, tan, tanh, umulhi)
 
 __all__ = ["abs", "acos", "asin", "atan", "atan2", "ceil", "cos", "div_rn", "erf", "exp", "exp2",
            "fdiv", "floor", "fma", "log", "log2", "pow", "rsqrt", "sigmoid", "sin", "sqrt",
-           "sqrt_rn", "tan", "tanh"]
+           "sqrt_rn", "tan", "tanh", "umulhi"]

@@ -1,6 +1,6 @@
 """Names of Triton's `tl` namespace that metile does not build (yet), with the reason.
 
-A kernel that reaches for one (`metile.make_block_ptr`, `metile.math.umulhi`) gets a
+A kernel that reaches for one (`metile.make_block_ptr`, `metile.math.softmax`) gets a
 located CompilationError naming it instead of a bare missing attribute.  A name
 leaves this table when it is built; the lookup only runs for missing names.
 """
@@ -23,11 +23,8 @@ REASONS = {
                  "load_tensor_descriptor", "store_tensor_descriptor", "tensor_descriptor")},
     **{n: "not built yet (metile has cumsum, cumprod, argmax and argmin)"
        for n in ("associative_scan", "sort", "reduce", "xor_sum", "histogram", "softmax")},
-    **{n: "random numbers (Philox) are not built yet"
-       for n in ("rand", "randn", "randint", "randint4x", "philox", "pair_uniform_to_normal")},
     "device_print": "printing from a kernel is not built yet (static_print works at compile time)",
     "device_assert": "assertions in a running kernel are not built yet (static_assert works)",
-    "umulhi": "the high half of a 32-bit multiply needs 64-bit integers, which metile lacks",
     "inline_asm_elementwise": "inline assembly cannot be portable across Metal and CUDA",
     "dot_scaled": "scaled (microscaling) dot products are not built",
     "swizzle2d": _NOT_YET, "zeros_like": _NOT_YET, "full_like": _NOT_YET,
