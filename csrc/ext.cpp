@@ -103,6 +103,23 @@ std::vector<mx::array> launch_cuda(
                 init_value, verbose, stream);
 }
 
+// NVIDIA devices, a cubin metile compiled itself (runtime/nvrtc.py) for an
+// architecture MLX's NVRTC does not target (sm_90a for wgmma).  MLX loads the
+// image with cuModuleLoadDataEx and caches the module by `name` alone, so the
+// name carries a content hash; arguments are each input's pointer, then each
+// output's (scalars travel as 0-d inputs).
+std::vector<mx::array> launch_precompiled_cuda(
+    const std::string& name, const nb::bytes& compiled, const std::vector<mx::array>& inputs,
+    const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
+    Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
+    bool ensure_row_contiguous, mx::Stream stream) {
+  // A cubin holds NUL bytes: the size must be explicit, never strlen.
+  std::string image(static_cast<const char*>(compiled.data()), compiled.size());
+  return mx::fast::precompiled_cuda_kernel(name, image, inputs, to_shapes(output_shapes),
+                                           output_dtypes, {}, grid, threadgroup, shared_memory,
+                                           init_value, ensure_row_contiguous, stream);
+}
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -149,4 +166,9 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+  m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),
+        nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
+        nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),
+        nb::arg("ensure_row_contiguous"), nb::arg("stream"),
+        "Launch a cubin through mlx::core::fast::precompiled_cuda_kernel (NVIDIA devices).");
 }

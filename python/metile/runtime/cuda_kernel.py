@@ -3,17 +3,32 @@
 Same contract as `mx.fast.cuda_kernel`, reached through metile's C++ layer
 (`mlx::core::fast::cuda_kernel`), so metile's generated CUDA and hand-written
 kernels take one path.  Returns lazy arrays that trace through `mx.compile`.
+
+With `arch` (e.g. "sm_90a") metile builds the translation unit itself
+(runtime/cuda_source.py), compiles it with NVRTC for that architecture
+(runtime/nvrtc.py) and launches the cubin through
+`mlx::core::fast::precompiled_cuda_kernel`: MLX's own NVRTC call targets the
+device's `sm_XY`, which lacks architecture-specific instructions such as
+Hopper's `wgmma`.  That path passes only pointers: no `<name>_shape`,
+`_strides` or `_ndim`, and no template arguments.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 
 import mlx.core as mx
 
 from .. import _ext
+from . import nvrtc
+from .cuda_source import translation_unit
 from .source_kernel import SourceKernel, resolve_stream
+
+
+# MLX takes the byte count as a C int.
+_MAX_SHARED_MEMORY = 2**31 - 1
 
 
 class CudaKernel(SourceKernel):
@@ -21,22 +36,45 @@ class CudaKernel(SourceKernel):
 
     op = "cuda_kernel"
 
-    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory):
+    def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
+                 arch=None):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
-        if not isinstance(shared_memory, int) or shared_memory < 0:
-            raise ValueError(self.error(f"shared_memory must be a non-negative int, got {shared_memory!r}"))
+        if not isinstance(shared_memory, int) or isinstance(shared_memory, bool) or \
+                not 0 <= shared_memory <= _MAX_SHARED_MEMORY:
+            raise ValueError(self.error(f"shared_memory must be a non-negative int (bytes of dynamic "
+                                        f"shared memory), got {shared_memory!r}"))
         self.shared_memory = shared_memory
+        self.arch = None if arch is None else nvrtc.check_arch(arch)
+        if self.arch is not None:
+            shape_info = [n for n in self.input_names
+                          if re.search(rf"\b{n}_(shape|strides|ndim)\b", self.source)]
+            if shape_info:
+                raise ValueError(self.error(
+                    f"kernel '{name}' with arch={arch!r} reads the shape, strides or ndim of "
+                    f"{shape_info}; the precompiled launch passes only pointers, so pass sizes "
+                    f"as scalar inputs"))
         self._names: dict = {}
+        self._cubins: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose=False, stream=None):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
+        if self.arch is not None and template:
+            raise ValueError(self.error(
+                f"kernel '{self.name}' has arch={self.arch!r}, whose precompiled launch takes no "
+                f"template arguments; spell the values in the header or body instead"))
         s = resolve_stream(stream, self.op)
         if s.device.type != mx.gpu or not mx.cuda.is_available():
             raise RuntimeError(
                 self.error(f"kernel '{self.name}' is CUDA C++, which needs MLX's CUDA backend; "
                            f"the requested device is {s.device}")
+            )
+        if self.arch is not None:
+            name, cubin = self.compiled([x.dtype for x in inputs], list(output_dtypes), threadgroup, verbose)
+            return _ext.launch_precompiled_cuda(
+                name, cubin, inputs, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
+                init_value, self.ensure_row_contiguous, s,
             )
         return _ext.launch_cuda(
             self.unique_name(inputs, output_dtypes, template), self.input_names, self.output_names, self.source, self.header,
@@ -45,21 +83,52 @@ class CudaKernel(SourceKernel):
         )
 
 
-    def unique_name(self, inputs, output_dtypes, template) -> str:
+    def compiled(self, input_dtypes, output_dtypes, threadgroup, verbose=False) -> tuple[str, bytes]:
+        """(kernel symbol, cubin) of this kernel for `arch`, compiled on first use.
+        The block size is part of the source (`__launch_bounds__`), so it is
+        part of the specialization."""
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        signature = (tuple(input_dtypes), tuple(output_dtypes), threads)
+        found = self._cubins.get(signature)
+        if found is None:
+            name, source = self.translation_unit(input_dtypes, output_dtypes, threadgroup)
+            if verbose:
+                print(f"Generated source code for `{name}`:\n```\n{source}\n```")
+            found = self._cubins[signature] = (name, nvrtc.compile(source, self.arch, self.name))
+        return found
+
+    def translation_unit(self, input_dtypes, output_dtypes, threadgroup) -> tuple[str, str]:
+        """(kernel symbol, CUDA source) that `arch` compiles for these dtypes and
+        block shape."""
+        if self.arch is None:
+            raise ValueError(self.error(f"kernel '{self.name}' has no arch: MLX builds and compiles "
+                                        f"its source"))
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        name = self.unique_name(input_dtypes, output_dtypes, [], threads)
+        return name, translation_unit(name, self.header, self.source, zip(self.input_names, input_dtypes),
+                                      zip(self.output_names, output_dtypes), threads)
+
+    def unique_name(self, inputs, output_dtypes, template, threads=None) -> str:
         """MLX's CUDA backend caches compiled modules by kernel name alone, so
         two kernels (or two specializations) sharing a name would silently run
-        the first one's code; the name metile passes carries a content hash."""
+        the first one's code; the name metile passes carries a content hash.
+        `inputs` are arrays or (on the precompiled path) dtypes."""
         # Hashing a GEMM's source on every eager launch cost more than the rest of
         # the launch; the name depends only on this signature.
-        signature = (tuple((x.dtype, x.ndim) for x in inputs), tuple(output_dtypes), repr(template))
+        described = tuple((x.dtype, x.ndim) if isinstance(x, mx.array) else x for x in inputs)
+        signature = (described, tuple(output_dtypes), repr(template), threads)
         name = self._names.get(signature)
         if name is None:
             h = hashlib.sha256()
-            for part in (self.source, self.header, repr([(x.dtype, x.ndim) for x in inputs]),
-                         repr(list(output_dtypes)), repr(template), str(self.ensure_row_contiguous)):
+            # shared_memory is in the hash: MLX raises a kernel's dynamic shared
+            # memory limit once, when it first loads the module of that name.
+            for part in (self.source, self.header, repr(list(described)), repr(list(output_dtypes)),
+                         repr(template), str(self.ensure_row_contiguous), str(self.shared_memory),
+                         str(self.arch), str(threads)):
                 h.update(part.encode())
                 h.update(b"\0")
-            name = self._names[signature] = f"{self.name}_{h.hexdigest()[:16]}"
+            arch = f"_{self.arch}" if self.arch else ""
+            name = self._names[signature] = f"{self.name}{arch}_{h.hexdigest()[:16]}"
         return name
 
 
@@ -71,6 +140,13 @@ def cuda_kernel(
     header: str = "",
     ensure_row_contiguous: bool = True,
     shared_memory: int = 0,
+    arch: str | None = None,
 ) -> CudaKernel:
-    """A custom CUDA kernel from a body of CUDA C++, like `mx.fast.cuda_kernel`."""
-    return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory)
+    """A custom CUDA kernel from a body of CUDA C++, like `mx.fast.cuda_kernel`.
+
+    `shared_memory`: bytes of dynamic shared memory (`extern __shared__`) per
+    block; above 48 KB MLX raises the kernel's limit to it.  `arch` (e.g.
+    "sm_90a"): compile with NVRTC for that architecture here and launch the
+    cubin, for instructions MLX's own `sm_XY` compile cannot use (wgmma)."""
+    return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
+                      arch)
