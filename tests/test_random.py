@@ -208,6 +208,22 @@ def test_seed_larger_than_32_bits_is_refused():
         constant_seed[(1,)](*_zeros(8), 8, SEED=2**32, BLOCK=BLOCK)
 
 
+@metile.kernel
+def runtime_rounds(O, n, seed, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.store(O + offs, metile.rand(seed, offs, n), mask=offs < n)
+
+
+def test_n_rounds_must_be_a_constant():
+    with pytest.raises(metile.CompilationError) as info:
+        runtime_rounds[(1,)](mx.zeros((8,)), 8, 1, BLOCK=8)
+    msg = str(info.value)
+    assert "rand(): constexpr parameter 'n_rounds' needs a compile-time value, got a runtime " \
+           "int32 value" in msg, msg
+    line = runtime_rounds.fn.__code__.co_firstlineno + 3  # the call, not the library's line
+    assert f"test_random.py:{line}:" in msg, msg
+
+
 def test_streams_differ_by_seed_and_offset():
     n = 1000
     a = np.array(ints4[_grid(n)](*_zeros(n, k=4), n, 1, R=10, BLOCK=BLOCK)[0])

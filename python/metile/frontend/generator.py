@@ -408,7 +408,15 @@ class Generator(ControlFlow):
 
     def inline_call(self, helper, args, kwargs):
         fn = helper.__wrapped__ if hasattr(helper, "__wrapped__") else helper
-        return self._inline_body(fn, self._bind_call(fn, args, kwargs))
+        bound = self._bind_call(fn, args, kwargs)
+        from . import _is_constexpr_annotation  # (the package imports this module)
+        import inspect
+        for p in inspect.signature(fn).parameters.values():
+            # refused here, at the caller's line, rather than deep inside the helper
+            if _is_constexpr_annotation(p.annotation, fn) and isinstance(bound[p.name], Value):
+                raise CompilationError(f"{fn.__qualname__}(): constexpr parameter {p.name!r} needs "
+                                       f"a compile-time value, got {describe(bound[p.name])}")
+        return self._inline_body(fn, bound)
 
     @staticmethod
     def _bind_call(fn, args, kwargs) -> dict:
