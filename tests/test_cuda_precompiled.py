@@ -3,6 +3,7 @@ through MLX's precompiled_cuda_kernel.  The compile tests run without a GPU
 where the nvidia-cuda-nvrtc wheels (or a CUDA toolkit) are present; the
 launch tests at the end need MLX's CUDA backend (the H200)."""
 
+import os
 import re
 from pathlib import Path
 
@@ -181,6 +182,23 @@ def test_metile_nvrtc_selects_the_library(monkeypatch):
     toolkit = nvrtc.find_toolkit()
     assert toolkit.library == library and toolkit.origin == "METILE_NVRTC"
     assert any((Path(d) / "cuda_fp16.h").exists() for d in toolkit.includes)
+
+
+@needs_nvrtc
+def test_a_loaded_libnvrtc_is_found_in_the_process_maps(monkeypatch):
+    # MLX's CUDA build links libnvrtc; here the wheel's copy stands in for it.
+    library = nvrtc._nvidia_wheel_roots() and nvrtc.find_toolkit().library
+    if not library:
+        pytest.skip("no nvidia-cuda-nvrtc wheel")
+    import ctypes
+    ctypes.CDLL(library)
+    assert nvrtc._mapped_nvrtc() == os.path.realpath(library)
+    monkeypatch.delenv("METILE_NVRTC", raising=False)
+    nvrtc._find.cache_clear()  # the search runs once per process; run it again now
+    try:
+        assert nvrtc.find_toolkit().origin == "loaded in this process"
+    finally:
+        nvrtc._find.cache_clear()
 
 
 def test_bad_arch_template_and_shape_reads_are_refused_early():

@@ -102,7 +102,7 @@ def _library() -> tuple[str, str]:
         return explicit, "METILE_NVRTC"
     mapped = _mapped_nvrtc()
     if mapped:
-        return mapped, "loaded by MLX"
+        return mapped, "loaded in this process"
     for root in _nvidia_wheel_roots():
         return sorted(glob.glob(os.path.join(root, "lib", "libnvrtc.so*")))[0], "nvidia-cuda-nvrtc wheel"
     for home in _cuda_homes():
