@@ -132,12 +132,17 @@ def test_one_matrix_unit_table():
 
     # the emitters keep no table of their own
     assert not hasattr(MSLEmitter, "MATRIX_UNITS") and not hasattr(CUDAEmitter, "MATRIX_UNITS")
+    # a backend's units are entries of the table (less those made for other targets)
+    table = {id(u) for units in targets.MATRIX_UNITS.values() for u in units}
     for name in ("msl", "cuda"):
-        assert resolve_backend(name).matrix_units is targets.MATRIX_UNITS[name]
-    tables = {id(t) for t in targets.MATRIX_UNITS.values()}
+        units = resolve_backend(name).matrix_units
+        assert units and all(id(u) in table for u in units)
+    sm80 = resolve_backend("cuda", target="sm_80").matrix_units
+    assert not any(u.warpgroup for u in sm80)
+    assert any(u.warpgroup for u in resolve_backend("cuda", target="sm_90").matrix_units)
     for target in TARGETS.values():
         for path in target.matrix_paths:
-            assert not path.units or id(path.units) in tables
+            assert all(id(u) in table for u in path.units)
     # the planner checks the fragment the lowering will use
     cuda = TARGETS["sm_90"].matrix_path("simdgroup")
     assert cuda.fragment_for(("float16",), False) == (16, 16, 16)

@@ -162,7 +162,9 @@ template <int N> __device__ __forceinline__ void metile_cp_async_wait() {
 }
 __device__ __forceinline__ bool metile_aligned16(const void* p) {
   return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0;
-}
+}"""
+
+_LDMATRIX_SW = """\
 template <bool TRANS, int LD, int U, int CM, typename T>
 __device__ __forceinline__ void metile_ldmatrix_sw(unsigned (&r)[4], const T* base, int row, int col) {
   const int l = threadIdx.x & 31;
@@ -178,6 +180,48 @@ template <int LD, int U, int CM, typename T>
 __device__ __forceinline__ void metile_frag_load_sw(metile_frag_b<T>& f, const T* base, int row, int col) {
   metile_ldmatrix_sw<true, LD, U, CM>(f.r, base, row, col);
 }"""
+
+
+# Warpgroup MMA (sm_90a; passes/gemm_wgmma.py).  A descriptor names a shared-memory
+# operand: start address, leading/stride byte offsets (>> 4) and the 128-byte swizzle
+# (mode 1 in bits 62-63).  `hold` pins the accumulators in place around the asynchronous
+# products, so no register read or copy is scheduled across a fence or wait.
+_WGMMA = """\
+__device__ __forceinline__ unsigned long long metile_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  return static_cast<unsigned long long>((a & 0x3FFFFu) >> 4) |
+         (static_cast<unsigned long long>((lbo >> 4) & 0x3FFFu) << 16) |
+         (static_cast<unsigned long long>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void metile_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void metile_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void metile_wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void metile_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void metile_wgmma_hold(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}"""
+
+_WGMMA_KIND = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
+    """(name, definition) of the helper issuing one m64nNk16 product into d[N/2]."""
+    kind = _WGMMA_KIND[dtype]
+    name = f"metile_wgmma_m64n{n}k16_{kind}{'_tb' if trans_b else ''}"
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    text = (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], unsigned long long da, "
+            f"unsigned long long db) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "\n'
+            f'               "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"\n'
+            f'               : {outs}\n'
+            f'               : "l"(da), "l"(db), "r"(1));\n}}')
+    return name, text
 
 
 # 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
@@ -321,7 +365,7 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC,
-               "atomics": _ATOMICS}
+               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "metile_frag_fill({frag}, {value});",
@@ -362,14 +406,57 @@ class CUDAEmitter(CEmitter):
             self.emit("metile_cp_async_commit();", depth)
         elif name == "cp_async_wait":
             self.emit(f"metile_cp_async_wait<{op.attrs['pending']}>();", depth)
+        elif name in ("wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"):
+            self.helpers_used.add("wgmma")
+            self.wgmma_statement(op, depth)
         else:
             super().statement(op, depth)
+
+    def wgmma_statement(self, op: Op, depth: int) -> None:
+        at = op.attrs
+        if op.name == "wgmma":
+            fn, text = wgmma_product(at["n"], at["dtype"], at["trans_b"])
+            self.products[fn] = text
+            a, b = (self.ref(v) for v in op.operands)
+            self.emit(f"{fn}({at['acc']}, metile_wgmma_desc(&{at['a']}[{a}], {at['a_lbo']}, "
+                      f"{at['a_sbo']}), metile_wgmma_desc(&{at['b']}[{b}], {at['b_lbo']}, "
+                      f"{at['b_sbo']}));", depth)
+        elif op.name == "wgmma_fence":
+            self.emit("metile_wgmma_fence();", depth)
+        elif op.name == "wgmma_commit":
+            self.emit("metile_wgmma_commit();", depth)
+        elif op.name == "wgmma_wait":
+            self.emit(f"metile_wgmma_wait<{at['pending']}>();", depth)
+            # Only once nothing is in flight: touching the registers of a pending product
+            # makes ptxas serialize every wgmma (C7514).
+            for acc in at["acc"] if at["pending"] == 0 else ():
+                self.emit(f"metile_wgmma_hold({acc});", depth)
+        else:
+            self.emit("metile_fence_proxy_async();", depth)
+
+    def declare(self, op: Op, depth: int) -> None:
+        at = op.attrs
+        if at["storage"] == "shared" and "offset" in at:
+            # One dynamic buffer (lower_tiles._dynamic_shared_layout): more than the 48 KiB
+            # of static shared memory, each array at its alignment.
+            if not self.dynamic_declared:
+                self.dynamic_declared = True
+                self.emit("extern __shared__ __align__(1024) unsigned char metile_smem[];", depth)
+            t = self.TYPES[at["dtype"].name]
+            self.emit(f"{t}* const {at['name']} = reinterpret_cast<{t}*>(metile_smem + "
+                      f"{at['offset']});", depth)
+            return
+        super().declare(op, depth)
+
+    def render(self) -> tuple[str, str]:
+        header, body = super().render()
+        return header + "".join(t + "\n" for t in self.products.values()), body
 
     def fragment_op(self, op: Op, a: list[str], depth: int) -> None:
         at = op.attrs
         if op.name == "frag_load" and at.get("swizzle"):
             u, cm = at["swizzle"]
-            self.helpers_used.add("z_async")
+            self.helpers_used.update(("z_async", "z_ldmatrix_sw"))
             self.emit(f"metile_frag_load_sw<{at['ld']}, {u}, {cm}>({at['name']}[{at['index']}], "
                       f"&{at['root']}[{a[0]}], {a[1]}, {a[2]});", depth)
             return
@@ -399,6 +486,8 @@ class CUDAEmitter(CEmitter):
     def __init__(self, fn: Function, scalars: set[str] = frozenset()):
         super().__init__(fn)
         self.scalars = scalars
+        self.products: dict[str, str] = {}
+        self.dynamic_declared = False
 
     def expr(self, op: Op) -> str:
         # MLX's cuda_kernel passes 0-d inputs (runtime scalars) as pointers.

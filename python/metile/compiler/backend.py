@@ -36,13 +36,18 @@ class Backend:
 
     @property
     def matrix_units(self) -> tuple:
-        """The matrix instructions this language's emitter spells (GEMM lowering picks
-        one): its entry of the one table, schedule/targets.py MATRIX_UNITS."""
-        return MATRIX_UNITS[self.language]
+        """The matrix instructions this language's emitter spells for this target (GEMM
+        lowering picks one): its entry of the one table, schedule/targets.py MATRIX_UNITS,
+        less the units made for other targets (wgmma: sm_90 only)."""
+        return tuple(u for u in MATRIX_UNITS[self.language] if u.on(self.target.name))
 
     @property
     def shared_memory_bytes(self) -> int:
         return self.target.threadgroup_memory_bytes
+
+    @property
+    def shared_memory_optin_bytes(self) -> int:
+        return self.target.shared_memory_optin_bytes
 
     @property
     def max_threads(self) -> int:

@@ -240,6 +240,7 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
         thread_fn = lower_tiles(fn, analysis.threads, buffers, backend.matrix_units,
                                 plan=analysis.plan, scalars=req.int_values,
                                 shared_limit=backend.shared_memory_bytes,
+                                shared_optin=backend.shared_memory_optin_bytes,
                                 gemm_plan=analysis.gemm_plan(backend.matrix_units))
         lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
     verify(thread_fn)
@@ -261,7 +262,8 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
         planning.dump(fn.name, analysis.plan, report)
     return CompiledKernel(
         name, header, body, inputs, outputs, roles, tracked,
-        {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations") if k in thread_fn.meta},
+        {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations", "launch")
+         if k in thread_fn.meta},
         report, backend.language, steps, details)
 
 

@@ -91,12 +91,19 @@ VECTOR = frozenset({"vec_load"})
 # acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
 ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord"})
 
+# Warpgroup MMA (passes/gemm_wgmma.py; the wgmma unit only): wgmma(a_offset, b_offset)
+# {acc, n, dtype, a, b, a_lbo, a_sbo, b_lbo, b_sbo, trans_b} issues one m64nNk16 product
+# from shared-memory descriptors into the float accumulator array `acc`;
+# wgmma_fence / wgmma_commit / wgmma_wait{pending, acc} order it; fence_proxy_async makes
+# this thread's shared-memory writes visible to the tensor cores.
+WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"})
+
 TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
              | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
                   "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")

@@ -121,6 +121,21 @@ def _conjuncts(mask: Value) -> list[Value]:
     return [mask]
 
 
+def plain_contiguous_operands(g) -> bool:
+    """Both operand tiles of `g` are plain 2-D loads contiguous along their last axis
+    in 16-byte groups (the static half of `AsyncStaging.async_eligible`)."""
+    group = 16 // g.operand_dtype.itemsize
+    for value in (g.a, g.b):
+        ld = staging_load(value)
+        if ld is None or len(ld.results[0].type.shape) != 2 or \
+                ld.results[0].type.shape[1] % group:
+            return False
+        coeffs = _axis_coeffs(ld.operands[0], {})
+        if coeffs is False or coeffs.get(1) != 1:
+            return False
+    return True
+
+
 class AsyncStaging:
     """Expects the `MatmulLowering` state (gemm, gemm_plan, schedule_plan, buffers, T)."""
 
@@ -292,6 +307,8 @@ class AsyncStaging:
 
     def swizzled_offset(self, b: Builder, row: Value, col: Value, ld: int, swz) -> Value:
         """Element offset of (row, col) (col a multiple of the chunk) in a swizzled tile."""
+        if swz is not None and swz[0] == "atoms":   # wgmma's SW128 atoms (gemm_wgmma.py)
+            return self.atom_offset(b, row, col, swz[1])
         if swz is None:
             return self._i(b, "add", self._i(b, "mul", row, ld), col)
         group, (u, cm) = 16 // self.gemm.operand_dtype.itemsize, swz

@@ -51,6 +51,7 @@ from .gemm_async import AsyncStaging, swizzle_params
 from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
+from .gemm_wgmma import WarpgroupGemm
 from .lane_layout import BOOL, I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
@@ -87,12 +88,48 @@ def _thread_grid(threads: int, bm: int, bn: int):
     return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[1]))
 
 
-def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | None) -> GemmPlan:
+# Float accumulators one thread may hold for warpgroup products (the rest of the
+# 255-register budget holds addresses and the epilogue).
+WGMMA_MAX_ACCUMULATORS = 128
+
+
+def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> GemmPlan | None:
+    """W warpgroups, each owning BM/W rows as m64 x nBN products (gemm_wgmma.py), or
+    None when the tile does not fit the unit: BM, BN, BK multiples of 64 (whole swizzle
+    atoms), BN <= 256 (the widest product), both operands plain loads contiguous along
+    their last axis (what the swizzled cp.async copies need)."""
+    from .gemm_async import plain_contiguous_operands
+    bm, bn, bk = g.tile
+    if not unit.fits_tile(g.tile) or not plain_contiguous_operands(g):
+        return None
+    rows = bm // 64
+    if requested_threads:
+        if requested_threads % 128:
+            return None
+        options = [requested_threads // 128]
+    else:
+        options = [w for w in (4, 2, 1) if w <= rows]
+    for nwg in options:
+        if rows % nwg == 0 and (rows // nwg) * bn // 2 <= WGMMA_MAX_ACCUMULATORS:
+            return GemmPlan(unit, nwg * 128, (nwg, 1))
+    return None
+
+
+def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | None,
+              planned_threads: bool = False) -> GemmPlan:
+    """The matrix unit and thread grid for `g`: the first unit of `units` that takes the
+    operands and tiles the tile.  `planned_threads`: the thread count is the planner's
+    default, not the caller's, so a warpgroup unit may choose its own."""
     bm, bn, bk = g.tile
     d = g.operand_dtype.name
     counts = [requested_threads // 32] if requested_threads else list(DEFAULT_SIMDGROUPS)
     for unit in units:
         if not unit.takes(d, relaxed):
+            continue
+        if unit.warpgroup:
+            plan = _warpgroup_plan(g, unit, None if planned_threads else requested_threads)
+            if plan is not None:
+                return plan
             continue
         fm, fn, fk = unit.shape
         if bk % fk:
@@ -110,7 +147,14 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
         f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
 
 
-class MatmulLowering(GemmStaging, AsyncStaging):
+def relaxed_precision(fn: "Function") -> bool:
+    """The kernel's precision policy: a constexpr RELAXED_PRECISION=True allows reduced-
+    precision matrix units (e.g. TF32 for float32 operands)."""
+    return any(p.kind == "constexpr" and p.name == "RELAXED_PRECISION" and p.constant is True
+               for p in fn.params)
+
+
+class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
     """Mixin of `Lowering`; expects `self.gemm` (GemmPattern) and `self.gemm_plan`."""
 
     # -- entry points called from Lowering.lower_op ------------------------------------------
@@ -166,6 +210,13 @@ class MatmulLowering(GemmStaging, AsyncStaging):
         sp = self.schedule_plan
         bounds = self.gemm_bounds
         required = getattr(sp, "num_stages", None)
+        if plan.unit and plan.unit.warpgroup:
+            if self.async_eligible():
+                return self.wgmma_loop(op, b)
+            # The schedule asked for ordinary-load staging (or an operand buffer is also
+            # written): the warp MMA at the same thread count.
+            self.gemm_plan = plan = plan_gemm(g, [u for u in self.matrix_units if not u.warpgroup],
+                                              relaxed_precision(self.fn), self.T)
         self.use_async = bool(plan.unit) and self.async_eligible()
         if self.use_async:
             stages = self.choose_stages((bm * bk + bk * bn) * od.itemsize)
@@ -210,7 +261,9 @@ class MatmulLowering(GemmStaging, AsyncStaging):
             self.split_k_loop(b)
 
     def lower_gemm_store(self, op: Op, b: Builder) -> None:
-        if self.gemm_plan.unit and self.gemm_plan.unit.lane_coords:
+        if self.gemm_plan.unit and self.gemm_plan.unit.warpgroup:
+            self._wgmma_epilogue(b)
+        elif self.gemm_plan.unit and self.gemm_plan.unit.lane_coords:
             self._register_epilogue(b)
         elif self.gemm_plan.unit:
             self._fragment_epilogue(b)
@@ -455,6 +508,7 @@ class MatmulLowering(GemmStaging, AsyncStaging):
 
     def matmul_meta(self) -> dict:
         g, plan = self.gemm, self.gemm_plan
+        layouts = {"atoms": "128-byte-swizzled 64-element atoms (wgmma SW128)"}
         return {"tile_shape": list(g.tile), "simdgroup_grid": list(plan.grid) if plan.unit
                 else [self.T // 32, 1], "threadgroup_size": [self.T, 1, 1],
                 "staging": "threadgroup", "fragment": plan.fragment,
@@ -467,12 +521,16 @@ class MatmulLowering(GemmStaging, AsyncStaging):
                 "double_buffered": bool(getattr(self, "double_buffered", False)),
                 "stages": self.num_stages,
                 "async_copy": bool(getattr(self, "use_async", False)),
-                "shared_layout": {n: ("xor-swizzled 16-byte chunks" if sw else "row-major")
+                "shared_layout": {n: (layouts[sw[0]] if sw and isinstance(sw[0], str) else
+                                      "xor-swizzled 16-byte chunks" if sw else "row-major")
                                   for n, sw in self.swizzles.items()} or "row-major",
                 "epilogue_from": "registers" if plan.unit and plan.unit.lane_coords
                 else ("shared-memory scratch" if plan.unit else "registers"),
                 "k_split": None if self.gemm_bounds is None else {
                     "complete_iterations": self.gemm_bounds.n_full,
                     "remainder": self.gemm_bounds.has_remainder},
+                **({"warpgroups": plan.grid[0], "products_per_warpgroup":
+                    [self.wg_fr, 1], "product": f"m64n{g.tile[1]}k16"}
+                   if plan.unit and plan.unit.warpgroup else {}),
                 **({} if plan.unit else {"thread_grid": list(plan.grid),
                                          "micro_tile": [self.tm, self.tn]})}

@@ -32,7 +32,7 @@ from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
-from .lower_matmul import MatmulLowering, plan_gemm
+from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
 from .lower_reductions import ReductionLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
 from .placement import analyze
@@ -42,9 +42,14 @@ SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their targe
 
 class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None):
+                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
+                 shared_optin: int = 0):
         self.fn = fn
         self.shared_limit = shared_limit
+        # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
+        self.shared_optin = max(shared_optin, shared_limit)
+        self.dynamic_shared = False
+        self.matrix_units = tuple(matrix_units)
         self.T = threads
         self.buffers = buffers  # (root, role) -> backend name; roles: read, out, written
         self.place = analyze(fn)
@@ -487,6 +492,7 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                                                    name=self.buffers[(p.name, "scalar")], **extra)
         self.remap_program_ids(b)  # grouped GEMM program order (lower_matmul.py)
         self.lower_block(self.fn.body, b)
+        launch = self._dynamic_shared_layout() if self.dynamic_shared else None
         meta = dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes,
                     loops=self.loops, allocations=[
                         {"name": d.attrs["name"], "space": "threadgroup",
@@ -495,9 +501,28 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
                         for d in self.decls if d.attrs["storage"] == "shared"])
         if self.gemm is not None:
             meta["matmul"] = self.matmul_meta()
+        if launch is not None:
+            meta["launch"] = launch
         meta.update(self.schedule_meta())
         return Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
                         meta)
+
+
+    def _dynamic_shared_layout(self) -> dict:
+        """Offsets of the shared arrays in one dynamic shared-memory buffer (each at its
+        alignment), and what the launch needs: the buffer's bytes, the threads per block
+        (`__launch_bounds__`) and the architecture the kernel's instructions need."""
+        offset = 0
+        for d in self.decls:
+            if d.attrs["storage"] != "shared":
+                continue
+            align = max(16, d.attrs.get("align", 0))
+            offset = -(-offset // align) * align
+            d.attrs["offset"] = offset
+            offset += d.attrs["size"] * d.attrs["dtype"].itemsize
+        unit = self.gemm_plan.unit if self.gemm is not None else None
+        return {"shared_memory": offset, "threads": self.T,
+                "arch": unit.arch if unit is not None else None}
 
 
 class _Stored:
@@ -527,17 +552,11 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
     return min(1024, -(-largest // 32) * 32)
 
 
-def relaxed_precision(fn: Function) -> bool:
-    """The kernel's precision policy: a constexpr RELAXED_PRECISION=True allows reduced-
-    precision matrix units (e.g. TF32 for float32 operands)."""
-    return any(p.kind == "constexpr" and p.name == "RELAXED_PRECISION" and p.constant is True
-               for p in fn.params)
-
-
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
-                scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None) -> Function:
+                scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
+                shared_optin: int = 0) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit,
-                    gemm_plan).run()
+                    gemm_plan, shared_optin).run()

@@ -74,8 +74,12 @@ class Variant:
     def callable(self):
         if self._callable is None:
             c = self.compiled
+            # Kernels that lay out dynamic shared memory or need an arch-specific target
+            # (the warpgroup GEMM: sm_90a) say so in their lowering record.
+            launch = c.lowering.get("launch") or {}
+            extra = {k: launch[k] for k in ("shared_memory", "arch") if launch.get(k)}
             self._callable = self.backend_record.launcher(c.name, c.inputs, c.outputs, c.body,
-                                                          header=c.header)
+                                                          header=c.header, **extra)
         return self._callable
 
 

@@ -471,8 +471,18 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
                               f"{g} grid ({bm // grid[0]}x{bn // grid[1]} per {g}).")
         unit = None if scalar_fma else path.unit_for(traits.operand_dtypes,
                                                      traits.relaxed_precision)
-        staging, vw, db, stages = _controllable(traits, target, s, reasons, lowering, scalar_fma,
-                                                unit)
+        wg = None if scalar_fma else _warpgroup_unit(traits, target)
+        staged_on = target
+        if wg is not None:
+            # The warpgroup path lays out its own dynamic shared memory: stages up to the
+            # block's opt-in limit.
+            unit = wg
+            staged_on = replace(target, threadgroup_memory_bytes=target.shared_memory_optin_bytes)
+            reasons.insert(0, f"Warpgroup MMA ({wg.name}, {wg.arch}) when both operand loads "
+                              "are contiguous: 128-thread warpgroups own 64-row slices of the "
+                              "tile, operands read from 128-byte-swizzled shared memory.")
+        staging, vw, db, stages = _controllable(traits, staged_on, s, reasons, lowering,
+                                                scalar_fma, unit)
     order, group = _program_order(s, reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
@@ -481,6 +491,17 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
 
 
 DEFAULT_GROUP_SIZE = 8
+
+
+def _warpgroup_unit(traits, target: Target):
+    """The target's warpgroup MMA unit when it takes these operands and this tile."""
+    from .targets import MATRIX_UNITS
+    for u in MATRIX_UNITS.get(target.language, ()):
+        if u.warpgroup and u.on(target.name) and u.fits_tile(traits.tile_shape) and \
+                target.shared_memory_optin_bytes and \
+                all(u.takes(d, traits.relaxed_precision) for d in traits.operand_dtypes):
+            return u
+    return None
 
 
 def _program_order(s: Schedule, reasons: list[str]) -> tuple[str, int | None]:

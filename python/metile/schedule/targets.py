@@ -11,7 +11,8 @@ Sources for the numbers: Apple's Metal feature-set tables (32 KiB threadgroup
 memory, 1024 threads, SIMD width 32 on apple7+); MLX's own dispatch for the
 M5 paths (`steel_gemm_fused_nax` instantiated for f16/bf16/f32 with 16x16
 fragments; float32 only when TF32 is enabled); CUDA's static shared memory
-limit of 48 KiB per block (larger needs an opt-in attribute metile does not set).
+limit of 48 KiB per block; more (dynamic shared memory, up to the opt-in maximum
+of each compute capability) only for kernels the GEMM lowering lays out itself.
 """
 
 from __future__ import annotations
@@ -33,9 +34,26 @@ class MatrixUnit:
     convert: str | None = None     # operand conversion after loading (e.g. "tf32")
     async_copy: bool = False       # 16-byte asynchronous global->shared copies (gemm_async)
     lane_coords: bool = False      # the emitter can name each accumulator element's (row, column)
+    # Warpgroup MMA (Hopper wgmma): 4 warps issue one m64nNk16 product from shared-memory
+    # descriptors; N is the tile's width.  Only on the targets listed, compiled for `arch`.
+    warpgroup: bool = False
+    targets: tuple[str, ...] | None = None   # None: every target of the language
+    arch: str | None = None                  # NVRTC architecture the instruction needs
 
     def takes(self, dtype: str, relaxed: bool) -> bool:
         return dtype in self.dtypes and (relaxed or not self.relaxed_only)
+
+    def fits_tile(self, tile) -> bool:
+        """Whether a BM x BN x BK tile is made of this unit's products: for warpgroup
+        MMA, whole 64-element swizzle atoms on every axis and BN <= 256 (the widest
+        product); other units are checked against their fragment grid by the planner."""
+        if not self.warpgroup:
+            return True
+        bm, bn, bk = tile
+        return bm % 64 == 0 and bn % 64 == 0 and bk % 64 == 0 and bn <= 256
+
+    def on(self, target_name: str) -> bool:
+        return self.targets is None or target_name in self.targets
 
 
 # The one table of the matrix instructions metile lowers GEMMs to, per language:
@@ -45,7 +63,12 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
     "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16)),),
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
-    "cuda": (MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
+    # Hopper first: wgmma reads both operands from swizzled shared memory (sm_90a only,
+    # so these kernels are compiled by metile and launched precompiled).
+    "cuda": (MatrixUnit("wgmma m64nNk16 (warpgroup)", (64, 8, 16), (_F16, _BF16),
+                        async_copy=True, lane_coords=True, warpgroup=True, targets=("sm_90",),
+                        arch="sm_90a"),
+             MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
                         async_copy=True, lane_coords=True),
              MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8), (_F32,),
                         relaxed_only=True, convert="tf32")),
@@ -91,6 +114,9 @@ class Target:
     has_nax: bool = False
     notes: tuple[str, ...] = field(default=())
     # The target's own words in plan reasons (field names stay Metal's, as recorded).
+    # The most shared memory one block may opt in to (CUDA: cudaFuncAttribute
+    # MaxDynamicSharedMemorySize); 0: no opt-in beyond threadgroup_memory_bytes.
+    shared_memory_optin_bytes: int = 0
     group_word: str = "SIMD-group"
     shared_word: str = "threadgroup memory"
     terms_note: str = ""
@@ -155,14 +181,20 @@ def _apple(name: str, chips: str, m5: bool = False) -> Target:
 _CUDA_SG = MatrixPath("simdgroup", (16, 16, 8), (_F16, _BF16), relaxed_dtypes=(_F32,),
                       fallback_dtypes=(_F32,), layout="warp MMA fragments (opaque lane ownership)",
                       summary="Warp-level MMA instructions (tensor cores) with float32 "
-                              "accumulators", units=MATRIX_UNITS["cuda"])
+                              "accumulators",
+                      units=tuple(u for u in MATRIX_UNITS["cuda"] if not u.warpgroup))
 _CUDA_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F16,), fallback_dtypes=(_F32,),
                           layout="warp-owned 8x8 fragments (opaque lane ownership)")
+
+
+# Opt-in shared memory per block (CUDA programming guide, compute capability table).
+_CUDA_OPTIN = {"sm_80": 163 * 1024, "sm_90": 227 * 1024, "sm_100": 227 * 1024}
 
 
 def _cuda(name: str, chips: str) -> Target:
     return Target(name, f"NVIDIA {name}: {chips}", language="cuda", simd_width=32,
                   max_threads_per_threadgroup=1024, threadgroup_memory_bytes=48 * 1024,
+                  shared_memory_optin_bytes=_CUDA_OPTIN[name],
                   matrix_paths=(_CUDA_SG, _CUDA_INLINE), group_word="warp",
                   shared_word="shared memory",
                   terms_note=f"On {name} a threadgroup is a thread block, a SIMD-group a warp, "

@@ -1,0 +1,190 @@
+"""warpgroup_mma: the K loop of a GEMM on Hopper's warpgroup MMA (a mixin of
+`MatmulLowering`, used when the plan's unit is the `wgmma` unit of an sm_90 target).
+
+Geometry.  The block is W warpgroups of 4 warps (128 threads).  Warpgroup w owns
+the rows w * BM/W ... of the BM x BN output tile, as FR = BM / (64 W) products of
+shape m64 x nBN; each thread holds FR arrays of BN/2 float accumulators in
+wgmma's register layout (warp q of the warpgroup, lane l: rows 16q + l/4 and
+16q + l/4 + 8, columns 8j + 2(l%4) and + 1 for j < BN/8).
+
+Shared layout.  Both operand tiles are stored as 128-byte-swizzled atoms of 64
+16-bit elements per row (the canonical SW128 layouts wgmma's descriptors name):
+a tile of R rows and C columns is C/64 atoms of R rows; element (r, c) lives at
+(c / 64) * 64R + 64r + ((c % 64) / 8 XOR r % 8) * 8 + c % 8.  A (BM x BK,
+contiguous along K) is then K-major: one descriptor per 16-wide K step, start at
+the step's first column inside its atom, stride between 8-row groups 1024 bytes.
+B (BK x BN, contiguous along N) is N-major (imm-trans-b = 1): start at the step's
+first row, 1024 bytes between 8-row groups along K, BK * 128 bytes between the
+64-column atoms along N.  Every stage starts 1024-byte aligned (the swizzle is a
+function of the address bits), so the operand tiles live in dynamic shared memory
+(up to the target's opt-in limit, more than CUDA's 48 KiB of static shared memory).
+
+Copies.  The operand tiles arrive by the same 16-byte cp.async groups as the
+mma.sync pipeline (gemm_async: masks tested per group, zero fill at the edges,
+element copies for misaligned views), into the layout above.
+
+Pipeline.  S stages, W_p wgmma groups left in flight per step (0: see
+`_wgmma_pipeline`), prefetch distance D = S - 1 - W_p.  Prologue: tiles 0..D-1.  Step t:
+wait until tile t has landed (cp.async.wait_group D-1), fence.proxy.async (the
+tensor cores read through the async proxy what the threads' copies wrote), one
+barrier; wgmma.fence, FR x BK/16 products on stage t, commit; copy tile t+D into
+its stage, commit; wgmma.wait_group W_p.  The stage tile t+D overwrites last held
+tile t+D-S <= t-1-W_p, whose products every warpgroup had finished before the
+barrier (its wait at step t-1), so no product reads a stage being refilled.
+
+Epilogue.  From registers (no shared-memory round trip): each accumulator is
+evaluated at its (row, column) and stored through the user's pointer and mask.
+"""
+
+from __future__ import annotations
+
+from ..errors import CompilationError
+from ..ir.core import Builder, Op, Value
+from ..ir.types import ScalarType
+from ..language import dtypes as dt
+from .gemm_async import _block
+from .lane_layout import BOOL, I32, Storage
+
+F32 = ScalarType(dt.float32)
+ATOM = 64          # 16-bit elements in one 128-byte swizzle row
+MAX_STAGES = 5
+
+
+class WarpgroupGemm:
+    """Expects the `MatmulLowering` state (gemm, gemm_plan, schedule_plan, T, ...)."""
+
+    def wgmma_loop(self, op: Op, b: Builder) -> None:
+        g, plan = self.gemm, self.gemm_plan
+        bm, bn, bk = g.tile
+        od = g.operand_dtype
+        nwg = plan.grid[0]
+        self.wg_rows = bm // nwg
+        self.wg_fr = self.wg_rows // 64
+        self.use_async = True
+        self.dynamic_shared = True
+        self.shared_limit = max(self.shared_limit, self.shared_optin)
+        stage_bytes = (bm * bk + bk * bn) * od.itemsize
+        requested = getattr(self.schedule_plan, "num_stages", None)
+        room = self.shared_limit - self.shared_bytes - 2048   # alignment of the two rings
+        stages = requested or max(2, min(4, room // stage_bytes))
+        if stages * stage_bytes > room:
+            raise CompilationError(
+                f"num_stages={stages}: {stages} stages of {bm}x{bk} and {bk}x{bn} "
+                f"{od.name} tiles need {stages * stage_bytes} bytes of shared memory, more than "
+                f"the {room} this block can opt in to; use fewer stages or a smaller tile",
+                op.loc)
+        self.num_stages = stages
+        self.stage_a = self._wg_storage(od, stages * bm * bk, (bm, bk))
+        self.stage_b = self._wg_storage(od, stages * bk * bn, (bk, bn))
+        self.swizzles = {self.stage_a.name: ("atoms", bm), self.stage_b.name: ("atoms", bk)}
+        self.lowering_passes.append("warpgroup_mma")
+        self.k_body = op.regions[0]
+
+        tid = b.value("thread_id", [], I32)
+        wg = self._i(b, "idiv", tid, 128)
+        self.wg_row0 = self._i(b, "mul", wg, self.wg_rows)
+        self.wg_acc = [self.decl("local", dt.float32, bn // 2, "_wacc") for _ in range(self.wg_fr)]
+        zero = self.const(b, 0.0, dt.float32)
+        for acc in self.wg_acc:
+            self._for(b, 0, bn // 2, 1, "z", lambda lb, z, acc=acc: lb.op(
+                "local_set", [z, zero], [], {"name": acc}), unroll=True)
+        self._wgmma_pipeline(op, b)
+
+    def _wg_storage(self, od, size: int, shape):
+        return Storage("shared", self.decl("shared", od, size, "_sw", align=1024), shape, od)
+
+    def _wgmma_pipeline(self, op: Op, b: Builder) -> None:
+        bk = self.gemm.tile[2]
+        s = self.num_stages
+        # One product group in flight across steps (wait_group 1) makes ptxas serialize
+        # every wgmma here (C7514: the epilogue's reads of the accumulators are counted
+        # inside the pipeline stage), measured slower than draining each step.
+        pending = 0
+        dist = s - 1 - pending
+        lo, hi, step = (self.s(v) for v in op.operands[:3])
+        self.lowering_passes.append("async_pipeline_staging")
+        span = b.value("sub", [hi, lo], I32)
+        n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
+        n = b.value("maximum", [n, self.const(b, 0)], I32)
+
+        def issue(lb: Builder, t: Value, stage) -> None:
+            then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
+            tb = Builder(then.regions[0])
+            tb.loc = lb.loc
+            self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
+            self._async_copy(tb, stage)
+
+        for t in range(dist):
+            issue(b, self.const(b, t), t)
+            b.op("cp_async_commit")
+
+        def body(lb: Builder, t: Value) -> None:
+            lb.op("cp_async_wait", [], [], {"pending": dist - 1})
+            lb.op("fence_proxy_async")
+            lb.op("barrier")
+            lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
+            self._wgmma_products(lb, self._i(lb, "mod", t, s))
+            lb.op("wgmma_commit")
+            nxt = self._i(lb, "add", t, dist)
+            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            lb.op("cp_async_commit")
+            lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
+
+        self._for(b, 0, n, 1, "t", body)
+        b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
+        b.op("cp_async_wait", [], [], {"pending": 0})
+        self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
+        self.report_loop("kk", "loop", 16)
+
+    def _wgmma_products(self, b: Builder, stage: Value) -> None:
+        g = self.gemm
+        bm, bn, bk = g.tile
+        size = g.operand_dtype.itemsize
+        a_stage = self._i(b, "mul", stage, bm * bk)
+        b_stage = self._i(b, "mul", stage, bk * bn)
+        for kk in range(bk // 16):
+            k0 = kk * 16
+            b_off = self._i(b, "add", b_stage, k0 * ATOM)
+            for i in range(self.wg_fr):
+                # A rows row0 + 64i.. of the atom holding columns k0..k0+15
+                a_row = self._i(b, "add", self.wg_row0, i * 64)
+                a_off = self._i(b, "add", a_stage, self._i(
+                    b, "add", self._i(b, "mul", a_row, ATOM), (k0 // ATOM) * bm * ATOM + k0 % ATOM))
+                b.op("wgmma", [a_off, b_off], [], {
+                    "acc": self.wg_acc[i], "n": bn, "dtype": g.operand_dtype.name,
+                    "a": self.stage_a.name, "b": self.stage_b.name,
+                    "a_lbo": 16, "a_sbo": 8 * ATOM * size,
+                    "b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1})
+
+    def atom_offset(self, b: Builder, row: Value, col: Value, rows: int) -> Value:
+        """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout."""
+        chunk = self._i(b, "idiv", col, 8)
+        moved = self._i(b, "mul", b.value("xor", [self._i(b, "mod", chunk, 8),
+                                                  self._i(b, "mod", row, 8)], I32), 8)
+        atom = self._i(b, "mul", self._i(b, "idiv", chunk, 8), rows * ATOM)
+        return self._i(b, "add", atom, self._i(b, "add", self._i(b, "mul", row, ATOM), moved))
+
+    def _wgmma_epilogue(self, b: Builder) -> None:
+        """Each accumulator evaluated and stored at its (row, column): rows 16q + l/4
+        (+8 for elements 2, 3 of each group of four), columns 8j + 2(l%4) (+1 for odd)."""
+        bn = self.gemm.tile[1]
+        self.lowering_passes.append("register_epilogue")
+        tid = b.value("thread_id", [], I32)
+        quad = self._i(b, "mod", self._i(b, "idiv", tid, 32), 4)
+        lane = self._i(b, "mod", tid, 32)
+        rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
+        cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
+        for i, acc in enumerate(self.wg_acc):
+            row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
+
+            def per_element(eb: Builder, e: Value, acc=acc, row0=row0) -> None:
+                row = self._i(eb, "add", row0, self._i(eb, "mul", self._i(
+                    eb, "mod", self._i(eb, "idiv", e, 2), 2), 8))
+                col = self._i(eb, "add", cbase, self._i(eb, "add", self._i(
+                    eb, "mul", self._i(eb, "idiv", e, 4), 8), self._i(eb, "mod", e, 2)))
+                value = eb.value("local_get", [e], F32, name=acc)
+                self._epilogue_store(eb, row, col, value)
+
+            # Unrolled so the accumulator array is indexed by constants (registers).
+            self._for(b, 0, bn // 2, 1, "e", per_element, unroll=True)
+        self.report_loop("e", "epilogue", 1)
