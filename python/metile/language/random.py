@@ -2,9 +2,10 @@
 
 Philox-4x32 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011)
 keyed on the seed and counting on the offset, so a value depends only on
-(seed, offset, n_rounds): every backend and the CPU runtime produce the same bits,
-and they are the bits Triton's `tl.randint4x` / `tl.rand` / `tl.randn` produce for
-the same 32-bit offsets and a seed in [-2**31, 2**32).
+(seed, offset, n_rounds).  The integer words and the uniforms are exact uint32 and
+float32 arithmetic, the same bits on every backend and the CPU runtime and the bits
+Triton's `tl.randint4x` / `tl.rand` define for the same 32-bit offsets and a seed in
+[-2**31, 2**32); normals also go through the backend's float32 log, sqrt, cos and sin.
 
 Triton widens the seed to 64 bits and keys Philox on its two halves.  metile has no
 64-bit integers, so a seed is an int32 or uint32 scalar (or a Python int in that
