@@ -12,21 +12,12 @@ import inspect
 from ..ir.core import Block, Builder, Function, Param, Value
 from ..ir.types import PointerType, ScalarType
 from ..language import dtypes as dt
-from ..language.core import constexpr
 from ..errors import CompilationError, LaunchError
 from .desugar_control import desugar
-from .generator import CompileContext, Generator
+from .generator import CompileContext, Generator, is_constexpr_annotation
 from .source import function_source
 
 __all__ = ["CompilationError", "LaunchError", "build_tile_ir", "constexpr_params"]
-
-
-def _is_constexpr_annotation(ann, fn) -> bool:
-    if ann is constexpr or isinstance(ann, constexpr):
-        return True
-    if isinstance(ann, str):  # `from __future__ import annotations`
-        return ann.split(".")[-1] == "constexpr"
-    return False
 
 
 def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
@@ -38,7 +29,7 @@ def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
             src = function_source(fn)
             raise CompilationError("kernels cannot take *args or **kwargs", src.loc(src.tree))
         names.append(p.name)
-        if _is_constexpr_annotation(p.annotation, fn) or (
+        if is_constexpr_annotation(p.annotation) or (
                 p.kind == p.KEYWORD_ONLY and p.default is not p.empty):
             consts.add(p.name)
         if p.default is not p.empty:

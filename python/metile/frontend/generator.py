@@ -19,6 +19,7 @@ from ..ir.core import Builder, Value
 from ..ir.types import TileType, dtype_of, elem_type, shape_of
 from ..language import dtypes as dt
 from ..language import unsupported
+from ..language.core import constexpr
 from .builtins import IMPLS, view_method
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -51,6 +52,14 @@ if hasattr(ast, "Match"):
     _UNSUPPORTED_NAMES[ast.Match] = "match statement"
 
 _PY_FUNCS = {"min", "max", "abs", "int", "float", "bool", "len", "range"}
+
+
+def is_constexpr_annotation(ann) -> bool:
+    if ann is constexpr or isinstance(ann, constexpr):
+        return True
+    if isinstance(ann, str):  # `from __future__ import annotations`
+        return ann.split(".")[-1] == "constexpr"
+    return False
 
 
 class CompileContext:
@@ -409,11 +418,10 @@ class Generator(ControlFlow):
     def inline_call(self, helper, args, kwargs):
         fn = helper.__wrapped__ if hasattr(helper, "__wrapped__") else helper
         bound = self._bind_call(fn, args, kwargs)
-        from . import _is_constexpr_annotation  # (the package imports this module)
         import inspect
         for p in inspect.signature(fn).parameters.values():
             # refused here, at the caller's line, rather than deep inside the helper
-            if _is_constexpr_annotation(p.annotation, fn) and isinstance(bound[p.name], Value):
+            if is_constexpr_annotation(p.annotation) and isinstance(bound[p.name], Value):
                 raise CompilationError(f"{fn.__qualname__}(): constexpr parameter {p.name!r} needs "
                                        f"a compile-time value, got {describe(bound[p.name])}")
         return self._inline_body(fn, bound)
