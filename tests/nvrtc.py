@@ -12,6 +12,9 @@ metile emits, not MLX's own preamble."""
 
 from __future__ import annotations
 
+import glob
+import os
+
 from metile.runtime import cuda_source, nvrtc
 from metile.runtime.source_kernel import as_array
 
@@ -40,3 +43,35 @@ def compile_cuda(source: str, arch: str) -> tuple[bool, str]:
     """(success, NVRTC log) for `source` compiled for `arch` (e.g. "sm_90"), uncached."""
     ok, log, _ = nvrtc.run_nvrtc(source, arch)
     return ok, log
+
+
+def cubin(source: str, arch: str, extra=()) -> tuple[bytes, str]:
+    """(cubin, NVRTC's log) of `source` for `arch`; fails the caller's test on an error."""
+    from metile.runtime.nvrtc import run_nvrtc
+    ok, log, data = run_nvrtc(source, arch, extra=tuple(extra))
+    assert ok, log
+    return data, log
+
+
+def nvdisasm() -> str | None:
+    """nvdisasm from the nvidia-cuda-nvdisasm wheel or the PATH, or None."""
+    import shutil
+    try:
+        import nvidia
+    except ImportError:
+        return shutil.which("nvdisasm")
+    for base in getattr(nvidia, "__path__", []):
+        for path in sorted(glob.glob(os.path.join(base, "*", "bin", "nvdisasm"))):
+            return path
+    return shutil.which("nvdisasm")
+
+
+def disassemble(data: bytes) -> str:
+    """The SASS of a cubin, as nvdisasm prints it."""
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(data)
+        f.flush()
+        return subprocess.run([nvdisasm(), f.name], capture_output=True, text=True,
+                              check=True).stdout

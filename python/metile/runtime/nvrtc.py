@@ -181,8 +181,10 @@ def options(arch: str, toolkit: Toolkit | None = None) -> list[str]:
             *(f"-I{d}" for d in (toolkit or find_toolkit()).includes)]
 
 
-def run_nvrtc(source: str, arch: str, toolkit: Toolkit | None = None) -> tuple[bool, str, bytes | None]:
-    """One NVRTC compile, uncached: (success, NVRTC's log, cubin or None)."""
+def run_nvrtc(source: str, arch: str, toolkit: Toolkit | None = None,
+              extra: tuple[str, ...] = ()) -> tuple[bool, str, bytes | None]:
+    """One NVRTC compile, uncached: (success, NVRTC's log, cubin or None); `extra`
+    options such as --ptxas-options=-v (resource reports in the log)."""
     toolkit = toolkit or find_toolkit()
     lib = _load(toolkit.library)
     program = ctypes.c_void_p()
@@ -190,7 +192,7 @@ def run_nvrtc(source: str, arch: str, toolkit: Toolkit | None = None) -> tuple[b
     if status != 0:
         return False, f"nvrtcCreateProgram failed: {lib.nvrtcGetErrorString(status).decode()}", None
     try:
-        opts = [o.encode() for o in options(arch, toolkit)]
+        opts = [o.encode() for o in (*options(arch, toolkit), *extra)]
         status = lib.nvrtcCompileProgram(program, len(opts), (ctypes.c_char_p * len(opts))(*opts))
         size = ctypes.c_size_t()
         lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))

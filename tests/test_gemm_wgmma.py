@@ -1,0 +1,196 @@
+"""Hopper warpgroup MMA (passes/gemm_wgmma.py, issue 13 item 6).
+
+On this machine: the plan and report for the sm_90 target, the emitted source and
+its launch record, NVRTC compiling it for sm_90a (wgmma needs the arch-specific
+target; the instruction is refused for plain sm_90), HGMMA in its SASS when
+nvdisasm is there.  On an H200 (MLX's CUDA backend): the numbers, against NumPy,
+on ragged shapes, for both 16-bit dtypes, fused epilogues, bias reads and every
+stage count.
+"""
+
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import Schedule
+from metile_kernels.gemm import grid, linear_epilogue, matmul, matmul_epilogue
+from test_gemm import check, operands
+
+WG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
+on_gpu = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),
+                            reason="runs on MLX's CUDA backend (sm_90)")
+
+
+def prepare(shape, dtype="float16", kernel=matmul, tile=WG, **kw):
+    """A CUDA dispatch planned for the reference CUDA target (sm_90 on a machine
+    without a CUDA GPU; the device's own on an H200)."""
+    m, n, k = shape
+    d = getattr(mx, dtype)
+    a, b = mx.zeros((m, k), dtype=d), mx.zeros((k, n), dtype=d)
+    extra = (1.25, -0.5) if kernel is matmul_epilogue else ()
+    return kernel[grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])].prepare(
+        a, b, mx.zeros((m, n), dtype=d), m, n, k, *extra, **tile, backend="cuda", **kw)
+
+
+def test_plan_and_report_name_the_warpgroup_path():
+    d = prepare((1000, 1000, 1000))
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"] == "wgmma m64nNk16 (warpgroup)"
+    assert mm["warpgroups"] == 2 and mm["product"] == "m64n256k16"
+    assert set(mm["shared_layout"].values()) == {"128-byte-swizzled 64-element atoms (wgmma SW128)"}
+    launch = d.variant.data["lowering"]["launch"]
+    assert launch["arch"] == "sm_90a" and launch["threads"] == 256
+    # 4 stages of a 128x64 and a 64x256 float16 tile, past the 48 KiB of static shared memory
+    assert mm["stages"] == 4 and launch["shared_memory"] == 4 * (128 * 64 + 64 * 256) * 2
+    report = d.execution_report
+    assert "warpgroup_mma" in report.passes and "register_epilogue" in report.passes
+    assert any("Warpgroup MMA" in r for r in report.plan.reasons)
+    src = d.variant.data["body"] + d.variant.data["header"]
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src
+    assert "mma.sync" not in src and "extern __shared__" in src
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_100"])
+def test_other_targets_keep_warp_mma(target, monkeypatch):
+    from metile.compiler import backend as backend_module
+    from metile.schedule.targets import TARGETS
+    plain = backend_module.target_for
+    monkeypatch.setattr(backend_module, "target_for", lambda kind, arch=None: (
+        TARGETS[target] if kind == "cuda" else plain(kind, arch)))
+    mm = prepare((256, 256, 128)).variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("mma.sync")
+
+
+@pytest.mark.parametrize("tile", [dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+                                  dict(BLOCK_M=96, BLOCK_N=128, BLOCK_K=64)])
+def test_tiles_not_made_of_atoms_keep_warp_mma(tile):
+    mm = prepare((256, 640, 128), tile=tile).variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("mma.sync")
+
+
+def test_float32_keeps_ffma():
+    mm = prepare((256, 256, 128), dtype="float32",
+                 tile=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)).variant.data["lowering"]["matmul"]
+    assert mm["fragment"] == "ffma"
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_requested_stage_counts(stages):
+    d = prepare((300, 300, 300), SCHEDULE=Schedule(num_stages=stages))
+    assert d.variant.data["lowering"]["matmul"]["stages"] == stages
+
+
+def test_too_many_stages_is_a_clear_error():
+    with pytest.raises(metile.CompilationError, match="num_stages=5.*shared memory"):
+        prepare((300, 300, 300), SCHEDULE=Schedule(num_stages=5))
+
+
+def test_schedule_asking_for_ordinary_loads_falls_back_to_warp_mma():
+    d = prepare((300, 300, 300), SCHEDULE=Schedule(num_stages=1))
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("mma.sync")
+
+
+def test_transposed_right_operand_falls_back_to_warp_mma():
+    # A [N, K] weight is contiguous along K, not along the tile's last axis.
+    m, n, k = 256, 256, 128
+    x, w = mx.zeros((m, k), dtype=mx.float16), mx.zeros((n, k), dtype=mx.float16)
+    d = linear_epilogue[grid(m, n, 128, 256)].prepare(
+        x, w, mx.zeros((m, n), dtype=mx.float16), mx.zeros((n,), dtype=mx.float16),
+        mx.zeros((m, n), dtype=mx.float16), m, n, k, **WG, TRANSPOSE_B=True,
+        backend="cuda")
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("mma.sync")
+
+
+# -- NVRTC (compiles for the device, never launches) ------------------------------------------
+
+nvrtc = pytest.importorskip("nvrtc")
+needs_nvrtc = pytest.mark.skipif(nvrtc.TOOLKIT is None, reason="needs the nvidia-cuda-* wheels")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("kernel", [matmul, matmul_epilogue])
+def test_compiles_for_sm90a_and_not_for_sm90(dtype, kernel):
+    tu = nvrtc.translation_unit(prepare((1000, 1000, 1000), dtype=dtype, kernel=kernel))
+    ok, log = nvrtc.compile_cuda(tu, "sm_90a")
+    assert ok, log
+    ok, log = nvrtc.compile_cuda(tu, "sm_90")
+    assert not ok and "wgmma" in log
+
+
+@needs_nvrtc
+@pytest.mark.skipif(shutil.which("nvdisasm") is None and nvrtc.nvdisasm() is None,
+                    reason="needs nvdisasm")
+def test_sass_has_warpgroup_mma_and_no_spills():
+    tu = nvrtc.translation_unit(prepare((1000, 1000, 1000)))
+    cubin, log = nvrtc.cubin(tu, "sm_90a", ["--ptxas-options=-v"])
+    sass = nvrtc.disassemble(cubin)
+    assert sass.count("HGMMA.64x256x16.F32") == 4          # one K step of 64, unrolled
+    assert "LDL" not in sass and "STL" not in sass        # accumulators stay in registers
+    assert "0 bytes spill stores" in log
+    # the four products of a step issue back to back: no wait between them
+    assert "C7514" not in log
+
+
+# -- numbers on the H200 ----------------------------------------------------------------------
+
+RAGGED = [(128, 256, 64), (1000, 1000, 1000), (129, 257, 65), (300, 700, 200), (64, 64, 4096),
+          (1, 1, 1)]
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ragged_shapes_on_the_gpu(rng, dtype):
+    for m, n, k in RAGGED:
+        a, b, ref = operands(rng, m, n, k, dtype)
+        d = matmul[grid(m, n, 128, 256)].prepare(a, b, mx.zeros((m, n)), m, n, k, **WG)
+        assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+        check(d(), ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_stage_counts_on_the_gpu(rng, stages):
+    m, n, k = 333, 555, 777
+    a, b, ref = operands(rng, m, n, k, "bfloat16")
+    out = matmul[grid(m, n, 128, 256)](a, b, mx.zeros((m, n)), m, n, k, **WG,
+                                         SCHEDULE=Schedule(num_stages=stages))
+    check(out, ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("tile", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+                                  dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
+                                  dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64),
+                                  dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128)])
+def test_other_warpgroup_tiles_on_the_gpu(rng, tile):
+    m, n, k = 517, 389, 300
+    a, b, ref = operands(rng, m, n, k, "float16")
+    out = matmul[grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])](a, b, mx.zeros((m, n)), m, n, k,
+                                                             **tile)
+    check(out, ref)
+
+
+@on_gpu
+def test_fused_epilogue_and_narrow_output_on_the_gpu(rng):
+    m, n, k = 1000, 1000, 1000
+    a, b, ref = operands(rng, m, n, k, "float16")
+    out = matmul_epilogue[grid(m, n, 128, 256)](a, b, mx.zeros((m, n), dtype=mx.float16), m, n,
+                                                k, 1.25, -0.5, **WG, EPILOGUE="affine_leaky",
+                                                NEGATIVE_SLOPE=0.1)
+    z = 1.25 * ref - 0.5
+    check(out, np.where(z > 0, z, 0.1 * z), "float16")
+
+
+@on_gpu
+def test_offset_view_operands_on_the_gpu(rng):
+    # A view starting 1 element in: the 16-byte copies fall back to element copies.
+    m, n, k = 200, 256, 128
+    a, b, ref = operands(rng, m, n + 1, k, "float16")
+    bv = b[:, 1:]
+    ref = ref[:, 1:]
+    out = matmul[grid(m, n, 128, 256)](a, bv, mx.zeros((m, n)), m, n, k, **WG)
+    check(out, ref)
