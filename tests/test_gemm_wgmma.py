@@ -20,6 +20,18 @@ from metile_kernels.gemm import grid, linear_epilogue, matmul, matmul_epilogue
 from test_gemm import check, operands
 
 WG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
+
+
+@pytest.fixture(autouse=True)
+def warpgroup_path(monkeypatch):
+    # Opt-in until the path has run on a Hopper GPU (schedule/targets.py units_for).
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
+
+
+def test_off_by_default(monkeypatch):
+    monkeypatch.delenv("METILE_CUDA_WGMMA")
+    mm = prepare((1000, 1000, 1000)).variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("mma.sync")
 on_gpu = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),
                             reason="runs on MLX's CUDA backend (sm_90)")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import LaunchError
-from ..schedule.targets import MATRIX_UNITS, Target, target_for
+from ..schedule.targets import Target, target_for, units_for
 
 LANGUAGES = ("msl", "cuda")
 
@@ -27,6 +27,7 @@ class Backend:
     device: str              # the device the code was resolved for (part of cache keys)
     native: bool = True      # whether that device runs this language
     device_label: str = ""   # the device as MLX prints it, for messages
+    units: tuple = ()        # the matrix units GEMMs may lower to (schedule.targets.units_for)
 
     @property
     def emitter(self):
@@ -38,8 +39,8 @@ class Backend:
     def matrix_units(self) -> tuple:
         """The matrix instructions this language's emitter spells for this target (GEMM
         lowering picks one): its entry of the one table, schedule/targets.py MATRIX_UNITS,
-        less the units made for other targets (wgmma: sm_90 only)."""
-        return tuple(u for u in MATRIX_UNITS[self.language] if u.on(self.target.name))
+        less the units made for other targets (wgmma: sm_90 only, and opt-in: `units_for`)."""
+        return self.units
 
     @property
     def shared_memory_bytes(self) -> int:
@@ -138,4 +139,5 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
         # Mac or the CPU, MSL on an NVIDIA machine): plan for that language's
         # reference hardware.
         planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
-    return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label)
+    return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
+                   units_for(chosen, planned.name))

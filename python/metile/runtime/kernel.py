@@ -104,6 +104,7 @@ class Specialization:
             "threads": threads_req, "backend": backend.language, "device": backend.device,
             # plans depend on the target's capabilities (the device names it on GPUs)
             "target": backend.target.name,
+            "units": [u.name for u in backend.matrix_units],
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),

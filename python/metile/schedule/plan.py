@@ -495,9 +495,9 @@ DEFAULT_GROUP_SIZE = 8
 
 def _warpgroup_unit(traits, target: Target):
     """The target's warpgroup MMA unit when it takes these operands and this tile."""
-    from .targets import MATRIX_UNITS
-    for u in MATRIX_UNITS.get(target.language, ()):
-        if u.warpgroup and u.on(target.name) and u.fits_tile(traits.tile_shape) and \
+    from .targets import units_for
+    for u in units_for(target.language, target.name):
+        if u.warpgroup and u.fits_tile(traits.tile_shape) and \
                 target.shared_memory_optin_bytes and \
                 all(u.takes(d, traits.relaxed_precision) for d in traits.operand_dtypes):
             return u

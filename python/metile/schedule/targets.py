@@ -75,6 +75,17 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
 }
 
 
+def units_for(language: str, target_name: str) -> tuple[MatrixUnit, ...]:
+    """The units GEMMs lower to for a target: its language's entries of MATRIX_UNITS, less
+    those made for other targets.  The warpgroup unit only with METILE_CUDA_WGMMA=1: its
+    kernels compile and pass every CPU check (NVRTC for sm_90a, SASS, layout model) but
+    have not yet been run on a Hopper GPU, so the default stays the verified warp MMA."""
+    from .. import settings
+    warpgroup = settings.flag("METILE_CUDA_WGMMA")
+    return tuple(u for u in MATRIX_UNITS[language]
+                 if u.on(target_name) and (warpgroup or not u.warpgroup))
+
+
 @dataclass(frozen=True)
 class MatrixPath:
     backend: str
