@@ -12,6 +12,9 @@ every shape of a given dtype and tile.  Operands may be float32, float16 or
 bfloat16 (both the same dtype); accumulation is float32 and the epilogue runs in
 float32 until the single conversion to the output's dtype.
 
+`batched_matmul_epilogue` adds a batch axis (program_id(2)) with a stride per
+operand, 0 for a batch-broadcast operand.
+
 The compiler recognises the `dot` recurrence over K tiles and lowers it to
 matrix fragments (see `metile.passes.gemm` / `lower_matmul`); the epilogue of
 `matmul_epilogue` is fused into the store.  A user's own kernel written the
@@ -144,4 +147,56 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
         r = metile.tensor(residual, shape=(rows, columns), strides=(columns, 1),
                           block_shape=(BLOCK_M, BLOCK_N), access="read")
         result = result + r.load((row_origin, column_origin)).to(metile.float32)
+    c.store((row_origin, column_origin), result.to(output.dtype))
+
+
+def batched_grid(batch: int, rows: int, columns: int, BLOCK_M: int = 64,
+                 BLOCK_N: int = 64) -> tuple[int, int, int]:
+    return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N), batch)
+
+
+@metile.inline
+def activation(x, EPILOGUE, NEGATIVE_SLOPE):
+    """matmul_epilogue's pointwise epilogues that take no alpha/beta."""
+    result = x
+    if EPILOGUE == "affine_leaky":
+        result = metile.where(x > 0, x, x * NEGATIVE_SLOPE)
+    elif EPILOGUE == "relu":
+        result = metile.maximum(x, 0.0)
+    elif EPILOGUE == "gelu_tanh":
+        result = gelu_tanh(x)
+    elif EPILOGUE == "sigmoid_gated":
+        result = x * metile.sigmoid(x)
+    return result
+
+
+@metile.kernel
+def batched_matmul_epilogue(left, right, output, rows, columns, inner, left_batch_stride,
+                            right_batch_stride,
+                            BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+                            BLOCK_K: metile.constexpr = 16,
+                            RELAXED_PRECISION: metile.constexpr = False,
+                            EPILOGUE: metile.constexpr = "none",
+                            NEGATIVE_SLOPE: metile.constexpr = 0.1,
+                            TRANSPOSE_B: metile.constexpr = False):
+    """output[i] = epilogue(left[i] @ right[i]) for each batch index i = program_id(2):
+    `left` holds (rows, inner) matrices `left_batch_stride` elements apart, `right`
+    (inner, columns) ones (with TRANSPOSE_B, (columns, inner)) `right_batch_stride`
+    apart, `output` (rows, columns) ones back to back.  A stride of 0 gives every batch
+    index the same matrix (a broadcast batch).  EPILOGUE: "none", "relu",
+    "affine_leaky" (alpha 1, beta 0), "gelu_tanh" or "sigmoid_gated".
+    Grid: `batched_grid(batch, rows, columns, BLOCK_M, BLOCK_N)`."""
+    batch = metile.program_id(2)
+    a = metile.tensor(left + batch * left_batch_stride, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = right_operand(right + batch * right_batch_stride, inner, columns, BLOCK_K, BLOCK_N,
+                      TRANSPOSE_B)
+    c = metile.tensor(output + batch * rows * columns, shape=(rows, columns),
+                      strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    result = activation(accumulator, EPILOGUE, NEGATIVE_SLOPE)
     c.store((row_origin, column_origin), result.to(output.dtype))
