@@ -52,22 +52,23 @@ def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(z > 0, z, SLOPE * z)
 
 
-def variants(n: int, dtype, tile: dict, schedule: metile.Schedule | None = None):
-    out = mx.zeros((n, n), dtype)
-    g = grid(n, n, tile["BLOCK_M"], tile["BLOCK_N"])
+def variants(shape, dtype, tile: dict, schedule: metile.Schedule | None = None):
+    m, n, k = shape
+    out = mx.zeros((m, n), dtype)
+    g = grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])
     plain = {k: v for k, v in tile.items() if k != "SCHEDULE"}
 
     def fused(a, b):
-        return matmul_epilogue[g](a, b, out, n, n, n, ALPHA, BETA, EPILOGUE="affine_leaky",
+        return matmul_epilogue[g](a, b, out, m, n, k, ALPHA, BETA, EPILOGUE="affine_leaky",
                                   NEGATIVE_SLOPE=SLOPE, **tile)
 
     def fused_automatic(a, b):  # the same launch without the requested Schedule
-        return matmul_epilogue[g](a, b, out, n, n, n, ALPHA, BETA, EPILOGUE="affine_leaky",
+        return matmul_epilogue[g](a, b, out, m, n, k, ALPHA, BETA, EPILOGUE="affine_leaky",
                                   NEGATIVE_SLOPE=SLOPE, **plain)
 
     def two_launches(a, b):
-        product = matmul[g](a, b, mx.zeros((n, n), mx.float32), n, n, n, **tile)
-        return affine_leaky[(metile.cdiv(n * n, 1024),)](product, out, ALPHA, BETA, n * n, BLOCK=1024)
+        product = matmul[g](a, b, mx.zeros((m, n), mx.float32), m, n, k, **tile)
+        return affine_leaky[(metile.cdiv(m * n, 1024),)](product, out, ALPHA, BETA, m * n, BLOCK=1024)
 
     def mlx(a, b):
         z = (a @ b).astype(mx.float32) * ALPHA + BETA
@@ -78,6 +79,16 @@ def variants(n: int, dtype, tile: dict, schedule: metile.Schedule | None = None)
     if schedule is not None:
         fns["fused_automatic"] = mx.compile(fused_automatic)
     return fns
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        m, n, k = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes: {text!r} is not MxNxK (e.g. 16x4096x4096)") from None
+    if min(m, n, k) < 1:
+        raise SystemExit(f"--shapes: {text!r} has a zero or negative extent")
+    return m, n, k
 
 
 def sample(fn, a, b, launches: int) -> float:
@@ -97,20 +108,23 @@ def pair(first, second, a, b, launches: int, rounds: int) -> tuple[float, float]
     return float(np.median(times[0])), float(np.median(times[1]))
 
 
-def reports(n: int, dtype, a, b, tile: dict) -> dict:
-    g = grid(n, n, tile["BLOCK_M"], tile["BLOCK_N"])
-    fused = matmul_epilogue[g].prepare(a, b, mx.zeros((n, n), dtype), n, n, n, ALPHA, BETA,
+def reports(shape, dtype, a, b, tile: dict) -> dict:
+    m, n, k = shape
+    g = grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])
+    fused = matmul_epilogue[g].prepare(a, b, mx.zeros((m, n), dtype), m, n, k, ALPHA, BETA,
                                        EPILOGUE="affine_leaky", NEGATIVE_SLOPE=SLOPE, **tile)
-    product = matmul[g].prepare(a, b, mx.zeros((n, n), mx.float32), n, n, n, **tile)
-    pointwise = affine_leaky[(metile.cdiv(n * n, 1024),)].prepare(
-        mx.zeros((n, n)), mx.zeros((n, n), dtype), ALPHA, BETA, n * n, BLOCK=1024)
+    product = matmul[g].prepare(a, b, mx.zeros((m, n), mx.float32), m, n, k, **tile)
+    pointwise = affine_leaky[(metile.cdiv(m * n, 1024),)].prepare(
+        mx.zeros((m, n)), mx.zeros((m, n), dtype), ALPHA, BETA, m * n, BLOCK=1024)
     return {"fused": fused.execution_report.to_dict(), "product": product.execution_report.to_dict(),
             "separate_epilogue": pointwise.execution_report.to_dict()}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[64, 256, 1024])
+    parser.add_argument("--shapes", nargs="*", default=[], metavar="MxNxK",
+                        help="non-square problems, e.g. 16x4096x4096 512x4096x11008")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
@@ -141,12 +155,15 @@ def main():
                                    else args.double_buffer == "on")
         tile["SCHEDULE"] = schedule
     cases = []
-    for n in args.sizes:
-        rng = np.random.default_rng(args.seed + n)
-        a = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
-        b = mx.array(rng.standard_normal((n, n)).astype(np.float32)).astype(dtype)
+    shapes = [(n, n, n) for n in args.sizes] + [parse_shape(s) for s in args.shapes]
+    for shape in shapes:
+        m, n, k = shape
+        label = f"{n}^3" if m == n == k else f"{m}x{n}x{k}"
+        rng = np.random.default_rng(args.seed + m + n + k)
+        a = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
+        b = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(dtype)
         ref = reference(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
-        fns = variants(n, dtype, tile, schedule)
+        fns = variants(shape, dtype, tile, schedule)
         errors, failures = {}, {}
         for name, fn in fns.items():
             got = np.array(fn(a, b).astype(mx.float32)).astype(np.float64)
@@ -158,8 +175,8 @@ def main():
                                   "max_absolute_error": errors[name],
                                   "max_relative_error": float((np.abs(got - ref) / np.maximum(
                                       np.abs(ref), 1e-30))[bad].max())}
-                print(f"{n}^3 {args.dtype}: {name} fails rtol={rtol}, atol={atol}: {failures[name]}")
-        case = {"shape": [n, n, n], "seed": args.seed + n,
+                print(f"{label} {args.dtype}: {name} fails rtol={rtol}, atol={atol}: {failures[name]}")
+        case = {"shape": [m, n, k], "seed": args.seed + m + n + k,
                 "max_absolute_error": {"metile_fused": errors["fused"],
                                        "metile_two_launches": errors["two_launches"],
                                        "mlx_compile": errors["mlx_compile"]}}
@@ -184,11 +201,11 @@ def main():
             req_us, auto_us = pair(fns["fused"], fns["fused_automatic"], a, b, launches, args.rounds)
             case["schedule_pair_us"] = {"required_schedule": req_us * 1e6,
                                         "automatic": auto_us * 1e6, "speedup": auto_us / req_us}
-            print(f"{n:5d}^3 {schedule}: {req_us * 1e6:9.1f} us vs automatic {auto_us * 1e6:9.1f} us")
-        case["execution_reports"] = reports(n, dtype, a, b, tile)
+            print(f"{label:>14} {schedule}: {req_us * 1e6:9.1f} us vs automatic {auto_us * 1e6:9.1f} us")
+        case["execution_reports"] = reports(shape, dtype, a, b, tile)
         cases.append(case)
         fp, mp = case.get("fusion_pair_us"), case.get("mlx_pair_us")
-        print(f"{n:5d}^3 {args.dtype} [{case['execution_reports']['fused']['plan']['backend']}]: "
+        print(f"{label:>14} {args.dtype} [{case['execution_reports']['fused']['plan']['backend']}]: "
               + (f"fused {fp['fused']:9.1f} us vs two launches {fp['two_launches']:9.1f} us "
                  f"({fp['speedup']:.2f}x)" if fp else "fusion pair not timed") + "  |  "
               + (f"fused {mp['fused']:9.1f} us vs mx.compile {mp['mlx_compile']:9.1f} us "
@@ -199,7 +216,7 @@ def main():
         **machine(),
         "compiler_implementation": cache.compiler_fingerprint(),
         "benchmark_source_sha256": hashlib.sha256(source).hexdigest(),
-        "environment": {"MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32")},
+        "environment": {k: os.environ.get(k) for k in ("MLX_ENABLE_TF32", "METILE_CUDA_WGMMA")},
         "metric": "alternating, per-invocation synchronized wall latency of mx.compile'd calls; "
                   "setup excluded",
         "precision_comparison": {
@@ -212,7 +229,7 @@ def main():
                          "tolerance, not bitwise equivalence",
             "rtol": rtol, "atol": atol, "bitwise_exact": False,
         },
-        "configuration": {"sizes": args.sizes, "dtype": args.dtype, "seed": args.seed,
+        "configuration": {"sizes": args.sizes, "shapes": [list(x) for x in shapes], "dtype": args.dtype, "seed": args.seed,
                           "tile": {k: v for k, v in tile.items() if k != "SCHEDULE"},
                           "schedule": None if schedule is None else repr(schedule),
                           "time_anyway": args.time_anyway,
