@@ -14,6 +14,13 @@ contract for epilogue reads is passes/gemm_epilogue_reads.py):
 
     y = metile.ops.linear(x, weight, bias, "gelu_tanh", residual=h)   # act(x @ w.T + b) + h
 
+Shapes are MLX's: `linear` takes x of any rank >= 1 (..., K) and runs one GEMM over
+all its rows; `matmul` follows MLX's matmul (batch dimensions broadcast, 1-D operands
+promoted), as one GEMM over all rows when b has no batch, else the batched kernel
+(matmul_shapes.py).  Flattening leading dimensions into rows is a free reshape for a
+row-contiguous array; a strided view (a transpose, a slice) is copied to row-major
+once, as the custom-kernel call would copy it anyway.
+
 Operands are read where they lie: `linear` gives the kernel the weight as stored,
 (out_features, in_features), and the kernel reads it through strides as the (K, N)
 right operand (TRANSPOSE_B), so no transposed copy is made; `matmul(a, w.T,
@@ -43,7 +50,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import lazy_graph
+from . import lazy_graph, matmul_shapes
 from .runtime import routing
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
@@ -105,8 +112,7 @@ def _check_activation(activation, slope):
                         f"{type(slope).__name__} {slope!r}")
 
 
-def _check(a, b, activation, slope=LEAKY_SLOPE):
-    _check_activation(activation, slope)
+def _check_arrays(a, b):
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, mx.array):
             raise TypeError(f"[metile.ops] {name} must be an mx.array, got {type(x).__name__}")
@@ -114,10 +120,22 @@ def _check(a, b, activation, slope=LEAKY_SLOPE):
             raise TypeError(f"[metile.ops] {name} has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if a.dtype != b.dtype:
         raise TypeError(f"[metile.ops] operands must share a dtype, got {a.dtype} and {b.dtype}")
+
+
+def _check(a, b, activation, slope=LEAKY_SLOPE):
+    """linear's (..., K) @ (K, N)."""
+    _check_activation(activation, slope)
+    _check_arrays(a, b)
     if a.ndim < 1 or b.ndim != 2:
         raise ValueError(f"[metile.ops] expected a (..., K) and b (K, N), got {a.shape} and {b.shape}")
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"[metile.ops] inner dimensions differ: {a.shape} @ {b.shape}")
+
+
+def _matmul_plan(a, b, activation, slope) -> matmul_shapes.Plan:
+    _check_activation(activation, slope)
+    _check_arrays(a, b)
+    return matmul_shapes.plan(a.shape, b.shape)
 
 
 def _columns(b, block) -> int:
@@ -141,13 +159,13 @@ def _launch(a2, b, activation, slope, block, dispatch_only=False):
     return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
 
 
-def _block(m: int, n: int, dtype, transpose_b: bool = False) -> dict:
+def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1) -> dict:
     """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
     backend for 16-bit operands, else the portable 64x64x16; with `transpose_b` the
     kernel reads the right operand as stored (N, K)."""
     if dtype == mx.float32 or not _on_cuda():
         block = BLOCK
-    elif math.ceil(m / 128) * math.ceil(n / 128) < CUDA_SMS:
+    elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
     else:
         block = CUDA_BLOCK
@@ -180,6 +198,46 @@ def _fused_matmul(activation, slope, block):
         g = cotangent.astype(mx.float32) * _activation_grad(z, activation, slope)
         return ((g @ rhs.T).astype(a2.dtype),
                 _as_rhs(a2.astype(mx.float32).T @ g, block).astype(b.dtype))
+
+    return f
+
+
+def _launch_batched(a3, b3, activation, slope, block, dispatch_only=False):
+    """a3 (batch or 1, M, K) @ b3 (batch or 1, K, N): extent 1 is batch stride 0."""
+    from metile_kernels.gemm import batched_grid, batched_matmul_epilogue
+
+    _, m, k = a3.shape
+    n = b3.shape[2]
+    batch = matmul_shapes.batch_count(a3, b3)
+    launcher = batched_matmul_epilogue[batched_grid(batch, m, n, block["BLOCK_M"],
+                                                    block["BLOCK_N"])]
+    args = (a3, b3, mx.zeros((batch, m, n), a3.dtype), m, n, k,
+            0 if a3.shape[0] == 1 else m * k, 0 if b3.shape[0] == 1 else k * n)
+    kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
+    return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+
+
+def _batch_sum(g, like):
+    """g summed over the batch axis where `like` is shared by every batch index."""
+    return g.sum(axis=0, keepdims=True) if like.shape[0] == 1 and g.shape[0] != 1 else g
+
+
+def _fused_bmm(activation, slope, block):
+    """A differentiable act(a3 @ b3) over a batch whose forward is one batched metile
+    kernel; an operand of batch extent 1 is shared by every batch index (its gradient
+    sums over the batch)."""
+
+    @mx.custom_function
+    def f(a3, b3):
+        return _launch_batched(a3, b3, activation, slope, block)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        a3, b3 = primals
+        a32, b32 = a3.astype(mx.float32), b3.astype(mx.float32)
+        g = cotangent.astype(mx.float32) * _activation_grad(a32 @ b32, activation, slope)
+        return (_batch_sum(g @ b32.swapaxes(1, 2), a3).astype(a3.dtype),
+                _batch_sum(a32.swapaxes(1, 2) @ g, b3).astype(b3.dtype))
 
     return f
 
@@ -329,6 +387,14 @@ def _fingerprints() -> dict:
 
 
 @functools.lru_cache(maxsize=1)
+def _batched_fingerprint() -> str:
+    from metile_kernels.gemm import batched_matmul_epilogue
+
+    from .runtime import cache
+    return cache.source_fingerprint(batched_matmul_epilogue.fn)
+
+
+@functools.lru_cache(maxsize=1)
 def _linear_fingerprint() -> str:
     from metile_kernels.gemm import linear_epilogue
 
@@ -346,13 +412,16 @@ _keys: dict[tuple, tuple[str, dict]] = {}
 
 
 def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
-               has_residual=False) -> tuple[str, dict]:
-    """(decision key, key parts) of a call; memoised, since every auto call needs it."""
+               has_residual=False, batch=None) -> tuple[str, dict]:
+    """(decision key, key parts) of a call; memoised, since every auto call needs it.
+    `batch`: (batch count, shared operands) of a batched matmul, None for one GEMM
+    (a flattened batch is one GEMM of its rows, keyed as such)."""
     device = mx.default_device().type
     device_type = "gpu" if device == mx.gpu else "cpu"
     env = routing.environment()
+    batch_parts = None if batch is None else (m_bucket(batch[0]), batch[1])
     memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, has_residual,
-            device_type, env)
+            device_type, env, batch_parts)
     hit = _keys.get(memo)
     if hit is not None:
         return hit
@@ -365,6 +434,9 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
         parts["residual"] = has_residual
         parts["linear_kernel"] = _linear_fingerprint()
+    if batch_parts is not None:   # these run batched_matmul_epilogue, one GEMM per batch index
+        parts["batch_bucket"], parts["batch_shared"] = batch_parts
+        parts["batched_kernel"] = _batched_fingerprint()
     hit = _keys[memo] = (routing.decision_key(parts), parts)
     return hit
 
@@ -402,7 +474,13 @@ def _operands(shapes, dtype):
             for i, s in enumerate(shapes)]
 
 
-def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False):
+def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False,
+                batched=False):
+    if op == "matmul" and batched:   # a3 (batch or 1, M, K), b3 (batch or 1, K, N)
+        ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
+        return [ref] + [routing.Candidate(_config_name(c),
+                                          lambda a, b, c=c: _fused_bmm(activation, slope, c)(a, b))
+                        for c in metile_configs(dtype, layout)]
     if op == "matmul":   # b: the (K, N) operand, a transposed view in a transposed layout
         ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
         return [ref] + [routing.Candidate(_config_name(c),
@@ -433,25 +511,30 @@ def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=Fal
 def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
            residual=None, layout=None) -> _Route:
     """Which implementation runs.  `arrays`: (a2, b) for matmul (b (K, N); with layout
-    "a@b.T" a transposed view), (x2, weight[, bias]) for linear; `residual` (rows, N)
-    for linear's residual add.  measure: None = when a tuning scope or METILE_OPS_TUNE
-    asks."""
+    "a@b.T" a transposed view), or a batched matmul's (a3, b3) (matmul_shapes.batched);
+    (x2, weight[, bias]) for linear; `residual` (rows, N) for linear's residual add.
+    measure: None = when a tuning scope or METILE_OPS_TUNE asks."""
     if backend not in ("auto", "metile", "mlx"):
         raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
     a2, b = arrays[0], arrays[1]
-    m, k = a2.shape
-    n = b.shape[1] if op == "matmul" else b.shape[0]
+    m, k = a2.shape[-2:]
+    n = b.shape[-1] if op == "matmul" else b.shape[0]
+    batch = None
+    if a2.ndim == 3:
+        batch = (matmul_shapes.batch_count(a2, b), matmul_shapes.sharing(a2, b))
     if backend == "mlx":
         return _Route("mlx", None, routing.Decision("mlx", "requested", "backend='mlx' requested"))
     if layout is None:
         layout = "a@b" if op == "matmul" else "x@w.T"
     if backend == "metile":
-        block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS)
+        block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS,
+                       batch=1 if batch is None else batch[0])
         return _Route("metile", block, routing.Decision(_config_name(block), "requested",
                                                         "backend='metile' requested"))
     has_bias = len(arrays) > 2
     has_residual = residual is not None
-    key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual)
+    key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual,
+                            batch)
     entry, path = (None, None) if force else routing.lookup(key)
     if entry is not None:
         decision = routing.from_entry(entry, path)
@@ -460,14 +543,15 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
         extra = (residual,) if has_residual else ()
         if measure and routing.can_evaluate(*arrays, *extra):
             view = layout == "a@b.T"   # measured on a transposed view, as called
-            shapes = [(m, k), (n, k) if view else tuple(b.shape)] \
+            shapes = [tuple(a2.shape), (n, k) if view else tuple(b.shape)] \
                 + ([tuple(arrays[2].shape)] if has_bias else []) + ([(m, n)] if has_residual else [])
             operands = _operands(shapes, a2.dtype)
             if view:
                 operands[1] = operands[1].T
             decision = routing.measure(
                 key, parts,
-                _candidates(op, activation, slope, a2.dtype, layout, has_bias, has_residual),
+                _candidates(op, activation, slope, a2.dtype, layout, has_bias, has_residual,
+                            batch is not None),
                 operands, _validate, budget_s=routing.budget(), clock=routing.scope_clock())
         else:
             decision = _cost_model()
@@ -497,18 +581,34 @@ def _layout(b) -> str:
     return "a@b.T" if lazy_graph.is_transposed_view(b) else "a@b"
 
 
+def _matmul_operands(a, b, p: matmul_shapes.Plan, backend: str):
+    """(arrays, layout) for _route: a flattened call's (rows, K) and (K, N) operands, or
+    a batched call's (batch or 1, M, K) and (batch or 1, K, N) ones."""
+    if not p.flattened:
+        return matmul_shapes.batched(a, b, p), "a@b"
+    a2, b2 = matmul_shapes.flattened(a, b, p)
+    return (a2, b2), (_layout(b2) if backend == "metile" else "a@b")
+
+
 def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
-    "silu"; `a` may have leading batch dimensions."""
-    _check(a, b, epilogue, negative_slope)
-    a2 = _rows(a)
-    layout = _layout(b) if backend == "metile" else "a@b"
-    route = _route("matmul", (a2, b), epilogue, negative_slope, backend, layout=layout)
+    "silu", and the operands as MLX's matmul takes them: a (..., M, K) @ b (..., K, N)
+    with broadcast batch dimensions, a 1-D operand promoted as NumPy does.  A `b` with
+    no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
+    a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
+    p = _matmul_plan(a, b, epilogue, negative_slope)
+    if backend == "mlx":   # the operands as given: MLX broadcasts without copies
+        return _matmul_mlx(a, b, epilogue, negative_slope)
+    arrays, layout = _matmul_operands(a, b, p, backend)
+    route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
-        out = _matmul_mlx(a2, b, epilogue, negative_slope)
+        out = _matmul_mlx(a, b, epilogue, negative_slope)
+    elif p.flattened:
+        out = _fused_matmul(epilogue, negative_slope, route.block)(
+            arrays[0], _as_rhs(arrays[1], route.block))
     else:
-        out = _fused_matmul(epilogue, negative_slope, route.block)(a2, _as_rhs(b, route.block))
-    return out.reshape(*a.shape[:-1], b.shape[1])
+        out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
+    return out.reshape(p.out_shape)
 
 
 def _linear_args(x, weight, bias, activation, negative_slope, residual):
@@ -552,7 +652,8 @@ def _check_linear(x, weight, bias, activation, slope):
 def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str = "auto",
            negative_slope: float = LEAKY_SLOPE):
     """activation(x @ weight.T + bias) + residual, weight stored (out_features,
-    in_features) as in MLX; `residual` (optional) has the output's shape and x's dtype
+    in_features) as in MLX; x is (..., in_features) of any rank >= 1, the result
+    (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
@@ -581,10 +682,11 @@ def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
                 budget_s: float | None = None, force: bool = False, clock=None) -> dict:
     """Measure (or, unless `force`, read the recorded) routing decision for this call
     signature now; returns it as explain_matmul's "route" dict."""
-    _check(a, b, epilogue, negative_slope)
+    p = _matmul_plan(a, b, epilogue, negative_slope)
+    arrays, layout = _matmul_operands(a, b, p, "auto")
     with routing.tuning_scope(budget_s, clock):
-        route = _route("matmul", (_rows(a), b), epilogue, negative_slope, "auto", measure=True,
-                       force=force, layout="a@b")
+        route = _route("matmul", arrays, epilogue, negative_slope, "auto", measure=True,
+                       force=force, layout=layout)
     return route.decision.to_dict()
 
 
@@ -612,7 +714,9 @@ def _explain(op, arrays, activation, slope, backend, residual=None, layout=None)
         # matmul's b is (K, N); linear's is the stored (N, K) weight
         rhs = _as_rhs(b, route.block) if op == "matmul" else _linear_operand(b, route.block)
         bias = arrays[2] if len(arrays) > 2 else None
-        if bias is None and residual is None:
+        if a2.ndim == 3:
+            dispatch = _launch_batched(a2, b, activation, slope, route.block, dispatch_only=True)
+        elif bias is None and residual is None:
             dispatch = _launch(a2, rhs, activation, slope, route.block, dispatch_only=True)
         else:
             dispatch = _launch_linear(a2, rhs, bias, residual, activation, slope, route.block,
@@ -629,9 +733,13 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     """Which path `matmul` takes for these arguments, why (the routing decision with
     its measured times per candidate, in microseconds), and the kernel's report.
     Never measures: a call with no recorded decision reports the cost model."""
-    _check(a, b, epilogue, negative_slope)
-    return json.dumps(_explain("matmul", (_rows(a), b), epilogue, negative_slope, backend,
-                               layout=_layout(b) if backend == "metile" else "a@b"), indent=2)
+    p = _matmul_plan(a, b, epilogue, negative_slope)
+    arrays, layout = _matmul_operands(a, b, p, backend)
+    info = _explain("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
+    info["batch"] = {"shape": list(p.batch_shape),
+                     "how": "flattened into rows (one GEMM)" if p.flattened else
+                            f"batched kernel, shared operands: {matmul_shapes.sharing(*arrays)}"}
+    return json.dumps(info, indent=2)
 
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
