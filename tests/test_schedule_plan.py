@@ -321,13 +321,17 @@ def test_auto_falls_back_to_scalar_fma_when_no_fragment_fits():
 
 def test_planning_against_what_metile_lowers():
     # Without a Lowering the planner describes the hardware (the M5 contract table);
-    # with LOWERING it never plans a path the code generators lack.
-    from metile.schedule import LOWERING
+    # with one it never plans a path the code generators neither lower nor plan ahead
+    # of their lowering (LOWERING plans tensor_ops and nax: generation refuses them).
+    from metile.schedule import LOWERING, Lowering
     assert plan(gemm(), "apple10").backend == "tensor_ops"
-    lowered = plan_schedule(gemm(), TARGETS["apple10"], Schedule(), LOWERING)
+    assert plan_schedule(gemm(), TARGETS["apple10"], Schedule(), LOWERING).backend == "tensor_ops"
+    lowered_only = Lowering(planned_backends=())
+    lowered = plan_schedule(gemm(), TARGETS["apple10"], Schedule(), lowered_only)
     assert (lowered.backend, lowered.staging) == ("simdgroup", "threadgroup")
     with pytest.raises(ScheduleError, match="backend='nax': metile does not lower nax yet"):
-        plan_schedule(gemm(dtype="float16"), TARGETS["apple10"], Schedule(backend="nax"), LOWERING)
+        plan_schedule(gemm(dtype="float16"), TARGETS["apple10"], Schedule(backend="nax"),
+                      lowered_only)
     big = gemm(tile=(128, 128, 64))
     assert plan(big, "apple9").staging == "device"   # hardware: fragments from device memory
     with pytest.raises(ScheduleError, match="need 65536 bytes of threadgroup memory"):

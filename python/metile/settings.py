@@ -18,8 +18,9 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 # What METILE_DEBUG may name (comma-separated): the compile steps that print or
 # dump what they produced (compiler/pipeline.py), and older words for the same.
-DEBUG_WORDS = ("uniformity", "plan_schedule", "lower_tiles", "lower_fragments", "emit_msl",
-               "emit_cuda", "tile_ir", "thread_ir", "msl", "cuda", "schedule")
+DEBUG_WORDS = ("uniformity", "pointer_recurrence", "plan_schedule", "lower_tiles",
+               "lower_fragments", "emit_msl", "emit_cuda", "tile_ir", "thread_ir", "msl", "cuda",
+               "schedule")
 
 
 class SettingError(ValueError):
@@ -46,6 +47,21 @@ def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> s
     if raw not in allowed:
         raise SettingError(f"{name}={raw!r} is not one of {', '.join(allowed)}")
     return raw
+
+
+def target(known) -> str | None:
+    """METILE_TARGET: the hardware family to plan and emit for (e.g. apple10 to see
+    and run an M5 plan on this machine), or None for the device's own.  A name not
+    in `known` (schedule.targets.TARGETS, passed in: this module imports nothing of
+    metile's) is an error listing the known ones."""
+    raw = os.environ.get("METILE_TARGET")
+    if raw is None or raw.strip() == "":
+        return None
+    name = raw.strip()
+    if name not in known:
+        raise SettingError(f"METILE_TARGET={raw!r} is not a known target; known: "
+                           f"{', '.join(known)}")
+    return name
 
 
 def cache_root() -> Path:

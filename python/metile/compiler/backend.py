@@ -5,7 +5,7 @@ code goes: the language it is written in (MSL or CUDA C++), the hardware it is
 planned for (`schedule.Target`: thread and shared-memory limits, matrix paths),
 the emitter's matrix units, and the launcher that enqueues the source on MLX's
 graph.  `resolve_backend` is the only function that looks at MLX's device or at
-`METILE_BACKEND`; every later stage reads the record it was given.
+`METILE_BACKEND` / `METILE_TARGET`; every later stage reads the record it was given.
 """
 
 from __future__ import annotations
@@ -102,19 +102,30 @@ def _fingerprint(kind: str) -> str:
     return f"{kind}:{info.get('architecture', '')}:{info.get('device_name', '')}"
 
 
+def selection_key() -> tuple:
+    """The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET), raw: a launch
+    resolved under other values must not be reused (runtime/dispatch.py's launch key)."""
+    import os
+    return os.environ.get("METILE_BACKEND"), os.environ.get("METILE_TARGET")
+
+
 def resolve_backend(language: "str | Backend | None" = None, *, target: str | None = None) -> Backend:
     """The backend a kernel compiles for.
 
     `language` ("msl" or "cuda") is the caller's choice (a launch's `backend=`);
-    else `METILE_BACKEND`; else the default device's: CUDA on MLX's CUDA backend,
-    MSL on Metal and on the CPU (where the MSL CPU runtime runs it).  `target`
-    names the hardware to plan for (e.g. "apple10" to see an M5 plan here);
-    by default the device's own, or, for a language the device does not run,
-    that language's reference target.
+    else `METILE_BACKEND`; else the target's language when a target is named;
+    else the default device's: CUDA on MLX's CUDA backend, MSL on Metal and on
+    the CPU (where the MSL CPU runtime runs it).  `target` (a launch's
+    `target=`, else `METILE_TARGET`) names the hardware to plan and emit for,
+    e.g. "apple10" to plan as on an M5 while the MSL runs here; by default the
+    device's own, or, for a language the device does not run, that language's
+    reference target.  A target of the other language is an error.
     """
     if isinstance(language, Backend):
         return language
     import os
+
+    from .. import settings
 
     if language is not None and language not in LANGUAGES:
         raise LaunchError(f"backend must be one of {', '.join(LANGUAGES)}, got {language!r}")
@@ -122,22 +133,32 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     if forced is not None and forced not in LANGUAGES:
         raise LaunchError(f"METILE_BACKEND must be one of {', '.join(LANGUAGES)}, got {forced!r}")
     chosen = language or forced
+    from ..schedule.targets import TARGETS
+
+    named_by = "target="
+    if target is None:
+        target, named_by = settings.target(TARGETS), "METILE_TARGET="
     kind, device_target, label = _device_target()
     device_language = "cuda" if kind == "cuda" else "msl"
-    chosen = chosen or device_language
     if target is not None:
-        from ..schedule.targets import TARGETS
-        if target not in TARGETS:
+        if not isinstance(target, str) or target not in TARGETS:
             raise LaunchError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
         planned = TARGETS[target]
-        if planned.language != chosen:
-            raise LaunchError(f"target {target!r} runs {planned.language}, not {chosen}")
-    elif chosen == device_language:
-        planned = device_target
+        if chosen is not None and planned.language != chosen:
+            how = f"backend={language!r}" if language else f"METILE_BACKEND={forced}"
+            others = ", ".join(t for t, v in TARGETS.items() if v.language == chosen)
+            raise LaunchError(f"{named_by}{target!r} is a {planned.language.upper()} target, but "
+                              f"{how} emits {chosen.upper()}; name a {chosen.upper()} target "
+                              f"({others}) or leave the language to the target")
+        chosen = planned.language
     else:
-        # Code for a language the device does not run (inspecting CUDA source on a
-        # Mac or the CPU, MSL on an NVIDIA machine): plan for that language's
-        # reference hardware.
-        planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
+        chosen = chosen or device_language
+        if chosen == device_language:
+            planned = device_target
+        else:
+            # Code for a language the device does not run (inspecting CUDA source on a
+            # Mac or the CPU, MSL on an NVIDIA machine): plan for that language's
+            # reference hardware.
+            planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name))

@@ -1,6 +1,7 @@
 """The compile pipeline: a kernel specialization in, typed results out.
 
-    frontend -> verify -> uniformity -> buffer_usage -> plan_schedule     (analyze)
+    frontend -> verify -> uniformity [-> pointer_recurrence, verify] -> buffer_usage
+      -> plan_schedule                                                    (analyze)
       -> lower_tiles | lower_fragments (+ the lowering's own steps) -> verify -> emit_<language>
                                                                        (generate)
 
@@ -31,6 +32,7 @@ from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json
 from ..passes.lower_fragments import lower_fragments
 from ..passes.lower_matmul import GemmPlan
 from ..passes.lower_tiles import lower_tiles
+from ..passes.pointer_recurrence import rewrite_pointer_recurrences
 from ..passes.uniformity import check_uniformity
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from ..settings import debug_flags
@@ -162,9 +164,17 @@ def tile_form(req: Request) -> tuple[Function, list[str]]:
         raise
     verify(fn)
     check_uniformity(fn)
-    if dumps("uniformity"):
+    steps = ["frontend", "verify", "uniformity"]
+    # Triton-style K loops (advanced pointers, acc += dot) in the form passes.gemm matches;
+    # simdgroup_inline kernels have no GEMM pattern and keep their loops as written.
+    rewritten = [] if fn.meta.get("fragments") else rewrite_pointer_recurrences(fn)
+    if rewritten:
+        fn.meta["pointer_recurrence"] = "; ".join(rewritten)
+        verify(fn)
+        steps += ["pointer_recurrence", "verify"]
+    if dumps("uniformity") or dumps("pointer_recurrence"):
         print(format_function(fn), file=sys.stdout)
-    return fn, ["frontend", "verify", "uniformity"]
+    return fn, steps
 
 
 def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
@@ -209,6 +219,8 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
         "plan_schedule": f"{plan.backend}, {threads} threads"
                          + (f", {gemm.fragment} on a {gemm.grid[0]}x{gemm.grid[1]} grid" if gemm else ""),
     }
+    if "pointer_recurrence" in fn.meta:
+        details["pointer_recurrence"] = fn.meta["pointer_recurrence"]
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
                     plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details)
 

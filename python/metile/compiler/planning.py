@@ -106,6 +106,11 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
         what = "output tile" if not bounds.any_interior_tile else "K step"
         raise ScheduleError("vector_width=4", f"no {what} is complete for these sizes, so every "
                                               "staging load keeps its scalar guards")
+    if plan.backend in LOWERING.planned_backends:
+        # An SDK path (tensor_ops, nax) planned ahead of its lowering: the planner's
+        # own geometry stands (16x16 fragments on its SIMD-group grid); the simdgroup
+        # fragment placement below does not apply, and generation refuses (`unlowered`).
+        return plan, plan.threadgroup_size[0], None
     # The GEMM lowering places fragments for the backend's own matrix unit
     # within the planned thread count; the plan records what it chose.
     gp = plan_gemm(g, units, relaxed_precision(fn), plan.threadgroup_size[0],
@@ -217,6 +222,28 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
     validate_report(report, target.shared_memory_optin_bytes if dynamic
                     else target.threadgroup_memory_bytes)
     return report
+
+
+def unlowered(plan: SchedulePlan, target: Target) -> str | None:
+    """Why a kernel with this plan cannot be generated yet (None: it can): its backend
+    is planned for the target's hardware but metile's lowering does not emit it."""
+    if plan.backend not in LOWERING.planned_backends or plan.backend in LOWERING.matrix_backends:
+        return None
+    return (f"the {target.name} plan selects backend {plan.backend!r}, which metile's lowering "
+            f"does not implement yet: the plan can be inspected (prepare(...).explain(), "
+            f"schedule_plan) but no kernel is generated; SCHEDULE=metile.Schedule(backend="
+            f"'simdgroup') runs this GEMM with SIMD-group matrices on {target.name}")
+
+
+def plan_only_report(plan: SchedulePlan, steps: list[str], target: Target) -> ExecutionReport:
+    """The report of a plan whose backend is not lowered yet (`unlowered`): the plan,
+    the analysis steps that ran, and nothing materialized, saying so."""
+    return ExecutionReport.build(
+        plan, passes=steps,
+        notes=((target.terms_note,) if target.terms_note else ()) + (
+            f"Plan only: no kernel was generated (the {plan.backend} lowering is not "
+            "implemented yet); passes are the analysis steps that ran, and the loops, "
+            "allocations and epilogue regions of the lowered kernel are not known.",))
 
 
 def _read_notes(matmul: dict) -> tuple[str, ...]:

@@ -9,10 +9,12 @@ The canonical shape is
 
 where the operand tiles are computed in the loop body from loads and index
 arithmetic (Triton-style pointers + masks, or `tensor(...).load(...)` views,
-which lower to the same ops).  `find_gemm` returns a `GemmPattern` for such a
-kernel, `None` for a kernel without a dot recurrence (its dots keep the
-reference lowering), and raises a `CompilationError` naming the reason for a
-kernel that has the recurrence but cannot be lowered as one fused GEMM.
+which lower to the same ops; Triton's advanced pointers and `acc += dot(a, b)`
+reach this form through `pointer_recurrence`).  `find_gemm` returns a
+`GemmPattern` for such a kernel, `None` for a kernel without a dot recurrence
+(its dots keep the reference lowering), and raises a `CompilationError` naming
+the reason for a kernel that has the recurrence but cannot be lowered as one
+fused GEMM.
 
 The epilogue is the backward slice of the stored value over values that depend
 on the accumulator (shared subexpressions are evaluated once per element).
@@ -161,7 +163,12 @@ def find_gemm(fn: Function) -> GemmPattern | None:
         raise _reject("the K loop is nested inside control flow; it must be at the top level of "
                       "the kernel", loop)
     if len(loop.results) != 1:
-        raise _reject("the K loop carries other values besides the accumulator", loop)
+        acc = dot.operands[2]
+        others = ", ".join(f"{a.hint or 'a value'!r} ({a.type})"
+                           for a in loop.regions[0].args[1:] if a is not acc)
+        raise _reject(f"the K loop carries other values besides the accumulator: {others}; "
+                      f"only pointers or int32 offsets advanced by a loop-invariant amount "
+                      f"(p += c) and unused after the loop are rewritten away", loop)
     if not _is_zero_splat(loop.operands[3]):
         raise _reject("the accumulator must start from metile.zeros((BLOCK_M, BLOCK_N))", loop)
     for op in walk(loop.regions[0]):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from ..compiler.backend import selection_key
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .arguments import arg_spec
@@ -118,7 +119,8 @@ def _launch_key(grid, args, kwargs):
     except TypeError:
         return None
     grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
-    return (grid_key, tuple(parts), options)
+    # a launch resolved for another language or target must not be reused after they change
+    return (grid_key, tuple(parts), options, selection_key())
 
 
 class Launcher:
@@ -145,6 +147,11 @@ class Launcher:
             kernel._launches[d._key] = d
         return d()
 
+    def explain(self, *args, **kwargs) -> str:
+        """`prepare(*args, **kwargs).explain()`: the plan and execution report of this
+        launch as JSON without running it (e.g. with target="apple10" on any machine)."""
+        return self.prepare(*args, **kwargs).explain()
+
     def prepare(self, *args, **kwargs) -> "Dispatch":
         try:
             self.kernel.refresh()
@@ -168,6 +175,13 @@ class Dispatch:
         self.grid_arg, self.specs = grid, specs
         grid = resolve_grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
+        self.unlowered = spec.unlowered
+        if self.unlowered is not None:
+            # Planned for a backend metile does not lower yet (an M5 tensor_ops plan):
+            # the plan and a plan-only report can be inspected; calling it refuses.
+            self.variant, self._key = None, None
+            kernel.last_dispatch = self
+            return
         outputs = spec.outputs
         for name in outputs:
             if specs[name][0] != "buffer":
@@ -340,6 +354,9 @@ class Dispatch:
 
     def __call__(self, *args, **kwargs):
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
+        if self.unlowered is not None:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {self.unlowered}",
+                                   self.kernel.loc)
         if args or kwargs:
             if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
                 return self._relaunch(args)
@@ -359,6 +376,9 @@ class Dispatch:
 
     @property
     def source(self) -> str:
+        if self.unlowered is not None:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r} has no source: "
+                                   f"{self.unlowered}", self.kernel.loc)
         return self.variant.compiled.source
 
     @property
@@ -368,7 +388,10 @@ class Dispatch:
 
     @property
     def execution_report(self) -> ExecutionReport:
-        """What lowering materialized: plan, passes, loops, allocations, epilogues."""
+        """What lowering materialized: plan, passes, loops, allocations, epilogues (for a
+        plan whose backend is not lowered yet, the plan-only report saying so)."""
+        if self.unlowered is not None:
+            return self.spec.plan_only_report()
         return self.variant.compiled.report
 
     def explain(self, steps: bool = False) -> str:
@@ -376,6 +399,10 @@ class Dispatch:
         are the compile steps that ran).  `steps=True` adds "steps": each step with
         what it proved or produced."""
         report = self.execution_report.to_dict()
-        if steps:
+        if steps and self.unlowered is not None:
+            details = self.spec.analysis.details
+            report["steps"] = [{"step": s, **({"detail": details[s]} if s in details else {})}
+                               for s in self.spec.analysis.steps]
+        elif steps:
             report["steps"] = self.variant.compiled.step_log()
         return json.dumps(report, indent=2)

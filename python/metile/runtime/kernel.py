@@ -134,10 +134,24 @@ class Specialization:
             self._tile, _ = pipeline.tile_form(self.request)
         return self._tile
 
+    @property
+    def unlowered(self) -> str | None:
+        """Why this specialization's kernel cannot be generated (its plan's backend is
+        planned but not lowered yet), else None."""
+        from ..compiler.planning import unlowered
+        return unlowered(self.plan, self.backend.target)
+
+    def plan_only_report(self):
+        from ..compiler.planning import plan_only_report
+        return plan_only_report(self.plan, self.analysis.steps, self.backend.target)
+
     def variant(self, proven: tuple) -> Variant:
         v = self.variants.get(proven)
         if v is not None:
             return v
+        why = self.unlowered
+        if why is not None:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {why}", self.kernel.loc)
         tag = "".join("1" if p else "0" for p in proven)
         data = self.entry["variants"].get(tag)
         if data is None:
@@ -242,6 +256,17 @@ class Kernel:
         if backend is not None and not isinstance(backend, (str, Backend)):
             raise LaunchError(f"backend must be 'msl', 'cuda' or a metile.compiler.Backend, got "
                               f"{type(backend).__name__} {backend!r}")
+        # target="apple10" (any name of schedule.targets.TARGETS): plan and emit for that
+        # hardware family while the kernel runs where it can (an M5 plan on the CPU runtime).
+        target = None if "target" in self.param_names else kwargs.pop("target", None)
+        if target is not None:
+            if not isinstance(target, str):
+                raise LaunchError(f"target must be a target name such as 'apple10', got "
+                                  f"{type(target).__name__} {target!r}")
+            if isinstance(backend, Backend):
+                raise LaunchError("pass either a resolved Backend or target=, not both: the "
+                                  f"Backend already plans for {backend.target.name}")
+            backend = resolve_backend(backend, target=target)
         strict = None if "STRICT_MATH" in self.param_names else kwargs.pop("STRICT_MATH", None)
         if strict is not None and not isinstance(strict, bool):
             raise LaunchError(f"STRICT_MATH must be True or False, got {strict!r}")

@@ -297,14 +297,14 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule,
         path = target.matrix_path(s.backend)
         if path is None:
             raise _missing_backend(s.backend, target)
-        if lowering is not None and s.backend not in lowering.matrix_backends:
+        if lowering is not None and not lowering.plans(s.backend):
             raise ScheduleError(s.requirement("backend"), _not_lowered(s.backend, target))
         return _matmul_with(path, traits, target, s, explicit=True, lowering=lowering)
     skipped, errors = [], []
     for path in target.matrix_paths:
         if path.backend == "simdgroup_inline":
             continue
-        if lowering is not None and path.backend not in lowering.matrix_backends:
+        if lowering is not None and not lowering.plans(path.backend):
             skipped.append(f"{path.backend} not selected: {_not_lowered(path.backend, target)}.")
             continue
         try:

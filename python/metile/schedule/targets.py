@@ -151,10 +151,18 @@ class Lowering:
     """What metile's code generators materialize, as opposed to what a target's
     hardware offers.  `plan_schedule` without one plans against the hardware alone
     (the contract table); compilation passes `LOWERING`, so an automatic plan
-    never picks a path nothing lowers and an explicit request for one is refused
-    as not implemented."""
+    never picks a path that is neither lowered nor planned, and an explicit
+    request for one is refused as not implemented."""
     matrix_backends: tuple[str, ...] = ("simdgroup", "simdgroup_inline")
     device_staged_gemm: bool = False     # GEMM fragments loaded straight from device memory
+    # Hardware paths planned as on the hardware although their lowering is still being
+    # built: the plan and a plan-only report can be inspected (explain()) for any target
+    # on any machine, while generating the kernel refuses as not implemented
+    # (compiler/planning.py `unlowered`).  A backend moves to matrix_backends once lowered.
+    planned_backends: tuple[str, ...] = ("tensor_ops", "nax")
+
+    def plans(self, backend: str) -> bool:
+        return backend in self.matrix_backends or backend in self.planned_backends
 
 
 LOWERING = Lowering()
