@@ -264,6 +264,17 @@ def test_batched_calls_have_their_own_routing_key(rng, tmp_path, monkeypatch):
     routing.clear_memory()
 
 
+def test_batch_broadcast_matches_numpy():
+    shapes = [(), (1,), (3,), (2, 1), (1, 3), (2, 3), (0,), (1, 0), (2, 0), (4, 1, 3), (3, 3)]
+    for x in shapes:
+        for y in shapes:
+            try:
+                want = tuple(np.broadcast_shapes(x, y))
+            except ValueError:
+                want = None
+            assert matmul_shapes._broadcast(x, y) == want, (x, y)
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("a,b,exc,pattern", [
@@ -298,3 +309,25 @@ def test_bad_dtypes_and_linear_ranks_fail_early():
     with pytest.raises(ValueError, match=r"residual shape \(7, 5\) does not match the output "
                                          r"shape \(2, 7, 5\)"):
         ops.linear(mx.zeros((2, 7, 3)), mx.zeros((5, 3)), residual=mx.zeros((7, 5)))
+
+
+# -- the batched kernel's CUDA source -----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_batched_kernel_cuda_source_compiles(dtype, transpose_b):
+    from metile_kernels.gemm import batched_grid, batched_matmul_epilogue
+    from nvrtc import TOOLKIT, compile_cuda, translation_unit
+    if TOOLKIT is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc, -runtime and -cccl wheels")
+    b_, m, n, k = 3, 200, 136, 72
+    d = batched_matmul_epilogue[batched_grid(b_, m, n, 128, 128)].prepare(
+        mx.zeros((1, m, k), dtype), mx.zeros((b_, n, k) if transpose_b else (b_, k, n), dtype),
+        mx.zeros((b_, m, n), dtype), m, n, k, 0, k * n, **ops.CUDA_BLOCK, EPILOGUE="gelu_tanh",
+        TRANSPOSE_B=transpose_b, backend="cuda")
+    mm = d.variant.data["lowering"]["matmul"]
+    # 16-bit row-major operands keep the asynchronous staging behind a batch offset (its
+    # 16-byte alignment is checked at run time); a transposed B falls back to plain loads
+    assert mm["async_copy"] is (dtype != mx.float32 and not transpose_b)
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log

@@ -26,7 +26,6 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,29 @@ def plan(a_shape, b_shape) -> Plan:
         raise ValueError(f"[metile.ops] inner dimensions differ: {a_shape} @ {b_shape} "
                          f"(a has K={a2[-1]}, b has K={b2[-2]})")
     a_batch, b_batch = a2[:-2], b2[:-2]
-    try:
-        batch_shape = tuple(int(d) for d in np.broadcast_shapes(a_batch, b_batch))
-    except ValueError:
+    batch_shape = _broadcast(a_batch, b_batch)
+    if batch_shape is None:
         raise ValueError(f"[metile.ops] batch dimensions {a_batch} and {b_batch} do not broadcast "
-                         f"({a_shape} @ {b_shape})") from None
+                         f"({a_shape} @ {b_shape})")
     m, k, n = a2[-2], a2[-1], b2[-1]
     out = batch_shape + ((m,) if len(a_shape) > 1 else ()) + ((n,) if len(b_shape) > 1 else ())
     return Plan(out, batch_shape, m, n, k, a_batch, b_batch)
+
+
+def _broadcast(x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...] | None:
+    """NumPy's broadcast of two shapes, None where they do not broadcast (plain Python:
+    every eager call pays for this)."""
+    if not x or x == y:
+        return y
+    if not y:
+        return x
+    x, y = (1,) * (len(y) - len(x)) + x, (1,) * (len(x) - len(y)) + y
+    out = []
+    for i, j in zip(x, y):
+        if i != j and i != 1 and j != 1:
+            return None
+        out.append(j if i == 1 else i)
+    return tuple(out)
 
 
 def flattened(a: mx.array, b: mx.array, p: Plan) -> tuple[mx.array, mx.array]:
