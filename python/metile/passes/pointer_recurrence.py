@@ -54,6 +54,8 @@ _PURE = ELEMENTWISE | {"const", "splat", "broadcast", "expand_dims", "arange", "
 
 
 def rewrite_pointer_recurrences(fn: Function) -> list[str]:
+    """Rewrite `fn`'s GEMM-shaped K loop in place (module docstring); one line per loop
+    that changed, naming what it rewrote."""
     if sum(op.name == "dot" for op in walk(fn.body)) != 1:
         return []   # not a GEMM (passes.gemm): kernels with several products keep their loops
     notes = []
