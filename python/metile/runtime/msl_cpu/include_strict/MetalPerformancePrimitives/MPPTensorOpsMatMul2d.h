@@ -1,0 +1,3 @@
+// The matmul2d header of Metal Performance Primitives (strict model).
+#pragma once
+#include "MetalPerformancePrimitives.h"
