@@ -21,6 +21,7 @@ from ..language import dtypes as dt
 from ..language import unsupported
 from ..language.core import constexpr
 from .builtins import IMPLS, view_method
+from . import join_split, scans  # noqa: F401  (register their builtins into IMPLS)
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
 from .control import UNSET, ControlFlow, Undefined

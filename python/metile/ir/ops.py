@@ -18,6 +18,12 @@ Tile form (frontend output)
                                         (arg kinds: int32 index, ties -> smallest or
                                         {tie_break_left: False} largest)
   scan(t){kind, axis, reverse}          inclusive prefix sum|prod along axis, same shape
+  scan(t0..tn-1){kind="combine", axis, reverse} [combine(a0..an-1, b0..bn-1) -> yield(n)]
+                                        associative_scan: n results; the region combines the
+                                        running value (a) with the next element (b), as scalars
+  sort(t){descending?}                  sorted along the last axis (a power of two)
+  join(a, b)                            result[..., 0] = a, result[..., 1] = b
+  split(t){index}                       t[..., index] of a tile whose last axis is 2
   dot(a, b, acc)                        tile matrix product, fp32 accumulation
   shared_alloc{size}                    threadgroup pointer (root = its name)
   barrier
@@ -67,7 +73,7 @@ INT_ONLY = frozenset({"idiv", "mod", "shl", "shr", "umulhi"})
 ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
 TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
-                       "scan", "dot"})
+                       "scan", "dot", "sort", "join", "split"})
 CONTROL = frozenset({"for", "if", "while"})
 # Thread-form matrix fragments (see passes/lower_matmul.py): opaque per-SIMD-group
 # matrices whose lane ownership no pass or emitter depends on.

@@ -86,6 +86,14 @@ _DOCS = {
     "cumsum": "cumsum(x, axis=0, reverse=False, dtype=None): inclusive prefix sum along axis "
               "(floats accumulate in float32; bool scans as int32).",
     "cumprod": "cumprod(x, axis=0, reverse=False, dtype=None): inclusive prefix product.",
+    "associative_scan": "associative_scan(input, axis, combine_fn, reverse=False): inclusive "
+                        "scan of a tile (or a tuple of tiles of one shape) with an "
+                        "@metile.inline combine_fn(a..., b...) -> one value per input.",
+    "sort": "sort(x, dim=None, descending=False): sorted along the last axis (a power of two, "
+            "at most 4096 elements; NaN sorts as the largest value).",
+    "join": "join(a, b): a new last axis of extent 2 holding a and b.",
+    "split": "split(x): (x[..., 0], x[..., 1]) of a tile whose last axis has extent 2.",
+    "interleave": "interleave(a, b): the elements of a and b alternating along the last axis.",
     "trans": "trans(x, *dims): permute a tile's axes (no dims: swap the two axes of a 2-D "
              "tile); also x.T and x.trans().",
     "permute": "permute(x, *dims): result axis i is axis dims[i] of x.",

@@ -9,20 +9,20 @@ _NOT_YET = "not built yet"
 _NO_INT64 = "metile has no 64-bit or 8/16-bit integer types yet (int32, uint32 and bool)"
 _NO_FP8 = "metile has no fp8 storage types yet"
 _SHAPE = ("this shape op is not built yet (metile.reshape, metile.trans/permute, "
-          "metile.expand_dims and metile.broadcast_to are)")
+          "metile.expand_dims, metile.broadcast_to, join, split and interleave are)")
 
 REASONS = {
     **{n: _NO_INT64 for n in ("int8", "int16", "int64", "uint8", "uint16", "uint64")},
     "float64": "metile has no float64 (Metal has none)",
     **{n: _NO_FP8 for n in ("float8e4nv", "float8e5", "float8e4b15", "float8e4b8",
                             "float8e5b16")},
-    **{n: _SHAPE for n in ("split", "join", "cat", "interleave", "ravel", "flip", "gather")},
+    **{n: _SHAPE for n in ("cat", "ravel", "flip", "gather")},
     **{n: "block pointers and tensor descriptors are not built yet; metile.tensor(buffer, "
           "shape=, strides=, block_shape=) is the nearest equivalent"
        for n in ("make_block_ptr", "advance", "make_tensor_descriptor",
                  "load_tensor_descriptor", "store_tensor_descriptor", "tensor_descriptor")},
-    **{n: "not built yet (metile has cumsum, cumprod, argmax and argmin)"
-       for n in ("associative_scan", "sort", "reduce", "xor_sum", "histogram", "softmax")},
+    **{n: "not built yet (metile has associative_scan, cumsum, cumprod, argmax and argmin)"
+       for n in ("reduce", "xor_sum", "histogram", "softmax")},
     "device_print": "printing from a kernel is not built yet (static_print works at compile time)",
     "device_assert": "assertions in a running kernel are not built yet (static_assert works)",
     "inline_asm_elementwise": "inline assembly cannot be portable across Metal and CUDA",

@@ -12,8 +12,10 @@
   smallest index holding it); along an axis, a serial scan keeping (value, index).
   Either way ties give the smallest index (Triton's tie_break_left) on every
   backend, independent of the order lanes combine in.
-* cumsum/cumprod (`scan`): the operand is in threadgroup memory and each
-  result element folds its line along the axis up to itself, in order.
+* cumsum/cumprod and associative_scan (`scan`): the operands are in threadgroup
+  memory and each result element folds its line along the axis up to itself, in
+  order (O(n) per element, not a log-depth scan); associative_scan's combine
+  region is inlined into that fold.
 * `dot`: operands in threadgroup memory, each output element a serial fold
   over K in float32.  This is the reference lowering; SIMD-group matrix and
   tensor-core lowerings replace it where a schedule selects them.
@@ -180,36 +182,75 @@ class ReductionLowering:
         self._along_axis(ctx, x, axis, acc_d, step)
         return ctx.b.value("var_get", [], I32, name=at)
 
-    def scan(self, op: Op, ctx: Ctx) -> Value:
-        """Inclusive prefix of the element's line along the axis, folded in order from the
-        line's start (reverse: from its end) in the accumulation dtype; the operand is in
-        threadgroup memory (placement)."""
-        (x,) = op.operands
-        kind, axis, d = op.attrs["kind"], op.attrs["axis"], dtype_of(x.type)
-        acc_d = self._acc_dtype(d)
-        b = ctx.b
-        acc = self.decl("var", acc_d, prefix="_acc")
-        unit = self.const(b, 0.0 if acc_d.is_float else 0, acc_d) if kind == "sum" else \
-            self.const(b, 1.0 if acc_d.is_float else 1, acc_d)
-        b.op("var_set", [unit], [], {"name": acc})
-        here = ctx.coords()[axis]
-        one = self.const(b, 1)
-        if op.attrs.get("reverse"):
-            lo, hi = here, self.const(b, x.type.shape[axis])
+    def lower_scan(self, op: Op, b: Builder) -> None:
+        """Every result of a scan written by one lane loop (a tuple scan folds its parts
+        together)."""
+        sts = [self.storage_for(r) for r in op.results]
+        shared = any(st.kind == "shared" for st in sts)
+        if shared:
+            self.barrier(b)
+
+        def body(ctx: Ctx):
+            for st, v in zip(sts, self.scan_values(op, ctx)):
+                self.write(st, ctx, v)
+
+        self.lane_loop(b, op.results[0].type.shape, body)
+        if shared:
+            self.barrier(b)
+
+    def scan_values(self, op: Op, ctx: Ctx) -> list[Value]:
+        """Inclusive scan of the element's line along the axis: the line's first element
+        (reverse: its last) combined in order with each next one up to this element, so an
+        associative combine need not commute.  cumsum/cumprod add/multiply in the
+        accumulation dtype; associative_scan inlines its combine region in the operands'
+        dtypes.  The operands are in threadgroup memory (placement)."""
+        xs, axis = op.operands, op.attrs["axis"]
+        reverse, kind = op.attrs.get("reverse", False), op.attrs["kind"]
+        dtypes = [dtype_of(x.type) for x in xs]
+        if kind == "combine":
+            acc_ds = dtypes
+
+            def combine(lb, acc, e):
+                return self.inline_region(op.regions[0], lb, acc + e)
         else:
-            lo, hi = self.const(b, 0), b.value("add", [here, one], I32)
+            acc_ds = [self._acc_dtype(dtypes[0])]
+            name = {"sum": "add", "prod": "mul"}[kind]
+
+            def combine(lb, acc, e):
+                return [lb.value(name, [acc[0], e[0]], acc[0].type)]
+        b = ctx.b
+        shape, n = xs[0].type.shape, xs[0].type.shape[axis]
+
+        def line(bb, j):
+            coords = list(ctx.coords())
+            coords[axis] = j
+            at = Ctx(self, bb, shape, coords=coords, identity=False)
+            return [self._cast(bb, self.elem(x, at), d) for x, d in zip(xs, acc_ds)]
+
+        accs = [self.decl("var", d, prefix="_acc") for d in acc_ds]
+        for acc, v in zip(accs, line(b, self.const(b, n - 1 if reverse else 0))):
+            b.op("var_set", [v], [], {"name": acc})
+        here, one = ctx.coords()[axis], self.const(b, 1)
+        if reverse:  # k counts down from the line's last-but-one element to this one
+            lo, hi = self.const(b, 0), b.value("sub", [self.const(b, n - 1), here], I32)
+        else:
+            lo, hi = one, b.value("add", [here, one], I32)
         loop = Block()
-        j = loop.add_arg(I32, "j")
+        k = loop.add_arg(I32, "j")
         lb = Builder(loop)
-        coords = list(ctx.coords())
-        coords[axis] = j
-        e = self._cast(lb, self.elem(x, Ctx(self, lb, x.type.shape, coords=coords,
-                                             identity=False)), acc_d)
-        cur = lb.value("var_get", [], ScalarType(acc_d), name=acc)
-        name = "add" if kind == "sum" else "mul"
-        lb.op("var_set", [lb.value(name, [cur, e], cur.type)], [], {"name": acc})
+        j = lb.value("sub", [self.const(lb, n - 2), k], I32) if reverse else k
+        cur = [lb.value("var_get", [], ScalarType(d), name=a) for a, d in zip(accs, acc_ds)]
+        for acc, v in zip(accs, combine(lb, cur, line(lb, j))):
+            lb.op("var_set", [v], [], {"name": acc})
         b.op("for", [lo, hi, one], [], regions=[loop])
-        return self._cast(b, b.value("var_get", [], ScalarType(acc_d), name=acc), d)
+        return [self._cast(b, b.value("var_get", [], ScalarType(a_d), name=a), d)
+                for a, a_d, d in zip(accs, acc_ds, dtypes)]
+
+    def inline_region(self, region: Block, b: Builder, args: list[Value]) -> list[Value]:
+        """A combine region's scalar ops emitted into `b` on `args`; its yielded values."""
+        for a, v in zip(region.args, args):
+            self.scalars[a.id] = v
+        return [self.s(y) for y in self.lower_block(region, b)]
 
     def dot(self, op: Op, ctx: Ctx) -> Value:
         a, bm, acc_in = op.operands

@@ -34,13 +34,14 @@ from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
 from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
 from .lower_reductions import ReductionLowering
+from .lower_sort import SortLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
 from .placement import analyze
 
 SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their target's capacity
 
 
-class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
+class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVectorLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                  shared_optin: int = 0):
@@ -198,7 +199,16 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
             src = op.operands[0]
             return self.elem(src, ctx.reshaped(src.type.shape))
         if op.name == "scan":
-            return self.scan(op, ctx)
+            return self.scan_values(op, ctx)[op.results.index(v)]
+        if op.name == "join":  # result[..., k] is operand k at the leading coordinates
+            coords = ctx.coords()
+            a, c = (self.elem(o, ctx.derived(o.type.shape, coords[:-1])) for o in op.operands)
+            first = b.value("eq", [coords[-1], self.const(b, 0)], BOOL)
+            return b.value("where", [first, a, c], st)
+        if op.name == "split":
+            src = op.operands[0]
+            coords = [*ctx.coords(), self.const(b, op.attrs["index"])]
+            return self.elem(src, ctx.derived(src.type.shape, coords))
         if op.name == "ptr_add":
             a, off = (self.elem(o, ctx) for o in op.operands)
             return self.add(b, a, off)
@@ -340,6 +350,10 @@ class Lowering(ReductionLowering, MatmulLowering, ElementwiseVectorLowering):
         if name == "barrier":
             self.barrier(b)
             return
+        if name == "scan":
+            return self.lower_scan(op, b)  # lower_reductions.py
+        if name == "sort":
+            return self.lower_sort(op, b)  # lower_sort.py
         if name == "store" and op.attrs.get("atomic"):
             return self.lower_atomic(op, b)
         if name == "store":

@@ -11,8 +11,9 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   reads the value at the element's own coordinate.
 * ``shared`` — stored in threadgroup memory, row-major.  Required when some
   use reads other coordinates: broadcasting (x[:, None]), reductions along an
-  axis of a rank >= 2 tile, `dot` operands, `permute` (trans) and `scan`
-  operands.  `reshape` reads in place (the lane layout is row-major order).
+  axis of a rank >= 2 tile, `dot` operands, `permute` (trans), `scan`, `join` and
+  `split` operands, and `sort` results (sorted in place).  `reshape` reads in
+  place (the lane layout is row-major order).
 
 Loads, reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored: loads must happen once, in program order relative to stores
@@ -30,7 +31,9 @@ from ..ir.types import PointerType, TileType, dtype_of, elem_type
 
 # permute reads its operand at other coordinates; reshape keeps the row-major order and so
 # the lane layout (element i stays in thread i % T, slot i // T): it reads in place.
-_INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape"})
+# join and split read their operands at other coordinates (the last axis added or dropped).
+_INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
+                        "join", "split"})
 
 
 @dataclass
@@ -115,7 +118,7 @@ def analyze(fn: Function) -> Placement:
                 out = out or (op.result.type.shape != v.type.shape or op.name == "expand_dims")
             elif op.name == "reduce":
                 out = out or op.attrs["axis"] is not None
-            elif op.name in ("permute", "scan"):
+            elif op.name in ("permute", "scan", "join", "split"):
                 out = True
             elif op.name == "dot":
                 out = out or idx < 2
@@ -129,7 +132,9 @@ def analyze(fn: Function) -> Placement:
 
     for vid, kind in list(p.kind.items()):
         if kind == "stored":
-            p.kind[vid] = "shared" if remote(defs[vid][0]) else "local"
+            # a sort result is sorted in place by a network whose threads trade elements
+            in_place = getattr(defs[vid][0].owner, "name", None) == "sort"
+            p.kind[vid] = "shared" if in_place or remote(defs[vid][0]) else "local"
     for gid, group in enumerate(carried_groups):
         if not _is_tile(group[0]):
             continue
