@@ -292,6 +292,32 @@ def test_sort_puts_nan_last_as_numpy_does():
         np.testing.assert_array_equal(np.array(y), ref[:, ::-1] if desc else ref)
 
 
+@metile.kernel
+def carried_scan_and_sort(X, Y, S, n, N: metile.constexpr):
+    offs = metile.arange(0, N)
+    acc = metile.zeros((N,), dtype=metile.float32)
+    srt = metile.zeros((N,), dtype=metile.float32)
+    for i in range(0, n):
+        x = metile.load(X + i * N + offs)
+        acc = metile.associative_scan(acc + x, 0, _add)
+        srt = metile.sort(srt + x * 2, descending=True)
+    metile.store(Y + offs, acc)
+    metile.store(S + offs, srt)
+
+
+@pytest.mark.parametrize("warps", [None, 1])
+def test_scan_and_sort_of_loop_carried_tiles(warps):
+    # one SIMD-group: each thread owns 8 of the 256 elements (several lane-loop slots)
+    x, xn = _ints((3, 256), F32, 13, -5, 5)
+    kw = {} if warps is None else {"num_warps": warps}
+    y, s = carried_scan_and_sort[(1,)](x, mx.zeros((256,)), mx.zeros((256,)), 3, N=256, **kw)
+    acc, srt = np.zeros(256), np.zeros(256)
+    for row in xn:
+        acc, srt = np.cumsum(acc + row), -np.sort(-(srt + 2 * row))
+    np.testing.assert_array_equal(np.array(y), acc)
+    np.testing.assert_array_equal(np.array(s), srt)
+
+
 # -- join / split / interleave -----------------------------------------------------------------
 
 @metile.kernel
