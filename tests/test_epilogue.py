@@ -102,7 +102,11 @@ def test_user_epilogue_with_shared_subexpressions_and_runtime_scalars(rng):
     # (MSL binds the scalar by value, CUDA reads it through MLX's pointer)
     assert re.search(r"const float _epi_alpha = alpha(\[0\])?;", src)
     assert re.search(r"const float _epi_beta = beta(\[0\])?;", src)
-    assert src.count("* _epi_alpha)") == 1  # `scaled` is computed once per element
+    # `scaled` is computed once per accumulator element a lane evaluates (the register
+    # epilogue is unrolled over the lane's elements: thread_elements() on MSL, .x[e] on CUDA)
+    body = d.variant.data["body"]
+    sites = len(re.findall(r"thread_elements\(\)\[\d\]|\]\.x\[\d+\]", body))
+    assert sites and body.count("* _epi_alpha)") == sites
     s = acc * ALPHA + BETA
     ref = np.minimum(np.where(s > 0, s, 0.1 * s), 4.0) - np.abs(s) * 0.0625
     check(d(), ref)

@@ -40,6 +40,12 @@ def flag(name: str) -> bool:
     raise SettingError(f"{name}={raw!r} is not a boolean; use 1 (on) or 0 (off)")
 
 
+def wgmma_enabled() -> bool:
+    """METILE_CUDA_WGMMA=1: GEMMs on sm_90 may take the warpgroup MMA path (opt-in until
+    it has run on a Hopper GPU)."""
+    return flag("METILE_CUDA_WGMMA")
+
+
 def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> str | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":

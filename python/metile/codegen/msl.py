@@ -10,7 +10,7 @@ bfloat has none).  Metal has no erf; the header supplies one.
 
 from __future__ import annotations
 
-from ..ir.core import Function
+from ..ir.core import Function, Op
 from .c_like import CEmitter
 
 _ERF = """\
@@ -141,6 +141,17 @@ class MSLEmitter(CEmitter):
                     "bfloat16": ("bfloat4", "{v}.{c}")}
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
+
+    def expr(self, op: Op) -> str:
+        if op.name == "acc_coord":
+            # Element e (0, 1) of an 8x8 float accumulator's thread_elements(): lane l holds
+            # row (l/4 & 4) + (l/2) % 4, columns (l/4 & 2) * 2 + (l % 2) * 2 and + 1 (the
+            # layout the CPU runtime's simdgroup_matrix and MLX's steel kernels use).
+            lane = "static_cast<int>(thread_index_in_simdgroup)"
+            if op.attrs["axis"] == 0:
+                return f"((({lane} >> 2) & 4) + (({lane} >> 1) & 3))"
+            return f"((({lane} >> 2) & 2) * 2 + ({lane} & 1) * 2 + {op.attrs['e']})"
+        return super().expr(op)
 
     def fragment_type(self, role, dtype, shape) -> str:
         rows, cols, depth = shape

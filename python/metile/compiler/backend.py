@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import settings
 from ..errors import LaunchError
 from ..schedule.targets import Target, target_for, units_for
 
@@ -161,4 +162,4 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
             # reference hardware.
             planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
-                   units_for(chosen, planned.name))
+                   units_for(chosen, planned.name, settings.wgmma_enabled()))

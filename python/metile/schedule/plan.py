@@ -495,8 +495,9 @@ DEFAULT_GROUP_SIZE = 8
 
 def _warpgroup_unit(traits, target: Target):
     """The target's warpgroup MMA unit when it takes these operands and this tile."""
+    from .. import settings
     from .targets import units_for
-    for u in units_for(target.language, target.name):
+    for u in units_for(target.language, target.name, settings.wgmma_enabled()):
         if u.warpgroup and u.fits_tile(traits.tile_shape) and \
                 target.shared_memory_optin_bytes and \
                 all(u.takes(d, traits.relaxed_precision) for d in traits.operand_dtypes):

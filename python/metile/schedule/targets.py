@@ -60,7 +60,7 @@ class MatrixUnit:
 # the planner (MatrixPath.units), the GEMM lowering (passes/lower_matmul.plan_gemm)
 # and the emitters (their fragment spellings) all read it.
 MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
-    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16)),),
+    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16), lane_coords=True),),
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
     # Hopper first: wgmma reads both operands from swizzled shared memory (sm_90a only,
@@ -75,13 +75,12 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
 }
 
 
-def units_for(language: str, target_name: str) -> tuple[MatrixUnit, ...]:
+def units_for(language: str, target_name: str, warpgroup: bool) -> tuple[MatrixUnit, ...]:
     """The units GEMMs lower to for a target: its language's entries of MATRIX_UNITS, less
-    those made for other targets.  The warpgroup unit only with METILE_CUDA_WGMMA=1: its
-    kernels compile and pass every CPU check (NVRTC for sm_90a, SASS, layout model) but
-    have not yet been run on a Hopper GPU, so the default stays the verified warp MMA."""
-    from .. import settings
-    warpgroup = settings.flag("METILE_CUDA_WGMMA")
+    those made for other targets, and less the warpgroup unit unless `warpgroup`
+    (settings.wgmma_enabled(): its kernels compile and pass every CPU check, NVRTC for
+    sm_90a and SASS, but have not yet run on a Hopper GPU, so the default stays the
+    verified warp MMA)."""
     return tuple(u for u in MATRIX_UNITS[language]
                  if u.on(target_name) and (warpgroup or not u.warpgroup))
 
