@@ -73,7 +73,7 @@ def scan_row(X, Y, n, OP: metile.constexpr, REVERSE: metile.constexpr, FILL: met
     elif OP == "mul":
         y = metile.associative_scan(x, -1, _mul, REVERSE)
     else:
-        y = metile.associative_scan(x, 0, _max_by_if, reverse=REVERSE)
+        y = x.associative_scan(0, _max_by_if, reverse=REVERSE)  # Triton's tensor method
     metile.store(Y + row * n + offs, y, mask=m)
 
 
@@ -268,10 +268,12 @@ def test_sort_small_blocks(descending, n, block):
 def sort_rows_of_a_tile(X, Y, M: metile.constexpr, N: metile.constexpr, DIM: metile.constexpr,
                         DESC: metile.constexpr):
     offs = metile.arange(0, M)[:, None] * N + metile.arange(0, N)[None, :]
-    metile.store(Y + offs, metile.sort(metile.load(X + offs), dim=DIM, descending=DESC))
+    x = metile.load(X + offs)
+    y = x.sort(descending=DESC) if DIM == "method" else metile.sort(x, dim=DIM, descending=DESC)
+    metile.store(Y + offs, y)
 
 
-@pytest.mark.parametrize("m,n,dim", [(3, 16, None), (5, 2, 1), (2, 256, -1)])
+@pytest.mark.parametrize("m,n,dim", [(3, 16, None), (5, 2, 1), (2, 256, -1), (4, 8, "method")])
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_along_the_last_axis_of_a_2d_tile(descending, dim, m, n):
     x, xn = _sort_values((m, n), I32, 8)  # many ties
@@ -357,7 +359,7 @@ def join_mixed(X, Y, Z, s, N: metile.constexpr):
     metile.store(Y + offs[:, None] * 2 + metile.arange(0, 2)[None, :], j)
     k = metile.join(s, s * 2)  # two scalars: a (2,) tile
     metile.store(Z + metile.arange(0, 2), k)
-    back, _ = metile.split(j)
+    back, _ = j.split()  # Triton's tensor method
     metile.store(X + offs, back + 1)
 
 

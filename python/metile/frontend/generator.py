@@ -455,7 +455,8 @@ class Generator(ControlFlow):
 
 # Triton's tensor methods that are metile builtins taking the tile first (`x.reshape(4, 8)`)
 _TILE_METHODS = frozenset({"trans", "permute", "reshape", "view", "expand_dims", "broadcast_to",
-                           "sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod"})
+                           "sum", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
+                           "associative_scan", "sort", "split"})
 
 
 class _Method:
