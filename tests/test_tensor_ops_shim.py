@@ -364,6 +364,65 @@ def test_cooperative_destination_load_epilogue_store(rng):
     _close(c, want, mx.float32, k)
 
 
+# --- ggml's form: tiles staged in threadgroup memory, transpose_right, a
+# fresh (zero) destination accumulated over K, stored through a device tensor
+# inside the matrix and through threadgroup memory at its edges -------------
+
+GGML = """
+  const int M = dims[0], N = dims[1], K = dims[2];
+  constexpr int NR0 = 64, NR1 = 32, NK = 32;
+  threadgroup half sa[NR0 * NK];
+  threadgroup half sb[NR1 * NK];
+  threadgroup float sc[NR0 * NR1];
+  const int r0 = int(threadgroup_position_in_grid.y) * NR0;  // weight rows: columns of out
+  const int r1 = int(threadgroup_position_in_grid.x) * NR1;  // tokens: rows of out
+  const uint tid = thread_index_in_threadgroup;
+  auto tA = tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(sa, dextents<int32_t, 2>(NK, NR0));
+  auto tB = tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(sb, dextents<int32_t, 2>(NK, NR1));
+  mpp::tensor_ops::matmul2d<
+      mpp::tensor_ops::matmul2d_descriptor(NR1, NR0, NK, false, true, false,
+                                           mpp::tensor_ops::matmul2d_descriptor::mode::multiply_accumulate),
+      execution_simdgroups<4>> mm;
+  auto cT = mm.get_destination_cooperative_tensor<decltype(tB), decltype(tA), float>();
+  for (int k0 = 0; k0 < K; k0 += NK) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint i = tid; i < NR0 * NK; i += 128) {
+      const int n = r0 + int(i) / NK, k = k0 + int(i) % NK;
+      sa[i] = n < N && k < K ? W[n * K + k] : half(0);
+    }
+    for (uint i = tid; i < NR1 * NK; i += 128) {
+      const int m = r1 + int(i) / NK, k = k0 + int(i) % NK;
+      sb[i] = m < M && k < K ? half(X[m * K + k]) : half(0);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    mm.run(tB, tA, cT);
+  }
+  if (r0 + NR0 <= N && r1 + NR1 <= M) {
+    auto tC = tensor<device float, dextents<int32_t, 2>, tensor_inline>(out0 + r1 * N + r0, dextents<int32_t, 2>(N, NR1));
+    cT.store(tC);
+  } else {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    auto tC = tensor<threadgroup float, dextents<int32_t, 2>, tensor_inline>(sc, dextents<int32_t, 2>(NR0, NR1));
+    cT.store(tC);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint i = tid; i < NR0 * NR1; i += 128) {
+      const int m = r1 + int(i) / NR0, n = r0 + int(i) % NR0;
+      if (m < M && n < N) out0[m * N + n] = sc[i];
+    }
+  }
+"""
+
+
+def test_ggml_form_threadgroup_tiles_fresh_destination(rng):
+    m, n, k = 45, 100, 70
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = _operand(rng, (n, k), mx.float16)
+    (c,) = _run("tops_ggml", ["X", "W", "dims"], GGML, [mx.array(x), w, mx.array([m, n, k], dtype=mx.int32)],
+                [(m, n)], [mx.float32], (2 * 128, 2, 1), (128, 1, 1), race_check=True)
+    want = x.astype(np.float16).astype(np.float64) @ _host(w).T
+    _close(c, want, mx.float32, k)
+
+
 # --- MLX's NAX form: cooperative left, right and destination tensors filled
 # element by element in the 16 x 16 fragment layout -------------------------
 
@@ -565,6 +624,13 @@ REJECTED = {
   auto c = op.get_destination_cooperative_tensor<decltype(t), decltype(t), float>();
   auto h = op.get_destination_cooperative_tensor<decltype(t), decltype(t), half>();
   op.run(h, t, c);""", mx.float16, mx.float32, "a cooperative left operand must come from"),
+    "destination_made_for_swapped_input_types": (
+        """constexpr auto desc = matmul2d_descriptor(16, 16, 16);
+  matmul2d<desc, execution_simdgroup> op;
+  auto tA = tensor<const device half, dextents<int32_t, 2>, tensor_inline>(A, dextents<int32_t, 2>(16, 16));
+  auto tB = tensor<device float, dextents<int32_t, 2>, tensor_inline>(out0, dextents<int32_t, 2>(16, 16));
+  auto cT = op.get_destination_cooperative_tensor<decltype(tB), decltype(tA), float>();
+  op.run(tA, tB, cT);""", mx.float16, mx.float32, "input types must match cooperative tensor types"),
     "tensor_over_pointer_of_other_type": (
         """auto t = tensor<const device float, dextents<int32_t, 2>, tensor_inline>(A, dextents<int32_t, 2>(16, 16));""",
         mx.float16, mx.float32, "no matching constructor|cannot initialize|no viable conversion"),

@@ -161,6 +161,13 @@ struct tensor {
   }
 };
 
+// `tensor(data, extents[, strides])` without template arguments (class
+// template argument deduction) builds an inline tensor.
+template <typename E, typename X>
+tensor(E*, X) -> tensor<E, X, tensor_inline>;
+template <typename E, typename X, typename I, size_t R>
+tensor(E*, X, array<I, R>) -> tensor<E, X, tensor_inline>;
+
 // Thread-private elements of a tensor spread over the threads of an
 // operation's scope.  Layout (from the operation) says how many elements a
 // thread holds, which of them are real (not padding) and where each sits:

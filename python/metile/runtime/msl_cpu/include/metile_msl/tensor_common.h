@@ -169,8 +169,11 @@ constexpr matmul2d_code mm_layout_code(matmul2d_code c, mm_role role) {
 }
 
 // The layout tag of a matmul2d cooperative tensor (defined by the runtime
-// shim; the strict model only names it).
-template <matmul2d_code LayoutCode, size_t Simdgroups, mm_role Role>
+// shim; the strict model only names it).  It carries the element types of
+// the left and right operands it was made for: Metal's run refuses a
+// cooperative tensor made for other input types ("Input types must match
+// cooperative tensor types").
+template <matmul2d_code LayoutCode, size_t Simdgroups, mm_role Role, typename LeftValue, typename RightValue>
 struct mm_layout;
 
 // Element kinds of matmul2d operands.

@@ -80,8 +80,12 @@
 //    is_valid_element); get_multidimensional_index gives (column, row) in
 //    the stored orientation.
 // The layout depends on M, N (and K, transposes for inputs) and the scope,
-// not on the element type or mode: destinations of float and half, or of a
-// multiply and a multiply_accumulate operation, index alike.
+// not on element types or mode: destinations of float and half, or of a
+// multiply and a multiply_accumulate operation, index alike.  A cooperative
+// tensor's type records the left and right element types it was made for
+// (get_destination_cooperative_tensor<Left, Right, E>), and run accepts it
+// only with operands of those types in that order, as Metal does.  Fresh
+// cooperative tensors are zero (ggml's Metal matmul relies on it).
 #pragma once
 
 #include "tensor.h"
@@ -111,7 +115,7 @@ inline unsigned scope_simdgroup(const Lane* me) {
   return S == 1 ? 0u : me->simdgroup_index_in_threadgroup;
 }
 
-template <matmul2d_code LC, size_t S, mm_role Role>
+template <matmul2d_code LC, size_t S, mm_role Role, typename LeftValue, typename RightValue>
 struct mm_layout {
   static constexpr int M = matmul_m(LC), N = matmul_n(LC), K = matmul_k(LC);
   static constexpr bool swapped = (Role == mm_role::left && matmul_tl(LC)) || (Role == mm_role::right && matmul_tr(LC));
@@ -385,8 +389,8 @@ class matmul2d {
   static constexpr size_t S = metile_detail::scope_size<Scope>::value;
   static_assert(S * metile_rt::kSimdWidth <= metile_rt::kMaxMatmulThreads, "matmul2d: more than 1024 threads");
 
-  template <metile_rt::mm_role Role>
-  using layout = metile_rt::mm_layout<metile_rt::mm_layout_code(Descriptor, Role), S, Role>;
+  template <metile_rt::mm_role Role, typename LV, typename RV>
+  using layout = metile_rt::mm_layout<metile_rt::mm_layout_code(Descriptor, Role), S, Role, LV, RV>;
 
  public:
   static constexpr matmul2d_descriptor descriptor = metile_decode(Descriptor);
@@ -396,13 +400,17 @@ class matmul2d {
 
   template <typename LeftOperand, typename RightOperand, typename ElementType, typename CoordType = int>
   using cooperative_tensor_destination_t =
-      metal::cooperative_tensor<ElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::destination>>;
+      metal::cooperative_tensor<ElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::destination, typename metile_rt::mm_traits<LeftOperand>::value_type,
+                                       typename metile_rt::mm_traits<RightOperand>::value_type>>;
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   using cooperative_tensor_left_input_t =
-      metal::cooperative_tensor<LeftElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::left>>;
+      metal::cooperative_tensor<LeftElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::left, LeftElementType, RightElementType>>;
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   using cooperative_tensor_right_input_t =
-      metal::cooperative_tensor<RightElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::right>>;
+      metal::cooperative_tensor<RightElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::right, LeftElementType, RightElementType>>;
 
   template <typename LeftOperand, typename RightOperand, typename ElementType, typename CoordType = int>
   cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>
@@ -414,21 +422,21 @@ class matmul2d {
                   "types (tensors or cooperative tensors), e.g. decltype(mA)");
     static_assert(metile_rt::mm_types_ok<typename LT::value_type, typename RT::value_type, ElementType>,
                   "get_destination_cooperative_tensor: unsupported (left, right, destination) element types");
-    return poisoned<cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>();
+    return zeroed<cooperative_tensor_destination_t<LeftOperand, RightOperand, ElementType, CoordType>>();
   }
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>
   get_left_input_cooperative_tensor() const {
     static_assert(metile_rt::mm_types_ok<LeftElementType, RightElementType, ElementType>,
                   "get_left_input_cooperative_tensor<Left, Right, Destination>: unsupported element types");
-    return poisoned<cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
+    return zeroed<cooperative_tensor_left_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
   }
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>
   get_right_input_cooperative_tensor() const {
     static_assert(metile_rt::mm_types_ok<LeftElementType, RightElementType, ElementType>,
                   "get_right_input_cooperative_tensor<Left, Right, Destination>: unsupported element types");
-    return poisoned<cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
+    return zeroed<cooperative_tensor_right_input_t<LeftElementType, RightElementType, ElementType, CoordType>>();
   }
 
   // Apple's run takes its operands by non-const reference (so a temporary
@@ -446,15 +454,20 @@ class matmul2d {
     static_assert(LT::rank == 2 && RT::rank == 2 && DT::rank == 2, "matmul2d::run: operands are rank-2 tensors");
     static_assert(metile_rt::mm_run_rules<Descriptor, typename LT::value_type, typename RT::value_type,
                                           typename DT::value_type, LT::coop, RT::coop, DT::is_const>::ok);
-    static_assert(!LT::coop || std::is_same_v<typename LT::layout, layout<metile_rt::mm_role::left>>,
+    using LV = typename LT::value_type;
+    using RV = typename RT::value_type;
+    static_assert(!LT::coop || std::is_same_v<typename LT::layout, layout<metile_rt::mm_role::left, LV, RV>>,
                   "matmul2d::run: a cooperative left operand must come from this operation's "
-                  "get_left_input_cooperative_tensor (same m, k, transpose_left and scope)");
-    static_assert(!RT::coop || std::is_same_v<typename RT::layout, layout<metile_rt::mm_role::right>>,
+                  "get_left_input_cooperative_tensor<Left, Right, ...> for this run's element types (same m, k, "
+                  "transpose_left and scope)");
+    static_assert(!RT::coop || std::is_same_v<typename RT::layout, layout<metile_rt::mm_role::right, LV, RV>>,
                   "matmul2d::run: a cooperative right operand must come from this operation's "
-                  "get_right_input_cooperative_tensor (same k, n, transpose_right and scope)");
-    static_assert(!DT::coop || std::is_same_v<typename DT::layout, layout<metile_rt::mm_role::destination>>,
-                  "matmul2d::run: a cooperative destination must come from get_destination_cooperative_tensor of "
-                  "an operation with the same m, n and scope");
+                  "get_right_input_cooperative_tensor<Left, Right, ...> for this run's element types (same k, n, "
+                  "transpose_right and scope)");
+    static_assert(!DT::coop || std::is_same_v<typename DT::layout, layout<metile_rt::mm_role::destination, LV, RV>>,
+                  "matmul2d::run: a cooperative destination must come from get_destination_cooperative_tensor<"
+                  "Left, Right, ...> of an operation with the same m, n and scope, with Left and Right of this "
+                  "run's element types, in this order (Metal: input types must match cooperative tensor types)");
 
     using namespace metile_rt;
     Lane* me = current_lane;
@@ -472,6 +485,7 @@ class matmul2d {
       }
     }
     const unsigned tid = me->thread_index_in_threadgroup;
+    if (tid >= kMaxMatmulThreads) fail("mpp::tensor_ops::matmul2d::run: more than 1024 threads in the threadgroup");
     mm_table[tid] = mm_slot{{&left, &right, &destination}};
     mm_sync<S>(site);
     me = current_lane;
@@ -485,18 +499,13 @@ class matmul2d {
   }
 
  private:
-  // Fresh cooperative tensors hold garbage on a GPU; NaN (or a pattern for
-  // integers) here, so a missing initialisation shows in the results.
+  // A fresh cooperative tensor is zero: ggml's Metal matmul (llama.cpp,
+  // kernel_mul_mm's tensor path) accumulates into one without initialising
+  // it, and the operation's header declares an initialiser for destinations.
   template <typename CT>
-  static CT poisoned() {
+  static CT zeroed() {
     CT ct;
-    using E = typename CT::element_type;
-    for (unsigned i = 0; i < CT::get_capacity(); ++i) {
-      if constexpr (std::is_integral_v<E>)
-        ct.metile_elems[i] = E(0x5A);
-      else
-        ct.metile_elems[i] = E(__builtin_nanf(""));
-    }
+    for (unsigned i = 0; i < CT::get_capacity(); ++i) ct.metile_elems[i] = typename CT::element_type(0);
     return ct;
   }
 };

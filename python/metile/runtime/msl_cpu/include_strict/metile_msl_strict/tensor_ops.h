@@ -68,8 +68,8 @@ class matmul2d {
                 "mpp::tensor_ops::matmul2d: the scope is metal::execution_simdgroup, execution_simdgroups<N> or "
                 "execution_thread");
   static constexpr size_t S = metile_strict::scope_size<Scope>::value;
-  template <metile_rt::mm_role Role>
-  using layout = metile_rt::mm_layout<metile_rt::mm_layout_code(Descriptor, Role), S, Role>;
+  template <metile_rt::mm_role Role, typename LV, typename RV>
+  using layout = metile_rt::mm_layout<metile_rt::mm_layout_code(Descriptor, Role), S, Role, LV, RV>;
 
  public:
   static constexpr matmul2d_descriptor descriptor = metile_decode(Descriptor);
@@ -79,13 +79,17 @@ class matmul2d {
 
   template <typename LeftOperand, typename RightOperand, typename ElementType, typename CoordType = int>
   using cooperative_tensor_destination_t =
-      metal::cooperative_tensor<ElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::destination>>;
+      metal::cooperative_tensor<ElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::destination, typename metile_strict::mm_traits<LeftOperand>::value_type,
+                                       typename metile_strict::mm_traits<RightOperand>::value_type>>;
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   using cooperative_tensor_left_input_t =
-      metal::cooperative_tensor<LeftElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::left>>;
+      metal::cooperative_tensor<LeftElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::left, LeftElementType, RightElementType>>;
   template <typename LeftElementType, typename RightElementType, typename ElementType, typename CoordType = int>
   using cooperative_tensor_right_input_t =
-      metal::cooperative_tensor<RightElementType, metal::dextents<CoordType, 2>, layout<metile_rt::mm_role::right>>;
+      metal::cooperative_tensor<RightElementType, metal::dextents<CoordType, 2>,
+                                layout<metile_rt::mm_role::right, LeftElementType, RightElementType>>;
 
   template <typename LeftOperand, typename RightOperand, typename ElementType, typename CoordType = int,
             typename std::enable_if<(metile_strict::mm_traits<LeftOperand>::coop ||
@@ -134,15 +138,20 @@ class matmul2d {
     static_assert(metile_rt::mm_run_rules<Descriptor, typename LT::value_type, typename RT::value_type,
                                           typename DT::value_type, LT::coop, RT::coop, DT::is_const>::ok,
                   "");
-    static_assert(!LT::coop || std::is_same<typename LT::layout, layout<metile_rt::mm_role::left>>::value,
+    using LV = typename LT::value_type;
+    using RV = typename RT::value_type;
+    static_assert(!LT::coop || std::is_same<typename LT::layout, layout<metile_rt::mm_role::left, LV, RV>>::value,
                   "matmul2d::run: a cooperative left operand must come from this operation's "
-                  "get_left_input_cooperative_tensor (same m, k, transpose_left and scope)");
-    static_assert(!RT::coop || std::is_same<typename RT::layout, layout<metile_rt::mm_role::right>>::value,
+                  "get_left_input_cooperative_tensor<Left, Right, ...> for this run's element types (same m, k, "
+                  "transpose_left and scope)");
+    static_assert(!RT::coop || std::is_same<typename RT::layout, layout<metile_rt::mm_role::right, LV, RV>>::value,
                   "matmul2d::run: a cooperative right operand must come from this operation's "
-                  "get_right_input_cooperative_tensor (same k, n, transpose_right and scope)");
-    static_assert(!DT::coop || std::is_same<typename DT::layout, layout<metile_rt::mm_role::destination>>::value,
-                  "matmul2d::run: a cooperative destination must come from get_destination_cooperative_tensor of "
-                  "an operation with the same m, n and scope");
+                  "get_right_input_cooperative_tensor<Left, Right, ...> for this run's element types (same k, n, "
+                  "transpose_right and scope)");
+    static_assert(!DT::coop || std::is_same<typename DT::layout, layout<metile_rt::mm_role::destination, LV, RV>>::value,
+                  "matmul2d::run: a cooperative destination must come from get_destination_cooperative_tensor<"
+                  "Left, Right, ...> of an operation with the same m, n and scope, with Left and Right of this "
+                  "run's element types, in this order (Metal: input types must match cooperative tensor types)");
     (void)left;
     (void)right;
     (void)destination;
