@@ -90,6 +90,7 @@ DTYPES = [
     (mx.bfloat16, mx.bfloat16, mx.bfloat16),
     (mx.float32, mx.float32, mx.float32),
     (mx.int8, mx.int8, mx.int32),
+    (mx.uint8, mx.int8, mx.int32),
     (mx.float16, mx.int8, mx.float32),
     (mx.bfloat16, mx.float16, mx.float32),
 ]

@@ -36,9 +36,21 @@
 //   }
 //
 // (Or apply the epilogue to acc[i] in place and `acc.store(tC.slice(col0, row0))`
-// through an output tensor: store writes only in-bounds elements.)  run is
-// not a threadgroup barrier on a GPU: threadgroup-staged operands still need
-// threadgroup_barrier around their writes.
+// through an output tensor: store writes only in-bounds elements.)  Notes:
+//  * in a template (e.g. a metal_kernel with template arguments) the getter
+//    is `op.template get_destination_cooperative_tensor<...>()`;
+//  * the threadgroup must have exactly SG SIMD-groups; every thread of it
+//    runs the same sequence of run calls (no run under a lane-dependent
+//    condition, no early return before the last run);
+//  * the accumulator's type is tied to the operands' element types in order:
+//    get_destination_cooperative_tensor<decltype(left), decltype(right), E>
+//    for run(left, right, acc);
+//  * never assume which lane holds which element: use is_valid_element and
+//    get_multidimensional_index (the layout below is the shim's choice);
+//  * a fresh accumulator is zero; zeroing it explicitly (as Apple's example
+//    does) costs nothing and does not depend on that;
+//  * run is not a threadgroup barrier on a GPU: threadgroup-staged operands
+//    still need threadgroup_barrier around their writes.
 // ============================================================================
 //
 // What the shim does:
