@@ -200,3 +200,63 @@ def batched_matmul_epilogue(left, right, output, rows, columns, inner, left_batc
         accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
     result = activation(accumulator, EPILOGUE, NEGATIVE_SLOPE)
     c.store((row_origin, column_origin), result.to(output.dtype))
+
+
+def split_k_grid(splits: int, rows: int, columns: int, BLOCK_M: int = 64,
+                 BLOCK_N: int = 64) -> tuple[int, int, int]:
+    return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N), splits)
+
+
+def split_k_chunk(inner: int, splits: int, BLOCK_K: int) -> int:
+    """The K extent each split multiplies: a whole number of K tiles, so no tile of one
+    split reads into the next."""
+    return metile.cdiv(metile.cdiv(inner, splits), BLOCK_K) * BLOCK_K
+
+
+@metile.kernel
+def matmul_split_k(left, right, partial, rows, columns, inner, chunk,
+                   BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+                   BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
+                   TRANSPOSE_B: metile.constexpr = False):
+    """partial[s] = left[:, s*chunk : (s+1)*chunk] @ right[s*chunk : (s+1)*chunk, :] in
+    float32 for the split s = program_id(2) (`chunk` a multiple of BLOCK_K; the last
+    split stops at `inner`).  The K loop of a skinny product (few output tiles, long K)
+    spread over more programs; `split_k_epilogue` adds the partial products up.
+    Grid: `split_k_grid(splits, rows, columns, BLOCK_M, BLOCK_N)`."""
+    split = metile.program_id(2)
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
+    c = metile.tensor(partial + split * rows * columns, shape=(rows, columns),
+                      strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    k_begin = split * chunk
+    k_end = metile.minimum(k_begin + chunk, inner)
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(k_begin, k_end, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    c.store((row_origin, column_origin), accumulator)
+
+
+@metile.kernel
+def split_k_epilogue(partial, output, bias, residual, rows, columns, splits,
+                     BLOCK: metile.constexpr = 1024, BIAS: metile.constexpr = "none",
+                     RESIDUAL: metile.constexpr = False, EPILOGUE: metile.constexpr = "none",
+                     NEGATIVE_SLOPE: metile.constexpr = 0.1):
+    """output = activation(sum over splits of partial + bias) (+ residual): the epilogue of
+    a split-K product, the same as linear_epilogue's (BIAS "columns", "rows" or "none")."""
+    n = rows * columns
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    inside = i < n
+    total = metile.zeros((BLOCK,), dtype=metile.float32)
+    for s in range(0, splits):
+        total = total + metile.load(partial + s * n + i, mask=inside, other=0.0)
+    if BIAS == "columns":
+        total = total + metile.load(bias + i % columns, mask=inside, other=0.0).to(metile.float32)
+    elif BIAS == "rows":
+        total = total + metile.load(bias + i // columns, mask=inside, other=0.0).to(metile.float32)
+    result = activation(total, EPILOGUE, NEGATIVE_SLOPE)
+    if RESIDUAL:
+        result = result + metile.load(residual + i, mask=inside, other=0.0).to(metile.float32)
+    metile.store(output + i, result.to(output.dtype), mask=inside)

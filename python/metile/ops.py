@@ -148,9 +148,48 @@ def _as_rhs(b, block):
     return b.T if block.get("TRANSPOSE_B") else b
 
 
+def split_k_count(m: int, n: int, k: int, block: dict, programs: int = 2 * CUDA_SMS) -> int:
+    """Splits of the K loop for a skinny product (issue 13 item 8): enough to give about
+    `programs` programs when the output has few tiles, each split at least 4 K tiles
+    long, at most 16; 1 (no split) when the output already fills the machine."""
+    tiles = math.ceil(m / block["BLOCK_M"]) * math.ceil(n / block["BLOCK_N"])
+    if tiles * 2 > programs:
+        return 1
+    return max(1, min(16, programs // max(tiles, 1), k // (4 * block["BLOCK_K"])))
+
+
+def _kernel_block(block: dict) -> dict:
+    return {key: v for key, v in block.items() if key != "SPLIT_K"}
+
+
+def _launch_split_k(a2, b, bias, residual, activation, slope, block, dispatch_only=False):
+    """act(a2 @ b + bias) (+ residual) as SPLIT_K partial products over K, summed (with
+    the epilogue) by a second kernel: for outputs too small to fill the GPU."""
+    from metile_kernels.gemm import (matmul_split_k, split_k_chunk, split_k_epilogue,
+                                     split_k_grid)
+
+    m, k = a2.shape
+    n = _columns(b, block)
+    splits = block["SPLIT_K"]
+    kb = _kernel_block(block)
+    chunk = split_k_chunk(k, splits, kb["BLOCK_K"])
+    product = matmul_split_k[split_k_grid(splits, m, n, kb["BLOCK_M"], kb["BLOCK_N"])]
+    args = (a2, b, mx.zeros((splits, m, n), mx.float32), m, n, k, chunk)
+    if dispatch_only:
+        return product.prepare(*args, **kb)
+    partial = product(*args, **kb)
+    epilogue = split_k_epilogue[(max(1, math.ceil(m * n / 1024)),)]
+    return epilogue(partial, mx.zeros((m, n), a2.dtype), a2 if bias is None else bias,
+                    a2 if residual is None else residual, m, n, splits, BLOCK=1024,
+                    BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
+                    EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope))
+
+
 def _launch(a2, b, activation, slope, block, dispatch_only=False):
     from metile_kernels.gemm import grid, matmul_epilogue
 
+    if block.get("SPLIT_K", 1) > 1:
+        return _launch_split_k(a2, b, None, None, activation, slope, block, dispatch_only)
     m, k = a2.shape
     n = _columns(b, block)
     launcher = matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
@@ -159,14 +198,19 @@ def _launch(a2, b, activation, slope, block, dispatch_only=False):
     return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
 
 
-def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1) -> dict:
+def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
+           k: int = 0) -> dict:
     """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
     backend for 16-bit operands, else the portable 64x64x16; with `transpose_b` the
-    kernel reads the right operand as stored (N, K)."""
+    kernel reads the right operand as stored (N, K).  On CUDA a grid of few tiles over a
+    long K splits the K loop (SPLIT_K, `split_k_count`)."""
     if dtype == mx.float32 or not _on_cuda():
         block = BLOCK
     elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
+        splits = split_k_count(m, n, k, block) if batch == 1 and k else 1
+        if splits > 1:
+            block = {**block, "SPLIT_K": splits}
     else:
         block = CUDA_BLOCK
     return _transposed(block) if transpose_b else block
@@ -269,6 +313,8 @@ def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_onl
     """w: the weight as stored (N, K) with a TRANSPOSE_B block, else its (K, N) transpose."""
     from metile_kernels.gemm import grid, linear_epilogue
 
+    if block.get("SPLIT_K", 1) > 1:
+        return _launch_split_k(x2, w, bias, residual, activation, slope, block, dispatch_only)
     m, k = x2.shape
     n = _columns(w, block)
     launcher = linear_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
@@ -348,7 +394,7 @@ ROW_MAJOR_LAYOUTS = ("a@b",)
 TRANSPOSED_LAYOUTS = ("a@b.T", "x@w.T")
 
 
-def metile_configs(dtype, layout: str = "a@b") -> list[dict]:
+def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     """The metile kernel configurations `auto` measures against MLX for a dtype and
     right-operand layout on the default device: both measured CUDA tiles for 16-bit
     operands on NVIDIA, else the portable tile.  A transposed layout takes the
@@ -357,6 +403,13 @@ def metile_configs(dtype, layout: str = "a@b") -> list[dict]:
     only they stage the operand with 16-byte asynchronous copies."""
     cuda = dtype != mx.float32 and _on_cuda()
     base = [CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK]
+    if shape is not None:
+        # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
+        # grid leaves most of the machine idle (rows bucketed as in the routing key, so
+        # the names a decision records are the names this call generates).
+        m, n, k = shape
+        base = base + [{**c, "SPLIT_K": s} for c in base
+                       if (s := split_k_count(m, n, k, c)) > 1]
     if layout in ROW_MAJOR_LAYOUTS:
         return base
     if layout not in TRANSPOSED_LAYOUTS:
@@ -384,6 +437,15 @@ def _fingerprints() -> dict:
     from .runtime import cache
     return {"compiler": cache.compiler_fingerprint(),
             "kernel": cache.source_fingerprint(matmul_epilogue.fn)}
+
+
+@functools.lru_cache(maxsize=1)
+def _split_k_fingerprint() -> str:
+    from metile_kernels.gemm import matmul_split_k, split_k_epilogue
+
+    from .runtime import cache
+    return cache.source_fingerprint(matmul_split_k.fn) + cache.source_fingerprint(
+        split_k_epilogue.fn)
 
 
 @functools.lru_cache(maxsize=1)
@@ -425,7 +487,7 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     hit = _keys.get(memo)
     if hit is not None:
         return hit
-    cfgs = metile_configs(dtype, layout)
+    cfgs = metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
     parts = {"op": op, "dtype": str(dtype).removeprefix("mlx.core."), "m_bucket": m_bucket(m),
              "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
              "device": _device_description(device_type),
@@ -434,6 +496,8 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
         parts["residual"] = has_residual
         parts["linear_kernel"] = _linear_fingerprint()
+    if any("SPLIT_K" in c for c in cfgs):   # candidates that run the split-K kernels
+        parts["split_k_kernels"] = _split_k_fingerprint()
     if batch_parts is not None:   # these run batched_matmul_epilogue, one GEMM per batch index
         parts["batch_bucket"], parts["batch_shared"] = batch_parts
         parts["batched_kernel"] = _batched_fingerprint()
@@ -475,7 +539,7 @@ def _operands(shapes, dtype):
 
 
 def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False,
-                batched=False):
+                batched=False, shape=None):
     if op == "matmul" and batched:   # a3 (batch or 1, M, K), b3 (batch or 1, K, N)
         ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
         return [ref] + [routing.Candidate(_config_name(c),
@@ -486,7 +550,7 @@ def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=Fal
         return [ref] + [routing.Candidate(_config_name(c),
                                           lambda a, b, c=c: _fused_matmul(activation, slope, c)(
                                               a, _as_rhs(b, c)))
-                        for c in metile_configs(dtype, layout)]
+                        for c in metile_configs(dtype, layout, shape)]
 
     def split(extra):
         extra = list(extra)
@@ -505,7 +569,7 @@ def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=Fal
 
     return ([routing.Candidate(routing.REFERENCE, ref_run)]
             + [routing.Candidate(_config_name(c), kernel_run(c))
-               for c in metile_configs(dtype, layout)])
+               for c in metile_configs(dtype, layout, shape)])
 
 
 def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
@@ -528,11 +592,12 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
         layout = "a@b" if op == "matmul" else "x@w.T"
     if backend == "metile":
         block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS,
-                       batch=1 if batch is None else batch[0])
+                       batch=1 if batch is None else batch[0], k=k)
         return _Route("metile", block, routing.Decision(_config_name(block), "requested",
                                                         "backend='metile' requested"))
     has_bias = len(arrays) > 2
     has_residual = residual is not None
+    shape = None if batch is not None else (m_bucket(m), n, k)
     key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual,
                             batch)
     entry, path = (None, None) if force else routing.lookup(key)
@@ -551,13 +616,13 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
             decision = routing.measure(
                 key, parts,
                 _candidates(op, activation, slope, a2.dtype, layout, has_bias, has_residual,
-                            batch is not None),
+                            batch is not None, shape),
                 operands, _validate, budget_s=routing.budget(), clock=routing.scope_clock())
         else:
             decision = _cost_model()
     if decision.winner == routing.REFERENCE:
         return _Route("mlx", None, decision)
-    by_name = {_config_name(c): c for c in metile_configs(a2.dtype, layout)}
+    by_name = {_config_name(c): c for c in metile_configs(a2.dtype, layout, shape)}
     if decision.winner not in by_name:   # a decision naming a tile this version lacks
         return _Route("mlx", None, _cost_model())
     return _Route("metile", by_name[decision.winner], decision)
