@@ -97,15 +97,25 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         name = self.fresh(prefix)
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
-            if self.shared_bytes > self.shared_limit:
-                raise CompilationError(
-                    f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
-                    f"the {self.shared_limit} a threadgroup has; use smaller blocks")
+            self._check_shared("tiles held in threadgroup memory")
         attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
         if align:
             attrs["align"] = align
         self.decls.append(Op("decl", [], [], attrs, []))
         return name
+
+    def _check_shared(self, what: str) -> None:
+        """Past the static limit, a target with an opt-in limit (CUDA: dynamic shared memory
+        up to cudaFuncAttributeMaxDynamicSharedMemorySize) lays its arrays out in one
+        dynamic buffer; past that, a compile error."""
+        if self.shared_bytes <= self.shared_limit:
+            return
+        if self.shared_bytes <= self.shared_optin:
+            self.dynamic_shared = True
+            return
+        raise CompilationError(
+            f"{what} need {self.shared_bytes} bytes, more than the {self.shared_optin} a "
+            "threadgroup can have; use smaller blocks")
 
     def new_storage(self, kind: str, shape, t) -> Storage:
         dtype = scalar_of(t).dtype
@@ -386,6 +396,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         elif name == "shared_alloc":
             ptr: PointerType = result.type
             self.shared_bytes += op.attrs["size"] * ptr.dtype.itemsize
+            self._check_shared("shared() arrays and tiles held in threadgroup memory")
             self.decls.append(Op("decl", [], [], {"name": ptr.root, "storage": "shared",
                                                   "dtype": ptr.dtype, "size": op.attrs["size"]}, []))
             self.scalars[result.id] = self.const(b, 0)
