@@ -130,32 +130,28 @@ def m5_target():
 @pytest.mark.skipif(not (mx.default_device().type == mx.cpu or mx.metal.is_available()),
                     reason="runs the MSL it plans for")
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_m5_gemm_plans_tensor_ops_and_runs_the_path_metile_lowers(m5_target, rng, dtype):
-    # The automatic M5 plan is the hardware's (tensor ops, as in the recorded M5 report);
-    # its lowering is not built yet, so launching it refuses, while the SIMD-group path
-    # metile lowers runs the same GEMM on apple10 with the right numbers.
+def test_m5_gemm_plans_tensor_ops_and_runs_it(m5_target, rng, dtype):
+    # The automatic M5 plan is the hardware's (tensor ops, as in the recorded M5 report),
+    # lowered to Metal 4 tensor ops (the CPU runtime runs them through its shim); the
+    # SIMD-group path runs the same GEMM on apple10 when asked for.
     from test_gemm import check
     from test_schedule_lowering import prepare
     d, ref = prepare(rng, 70, 50, 40, dtype, backend=m5_target)
     assert (d.schedule_plan.backend, d.schedule_plan.staging) == ("tensor_ops", "device")
-    with pytest.raises(CompilationError, match="selects backend 'tensor_ops', which metile's "
-                                               "lowering does not implement yet"):
-        d()
+    check(d(), ref)
     d, ref = prepare(rng, 70, 50, 40, dtype, Schedule(backend="simdgroup"), backend=m5_target)
     assert (d.schedule_plan.backend, d.schedule_plan.staging) == ("simdgroup", "threadgroup")
     check(d(), ref)
 
 
 @pytest.mark.parametrize("schedule,message", [
-    (Schedule(backend="tensor_ops"), "selects backend 'tensor_ops', which metile's lowering "
-                                     "does not implement yet"),
     (Schedule(backend="nax"), "cannot honour backend='nax': nax computes float32 products at "
                               "reduced precision on apple10; it needs RELAXED_PRECISION=True"),
     (Schedule(backend="simdgroup", staging="device"),
      "cannot honour staging='device': metile's GEMM lowering stages operands through threadgroup "
      "memory; fragments loaded straight from device memory are not implemented"),
 ])
-def test_unlowered_requirements_are_compile_errors(m5_target, rng, schedule, message):
+def test_unhonoured_requirements_are_compile_errors(m5_target, rng, schedule, message):
     from test_schedule_lowering import prepare
     with pytest.raises(CompilationError) as info:
         d, _ = prepare(rng, 70, 50, 40, "float32", schedule, backend=m5_target)

@@ -322,11 +322,12 @@ def test_auto_falls_back_to_scalar_fma_when_no_fragment_fits():
 def test_planning_against_what_metile_lowers():
     # Without a Lowering the planner describes the hardware (the M5 contract table);
     # with one it never plans a path the code generators neither lower nor plan ahead
-    # of their lowering (LOWERING plans tensor_ops and nax: generation refuses them).
+    # of their lowering (LOWERING lowers tensor_ops and nax; a Lowering without them
+    # plans the SIMD-group path).
     from metile.schedule import LOWERING, Lowering
     assert plan(gemm(), "apple10").backend == "tensor_ops"
     assert plan_schedule(gemm(), TARGETS["apple10"], Schedule(), LOWERING).backend == "tensor_ops"
-    lowered_only = Lowering(planned_backends=())
+    lowered_only = Lowering(matrix_backends=("simdgroup", "simdgroup_inline"))
     lowered = plan_schedule(gemm(), TARGETS["apple10"], Schedule(), lowered_only)
     assert (lowered.backend, lowered.staging) == ("simdgroup", "threadgroup")
     with pytest.raises(ScheduleError, match="backend='nax': metile does not lower nax yet"):

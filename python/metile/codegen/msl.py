@@ -11,6 +11,8 @@ bfloat has none).  Metal has no erf; the header supplies one.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
+from ..ir.ops import TENSOR_OPS
+from . import msl_tensor_ops
 from .c_like import CEmitter
 
 _ERF = """\
@@ -119,7 +121,8 @@ class MSLEmitter(CEmitter):
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
-    HELPERS = {"erf": _ERF, "atomics": _ATOMICS}
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS,
+               "tensor_ops": msl_tensor_ops.HEADER}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "{frag} = metal::make_filled_simdgroup_matrix<float, 8, 8>({value});",
@@ -142,7 +145,14 @@ class MSLEmitter(CEmitter):
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
 
+    def statement(self, op: Op, depth: int) -> None:
+        if op.name in ("mpp_setup", "mpp_step"):   # Metal 4 tensor ops (msl_tensor_ops.py)
+            return msl_tensor_ops.statement(self, op, [self.ref(v) for v in op.operands], depth)
+        super().statement(op, depth)
+
     def expr(self, op: Op) -> str:
+        if op.name in TENSOR_OPS:
+            return msl_tensor_ops.expr(self, op)
         if op.name == "acc_coord":
             # Element e (0, 1) of an 8x8 float accumulator's thread_elements(): lane l holds
             # row (l/4 & 4) + (l/2) % 4, columns (l/4 & 2) * 2 + (l % 2) * 2 and + 1 (the

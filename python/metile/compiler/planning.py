@@ -14,6 +14,7 @@ from ..ir.core import Function, walk
 from ..passes.gemm import find_gemm
 from ..passes.gemm_bounds import prove_gemm_bounds, staging_load
 from ..passes.vectorize_elementwise import vectorizable
+from ..passes.gemm_tensor_ops import tensor_operands
 from ..passes.lower_matmul import GemmPlan, plan_gemm
 from ..passes.lower_fragments import fragment_threads
 from ..passes.lower_tiles import choose_threads, largest_tile, relaxed_precision
@@ -21,7 +22,7 @@ from ..passes.shared_hazards import check_shared_contract
 from ..schedule import (AllocationReport, ExecutionReport, KernelTraits, LoopReport, Schedule,
                         SchedulePlan, ScheduleError, check_legacy_geometry, plan_schedule)
 from ..schedule.report import debug_dump, validate_report
-from ..schedule.targets import LOWERING, Target
+from ..schedule.targets import LOWERING, MATRIX_UNITS, Target
 
 
 _REDUCING = ("reduce", "simd_reduce")
@@ -107,10 +108,16 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
         raise ScheduleError("vector_width=4", f"no {what} is complete for these sizes, so every "
                                               "staging load keeps its scalar guards")
     if plan.backend in LOWERING.planned_backends:
-        # An SDK path (tensor_ops, nax) planned ahead of its lowering: the planner's
-        # own geometry stands (16x16 fragments on its SIMD-group grid); the simdgroup
-        # fragment placement below does not apply, and generation refuses (`unlowered`).
+        # An SDK path planned ahead of its lowering: the planner's own geometry stands;
+        # the simdgroup fragment placement below does not apply, and generation refuses
+        # (`unlowered`).
         return plan, plan.threadgroup_size[0], None
+    if plan.backend in _TENSOR_BACKENDS:
+        tensor = _tensor_ops_plan(fn, g, plan, schedule)
+        if tensor is not None:
+            return tensor
+        plan = _without_tensor_ops(traits, target, schedule, plan.backend, tensor_operands(fn, g))
+        check_legacy_geometry(constexprs, plan, schedule)
     # The GEMM lowering places fragments for the backend's own matrix unit
     # within the planned thread count; the plan records what it chose.
     gp = plan_gemm(g, units, relaxed_precision(fn), plan.threadgroup_size[0],
@@ -121,6 +128,47 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
                                simdgroup_grid=tuple(gp.grid) if gp.unit else None,
                                reasons=plan.reasons + (why,))
     return plan, gp.threads, gp
+
+
+_TENSOR_BACKENDS = ("tensor_ops", "nax")
+
+
+def _tensor_ops_plan(fn: Function, g, plan: SchedulePlan, schedule
+                     ) -> tuple[SchedulePlan, int, GemmPlan] | None:
+    """The tensor_ops / nax lowering's plan (passes/gemm_tensor_ops.py) when the operand loads
+    are tensor views; None when they are not and the backend was chosen automatically;
+    ScheduleError when they are not and the schedule asked for this backend."""
+    found = tensor_operands(fn, g)
+    if isinstance(found, str):
+        if schedule is not None and schedule.backend == plan.backend:
+            raise ScheduleError(f"backend={plan.backend!r}", f"{found}; {plan.backend} reads "
+                                "each operand tile as a Metal tensor straight from device "
+                                "memory")
+        return None
+    unit = next(u for u in MATRIX_UNITS["msl"] if u.path == plan.backend)
+    bm, bn, bk = g.tile
+    wm, wn = plan.simdgroup_grid
+    what = (f"{bm // wm // 16}x{bn // wn // 16} NAX fragment products of 16x16x16"
+            if plan.backend == "nax" else f"one {bm // wm}x{bn // wn}x{bk} product")
+    gp = GemmPlan(unit, plan.threadgroup_size[0], (wm, wn))
+    why = (f"Lowered with {unit.name} on a {wm}x{wn} SIMD-group grid: {what} per SIMD-group "
+           "and K step, operands as inline tensors "
+           + ("(" + ", ".join(f"{role} stored transposed" for role, o in
+                               zip(("left", "right"), found) if o.transposed) + ")"
+              if any(o.transposed for o in found) else "(row-major)") + ".")
+    return dataclasses.replace(plan, reasons=plan.reasons + (why,)), gp.threads, gp
+
+
+def _without_tensor_ops(traits: KernelTraits, target: Target, schedule, backend: str,
+                        why: str) -> SchedulePlan:
+    """The automatic plan when the operands cannot be tensor views: the SIMD-group path,
+    its reasons led by why the tensor path was not taken."""
+    lowering = dataclasses.replace(LOWERING, matrix_backends=tuple(
+        b for b in LOWERING.matrix_backends if b not in _TENSOR_BACKENDS), planned_backends=())
+    plan = plan_schedule(traits, target, schedule, lowering)
+    kept = [r for r in plan.reasons
+            if not r.startswith(tuple(f"{b} not selected" for b in _TENSOR_BACKENDS))]
+    return dataclasses.replace(plan, reasons=(f"{backend} not selected: {why}.", *kept))
 
 
 def _vector_lanes(fn: Function, default: int) -> int:

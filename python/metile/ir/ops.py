@@ -114,3 +114,16 @@ THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")
 SCAN_KINDS = ("sum", "prod")
+
+# Metal 4 tensor ops (passes/gemm_tensor_ops.py; MSL, the tensor_ops and nax units only):
+# mpp_setup{op, accs, m, n, k, transpose_left, transpose_right, relaxed, left, right} declares
+# the matmul2d operation `op` (descriptor m x n x k, multiply_accumulate, execution_simdgroup)
+# and its float destination cooperative tensors `accs`, zero-filled, for inline-tensor
+# operands of dtypes left/right; mpp_step(a_offset, a_x, a_y, a_ld, b_offset, b_x, b_y, b_ld)
+# {op, acc, a, b, transpose_left, transpose_right, k} runs it on inline tensors over device
+# buffers a and b (extents (x, y), strides (1, ld)) into `acc`; mpp_capacity{acc} -> int32,
+# mpp_valid(i){acc} -> bool, mpp_coord(i){acc, axis} -> the row (axis 0) or column (1) of
+# element i in the destination tile, mpp_get(i){acc} -> float32 element i.
+TENSOR_OPS = frozenset({"mpp_setup", "mpp_step", "mpp_capacity", "mpp_valid", "mpp_coord",
+                        "mpp_get"})
+THREAD_FORM = THREAD_FORM | TENSOR_OPS

@@ -51,6 +51,7 @@ from .gemm_async import AsyncStaging, swizzle_params
 from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
+from .gemm_tensor_ops import TensorOpsGemm
 from .gemm_wgmma import WarpgroupGemm
 from .lane_layout import BOOL, I32, Ctx, Storage
 
@@ -124,7 +125,8 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
     d = g.operand_dtype.name
     counts = [requested_threads // 32] if requested_threads else list(DEFAULT_SIMDGROUPS)
     for unit in units:
-        if not unit.takes(d, relaxed):
+        # Tensor-op units (tensor_ops, nax) are planned by their backend (compiler/planning.py).
+        if unit.path is not None or not unit.takes(d, relaxed):
             continue
         if unit.warpgroup:
             plan = _warpgroup_plan(g, unit, None if planned_threads else requested_threads)
@@ -154,7 +156,7 @@ def relaxed_precision(fn: "Function") -> bool:
                for p in fn.params)
 
 
-class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
+class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
     """Mixin of `Lowering`; expects `self.gemm` (GemmPattern) and `self.gemm_plan`."""
 
     # -- entry points called from Lowering.lower_op ------------------------------------------
@@ -210,6 +212,8 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
         sp = self.schedule_plan
         bounds = self.gemm_bounds
         required = getattr(sp, "num_stages", None)
+        if plan.unit and plan.unit.path is not None:
+            return self.tensor_ops_loop(op, b)   # gemm_tensor_ops.py
         if plan.unit and plan.unit.warpgroup:
             if self.async_eligible():
                 return self.wgmma_loop(op, b)
@@ -261,7 +265,9 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
             self.split_k_loop(b)
 
     def lower_gemm_store(self, op: Op, b: Builder) -> None:
-        if self.gemm_plan.unit and self.gemm_plan.unit.warpgroup:
+        if self.gemm_plan.unit and self.gemm_plan.unit.path is not None:
+            self.tensor_ops_epilogue(b)
+        elif self.gemm_plan.unit and self.gemm_plan.unit.warpgroup:
             self._wgmma_epilogue(b)
         elif self.gemm_plan.unit and self.gemm_plan.unit.lane_coords:
             self._register_epilogue(b)
@@ -509,9 +515,10 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
     def matmul_meta(self) -> dict:
         g, plan = self.gemm, self.gemm_plan
         layouts = {"atoms": "128-byte-swizzled 64-element atoms (wgmma SW128)"}
+        tensor_ops = bool(plan.unit and plan.unit.path)
         return {"tile_shape": list(g.tile), "simdgroup_grid": list(plan.grid) if plan.unit
                 else [self.T // 32, 1], "threadgroup_size": [self.T, 1, 1],
-                "staging": "threadgroup", "fragment": plan.fragment,
+                "staging": "device" if tensor_ops else "threadgroup", "fragment": plan.fragment,
                 "operand_dtype": g.operand_dtype.name, "output_dtype": g.out_dtype.name,
                 "epilogue_regions": g.epilogue_regions,
                 "epilogue_ops": [op.name for op in g.epilogue],
@@ -524,7 +531,8 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
                 "shared_layout": {n: (layouts[sw[0]] if sw and isinstance(sw[0], str) else
                                       "xor-swizzled 16-byte chunks" if sw else "row-major")
                                   for n, sw in self.swizzles.items()} or "row-major",
-                "epilogue_from": "registers" if plan.unit and plan.unit.lane_coords
+                "epilogue_from": "cooperative tensor elements" if tensor_ops
+                else "registers" if plan.unit and plan.unit.lane_coords
                 else ("shared-memory scratch" if plan.unit else "registers"),
                 "k_split": None if self.gemm_bounds is None else {
                     "complete_iterations": self.gemm_bounds.n_full,
@@ -532,5 +540,9 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm):
                 **({"warpgroups": plan.grid[0], "products_per_warpgroup":
                     [self.wg_fr, 1], "product": f"m64n{g.tile[1]}k16"}
                    if plan.unit and plan.unit.warpgroup else {}),
+                **({"products_per_simdgroup": list(self.mpp_frags),
+                    "product": "x".join(map(str, (*self.mpp_shape, g.tile[2]))),
+                    "transposed": [o.transposed for o in self.mpp_operands]}
+                   if tensor_ops else {}),
                 **({} if plan.unit else {"thread_grid": list(plan.grid),
                                          "micro_tile": [self.tm, self.tn]})}

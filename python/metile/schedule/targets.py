@@ -39,6 +39,9 @@ class MatrixUnit:
     warpgroup: bool = False
     targets: tuple[str, ...] | None = None   # None: every target of the language
     arch: str | None = None                  # NVRTC architecture the instruction needs
+    # The matrix backend (MatrixPath) this unit lowers, when it is not the SIMD-group (warp)
+    # path: Metal 4 tensor ops (passes/gemm_tensor_ops.py) for "tensor_ops" and "nax".
+    path: str | None = None
 
     def takes(self, dtype: str, relaxed: bool) -> bool:
         return dtype in self.dtypes and (relaxed or not self.relaxed_only)
@@ -60,7 +63,16 @@ class MatrixUnit:
 # the planner (MatrixPath.units), the GEMM lowering (passes/lower_matmul.plan_gemm)
 # and the emitters (their fragment spellings) all read it.
 MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
-    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16), lane_coords=True),),
+    # Metal 4 tensor ops (apple10): mpp::tensor_ops::matmul2d with execution_simdgroup,
+    # operands as inline tensors over device memory, float32 cooperative destinations.
+    # tensor_ops: one matmul2d per SIMD-group sub-tile; nax: the sub-tile decomposed into
+    # 16x16x16 products (the NAX fragment MLX's nax.h multiplies).  The shape is the
+    # granule a SIMD-group grid tiles into.
+    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16), lane_coords=True),
+            MatrixUnit("matmul2d (tensor_ops: one product per SIMD-group sub-tile)", (16, 16, 16),
+                       (_F32, _F16, _BF16), targets=("apple10",), path="tensor_ops"),
+            MatrixUnit("matmul2d 16x16x16 (nax: NAX fragment products)", (16, 16, 16),
+                       (_F32, _F16, _BF16), targets=("apple10",), path="nax")),
     # Tensor cores through mma.sync.  Strict float32 has no unit (FFMA register
     # tiles); TF32 only under the kernel's RELAXED_PRECISION=True.
     # Hopper first: wgmma reads both operands from swizzled shared memory (sm_90a only,
@@ -152,13 +164,13 @@ class Lowering:
     (the contract table); compilation passes `LOWERING`, so an automatic plan
     never picks a path that is neither lowered nor planned, and an explicit
     request for one is refused as not implemented."""
-    matrix_backends: tuple[str, ...] = ("simdgroup", "simdgroup_inline")
+    matrix_backends: tuple[str, ...] = ("simdgroup", "simdgroup_inline", "tensor_ops", "nax")
     device_staged_gemm: bool = False     # GEMM fragments loaded straight from device memory
     # Hardware paths planned as on the hardware although their lowering is still being
     # built: the plan and a plan-only report can be inspected (explain()) for any target
     # on any machine, while generating the kernel refuses as not implemented
     # (compiler/planning.py `unlowered`).  A backend moves to matrix_backends once lowered.
-    planned_backends: tuple[str, ...] = ("tensor_ops", "nax")
+    planned_backends: tuple[str, ...] = ()
 
     def plans(self, backend: str) -> bool:
         return backend in self.matrix_backends or backend in self.planned_backends
@@ -169,17 +181,20 @@ LOWERING = Lowering()
 _SG_LAYOUT = "simdgroup_matrix 8x8 fragments (opaque lane ownership)"
 _APPLE_SG = MatrixPath("simdgroup", (8, 8, 8), (_F32, _F16, _BF16), layout=_SG_LAYOUT,
                        summary="SIMD-group matrix (simdgroup_matrix) multiply-accumulates into "
-                               "float32 accumulators", units=MATRIX_UNITS["msl"])
+                               "float32 accumulators",
+                       units=tuple(u for u in MATRIX_UNITS["msl"] if u.path is None))
 _APPLE_INLINE = MatrixPath("simdgroup_inline", (8, 8, 8), (_F32, _F16), layout=_SG_LAYOUT,
                            summary="kernel-owned 8x8 fragments")
 _TENSOR_OPS = MatrixPath("tensor_ops", (16, 16, 16), (_F32, _F16, _BF16), stagings=("device",),
                          opaque=True,
                          layout="native SDK cooperative_tensor (opaque lane ownership)",
-                         summary="Metal 4 tensor operations (matmul2d on cooperative tensors)")
+                         summary="Metal 4 tensor operations (matmul2d on cooperative tensors)",
+                         units=tuple(u for u in MATRIX_UNITS["msl"] if u.path == "tensor_ops"))
 _NAX = MatrixPath("nax", (16, 16, 16), (_F16, _BF16), relaxed_dtypes=(_F32,),
                   stagings=("device",), opaque=True,
                   layout="NAX 16x16 cooperative fragments (opaque lane ownership)",
-                  summary="NAX 16x16 cooperative fragments")
+                  summary="NAX 16x16 cooperative fragments",
+                  units=tuple(u for u in MATRIX_UNITS["msl"] if u.path == "nax"))
 
 _APPLE_COMMON = dict(language="msl", simd_width=32, max_threads_per_threadgroup=1024,
                      threadgroup_memory_bytes=32 * 1024)
@@ -229,7 +244,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _cuda("sm_90", "H100/H200"),
     _cuda("sm_100", "B200-class"),
     # The CPU runtime executes the MSL an Apple GPU would receive, emulating
-    # simdgroup_matrix; it has no Metal 4 tensor ops or NAX to emulate.
+    # simdgroup_matrix; its own target plans no Metal 4 tensor ops (target="apple10"
+    # plans them, and the runtime's shim of <metal_tensor> runs them).
     Target("cpu_msl", "metile's MSL CPU runtime", matrix_paths=(_APPLE_SG, _APPLE_INLINE),
            **_APPLE_COMMON),
 )}
