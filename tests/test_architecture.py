@@ -191,7 +191,8 @@ def test_explain_lists_the_steps_that_ran(rng):
                                              SCHEDULE=metile.Schedule(double_buffer=True))
     assert _steps(g) == ["frontend", "verify", "uniformity", "buffer_usage", "plan_schedule",
                          "placement", "lower_tiles", "prove_gemm_bounds", "lower_matmul",
-                         "split_k_loop", "double_buffer_staging", "verify", "emit_msl"]
+                         "split_k_loop", "double_buffer_staging", "register_epilogue", "verify",
+                         "emit_msl"]
 
     from test_fragments import two_products
     f = two_products[(1,)].prepare(a[:8, :8], a[:8, :8], mx.zeros((8, 8)), backend="msl",

@@ -103,14 +103,29 @@ def arange(gen, start, end):
                        start=start, end=end)
 
 
-@builtin("pointer, mask=None, other=None")
-def load(gen, pointer, mask, other):
+@builtin("pointer, mask=None, other=None, boundary_check=(), padding_option=''")
+def load(gen, pointer, mask, other, boundary_check, padding_option):
+    if hasattr(pointer, "load_block"):  # a block pointer (frontend/block_pointers.py)
+        return pointer.load_block(gen, mask, other, boundary_check, padding_option)
+    _block_options(boundary_check, padding_option, "load")
     return gen.sem.load(pointer, mask=mask, other=other)
 
 
-@builtin("pointer, value, mask=None")
-def store(gen, pointer, value, mask):
+@builtin("pointer, value, mask=None, boundary_check=()")
+def store(gen, pointer, value, mask, boundary_check):
+    if hasattr(pointer, "store_block"):
+        return pointer.store_block(gen, value, mask, boundary_check)
+    _block_options(boundary_check, "", "store")
     gen.sem.store(pointer, value, mask=mask)
+
+
+def _block_options(boundary_check, padding_option, verb: str) -> None:
+    """Triton refuses block-pointer options on a load/store of a pointer tile."""
+    for name, given in (("boundary_check", boundary_check), ("padding_option", padding_option)):
+        if given:
+            raise CompilationError(f"{verb}(): {name}= is only for block pointers "
+                                   f"(metile.make_block_ptr); a pointer tile takes "
+                                   f"{'mask=' if name == 'boundary_check' else 'other='}")
 
 
 def _atomic(kind):

@@ -5,7 +5,9 @@ live before it is loop-carried (a block argument of the body, yielded at the
 end); one reassigned in the branches of a runtime `if` becomes a result of
 the `if`.  A compile-time condition (constexpr, Python value) selects a branch
 statically and nothing is emitted for the other.  Names bound on only some
-paths become `Undefined` and are an error if read.
+paths become `Undefined` and are an error if read.  A composite compile-time
+object with runtime parts (a block pointer: its offsets) is carried or merged
+part by part; see `_flat`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ UNSET = _Unset()
 
 def _label(name: str) -> str:
     return "the return value" if name == RETURN_VALUE else f"variable {name!r}"
+
+
+def _flat(name: str, v) -> list:
+    """[(hint, value)] a loop or if carries for variable `name` holding `v`.  A composite
+    object (frontend/block_pointers.py) carries its `loop_parts()`; it rebuilds itself with
+    `with_parts(values)` and says with `layout_differs(other)` why another object cannot
+    take its slots (None when it can)."""
+    if hasattr(v, "loop_parts"):
+        return list(zip(v.loop_part_names(name), v.loop_parts()))
+    return [(name, v)]
+
+
+def _rebuild(like, values: list):
+    return like.with_parts(values) if hasattr(like, "loop_parts") else values[0]
 
 
 class Undefined:
@@ -73,6 +89,10 @@ class ControlFlow:
             branches.append((block, env))
         names = [n for n in branches[0][1] if n in branches[1][1]
                  and branches[0][1][n] is not branches[1][1][n]]
+        composites = {n: _split_parts(n, branches) for n in names
+                      if hasattr(branches[0][1][n], "loop_parts")}
+        names = [m for n in names for m in composites.get(n, [n])
+                 if branches[0][1][m] is not branches[1][1][m]]
         merged = self._merge(names, branches, node)
         results = []
         for block, env in branches:
@@ -93,6 +113,8 @@ class ControlFlow:
                 self.env[n] = b if a is UNSET else a
             else:
                 self.env[n] = Undefined(n, "it is assigned in only one branch of an if")
+        for n, parts in composites.items():
+            self.env[n] = env_a[n].with_parts([self.env.pop(m) for m in parts])
 
     def _merge(self, names, branches, node):
         merged = []
@@ -162,6 +184,10 @@ class ControlFlow:
             v = self.env[n]
             if isinstance(v, Undefined):
                 continue
+            if hasattr(v, "loop_parts"):
+                self.env[n] = v.with_parts([self.sem.to_value(p) for p in v.loop_parts()])
+                names.append(n)
+                continue
             if not isinstance(v, Value) and not is_const(v):
                 raise CompilationError(f"variable {n!r} holds a compile-time {type(v).__name__} "
                                        f"and is reassigned inside a runtime loop")
@@ -212,11 +238,11 @@ class ControlFlow:
         env = dict(self.env)
         env[node.target.id] = iv
         for n in carried:
-            env[n] = body.add_arg(self.env[n].type, n)
+            env[n] = self._block_args(body, n)
         env = self._in_block(body, node.body, env)
         self._yield(body, env, carried, "loop")
-        op = self.b.op("for", bounds + [self.env[n] for n in carried],
-                       [self.env[n].type for n in carried], {"kind": kind}, [body])
+        inits = self._carried_values(carried)
+        op = self.b.op("for", bounds + inits, [v.type for v in inits], {"kind": kind}, [body])
         self._after_loop(env, carried, op.results, node)
 
     def _unrolled(self, node, start, end, step):
@@ -232,15 +258,32 @@ class ControlFlow:
             self.env[node.target.id] = i
             self.visit_body(node.body)
 
+    def _block_args(self, block, n):
+        """Block arguments for carried variable `n` (one per part of a composite)."""
+        entry = self.env[n]
+        return _rebuild(entry, [block.add_arg(v.type, h) for h, v in _flat(n, entry)])
+
+    def _carried_values(self, carried) -> list:
+        return [v for n in carried for _, v in _flat(n, self.env[n])]
+
     def _yield(self, block, env, carried, what):
         values = []
         builder = Builder(block)
         builder.loc = self.b.loc
-        for n, arg in zip(carried, block.args[-len(carried):] if carried else []):
-            v = env.get(n)
+        slots = []
+        for n in carried:
+            v, entry = env.get(n), self.env[n]
             if isinstance(v, Undefined):
                 raise CompilationError(f"variable {n!r} is undefined at the end of the {what} "
                                        f"body: {v.reason}")
+            if hasattr(entry, "loop_parts"):
+                why = entry.layout_differs(v)
+                if why:
+                    raise CompilationError(f"loop-carried variable {n!r} (a {entry!r}) {why} "
+                                           f"inside the {what}")
+            slots += _flat(n, v) if hasattr(entry, "loop_parts") else [(n, v)]
+        args = block.args[len(block.args) - len(slots):]
+        for (n, v), arg in zip(slots, args):
             if is_const(v):
                 v = Semantics(builder).literal(v, dtype_of(arg.type))
             if not isinstance(v, Value) or v.type != arg.type:
@@ -252,8 +295,10 @@ class ControlFlow:
         builder.op("yield", values, [])
 
     def _after_loop(self, body_env, carried, results, node):
-        for n, r in zip(carried, results):
-            self.env[n] = r
+        results = list(results)
+        for n in carried:
+            k = len(_flat(n, self.env[n]))
+            self.env[n], results = _rebuild(self.env[n], results[:k]), results[k:]
         for n in assigned_names(node.body):
             if n not in carried:
                 self.env[n] = Undefined(n, "it is first assigned inside a loop body")
@@ -265,7 +310,7 @@ class ControlFlow:
         cond_block, body = Block(), Block()
         env = dict(self.env)
         for n in carried:
-            env[n] = cond_block.add_arg(self.env[n].type, n)
+            env[n] = self._block_args(cond_block, n)
         saved_b, saved_sem, saved_env = self.b, self.sem, self.env
         self.b = Builder(cond_block)
         self.b.loc, self.sem, self.env = saved_b.loc, Semantics(self.b), env
@@ -282,11 +327,12 @@ class ControlFlow:
             self.b, self.sem, self.env = saved_b, saved_sem, saved_env
         env = dict(self.env)
         for n in carried:
-            env[n] = body.add_arg(self.env[n].type, n)
+            env[n] = self._block_args(body, n)
         env = self._in_block(body, node.body, env)
         self._yield(body, env, carried, "while loop")
-        op = self.b.op("while", [self.env[n] for n in carried], [self.env[n].type for n in carried],
-                       _exit_attrs(node), [cond_block, body])
+        inits = self._carried_values(carried)
+        op = self.b.op("while", inits, [v.type for v in inits], _exit_attrs(node),
+                       [cond_block, body])
         self._after_loop(env, carried, op.results, node)
 
 
@@ -313,6 +359,21 @@ def _loop_options(kind, kwargs, loc) -> None:
             continue
         warnings.warn(f"{loc.file}:{loc.line}: {kind}({name}={value!r}) is accepted but not "
                       f"honoured: {_LOOP_OPTIONS[name]}", stacklevel=2)
+
+
+def _split_parts(n: str, branches) -> list[str]:
+    """Put the parts of composite variable `n` (changed by a runtime if) in each branch's
+    environment under names of their own, for `_merge`; returns those names."""
+    a, b = branches[0][1][n], branches[1][1][n]
+    why = a.layout_differs(b)
+    if why:
+        raise CompilationError(f"variable {n!r} (a {a!r}) {why} in one branch of a runtime if")
+    names = [h for h, _ in _flat(n, a)]
+    for _, env in branches:
+        for h, v in _flat(n, env.pop(n)):
+            env[h] = v
+        env[n] = a  # the layout, rebuilt from the merged parts after the if
+    return names
 
 
 def _const_dtype(x):

@@ -22,6 +22,7 @@ from ..language import unsupported
 from ..language.core import constexpr
 from .builtins import IMPLS, view_method
 from . import join_split, scans  # noqa: F401  (register their builtins into IMPLS)
+from .block_pointers import BlockPointer, TensorDescriptor
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
 from .control import UNSET, ControlFlow, Undefined
@@ -316,6 +317,9 @@ class Generator(ControlFlow):
             raise CompilationError(f"a runtime value has no attribute {attr!r}")
         if isinstance(obj, TensorView):
             m = view_method(obj, attr)
+            return _Method(m) if callable(m) else m
+        if isinstance(obj, (BlockPointer, TensorDescriptor)):
+            m = obj.attribute(attr)
             return _Method(m) if callable(m) else m
         if isinstance(obj, types.ModuleType) or not isinstance(obj, (int, float)):
             try:

@@ -39,8 +39,10 @@ _DOCS = {
     "program_id": "program_id(axis) -> int32: index of this program (threadgroup) along a grid axis.",
     "num_programs": "num_programs(axis) -> int32: number of programs along a grid axis.",
     "arange": "arange(start, end) -> int32 tile [start, end); both bounds constexpr.",
-    "load": "load(pointer, mask=None, other=None): scalar or tile load; masked-off lanes read `other` (0).",
-    "store": "store(pointer, value, mask=None): scalar or tile store; masked-off lanes write nothing.",
+    "load": "load(pointer, mask=None, other=None, boundary_check=(), padding_option=''): scalar or "
+            "tile load; masked-off lanes read `other` (0); a block pointer takes boundary_check=.",
+    "store": "store(pointer, value, mask=None, boundary_check=()): scalar or tile store; masked-off "
+             "lanes write nothing; a block pointer takes boundary_check=.",
     "atomic_add": "atomic_add(pointer, val, mask=None, sem=None, scope=None): adds val to device "
                   "memory atomically (float32, int32 or uint32 buffers); returns the old value.",
     "atomic_max": "atomic_max(pointer, val, mask=None, sem=None, scope=None): stores the larger; "
@@ -125,6 +127,16 @@ _DOCS = {
              "(Triton's tl.range; num_stages and warp_specialize warn: not honoured here).",
     "tensor": "tensor(buffer, shape=, strides=None, block_shape=None, access='readwrite'): indexed view.",
     "loop_state": "loop_state(value): marks a loop-carried value (identity; any reassigned variable is carried).",
+    # block pointers and tensor descriptors (Triton's names; frontend/block_pointers.py)
+    "make_block_ptr": "make_block_ptr(base, shape, strides, offsets, block_shape, order): a block "
+                      "pointer; load/store it with boundary_check=, move it with advance().",
+    "advance": "advance(block_ptr, offsets): the block pointer moved by offsets (one per dim).",
+    "make_tensor_descriptor": "make_tensor_descriptor(base, shape, strides, block_shape, "
+                              "padding_option='zero'): desc.load(offsets) / desc.store(offsets, "
+                              "value), every dimension bounds-checked.",
+    "load_tensor_descriptor": "load_tensor_descriptor(desc, offsets): desc.load(offsets).",
+    "store_tensor_descriptor": "store_tensor_descriptor(desc, offsets, value): "
+                               "desc.store(offsets, value).",
 }
 
 globals().update({name: _builtin(name, doc) for name, doc in _DOCS.items()})

@@ -17,10 +17,9 @@ REASONS = {
     **{n: _NO_FP8 for n in ("float8e4nv", "float8e5", "float8e4b15", "float8e4b8",
                             "float8e5b16")},
     **{n: _SHAPE for n in ("cat", "ravel", "flip", "gather")},
-    **{n: "block pointers and tensor descriptors are not built yet; metile.tensor(buffer, "
-          "shape=, strides=, block_shape=) is the nearest equivalent"
-       for n in ("make_block_ptr", "advance", "make_tensor_descriptor",
-                 "load_tensor_descriptor", "store_tensor_descriptor", "tensor_descriptor")},
+    "tensor_descriptor": "the descriptor type cannot be named, and host-side descriptors "
+                         "are not kernel arguments; build one in the kernel with "
+                         "metile.make_tensor_descriptor",
     **{n: "not built yet (metile has associative_scan, cumsum, cumprod, argmax and argmin)"
        for n in ("reduce", "xor_sum", "histogram", "softmax")},
     "device_print": "printing from a kernel is not built yet (static_print works at compile time)",

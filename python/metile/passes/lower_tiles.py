@@ -27,11 +27,12 @@ from math import ceil, prod
 
 from ..errors import CompilationError
 from ..ir.core import Block, Builder, Function, Op, Value
-from ..ir.ops import ELEMENTWISE
+from ..ir.ops import DEBUG, ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
+from .lower_debug import lower_debug
 from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
 from .lower_reductions import ReductionLowering
 from .lower_sort import SortLowering
@@ -82,11 +83,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
 
     @staticmethod
     def add(b: Builder, x: Value, y: Value) -> Value:
-        """x + y for int32 index math, folding a literal zero (keeps emitted code readable)."""
+        """x + y for index math (int32; int64 when a user's int64 offset takes part), folding
+        a literal zero (keeps emitted code readable)."""
+        wide = next((v.type for v in (x, y) if v.type.dtype == dt.int64), None)
         for u, v in ((x, y), (y, x)):
             if isinstance(u.owner, Op) and u.owner.name == "const" and u.owner.attrs["value"] == 0:
-                return v
-        return b.value("add", [x, y], I32)
+                return v if wide is None or v.type == wide else b.value("cast", [v], wide, to=dt.int64)
+        return b.value("add", [x, y], wide or I32)
 
     @staticmethod
     def barrier(b: Builder) -> None:
@@ -97,25 +100,26 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         name = self.fresh(prefix)
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
-            self._check_shared("tiles held in threadgroup memory")
+            if not self._fits_shared():
+                raise CompilationError(
+                    f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
+                    f"the {self.shared_optin} a threadgroup has; use smaller blocks")
         attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
         if align:
             attrs["align"] = align
         self.decls.append(Op("decl", [], [], attrs, []))
         return name
 
-    def _check_shared(self, what: str) -> None:
-        """Past the static limit, a target with an opt-in limit (CUDA: dynamic shared memory
-        up to cudaFuncAttributeMaxDynamicSharedMemorySize) lays its arrays out in one
-        dynamic buffer; past that, a compile error."""
+    def _fits_shared(self) -> bool:
+        """Whether the shared arrays so far fit.  Past the static limit, a target with an
+        opt-in limit (CUDA: dynamic shared memory up to cudaFuncAttribute
+        MaxDynamicSharedMemorySize) lays its arrays out in one dynamic buffer."""
         if self.shared_bytes <= self.shared_limit:
-            return
+            return True
         if self.shared_bytes <= self.shared_optin:
             self.dynamic_shared = True
-            return
-        raise CompilationError(
-            f"{what} need {self.shared_bytes} bytes, more than the {self.shared_optin} a "
-            "threadgroup can have; use smaller blocks")
+            return True
+        return False
 
     def new_storage(self, kind: str, shape, t) -> Storage:
         dtype = scalar_of(t).dtype
@@ -136,7 +140,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         return st
 
     def s(self, v: Value) -> Value:
-        """The thread-form value of a scalar (pointers: their int32 offset)."""
+        """The thread-form value of a scalar (pointers: their int32 or int64 offset)."""
         return self.scalars[v.id]
 
     def lane_loop(self, b: Builder, shape, fn) -> None:
@@ -360,6 +364,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if name == "barrier":
             self.barrier(b)
             return
+        if name in DEBUG:
+            return lower_debug(self, op, b)  # device_print / device_assert (lower_debug.py)
         if name == "scan":
             return self.lower_scan(op, b)  # lower_reductions.py
         if name == "sort":
@@ -396,7 +402,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         elif name == "shared_alloc":
             ptr: PointerType = result.type
             self.shared_bytes += op.attrs["size"] * ptr.dtype.itemsize
-            self._check_shared("shared() arrays and tiles held in threadgroup memory")
+            self._fits_shared()   # past every limit: the report's check names the arrays
             self.decls.append(Op("decl", [], [], {"name": ptr.root, "storage": "shared",
                                                   "dtype": ptr.dtype, "size": op.attrs["size"]}, []))
             self.scalars[result.id] = self.const(b, 0)

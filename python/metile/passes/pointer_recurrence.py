@@ -25,6 +25,8 @@ dot accumulator (`yield` of `dot(a, b, acc)` for its own carried `acc`):
   `t = (iv - lo) / step` the trip index.  In wrapping int32 arithmetic that is
   exactly the value the t-th iteration sees.  The pure ops computing `c` move to
   the front of the body (they depend on nothing carried).
+* **invariant slots**: a carried value yielded unchanged (a block pointer's offset
+  advanced by 0, frontend/block_pointers.py) is replaced by its initial value.
 
 Only kernels shaped like a GEMM are touched: one `dot`, in a loop at the top
 level of the kernel (what `passes.gemm` lowers).  Any other kernel, e.g. one with
@@ -75,7 +77,7 @@ def _rewrite_loop(fn: Function, loop: Op) -> str | None:
     if not accumulators:
         return None
     inside = _defined_inside(body)
-    rewritten = []
+    rewritten, invariant = [], []
     for j, arg in reversed(list(enumerate(carried))):
         if id(arg) in accumulators or _used_after(fn, loop.results[j]):
             continue
@@ -83,8 +85,8 @@ def _rewrite_loop(fn: Function, loop: Op) -> str | None:
         if increments is None:
             continue
         _close_form(loop, j, increments, inside)
-        rewritten.append(arg.hint or f"carried value {j}")
-    if not rewritten and not folded:
+        (rewritten if increments else invariant).append(arg.hint or f"carried value {j}")
+    if not rewritten and not invariant and not folded:
         return None
     _drop_dead(body)
     where = f"loop at line {loop.loc.line}" if loop.loc else "loop"
@@ -92,6 +94,8 @@ def _rewrite_loop(fn: Function, loop: Op) -> str | None:
     if rewritten:
         parts.append(f"{', '.join(reversed(rewritten))} advanced in closed form "
                      f"(start + trip * increment)")
+    if invariant:
+        parts.append(f"{', '.join(reversed(invariant))} unchanged (the initial value)")
     if folded:
         parts.append(f"{', '.join(a.hint or 'accumulator' for a in folded)} += dot(a, b) "
                      f"accumulated as dot(a, b, acc)")
@@ -168,7 +172,7 @@ def _int32_or_pointer(v: Value) -> bool:
 
 def _increment_chain(body: Block, arg: Value, inside: set[int]):
     """[(sign, increment)] when the yielded value is `arg` advanced by invariant int32
-    increments (module docstring), else None."""
+    increments (module docstring; [] when it is `arg` itself), else None."""
     j = body.args.index(arg) - 1
     v, chain, memo = body.ops[-1].operands[j], [], {}
     while v is not arg:
@@ -186,13 +190,18 @@ def _increment_chain(body: Block, arg: Value, inside: set[int]):
             return None
         chain.append((-1 if op.name == "sub" else 1, y))
         v = x
-    return chain or None
+    return chain
 
 
 def _close_form(loop: Op, j: int, increments, inside: set[int]) -> None:
-    """Replace carried slot j (block argument j + 1) by start + trip * increment."""
+    """Replace carried slot j (block argument j + 1) by start + trip * increment (by start
+    when there are no increments)."""
     body = loop.regions[0]
     arg, start = body.args[j + 1], loop.operands[3 + j]
+    if not increments:
+        _replace_uses(body, arg, start)
+        _drop_slot(loop, j)
+        return
     _hoist_to_front(body, [y for _, y in increments], inside)
     at = _front_after(body, [y for _, y in increments])
     new: list[Op] = []
@@ -220,6 +229,11 @@ def _close_form(loop: Op, j: int, increments, inside: set[int]) -> None:
                   [start, offset], arg.type)
     body.ops[at:at] = new
     _replace_uses(body, arg, closed)
+    _drop_slot(loop, j)
+
+
+def _drop_slot(loop: Op, j: int) -> None:
+    body = loop.regions[0]
     del loop.operands[3 + j]
     del body.args[j + 1]
     del body.ops[-1].operands[j]
