@@ -200,12 +200,16 @@ def test_scalar_offsets():
     np.testing.assert_array_equal(got, ref.randint4x(77, np.array([5, 5]))[0])
 
 
-def test_seed_larger_than_32_bits_is_refused():
-    with pytest.raises(metile.LaunchError, match=r"argument 'seed': 4294967296 does not fit in "
-                                                 r"int32"):
-        ints4[(1,)](*_zeros(8, k=4), 8, 2**32, R=10, BLOCK=BLOCK)
-    with pytest.raises(metile.CompilationError, match=r"constant 4294967296 does not fit"):
-        constant_seed[(1,)](*_zeros(8), 8, SEED=2**32, BLOCK=BLOCK)
+@pytest.mark.parametrize("seed", (2**32, 2**40 + 12345, -2**40 - 7, 2**63 + 99))
+def test_64_bit_seed_keys_both_words(seed):
+    # Triton's 64-bit seed: a Python int past int32 is passed as int64 (uint64 from 2**63)
+    n = 40
+    want = ref.randint4x(seed, np.arange(n))
+    out = ints4[_grid(n)](*_zeros(n, k=4), n, seed, R=10, BLOCK=BLOCK)
+    for got, w in zip(out, want):
+        np.testing.assert_array_equal(np.array(got), w)
+    out = constant_seed[_grid(n)](*_zeros(n), n, SEED=seed, BLOCK=BLOCK)
+    np.testing.assert_array_equal(np.array(out), want[0])
 
 
 @metile.kernel

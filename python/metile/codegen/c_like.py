@@ -66,9 +66,12 @@ class CEmitter:
         if d.is_bool:
             return "true" if value else "false"
         if d.is_int:
-            if d.kind == "u":
-                return f"{int(value)}u"
-            return "(-2147483647 - 1)" if value == -2**31 else (f"({value})" if value < 0 else str(value))
+            # 64-bit literals carry L/UL (a 64-bit long on Metal and on 64-bit Linux CUDA), so
+            # a value past 32 bits never starts life as a narrower type
+            suffix = ("u" if d.kind == "u" else "") + ("L" if d.bits == 64 else "")
+            if d.kind == "i" and value == -2**(d.bits - 1):  # its magnitude has no literal
+                return f"({value + 1}{suffix} - 1)"
+            return f"({value}{suffix})" if value < 0 else f"{int(value)}{suffix}"
         if math.isinf(value):
             text = self.INFINITY if value > 0 else f"(-{self.INFINITY})"
         elif math.isnan(value):
@@ -104,6 +107,8 @@ class CEmitter:
             return f"(!{a[0]})" if rt.dtype.is_bool else f"(~{a[0]})"
         if name == "abs":
             return self.math("abs", a[0], rt) if rt.dtype.is_float else f"metal::abs({a[0]})"
+            if rt.dtype.bits == 64:  # neither Metal's abs nor CUDA's int abs is declared for it
+                return a[0] if rt.dtype.kind == "u" else f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
         if name in MATH:
             return self.math(name, a[0], rt)
         if name in MATH_BINARY:

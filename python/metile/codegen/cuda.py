@@ -329,7 +329,7 @@ def _call(fn: str, ctype: str) -> str:
 
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
-             "uint32": "uint32_t", "bool": "bool"}
+             "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t", "bool": "bool"}
     ATOMIC = {
         **{(k, d): _call(fn, c) for k, fn in (("add", "atomicAdd"), ("max", "atomicMax"),
                                               ("min", "atomicMin"), ("and", "atomicAnd"),
@@ -504,7 +504,8 @@ class CUDAEmitter(CEmitter):
             if op.attrs["axis"] == 0:
                 return f"(static_cast<int>((threadIdx.x & 31u) >> 2) + {8 * ((e >> 1) & 1)})"
             return f"(static_cast<int>(threadIdx.x & 3u) * 2 + {8 * (e >> 2) + (e & 1)})"
-        if op.name == "abs" and not op.results[0].type.dtype.is_float:
+        if op.name == "abs" and not op.results[0].type.dtype.is_float \
+                and op.results[0].type.dtype.bits < 64:
             return f"abs({self.ref(op.operands[0])})"
         return super().expr(op)
 

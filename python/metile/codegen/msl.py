@@ -81,13 +81,34 @@ inline void metile_atomic_init(device bool* state, device T* out, In in, int i) 
 
 
 def _fetch(op: str, atomic_type: str) -> str:
+# Metal's simd_sum/max/min take 32-bit integers only (MLX's own reductions shuffle 64-bit
+# values too): long/ulong combine in a butterfly that moves each value as two 32-bit halves.
+_SIMD64 = """\
+template <typename T>
+inline T metile_simd_xor64(T v, ushort mask) {
+  return as_type<T>(metal::simd_shuffle_xor(as_type<uint2>(v), mask));
+}
+template <typename T> inline T metile_simd_sum64(T v) {
+  for (ushort o = 16; o > 0; o >>= 1) v += metile_simd_xor64(v, o);
+  return v;
+}
+template <typename T> inline T metile_simd_max64(T v) {
+  for (ushort o = 16; o > 0; o >>= 1) { const T w = metile_simd_xor64(v, o); v = w > v ? w : v; }
+  return v;
+}
+template <typename T> inline T metile_simd_min64(T v) {
+  for (ushort o = 16; o > 0; o >>= 1) { const T w = metile_simd_xor64(v, o); v = w < v ? w : v; }
+  return v;
+}"""
+
+
     return (f"metal::atomic_fetch_{op}_explicit((device metal::{atomic_type}*){{p}}, {{v}}, "
             f"METILE_RELAXED)")
 
 
 class MSLEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
-             "uint32": "uint", "bool": "bool"}
+             "uint32": "uint", "int64": "long", "uint64": "ulong", "bool": "bool"}
     # MLX declares outputs `device T*`; updates go through the layout-compatible atomic type
     ATOMIC = {
         **{(k, d): _fetch(k, a) for k in ("add", "max", "min", "and", "or", "xor")
@@ -121,7 +142,7 @@ class MSLEmitter(CEmitter):
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
-    HELPERS = {"erf": _ERF, "atomics": _ATOMICS,
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "simd64": _SIMD64,
                "tensor_ops": msl_tensor_ops.HEADER}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
@@ -163,6 +184,9 @@ class MSLEmitter(CEmitter):
             return f"((({lane} >> 2) & 2) * 2 + ({lane} & 1) * 2 + {op.attrs['e']})"
         return super().expr(op)
 
+        if op.name == "simd_reduce" and op.results[0].type.dtype.bits == 64:
+            self.helpers_used.add("simd64")
+            return f"metile_simd_{op.attrs['kind']}64({self.ref(op.operands[0])})"
     def fragment_type(self, role, dtype, shape) -> str:
         rows, cols, depth = shape
         r, c = {"a": (rows, depth), "b": (depth, cols), "acc": (rows, cols)}[role]

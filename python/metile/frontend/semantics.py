@@ -3,19 +3,21 @@
 Rules (each violation is a CompilationError at the offending expression):
   * Mixed dtypes promote as in Triton (`promote`): kinds rank bool < integer <
     float and the higher kind wins; within a kind the wider dtype wins;
-    float16 with bfloat16 gives float32; int32 with uint32 gives uint32.
+    float16 with bfloat16 gives float32; int32 with uint32 gives uint32,
+    int32 with int64 gives int64, int64 with uint64 gives uint64.
   * A Python number (literal or constexpr) does not take part in promotion
     when its kind is at most the runtime operand's (`x_f16 * 2.0` stays
     float16, `i * 3` stays int32); a number of a higher kind promotes the
-    operand to int32 or float32 (`i * 0.5` is float32).
+    operand to int32 or float32 (`i * 0.5` is float32).  A Python int takes
+    Triton's type: int32, else uint32 (below 2**32), int64, uint64 (below 2**64).
   * `/` is true division: integer operands become float32 first.
   * `store`, atomics and `load(other=)` convert the value to the
     pointer's element type, as an explicit cast would.
   * Shapes broadcast as in NumPy; a scalar meets a tile by splatting.
   * Integer `//` and `%` follow C (truncate toward zero), as on the GPU;
     Python semantics apply only to compile-time constants.
-  * Pointers are a root buffer plus an int32 offset: `ptr + int` and `int + ptr`
-    only.
+  * Pointers are a root buffer plus an int32 or int64 offset: `ptr + int` and
+    `int + ptr` only.  An int64 offset keeps the whole address expression 64-bit.
 Compile-time values (Python numbers, constexprs) fold in Python.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import replace
 from math import prod
 
 from ..ir.core import Builder, Value
@@ -112,8 +115,20 @@ def number_dtype(x) -> dt.DType:
     if isinstance(x, bool):
         return dt.bool_
     if isinstance(x, int):
-        return dt.int32 if -2**31 <= x < 2**31 else dt.uint32 if 0 <= x < 2**32 else dt.int32
+        for d in (dt.int32, dt.uint32, dt.int64, dt.uint64):
+            if int_range(d)[0] <= x <= int_range(d)[1]:
+                return d
+        raise CompilationError(f"integer constant {x} does not fit in 64 bits")
     return dt.float32
+
+
+def int_range(d: dt.DType) -> tuple[int, int]:
+    """The values an integer dtype holds."""
+    return (0, 2**d.bits - 1) if d.kind == "u" else (-2**(d.bits - 1), 2**(d.bits - 1) - 1)
+
+
+# Pointer offsets metile lowers; any other integer is cast by the user, as the error says.
+OFFSET_DTYPES = (dt.int32, dt.int64)
 
 
 def with_number(d: dt.DType, x) -> dt.DType:
@@ -145,7 +160,7 @@ class Semantics:
             if isinstance(value, float):
                 raise CompilationError(f"float constant {value!r} used as {dtype}; cast explicitly")
             value = int(value)
-            lo, hi = (0, 2**32 - 1) if dtype.kind == "u" else (-2**31, 2**31 - 1)
+            lo, hi = int_range(dtype)
             if not lo <= value <= hi:
                 raise CompilationError(f"constant {value} does not fit in {dtype}")
         else:
@@ -215,8 +230,8 @@ class Semantics:
             if name in ("add", "sub"):
                 return self._pointer_arith(name, a, b)
             raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on pointers: "
-                                   f"a pointer only takes + or - an int32 offset (load or store "
-                                   f"through it to get values)")
+                                   f"a pointer only takes + or - an int32 or int64 offset (load "
+                                   f"or store through it to get values)")
         if isinstance(a, Value) and isinstance(b, Value):
             d = promote(dtype_of(a.type), dtype_of(b.type))
         else:
@@ -237,6 +252,9 @@ class Semantics:
             raise CompilationError(f"'{name}' needs a floating-point operand, got {d}{hint}")
         if name in INT_ONLY and not d.is_int:
             raise CompilationError(f"'{_SYMBOL.get(name, name)}' needs integer operands, got {d}")
+        if name == "umulhi" and d.bits == 64:
+            raise CompilationError(f"umulhi() of {d} operands (the high 64 bits of a 128-bit "
+                                   f"product) is not built; it takes int32/uint32")
         if name in ("and", "or", "xor") and d.is_float:
             raise CompilationError(f"'{_SYMBOL[name]}' needs bool or integer operands, got {d}")
         if d.is_bool and name not in ("and", "or", "xor", "eq", "ne", "not"):
@@ -247,17 +265,22 @@ class Semantics:
             if name == "sub" or (isinstance(a, Value) and is_pointer(a.type)):
                 raise CompilationError("only pointer + integer offset is supported")
             a, b = b, a
-        if isinstance(b, Value) and dtype_of(b.type) != dt.int32:
-            raise CompilationError(f"pointer offsets must be int32, got {dtype_of(b.type)}; cast them")
+        if isinstance(b, Value) and dtype_of(b.type) not in OFFSET_DTYPES:
+            raise CompilationError(f"pointer offsets must be int32 or int64, got "
+                                   f"{dtype_of(b.type)}; cast them")
         if isinstance(b, (float, bool)):
             raise CompilationError(f"pointer offset must be an integer, got {b!r}")
         if name == "sub":
             b = self.unary("neg", b) if isinstance(b, Value) else -b
         if isinstance(b, int):
-            b = self.const(b, dt.int32)
+            b = self.const(b, dt.int32 if int_range(dt.int32)[0] <= b <= int_range(dt.int32)[1]
+                           else dt.int64)
         shape = broadcast_shapes(shape_of(a.type), shape_of(b.type))
         pa, pb = self.broadcast_to(a, shape), self.broadcast_to(b, shape)
-        return self.b.value("ptr_add", [pa, pb], with_shape(elem_type(a.type), shape))
+        pt = elem_type(a.type)
+        if dtype_of(b.type) == dt.int64:  # the offset, and every one added later, is 64-bit
+            pt = replace(pt, index=dt.int64)
+        return self.b.value("ptr_add", [pa, pb], with_shape(pt, shape))
 
     def unary(self, name: str, x):
         if is_const(x):

@@ -5,7 +5,8 @@ derived from thread_id), a pointer into a named root buffer, or a tile: a
 shaped block of scalars or pointers distributed over the program's threads.
 Pointers carry the name of the buffer they point into (`root`): metile keeps
 pointer arithmetic as integer offsets from a statically known root, which is
-what makes per-buffer facts (read/written, bounds, aliasing) decidable.
+what makes per-buffer facts (read/written, bounds, aliasing) decidable.  The
+offset is int32 unless an int64 offset was added (`index`): then it is 64-bit.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
-from ..language.dtypes import DType
+from ..language.dtypes import DType, int32
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,11 @@ class PointerType:
     dtype: DType
     space: str  # "device" | "threadgroup"
     root: str   # kernel parameter or shared allocation it points into
+    index: DType = int32  # the offset's integer type: int32, or int64 once an int64 was added
 
     def __str__(self) -> str:
-        return f"ptr<{self.dtype.name}, {self.space}, @{self.root}>"
+        wide = "" if self.index == int32 else f", {self.index.name} offset"
+        return f"ptr<{self.dtype.name}, {self.space}, @{self.root}{wide}>"
 
 
 @dataclass(frozen=True)

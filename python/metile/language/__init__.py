@@ -5,7 +5,9 @@ from .core import BUILTINS, constexpr
 from . import math
 from .random import *  # noqa: F401,F403  (Philox: rand, randn, randint, ...)
 from .random import __all__ as _random_all
-from .dtypes import DType, bfloat16, bool_, float16, float32, int1, int32, to_dtype, uint32
+from .dtypes import (DType, bfloat16, bool_, float16, float32, int1, int32, int64, to_dtype,
+                     uint32, uint64)
 
 __all__ = ["DType", "bfloat16", "bool_", "float16", "float32", "int1", "int32", "uint32",
+           "int64", "uint64",
            "to_dtype", "constexpr", "math", *BUILTINS, *_random_all]

@@ -54,10 +54,12 @@ float16 = DType("float16", "f", 16)
 bfloat16 = DType("bfloat16", "f", 16)
 int32 = DType("int32", "i", 32)
 uint32 = DType("uint32", "u", 32)
+int64 = DType("int64", "i", 64)
+uint64 = DType("uint64", "u", 64)
 bool_ = DType("bool", "b", 8)
 int1 = bool_  # Triton's name for the bool type
 
-ALL = (float32, float16, bfloat16, int32, uint32, bool_)
+ALL = (float32, float16, bfloat16, int32, uint32, int64, uint64, bool_)
 
 _ALIASES = {
     "f32": float32, "float32": float32, "float": float32,
@@ -65,6 +67,7 @@ _ALIASES = {
     "bf16": bfloat16, "bfloat16": bfloat16,
     "i32": int32, "int32": int32, "int": int32,
     "u32": uint32, "uint32": uint32,
+    "i64": int64, "int64": int64, "u64": uint64, "uint64": uint64,
     "bool": bool_, "i1": bool_, "int1": bool_,
 }
 

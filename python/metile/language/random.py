@@ -7,11 +7,11 @@ float32 arithmetic, the same bits on every backend and the CPU runtime and the b
 Triton's `tl.randint4x` / `tl.rand` define for the same 32-bit offsets and a seed in
 [-2**31, 2**32); normals also go through the backend's float32 log, sqrt, cos and sin.
 
-Triton widens the seed to 64 bits and keys Philox on its two halves.  metile has no
-64-bit integers, so a seed is an int32 or uint32 scalar (or a Python int in that
-range): an int32 seed's high half is its sign (all ones when negative), a uint32
-seed's is zero, as Triton's widening gives.  Pass a seed in [2**31, 2**32) as a 0-d
-uint32 array (a Python int argument must fit in int32).
+Triton widens the seed to 64 bits and keys Philox on its two halves, and so does
+metile: a seed is any integer scalar (int32, uint32, int64, uint64 or a Python int);
+an int32 seed's high half is its sign (all ones when negative), a uint32 seed's is
+zero.  Offsets are 32-bit: Triton runs Philox-4x64 on 64-bit offsets, which metile
+does not build, so an int64 offset is a compile error.
 
 The functions are @metile.inline helpers written with the language's own uint32
 ops (`umulhi`, `*`, `^`, `+`): they need nothing from a backend beyond `umulhi`.
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import functools
 
-from .core import cast, constexpr, cos, log, maximum, sin, sqrt, static_range, umulhi, where
-from .dtypes import float32, uint32
+from .core import (cast, constexpr, cos, log, maximum, sin, sqrt, static_assert, static_range,
+                   umulhi, where, zeros)
+from .dtypes import float32, int32, int64, uint32
 
 N_ROUNDS_DEFAULT = 10
 # Philox-4x32 round multipliers and Weyl key increments (the golden ratio and sqrt(3) - 1)
@@ -66,17 +67,21 @@ def philox_impl(c0, c1, c2, c3, k0, k1, n_rounds: constexpr = N_ROUNDS_DEFAULT):
 
 @_library
 def philox(seed, c0, c1, c2, c3, n_rounds: constexpr = N_ROUNDS_DEFAULT):
-    """Philox keyed on `seed` (int32, uint32 or a Python int in [-2**31, 2**32))."""
-    # Triton's 64-bit seed: the low word is the seed's bits, the high word its sign
-    # extension (zero for uint32, whose `< 0` is always false).
+    """Philox keyed on `seed` (any integer scalar: Triton's 64-bit seed)."""
+    # The seed widened to 64 bits as Triton widens it (int32 sign-extends, uint32 zero-extends,
+    # uint64 keeps its bits), then split into its low and high words.
     k0 = cast(seed, uint32)
-    k1 = where(seed < 0, 0xFFFFFFFF, 0)
+    k1 = cast(cast(seed, int64) >> 32, uint32)
     return philox_impl(c0, c1, c2, c3, k0, k1, n_rounds)
 
 
 @_library
 def randint4x(seed, offset, n_rounds: constexpr = N_ROUNDS_DEFAULT):
     """Four independent uint32 values per element of `offset` (int32 or uint32)."""
+    # `offset + zeros` gives a Python-int offset a dtype to check (it emits nothing)
+    static_assert((offset + zeros((1,), int32)).dtype.primitive_bitwidth == 32,
+                  "random offsets must be 32-bit: Triton keys Philox-4x64 on 64-bit offsets, "
+                  "which metile does not build; cast the offsets to int32 or uint32")
     c0 = cast(offset, uint32)
     zero = c0 * 0  # the counter's other words, shaped like the offsets
     return philox(seed, c0, zero, zero, zero, n_rounds)

@@ -3,7 +3,7 @@
 Checks and analyses on tile form:
   uniformity            barriers / tile ops only under thread-uniform control flow; marks
                         uniform scalar stores and atomics once per program
-  pointer_recurrence    (rewrites) a dot loop's carried pointers / int32 offsets advanced by
+  pointer_recurrence    (rewrites) a dot loop's carried pointers / int32/int64 offsets advanced by
                         invariant amounts in closed form; acc += dot(a, b) -> dot(a, b, acc)
   buffer_usage          which buffers are loaded / stored; store-coverage proofs
   gemm                  the canonical dot-over-K recurrence and its fused epilogue

@@ -167,7 +167,7 @@ def find_gemm(fn: Function) -> GemmPattern | None:
         others = ", ".join(f"{a.hint or 'a value'!r} ({a.type})"
                            for a in loop.regions[0].args[1:] if a is not acc)
         raise _reject(f"the K loop carries other values besides the accumulator: {others}; "
-                      f"only pointers or int32 offsets advanced by a loop-invariant amount "
+                      f"only pointers or int32/int64 offsets advanced by a loop-invariant amount "
                       f"(p += c) and unused after the loop are rewritten away", loop)
     if not _is_zero_splat(loop.operands[3]):
         raise _reject("the accumulator must start from metile.zeros((BLOCK_M, BLOCK_N))", loop)

@@ -23,9 +23,10 @@ class Storage:
 
 
 def scalar_of(t) -> ScalarType:
-    """The per-element type a thread holds: pointers become int32 offsets."""
+    """The per-element type a thread holds: pointers become their offsets (int32, or int64
+    after an int64 offset was added)."""
     e = elem_type(t)
-    return I32 if isinstance(e, PointerType) else e
+    return ScalarType(e.index) if isinstance(e, PointerType) else e
 
 
 class Ctx:

@@ -38,9 +38,9 @@ class ReductionLowering:
     def _identity(self, b: Builder, kind: str, d: dt.DType) -> Value:
         if kind == "sum":
             return self.const(b, 0.0 if d.is_float else 0, d)
-        big = {"f": float("inf"), "i": 2**31 - 1, "u": 2**32 - 1}[d.kind]
+        big = {"f": float("inf"), "i": 2**(d.bits - 1) - 1, "u": 2**d.bits - 1}[d.kind]
         if kind == "max":
-            big = {"f": float("-inf"), "i": -2**31, "u": 0}[d.kind]
+            big = {"f": float("-inf"), "i": -2**(d.bits - 1), "u": 0}[d.kind]
         return self.const(b, big, d)
 
     def _combine(self, b: Builder, kind: str, a: Value, x: Value) -> Value:

@@ -23,7 +23,8 @@ dot accumulator (`yield` of `dot(a, b, acc)` for its own carried `acc`):
   only, by pure ops) is no longer carried.  Inside the body `p` is replaced by
   `p0 + t * c`, where `p0` is its initial value, `c` the total increment and
   `t = (iv - lo) / step` the trip index.  In wrapping int32 arithmetic that is
-  exactly the value the t-th iteration sees.  The pure ops computing `c` move to
+  exactly the value the t-th iteration sees; where an increment is int64 (a user's
+  64-bit strides) the sum is formed in int64.  The pure ops computing `c` move to
   the front of the body (they depend on nothing carried).
 * **invariant slots**: a carried value yielded unchanged (a block pointer's offset
   advanced by 0, frontend/block_pointers.py) is replaced by its initial value.
@@ -166,8 +167,11 @@ def _invariant(v: Value, body: Block, inside: set[int], memo: dict) -> bool:
     return ok
 
 
-def _int32_or_pointer(v: Value) -> bool:
-    return isinstance(elem_type(v.type), PointerType) or dtype_of(v.type) == dt.int32
+_OFFSETS = (dt.int32, dt.int64)
+
+
+def _offset_or_pointer(v: Value) -> bool:
+    return isinstance(elem_type(v.type), PointerType) or dtype_of(v.type) in _OFFSETS
 
 
 def _increment_chain(body: Block, arg: Value, inside: set[int]):
@@ -177,7 +181,7 @@ def _increment_chain(body: Block, arg: Value, inside: set[int]):
     v, chain, memo = body.ops[-1].operands[j], [], {}
     while v is not arg:
         op = v.owner
-        if not (isinstance(op, Op) and op.name in ("ptr_add", "add", "sub") and _int32_or_pointer(v)
+        if not (isinstance(op, Op) and op.name in ("ptr_add", "add", "sub") and _offset_or_pointer(v)
                 and any(o is op for o in body.ops)):
             return None
         x, y = op.operands
@@ -185,7 +189,7 @@ def _increment_chain(body: Block, arg: Value, inside: set[int]):
                 and not _invariant(y, body, inside, memo):
             x, y = y, x
         if not _invariant(y, body, inside, memo) or x.type != v.type \
-                or dtype_of(y.type) != dt.int32 \
+                or dtype_of(y.type) not in _OFFSETS \
                 or (isinstance(y.type, TileType) and y.type.shape != v.type.shape):
             return None
         chain.append((-1 if op.name == "sub" else 1, y))
@@ -212,18 +216,29 @@ def _close_form(loop: Op, j: int, increments, inside: set[int]) -> None:
         new.append(op)
         return op.result
 
-    # Every increment at the carried value's shape (int32 elements): they add up exactly.
+    # Every increment at the carried value's shape (int32 elements, int64 if any increment
+    # is): they add up exactly.
     shape = arg.type.shape if isinstance(arg.type, TileType) else None
+    index = ScalarType(dt.int64) if any(dtype_of(y.type) == dt.int64 for _, y in increments) \
+        else I32
+
+    def widen(y):
+        if dtype_of(y.type) == index.dtype:
+            return y
+        return emit("cast", [y], TileType(y.type.shape, index) if isinstance(y.type, TileType)
+                    else index, to=index.dtype)
+
     total = None
     for sign, y in increments:
+        y = widen(y)
         if shape is not None and not isinstance(y.type, TileType):
-            y = emit("splat", [y], TileType(shape, I32), shape=shape)
+            y = emit("splat", [y], TileType(shape, index), shape=shape)
         if sign < 0:
             y = emit("neg", [y], y.type)
         total = y if total is None else emit("add", [total, y], y.type)
-    trip = _trip_index(loop, emit)
+    trip = widen(_trip_index(loop, emit))
     if shape is not None:
-        trip = emit("splat", [trip], TileType(shape, I32), shape=shape)
+        trip = emit("splat", [trip], TileType(shape, index), shape=shape)
     offset = emit("mul", [trip, total], total.type)
     closed = emit("ptr_add" if isinstance(elem_type(arg.type), PointerType) else "add",
                   [start, offset], arg.type)

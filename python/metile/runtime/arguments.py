@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from ..errors import LaunchError
 from ..language import dtypes as dt
+from .source_kernel import as_array
 
 # Element offsets in generated code are int32; program_id * BLOCK + arange stays below
 # 2**31 for buffers up to this size (a block of the last program may run past n).
 MAX_BUFFER_ELEMENTS = 2**31 - 2**20
+
+
+def int_scalar_dtype(name: str, value: int) -> dt.DType:
+    """Triton's type for a Python int argument: int32 when it fits, else uint64 in
+    [2**63, 2**64), else int64."""
+    if -2**31 <= value < 2**31:
+        return dt.int32
+    if 2**63 <= value < 2**64:
+        return dt.uint64
+    if -2**63 <= value < 2**63:
+        return dt.int64
+    raise LaunchError(f"argument {name!r}: {value} does not fit in 64 bits")
+
+
+def scalar_array(value, name: str) -> mx.array:
+    """The 0-d array a runtime scalar is passed as: MLX's rule (bool, int32, float32), except
+    that an int beyond int32 keeps its value as int64/uint64 (`int_scalar_dtype`)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+        # through NumPy: mx.array(int) cannot build a uint64 past 2**63
+        return mx.array(np.array(value, dtype=int_scalar_dtype(name, value).name))
+    return as_array(value, name, "metile")
 
 
 def arg_spec(name: str, value):
@@ -18,7 +41,8 @@ def arg_spec(name: str, value):
         d = dt.to_dtype(value.dtype)
         if d is None:
             raise LaunchError(f"argument {name!r}: dtype {value.dtype} is not supported "
-                              f"(metile kernels take float32, float16, bfloat16, int32, uint32, bool)")
+                              f"(metile kernels take float32, float16, bfloat16, int32, uint32, int64, "
+                              f"uint64, bool)")
         if value.ndim == 0:
             return ("scalar", d, 0)
         if value.size > MAX_BUFFER_ELEMENTS:
@@ -33,9 +57,7 @@ def arg_spec(name: str, value):
     if isinstance(value, bool):
         return ("scalar", dt.bool_, 0)
     if isinstance(value, int):
-        if not -2**31 <= value < 2**31:
-            raise LaunchError(f"argument {name!r}: {value} does not fit in int32")
-        return ("scalar", dt.int32, 0)
+        return ("scalar", int_scalar_dtype(name, value), 0)
     if isinstance(value, float):
         return ("scalar", dt.float32, 0)
     raise LaunchError(f"argument {name!r}: expected an mx.array or a Python int/float/bool, "

@@ -54,7 +54,8 @@ _INDEX_OPS = {"program_id", "arange", "splat", "broadcast", "ptr_add"}
 # What replay() handles besides the _MX table.
 _REPLAYED = _INDEX_OPS | {"const", "load", "store", "cast"}
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16,
-           "int32": mx.int32, "uint32": mx.uint32, "bool": mx.bool_}
+           "int32": mx.int32, "uint32": mx.uint32, "int64": mx.int64,
+           "uint64": mx.uint64, "bool": mx.bool_}
 
 
 def _reject(why: str, op=None) -> CompilationError:

@@ -16,8 +16,7 @@ import mlx.core as mx
 from ..compiler.backend import selection_key
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
-from .arguments import arg_spec
-from .source_kernel import as_array
+from .arguments import arg_spec, scalar_array
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -200,8 +199,8 @@ class Dispatch:
         self.outputs = out_arrays
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
-        # 0-d arrays instead of building them again (MLX's rule, source_kernel.as_array).
-        self.inputs = [as_array(runtime[name], name, "metile") for _, name in d.input_roles]
+        # 0-d arrays instead of building them again (arguments.scalar_array).
+        self.inputs = [scalar_array(runtime[name], name) for _, name in d.input_roles]
         self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d.input_roles,
                                                                            self.inputs))
                                if not isinstance(runtime[name], mx.array)}
