@@ -270,7 +270,9 @@ void run_bounds_checked(const KernelLibrary& lib, const LaunchSpec& spec,
                                      buffer_name(spec, inputs.size() + o, inputs.size())));
     }
     Bindings b = bind_arguments(spec, inputs, in_data, out_data);
-    run_dispatch(lib, spec.dispatch, b.pointers.data(),
+    Dispatch d = spec.dispatch;
+    d.quiet = !at_end;  // the kernel's output was printed by the first run
+    run_dispatch(lib, d, b.pointers.data(),
                  [&guarded](const void* address) { return guarded.describe(address); });
     if (at_end) {  // the second run only looks for accesses before the start
       for (std::size_t o = 0; o < outputs.size(); ++o) {
@@ -340,6 +342,7 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
     Bindings sb = bind_arguments(spec, inputs, input_data, scratch_data);
     Dispatch d = spec.dispatch;
     d.order = order;
+    d.quiet = true;
     run_dispatch(lib, d, sb.pointers.data());
     for (std::size_t o = 0; o < outputs.size(); ++o) {
       RaceCompare how = o < spec.race_compare.size() ? spec.race_compare[o] : RaceCompare{};

@@ -356,6 +356,7 @@ void run_group(Worker& w, const Dispatch& d, const std::array<std::uint32_t, 3>&
     l.simdgroup_index_in_threadgroup = static_cast<std::uint32_t>(i / metile_rt::kSimdWidth);
     l.thread_index_in_simdgroup = static_cast<std::uint32_t>(i % metile_rt::kSimdWidth);
     l.simdgroups_per_threadgroup = static_cast<std::uint32_t>(simd_count);
+    l.quiet = d.quiet;
     l.runtime_private = &f;
     f.worker = &w;
     f.state = State::runnable;

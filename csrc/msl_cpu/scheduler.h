@@ -28,6 +28,7 @@ struct Dispatch {
   std::array<std::uint32_t, 3> threadgroup;  // requested threads per group
   LaneOrder order = LaneOrder::forward;
   std::string kernel;                        // the kernel's name, for error messages
+  bool quiet = false;                        // a check re-run: device_print prints nothing
 };
 
 // A dlopen'd kernel library; closed when the last launch using it is gone.

@@ -17,10 +17,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 # What METILE_DEBUG may name (comma-separated): the compile steps that print or
-# dump what they produced (compiler/pipeline.py), and older words for the same.
+# dump what they produced (compiler/pipeline.py), and older words for the same;
+# "asserts" compiles kernels with their device_assert checks (debug_asserts).
 DEBUG_WORDS = ("uniformity", "pointer_recurrence", "plan_schedule", "lower_tiles",
                "lower_fragments", "emit_msl", "emit_cuda", "tile_ir", "thread_ir", "msl", "cuda",
-               "schedule")
+               "schedule", "asserts")
 
 
 class SettingError(ValueError):
@@ -91,3 +92,9 @@ def debug_flags() -> set[str]:
         warnings.warn(f"METILE_DEBUG: unknown word(s) {', '.join(unknown)}; known: "
                       f"{', '.join(DEBUG_WORDS)}", stacklevel=3)
     return words
+
+
+def debug_asserts() -> bool:
+    """METILE_DEBUG=asserts: kernels keep their device_assert checks (Triton's
+    TRITON_DEBUG=1), unless a kernel or launch says debug=False."""
+    return "asserts" in debug_flags()

@@ -38,6 +38,7 @@ class CEmitter:
     # {d} {a} {b} {c} fragments of a multiply-accumulate, {value} fill value.
     FRAGMENT: dict[str, str] = {}       # decl fill load store mma
     SIMD_BARRIER = ""
+    DEBUG_OPS = None                    # device_print / device_assert (codegen/debug_ops.py)
 
     def __init__(self, fn: Function):
         assert fn.form == "thread", "emit the thread form (run passes.lower_tiles first)"
@@ -213,6 +214,8 @@ class CEmitter:
             self.fragment_op(op, a, depth)
         elif name == "simd_barrier":
             self.emit(self.SIMD_BARRIER, depth)
+        elif name in ("device_print", "device_assert"):
+            self.DEBUG_OPS.emit(self, op, a, depth)
         else:
             r = op.result
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)

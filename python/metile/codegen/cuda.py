@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..ir.core import Function, Op
 from .c_like import CEmitter
+from .debug_ops import CUDADebug
 
 # Butterfly reductions over a full warp.  Every lane ends with the result, as
 # Metal's simd_sum/simd_max/simd_min do; the lane geometry always launches
@@ -381,6 +382,7 @@ class CUDAEmitter(CEmitter):
         "set": "{frag}.x[{e}] = {value};",
     }
     SIMD_BARRIER = "__syncwarp();"
+    DEBUG_OPS = CUDADebug()
     # 16-byte float4 / 8-byte uint2 loads; 2-byte elements are read back through the
     # element type (the alignment of the whole group was proven by the pass).
     # The 4-element alignment proof is relative to the buffer start; MLX may hand a

@@ -14,6 +14,7 @@ from ..ir.core import Function, Op
 from ..ir.ops import TENSOR_OPS
 from . import msl_tensor_ops
 from .c_like import CEmitter
+from .debug_ops import MSLDebug
 
 _ERF = """\
 // erf for float: Abramowitz & Stegun 7.1.26 refined (max abs error ~1.2e-7 on [0, inf)).
@@ -157,6 +158,7 @@ class MSLEmitter(CEmitter):
         "set": "{frag}.thread_elements()[{e}] = {value};",
     }
     SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
+    DEBUG_OPS = MSLDebug()
     # A 4-wide load read through Metal's packed vector (element alignment) into the
     # aligned vector type: the pass proved 4-element alignment relative to the buffer,
     # and packed types keep it well-defined where a buffer's base is only element-aligned

@@ -38,6 +38,7 @@ from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from ..settings import debug_flags
 from . import planning
 from .backend import Backend
+from .debug_support import check_debug_support
 
 # How buffer_usage proved that a launch writes every element of an output (checked
 # against the grid at launch), as explain() words it.
@@ -68,6 +69,7 @@ class Request:
     backend: Backend
     differentiable: bool = False
     loc: Loc | None = None
+    debug: bool = False              # device_assert checked (frontend/debug_ops.py)
 
     @property
     def fragments(self) -> bool:
@@ -158,11 +160,14 @@ def tile_form(req: Request) -> tuple[Function, list[str]]:
     """frontend -> verify -> uniformity: the kernel's Tile IR, checked."""
     try:
         fn, _ = build_tile_ir(req.fn, {k: v[:2] for k, v in req.specs.items()}, req.constexprs,
-                              *((True,) if req.fragments else ()))
+                              req.fragments, req.debug)
     except CompilationError as e:
         _name_constexprs(e, req.constexprs)
         raise
     verify(fn)
+    asserts = check_debug_support(fn, req.backend)
+    if asserts:
+        fn.meta["device_assert"] = asserts
     check_uniformity(fn)
     steps = ["frontend", "verify", "uniformity"]
     # Triton-style K loops (advanced pointers, acc += dot) in the form passes.gemm matches;
@@ -221,6 +226,8 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
     }
     if "pointer_recurrence" in fn.meta:
         details["pointer_recurrence"] = fn.meta["pointer_recurrence"]
+    if "device_assert" in fn.meta:
+        details["device_assert"] = fn.meta["device_assert"]
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
                     plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details)
 

@@ -37,9 +37,10 @@ def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
     return names, consts, defaults
 
 
-def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False
+def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False, debug: bool = False
                   ) -> tuple[Function, CompileContext]:
-    """`specs[name]` is ("buffer", DType) or ("scalar", DType) for runtime parameters."""
+    """`specs[name]` is ("buffer", DType) or ("scalar", DType) for runtime parameters;
+    `debug` keeps device_assert checks (frontend/debug_ops.py)."""
     src = function_source(fn)
     names, consts, _ = constexpr_params(fn)
     body = Block()
@@ -57,6 +58,7 @@ def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False
         env[name] = v
     ctx = CompileContext()
     ctx.fragments = fragments
+    ctx.debug = debug
     gen = Generator(src, builder, ctx, env)
     gen.visit_body(desugar(src, is_helper=False))
     out = Function(fn.__name__, params, body)

@@ -21,7 +21,7 @@ from ..language import dtypes as dt
 from ..language import unsupported
 from ..language.core import constexpr
 from .builtins import IMPLS, view_method
-from . import join_split, scans  # noqa: F401  (register their builtins into IMPLS)
+from . import debug_ops, join_split, scans  # noqa: F401  (register their builtins into IMPLS)
 from .block_pointers import BlockPointer, TensorDescriptor
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -73,6 +73,7 @@ class CompileContext:
         self.helpers: list[object] = []
         self.depth = 0
         self.fragments = False  # simdgroup_inline: 8x8 block views are matrix fragments
+        self.debug = False  # device_assert and runtime `assert` are checked (debug_ops.py)
 
 
 class _Return(Exception):
@@ -175,9 +176,15 @@ class Generator(ControlFlow):
         raise _Return(None if value is UNSET else value)
 
     def visit_Assert(self, node):
+        block, count = self.b.block, len(self.b.block.ops)
         test = self.visit(node.test)
-        if isinstance(test, Value):
-            raise CompilationError("assert needs a compile-time condition")
+        if isinstance(test, Value):  # a device_assert, as in Triton (frontend/debug_ops.py)
+            msg = "" if node.msg is None else self.visit(node.msg)
+            if self.ctx.debug:
+                debug_ops.emit_assert(self, test, debug_ops._text(msg, "assert message"))
+            elif self.b.block is block:
+                del block.ops[count:]  # compiled out: drop what computed the condition
+            return
         if not test:
             msg = self.visit(node.msg) if node.msg is not None else "assertion failed"
             raise CompilationError(f"static assertion failed: {msg}")
@@ -366,6 +373,8 @@ class Generator(ControlFlow):
 
     def visit_Call(self, node):
         func = self.visit(node.func)
+        if getattr(func, "__metile_builtin__", None) == "device_assert" and not self.ctx.debug:
+            return None  # compiled out, arguments unevaluated (frontend/debug_ops.py)
         args = []
         for a in node.args:
             if isinstance(a, ast.Starred):

@@ -27,6 +27,8 @@ Tile form (frontend output)
   dot(a, b, acc)                        tile matrix product, fp32 accumulation
   shared_alloc{size}                    threadgroup pointer (root = its name)
   barrier
+  device_print(*values){prefix, hex}    print (values: scalars, tiles of one shape)
+  device_assert(cond){msg, where}       stop the launch where cond is false (debug builds)
   for(lb, ub, step, *init){kind} [body(iv, *carried) -> yield]
   if(cond) [then -> yield] [else -> yield]
   while(*init) [cond(*carried) -> condition(c, *carried)] [body(*carried) -> yield]
@@ -44,6 +46,11 @@ Thread form (after passes.lower_tiles; every value is a scalar)
                                         element is first copied in from buffer `init` once,
                                         marking byte `state`[index] (passes/buffer_usage.py)
   simd_reduce(v){kind} simd_lane simd_group barrier simd_barrier
+  device_print(pid0, pid1, pid2, *index, *values){prefix, hex, index, rank}
+  device_assert(cond, pid0, pid1, pid2, *index){head, msg, index, rank}
+                                        passes/lower_debug.py: index "element" (the
+                                        element's `rank` coordinates), "thread" (one
+                                        operand: thread_id) or "none"
   decl{storage="fragment", role, dtype, size, shape}
                                         `size` opaque matrix fragments per thread (role a|b|acc,
                                         shape (rows, columns, depth) of the matrix unit)
@@ -104,12 +111,15 @@ ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", 
 # this thread's shared-memory writes visible to the tensor cores.
 WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"})
 
+# Run-time debugging output and checks (frontend/debug_ops.py, passes/lower_debug.py).
+DEBUG = frozenset({"device_print", "device_assert"})
+
 TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
-             | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW)
+             | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW | DEBUG)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
                   "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | DEBUG)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")

@@ -123,6 +123,13 @@ _DOCS = {
     "static_assert": "static_assert(cond, msg=''): compile-time assertion.",
     "static_print": "static_print(*values): prints at compile time (values' types for runtime ones).",
     "static_range": "static_range(start, end=None, step=1): a for loop unrolled at compile time.",
+    "device_print": "device_print(prefix, *values, hex=False): prints at run time, one line per "
+                    "element: `pid (x, y, z) idx (i, j) prefix: v0, v1` (a uniform scalar once "
+                    "per program); the CPU runtime and CUDA (not a Metal GPU).",
+    "device_assert": "device_assert(cond, msg='', mask=None): in debug builds (debug=True or "
+                     "METILE_DEBUG=asserts) stops the launch where cond is false; mx.eval "
+                     "raises naming the kernel, the line, the program and the element. "
+                     "Otherwise compiled out, arguments unevaluated.",
     "range": "range(start, end=None, step=1, num_stages=None, ...): a runtime for loop "
              "(Triton's tl.range; num_stages and warp_specialize warn: not honoured here).",
     "tensor": "tensor(buffer, shape=, strides=None, block_shape=None, access='readwrite'): indexed view.",

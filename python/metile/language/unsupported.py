@@ -23,8 +23,6 @@ REASONS = {
                          "metile.make_tensor_descriptor",
     **{n: "not built yet (metile has associative_scan, cumsum, cumprod, argmax and argmin)"
        for n in ("reduce", "xor_sum", "histogram", "softmax")},
-    "device_print": "printing from a kernel is not built yet (static_print works at compile time)",
-    "device_assert": "assertions in a running kernel are not built yet (static_assert works)",
     "inline_asm_elementwise": "inline assembly cannot be portable across Metal and CUDA",
     "dot_scaled": "scaled (microscaling) dot products are not built",
     "swizzle2d": _NOT_YET, "zeros_like": _NOT_YET, "full_like": _NOT_YET,

@@ -75,6 +75,8 @@ def _scan(block: Block, div: set[int], why: Op | None, check: bool) -> None:
         if check and op.name == "store" and not _is_tile_op(op) and (
                 op.attrs.get("atomic") or getattr(op.operands[0].type, "space", None) == "device"):
             op.attrs["once_per_program"] = why is None and not inputs_div
+        if check and op.name in ("device_print", "device_assert") and not _is_tile_op(op):
+            op.attrs["once_per_program"] = why is None and not inputs_div  # lower_debug.py
         if op.name == "thread_id" or (inputs_div and op.name not in ("for", "while", "if")):
             div.update(r.id for r in op.results)
         if op.name == "for":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
+import os
 import warnings
 from typing import TYPE_CHECKING
 
@@ -118,8 +119,9 @@ def _launch_key(grid, args, kwargs):
     except TypeError:
         return None
     grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
-    # a launch resolved for another language or target must not be reused after they change
-    return (grid_key, tuple(parts), options, selection_key())
+    # a launch resolved for another language or target must not be reused after they change,
+    # nor one resolved before METILE_DEBUG=asserts was set or cleared
+    return (grid_key, tuple(parts), options, selection_key(), os.environ.get("METILE_DEBUG"))
 
 
 class Launcher:
@@ -163,14 +165,14 @@ class Dispatch:
     """A launch with everything resolved; calling it enqueues the kernel again."""
 
     def __init__(self, kernel: "Kernel", grid, args, kwargs, like: "Dispatch | None" = None):
-        runtime, consts, threads, schedule, backend = kernel.bind(args, kwargs)
+        runtime, consts, threads, schedule, backend, debug = kernel.bind(args, kwargs)
         if like is not None:
             like._check_same(runtime, consts, threads)
         try:
-            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
+            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend, debug)
         except CompilationError as e:
             schedule = _drop_launch_stages(kernel, kwargs, schedule, e)
-            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend)
+            spec, specs = kernel.specialize(runtime, consts, threads, schedule, backend, debug)
         self.grid_arg, self.specs = grid, specs
         grid = resolve_grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
+from .. import settings
 from ..compiler import pipeline
 from ..compiler.backend import Backend, resolve_backend
+from ..compiler.debug_support import warn_unchecked_asserts
 from ..errors import CompilationError, LaunchError
 from ..frontend import constexpr_params
 from ..ir.core import Loc
@@ -89,13 +91,14 @@ class Specialization:
 
     def __init__(self, kernel: "Kernel", specs: dict, constexprs: dict, threads_req,
                  backend: Backend, schedule: Schedule | None = None,
-                 int_values: dict | None = None):
+                 int_values: dict | None = None, debug: bool = False):
         self.kernel, self.specs, self.constexprs = kernel, specs, constexprs
         self.threads_req, self.backend, self.schedule = threads_req, backend, schedule
         self.int_values = int_values or {}
+        self.debug = debug
         self.request = pipeline.Request(
             kernel.fn, tuple(kernel.param_names), specs, constexprs, threads_req, schedule,
-            self.int_values, backend, kernel.differentiable, kernel.loc)
+            self.int_values, backend, kernel.differentiable, kernel.loc, debug)
         self._tile = None
         self.key = cache.key_hash({
             "source": cache.source_fingerprint(kernel.fn),
@@ -108,6 +111,8 @@ class Specialization:
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
+            # device_assert checks are compiled in (only debug builds add the key)
+            **({"debug": True} if debug else {}),
         })
         entry = cache.disk_load(self.key)
         if entry is None:
@@ -118,6 +123,7 @@ class Specialization:
             cache.disk_store(self.key, entry)
         self.entry = entry
         self.analysis = pipeline.Analysis.from_json(entry["analysis"])
+        warn_unchecked_asserts(kernel.fn.__name__, self.analysis.details, backend)
         self.outputs: list[str] = self.analysis.outputs
         self.atomic_outputs: list[str] = self.analysis.atomic_outputs
         self.coverage = self.analysis.coverage
@@ -173,12 +179,16 @@ class Kernel:
 
     __metile_kernel__ = True
 
-    def __init__(self, fn, num_simdgroups: int | None = None, differentiable: bool = False):
+    def __init__(self, fn, num_simdgroups: int | None = None, differentiable: bool = False,
+                 debug: bool | None = None):
         if not inspect.isfunction(fn):
             raise TypeError(f"metile.kernel decorates a Python function written with def, got "
                             f"{type(fn).__name__} {fn!r}")
         self.fn = fn
         self.differentiable = differentiable
+        if debug is not None and not isinstance(debug, bool):
+            raise TypeError(f"metile.kernel debug= must be True, False or None, got {debug!r}")
+        self.debug = debug  # None: METILE_DEBUG=asserts decides (see _debug)
         functools.update_wrapper(self, fn)
         try:
             self.param_names, self.constexpr_names, self.defaults = constexpr_params(fn)
@@ -233,10 +243,11 @@ class Kernel:
         return self._last().explain(steps)
 
     # -- binding ---------------------------------------------------------------------------
-    def bind(self, args, kwargs) -> tuple[dict, dict, int | None, Schedule | None, object]:
+    def bind(self, args, kwargs) -> tuple[dict, dict, int | None, Schedule | None, object, bool]:
         """(runtime arguments by name, constexpr values by name, threads requested, schedule,
-        backend requested)."""
+        backend requested, whether device_assert is checked)."""
         kwargs = dict(kwargs)
+        debug = self._debug(kwargs)
         launch_nsg = "num_simdgroups" in kwargs or (
             "NUM_SG" in kwargs and "NUM_SG" not in self.param_names)
         nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
@@ -309,7 +320,18 @@ class Kernel:
             if not isinstance(nsg, int) or not 1 <= nsg <= 32:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
-        return runtime, consts, threads, schedule, backend
+        return runtime, consts, threads, schedule, backend, debug
+
+    def _debug(self, kwargs: dict) -> bool:
+        """Debug builds check device_assert: the launch's debug= (popped from kwargs unless
+        the kernel has a parameter of that name), else the kernel's, else METILE_DEBUG=asserts
+        (Triton's debug= and TRITON_DEBUG)."""
+        debug = None if "debug" in self.param_names else kwargs.pop("debug", None)
+        if debug is not None and not isinstance(debug, bool):
+            raise LaunchError(f"debug must be True or False, got {debug!r}")
+        if debug is None:
+            debug = self.debug
+        return settings.debug_asserts() if debug is None else debug
 
     def _triton_options(self, kwargs: dict, nsg, launch_nsg: bool, schedule):
         """Triton's launch options: num_warps is num_simdgroups (a warp and a SIMD-group are
@@ -333,8 +355,8 @@ class Kernel:
                 raise LaunchError(f"num_stages={stages!r}: {e}") from None
         return nsg, schedule
 
-    def specialize(self, runtime: dict, consts: dict, threads, schedule=None, backend=None
-                   ) -> tuple[Specialization, dict]:
+    def specialize(self, runtime: dict, consts: dict, threads, schedule=None, backend=None,
+                   debug: bool = False) -> tuple[Specialization, dict]:
         specs = {n: arg_spec(n, v) for n, v in runtime.items()}
         backend = resolve_backend(backend)
         # An explicit schedule specializes integer scalars so that shape proofs
@@ -343,20 +365,23 @@ class Kernel:
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
-               None if schedule is None else schedule.key(), tuple(sorted(ints.items())))
+               None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug)
         spec = self._specs.get(key)
         if spec is None:
-            spec = Specialization(self, specs, consts, threads, backend, schedule, ints)
+            spec = Specialization(self, specs, consts, threads, backend, schedule, ints, debug)
             self._specs[key] = spec
         return spec, specs
 
 
-def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False):
+def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False,
+           debug: bool | None = None):
     """Decorator: compile a Python function as a metile kernel (see module docstring).
-    `differentiable=True` gives pointwise kernels a vjp (see runtime/autodiff.py)."""
+    `differentiable=True` gives pointwise kernels a vjp (see runtime/autodiff.py);
+    `debug=True` checks its device_asserts (default: METILE_DEBUG=asserts; a launch's
+    debug= overrides both)."""
     if fn is None:
-        return lambda f: Kernel(f, num_simdgroups, differentiable)
-    return Kernel(fn, num_simdgroups, differentiable)
+        return lambda f: Kernel(f, num_simdgroups, differentiable, debug)
+    return Kernel(fn, num_simdgroups, differentiable, debug)
 
 
 def inline(fn):

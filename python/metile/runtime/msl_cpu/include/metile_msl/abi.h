@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#define METILE_MSL_ABI_VERSION 1
+#define METILE_MSL_ABI_VERSION 2
 
 namespace metile_rt {
 
@@ -83,6 +83,9 @@ struct Lane {
   // The threadgroup size the dispatch asked for; threads_per_threadgroup is
   // smaller in partial edge groups.
   std::uint32_t dispatch_threads_per_threadgroup[3];
+  // Nonzero in a re-run made only to check the kernel (bounds check, race
+  // check): its device_print output was printed by the first run.
+  std::uint32_t quiet;
 
   void* runtime_private;
 };

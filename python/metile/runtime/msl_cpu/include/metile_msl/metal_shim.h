@@ -16,6 +16,7 @@
 
 // Standard headers first: the address-space macros below would otherwise
 // rewrite names such as std::thread or `constant` inside them.
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -24,6 +25,10 @@
 #include <utility>
 
 #include "abi.h"
+
+// Kernel code that only the CPU runtime can run (metile.device_print and
+// device_assert) is emitted under `#if defined(METILE_MSL_CPU_RUNTIME)`.
+#define METILE_MSL_CPU_RUNTIME 1
 
 // Address spaces are erased here; the strict check (include_strict/) keeps
 // them distinct, as Metal does.
@@ -46,6 +51,7 @@
 #include "types.h"
 #include "math.h"
 #include "sync.h"
+#include "debug.h"
 #include "atomics.h"
 #include "matrix.h"
 #include "mlx_utils.h"
