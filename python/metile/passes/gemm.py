@@ -51,6 +51,13 @@ _BODY_FORBIDDEN = {"store": "a store", "reduce": "a reduction", "barrier": "a ba
 PREFIX = "cannot lower the GEMM"
 
 
+def relaxed_precision(fn: Function) -> bool:
+    """The kernel's precision policy: a constexpr RELAXED_PRECISION=True allows reduced-
+    precision matrix units (e.g. TF32 for float32 operands)."""
+    return any(p.kind == "constexpr" and p.name == "RELAXED_PRECISION" and p.constant is True
+               for p in fn.params)
+
+
 @dataclass
 class GemmPattern:
     loop: Op

@@ -294,5 +294,5 @@ def _is_const(v: Value) -> bool:
 
 
 def _relaxed(fn: Function) -> bool:
-    from .lower_matmul import relaxed_precision
+    from .gemm import relaxed_precision
     return relaxed_precision(fn)

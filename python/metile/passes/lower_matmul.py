@@ -46,7 +46,7 @@ from ..errors import CompilationError
 from ..ir.core import Block, Builder, Op, Value
 from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
-from .gemm import GemmPattern
+from .gemm import GemmPattern, relaxed_precision  # noqa: F401 (re-exported)
 from .gemm_async import AsyncStaging, swizzle_params
 from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
@@ -147,13 +147,6 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
     raise CompilationError(
         f"cannot lower the GEMM: the {bm}x{bn} tile cannot be split over "
         f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
-
-
-def relaxed_precision(fn: "Function") -> bool:
-    """The kernel's precision policy: a constexpr RELAXED_PRECISION=True allows reduced-
-    precision matrix units (e.g. TF32 for float32 operands)."""
-    return any(p.kind == "constexpr" and p.name == "RELAXED_PRECISION" and p.constant is True
-               for p in fn.params)
 
 
 class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
