@@ -122,6 +122,33 @@ def test_advance_in_while_loops_and_runtime_ifs(rng):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
+@metile.inline
+def window(X, N, start):
+    # Returned from both branches of a runtime if: the offsets merge, the layout is shared.
+    if start > 0:
+        return metile.make_block_ptr(X, (N,), (1,), (start,), (4,), (0,))
+    return metile.make_block_ptr(X, (N,), (1,), (0,), (4,), (0,))
+
+
+@metile.kernel
+def advanced_then_read(X, Y, N, T, START):
+    p = window(X, N, START)
+    for i in range(T):
+        p = metile.advance(p, (4,))
+    q = metile.make_block_ptr(Y, (N,), (1,), (0,), (4,), (0,))
+    metile.store(q, metile.load(p, boundary_check=(0,)), boundary_check=(0,))
+
+
+@pytest.mark.parametrize("steps,start", [(2, 0), (0, 3), (1, 9), (3, 1)])
+def test_block_pointer_used_after_its_loop(steps, start):
+    x = np.arange(1, 15, dtype=np.float32)
+    y = np.array(advanced_then_read[(1,)](mx.array(x), mx.zeros((14,)), 14, steps, start))
+    first = start + 4 * steps
+    want = np.zeros(14, np.float32)
+    want[:4] = [x[i] if i < 14 else 0 for i in range(first, first + 4)]
+    np.testing.assert_array_equal(y, want)
+
+
 # -- the block-pointer matmul --------------------------------------------------------------------
 
 @metile.kernel

@@ -90,7 +90,8 @@ class ControlFlow:
         names = [n for n in branches[0][1] if n in branches[1][1]
                  and branches[0][1][n] is not branches[1][1][n]]
         composites = {n: _split_parts(n, branches) for n in names
-                      if hasattr(branches[0][1][n], "loop_parts")}
+                      if hasattr(branches[0][1][n], "loop_parts")
+                      and UNSET not in (branches[0][1][n], branches[1][1][n])}
         names = [m for n in names for m in composites.get(n, [n])
                  if branches[0][1][m] is not branches[1][1][m]]
         merged = self._merge(names, branches, node)
