@@ -107,9 +107,9 @@ class CEmitter:
         if name == "not":
             return f"(!{a[0]})" if rt.dtype.is_bool else f"(~{a[0]})"
         if name == "abs":
-            return self.math("abs", a[0], rt) if rt.dtype.is_float else f"metal::abs({a[0]})"
             if rt.dtype.bits == 64:  # neither Metal's abs nor CUDA's int abs is declared for it
                 return a[0] if rt.dtype.kind == "u" else f"({a[0]} < 0 ? -{a[0]} : {a[0]})"
+            return self.math("abs", a[0], rt) if rt.dtype.is_float else f"metal::abs({a[0]})"
         if name in MATH:
             return self.math(name, a[0], rt)
         if name in MATH_BINARY:

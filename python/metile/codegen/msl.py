@@ -81,7 +81,6 @@ inline void metile_atomic_init(device bool* state, device T* out, In in, int i) 
 }"""
 
 
-def _fetch(op: str, atomic_type: str) -> str:
 # Metal's simd_sum/max/min take 32-bit integers only (MLX's own reductions shuffle 64-bit
 # values too): long/ulong combine in a butterfly that moves each value as two 32-bit halves.
 _SIMD64 = """\
@@ -103,6 +102,7 @@ template <typename T> inline T metile_simd_min64(T v) {
 }"""
 
 
+def _fetch(op: str, atomic_type: str) -> str:
     return (f"metal::atomic_fetch_{op}_explicit((device metal::{atomic_type}*){{p}}, {{v}}, "
             f"METILE_RELAXED)")
 
@@ -184,11 +184,11 @@ class MSLEmitter(CEmitter):
             if op.attrs["axis"] == 0:
                 return f"((({lane} >> 2) & 4) + (({lane} >> 1) & 3))"
             return f"((({lane} >> 2) & 2) * 2 + ({lane} & 1) * 2 + {op.attrs['e']})"
-        return super().expr(op)
-
         if op.name == "simd_reduce" and op.results[0].type.dtype.bits == 64:
             self.helpers_used.add("simd64")
             return f"metile_simd_{op.attrs['kind']}64({self.ref(op.operands[0])})"
+        return super().expr(op)
+
     def fragment_type(self, role, dtype, shape) -> str:
         rows, cols, depth = shape
         r, c = {"a": (rows, depth), "b": (depth, cols), "acc": (rows, cols)}[role]
