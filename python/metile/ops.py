@@ -812,3 +812,4 @@ def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
                       indent=2)
+from .attention_ops import scaled_dot_product_attention  # noqa: E402,F401

@@ -1,0 +1,225 @@
+"""Attention kernels written in metile's tile form (Triton-style pointers and masks).
+
+    out[b, h, i, :] = softmax_j(scale * q[b, h, i] . k[b, h // G, j] + mask[b, h, i, j]) @ v[b, h // G]
+
+with q (B, Hq, Lq, D) and k, v (B, Hkv, Lk, D), all row-major, G = Hq / Hkv
+query heads per key/value head (grouped-query attention; G = 1 is multi-head).
+
+Two kernels and a combine step:
+
+* `attention_forward` (prefill): one program per (query block, query head, batch),
+  a loop over key/value blocks with two `dot`s (Q·Kᵀ, then P·V, float32
+  accumulation) and the online softmax (running row maximum and sum; the
+  accumulator is rescaled when the maximum grows).  Causal programs stop at the
+  last key block their queries can see.
+* `attention_split` (decode: one or a few queries over a long cache): the keys
+  are cut into `splits` chunks over grid axis 0; each program handles every query
+  of every query head that shares one key/value head (G x Lq rows), so each key
+  and value byte is read once per chunk, not once per query head.  It writes its
+  chunk's running maximum, sum and unnormalised output in float32.
+* `attention_combine` merges the chunks: out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
+
+Scores are kept in base 2 (scale and additive mask are multiplied by log2 e) so
+the softmax uses exp2.  Masking follows MLX's `mx.fast.scaled_dot_product_attention`:
+
+* MASK="causal": query i sees key j when j <= i + (Lk - Lq) (the last query is
+  aligned with the last key);
+* MASK="bool": a False entry removes the key; MASK="additive": the entry is added
+  to the scaled score.  The mask buffer is read through four element strides
+  (batch, head, query, key), 0 along an axis the mask broadcasts over.
+
+MLX replaces a removed (causal or boolean) score by the dtype's lowest finite
+value, not -inf: a row whose every key is removed averages all values.  The
+kernels do the same with REMOVED (finite); keys past Lk (the ragged last block)
+are -inf and never count.  A row whose scores are all -inf (an additive mask of
+-inf everywhere) is 0/0 = NaN, as in MLX.
+
+Which lowering these get (see passes/gemm.py): a fused GEMM is one `dot`
+recurrence per kernel; these kernels have two products per loop iteration and
+loop-carried row statistics, so every dot takes the general tile lowering
+(operands staged in threadgroup memory, a float32 dot per output element).
+"""
+
+import metile
+
+LOG2E = 1.4426950408889634
+# MLX's removed-score value is float32's lowest finite number; any value far below
+# every real score gives the same weights (exactly 0 next to a real score, equal
+# weights in a row with none).
+REMOVED = -3.0e38
+MASKS = ("none", "causal", "bool", "additive")
+
+
+def forward_grid(q_len: int, q_heads: int, batch: int, BLOCK_M: int) -> tuple[int, int, int]:
+    return (metile.cdiv(q_len, BLOCK_M), q_heads, batch)
+
+
+@metile.inline
+def scores_block(q, k_ptrs, key, rows_head, rows_query, mask_base, kv_len, causal_shift,
+                 scale_log2, mask_stride_h, mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK):
+    """(rows, BLOCK_N) base-2 scores of the rows against keys `key`, masked: -inf past
+    kv_len, REMOVED where a causal or boolean mask removes the key."""
+    key_in = key < kv_len
+    kt = metile.load(k_ptrs, mask=key_in[None, :] & (d[:, None] < HEAD_DIM), other=0.0)
+    s = metile.dot(q, kt) * scale_log2
+    if MASK == "causal":
+        s = metile.where(key[None, :] <= rows_query[:, None] + causal_shift, s, REMOVED)
+    elif MASK == "bool" or MASK == "additive":
+        m_ptrs = (mask_base + rows_head[:, None] * mask_stride_h
+                  + rows_query[:, None] * mask_stride_q + key[None, :] * mask_stride_k)
+        entry = metile.load(m_ptrs, mask=key_in[None, :], other=0)
+        if MASK == "bool":
+            s = metile.where(entry != 0, s, REMOVED)
+        else:
+            s = s + entry.to(metile.float32) * LOG2E
+    return metile.where(key_in[None, :], s, -float("inf"))
+
+
+@metile.inline
+def softmax_step(s, m_i, l_i, acc, v):
+    """One online-softmax step: the new running maximum, sum and rescaled accumulator.
+    A row whose maximum is still -inf (every score so far -inf) adds nothing."""
+    m_new = metile.maximum(m_i, metile.max(s, axis=1))
+    finite = m_new > -float("inf")
+    alpha = metile.where(finite, metile.exp2(m_i - m_new), 1.0)
+    p = metile.where(finite[:, None], metile.exp2(s - m_new[:, None]), 0.0)
+    l_new = l_i * alpha + metile.sum(p, axis=1)
+    acc_new = acc * alpha[:, None] + metile.dot(p.to(v.dtype), v)
+    return m_new, l_new, acc_new
+
+
+@metile.kernel
+def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
+                      mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k,
+                      HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
+                      BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
+                      MASK: metile.constexpr = "none"):
+    """Out = softmax(scale Q Kᵀ + mask) V for one block of BLOCK_M queries of one query
+    head (program_id(1)) of one batch entry (program_id(2)).  BLOCK_D: HEAD_DIM rounded
+    up to a power of two (the columns past HEAD_DIM are masked).  scale_log2 = scale *
+    log2(e).  Grid: forward_grid(q_len, q_heads, batch, BLOCK_M)."""
+    head = metile.program_id(1)
+    batch = metile.program_id(2)
+    q_heads = metile.num_programs(1)
+    kv_head = batch * (q_heads // group) + head // group
+    start_m = metile.program_id(0) * BLOCK_M
+    rows = start_m + metile.arange(0, BLOCK_M)
+    d = metile.arange(0, BLOCK_D)
+    row_in = rows < q_len
+    d_in = d < HEAD_DIM
+    q_base = Q + (batch * q_heads + head) * q_len * HEAD_DIM
+    q = metile.load(q_base + rows[:, None] * HEAD_DIM + d[None, :],
+                    mask=row_in[:, None] & d_in[None, :], other=0.0)
+    k_base = K + kv_head * kv_len * HEAD_DIM
+    v_base = V + kv_head * kv_len * HEAD_DIM
+    mask_base = Mask + batch * mask_stride_b
+    heads = metile.zeros((BLOCK_M,), dtype=metile.int32) + head
+    causal_shift = kv_len - q_len
+    hi = kv_len
+    if MASK == "causal":
+        # Keys past the block's last query are removed for every row; a block holding a
+        # row that sees no key (q_len > kv_len) visits them all, as MLX averages them.
+        if start_m + causal_shift >= 0:
+            hi = metile.minimum(kv_len, start_m + BLOCK_M + causal_shift)
+    m_i = metile.full((BLOCK_M,), -float("inf"), dtype=metile.float32)
+    l_i = metile.zeros((BLOCK_M,), dtype=metile.float32)
+    acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
+    for start_n in metile.tile_range(0, hi, BLOCK_N):
+        key = start_n + metile.arange(0, BLOCK_N)
+        s = scores_block(q, k_base + key[None, :] * HEAD_DIM + d[:, None], key, heads, rows,
+                         mask_base, kv_len, causal_shift, scale_log2, mask_stride_h,
+                         mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
+        v = metile.load(v_base + key[:, None] * HEAD_DIM + d[None, :],
+                        mask=(key[:, None] < kv_len) & d_in[None, :], other=0.0)
+        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v)
+    out = acc / l_i[:, None]
+    metile.store(Out + (batch * q_heads + head) * q_len * HEAD_DIM + rows[:, None] * HEAD_DIM
+                 + d[None, :], out.to(Out.dtype), mask=row_in[:, None] & d_in[None, :])
+
+
+def split_grid(splits: int, kv_heads: int, batch: int) -> tuple[int, int, int]:
+    return (splits, kv_heads, batch)
+
+
+def split_chunk(kv_len: int, splits: int, BLOCK_N: int) -> int:
+    """Keys per split: whole key blocks, so no block straddles two splits."""
+    return metile.cdiv(metile.cdiv(kv_len, splits), BLOCK_N) * BLOCK_N
+
+
+@metile.kernel
+def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, scale_log2,
+                    mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k,
+                    HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
+                    BLOCK_M: metile.constexpr = 16, BLOCK_N: metile.constexpr = 64,
+                    MASK: metile.constexpr = "none"):
+    """One split of the keys (program_id(0): keys [s * chunk, (s + 1) * chunk)) for the
+    group x q_len rows (query head, query) that share key/value head program_id(1) of
+    batch entry program_id(2); rows <= BLOCK_M.  Writes Partial[s, b, h, i, :] (the
+    unnormalised float32 output) and Stats[s, b, h, i, 0:2] (running maximum, sum).
+    Grid: split_grid(splits, kv_heads, batch)."""
+    split = metile.program_id(0)
+    kv_head = metile.program_id(1)
+    batch = metile.program_id(2)
+    kv_heads = metile.num_programs(1)
+    q_heads = kv_heads * group
+    r = metile.arange(0, BLOCK_M)
+    row_in = r < group * q_len
+    heads = kv_head * group + r // q_len
+    queries = r % q_len
+    d = metile.arange(0, BLOCK_D)
+    d_in = d < HEAD_DIM
+    # row r of this program is query `queries[r]` of query head `heads[r]`
+    row_offset = ((batch * q_heads + heads) * q_len + queries) * HEAD_DIM
+    q = metile.load(Q + row_offset[:, None] + d[None, :], mask=row_in[:, None] & d_in[None, :],
+                    other=0.0)
+    kv_offset = (batch * kv_heads + kv_head) * kv_len * HEAD_DIM
+    mask_base = Mask + batch * mask_stride_b
+    lo = split * chunk
+    hi = metile.minimum(lo + chunk, kv_len)
+    m_i = metile.full((BLOCK_M,), -float("inf"), dtype=metile.float32)
+    l_i = metile.zeros((BLOCK_M,), dtype=metile.float32)
+    acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
+    for start_n in metile.tile_range(lo, hi, BLOCK_N):
+        key = start_n + metile.arange(0, BLOCK_N)
+        s = scores_block(q, K + kv_offset + key[None, :] * HEAD_DIM + d[:, None], key, heads,
+                         queries, mask_base, hi, kv_len - q_len, scale_log2, mask_stride_h,
+                         mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
+        v = metile.load(V + kv_offset + key[:, None] * HEAD_DIM + d[None, :],
+                        mask=(key[:, None] < hi) & d_in[None, :], other=0.0)
+        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v)
+    rows_total = metile.num_programs(2) * q_heads * q_len
+    out_row = (batch * q_heads + heads) * q_len + queries
+    metile.store(Partial + (split * rows_total + out_row)[:, None] * HEAD_DIM + d[None, :], acc,
+                 mask=row_in[:, None] & d_in[None, :])
+    stats = Stats + (split * rows_total + out_row) * 2
+    metile.store(stats, m_i, mask=row_in)
+    metile.store(stats + 1, l_i, mask=row_in)
+
+
+@metile.kernel
+def attention_combine(Partial, Stats, Out, rows_total, splits,
+                      HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
+                      BLOCK_R: metile.constexpr = 8):
+    """Out[row] = Σ_s Partial[s, row] 2^(m_s - M) / Σ_s l_s 2^(m_s - M), M = max_s m_s,
+    for BLOCK_R rows per program.  Grid: (cdiv(rows_total, BLOCK_R),)."""
+    rows = metile.program_id(0) * BLOCK_R + metile.arange(0, BLOCK_R)
+    d = metile.arange(0, BLOCK_D)
+    row_in = rows < rows_total
+    inside = row_in[:, None] & (d[None, :] < HEAD_DIM)
+    m = metile.full((BLOCK_R,), -float("inf"), dtype=metile.float32)
+    for s in range(0, splits):
+        m = metile.maximum(m, metile.load(Stats + (s * rows_total + rows) * 2, mask=row_in,
+                                          other=-float("inf")))
+    finite = m > -float("inf")
+    total = metile.zeros((BLOCK_R,), dtype=metile.float32)
+    acc = metile.zeros((BLOCK_R, BLOCK_D), dtype=metile.float32)
+    for s in range(0, splits):
+        stats = Stats + (s * rows_total + rows) * 2
+        weight = metile.where(finite, metile.exp2(metile.load(stats, mask=row_in, other=0.0) - m),
+                              0.0)
+        total = total + weight * metile.load(stats + 1, mask=row_in, other=0.0)
+        part = metile.load(Partial + (s * rows_total + rows)[:, None] * HEAD_DIM + d[None, :],
+                           mask=inside, other=0.0)
+        acc = acc + part * weight[:, None]
+    out = acc / total[:, None]
+    metile.store(Out + rows[:, None] * HEAD_DIM + d[None, :], out.to(Out.dtype), mask=inside)

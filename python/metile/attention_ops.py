@@ -1,0 +1,384 @@
+"""metile.ops.scaled_dot_product_attention: a drop-in for mx.fast's, on metile kernels.
+
+    out = metile.ops.scaled_dot_product_attention(q, k, v, scale=d ** -0.5, mask="causal")
+
+q (B, Hq, Lq, D), k and v (B, Hkv, Lk, D) with Hq a multiple of Hkv (grouped-query
+heads), mask None, "causal" (the last query aligned with the last key) or an array
+broadcastable to (B, Hq, Lq, Lk): boolean (False removes the key) or additive (its
+dtype must promote to the output's).  The output has the promoted dtype of q, k, v.
+
+Kernels (metile_kernels/attention.py): `attention_forward` (flash attention, one
+program per query block and head) for prefill; for few rows per key/value head (G x Lq
+<= DECODE_ROWS: decoding) `attention_split` spreads the keys over programs and
+`attention_combine` merges the chunks.  Inputs are read row-major: a strided view
+(e.g. a (B, L, H, D) projection transposed to (B, H, L, D)) is copied once, as the
+custom-kernel call copies any non-contiguous input.
+
+Gradients (mx.custom_function vjp) come from MLX's own attention composite in float32,
+recomputed from q, k, v: softmax(scale q kᵀ + mask) v differentiated by MLX, so the
+gradients are MLX's (for an additive mask too; a boolean mask gets zeros).
+
+`backend`: "mlx" runs mx.fast.scaled_dot_product_attention, "metile" the kernels, and
+"auto" (the default) routes as metile's other ops (runtime/routing.py): the kernels
+only where a recorded measurement on this machine found them faster than MLX's op
+(`tune_attention`, `with metile.ops.tuning():` or METILE_OPS_TUNE=1); without one,
+MLX's op.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import mlx.core as mx
+
+from .runtime import routing
+
+_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+LOG2E = 1.4426950408889634
+# Rows (query heads per key/value head x queries) that one split program holds: the
+# decode path's BLOCK_M.
+DECODE_ROWS = 16
+# Programs the split path aims for: enough to cover every SM of a large GPU twice.
+TARGET_PROGRAMS = 264
+
+
+def _fail(kind, message):
+    return kind(f"[metile.ops.scaled_dot_product_attention] {message}")
+
+
+def _check(q, k, v, scale, mask):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, mx.array):
+            raise _fail(TypeError, f"{name} must be an mx.array, got {type(x).__name__}")
+        if x.ndim != 4:
+            raise _fail(ValueError, f"{name} must have rank 4 (B, heads, length, D), got shape "
+                                    f"{tuple(x.shape)}")
+        if x.dtype not in _DTYPES:
+            raise _fail(TypeError, f"{name} has dtype {x.dtype}; supported: float32, float16, "
+                                   f"bfloat16")
+    if q.shape[-1] != k.shape[-1] or v.shape[-1] != k.shape[-1]:
+        raise _fail(ValueError, f"head dimensions differ: q {q.shape[-1]}, k {k.shape[-1]}, "
+                                f"v {v.shape[-1]} (all three must be equal)")
+    if k.shape != v.shape:
+        raise _fail(ValueError, f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same "
+                                f"shape")
+    if q.shape[0] != k.shape[0]:
+        raise _fail(ValueError, f"batch sizes differ: q {q.shape[0]}, k/v {k.shape[0]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise _fail(ValueError, f"query heads ({q.shape[1]}) must be a multiple of key/value "
+                                f"heads ({k.shape[1]})")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise _fail(TypeError, f"scale must be a number, got {type(scale).__name__} {scale!r}")
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise _fail(ValueError, f"mask must be None, 'causal' or an array, got {mask!r}")
+    elif mask is not None:
+        if not isinstance(mask, mx.array):
+            raise _fail(TypeError, f"mask must be None, 'causal' or an mx.array, got "
+                                   f"{type(mask).__name__}")
+        full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        if mask.ndim > 4 or any(m not in (1, f) for m, f in
+                                zip(mask.shape[::-1], full[::-1])):
+            raise _fail(ValueError, f"mask shape {tuple(mask.shape)} does not broadcast to "
+                                    f"(B, Hq, Lq, Lk) = {full}")
+        if mask.dtype != mx.bool_:
+            out = _result_dtype(q, k, v)
+            if _promote(mask.dtype, out) != out:
+                raise _fail(TypeError, f"an additive mask's dtype must promote to the output "
+                                       f"dtype {out}; got {mask.dtype}")
+
+
+def _promote(a, b):
+    # MLX's promotion, read off a zero-size expression (lazy: nothing is computed)
+    return (mx.zeros((0,), a) + mx.zeros((0,), b)).dtype
+
+
+def _result_dtype(q, k, v):
+    return _promote(_promote(q.dtype, k.dtype), v.dtype)
+
+
+def _mask_kind(mask) -> str:
+    if mask is None:
+        return "none"
+    if isinstance(mask, str):
+        return "causal"
+    return "bool" if mask.dtype == mx.bool_ else "additive"
+
+
+def _mask_strides(mask) -> list[int]:
+    """Element strides (batch, head, query, key) of the row-major mask broadcast to
+    `full`: 0 along an axis of extent 1."""
+    shape = (1,) * (4 - mask.ndim) + tuple(mask.shape)
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(0 if extent == 1 else step)
+        step *= extent
+    return strides[::-1]
+
+
+def _head_block(d: int) -> int:
+    return 1 if d <= 1 else 1 << (d - 1).bit_length()
+
+
+def is_decode(q, k) -> bool:
+    return (q.shape[1] // k.shape[1]) * q.shape[2] <= DECODE_ROWS
+
+
+def shared_bytes(block_m: int, block_n: int, block_d: int, itemsize: int) -> int:
+    """Threadgroup memory the general lowering gives a configuration: the dot operands
+    (q, kᵀ and v in the input dtype, p) and the float32 score tile the row maximum reads."""
+    return itemsize * (block_m * block_d + 2 * block_n * block_d + block_m * block_n) \
+        + 4 * (block_m * block_n + 4 * block_m)
+
+
+def _shared_limit() -> int:
+    # Metal (and the CPU runtime that checks Metal's limit): 32 KiB; CUDA kernels past
+    # 48 KiB take dynamic shared memory up to the opt-in limit
+    return 96 * 1024 if _on_cuda() else 30 * 1024
+
+
+def _on_cuda() -> bool:
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+def tiles(d: int, itemsize: int, decode: bool) -> list[dict]:
+    """The tile configurations that fit threadgroup memory, largest first."""
+    shapes = ([(DECODE_ROWS, n) for n in (64, 32, 16)] if decode else
+              [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)])
+    fit = [{"path": "decode" if decode else "prefill", "BLOCK_M": m, "BLOCK_N": n}
+           for m, n in shapes if shared_bytes(m, n, _head_block(d), itemsize) <= _shared_limit()]
+    if not fit:
+        raise _fail(ValueError, f"head dimension {d} needs more threadgroup memory than the "
+                                f"smallest tile has")
+    return fit
+
+
+def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int) -> int:
+    """Key splits for the decode path: enough programs to fill the GPU, each at least
+    two key blocks long."""
+    most = max(1, math.ceil(kv_len / (2 * block_n)))
+    return max(1, min(most, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads))))
+
+
+# -- the kernels --------------------------------------------------------------------------------
+
+def _launch(q, k, v, mask, scale, config):
+    """The metile kernels' forward output for already-promoted q, k, v."""
+    from metile_kernels import attention as kernels
+
+    batch, q_heads, q_len, d = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    kind = _mask_kind(mask)
+    if kind in ("bool", "additive"):
+        strides = _mask_strides(mask)
+        mask_buffer = mask
+    else:
+        strides, mask_buffer = [0, 0, 0, 0], mx.zeros((1,), mx.float32)
+    common = dict(HEAD_DIM=d, BLOCK_D=_head_block(d), MASK=kind,
+                  BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
+    group = q_heads // kv_heads
+    scale_log2 = float(scale) * LOG2E
+    if config.get("path") != "decode":
+        grid = kernels.forward_grid(q_len, q_heads, batch, config["BLOCK_M"])
+        return kernels.attention_forward[grid](
+            q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
+            *strides, **common)
+    splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
+    chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
+    splits = math.ceil(kv_len / chunk)       # no split without keys
+    rows = batch * q_heads * q_len
+    partial, stats = kernels.attention_split[kernels.split_grid(splits, kv_heads, batch)](
+        q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+        mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
+        *strides, **common)
+    block_r = 8
+    out = kernels.attention_combine[(math.ceil(rows / block_r),)](
+        partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
+        BLOCK_D=common["BLOCK_D"], BLOCK_R=block_r)
+    return out.reshape(q.shape)
+
+
+def reference(q, k, v, scale, mask):
+    """softmax(scale q kᵀ + mask) v as MLX ops in float32 (the vjp's forward), with MLX's
+    mask conventions: removed keys score float32's lowest finite value."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = mx.repeat(k, group, axis=1), mx.repeat(v, group, axis=1)
+    s = (q * scale) @ k.swapaxes(-1, -2)
+    lowest = mx.array(mx.finfo(mx.float32).min, mx.float32)
+    if isinstance(mask, str):
+        lq, lk = q.shape[2], k.shape[2]
+        keep = mx.arange(lk)[None, :] <= mx.arange(lq)[:, None] + (lk - lq)
+        s = mx.where(keep, s, lowest)
+    elif mask is not None and mask.dtype == mx.bool_:
+        s = mx.where(mask, s, lowest)
+    elif mask is not None:
+        s = s + mask.astype(mx.float32)
+    return mx.softmax(s, axis=-1, precise=True) @ v
+
+
+def _differentiable(kind: str, scale: float, config: dict):
+    """A custom_function over (q, k, v[, mask]) whose forward is the metile kernels."""
+    def unpack(primals):
+        q, k, v = primals[:3]
+        return q, k, v, (primals[3] if kind in ("bool", "additive") else
+                         "causal" if kind == "causal" else None)
+
+    @mx.custom_function
+    def f(*primals):
+        q, k, v, mask = unpack(primals)
+        return _launch(q, k, v, mask, scale, config)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        q, k, v, mask = unpack(primals)
+        f32 = [x.astype(mx.float32) for x in (q, k, v)]
+        if kind == "additive":
+            _, grads = mx.vjp(lambda a, b, c, m: reference(a, b, c, scale, m),
+                              [*f32, mask.astype(mx.float32)], [cotangent.astype(mx.float32)])
+        else:
+            _, grads = mx.vjp(lambda a, b, c: reference(a, b, c, scale, mask), f32,
+                              [cotangent.astype(mx.float32)])
+        out = tuple(g.astype(x.dtype) for g, x in zip(grads, primals))
+        if kind == "bool":
+            out = out + (mx.zeros_like(primals[3]),)
+        return out
+
+    return f
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+def _config_name(config: dict) -> str:
+    return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def configs(q, k, v) -> list[dict]:
+    """The kernel configurations `auto` measures against MLX for these shapes."""
+    return tiles(q.shape[-1], _result_dtype(q, k, v).size, is_decode(q, k))[:2]
+
+
+def _bucket(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=1)
+def _fingerprints() -> dict:
+    from metile_kernels import attention as kernels
+
+    from .runtime import cache
+    return {"compiler": cache.compiler_fingerprint(),
+            "kernel": "".join(cache.source_fingerprint(f.fn) for f in (
+                kernels.attention_forward, kernels.attention_split, kernels.attention_combine))}
+
+
+def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
+    from .ops import _device_description
+
+    device_type = "gpu" if mx.default_device().type == mx.gpu else "cpu"
+    parts = {"op": "scaled_dot_product_attention",
+             "dtype": str(q.dtype).removeprefix("mlx.core."), "batch": q.shape[0],
+             "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_bucket": _bucket(q.shape[2]),
+             "kv_bucket": _bucket(k.shape[2]), "head_dim": q.shape[3], "mask": kind,
+             "device": _device_description(device_type),
+             "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
+             "environment": dict(routing.environment()), "toolchain": routing.tuning.toolchain(),
+             **_fingerprints()}
+    return routing.decision_key(parts), parts
+
+
+def _cost_model() -> routing.Decision:
+    where = ("the default device is the CPU, where metile kernels run in the MSL CPU runtime "
+             "(an emulator)" if mx.default_device().type == mx.cpu else
+             "nothing measured on this machine says the kernels are faster")
+    return routing.Decision(routing.REFERENCE, "cost_model",
+                            f"cost model (no measurement recorded): {where}; MLX's op")
+
+
+def _validate(out, ref):
+    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[ref.dtype]
+    if out.shape != ref.shape or out.dtype != ref.dtype:
+        return f"result {out.shape} {out.dtype}, expected {ref.shape} {ref.dtype}"
+    o, r = out.astype(mx.float32), ref.astype(mx.float32)
+    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
+        return "non-finite values where MLX has finite ones (or the reverse)"
+    err = mx.abs(o - r).max().item() / max(mx.abs(r).max().item(), 1.0) if r.size else 0.0
+    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
+
+
+def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
+    """(config or None for MLX's op, routing.Decision)."""
+    if backend not in ("auto", "metile", "mlx"):
+        raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+    if backend == "mlx":
+        return None, routing.Decision("mlx", "requested", "backend='mlx' requested")
+    cfgs = configs(q, k, v)
+    if backend == "metile":
+        return cfgs[0], routing.Decision(_config_name(cfgs[0]), "requested",
+                                         "backend='metile' requested")
+    kind = _mask_kind(mask)
+    key, parts = _signature(q, k, kind, cfgs)
+    entry, path = (None, None) if force else routing.lookup(key)
+    if entry is not None:
+        decision = routing.from_entry(entry, path)
+    else:
+        measure = routing.measuring_requested() if measure is None else measure
+        arrays = (q, k, v) + ((mask,) if kind in ("bool", "additive") else ())
+        if measure and routing.can_evaluate(*arrays):
+            keys = mx.random.split(mx.random.key(0), 3)
+            operands = [mx.random.normal(x.shape, key=kk).astype(x.dtype)
+                        for x, kk in zip((q, k, v), keys)]
+            extra = (mask,) if kind in ("bool", "additive") else ()
+            ref = routing.Candidate(routing.REFERENCE, lambda a, b, c, *m: mx.fast.
+                                    scaled_dot_product_attention(a, b, c, scale=scale,
+                                                                 mask=m[0] if m else mask))
+            cands = [ref] + [routing.Candidate(_config_name(c), lambda a, b, c_, *m, c=c:
+                                               _run(a, b, c_, scale, m[0] if m else mask, c))
+                             for c in cfgs]
+            decision = routing.measure(key, parts, cands, operands + list(extra), _validate,
+                                       budget_s=routing.budget(), clock=routing.scope_clock())
+        else:
+            decision = _cost_model()
+    if decision.winner == routing.REFERENCE:
+        return None, decision
+    by_name = {_config_name(c): c for c in cfgs}
+    if decision.winner not in by_name:
+        return None, _cost_model()
+    return by_name[decision.winner], decision
+
+
+def _run(q, k, v, scale, mask, config):
+    dtype = _result_dtype(q, k, v)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    kind = _mask_kind(mask)
+    f = _differentiable(kind, float(scale), config)
+    return f(q, k, v, mask) if kind in ("bool", "additive") else f(q, k, v)
+
+
+# -- public -------------------------------------------------------------------------------------
+
+def scaled_dot_product_attention(q, k, v, *, scale, mask=None, backend: str = "auto"):
+    """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
+    kernels (see the module docstring); differentiable in q, k, v (and an additive mask)."""
+    _check(q, k, v, scale, mask)
+    config, _ = _route(q, k, v, scale, mask, backend)
+    if config is None or 0 in q.shape or k.shape[2] == 0:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    return _run(q, k, v, scale, mask, config)
+
+
+def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clock=None) -> dict:
+    """Measure (or, unless `force`, read the recorded) routing decision for this call."""
+    _check(q, k, v, scale, mask)
+    with routing.tuning_scope(budget_s, clock):
+        _, decision = _route(q, k, v, scale, mask, "auto", measure=True, force=force)
+    return decision.to_dict()
+
+
+def explain_attention(q, k, v, *, scale, mask=None, backend: str = "auto") -> dict:
+    """Which path a call takes and why (never measures)."""
+    _check(q, k, v, scale, mask)
+    config, decision = _route(q, k, v, scale, mask, backend, measure=False)
+    return {"path": "mlx" if config is None else "metile", "config": config,
+            "route": decision.to_dict()}
