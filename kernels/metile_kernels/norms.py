@@ -1,0 +1,103 @@
+"""Row normalisations: RMS norm, layer norm and the fused residual add + RMS norm.
+
+    y = x / sqrt(mean(x^2) + eps) * weight                       rms_norm
+    y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias        layer_norm
+    s = x + residual;  y = rms_norm(s)                            add_rms_norm
+
+All operate on a row-major (rows, columns) matrix along its last axis, one
+program per row: the whole row is loaded once into registers (BLOCK, a power of
+two >= columns, spread over the program's threads), reduced in float32 (each
+thread folds its elements, then SIMD-group shuffles and one step through
+threadgroup memory), normalised from the registers and stored once.  So every
+kernel reads x (and the residual) once and writes each output once: the memory
+traffic of an elementwise op.  `rows` and `columns` are runtime scalars, so one
+compiled kernel serves every row count of a given BLOCK, dtype and thread count.
+
+The row index is spelled `program_id(0) * ROWS + arange(0, ROWS)[:, None]` and
+the column index `program_id(1) * BLOCK + arange(0, BLOCK)[None, :]` (grid
+`(rows, 1)`), masked by both bounds: the 2-D tile store that metile proves
+covers the whole output (passes/buffer_usage.py), so the launch needs no
+written-mask and no copy of the passed output array.  ROWS stays 1: a reduction
+along an axis of a multi-row tile is a serial fold in threadgroup memory, while
+the full reduction of a one-row tile is the shuffle tree above.
+
+Inputs may be float32, float16 or bfloat16 (one dtype for x, residual, weight
+and bias); statistics and the normalisation run in float32, with one rounding to
+the output dtype.  add_rms_norm rounds the sum to the dtype first and normalises
+the rounded sum, as MLX's `x + residual` followed by `mx.fast.rms_norm` does.
+"""
+
+import metile
+
+
+def grid(rows: int) -> tuple[int, int]:
+    return (rows, 1)
+
+
+def block_for(columns: int) -> int:
+    """The row tile: the next power of two that holds a whole row."""
+    return metile.next_power_of_2(max(int(columns), 1))
+
+
+@metile.kernel
+def rms_norm(X, W, Y, rows, columns, eps, BLOCK: metile.constexpr,
+             HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
+    """Y = X * rsqrt(mean(X^2) + eps) (* W), per row.  W: `columns` elements (unread
+    without HAS_WEIGHT: pass any array)."""
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    offs = row * columns + col
+    x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
+    if HAS_WEIGHT:   # read before the reduction, so its latency hides behind it
+        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
+    y = x * metile.rsqrt(metile.sum(x * x) / columns + eps)
+    if HAS_WEIGHT:
+        y = y * w
+    metile.store(Y + offs, y.to(Y.dtype), mask=inside)
+
+
+@metile.kernel
+def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
+               HAS_WEIGHT: metile.constexpr = True, HAS_BIAS: metile.constexpr = True,
+               ROWS: metile.constexpr = 1):
+    """Y = (X - mean) * rsqrt(var + eps) (* W) (+ B), per row (biased variance, as MLX).
+    The variance is the mean of the centred squares, from the registers: no
+    E[x^2] - E[x]^2 cancellation."""
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    offs = row * columns + col
+    x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
+    if HAS_WEIGHT:   # read before the reductions, so their latency hides behind them
+        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
+    if HAS_BIAS:
+        b = metile.load(B + col, mask=col < columns, other=0.0).to(metile.float32)
+    mean = metile.sum(x) / columns
+    centred = metile.where(inside, x - mean, 0.0)
+    y = centred * metile.rsqrt(metile.sum(centred * centred) / columns + eps)
+    if HAS_WEIGHT:
+        y = y * w
+    if HAS_BIAS:
+        y = y + b
+    metile.store(Y + offs, y.to(Y.dtype), mask=inside)
+
+
+@metile.kernel
+def add_rms_norm(X, R, W, S, Y, rows, columns, eps, BLOCK: metile.constexpr,
+                 HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
+    """S = X + R (rounded to S's dtype) and Y = rms_norm(S) (* W), one read of X and R."""
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    offs = row * columns + col
+    total = (metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
+             + metile.load(R + offs, mask=inside, other=0.0).to(metile.float32)).to(S.dtype)
+    metile.store(S + offs, total, mask=inside)
+    if HAS_WEIGHT:
+        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
+    s = total.to(metile.float32)
+    y = s * metile.rsqrt(metile.sum(s * s) / columns + eps)
+    if HAS_WEIGHT:
+        y = y * w
+    metile.store(Y + offs, y.to(Y.dtype), mask=inside)

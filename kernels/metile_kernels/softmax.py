@@ -1,0 +1,35 @@
+"""Softmax along the last axis of a row-major (rows, columns) matrix.
+
+    y = exp(x - max(x)) / sum(exp(x - max(x)))         per row
+
+One program per row, the row held in registers (BLOCK, a power of two >=
+columns, spread over the program's threads): one read of x, the maximum and the
+sum as float32 block reductions (SIMD-group shuffles, then one step through
+threadgroup memory), the exponentials kept in registers between them, one write
+of y.  Columns past the row are read as -inf, so they add exp(-inf) = 0.  A row
+that is -inf everywhere gives NaN, as MLX's softmax does; +inf gives NaN too.
+
+float16/bfloat16 rows are computed in float32 and rounded once (MLX's
+`precise=True` numbers; `precise=False` MLX may accumulate in the input type, a
+difference within that type's rounding).  The row and column indices use the
+2-D tile spelling of norms.py, which metile proves covers the whole output (no
+written-mask); grid `(rows, 1)`.
+"""
+
+import metile
+
+
+def grid(rows: int) -> tuple[int, int]:
+    return (rows, 1)
+
+
+@metile.kernel
+def softmax(X, Y, rows, columns, BLOCK: metile.constexpr, ROWS: metile.constexpr = 1):
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    offs = row * columns + col
+    x = metile.load(X + offs, mask=inside, other=-float("inf")).to(metile.float32)
+    e = metile.exp(x - metile.max(x))
+    y = e * (1.0 / metile.sum(e))
+    metile.store(Y + offs, y.to(Y.dtype), mask=inside)
