@@ -1,0 +1,201 @@
+"""Matrix products with weights quantized by `mx.quantize` (affine mode).
+
+`mx.quantize(w, group_size, bits)` stores a (rows, columns) float matrix as
+
+    packed  (rows, columns * bits / 32) uint32: element j of a row sits in word
+            j // (32 / bits) at bit offset (j % (32 / bits)) * bits, lowest bits first
+    scales, biases  (rows, columns / group_size): one pair per group of
+            `group_size` consecutive elements of a row
+
+and the element is `scale * q + bias` for its group (q the unsigned integer).  The
+kernels here multiply by that matrix without materialising it:
+
+    TRANSPOSE=True  (mlx.nn.QuantizedLinear's layout): y = x @ W.T, W (N, K) quantized
+                    along K
+    TRANSPOSE=False: y = x @ W, W (K, N) quantized along N
+
+* `quantized_matvec` (decode, few rows, TRANSPOSE=True): each program owns
+  BLOCK_N output features of one row of x and walks K a block of packed words at a
+  time; every word is loaded once, split into its 32 / BITS integers in registers
+  and multiplied by the matching x elements.  Per word the scale and bias are
+  applied once, not per element:
+      sum_e (s q_e + b) x_e = s * sum_e q_e x_e + b * sum_e x_e.
+  Rows of x are a grid axis (program_id(1)), so a few rows read the weight a few
+  times (from cache after the first).
+* `quantized_matvec_n` (decode, TRANSPOSE=False): the same with the quantized axis
+  along the outputs; neighbouring lanes take neighbouring outputs, so the lanes of
+  one packed word load the same address.
+* `quantized_matmul` (prefill, any rows): the tiled GEMM whose right operand tile is
+  dequantized while it is staged (`dequantized`), so the compiler's GEMM lowering
+  (passes/gemm.py) multiplies it on matrix units (simdgroup_matrix on Metal,
+  mma.sync on CUDA) in the operand dtype with float32 accumulation.
+* `dequantize` writes the float matrix, for the dequantize-then-GEMM path a
+  caller may measure against the fused one.
+
+Accumulation is float32; outputs are converted once, at the store.  K (TRANSPOSE)
+or N (not TRANSPOSE) must be a multiple of GROUP, as mx.quantize requires; the
+other extent may be anything (masked).
+"""
+
+import metile
+
+BITS_SUPPORTED = (4, 8)
+GROUPS_SUPPORTED = (32, 64, 128)
+
+
+def matvec_grid(rows: int, columns: int, BLOCK_N: int) -> tuple[int, int]:
+    return (metile.cdiv(columns, BLOCK_N), rows)
+
+
+def matmul_grid(rows: int, columns: int, BLOCK_M: int, BLOCK_N: int) -> tuple[int, int]:
+    return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N))
+
+
+@metile.inline
+def dequantized(w, scales, biases, k, n, K, N, BITS, GROUP, TRANSPOSE):
+    """The (len(k), len(n)) float32 tile W[k, n] of the dequantized (K, N) operand at
+    index tiles `k` and `n` (zero outside the matrix): W is stored transposed,
+    quantized along K, when TRANSPOSE, else as (K, N) quantized along N."""
+    PER = 32 // BITS
+    inside = (k[:, None] < K) & (n[None, :] < N)
+    if TRANSPOSE:
+        word = n[None, :] * (K // PER) + (k // PER)[:, None]
+        shift = ((k % PER) * BITS)[:, None]
+        group = n[None, :] * (K // GROUP) + (k // GROUP)[:, None]
+    else:
+        word = k[:, None] * (N // PER) + (n // PER)[None, :]
+        shift = ((n % PER) * BITS)[None, :]
+        group = k[:, None] * (N // GROUP) + (n // GROUP)[None, :]
+    packed = metile.load(w + word, mask=inside, other=0)
+    q = ((packed >> shift) & ((1 << BITS) - 1)).to(metile.float32)
+    s = metile.load(scales + group, mask=inside, other=0.0).to(metile.float32)
+    b = metile.load(biases + group, mask=inside, other=0.0).to(metile.float32)
+    return s * q + b
+
+
+@metile.inline
+def row_sums(acc, ROWS, COLUMNS):
+    """acc.sum(axis=1) of a (ROWS, COLUMNS) tile as ROWS whole-tile reductions: those
+    combine lanes with SIMD shuffles, and the tile stays in registers, where an axis
+    reduction (placement.py) would keep it in threadgroup memory and sum each row on
+    one thread."""
+    row_of = metile.arange(0, ROWS)[:, None] + metile.zeros((ROWS, COLUMNS), dtype=metile.int32)
+    out = metile.zeros((ROWS,), dtype=metile.float32)
+    for i in metile.static_range(ROWS):
+        total = metile.sum(metile.where(row_of == i, acc, 0.0))
+        out = metile.where(metile.arange(0, ROWS) == i, total, out)
+    return out
+
+
+@metile.kernel
+def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                     GROUP: metile.constexpr = 64, BLOCK_N: metile.constexpr = 4,
+                     BLOCK_W: metile.constexpr = 128):
+    """out[r, n] = sum_k x[r, k] * W[n, k], W (N, K) packed along K (TRANSPOSE=True).
+    Program (i, r) computes outputs [i * BLOCK_N, (i + 1) * BLOCK_N) of row r.
+    Every tile has the (BLOCK_N, BLOCK_W) shape of the packed words it reads (x, the
+    scales and the biases are loaded through pointers broadcast to it), so each
+    lane keeps its words, x values and partial sums in registers; the lanes meet
+    once, in the final sum over the words."""
+    PER = 32 // BITS
+    MASK = (1 << BITS) - 1
+    WORDS_PER_GROUP = GROUP // PER
+    words = K // PER
+    groups = K // GROUP
+    row = metile.program_id(1)
+    n = metile.program_id(0) * BLOCK_N + metile.arange(0, BLOCK_N)
+    lane_words = metile.arange(0, BLOCK_W)
+    zero_n = n * 0
+    x_row = x + row * K
+    acc = metile.zeros((BLOCK_N, BLOCK_W), dtype=metile.float32)
+    for start in range(0, words, BLOCK_W):
+        word = start + lane_words
+        inside = (n[:, None] < N) & (word[None, :] < words)
+        packed = metile.load(w + n[:, None] * words + word[None, :], mask=inside, other=0)
+        group = n[:, None] * groups + (word // WORDS_PER_GROUP)[None, :]
+        s = metile.load(scales + group, mask=inside, other=0.0).to(metile.float32)
+        b = metile.load(biases + group, mask=inside, other=0.0).to(metile.float32)
+        # x at each lane's own coordinates (a broadcast pointer, not a broadcast tile):
+        # its element is shared by BLOCK_N lanes and read from cache after the first.
+        x_at = x_row + zero_n[:, None] + (word * PER)[None, :]
+        qx = metile.zeros((BLOCK_N, BLOCK_W), dtype=metile.float32)
+        xs = metile.zeros((BLOCK_N, BLOCK_W), dtype=metile.float32)
+        for e in metile.static_range(PER):
+            xe = metile.load(x_at + e, mask=inside, other=0.0).to(metile.float32)
+            q = ((packed >> (e * BITS)) & MASK).to(metile.float32)
+            qx += q * xe
+            xs += xe
+        acc += s * qx + b * xs
+    y = row_sums(acc, BLOCK_N, BLOCK_W)
+    # the 2-D store form (rows x columns) lets the launch skip preserving `out`
+    r = row + metile.arange(0, 1)
+    metile.store(out + r[:, None] * N + n[None, :], y[None, :].to(out.dtype),
+                 mask=(r[:, None] < rows) & (n[None, :] < N))
+
+
+@metile.kernel
+def quantized_matvec_n(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                       GROUP: metile.constexpr = 64, BLOCK_N: metile.constexpr = 256,
+                       BLOCK_K: metile.constexpr = 8):
+    """out[r, n] = sum_k x[r, k] * W[k, n], W (K, N) packed along N (TRANSPOSE=False).
+    Program (i, r) computes outputs [i * BLOCK_N, (i + 1) * BLOCK_N) of row r, one per
+    lane, so no lanes combine: each K step unrolls BLOCK_K rows of W, 32 / BITS
+    neighbouring lanes loading the same packed word."""
+    row = metile.program_id(1)
+    n = metile.program_id(0) * BLOCK_N + metile.arange(0, BLOCK_N)
+    one = metile.arange(0, 1)
+    zero_n = n * 0
+    acc = metile.zeros((1, BLOCK_N), dtype=metile.float32)
+    for start in range(0, K, BLOCK_K):
+        for j in metile.static_range(BLOCK_K):
+            k = start + j + one
+            weight = dequantized(w, scales, biases, k, n, K, N, BITS, GROUP, False)
+            xk = metile.load(x + row * K + k[:, None] + zero_n[None, :],
+                             mask=(k[:, None] < K) & (n[None, :] < N), other=0.0)
+            acc += xk.to(metile.float32) * weight
+    r = row + one
+    metile.store(out + r[:, None] * N + n[None, :], acc.to(out.dtype),
+                 mask=(r[:, None] < rows) & (n[None, :] < N))
+
+
+@metile.kernel
+def quantized_matmul(x, w, scales, biases, out, M, N, K, BITS: metile.constexpr = 4,
+                     GROUP: metile.constexpr = 64, TRANSPOSE: metile.constexpr = True,
+                     BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+                     BLOCK_K: metile.constexpr = 32,
+                     RELAXED_PRECISION: metile.constexpr = False):
+    """out = x @ W (x (M, K) row-major) with W dequantized while its K tile is staged:
+    the `dot` recurrence below is lowered to matrix fragments with the operand tile
+    computed per element from the packed words, scales and biases.  The operands meet
+    in x's dtype (the dequantized tile is rounded to it, as MLX's kernels do)."""
+    rm = metile.program_id(0) * BLOCK_M + metile.arange(0, BLOCK_M)
+    rn = metile.program_id(1) * BLOCK_N + metile.arange(0, BLOCK_N)
+    rk = metile.arange(0, BLOCK_K)
+    acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + rk
+        a = metile.load(x + rm[:, None] * K + k[None, :], mask=(rm[:, None] < M) & (k[None, :] < K),
+                        other=0.0)
+        b = dequantized(w, scales, biases, k, rn, K, N, BITS, GROUP, TRANSPOSE)
+        acc = metile.dot(a, b.to(x.dtype), acc)
+    metile.store(out + rm[:, None] * N + rn[None, :], acc.to(out.dtype),
+                 mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@metile.kernel
+def dequantize(w, scales, biases, out, rows, columns, BITS: metile.constexpr = 4,
+               GROUP: metile.constexpr = 64, BLOCK: metile.constexpr = 1024):
+    """out (rows, columns) = the float matrix `mx.dequantize` gives, row-major;
+    1-D blocks of BLOCK elements, each lane one element (PER neighbouring lanes read
+    one word)."""
+    PER = 32 // BITS
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    inside = i < rows * columns
+    r = i // columns
+    c = i % columns
+    packed = metile.load(w + r * (columns // PER) + c // PER, mask=inside, other=0)
+    q = ((packed >> ((c % PER) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
+    group = r * (columns // GROUP) + c // GROUP
+    s = metile.load(scales + group, mask=inside, other=0.0).to(metile.float32)
+    b = metile.load(biases + group, mask=inside, other=0.0).to(metile.float32)
+    metile.store(out + i, (s * q + b).to(out.dtype), mask=inside)
