@@ -1,0 +1,644 @@
+"""Model ops with MLX's own signatures, written as metile kernels: drop-ins for
+`mx.fast.rms_norm`, `mx.fast.layer_norm`, `mx.softmax` and `mx.fast.rope`, plus the
+fused residual add + RMS norm of a transformer block.
+
+    y = metile.ops.rms_norm(x, weight, 1e-5)
+    h, y = metile.ops.add_rms_norm(x, residual, weight, 1e-5)   # h = x + residual, y = rms_norm(h)
+    p = metile.ops.softmax(scores, axis=-1)
+    q = metile.ops.rope(q, 64, traditional=False, base=10000.0, scale=1.0, offset=cache_len)
+
+Kernels: kernels/metile_kernels/norms.py, softmax.py and rope.py (one program per
+row with the row in registers; rope elementwise).  x may have any leading
+dimensions: they flatten into rows (a free reshape of a row-contiguous array; a
+strided view is copied to row-major once, as the kernel call would copy it).
+softmax reduces over any axis or axes: they are moved last by MLX (a transpose)
+and back.  Dtypes: float32, float16, bfloat16; statistics in float32; the result
+has MLX's dtype (x's promoted with weight's and bias's).  Rows longer than
+MAX_COLUMNS do not fit the single-pass kernels' registers: `auto` runs MLX's op
+for them and `backend="metile"` refuses them by name.
+
+Which path runs (`backend=`) follows ops.py: "mlx" MLX's op, "metile" the
+kernel, "auto" (the default) the kernel only where a recorded measurement on this
+machine found it faster (runtime/routing.py), keyed by op, dtypes, rows rounded up
+to a power of two, row length and the op's flags; without a recorded decision
+MLX's op runs.  Measuring is explicit: `with metile.ops.tuning():` or
+METILE_OPS_TUNE=1, on eager calls.  The candidates are the kernel at a few
+thread counts (`configs`).
+
+Differentiable through `mx.custom_function`: the backward passes are MLX ops in
+float32 (the closed forms of each op's vjp), except rope's, which is the rope
+kernel with the angle negated (the inverse rotation).  Integer offsets and rope's
+`freqs` get zero gradients (MLX's rope has none for them either).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .runtime import routing
+
+_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+# The widest row the single-pass kernels hold in registers: 32 float32 values per
+# thread at 1024 threads.
+MAX_COLUMNS = 32768
+# Flattened indices are int32 in the kernels.
+MAX_ELEMENTS = 2**31 - 2**20
+
+
+def _ops():
+    # ops.py imports this module at its end; the reverse import is made at call time
+    from . import ops
+    return ops
+
+
+# -- argument checks ----------------------------------------------------------------------------
+
+def _check_x(op: str, x, min_ndim: int = 1):
+    if not isinstance(x, mx.array):
+        raise TypeError(f"[metile.ops.{op}] x must be an mx.array, got {type(x).__name__}")
+    if x.ndim < min_ndim:
+        raise ValueError(f"[metile.ops.{op}] x must have at least {min_ndim} dimension"
+                         f"{'s' if min_ndim > 1 else ''}, got shape {tuple(x.shape)}")
+    if not mx.issubdtype(x.dtype, mx.floating):
+        raise TypeError(f"[metile.ops.{op}] x has dtype {x.dtype}; expected a floating type")
+
+
+def _check_vector(op: str, name: str, v, x):
+    if v is None:
+        return
+    if not isinstance(v, mx.array):
+        raise TypeError(f"[metile.ops.{op}] {name} must be an mx.array or None, got "
+                        f"{type(v).__name__}")
+    if tuple(v.shape) != (x.shape[-1],):
+        raise ValueError(f"[metile.ops.{op}] {name} has shape {tuple(v.shape)}; expected "
+                         f"({x.shape[-1]},), the size of x's last axis")
+    if not mx.issubdtype(v.dtype, mx.floating):
+        raise TypeError(f"[metile.ops.{op}] {name} has dtype {v.dtype}; expected a floating type")
+
+
+def _check_eps(op: str, eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps):
+        raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
+    return float(eps)
+
+
+def _check_backend(op: str, backend):
+    if backend not in ("auto", "metile", "mlx"):
+        raise ValueError(f"[metile.ops.{op}] backend must be 'auto', 'metile' or 'mlx', "
+                         f"got {backend!r}")
+
+
+def _kernel_refusal(rows: int, columns: int, *arrays) -> str | None:
+    """Why the kernels cannot take this call (None if they can)."""
+    for a in arrays:
+        if a is not None and a.dtype not in _DTYPES:
+            return f"dtype {a.dtype} (the kernels take float32, float16, bfloat16)"
+    if columns > MAX_COLUMNS:
+        return (f"rows of {columns} elements are longer than the single-pass kernels hold in "
+                f"registers ({MAX_COLUMNS})")
+    if rows * columns > MAX_ELEMENTS:
+        return f"{rows * columns} elements pass the kernels' int32 indices"
+    return None
+
+
+def _rows(x):
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+
+
+# -- kernel configurations ----------------------------------------------------------------------
+
+def _block(columns: int) -> int:
+    return 1 << max(columns - 1, 0).bit_length()
+
+
+def _row_warps(block: int) -> int:
+    """Threads for a one-row program: about 8 elements per thread (16 bytes of a
+    16-bit row), 1 to 32 SIMD-groups."""
+    return max(1, min(32, block // 256))
+
+
+def configs(op: str, columns: int) -> list[dict]:
+    """The kernel configurations `auto` measures against MLX: the default first."""
+    block = _block(columns)
+    if op == "rope":
+        rows = max(1, 4096 // block)
+        warps = max(1, min(16, rows * block // 256))
+        out = [{"ROWS": rows, "num_warps": warps}, {"ROWS": rows, "num_warps": max(1, warps // 2)},
+               {"ROWS": max(1, rows // 4), "num_warps": max(1, warps // 4)}]
+    else:
+        w = _row_warps(block)
+        out = [{"num_warps": w}] + [{"num_warps": v} for v in (w // 2, w * 2)
+                                    if 1 <= v <= 32 and v * 32 <= max(block, 32)]
+    unique = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _config_name(cfg: dict) -> str:
+    return "metile:" + ",".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def _frozen(cfg: dict) -> tuple:
+    return tuple(sorted(cfg.items()))
+
+
+# -- launches -----------------------------------------------------------------------------------
+
+def _result_dtype(*arrays):
+    d = None
+    for a in arrays:
+        if a is not None:
+            d = a.dtype if d is None else mx.result_type(d, a.dtype)
+    return d
+
+
+def _launch_rms(x2, w, eps, cfg):
+    from metile_kernels import norms
+    rows, columns = x2.shape
+    out = mx.zeros((rows, columns), _result_dtype(x2, w))
+    return norms.rms_norm[norms.grid(rows)](
+        x2, x2 if w is None else w, out, rows, columns, eps, BLOCK=_block(columns),
+        HAS_WEIGHT=w is not None, **cfg)
+
+
+def _launch_layer(x2, w, b, eps, cfg):
+    from metile_kernels import norms
+    rows, columns = x2.shape
+    out = mx.zeros((rows, columns), _result_dtype(x2, w, b))
+    return norms.layer_norm[norms.grid(rows)](
+        x2, x2 if w is None else w, x2 if b is None else b, out, rows, columns, eps,
+        BLOCK=_block(columns), HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, **cfg)
+
+
+def _launch_add_rms(x2, r2, w, eps, cfg):
+    from metile_kernels import norms
+    rows, columns = x2.shape
+    sum_dtype = _result_dtype(x2, r2)
+    s, y = norms.add_rms_norm[norms.grid(rows)](
+        x2, r2, x2 if w is None else w, mx.zeros((rows, columns), sum_dtype),
+        mx.zeros((rows, columns), _result_dtype(x2, r2, w)), rows, columns, eps,
+        BLOCK=_block(columns), HAS_WEIGHT=w is not None, **cfg)
+    return s, y
+
+
+def _launch_softmax(x2, cfg):
+    from metile_kernels import softmax as kernels
+    rows, columns = x2.shape
+    return kernels.softmax[kernels.grid(rows)](x2, mx.zeros((rows, columns), x2.dtype), rows,
+                                               columns, BLOCK=_block(columns), **cfg)
+
+
+@dataclass(frozen=True)
+class _Rope:
+    """rope's static arguments (everything but the arrays)."""
+    dims: int
+    traditional: bool
+    base: float | None
+    scale: float
+    offset: int | None        # None: the offset is an array operand
+    offset_kind: str          # "scalar", "array" or "per_batch"
+    seq: int
+    per_batch: int
+
+
+def _launch_rope(x2, spec: _Rope, offset_array, freqs, cfg, scale=None):
+    from metile_kernels import rope as kernels
+    rows, columns = x2.shape
+    cfg = dict(cfg)
+    tile_rows = cfg.pop("ROWS")
+    placeholder = offset_array if offset_array is not None else x2
+    return kernels.rope[kernels.grid(rows, tile_rows)](
+        x2, placeholder, x2 if freqs is None else freqs, mx.zeros((rows, columns), x2.dtype),
+        rows, spec.seq, spec.per_batch, columns, 0 if spec.offset is None else spec.offset,
+        float(spec.scale if scale is None else scale),
+        0.0 if spec.base is None else math.log2(spec.base),
+        DIMS=spec.dims, BLOCK=_block(columns), ROWS=tile_rows, TRADITIONAL=spec.traditional,
+        OFFSET=spec.offset_kind, FREQS=freqs is not None, **cfg)
+
+
+# -- differentiable kernels ---------------------------------------------------------------------
+
+def _f32(a):
+    return a.astype(mx.float32)
+
+
+def _rms_backward(x, w, g, eps):
+    """(dx, dw) of y = x * rsqrt(mean(x^2) + eps) * w, float32; dw None without w."""
+    r = mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
+    gw = g if w is None else g * w
+    dx = r * gw - x * (r ** 3) * mx.mean(gw * x, axis=-1, keepdims=True)
+    dw = None if w is None else mx.sum(g * x * r, axis=0)
+    return dx, dw
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
+    @mx.custom_function
+    def f(*arrays):
+        return _launch_rms(arrays[0], arrays[1] if has_weight else None, eps, dict(cfg))
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x, w = primals[0], (primals[1] if has_weight else None)
+        dx, dw = _rms_backward(_f32(x), None if w is None else _f32(w), _f32(cotangent), eps)
+        return (dx.astype(x.dtype),) + (() if w is None else (dw.astype(w.dtype),))
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
+    @mx.custom_function
+    def f(*arrays):
+        rest = list(arrays[1:])
+        w = rest.pop(0) if has_weight else None
+        b = rest.pop(0) if has_bias else None
+        return _launch_layer(arrays[0], w, b, eps, dict(cfg))
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        rest = list(primals[1:])
+        w = rest.pop(0) if has_weight else None
+        b = rest.pop(0) if has_bias else None
+        x, g = _f32(primals[0]), _f32(cotangent)
+        centred = x - mx.mean(x, axis=-1, keepdims=True)
+        r = mx.rsqrt(mx.mean(centred * centred, axis=-1, keepdims=True) + eps)
+        xhat = centred * r
+        gw = g if w is None else g * _f32(w)
+        dx = r * (gw - mx.mean(gw, axis=-1, keepdims=True)
+                  - xhat * mx.mean(gw * xhat, axis=-1, keepdims=True))
+        grads = [dx.astype(primals[0].dtype)]
+        if w is not None:
+            grads.append(mx.sum(g * xhat, axis=0).astype(w.dtype))
+        if b is not None:
+            grads.append(mx.sum(g, axis=0).astype(b.dtype))
+        return tuple(grads)
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
+    @mx.custom_function
+    def f(*arrays):
+        return _launch_add_rms(arrays[0], arrays[1], arrays[2] if has_weight else None, eps,
+                               dict(cfg))
+
+    @f.vjp
+    def f_vjp(primals, cotangents, outputs):
+        x, res = primals[0], primals[1]
+        w = primals[2] if has_weight else None
+        g_sum, g_norm = cotangents
+        s = _f32(outputs[0])   # the rounded sum the kernel normalised
+        dx, dw = _rms_backward(s, None if w is None else _f32(w), _f32(g_norm), eps)
+        total = dx + _f32(g_sum)
+        return (total.astype(x.dtype), total.astype(res.dtype)) + \
+            (() if w is None else (dw.astype(w.dtype),))
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _softmax_fn(cfg: tuple):
+    @mx.custom_function
+    def f(x2):
+        return _launch_softmax(x2, dict(cfg))
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        (x2,) = primals
+        y = mx.softmax(_f32(x2), axis=-1)
+        g = _f32(cotangent)
+        return (y * (g - mx.sum(g * y, axis=-1, keepdims=True))).astype(x2.dtype)
+
+    return f
+
+
+# bounded: an int offset is part of the spec, and a decoding loop moves it every step
+@functools.lru_cache(maxsize=512)
+def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
+    def unpack(arrays):
+        rest = list(arrays[1:])
+        offset = rest.pop(0) if has_offset_array else None
+        return arrays[0], offset, (rest.pop(0) if has_freqs else None)
+
+    @mx.custom_function
+    def f(*arrays):
+        x2, offset, freqs = unpack(arrays)
+        return _launch_rope(x2, spec, offset, freqs, dict(cfg))
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x2, offset, freqs = unpack(primals)
+        # a rotation's transpose is the rotation by the negated angle
+        dx = _launch_rope(cotangent.astype(x2.dtype), spec, offset, freqs, dict(cfg),
+                          scale=-spec.scale)
+        return (dx,) + tuple(mx.zeros_like(a) for a in primals[1:])
+
+    return f
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+@dataclass
+class _Route:
+    path: str                    # "metile" or "mlx"
+    config: dict | None
+    decision: routing.Decision
+
+
+_keys: dict[tuple, tuple[str, dict]] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_fingerprint(op: str) -> str:
+    from metile_kernels import norms, rope, softmax
+
+    from .runtime import cache
+    fn = {"rms_norm": norms.rms_norm, "layer_norm": norms.layer_norm,
+          "add_rms_norm": norms.add_rms_norm, "softmax": softmax.softmax, "rope": rope.rope}[op]
+    return cache.source_fingerprint(fn.fn)
+
+
+def _signature(op: str, dtypes: tuple, rows: int, columns: int, flags: tuple):
+    device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
+    env = routing.environment()
+    ops = _ops()
+    memo = (op, dtypes, ops.m_bucket(rows), columns, flags, device, env)
+    hit = _keys.get(memo)
+    if hit is not None:
+        return hit
+    parts = {"op": op, "dtypes": list(dtypes), "m_bucket": ops.m_bucket(rows), "columns": columns,
+             "flags": [list(f) for f in flags], "device": ops._device_description(device),
+             "candidates": [routing.REFERENCE] + [_config_name(c) for c in configs(op, columns)],
+             "environment": dict(env), "toolchain": routing.tuning.toolchain(),
+             "compiler": ops._fingerprints()["compiler"], "kernel": _kernel_fingerprint(op)}
+    hit = _keys[memo] = (routing.decision_key(parts), parts)
+    return hit
+
+
+def _cost_model(why: str | None = None) -> routing.Decision:
+    if why is not None:
+        return routing.Decision(routing.REFERENCE, "cost_model", f"MLX's op: the kernel cannot "
+                                                                 f"take this call: {why}")
+    if mx.default_device().type == mx.cpu:
+        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
+                  "metile kernels run in the MSL CPU runtime (an emulator); MLX's CPU op is faster")
+    else:
+        reason = ("cost model (no measurement recorded): MLX's op until a measurement on this "
+                  "machine finds the metile kernel faster (`with metile.ops.tuning():` or "
+                  "METILE_OPS_TUNE=1)")
+    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+
+
+def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags: tuple,
+           reference, kernel, shapes: list, extra=()) -> _Route:
+    """Which implementation runs.  `reference(*operands)` is MLX's op and
+    `kernel(cfg)(*operands)` the metile one, on operands of `shapes` (the call's
+    arrays, measured on fresh random ones); `extra` are arrays the candidates close
+    over (rope's offset and freqs), evaluated before a measurement."""
+    _check_backend(op, backend)
+    if backend == "mlx":
+        return _Route("mlx", None, routing.Decision("mlx", "requested", "backend='mlx' requested"))
+    refusal = _kernel_refusal(rows, columns, *arrays)
+    if backend == "metile":
+        if refusal is not None:
+            raise ValueError(f"[metile.ops.{op}] backend='metile' cannot run this call: {refusal}")
+        cfg = configs(op, columns)[0]
+        return _Route("metile", cfg, routing.Decision(_config_name(cfg), "requested",
+                                                      "backend='metile' requested"))
+    if refusal is not None or rows == 0 or columns == 0:
+        return _Route("mlx", None, _cost_model(refusal or "an empty array"))
+    dtypes = tuple(str(a.dtype).removeprefix("mlx.core.") if a is not None else "none"
+                   for a in arrays)
+    key, parts = _signature(op, dtypes, rows, columns, flags)
+    entry, path = routing.lookup(key)
+    if entry is not None:
+        decision = routing.from_entry(entry, path)
+    elif routing.measuring_requested() and routing.can_evaluate(*(a for a in arrays if a is not None),
+                                                                *extra):
+        ops = _ops()
+        operands = ops._operands(shapes, arrays[0].dtype)
+        candidates = [routing.Candidate(routing.REFERENCE, reference)] + [
+            routing.Candidate(_config_name(c), kernel(c)) for c in configs(op, columns)]
+        decision = routing.measure(key, parts, candidates, operands, _validate,
+                                   budget_s=routing.budget(), clock=routing.scope_clock())
+    else:
+        decision = _cost_model()
+    if decision.winner == routing.REFERENCE:
+        return _Route("mlx", None, decision)
+    by_name = {_config_name(c): c for c in configs(op, columns)}
+    if decision.winner not in by_name:   # a decision naming a configuration this version lacks
+        return _Route("mlx", None, _cost_model())
+    return _Route("metile", by_name[decision.winner], decision)
+
+
+def _validate(out, reference):
+    if isinstance(reference, (tuple, list)):
+        for o, r in zip(out, reference):
+            problem = _ops()._validate(o, r)
+            if problem:
+                return problem
+        return None
+    return _ops()._validate(out, reference)
+
+
+# -- public ops ---------------------------------------------------------------------------------
+
+def rms_norm(x, weight, eps, *, backend: str = "auto"):
+    """`mx.fast.rms_norm(x, weight, eps)`: x * rsqrt(mean(x^2, -1) + eps) * weight, over
+    x's last axis; weight (x.shape[-1],) or None."""
+    _check_x("rms_norm", x)
+    _check_vector("rms_norm", "weight", weight, x)
+    eps = _check_eps("rms_norm", eps)
+    rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
+    w = () if weight is None else (weight,)
+    route = _route("rms_norm", backend, (x, weight), rows, columns,
+                   (("weight", weight is not None),),
+                   lambda a, *v: mx.fast.rms_norm(a, v[0] if v else None, eps),
+                   lambda c: lambda a, *v: _rms_fn(eps, bool(v), _frozen(c))(a, *v),
+                   [(rows, columns)] + [(columns,)] * len(w))
+    if route.path == "mlx":
+        return mx.fast.rms_norm(x, weight, eps)
+    return _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w).reshape(x.shape)
+
+
+def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
+    """`mx.fast.layer_norm(x, weight, bias, eps)`: (x - mean) * rsqrt(var + eps) * weight
+    + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
+    _check_x("layer_norm", x)
+    _check_vector("layer_norm", "weight", weight, x)
+    _check_vector("layer_norm", "bias", bias, x)
+    eps = _check_eps("layer_norm", eps)
+    rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
+    has_w, has_b = weight is not None, bias is not None
+    params = tuple(p for p in (weight, bias) if p is not None)
+
+    def reference(a, *v):
+        v = list(v)
+        return mx.fast.layer_norm(a, v.pop(0) if has_w else None, v.pop(0) if has_b else None, eps)
+
+    route = _route("layer_norm", backend, (x, weight, bias), rows, columns,
+                   (("weight", has_w), ("bias", has_b)), reference,
+                   lambda c: lambda a, *v: _layer_fn(eps, has_w, has_b, _frozen(c))(a, *v),
+                   [(rows, columns)] + [(columns,)] * len(params))
+    if route.path == "mlx":
+        return mx.fast.layer_norm(x, weight, bias, eps)
+    return _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params).reshape(x.shape)
+
+
+def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
+    """(h, rms_norm(h, weight, eps)) with h = x + residual: a transformer block's residual
+    add and the next norm in one kernel (one read of x and residual, two writes).
+    residual has x's shape; the sum has MLX's dtype for `x + residual`."""
+    _check_x("add_rms_norm", x)
+    if not isinstance(residual, mx.array):
+        raise TypeError(f"[metile.ops.add_rms_norm] residual must be an mx.array, got "
+                        f"{type(residual).__name__}")
+    if tuple(residual.shape) != tuple(x.shape):
+        raise ValueError(f"[metile.ops.add_rms_norm] residual has shape {tuple(residual.shape)}; "
+                         f"expected x's shape {tuple(x.shape)}")
+    if not mx.issubdtype(residual.dtype, mx.floating):
+        raise TypeError(f"[metile.ops.add_rms_norm] residual has dtype {residual.dtype}; "
+                        f"expected a floating type")
+    _check_vector("add_rms_norm", "weight", weight, x)
+    eps = _check_eps("add_rms_norm", eps)
+    rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
+    w = () if weight is None else (weight,)
+
+    def reference(a, r, *v):
+        h = a + r
+        return h, mx.fast.rms_norm(h, v[0] if v else None, eps)
+
+    route = _route("add_rms_norm", backend, (x, residual, weight), rows, columns,
+                   (("weight", weight is not None),), reference,
+                   lambda c: lambda a, r, *v: tuple(_add_rms_fn(eps, bool(v), _frozen(c))(a, r, *v)),
+                   [(rows, columns), (rows, columns)] + [(columns,)] * len(w))
+    if route.path == "mlx":
+        return reference(x, residual, *w)
+    s, y = _add_rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), _rows(residual),
+                                                                       *w)
+    return s.reshape(x.shape), y.reshape(x.shape)
+
+
+def _softmax_axes(x, axis) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(x.ndim))
+    axes = (axis,) if isinstance(axis, int) and not isinstance(axis, bool) else axis
+    if not isinstance(axes, (tuple, list)) or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in axes):
+        raise TypeError(f"[metile.ops.softmax] axis must be None, an int or a sequence of ints, "
+                        f"got {axis!r}")
+    out = []
+    for a in axes:
+        if not -x.ndim <= a < x.ndim:
+            raise ValueError(f"[metile.ops.softmax] axis {a} is out of range for x of shape "
+                             f"{tuple(x.shape)}")
+        out.append(a % x.ndim)
+    if len(set(out)) != len(out):
+        raise ValueError(f"[metile.ops.softmax] axis {axis!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
+    """`mx.softmax(x, axis, precise=precise)` (here axis defaults to the last one, the
+    attention case).  The kernel computes in float32 whatever `precise` says; MLX's
+    op is called with it as given.  Reducing axes other than the last ones moves them
+    last with a transpose (and back)."""
+    _check_x("softmax", x, min_ndim=0)
+    axes = _softmax_axes(x, axis)
+    mlx_axis = axis if axis is None or isinstance(axis, int) else list(axis)
+    if backend == "mlx" or (x.ndim == 0 and backend != "metile"):
+        _check_backend("softmax", backend)
+        return mx.softmax(x, axis=mlx_axis, precise=precise)
+    kept = [a for a in range(x.ndim) if a not in axes]
+    order = kept + list(axes)
+    moved = x if order == list(range(x.ndim)) else mx.transpose(x, order)
+    columns = math.prod(x.shape[a] for a in axes)
+    rows = math.prod(x.shape[a] for a in kept)
+    route = _route("softmax", backend, (x,), rows, columns, (),
+                   lambda a: mx.softmax(a, axis=-1, precise=precise),
+                   lambda c: _softmax_fn(_frozen(c)), [(rows, columns)])
+    if route.path == "mlx":
+        return mx.softmax(x, axis=mlx_axis, precise=precise)
+    y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns)).reshape(moved.shape)
+    if moved is x:
+        return y
+    inverse = [0] * x.ndim
+    for i, a in enumerate(order):
+        inverse[a] = i
+    return mx.transpose(y, inverse)
+
+
+def _rope_offset(x, offset):
+    """(int offset or None, int32 offset array or None, kind)."""
+    if isinstance(offset, bool) or not isinstance(offset, (int, mx.array)):
+        raise TypeError(f"[metile.ops.rope] offset must be an int or an integer mx.array, got "
+                        f"{type(offset).__name__}")
+    if isinstance(offset, int):
+        if not -2**31 <= offset < 2**31:
+            raise ValueError(f"[metile.ops.rope] offset {offset} does not fit in int32")
+        return offset, None, "scalar"
+    if not mx.issubdtype(offset.dtype, mx.integer):
+        raise TypeError(f"[metile.ops.rope] offset must be an integer array, got dtype "
+                        f"{offset.dtype}")
+    if offset.size == 1 and offset.ndim <= 1:
+        return None, offset.reshape(1).astype(mx.int32), "array"
+    if offset.ndim == 1 and offset.size == x.shape[0]:
+        return None, offset.astype(mx.int32), "per_batch"
+    raise ValueError(f"[metile.ops.rope] offset must be a scalar or a vector of {x.shape[0]} "
+                     f"offsets (one per batch entry), got shape {tuple(offset.shape)}")
+
+
+def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=None,
+         backend: str = "auto"):
+    """`mx.fast.rope`: x (B, *, T, D); the first `dims` features of position t rotate by
+    (offset + t) * scale * base^(-2i/dims) (or / freqs[i]) in pairs (i, i + dims/2), or
+    (2i, 2i+1) with `traditional`; offset an int, a scalar int array or B offsets."""
+    _check_x("rope", x, min_ndim=3)
+    if isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0 or dims % 2:
+        raise ValueError(f"[metile.ops.rope] dims must be a positive even int, got {dims!r}")
+    if dims > x.shape[-1]:
+        raise ValueError(f"[metile.ops.rope] dims {dims} exceeds x's last axis {x.shape[-1]}")
+    if (base is None) == (freqs is None):
+        raise ValueError("[metile.ops.rope] exactly one of base and freqs must be given")
+    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float))
+                             or not base > 0):
+        raise ValueError(f"[metile.ops.rope] base must be a positive number, got {base!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"[metile.ops.rope] scale must be a number, got {scale!r}")
+    if freqs is not None and (not isinstance(freqs, mx.array)
+                              or tuple(freqs.shape) != (dims // 2,)):
+        raise ValueError(f"[metile.ops.rope] freqs must be an mx.array of shape ({dims // 2},), "
+                         f"got {getattr(freqs, 'shape', type(freqs).__name__)}")
+    start, offset_array, kind = _rope_offset(x, offset)
+    # the kernel reads float frequencies; MLX's op gets the array as given
+    kernel_freqs = freqs if freqs is None or freqs.dtype in _DTYPES else freqs.astype(mx.float32)
+    rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
+    spec = _Rope(dims, bool(traditional), None if base is None else float(base), float(scale),
+                 start, kind, x.shape[-2], math.prod(x.shape[1:-1]))
+
+    def reference(a):
+        return mx.fast.rope(a.reshape(x.shape), dims, traditional=traditional, base=base,
+                            scale=scale, offset=offset, freqs=freqs).reshape(a.shape)
+
+    extra = tuple(a for a in (offset_array, kernel_freqs) if a is not None)
+
+    def kernel(c):
+        f = _rope_fn(spec, offset_array is not None, freqs is not None, _frozen(c))
+        return lambda a: f(a, *extra)
+
+    flags = (("dims", dims), ("traditional", bool(traditional)), ("offset", kind),
+             ("freqs", freqs is not None))
+    route = _route("rope", backend, (x,), rows, columns, flags, reference, kernel,
+                   [(rows, columns)], extra)
+    if route.path == "mlx":
+        return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                            offset=offset, freqs=freqs)
+    return kernel(route.config)(_rows(x)).reshape(x.shape)
