@@ -1,6 +1,6 @@
 """Attention kernels written in metile's tile form (Triton-style pointers and masks).
 
-    out[b, h, i, :] = softmax_j(scale * q[b, h, i] . k[b, h // G, j] + mask[b, h, i, j]) @ v[b, h // G]
+    out[b, h, i] = softmax_j(scale q[b, h, i] . k[b, h // G, j] + mask[b, h, i, j]) v[b, h // G]
 
 with q (B, Hq, Lq, D) and k, v (B, Hkv, Lk, D), all row-major, G = Hq / Hkv
 query heads per key/value head (grouped-query attention; G = 1 is multi-head).
@@ -55,8 +55,9 @@ def forward_grid(q_len: int, q_heads: int, batch: int, BLOCK_M: int) -> tuple[in
 
 
 @metile.inline
-def scores_block(q, k_ptrs, key, rows_head, rows_query, mask_base, kv_len, causal_shift,
-                 scale_log2, mask_stride_h, mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK):
+def scores_block(q, k_ptrs, key, row_in, rows_head, rows_query, mask_base, kv_len,
+                 causal_shift, scale_log2, mask_stride_h, mask_stride_q, mask_stride_k, d,
+                 HEAD_DIM, MASK):
     """(rows, BLOCK_N) base-2 scores of the rows against keys `key`, masked: -inf past
     kv_len, REMOVED where a causal or boolean mask removes the key."""
     key_in = key < kv_len
@@ -67,7 +68,7 @@ def scores_block(q, k_ptrs, key, rows_head, rows_query, mask_base, kv_len, causa
     elif MASK == "bool" or MASK == "additive":
         m_ptrs = (mask_base + rows_head[:, None] * mask_stride_h
                   + rows_query[:, None] * mask_stride_q + key[None, :] * mask_stride_k)
-        entry = metile.load(m_ptrs, mask=key_in[None, :], other=0)
+        entry = metile.load(m_ptrs, mask=row_in[:, None] & key_in[None, :], other=0)
         if MASK == "bool":
             s = metile.where(entry != 0, s, REMOVED)
         else:
@@ -126,8 +127,8 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
     for start_n in metile.tile_range(0, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
-        s = scores_block(q, k_base + key[None, :] * HEAD_DIM + d[:, None], key, heads, rows,
-                         mask_base, kv_len, causal_shift, scale_log2, mask_stride_h,
+        s = scores_block(q, k_base + key[None, :] * HEAD_DIM + d[:, None], key, row_in, heads,
+                         rows, mask_base, kv_len, causal_shift, scale_log2, mask_stride_h,
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(v_base + key[:, None] * HEAD_DIM + d[None, :],
                         mask=(key[:, None] < kv_len) & d_in[None, :], other=0.0)
@@ -181,8 +182,8 @@ def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, 
     acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
     for start_n in metile.tile_range(lo, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
-        s = scores_block(q, K + kv_offset + key[None, :] * HEAD_DIM + d[:, None], key, heads,
-                         queries, mask_base, hi, kv_len - q_len, scale_log2, mask_stride_h,
+        s = scores_block(q, K + kv_offset + key[None, :] * HEAD_DIM + d[:, None], key, row_in,
+                         heads, queries, mask_base, hi, kv_len - q_len, scale_log2, mask_stride_h,
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(V + kv_offset + key[:, None] * HEAD_DIM + d[None, :],
                         mask=(key[:, None] < hi) & d_in[None, :], other=0.0)

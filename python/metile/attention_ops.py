@@ -126,16 +126,17 @@ def is_decode(q, k) -> bool:
 
 
 def shared_bytes(block_m: int, block_n: int, block_d: int, itemsize: int) -> int:
-    """Threadgroup memory the general lowering gives a configuration: the dot operands
-    (q, kᵀ and v in the input dtype, p) and the float32 score tile the row maximum reads."""
-    return itemsize * (block_m * block_d + 2 * block_n * block_d + block_m * block_n) \
-        + 4 * (block_m * block_n + 4 * block_m)
+    """Threadgroup memory the general lowering gives a configuration (an upper bound of
+    what the execution report lists): q, kᵀ and v in the input dtype, the float32 scores
+    (the row maximum reads them) and probabilities (a dot operand), and row vectors."""
+    return itemsize * (block_m * block_d + 2 * block_n * block_d) + 8 * block_m * block_n \
+        + 16 * block_m
 
 
 def _shared_limit() -> int:
     # Metal (and the CPU runtime that checks Metal's limit): 32 KiB; CUDA kernels past
     # 48 KiB take dynamic shared memory up to the opt-in limit
-    return 96 * 1024 if _on_cuda() else 30 * 1024
+    return 96 * 1024 if _on_cuda() else 32 * 1024
 
 
 def _on_cuda() -> bool:

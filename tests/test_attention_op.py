@@ -1,0 +1,267 @@
+"""metile.ops.scaled_dot_product_attention (attention_ops.py, metile_kernels/attention.py)
+against mx.fast.scaled_dot_product_attention and a float64 NumPy reference, on the CPU
+runtime.
+
+Reference: softmax(scale q kᵀ + mask) v in float64 from the (rounded) inputs, with MLX's
+conventions: causal keeps key j for query i when j <= i + Lk - Lq; a removed key (causal
+or boolean) scores float32's lowest finite value, so a row with every key removed
+averages all values.  Tolerances: float32 is the strict FP32 one (rtol 3e-4, atol
+3e-5); for 16-bit inputs the kernels round the probabilities to the input dtype before
+the P·V product (as flash-attention kernels do) and the output once, so the tolerance
+is a few units of that dtype's rounding: float16 2e-3, bfloat16 1.6e-2 (relative to
+values of order 1).  The CUDA emission of each kernel is compiled with NVRTC.
+"""
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import attention_ops
+from metile.runtime import routing
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+sdpa = metile.ops.scaled_dot_product_attention
+TOL = {mx.float32: (3e-4, 3e-5), mx.float16: (2e-3, 2e-3), mx.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def reference(q, k, v, scale, mask=None):
+    q, k, v = (np.array(x.astype(mx.float32), np.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = scale * q @ k.swapaxes(-1, -2)
+    lq, lk = s.shape[-2:]
+    lowest = np.finfo(np.float32).min
+    if isinstance(mask, str):
+        s = np.where(np.arange(lk)[None, :] <= np.arange(lq)[:, None] + (lk - lq), s, lowest)
+    elif mask is not None and mask.dtype == mx.bool_:
+        s = np.where(np.array(mask), s, lowest)
+    elif mask is not None:
+        s = s + np.array(mask.astype(mx.float32), np.float64)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def operands(rng, b, hq, hkv, lq, lk, d, dtype=mx.float32):
+    def make(shape):
+        return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    return make((b, hq, lq, d)), make((b, hkv, lk, d)), make((b, hkv, lk, d))
+
+
+def check(q, k, v, mask=None, scale=None, path=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if path is not None:
+        assert attention_ops.explain_attention(q, k, v, scale=scale, mask=mask,
+                                               backend="metile")["config"]["path"] == path
+    out = sdpa(q, k, v, scale=scale, mask=mask, backend="metile")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    rtol, atol = TOL[q.dtype]
+    got = np.array(out.astype(mx.float32), np.float64)
+    np.testing.assert_allclose(got, reference(q, k, v, scale, mask), rtol=rtol, atol=atol)
+    mlx = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    np.testing.assert_allclose(got, np.array(mlx.astype(mx.float32)), rtol=2 * rtol,
+                               atol=2 * atol)
+    return out
+
+
+# -- forward ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lq,lk", [(1, 1), (7, 33), (33, 7), (33, 100), (100, 100)])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_ragged_lengths(rng, lq, lk, mask):
+    check(*operands(rng, 1, 2, 2, lq, lk, 16), mask=mask)
+
+
+@pytest.mark.parametrize("d", [64, 80])
+def test_head_dims(rng, d):
+    check(*operands(rng, 1, 2, 1, 33, 40, d), mask="causal", path="prefill")
+
+
+@pytest.mark.parametrize("hkv", [1, 2])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_grouped_query_heads(rng, hkv, mask):
+    check(*operands(rng, 2, 4, hkv, 9, 20, 16), mask=mask, path="prefill")
+
+
+@pytest.mark.parametrize("shape", [(7, 33), (2, 1, 7, 33), (4, 7, 1), (1, 4, 1, 33)])
+def test_boolean_masks_broadcast(rng, shape):
+    q, k, v = operands(rng, 2, 4, 2, 7, 33, 16)
+    mask = mx.array(rng.random(shape) > 0.4)
+    check(q, k, v, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_additive_masks(rng, dtype):
+    q, k, v = operands(rng, 1, 2, 1, 33, 7, 16, dtype)
+    mask = mx.array(rng.standard_normal((2, 33, 7)).astype(np.float32)).astype(dtype)
+    check(q, k, v, mask=mask)
+
+
+def test_removed_rows_follow_mlx(rng):
+    """A query whose every key is removed averages the values (MLX's finite lowest
+    score); an additive -inf everywhere is NaN, as in MLX; causal with Lq > Lk removes
+    every key of the first Lq - Lk queries."""
+    q, k, v = operands(rng, 1, 1, 1, 7, 9, 16)
+    keep = rng.random((7, 9)) > 0.5
+    keep[2] = False
+    out = check(q, k, v, mask=mx.array(keep))
+    np.testing.assert_allclose(np.array(out)[0, 0, 2], np.array(v)[0, 0].mean(0), rtol=3e-4,
+                               atol=3e-5)
+    additive = np.zeros((7, 9), np.float32)
+    additive[4] = -np.inf
+    additive[5, :5] = -np.inf       # the first key block of the row is all -inf
+    out = np.array(sdpa(q, k, v, scale=0.25, mask=mx.array(additive), backend="metile"))
+    mlx = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25,
+                                                        mask=mx.array(additive)))
+    assert np.isnan(out[0, 0, 4]).all() and np.isnan(mlx[0, 0, 4]).all()
+    np.testing.assert_allclose(np.delete(out, 4, axis=2), np.delete(mlx, 4, axis=2), rtol=6e-4,
+                               atol=6e-5)
+    check(*operands(rng, 1, 2, 1, 12, 5, 16), mask="causal")
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_precision(rng, dtype):
+    check(*operands(rng, 1, 4, 2, 33, 40, 64, dtype), mask="causal")
+    check(*operands(rng, 1, 4, 2, 1, 100, 64, dtype), path="decode")
+
+
+def test_mixed_dtypes_promote_as_mlx(rng):
+    q, k, v = operands(rng, 1, 2, 1, 7, 9, 16)
+    out = sdpa(q.astype(mx.float16), k, v, scale=0.25, backend="metile")
+    assert out.dtype == mx.float32
+    np.testing.assert_allclose(np.array(out), reference(q.astype(mx.float16), k, v, 0.25),
+                               rtol=3e-4, atol=3e-5)
+
+
+# -- decode (split keys + combine) --------------------------------------------------------------
+
+@pytest.mark.parametrize("hq,hkv,lq,mask", [(2, 2, 1, None), (4, 1, 1, "causal"),
+                                            (4, 2, 3, "causal"), (4, 1, 2, "bool"),
+                                            (2, 1, 1, "additive")])
+def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
+    lk = 1000
+    q, k, v = operands(rng, 2, hq, hkv, lq, lk, 64)
+    if mask == "bool":
+        mask = mx.array(rng.random((2, hq, lq, lk)) > 0.3)
+    elif mask == "additive":
+        mask = mx.array(rng.standard_normal((hq, 1, lk)).astype(np.float32))
+    assert attention_ops.split_count(2, hkv, lk, 64) > 1
+    check(q, k, v, mask=mask, path="decode")
+
+
+def test_split_count():
+    assert attention_ops.split_count(1, 32, 4096, 64) == 9       # 288 programs: the GPU twice
+    assert attention_ops.split_count(1, 1, 100, 64) == 1          # too short to split
+    assert attention_ops.split_count(64, 32, 4096, 64) == 1
+
+
+# -- gradients ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mask", [None, "causal", "bool", "additive"])
+def test_gradients_match_mlx(rng, mask):
+    q, k, v = operands(rng, 1, 4, 2, 7, 12, 16)
+    if mask == "bool":
+        mask = mx.array(rng.random((7, 12)) > 0.3)
+    elif mask == "additive":
+        mask = mx.array(rng.standard_normal((7, 12)).astype(np.float32))
+    cot = mx.array(rng.standard_normal(q.shape).astype(np.float32))
+    arrays = [q, k, v] + ([mask] if isinstance(mask, mx.array) else [])
+
+    def loss(fn):
+        def f(q, k, v, *m):
+            return (fn(q, k, v, scale=0.3, mask=m[0] if m else mask) * cot).sum()
+        return f
+
+    ours = mx.grad(loss(lambda *a, **kw: sdpa(*a, backend="metile", **kw)),
+                   argnums=tuple(range(len(arrays))))(*arrays)
+    theirs = mx.grad(loss(mx.fast.scaled_dot_product_attention),
+                     argnums=tuple(range(len(arrays))))(*arrays)
+    for name, a, b in zip("qkvm", ours, theirs):
+        if name == "m" and mask.dtype == mx.bool_:
+            continue
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=3e-4, atol=3e-5,
+                                   err_msg=f"d{name}")
+
+
+def test_inside_compile(rng):
+    q, k, v = operands(rng, 1, 2, 1, 7, 9, 16)
+    f = mx.compile(lambda q, k, v: sdpa(q, k, v, scale=0.25, mask="causal", backend="metile")
+                   + 1.0)
+    np.testing.assert_allclose(np.array(f(q, k, v)), reference(q, k, v, 0.25, "causal") + 1.0,
+                               rtol=3e-4, atol=3e-5)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+def test_auto_without_a_decision_is_mlx(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    routing.clear_memory()
+    q, k, v = operands(rng, 1, 2, 1, 7, 9, 16)
+    info = attention_ops.explain_attention(q, k, v, scale=0.25)
+    assert info["path"] == "mlx" and info["route"]["source"] == "cost_model"
+    decision = attention_ops.tune_attention(q, k, v, scale=0.25, budget_s=0.02)
+    assert decision["source"] == "measured" and "mlx" in decision["timings_us"]
+    assert not decision["unusable"], decision["unusable"]    # the kernels validated
+    again = attention_ops.explain_attention(q, k, v, scale=0.25)
+    assert again["route"]["source"] == "cache" and again["route"]["winner"] == decision["winner"]
+    out = sdpa(q, k, v, scale=0.25)
+    np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25), rtol=3e-4, atol=3e-5)
+    routing.clear_memory()
+
+
+# -- bad inputs ---------------------------------------------------------------------------------
+
+def _bad(rng):
+    return operands(rng, 1, 4, 2, 3, 5, 16)
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (lambda q, k, v: (q, k[..., :8], v[..., :8], {}), ValueError, "head dimensions differ"),
+    (lambda q, k, v: (q[:, :3], k, v, {}), ValueError,
+     r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
+    (lambda q, k, v: (q, k, v[:, :, :4], {}), ValueError, "must have the same shape"),
+    (lambda q, k, v: (q[0], k, v, {}), ValueError, "q must have rank 4"),
+    (lambda q, k, v: (q.astype(mx.int32), k, v, {}), TypeError, "q has dtype"),
+    (lambda q, k, v: (q, k, v, {"mask": "upper"}), ValueError, "mask must be None, 'causal'"),
+    (lambda q, k, v: (q, k, v, {"mask": mx.zeros((2, 5))}), ValueError, "does not broadcast"),
+    (lambda q, k, v: (q, k, v, {"mask": mx.zeros((3, 5))}), TypeError,
+     "must promote to the output dtype"),
+    (lambda q, k, v: (q, k, v, {"backend": "triton"}), ValueError, "backend must be"),
+])
+def test_bad_inputs(rng, change, error, message):
+    q, k, v = _bad(rng)
+    q, k, v, kw = change(q, k, v)
+    if "mask" in kw and isinstance(kw["mask"], mx.array) and kw["mask"].dtype == mx.float32:
+        q, k, v = (x.astype(mx.float16) for x in (q, k, v))
+    with pytest.raises(error, match=message):
+        sdpa(q, k, v, scale=0.25, **kw)
+
+
+# -- CUDA emission ------------------------------------------------------------------------------
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the nvidia-cuda-nvrtc wheels")
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+def test_cuda_emission_compiles_with_nvrtc(mask):
+    from metile_kernels import attention as kernels
+
+    q, k = mx.zeros((1, 4, 64, 128), mx.float16), mx.zeros((1, 2, 64, 128), mx.float16)
+    m = mx.zeros((64, 64), mx.float16)
+    shape = dict(HEAD_DIM=128, BLOCK_D=128, MASK=mask)
+    strides = (0, 0, 64, 1)
+    dispatches = [
+        kernels.attention_forward[(2, 4, 1)].prepare(
+            q, k, k, m, mx.zeros(q.shape, mx.float16), 64, 64, 2, 0.1, *strides,
+            BLOCK_M=64, BLOCK_N=64, backend="cuda", **shape),
+        kernels.attention_split[(4, 2, 1)].prepare(
+            q[:, :, :1], k, k, m, mx.zeros((4, 4, 128)), mx.zeros((4, 4, 2)), 1, 64, 2, 16,
+            0.1, *strides, BLOCK_M=16, BLOCK_N=16, backend="cuda", **shape),
+        kernels.attention_combine[(1,)].prepare(
+            mx.zeros((4, 4, 128)), mx.zeros((4, 4, 2)), mx.zeros((4, 128), mx.float16), 4, 4,
+            HEAD_DIM=128, BLOCK_D=128, backend="cuda"),
+    ]
+    for d in dispatches:
+        ok, log = compile_cuda(translation_unit(d), "sm_90")
+        assert ok, log
