@@ -60,11 +60,10 @@ def test_report_names_what_was_converted_fused_and_skipped():
     _, model = twins(Block)
     report = mnn.convert(model)
     assert sorted(report.converted) == ["gate.layers.0", "gate.layers.2", "k", "mlp.layers.0",
-                                        "mlp.layers.2", "o", "out", "q", "v"]
+                                        "mlp.layers.2", "norm", "o", "out", "q", "v"]
     assert report.fused == {"mlp.layers.1": "mlp.layers.0", "gate.layers.1": "gate.layers.0"}
     assert report.skipped == {
         "embed": "not an mlx.nn.Linear (Embedding)",
-        "norm": "not an mlx.nn.Linear (LayerNorm)",
         "gate.layers.3": "LeakyReLU(negative_slope=3.0) is fused only for slopes in [0, 1]; it "
                          "runs as its own module",
         "head": "quantized (mlx.nn.QuantizedLinear): its weight is packed integers, and metile's "
@@ -74,6 +73,7 @@ def test_report_names_what_was_converted_fused_and_skipped():
     assert model.gate.layers[0].activation == "leaky_relu"
     assert model.gate.layers[0].negative_slope == 0.2
     assert isinstance(model.mlp.layers[1], nn.Identity)
+    assert isinstance(model.norm, mnn.LayerNorm)   # nn_norms.py
     assert "fused mlp.layers.1 into mlp.layers.0" in str(report)
     again = mnn.convert(model)
     assert again.converted == {} and again.skipped["q"] == "already a metile.nn.Linear"

@@ -10,7 +10,8 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as mlx_nn
 
-from . import ops
+from . import nn_norms, ops
+from .nn_norms import LayerNorm, RMSNorm  # noqa: F401  (metile.nn.RMSNorm, metile.nn.LayerNorm)
 
 
 def _check_activation(layer: str, activation, negative_slope) -> None:
@@ -214,6 +215,9 @@ def _convert(container, prefix, backend, predicate, report):
             else:
                 fusions[i] = (activation, slope, nxt)
     for path, parent, key, child in list(_slots(container, prefix)):
+        if nn_norms.is_norm(child):
+            nn_norms.swap_norm(parent, key, path, child, backend, predicate, report)
+            continue
         why = _why_not(path, child, predicate)
         if why is None:
             activation, slope, act_path = None, ops.LEAKY_SLOPE, None
@@ -239,7 +243,9 @@ def convert(model: mlx_nn.Module, *, backend: str = "auto",
     LeakyReLU (slope in [0, 1]) or the functions nn.relu/nn.silu/nn.gelu_approx takes
     that activation into its epilogue and the activation's slot becomes nn.Identity
     (it has no parameters, so parameters(), save_weights and load_weights keep their
-    keys).  `class_predicate(path, module)` returning False keeps a Linear as it is.
+    keys).  Each `mlx.nn.RMSNorm` and `mlx.nn.LayerNorm` becomes a `metile.nn.RMSNorm` /
+    `LayerNorm` holding the same arrays (nn_norms.py).  `class_predicate(path, module)`
+    returning False keeps a layer as it is.
     Returns a ConversionReport: what was converted or fused, and why every other
     leaf module was skipped."""
     if not isinstance(model, mlx_nn.Module):

@@ -1,0 +1,102 @@
+"""`metile.nn.RMSNorm` and `metile.nn.LayerNorm`: drop-ins for `mlx.nn.RMSNorm` and
+`mlx.nn.LayerNorm` whose forward is `metile.ops.rms_norm` / `layer_norm` (the
+metile kernels where routing chose them, else MLX's op).  Same parameters and
+names (`weight`, `bias`), so checkpoints load unchanged; `metile.nn.convert`
+swaps them into an existing model (see `swap_norm`)."""
+
+from __future__ import annotations
+
+import mlx.nn as mlx_nn
+
+from . import model_ops
+
+
+def _check_backend(layer: str, backend) -> None:
+    if backend not in ("auto", "metile", "mlx"):
+        raise ValueError(f"[metile.nn.{layer}] backend must be 'auto', 'metile' or 'mlx', "
+                         f"got {backend!r}")
+
+
+def _adopt(new, layer):
+    """Give `new` the frozen parameters and training mode of the layer it replaces."""
+    new._no_grad = set(layer._no_grad)
+    new._training = layer._training
+    return new
+
+
+class RMSNorm(mlx_nn.RMSNorm):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis, as `mlx.nn.RMSNorm`."""
+
+    def __init__(self, dims: int, eps: float = 1e-5, backend: str = "auto"):
+        _check_backend("RMSNorm", backend)
+        super().__init__(dims, eps)
+        self.backend = backend
+
+    @classmethod
+    def from_module(cls, layer: mlx_nn.RMSNorm, backend: str = "auto") -> "RMSNorm":
+        """A metile.nn.RMSNorm holding `layer`'s own weight array (no copy)."""
+        new = cls(layer.weight.shape[0], layer.eps, backend)
+        new.weight = layer.weight   # the fresh ones(...) is lazy, so never computed
+        return _adopt(new, layer)
+
+    def __call__(self, x):
+        return model_ops.rms_norm(x, self["weight"], self.eps, backend=self.backend)
+
+    def _extra_repr(self) -> str:
+        return f"{super()._extra_repr()}, backend={self.backend}"
+
+
+class LayerNorm(mlx_nn.LayerNorm):
+    """(x - mean) * rsqrt(var + eps) * weight + bias over the last axis, as
+    `mlx.nn.LayerNorm` (weight and bias present as `affine` and `bias` say)."""
+
+    def __init__(self, dims: int, eps: float = 1e-5, affine: bool = True, bias: bool = True,
+                 backend: str = "auto"):
+        _check_backend("LayerNorm", backend)
+        super().__init__(dims, eps, affine, bias)
+        self.backend = backend
+
+    @classmethod
+    def from_module(cls, layer: mlx_nn.LayerNorm, backend: str = "auto") -> "LayerNorm":
+        """A metile.nn.LayerNorm holding `layer`'s own weight and bias arrays (no copy)."""
+        new = cls(layer.dims, layer.eps, "weight" in layer, "bias" in layer, backend)
+        if "weight" in layer:
+            new.weight = layer.weight
+        if "bias" in layer:
+            new.bias = layer.bias
+        return _adopt(new, layer)
+
+    def __call__(self, x):
+        return model_ops.layer_norm(x, self.get("weight"), self.get("bias"), self.eps,
+                                    backend=self.backend)
+
+    def _extra_repr(self) -> str:
+        return f"{super()._extra_repr()}, backend={self.backend}"
+
+
+_SWAPS = ((mlx_nn.RMSNorm, RMSNorm), (mlx_nn.LayerNorm, LayerNorm))
+
+
+def is_norm(module) -> bool:
+    return isinstance(module, (mlx_nn.RMSNorm, mlx_nn.LayerNorm))
+
+
+def swap_norm(parent, key, path: str, module, backend: str, predicate, report) -> None:
+    """`convert`'s step for an mlx.nn.RMSNorm / LayerNorm at parent[key]: replace it by
+    the metile layer holding the same arrays, or record in `report` why not."""
+    if isinstance(module, (RMSNorm, LayerNorm)):
+        report.skipped[path] = f"already a metile.nn.{type(module).__name__}"
+        return
+    for mlx_type, metile_type in _SWAPS:
+        if type(module) is mlx_type:
+            break
+    else:
+        base = "RMSNorm" if isinstance(module, mlx_nn.RMSNorm) else "LayerNorm"
+        report.skipped[path] = (f"{type(module).__name__} subclasses mlx.nn.{base}; its own "
+                                f"__call__ may compute something else")
+        return
+    if predicate is not None and not predicate(path, module):
+        report.skipped[path] = "class_predicate returned False"
+        return
+    parent[key] = metile_type.from_module(module, backend)
+    report.converted[path] = repr(parent[key])
