@@ -1,0 +1,126 @@
+"""metile.ops.scaled_dot_product_attention against mx.fast.scaled_dot_product_attention.
+
+    python -m benchmarks.attention [--dtype float16] [--output results.json]
+    python -m benchmarks.attention --quick          # tiny shapes, for the CPU runtime
+
+Cases (B x Hq x Lq x D over B x Hkv x Lk x D): causal prefill 1x32x4096x128 (and
+--prefill-lengths), decode of one query over a 4096-key cache (and --decode-lengths).
+Both sides are `mx.compile`d calls of the op (backend="metile" forced, backend="mlx"
+is MLX's op); each measurement chains `--launches` dependent calls (the output, which
+has q's shape, is the next call's q) and synchronises once, so the ~80 us eval round
+trip is amortised.  metile and MLX alternate, the first of each round swapping; each
+number is the median over `--rounds`.  Before timing, the metile output is checked
+against MLX's (the op's routing validation tolerance).  Reports microseconds per call,
+TFLOP/s for prefill (4 B Hq Lq Lk D, halved for causal) and TB/s for decode (q, k, v
+and the output read or written once), and the MLX/metile time ratio (> 1: metile faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import metile
+from benchmarks.common import machine, write_report
+from metile import attention_ops
+
+DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+
+
+def steps(scale, mask):
+    def ours(q, k, v):
+        return metile.ops.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                       backend="metile")
+
+    def theirs(q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    return {"metile": mx.compile(ours), "mlx": mx.compile(theirs)}
+
+
+def seconds_per_call(step, q, k, v, launches) -> float:
+    mx.synchronize()
+    start = time.perf_counter()
+    out = q
+    for _ in range(launches):
+        out = step(out, k, v)
+    mx.eval(out)
+    mx.synchronize()
+    return (time.perf_counter() - start) / launches
+
+
+def measure(case, dtype, launches, rounds) -> dict:
+    b, hq, hkv, lq, lk, d, mask = (case[n] for n in ("b", "hq", "hkv", "lq", "lk", "d", "mask"))
+    keys = mx.random.split(mx.random.key(0), 3)
+    q = mx.random.normal((b, hq, lq, d), key=keys[0]).astype(dtype)
+    k = mx.random.normal((b, hkv, lk, d), key=keys[1]).astype(dtype)
+    v = mx.random.normal((b, hkv, lk, d), key=keys[2]).astype(dtype)
+    scale = d ** -0.5
+    fns = steps(scale, mask)
+    problem = attention_ops._validate(fns["metile"](q, k, v), fns["mlx"](q, k, v))
+    if problem:
+        raise SystemExit(f"metile's output differs from MLX's for {case}: {problem}")
+    config, _ = attention_ops._route(q, k, v, scale, mask, "metile")
+    for fn in fns.values():                     # warm-up: compile, first launch
+        seconds_per_call(fn, q, k, v, 1)
+    times = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            times[name].append(seconds_per_call(fns[name], q, k, v, launches))
+    us = {name: float(np.median(t)) * 1e6 for name, t in times.items()}
+    result = {**case, "dtype": str(dtype).removeprefix("mlx.core."), "config": config,
+              "us_per_call": us, "mlx_over_metile": us["mlx"] / us["metile"]}
+    flops = 4 * b * hq * lq * lk * d * (0.5 if mask == "causal" and lq == lk else 1.0)
+    moved = (2 * b * hq * lq * d + 2 * b * hkv * lk * d) * dtype.size
+    if lq > 16:
+        result["tflops"] = {n: flops / (t * 1e-6) / 1e12 for n, t in us.items()}
+    else:
+        result["tb_per_s"] = {n: moved / (t * 1e-6) / 1e12 for n, t in us.items()}
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float16", choices=sorted(DTYPES))
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--kv-heads", type=int, default=None, help="default: --heads (MHA)")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--prefill-lengths", type=int, nargs="*", default=[4096])
+    parser.add_argument("--decode-lengths", type=int, nargs="*", default=[4096])
+    parser.add_argument("--launches", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny shapes, 2 launches, 1 round (the CPU runtime)")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    if args.quick:
+        args.heads, args.head_dim = 2, 32
+        args.prefill_lengths, args.decode_lengths = [64], [256]
+        args.launches, args.rounds = 2, 2
+    hkv = args.kv_heads or args.heads
+    dtype = DTYPES[args.dtype]
+    cases = [dict(name="prefill_causal", b=1, hq=args.heads, hkv=hkv, lq=n, lk=n,
+                  d=args.head_dim, mask="causal") for n in args.prefill_lengths]
+    cases += [dict(name="decode", b=1, hq=args.heads, hkv=hkv, lq=1, lk=n, d=args.head_dim,
+                   mask=None) for n in args.decode_lengths]
+    results = []
+    for case in cases:
+        r = measure(case, dtype, args.launches, args.rounds)
+        rate = (f"{r['tflops']['metile']:.1f} vs {r['tflops']['mlx']:.1f} TFLOP/s"
+                if "tflops" in r else
+                f"{r['tb_per_s']['metile']:.3f} vs {r['tb_per_s']['mlx']:.3f} TB/s")
+        print(f"{case['name']:15s} {case['b']}x{case['hq']}x{case['lq']}x{case['lk']}x{case['d']} "
+              f"{args.dtype}: metile {r['us_per_call']['metile']:.1f} us, mlx "
+              f"{r['us_per_call']['mlx']:.1f} us ({rate}), mlx/metile "
+              f"{r['mlx_over_metile']:.3f}  config {r['config']}")
+        results.append(r)
+    write_report(args.output, {"machine": machine(), "benchmark": "attention",
+                               "launches": args.launches, "rounds": args.rounds,
+                               "cases": results})
+
+
+if __name__ == "__main__":
+    main()
