@@ -814,3 +814,4 @@ def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
                       indent=2)
 from .attention_ops import scaled_dot_product_attention  # noqa: E402,F401
 from .model_ops import add_rms_norm, layer_norm, rms_norm, rope, softmax  # noqa: E402,F401
+from .quantized_ops import quantized_matmul  # noqa: E402,F401

@@ -1,0 +1,374 @@
+"""`metile.ops.quantized_matmul`: a drop-in for `mx.quantized_matmul` on weights from
+`mx.quantize` (affine mode, bits 4 and 8, group sizes 32, 64, 128).
+
+    wq, scales, biases = mx.quantize(w, group_size=64, bits=4)
+    y = metile.ops.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=64, bits=4)
+
+x may have any leading dimensions (they flatten into rows); the result has MLX's
+dtype (x's promoted with the scales'), and x is converted to it before the kernel
+runs, as MLX does.  The kernels (kernels/metile_kernels/quantized.py):
+
+* up to DECODE_ROWS rows (decode): a GEMV that reads every packed word once and
+  dequantizes in registers (`quantized_matvec`; `quantized_matvec_n` for
+  transpose=False);
+* more rows (prefill): a tiled GEMM that dequantizes the weight tile while staging
+  it and multiplies on matrix units (`quantized_matmul`);
+* a routing candidate besides: `dequantize` into a temporary float weight, then
+  metile's dense GEMM (ops.linear / ops.matmul).
+
+Which path runs (`backend=`) follows ops.py: "mlx" MLX's op, "metile" the kernel
+chosen by row count, "auto" (the default) a metile kernel only where a recorded
+measurement on this machine found it faster (runtime/routing.py), keyed by the
+dtypes, rows rounded up to a power of two, N, K, bits, group size and layout;
+without a recorded decision MLX's op runs.  Measuring is explicit:
+`with metile.ops.tuning():` or METILE_OPS_TUNE=1, on eager calls.  Settings the
+kernels do not implement (bits other than 4 and 8, modes other than "affine")
+run MLX's op under "auto" and are refused by name under "metile".
+
+Differentiable through `mx.custom_function`: the gradient w.r.t. x is
+`mx.quantized_matmul` of the cotangent with the other transpose (what MLX's own
+vjp computes); scales and biases get MLX's gradients (the dequantized weight's
+gradient summed per group, times q for the scales); the packed weight gets
+zeros, where MLX raises ("no gradient wrt the quantized weights"), since a
+custom_function's vjp cannot tell which inputs were asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import mlx.core as mx
+
+from .runtime import routing
+
+_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+# Up to this many rows run the GEMV kernels (rows are a grid axis there, each row
+# reading the weight again, from cache after the first).
+DECODE_ROWS = 8
+MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
+MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
+GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+# NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
+CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
+             "num_simdgroups": 8}
+DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
+DEQUANTIZE_BLOCK = 1024
+
+
+def _ops():
+    # ops.py imports this module at its end; the reverse import is made at call time
+    from . import ops
+    return ops
+
+
+# -- argument checks ----------------------------------------------------------------------------
+
+def _fail(kind, message):
+    return kind(f"[metile.ops.quantized_matmul] {message}")
+
+
+def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> tuple[int, int]:
+    """(N, K) of the product, or a clear error; the checks MLX makes, plus the
+    settings metile's kernels implement when `backend` asks for them."""
+    if backend not in ("auto", "metile", "mlx"):
+        raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+    for name, a in (("x", x), ("w", w), ("scales", scales)):
+        if not isinstance(a, mx.array):
+            raise _fail(TypeError, f"{name} must be an mx.array, got {type(a).__name__}")
+    if not isinstance(transpose, bool):
+        raise _fail(TypeError, f"transpose must be True or False, got {transpose!r}")
+    for name, v in (("group_size", group_size), ("bits", bits)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _fail(TypeError, f"{name} must be an int, got {v!r}")
+    if mode != "affine":
+        if backend == "metile":
+            raise _fail(ValueError, f"mode={mode!r}: metile's kernels implement 'affine' "
+                                    f"quantization only; use backend='mlx' or 'auto'")
+        return -1, -1
+    if biases is None:
+        raise _fail(ValueError, "biases must be provided for affine quantization")
+    if not isinstance(biases, mx.array):
+        raise _fail(TypeError, f"biases must be an mx.array, got {type(biases).__name__}")
+    if x.dtype not in _DTYPES:
+        raise _fail(TypeError, f"x has dtype {x.dtype}; supported: float32, float16, bfloat16")
+    if x.ndim < 1:
+        raise _fail(ValueError, "x must have at least one dimension")
+    if w.dtype != mx.uint32 or w.ndim != 2:
+        raise _fail(ValueError, f"w must be a 2-D uint32 array of packed values (mx.quantize's "
+                                f"first result), got shape {tuple(w.shape)} dtype {w.dtype}")
+    if scales.dtype not in _DTYPES or biases.dtype != scales.dtype:
+        raise _fail(TypeError, f"scales and biases must share a float dtype, got {scales.dtype} "
+                               f"and {biases.dtype}")
+    if bits not in BITS:
+        if backend == "metile":
+            raise _fail(ValueError, f"bits={bits}: metile's kernels take bits 4 and 8 (MLX's "
+                                    f"op takes others: backend='mlx' or 'auto')")
+        return -1, -1   # MLX's op, which checks its own packings
+    if group_size not in GROUP_SIZES:
+        raise _fail(ValueError, f"group_size={group_size}: affine quantization takes group "
+                                f"sizes {GROUP_SIZES}")
+    per_word = 32 // bits
+    quantized_axis = w.shape[1] * per_word     # elements along the packed axis
+    outer = w.shape[0]
+    if tuple(scales.shape) != tuple(biases.shape):
+        raise _fail(ValueError, f"scales {tuple(scales.shape)} and biases "
+                                f"{tuple(biases.shape)} differ in shape")
+    if quantized_axis % group_size:
+        raise _fail(ValueError, f"the quantized axis has {quantized_axis} elements, not a "
+                                f"multiple of group_size={group_size}")
+    want = (outer, quantized_axis // group_size)
+    if tuple(scales.shape) != want:
+        raise _fail(ValueError, f"w {tuple(w.shape)} with bits={bits} and group_size="
+                                f"{group_size} needs scales and biases of shape {want}, got "
+                                f"{tuple(scales.shape)}")
+    n, k = (outer, quantized_axis) if transpose else (quantized_axis, outer)
+    if x.shape[-1] != k:
+        raise _fail(ValueError, f"x's last dimension is {x.shape[-1]}, but the quantized matrix "
+                                f"has K={k} (w {tuple(w.shape)}, bits={bits}, transpose="
+                                f"{transpose}); K must be a multiple of group_size={group_size}")
+    return n, k
+
+
+def _out_dtype(x, scales):
+    # float dtypes that differ promote to float32 (float16 with bfloat16 too), as in MLX
+    return x.dtype if x.dtype == scales.dtype else mx.float32
+
+
+# -- kernels ------------------------------------------------------------------------------------
+
+def config_name(config: dict) -> str:
+    return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
+            dispatch_only=False):
+    """x2 (rows, K), already in the output dtype, times the dequantized weight."""
+    from metile_kernels import quantized as kernels
+
+    m = x2.shape[0]
+    out = mx.zeros((m, n), x2.dtype)
+    params = {key: v for key, v in config.items() if key != "kernel"}
+    meta = dict(BITS=bits, GROUP=group_size, **params)
+    kind = config["kernel"]
+    if kind == "dequantize+gemm":
+        return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits)
+    if kind == "matvec":
+        launcher = kernels.quantized_matvec[kernels.matvec_grid(m, n, params["BLOCK_N"])]
+    elif kind == "matvec_n":
+        launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
+    else:
+        launcher = kernels.quantized_matmul[kernels.matmul_grid(m, n, params["BLOCK_M"],
+                                                                params["BLOCK_N"])]
+        meta["TRANSPOSE"] = transpose
+    args = (x2, w, scales, biases, out, m, n, k)
+    return launcher.prepare(*args, **meta) if dispatch_only else launcher(*args, **meta)
+
+
+def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
+    from metile_kernels import quantized as kernels
+
+    rows, columns = (n, k) if transpose else (k, n)
+    dense = kernels.dequantize[(math.ceil(rows * columns / DEQUANTIZE_BLOCK),)](
+        w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
+        GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK)
+    ops = _ops()
+    if transpose:   # a Linear weight (N, K): the GEMM reads it as stored
+        return ops.linear(x2, dense, backend="metile")
+    return ops.matmul(x2, dense, backend="metile")
+
+
+def _differentiable(n, k, transpose, group_size, bits, config):
+    """The kernel as an mx.custom_function of (x2, w, scales, biases)."""
+
+    @mx.custom_function
+    def f(x2, w, scales, biases):
+        return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x2, w, scales, biases = primals
+        dx = mx.quantized_matmul(cotangent, w, scales, biases, transpose=not transpose,
+                                 group_size=group_size, bits=bits)
+        c, x32 = cotangent.astype(mx.float32), x2.astype(mx.float32)
+        # the gradient of the dequantized weight, in w's layout (rows, packed axis)
+        grad = c.T @ x32 if transpose else x32.T @ c
+        rows, columns = grad.shape
+        q = mx.dequantize(w, mx.ones(scales.shape, mx.float32), mx.zeros(scales.shape, mx.float32),
+                          group_size=group_size, bits=bits)
+        per_group = (rows, columns // group_size, group_size)
+        dscales = (grad * q).reshape(per_group).sum(axis=-1)
+        dbiases = grad.reshape(per_group).sum(axis=-1)
+        return (dx.astype(x2.dtype), mx.zeros_like(w), dscales.astype(scales.dtype),
+                dbiases.astype(biases.dtype))
+
+    return f
+
+
+def _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config):
+    return _differentiable(n, k, transpose, group_size, bits, config)(x2, w, scales, biases)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+def _on_cuda() -> bool:
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+def _gemm(dtype) -> dict:
+    return CUDA_GEMM if dtype != mx.float32 and _on_cuda() else GEMM
+
+
+def default_config(rows: int, dtype, transpose: bool) -> dict:
+    """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM."""
+    if rows <= DECODE_ROWS:
+        return MATVEC if transpose else MATVEC_N
+    return _gemm(dtype)
+
+
+def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
+    """The metile candidates `auto` measures against MLX for a row bucket."""
+    gemm = _gemm(dtype)
+    if rows_bucket <= DECODE_ROWS:
+        return [MATVEC if transpose else MATVEC_N, gemm]
+    return [gemm, DEQUANTIZE_GEMM]
+
+
+@functools.lru_cache(maxsize=1)
+def _fingerprints() -> dict:
+    from metile_kernels import quantized as kernels
+
+    from .runtime import cache
+    own = "".join(cache.source_fingerprint(kern.fn) for kern in (
+        kernels.quantized_matvec, kernels.quantized_matvec_n, kernels.quantized_matmul,
+        kernels.dequantize))
+    ops = _ops()
+    return {**ops._fingerprints(), "quantized_kernels": own,
+            "linear_kernel": ops._linear_fingerprint()}
+
+
+def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
+    ops = _ops()
+    device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
+    bucket = ops.m_bucket(m)
+    parts = {"op": "quantized_matmul", "dtype": str(dtype).removeprefix("mlx.core."),
+             "scales_dtype": str(scales_dtype).removeprefix("mlx.core."), "m_bucket": bucket,
+             "n": n, "k": k, "transpose": transpose, "group_size": group_size, "bits": bits,
+             "device": ops._device_description(device),
+             "candidates": [routing.REFERENCE] + [config_name(c)
+                                                  for c in configs(bucket, dtype, transpose)],
+             "environment": dict(routing.environment()), "toolchain": routing.tuning.toolchain(),
+             **_fingerprints()}
+    return routing.decision_key(parts), parts
+
+
+def _cost_model() -> routing.Decision:
+    if mx.default_device().type == mx.cpu:
+        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
+                  "metile kernels run in the MSL CPU runtime (an emulator)")
+    else:
+        reason = ("cost model (no measurement recorded): MLX's op until a measurement on this "
+                  "machine finds a metile kernel faster (`with metile.ops.tuning():` or "
+                  "METILE_OPS_TUNE=1)")
+    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+
+
+def _measure_operands(m, n, k, dtype, scales_dtype, transpose, group_size, bits):
+    """Fresh operands of the call's shapes from a fixed key (the caller's arrays may be
+    traced, and the global random state must not move)."""
+    kx, kw = mx.random.split(mx.random.key(0), 2)
+    x = mx.random.normal((m, k), key=kx).astype(dtype)
+    shape = (n, k) if transpose else (k, n)
+    weight = (mx.random.normal(shape, key=kw) / math.sqrt(k)).astype(scales_dtype)
+    return [x, *mx.quantize(weight, group_size=group_size, bits=bits)]
+
+
+def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
+    """(config or None for MLX's op, routing.Decision)."""
+    m, dtype = x2.shape[0], x2.dtype
+    if backend == "mlx":
+        return None, routing.Decision(routing.REFERENCE, "requested", "backend='mlx' requested")
+    if backend == "metile":
+        config = default_config(m, dtype, transpose)
+        return config, routing.Decision(config_name(config), "requested",
+                                        "backend='metile' requested")
+    key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)
+    entry, path = (None, None) if force else routing.lookup(key)
+    candidates = configs(parts["m_bucket"], dtype, transpose)
+    if entry is not None:
+        decision = routing.from_entry(entry, path)
+    elif routing.measuring_requested() and routing.can_evaluate(x2, scales):
+        operands = _measure_operands(m, n, k, dtype, scales.dtype, transpose, group_size, bits)
+
+        def reference(x, w, s, b):
+            return mx.quantized_matmul(x, w, s, b, transpose=transpose, group_size=group_size,
+                                       bits=bits)
+
+        def kernel(config):
+            return lambda x, w, s, b: _launch(x, w, s, b, n, k, transpose, group_size, bits,
+                                              config)
+
+        decision = routing.measure(
+            key, parts, [routing.Candidate(routing.REFERENCE, reference)]
+            + [routing.Candidate(config_name(c), kernel(c)) for c in candidates],
+            operands, _ops()._validate, budget_s=routing.budget(), clock=routing.scope_clock())
+    else:
+        decision = _cost_model()
+    by_name = {config_name(c): c for c in candidates}
+    if decision.winner not in by_name:   # MLX, or a configuration this version lacks
+        return None, decision if decision.winner == routing.REFERENCE else _cost_model()
+    return by_name[decision.winner], decision
+
+
+# -- the op -------------------------------------------------------------------------------------
+
+def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
+                     bits=4, mode: str = "affine", *, backend: str = "auto"):
+    """x @ dequantize(w).T (transpose=True, mlx.nn.QuantizedLinear's layout) or
+    x @ dequantize(w), with `w, scales, biases = mx.quantize(weight, group_size, bits)`;
+    MLX's signature and results (see the module docstring for the paths)."""
+    group_size = 64 if group_size is None else group_size   # MLX's affine defaults
+    bits = 4 if bits is None else bits
+    n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
+
+    def mlx_op():
+        return mx.quantized_matmul(x, w, scales, biases, transpose=transpose,
+                                   group_size=group_size, bits=bits, mode=mode)
+
+    if backend == "mlx" or n < 0:
+        return mlx_op()
+    out_dtype = _out_dtype(x, scales)
+    lead = tuple(x.shape[:-1])
+    rows = math.prod(lead)
+    if rows == 0 or n == 0:
+        return mx.zeros((*lead, n), out_dtype)
+    x2 = x.reshape(rows, k).astype(out_dtype)
+    config, _ = _route(x2, scales, n, k, transpose, group_size, bits, backend)
+    if config is None:
+        return mlx_op()
+    return _metile(x2, w, scales, biases, n, k, transpose, group_size, bits,
+                   config).reshape(*lead, n)
+
+
+def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
+                             group_size: int = 64, bits: int = 4, mode: str = "affine", *,
+                             backend: str = "auto") -> dict:
+    """Which path `quantized_matmul` takes for these arguments and why (never
+    measures), with the kernel's execution report on the metile path."""
+    group_size = 64 if group_size is None else group_size
+    bits = 4 if bits is None else bits
+    n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
+    if n < 0:
+        return {"path": "mlx", "reason": f"mode={mode!r}, bits={bits}: MLX's op"}
+    x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
+    config, decision = _route(x2, scales, n, k, transpose, group_size, bits,
+                              backend)
+    info = {"path": "mlx" if config is None else "metile", "route": decision.to_dict()}
+    if config is not None and config["kernel"] != "dequantize+gemm":
+        dispatch = _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
+                           dispatch_only=True)
+        info["config"] = dict(config)
+        info["execution_report"] = dispatch.execution_report.to_dict()
+    return info
