@@ -95,19 +95,62 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
 
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True, group_size=None,
                  bits=None, mode: str = "affine", activation=None,
-                 negative_slope: float = ops.LEAKY_SLOPE):
+                 negative_slope: float = ops.LEAKY_SLOPE, backend: str = "auto"):
         super().__init__(input_dims, output_dims, bias, group_size, bits, mode=mode)
         _check_activation("QuantizedLinear", activation, negative_slope)
+        if backend not in ("auto", "metile", "mlx"):
+            raise ValueError(f"[metile.nn.QuantizedLinear] backend must be 'auto', 'metile' or "
+                             f"'mlx', got {backend!r}")
         self.activation = activation
         self.negative_slope = float(negative_slope)
+        self.backend = backend
+
+    @classmethod
+    def from_quantized(cls, layer: mlx_nn.QuantizedLinear,
+                       backend: str = "auto") -> "QuantizedLinear":
+        """A metile.nn.QuantizedLinear holding `layer`'s own packed weight, scales,
+        biases and bias (no copy), its frozen parameters and its training mode."""
+        out_dims, packed = layer.weight.shape
+        new = cls(packed * 32 // layer.bits, out_dims, bias="bias" in layer,
+                  group_size=layer.group_size, bits=layer.bits, mode=layer.mode, backend=backend)
+        # the fresh layer's lazy random weights are replaced here, so never computed
+        for name in ("weight", "scales", "biases", "bias"):
+            if name in layer:
+                new[name] = layer[name]
+        new._no_grad = set(layer._no_grad)
+        new._training = layer._training
+        return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = super().__call__(x)
+        # mlx.nn.QuantizedLinear.__call__ with metile's op (routed: MLX's op unless a
+        # measurement chose a kernel)
+        y = ops.quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
+                                 transpose=True, group_size=self.group_size, bits=self.bits,
+                                 mode=self.mode, backend=self.backend)
+        if "bias" in self:
+            y = y + self["bias"]
+        if self.activation is None:
+            return y
         return ops.activate(y.astype(mx.float32), self.activation,
                             self.negative_slope).astype(y.dtype)
 
     def _extra_repr(self) -> str:
-        return f"{super()._extra_repr()}, activation={self.activation}"
+        return f"{super()._extra_repr()}, activation={self.activation}, backend={self.backend}"
+
+
+def _why_not_quantized(path: str, module, predicate) -> str | None:
+    """None if `module` (an mlx.nn.QuantizedLinear) should become metile's."""
+    if isinstance(module, QuantizedLinear):
+        return "already a metile.nn.QuantizedLinear"
+    if type(module) is not mlx_nn.QuantizedLinear:
+        return (f"{type(module).__name__} subclasses mlx.nn.QuantizedLinear; its own __call__ "
+                f"may compute something else")
+    if module.mode != "affine" or module.bits not in (4, 8):
+        return (f"mode={module.mode!r}, bits={module.bits}: metile's quantized kernels take "
+                f"affine 4- and 8-bit weights")
+    if predicate is not None and not predicate(path, module):
+        return "class_predicate returned False"
+    return None
 
 
 # -- converting an existing model -----------------------------------------------------------------
@@ -165,8 +208,8 @@ def _why_not(path: str, module, predicate) -> str | None:
     if isinstance(module, Linear):
         return "already a metile.nn.Linear"
     if isinstance(module, mlx_nn.QuantizedLinear):
-        return ("quantized (mlx.nn.QuantizedLinear): its weight is packed integers, and metile's "
-                "GEMM takes float weights")
+        return ("quantized (mlx.nn.QuantizedLinear): becomes a metile.nn.QuantizedLinear; a "
+                "following activation stays its own module")
     if not isinstance(module, mlx_nn.Linear):
         return f"not an mlx.nn.Linear ({type(module).__name__})"
     if type(module) is not mlx_nn.Linear:
@@ -218,6 +261,14 @@ def _convert(container, prefix, backend, predicate, report):
         if nn_norms.is_norm(child):
             nn_norms.swap_norm(parent, key, path, child, backend, predicate, report)
             continue
+        if isinstance(child, mlx_nn.QuantizedLinear):
+            why = _why_not_quantized(path, child, predicate)
+            if why is None:
+                parent[key] = QuantizedLinear.from_quantized(child, backend)
+                report.converted[path] = repr(parent[key])
+            elif path not in report.skipped:
+                report.skipped[path] = why
+            continue
         why = _why_not(path, child, predicate)
         if why is None:
             activation, slope, act_path = None, ops.LEAKY_SLOPE, None
@@ -244,7 +295,10 @@ def convert(model: mlx_nn.Module, *, backend: str = "auto",
     that activation into its epilogue and the activation's slot becomes nn.Identity
     (it has no parameters, so parameters(), save_weights and load_weights keep their
     keys).  Each `mlx.nn.RMSNorm` and `mlx.nn.LayerNorm` becomes a `metile.nn.RMSNorm` /
-    `LayerNorm` holding the same arrays (nn_norms.py).  `class_predicate(path, module)`
+    `LayerNorm` holding the same arrays (nn_norms.py), and each affine 4-/8-bit
+    `mlx.nn.QuantizedLinear` (from `mlx.nn.quantize`) a `metile.nn.QuantizedLinear`
+    calling `metile.ops.quantized_matmul` on its packed weight, scales, biases and
+    bias.  `class_predicate(path, module)`
     returning False keeps a layer as it is.
     Returns a ConversionReport: what was converted or fused, and why every other
     leaf module was skipped."""
