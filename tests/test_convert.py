@@ -59,15 +59,15 @@ def tokens(rng):
 def test_report_names_what_was_converted_fused_and_skipped():
     _, model = twins(Block)
     report = mnn.convert(model)
-    assert sorted(report.converted) == ["gate.layers.0", "gate.layers.2", "k", "mlp.layers.0",
-                                        "mlp.layers.2", "norm", "o", "out", "q", "v"]
+    assert sorted(report.converted) == ["gate.layers.0", "gate.layers.2", "head", "k",
+                                        "mlp.layers.0", "mlp.layers.2", "norm", "o", "out", "q",
+                                        "v"]
     assert report.fused == {"mlp.layers.1": "mlp.layers.0", "gate.layers.1": "gate.layers.0"}
     assert report.skipped == {
         "embed": "not an mlx.nn.Linear (Embedding)",
         "gate.layers.3": "LeakyReLU(negative_slope=3.0) is fused only for slopes in [0, 1]; it "
-                         "runs as its own module",
-        "head": "quantized (mlx.nn.QuantizedLinear): its weight is packed integers, and metile's "
-                "GEMM takes float weights"}
+                         "runs as its own module"}
+    assert isinstance(model.head, mnn.QuantizedLinear)   # quantized_ops.py
     assert isinstance(model.mlp.layers[0], mnn.Linear)
     assert model.mlp.layers[0].activation == "gelu_tanh"
     assert model.gate.layers[0].activation == "leaky_relu"
