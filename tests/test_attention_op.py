@@ -136,6 +136,16 @@ def test_mixed_dtypes_promote_as_mlx(rng):
                                rtol=3e-4, atol=3e-5)
 
 
+def test_strided_and_empty_inputs(rng):
+    """A (B, L, H, D) projection viewed as (B, H, L, D) is read correctly (copied to
+    row-major); zero queries give an empty result of q's shape, as MLX's op."""
+    q, k, v = operands(rng, 1, 9, 12, 4, 2, 16)     # (B, L, H, D): 9 queries, 12 keys
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    check(q, k, v, mask="causal")
+    empty = sdpa(q[:, :, :0], k, v, scale=0.25, backend="metile")
+    assert empty.shape == (1, 4, 0, 16)
+
+
 # -- decode (split keys + combine) --------------------------------------------------------------
 
 @pytest.mark.parametrize("hq,hkv,lq,mask", [(2, 2, 1, None), (4, 1, 1, "causal"),
@@ -238,6 +248,13 @@ def test_bad_inputs(rng, change, error, message):
         q, k, v = (x.astype(mx.float16) for x in (q, k, v))
     with pytest.raises(error, match=message):
         sdpa(q, k, v, scale=0.25, **kw)
+
+
+def test_int32_offsets_limit():
+    q, k = mx.zeros((1, 1, 2**16, 16)), mx.zeros((1, 1, 2**15, 16))
+    mask = mx.broadcast_to(mx.array(True), (1, 1, 2**16, 2**15))    # lazy: never allocated
+    with pytest.raises(ValueError, match="int32 offsets"):
+        sdpa(q, k, k, scale=0.25, mask=mask, backend="metile")
 
 
 # -- CUDA emission ------------------------------------------------------------------------------

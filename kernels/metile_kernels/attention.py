@@ -34,10 +34,19 @@ kernels do the same with REMOVED (finite); keys past Lk (the ragged last block)
 are -inf and never count.  A row whose scores are all -inf (an additive mask of
 -inf everywhere) is 0/0 = NaN, as in MLX.
 
-Which lowering these get (see passes/gemm.py): a fused GEMM is one `dot`
-recurrence per kernel; these kernels have two products per loop iteration and
-loop-carried row statistics, so every dot takes the general tile lowering
-(operands staged in threadgroup memory, a float32 dot per output element).
+Which lowering these get (see passes/gemm.py): the fast GEMM lowering (staged
+fragments, tensor cores on CUDA, simdgroup_matrix on Metal) takes one `dot`
+recurrence per kernel.  These kernels have two products per loop iteration and
+loop-carried row statistics, so both dots take the general tile lowering: the
+operands are staged in threadgroup memory and each thread runs a scalar float32
+multiply-add loop over K for its output elements; the row maximum and sum are
+per-row loops.  The P·V product is written `acc * alpha + dot(p, v)`, not
+`dot(p, v, acc)`: the latter is a dot recurrence next to a second dot, which
+passes/gemm.py refuses ("a second matrix product") instead of lowering generally.
+GPU speed therefore rests on that general lowering (no matrix units), not on the
+kernel's structure; a lowering of this two-product loop onto fragments (S and P
+kept in accumulator registers, row reductions across a fragment's lanes) is what
+would make it competitive.  Tile sizes: metile.attention_ops.tiles.
 """
 
 import metile

@@ -359,12 +359,22 @@ def _run(q, k, v, scale, mask, config):
 
 # -- public -------------------------------------------------------------------------------------
 
+def _too_large(q, k, mask) -> bool:
+    # the kernels index with int32 element offsets
+    arrays = (q, k) + ((mask,) if isinstance(mask, mx.array) else ())
+    return any(x.size >= 2**31 for x in arrays)
+
+
 def scaled_dot_product_attention(q, k, v, *, scale, mask=None, backend: str = "auto"):
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
-    kernels (see the module docstring); differentiable in q, k, v (and an additive mask)."""
+    kernels (see the module docstring); differentiable in q, k, v (and an additive mask).
+    Empty inputs, and with backend="auto" inputs of 2**31 elements or more, run MLX's op."""
     _check(q, k, v, scale, mask)
+    if backend == "metile" and _too_large(q, k, mask):
+        raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
+                                f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
     config, _ = _route(q, k, v, scale, mask, backend)
-    if config is None or 0 in q.shape or k.shape[2] == 0:
+    if config is None or 0 in q.shape or k.shape[2] == 0 or _too_large(q, k, mask):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     return _run(q, k, v, scale, mask, config)
 
