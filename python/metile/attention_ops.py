@@ -274,9 +274,21 @@ def _fingerprints() -> dict:
                 kernels.attention_forward, kernels.attention_split, kernels.attention_combine))}
 
 
-def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
-    from .ops import _device_description
+@functools.lru_cache(maxsize=None)
+def _device_description(device_type: str) -> dict:
+    # as ops.py's (the same key parts), without importing ops, which re-exports this module
+    if device_type == "gpu":
+        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
+    else:
+        backend = "cpu"
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001  (the name only narrows the key)
+        name = ""
+    return {"type": device_type, "backend": backend, "name": str(name)}
 
+
+def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
     device_type = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     parts = {"op": "scaled_dot_product_attention",
              "dtype": str(q.dtype).removeprefix("mlx.core."), "batch": q.shape[0],
