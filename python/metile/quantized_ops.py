@@ -372,3 +372,15 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
         info["config"] = dict(config)
         info["execution_report"] = dispatch.execution_report.to_dict()
     return info
+
+
+def tune_quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
+                          bits=4, *, budget_s: float | None = None, force: bool = False,
+                          clock=None) -> dict:
+    """Measure (or, unless `force`, read the recorded) routing decision for this call's
+    signature now; returns it as a dict (winner, reason, timings in microseconds)."""
+    n, k = _check(x, w, scales, biases, transpose, group_size, bits, "affine", "metile")
+    x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
+    with routing.tuning_scope(budget_s, clock):
+        _, decision = _route(x2, scales, n, k, transpose, group_size, bits, "auto", force)
+    return decision.to_dict()

@@ -1,0 +1,268 @@
+"""metile.ops.quantized_matmul (quantized_ops.py, metile_kernels/quantized.py) on weights
+from mx.quantize, through the CPU runtime: against a float64 NumPy product with the
+dequantized weight (mx.dequantize, checked here against our own unpacking of the
+packed words) and against mx.quantized_matmul.
+
+Tolerances, as a fraction of the largest reference value: float32 1e-5 (float32
+accumulation over K <= 384); float16 2e-3 and bfloat16 1.6e-2: the output rounding
+(2^-11 / 2^-8 relative) plus, in the GEMM, the dequantized weight rounded to x's
+dtype before the matrix product (about the same again over random-signed terms).
+MLX's CPU kernels accumulate 16-bit inputs in lower precision, so the check against
+MLX allows MLX's own distance from the float64 product plus ours.  The CUDA emission
+of every kernel is compiled with NVRTC.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import metile
+from metile import nn as mnn
+from metile import ops, quantized_ops
+from metile.runtime import routing
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+TOL = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+
+
+def f64(a):
+    return np.array(a.astype(mx.float32), dtype=np.float64)
+
+
+def quantized(rng, shape, dtype, group_size, bits):
+    w = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+    return mx.quantize(w, group_size=group_size, bits=bits)
+
+
+def unpacked(wq, scales, biases, group_size, bits):
+    """The dequantized matrix from the packed words as documented in quantized.py:
+    element j of a row is bits [(j % per) * bits, ...) of word j // per, low first."""
+    words = np.array(wq).astype(np.uint64)
+    per = 32 // bits
+    q = np.stack([(words >> (bits * e)) & ((1 << bits) - 1) for e in range(per)], axis=-1)
+    q = q.reshape(words.shape[0], -1).astype(np.float64)
+    s = np.repeat(f64(scales), group_size, axis=1)
+    b = np.repeat(f64(biases), group_size, axis=1)
+    return s * q + b
+
+
+def check(y, x, wq, scales, biases, transpose, group_size, bits, dtype):
+    w = f64(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits))
+    x64 = f64(x)
+    ref = x64 @ (w.T if transpose else w)
+    mlx = f64(mx.quantized_matmul(x, wq, scales, biases, transpose=transpose,
+                                  group_size=group_size, bits=bits))
+    assert y.shape == tuple(ref.shape)
+    scale = max(np.abs(ref).max(), 1.0)
+    err = np.abs(f64(y) - ref).max() / scale
+    assert err <= TOL[dtype], f"error {err:.2e} of the largest value vs float64 > {TOL[dtype]}"
+    mlx_err = np.abs(mlx - ref).max() / scale
+    assert np.abs(f64(y) - mlx).max() / scale <= mlx_err + TOL[dtype]
+
+
+def test_packing_round_trips_through_mx_dequantize(rng):
+    for bits in (4, 8):
+        wq, s, b = quantized(rng, (5, 128), mx.float32, 32, bits)
+        np.testing.assert_allclose(unpacked(wq, s, b, 32, bits),
+                                   f64(mx.dequantize(wq, s, b, group_size=32, bits=bits)),
+                                   rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_transposed_decode_and_prefill(rng, bits, group_size, dtype):
+    n, k = 45, 3 * group_size          # N ragged against every tile, K three groups
+    wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
+    for rows in (1, 3, 17, 64):         # GEMV up to 8 rows, GEMM above
+        x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
+        y = ops.quantized_matmul(x, wq, s, b, True, group_size, bits, backend="metile")
+        assert y.dtype == dtype
+        check(y, x, wq, s, b, True, group_size, bits, dtype)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (8, 128), (4, 64)])
+def test_untransposed(rng, bits, group_size, dtype):
+    k, n = 37, 2 * group_size           # x @ W with W (K, N) quantized along N; K ragged
+    wq, s, b = quantized(rng, (k, n), dtype, group_size, bits)
+    for rows in (1, 3, 17):
+        x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
+        y = ops.quantized_matmul(x, wq, s, b, False, group_size, bits, backend="metile")
+        check(y, x, wq, s, b, False, group_size, bits, dtype)
+
+
+def test_leading_dims_and_mixed_dtypes(rng):
+    wq, s, b = quantized(rng, (40, 128), mx.float32, 64, 4)
+    for shape in [(128,), (2, 3, 128), (2, 5, 2, 128)]:
+        x = mx.array(rng.standard_normal(shape).astype(np.float32))
+        y = ops.quantized_matmul(x, wq, s, b, backend="metile")
+        assert y.shape == (*shape[:-1], 40)
+        ref = f64(x).reshape(-1, 128) @ unpacked(wq, s, b, 64, 4).T
+        np.testing.assert_allclose(f64(y).reshape(-1, 40), ref, rtol=1e-5, atol=1e-5)
+    # float16 x with float32 scales gives float32, as in MLX
+    x = mx.array(rng.standard_normal((3, 128)).astype(np.float32)).astype(mx.float16)
+    y = ops.quantized_matmul(x, wq, s, b, backend="metile")
+    assert y.dtype == mx.quantized_matmul(x, wq, s, b).dtype == mx.float32
+    check(y, x, wq, s, b, True, 64, 4, mx.float32)
+    empty = ops.quantized_matmul(mx.zeros((0, 128)), wq, s, b, backend="metile")
+    assert empty.shape == (0, 40)
+
+
+@pytest.mark.parametrize("rows", [2, 17])
+def test_gradients_match_mlx(rng, rows):
+    wq, s, b = quantized(rng, (24, 64), mx.float32, 32, 4)
+    x = mx.array(rng.standard_normal((rows, 64)).astype(np.float32))
+    cot = mx.array(rng.standard_normal((rows, 24)).astype(np.float32))
+
+    def loss(fn):
+        return lambda x, s, b: (fn(x, wq, s, b, True, 32, 4) * cot).sum()
+
+    mine = mx.grad(loss(lambda *a: ops.quantized_matmul(*a, backend="metile")),
+                   argnums=(0, 1, 2))(x, s, b)
+    theirs = mx.grad(loss(mx.quantized_matmul), argnums=(0, 1, 2))(x, s, b)
+    for name, a, e in zip(("x", "scales", "biases"), mine, theirs):
+        np.testing.assert_allclose(np.array(a), np.array(e), rtol=3e-4, atol=3e-4, err_msg=name)
+    # d/dx in float64: cot @ W
+    np.testing.assert_allclose(np.array(mine[0]), f64(cot) @ unpacked(wq, s, b, 32, 4),
+                               rtol=3e-4, atol=3e-5)
+
+
+def test_inside_compile(rng):
+    wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 4)
+    x = mx.array(rng.standard_normal((3, 128)).astype(np.float32)).astype(mx.float16)
+    f = mx.compile(lambda x: ops.quantized_matmul(x, wq, s, b, backend="metile") * 2)
+    check(f(x) / 2, x, wq, s, b, True, 64, 4, mx.float16)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+def test_auto_without_a_decision_is_mlx_then_measured(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    routing.clear_memory()
+    wq, s, b = quantized(rng, (40, 128), mx.float32, 64, 4)
+    x = mx.array(rng.standard_normal((2, 128)).astype(np.float32))
+    info = quantized_ops.explain_quantized_matmul(x, wq, s, b)
+    assert info["path"] == "mlx" and info["route"]["source"] == "cost_model"
+    assert mx.array_equal(ops.quantized_matmul(x, wq, s, b), mx.quantized_matmul(x, wq, s, b))
+    decision = quantized_ops.tune_quantized_matmul(x, wq, s, b, budget_s=0.02)
+    assert decision["source"] == "measured" and "mlx" in decision["timings_us"]
+    assert not decision["unusable"], decision["unusable"]     # every kernel validated
+    again = quantized_ops.explain_quantized_matmul(x, wq, s, b)
+    assert again["route"]["source"] == "cache" and again["route"]["winner"] == decision["winner"]
+    check(ops.quantized_matmul(x, wq, s, b), x, wq, s, b, True, 64, 4, mx.float32)
+    forced = quantized_ops.explain_quantized_matmul(x, wq, s, b, backend="metile")
+    assert forced["config"]["kernel"] == "matvec"
+    routing.clear_memory()
+
+
+def test_prefill_candidates_include_dequantize_then_gemm(rng):
+    wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 8)
+    x = mx.array(rng.standard_normal((20, 128)).astype(np.float32)).astype(mx.float16)
+    names = [c["kernel"] for c in quantized_ops.configs(32, mx.float16, True)]
+    assert names == ["gemm", "dequantize+gemm"]
+    y = quantized_ops._metile(x, wq, s, b, 40, 128, True, 64, 8, quantized_ops.DEQUANTIZE_GEMM)
+    check(y, x, wq, s, b, True, 64, 8, mx.float16)
+
+
+# -- bad inputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change,error,message", [
+    (lambda x, w, s, b: ((x, w, s, b), {"group_size": 64}), ValueError,
+     "96 elements, not a multiple of group_size=64"),
+    (lambda x, w, s, b: ((x, w, s, b), {"bits": 3}), ValueError,
+     "bits=3: metile's kernels take bits 4 and 8"),
+    (lambda x, w, s, b: ((x, w, s, b), {"mode": "mxfp4"}), ValueError,
+     "implement 'affine' quantization only"),
+    (lambda x, w, s, b: ((x[:, :64], w, s, b), {}), ValueError,
+     "x's last dimension is 64, but the quantized matrix has K=96"),
+    (lambda x, w, s, b: ((x, w, s, None), {}), ValueError, "biases must be provided"),
+    (lambda x, w, s, b: ((x.astype(mx.int32), w, s, b), {}), TypeError, "x has dtype"),
+    (lambda x, w, s, b: ((x, w.astype(mx.int32), s, b), {}), ValueError, "2-D uint32"),
+    (lambda x, w, s, b: ((x, w, s[:, :2], b[:, :2]), {}), ValueError,
+     r"needs scales and biases of shape \(8, 3\)"),
+    (lambda x, w, s, b: ((x, w, s, b), {"backend": "gpu"}), ValueError, "backend must be"),
+])
+def test_bad_inputs_are_refused_by_name(rng, change, error, message):
+    wq, s, b = quantized(rng, (8, 96), mx.float32, 32, 4)
+    x = mx.zeros((2, 96))
+    args, kw = change(x, wq, s, b)
+    kw = {"group_size": 32, "bits": 4, "backend": "metile", **kw}
+    with pytest.raises(error, match=message):
+        ops.quantized_matmul(*args, **kw)
+
+
+def test_settings_without_a_kernel_run_mlx_under_auto(rng):
+    w = mx.array(rng.standard_normal((8, 96)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=32, bits=3)
+    x = mx.array(rng.standard_normal((2, 96)).astype(np.float32))
+    expected = mx.quantized_matmul(x, wq, s, b, group_size=32, bits=3)
+    assert mx.array_equal(ops.quantized_matmul(x, wq, s, b, group_size=32, bits=3), expected)
+
+
+# -- nn.convert ---------------------------------------------------------------------------------
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.down = nn.Linear(96, 64, bias=False)
+        self.head = nn.Linear(64, 16)
+
+    def __call__(self, x):
+        return self.head(nn.silu(self.down(nn.relu(self.up(x)))))
+
+
+@pytest.mark.parametrize("backend", ["auto", "metile"])
+def test_convert_swaps_quantized_linear(rng, backend):
+    mx.random.seed(1)
+    model = Model()
+    nn.quantize(model, group_size=32, bits=4, class_predicate=lambda p, m: p != "head")
+    nn.quantize(model, group_size=64, bits=8, class_predicate=lambda p, m: p == "head")
+    x = mx.array(rng.standard_normal((3, 5, 64)).astype(np.float32))
+    expected = model(x)
+    report = mnn.convert(model, backend=backend)
+    assert sorted(report.converted) == ["down", "head", "up"]
+    assert isinstance(model.up, mnn.QuantizedLinear) and model.up.backend == backend
+    assert (model.head.bits, model.head.group_size) == (8, 64)
+    y = model(x)
+    if backend == "auto":   # no decision recorded: MLX's op, the same numbers
+        assert mx.array_equal(y, expected)
+    else:
+        np.testing.assert_allclose(np.array(y), np.array(expected), rtol=3e-4, atol=3e-5)
+    assert mnn.convert(model).skipped["up"] == "already a metile.nn.QuantizedLinear"
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+def test_cuda_emission_compiles_with_nvrtc():
+    from metile_kernels import quantized as kernels
+    x = mx.zeros((512, 4096), mx.float16)
+    for transpose in (True, False):
+        wq, s, b = mx.quantize(mx.zeros((256, 4096) if transpose else (4096, 256), mx.float16),
+                               group_size=64, bits=4)
+        for kind, config in (("matvec", quantized_ops.MATVEC if transpose else
+                              quantized_ops.MATVEC_N), ("gemm", quantized_ops.CUDA_GEMM)):
+            rows = 1 if kind == "matvec" else 512
+            meta = {k: v for k, v in config.items() if k != "kernel"}
+            if kind == "gemm":
+                d = kernels.quantized_matmul[kernels.matmul_grid(rows, 256, 128, 128)].prepare(
+                    x[:rows], wq, s, b, mx.zeros((rows, 256), mx.float16), rows, 256, 4096,
+                    BITS=4, GROUP=64, TRANSPOSE=transpose, backend="cuda", **meta)
+                info = d.variant.data["lowering"]["matmul"]
+                assert info["fragment"].startswith("mma.sync"), info["fragment"]
+            else:
+                kern = kernels.quantized_matvec if transpose else kernels.quantized_matvec_n
+                d = kern[kernels.matvec_grid(rows, 256, meta["BLOCK_N"])].prepare(
+                    x[:rows], wq, s, b, mx.zeros((rows, 256), mx.float16), rows, 256, 4096,
+                    BITS=4, GROUP=64, backend="cuda", **meta)
+            ok, log = compile_cuda(translation_unit(d), "sm_90")
+            assert ok, log
+    wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=64, bits=8)
+    d = kernels.dequantize[(1024,)].prepare(wq, s, b, mx.zeros((256, 4096), mx.float16), 256,
+                                            4096, BITS=8, GROUP=64, backend="cuda")
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log
