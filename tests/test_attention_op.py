@@ -12,7 +12,6 @@ is a few units of that dtype's rounding: float16 2e-3, bfloat16 1.6e-2 (relative
 values of order 1).  The CUDA emission of each kernel is compiled with NVRTC.
 """
 
-import math
 
 import mlx.core as mx
 import numpy as np
