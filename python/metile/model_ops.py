@@ -228,6 +228,11 @@ def _f32(a):
     return a.astype(mx.float32)
 
 
+def _primals(primals) -> tuple:
+    # a custom_function called with one array gives its vjp that array, not a 1-tuple
+    return tuple(primals) if isinstance(primals, (tuple, list)) else (primals,)
+
+
 def _rms_backward(x, w, g, eps):
     """(dx, dw) of y = x * rsqrt(mean(x^2) + eps) * w, float32; dw None without w."""
     r = mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps)
@@ -245,6 +250,7 @@ def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
+        primals = _primals(primals)
         x, w = primals[0], (primals[1] if has_weight else None)
         dx, dw = _rms_backward(_f32(x), None if w is None else _f32(w), _f32(cotangent), eps)
         return (dx.astype(x.dtype),) + (() if w is None else (dw.astype(w.dtype),))
@@ -263,6 +269,7 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
+        primals = _primals(primals)
         rest = list(primals[1:])
         w = rest.pop(0) if has_weight else None
         b = rest.pop(0) if has_bias else None
@@ -312,7 +319,7 @@ def _softmax_fn(cfg: tuple):
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
-        (x2,) = primals
+        (x2,) = _primals(primals)
         y = mx.softmax(_f32(x2), axis=-1)
         g = _f32(cotangent)
         return (y * (g - mx.sum(g * y, axis=-1, keepdims=True))).astype(x2.dtype)
@@ -335,6 +342,7 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
+        primals = _primals(primals)
         x2, offset, freqs = unpack(primals)
         # a rotation's transpose is the rotation by the negated angle
         dx = _launch_rope(cotangent.astype(x2.dtype), spec, offset, freqs, dict(cfg),

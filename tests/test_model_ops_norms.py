@@ -1,0 +1,511 @@
+"""metile.ops.rms_norm, layer_norm, add_rms_norm, softmax and rope (model_ops.py, kernels in
+metile_kernels/norms.py, softmax.py, rope.py) on the CPU runtime: against MLX's own op and a
+NumPy float64 reference, gradients against mx.grad of MLX's op, routing, bad inputs,
+nn.convert, and NVRTC compiles of each kernel's CUDA for sm_90.
+
+Tolerances (|out - ref| <= atol + rtol * |ref|):
+* float32: rtol 3e-4, atol 3e-5 against NumPy (the design's strict float32) and MLX.
+* float16: rtol = atol = 2e-3 (2 units in the last place of 2^-10): the kernel rounds once
+  from float32, MLX's op may round twice (x * r to float16, then * weight).
+* bfloat16: rtol = atol = 1.6e-2 (2 units of 2^-7), for the same reason.
+* gradients (float32): rtol 1e-4, atol 1e-5 of the largest gradient: different but
+  equivalent float32 formulas (MLX's own backward kernels vs the closed forms).
+The NumPy reference is computed from the same (rounded) inputs in float64.
+"""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import metile.nn as mnn
+from metile import model_ops, ops
+from metile.runtime import routing
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+TOL = {mx.float32: (3e-4, 3e-5), mx.float16: (2e-3, 2e-3), mx.bfloat16: (1.6e-2, 1.6e-2)}
+# rows 1, 3, 17, 130 and widths 1, 7, 64, 100, 4096; the 16-bit types take the two
+# shapes that exercise a ragged tail and the multi-SIMD-group reduction
+SHAPES = [(1, 1), (3, 7), (17, 100), (130, 64), (130, 4096)]
+CASES = [(mx.float32, s) for s in SHAPES] + [(d, s) for d in (mx.float16, mx.bfloat16)
+                                             for s in ((17, 100), (130, 4096))]
+IDS = [f"{str(d).split('.')[-1]}-{r}x{c}" for d, (r, c) in CASES]
+
+
+def f64(a):
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def close(out, ref, dtype, what=""):
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(f64(out) if isinstance(out, mx.array) else out, ref, rtol=rtol,
+                               atol=atol, err_msg=what)
+
+
+def arrays(rng, shape, dtype, scale=1.0, count=1):
+    return [mx.array((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
+            for _ in range(count)]
+
+
+def np_rms(x, w, eps):
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def np_layer(x, w, b, eps):
+    c = x - x.mean(axis=-1, keepdims=True)
+    y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+    y = y if w is None else y * w
+    return y if b is None else y + b
+
+
+def np_softmax(x, axis=-1):
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+
+def np_rope(x, dims, traditional, base, scale, offset, freqs=None):
+    b, t = x.shape[0], x.shape[-2]
+    off = np.broadcast_to(np.asarray(offset, np.float64).reshape(-1), (b,))
+    inv = 1.0 / np.asarray(freqs, np.float64) if freqs is not None else \
+        base ** (-np.arange(0, dims, 2) / dims)
+    pos = off.reshape((b,) + (1,) * (x.ndim - 2)) + np.arange(t).reshape((1,) * (x.ndim - 2) + (t,))
+    angle = (pos * scale)[..., None] * inv
+    c, s = np.cos(angle), np.sin(angle)
+    out = x.copy()
+    if traditional:
+        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+        out[..., 0:dims:2], out[..., 1:dims:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        h = dims // 2
+        x1, x2 = x[..., :h], x[..., h:dims]
+        out[..., :h], out[..., h:dims] = x1 * c - x2 * s, x1 * s + x2 * c
+    return out
+
+
+# -- forward: NumPy and MLX ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype,shape", CASES, ids=IDS)
+def test_rms_norm(rng, dtype, shape):
+    x, = arrays(rng, shape, dtype)
+    w, = arrays(rng, shape[-1:], dtype)
+    y = ops.rms_norm(x, w, 1e-5, backend="metile")
+    assert y.dtype == dtype and y.shape == x.shape
+    close(y, np_rms(f64(x), f64(w), 1e-5), dtype, "numpy")
+    close(y, f64(mx.fast.rms_norm(x, w, 1e-5)), dtype, "mlx")
+
+
+@pytest.mark.parametrize("dtype,shape", CASES, ids=IDS)
+def test_layer_norm(rng, dtype, shape):
+    x, = arrays(rng, shape, dtype, scale=3.0)
+    x = x + 2   # a mean far from zero: the centred variance must not cancel
+    w, b = arrays(rng, shape[-1:], dtype, count=2)
+    y = ops.layer_norm(x, w, b, 1e-5, backend="metile")
+    assert y.dtype == dtype
+    close(y, np_layer(f64(x), f64(w), f64(b), 1e-5), dtype, "numpy")
+    close(y, f64(mx.fast.layer_norm(x, w, b, 1e-5)), dtype, "mlx")
+
+
+@pytest.mark.parametrize("dtype,shape", CASES, ids=IDS)
+def test_add_rms_norm(rng, dtype, shape):
+    x, r = arrays(rng, shape, dtype, count=2)
+    w, = arrays(rng, shape[-1:], dtype)
+    h, y = ops.add_rms_norm(x, r, w, 1e-3, backend="metile")
+    # the sum of two values of one float type is exact in float64, so casting it rounds
+    # as the float type's own addition does; the norm is of that rounded sum
+    expected_h = f64(mx.array((f64(x) + f64(r)).astype(np.float32)).astype(dtype))
+    np.testing.assert_array_equal(f64(h), expected_h)
+    close(y, np_rms(expected_h, f64(w), 1e-3), dtype, "numpy")
+    mh = x + r
+    np.testing.assert_array_equal(f64(h), f64(mh))
+    close(y, f64(mx.fast.rms_norm(mh, w, 1e-3)), dtype, "mlx")
+
+
+@pytest.mark.parametrize("dtype,shape", CASES, ids=IDS)
+def test_softmax(rng, dtype, shape):
+    x, = arrays(rng, shape, dtype, scale=4.0)
+    y = ops.softmax(x, axis=-1, backend="metile")
+    assert y.dtype == dtype
+    close(y, np_softmax(f64(x)), dtype, "numpy")
+    close(y, f64(mx.softmax(x, axis=-1, precise=True)), dtype, "mlx precise")
+    if dtype == mx.float32:
+        close(y, f64(mx.softmax(x, axis=-1)), dtype, "mlx")
+    else:
+        # MLX's CPU softmax with precise=False accumulates 16-bit rows in their own type
+        # (3% off at 4096 columns); the kernel accumulates in float32 (MLX's precise=True)
+        np.testing.assert_allclose(f64(y), f64(mx.softmax(x, axis=-1)), rtol=5e-2, atol=5e-2)
+
+
+def test_norms_without_weight_or_bias_and_other_eps(rng):
+    x, = arrays(rng, (17, 100), mx.float32)
+    w, b = arrays(rng, (100,), mx.float32, count=2)
+    for eps in (1e-6, 0.5):
+        close(ops.rms_norm(x, None, eps, backend="metile"), np_rms(f64(x), None, eps), mx.float32)
+        close(mx.fast.rms_norm(x, None, eps), np_rms(f64(x), None, eps), mx.float32)
+        for wi, bi in ((None, None), (w, None), (None, b)):
+            y = ops.layer_norm(x, wi, bi, eps, backend="metile")
+            ref = np_layer(f64(x), None if wi is None else f64(wi), None if bi is None else f64(bi),
+                           eps)
+            close(y, ref, mx.float32)
+            close(y, f64(mx.fast.layer_norm(x, wi, bi, eps)), mx.float32)
+        h, y = ops.add_rms_norm(x, w[None, :] * x, None, eps, backend="metile")
+        close(y, np_rms(f64(h), None, eps), mx.float32)
+
+
+def test_leading_dims_and_mixed_dtypes_follow_mlx(rng):
+    x, = arrays(rng, (2, 3, 5, 64), mx.float16)
+    w32, = arrays(rng, (64,), mx.float32)
+    y = ops.rms_norm(x, w32, 1e-5, backend="metile")
+    assert y.shape == x.shape and y.dtype == mx.fast.rms_norm(x, w32, 1e-5).dtype == mx.float32
+    close(y, np_rms(f64(x), f64(w32), 1e-5), mx.float32)
+    y = ops.layer_norm(x, w32, None, 1e-5, backend="metile")
+    assert y.dtype == mx.float32
+    close(y, np_layer(f64(x), f64(w32), None, 1e-5), mx.float32)
+    # a non-contiguous view is read as MLX gives it
+    xt = mx.transpose(x, (0, 2, 1, 3))
+    close(ops.rms_norm(xt, None, 1e-5, backend="metile"), np_rms(f64(xt), None, 1e-5), mx.float16)
+
+
+def test_softmax_edge_values(rng):
+    inf = float("inf")
+    x = np.array([[-inf, -inf, -inf, -inf, -inf],           # MLX: NaN everywhere
+                  [1.0, -inf, 2.0, 3.0, -inf],
+                  [1e4, 1e4 - 1, -1e4, 0.0, 1e4],          # exp would overflow without max
+                  [3e38, 1e38, -3e38, 0.0, 2.9e38]], np.float32)
+    y = np.array(ops.softmax(mx.array(x), backend="metile"))
+    m = np.array(mx.softmax(mx.array(x), axis=-1))
+    assert np.isnan(y[0]).all() and np.isnan(m[0]).all()
+    np.testing.assert_allclose(y[1:], np_softmax(x[1:].astype(np.float64)), rtol=3e-4, atol=3e-5)
+    np.testing.assert_allclose(y[1:], m[1:], rtol=3e-4, atol=3e-5)
+    assert y[1, 1] == 0 and y[1, 4] == 0
+    h = mx.array(x[1:3]).astype(mx.float16)
+    close(ops.softmax(h, backend="metile"), f64(mx.softmax(h, axis=-1)), mx.float16)
+
+
+@pytest.mark.parametrize("axis", [0, 1, (0, 2), None, -2])
+def test_softmax_other_axes(rng, axis):
+    x, = arrays(rng, (3, 17, 5), mx.float32, scale=3.0)
+    y = ops.softmax(x, axis=axis, backend="metile")
+    np_axis = tuple(range(3)) if axis is None else axis
+    close(y, np_softmax(f64(x), axis=np_axis), mx.float32)
+    close(y, f64(mx.softmax(x, axis=axis if not isinstance(axis, tuple) else list(axis))),
+          mx.float32)
+
+
+ROPE_CASES = [  # shape, dims, traditional, base, scale, offset kind
+    ((2, 3, 5, 64), 64, False, 10000.0, 1.0, "int"),
+    ((2, 3, 5, 64), 64, True, 10000.0, 1.0, "int"),
+    ((2, 3, 5, 64), 32, False, 500000.0, 0.25, "array"),
+    ((2, 3, 5, 64), 32, True, 10000.0, 2.0, "per_batch"),
+    ((3, 7, 100), 20, False, 10000.0, 1.0, "per_batch"),
+    ((1, 1, 9, 6), 4, True, 100.0, 1.0, "int"),
+]
+
+
+def rope_offset(kind, batch):
+    if kind == "int":
+        return 11, 11
+    if kind == "array":
+        return mx.array(4, mx.int32), 4
+    values = np.arange(batch) * 7 + 2
+    return mx.array(values.astype(np.int32)), values
+
+
+@pytest.mark.parametrize("shape,dims,traditional,base,scale,kind", ROPE_CASES)
+def test_rope(rng, shape, dims, traditional, base, scale, kind):
+    x, = arrays(rng, shape, mx.float32)
+    offset, np_offset = rope_offset(kind, shape[0])
+    kw = dict(traditional=traditional, base=base, scale=scale, offset=offset)
+    y = ops.rope(x, dims, backend="metile", **kw)
+    ref = np_rope(f64(x), dims, traditional, base, scale, np_offset)
+    # the angle is computed in float32: (offset + t) * scale * inv_freq for positions up to
+    # ~30 carries an absolute error near 1e-5, against which the design's 3e-5 is too tight
+    np.testing.assert_allclose(f64(y), ref, rtol=3e-4, atol=1e-4)
+    np.testing.assert_allclose(f64(y), f64(mx.fast.rope(x, dims, **kw)), rtol=3e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_rope_16_bit_and_freqs(rng, dtype):
+    x, = arrays(rng, (2, 4, 6, 64), dtype)
+    freqs = mx.array(rng.uniform(1.0, 50.0, 16).astype(np.float32))
+    kw = dict(traditional=False, base=None, scale=1.0, offset=3, freqs=freqs)
+    y = ops.rope(x, 32, backend="metile", **kw)
+    assert y.dtype == dtype
+    close(y, np_rope(f64(x), 32, False, None, 1.0, 3, np.array(freqs)), dtype)
+    close(y, f64(mx.fast.rope(x, 32, **kw)), dtype)
+    kw = dict(traditional=True, base=10000.0, scale=0.5, offset=mx.array([1, 9], mx.int32))
+    close(ops.rope(x, 64, backend="metile", **kw), f64(mx.fast.rope(x, 64, **kw)), dtype)
+
+
+# -- gradients ---------------------------------------------------------------------------------
+
+def grads_close(ours, theirs):
+    for a, b in zip(ours, theirs):
+        scale = max(float(np.abs(np.array(b)).max()), 1e-30)
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-5 * scale)
+
+
+def weighted(fn, cot):
+    return lambda *args: (fn(*args) * cot).sum()
+
+
+@pytest.mark.parametrize("shape", [(3, 7), (17, 100)])
+def test_gradients_match_mlx(rng, shape):
+    x, r = arrays(rng, shape, mx.float32, count=2)
+    w, b = arrays(rng, shape[-1:], mx.float32, count=2)
+    cot, = arrays(rng, shape, mx.float32)
+    pairs = [
+        (lambda a, ww: ops.rms_norm(a, ww, 1e-5, backend="metile"),
+         lambda a, ww: mx.fast.rms_norm(a, ww, 1e-5), (x, w)),
+        (lambda a: ops.rms_norm(a, None, 1e-5, backend="metile"),
+         lambda a: mx.fast.rms_norm(a, None, 1e-5), (x,)),
+        (lambda a, ww, bb: ops.layer_norm(a, ww, bb, 1e-5, backend="metile"),
+         lambda a, ww, bb: mx.fast.layer_norm(a, ww, bb, 1e-5), (x, w, b)),
+        (lambda a, bb: ops.layer_norm(a, None, bb, 1e-5, backend="metile"),
+         lambda a, bb: mx.fast.layer_norm(a, None, bb, 1e-5), (x, b)),
+        (lambda a: ops.softmax(a, axis=-1, backend="metile"),
+         lambda a: mx.softmax(a, axis=-1), (x,)),
+        (lambda a: ops.softmax(a, axis=0, backend="metile"),
+         lambda a: mx.softmax(a, axis=0), (x,)),
+    ]
+    for ours, theirs, args in pairs:
+        argnums = tuple(range(len(args)))
+        grads_close(mx.grad(weighted(ours, cot), argnums=argnums)(*args),
+                    mx.grad(weighted(theirs, cot), argnums=argnums)(*args))
+
+    def fused(a, res, ww):   # both outputs feed the loss
+        h, y = ops.add_rms_norm(a, res, ww, 1e-5, backend="metile")
+        return (h * cot).sum() + (y * cot * cot).sum()
+
+    def composite(a, res, ww):
+        h = a + res
+        return (h * cot).sum() + (mx.fast.rms_norm(h, ww, 1e-5) * cot * cot).sum()
+
+    grads_close(mx.grad(fused, argnums=(0, 1, 2))(x, r, w),
+                mx.grad(composite, argnums=(0, 1, 2))(x, r, w))
+
+
+@pytest.mark.parametrize("traditional,kind", [(False, "int"), (True, "per_batch")])
+def test_rope_gradient_matches_mlx(rng, traditional, kind):
+    x, cot = arrays(rng, (2, 3, 5, 64), mx.float32, count=2)
+    offset, _ = rope_offset(kind, 2)
+    kw = dict(traditional=traditional, base=10000.0, scale=0.5, offset=offset)
+    grads_close([mx.grad(weighted(lambda a: ops.rope(a, 48, backend="metile", **kw), cot))(x)],
+                [mx.grad(weighted(lambda a: mx.fast.rope(a, 48, **kw), cot))(x)])
+
+
+def test_ops_inside_compile(rng):
+    x, r = arrays(rng, (3, 5, 64), mx.float32, count=2)
+    w, = arrays(rng, (64,), mx.float32)
+
+    def block(a, res, ww):
+        h, y = ops.add_rms_norm(a, res, ww, 1e-5, backend="metile")
+        q = ops.rope(y, 32, traditional=False, base=1e4, scale=1.0, offset=2, backend="metile")
+        return ops.softmax(q @ q.swapaxes(-1, -2), backend="metile") + h.sum()
+
+    def reference(a, res, ww):
+        h = a + res
+        q = mx.fast.rope(mx.fast.rms_norm(h, ww, 1e-5), 32, traditional=False, base=1e4,
+                         scale=1.0, offset=2)
+        return mx.softmax(q @ q.swapaxes(-1, -2), axis=-1) + h.sum()
+
+    np.testing.assert_allclose(np.array(mx.compile(block)(x, r, w)), np.array(reference(x, r, w)),
+                               rtol=3e-4, atol=1e-4)
+
+
+# -- routing ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def routes(monkeypatch, tmp_path):
+    """The routing decisions taken, with a fresh decision cache."""
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    routing.clear_memory()
+    model_ops._keys.clear()
+    taken = []
+    original = model_ops._route
+
+    def spy(*args, **kwargs):
+        route = original(*args, **kwargs)
+        taken.append(route)
+        return route
+
+    monkeypatch.setattr(model_ops, "_route", spy)
+    yield taken
+    routing.clear_memory()
+    model_ops._keys.clear()
+
+
+def test_backends_each_run_and_auto_defaults_to_mlx(rng, routes):
+    x, = arrays(rng, (3, 7, 100), mx.float32)
+    w, = arrays(rng, (100,), mx.float32)
+    ref = np_rms(f64(x), f64(w), 1e-5)
+    for backend, path, source in (("mlx", "mlx", "requested"), ("metile", "metile", "requested"),
+                                  ("auto", "mlx", "cost_model")):
+        close(ops.rms_norm(x, w, 1e-5, backend=backend), ref, mx.float32)
+        assert (routes[-1].path, routes[-1].decision.source) == (path, source)
+    assert "cost model (no measurement recorded)" in routes[-1].decision.reason
+    for backend in ("mlx", "metile", "auto"):
+        close(ops.softmax(x, backend=backend), np_softmax(f64(x)), mx.float32)
+        close(ops.layer_norm(x, w, None, 1e-5, backend=backend), np_layer(f64(x), f64(w), None,
+                                                                          1e-5), mx.float32)
+        h, y = ops.add_rms_norm(x, x, w, 1e-5, backend=backend)
+        close(y, np_rms(2 * f64(x), f64(w), 1e-5), mx.float32)
+        close(ops.rope(x, 100, traditional=False, base=1e4, scale=1.0, offset=1, backend=backend),
+              np_rope(f64(x), 100, False, 1e4, 1.0, 1), mx.float32)
+
+
+def test_auto_runs_the_kernel_a_recorded_measurement_chose(rng, routes):
+    x, = arrays(rng, (17, 100), mx.float32, scale=2.0)
+    rows, columns = 17, 100
+    key, parts = model_ops._signature("softmax", ("float32",), rows, columns, ())
+    winner = model_ops._config_name(model_ops.configs("softmax", columns)[0])
+    routing.record(key, {"format": routing.tuning.FORMAT, "key": key, "winner": winner,
+                         "reason": "test", "timings": {"mlx": 2e-6, winner: 1e-6},
+                         "parts": parts})
+    close(ops.softmax(x), np_softmax(f64(x)), mx.float32)
+    assert routes[-1].path == "metile" and routes[-1].decision.source == "cache"
+
+
+def test_measuring_records_a_decision(rng, routes):
+    x, = arrays(rng, (3, 64), mx.float32)
+    with ops.tuning(budget_s=0.01):
+        close(ops.rms_norm(x, None, 1e-5), np_rms(f64(x), None, 1e-5), mx.float32)
+    measured = routes[-1].decision
+    assert measured.source == "measured" and set(measured.timings) >= {"mlx"}
+    assert not measured.unusable   # every kernel configuration passed validation
+    ops.rms_norm(x, None, 1e-5)
+    assert routes[-1].decision.source == "cache" and routes[-1].decision.winner == measured.winner
+
+
+# -- bad inputs ---------------------------------------------------------------------------------
+
+def test_bad_inputs_give_clear_errors():
+    x = mx.zeros((3, 8))
+    with pytest.raises(ValueError, match=r"\[metile.ops.rms_norm\] weight has shape \(4,\); "
+                                         r"expected \(8,\)"):
+        ops.rms_norm(x, mx.ones((4,)), 1e-5)
+    with pytest.raises(ValueError, match=r"\[metile.ops.layer_norm\] bias has shape \(8, 1\)"):
+        ops.layer_norm(x, None, mx.ones((8, 1)), 1e-5)
+    with pytest.raises(ValueError, match=r"residual has shape \(3, 4\); expected x's shape"):
+        ops.add_rms_norm(x, mx.zeros((3, 4)), None, 1e-5)
+    with pytest.raises(TypeError, match=r"eps must be a finite number"):
+        ops.rms_norm(x, None, "1e-5")
+    with pytest.raises(TypeError, match=r"x has dtype mlx.core.int32; expected a floating"):
+        ops.rms_norm(x.astype(mx.int32), None, 1e-5)
+    with pytest.raises(ValueError, match=r"axis 2 is out of range for x of shape \(3, 8\)"):
+        ops.softmax(x, axis=2)
+    with pytest.raises(ValueError, match=r"axis \(1, -1\) repeats an axis"):
+        ops.softmax(x, axis=(1, -1))
+    with pytest.raises(ValueError, match=r"backend must be 'auto', 'metile' or 'mlx'"):
+        ops.softmax(x, backend="cuda")
+    with pytest.raises(ValueError, match=r"backend='metile' cannot run this call: rows of "
+                                         r"32769 elements are longer"):
+        ops.softmax(mx.zeros((1, model_ops.MAX_COLUMNS + 1)), backend="metile")
+    q = mx.zeros((1, 2, 3, 8))
+    with pytest.raises(ValueError, match=r"\[metile.ops.rope\] dims must be a positive even int"):
+        ops.rope(q, 7, traditional=False, base=1e4, scale=1.0, offset=0)
+    with pytest.raises(ValueError, match=r"dims 16 exceeds x's last axis 8"):
+        ops.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=0)
+    with pytest.raises(ValueError, match=r"at least 3 dimensions"):
+        ops.rope(mx.zeros((3, 8)), 8, traditional=False, base=1e4, scale=1.0, offset=0)
+    with pytest.raises(ValueError, match=r"exactly one of base and freqs"):
+        ops.rope(q, 8, traditional=False, base=None, scale=1.0, offset=0)
+    with pytest.raises(ValueError, match=r"a vector of 1 offsets \(one per batch entry\), got "
+                                         r"shape \(2,\)"):
+        ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array([1, 2]))
+    with pytest.raises(TypeError, match=r"offset must be an integer array"):
+        ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array(1.5))
+
+
+def test_too_wide_rows_fall_back_to_mlx_under_auto():
+    x = mx.ones((2, model_ops.MAX_COLUMNS + 1))
+    np.testing.assert_allclose(np.array(ops.softmax(x)), 1 / (model_ops.MAX_COLUMNS + 1),
+                               rtol=1e-6)
+
+
+# -- nn.convert -----------------------------------------------------------------------------------
+
+class Normed(nn.Module):
+    def __init__(self, dims=64):
+        super().__init__()
+        self.pre = nn.RMSNorm(dims, eps=1e-6)
+        self.proj = nn.Linear(dims, dims)
+        self.norms = [nn.LayerNorm(dims), nn.LayerNorm(dims, affine=False),
+                      nn.LayerNorm(dims, bias=False)]
+
+    def __call__(self, x):
+        h = self.proj(self.pre(x))
+        for n in self.norms:
+            h = n(h) + h
+        return h
+
+
+@pytest.mark.parametrize("backend", ["metile", "auto"])
+def test_convert_swaps_norms_and_keeps_the_numbers(rng, backend):
+    mx.random.seed(0)
+    reference, model = Normed(), Normed()
+    params = {"pre": {"weight": mx.array(rng.standard_normal(64).astype(np.float32))},
+              "norms": [{"weight": mx.array(rng.standard_normal(64).astype(np.float32)),
+                         "bias": mx.array(rng.standard_normal(64).astype(np.float32))}, {},
+                        {"weight": mx.array(rng.standard_normal(64).astype(np.float32))}]}
+    reference.update(params)
+    model.update(reference.parameters())
+    keys = [k for k, _ in tree_flatten(model.parameters())]
+    report = mnn.convert(model, backend=backend)
+    assert sorted(report.converted) == ["norms.0", "norms.1", "norms.2", "pre", "proj"]
+    assert isinstance(model.pre, mnn.RMSNorm) and model.pre.eps == 1e-6
+    assert isinstance(model.norms[1], mnn.LayerNorm) and "weight" not in model.norms[1]
+    assert "bias" not in model.norms[2] and model.norms[2].weight is reference.norms[2].weight
+    assert [k for k, _ in tree_flatten(model.parameters())] == keys
+    x, = arrays(rng, (2, 5, 64), mx.float32)
+    np.testing.assert_allclose(np.array(model(x)), np.array(reference(x)), rtol=3e-4, atol=1e-4)
+    again = mnn.convert(model)
+    assert again.converted == {} and again.skipped["pre"] == "already a metile.nn.RMSNorm"
+
+
+# -- CUDA emission --------------------------------------------------------------------------------
+
+needs_nvrtc = pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")
+
+
+def cuda_launches():
+    from metile_kernels import norms, rope, softmax
+    h = mx.zeros((4, 8192), mx.float16)
+    b = mx.zeros((4, 4096), mx.bfloat16)
+    v = mx.zeros((8192,), mx.float16)
+    q = mx.zeros((64, 128), mx.bfloat16)
+    return {
+        "rms_norm": lambda: norms.rms_norm[norms.grid(4)].prepare(
+            h, v, mx.zeros_like(h), 4, 8192, 1e-5, BLOCK=8192, num_warps=32, backend="cuda"),
+        "layer_norm": lambda: norms.layer_norm[norms.grid(4)].prepare(
+            b, b[0], b[0], mx.zeros_like(b), 4, 4096, 1e-5, BLOCK=4096, num_warps=16,
+            backend="cuda"),
+        "add_rms_norm": lambda: norms.add_rms_norm[norms.grid(4)].prepare(
+            h, h, v, mx.zeros_like(h), mx.zeros_like(h), 4, 8192, 1e-5, BLOCK=8192,
+            num_warps=32, backend="cuda"),
+        "softmax": lambda: softmax.softmax[softmax.grid(4)].prepare(
+            h, mx.zeros_like(h), 4, 8192, BLOCK=8192, num_warps=32, backend="cuda"),
+        "rope": lambda: rope.rope[rope.grid(64, 32)].prepare(
+            q, mx.zeros((2,), mx.int32), q, mx.zeros_like(q), 64, 16, 32, 128, 0, 1.0, 13.3,
+            DIMS=128, BLOCK=128, ROWS=32, OFFSET="per_batch", num_warps=16, backend="cuda"),
+        "rope_traditional_freqs": lambda: rope.rope[rope.grid(64, 32)].prepare(
+            q, q, mx.zeros((32,)), mx.zeros_like(q), 64, 16, 32, 128, 5, 1.0, 0.0,
+            DIMS=64, BLOCK=128, ROWS=32, TRADITIONAL=True, FREQS=True, num_warps=16,
+            backend="cuda"),
+    }
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", list(cuda_launches()))
+def test_cuda_emission_compiles_with_nvrtc(name):
+    dispatch = cuda_launches()[name]()
+    source = translation_unit(dispatch)
+    # the 2-D tile store is proven to cover the output: no written-mask in the kernel
+    assert "_written" not in source
+    ok, log = compile_cuda(source, "sm_90")
+    assert ok, log
+    assert math.isfinite(len(source))
