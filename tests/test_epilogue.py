@@ -226,10 +226,21 @@ REJECTED = [
     (reduction_epilogue, "a reduction of the accumulator is not a pointwise epilogue"),
     (control_flow_epilogue, "control flow in the epilogue"),
     (two_stores, "this kernel has several stores"),
-    (two_products, "a second matrix product (dot)"),
     (dimension_leaf, "dimension parameter 'K' used in the epilogue"),
     (early_narrowing, "the epilogue computes in float32 until the final conversion"),
 ]
+
+
+def test_second_product_takes_the_general_lowering(rng):
+    # A product of the accumulator (or attention's two products with `acc = dot(p, v, acc)`)
+    # is not one fused GEMM: the general tile lowering computes every product.
+    m, n, k = 16, 16, 24
+    a = mx.array(rng.standard_normal((m, k)).astype(np.float32))
+    b = mx.array(rng.standard_normal((k, n)).astype(np.float32))
+    d = two_products[(1, 1)].prepare(a, b, mx.zeros((m, n)), m, n, k)
+    assert "matmul" not in d.variant.data["lowering"]
+    A, B = np.array(a).astype(np.float64), np.array(b).astype(np.float64)
+    np.testing.assert_allclose(np.array(d()), (A @ B) @ B[:n, :], rtol=3e-4, atol=3e-4)
 
 
 def _marked_line(kernel) -> int:
@@ -248,3 +259,25 @@ def test_rejected_epilogues(kernel, message):
     assert "error: cannot lower the GEMM: " in str(err.value) and message in str(err.value)
     assert err.value.lineno == _marked_line(kernel)
     assert "metile/passes" not in str(err.value)  # the user's line, not compiler frames
+
+
+@metile.kernel
+def attention_like(Q, K, V, O, n, BLOCK: metile.constexpr, D: metile.constexpr):
+    r = metile.arange(0, BLOCK)
+    d = metile.arange(0, D)
+    q = metile.load(Q + r[:, None] * D + d[None, :])
+    acc = metile.zeros((BLOCK, D), dtype=metile.float32)
+    for s in metile.tile_range(0, n, BLOCK):
+        p = metile.dot(q, metile.load(K + (s + r)[None, :] * D + d[:, None]))
+        acc = metile.dot(p, metile.load(V + (s + r)[:, None] * D + d[None, :]), acc)
+    metile.store(O + r[:, None] * D + d[None, :], acc)
+
+
+def test_recurrence_next_to_a_second_product(rng):
+    # Triton's attention form: `acc = dot(p, v, acc)` with p itself a product in the loop.
+    q, k, v = (mx.array(rng.standard_normal(s).astype(np.float32))
+               for s in ((32, 16), (64, 16), (64, 16)))
+    out = attention_like[(1,)](q, k, v, mx.zeros((32, 16)), 64, BLOCK=32, D=16)
+    Q, K, V = (np.array(t).astype(np.float64) for t in (q, k, v))
+    ref = sum((Q @ K[s:s + 32].T) @ V[s:s + 32] for s in (0, 32))
+    np.testing.assert_allclose(np.array(out), ref, rtol=3e-4, atol=3e-4)

@@ -162,10 +162,10 @@ def find_gemm(fn: Function) -> GemmPattern | None:
     if not recurrences:
         return None
     dot, loop = recurrences[0]
-    for other in dots:
-        if other is not dot:
-            raise _reject("the kernel has a second matrix product (dot); a fused GEMM has one "
-                          "matrix recurrence", other)
+    if len(dots) > 1:
+        # Attention-like kernels (a product feeding another recurrence): not one fused GEMM;
+        # the general tile lowering computes every product, as for the `acc + dot` form.
+        return None
     if not any(op is loop for op in fn.body.ops):
         raise _reject("the K loop is nested inside control flow; it must be at the top level of "
                       "the kernel", loop)
