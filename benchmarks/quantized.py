@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import machine, write_report
-from metile import ops, quantized_ops
+from metile import quantized_ops
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
@@ -42,7 +42,7 @@ def sides(w, wq, scales, biases, group_size, bits, rows, dtype):
 
     n, k = w.shape
     fns = {}
-    for config in quantized_ops.configs(ops.m_bucket(rows), dtype, True):
+    for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True):
         def kernel(x, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
                                          config)
@@ -71,7 +71,7 @@ def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds) -> dict
     reference = fns["mlx"](x)
     for side, fn in fns.items():
         if side.startswith("metile"):
-            problem = ops._validate(fn(x), reference)
+            problem = quantized_ops._validate(fn(x), reference)
             if problem:
                 raise SystemExit(f"{side} differs from MLX for {name}: {problem}")
     for fn in fns.values():   # warm-up: compile, first launch

@@ -14,7 +14,7 @@ runs, as MLX does.  The kernels (kernels/metile_kernels/quantized.py):
 * more rows (prefill): a tiled GEMM that dequantizes the weight tile while staging
   it and multiplies on matrix units (`quantized_matmul`);
 * a routing candidate besides: `dequantize` into a temporary float weight, then
-  metile's dense GEMM (ops.linear / ops.matmul).
+  metile's dense GEMM (metile_kernels/gemm.py matmul_epilogue, the weight read as stored).
 
 Which path runs (`backend=`) follows ops.py: "mlx" MLX's op, "metile" the kernel
 chosen by row count, "auto" (the default) a metile kernel only where a recorded
@@ -58,10 +58,43 @@ DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
 DEQUANTIZE_BLOCK = 1024
 
 
-def _ops():
-    # ops.py imports this module at its end; the reverse import is made at call time
-    from . import ops
-    return ops
+# The dense GEMM of the dequantize-then-GEMM candidate (ops.BLOCK / ops.CUDA_BLOCK).
+DENSE_BLOCK = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}
+CUDA_DENSE_BLOCK = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_simdgroups": 8}
+
+
+# As ops.py's helpers (the same routing key parts and validation), written here: ops.py
+# re-exports this module, and importing it back would make an import cycle.
+
+def m_bucket(m: int) -> int:
+    """Rows rounded up to a power of two (ops.m_bucket)."""
+    return 1 if m <= 1 else 1 << (m - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_description(device_type: str) -> dict:
+    if device_type == "gpu":
+        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
+    else:
+        backend = "cpu"
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001  (the name only narrows the key)
+        name = ""
+    return {"type": device_type, "backend": backend, "name": str(name)}
+
+
+def _validate(out, reference):
+    """None if `out` agrees with MLX's result to the dtype's accumulation-order rounding."""
+    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
+    if out.shape != reference.shape or out.dtype != reference.dtype:
+        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
+    o, r = out.astype(mx.float32), reference.astype(mx.float32)
+    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
+        return "non-finite values where MLX has finite ones (or the reverse)"
+    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
+    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
+    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -174,10 +207,14 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     dense = kernels.dequantize[(math.ceil(rows * columns / DEQUANTIZE_BLOCK),)](
         w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
         GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK)
-    ops = _ops()
-    if transpose:   # a Linear weight (N, K): the GEMM reads it as stored
-        return ops.linear(x2, dense, backend="metile")
-    return ops.matmul(x2, dense, backend="metile")
+    from metile_kernels.gemm import grid, matmul_epilogue
+
+    block = CUDA_DENSE_BLOCK if x2.dtype != mx.float32 and _on_cuda() else DENSE_BLOCK
+    m = x2.shape[0]
+    # transposed: the (N, K) dense weight read as stored (TRANSPOSE_B), no copy
+    return matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])](
+        x2, dense, mx.zeros((m, n), x2.dtype), m, n, k, 1.0, 0.0, EPILOGUE="none",
+        TRANSPOSE_B=transpose, **block)
 
 
 def _differentiable(n, k, transpose, group_size, bits, config):
@@ -240,23 +277,22 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
 def _fingerprints() -> dict:
     from metile_kernels import quantized as kernels
 
+    from metile_kernels.gemm import matmul_epilogue
+
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
         kernels.quantized_matvec, kernels.quantized_matvec_n, kernels.quantized_matmul,
-        kernels.dequantize))
-    ops = _ops()
-    return {**ops._fingerprints(), "quantized_kernels": own,
-            "linear_kernel": ops._linear_fingerprint()}
+        kernels.dequantize, matmul_epilogue))
+    return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 
 
 def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
-    ops = _ops()
     device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
-    bucket = ops.m_bucket(m)
+    bucket = m_bucket(m)
     parts = {"op": "quantized_matmul", "dtype": str(dtype).removeprefix("mlx.core."),
              "scales_dtype": str(scales_dtype).removeprefix("mlx.core."), "m_bucket": bucket,
              "n": n, "k": k, "transpose": transpose, "group_size": group_size, "bits": bits,
-             "device": ops._device_description(device),
+             "device": _device_description(device),
              "candidates": [routing.REFERENCE] + [config_name(c)
                                                   for c in configs(bucket, dtype, transpose)],
              "environment": dict(routing.environment()), "toolchain": routing.tuning.toolchain(),
@@ -313,7 +349,7 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
         decision = routing.measure(
             key, parts, [routing.Candidate(routing.REFERENCE, reference)]
             + [routing.Candidate(config_name(c), kernel(c)) for c in candidates],
-            operands, _ops()._validate, budget_s=routing.budget(), clock=routing.scope_clock())
+            operands, _validate, budget_s=routing.budget(), clock=routing.scope_clock())
     else:
         decision = _cost_model()
     by_name = {config_name(c): c for c in candidates}
