@@ -49,12 +49,6 @@ MAX_COLUMNS = 32768
 MAX_ELEMENTS = 2**31 - 2**20
 
 
-def _ops():
-    # ops.py imports this module at its end; the reverse import is made at call time
-    from . import ops
-    return ops
-
-
 # -- argument checks ----------------------------------------------------------------------------
 
 def _check_x(op: str, x, min_ndim: int = 1):
@@ -374,19 +368,45 @@ def _kernel_fingerprint(op: str) -> str:
     return cache.source_fingerprint(fn.fn)
 
 
+# The key parts, validation and operands below are ops.py's, written again here: ops.py
+# re-exports this module, so importing it back would be an import cycle.
+
+def m_bucket(rows: int) -> int:
+    """Rows rounded up to a power of two (as ops.m_bucket)."""
+    return 1 if rows <= 1 else 1 << (rows - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_description(device_type: str) -> dict:
+    if device_type == "gpu":
+        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
+    else:
+        backend = "cpu"
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001  (the name only narrows the key)
+        name = ""
+    return {"type": device_type, "backend": backend, "name": str(name)}
+
+
+@functools.lru_cache(maxsize=1)
+def _compiler_fingerprint() -> str:
+    from .runtime import cache
+    return cache.compiler_fingerprint()
+
+
 def _signature(op: str, dtypes: tuple, rows: int, columns: int, flags: tuple):
     device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     env = routing.environment()
-    ops = _ops()
-    memo = (op, dtypes, ops.m_bucket(rows), columns, flags, device, env)
+    memo = (op, dtypes, m_bucket(rows), columns, flags, device, env)
     hit = _keys.get(memo)
     if hit is not None:
         return hit
-    parts = {"op": op, "dtypes": list(dtypes), "m_bucket": ops.m_bucket(rows), "columns": columns,
-             "flags": [list(f) for f in flags], "device": ops._device_description(device),
+    parts = {"op": op, "dtypes": list(dtypes), "m_bucket": m_bucket(rows), "columns": columns,
+             "flags": [list(f) for f in flags], "device": _device_description(device),
              "candidates": [routing.REFERENCE] + [_config_name(c) for c in configs(op, columns)],
              "environment": dict(env), "toolchain": routing.tuning.toolchain(),
-             "compiler": ops._fingerprints()["compiler"], "kernel": _kernel_fingerprint(op)}
+             "compiler": _compiler_fingerprint(), "kernel": _kernel_fingerprint(op)}
     hit = _keys[memo] = (routing.decision_key(parts), parts)
     return hit
 
@@ -431,8 +451,7 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
         decision = routing.from_entry(entry, path)
     elif routing.measuring_requested() and routing.can_evaluate(*(a for a in arrays if a is not None),
                                                                 *extra):
-        ops = _ops()
-        operands = ops._operands(shapes, arrays[0].dtype)
+        operands = _operands(shapes, arrays[0].dtype)
         candidates = [routing.Candidate(routing.REFERENCE, reference)] + [
             routing.Candidate(_config_name(c), kernel(c)) for c in configs(op, columns)]
         decision = routing.measure(key, parts, candidates, operands, _validate,
@@ -447,14 +466,36 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
     return _Route("metile", by_name[decision.winner], decision)
 
 
+def _validate_one(out, reference):
+    """None if `out` agrees with MLX's result to the dtype's rounding, relative to the
+    largest value."""
+    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
+    if out.shape != reference.shape or out.dtype != reference.dtype:
+        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
+    o, r = out.astype(mx.float32), reference.astype(mx.float32)
+    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
+        return "non-finite values where MLX has finite ones (or the reverse)"
+    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
+    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
+    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
+
+
 def _validate(out, reference):
     if isinstance(reference, (tuple, list)):
         for o, r in zip(out, reference):
-            problem = _ops()._validate(o, r)
+            problem = _validate_one(o, r)
             if problem:
                 return problem
         return None
-    return _ops()._validate(out, reference)
+    return _validate_one(out, reference)
+
+
+def _operands(shapes, dtype):
+    """Fresh operands for a measurement from a fixed key: the caller's arrays may be
+    traced, and the global random state must not move."""
+    keys = mx.random.split(mx.random.key(0), len(shapes))
+    return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
+            for i, s in enumerate(shapes)]
 
 
 # -- public ops ---------------------------------------------------------------------------------
