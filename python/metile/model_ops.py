@@ -206,6 +206,9 @@ def _launch_rope(x2, spec: _Rope, offset_array, freqs, cfg, scale=None):
     rows, columns = x2.shape
     cfg = dict(cfg)
     tile_rows = cfg.pop("ROWS")
+    if rows < tile_rows:   # a short call (a decoding step) gets a tile of its own size
+        tile_rows = m_bucket(rows)
+        cfg["num_warps"] = max(1, min(cfg["num_warps"], tile_rows * _block(columns) // 256))
     placeholder = offset_array if offset_array is not None else x2
     return kernels.rope[kernels.grid(rows, tile_rows)](
         x2, placeholder, x2 if freqs is None else freqs, mx.zeros((rows, columns), x2.dtype),
