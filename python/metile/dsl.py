@@ -11,5 +11,5 @@ from .runtime.kernel import Kernel, inline, kernel
 
 __all__ = ["kernel", "inline", "constexpr", "CompilationError", "LaunchError", "Kernel",
            "Dispatch", "DType", "float32", "float16", "bfloat16", "int32", "uint32", "bool_", "int1",
-           "int64", "uint64", "math",
+           "int64", "uint64", "math", "PropagateNan", "TRITON_MAX_TENSOR_NUMEL",
            *BUILTINS, *_random_all]

@@ -129,6 +129,8 @@ class CEmitter:
 
     def minmax(self, name, a, rt) -> str:
         cmp = ">" if name == "maximum" else "<"
+        if rt.dtype.is_float:  # fmax/fmin (Triton's PropagateNan.NONE): a NaN operand loses
+            return f"({a[0]} {cmp} {a[1]} || {a[1]} != {a[1]} ? {a[0]} : {a[1]})"
         return f"({a[0]} {cmp} {a[1]} ? {a[0]} : {a[1]})"
 
     def math(self, name: str, x: str, rt, y: str | None = None) -> str:

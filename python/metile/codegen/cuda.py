@@ -30,6 +30,14 @@ template <typename T> __device__ __forceinline__ T metile_warp_max(T v) {
 template <typename T> __device__ __forceinline__ T metile_warp_min(T v) {
   for (int o = 16; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; }
   return v;
+}
+template <typename T> __device__ __forceinline__ T metile_warp_or(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = v | __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T> __device__ __forceinline__ T metile_warp_xor(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = v ^ __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }"""
 
 
@@ -360,7 +368,8 @@ class CUDAEmitter(CEmitter):
                   "acos": "acosf({x})", "atan": "atanf({x})", "floor": "floorf({x})",
                   "ceil": "ceilf({x})", "pow": "powf({x}, {y})", "atan2": "atan2f({x}, {y})"}
     UMULHI = "__umulhi({x}, {y})"
-    SIMD_REDUCE = {"sum": "metile_warp_sum", "max": "metile_warp_max", "min": "metile_warp_min"}
+    SIMD_REDUCE = {"sum": "metile_warp_sum", "max": "metile_warp_max", "min": "metile_warp_min",
+                   "or": "metile_warp_or", "xor": "metile_warp_xor"}
     INFINITY = "cuda::std::numeric_limits<float>::infinity()"
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"

@@ -99,6 +99,14 @@ template <typename T> inline T metile_simd_max64(T v) {
 template <typename T> inline T metile_simd_min64(T v) {
   for (ushort o = 16; o > 0; o >>= 1) { const T w = metile_simd_xor64(v, o); v = w < v ? w : v; }
   return v;
+}
+template <typename T> inline T metile_simd_or64(T v) {
+  for (ushort o = 16; o > 0; o >>= 1) v |= metile_simd_xor64(v, o);
+  return v;
+}
+template <typename T> inline T metile_simd_xor64(T v) {
+  for (ushort o = 16; o > 0; o >>= 1) v ^= metile_simd_xor64(v, o);
+  return v;
 }"""
 
 
@@ -138,7 +146,8 @@ class MSLEmitter(CEmitter):
                   "ceil": "metal::ceil({x})", "pow": "metal::pow({x}, {y})",
                   "atan2": "metal::atan2({x}, {y})"}
     UMULHI = "metal::mulhi({x}, {y})"
-    SIMD_REDUCE = {"sum": "metal::simd_sum", "max": "metal::simd_max", "min": "metal::simd_min"}
+    SIMD_REDUCE = {"sum": "metal::simd_sum", "max": "metal::simd_max", "min": "metal::simd_min",
+                   "or": "metal::simd_or", "xor": "metal::simd_xor"}
     INFINITY = "metal::numeric_limits<float>::infinity()"
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"

@@ -59,6 +59,7 @@ def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False, de
     ctx = CompileContext()
     ctx.fragments = fragments
     ctx.debug = debug
+    ctx.relaxed_precision = constexprs.get("RELAXED_PRECISION") is True
     gen = Generator(src, builder, ctx, env)
     gen.visit_body(desugar(src, is_helper=False))
     out = Function(fn.__name__, params, body)

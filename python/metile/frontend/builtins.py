@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 
 from ..ir.core import Value
-from ..ir.types import PointerType, ScalarType, TileType
+from ..ir.types import PointerType, ScalarType, TileType, dtype_of
 from ..language import dtypes as dt
 from ..errors import CompilationError
 from .semantics import broadcast_shapes, describe, is_const
@@ -103,20 +103,50 @@ def arange(gen, start, end):
                        start=start, end=end)
 
 
-@builtin("pointer, mask=None, other=None, boundary_check=(), padding_option=''")
-def load(gen, pointer, mask, other, boundary_check, padding_option):
+@builtin("pointer, mask=None, other=None, boundary_check=(), padding_option='', "
+         "cache_modifier='', eviction_policy='', volatile=False")
+def load(gen, pointer, mask, other, boundary_check, padding_option, cache_modifier,
+         eviction_policy, volatile):
+    _memory_hints("load", cache_modifier, eviction_policy, volatile)
     if hasattr(pointer, "load_block"):  # a block pointer (frontend/block_pointers.py)
         return pointer.load_block(gen, mask, other, boundary_check, padding_option)
     _block_options(boundary_check, padding_option, "load")
     return gen.sem.load(pointer, mask=mask, other=other)
 
 
-@builtin("pointer, value, mask=None, boundary_check=()")
-def store(gen, pointer, value, mask, boundary_check):
+@builtin("pointer, value, mask=None, boundary_check=(), cache_modifier='', "
+         "eviction_policy=''")
+def store(gen, pointer, value, mask, boundary_check, cache_modifier, eviction_policy):
+    _memory_hints("store", cache_modifier, eviction_policy, False)
     if hasattr(pointer, "store_block"):
         return pointer.store_block(gen, value, mask, boundary_check)
     _block_options(boundary_check, "", "store")
     gen.sem.store(pointer, value, mask=mask)
+
+
+# Triton's cache and eviction hints (the strings its semantic.py accepts).  They are checked
+# and otherwise ignored: Metal has no per-access cache control, and metile's CUDA emission
+# issues plain loads and stores (what Triton does for the default hints).
+_CACHE_MODIFIERS = {"load": ("", ".ca", ".cg", ".cv"), "store": ("", ".wb", ".cg", ".cs", ".wt")}
+_EVICTION_POLICIES = ("", "evict_last", "evict_first")
+
+
+def _memory_hints(verb: str, cache_modifier, eviction_policy, volatile) -> None:
+    if cache_modifier is None:
+        cache_modifier = ""
+    if eviction_policy is None:
+        eviction_policy = ""
+    allowed = _CACHE_MODIFIERS[verb]
+    if cache_modifier not in allowed:
+        raise CompilationError(f"{verb}(): cache_modifier={cache_modifier!r} is not one of "
+                               f"Triton's {verb} cache modifiers "
+                               f"{', '.join(repr(c) for c in allowed[1:])}")
+    if eviction_policy not in _EVICTION_POLICIES:
+        raise CompilationError(f"{verb}(): eviction_policy={eviction_policy!r} is not one of "
+                               f"'evict_last', 'evict_first'")
+    if not isinstance(volatile, bool):
+        raise CompilationError(f"{verb}(): volatile= must be a constexpr bool, got "
+                               f"{describe(volatile)}")
 
 
 def _block_options(boundary_check, padding_option, verb: str) -> None:
@@ -148,14 +178,39 @@ def where(gen, condition, x, y):
     return gen.sem.where(condition, x, y)
 
 
-@builtin("x, y")
-def maximum(gen, x, y):
-    return gen.sem.binary("maximum", x, y)
+def _propagate_nan(value, what: str) -> bool:
+    """True for PropagateNan.ALL (a NaN operand gives NaN), False for NONE (the NaN loses)."""
+    from ..language.core import PropagateNan
+    if value is None or value is PropagateNan.NONE:
+        return False
+    if value is PropagateNan.ALL:
+        return True
+    raise CompilationError(f"{what} propagate_nan must be metile.PropagateNan.NONE or .ALL, "
+                           f"got {describe(value)}")
 
 
-@builtin("x, y")
-def minimum(gen, x, y):
-    return gen.sem.binary("minimum", x, y)
+def _nan_or(gen, r, *xs):
+    """`r`, except NaN where an operand of `xs` is NaN (float operands only)."""
+    if not isinstance(r, Value) or not dtype_of(r.type).is_float:
+        return r
+    for x in reversed(xs):
+        if isinstance(x, Value):
+            x = gen.sem.convert(x, dtype_of(r.type))
+            r = gen.sem.where(gen.sem.binary("ne", x, x), x, r)
+        elif isinstance(x, float) and x != x:
+            return gen.sem.binary("add", r, x)
+    return r
+
+
+def _min_max(name):
+    @builtin("x, y, propagate_nan=None", name)
+    def impl(gen, x, y, propagate_nan):
+        r = gen.sem.binary(name, x, y)
+        return _nan_or(gen, r, x, y) if _propagate_nan(propagate_nan, f"{name}()") else r
+
+
+for _name in ("maximum", "minimum"):
+    _min_max(_name)
 
 
 def _unary(name):
@@ -201,7 +256,9 @@ def fma(gen, x, y, z):
 
 @builtin("x, min, max, propagate_nan=None")
 def clamp(gen, x, min, max, propagate_nan):
-    return gen.sem.binary("minimum", gen.sem.binary("maximum", x, min), max)
+    r = gen.sem.binary("minimum", gen.sem.binary("maximum", x, min), max)
+    # Triton's ALL propagates a NaN of x only (a NaN bound leaves the result undefined)
+    return _nan_or(gen, r, x) if _propagate_nan(propagate_nan, "clamp()") else r
 
 
 @builtin("x, dtype")
@@ -226,14 +283,21 @@ def _reduction(kind):
         r = _keep_dims(gen, input, gen.sem.reduce(kind, input, axis), axis, keep_dims)
         if not return_indices:
             return r
-        if kind == "sum":
-            raise CompilationError("sum() has no return_indices (max() and min() do)")
         i = gen.sem.reduce("arg" + kind, input, axis, return_indices_tie_break_left)
         return r, _keep_dims(gen, input, i, axis, keep_dims)
 
 
-for _name in ("sum", "max", "min"):
+for _name in ("max", "min"):
     _reduction(_name)
+
+
+@builtin("input, axis=None, keep_dims=False, dtype=None, return_indices=False")
+def sum_(gen, input, axis, keep_dims, dtype, return_indices):
+    if return_indices:
+        raise CompilationError("sum() has no return_indices (max() and min() do)")
+    if dtype is not None:  # Triton casts the input, then sums in that dtype
+        input = gen.sem.cast(input, need_dtype(dtype, "sum() dtype"))
+    return _keep_dims(gen, input, gen.sem.reduce("sum", input, axis), axis, keep_dims)
 
 
 def _arg_reduction(kind):
@@ -380,8 +444,38 @@ def cdiv(gen, a, b):
     return sem.binary("idiv", sem.binary("sub", sem.binary("add", a, b), 1), b)
 
 
-@builtin("a, b, acc=None")
-def dot(gen, a, b, acc):
+# Triton's input_precision values.  Only float32 operands read them; metile's float32
+# products are IEEE unless the kernel takes RELAXED_PRECISION=True (a per-kernel policy), so
+# "tf32"-family values permit reduced precision without requiring it, as Triton on a device
+# without TF32 units, and "ieee" contradicts RELAXED_PRECISION=True.
+_INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee", "bf16x3", "bf16x6")
+
+
+@builtin("a, b, acc=None, input_precision=None, allow_tf32=None, max_num_imprecise_acc=None, "
+         "out_dtype='float32'")
+def dot(gen, a, b, acc, input_precision, allow_tf32, max_num_imprecise_acc, out_dtype):
+    if input_precision is not None and allow_tf32 is not None:
+        raise CompilationError("dot(): only one of input_precision= and allow_tf32= can be given")
+    if allow_tf32 is not None:
+        if not isinstance(allow_tf32, bool):
+            raise CompilationError(f"dot(): allow_tf32= must be a constexpr bool, got "
+                                   f"{describe(allow_tf32)}")
+        input_precision = "tf32" if allow_tf32 else "ieee"
+    if input_precision is not None and input_precision not in _INPUT_PRECISIONS:
+        raise CompilationError(f"dot(): input_precision={input_precision!r} is not one of "
+                               f"{', '.join(map(repr, _INPUT_PRECISIONS))}")
+    if input_precision == "ieee" and gen.ctx.relaxed_precision:
+        raise CompilationError("dot(): input_precision='ieee' (or allow_tf32=False) contradicts "
+                               "the kernel's RELAXED_PRECISION=True")
+    # fp8 operands only (Triton ignores it otherwise); metile has no fp8 types
+    if max_num_imprecise_acc is not None and (
+            isinstance(max_num_imprecise_acc, (bool, Value))
+            or not isinstance(max_num_imprecise_acc, int) or max_num_imprecise_acc < 0):
+        raise CompilationError(f"dot(): max_num_imprecise_acc= must be a constexpr int >= 0, got "
+                               f"{describe(max_num_imprecise_acc)}")
+    if need_dtype(out_dtype, "dot() out_dtype") != dt.float32:
+        raise CompilationError(f"dot(): out_dtype={dt.to_dtype(out_dtype)} is not built: metile "
+                               f"accumulates in float32 (cast the result)")
     return gen.sem.dot(a, b, acc)
 
 

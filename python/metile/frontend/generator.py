@@ -21,7 +21,7 @@ from ..language import dtypes as dt
 from ..language import unsupported
 from ..language.core import constexpr
 from .builtins import IMPLS, view_method
-from . import debug_ops, join_split, scans  # noqa: F401  (register their builtins into IMPLS)
+from . import debug_ops, join_split, reduce_ops, scans, shape_ops  # noqa: F401  (register their builtins into IMPLS)
 from .block_pointers import BlockPointer, TensorDescriptor
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -74,6 +74,7 @@ class CompileContext:
         self.depth = 0
         self.fragments = False  # simdgroup_inline: 8x8 block views are matrix fragments
         self.debug = False  # device_assert and runtime `assert` are checked (debug_ops.py)
+        self.relaxed_precision = False  # the kernel's RELAXED_PRECISION=True (dot())
 
 
 class _Return(Exception):

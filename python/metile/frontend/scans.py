@@ -13,6 +13,8 @@ of two no longer than SORT_MAX.
 
 from __future__ import annotations
 
+import inspect
+
 from ..errors import CompilationError
 from ..ir.core import Block, Builder, Value
 from ..ir.ops import CONTROL, ELEMENTWISE, SCALAR_SOURCES, TERMINATORS
@@ -54,7 +56,7 @@ def associative_scan(gen, input, axis, combine_fn, reverse):
         raise CompilationError(f"{what} combine_fn must be an @metile.inline function, got "
                                f"{describe(combine_fn)}")
     dtypes = [dtype_of(t.type) for t in tiles]
-    region = _combine_region(gen, combine_fn, dtypes)
+    region = combine_region(gen, combine_fn, dtypes, what)
     attrs = {"kind": "combine", "axis": axis}
     if reverse:
         attrs["reverse"] = True
@@ -62,10 +64,17 @@ def associative_scan(gen, input, axis, combine_fn, reverse):
     return op.results[0] if single else tuple(op.results)
 
 
-def _combine_region(gen, combine_fn, dtypes) -> Block:
-    """The combine function inlined on scalar block arguments, ending in `yield`."""
+def combine_region(gen, combine_fn, dtypes, what: str = "associative_scan()") -> Block:
+    """The combine function inlined on scalar block arguments, ending in `yield` (also
+    reduce()'s, frontend/reduce_ops.py)."""
     name = getattr(combine_fn, "__qualname__", "combine_fn")
     n = len(dtypes)
+    try:
+        inspect.signature(combine_fn).bind(*range(2 * n))
+    except (TypeError, ValueError):
+        raise CompilationError(f"{what}: combine_fn {name} must take {2 * n} arguments for "
+                               f"{n} input tile(s): the running value's {n}, then the next "
+                               f"element's {n}") from None
     region = Block()
     args = [region.add_arg(ScalarType(d), f"{side}{i}")
             for side in ("a", "b") for i, d in enumerate(dtypes)]
@@ -77,7 +86,7 @@ def _combine_region(gen, combine_fn, dtypes) -> Block:
         out = gen.inline_call(combine_fn, args, {})
         outs = out if isinstance(out, tuple) else (out,)
         if len(outs) != n:
-            raise CompilationError(f"associative_scan(): combine_fn {name} returns {len(outs)} "
+            raise CompilationError(f"{what}: combine_fn {name} returns {len(outs)} "
                                    f"value(s) for {n} input tile(s); it must return one per "
                                    f"input")
         ys = []
@@ -85,24 +94,24 @@ def _combine_region(gen, combine_fn, dtypes) -> Block:
             if not isinstance(y, Value):
                 y = gen.sem.convert(y, d) if isinstance(y, (bool, int, float)) else y
             if not isinstance(y, Value) or y.type != ScalarType(d):
-                raise CompilationError(f"associative_scan(): combine_fn {name} result {i} is "
+                raise CompilationError(f"{what}: combine_fn {name} result {i} is "
                                        f"{describe(y)}; it must be a {d} scalar like input {i} "
                                        f"(cast it)")
             ys.append(y)
         gen.b.op("yield", ys, [])
     finally:
         gen.b, gen.sem = saved_b, saved_sem
-    _check_combine(region, name)
+    _check_combine(region, name, what)
     return region
 
 
-def _check_combine(block: Block, name: str) -> None:
+def _check_combine(block: Block, name: str, what: str) -> None:
     for op in block.ops:
         if op.name not in _COMBINE_OPS or any(isinstance(r.type, TileType) for r in op.results):
-            raise CompilationError(f"associative_scan(): combine_fn {name} may only compute on "
+            raise CompilationError(f"{what}: combine_fn {name} may only compute on "
                                    f"its scalar arguments; it uses {op.name}", op.loc)
         for r in op.regions:
-            _check_combine(r, name)
+            _check_combine(r, name, what)
 
 
 @builtin("x, dim=None, descending=False")

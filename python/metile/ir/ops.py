@@ -14,9 +14,11 @@ Tile form (frontend output)
   store(p, value, [mask]){atomic?}      scalar or tile write; atomic=kind (add, max, min, xchg,
                                         cas, and, or, xor): atomic_<kind>, its result the old
                                         value (cas operands: p, value, compare)
-  reduce(t){kind, axis}                 sum|max|min|argmax|argmin; axis None -> scalar
+  reduce(t){kind, axis}                 sum|max|min|argmax|argmin|xor|or; axis None -> scalar
                                         (arg kinds: int32 index, ties -> smallest or
                                         {tie_break_left: False} largest)
+  reduce(t0..tn-1){kind="combine", axis} [combine(a0..an-1, b0..bn-1) -> yield(n)]
+                                        reduce(): n results, the region as associative_scan's
   scan(t){kind, axis, reverse}          inclusive prefix sum|prod along axis, same shape
   scan(t0..tn-1){kind="combine", axis, reverse} [combine(a0..an-1, b0..bn-1) -> yield(n)]
                                         associative_scan: n results; the region combines the
@@ -24,6 +26,8 @@ Tile form (frontend output)
   sort(t){descending?}                  sorted along the last axis (a power of two)
   join(a, b)                            result[..., 0] = a, result[..., 1] = b
   split(t){index}                       t[..., index] of a tile whose last axis is 2
+  flip(t){axis}                         t reversed along axis
+  cat(a, b)                             a then b along axis 0 (other extents equal)
   dot(a, b, acc)                        tile matrix product, fp32 accumulation
   shared_alloc{size}                    threadgroup pointer (root = its name)
   barrier
@@ -80,7 +84,7 @@ INT_ONLY = frozenset({"idiv", "mod", "shl", "shr", "umulhi"})
 ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
 TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
-                       "scan", "dot", "sort", "join", "split"})
+                       "scan", "dot", "sort", "join", "split", "flip", "cat"})
 CONTROL = frozenset({"for", "if", "while"})
 # Thread-form matrix fragments (see passes/lower_matmul.py): opaque per-SIMD-group
 # matrices whose lane ownership no pass or emitter depends on.
@@ -122,7 +126,7 @@ THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | DEBUG)
 
 # Reductions: identity element per kind, by dtype kind.
-REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin")
+REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin", "xor", "or", "combine")
 SCAN_KINDS = ("sum", "prod")
 
 # Metal 4 tensor ops (passes/gemm_tensor_ops.py; MSL, the tensor_ops and nax units only):

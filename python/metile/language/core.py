@@ -8,6 +8,8 @@ Python fails loudly instead of computing something else.
 
 from __future__ import annotations
 
+import enum
+
 
 class constexpr:
     """Annotation for a compile-time parameter (`BLOCK: metile.constexpr`).
@@ -39,10 +41,13 @@ _DOCS = {
     "program_id": "program_id(axis) -> int32: index of this program (threadgroup) along a grid axis.",
     "num_programs": "num_programs(axis) -> int32: number of programs along a grid axis.",
     "arange": "arange(start, end) -> int32 tile [start, end); both bounds constexpr.",
-    "load": "load(pointer, mask=None, other=None, boundary_check=(), padding_option=''): scalar or "
-            "tile load; masked-off lanes read `other` (0); a block pointer takes boundary_check=.",
-    "store": "store(pointer, value, mask=None, boundary_check=()): scalar or tile store; masked-off "
-             "lanes write nothing; a block pointer takes boundary_check=.",
+    "load": "load(pointer, mask=None, other=None, boundary_check=(), padding_option='', "
+            "cache_modifier='', eviction_policy='', volatile=False): scalar or tile load; "
+            "masked-off lanes read `other` (0); a block pointer takes boundary_check=. The "
+            "cache/eviction/volatile hints are checked and have no effect.",
+    "store": "store(pointer, value, mask=None, boundary_check=(), cache_modifier='', "
+             "eviction_policy=''): scalar or tile store; masked-off lanes write nothing; a block "
+             "pointer takes boundary_check=. The hints are checked and have no effect.",
     "atomic_add": "atomic_add(pointer, val, mask=None, sem=None, scope=None): adds val to device "
                   "memory atomically (float32, int32 or uint32 buffers); returns the old value.",
     "atomic_max": "atomic_max(pointer, val, mask=None, sem=None, scope=None): stores the larger; "
@@ -60,8 +65,10 @@ _DOCS = {
     "atomic_xor": "atomic_xor(pointer, val, mask=None, sem=None, scope=None): int32/uint32; "
                   "returns the old value.",
     "where": "where(condition, a, b): elementwise selection.",
-    "maximum": "maximum(a, b): elementwise maximum.",
-    "minimum": "minimum(a, b): elementwise minimum.",
+    "maximum": "maximum(a, b, propagate_nan=PropagateNan.NONE): elementwise maximum; NONE: a "
+               "NaN operand loses to the other, ALL: a NaN operand gives NaN.",
+    "minimum": "minimum(a, b, propagate_nan=PropagateNan.NONE): elementwise minimum (as "
+               "maximum).",
     "exp": "exp(x)", "exp2": "exp2(x)", "log": "log(x)", "sqrt": "sqrt(x)", "rsqrt": "rsqrt(x)",
     "abs": "abs(x)", "tanh": "tanh(x)", "sigmoid": "sigmoid(x) = 1 / (1 + exp(-x))", "erf": "erf(x)",
     "log2": "log2(x)", "sin": "sin(x)", "cos": "cos(x)", "tan": "tan(x)", "asin": "asin(x)",
@@ -73,9 +80,18 @@ _DOCS = {
     "sqrt_rn": "sqrt_rn(x): sqrt(x) (the backend's square root)",
     "fdiv": "fdiv(x, y, ieee_rounding=False): x / y", "div_rn": "div_rn(x, y): x / y",
     "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",
-    "clamp": "clamp(x, min, max) = minimum(maximum(x, min), max).",
+    "clamp": "clamp(x, min, max, propagate_nan=PropagateNan.NONE) = minimum(maximum(x, min), "
+             "max); ALL: a NaN x gives NaN.",
     "cast": "cast(x, dtype): explicit conversion (mixed operands also promote as in Triton).",
-    "sum": "sum(x, axis=None, keep_dims=False): reduction; None reduces every axis to a scalar.",
+    "sum": "sum(x, axis=None, keep_dims=False, dtype=None): reduction; None reduces every axis "
+           "to a scalar; dtype= casts the input first (floats accumulate in float32).",
+    "xor_sum": "xor_sum(x, axis=None, keep_dims=False): bitwise xor of integer (or bool) "
+               "elements.",
+    "reduce_or": "reduce_or(x, axis, keep_dims=False): bitwise or of integer (or bool) elements.",
+    "reduce": "reduce(input, axis, combine_fn, keep_dims=False): a reduction of a tile (or a "
+              "tuple of tiles of one shape) with an @metile.inline combine_fn(a..., b...) -> "
+              "one value per input, applied in order along the axis (axis=None: all elements, "
+              "row-major).",
     "max": "max(x, axis=None, return_indices=False, return_indices_tie_break_left=True, "
            "keep_dims=False): reduction; with return_indices, (values, argmax indices).",
     "min": "min(x, axis=None, return_indices=False, return_indices_tie_break_left=True, "
@@ -103,11 +119,22 @@ _DOCS = {
                "order under a new shape (one extent may be -1).",
     "view": "view(x, *shape): reshape (the row-major order is kept).",
     "zeros": "zeros(shape, dtype=float32): constant tile.",
+    "zeros_like": "zeros_like(x): zeros of x's shape and dtype.",
+    "flip": "flip(x, dim=None): x reversed along dim (None: the last axis).",
+    "ravel": "ravel(x, can_reorder=False): x as a 1-D tile in row-major order.",
+    "squeeze": "squeeze(x, dim): x without axis dim, which must have extent 1.",
+    "unsqueeze": "unsqueeze(x, dim): expand_dims(x, dim).",
+    "cat": "cat(a, b, can_reorder=False): a then b along axis 0 (the other extents equal).",
+    "broadcast": "broadcast(a, b): (a, b) broadcast to their common shape (dtypes kept).",
+    "swizzle2d": "swizzle2d(i, j, size_i, size_j, size_g): Triton's grouped (row-major within "
+                 "groups of size_g rows, column-major across them) renumbering of (i, j).",
     "expand_dims": "expand_dims(x, axis): a new axis of extent 1 (axis may be a tuple).",
     "broadcast_to": "broadcast_to(x, shape): NumPy broadcasting to `shape`.",
     "full": "full(shape, value, dtype=float32): constant tile.",
     "cdiv": "cdiv(a, b) = (a + b - 1) // b.",
-    "dot": "dot(a, b, acc=None): tile matrix product a[M,K] @ b[K,N] (+ acc), accumulated in float32.",
+    "dot": "dot(a, b, acc=None, input_precision=None, allow_tf32=None, "
+           "max_num_imprecise_acc=None, out_dtype=float32): tile matrix product a[M,K] @ b[K,N] "
+           "(+ acc), accumulated in float32.",
     # thread level
     "thread_id": "thread_id() -> int32: this thread's index within its program.",
     "num_threads": "num_threads() -> int32: threads per program (the lane geometry's size).",
@@ -169,4 +196,16 @@ _DOCS["next_power_of_2"] = next_power_of_2.__doc__
 
 BUILTINS = tuple(_DOCS)
 
-__all__ = ["constexpr", *BUILTINS]
+
+class PropagateNan(enum.Enum):
+    """Triton's NaN rule for maximum/minimum/clamp: NONE, a NaN operand loses to the other
+    (fmax); ALL, a NaN operand gives NaN."""
+    NONE = 0x0000
+    ALL = 0xFFFF
+
+
+# Triton's bound on a tensor's element count.  metile enforces none of its own: register tiles
+# may be larger, and tiles held in threadgroup memory are bounded by its size at compile time.
+TRITON_MAX_TENSOR_NUMEL = 1048576
+
+__all__ = ["constexpr", "PropagateNan", "TRITON_MAX_TENSOR_NUMEL", *BUILTINS]

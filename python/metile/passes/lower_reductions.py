@@ -25,7 +25,7 @@ Float reductions accumulate in float32 and round back to the operand dtype.
 from __future__ import annotations
 
 from ..ir.core import Block, Builder, Op, Value
-from ..ir.types import ScalarType, dtype_of
+from ..ir.types import ScalarType, TileType, dtype_of
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx
 
@@ -36,7 +36,7 @@ class ReductionLowering:
         return dt.float32 if d.is_float else d
 
     def _identity(self, b: Builder, kind: str, d: dt.DType) -> Value:
-        if kind == "sum":
+        if kind in ("sum", "xor", "or"):
             return self.const(b, 0.0 if d.is_float else 0, d)
         big = {"f": float("inf"), "i": 2**(d.bits - 1) - 1, "u": 2**d.bits - 1}[d.kind]
         if kind == "max":
@@ -44,7 +44,7 @@ class ReductionLowering:
         return self.const(b, big, d)
 
     def _combine(self, b: Builder, kind: str, a: Value, x: Value) -> Value:
-        name = {"sum": "add", "max": "maximum", "min": "minimum"}[kind]
+        name = {"sum": "add", "max": "maximum", "min": "minimum", "xor": "xor", "or": "or"}[kind]
         return b.value(name, [a, x], a.type)
 
     def _cast(self, b: Builder, v: Value, d: dt.DType) -> Value:
@@ -245,6 +245,55 @@ class ReductionLowering:
         b.op("for", [lo, hi, one], [], regions=[loop])
         return [self._cast(b, b.value("var_get", [], ScalarType(a_d), name=a), d)
                 for a, a_d, d in zip(accs, acc_ds, dtypes)]
+
+    def lower_combine_reduce(self, op: Op, b: Builder) -> None:
+        """reduce() with a combine region: scalar results are folded by every thread over the
+        whole operand (read from threadgroup memory); tile results element by element."""
+        if isinstance(op.results[0].type, TileType):
+            for r in op.results:
+                if self.place.kind[r.id] != "recompute":
+                    self.materialize(r, b)
+            return
+        xs = op.operands
+        shape = xs[0].type.shape
+
+        def element(bb, j):
+            at = Ctx(self, bb, shape, lin=j, identity=False)
+            return [self.elem(x, at) for x in xs]
+
+        for r, v in zip(op.results, self._fold_in_order(op, b, xs[0].type.numel, element)):
+            self.scalars[r.id] = v
+
+    def combine_values(self, op: Op, ctx: Ctx) -> list[Value]:
+        """reduce() along an axis: this element's line folded in order."""
+        xs, axis = op.operands, op.attrs["axis"]
+        shape = xs[0].type.shape
+
+        def element(bb, j):
+            coords = list(ctx.coords())
+            coords.insert(axis, j)
+            at = Ctx(self, bb, shape, coords=coords, identity=False)
+            return [self.elem(x, at) for x in xs]
+
+        return self._fold_in_order(op, ctx.b, shape[axis], element)
+
+    def _fold_in_order(self, op: Op, b: Builder, n: int, element) -> list[Value]:
+        """element(0) combined with element(1), ..., element(n - 1) through the region."""
+        dtypes = [dtype_of(x.type) for x in op.operands]
+        accs = [self.decl("var", d, prefix="_acc") for d in dtypes]
+        for acc, v in zip(accs, element(b, self.const(b, 0))):
+            b.op("var_set", [v], [], {"name": acc})
+        if n > 1:
+            loop = Block()
+            j = loop.add_arg(I32, "j")
+            lb = Builder(loop)
+            lb.loc = b.loc
+            cur = [lb.value("var_get", [], ScalarType(d), name=a) for a, d in zip(accs, dtypes)]
+            for acc, v in zip(accs, self.inline_region(op.regions[0], lb, cur + element(lb, j))):
+                lb.op("var_set", [v], [], {"name": acc})
+            b.op("for", [self.const(b, 1), self.const(b, n), self.const(b, 1)], [],
+                 regions=[loop])
+        return [b.value("var_get", [], ScalarType(d), name=a) for a, d in zip(accs, dtypes)]
 
     def inline_region(self, region: Block, b: Builder, args: list[Value]) -> list[Value]:
         """A combine region's scalar ops emitted into `b` on `args`; its yielded values."""

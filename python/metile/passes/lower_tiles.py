@@ -223,6 +223,22 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             src = op.operands[0]
             coords = [*ctx.coords(), self.const(b, op.attrs["index"])]
             return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "flip":
+            src, axis = op.operands[0], op.attrs["axis"]
+            coords = list(ctx.coords())
+            coords[axis] = b.value("sub", [self.const(b, src.type.shape[axis] - 1), coords[axis]],
+                                   I32)
+            return self.elem(src, ctx.derived(src.type.shape, coords))
+        if op.name == "cat":  # both operands read, each at a row clamped into its extent
+            (a, c), coords = op.operands, ctx.coords()
+            n = a.type.shape[0]
+            first = b.value("lt", [coords[0], self.const(b, n)], BOOL)
+            row_a = b.value("minimum", [coords[0], self.const(b, n - 1)], I32)
+            row_c = b.value("maximum", [b.value("sub", [coords[0], self.const(b, n)], I32),
+                                        self.const(b, 0)], I32)
+            va = self.elem(a, ctx.derived(a.type.shape, [row_a, *coords[1:]]))
+            vc = self.elem(c, ctx.derived(c.type.shape, [row_c, *coords[1:]]))
+            return b.value("where", [first, va, vc], st)
         if op.name == "ptr_add":
             a, off = (self.elem(o, ctx) for o in op.operands)
             return self.add(b, a, off)
@@ -233,6 +249,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if op.name in ELEMENTWISE:
             return b.value(op.name, [self.elem(o, ctx) for o in op.operands], st, **op.attrs)
         if op.name == "reduce":
+            if op.attrs["kind"] == "combine":
+                return self.combine_values(op, ctx)[op.results.index(v)]
             return self.axis_reduce(op, ctx)
         if op.name == "dot":
             return self.dot(op, ctx)
@@ -370,6 +388,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             return self.lower_scan(op, b)  # lower_reductions.py
         if name == "sort":
             return self.lower_sort(op, b)  # lower_sort.py
+        if name == "reduce" and op.attrs["kind"] == "combine":
+            return self.lower_combine_reduce(op, b)  # lower_reductions.py
         if name == "store" and op.attrs.get("atomic"):
             return self.lower_atomic(op, b)
         if name == "store":

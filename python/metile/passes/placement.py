@@ -11,8 +11,9 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   reads the value at the element's own coordinate.
 * ``shared`` — stored in threadgroup memory, row-major.  Required when some
   use reads other coordinates: broadcasting (x[:, None]), reductions along an
-  axis of a rank >= 2 tile, `dot` operands, `permute` (trans), `scan`, `join` and
-  `split` operands, and `sort` results (sorted in place).  `reshape` reads in
+  axis of a rank >= 2 tile (and any reduce() with a combine region), `dot` operands,
+  `permute` (trans), `scan`, `join`, `split`, `flip` and `cat` operands, and `sort`
+  results (sorted in place).  `reshape` reads in
   place (the lane layout is row-major order).
 
 Loads, reductions, scans, dot results and loop-carried / branch-result tiles are
@@ -33,7 +34,7 @@ from ..ir.types import PointerType, TileType, dtype_of, elem_type
 # the lane layout (element i stays in thread i % T, slot i // T): it reads in place.
 # join and split read their operands at other coordinates (the last axis added or dropped).
 _INDEX_OPS = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
-                        "join", "split"})
+                        "join", "split", "flip", "cat"})
 
 
 @dataclass
@@ -116,9 +117,9 @@ def analyze(fn: Function) -> Placement:
         for op, idx in p.uses.get(v.id, []):
             if op.name in ("broadcast", "expand_dims"):
                 out = out or (op.result.type.shape != v.type.shape or op.name == "expand_dims")
-            elif op.name == "reduce":
-                out = out or op.attrs["axis"] is not None
-            elif op.name in ("permute", "scan", "join", "split"):
+            elif op.name == "reduce":  # a combine region folds serially, even to a scalar
+                out = out or op.attrs["axis"] is not None or op.attrs["kind"] == "combine"
+            elif op.name in ("permute", "scan", "join", "split", "flip", "cat"):
                 out = True
             elif op.name == "dot":
                 out = out or idx < 2
