@@ -121,7 +121,7 @@ def test_the_device_and_backend_are_read_in_one_place():
     compiler_layers = ("compiler/", "frontend/", "ir/", "passes/", "codegen/", "schedule/",
                        "language/")
     assert [f for f in device if f.startswith(compiler_layers)] == ["compiler/backend.py"]
-    ops = {f for f in device if f == "ops.py" or f.endswith("_ops.py")}   # the op modules
+    ops = {f for f in device if f in ("ops.py", "op_routing.py") or f.endswith("_ops.py")}
     assert set(device) - ops <= {"compiler/backend.py", "runtime/metal_kernel.py",
                                  "runtime/cuda_kernel.py", "runtime/source_kernel.py"}
     assert list(_uses({"METILE_BACKEND"})) == ["compiler/backend.py"]

@@ -33,6 +33,7 @@ import math
 import mlx.core as mx
 
 from .runtime import routing
+from .op_routing import (device_description as _device_description, validate as _validate)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 LOG2E = 1.4426950408889634
@@ -274,20 +275,6 @@ def _fingerprints() -> dict:
                 kernels.attention_forward, kernels.attention_split, kernels.attention_combine))}
 
 
-@functools.lru_cache(maxsize=None)
-def _device_description(device_type: str) -> dict:
-    # as ops.py's (the same key parts), without importing ops, which re-exports this module
-    if device_type == "gpu":
-        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
-    else:
-        backend = "cpu"
-    try:
-        name = mx.device_info().get("device_name", "")
-    except Exception:  # noqa: BLE001  (the name only narrows the key)
-        name = ""
-    return {"type": device_type, "backend": backend, "name": str(name)}
-
-
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
     device_type = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     parts = {"op": "scaled_dot_product_attention",
@@ -307,17 +294,6 @@ def _cost_model() -> routing.Decision:
              "nothing measured on this machine says the kernels are faster")
     return routing.Decision(routing.REFERENCE, "cost_model",
                             f"cost model (no measurement recorded): {where}; MLX's op")
-
-
-def _validate(out, ref):
-    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[ref.dtype]
-    if out.shape != ref.shape or out.dtype != ref.dtype:
-        return f"result {out.shape} {out.dtype}, expected {ref.shape} {ref.dtype}"
-    o, r = out.astype(mx.float32), ref.astype(mx.float32)
-    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
-        return "non-finite values where MLX has finite ones (or the reverse)"
-    err = mx.abs(o - r).max().item() / max(mx.abs(r).max().item(), 1.0) if r.size else 0.0
-    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
 
 
 def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):

@@ -40,6 +40,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .runtime import routing
+from .op_routing import (
+    m_bucket,
+    device_description as _device_description,
+    validate as _validate,
+    measurement_operands as _operands)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 # The widest row the single-pass kernels hold in registers: 32 float32 values per
@@ -371,27 +376,6 @@ def _kernel_fingerprint(op: str) -> str:
     return cache.source_fingerprint(fn.fn)
 
 
-# The key parts, validation and operands below are ops.py's, written again here: ops.py
-# re-exports this module, so importing it back would be an import cycle.
-
-def m_bucket(rows: int) -> int:
-    """Rows rounded up to a power of two (as ops.m_bucket)."""
-    return 1 if rows <= 1 else 1 << (rows - 1).bit_length()
-
-
-@functools.lru_cache(maxsize=None)
-def _device_description(device_type: str) -> dict:
-    if device_type == "gpu":
-        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
-    else:
-        backend = "cpu"
-    try:
-        name = mx.device_info().get("device_name", "")
-    except Exception:  # noqa: BLE001  (the name only narrows the key)
-        name = ""
-    return {"type": device_type, "backend": backend, "name": str(name)}
-
-
 @functools.lru_cache(maxsize=1)
 def _compiler_fingerprint() -> str:
     from .runtime import cache
@@ -467,38 +451,6 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
     if decision.winner not in by_name:   # a decision naming a configuration this version lacks
         return _Route("mlx", None, _cost_model())
     return _Route("metile", by_name[decision.winner], decision)
-
-
-def _validate_one(out, reference):
-    """None if `out` agrees with MLX's result to the dtype's rounding, relative to the
-    largest value."""
-    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
-    if out.shape != reference.shape or out.dtype != reference.dtype:
-        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
-    o, r = out.astype(mx.float32), reference.astype(mx.float32)
-    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
-        return "non-finite values where MLX has finite ones (or the reverse)"
-    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
-    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
-    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
-
-
-def _validate(out, reference):
-    if isinstance(reference, (tuple, list)):
-        for o, r in zip(out, reference):
-            problem = _validate_one(o, r)
-            if problem:
-                return problem
-        return None
-    return _validate_one(out, reference)
-
-
-def _operands(shapes, dtype):
-    """Fresh operands for a measurement from a fixed key: the caller's arrays may be
-    traced, and the global random state must not move."""
-    keys = mx.random.split(mx.random.key(0), len(shapes))
-    return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
-            for i, s in enumerate(shapes)]
 
 
 # -- public ops ---------------------------------------------------------------------------------

@@ -52,6 +52,11 @@ import mlx.core as mx
 
 from . import lazy_graph, matmul_shapes
 from .runtime import routing
+from .op_routing import (
+    m_bucket,
+    device_description as _device_description,
+    validate as _validate,
+    measurement_operands as _operands)
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
                "leaky_relu": "affine_leaky"}
@@ -417,19 +422,6 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     return [_transposed(c) for c in base] + (base if cuda else [])
 
 
-@functools.lru_cache(maxsize=None)
-def _device_description(device_type: str) -> dict:
-    if device_type == "gpu":
-        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
-    else:
-        backend = "cpu"
-    try:
-        name = mx.device_info().get("device_name", "")
-    except Exception:  # noqa: BLE001  (the name only narrows the key)
-        name = ""
-    return {"type": device_type, "backend": backend, "name": str(name)}
-
-
 @functools.lru_cache(maxsize=1)
 def _fingerprints() -> dict:
     from metile_kernels.gemm import matmul_epilogue
@@ -462,12 +454,6 @@ def _linear_fingerprint() -> str:
 
     from .runtime import cache
     return cache.source_fingerprint(linear_epilogue.fn)
-
-
-def m_bucket(m: int) -> int:
-    """Rows rounded up to a power of two: calls whose row counts share a bucket share
-    a routing decision (decoding steps and prefill lengths vary; N and K do not)."""
-    return 1 if m <= 1 else 1 << (m - 1).bit_length()
 
 
 _keys: dict[tuple, tuple[str, dict]] = {}
@@ -515,27 +501,6 @@ def _cost_model() -> routing.Decision:
                   "this machine finds a metile kernel faster (metile.ops.tune_linear / "
                   "tune_matmul, `with metile.ops.tuning():` or METILE_OPS_TUNE=1)")
     return routing.Decision(routing.REFERENCE, "cost_model", reason)
-
-
-def _validate(out, reference):
-    """None if `out` agrees with MLX's result to the dtype's accumulation-order rounding."""
-    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
-    if out.shape != reference.shape or out.dtype != reference.dtype:
-        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
-    o, r = out.astype(mx.float32), reference.astype(mx.float32)
-    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
-        return "non-finite values where MLX has finite ones (or the reverse)"
-    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
-    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
-    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
-
-
-def _operands(shapes, dtype):
-    """Fresh operands for a measurement, from a fixed key: the caller's arrays may be
-    traced, and the global random state must not move."""
-    keys = mx.random.split(mx.random.key(0), len(shapes))
-    return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
-            for i, s in enumerate(shapes)]
 
 
 def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False,

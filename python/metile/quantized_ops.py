@@ -41,6 +41,10 @@ import math
 import mlx.core as mx
 
 from .runtime import routing
+from .op_routing import (
+    m_bucket,
+    device_description as _device_description,
+    validate as _validate)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 BITS = (4, 8)
@@ -61,40 +65,6 @@ DEQUANTIZE_BLOCK = 1024
 # The dense GEMM of the dequantize-then-GEMM candidate (ops.BLOCK / ops.CUDA_BLOCK).
 DENSE_BLOCK = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}
 CUDA_DENSE_BLOCK = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_simdgroups": 8}
-
-
-# As ops.py's helpers (the same routing key parts and validation), written here: ops.py
-# re-exports this module, and importing it back would make an import cycle.
-
-def m_bucket(m: int) -> int:
-    """Rows rounded up to a power of two (ops.m_bucket)."""
-    return 1 if m <= 1 else 1 << (m - 1).bit_length()
-
-
-@functools.lru_cache(maxsize=None)
-def _device_description(device_type: str) -> dict:
-    if device_type == "gpu":
-        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
-    else:
-        backend = "cpu"
-    try:
-        name = mx.device_info().get("device_name", "")
-    except Exception:  # noqa: BLE001  (the name only narrows the key)
-        name = ""
-    return {"type": device_type, "backend": backend, "name": str(name)}
-
-
-def _validate(out, reference):
-    """None if `out` agrees with MLX's result to the dtype's accumulation-order rounding."""
-    tol = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}[reference.dtype]
-    if out.shape != reference.shape or out.dtype != reference.dtype:
-        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
-    o, r = out.astype(mx.float32), reference.astype(mx.float32)
-    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
-        return "non-finite values where MLX has finite ones (or the reverse)"
-    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
-    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
-    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
 
 
 # -- argument checks ----------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""What the op modules (ops.py, model_ops.py, attention_ops.py, quantized_ops.py) share
+for measured routing (runtime/routing.py): the parts of a decision key that describe the
+device and the row bucket, the check that a candidate computed MLX's result, and the fresh
+operands a measurement runs on.  Its own module because ops.py re-exports the others,
+which therefore cannot import ops.py back."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import mlx.core as mx
+
+# Tolerance of a candidate against MLX's result, relative to the largest value: the
+# rounding a different accumulation order gives in each dtype.
+TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
+
+
+def m_bucket(m: int) -> int:
+    """Rows rounded up to a power of two: calls whose row counts share a bucket share
+    a routing decision (decoding steps and prefill lengths vary; N and K do not)."""
+    return 1 if m <= 1 else 1 << (m - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def device_description(device_type: str) -> dict:
+    """The device part of a decision key ("gpu" or "cpu", the backend, the device name)."""
+    if device_type == "gpu":
+        backend = "cuda" if mx.cuda.is_available() else "metal" if mx.metal.is_available() else "gpu"
+    else:
+        backend = "cpu"
+    try:
+        name = mx.device_info().get("device_name", "")
+    except Exception:  # noqa: BLE001  (the name only narrows the key)
+        name = ""
+    return {"type": device_type, "backend": backend, "name": str(name)}
+
+
+def _validate_one(out, reference):
+    tol = TOLERANCE[reference.dtype]
+    if out.shape != reference.shape or out.dtype != reference.dtype:
+        return f"result {out.shape} {out.dtype}, expected {reference.shape} {reference.dtype}"
+    o, r = out.astype(mx.float32), reference.astype(mx.float32)
+    if not mx.array_equal(mx.isfinite(o), mx.isfinite(r)).item():
+        return "non-finite values where MLX has finite ones (or the reverse)"
+    scale = max(mx.abs(r).max().item(), 1.0) if r.size else 1.0
+    err = (mx.abs(o - r).max().item() if r.size else 0.0) / scale
+    return None if err <= tol else f"max error {err:.2e} of the largest value > {tol:g}"
+
+
+def validate(out, reference):
+    """None if `out` (an array, or a tuple of arrays for ops with several results) agrees
+    with MLX's result to the dtype's accumulation-order rounding, else what differs."""
+    if isinstance(reference, (tuple, list)):
+        for o, r in zip(out, reference):
+            problem = _validate_one(o, r)
+            if problem:
+                return problem
+        return None
+    return _validate_one(out, reference)
+
+
+def measurement_operands(shapes, dtype):
+    """Fresh operands for a measurement, from a fixed key: the caller's arrays may be
+    traced, and the global random state must not move."""
+    keys = mx.random.split(mx.random.key(0), len(shapes))
+    return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
+            for i, s in enumerate(shapes)]
