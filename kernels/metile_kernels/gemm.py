@@ -12,6 +12,8 @@ every shape of a given dtype and tile.  Operands may be float32, float16 or
 bfloat16 (both the same dtype); accumulation is float32 and the epilogue runs in
 float32 until the single conversion to the output's dtype.
 
+`gated_mlp` is the dual GEMM of a gated MLP, act(x @ w_gate.T) * (x @ w_up.T).
+
 `batched_matmul_epilogue` adds a batch axis (program_id(2)) with a stride per
 operand, 0 for a batch-broadcast operand.
 
@@ -148,6 +150,43 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
                           block_shape=(BLOCK_M, BLOCK_N), access="read")
         result = result + r.load((row_origin, column_origin)).to(metile.float32)
     c.store((row_origin, column_origin), result.to(output.dtype))
+
+
+GATED_ACTIVATIONS = ("silu", "gelu_tanh", "relu")
+
+
+@metile.kernel
+def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
+              BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
+              BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
+              ACTIVATION: metile.constexpr = "silu", TRANSPOSE_B: metile.constexpr = True):
+    """activation(x @ w_gate.T) * (x @ w_up.T): a gated MLP's gate and up projections as
+    one dual GEMM (passes/gemm.py): each K step stages the x tile once and multiplies it
+    by both weight tiles into two float32 accumulators; the gate, the product and the
+    conversion are one fused epilogue.  `w_gate` and `w_up` are (columns, inner) as a
+    Linear stores them (TRANSPOSE_B, the default; False takes (inner, columns) row-major
+    weights).  ACTIVATION: "silu" (x * sigmoid(x)), "gelu_tanh" or "relu"."""
+    a = metile.tensor(x, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    gate = right_operand(w_gate, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
+    up = right_operand(w_up, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    row_origin = metile.program_id(0) * BLOCK_M
+    column_origin = metile.program_id(1) * BLOCK_N
+    gate_acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    up_acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        x_tile = a.load((row_origin, k))
+        gate_acc = metile.dot(x_tile, gate.load((k, column_origin)), gate_acc)
+        up_acc = metile.dot(x_tile, up.load((k, column_origin)), up_acc)
+    if ACTIVATION == "silu":
+        gated = gate_acc * metile.sigmoid(gate_acc)
+    elif ACTIVATION == "gelu_tanh":
+        gated = gelu_tanh(gate_acc)
+    else:
+        gated = metile.maximum(gate_acc, 0.0)
+    c.store((row_origin, column_origin), (gated * up_acc).to(output.dtype))
 
 
 def batched_grid(batch: int, rows: int, columns: int, BLOCK_M: int = 64,

@@ -86,14 +86,14 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
                       for p, t in zip(extents, g.tile))
     shared = [op for op in walk(fn.body) if op.name == "shared_alloc"]
     bounds = prove_gemm_bounds(fn, g, scalars) if scalars else None
-    loads = [staging_load(g.a), staging_load(g.b)]
-    # 4-alignment of both staging loads (None: unknown without specialized scalars).
+    loads = [staging_load(v) for v in g.operands]
+    # 4-alignment of every staging load (None: unknown without specialized scalars).
     aligned = None if bounds is None else all(
         ld is not None and bounds.aligned.get(id(ld), False) for ld in loads)
     traits = KernelTraits("matmul", g.tile, threads_req, (g.operand_dtype.name,) * 2, "float32",
                           divisible, aligned, relaxed_precision(fn), True,
                           sum(op.attrs["size"] * op.results[0].type.dtype.bits // 8 for op in shared),
-                          1)
+                          1, g.products)
     plan = plan_schedule(traits, target, schedule, LOWERING)
     check_legacy_geometry(constexprs, plan, schedule)
     if plan.double_buffer and bounds is None:
@@ -112,7 +112,14 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
         # the simdgroup fragment placement below does not apply, and generation refuses
         # (`unlowered`).
         return plan, plan.threadgroup_size[0], None
-    if plan.backend in _TENSOR_BACKENDS:
+    if plan.backend in _TENSOR_BACKENDS and g.products > 1:
+        why = (f"a dual GEMM ({g.products} products sharing the left operand) is lowered on the "
+               f"SIMD-group path; the {plan.backend} lowering takes one product")
+        if schedule is not None and schedule.backend == plan.backend:
+            raise ScheduleError(f"backend={plan.backend!r}", why)
+        plan = _without_tensor_ops(traits, target, schedule, plan.backend, why)
+        check_legacy_geometry(constexprs, plan, schedule)
+    elif plan.backend in _TENSOR_BACKENDS:
         tensor = _tensor_ops_plan(fn, g, plan, schedule)
         if tensor is not None:
             return tensor

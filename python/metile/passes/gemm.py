@@ -27,6 +27,16 @@ names (`_epi_<name>`).  Rejected, each with its own message: other memory reads
 (of the output, indirect, of another shape), reductions, control flow, several
 stores, a second matrix recurrence, intermediate narrowing casts, and
 dimension parameters (scalars that bound loops, addresses or masks) as leaves.
+
+Dual GEMM (a gated MLP's two products).  A K loop carrying exactly two
+accumulators, each `acc_i = dot(a, b_i, acc_i)` from zeros, with the same left
+operand (one value, or two equal load expressions) and same-shaped right
+operands, followed by one pointwise epilogue of both results and one store, is
+one fused GEMM with two products: `GemmPattern.dots` / `results` hold both, the
+lowering stages A once and both B tiles.  Any other kernel with several dots
+(attention's product of a product, two products of different left operands, a
+dual whose epilogue or loop breaks a rule above) is not one fused GEMM:
+`find_gemm` returns None and the general tile lowering computes every product.
 """
 
 from __future__ import annotations
@@ -70,6 +80,14 @@ class GemmPattern:
     dimension_params: list[str] = field(default_factory=list)
     reads: list[EpilogueRead] = field(default_factory=list)  # bias / residual loads
     fused_reads: set[int] = field(default_factory=set)  # tile values evaluated at the store
+    # Every product of the K loop and its accumulator after the loop: (dot,) and (result,)
+    # for one GEMM, two of each for a dual GEMM (module docstring).
+    dots: tuple[Op, ...] = ()
+    results: tuple[Value, ...] = ()
+
+    def __post_init__(self):
+        self.dots = self.dots or (self.dot,)
+        self.results = self.results or (self.result,)
 
     @property
     def a(self) -> Value:
@@ -78,6 +96,20 @@ class GemmPattern:
     @property
     def b(self) -> Value:
         return self.dot.operands[1]
+
+    @property
+    def bs(self) -> list[Value]:
+        """The right operand of each product (the left one is shared)."""
+        return [d.operands[1] for d in self.dots]
+
+    @property
+    def operands(self) -> list[Value]:
+        """The operand tiles staged per K step: A, then each product's B."""
+        return [self.a, *self.bs]
+
+    @property
+    def products(self) -> int:
+        return len(self.dots)
 
     @property
     def tile(self) -> tuple[int, int, int]:
@@ -143,6 +175,39 @@ def _is_zero_splat(v: Value) -> bool:
     return isinstance(src, Op) and src.name == "const" and src.attrs["value"] == 0
 
 
+def _same_value(u: Value, v: Value, memo: dict) -> bool:
+    """`u` and `v` are the same value or equal expressions (same ops, attributes and
+    operands, recursively); loads count as equal when their operands are, since the K
+    loop body has no store between them."""
+    if u is v:
+        return True
+    key = (u.id, v.id)
+    if key in memo:
+        return memo[key]
+    ou, ov = u.owner, v.owner
+    memo[key] = False   # cycles (loop-carried values) are not equal
+    same = (isinstance(ou, Op) and isinstance(ov, Op) and ou.name == ov.name
+            and ou.name not in CONTROL and ou.attrs == ov.attrs
+            and len(ou.operands) == len(ov.operands) and len(ou.results) == len(ov.results)
+            and ou.results.index(u) == ov.results.index(v) and u.type == v.type
+            and all(_same_value(x, y, memo) for x, y in zip(ou.operands, ov.operands)))
+    memo[key] = same
+    return same
+
+
+def _dual(recurrences, dots) -> bool:
+    """Two dot recurrences of one loop sharing the left operand (module docstring)."""
+    if len(dots) != 2 or len(recurrences) != 2 or recurrences[0][1] is not recurrences[1][1]:
+        return False
+    (d1, loop), (d2, _) = recurrences
+    if len(loop.results) != 2 or d1.operands[2] is d2.operands[2]:
+        return False
+    a1, b1 = d1.operands[:2]
+    a2, b2 = d2.operands[:2]
+    return (b1.type == b2.type and d1.result.type == d2.result.type
+            and _same_value(a1, a2, {}))
+
+
 def find_gemm(fn: Function) -> GemmPattern | None:
     dots = [op for op in walk(fn.body) if op.name == "dot"]
     parent: dict[int, Op] = {}
@@ -163,20 +228,32 @@ def find_gemm(fn: Function) -> GemmPattern | None:
         return None
     dot, loop = recurrences[0]
     if len(dots) > 1:
-        # Attention-like kernels (a product feeding another recurrence): not one fused GEMM;
-        # the general tile lowering computes every product, as for the `acc + dot` form.
-        return None
+        if not _dual(recurrences, dots):
+            # Attention-like kernels (a product feeding another recurrence): not one fused
+            # GEMM; the general tile lowering computes every product, as for `acc + dot`.
+            return None
+        try:
+            return _match(fn, loop, [d for d, _ in recurrences])
+        except CompilationError:
+            return None   # a dual GEMM's rules broken: the general lowering is still right
+    return _match(fn, loop, [dot])
+
+
+def _match(fn: Function, loop: Op, products: list[Op]) -> GemmPattern:
+    """The GemmPattern of `loop`'s products (one, or a dual GEMM's two); a
+    CompilationError names the first rule the kernel breaks."""
+    dot = products[0]
     if not any(op is loop for op in fn.body.ops):
         raise _reject("the K loop is nested inside control flow; it must be at the top level of "
                       "the kernel", loop)
-    if len(loop.results) != 1:
-        acc = dot.operands[2]
+    if len(loop.results) != len(products):
+        accs = [d.operands[2] for d in products]
         others = ", ".join(f"{a.hint or 'a value'!r} ({a.type})"
-                           for a in loop.regions[0].args[1:] if a is not acc)
+                           for a in loop.regions[0].args[1:] if not any(a is c for c in accs))
         raise _reject(f"the K loop carries other values besides the accumulator: {others}; "
                       f"only pointers or int32/int64 offsets advanced by a loop-invariant amount "
                       f"(p += c) and unused after the loop are rewritten away", loop)
-    if not _is_zero_splat(loop.operands[3]):
+    if not all(_is_zero_splat(v) for v in loop.operands[3:]):
         raise _reject("the accumulator must start from metile.zeros((BLOCK_M, BLOCK_N))", loop)
     for op in walk(loop.regions[0]):
         if op.name in _BODY_FORBIDDEN:
@@ -184,7 +261,10 @@ def find_gemm(fn: Function) -> GemmPattern | None:
         if op.name in CONTROL:
             raise _reject("control flow inside the K loop", op)
 
-    result = loop.results[0]
+    carried = loop.regions[0].args
+    # The loop result of each product, in product order.
+    results = [loop.results[carried.index(d.operands[2]) - 1] for d in products]
+    result = results[0]
     stores = [op for op in walk(fn.body) if op.name == "store"]
     if len(stores) != 1:
         extra = next((s for s in stores if s.loc is not None), None) if not stores else stores[1]
@@ -196,7 +276,7 @@ def find_gemm(fn: Function) -> GemmPattern | None:
                       "flow)", store)
 
     # Values that depend on the accumulator, in program order after the loop.
-    dependent = {result.id}
+    dependent = {r.id for r in results}
     after = fn.body.ops[fn.body.ops.index(loop) + 1:]
     for op in after:
         if op.name in CONTROL:
@@ -216,7 +296,8 @@ def find_gemm(fn: Function) -> GemmPattern | None:
         raise _reject("the store's address or mask depends on the accumulator", store)
 
     # The epilogue: the stored value's backward slice within the dependent values.
-    slice_ = _backward([value], stop=lambda v: v.id not in dependent or v is result)
+    slice_ = _backward([value], stop=lambda v: v.id not in dependent
+                       or any(v is r for r in results))
     epilogue = [op for op in after if op is not store and any(r.id in slice_ for r in op.results)]
     dims = _dimension_params(fn)
     leaves = []
@@ -232,7 +313,8 @@ def find_gemm(fn: Function) -> GemmPattern | None:
             uses.setdefault(v.id, []).append((op, i))
     reads, fused = check_epilogue_reads(fn, epilogue, dependent, store, uses, leaves)
     names = [p.name for p in fn.params if p.value is not None and p.value.id in dims]
-    g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names, reads, fused)
+    g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names, reads, fused,
+                    tuple(products), tuple(results))
     g.captured = captured_params(fn, g)
     return g
 

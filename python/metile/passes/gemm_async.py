@@ -2,7 +2,8 @@
 through a multi-stage shared-memory ring (a mixin of `MatmulLowering`).
 
 Used when the backend's matrix unit declares `async_copy` (CUDA's mma.sync unit:
-cp.async, sm_80+) and both operand tiles are plain loads whose addresses are
+cp.async, sm_80+) and every operand tile (A and each product's B: a dual GEMM
+stages two) is a plain load whose addresses are
 contiguous along the tile's last axis (coefficient 1, proven from the index
 arithmetic, whatever the runtime strides of the other axis) with a zero fill.
 
@@ -125,7 +126,7 @@ def plain_contiguous_operands(g) -> bool:
     """Both operand tiles of `g` are plain 2-D loads contiguous along their last axis
     in 16-byte groups (the static half of `AsyncStaging.async_eligible`)."""
     group = 16 // g.operand_dtype.itemsize
-    for value in (g.a, g.b):
+    for value in g.operands:
         ld = staging_load(value)
         if ld is None or len(ld.results[0].type.shape) != 2 or \
                 ld.results[0].type.shape[1] % group:
@@ -149,7 +150,7 @@ class AsyncStaging:
         od = self.gemm.operand_dtype
         group = 16 // od.itemsize
         self.async_loads = {}
-        for value in (self.gemm.a, self.gemm.b):
+        for value in self.gemm.operands:
             ld = staging_load(value)
             if ld is None or len(ld.results[0].type.shape) != 2:
                 return False
@@ -235,9 +236,7 @@ class AsyncStaging:
         self._report_inner()
 
     def _async_copy(self, b: Builder, stage) -> None:
-        g = self.gemm
-        bm, bn, bk = g.tile
-        for value, st, shape in ((g.a, self.stage_a, (bm, bk)), (g.b, self.stage_b, (bk, bn))):
+        for value, st, shape in self.operand_stages():   # A, then each product's B
             ld, checks = self.async_loads[id(staging_load(value))]
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))

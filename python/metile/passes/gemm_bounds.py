@@ -212,9 +212,9 @@ def prove_gemm_bounds(fn: Function, g: GemmPattern, scalars: dict) -> GemmBounds
     if lo is None or hi is None or step is None or step != g.tile[2] or step <= 0:
         return None
     iv = g.loop.regions[0].args[0]
-    loads = [op for op in (staging_load(g.a), staging_load(g.b)) if op is not None]
+    loads = [op for op in map(staging_load, g.operands) if op is not None]
     # Every load feeding the operands (also those under casts) gets its proofs.
-    for v in (g.a, g.b):
+    for v in g.operands:
         for op in _loads_in(v):
             if op not in loads:
                 loads.append(op)

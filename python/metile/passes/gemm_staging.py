@@ -83,9 +83,8 @@ class GemmStaging:
         b.op("if", [pred], [], {}, [then, other])
 
     def _copy(self, b: Builder, facts, stage) -> None:
-        g, bounds = self.gemm, self.gemm_bounds
-        bm, bn, bk = g.tile
-        for value, st, shape in ((g.a, self.stage_a, (bm, bk)), (g.b, self.stage_b, (bk, bn))):
+        bounds = self.gemm_bounds
+        for value, st, shape in self.operand_stages():   # A, then each product's B
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))
             keep = {}

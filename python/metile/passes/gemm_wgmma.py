@@ -76,6 +76,7 @@ class WarpgroupGemm:
         self.num_stages = stages
         self.stage_a = self._wg_storage(od, stages * bm * bk, (bm, bk))
         self.stage_b = self._wg_storage(od, stages * bk * bn, (bk, bn))
+        self.stage_bs = [self.stage_b]   # one product (plan_gemm keeps duals off this path)
         self.swizzles = {self.stage_a.name: ("atoms", bm), self.stage_b.name: ("atoms", bk)}
         self.lowering_passes.append("warpgroup_mma")
         self.k_body = op.regions[0]

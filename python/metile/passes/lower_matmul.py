@@ -36,6 +36,15 @@ Without a matrix unit for the operand dtype and tile (strict float32 on CUDA,
 or a tile that is not made of whole fragments) the same staging feeds an FFMA
 path: each thread accumulates a TM x TN register micro-tile (rows ty + i*TY,
 columns tx + j*TX, so consecutive threads store consecutive columns).
+
+Dual GEMM (`GemmPattern.products == 2`, a gated MLP's act(A @ B1) * (A @ B2)).
+A is staged once and each B into its own stage array (same layout, same
+offsets); each K step loads the A fragments once and runs both products into
+two accumulator sets (two register micro-tiles on the FFMA path), and the
+epilogue program sees both accumulators at each element.  The warp-MMA and
+FFMA paths take it, with either staging (ordinary loads or the cp.async ring);
+the warpgroup (wgmma) and tensor_ops/nax paths take one product, so a dual GEMM
+is planned on the warp-MMA / SIMD-group path instead (compiler/planning.py).
 """
 
 from __future__ import annotations
@@ -129,6 +138,8 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
         if unit.path is not None or not unit.takes(d, relaxed):
             continue
         if unit.warpgroup:
+            if g.products > 1:
+                continue   # one product per warpgroup MMA chain: duals take the warp MMA
             plan = _warpgroup_plan(g, unit, None if planned_threads else requested_threads)
             if plan is not None:
                 return plan
@@ -216,7 +227,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                                               relaxed_precision(self.fn), self.T)
         self.use_async = bool(plan.unit) and self.async_eligible()
         if self.use_async:
-            stages = self.choose_stages((bm * bk + bk * bn) * od.itemsize)
+            stages = self.choose_stages((bm * bk + g.products * bk * bn) * od.itemsize)
             align = 128
         else:
             if required is not None and required > 2:
@@ -236,12 +247,15 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         self.num_stages = stages
         self.stage_a = Storage("shared", self.decl("shared", od, stages * bm * bk, "_sa",
                                                    align=align), (bm, bk), od)
-        self.stage_b = Storage("shared", self.decl("shared", od, stages * bk * bn, "_sb",
-                                                   align=align), (bk, bn), od)
+        # One stage array per product's B operand (a dual GEMM has two), same layout.
+        self.stage_bs = [Storage("shared", self.decl("shared", od, stages * bk * bn, "_sb",
+                                                     align=align), (bk, bn), od)
+                         for _ in range(g.products)]
+        self.stage_b = self.stage_bs[0]
         if self.use_async:
             group = 16 // od.itemsize
             self.swizzles = {self.stage_a.name: swizzle_params(bk, group),
-                             self.stage_b.name: swizzle_params(bn, group)}
+                             **{st.name: swizzle_params(bn, group) for st in self.stage_bs}}
         if plan.unit:
             self._fragment_setup(b)
         else:
@@ -289,12 +303,21 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         y = y if isinstance(y, Value) else self.const(b, y)
         return b.value(name, [x, y], I32)
 
-    def _epilogue_store(self, b: Builder, row: Value, col: Value, acc: Value) -> None:
-        """Evaluate the epilogue at tile coordinates (row, col) and store it."""
+    def operand_stages(self) -> list:
+        """(operand tile value, stage storage, tile shape) of each staged operand: A, then
+        each product's B."""
+        bm, bn, bk = self.gemm.tile
+        return [(self.gemm.a, self.stage_a, (bm, bk))] + [
+            (v, st, (bk, bn)) for v, st in zip(self.gemm.bs, self.stage_bs)]
+
+    def _epilogue_store(self, b: Builder, row: Value, col: Value, acc) -> None:
+        """Evaluate the epilogue at tile coordinates (row, col) and store it; `acc` is the
+        accumulator element there, or a list of one per product (a dual GEMM)."""
         g = self.gemm
         bm, bn, _ = g.tile
         ctx = Ctx(self, b, (bm, bn), coords=[row, col], identity=False)
-        memo = {g.result.id: acc}
+        accs = acc if isinstance(acc, (list, tuple)) else [acc]
+        memo = {r.id: a for r, a in zip(g.results, accs)}
 
         def value(v: Value) -> Value:
             hit = memo.get(v.id)
@@ -337,14 +360,18 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         self.fr, self.fc = bm // wm // fm, bn // wn // fn
         od = g.operand_dtype
         self.frag_a = self.decl_fragment("a", od, self.fr)
-        self.frag_b = self.decl_fragment("b", od, self.fc)
-        self.frag_c = self.decl_fragment("acc", dt.float32, self.fr * self.fc)
+        # One B fragment set and one accumulator set per product (a dual GEMM has two).
+        self.frag_bs = [self.decl_fragment("b", od, self.fc) for _ in range(g.products)]
+        self.frag_cs = [self.decl_fragment("acc", dt.float32, self.fr * self.fc)
+                        for _ in range(g.products)]
+        self.frag_b, self.frag_c = self.frag_bs[0], self.frag_cs[0]
         sg = b.value("simd_group", [], I32)
         self.row0 = self._i(b, "mul", self._i(b, "idiv", sg, wn), bm // wm)
         self.col0 = self._i(b, "mul", self._i(b, "mod", sg, wn), bn // wn)
         self.sg = sg
-        for i in range(self.fr * self.fc):
-            b.op("frag_fill", [], [], {"name": self.frag_c, "index": i, "value": 0.0})
+        for frag_c in self.frag_cs:
+            for i in range(self.fr * self.fc):
+                b.op("frag_fill", [], [], {"name": frag_c, "index": i, "value": 0.0})
 
     def decl_fragment(self, role: str, dtype: dt.DType, count: int) -> str:
         name = self.fresh(f"_f{role}")
@@ -360,6 +387,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
 
         swz_a = self.swizzles.get(self.stage_a.name, False)
         swz_b = self.swizzles.get(self.stage_b.name, False)
+        products = list(zip(self.stage_bs, self.frag_bs, self.frag_cs))
 
         def load(lb, frag, index, st, base, row, col, ld, swz):
             if swz is False:  # linear rows
@@ -376,14 +404,16 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 for i in range(self.fr):
                     load(lb, self.frag_a, i, self.stage_a, base_a,
                          self._i(lb, "add", self.row0, i * fm), kk, bk, swz_a)
-                for j in range(self.fc):
-                    load(lb, self.frag_b, j, self.stage_b, base_b, kk,
-                         self._i(lb, "add", self.col0, j * fn), bn, swz_b)
-                for i in range(self.fr):
+                for st_b, frag_b, _ in products:
                     for j in range(self.fc):
-                        c = (self.frag_c, i * self.fc + j)
-                        lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
-                                                   "b": (self.frag_b, j), "c": c})
+                        load(lb, frag_b, j, st_b, base_b, kk,
+                             self._i(lb, "add", self.col0, j * fn), bn, swz_b)
+                for _, frag_b, frag_c in products:
+                    for i in range(self.fr):
+                        for j in range(self.fc):
+                            c = (frag_c, i * self.fc + j)
+                            lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
+                                                       "b": (frag_b, j), "c": c})
                 return
             for i in range(self.fr):
                 row = self._i(lb, "add", self.row0, i * fm)
@@ -391,17 +421,20 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 lb.op("frag_load", [off], [], {"name": self.frag_a, "index": i,
                                                "root": self.stage_a.name, "ld": bk,
                                                "convert": unit.convert})
-            for j in range(self.fc):
-                col = self._i(lb, "add", self.col0, j * fn)
-                off = self.add(lb, base_b, self._i(lb, "add", self._i(lb, "mul", kk, bn), col))
-                lb.op("frag_load", [off], [], {"name": self.frag_b, "index": j,
-                                               "root": self.stage_b.name, "ld": bn,
-                                               "convert": unit.convert})
-            for i in range(self.fr):
+            for st_b, frag_b, _ in products:
                 for j in range(self.fc):
-                    c = (self.frag_c, i * self.fc + j)
-                    lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
-                                               "b": (self.frag_b, j), "c": c})
+                    col = self._i(lb, "add", self.col0, j * fn)
+                    off = self.add(lb, base_b,
+                                   self._i(lb, "add", self._i(lb, "mul", kk, bn), col))
+                    lb.op("frag_load", [off], [], {"name": frag_b, "index": j,
+                                                   "root": st_b.name, "ld": bn,
+                                                   "convert": unit.convert})
+            for _, frag_b, frag_c in products:
+                for i in range(self.fr):
+                    for j in range(self.fc):
+                        c = (frag_c, i * self.fc + j)
+                        lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
+                                                   "b": (frag_b, j), "c": c})
 
         self._for(b, 0, bk, fk, "kk", depth, unroll=True)
 
@@ -409,12 +442,15 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         unit = self.gemm_plan.unit
         fm, fn, _ = unit.shape
         nsg = self.T // 32
-        scratch = self.decl("shared", dt.float32, nsg * fm * fn, "_sc", align=32)
+        # One scratch per product (a dual GEMM's epilogue reads both accumulators).
+        scratches = [self.decl("shared", dt.float32, nsg * fm * fn, "_sc", align=32)
+                     for _ in self.frag_cs]
         base = self._i(b, "mul", self.sg, fm * fn)
         lane = b.value("simd_lane", [], I32)
 
         def per_fragment(fb: Builder, f: Value) -> None:
-            fb.op("frag_store", [f, base], [], {"name": self.frag_c, "root": scratch, "ld": fn})
+            for frag_c, scratch in zip(self.frag_cs, scratches):
+                fb.op("frag_store", [f, base], [], {"name": frag_c, "root": scratch, "ld": fn})
             fb.op("simd_barrier")
             i, j = self._i(fb, "idiv", f, self.fc), self._i(fb, "mod", f, self.fc)
             row_f = self._i(fb, "add", self.row0, self._i(fb, "mul", i, fm))
@@ -423,9 +459,9 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             def per_element(eb: Builder, e: Value) -> None:
                 row = self._i(eb, "add", row_f, self._i(eb, "idiv", e, fn))
                 col = self._i(eb, "add", col_f, self._i(eb, "mod", e, fn))
-                acc = eb.value("mem_load", [self._i(eb, "add", base, e)], F32, root=scratch,
-                               space="threadgroup")
-                self._epilogue_store(eb, row, col, acc)
+                accs = [eb.value("mem_load", [self._i(eb, "add", base, e)], F32, root=scratch,
+                                 space="threadgroup") for scratch in scratches]
+                self._epilogue_store(eb, row, col, accs)
 
             self._for(fb, lane, fm * fn, 32, "e", per_element)
             fb.op("simd_barrier")  # every lane has read the scratch before the next store
@@ -447,10 +483,10 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 for e in range(per):
                     r = b.value("acc_coord", [], I32, e=e, axis=0)
                     c = b.value("acc_coord", [], I32, e=e, axis=1)
-                    acc = b.value("frag_get", [self.const(b, e)], F32, name=self.frag_c,
-                                  index=i * self.fc + j)
+                    accs = [b.value("frag_get", [self.const(b, e)], F32, name=frag_c,
+                                    index=i * self.fc + j) for frag_c in self.frag_cs]
                     self._epilogue_store(b, self._i(b, "add", row_f, r),
-                                         self._i(b, "add", col_f, c), acc)
+                                         self._i(b, "add", col_f, c), accs)
         self.report_loop("f", "epilogue", 1)
 
     # -- FFMA path ------------------------------------------------------------------------------
@@ -458,12 +494,16 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         bm, bn, _ = self.gemm.tile
         ty, tx = self.gemm_plan.grid
         self.tm, self.tn = bm // ty, bn // tx
-        self.acc_regs = self.decl("local", dt.float32, self.tm * self.tn, "_acc")
+        # One register micro-tile per product (a dual GEMM has two).
+        self.acc_regs_all = [self.decl("local", dt.float32, self.tm * self.tn, "_acc")
+                             for _ in range(self.gemm.products)]
+        self.acc_regs = self.acc_regs_all[0]
         tid = b.value("thread_id", [], I32)
         self.ty_i, self.tx_i = self._i(b, "idiv", tid, tx), self._i(b, "mod", tid, tx)
         zero = self.const(b, 0.0, dt.float32)
-        self._for(b, 0, self.tm * self.tn, 1, "s", lambda lb, s: lb.op(
-            "local_set", [s, zero], [], {"name": self.acc_regs}), unroll=True)
+        for regs in self.acc_regs_all:
+            self._for(b, 0, self.tm * self.tn, 1, "s", lambda lb, s, regs=regs: lb.op(
+                "local_set", [s, zero], [], {"name": regs}), unroll=True)
 
     def _ffma_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
         bm, bn, bk = self.gemm.tile
@@ -478,16 +518,17 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 ScalarType(self.stage_a.dtype), root=self.stage_a.name, space="threadgroup"))
                 for i in range(self.tm)]
             row = self.add(lb, base_b, self._i(lb, "mul", kk, bn))
-            bv = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", row, self._i(
-                lb, "add", self.tx_i, j * tx))], ScalarType(self.stage_b.dtype),
-                root=self.stage_b.name, space="threadgroup")) for j in range(self.tn)]
-            for i in range(self.tm):
-                for j in range(self.tn):
-                    s = self.const(lb, i * self.tn + j)
-                    cur = lb.value("local_get", [s], F32, name=self.acc_regs)
-                    prod = lb.value("mul", [a[i], bv[j]], F32)
-                    lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
-                          {"name": self.acc_regs})
+            for st_b, regs in zip(self.stage_bs, self.acc_regs_all):
+                bv = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", row, self._i(
+                    lb, "add", self.tx_i, j * tx))], ScalarType(st_b.dtype),
+                    root=st_b.name, space="threadgroup")) for j in range(self.tn)]
+                for i in range(self.tm):
+                    for j in range(self.tn):
+                        s = self.const(lb, i * self.tn + j)
+                        cur = lb.value("local_get", [s], F32, name=regs)
+                        prod = lb.value("mul", [a[i], bv[j]], F32)
+                        lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
+                              {"name": regs})
 
         self._for(b, 0, bk, 1, "kk", depth, unroll=True)
 
@@ -498,8 +539,8 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             i, j = self._i(eb, "idiv", s, self.tn), self._i(eb, "mod", s, self.tn)
             row = self._i(eb, "add", self.ty_i, self._i(eb, "mul", i, ty))
             col = self._i(eb, "add", self.tx_i, self._i(eb, "mul", j, tx))
-            acc = eb.value("local_get", [s], F32, name=self.acc_regs)
-            self._epilogue_store(eb, row, col, acc)
+            accs = [eb.value("local_get", [s], F32, name=regs) for regs in self.acc_regs_all]
+            self._epilogue_store(eb, row, col, accs)
 
         # Unrolled so the register array is indexed by constants (no local-memory spill).
         self._for(b, 0, self.tm * self.tn, 1, "s", per_element, unroll=True)
@@ -513,7 +554,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 else [self.T // 32, 1], "threadgroup_size": [self.T, 1, 1],
                 "staging": "device" if tensor_ops else "threadgroup", "fragment": plan.fragment,
                 "operand_dtype": g.operand_dtype.name, "output_dtype": g.out_dtype.name,
-                "epilogue_regions": g.epilogue_regions,
+                "epilogue_regions": g.epilogue_regions, "products": g.products,
                 "epilogue_ops": [op.name for op in g.epilogue],
                 "captured_scalars": [p.name for p in g.captured],
                 "epilogue_reads": [r.describe() for r in g.reads],

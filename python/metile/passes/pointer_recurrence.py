@@ -30,9 +30,10 @@ dot accumulator (`yield` of `dot(a, b, acc)` for its own carried `acc`):
   advanced by 0, frontend/block_pointers.py) is replaced by its initial value.
 
 Only kernels shaped like a GEMM are touched: one `dot`, in a loop at the top
-level of the kernel (what `passes.gemm` lowers).  Any other kernel, e.g. one with
-two products whose `acc += dot(p, v)` runs through the reference lowering, keeps
-its loops exactly as written.
+level of the kernel (what `passes.gemm` lowers), or a dual GEMM's two dots whose
+results are only yielded (directly or through `acc + dot`) by one top-level loop.
+Any other kernel, e.g. one with two products whose `acc += dot(p, v)` runs
+through the reference lowering, keeps its loops exactly as written.
 
 What it proves before rewriting a carried value: the increment is invariant,
 every link of the chain is an integer or pointer op (float sums are not
@@ -59,7 +60,8 @@ _PURE = ELEMENTWISE | {"const", "splat", "broadcast", "expand_dims", "arange", "
 def rewrite_pointer_recurrences(fn: Function) -> list[str]:
     """Rewrite `fn`'s GEMM-shaped K loop in place (module docstring); one line per loop
     that changed, naming what it rewrote."""
-    if sum(op.name == "dot" for op in walk(fn.body)) != 1:
+    dots = [op for op in walk(fn.body) if op.name == "dot"]
+    if len(dots) != 1 and not _dual_shaped(fn, dots):
         return []   # not a GEMM (passes.gemm): kernels with several products keep their loops
     notes = []
     for op in list(fn.body.ops):
@@ -68,6 +70,28 @@ def rewrite_pointer_recurrences(fn: Function) -> list[str]:
             if note:
                 notes.append(note)
     return notes
+
+
+def _dual_shaped(fn: Function, dots: list[Op]) -> bool:
+    """Two dots in the body of one top-level loop, each result used only by the loop's
+    yield or by one `add` the yield takes (`acc += dot(a, b)`): a dual GEMM's products
+    (passes.gemm checks the rest), not a product feeding another."""
+    if len(dots) != 2:
+        return False
+    loop = next((op for op in fn.body.ops if op.name == "for" and op.regions
+                 and all(any(d is o for o in op.regions[0].ops) for d in dots)), None)
+    if loop is None:
+        return False
+    body = loop.regions[0]
+    y = body.ops[-1]
+    for d in dots:
+        users = _uses(body, d.result)
+        if users == [y]:
+            continue
+        if not (len(users) == 1 and users[0].name == "add"
+                and _uses(body, users[0].result) == [y]):
+            return False
+    return True
 
 
 def _rewrite_loop(fn: Function, loop: Op) -> str | None:

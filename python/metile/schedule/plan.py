@@ -57,6 +57,8 @@ class KernelTraits:
     vector_aligned: whether interior accesses are provably aligned to 4
            elements (contiguous inner axis, row pitches and offsets multiples of 4).
     shared_bytes: threadgroup memory the kernel allocates itself (metile.shared).
+    products: matrix products sharing the left operand tile (2: a dual GEMM, whose
+           operand stage holds one A tile and two B tiles).
     """
 
     kind: str
@@ -70,6 +72,7 @@ class KernelTraits:
     uses_shared: bool = False
     shared_bytes: int = 0
     epilogue_stores: int = 0
+    products: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -473,6 +476,11 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         unit = None if scalar_fma else path.unit_for(traits.operand_dtypes,
                                                      traits.relaxed_precision)
         wg = None if scalar_fma else _warpgroup_unit(traits, target)
+        if not scalar_fma and traits.products > 1 and \
+                _warpgroup_unit(replace(traits, products=1), target) is not None:
+            reasons.append(f"Dual GEMM ({traits.products} products sharing the left operand): "
+                           "the warp MMA, not the warpgroup MMA, which metile lowers for one "
+                           "product only.")
         staged_on = target
         if wg is not None:
             # The warpgroup path lays out its own dynamic shared memory: stages up to the
@@ -498,6 +506,8 @@ def _warpgroup_unit(traits, target: Target):
     """The target's warpgroup MMA unit when it takes these operands and this tile."""
     from .. import settings
     from .targets import units_for
+    if traits.products > 1:
+        return None   # one product per warpgroup MMA chain: a dual GEMM takes the warp MMA
     for u in units_for(target.language, target.name, settings.wgmma_enabled()):
         if u.warpgroup and u.fits_tile(traits.tile_shape) and \
                 target.shared_memory_optin_bytes and \
@@ -536,7 +546,9 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
     stages (passes/gemm_async.py); the ordinary-load paths have 1 or 2 (double buffering)."""
     bm, bn, bk = traits.tile_shape
     itemsize = max(_ITEMSIZE.get(d, 4) for d in traits.operand_dtypes)
-    stage = (bm * bk + bk * bn) * itemsize
+    products = traits.products
+    stage = (bm * bk + products * bk * bn) * itemsize
+    tiles = f"{bm}x{bk} + {bk}x{bn}" if products == 1 else f"{bm}x{bk} + {products} {bk}x{bn}"
     n = s.num_stages
     if s.double_buffer is True and n not in (None, 2):
         raise ScheduleError(f"double_buffer=True with num_stages={n}",
@@ -589,7 +601,7 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
     if staging == "threadgroup":
         _check_capacity(stage + traits.shared_bytes, target,
                         s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
-                        f"one {bm}x{bk} + {bk}x{bn} operand stage and the kernel's allocations")
+                        f"one {tiles} operand stage and the kernel's allocations")
         into = "per-thread registers" if scalar_fma else f"{target.group_word} fragments"
         reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "
                        f"per stage) and loaded into {into}.")

@@ -1,0 +1,265 @@
+"""Dual GEMM (passes/gemm.py, lower_matmul.py): a K loop carrying two dot recurrences
+that share the left operand, act(A @ B1) * (A @ B2), lowered as one fused GEMM (A staged
+once, both B tiles staged, two accumulator sets, one epilogue over both).
+
+Numbers on the CPU runtime (race and bounds checks on, conftest.py) against float64
+NumPy products of the same rounded inputs: the library kernel `gated_mlp` over ragged
+shapes, dtypes and activations; Triton-style pointer kernels (the shared A as one load or
+as two equal loads); two recurrences of different left operands (the general lowering);
+`metile.ops.gated_mlp` against MLX's composite, gradients included, per backend.  The
+CUDA emission (mma.sync from ordinary staging, and the cp.async ring for 16-bit
+row-major operands) is compiled with NVRTC; the MSL passes the strict check."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile_kernels.gemm import gated_mlp, grid
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+SHAPES = [(75, 45, 37), (1, 1, 1), (130, 70, 200)]
+# float32: strict FP32 products; 16-bit: operands exact, one rounding of the output
+TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float16": dict(rtol=2e-3, atol=2e-3),
+       "bfloat16": dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+def _act(g, activation):
+    if activation == "silu":
+        return g / (1.0 + np.exp(-g))
+    if activation == "relu":
+        return np.maximum(g, 0.0)
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3)))
+
+
+def _rounded(rng, shape, dtype, scale=1.0):
+    a = mx.array((scale * rng.standard_normal(shape)).astype(np.float32)).astype(
+        getattr(mx, dtype))
+    return a, np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def _check(out, ref, dtype):
+    got = np.array(out.astype(mx.float32)).astype(np.float64)
+    scale = max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(got / scale, ref / scale, **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_library_kernel_ragged(rng, dtype):
+    for m, n, k in SHAPES:
+        x, X = _rounded(rng, (m, k), dtype, 1 / np.sqrt(k))
+        wg, WG = _rounded(rng, (n, k), dtype)
+        wu, WU = _rounded(rng, (n, k), dtype)
+        for activation in ("silu", "gelu_tanh", "relu"):
+            d = gated_mlp[grid(m, n)].prepare(x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k,
+                                              ACTIVATION=activation)
+            mm = d.variant.data["lowering"]["matmul"]
+            assert mm["products"] == 2 and "lower_matmul" in d.variant.data["passes"]
+            _check(d(), _act(X @ WG.T, activation) * (X @ WU.T), dtype)
+
+
+@metile.kernel
+def dual_pointer(x_ptr, g_ptr, u_ptr, o_ptr, M, N, K, stride_xm, stride_wk, stride_om,
+                 BLOCK_M: metile.constexpr, BLOCK_N: metile.constexpr,
+                 BLOCK_K: metile.constexpr, TWO_LOADS: metile.constexpr = False):
+    # Triton style: pointers advanced every K step, `acc += dot` and `acc = dot(.., acc)`.
+    pid_m = metile.program_id(0)
+    pid_n = metile.program_id(1)
+    offs_m = pid_m * BLOCK_M + metile.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + metile.arange(0, BLOCK_N)
+    offs_k = metile.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = g_ptr + offs_k[:, None] * stride_wk + offs_n[None, :]
+    u_ptrs = u_ptr + offs_k[:, None] * stride_wk + offs_n[None, :]
+    acc_g = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    acc_u = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in range(0, metile.cdiv(K, BLOCK_K)):
+        left = K - k * BLOCK_K
+        a_mask = (offs_m[:, None] < M) & (offs_k[None, :] < left)
+        b_mask = (offs_k[:, None] < left) & (offs_n[None, :] < N)
+        a = metile.load(x_ptrs, mask=a_mask, other=0.0)
+        acc_g += metile.dot(a, metile.load(g_ptrs, mask=b_mask, other=0.0))
+        if TWO_LOADS:   # the shared operand written twice: equal load expressions
+            a = metile.load(x_ptrs, mask=a_mask, other=0.0)
+        acc_u = metile.dot(a, metile.load(u_ptrs, mask=b_mask, other=0.0), acc_u)
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K * stride_wk
+        u_ptrs += BLOCK_K * stride_wk
+    out = acc_g * metile.sigmoid(acc_g) * acc_u
+    o_ptrs = o_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    metile.store(o_ptrs, out.to(o_ptr.dtype), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _pointer_call(rng, m, n, k, dtype, bm=32, bn=32, bk=16, **kw):
+    x, X = _rounded(rng, (m, k), dtype, 1 / np.sqrt(k))
+    wg, WG = _rounded(rng, (k, n), dtype)
+    wu, WU = _rounded(rng, (k, n), dtype)
+    d = dual_pointer[(metile.cdiv(m, bm), metile.cdiv(n, bn))].prepare(
+        x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k, k, n, n, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=bk, **kw)
+    return d, _act(X @ WG, "silu") * (X @ WU)
+
+
+@pytest.mark.parametrize("two_loads", [False, True])
+def test_pointer_kernel_takes_the_dual_lowering(rng, two_loads):
+    for m, n, k in [(75, 45, 37), (64, 64, 64)]:
+        d, ref = _pointer_call(rng, m, n, k, "float32", TWO_LOADS=two_loads)
+        data = d.variant.data
+        assert "lower_matmul" in data["passes"] and "pointer_recurrence" in data["passes"]
+        mm = data["lowering"]["matmul"]
+        assert mm["products"] == 2 and mm["fragment"] == "simdgroup_matrix 8x8"
+        # A is staged once: one A stage, two B stages
+        names = [a["name"] for a in d.execution_report.to_dict()["allocations"]]
+        assert sum(n.startswith("_sa") for n in names) == 1
+        assert sum(n.startswith("_sb") for n in names) == 2
+        _check(d(), ref, "float32")
+
+
+def test_ffma_path(rng):
+    # A 20-column tile is no whole number of 8x8 fragments: FFMA micro-tiles, two per thread.
+    d, ref = _pointer_call(rng, 40, 30, 21, "float32", bm=32, bn=20, bk=8)
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"] == "ffma" and mm["products"] == 2
+    _check(d(), ref, "float32")
+
+
+@pytest.mark.parametrize("schedule", [dict(double_buffer=True), dict(vector_width=4)])
+def test_specialized_schedule(rng, schedule):
+    # Known sizes: the K loop split with guards proven, then both B stages double-buffered
+    # or copied 4 wide (row-major weights).
+    m, n, k = 70, 72, 40
+    x, X = _rounded(rng, (m, k), "float16", 1 / np.sqrt(k))
+    wg, WG = _rounded(rng, (k, n), "float16")
+    wu, WU = _rounded(rng, (k, n), "float16")
+    d = gated_mlp[grid(m, n, 32, 32)].prepare(
+        x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k, BLOCK_M=32, BLOCK_N=32, BLOCK_K=8,
+        TRANSPOSE_B=False, SCHEDULE=metile.Schedule(**schedule))
+    passes = d.variant.data["passes"]
+    assert "split_k_loop" in passes and d.variant.data["lowering"]["matmul"]["products"] == 2
+    assert ("double_buffer_staging" if "double_buffer" in schedule else "vectorize_staging") \
+        in passes
+    _check(d(), _act(X @ WG, "silu") * (X @ WU), "float16")
+
+
+@metile.kernel
+def two_left_operands(x_ptr, y_ptr, w_ptr, o_ptr, M, N, K, BLOCK_M: metile.constexpr,
+                      BLOCK_N: metile.constexpr, BLOCK_K: metile.constexpr):
+    offs_m = metile.program_id(0) * BLOCK_M + metile.arange(0, BLOCK_M)
+    offs_n = metile.program_id(1) * BLOCK_N + metile.arange(0, BLOCK_N)
+    offs_k = metile.arange(0, BLOCK_K)
+    acc1 = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    acc2 = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, K, BLOCK_K):
+        am = (offs_m[:, None] < M) & (k + offs_k[None, :] < K)
+        bm = (k + offs_k[:, None] < K) & (offs_n[None, :] < N)
+        w = metile.load(w_ptr + (k + offs_k[:, None]) * N + offs_n[None, :], mask=bm, other=0.0)
+        a1 = metile.load(x_ptr + offs_m[:, None] * K + k + offs_k[None, :], mask=am, other=0.0)
+        a2 = metile.load(y_ptr + offs_m[:, None] * K + k + offs_k[None, :], mask=am, other=0.0)
+        acc1 = metile.dot(a1, w, acc1)
+        acc2 = metile.dot(a2, w, acc2)
+    metile.store(o_ptr + offs_m[:, None] * N + offs_n[None, :], metile.maximum(acc1, 0.0) * acc2,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def test_two_recurrences_of_different_left_operands_take_the_general_lowering(rng):
+    m, n, k = 20, 12, 19
+    x, X = _rounded(rng, (m, k), "float32")
+    y, Y = _rounded(rng, (m, k), "float32")
+    w, W = _rounded(rng, (k, n), "float32")
+    d = two_left_operands[(2, 1)].prepare(x, y, w, mx.zeros((m, n)), m, n, k, BLOCK_M=16,
+                                          BLOCK_N=16, BLOCK_K=8)
+    assert "matmul" not in d.variant.data["lowering"]
+    np.testing.assert_allclose(np.array(d()), np.maximum(X @ W, 0) * (Y @ W), rtol=2e-4,
+                               atol=2e-4)
+
+
+def test_plan_counts_both_b_tiles():
+    # 64x64x32 float16: one A tile (4 KiB) and two B tiles (8 KiB) per stage
+    d = gated_mlp[grid(64, 64)].prepare(
+        *(mx.zeros(s, mx.float16) for s in ((64, 32), (64, 32), (64, 32), (64, 64))),
+        64, 64, 32, BLOCK_K=32)
+    assert "(12288 bytes per stage)" in " ".join(d.execution_report.plan.reasons)
+    # float32 64x64x48: one B tile would fit 32 KiB (24 KiB a stage), two do not (36 KiB)
+    with pytest.raises(metile.CompilationError, match=r"staging='threadgroup': one 64x48 \+ 2 "
+                                                      r"48x64 operand stage .* need 36864 bytes"):
+        gated_mlp[grid(64, 64)].prepare(
+            *(mx.zeros(s, mx.float32) for s in ((64, 48), (64, 48), (64, 48), (64, 64))),
+            64, 64, 48, BLOCK_K=48, SCHEDULE=metile.Schedule(staging="threadgroup"))
+
+
+def test_wgmma_and_tensor_ops_plan_the_warp_path(rng, monkeypatch):
+    # The warpgroup MMA (opt-in) would take this 128x128x64 tile; a dual GEMM takes the
+    # warp MMA, and the plan says why.
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
+    d = _cuda_gated(128, 128, 64, 4, transpose_b=False)
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("mma.sync") and mm["products"] == 2
+    assert any("Dual GEMM" in r for r in d.execution_report.plan.reasons)
+    # apple10's tensor_ops / nax paths take one product: the SIMD-group path, said so
+    m, n, k = 40, 48, 24
+    x, X = _rounded(rng, (m, k), "float16", 1 / np.sqrt(k))
+    wg, WG = _rounded(rng, (n, k), "float16")
+    wu, WU = _rounded(rng, (n, k), "float16")
+    d = gated_mlp[grid(m, n)].prepare(x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k,
+                                      target="apple10")
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == "simdgroup_matrix 8x8"
+    assert any("dual GEMM" in r for r in d.execution_report.plan.reasons)
+    _check(d(), _act(X @ WG.T, "silu") * (X @ WU.T), "float16")
+    with pytest.raises(metile.CompilationError, match="the tensor_ops lowering takes one product"):
+        gated_mlp[grid(m, n)].prepare(x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k,
+                                      target="apple10",
+                                      SCHEDULE=metile.Schedule(backend="tensor_ops"))
+
+
+def _cuda_gated(bm, bn, bk, nsg, transpose_b, dtype=mx.float16, m=256, n=256, k=256):
+    x = mx.zeros((m, k), dtype)
+    w = mx.zeros((n, k) if transpose_b else (k, n), dtype)
+    return gated_mlp[grid(m, n, bm, bn)].prepare(
+        x, w, w, mx.zeros((m, n), dtype), m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        num_simdgroups=nsg, TRANSPOSE_B=transpose_b, backend="cuda")
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+@pytest.mark.parametrize("transpose_b", [True, False])
+def test_cuda_emission_compiles(transpose_b):
+    d = _cuda_gated(64, 64, 32, 4, transpose_b)
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["products"] == 2 and mm["fragment"].startswith("mma.sync")
+    # Row-major 16-bit weights take the cp.async ring; transposed ones ordinary staging.
+    assert mm["async_copy"] is (not transpose_b)
+    if not transpose_b:
+        assert len(mm["shared_layout"]) == 3
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+def test_cuda_tf32_scratch_epilogue_compiles():
+    # Relaxed float32 runs mma.sync tf32, whose epilogue goes through a shared scratch:
+    # one per product.
+    x = mx.zeros((100, 48), mx.float32)
+    d = gated_mlp[grid(100, 80)].prepare(x, mx.zeros((80, 48)), mx.zeros((80, 48)),
+                                         mx.zeros((100, 80)), 100, 80, 48, BLOCK_K=16,
+                                         RELAXED_PRECISION=True, backend="cuda")
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["products"] == 2 and "tf32" in mm["fragment"]
+    assert mm["epilogue_from"] == "shared-memory scratch"
+    assert sum(a["name"].startswith("_sc") for a in d.execution_report.to_dict()["allocations"]) == 2
+    ok, log = compile_cuda(translation_unit(d), "sm_80")
+    assert ok, log
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+def test_cuda_pointer_kernel_async_and_float32(rng):
+    x16 = mx.zeros((96, 40), mx.float16)
+    w16 = mx.zeros((40, 72), mx.float16)
+    for x, w in ((x16, w16), (x16.astype(mx.float32), w16.astype(mx.float32))):
+        d = dual_pointer[(2, 2)].prepare(x, w, w, mx.zeros((96, 72), x.dtype), 96, 72, 40, 40,
+                                         72, 72, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32,
+                                         backend="cuda")
+        mm = d.variant.data["lowering"]["matmul"]
+        assert mm["products"] == 2
+        # float16: mma.sync from the cp.async ring; strict float32: FFMA micro-tiles
+        assert mm["async_copy"] is (x.dtype == mx.float16)
+        ok, log = compile_cuda(translation_unit(d), "sm_80")
+        assert ok, log
