@@ -10,11 +10,16 @@ as two equal loads); two recurrences of different left operands (the general low
 CUDA emission (mma.sync from ordinary staging, and the cp.async ring for 16-bit
 row-major operands) is compiled with NVRTC; the MSL passes the strict check."""
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import metile
+import metile.ops as ops
+from conftest import requires_msl_device
+from metile.runtime import routing
 from metile_kernels.gemm import gated_mlp, grid
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
@@ -100,6 +105,7 @@ def _pointer_call(rng, m, n, k, dtype, bm=32, bn=32, bk=16, **kw):
     return d, _act(X @ WG, "silu") * (X @ WU)
 
 
+@requires_msl_device   # the MSL lowering's fragments and allocations
 @pytest.mark.parametrize("two_loads", [False, True])
 def test_pointer_kernel_takes_the_dual_lowering(rng, two_loads):
     for m, n, k in [(75, 45, 37), (64, 64, 64)]:
@@ -173,6 +179,7 @@ def test_two_recurrences_of_different_left_operands_take_the_general_lowering(rn
                                atol=2e-4)
 
 
+@requires_msl_device   # the 32 KiB of threadgroup memory of the Metal targets
 def test_plan_counts_both_b_tiles():
     # 64x64x32 float16: one A tile (4 KiB) and two B tiles (8 KiB) per stage
     d = gated_mlp[grid(64, 64)].prepare(
@@ -187,7 +194,7 @@ def test_plan_counts_both_b_tiles():
             64, 64, 48, BLOCK_K=48, SCHEDULE=metile.Schedule(staging="threadgroup"))
 
 
-def test_wgmma_and_tensor_ops_plan_the_warp_path(rng, monkeypatch):
+def test_wgmma_plans_the_warp_path(monkeypatch):
     # The warpgroup MMA (opt-in) would take this 128x128x64 tile; a dual GEMM takes the
     # warp MMA, and the plan says why.
     monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
@@ -195,6 +202,10 @@ def test_wgmma_and_tensor_ops_plan_the_warp_path(rng, monkeypatch):
     mm = d.variant.data["lowering"]["matmul"]
     assert mm["fragment"].startswith("mma.sync") and mm["products"] == 2
     assert any("Dual GEMM" in r for r in d.execution_report.plan.reasons)
+
+
+@requires_msl_device
+def test_tensor_ops_target_plans_the_simdgroup_path(rng):
     # apple10's tensor_ops / nax paths take one product: the SIMD-group path, said so
     m, n, k = 40, 48, 24
     x, X = _rounded(rng, (m, k), "float16", 1 / np.sqrt(k))
@@ -263,3 +274,92 @@ def test_cuda_pointer_kernel_async_and_float32(rng):
         assert mm["async_copy"] is (x.dtype == mx.float16)
         ok, log = compile_cuda(translation_unit(d), "sm_80")
         assert ok, log
+
+
+# -- metile.ops.gated_mlp ----------------------------------------------------------------------
+
+@pytest.fixture
+def routing_cache(tmp_path, monkeypatch):
+    directory = tmp_path / "routing"
+    monkeypatch.setattr(routing, "routing_dir", lambda: directory)
+    monkeypatch.delenv("METILE_OPS_TUNE", raising=False)
+    routing.clear_memory()
+    yield directory
+    routing.clear_memory()
+
+
+def _weights(rng, n, k, dtype):
+    return (_rounded(rng, (n, k), dtype, 1 / np.sqrt(k)) for _ in range(2))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu"])
+def test_op_matches_mlx_and_numpy(rng, dtype, activation):
+    for lead, n, k in [((2, 3), 45, 37), ((), 7, 16), ((1,), 1, 1)]:
+        x, X = _rounded(rng, (*lead, k), dtype)
+        (wg, WG), (wu, WU) = _weights(rng, n, k, dtype)
+        got = ops.gated_mlp(x, wg, wu, activation, backend="metile")
+        ref = ops.gated_mlp(x, wg, wu, activation, backend="mlx")
+        assert got.shape == ref.shape == (*lead, n) and got.dtype == x.dtype
+        _check(got, _act(X @ WG.T, activation) * (X @ WU.T), dtype)
+        _check(got, np.array(ref.astype(mx.float32)).astype(np.float64), dtype)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu"])
+def test_op_gradients_match_mlx(rng, activation):
+    x, _ = _rounded(rng, (2, 5, 24), "float32")
+    (wg, _), (wu, _) = _weights(rng, 19, 24, "float32")
+    cot = mx.array(rng.standard_normal((2, 5, 19)).astype(np.float32))
+
+    def loss(backend):
+        return lambda *a: (ops.gated_mlp(*a, activation, backend=backend) * cot).sum()
+
+    def composite(x, wg, wu):
+        return (ops.activate(x @ wg.T, activation) * (x @ wu.T) * cot).sum()
+
+    got = mx.grad(loss("metile"), argnums=(0, 1, 2))(x, wg, wu)
+    want = mx.grad(composite, argnums=(0, 1, 2))(x, wg, wu)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.array(g), np.array(w), rtol=1e-4, atol=1e-4)
+    # and through mx.compile
+    compiled = mx.compile(lambda *a: ops.gated_mlp(*a, activation, backend="metile"))
+    np.testing.assert_allclose(np.array(compiled(x, wg, wu)),
+                               np.array(ops.gated_mlp(x, wg, wu, activation, backend="mlx")),
+                               rtol=2e-4, atol=2e-4)
+
+
+def test_auto_routes_by_measurement(rng, routing_cache):
+    x, _ = _rounded(rng, (6, 33), "float32")
+    (wg, _), (wu, _) = _weights(rng, 20, 33, "float32")
+    info = json.loads(ops.explain_gated_mlp(x, wg, wu))
+    assert info["path"] == "mlx_composite" and info["route"]["source"] == "cost_model"
+    key, parts = ops._signature("gated_mlp", x.dtype, 6, 20, 33, "x@w.T", "silu", False)
+    assert parts["op"] == "gated_mlp" and "gated_kernel" in parts
+    assert parts["candidates"] == ["mlx", "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16,"
+                                          "TRANSPOSE_B=True"]
+    assert key != ops._signature("linear", x.dtype, 6, 20, 33, "x@w.T", "silu", False)[0]
+    decision = ops.tune_gated_mlp(x, wg, wu, budget_s=0.01)
+    assert decision["source"] == "measured" and set(decision["timings_us"]) == set(
+        parts["candidates"])
+    explained = json.loads(ops.explain_gated_mlp(x, wg, wu, backend="metile"))
+    assert explained["path"] == "metile_kernel"
+    assert "lower_matmul" in explained["execution_report"]["passes"]
+    np.testing.assert_allclose(np.array(ops.gated_mlp(x, wg, wu)),
+                               np.array(ops.gated_mlp(x, wg, wu, backend="mlx")),
+                               rtol=2e-4, atol=2e-4)
+
+
+def test_op_bad_inputs():
+    x, w = mx.zeros((3, 8)), mx.zeros((5, 8))
+    with pytest.raises(ValueError, match="activation must be one of silu, gelu_tanh, relu"):
+        ops.gated_mlp(x, w, w, "tanh")
+    with pytest.raises(ValueError, match=r"w_gate \(5, 8\) and w_up \(6, 8\) differ"):
+        ops.gated_mlp(x, w, mx.zeros((6, 8)))
+    with pytest.raises(ValueError, match="inner dimensions differ"):
+        ops.gated_mlp(mx.zeros((3, 7)), w, w)
+    with pytest.raises(TypeError, match="must share a dtype"):
+        ops.gated_mlp(x, w, w.astype(mx.float16))
+    with pytest.raises(ValueError, match="w_up must be a 2-D mx.array"):
+        ops.gated_mlp(x, w, mx.zeros((8,)))
+    with pytest.raises(ValueError, match="backend must be 'auto', 'metile' or 'mlx'"):
+        ops.gated_mlp(x, w, w, backend="cuda")

@@ -2,6 +2,7 @@
 
     y = metile.ops.linear(x, weight, bias, activation="gelu_tanh")
     y = metile.ops.matmul(a, b, epilogue="relu")
+    h = metile.ops.gated_mlp(x, w_gate, w_up, activation="silu")   # act(x@wg.T) * (x@wu.T)
 
 Both take and return lazy mx.arrays, work inside mx.compile, and are
 differentiable (mx.custom_function; the backward pass uses MLX ops, recomputing
@@ -13,6 +14,10 @@ per output element (`linear_epilogue` in metile_kernels/gemm.py; the compiler's
 contract for epilogue reads is passes/gemm_epilogue_reads.py):
 
     y = metile.ops.linear(x, weight, bias, "gelu_tanh", residual=h)   # act(x @ w.T + b) + h
+
+`gated_mlp` is a gated MLP's gate and up projections as one dual GEMM (`gated_mlp` in
+metile_kernels/gemm.py): each K step reads the x tile once for both weights, and the
+activation and the product are its fused epilogue; the down projection stays a `linear`.
 
 Shapes are MLX's: `linear` takes x of any rank >= 1 (..., K) and runs one GEMM over
 all its rows; `matmul` follows MLX's matmul (batch dimensions broadcast, 1-D operands
@@ -456,6 +461,21 @@ def _linear_fingerprint() -> str:
     return cache.source_fingerprint(linear_epilogue.fn)
 
 
+@functools.lru_cache(maxsize=1)
+def _gated_fingerprint() -> str:
+    from metile_kernels.gemm import gated_mlp as kernel
+
+    from .runtime import cache
+    return cache.source_fingerprint(kernel.fn)
+
+
+def gated_configs(dtype) -> list[dict]:
+    """gated_mlp's candidate tiles: linear's (the weights read as stored, and on NVIDIA
+    also copied to row-major, which 16-byte asynchronous copies take), never split-K
+    (the two products meet in the epilogue)."""
+    return metile_configs(dtype, "x@w.T")
+
+
 _keys: dict[tuple, tuple[str, dict]] = {}
 
 
@@ -473,7 +493,8 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     hit = _keys.get(memo)
     if hit is not None:
         return hit
-    cfgs = metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
+    cfgs = gated_configs(dtype) if op == "gated_mlp" else \
+        metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
     parts = {"op": op, "dtype": str(dtype).removeprefix("mlx.core."), "m_bucket": m_bucket(m),
              "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
              "device": _device_description(device_type),
@@ -482,6 +503,8 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
         parts["residual"] = has_residual
         parts["linear_kernel"] = _linear_fingerprint()
+    if op == "gated_mlp":   # these run the dual-GEMM kernel
+        parts["gated_kernel"] = _gated_fingerprint()
     if any("SPLIT_K" in c for c in cfgs):   # candidates that run the split-K kernels
         parts["split_k_kernels"] = _split_k_fingerprint()
     if batch_parts is not None:   # these run batched_matmul_epilogue, one GEMM per batch index
@@ -505,6 +528,11 @@ def _cost_model() -> routing.Decision:
 
 def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False,
                 batched=False, shape=None):
+    if op == "gated_mlp":   # (x2, w_gate, w_up), the weights as stored (N, K)
+        return [routing.Candidate(routing.REFERENCE,
+                                  lambda x, wg, wu: _gated_mlx(x, wg, wu, activation))] + [
+            routing.Candidate(_config_name(c), lambda x, wg, wu, c=c: _fused_gated(
+                activation, c)(x, wg, wu)) for c in gated_configs(dtype)]
     if op == "matmul" and batched:   # a3 (batch or 1, M, K), b3 (batch or 1, K, N)
         ref = routing.Candidate(routing.REFERENCE, lambda a, b: _matmul_mlx(a, b, activation, slope))
         return [ref] + [routing.Candidate(_config_name(c),
@@ -548,6 +576,7 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     a2, b = arrays[0], arrays[1]
     m, k = a2.shape[-2:]
     n = b.shape[-1] if op == "matmul" else b.shape[0]
+    gated = op == "gated_mlp"   # arrays (x2, w_gate, w_up): no bias, no split-K kernels
     batch = None
     if a2.ndim == 3:
         batch = (matmul_shapes.batch_count(a2, b), matmul_shapes.sharing(a2, b))
@@ -558,11 +587,12 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     if backend == "metile":
         block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS,
                        batch=1 if batch is None else batch[0], k=k)
+        block = _kernel_block(block) if gated else block
         return _Route("metile", block, routing.Decision(_config_name(block), "requested",
                                                         "backend='metile' requested"))
-    has_bias = len(arrays) > 2
+    has_bias = len(arrays) > 2 and not gated
     has_residual = residual is not None
-    shape = None if batch is not None else (m_bucket(m), n, k)
+    shape = None if batch is not None or gated else (m_bucket(m), n, k)
     key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual,
                             batch)
     entry, path = (None, None) if force else routing.lookup(key)
@@ -575,6 +605,8 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
             view = layout == "a@b.T"   # measured on a transposed view, as called
             shapes = [tuple(a2.shape), (n, k) if view else tuple(b.shape)] \
                 + ([tuple(arrays[2].shape)] if has_bias else []) + ([(m, n)] if has_residual else [])
+            if gated:
+                shapes = [tuple(x.shape) for x in arrays]
             operands = _operands(shapes, a2.dtype)
             if view:
                 operands[1] = operands[1].T
@@ -587,7 +619,8 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
             decision = _cost_model()
     if decision.winner == routing.REFERENCE:
         return _Route("mlx", None, decision)
-    by_name = {_config_name(c): c for c in metile_configs(a2.dtype, layout, shape)}
+    by_name = {_config_name(c): c for c in (gated_configs(a2.dtype) if gated else
+                                            metile_configs(a2.dtype, layout, shape))}
     if decision.winner not in by_name:   # a decision naming a tile this version lacks
         return _Route("mlx", None, _cost_model())
     return _Route("metile", by_name[decision.winner], decision)
@@ -694,6 +727,112 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     else:
         out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+GATED_ACTIVATIONS = ("silu", "gelu_tanh", "relu")
+
+
+def _gated_mlx(x2, w_gate, w_up, activation):
+    """MLX's composite: the activation and the product in float32, one rounding."""
+    g = (x2 @ w_gate.T).astype(mx.float32)
+    u = (x2 @ w_up.T).astype(mx.float32)
+    return (activate(g, activation) * u).astype(x2.dtype)
+
+
+def _launch_gated(x2, w_gate, w_up, activation, block, dispatch_only=False):
+    """The weights as stored (N, K); a block without TRANSPOSE_B multiplies their
+    transposes, which the custom-kernel call copies to row-major."""
+    from metile_kernels.gemm import gated_mlp as kernel, grid
+
+    m, k = x2.shape
+    n = w_gate.shape[0]
+    transpose = bool(block.get("TRANSPOSE_B"))
+    tile = {key: v for key, v in block.items() if key != "TRANSPOSE_B"}
+    launcher = kernel[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
+    args = (x2, _linear_operand(w_gate, block), _linear_operand(w_up, block),
+            mx.zeros((m, n), x2.dtype), m, n, k)
+    kw = dict(ACTIVATION=activation, TRANSPOSE_B=transpose, **tile)
+    return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+
+
+def _fused_gated(activation, block):
+    """A differentiable act(x2 @ w_gate.T) * (x2 @ w_up.T) whose forward is one dual-GEMM
+    kernel; the backward pass is MLX's, in float32, recomputing both products."""
+
+    @mx.custom_function
+    def f(x2, w_gate, w_up):
+        return _launch_gated(x2, w_gate, w_up, activation, block)
+
+    @f.vjp
+    def f_vjp(primals, cotangent, output):
+        x2, w_gate, w_up = primals
+        x, wg, wu = (t.astype(mx.float32) for t in primals)
+        g, u = x @ wg.T, x @ wu.T
+        c = cotangent.astype(mx.float32)
+        d_gate = c * u * _activation_grad(g, activation, LEAKY_SLOPE)
+        d_up = c * activate(g, activation)
+        return ((d_gate @ wg + d_up @ wu).astype(x2.dtype),
+                (d_gate.T @ x).astype(w_gate.dtype), (d_up.T @ x).astype(w_up.dtype))
+
+    return f
+
+
+def _gated_args(x, w_gate, w_up, activation):
+    if activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"[metile.ops] gated_mlp's activation must be one of "
+                         f"{', '.join(GATED_ACTIVATIONS)}, got {activation!r}")
+    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
+        if not isinstance(w, mx.array) or w.ndim != 2:
+            raise ValueError(f"[metile.ops] {name} must be a 2-D mx.array (hidden, in_features)")
+    if w_gate.shape != w_up.shape:
+        raise ValueError(f"[metile.ops] w_gate {w_gate.shape} and w_up {w_up.shape} differ in "
+                         "shape")
+    _check(x, w_gate.T, None)
+    _check_arrays(x, w_up)
+    return _rows(x), w_gate, w_up
+
+
+def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto"):
+    """activation(x @ w_gate.T) * (x @ w_up.T): a gated MLP's (llama's SwiGLU, GeGLU) gate
+    and up projections, weights stored (hidden, in_features) as in mlx.nn.Linear (no
+    bias), x (..., in_features) of any rank >= 1, the result (..., hidden) in x's dtype.
+    `activation`: "silu" (x * sigmoid(x)), "gelu_tanh" or "relu".  On the metile path
+    it is one dual-GEMM kernel (both products from one read of x, the gate fused into
+    the store); routed like `linear` (`backend=`).  Call it explicitly in a model's
+    MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
+    forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
+    x2, w_gate, w_up = _gated_args(x, w_gate, w_up, activation)
+    route = _route("gated_mlp", (x2, w_gate, w_up), activation, LEAKY_SLOPE, backend)
+    if route.path == "mlx":
+        out = _gated_mlx(x2, w_gate, w_up, activation)
+    else:
+        out = _fused_gated(activation, route.block)(x2, w_gate, w_up)
+    return out.reshape(*x.shape[:-1], w_gate.shape[0])
+
+
+def tune_gated_mlp(x, w_gate, w_up, activation: str = "silu", *, budget_s: float | None = None,
+                   force: bool = False, clock=None) -> dict:
+    """tune_linear for `gated_mlp`'s signature."""
+    arrays = _gated_args(x, w_gate, w_up, activation)
+    with routing.tuning_scope(budget_s, clock):
+        route = _route("gated_mlp", arrays, activation, LEAKY_SLOPE, "auto", measure=True,
+                       force=force)
+    return route.decision.to_dict()
+
+
+def explain_gated_mlp(x, w_gate, w_up, activation: str = "silu", *,
+                      backend: str = "auto") -> str:
+    """Which path `gated_mlp` takes, why, and the kernel's report; never measures."""
+    arrays = _gated_args(x, w_gate, w_up, activation)
+    route = _route("gated_mlp", arrays, activation, LEAKY_SLOPE, backend, measure=False)
+    d = route.decision
+    info = {"op": "gated_mlp", "path": "metile_kernel" if route.path == "metile" else
+            "mlx_composite", "reason": d.reason, "activation": activation, "route": d.to_dict()}
+    if route.path == "metile":
+        dispatch = _launch_gated(*arrays, activation, route.block, dispatch_only=True)
+        info["config"] = dict(route.block)
+        info["execution_report"] = dispatch.execution_report.to_dict()
+    return json.dumps(info, indent=2)
 
 
 # -- measuring on request -----------------------------------------------------------------------
