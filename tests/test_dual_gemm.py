@@ -255,7 +255,8 @@ def test_cuda_tf32_scratch_epilogue_compiles():
     mm = d.variant.data["lowering"]["matmul"]
     assert mm["products"] == 2 and "tf32" in mm["fragment"]
     assert mm["epilogue_from"] == "shared-memory scratch"
-    assert sum(a["name"].startswith("_sc") for a in d.execution_report.to_dict()["allocations"]) == 2
+    allocations = d.execution_report.to_dict()["allocations"]
+    assert sum(a["name"].startswith("_sc") for a in allocations) == 2
     ok, log = compile_cuda(translation_unit(d), "sm_80")
     assert ok, log
 
