@@ -4,6 +4,7 @@ in the generated MSL, debug output and the compile cache."""
 import re
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import metile
@@ -100,6 +101,29 @@ def test_full_coverage_proof_avoids_copy():
                                  BLOCK=256, backend="msl")
     assert d.variant.data["outputs"] == ["Z", "Z_written"] and d.tracked == [0]
     assert "Z_in" in d.variant.data["inputs"]
+
+
+@metile.kernel
+def scale2d(X, Y, M, N, BM: metile.constexpr, BN: metile.constexpr):
+    # Triton's spelling: offsets built per axis, then expanded, added pointer by pointer
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = metile.load(X + rows[:, None] * N + cols[None, :], mask=mask)
+    metile.store(Y + rows[:, None] * N + cols[None, :], x * 2.0, mask=mask)
+
+
+def test_full_coverage_proof_of_triton_style_2d_stores():
+    x = mx.arange(70 * 45).reshape(70, 45).astype(mx.float32)
+    d = scale2d[(5, 3)].prepare(x, mx.zeros((70, 45)), 70, 45, BM=16, BN=16)
+    assert d.variant.data["outputs"] == ["Y"] and not d.tracked
+    np.testing.assert_array_equal(np.array(d()), np.array(x) * 2)
+    # one program row short of the output: the written-mask keeps the rest
+    d = scale2d[(4, 3)].prepare(x, mx.full((70, 45), -1.0), 70, 45, BM=16, BN=16)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"]
+    want = np.full((70, 45), -1.0, np.float32)
+    want[:64] = np.array(x)[:64] * 2
+    np.testing.assert_array_equal(np.array(d()), want)
 
 
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):

@@ -154,10 +154,17 @@ def _layout(v: Value) -> tuple[int, int] | None:
 
 
 def _index(v: Value) -> tuple[int, int, int] | None:
-    """(tile dim, block, program axis) if v == program_id(axis) * B + arange(0, B) along a dim."""
+    """(tile dim, block, program axis) if v == program_id(axis) * B + arange(0, B) along a dim,
+    possibly moved by expand_dims/broadcast afterwards (Triton's `rows[:, None]` of
+    `rows = pid * B + arange(0, B)`) as well as before."""
     op = defining_op(v)
     while op is not None and op.name == "broadcast":
         op = defining_op(op.operands[0])
+    if op is not None and op.name == "expand_dims":
+        inner = _index(op.operands[0])
+        if inner is None:
+            return None
+        return (inner[0] + (1 if op.attrs["axis"] <= inner[0] else 0), inner[1], inner[2])
     if op is None or op.name != "add":
         return None
     for a, b in (op.operands, op.operands[::-1]):
@@ -221,9 +228,16 @@ def _bounds(mask: Value, params: dict) -> dict | None:
     return None
 
 
-def _tile_coverage(offs: Value, mask: Value | None, params: dict) -> TileCoverage | None:
-    terms = _terms(offs, params)
-    if terms is None or mask is None or len(terms) != 2:
+def _tile_coverage(offsets: list[Value], mask: Value | None, params: dict) -> TileCoverage | None:
+    """The 2-D tile a store covers when its offsets (one per pointer add, e.g. Triton's
+    `Y + rows[:, None] * N + cols[None, :]`) sum to row * stride + column."""
+    terms = []
+    for offs in offsets:
+        part = _terms(offs, params)
+        if part is None:
+            return None
+        terms += part
+    if mask is None or len(terms) != 2:
         return None
     by_dim = {idx[0]: (idx, coef) for idx, coef in terms}
     bounds = _bounds(mask, params)
@@ -294,11 +308,16 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
         if ptr is None or ptr.name != "ptr_add":
             continue
         base, offs = ptr.operands
-        if id(strip_broadcasts(base)) not in params:
+        offsets = [offs]
+        base = strip_broadcasts(base)
+        while (inner := defining_op(base)) is not None and inner.name == "ptr_add":
+            offsets.append(inner.operands[1])
+            base = strip_broadcasts(inner.operands[0])
+        if id(base) not in params:
             continue
-        block = block_offsets(offs)
+        block = block_offsets(offs) if len(offsets) == 1 else None
         if block is None:
-            tile = _tile_coverage(offs, store.operands[2] if len(store.operands) == 3 else None,
+            tile = _tile_coverage(offsets, store.operands[2] if len(store.operands) == 3 else None,
                                   params)
             if tile is not None:
                 out[root] = tile
