@@ -113,8 +113,10 @@ def _launch_key(grid, args, kwargs):
         else:
             return None
     try:
-        # with types: True == 1 and 1.0 == 1 must not share an entry
-        options = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
+        # with types: True == 1 and 1.0 == 1 must not share an entry.  In call order, not
+        # sorted: one call site passes its options in one order (another order is only
+        # another entry), and sorting was a measurable part of an eager launch.
+        options = tuple((k, type(v), v) for k, v in kwargs.items())
         hash(options)
     except TypeError:
         return None
