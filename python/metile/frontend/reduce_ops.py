@@ -18,7 +18,7 @@ from ..ir.core import Value
 from ..ir.types import ScalarType, TileType, dtype_of, with_shape
 from ..language import dtypes as dt
 from .builtins import _keep_dims, builtin
-from .scans import _axis, combine_region
+from .scans import _axis, combine_region, tile_operands
 from .semantics import describe
 
 
@@ -45,17 +45,7 @@ _bitwise("or", "reduce_or")
 @builtin("input, axis, combine_fn, keep_dims=False")
 def reduce(gen, input, axis, combine_fn, keep_dims):
     what = "reduce()"
-    single = not isinstance(input, tuple)
-    tiles = (input,) if single else input
-    if not tiles:
-        raise CompilationError(f"{what} needs a tile or a tuple of tiles, got an empty tuple")
-    for t in tiles:
-        if not isinstance(t, Value) or not isinstance(t.type, TileType):
-            raise CompilationError(f"{what} needs tiles, got {describe(t)}")
-    shape = tiles[0].type.shape
-    if any(t.type.shape != shape for t in tiles):
-        raise CompilationError(f"{what} inputs must have one shape, got "
-                               f"{', '.join(str(t.type.shape) for t in tiles)}")
+    single, tiles, shape = tile_operands(input, what)
     if axis is not None:
         axis = _axis(axis, len(shape), what)
     if not isinstance(keep_dims, bool):

@@ -35,9 +35,9 @@ def _axis(axis, rank: int, what: str) -> int:
     return axis % rank
 
 
-@builtin("input, axis, combine_fn, reverse=False")
-def associative_scan(gen, input, axis, combine_fn, reverse):
-    what = "associative_scan()"
+def tile_operands(input, what: str):
+    """(single, tiles, shape) of a scan's or reduction's input: one tile or a non-empty
+    tuple of tiles of one shape."""
     single = not isinstance(input, tuple)
     tiles = (input,) if single else input
     if not tiles:
@@ -49,6 +49,13 @@ def associative_scan(gen, input, axis, combine_fn, reverse):
     if any(t.type.shape != shape for t in tiles):
         raise CompilationError(f"{what} inputs must have one shape, got "
                                f"{', '.join(str(t.type.shape) for t in tiles)}")
+    return single, tiles, shape
+
+
+@builtin("input, axis, combine_fn, reverse=False")
+def associative_scan(gen, input, axis, combine_fn, reverse):
+    what = "associative_scan()"
+    single, tiles, shape = tile_operands(input, what)
     axis = _axis(axis, len(shape), what)
     if not isinstance(reverse, bool):
         raise CompilationError(f"{what} reverse must be a constexpr bool")
