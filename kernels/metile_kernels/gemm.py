@@ -71,6 +71,21 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + metile.tanh(inner))
 
 
+@metile.inline
+def activation(x, EPILOGUE, NEGATIVE_SLOPE):
+    """matmul_epilogue's pointwise epilogues that take no alpha/beta."""
+    result = x
+    if EPILOGUE == "affine_leaky":
+        result = metile.where(x > 0, x, x * NEGATIVE_SLOPE)
+    elif EPILOGUE == "relu":
+        result = metile.maximum(x, 0.0)
+    elif EPILOGUE == "gelu_tanh":
+        result = gelu_tanh(x)
+    elif EPILOGUE == "sigmoid_gated":
+        result = x * metile.sigmoid(x)
+    return result
+
+
 @metile.kernel
 def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
                     BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
@@ -137,14 +152,7 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
         per_row = metile.tensor(bias, shape=(rows,), strides=(1,), block_shape=(BLOCK_M,),
                                 access="read")
         result = result + per_row.load((row_origin,)).to(metile.float32)[:, None]
-    if EPILOGUE == "affine_leaky":
-        result = metile.where(result > 0, result, result * NEGATIVE_SLOPE)
-    elif EPILOGUE == "relu":
-        result = metile.maximum(result, 0.0)
-    elif EPILOGUE == "gelu_tanh":
-        result = gelu_tanh(result)
-    elif EPILOGUE == "sigmoid_gated":
-        result = result * metile.sigmoid(result)
+    result = activation(result, EPILOGUE, NEGATIVE_SLOPE)
     if RESIDUAL:
         r = metile.tensor(residual, shape=(rows, columns), strides=(columns, 1),
                           block_shape=(BLOCK_M, BLOCK_N), access="read")
@@ -192,21 +200,6 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
 def batched_grid(batch: int, rows: int, columns: int, BLOCK_M: int = 64,
                  BLOCK_N: int = 64) -> tuple[int, int, int]:
     return (metile.cdiv(rows, BLOCK_M), metile.cdiv(columns, BLOCK_N), batch)
-
-
-@metile.inline
-def activation(x, EPILOGUE, NEGATIVE_SLOPE):
-    """matmul_epilogue's pointwise epilogues that take no alpha/beta."""
-    result = x
-    if EPILOGUE == "affine_leaky":
-        result = metile.where(x > 0, x, x * NEGATIVE_SLOPE)
-    elif EPILOGUE == "relu":
-        result = metile.maximum(x, 0.0)
-    elif EPILOGUE == "gelu_tanh":
-        result = gelu_tanh(x)
-    elif EPILOGUE == "sigmoid_gated":
-        result = x * metile.sigmoid(x)
-    return result
 
 
 @metile.kernel
