@@ -105,15 +105,23 @@ def test_schedule_asking_for_ordinary_loads_falls_back_to_warp_mma():
     assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("mma.sync")
 
 
-def test_transposed_right_operand_falls_back_to_warp_mma():
-    # A [N, K] weight is contiguous along K, not along the tile's last axis.
-    m, n, k = 256, 256, 128
-    x, w = mx.zeros((m, k), dtype=mx.float16), mx.zeros((n, k), dtype=mx.float16)
-    d = linear_epilogue[grid(m, n, 128, 256)].prepare(
-        x, w, mx.zeros((m, n), dtype=mx.float16), mx.zeros((n,), dtype=mx.float16),
-        mx.zeros((m, n), dtype=mx.float16), m, n, k, **WG, TRANSPOSE_B=True,
-        backend="cuda")
-    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("mma.sync")
+def linear_prepare(shape, dtype="float16"):
+    # A [N, K] weight read as the (K, N) right operand: contiguous along K, not N
+    m, n, k = shape
+    d = getattr(mx, dtype)
+    x, w = mx.zeros((m, k), dtype=d), mx.zeros((n, k), dtype=d)
+    return linear_epilogue[grid(m, n, 128, 256)].prepare(
+        x, w, mx.zeros((m, n), dtype=d), mx.zeros((n,), dtype=d), mx.zeros((m, n), dtype=d),
+        m, n, k, **WG, TRANSPOSE_B=True, EPILOGUE="gelu_tanh", backend="cuda")
+
+
+def test_transposed_right_operand_is_read_k_major():
+    d = linear_prepare((256, 256, 128))
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"] == "wgmma m64nNk16 (warpgroup)"
+    body = d.variant.data["body"]
+    # both operands K-major: no imm-trans-b, B's descriptors stride 1024 bytes per 8 rows
+    assert "m64n256k16_f16(" in body and "_tb(" not in body
 
 
 # -- NVRTC (compiles for the device, never launches) ------------------------------------------
@@ -131,6 +139,14 @@ def test_compiles_for_sm90a_and_not_for_sm90(dtype, kernel):
     assert ok, log
     ok, log = nvrtc.compile_cuda(tu, "sm_90")
     assert not ok and "wgmma" in log
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_k_major_right_operand_compiles_for_sm90a(dtype):
+    ok, log = nvrtc.compile_cuda(nvrtc.translation_unit(linear_prepare((1000, 1000, 1000), dtype)),
+                                 "sm_90a")
+    assert ok, log
 
 
 @needs_nvrtc
@@ -206,3 +222,18 @@ def test_offset_view_operands_on_the_gpu(rng):
     ref = ref[:, 1:]
     out = matmul[grid(m, n, 128, 256)](a, bv, mx.zeros((m, n)), m, n, k, **WG)
     check(out, ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_linear_weight_layout_on_the_gpu(rng, dtype):
+    # bias + gelu epilogue, weight read as stored (N, K), ragged sizes
+    m, n, k = 300, 520, 200
+    d = getattr(mx, dtype)
+    x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
+    w = mx.array(rng.standard_normal((n, k)).astype(np.float32)).astype(d)
+    bias = mx.array(rng.standard_normal((n,)).astype(np.float32)).astype(d)
+    out = linear_epilogue[grid(m, n, 128, 256)](x, w, mx.zeros((m, n)), bias, x, m, n, k, **WG,
+                                                TRANSPOSE_B=True, BIAS="columns")
+    X, W, B = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (x, w, bias))
+    check(out, X @ W.T + B)

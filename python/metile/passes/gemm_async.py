@@ -122,19 +122,30 @@ def _conjuncts(mask: Value) -> list[Value]:
     return [mask]
 
 
-def plain_contiguous_operands(g) -> bool:
-    """Both operand tiles of `g` are plain 2-D loads contiguous along their last axis
-    in 16-byte groups (the static half of `AsyncStaging.async_eligible`)."""
+def copy_axis(value, group: int, k_major_b: bool = False) -> int | None:
+    """The axis along which an operand tile is a plain 2-D load contiguous in 16-byte
+    groups of `group` elements: 1 (its last axis), 0 (K, for a right operand stored
+    (N, K), only where `k_major_b`: the warpgroup unit reads it K-major), else None."""
+    ld = staging_load(value)
+    if ld is None or len(ld.results[0].type.shape) != 2:
+        return None
+    coeffs = _axis_coeffs(ld.operands[0], {})
+    if coeffs is False:
+        return None
+    shape = ld.results[0].type.shape
+    for axis in ((1, 0) if k_major_b else (1,)):
+        if coeffs.get(axis) == 1 and shape[axis] % group == 0:
+            return axis
+    return None
+
+
+def plain_contiguous_operands(g, k_major_b: bool = False) -> bool:
+    """Every operand tile of `g` is a plain 2-D load contiguous along its last axis in
+    16-byte groups, or (`k_major_b`) a right operand contiguous along K (the static half
+    of `AsyncStaging.async_eligible`)."""
     group = 16 // g.operand_dtype.itemsize
-    for value in g.operands:
-        ld = staging_load(value)
-        if ld is None or len(ld.results[0].type.shape) != 2 or \
-                ld.results[0].type.shape[1] % group:
-            return False
-        coeffs = _axis_coeffs(ld.operands[0], {})
-        if coeffs is False or coeffs.get(1) != 1:
-            return False
-    return True
+    return copy_axis(g.a, group) == 1 and all(
+        copy_axis(b, group, k_major_b) is not None for b in g.bs)
 
 
 class AsyncStaging:
@@ -150,12 +161,11 @@ class AsyncStaging:
         od = self.gemm.operand_dtype
         group = 16 // od.itemsize
         self.async_loads = {}
+        k_major_b = bool(unit.warpgroup)
         for value in self.gemm.operands:
             ld = staging_load(value)
-            if ld is None or len(ld.results[0].type.shape) != 2:
-                return False
-            rows, cols = ld.results[0].type.shape
-            if cols % group or (rows * cols // group) % 1:
+            axis = copy_axis(value, group, k_major_b and value is not self.gemm.a)
+            if axis is None:
                 return False
             root = elem_type(ld.operands[0].type).root
             if elem_type(ld.operands[0].type).space == "threadgroup" or \
@@ -166,26 +176,24 @@ class AsyncStaging:
                 if not (isinstance(other, Op) and other.name in ("const", "splat")
                         and _float_zero(other)):
                     return False
-            coeffs = _axis_coeffs(ld.operands[0], {})
-            if coeffs is False or coeffs.get(1) != 1:
-                return False
             checks = []
             if len(ld.operands) > 1:
                 for c in _conjuncts(ld.operands[1]):
-                    checks.append((c, self._conjunct_mode(c)))
-            self.async_loads[id(ld)] = (ld, checks)
+                    checks.append((c, self._conjunct_mode(c, axis)))
+            self.async_loads[id(ld)] = (ld, checks, axis)
         return True
 
-    def _conjunct_mode(self, c: Value) -> str:
-        if 1 not in _axes(c, {}):
-            return "once"   # independent of the column (constant over the group)
+    def _conjunct_mode(self, c: Value, axis: int = 1) -> str:
+        """How a mask conjunct is tested for a 16-byte group along `axis`."""
+        if axis not in _axes(c, {}):
+            return "once"   # independent of the grouped axis (constant over the group)
         op = c.owner
         while isinstance(op, Op) and op.name == "broadcast":
             op = op.operands[0].owner
         if isinstance(op, Op) and op.name in _MONOTONE:
             lhs, rhs = (_axis_coeffs(o, {}) for o in op.operands)
-            if lhs is not False and rhs is not False and not rhs.get(1) \
-                    and isinstance(lhs.get(1), int) and lhs[1] > 0:
+            if lhs is not False and rhs is not False and not rhs.get(axis) \
+                    and isinstance(lhs.get(axis), int) and lhs[axis] > 0:
                 return _MONOTONE[op.name]
         return "each"
 
@@ -237,15 +245,19 @@ class AsyncStaging:
 
     def _async_copy(self, b: Builder, stage) -> None:
         for value, st, shape in self.operand_stages():   # A, then each product's B
-            ld, checks = self.async_loads[id(staging_load(value))]
+            ld, checks, axis = self.async_loads[id(staging_load(value))]
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))
-            self._copy_groups(b, ld, checks, st, shape, base)
+            self._copy_groups(b, ld, checks, st, shape, base, axis)
 
-    def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value) -> None:
+    def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1) -> None:
+        """The tile's 16-byte groups along `axis` (1: rows of columns; 0: columns of
+        rows, a right operand stored (N, K) for the warpgroup unit), each one cp.async or
+        element copies, into the stage's layout (`swizzled_offset`)."""
         rows, cols = shape
         group = 16 // st.dtype.itemsize
-        groups = cols // group
+        along, across = (cols, rows) if axis == 1 else (rows, cols)
+        groups = along // group
         root = self.buffers[(elem_type(ld.operands[0].type).root, "read")]
         swz = self.swizzles.get(st.name)
 
@@ -257,17 +269,22 @@ class AsyncStaging:
                       for x, s, t in zip([row, col], c.type.shape, shape)]
             return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
 
+        def coords(lb, line, pos):
+            """(row, col) of element `pos` along the grouped axis of line `line`."""
+            return (line, pos) if axis == 1 else (pos, line)
+
         def body(lb: Builder, lin: Value) -> None:
-            row = self._i(lb, "idiv", lin, groups)
-            col = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
-            cols_e = [self._i(lb, "add", col, e) for e in range(group)]
+            line = self._i(lb, "idiv", lin, groups)
+            start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
+            row, col = coords(lb, line, start)
+            along_e = [self._i(lb, "add", start, e) for e in range(group)]
             index = self.elem(ld.operands[0], at(lb, row, col))
             full = None
             for c, mode in checks:
-                where = {"once": [col], "first": [col], "last": [cols_e[-1]],
-                         "each": cols_e}[mode]
+                where = {"once": [start], "first": [start], "last": [along_e[-1]],
+                         "each": along_e}[mode]
                 for x in where:
-                    m = conj(lb, c, row, x)
+                    m = conj(lb, c, *coords(lb, line, x))
                     full = m if full is None else lb.value("and", [full, m], BOOL)
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             ok = lb.value("aligned16", [index], BOOL, root=root)
@@ -282,14 +299,14 @@ class AsyncStaging:
                 idx = self._i(eb, "add", index, e)
                 mask = None
                 for c, _ in checks:
-                    m = conj(eb, c, row, self._i(eb, "add", col, e))
+                    m = conj(eb, c, *coords(eb, line, self._i(eb, "add", start, e)))
                     mask = m if mask is None else eb.value("and", [mask, m], BOOL)
                 args = [idx] if mask is None else [idx, mask, zero]
                 v = self.emit_load(eb, ld, args)
                 eb.op("mem_store", [self._i(eb, "add", dst, e), v], [],
                       {"root": st.name, "space": "threadgroup"})
 
-        n = rows * groups
+        n = across * groups
         tid = b.value("thread_id", [], I32)
         # Unrolled over this thread's groups: constant slot offsets let the compiler hoist
         # the per-group address and swizzle arithmetic out of the K loop.
@@ -308,6 +325,8 @@ class AsyncStaging:
         """Element offset of (row, col) (col a multiple of the chunk) in a swizzled tile."""
         if swz is not None and swz[0] == "atoms":   # wgmma's SW128 atoms (gemm_wgmma.py)
             return self.atom_offset(b, row, col, swz[1])
+        if swz is not None and swz[0] == "atoms_t":  # the same, stored transposed (K-major B)
+            return self.atom_offset(b, col, row, swz[1])
         if swz is None:
             return self._i(b, "add", self._i(b, "mul", row, ld), col)
         group, (u, cm) = 16 // self.gemm.operand_dtype.itemsize, swz

@@ -15,7 +15,9 @@ contiguous along K) is then K-major: one descriptor per 16-wide K step, start at
 the step's first column inside its atom, stride between 8-row groups 1024 bytes.
 B (BK x BN, contiguous along N) is N-major (imm-trans-b = 1): start at the step's
 first row, 1024 bytes between 8-row groups along K, BK * 128 bytes between the
-64-column atoms along N.  Every stage starts 1024-byte aligned (the swizzle is a
+64-column atoms along N.  A right operand stored (N, K) (a Linear's weight read as
+its transpose) is contiguous along K: it is stored like A, as BN rows of K-major
+atoms (imm-trans-b = 0), its copies grouped along K.  Every stage starts 1024-byte aligned (the swizzle is a
 function of the address bits), so the operand tiles live in dynamic shared memory
 (up to the target's opt-in limit, more than CUDA's 48 KiB of static shared memory).
 
@@ -43,6 +45,7 @@ from ..ir.core import Builder, Op, Value
 from ..ir.types import ScalarType
 from ..language import dtypes as dt
 from .gemm_async import _block
+from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Storage
 
 F32 = ScalarType(dt.float32)
@@ -77,7 +80,13 @@ class WarpgroupGemm:
         self.stage_a = self._wg_storage(od, stages * bm * bk, (bm, bk))
         self.stage_b = self._wg_storage(od, stages * bk * bn, (bk, bn))
         self.stage_bs = [self.stage_b]   # one product (plan_gemm keeps duals off this path)
-        self.swizzles = {self.stage_a.name: ("atoms", bm), self.stage_b.name: ("atoms", bk)}
+        # B as loaded: contiguous along N (N-major atoms of BK rows, imm-trans-b) or, a
+        # right operand stored (N, K) such as a Linear's weight, along K (K-major atoms of
+        # BN rows, read like A).
+        _, _, b_axis = self.async_loads[id(staging_load(g.bs[0]))]
+        self.b_k_major = b_axis == 0
+        self.swizzles = {self.stage_a.name: ("atoms", bm),
+                         self.stage_b.name: ("atoms_t", bn) if self.b_k_major else ("atoms", bk)}
         self.lowering_passes.append("warpgroup_mma")
         self.k_body = op.regions[0]
 
@@ -145,7 +154,12 @@ class WarpgroupGemm:
         b_stage = self._i(b, "mul", stage, bk * bn)
         for kk in range(bk // 16):
             k0 = kk * 16
-            b_off = self._i(b, "add", b_stage, k0 * ATOM)
+            if self.b_k_major:   # columns k0.. of the atom holding them, all BN rows
+                b_off = self._i(b, "add", b_stage, (k0 // ATOM) * bn * ATOM + k0 % ATOM)
+                b_desc = {"b_lbo": 16, "b_sbo": 8 * ATOM * size, "trans_b": 0}
+            else:                # rows k0.. of every N atom
+                b_off = self._i(b, "add", b_stage, k0 * ATOM)
+                b_desc = {"b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1}
             for i in range(self.wg_fr):
                 # A rows row0 + 64i.. of the atom holding columns k0..k0+15
                 a_row = self._i(b, "add", self.wg_row0, i * 64)
@@ -154,8 +168,7 @@ class WarpgroupGemm:
                 b.op("wgmma", [a_off, b_off], [], {
                     "acc": self.wg_acc[i], "n": bn, "dtype": g.operand_dtype.name,
                     "a": self.stage_a.name, "b": self.stage_b.name,
-                    "a_lbo": 16, "a_sbo": 8 * ATOM * size,
-                    "b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1})
+                    "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
 
     def atom_offset(self, b: Builder, row: Value, col: Value, rows: int) -> Value:
         """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout."""

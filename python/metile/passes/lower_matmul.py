@@ -110,7 +110,7 @@ def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> Gemm
     their last axis (what the swizzled cp.async copies need)."""
     from .gemm_async import plain_contiguous_operands
     bm, bn, bk = g.tile
-    if not unit.fits_tile(g.tile) or not plain_contiguous_operands(g):
+    if not unit.fits_tile(g.tile) or not plain_contiguous_operands(g, k_major_b=True):
         return None
     rows = bm // 64
     if requested_threads:
@@ -548,7 +548,8 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
 
     def matmul_meta(self) -> dict:
         g, plan = self.gemm, self.gemm_plan
-        layouts = {"atoms": "128-byte-swizzled 64-element atoms (wgmma SW128)"}
+        layouts = {"atoms": "128-byte-swizzled 64-element atoms (wgmma SW128)",
+                   "atoms_t": "128-byte-swizzled 64-element atoms along K (wgmma SW128, K-major)"}
         tensor_ops = bool(plan.unit and plan.unit.path)
         return {"tile_shape": list(g.tile), "simdgroup_grid": list(plan.grid) if plan.unit
                 else [self.T // 32, 1], "threadgroup_size": [self.T, 1, 1],
