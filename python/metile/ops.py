@@ -73,6 +73,9 @@ BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16)
 # 128x256 and 128x64; a grid of fewer tiles than SMs takes 64x64x32 tiles instead.
 CUDA_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, num_simdgroups=8)
 CUDA_SMALL_BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_simdgroups=4)
+# Hopper with METILE_CUDA_WGMMA=1: two warpgroups of wgmma m64n256k16 per 128x256x64 tile
+# (passes/gemm_wgmma.py; opt-in until it has run on a GPU, so unmeasured).
+CUDA_WGMMA_BLOCK = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_simdgroups=8)
 CUDA_SMS = 132
 # leaky_relu's slope for negative inputs when none is given: MLX's default
 # (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
@@ -216,6 +219,8 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
     long K splits the K loop (SPLIT_K, `split_k_count`)."""
     if dtype == mx.float32 or not _on_cuda():
         block = BLOCK
+    elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
+        block = CUDA_WGMMA_BLOCK
     elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
         splits = split_k_count(m, n, k, block) if batch == 1 and k else 1
@@ -230,6 +235,20 @@ def _transposed(block: dict) -> dict:
     # the flag is part of the configuration, so candidate names and routing decisions
     # tell the two layouts (different kernels) apart
     return {**block, "TRANSPOSE_B": True}
+
+
+def _warpgroup_gemm() -> bool:
+    """Whether GEMMs on this device may take the warpgroup MMA path (sm_90 with
+    METILE_CUDA_WGMMA=1): the backend record lists its unit."""
+    from . import settings
+    return _warpgroup_unit_on(settings.wgmma_enabled(), str(mx.default_device()))
+
+
+@functools.lru_cache(maxsize=None)
+def _warpgroup_unit_on(enabled: bool, device: str) -> bool:
+    # resolving the backend reads the device: once per (setting, device), not per call
+    from .compiler.backend import resolve_backend
+    return enabled and any(u.warpgroup for u in resolve_backend().matrix_units)
 
 
 def _on_cuda() -> bool:
@@ -412,7 +431,8 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     kernels (after MLX copies the operand to row-major) stay candidates too, since
     only they stage the operand with 16-byte asynchronous copies."""
     cuda = dtype != mx.float32 and _on_cuda()
-    base = [CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK]
+    base = ([CUDA_WGMMA_BLOCK] if cuda and _warpgroup_gemm() else []) + \
+        ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK])
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
         # grid leaves most of the machine idle (rows bucketed as in the routing key, so
