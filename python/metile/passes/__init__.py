@@ -23,6 +23,11 @@ Lowering, tile form -> thread form:
     gemm_staging        split_k_loop, vectorize_staging, double_buffer_staging
     gemm_async          16-byte asynchronous copies through a multi-stage swizzled ring
                         (CUDA), register epilogue
+    gemm_wgmma          Hopper warpgroup MMA from 128-byte-swizzled shared memory (sm_90a)
+    gemm_tensor_ops     Metal 4 tensor ops (matmul2d) on cooperative destinations (apple10)
+    gemm_epilogue_reads bias / residual loads inside the fused epilogue
+    lower_sort          bitonic sort of a tile's last axis in threadgroup memory
+    lower_debug         device_print / device_assert per element
   lower_fragments       simdgroup_inline kernels: kernel-written 8x8 fragments
 
 Each pass that runs records its name in the compiled kernel's steps (the execution
