@@ -3,7 +3,7 @@
 # one device call after the MLX staging call (README, "Testing on the H200").  Writes
 # $OUT/junit.xml, $OUT/pytest.log and $OUT/device-run.json (for tests/device-runs/).
 set -uo pipefail
-export METILE_CUDA_WGMMA=1
+# (tests/test_gemm_wgmma.py turns the warpgroup path on for itself; elsewhere it stays off)
 exec bash tools/device_test.sh \
   tests/test_gemm_wgmma.py tests/test_cuda_precompiled.py tests/test_split_k.py \
   tests/test_shared_optin.py tests/test_ops_batched.py tests/test_int64.py \
