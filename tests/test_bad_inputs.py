@@ -113,10 +113,13 @@ case("launch-misspelled-keyword", lambda: launch_copy(X8, zeros8(), 8, BLOK=64),
      error(LaunchError, r"unexpected argument 'BLOK'"))
 case("launch-argument-twice", lambda: launch_copy(X8, zeros8(), 8, X=X8),
      error(LaunchError, r"multiple values for 'X'"))
-for _dt in ("float64", "complex64", "int8", "uint16"):
+for _dt in ("float64", "complex64"):
     case(f"buffer-dtype-{_dt}", lambda d=getattr(mx, _dt): launch_copy(mx.zeros((8,), d), zeros8(), 8),
          error(LaunchError, rf"argument 'X': dtype mlx.core.{_dt} is not supported \(metile kernels "
-                            r"take float32, float16, bfloat16, int32, uint32, int64, uint64, bool\)"))
+                            r"take float32, float16, bfloat16, int32, uint32, int64, uint64, int8, uint8, "
+                            r"int16, uint16, bool\)"))
+case("buffer-dtype-int8", lambda: launch_copy(mx.arange(8).astype(mx.int8) - 3, zeros8(), 8),
+     correct(equal(np.arange(8, dtype=np.float32) - 3)))
 case("buffer-dtype-int64", lambda: launch_copy(mx.arange(8).astype(mx.int64) - 3, zeros8(), 8),
      correct(equal(np.arange(8, dtype=np.float32) - 3)))
 case("buffer-numpy-array", lambda: launch_copy(np.zeros(8, np.float32), zeros8(), 8),
@@ -699,7 +702,7 @@ lang = [
      r"arange\(\) end must be a constexpr int \(known at compile time\), got float 8.0"),
     ("zeros-bad-dtype", lambda: k_zeros_dtype[(1,)](zeros8(), DT="float64"),
      r"zeros\(\): unsupported dtype \'float64\'; kernels take float32, float16, bfloat16, int32, "
-     r"uint32, int64, uint64, bool"),
+     r"uint32, int64, uint64, int8, uint8, int16, uint16, bool"),
     ("cast-to-non-dtype", lambda: k_cast[(1,)](zeros8(), DT=3),
      r"cast\(\): unsupported dtype 3; kernels take float32"),
     ("float-mask", lambda: k_float_mask[(1,)](zeros8()),

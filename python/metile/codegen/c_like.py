@@ -121,6 +121,13 @@ class CEmitter:
         if name == "where":
             return f"({a[0]} ? {a[1]} : {a[2]})"
         if name == "simd_reduce":
+            d = rt.dtype
+            if d.is_int and d.bits < 32:
+                # Metal's simd_* and CUDA's shuffles take 32-bit integers: the lanes combine
+                # widened (sign kept), and the result narrows back (sum/or/xor wrap exactly)
+                wide = self.TYPES["int32" if d.kind == "i" else "uint32"]
+                return (f"static_cast<{self.type(rt)}>({self.SIMD_REDUCE[op.attrs['kind']]}("
+                        f"static_cast<{wide}>({a[0]})))")
             return f"{self.SIMD_REDUCE[op.attrs['kind']]}({a[0]})"
         if name == "frag_get":  # element a[0] of the ones this lane holds (opaque mapping)
             at = op.attrs

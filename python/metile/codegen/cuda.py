@@ -338,7 +338,8 @@ def _call(fn: str, ctype: str) -> str:
 
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
-             "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t", "bool": "bool"}
+             "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t", "int8": "int8_t",
+             "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t", "bool": "bool"}
     ATOMIC = {
         **{(k, d): _call(fn, c) for k, fn in (("add", "atomicAdd"), ("max", "atomicMax"),
                                               ("min", "atomicMin"), ("and", "atomicAnd"),

@@ -70,6 +70,8 @@ _CUDA_FORMATS = {
     "uint32": ("%u", "static_cast<unsigned>({v})"),
     "int64": ("%lld", "static_cast<long long>({v})"),
     "uint64": ("%llu", "static_cast<unsigned long long>({v})"),
+    **{n: ("%d", "static_cast<int>({v})") for n in ("int8", "int16")},
+    **{n: ("%u", "static_cast<unsigned>({v})") for n in ("uint8", "uint16")},
     "bool": ("%s", '({v} ? "True" : "False")'),
 }
 _CUDA_HEX = {
@@ -80,6 +82,9 @@ _CUDA_HEX = {
     "uint32": ("0x%08x", "static_cast<unsigned>({v})"),
     "int64": ("0x%016llx", "static_cast<unsigned long long>({v})"),
     "uint64": ("0x%016llx", "static_cast<unsigned long long>({v})"),
+    **{n: ("0x%02x", "static_cast<unsigned>(static_cast<uint8_t>({v}))") for n in ("int8", "uint8")},
+    **{n: ("0x%04x", "static_cast<unsigned>(static_cast<uint16_t>({v}))")
+       for n in ("int16", "uint16")},
 }
 
 

@@ -117,7 +117,8 @@ def _fetch(op: str, atomic_type: str) -> str:
 
 class MSLEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
-             "uint32": "uint", "int64": "long", "uint64": "ulong", "bool": "bool"}
+             "uint32": "uint", "int64": "long", "uint64": "ulong", "int8": "char", "uint8": "uchar",
+             "int16": "short", "uint16": "ushort", "bool": "bool"}
     # MLX declares outputs `device T*`; updates go through the layout-compatible atomic type
     ATOMIC = {
         **{(k, d): _fetch(k, a) for k in ("add", "max", "min", "and", "or", "xor")

@@ -276,10 +276,24 @@ def _keep_dims(gen, x, r, axis, keep_dims):
     return gen.sem.expand_dims(r, axis % rank)
 
 
+def _small_int(x) -> bool:
+    d = dtype_of(x.type) if isinstance(x, Value) else None
+    return d is not None and d.is_int and d.bits < 32
+
+
+def _widened_sum_input(gen, x):
+    """Triton sums 8/16-bit integers in 32 bits of the same signedness (its `_pick_sum_dtype`)."""
+    if not _small_int(x):
+        return x
+    return gen.sem.cast(x, dt.int32 if dtype_of(x.type).kind == "i" else dt.uint32)
+
+
 def _reduction(kind):
     @builtin("input, axis=None, return_indices=False, return_indices_tie_break_left=True, "
              "keep_dims=False", kind)
     def impl(gen, input, axis, return_indices, return_indices_tie_break_left, keep_dims):
+        if not return_indices and _small_int(input):  # Triton: 8/16-bit max/min give int32
+            input = gen.sem.cast(input, dt.int32)
         r = _keep_dims(gen, input, gen.sem.reduce(kind, input, axis), axis, keep_dims)
         if not return_indices:
             return r
@@ -297,6 +311,8 @@ def sum_(gen, input, axis, keep_dims, dtype, return_indices):
         raise CompilationError("sum() has no return_indices (max() and min() do)")
     if dtype is not None:  # Triton casts the input, then sums in that dtype
         input = gen.sem.cast(input, need_dtype(dtype, "sum() dtype"))
+    else:
+        input = _widened_sum_input(gen, input)
     return _keep_dims(gen, input, gen.sem.reduce("sum", input, axis), axis, keep_dims)
 
 
@@ -320,6 +336,8 @@ def _scan(name, kind):
             raise CompilationError(f"{name}() reverse must be a constexpr bool")
         if dtype is not None:
             input = gen.sem.cast(input, need_dtype(dtype, f"{name}() dtype"))
+        elif kind == "sum":
+            input = _widened_sum_input(gen, input)
         return gen.sem.scan(kind, input, axis, reverse)
 
 

@@ -4,7 +4,10 @@ Rules (each violation is a CompilationError at the offending expression):
   * Mixed dtypes promote as in Triton (`promote`): kinds rank bool < integer <
     float and the higher kind wins; within a kind the wider dtype wins;
     float16 with bfloat16 gives float32; int32 with uint32 gives uint32,
-    int32 with int64 gives int64, int64 with uint64 gives uint64.
+    int32 with int64 gives int64, int64 with uint64 gives uint64 (so int8 with
+    int32 gives int32, int8 with uint8 gives uint8, int16 with uint8 gives int16).
+    8/16-bit results keep their type: the emitters declare every value with its
+    IR type, which narrows C's int-promoted arithmetic back (wrapping, as Triton).
   * A Python number (literal or constexpr) does not take part in promotion
     when its kind is at most the runtime operand's (`x_f16 * 2.0` stays
     float16, `i * 3` stays int32); a number of a higher kind promotes the
@@ -255,6 +258,8 @@ class Semantics:
         if name == "umulhi" and d.bits == 64:
             raise CompilationError(f"umulhi() of {d} operands (the high 64 bits of a 128-bit "
                                    f"product) is not built; it takes int32/uint32")
+        if name == "umulhi" and d.is_int and d.bits < 32:  # Triton takes 32/64-bit only
+            raise CompilationError(f"umulhi() needs int32/uint32 operands, got {d}; cast them")
         if name in ("and", "or", "xor") and d.is_float:
             raise CompilationError(f"'{_SYMBOL[name]}' needs bool or integer operands, got {d}")
         if d.is_bool and name not in ("and", "or", "xor", "eq", "ne", "not"):

@@ -56,10 +56,15 @@ int32 = DType("int32", "i", 32)
 uint32 = DType("uint32", "u", 32)
 int64 = DType("int64", "i", 64)
 uint64 = DType("uint64", "u", 64)
+int8 = DType("int8", "i", 8)
+uint8 = DType("uint8", "u", 8)
+int16 = DType("int16", "i", 16)
+uint16 = DType("uint16", "u", 16)
 bool_ = DType("bool", "b", 8)
 int1 = bool_  # Triton's name for the bool type
 
-ALL = (float32, float16, bfloat16, int32, uint32, int64, uint64, bool_)
+ALL = (float32, float16, bfloat16, int32, uint32, int64, uint64, int8, uint8, int16, uint16,
+       bool_)
 
 _ALIASES = {
     "f32": float32, "float32": float32, "float": float32,
@@ -68,6 +73,8 @@ _ALIASES = {
     "i32": int32, "int32": int32, "int": int32,
     "u32": uint32, "uint32": uint32,
     "i64": int64, "int64": int64, "u64": uint64, "uint64": uint64,
+    "i8": int8, "int8": int8, "u8": uint8, "uint8": uint8,
+    "i16": int16, "int16": int16, "u16": uint16, "uint16": uint16,
     "bool": bool_, "i1": bool_, "int1": bool_,
 }
 

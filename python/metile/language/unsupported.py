@@ -6,14 +6,11 @@ leaves this table when it is built; the lookup only runs for missing names.
 """
 
 _NOT_YET = "not built yet"
-_NO_SMALL_INT = ("metile has no 8/16-bit integer types yet (int32, uint32, int64, uint64 and "
-                 "bool)")
 _NO_FP8 = "metile has no fp8 storage types yet"
 _SHAPE = ("this shape op is not built yet (metile.reshape, metile.trans/permute, "
           "metile.expand_dims, metile.broadcast_to, join, split, interleave, cat and flip are)")
 
 REASONS = {
-    **{n: _NO_SMALL_INT for n in ("int8", "int16", "uint8", "uint16")},
     "float64": "metile has no float64 (Metal has none)",
     **{n: _NO_FP8 for n in ("float8e4nv", "float8e5", "float8e4b15", "float8e4b8",
                             "float8e5b16")},

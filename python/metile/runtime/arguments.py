@@ -42,7 +42,7 @@ def arg_spec(name: str, value):
         if d is None:
             raise LaunchError(f"argument {name!r}: dtype {value.dtype} is not supported "
                               f"(metile kernels take float32, float16, bfloat16, int32, uint32, int64, "
-                              f"uint64, bool)")
+                              f"uint64, int8, uint8, int16, uint16, bool)")
         if value.ndim == 0:
             return ("scalar", d, 0)
         if value.size > MAX_BUFFER_ELEMENTS:

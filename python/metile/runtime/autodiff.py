@@ -55,7 +55,8 @@ _INDEX_OPS = {"program_id", "arange", "splat", "broadcast", "ptr_add"}
 _REPLAYED = _INDEX_OPS | {"const", "load", "store", "cast"}
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "int32": mx.int32, "uint32": mx.uint32, "int64": mx.int64,
-           "uint64": mx.uint64, "bool": mx.bool_}
+           "uint64": mx.uint64, "int8": mx.int8, "uint8": mx.uint8, "int16": mx.int16,
+           "uint16": mx.uint16, "bool": mx.bool_}
 
 
 def _reject(why: str, op=None) -> CompilationError:

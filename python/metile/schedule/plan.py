@@ -24,7 +24,7 @@ from .targets import Lowering, MatrixPath, Target
 
 KINDS = ("elementwise", "reduction", "matmul", "fragments")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4, "uint32": 4, "int64": 8,
-             "uint64": 8, "bool": 1}
+             "uint64": 8, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "bool": 1}
 _DEFAULT_SIMDGROUPS = (4, 2, 8, 1, 16, 32)  # automatic GEMM preference, first that tiles
 
 

@@ -72,6 +72,8 @@ _FLAGS = [
 ]
 if os.uname().machine in ("x86_64", "AMD64"):
     _FLAGS.append("-mf16c")
+else:  # Metal's `char` (an int8 element) is signed; aarch64 Linux's is not
+    _FLAGS.append("-fsigned-char")
 
 
 class MslCompileError(RuntimeError):
