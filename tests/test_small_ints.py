@@ -73,6 +73,23 @@ def test_arithmetic_wraps_in_the_type(rng, dtype):
 
 
 @metile.kernel
+def abs_clamp(X, A, C, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs)
+    metile.store(A + offs, metile.abs(x))
+    metile.store(C + offs, metile.clamp(x, 3, 100))
+
+
+@pytest.mark.parametrize("dtype", SMALL)
+def test_abs_and_clamp(rng, dtype):
+    x = full_range(rng, dtype, 64)
+    a, c = abs_clamp[(1,)](mx.array(x), mx.zeros(64, MX[dtype]), mx.zeros(64, MX[dtype]), BLOCK=64)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(np.array(a), np.abs(x))  # abs(-128) wraps to -128
+    np.testing.assert_array_equal(np.array(c), np.clip(x, 3, 100))
+
+
+@metile.kernel
 def edges(I8, U8, Out8, OutU8, Cmp):
     x = metile.load(I8 + metile.arange(0, 4))      # 127, -128, -1, 5
     u = metile.load(U8 + metile.arange(0, 4))      # 200, 100, 255, 1
