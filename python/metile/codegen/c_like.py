@@ -14,6 +14,7 @@ import math
 from ..ir.core import Block, Function, Op, Value
 from ..ir.types import ScalarType
 from ..language import dtypes as dt
+from . import fp8
 
 INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%",
          "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
@@ -117,6 +118,8 @@ class CEmitter:
         if name == "umulhi":
             return self.umulhi(a, rt)
         if name == "cast":
+            if op.attrs.get("bitcast"):  # 8-bit only: fp8 is held as its byte already
+                return f"static_cast<{self.type(rt)}>({a[0]})"
             return self.cast(a[0], op.operands[0].type, rt)
         if name == "where":
             return f"({a[0]} ? {a[1]} : {a[2]})"
@@ -160,6 +163,16 @@ class CEmitter:
         return f"static_cast<{self.type(rt)}>({self.UMULHI.format(x=x, y=y)})"
 
     def cast(self, x: str, src, dst) -> str:
+        if src.dtype.is_fp8 or dst.dtype.is_fp8:  # through float32, codegen/fp8.py
+            self.helpers_used.add("fp8")
+            if src.dtype.is_fp8:
+                x, src = fp8.to_float(src.dtype.name, x), ScalarType(dt.float32)
+            if dst.dtype.is_fp8:
+                if src.dtype != dt.float32:
+                    x = f"static_cast<float>({x})"
+                return fp8.from_float(dst.dtype.name, x)
+            if dst.dtype == dt.float32:
+                return x
         if dst.dtype.is_bool:
             return f"({x} != 0)"
         return f"static_cast<{self.type(dst)}>({x})"

@@ -12,6 +12,7 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
+from . import fp8
 from .c_like import CEmitter
 from .debug_ops import CUDADebug
 
@@ -339,7 +340,8 @@ def _call(fn: str, ctype: str) -> str:
 class CUDAEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16", "int32": "int32_t",
              "uint32": "uint32_t", "int64": "int64_t", "uint64": "uint64_t", "int8": "int8_t",
-             "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t", "bool": "bool"}
+             "uint8": "uint8_t", "int16": "int16_t", "uint16": "uint16_t", "float8e4nv": "uint8_t",
+             "float8e5": "uint8_t", "bool": "bool"}
     ATOMIC = {
         **{(k, d): _call(fn, c) for k, fn in (("add", "atomicAdd"), ("max", "atomicMax"),
                                               ("min", "atomicMin"), ("and", "atomicAnd"),
@@ -376,7 +378,10 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC,
-               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW}
+               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW,
+               # bit arithmetic rather than __nv_fp8: the same bits as Metal and the CPU runtime
+               "fp8": fp8.helpers("__device__ __forceinline__", "uint8_t", "uint32_t",
+                                  "__float_as_uint", "__uint_as_float")}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",
         "fill": "metile_frag_fill({frag}, {value});",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..ir.core import Function, Op
 from ..ir.ops import TENSOR_OPS
-from . import msl_tensor_ops
+from . import fp8, msl_tensor_ops
 from .c_like import CEmitter
 from .debug_ops import MSLDebug
 
@@ -118,7 +118,8 @@ def _fetch(op: str, atomic_type: str) -> str:
 class MSLEmitter(CEmitter):
     TYPES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16_t", "int32": "int",
              "uint32": "uint", "int64": "long", "uint64": "ulong", "int8": "char", "uint8": "uchar",
-             "int16": "short", "uint16": "ushort", "bool": "bool"}
+             "int16": "short", "uint16": "ushort", "float8e4nv": "uchar", "float8e5": "uchar",
+             "bool": "bool"}
     # MLX declares outputs `device T*`; updates go through the layout-compatible atomic type
     ATOMIC = {
         **{(k, d): _fetch(k, a) for k in ("add", "max", "min", "and", "or", "xor")
@@ -154,6 +155,7 @@ class MSLEmitter(CEmitter):
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
     HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "simd64": _SIMD64,
+               "fp8": fp8.helpers("inline", "uchar", "uint", "as_type<uint>", "as_type<float>"),
                "tensor_ops": msl_tensor_ops.HEADER}
     FRAGMENT = {
         "decl": "{type} {name}[{size}];",

@@ -261,9 +261,14 @@ def clamp(gen, x, min, max, propagate_nan):
     return _nan_or(gen, r, x) if _propagate_nan(propagate_nan, "clamp()") else r
 
 
-@builtin("x, dtype")
-def cast(gen, x, dtype):
-    return gen.sem.cast(x, need_dtype(dtype, "cast()"))
+@builtin("x, dtype, fp_downcast_rounding=None, bitcast=False")
+def cast(gen, x, dtype, fp_downcast_rounding, bitcast):
+    if fp_downcast_rounding not in (None, "rtne"):
+        raise CompilationError(f"cast() fp_downcast_rounding={fp_downcast_rounding!r} is not "
+                               f"supported; conversions round to nearest even")
+    if not isinstance(bitcast, bool):
+        raise CompilationError(f"cast() bitcast= must be a constexpr bool, got {describe(bitcast)}")
+    return gen.sem.cast(x, need_dtype(dtype, "cast()"), bitcast=bitcast)
 
 
 def _keep_dims(gen, x, r, axis, keep_dims):

@@ -73,7 +73,11 @@ def device_print(gen, args, kwargs):
     if not isinstance(hex_, bool):
         raise CompilationError(f"device_print() hex must be a constexpr bool, got "
                                f"{describe(hex_)}")
-    vals = _common_shape(gen, [_printable(gen, x, i + 1) for i, x in enumerate(values)])
+    vals = [_printable(gen, x, i + 1) for i, x in enumerate(values)]
+    # fp8 prints as its value, or with hex=True as its byte
+    vals = [(gen.sem.cast(v, dt.uint8, bitcast=True) if hex_ else gen.sem.cast(v, dt.float32))
+            if dtype_of(v.type).is_fp8 else v for v in vals]
+    vals = _common_shape(gen, vals)
     gen.b.op("device_print", vals, [], {"prefix": prefix, "hex": hex_})
 
 

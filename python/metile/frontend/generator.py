@@ -314,7 +314,8 @@ class Generator(ControlFlow):
             if attr == "shape":
                 return shape_of(obj.type)
             if attr == "to":
-                return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw)))
+                return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw),
+                                                                  bitcast=bool(kw.get("bitcast"))))
             if attr == "T":
                 if len(shape_of(obj.type)) != 2:
                     raise CompilationError(f".T needs a 2-D tile, got {describe(obj)}; use "
@@ -484,9 +485,9 @@ def _dtype_arg(args, kwargs):
     if extra or len(args) > 1:
         raise CompilationError(f".to() takes a dtype (and Triton's fp_downcast_rounding=, "
                                f"bitcast=), got {', '.join(sorted(extra)) or 'extra arguments'}")
-    if kwargs.get("bitcast"):
-        raise CompilationError(".to(dtype, bitcast=True) (a reinterpreting cast) is not "
-                               "supported yet; metile's casts convert values")
+    if not isinstance(kwargs.get("bitcast", False), bool):
+        raise CompilationError(f".to() bitcast= must be a constexpr bool, got "
+                               f"{describe(kwargs['bitcast'])}")
     if kwargs.get("fp_downcast_rounding") not in (None, "rtne"):
         raise CompilationError(f".to() fp_downcast_rounding={kwargs['fp_downcast_rounding']!r} "
                                f"is not supported; conversions round to nearest even")

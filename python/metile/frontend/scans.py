@@ -20,7 +20,7 @@ from ..ir.core import Block, Builder, Value
 from ..ir.ops import CONTROL, ELEMENTWISE, SCALAR_SOURCES, TERMINATORS
 from ..ir.types import ScalarType, TileType, dtype_of
 from .builtins import builtin
-from .semantics import Semantics, describe
+from .semantics import Semantics, describe, no_fp8
 
 SORT_MAX = 4096  # elements along the sorted axis: log2(n)*(log2(n)+1)/2 unrolled stages
 # What a combine region may hold: scalar arithmetic and control flow over its arguments.
@@ -136,6 +136,7 @@ def sort(gen, x, dim, descending):
     d = dtype_of(x.type)
     if d.is_bool:
         raise CompilationError(f"{what} of a bool tile: cast it to int32 first")
+    no_fp8(what, d)  # its bytes do not order as its values
     n = shape[-1]
     if n & (n - 1) or n > SORT_MAX:
         raise CompilationError(f"{what} sorts a power-of-two number of elements, at most "

@@ -113,6 +113,15 @@ def promote(a: dt.DType, b: dt.DType) -> dt.DType:
     return a if a.kind == "u" else b
 
 
+def no_fp8(what: str, *dtypes) -> None:
+    """fp8 values are storage: converted to and from, never computed in (Triton refuses most
+    fp8 arithmetic too), so an operation on one is an error naming the way out."""
+    d = next((d for d in dtypes if d is not None and d.is_fp8), None)
+    if d is not None:
+        raise CompilationError(f"{what} on {d} values: fp8 is a storage type; convert to "
+                               f"float16/float32 first (x.to(metile.float32))")
+
+
 def number_dtype(x) -> dt.DType:
     """The dtype a Python number takes on its own."""
     if isinstance(x, bool):
@@ -157,6 +166,9 @@ class Semantics:
 
     # -- constants and shapes ------------------------------------------------
     def const(self, value, dtype: dt.DType) -> Value:
+        if dtype.is_fp8:
+            raise CompilationError(f"a {dtype} constant ({value!r}): fp8 is a storage type; make "
+                                   f"the value in float32 and convert it (.to({dtype!r}))")
         if dtype.is_bool:
             value = bool(value)
         elif dtype.is_int:
@@ -235,6 +247,8 @@ class Semantics:
             raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on pointers: "
                                    f"a pointer only takes + or - an int32 or int64 offset (load "
                                    f"or store through it to get values)")
+        no_fp8(f"'{_SYMBOL.get(name, name)}'", *(dtype_of(x.type) for x in (a, b)
+                                                  if isinstance(x, Value)))
         if isinstance(a, Value) and isinstance(b, Value):
             d = promote(dtype_of(a.type), dtype_of(b.type))
         else:
@@ -301,6 +315,7 @@ class Semantics:
         if is_pointer(x.type):
             raise CompilationError(f"'{name}' is not defined on pointers")
         d = dtype_of(x.type)
+        no_fp8(f"'{_SYMBOL.get(name, name)}'", d)
         if name == "not" and d.is_float:
             raise CompilationError(f"'~'/'not' needs a bool or integer operand, got {d}")
         if name == "neg" and d.is_bool:
@@ -321,14 +336,26 @@ class Semantics:
             return self.const(x, dtype)
         return self.cast(self.const(x, dt.float32), dtype)  # C's conversion: toward zero
 
-    def cast(self, x, dtype: dt.DType):
+    def cast(self, x, dtype: dt.DType, bitcast: bool = False):
+        """A value conversion (fp8 rounds to nearest even and saturates, codegen/fp8.py), or
+        with `bitcast` the same bits read as `dtype`."""
         if isinstance(x, Value) and is_pointer(x.type):
             raise CompilationError("pointers cannot be cast")
         if not isinstance(x, Value):
             x = self.to_value(x)
-        if dtype_of(x.type) == dtype:
+        src = dtype_of(x.type)
+        if bitcast:
+            # 8-bit only: fp8 bytes in and out of uint8 buffers is what needs it; wider
+            # reinterpretation (float32 <-> int32) is not built
+            if src.bits != dtype.bits or src.bits != 8 or src.is_bool or dtype.is_bool:
+                raise CompilationError(f"bitcast=True from {src} to {dtype}: reinterpreting casts "
+                                       f"are built between the 8-bit types int8, uint8, "
+                                       f"float8e4nv and float8e5")
+        if src == dtype:
             return x
-        return self.b.value("cast", [x], with_shape(ScalarType(dtype), shape_of(x.type)), to=dtype)
+        attrs = {"bitcast": True} if bitcast else {}
+        return self.b.value("cast", [x], with_shape(ScalarType(dtype), shape_of(x.type)),
+                            to=dtype, **attrs)
 
     def where(self, cond, a, b):
         if isinstance(cond, bool) or (is_const(cond) and not isinstance(cond, Value)):
@@ -338,6 +365,9 @@ class Semantics:
                                    f"{describe(cond)}")
         if dtype_of(cond.type) != dt.bool_:  # Triton's rule: nonzero selects `a`
             cond = self.binary("ne", cond, 0)
+        picks = [dtype_of(x.type) for x in (a, b) if isinstance(x, Value)]
+        if len(picks) != 2 or picks[0] != picks[1]:  # choosing between two fp8 tiles is a copy
+            no_fp8("where() mixing types", *picks)
         if isinstance(a, Value) and isinstance(b, Value):
             d = promote(dtype_of(a.type), dtype_of(b.type))
         elif isinstance(a, Value) or isinstance(b, Value):
@@ -371,6 +401,10 @@ class Semantics:
         if isinstance(value, Value) and is_pointer(value.type):
             raise CompilationError(f"{what} of a pointer: MLX exposes no device addresses, so "
                                    f"pointers cannot be stored")
+        if isinstance(value, Value) and dtype_of(value.type).is_fp8 and not pt.dtype.is_float:
+            raise CompilationError(f"{what} of {dtype_of(value.type)} values into a {pt.dtype} "
+                                   f"buffer would convert the numbers; store the bytes with "
+                                   f".to(metile.uint8, bitcast=True)")
         value = self.convert(value, pt.dtype)
         items = [ptr, value] + ([self._mask(mask)] if mask is not None else [])
         ops, shape = self.common(*items)
@@ -429,6 +463,7 @@ class Semantics:
         d = dtype_of(x.type)
         if d is None or d.is_bool:
             raise CompilationError(f"{kind}() is not defined on {x.type}")
+        no_fp8(f"{kind}()", d)
         shape = x.type.shape
         if axis is not None:
             if not isinstance(axis, int):
@@ -456,6 +491,7 @@ class Semantics:
         if not -len(shape) <= axis < len(shape):
             raise CompilationError(f"{what}() axis {axis} is out of range for a rank-{len(shape)} "
                                    f"tile")
+        no_fp8(f"{what}()", dtype_of(x.type))
         if dtype_of(x.type).is_bool:  # Triton scans bool as int32
             x = self.cast(x, dt.int32)
         attrs = {"kind": kind, "axis": axis % len(shape)}
@@ -503,6 +539,7 @@ class Semantics:
         if k != k2:
             raise CompilationError(f"dot() inner dimensions differ: {a.type.shape} @ {b.type.shape}")
         da, db = dtype_of(a.type), dtype_of(b.type)
+        no_fp8("dot()", da, db)
         if da != db or not da.is_float:
             raise CompilationError(f"dot() needs two floating tiles of one dtype, got {da} and {db}")
         rtype = TileType((m, n), ScalarType(dt.float32))

@@ -82,7 +82,9 @@ _DOCS = {
     "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",
     "clamp": "clamp(x, min, max, propagate_nan=PropagateNan.NONE) = minimum(maximum(x, min), "
              "max); ALL: a NaN x gives NaN.",
-    "cast": "cast(x, dtype): explicit conversion (mixed operands also promote as in Triton).",
+    "cast": "cast(x, dtype, fp_downcast_rounding=None, bitcast=False): explicit conversion "
+            "(mixed operands also promote as in Triton); bitcast=True reads the bits of an "
+            "8-bit value as another 8-bit type (fp8 bytes from and to uint8 buffers).",
     "sum": "sum(x, axis=None, keep_dims=False, dtype=None): reduction; None reduces every axis "
            "to a scalar; dtype= casts the input first (floats accumulate in float32).",
     "xor_sum": "xor_sum(x, axis=None, keep_dims=False): bitwise xor of integer (or bool) "

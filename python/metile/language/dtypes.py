@@ -13,7 +13,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DType:
     name: str
-    kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool
+    kind: str  # "f" float, "i" signed int, "u" unsigned int, "b" bool, "q" fp8 (storage)
     bits: int
 
     @property
@@ -27,6 +27,12 @@ class DType:
     @property
     def is_bool(self) -> bool:
         return self.kind == "b"
+
+    @property
+    def is_fp8(self) -> bool:
+        """An 8-bit float held as its bits: converted to and from other types, never computed
+        in (its own kind, so no float path takes it by accident)."""
+        return self.kind == "q"
 
     @property
     def itemsize(self) -> int:
@@ -62,6 +68,11 @@ int16 = DType("int16", "i", 16)
 uint16 = DType("uint16", "u", 16)
 bool_ = DType("bool", "b", 8)
 int1 = bool_  # Triton's name for the bool type
+# OCP fp8: e4m3 "fn" (no infinities, max 448, NaN S.1111.111) and e5m2 (IEEE-like, max 57344).
+# MLX has no fp8 arrays: the bytes live in uint8 arrays (`.to(metile.float8e4nv, bitcast=True)`).
+float8e4nv = DType("float8e4nv", "q", 8)
+float8e5 = DType("float8e5", "q", 8)
+FP8 = (float8e4nv, float8e5)
 
 ALL = (float32, float16, bfloat16, int32, uint32, int64, uint64, int8, uint8, int16, uint16,
        bool_)

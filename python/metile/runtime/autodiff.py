@@ -75,6 +75,9 @@ def check_pointwise(fn: Function) -> None:
             # the vjp replays the kernel as MLX ops: an op it cannot replay is refused
             # here rather than failing (or silently missing) in the backward pass
             raise _reject(f"the backward pass cannot replay '{op.name}' as an MLX op", op)
+        if op.name == "cast" and any(elem_type(v.type).dtype.name not in _DTYPES
+                                     for v in (*op.operands, *op.results)):
+            raise _reject("MLX has no fp8 arrays to replay a conversion to or from fp8 in", op)
         if op.name in ("load", "store"):
             ptr = defining_op(op.operands[0])
             if ptr is None or ptr.name != "ptr_add" or id(strip_broadcasts(ptr.operands[0])) not in params \
