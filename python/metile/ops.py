@@ -936,6 +936,10 @@ def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
                       indent=2)
-from .attention_ops import scaled_dot_product_attention  # noqa: E402,F401
+
+# The model kernel library's ops (their own modules: they cannot import this one back).
+from .attention_ops import (explain_attention, scaled_dot_product_attention,  # noqa: E402,F401
+                            tune_attention)
 from .model_ops import add_rms_norm, layer_norm, rms_norm, rope, softmax  # noqa: E402,F401
-from .quantized_ops import quantized_matmul  # noqa: E402,F401
+from .quantized_ops import (explain_quantized_matmul, quantized_matmul,  # noqa: E402,F401
+                            tune_quantized_matmul)
