@@ -28,6 +28,28 @@ def warpgroup_path(monkeypatch):
     monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
 
 
+def test_warp_specialized_variant(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
+    d = prepare((1000, 1000, 1000))
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"] == "wgmma m64nNk16 (warpgroup, warp-specialized)"
+    assert d.variant.data["lowering"]["launch"]["threads"] == 2 * 128 + 32   # + a producer warp
+    assert "warp_specialization" in d.execution_report.passes
+    assert "__shfl_sync(0xffffffffu" in d.variant.data["body"]
+
+
+def test_warp_specialized_variant_needs_three_stages(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
+    with pytest.raises(metile.CompilationError, match="at least 3 stages"):
+        prepare((300, 300, 300), SCHEDULE=Schedule(num_stages=2))
+
+
+def test_unknown_variant_is_an_error(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "fast")
+    with pytest.raises(ValueError, match="METILE_CUDA_WGMMA='fast' is not one of 0, 1, ws"):
+        prepare((300, 300, 300))
+
+
 def test_off_by_default(monkeypatch):
     monkeypatch.delenv("METILE_CUDA_WGMMA")
     mm = prepare((1000, 1000, 1000)).variant.data["lowering"]["matmul"]
@@ -163,6 +185,21 @@ def test_sass_has_warpgroup_mma_and_no_spills():
     assert "C7514" not in log
 
 
+@needs_nvrtc
+@pytest.mark.skipif(shutil.which("nvdisasm") is None and nvrtc.nvdisasm() is None,
+                    reason="needs nvdisasm")
+def test_warp_specialized_sass_keeps_one_product_group_in_flight(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
+    tu = nvrtc.translation_unit(prepare((1000, 1000, 1000)))
+    cubin, log = nvrtc.cubin(tu, "sm_90a", ["--ptxas-options=-v"])
+    sass = nvrtc.disassemble(cubin)
+    # the four products of a K step back to back (ptxas may peel or unroll the step)
+    assert sass.count("HGMMA.64x256x16.F32") % 4 == 0 and "HGMMA" in sass
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass      # wait_group 1 kept
+    assert "C7514" not in log and "C7517" not in log and "C7518" not in log
+    assert "0 bytes spill stores" in log
+
+
 # -- numbers on the H200 ----------------------------------------------------------------------
 
 RAGGED = [(128, 256, 64), (1000, 1000, 1000), (129, 257, 65), (300, 700, 200), (64, 64, 4096),
@@ -170,8 +207,10 @@ RAGGED = [(128, 256, 64), (1000, 1000, 1000), (129, 257, 65), (300, 700, 200), (
 
 
 @on_gpu
+@pytest.mark.parametrize("variant", ["1", "ws"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_ragged_shapes_on_the_gpu(rng, dtype):
+def test_ragged_shapes_on_the_gpu(rng, dtype, variant, monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     for m, n, k in RAGGED:
         a, b, ref = operands(rng, m, n, k, dtype)
         d = matmul[grid(m, n, 128, 256)].prepare(a, b, mx.zeros((m, n)), m, n, k, **WG)

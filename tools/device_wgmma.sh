@@ -9,7 +9,7 @@
 set -uo pipefail
 repo=$(pwd)
 out=${OUT:-/tmp}
-export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1 METILE_CUDA_WGMMA=1
+export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1 METILE_CUDA_WGMMA=${METILE_CUDA_WGMMA:-ws}
 bash .dev/device-setup.sh > "$out/setup.log" 2>&1 || { tail -5 "$out/setup.log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . 2>&1 | tail -3
 [ "${TESTS:-1}" = 1 ] && (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider -x --junitxml="$out/junit.xml" \
@@ -17,8 +17,10 @@ python3 -m pip install -q --no-index --no-build-isolation --no-deps . 2>&1 | tai
   | tee "$out/pytest.log" | tail -8)
 [ "${TESTS:-1}" = 1 ] && python3 "$repo/tools/summarize_run.py" "$out/junit.xml" > "$out/device-run.json" 2>/dev/null
 for dtype in ${@:-float16 bfloat16}; do
-  json="$out/h200-gemm-$dtype-wgmma-128x256x64.json"
+  json="$out/h200-gemm-$dtype-wgmma-$METILE_CUDA_WGMMA-128x256x64.json"
+  warps=$([ "$METILE_CUDA_WGMMA" = ws ] && echo 9 || echo 8)
   timeout 200 python3 -m benchmarks.compiler.schedule_fusion --dtype "$dtype" --tile 128 256 64 \
+    --num-simdgroups "$warps" \
     --sizes 1024 2048 4096 8192 --shapes 16x4096x4096 512x4096x11008 --rounds 5 \
     --target-ms 30 --output "$json" 2>&1 | tail -7
   timeout 150 python3 -m benchmarks.compiler.triton_peer --merge "$json" --dtype "$dtype" \

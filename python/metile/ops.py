@@ -220,7 +220,7 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
     if dtype == mx.float32 or not _on_cuda():
         block = BLOCK
     elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
-        block = CUDA_WGMMA_BLOCK
+        block = _wgmma_block()
     elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
         splits = split_k_count(m, n, k, block) if batch == 1 and k else 1
@@ -235,6 +235,13 @@ def _transposed(block: dict) -> dict:
     # the flag is part of the configuration, so candidate names and routing decisions
     # tell the two layouts (different kernels) apart
     return {**block, "TRANSPOSE_B": True}
+
+
+def _wgmma_block() -> dict:
+    """CUDA_WGMMA_BLOCK, with the producer warp of the warp-specialized variant."""
+    from . import settings
+    return ({**CUDA_WGMMA_BLOCK, "num_simdgroups": 9} if settings.wgmma_variant() == "ws"
+            else CUDA_WGMMA_BLOCK)
 
 
 def _warpgroup_gemm() -> bool:
@@ -431,7 +438,7 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     kernels (after MLX copies the operand to row-major) stay candidates too, since
     only they stage the operand with 16-byte asynchronous copies."""
     cuda = dtype != mx.float32 and _on_cuda()
-    base = ([CUDA_WGMMA_BLOCK] if cuda and _warpgroup_gemm() else []) + \
+    base = ([_wgmma_block()] if cuda and _warpgroup_gemm() else []) + \
         ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK])
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose

@@ -41,10 +41,17 @@ def flag(name: str) -> bool:
     raise SettingError(f"{name}={raw!r} is not a boolean; use 1 (on) or 0 (off)")
 
 
+def wgmma_variant() -> str | None:
+    """METILE_CUDA_WGMMA: None (unset or 0: no warpgroup MMA), "1" (warpgroups that also
+    copy, each K step drained) or "ws" (warp-specialized: a producer warp copies, the
+    warpgroups keep one product group in flight).  Opt-in until run on a Hopper GPU."""
+    value = choice("METILE_CUDA_WGMMA", ("0", "1", "ws"), "0")
+    return None if value == "0" else value
+
+
 def wgmma_enabled() -> bool:
-    """METILE_CUDA_WGMMA=1: GEMMs on sm_90 may take the warpgroup MMA path (opt-in until
-    it has run on a Hopper GPU)."""
-    return flag("METILE_CUDA_WGMMA")
+    """METILE_CUDA_WGMMA=1 or ws: GEMMs on sm_90 may take the warpgroup MMA path."""
+    return wgmma_variant() is not None
 
 
 def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> str | None:

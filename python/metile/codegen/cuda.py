@@ -515,6 +515,10 @@ class CUDAEmitter(CEmitter):
         if op.name == "aligned16":
             self.helpers_used.add("z_async")
             return f"metile_aligned16(&{op.attrs['root']}[{self.ref(op.operands[0])}])"
+        if op.name == "warp_uniform":
+            # the value lane 0 holds: ptxas then knows a role branch is warp-uniform (a
+            # divergent-looking branch around wgmma serializes it, C7518)
+            return f"__shfl_sync(0xffffffffu, {self.ref(op.operands[0])}, 0)"
         if op.name == "acc_coord":
             # element e of a metile_frag_acc: n=8 half e / 4, rows g and g + 8, column pairs
             e = op.attrs["e"]

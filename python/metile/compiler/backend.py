@@ -162,4 +162,4 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
             # reference hardware.
             planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
-                   units_for(chosen, planned.name, settings.wgmma_enabled()))
+                   units_for(chosen, planned.name, settings.wgmma_variant()))

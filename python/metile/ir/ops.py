@@ -113,7 +113,8 @@ ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", 
 # from shared-memory descriptors into the float accumulator array `acc`;
 # wgmma_fence / wgmma_commit / wgmma_wait{pending, acc} order it; fence_proxy_async makes
 # this thread's shared-memory writes visible to the tensor cores.
-WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"})
+WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async",
+                   "warp_uniform"})   # warp_uniform(x) -> x read from lane 0 (a proven-uniform role)
 
 # Run-time debugging output and checks (frontend/debug_ops.py, passes/lower_debug.py).
 DEBUG = frozenset({"device_print", "device_assert"})

@@ -307,6 +307,16 @@ class AsyncStaging:
                       {"root": st.name, "space": "threadgroup"})
 
         n = across * groups
+        copiers = getattr(self, "copiers", None)
+        if copiers is not None:
+            # A producer warp copies everything (gemm_wgmma's warp-specialized pipeline):
+            # a counted loop over its groups, not hundreds of unrolled slots.
+            ctid, count = copiers
+
+            def strided(lb: Builder, lin: Value) -> None:
+                body(lb, lin)
+            self._for(b, ctid, n, count, "g", strided)
+            return
         tid = b.value("thread_id", [], I32)
         # Unrolled over this thread's groups: constant slot offsets let the compiler hoist
         # the per-group address and swizzle arithmetic out of the K loop.

@@ -94,11 +94,92 @@ class WarpgroupGemm:
         wg = self._i(b, "idiv", tid, 128)
         self.wg_row0 = self._i(b, "mul", wg, self.wg_rows)
         self.wg_acc = [self.decl("local", dt.float32, bn // 2, "_wacc") for _ in range(self.wg_fr)]
+        self.wg_consumer = None
+        if plan.unit.warp_specialized:
+            if stages < 3:
+                raise CompilationError(
+                    f"num_stages={stages}: the warp-specialized warpgroup GEMM "
+                    "(METILE_CUDA_WGMMA=ws) refills a stage two K steps after its products "
+                    "were issued, so it needs at least 3 stages", op.loc)
+            return self._wgmma_specialized(op, b, tid, nwg)
+        self._zero_accumulators(b)
+        self._wgmma_pipeline(op, b)
+
+    def _zero_accumulators(self, b: Builder) -> None:
+        bn = self.gemm.tile[1]
         zero = self.const(b, 0.0, dt.float32)
         for acc in self.wg_acc:
             self._for(b, 0, bn // 2, 1, "z", lambda lb, z, acc=acc: lb.op(
                 "local_set", [z, zero], [], {"name": acc}), unroll=True)
-        self._wgmma_pipeline(op, b)
+
+    def _wgmma_specialized(self, op: Op, b: Builder, tid: Value, nwg: int) -> None:
+        """Warp-specialized pipeline: warpgroups 0..W-1 only multiply, one producer warp
+        after them only copies.  The role is read from lane 0 (`warp_uniform`) and each role
+        runs its own loop, so ptxas sees no divergence around a wgmma and no copy code
+        between a product and its wait: one product group stays in flight
+        (wait_group 1; tools/probes/wgmma_warp_specialized.cu).
+
+        Hand-off, one barrier per K step in both loops: before barrier t the producer has
+        waited for tile t (cp.async.wait_group D-1) and fenced it for the async proxy; after
+        it, the consumers multiply tile t and wait for tile t-1's products, while the
+        producer refills the stage of tile t+D-S with tile t+D.  D = S-2: every warpgroup
+        finished tile t-2 before barrier t (its wait at step t-1), so that stage is free."""
+        bk = self.gemm.tile[2]
+        s = self.num_stages
+        dist = s - 2
+        lo, hi, step = (self.s(v) for v in op.operands[:3])
+        self.lowering_passes += ["async_pipeline_staging", "warp_specialization"]
+        span = b.value("sub", [hi, lo], I32)
+        n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
+        n = b.value("maximum", [n, self.const(b, 0)], I32)
+        role = b.value("warp_uniform", [self._i(b, "idiv", tid, 128)], I32)
+        self.wg_consumer = b.value("lt", [role, self.const(b, nwg)], BOOL)
+        branch = b.op("if", [self.wg_consumer], [], {}, [_block(), _block()])
+        cb, pb = Builder(branch.regions[0]), Builder(branch.regions[1])
+        cb.loc = pb.loc = b.loc
+
+        # consumers
+        self._zero_accumulators(cb)
+
+        def consume(lb: Builder, t: Value) -> None:
+            lb.op("barrier")
+            lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
+            self._wgmma_products(lb, self._i(lb, "mod", t, s))
+            lb.op("wgmma_commit")
+            lb.op("wgmma_wait", [], [], {"pending": 1, "acc": list(self.wg_acc)})
+
+        self._for(cb, 0, n, 1, "t", consume)
+        cb.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
+
+        # the producer warp
+        self.copiers = (self._i(pb, "sub", tid, nwg * 128), 32)
+
+        def issue(lb: Builder, t: Value, stage) -> None:
+            then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
+            tb = Builder(then.regions[0])
+            tb.loc = lb.loc
+            self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
+            self._async_copy(tb, stage)
+
+        for t in range(dist):
+            issue(pb, self.const(pb, t), t)
+            pb.op("cp_async_commit")
+        pb.op("cp_async_wait", [], [], {"pending": dist - 1})
+        pb.op("fence_proxy_async")
+
+        def produce(lb: Builder, t: Value) -> None:
+            lb.op("barrier")
+            nxt = self._i(lb, "add", t, dist)
+            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            lb.op("cp_async_commit")
+            lb.op("cp_async_wait", [], [], {"pending": dist - 1})
+            lb.op("fence_proxy_async")
+
+        self._for(pb, 0, n, 1, "t", produce)
+        pb.op("cp_async_wait", [], [], {"pending": 0})
+        self.copiers = None
+        self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
+        self.report_loop("kk", "loop", 16)
 
     def _wg_storage(self, od, size: int, shape):
         return Storage("shared", self.decl("shared", od, size, "_sw", align=1024), shape, od)
@@ -107,8 +188,9 @@ class WarpgroupGemm:
         bk = self.gemm.tile[2]
         s = self.num_stages
         # One product group in flight across steps (wait_group 1) makes ptxas serialize
-        # every wgmma here (C7514: the epilogue's reads of the accumulators are counted
-        # inside the pipeline stage), measured slower than draining each step.
+        # every wgmma here (C7514): the cp.async issue code sits between a product and its
+        # wait (bisected on the generated source).  So each step drains its products; the
+        # warp-specialized pipeline (_wgmma_specialized) keeps one group in flight.
         pending = 0
         dist = s - 1 - pending
         lo, hi, step = (self.s(v) for v in op.operands[:3])
@@ -180,7 +262,16 @@ class WarpgroupGemm:
 
     def _wgmma_epilogue(self, b: Builder) -> None:
         """Each accumulator evaluated and stored at its (row, column): rows 16q + l/4
-        (+8 for elements 2, 3 of each group of four), columns 8j + 2(l%4) (+1 for odd)."""
+        (+8 for elements 2, 3 of each group of four), columns 8j + 2(l%4) (+1 for odd).
+        Under warp specialization only the warpgroups store (the producer warp holds none)."""
+        if self.wg_consumer is not None:
+            guard = b.op("if", [self.wg_consumer], [], {}, [_block(), _block()])
+            gb = Builder(guard.regions[0])
+            gb.loc = b.loc
+            consumer, self.wg_consumer = self.wg_consumer, None
+            self._wgmma_epilogue(gb)
+            self.wg_consumer = consumer
+            return
         bn = self.gemm.tile[1]
         self.lowering_passes.append("register_epilogue")
         tid = b.value("thread_id", [], I32)

@@ -114,14 +114,15 @@ def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> Gemm
         return None
     rows = bm // 64
     if requested_threads:
-        if requested_threads % 128:
+        if requested_threads % 128 != (32 if unit.warp_specialized else 0):
             return None
         options = [requested_threads // 128]
     else:
         options = [w for w in (4, 2, 1) if w <= rows]
+    producer = 32 if unit.warp_specialized else 0   # one copying warp after the warpgroups
     for nwg in options:
         if rows % nwg == 0 and (rows // nwg) * bn // 2 <= WGMMA_MAX_ACCUMULATORS:
-            return GemmPlan(unit, nwg * 128, (nwg, 1))
+            return GemmPlan(unit, nwg * 128 + producer, (nwg, 1))
     return None
 
 

@@ -508,7 +508,7 @@ def _warpgroup_unit(traits, target: Target):
     from .targets import units_for
     if traits.products > 1:
         return None   # one product per warpgroup MMA chain: a dual GEMM takes the warp MMA
-    for u in units_for(target.language, target.name, settings.wgmma_enabled()):
+    for u in units_for(target.language, target.name, settings.wgmma_variant()):
         if u.warpgroup and u.fits_tile(traits.tile_shape) and \
                 target.shared_memory_optin_bytes and \
                 all(u.takes(d, traits.relaxed_precision) for d in traits.operand_dtypes):

@@ -37,6 +37,7 @@ class MatrixUnit:
     # Warpgroup MMA (Hopper wgmma): 4 warps issue one m64nNk16 product from shared-memory
     # descriptors; N is the tile's width.  Only on the targets listed, compiled for `arch`.
     warpgroup: bool = False
+    warp_specialized: bool = False           # warpgroup MMA fed by a producer warp
     targets: tuple[str, ...] | None = None   # None: every target of the language
     arch: str | None = None                  # NVRTC architecture the instruction needs
     # The matrix backend (MatrixPath) this unit lowers, when it is not the SIMD-group (warp)
@@ -80,6 +81,9 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
     "cuda": (MatrixUnit("wgmma m64nNk16 (warpgroup)", (64, 8, 16), (_F16, _BF16),
                         async_copy=True, lane_coords=True, warpgroup=True, targets=("sm_90",),
                         arch="sm_90a"),
+             MatrixUnit("wgmma m64nNk16 (warpgroup, warp-specialized)", (64, 8, 16),
+                        (_F16, _BF16), async_copy=True, lane_coords=True, warpgroup=True,
+                        warp_specialized=True, targets=("sm_90",), arch="sm_90a"),
              MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
                         async_copy=True, lane_coords=True),
              MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8), (_F32,),
@@ -87,14 +91,17 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
 }
 
 
-def units_for(language: str, target_name: str, warpgroup: bool) -> tuple[MatrixUnit, ...]:
+def units_for(language: str, target_name: str, warpgroup: "bool | str | None"
+              ) -> tuple[MatrixUnit, ...]:
     """The units GEMMs lower to for a target: its language's entries of MATRIX_UNITS, less
     those made for other targets, and less the warpgroup unit unless `warpgroup`
     (settings.wgmma_enabled(): its kernels compile and pass every CPU check, NVRTC for
     sm_90a and SASS, but have not yet run on a Hopper GPU, so the default stays the
     verified warp MMA)."""
+    ws = warpgroup == "ws"
     return tuple(u for u in MATRIX_UNITS[language]
-                 if u.on(target_name) and (warpgroup or not u.warpgroup))
+                 if u.on(target_name) and (not u.warpgroup or
+                                           (warpgroup and u.warp_specialized == ws)))
 
 
 @dataclass(frozen=True)
