@@ -206,25 +206,29 @@ class AsyncStaging:
         room = self.shared_limit - self.shared_bytes
         return max(2, min(4, room // stage_bytes))
 
-    def async_pipeline(self, op: Op, b: Builder) -> None:
-        """The K loop as an S-stage cp.async pipeline (module docstring)."""
-        bk = self.gemm.tile[2]
-        s = self.num_stages
+    def k_tiles(self, op: Op, b: Builder):
+        """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage)`
+        copies tile t (when t is below the count) into `stage`, binding K there."""
         lo, hi, step = (self.s(v) for v in op.operands[:3])
-        self.lowering_passes.append("async_pipeline_staging")
         span = b.value("sub", [hi, lo], I32)
         n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
         n = b.value("maximum", [n, self.const(b, 0)], I32)
-
-        def k_of(lb: Builder, t: Value) -> Value:
-            return self.add(lb, lo, lb.value("mul", [t, step], I32))
 
         def issue(lb: Builder, t: Value, stage) -> None:
             then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
-            self._bind_k(tb, k_of(tb, t))
+            self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
             self._async_copy(tb, stage)
+
+        return n, issue
+
+    def async_pipeline(self, op: Op, b: Builder) -> None:
+        """The K loop as an S-stage cp.async pipeline (module docstring)."""
+        bk = self.gemm.tile[2]
+        s = self.num_stages
+        self.lowering_passes.append("async_pipeline_staging")
+        n, issue = self.k_tiles(op, b)
 
         for t in range(s - 1):
             issue(b, self.const(b, t), t)

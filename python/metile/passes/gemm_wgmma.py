@@ -127,11 +127,8 @@ class WarpgroupGemm:
         bk = self.gemm.tile[2]
         s = self.num_stages
         dist = s - 2
-        lo, hi, step = (self.s(v) for v in op.operands[:3])
         self.lowering_passes += ["async_pipeline_staging", "warp_specialization"]
-        span = b.value("sub", [hi, lo], I32)
-        n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
-        n = b.value("maximum", [n, self.const(b, 0)], I32)
+        n, issue = self.k_tiles(op, b)
         role = b.value("warp_uniform", [self._i(b, "idiv", tid, 128)], I32)
         self.wg_consumer = b.value("lt", [role, self.const(b, nwg)], BOOL)
         branch = b.op("if", [self.wg_consumer], [], {}, [_block(), _block()])
@@ -153,14 +150,6 @@ class WarpgroupGemm:
 
         # the producer warp
         self.copiers = (self._i(pb, "sub", tid, nwg * 128), 32)
-
-        def issue(lb: Builder, t: Value, stage) -> None:
-            then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
-            tb = Builder(then.regions[0])
-            tb.loc = lb.loc
-            self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
-            self._async_copy(tb, stage)
-
         for t in range(dist):
             issue(pb, self.const(pb, t), t)
             pb.op("cp_async_commit")
@@ -193,18 +182,8 @@ class WarpgroupGemm:
         # warp-specialized pipeline (_wgmma_specialized) keeps one group in flight.
         pending = 0
         dist = s - 1 - pending
-        lo, hi, step = (self.s(v) for v in op.operands[:3])
         self.lowering_passes.append("async_pipeline_staging")
-        span = b.value("sub", [hi, lo], I32)
-        n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
-        n = b.value("maximum", [n, self.const(b, 0)], I32)
-
-        def issue(lb: Builder, t: Value, stage) -> None:
-            then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
-            tb = Builder(then.regions[0])
-            tb.loc = lb.loc
-            self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
-            self._async_copy(tb, stage)
+        n, issue = self.k_tiles(op, b)
 
         for t in range(dist):
             issue(b, self.const(b, t), t)
