@@ -47,6 +47,17 @@ def right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B):
     return view
 
 
+@metile.inline
+def tile_product(a, b, row_origin, column_origin, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K):
+    """The float32 BLOCK_M x BLOCK_N product of views `a` and `b` at the output tile
+    (row_origin, column_origin), over K from k_begin to k_end: the dot recurrence the
+    GEMM lowering recognises (staged operands, matrix units, fused epilogue)."""
+    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(k_begin, k_end, BLOCK_K):
+        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    return accumulator
+
+
 @metile.kernel
 def matmul(left, right, output, rows, columns, inner,
            BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
@@ -59,9 +70,8 @@ def matmul(left, right, output, rows, columns, inner,
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
-    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
-    for k in metile.tile_range(0, inner, BLOCK_K):
-        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
     c.store((row_origin, column_origin), accumulator.to(output.dtype))
 
 
@@ -101,21 +111,13 @@ def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
-    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
-    for k in metile.tile_range(0, inner, BLOCK_K):
-        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
     result = accumulator
-    if EPILOGUE == "affine":
+    if EPILOGUE == "affine" or EPILOGUE == "affine_leaky":
         result = accumulator * alpha + beta
-    elif EPILOGUE == "affine_leaky":
-        scaled = accumulator * alpha + beta
-        result = metile.where(scaled > 0, scaled, scaled * NEGATIVE_SLOPE)
-    elif EPILOGUE == "relu":
-        result = metile.maximum(accumulator, 0.0)
-    elif EPILOGUE == "gelu_tanh":
-        result = gelu_tanh(accumulator)
-    elif EPILOGUE == "sigmoid_gated":
-        result = accumulator * metile.sigmoid(accumulator)
+    if EPILOGUE != "affine":
+        result = activation(result, EPILOGUE, NEGATIVE_SLOPE)
     c.store((row_origin, column_origin), result.to(output.dtype))
 
 
@@ -140,9 +142,8 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
                       block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
-    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
-    for k in metile.tile_range(0, inner, BLOCK_K):
-        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
     result = accumulator
     if BIAS == "columns":
         per_column = metile.tensor(bias, shape=(columns,), strides=(1,), block_shape=(BLOCK_N,),
@@ -227,9 +228,8 @@ def batched_matmul_epilogue(left, right, output, rows, columns, inner, left_batc
                       strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
-    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
-    for k in metile.tile_range(0, inner, BLOCK_K):
-        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
     result = activation(accumulator, EPILOGUE, NEGATIVE_SLOPE)
     c.store((row_origin, column_origin), result.to(output.dtype))
 
@@ -265,9 +265,8 @@ def matmul_split_k(left, right, partial, rows, columns, inner, chunk,
     column_origin = metile.program_id(1) * BLOCK_N
     k_begin = split * chunk
     k_end = metile.minimum(k_begin + chunk, inner)
-    accumulator = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
-    for k in metile.tile_range(k_begin, k_end, BLOCK_K):
-        accumulator = metile.dot(a.load((row_origin, k)), b.load((k, column_origin)), accumulator)
+    accumulator = tile_product(a, b, row_origin, column_origin, k_begin, k_end, BLOCK_M, BLOCK_N,
+                               BLOCK_K)
     c.store((row_origin, column_origin), accumulator)
 
 
