@@ -401,35 +401,13 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                     "convert": unit.convert, "swizzle": swz})
 
         def depth(lb: Builder, kk: Value) -> None:
-            if swz_a is not False or swz_b is not False:
-                for i in range(self.fr):
-                    load(lb, self.frag_a, i, self.stage_a, base_a,
-                         self._i(lb, "add", self.row0, i * fm), kk, bk, swz_a)
-                for st_b, frag_b, _ in products:
-                    for j in range(self.fc):
-                        load(lb, frag_b, j, st_b, base_b, kk,
-                             self._i(lb, "add", self.col0, j * fn), bn, swz_b)
-                for _, frag_b, frag_c in products:
-                    for i in range(self.fr):
-                        for j in range(self.fc):
-                            c = (frag_c, i * self.fc + j)
-                            lb.op("frag_mma", [], [], {"d": c, "a": (self.frag_a, i),
-                                                       "b": (frag_b, j), "c": c})
-                return
             for i in range(self.fr):
-                row = self._i(lb, "add", self.row0, i * fm)
-                off = self.add(lb, base_a, self._i(lb, "add", self._i(lb, "mul", row, bk), kk))
-                lb.op("frag_load", [off], [], {"name": self.frag_a, "index": i,
-                                               "root": self.stage_a.name, "ld": bk,
-                                               "convert": unit.convert})
+                load(lb, self.frag_a, i, self.stage_a, base_a,
+                     self._i(lb, "add", self.row0, i * fm), kk, bk, swz_a)
             for st_b, frag_b, _ in products:
                 for j in range(self.fc):
-                    col = self._i(lb, "add", self.col0, j * fn)
-                    off = self.add(lb, base_b,
-                                   self._i(lb, "add", self._i(lb, "mul", kk, bn), col))
-                    lb.op("frag_load", [off], [], {"name": frag_b, "index": j,
-                                                   "root": st_b.name, "ld": bn,
-                                                   "convert": unit.convert})
+                    load(lb, frag_b, j, st_b, base_b, kk,
+                         self._i(lb, "add", self.col0, j * fn), bn, swz_b)
             for _, frag_b, frag_c in products:
                 for i in range(self.fr):
                     for j in range(self.fc):
