@@ -33,7 +33,11 @@ import math
 import mlx.core as mx
 
 from .runtime import routing
-from .op_routing import (device_description as _device_description, validate as _validate)
+from .op_routing import (
+    device_description as _device_description,
+    validate as _validate,
+    CPU_REASON,
+    cost_model)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 LOG2E = 1.4426950408889634
@@ -289,11 +293,8 @@ def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
 
 
 def _cost_model() -> routing.Decision:
-    where = ("the default device is the CPU, where metile kernels run in the MSL CPU runtime "
-             "(an emulator)" if mx.default_device().type == mx.cpu else
-             "nothing measured on this machine says the kernels are faster")
-    return routing.Decision(routing.REFERENCE, "cost_model",
-                            f"cost model (no measurement recorded): {where}; MLX's op")
+    return cost_model(CPU_REASON + "; MLX's op",
+                      "nothing measured on this machine says the kernels are faster; MLX's op")
 
 
 def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):

@@ -44,7 +44,10 @@ from .op_routing import (
     m_bucket,
     device_description as _device_description,
     validate as _validate,
-    measurement_operands as _operands)
+    measurement_operands as _operands,
+    CPU_REASON,
+    cost_model,
+    TUNING)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 # The widest row the single-pass kernels hold in registers: 32 float32 values per
@@ -402,14 +405,9 @@ def _cost_model(why: str | None = None) -> routing.Decision:
     if why is not None:
         return routing.Decision(routing.REFERENCE, "cost_model", f"MLX's op: the kernel cannot "
                                                                  f"take this call: {why}")
-    if mx.default_device().type == mx.cpu:
-        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
-                  "metile kernels run in the MSL CPU runtime (an emulator); MLX's CPU op is faster")
-    else:
-        reason = ("cost model (no measurement recorded): MLX's op until a measurement on this "
-                  "machine finds the metile kernel faster (`with metile.ops.tuning():` or "
-                  "METILE_OPS_TUNE=1)")
-    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+    return cost_model(CPU_REASON + "; MLX's CPU op is faster",
+                      "MLX's op until a measurement on this machine finds the metile kernel "
+                      "faster " + TUNING)
 
 
 def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags: tuple,

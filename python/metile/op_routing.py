@@ -11,6 +11,8 @@ import math
 
 import mlx.core as mx
 
+from .runtime import routing
+
 # Tolerance of a candidate against MLX's result, relative to the largest value: the
 # rounding a different accumulation order gives in each dtype.
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
@@ -66,3 +68,16 @@ def measurement_operands(shapes, dtype):
     keys = mx.random.split(mx.random.key(0), len(shapes))
     return [(mx.random.normal(s, key=keys[i]) / math.sqrt(max(s[-1], 1))).astype(dtype)
             for i, s in enumerate(shapes)]
+
+
+CPU_REASON = ("the default device is the CPU, where metile kernels run in the MSL CPU runtime "
+              "(an emulator)")
+TUNING = "(`with metile.ops.tuning():` or METILE_OPS_TUNE=1)"
+
+
+def cost_model(on_cpu: str, on_gpu: str) -> routing.Decision:
+    """The decision without a recorded measurement: MLX's path, with why, on the CPU and
+    on a GPU (each op says it in its own words)."""
+    why = on_cpu if mx.default_device().type == mx.cpu else on_gpu
+    return routing.Decision(routing.REFERENCE, "cost_model",
+                            f"cost model (no measurement recorded): {why}")

@@ -61,7 +61,9 @@ from .op_routing import (
     m_bucket,
     device_description as _device_description,
     validate as _validate,
-    measurement_operands as _operands)
+    measurement_operands as _operands,
+    CPU_REASON,
+    cost_model)
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
                "leaky_relu": "affine_leaky"}
@@ -542,15 +544,10 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
 
 
 def _cost_model() -> routing.Decision:
-    if mx.default_device().type == mx.cpu:
-        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
-                  "metile kernels run in the MSL CPU runtime (an emulator); MLX's native CPU "
-                  "matmul is faster")
-    else:
-        reason = ("cost model (no measurement recorded): MLX's composite until a measurement on "
-                  "this machine finds a metile kernel faster (metile.ops.tune_linear / "
-                  "tune_matmul, `with metile.ops.tuning():` or METILE_OPS_TUNE=1)")
-    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+    return cost_model(CPU_REASON + "; MLX's native CPU matmul is faster",
+                      "MLX's composite until a measurement on this machine finds a metile kernel "
+                      "faster (metile.ops.tune_linear / tune_matmul, `with metile.ops.tuning():` "
+                      "or METILE_OPS_TUNE=1)")
 
 
 def _candidates(op, activation, slope, dtype, layout, has_bias, has_residual=False,

@@ -44,7 +44,10 @@ from .runtime import routing
 from .op_routing import (
     m_bucket,
     device_description as _device_description,
-    validate as _validate)
+    validate as _validate,
+    CPU_REASON,
+    cost_model,
+    TUNING)
 
 _DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 BITS = (4, 8)
@@ -271,14 +274,8 @@ def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
 
 
 def _cost_model() -> routing.Decision:
-    if mx.default_device().type == mx.cpu:
-        reason = ("cost model (no measurement recorded): the default device is the CPU, where "
-                  "metile kernels run in the MSL CPU runtime (an emulator)")
-    else:
-        reason = ("cost model (no measurement recorded): MLX's op until a measurement on this "
-                  "machine finds a metile kernel faster (`with metile.ops.tuning():` or "
-                  "METILE_OPS_TUNE=1)")
-    return routing.Decision(routing.REFERENCE, "cost_model", reason)
+    return cost_model(CPU_REASON, "MLX's op until a measurement on this machine finds a metile "
+                                  "kernel faster " + TUNING)
 
 
 def _measure_operands(m, n, k, dtype, scales_dtype, transpose, group_size, bits):
