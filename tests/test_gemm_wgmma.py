@@ -276,3 +276,15 @@ def test_linear_weight_layout_on_the_gpu(rng, dtype):
                                                 TRANSPOSE_B=True, BIAS="columns")
     X, W, B = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (x, w, bias))
     check(out, X @ W.T + B)
+
+
+def test_cached_launches_follow_the_setting(monkeypatch, rng):
+    # a repeated kernel[grid] launch resolved before METILE_CUDA_WGMMA changed is not reused
+    m, n, k = 40, 30, 20
+    a, b, ref = operands(rng, m, n, k, "float32")
+    launch = matmul[grid(m, n, 32, 32)]
+    for variant in ("0", "ws", "0"):
+        monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
+        check(launch(a, b, mx.zeros((m, n)), m, n, k, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16), ref)
+    keys = {key[3] for key in matmul._launches}
+    assert {("0",), ("ws",)} <= {k[2:] for k in keys}

@@ -104,10 +104,12 @@ def _fingerprint(kind: str) -> str:
 
 
 def selection_key() -> tuple:
-    """The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET), raw: a launch
-    resolved under other values must not be reused (runtime/dispatch.py's launch key)."""
+    """The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET and the matrix
+    units' METILE_CUDA_WGMMA), raw: a launch resolved under other values must not be reused
+    (runtime/dispatch.py's launch key)."""
     import os
-    return os.environ.get("METILE_BACKEND"), os.environ.get("METILE_TARGET")
+    return (os.environ.get("METILE_BACKEND"), os.environ.get("METILE_TARGET"),
+            os.environ.get("METILE_CUDA_WGMMA"))
 
 
 def resolve_backend(language: "str | Backend | None" = None, *, target: str | None = None) -> Backend:
