@@ -50,9 +50,6 @@ def reduce(gen, input, axis, combine_fn, keep_dims):
         axis = _axis(axis, len(shape), what)
     if not isinstance(keep_dims, bool):
         raise CompilationError(f"{what} keep_dims must be a constexpr bool")
-    if not getattr(combine_fn, "__metile_inline__", False):
-        raise CompilationError(f"{what} combine_fn must be an @metile.inline function, got "
-                               f"{describe(combine_fn)}")
     dtypes = [dtype_of(t.type) for t in tiles]
     region = combine_region(gen, combine_fn, dtypes, what)
     ir_axis = None if len(shape) == 1 else axis

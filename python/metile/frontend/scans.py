@@ -59,9 +59,6 @@ def associative_scan(gen, input, axis, combine_fn, reverse):
     axis = _axis(axis, len(shape), what)
     if not isinstance(reverse, bool):
         raise CompilationError(f"{what} reverse must be a constexpr bool")
-    if not getattr(combine_fn, "__metile_inline__", False):
-        raise CompilationError(f"{what} combine_fn must be an @metile.inline function, got "
-                               f"{describe(combine_fn)}")
     dtypes = [dtype_of(t.type) for t in tiles]
     region = combine_region(gen, combine_fn, dtypes, what)
     attrs = {"kind": "combine", "axis": axis}
@@ -74,6 +71,9 @@ def associative_scan(gen, input, axis, combine_fn, reverse):
 def combine_region(gen, combine_fn, dtypes, what: str = "associative_scan()") -> Block:
     """The combine function inlined on scalar block arguments, ending in `yield` (also
     reduce()'s, frontend/reduce_ops.py)."""
+    if not getattr(combine_fn, "__metile_inline__", False):
+        raise CompilationError(f"{what} combine_fn must be an @metile.inline function, got "
+                               f"{describe(combine_fn)}")
     name = getattr(combine_fn, "__qualname__", "combine_fn")
     n = len(dtypes)
     try:
