@@ -192,6 +192,14 @@ def prepare_matmul(a, b, m, n, k, strides_a, strides_b, out_dtype, **kw):
         a, b, c, m, n, k, *strides_a, *strides_b, n, 1, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, **kw)
 
 
+# The GEMM lowering's matrix instruction per backend: SIMD-group matrices on MSL; on CUDA
+# strict float32 has no tensor-core unit (FFMA register tiles), float16 takes mma.sync.
+GEMM_FRAGMENT = {
+    "msl": {"float32": "simdgroup_matrix 8x8", "float16": "simdgroup_matrix 8x8"},
+    "cuda": {"float32": "ffma", "float16": "mma.sync m16n8k16 (16x16x16 fragments)"},
+}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_block_pointer_matmul_gets_the_gemm_lowering(rng, dtype):
     for m, n, k in [(75, 45, 37), (1, 1, 1), (64, 64, 64), (33, 70, 100)]:
@@ -200,7 +208,8 @@ def test_block_pointer_matmul_gets_the_gemm_lowering(rng, dtype):
         got = np.array(d().astype(mx.float32)).astype(np.float64)
         np.testing.assert_allclose(got, ref, **OUTPUT_TOL[dtype])
     info = d.variant.data["lowering"]["matmul"]
-    assert info["fragment"] == "simdgroup_matrix 8x8" and info["operand_dtype"] == dtype
+    assert info["fragment"] == GEMM_FRAGMENT[d.variant.backend][dtype]
+    assert info["operand_dtype"] == dtype
     assert info["k_loop_masked"] and info["epilogue_ops"] == ([] if dtype == "float32"
                                                                else ["cast"])
     detail = {s["step"]: s.get("detail")

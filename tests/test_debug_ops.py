@@ -1,8 +1,16 @@
-"""static_print, device_print and device_assert (Triton's debugging ops) on the CPU runtime,
-and their CUDA emission compiled with NVRTC."""
+"""static_print, device_print and device_assert (Triton's debugging ops) on the CPU runtime
+and on MLX's CUDA backend, and their CUDA emission compiled with NVRTC.
 
+On CUDA a failed device_assert printf()s its report and `__trap()`s, which leaves the
+process's CUDA context unusable (as CUDA's own device assert does), so each failing case
+runs there in a child process whose output must hold the report and whose mx.eval must
+raise; on the CPU runtime the report is the RuntimeError's text and the process carries on.
+"""
+
+import ctypes
 import os
 import re
+import subprocess
 import sys
 
 import mlx.core as mx
@@ -10,6 +18,7 @@ import numpy as np
 import pytest
 
 import metile
+from metile.compiler import resolve_backend
 from metile.compiler.backend import Backend
 from metile.schedule.targets import target_for
 
@@ -33,6 +42,57 @@ def _launch(n, limit, block=4, **kw):
 
 def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("pid (")]
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ON_CUDA = resolve_backend().language == "cuda"
+
+
+def _printed(capfd) -> list[str]:
+    """The device_print lines written to fd 1 so far."""
+    # CUDA's printf output reaches fd 1 through the C library's stdout, which may buffer it
+    # (the CPU runtime's shim write(2)s directly)
+    ctypes.CDLL(None).fflush(None)
+    return _lines(capfd.readouterr().out)
+
+
+def _float_text(v) -> str:
+    """A float32 as device_print shows it: the CPU runtime prints it as NumPy does, CUDA's
+    printf with %.9g (codegen/debug_ops.py)."""
+    return "%.9g" % v if ON_CUDA else str(v)
+
+
+_CHILD = """
+import ctypes, os, sys
+sys.path.insert(0, {tests!r})
+import mlx.core as mx
+import test_debug_ops
+out = eval({call!r}, vars(test_debug_ops))
+try:
+    mx.eval(out)
+    print("mx.eval raised nothing", flush=True)
+except RuntimeError as e:
+    print(f"mx.eval raised RuntimeError: {{e}}", flush=True)
+ctypes.CDLL(None).fflush(None)
+os._exit(0)  # no teardown on the context the trap left unusable
+"""
+
+
+def failed_assert_report(call: str) -> str:
+    """What a launch that fails a device_assert reports; `call` is an expression over this
+    module's names that launches it.  CPU runtime: the text of the RuntimeError mx.eval
+    raises (in-process).  CUDA: the printed report of a child process, which must also
+    have seen mx.eval raise the launch failure (not hang, not die)."""
+    if not ON_CUDA:
+        with pytest.raises(RuntimeError) as e:
+            mx.eval(eval(call, globals()))
+        return str(e.value)
+    child = subprocess.run([sys.executable, "-c", _CHILD.format(tests=TESTS, call=call)],
+                           capture_output=True, text=True, timeout=240, cwd=TESTS)
+    text = child.stdout + child.stderr
+    assert child.returncode == 0, f"child died ({child.returncode}):\n{text}"
+    assert re.search(r"^mx\.eval raised RuntimeError: .*launch failure", text, re.M), text
+    return text
 
 
 # -- static_print ------------------------------------------------------------------------
@@ -67,13 +127,13 @@ def test_passing_assert_changes_nothing():
 
 
 def test_failing_assert_names_kernel_message_program_and_element():
-    # element 9 (value 9.0) is the first to fail: program 2, element 1 of its tile
-    with pytest.raises(RuntimeError) as e:
-        mx.eval(_launch(10, 9.0, debug=True))
-    text = str(e.value)
+    # element 9 (value 9.0) is the only one to fail: program 2, element 1 of its tile
+    text = failed_assert_report("_launch(10, 9.0, debug=True)")
     assert "device_assert failed in kernel 'checked_copy'" in text
     assert re.search(r"test_debug_ops\.py:\d+\) in program \(2, 0, 0\), element \(1\): "
                      r"x must stay below LIMIT", text), text
+    if ON_CUDA:
+        return  # the trap took the child's context with it
     # the process survives and the runtime takes the next launch
     y = _launch(10, 100.0, debug=True)
     np.testing.assert_array_equal(np.array(y), 2 * np.arange(10, dtype=np.float32))
@@ -95,25 +155,29 @@ def test_masked_off_elements_are_not_checked():
     x = mx.arange(3, dtype=mx.float32)
     y = _nonnegative[(1,)](x, mx.zeros(3), 3, BLOCK=8, MASKED=True, debug=True)
     np.testing.assert_array_equal(np.array(y), [0, 1, 2])
-    with pytest.raises(RuntimeError, match=r"program \(0, 0, 0\), element \(3\): negative"):
-        mx.eval(_nonnegative[(1,)](x, mx.zeros(3), 3, BLOCK=8, MASKED=False, debug=True))
+    text = failed_assert_report("_nonnegative[(1,)](mx.arange(3, dtype=mx.float32), mx.zeros(3), "
+                                "3, BLOCK=8, MASKED=False, debug=True)")
+    assert re.search(r"program \(0, 0, 0\), element \(3\): negative", text), text
+
+
+@metile.kernel
+def scalar(X, Y, n, BLOCK: metile.constexpr):
+    pid = metile.program_id(0)
+    assert pid * BLOCK < n, "program past the end"
+    metile.device_assert(metile.thread_id() < 64, "thread")
+    i = pid * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.load(X + i, mask=i < n), mask=i < n)
 
 
 def test_scalar_and_python_assert():
-    @metile.kernel
-    def scalar(X, Y, n, BLOCK: metile.constexpr):
-        pid = metile.program_id(0)
-        assert pid * BLOCK < n, "program past the end"
-        metile.device_assert(metile.thread_id() < 64, "thread")
-        i = pid * BLOCK + metile.arange(0, BLOCK)
-        metile.store(Y + i, metile.load(X + i, mask=i < n), mask=i < n)
-
     x = mx.arange(8, dtype=mx.float32)
     np.testing.assert_array_equal(np.array(scalar[(2,)](x, mx.zeros(8), 8, BLOCK=4,
                                                         debug=True)), np.arange(8))
-    with pytest.raises(RuntimeError, match=r"kernel 'scalar' \(.*\) in program \(2, 0, 0\): "
-                                           r"program past the end$"):
-        mx.eval(scalar[(3,)](x, mx.zeros(8), 8, BLOCK=4, debug=True))
+    text = failed_assert_report("scalar[(3,)](mx.arange(8, dtype=mx.float32), mx.zeros(8), 8, "
+                                "BLOCK=4, debug=True)")
+    # (?m): on CUDA every thread of program 2 prints the report, one line each
+    assert re.search(r"(?m)kernel 'scalar' \(.*\) in program \(2, 0, 0\): "
+                     r"program past the end$", text), text
 
 
 def test_debug_off_compiles_the_assert_out():
@@ -127,22 +191,22 @@ def test_debug_off_compiles_the_assert_out():
     np.testing.assert_array_equal(np.array(y), 2 * np.arange(10, dtype=np.float32))
 
 
+@metile.kernel(debug=True)
+def always(X, Y, n, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    metile.device_assert(i < n, "i < n")
+    metile.store(Y + i, metile.load(X + i, mask=i < n), mask=i < n)
+
+
 def test_debug_switches(monkeypatch):
-    monkeypatch.setenv("METILE_DEBUG", "asserts")
-    with pytest.raises(RuntimeError, match="x must stay below LIMIT"):
-        mx.eval(_launch(6, 3.0))
+    monkeypatch.setenv("METILE_DEBUG", "asserts")  # a CUDA child inherits it
+    assert "x must stay below LIMIT" in failed_assert_report("_launch(6, 3.0)")
     np.testing.assert_array_equal(np.array(_launch(6, 3.0, debug=False)), 2 * np.arange(6))
     monkeypatch.delenv("METILE_DEBUG")
     np.testing.assert_array_equal(np.array(_launch(6, 3.0)), 2 * np.arange(6))
 
-    @metile.kernel(debug=True)
-    def always(X, Y, n, BLOCK: metile.constexpr):
-        i = metile.arange(0, BLOCK)
-        metile.device_assert(i < n, "i < n")
-        metile.store(Y + i, metile.load(X + i, mask=i < n), mask=i < n)
-
-    with pytest.raises(RuntimeError, match=r"element \(3\): i < n"):
-        mx.eval(always[(1,)](mx.zeros(3), mx.zeros(3), 3, BLOCK=4))
+    text = failed_assert_report("always[(1,)](mx.zeros(3), mx.zeros(3), 3, BLOCK=4)")
+    assert re.search(r"element \(3\): i < n", text), text
     mx.eval(always[(1,)](mx.zeros(3), mx.zeros(3), 3, BLOCK=4, debug=False))
     with pytest.raises(metile.LaunchError, match="debug must be True or False"):
         _launch(4, 1.0, debug=1)
@@ -164,7 +228,7 @@ def test_device_print_tiles_scalars_and_masks(capfd):
     x = mx.array([0.1, 1.5, -2.0, 3.0, 1e20, float("nan")], dtype=mx.float32)
     y = show[(2,)](x, mx.zeros(6), 6, BLOCK=4)
     mx.eval(y)
-    lines = _lines(capfd.readouterr().out)
+    lines = _printed(capfd)
     xs = np.array(x)
     expect = []
     for pid in range(2):
@@ -172,8 +236,9 @@ def test_device_print_tiles_scalars_and_masks(capfd):
         for e in range(4):
             g = pid * 4 + e
             v = xs[g] if g < 6 else np.float32(-1.0)
-            # floats print as NumPy prints them: the shortest text that reads back exactly
-            expect.append(f"pid ({pid}, 0, 0) idx ({e}) x: {str(v)}, {g < 6}")
+            # on the CPU runtime floats print as NumPy prints them: the shortest text that
+            # reads back exactly
+            expect.append(f"pid ({pid}, 0, 0) idx ({e}) x: {_float_text(v)}, {g < 6}")
             with np.errstate(over="ignore"):  # 1e20 is inf in half
                 bits = np.array(v, np.float32).astype(np.float16).view(np.uint16)
             expect.append(f"pid ({pid}, 0, 0) idx ({e}) h: 0x{int(bits):04x}, 0x{g:08x}")
@@ -197,7 +262,7 @@ def test_device_print_2d_and_per_thread(capfd):
 
     x = mx.arange(6, dtype=mx.int32).reshape(2, 3)
     mx.eval(grid2[(1,)](x, mx.zeros((2, 3), dtype=mx.int32), M=2, N=3))
-    lines = _lines(capfd.readouterr().out)
+    lines = _printed(capfd)
     expect = [f"pid (0, 0, 0) idx ({i}, {j}) v: {3 * i + j}, {i}" for i in range(2)
               for j in range(3)]
     expect += [f"pid (0, 0, 0) thread {t} t: {10 * t}" for t in range(2)]
@@ -300,8 +365,11 @@ def test_device_print_without_values_and_long_lines(capfd):
         metile.store(Y + i, metile.load(X + i))
 
     mx.eval(notes[(1,)](mx.zeros(2), mx.zeros(2), LONG="p" * 3000))
-    lines = _lines(capfd.readouterr().out)
+    lines = _printed(capfd)
     assert "pid (0, 0, 0) idx () reached" in lines
-    cut = [ln for ln in lines if "ppp" in ln]
-    # a line is cut at 2048 characters and says so
-    assert len(cut) == 2 and all(len(ln) == 2048 + 3 and ln.endswith("p...") for ln in cut)
+    long = [ln for ln in lines if "ppp" in ln]
+    if ON_CUDA:  # printf takes the prefix whole, as a %s argument
+        assert sorted(long) == [f"pid (0, 0, 0) idx ({i}) {'p' * 3000}: {i}" for i in range(2)]
+        return
+    # the CPU runtime's shim cuts a line at 2048 characters and says so
+    assert len(long) == 2 and all(len(ln) == 2048 + 3 and ln.endswith("p...") for ln in long)

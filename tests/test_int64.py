@@ -3,6 +3,8 @@
 int64 pointer offsets, reductions; checked on the CPU runtime against NumPy, and the CUDA
 emission compiled with NVRTC."""
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,6 +19,23 @@ I64 = np.int64
 
 def i64(v):
     return mx.array(np.array(v, dtype=I64))
+
+
+# how the backend that ran spells 64- and 32-bit signed integers
+_C_TYPES = {"msl": {"long": "int64", "int": "int32"},
+            "cuda": {"int64_t": "int64", "int32_t": "int32"}}
+
+
+def _long(dispatch) -> str:
+    return next(c for c, t in _C_TYPES[dispatch.variant.backend].items() if t == "int64")
+
+
+def _scalar_type(dispatch, name: str) -> str:
+    """The dtype a scalar argument is read as (MSL reads `name`, CUDA `name[0]`)."""
+    body = dispatch.variant.data["body"]
+    found = re.search(rf"const (\w+) _v\d+ = {name}(?:\[0\])?;", body)
+    assert found, body
+    return _C_TYPES[dispatch.variant.backend][found.group(1)]
 
 
 @metile.kernel
@@ -43,8 +62,9 @@ def test_tutorial_vector_add_with_int64_offsets(rng, dtype):
     out = vector_add[(metile.cdiv(n, 256),)](mx.array(x), mx.array(y), mx.zeros(n, mx.array(x).dtype),
                                              n, BLOCK=256)
     np.testing.assert_array_equal(np.array(out), x + y)
-    body = vector_add.last_dispatch.variant.data["body"]
-    assert "static_cast<long>(" in body and "X[" in body
+    d = vector_add.last_dispatch
+    body = d.variant.data["body"]
+    assert f"static_cast<{_long(d)}>(" in body and "X[" in body
 
 
 @metile.kernel
@@ -157,9 +177,11 @@ def test_int64_scalar_argument_beyond_int32():
     out = scaled_offsets[(1,)](mx.array(x), mx.zeros(n, mx.int64), base, step, n, BLOCK=64)
     np.testing.assert_array_equal(np.array(out), x + x * step)
     # Triton's rule: a Python int past int32 is an int64 argument; within int32 it is int32
-    assert "const long" in scaled_offsets.last_dispatch.variant.data["body"]
+    d = scaled_offsets.last_dispatch
+    assert (_scalar_type(d, "base"), _scalar_type(d, "step")) == ("int64", "int32")
     out = scaled_offsets[(1,)](mx.array(x), mx.zeros(n, mx.int64), 5, step, n, BLOCK=64)
     np.testing.assert_array_equal(np.array(out), x + x * step)
+    assert _scalar_type(scaled_offsets.last_dispatch, "base") == "int32"
 
 
 @metile.kernel
