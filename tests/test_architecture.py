@@ -127,7 +127,7 @@ def test_the_device_and_backend_are_read_in_one_place():
     assert list(_uses({"METILE_BACKEND"})) == ["compiler/backend.py"]
 
 
-def test_one_matrix_unit_table():
+def test_one_matrix_unit_table(monkeypatch):
     from metile.codegen.cuda import CUDAEmitter
     from metile.codegen.msl import MSLEmitter
 
@@ -140,6 +140,11 @@ def test_one_matrix_unit_table():
         assert units and all(id(u) in table for u in units)
     sm80 = resolve_backend("cuda", target="sm_80").matrix_units
     assert not any(u.warpgroup for u in sm80)
+    # sm_90: one warpgroup unit (the METILE_CUDA_WGMMA variant), none with 0
+    monkeypatch.delenv("METILE_CUDA_WGMMA", raising=False)
+    sm90 = resolve_backend("cuda", target="sm_90").matrix_units
+    assert [u.warp_specialized for u in sm90 if u.warpgroup] == [False]
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "0")
     assert not any(u.warpgroup for u in resolve_backend("cuda", target="sm_90").matrix_units)
     for target in TARGETS.values():
         for path in target.matrix_paths:

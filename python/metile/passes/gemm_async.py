@@ -313,7 +313,7 @@ class AsyncStaging:
         n = across * groups
         copiers = getattr(self, "copiers", None)
         if copiers is not None:
-            # A producer warp copies everything (gemm_wgmma's warp-specialized pipeline):
+            # A producer warpgroup copies everything (gemm_wgmma's warp-specialized pipeline):
             # a counted loop over its groups, not hundreds of unrolled slots.
             ctid, count = copiers
 

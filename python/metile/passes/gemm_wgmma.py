@@ -51,6 +51,11 @@ from .lane_layout import BOOL, I32, Storage
 F32 = ScalarType(dt.float32)
 ATOM = 64          # 16-bit elements in one 128-byte swizzle row
 MAX_STAGES = 5
+# The copying warpgroup after the multiplying ones (METILE_CUDA_WGMMA=ws).  One warp was
+# measured too few on the H200 (a 128x256x64 tile is 3072 16-byte copies per K step; the
+# warp's address arithmetic took longer than the step's products: 0.40x of cuBLAS against
+# 0.65x for the single-role pipeline, benchmarks/results/h200-gemm-float16-wgmma-*.json).
+WGMMA_PRODUCER_THREADS = 128
 
 
 class WarpgroupGemm:
@@ -113,7 +118,7 @@ class WarpgroupGemm:
                 "local_set", [z, zero], [], {"name": acc}), unroll=True)
 
     def _wgmma_specialized(self, op: Op, b: Builder, tid: Value, nwg: int) -> None:
-        """Warp-specialized pipeline: warpgroups 0..W-1 only multiply, one producer warp
+        """Warp-specialized pipeline: warpgroups 0..W-1 only multiply, one producer warpgroup
         after them only copies.  The role is read from lane 0 (`warp_uniform`) and each role
         runs its own loop, so ptxas sees no divergence around a wgmma and no copy code
         between a product and its wait: one product group stays in flight
@@ -148,8 +153,8 @@ class WarpgroupGemm:
         self._for(cb, 0, n, 1, "t", consume)
         cb.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
 
-        # the producer warp
-        self.copiers = (self._i(pb, "sub", tid, nwg * 128), 32)
+        # the producer warpgroup
+        self.copiers = (self._i(pb, "sub", tid, nwg * 128), WGMMA_PRODUCER_THREADS)
         for t in range(dist):
             issue(pb, self.const(pb, t), t)
             pb.op("cp_async_commit")
@@ -242,7 +247,7 @@ class WarpgroupGemm:
     def _wgmma_epilogue(self, b: Builder) -> None:
         """Each accumulator evaluated and stored at its (row, column): rows 16q + l/4
         (+8 for elements 2, 3 of each group of four), columns 8j + 2(l%4) (+1 for odd).
-        Under warp specialization only the warpgroups store (the producer warp holds none)."""
+        Under warp specialization only the warpgroups store (the producer warpgroup holds none)."""
         if self.wg_consumer is not None:
             guard = b.op("if", [self.wg_consumer], [], {}, [_block(), _block()])
             gb = Builder(guard.regions[0])
