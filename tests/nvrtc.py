@@ -75,3 +75,52 @@ def disassemble(data: bytes) -> str:
         f.flush()
         return subprocess.run([nvdisasm(), f.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def mlx_translation_unit(dispatch) -> tuple[str, str]:
+    """(name expression, source) of a dispatch prepared with backend="cuda" as MLX
+    0.32.4's `cuda_kernel` builds it (mlx/backend/cuda/custom_kernel.cpp,
+    build_kernel): the header metile hands MLX (with its launch bounds), then
+    `__global__ void custom_kernel_<name>(const T* in..., T* out...)` in namespace
+    mlx::core::cu, which NVRTC is asked to lower by name.  metile's prelude stands
+    in for MLX's device headers (not installed here); metile's bodies read no
+    `<input>_shape`, so MLX adds no shape parameters."""
+    kernel = dispatch.variant.callable()
+    kw = dispatch.call_kwargs
+    in_dtypes = [as_array(a, n, "nvrtc").dtype for n, a in zip(kernel.input_names, kw["inputs"])]
+    assert not any(f"{n}_shape" in kernel.source or f"{n}_strides" in kernel.source
+                   for n in kernel.input_names), "MLX would add shape parameters"
+    name, header = kernel.mlx_source(in_dtypes, kw["output_dtypes"], [], kw["threadgroup"])
+    symbol = cuda_source.mlx_kernel_symbol(name)
+    params = [f"    const {cuda_source.cuda_type(d)}* {n}" for n, d in zip(kernel.input_names, in_dtypes)]
+    params += [f"    {cuda_source.cuda_type(d)}* {n}" for n, d in zip(kernel.output_names, kw["output_dtypes"])]
+    source = (cuda_source.PRELUDE + header + "namespace mlx::core::cu {\n\n"
+              f"__global__ void {symbol}(\n" + ",\n".join(params) + ") {\n" + kernel.source
+              + "\n}\n\n} // namespace mlx::core::cu\n")
+    return f"mlx::core::cu::{symbol}", source
+
+
+def compile_named(source: str, arch: str, name_expression: str, extra=()) -> tuple[str, str]:
+    """(lowered symbol, NVRTC's log) of `source` compiled for `arch` with
+    `name_expression` registered, as MLX's JIT does; fails the caller's test on an
+    error."""
+    import ctypes
+    toolkit = nvrtc.find_toolkit()
+    lib = nvrtc._load(toolkit.library)
+    program = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mlx.cu", 0, None, None) == 0
+    try:
+        assert lib.nvrtcAddNameExpression(program, name_expression.encode()) == 0
+        opts = [o.encode() for o in (*nvrtc.options(arch, toolkit), *extra)]
+        status = lib.nvrtcCompileProgram(program, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(program, log)
+        text = log.value.decode(errors="replace")
+        assert status == 0, text
+        lowered = ctypes.c_char_p()
+        assert lib.nvrtcGetLoweredName(program, name_expression.encode(), ctypes.byref(lowered)) == 0
+        return lowered.value.decode(), text
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(program))

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from .. import _ext
 from . import nvrtc
-from .cuda_source import translation_unit
+from .cuda_source import launch_bounds_header, mlx_kernel_symbol, translation_unit
 from .source_kernel import SourceKernel, resolve_stream
 
 
@@ -54,6 +54,7 @@ class CudaKernel(SourceKernel):
                     f"{shape_info}; the precompiled launch passes only pointers, so pass sizes "
                     f"as scalar inputs"))
         self._names: dict = {}
+        self._headers: dict = {}
         self._cubins: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
@@ -76,11 +77,27 @@ class CudaKernel(SourceKernel):
                 name, cubin, inputs, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
                 init_value, self.ensure_row_contiguous, s,
             )
+        name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
         return _ext.launch_cuda(
-            self.unique_name(inputs, output_dtypes, template), self.input_names, self.output_names, self.source, self.header,
+            name, self.input_names, self.output_names, self.source, header,
             self.ensure_row_contiguous, self.shared_memory, inputs, shapes, list(output_dtypes),
             grid, threadgroup, template, init_value, verbose, s,
         )
+
+    def mlx_source(self, inputs, output_dtypes, template, threadgroup) -> tuple[str, str]:
+        """(name, header) that MLX's `cuda_kernel` compiles this kernel with for a
+        block of `threadgroup`: the header ends with the kernel's
+        `__launch_bounds__` (runtime/cuda_source.py, launch_bounds_header), so
+        ptxas keeps registers x threads within the register file and the launch
+        cannot fail for registers.  The block size is in the name, which MLX caches
+        the compiled module by.  `inputs` are arrays or dtypes."""
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        name = self.unique_name(inputs, output_dtypes, template, threads)
+        header = self._headers.get(name)
+        if header is None:
+            header = self._headers[name] = self.header + launch_bounds_header(
+                mlx_kernel_symbol(name, template), threads)
+        return name, header
 
 
     def compiled(self, input_dtypes, output_dtypes, threadgroup, verbose=False) -> tuple[str, bytes]:
