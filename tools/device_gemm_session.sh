@@ -21,7 +21,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "tests done: $((SECONDS-t0)) s" | tee -a "$log"
 fi
 for v in ${VARIANTS:-ws 1}; do
-  warps=8  # the ws variant adds its producer warpgroup itself
+  warps=$([ "$v" = ws ] && echo 12 || echo 8)  # ws: 2 multiplying warpgroups + the producer
   tile="128 256 64"; [ "$v" = 0 ] && tile="128 128 32"
   METILE_CUDA_WGMMA=$v timeout "${BENCH_SECONDS:-140}" python3 -m benchmarks.compiler.schedule_fusion \
     --dtype "$dtype" --tile $tile --num-simdgroups "$warps" --sizes $sizes --shapes $shapes \
