@@ -195,8 +195,10 @@ def prepare_matmul(a, b, m, n, k, strides_a, strides_b, out_dtype, **kw):
 # The GEMM lowering's matrix instruction per backend: SIMD-group matrices on MSL; on CUDA
 # strict float32 has no tensor-core unit (FFMA register tiles), float16 takes mma.sync.
 GEMM_FRAGMENT = {
-    "msl": {"float32": "simdgroup_matrix 8x8", "float16": "simdgroup_matrix 8x8"},
-    "cuda": {"float32": "ffma", "float16": "mma.sync m16n8k16 (16x16x16 fragments)"},
+    "msl": {"float32": "simdgroup_matrix 8x8", "float16": "simdgroup_matrix 8x8",
+            "bfloat16": "simdgroup_matrix 8x8"},
+    "cuda": {"float32": "ffma", "float16": "mma.sync m16n8k16 (16x16x16 fragments)",
+             "bfloat16": "mma.sync m16n8k16 (16x16x16 fragments)"},
 }
 
 

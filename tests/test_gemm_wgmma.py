@@ -38,6 +38,17 @@ def test_warp_specialized_variant(monkeypatch):
     assert "__shfl_sync(0xffffffffu" in d.variant.data["body"]
 
 
+def test_warp_specialized_variant_with_its_thread_count_named(monkeypatch):
+    # num_simdgroups=12 (what ops pass): 2 multiplying warpgroups + the copying one; the
+    # planner once looked for a 12-warp fragment grid and refused the tile
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
+    d = prepare((1000, 1000, 1000), kernel=matmul_epilogue, num_simdgroups=12,
+                EPILOGUE="affine_leaky")
+    assert d.variant.data["lowering"]["matmul"]["fragment"] == \
+        "wgmma m64nNk16 (warpgroup, warp-specialized)"
+    assert d.variant.data["lowering"]["launch"]["threads"] == 384
+
+
 def test_warp_specialized_variant_needs_three_stages(monkeypatch):
     monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
     with pytest.raises(metile.CompilationError, match="at least 3 stages"):

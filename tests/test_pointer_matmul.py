@@ -15,6 +15,7 @@ import pytest
 import metile
 from metile.errors import CompilationError
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
+from test_block_pointers import GEMM_FRAGMENT
 from test_gemm import OUTPUT_TOL
 
 
@@ -148,7 +149,8 @@ def test_triton_matmul_ragged_shapes(rng, dtype, activation):
         d = launch(m, n, k, a, b, (k, 1), (n, 1), ACTIVATION=activation)
         check(d(), leaky(ref) if activation else ref, "float16")
     info = d.variant.data["lowering"]["matmul"]
-    assert info["fragment"] == "simdgroup_matrix 8x8" and info["operand_dtype"] == dtype
+    assert info["fragment"] == GEMM_FRAGMENT[d.variant.backend][dtype]
+    assert info["operand_dtype"] == dtype
     assert info["k_loop_masked"] and info["epilogue_regions"] == 1
     assert info["epilogue_ops"] == (["ge", "mul", "where", "cast"] if activation else ["cast"])
     report = json.loads(d.explain(steps=True))
@@ -182,7 +184,8 @@ def test_accumulate_form_without_k_masks(rng, dtype):
             a, b, mx.zeros((m, n)), m, n, k, k, 1, n, 1, **TILE, EVEN_K=True)
         check(d(), ref, "float32")
     info = d.variant.data["lowering"]["matmul"]
-    assert info["fragment"] == "simdgroup_matrix 8x8" and not info["k_loop_masked"]
+    assert info["fragment"] == GEMM_FRAGMENT[d.variant.backend][dtype]
+    assert not info["k_loop_masked"]
     assert json.loads(d.explain(steps=True))["steps"][3] == {
         "step": "pointer_recurrence",
         "detail": f"loop at line {line_of('for k in range(0, K, BLOCK_K):')}: a_ptrs, b_ptrs, "

@@ -446,9 +446,15 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         raise ScheduleError(s.requirement("num_simdgroups"),
                             f"the kernel fixes {traits.lanes} lanes ({lanes_nsg} SIMD-groups)")
     nsg = nsg if nsg is not None else lanes_nsg
+    named_count = nsg is not None
     if nsg is None:
         nsg = next((n for n in _DEFAULT_SIMDGROUPS if _factor_grid(n, bm, bn, fm, fn)), None)
-    grid = None if nsg is None else _factor_grid(nsg, bm, bn, fm, fn)
+    multiplying = nsg
+    ws = None if scalar_fma or not named_count else _warpgroup_unit(traits, target)
+    if ws is not None and ws.warp_specialized:
+        # the copying warpgroup (passes/gemm_wgmma.WGMMA_PRODUCER_THREADS) holds no fragments
+        multiplying = nsg - 128 // target.simd_width
+    grid = None if nsg is None or multiplying < 1 else _factor_grid(multiplying, bm, bn, fm, fn)
     if grid is None:
         named = s.requirement("num_simdgroups") if s.num_simdgroups is not None else req
         error = FragmentShapeError if s.num_simdgroups is None else ScheduleError
