@@ -111,13 +111,7 @@ def compile_named(source: str, arch: str, name_expression: str, extra=()) -> tup
     assert lib.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mlx.cu", 0, None, None) == 0
     try:
         assert lib.nvrtcAddNameExpression(program, name_expression.encode()) == 0
-        opts = [o.encode() for o in (*nvrtc.options(arch, toolkit), *extra)]
-        status = lib.nvrtcCompileProgram(program, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(program, log)
-        text = log.value.decode(errors="replace")
+        status, text = nvrtc.compile_program(lib, program, (*nvrtc.options(arch, toolkit), *extra))
         assert status == 0, text
         lowered = ctypes.c_char_p()
         assert lib.nvrtcGetLoweredName(program, name_expression.encode(), ctypes.byref(lowered)) == 0

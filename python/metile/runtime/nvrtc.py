@@ -181,6 +181,17 @@ def options(arch: str, toolkit: Toolkit | None = None) -> list[str]:
             *(f"-I{d}" for d in (toolkit or find_toolkit()).includes)]
 
 
+def compile_program(lib, program, opts) -> tuple[int, str]:
+    """(NVRTC's status, its log) of compiling a created program with `opts`."""
+    opts = [o.encode() for o in opts]
+    status = lib.nvrtcCompileProgram(program, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(program, log)
+    return status, log.value.decode(errors="replace")
+
+
 def run_nvrtc(source: str, arch: str, toolkit: Toolkit | None = None,
               extra: tuple[str, ...] = ()) -> tuple[bool, str, bytes | None]:
     """One NVRTC compile, uncached: (success, NVRTC's log, cubin or None); `extra`
@@ -192,15 +203,10 @@ def run_nvrtc(source: str, arch: str, toolkit: Toolkit | None = None,
     if status != 0:
         return False, f"nvrtcCreateProgram failed: {lib.nvrtcGetErrorString(status).decode()}", None
     try:
-        opts = [o.encode() for o in (*options(arch, toolkit), *extra)]
-        status = lib.nvrtcCompileProgram(program, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(program, log)
-        text = log.value.decode(errors="replace")
+        status, text = compile_program(lib, program, (*options(arch, toolkit), *extra))
         if status != 0:
             return False, text or lib.nvrtcGetErrorString(status).decode(), None
+        size = ctypes.c_size_t()
         lib.nvrtcGetCUBINSize(program, ctypes.byref(size))
         cubin = ctypes.create_string_buffer(size.value)
         if lib.nvrtcGetCUBIN(program, cubin) != 0:
