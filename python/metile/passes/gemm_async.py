@@ -37,6 +37,9 @@ from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx
 
 MAX_STAGES = 5
+# Unrolled copy slots per thread and tile (a 128x256x64 16-bit tile over the 128 threads
+# of gemm_wgmma's producer warpgroup is 8 + 16; over 256 threads 4 + 8).
+MAX_UNROLLED_SLOTS = 32
 _MONOTONE = {"lt": "last", "le": "last", "gt": "first", "ge": "first"}
 
 
@@ -311,22 +314,17 @@ class AsyncStaging:
                       {"root": st.name, "space": "threadgroup"})
 
         n = across * groups
-        copiers = getattr(self, "copiers", None)
-        if copiers is not None:
-            # A producer warpgroup copies everything (gemm_wgmma's warp-specialized pipeline):
-            # a counted loop over its groups, not hundreds of unrolled slots.
-            ctid, count = copiers
-
-            def strided(lb: Builder, lin: Value) -> None:
-                body(lb, lin)
-            self._for(b, ctid, n, count, "g", strided)
+        tid, count = getattr(self, "copiers", None) or (b.value("thread_id", [], I32), self.T)
+        slots = (n + count - 1) // count
+        if slots > MAX_UNROLLED_SLOTS:
+            # Too many slots to unroll (a few copying threads): a counted loop over them.
+            self._for(b, tid, n, count, "g", body)
             return
-        tid = b.value("thread_id", [], I32)
         # Unrolled over this thread's groups: constant slot offsets let the compiler hoist
         # the per-group address and swizzle arithmetic out of the K loop.
-        for slot in range((n + self.T - 1) // self.T):
-            lin = self._i(b, "add", tid, slot * self.T)
-            if (slot + 1) * self.T <= n:
+        for slot in range(slots):
+            lin = self._i(b, "add", tid, slot * count)
+            if (slot + 1) * count <= n:
                 body(b, lin)
             else:
                 part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
