@@ -185,6 +185,10 @@ class WarpgroupGemm:
         # every wgmma here (C7514): the cp.async issue code sits between a product and its
         # wait (bisected on the generated source).  So each step drains its products; the
         # warp-specialized pipeline (_wgmma_specialized) keeps one group in flight.
+        # Also tried (NVRTC 13.5, 2026-11-30): the copies after the wait with D = S-2,
+        # before the products, or branch-free (cp.async zero-fill size, no fallback branch)
+        # all still give C7514 with this step's 12 copies per thread; one copy per step
+        # does not, 2-4 only if the loop is unrolled twice.
         pending = 0
         dist = s - 1 - pending
         self.lowering_passes.append("async_pipeline_staging")
