@@ -34,6 +34,7 @@ from ..passes.lower_matmul import GemmPlan
 from ..passes.lower_tiles import lower_tiles
 from ..passes.pointer_recurrence import rewrite_pointer_recurrences
 from ..passes.uniformity import check_uniformity
+from ..passes.wide_offsets import narrowing_casts, wide_indexed
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from ..settings import debug_flags
 from . import planning
@@ -263,6 +264,11 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
                                 gemm_plan=analysis.gemm_plan(backend.matrix_units))
         lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
     verify(thread_fn)
+    scalar_ids = {p.value.id for p in fn.params if p.kind == "scalar" and p.value is not None}
+    thread_fn.meta["wide_offsets"] = {
+        "buffers": wide_indexed(thread_fn, buffers),
+        "narrowing_casts": [f"{op.loc.file}:{op.loc.line}" if op.loc else "?"
+                            for op in narrowing_casts(fn, scalar_ids)]}
     if dumps(lowered[-1]) or dumps("lower_tiles"):
         print(format_function(thread_fn), file=sys.stdout)
     scalars = {buffers[(n, "scalar")] for n, s in req.specs.items() if s[0] == "scalar"}
@@ -281,7 +287,7 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
         planning.dump(fn.name, analysis.plan, report)
     return CompiledKernel(
         name, header, body, inputs, outputs, roles, tracked,
-        {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations", "launch")
+        {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations", "launch", "wide_offsets")
          if k in thread_fn.meta},
         report, backend.language, steps, details)
 

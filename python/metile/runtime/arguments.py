@@ -9,9 +9,32 @@ from ..errors import LaunchError
 from ..language import dtypes as dt
 from .source_kernel import as_array
 
-# Element offsets in generated code are int32; program_id * BLOCK + arange stays below
-# 2**31 for buffers up to this size (a block of the last program may run past n).
+# Element offsets are int32 unless a kernel computes them in int64; program_id * BLOCK +
+# arange stays below 2**31 for buffers up to this size (a block of the last program may run
+# past n).  Larger buffers need 64-bit offsets (`check_buffer_sizes`).
 MAX_BUFFER_ELEMENTS = 2**31 - 2**20
+
+
+def check_buffer_sizes(kernel: str, runtime: dict, wide: dict | None) -> None:
+    """Refuse a buffer past MAX_BUFFER_ELEMENTS unless the compiled kernel addresses it
+    with 64-bit offsets throughout (`wide`: the variant's passes/wide_offsets record)."""
+    for name, value in runtime.items():
+        if not isinstance(value, mx.array) or value.size <= MAX_BUFFER_ELEMENTS:
+            continue
+        if wide is not None and name in wide["buffers"] and not wide["narrowing_casts"]:
+            continue
+        head = (f"kernel {kernel!r}: argument {name!r} has {value.size} elements, more than "
+                f"the {MAX_BUFFER_ELEMENTS} that 32-bit offsets address")
+        if wide is not None and name in wide["buffers"]:
+            raise LaunchError(f"{head}; the kernel widens a computed 32-bit value to 64 bits "
+                              f"(at {', '.join(wide['narrowing_casts'])}), which has wrapped "
+                              f"already for such sizes: cast program_id (or the scalar) to "
+                              f"metile.int64 before multiplying")
+        raise LaunchError(f"{head}: compute its offsets in int64, e.g. "
+                          f"`pid = metile.program_id(0).to(metile.int64)` before "
+                          f"`pid * BLOCK + metile.arange(0, BLOCK)` (GEMM-lowered and "
+                          f"block-pointer kernels index in 32 bits: split the array, or launch "
+                          f"on views of it)")
 
 
 def int_scalar_dtype(name: str, value: int) -> dt.DType:
@@ -45,14 +68,6 @@ def arg_spec(name: str, value):
                               f"uint64, int8, uint8, int16, uint16, bool)")
         if value.ndim == 0:
             return ("scalar", d, 0)
-        if value.size > MAX_BUFFER_ELEMENTS:
-            # Generated kernels compute element offsets in 32-bit integers: a larger
-            # buffer would wrap around silently, so it is refused until 64-bit offsets
-            # are lowered.
-            raise LaunchError(f"argument {name!r} has {value.size} elements; metile kernels "
-                              f"index buffers of at most {MAX_BUFFER_ELEMENTS} elements (32-bit "
-                              f"offsets; 64-bit offsets are not implemented yet): split the "
-                              f"array, or launch on views of it")
         return ("buffer", d, value.ndim)
     if isinstance(value, bool):
         return ("scalar", dt.bool_, 0)

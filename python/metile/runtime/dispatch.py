@@ -17,7 +17,7 @@ import mlx.core as mx
 from ..compiler.backend import selection_key
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
-from .arguments import arg_spec, scalar_array
+from .arguments import arg_spec, check_buffer_sizes, scalar_array
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -200,6 +200,7 @@ class Dispatch:
             for n in outputs)
         self.variant = spec.variant(proven)
         d = self.variant.compiled
+        check_buffer_sizes(kernel.fn.__name__, runtime, self.variant.data["lowering"].get("wide_offsets"))
         self.outputs = out_arrays
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
