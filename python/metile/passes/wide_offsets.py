@@ -11,8 +11,9 @@ and address the wrong element silently.  Two facts make the proof:
   uint64 index.  Lowerings that compute offsets themselves (GEMM staging, the 4-wide
   elementwise interior) do so in int32, so their buffers fail this check.
 * `narrowing_casts` (tile form): no int32 value that is itself computed (`pid * BLOCK +
-  arange`, say) is widened to 64 bits: such a value has wrapped before the cast.  Casts
-  of program ids, constants, aranges and scalar arguments are exact.
+  arange`, say) is widened to 64 bits, by a cast or by a pointer addition that makes the
+  address 64-bit: such a value may have wrapped already.  Program ids, constants, aranges,
+  loop induction variables and scalar arguments widen exactly.
 """
 
 from __future__ import annotations
@@ -47,26 +48,47 @@ def wide_indexed(thread_fn: Function, buffers: dict) -> list[str]:
 
 
 def narrowing_casts(fn: Function, scalar_params: set) -> list[Op]:
-    """Casts of computed 32-bit (or narrower) integers to 64 bits in the tile form."""
+    """Ops of the tile form that widen a computed 32-bit (or narrower) integer to 64 bits:
+    casts, and pointer additions that make an address 64-bit while an int32 offset
+    accumulated on it (or added with it) was computed (`B + rk * N + rn64`: rk * N)."""
+    exact = set(scalar_params)
+    for op in walk(fn.body):
+        if op.name == "for" and op.regions and op.regions[0].args:
+            exact.add(op.regions[0].args[0].id)   # an induction variable is an int32 bound
     out = []
     for op in walk(fn.body):
-        if op.name != "cast" or elem_type(op.results[0].type).dtype not in _WIDE:
-            continue
-        src = op.operands[0]
-        d = elem_type(src.type).dtype
-        if d in _WIDE or d.kind not in "iu":
-            continue
-        if not _exact(src, scalar_params):
-            out.append(op)
+        if op.name == "cast":
+            d = elem_type(op.operands[0].type).dtype
+            if elem_type(op.results[0].type).dtype in _WIDE and d not in _WIDE and \
+                    d.kind in "iu" and not _exact(op.operands[0], exact):
+                out.append(op)
+        elif op.name == "ptr_add" and elem_type(op.results[0].type).index in _WIDE:
+            p, off = op.operands
+            d = elem_type(off.type).dtype
+            if (d not in _WIDE and not _exact(off, exact)) or \
+                    (elem_type(p.type).index not in _WIDE and not _pointer_exact(p, exact)):
+                out.append(op)
     return out
 
 
-def _exact(v, scalar_params: set) -> bool:
-    if v.id in scalar_params:
+def _exact(v, exact: set) -> bool:
+    if v.id in exact:
         return True
     op = v.owner
     if not isinstance(op, Op):
         return False
     if op.name in ("splat", "broadcast", "expand_dims"):
-        return all(_exact(o, scalar_params) for o in op.operands)
+        return all(_exact(o, exact) for o in op.operands)
     return op.name in _EXACT_LEAVES
+
+
+def _pointer_exact(p, exact: set) -> bool:
+    """Whether the int32 offset accumulated on pointer `p` is exact (parameter + leaves)."""
+    op = p.owner
+    if not isinstance(op, Op):
+        return True   # the parameter itself (a loop-carried pointer is an Op's result below)
+    if op.name in ("splat", "broadcast", "expand_dims"):
+        return _pointer_exact(op.operands[0], exact)
+    if op.name == "ptr_add":
+        return _exact(op.operands[1], exact) and _pointer_exact(op.operands[0], exact)
+    return False
