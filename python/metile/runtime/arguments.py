@@ -32,9 +32,9 @@ def check_buffer_sizes(kernel: str, runtime: dict, wide: dict | None) -> None:
                               f"to metile.int64 before computing offsets from it")
         raise LaunchError(f"{head}: compute its offsets in int64, e.g. "
                           f"`pid = metile.program_id(0).to(metile.int64)` before "
-                          f"`pid * BLOCK + metile.arange(0, BLOCK)` (GEMM-lowered and "
-                          f"block-pointer kernels index in 32 bits: split the array, or launch "
-                          f"on views of it)")
+                          f"`pid * BLOCK + metile.arange(0, BLOCK)`, and the loop variable "
+                          f"of a K loop likewise (metile's library kernels index in 32 bits: "
+                          f"split the array, or launch on views of it)")
 
 
 def int_scalar_dtype(name: str, value: int) -> dt.DType:
