@@ -132,9 +132,13 @@ def configs(op: str, columns: int) -> list[dict]:
         out = [{"ROWS": rows, "num_warps": warps}, {"ROWS": rows, "num_warps": max(1, warps // 2)},
                {"ROWS": max(1, rows // 4), "num_warps": max(1, warps // 4)}]
     else:
+        # Fewer, fuller threads too (up to 64 elements each): on the H200 the 1024-thread
+        # programs of the default left the rows at 0.4-0.7x of MLX's bandwidth
+        # (benchmarks/results/h200-model-ops-float16.json), two programs per SM in flight.
         w = _row_warps(block)
-        out = [{"num_warps": w}] + [{"num_warps": v} for v in (w // 2, w * 2)
-                                    if 1 <= v <= 32 and v * 32 <= max(block, 32)]
+        out = [{"num_warps": w}] + [{"num_warps": v} for v in (w // 2, w * 2, w // 4, w // 8)
+                                    if 1 <= v <= 32 and v * 32 <= max(block, 32)
+                                    and block // (v * 32) <= 64]
     unique = []
     for c in out:
         if c not in unique:
