@@ -42,30 +42,17 @@ def add_one_cast_late(X, Y, n, BLOCK: metile.constexpr):
 
 @metile.kernel
 def matmul_wide(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
-                BK: metile.constexpr):
+                BK: metile.constexpr, WIDE_K: metile.constexpr = True):
     rm = metile.program_id(0).to(metile.int64) * BM + metile.arange(0, BM)
     rn = metile.program_id(1).to(metile.int64) * BN + metile.arange(0, BN)
     acc = metile.zeros((BM, BN), dtype=metile.float32)
     for k in metile.tile_range(0, K, BK):
-        rk = k.to(metile.int64) + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-        b = metile.load(B + rk[:, None] * N + rn[None, :],
-                        mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = metile.dot(a, b, acc)
-    metile.store(C + rm[:, None] * N + rn[None, :], acc,
-                 mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-@metile.kernel
-def matmul_late(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
-                BK: metile.constexpr):
-    # rk * N is computed in int32, then widened by the int64 rn: refused for big buffers
-    rm = metile.program_id(0).to(metile.int64) * BM + metile.arange(0, BM)
-    rn = metile.program_id(1).to(metile.int64) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
+        if WIDE_K:
+            rk = k.to(metile.int64) + metile.arange(0, BK)
+        else:
+            # rk * N below is computed in int32, then widened by the int64 rn: refused for
+            # big buffers
+            rk = k + metile.arange(0, BK)
         a = metile.load(A + rm[:, None] * K + rk[None, :],
                         mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         b = metile.load(B + rk[:, None] * N + rn[None, :],
@@ -78,9 +65,10 @@ def matmul_late(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
 BIG_GEMM = (2**16, 2**15 + 64, 16)   # 2**31 + 2**22 outputs
 
 
-def _gemm(kernel, a, b, c, m, n, k, prepare=False):
-    launch = kernel[(metile.cdiv(m, 64), metile.cdiv(n, 64))]
-    return (launch.prepare if prepare else launch)(a, b, c, m, n, k, BM=64, BN=64, BK=16)
+def _gemm(a, b, c, m, n, k, prepare=False, wide_k=True):
+    launch = matmul_wide[(metile.cdiv(m, 64), metile.cdiv(n, 64))]
+    return (launch.prepare if prepare else launch)(a, b, c, m, n, k, BM=64, BN=64, BK=16,
+                                                   WIDE_K=wide_k)
 
 
 def _launch(kernel, x, y, n, block=1024):
@@ -129,17 +117,17 @@ def test_gemm_with_a_big_output_is_refused():
 def test_gemm_with_int64_offsets_takes_big_outputs(rng):
     m, n, k = BIG_GEMM
     a, b = mx.zeros((m, k), mx.float16), mx.zeros((k, n), mx.float16)
-    d = _gemm(matmul_wide, a, b, mx.zeros((m, n)), m, n, k, prepare=True)   # not run here
+    d = _gemm(a, b, mx.zeros((m, n)), m, n, k, prepare=True)   # not run here
     assert d.variant.data["lowering"]["wide_offsets"] == {"buffers": ["A", "B", "C"],
                                                          "narrowing_casts": []}
     assert "matmul" in d.variant.data["lowering"]   # the GEMM lowering, not a scalar loop
-    with pytest.raises(LaunchError, match=r"matmul_late.*widens a computed 32-bit value"):
-        _gemm(matmul_late, a, b, mx.zeros((m, n)), m, n, k, prepare=True)
-    # the same kernels on small sizes, against NumPy
-    for kernel in (matmul_wide, matmul_late):
+    with pytest.raises(LaunchError, match=r"matmul_wide.*widens a computed 32-bit value"):
+        _gemm(a, b, mx.zeros((m, n)), m, n, k, prepare=True, wide_k=False)
+    # both forms on small sizes, against NumPy
+    for wide_k in (True, False):
         sa = rng.standard_normal((70, 40)).astype(np.float32)
         sb = rng.standard_normal((40, 90)).astype(np.float32)
-        out = _gemm(kernel, mx.array(sa), mx.array(sb), mx.zeros((70, 90)), 70, 90, 40)
+        out = _gemm(mx.array(sa), mx.array(sb), mx.zeros((70, 90)), 70, 90, 40, wide_k=wide_k)
         np.testing.assert_allclose(np.array(out), sa.astype(np.float64) @ sb, rtol=3e-4,
                                    atol=3e-5)
 
@@ -150,7 +138,7 @@ def test_gemm_past_2_31_outputs_on_the_gpu(rng):
     m, n, k = BIG_GEMM
     a = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(mx.float16)
     b = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(mx.float16)
-    c = _gemm(matmul_wide, a, b, mx.zeros((m, n)), m, n, k)
+    c = _gemm(a, b, mx.zeros((m, n)), m, n, k)
     mx.eval(c)
     A, B = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (a, b))
     for r0 in (0, 2**31 // n - 1, m - 64):   # rows 2**31 // n - 1, ... cross element 2**31
