@@ -28,8 +28,8 @@ def check_buffer_sizes(kernel: str, runtime: dict, wide: dict | None) -> None:
         if wide is not None and name in wide["buffers"]:
             raise LaunchError(f"{head}; the kernel widens a computed 32-bit value to 64 bits "
                               f"(at {', '.join(wide['narrowing_casts'])}), which has wrapped "
-                              f"already for such sizes: cast program_id, the loop variable or the scalar "
-                              f"to metile.int64 before computing offsets from it")
+                              f"already for such sizes: cast program_id, the loop variable or "
+                              f"the scalar to metile.int64 before computing offsets from it")
         raise LaunchError(f"{head}: compute its offsets in int64, e.g. "
                           f"`pid = metile.program_id(0).to(metile.int64)` before "
                           f"`pid * BLOCK + metile.arange(0, BLOCK)`, and the loop variable "

@@ -200,7 +200,8 @@ class Dispatch:
             for n in outputs)
         self.variant = spec.variant(proven)
         d = self.variant.compiled
-        check_buffer_sizes(kernel.fn.__name__, runtime, self.variant.data["lowering"].get("wide_offsets"))
+        check_buffer_sizes(kernel.fn.__name__, runtime,
+                           self.variant.data["lowering"].get("wide_offsets"))
         self.outputs = out_arrays
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
