@@ -96,6 +96,10 @@ def test_plan_and_report_name_the_warpgroup_path():
     report = d.execution_report
     assert "warpgroup_mma" in report.passes and "register_epilogue" in report.passes
     assert any("Warpgroup MMA" in r for r in report.plan.reasons)
+    # the warp-MMA fallback the planner also described is not reported as what runs
+    assert not any(r.startswith("Warp-level MMA") or "warp fragments" in r
+                   for r in report.plan.reasons)
+    assert report.plan.cooperative_layout == "warpgroup MMA accumulators (wgmma's register layout)"
     src = d.variant.data["body"] + d.variant.data["header"]
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in src
     assert "mma.sync" not in src and "extern __shared__" in src

@@ -131,9 +131,17 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
                    planned_threads=threads_req is None)
     why = (f"Lowered with {gp.fragment} on a {gp.grid[0]}x{gp.grid[1]} "
            f"{'SIMD-group' if gp.unit else 'thread'} grid.")
+    reasons, layout = plan.reasons, plan.cooperative_layout
+    if gp.unit is not None and gp.unit.warpgroup:
+        # The planner also described the warp-MMA fallback; the lowering took the
+        # warpgroup unit, which reads its operands from shared memory, not fragments.
+        reasons = tuple(r.replace("loaded into warp fragments.", "read by the tensor cores "
+                                  "through shared-memory matrix descriptors.")
+                        for r in reasons if not r.startswith("Warp-level MMA"))
+        layout = "warpgroup MMA accumulators (wgmma's register layout)"
     plan = dataclasses.replace(plan, threadgroup_size=(gp.threads, 1, 1),
                                simdgroup_grid=tuple(gp.grid) if gp.unit else None,
-                               reasons=plan.reasons + (why,))
+                               reasons=reasons + (why,), cooperative_layout=layout)
     return plan, gp.threads, gp
 
 
