@@ -9,8 +9,8 @@ set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
 dtype=${DTYPE:-float16}; sizes=${SIZES:-"2048 4096 8192"}; shapes=${SHAPES:-"16x4096x4096 512x4096x11008"}
-log=$out/log.txt; t0=$SECONDS
-bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
+log=${LOG:-$out/log.txt}; t0=$SECONDS
+bash .dev/device-setup.sh >> "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1
 echo "setup+build: $((SECONDS-t0)) s" | tee -a "$log"
 if [ "${TESTS:-1}" = 1 ]; then
