@@ -14,7 +14,7 @@ import pytest
 import metile
 from metile.errors import CompilationError
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
-from test_gemm import OUTPUT_TOL
+from test_gemm import OUTPUT_TOL, operands
 
 
 def line_of(text: str) -> int:
@@ -176,14 +176,6 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                                         offsets=(pid_m * BLOCK_M, pid_n * BLOCK_N),
                                         block_shape=(BLOCK_M, BLOCK_N), order=(1, 0))
     metile.store(c_block_ptr, c, boundary_check=(0, 1))
-
-
-def operands(rng, m, n, k, dtype):
-    d = getattr(mx, dtype)
-    a = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
-    b = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(d)
-    exact = [np.array(x.astype(mx.float32)).astype(np.float64) for x in (a, b)]
-    return a, b, exact[0] @ exact[1]
 
 
 def prepare_matmul(a, b, m, n, k, strides_a, strides_b, out_dtype, **kw):

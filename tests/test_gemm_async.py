@@ -12,25 +12,18 @@ import numpy as np
 import pytest
 
 from metile_kernels.gemm import grid, matmul, matmul_epilogue
+from test_gemm import operands
 
 CONFIGS = [(128, 128, 32, 4), (128, 128, 32, 8), (128, 256, 32, 8), (64, 64, 16, 4), (64, 64, 32, 4)]
 SHAPES = [(1, 1, 1), (130, 70, 37), (129, 257, 72)]
 TOL = {"float16": dict(rtol=2e-3, atol=2e-3), "bfloat16": dict(rtol=1.6e-2, atol=1.6e-2)}
 
 
-def _operands(rng, m, n, k, dtype):
-    d = getattr(mx, dtype)
-    a = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
-    b = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(d)
-    exact = [np.array(x.astype(mx.float32)).astype(np.float64) for x in (a, b)]
-    return a, b, exact[0] @ exact[1]
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("bm,bn,bk,nsg", CONFIGS)
 def test_large_tiles_ragged_fused_leaky(rng, dtype, bm, bn, bk, nsg):
     for m, n, k in SHAPES:
-        a, b, acc = _operands(rng, m, n, k, dtype)
+        a, b, acc = operands(rng, m, n, k, dtype)
         out = matmul_epilogue[grid(m, n, bm, bn)](
             a, b, mx.zeros((m, n), getattr(mx, dtype)), m, n, k, 1.25, -0.5, BLOCK_M=bm,
             BLOCK_N=bn, BLOCK_K=bk, num_simdgroups=nsg, EPILOGUE="affine_leaky",
@@ -43,7 +36,7 @@ def test_large_tiles_ragged_fused_leaky(rng, dtype, bm, bn, bk, nsg):
 
 def test_float32_output_from_registers(rng):
     m, n, k = 130, 70, 72
-    a, b, ref = _operands(rng, m, n, k, "float16")
+    a, b, ref = operands(rng, m, n, k, "float16")
     out = matmul[grid(m, n, 128, 128)](a, b, mx.zeros((m, n)), m, n, k, BLOCK_M=128,
                                        BLOCK_N=128, BLOCK_K=32, num_simdgroups=4)
     np.testing.assert_allclose(np.array(out), ref, rtol=3e-4, atol=3e-5)

@@ -3,7 +3,6 @@ operands: MLX's matmul semantics (broadcast batch dimensions, 1-D promotion), th
 flattened and batched kernel paths, gradients, routing keys and errors."""
 
 import json
-import math
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,21 +13,7 @@ import metile.nn
 import metile.ops as ops
 from metile import lazy_graph, matmul_shapes
 from metile.runtime import routing
-
-TOL = {"float32": (3e-4, 3e-5), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 1.6e-2)}
-
-
-def np_act(z, activation, slope=0.01):
-    if activation is None:
-        return z
-    if activation == "relu":
-        return np.maximum(z, 0)
-    if activation == "leaky_relu":
-        return np.where(z > 0, z, slope * z)
-    if activation == "silu":
-        return z / (1 + np.exp(-z))
-    return 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
-
+from test_ops import TOL, np_act
 
 def arrays(rng, shape, dtype="float32"):
     a = mx.array(rng.standard_normal(shape).astype(np.float32)).astype(getattr(mx, dtype))

@@ -16,7 +16,7 @@ import metile
 from metile.errors import CompilationError
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 from test_block_pointers import GEMM_FRAGMENT
-from test_gemm import OUTPUT_TOL
+from test_gemm import OUTPUT_TOL, operands
 
 
 @metile.kernel
@@ -106,14 +106,6 @@ def line_of(text: str) -> int:
     """The line of this file that contains `text` (where the report points)."""
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if text in line)
-
-
-def operands(rng, m, n, k, dtype):
-    d = getattr(mx, dtype)
-    a = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
-    b = mx.array(rng.standard_normal((k, n)).astype(np.float32)).astype(d)
-    exact = [np.array(x.astype(mx.float32)).astype(np.float64) for x in (a, b)]
-    return a, b, exact[0] @ exact[1]
 
 
 def leaky(x):
