@@ -108,6 +108,18 @@ def test_save_and_load_weights_roundtrip(rng, tmp_path):
     np.testing.assert_allclose(np.array(other(t)), np.array(reference(t)), rtol=3e-4, atol=3e-5)
 
 
+def training_losses(model, optimizer, loss, steps):
+    """The losses of `steps` optimizer steps on `model` (evaluated each step)."""
+    step = nn.value_and_grad(model, loss)
+    losses = []
+    for _ in range(steps):
+        value, grads = step(model)
+        optimizer.update(model, grads)
+        mx.eval(model.parameters(), optimizer.state)
+        losses.append(value.item())
+    return losses
+
+
 @pytest.mark.parametrize("backend", ["auto", "metile"])
 def test_training_gives_the_losses_of_the_unconverted_model(rng, backend):
     reference, model = twins(mlp)
@@ -116,16 +128,9 @@ def test_training_gives_the_losses_of_the_unconverted_model(rng, backend):
     x = mx.array(rng.standard_normal((32, 16)).astype(np.float32))
     y = mx.array(np.sin(np.array(x).sum(axis=1, keepdims=True)))
 
-    def run(m, steps=5):
-        optimizer = optim.SGD(learning_rate=0.1)
-        step = nn.value_and_grad(m, lambda m: ((m(x) - y) ** 2).mean())
-        losses = []
-        for _ in range(steps):
-            loss, grads = step(m)
-            optimizer.update(m, grads)
-            mx.eval(m.parameters(), optimizer.state)
-            losses.append(loss.item())
-        return losses
+    def run(m):
+        return training_losses(m, optim.SGD(learning_rate=0.1),
+                               lambda m: ((m(x) - y) ** 2).mean(), steps=5)
 
     ours, theirs = run(model), run(reference)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)

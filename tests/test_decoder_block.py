@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 
 import metile
 from metile import attention_ops, model_ops, ops
+from test_convert import training_losses
 
 _spec = importlib.util.spec_from_file_location(
     "decoder_block", Path(__file__).resolve().parents[1] / "examples" / "decoder_block.py")
@@ -159,17 +160,10 @@ def test_training_steps_give_the_unconverted_losses(rng, backend, kernel_calls):
     t = tokens(rng, cfg, 9)
     inputs, targets = t[:, :-1], t[:, 1:]
 
-    def run(m, steps=4):
-        optimizer = optim.AdamW(learning_rate=3e-3)
-        step = nn.value_and_grad(
-            m, lambda m: nn.losses.cross_entropy(m(inputs), targets, reduction="mean"))
-        losses = []
-        for _ in range(steps):
-            loss, grads = step(m)
-            optimizer.update(m, grads)
-            mx.eval(m.parameters(), optimizer.state)
-            losses.append(loss.item())
-        return losses
+    def run(m):
+        return training_losses(
+            m, optim.AdamW(learning_rate=3e-3),
+            lambda m: nn.losses.cross_entropy(m(inputs), targets, reduction="mean"), steps=4)
 
     ours, theirs = run(model), run(reference)
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
