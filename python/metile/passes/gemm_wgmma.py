@@ -51,11 +51,6 @@ from .lane_layout import BOOL, I32, Storage
 F32 = ScalarType(dt.float32)
 ATOM = 64          # 16-bit elements in one 128-byte swizzle row
 MAX_STAGES = 5
-# The copying warpgroup after the multiplying ones (METILE_CUDA_WGMMA=ws).  One warp was
-# measured too few on the H200 (a 128x256x64 tile is 3072 16-byte copies per K step; the
-# warp's address arithmetic took longer than the step's products: 0.40x of cuBLAS against
-# 0.65x for the single-role pipeline, benchmarks/results/h200-gemm-float16-wgmma-*.json).
-WGMMA_PRODUCER_THREADS = 128
 
 
 class WarpgroupGemm:
@@ -154,7 +149,7 @@ class WarpgroupGemm:
         cb.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
 
         # the producer warpgroup
-        self.copiers = (self._i(pb, "sub", tid, nwg * 128), WGMMA_PRODUCER_THREADS)
+        self.copiers = (self._i(pb, "sub", tid, nwg * 128), self.gemm_plan.unit.producer_threads)
         for t in range(dist):
             issue(pb, self.const(pb, t), t)
             pb.op("cp_async_commit")

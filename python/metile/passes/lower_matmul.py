@@ -61,7 +61,7 @@ from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
 from .gemm_tensor_ops import TensorOpsGemm
-from .gemm_wgmma import WGMMA_PRODUCER_THREADS, WarpgroupGemm
+from .gemm_wgmma import WarpgroupGemm
 from .lane_layout import BOOL, I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
@@ -114,15 +114,15 @@ def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> Gemm
         return None
     rows = bm // 64
     if requested_threads:
-        if requested_threads % 128:
+        multiplying = requested_threads - unit.producer_threads
+        if multiplying % 128:
             return None
-        options = [requested_threads // 128 - (1 if unit.warp_specialized else 0)]
+        options = [multiplying // 128]
     else:
         options = [w for w in (4, 2, 1) if w <= rows]
-    producer = WGMMA_PRODUCER_THREADS if unit.warp_specialized else 0
     for nwg in options:
         if nwg >= 1 and rows % nwg == 0 and (rows // nwg) * bn // 2 <= WGMMA_MAX_ACCUMULATORS:
-            return GemmPlan(unit, nwg * 128 + producer, (nwg, 1))
+            return GemmPlan(unit, nwg * 128 + unit.producer_threads, (nwg, 1))
     return None
 
 

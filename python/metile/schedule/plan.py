@@ -451,9 +451,8 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         nsg = next((n for n in _DEFAULT_SIMDGROUPS if _factor_grid(n, bm, bn, fm, fn)), None)
     multiplying = nsg
     ws = None if scalar_fma or not named_count else _warpgroup_unit(traits, target)
-    if ws is not None and ws.warp_specialized:
-        # the copying warpgroup (passes/gemm_wgmma.WGMMA_PRODUCER_THREADS) holds no fragments
-        multiplying = nsg - 128 // target.simd_width
+    if ws is not None:
+        multiplying = nsg - ws.producer_threads // target.simd_width   # copiers hold no fragments
     grid = None if nsg is None or multiplying < 1 else _factor_grid(multiplying, bm, bn, fm, fn)
     if grid is None:
         named = s.requirement("num_simdgroups") if s.num_simdgroups is not None else req

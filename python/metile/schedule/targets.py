@@ -37,12 +37,21 @@ class MatrixUnit:
     # Warpgroup MMA (Hopper wgmma): 4 warps issue one m64nNk16 product from shared-memory
     # descriptors; N is the tile's width.  Only on the targets listed, compiled for `arch`.
     warpgroup: bool = False
-    warp_specialized: bool = False           # warpgroup MMA fed by a producer warpgroup
+    # Threads of the copying warpgroup that feeds warpgroup MMA (METILE_CUDA_WGMMA=ws);
+    # 0: every thread copies and multiplies.  One warp was measured too few on the H200 (a
+    # 128x256x64 tile is 3072 16-byte copies per K step; the warp's address arithmetic took
+    # longer than the step's products: 0.40x of cuBLAS against 0.65x for the single-role
+    # pipeline, benchmarks/results/h200-gemm-float16-wgmma-*.json).
+    producer_threads: int = 0
     targets: tuple[str, ...] | None = None   # None: every target of the language
     arch: str | None = None                  # NVRTC architecture the instruction needs
     # The matrix backend (MatrixPath) this unit lowers, when it is not the SIMD-group (warp)
     # path: Metal 4 tensor ops (passes/gemm_tensor_ops.py) for "tensor_ops" and "nax".
     path: str | None = None
+
+    @property
+    def warp_specialized(self) -> bool:
+        return self.producer_threads > 0
 
     def takes(self, dtype: str, relaxed: bool) -> bool:
         return dtype in self.dtypes and (relaxed or not self.relaxed_only)
@@ -83,7 +92,7 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
                         arch="sm_90a"),
              MatrixUnit("wgmma m64nNk16 (warpgroup, warp-specialized)", (64, 8, 16),
                         (_F16, _BF16), async_copy=True, lane_coords=True, warpgroup=True,
-                        warp_specialized=True, targets=("sm_90",), arch="sm_90a"),
+                        producer_threads=128, targets=("sm_90",), arch="sm_90a"),
              MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
                         async_copy=True, lane_coords=True),
              MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8), (_F32,),
