@@ -199,8 +199,24 @@ def test_sass_has_warpgroup_mma_and_no_spills():
     assert sass.count("HGMMA.64x256x16.F32") == 4          # one K step of 64, unrolled
     assert "LDL" not in sass and "STL" not in sass        # accumulators stay in registers
     assert "0 bytes spill stores" in log
-    # the four products of a step issue back to back: no wait between them
-    assert "C7514" not in log
+    # the four products of a step issue back to back, one step's group stays in flight
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+    assert "C7514" not in log and "C7515" not in log
+
+
+@needs_nvrtc
+@pytest.mark.skipif(shutil.which("nvdisasm") is None and nvrtc.nvdisasm() is None,
+                    reason="needs nvdisasm")
+@pytest.mark.parametrize("case", ["bfloat16 epilogue", "128x128", "3 stages", "linear"])
+def test_every_pipelined_form_keeps_a_product_group_in_flight(case):
+    d = {"bfloat16 epilogue": lambda: prepare((4096, 4096, 4096), "bfloat16", matmul_epilogue),
+         "128x128": lambda: prepare((4096, 4096, 4096),
+                                    tile=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)),
+         "3 stages": lambda: prepare((4096, 4096, 4096), SCHEDULE=Schedule(num_stages=3)),
+         "linear": lambda: linear_prepare((4096, 4096, 4096))}[case]()
+    cubin, log = nvrtc.cubin(nvrtc.translation_unit(d), "sm_90a", ["--ptxas-options=-v"])
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in nvrtc.disassemble(cubin)
+    assert "C751" not in log and "0 bytes spill stores" in log
 
 
 @needs_nvrtc
@@ -250,6 +266,18 @@ def test_ragged_shapes_on_the_gpu(rng, dtype, variant, monkeypatch):
         d = matmul[grid(m, n, 128, 256)].prepare(a, b, mx.zeros((m, n)), m, n, k, **WG)
         assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
         check_products(d(), a, b, ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("variant", ["1", "ws"])
+def test_empty_inner_dimension_gives_zeros_on_the_gpu(rng, variant, monkeypatch):
+    # K = 0: no K step runs, so no product ever overwrites the accumulators (the first
+    # product's scale-d = 0 stands in for zeroing them ahead of the loop)
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
+    m, n = 300, 300
+    a, b, _ = operands(rng, m, n, 64, "float16")
+    out = matmul[grid(m, n, 128, 256)](a, b, mx.full((m, n), 7.0), m, n, 0, **WG)
+    np.testing.assert_array_equal(np.array(out), np.zeros((m, n), np.float32))
 
 
 @on_gpu

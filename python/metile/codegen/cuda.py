@@ -225,12 +225,12 @@ def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
     d = ", ".join(f"%{i}" for i in range(regs))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     text = (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], unsigned long long da, "
-            f"unsigned long long db) {{\n"
+            f"unsigned long long db, int accumulate) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"\n'
             f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "\n'
             f'               "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, {trans_b};\\n}}\\n"\n'
             f'               : {outs}\n'
-            f'               : "l"(da), "l"(db), "r"(1));\n}}')
+            f'               : "l"(da), "l"(db), "r"(accumulate));\n}}')
     return name, text
 
 
@@ -434,10 +434,12 @@ class CUDAEmitter(CEmitter):
         if op.name == "wgmma":
             fn, text = wgmma_product(at["n"], at["dtype"], at["trans_b"])
             self.products[fn] = text
-            a, b = (self.ref(v) for v in op.operands)
+            a, b = (self.ref(v) for v in op.operands[:2])
+            # scale-d: 0 overwrites the accumulators (a GEMM's first product), 1 adds to them
+            accumulate = self.ref(op.operands[2]) if len(op.operands) > 2 else "1"
             self.emit(f"{fn}({at['acc']}, metile_wgmma_desc(&{at['a']}[{a}], {at['a_lbo']}, "
                       f"{at['a_sbo']}), metile_wgmma_desc(&{at['b']}[{b}], {at['b_lbo']}, "
-                      f"{at['b_sbo']}));", depth)
+                      f"{at['b_sbo']}), {accumulate});", depth)
         elif op.name == "wgmma_fence":
             self.emit("metile_wgmma_fence();", depth)
         elif op.name == "wgmma_commit":

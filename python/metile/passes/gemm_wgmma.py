@@ -25,8 +25,8 @@ Copies.  The operand tiles arrive by the same 16-byte cp.async groups as the
 mma.sync pipeline (gemm_async: masks tested per group, zero fill at the edges,
 element copies for misaligned views), into the layout above.
 
-Pipeline.  S stages, W_p wgmma groups left in flight per step (0: see
-`_wgmma_pipeline`), prefetch distance D = S - 1 - W_p.  Prologue: tiles 0..D-1.  Step t:
+Pipeline.  S stages, W_p wgmma groups left in flight per step (1 from three stages
+up, 0 with two), prefetch distance D = S - 1 - W_p.  Prologue: tiles 0..D-1.  Step t:
 wait until tile t has landed (cp.async.wait_group D-1), fence.proxy.async (the
 tensor cores read through the async proxy what the threads' copies wrote), one
 barrier; wgmma.fence, FR x BK/16 products on stage t, commit; copy tile t+D into
@@ -102,7 +102,6 @@ class WarpgroupGemm:
                     "(METILE_CUDA_WGMMA=ws) refills a stage two K steps after its products "
                     "were issued, so it needs at least 3 stages", op.loc)
             return self._wgmma_specialized(op, b, tid, nwg)
-        self._zero_accumulators(b)
         self._wgmma_pipeline(op, b)
 
     def _zero_accumulators(self, b: Builder) -> None:
@@ -174,17 +173,17 @@ class WarpgroupGemm:
         return Storage("shared", self.decl("shared", od, size, "_sw", align=1024), shape, od)
 
     def _wgmma_pipeline(self, op: Op, b: Builder) -> None:
+        """One product group in flight across K steps (wait_group 1) from 3 stages up
+        (2 stages drain every step).  The accumulators are never written by anything but
+        wgmma before the loop ends: step 0's first product overwrites them (scale-d = 0)
+        instead of adding to zeros stored ahead of the loop, and a loop of no steps
+        zeroes them after it.  Zeros stored ahead (or copy code that makes ptxas move
+        accumulator registers) made ptxas serialize every wgmma (C7514/C7515: "non wgmma
+        instructions reading/defining accumulator registers"), which is why this loop used
+        to drain each step; tests/test_gemm_wgmma.py checks the SASS keeps depth 1."""
         bk = self.gemm.tile[2]
         s = self.num_stages
-        # One product group in flight across steps (wait_group 1) makes ptxas serialize
-        # every wgmma here (C7514): the cp.async issue code sits between a product and its
-        # wait (bisected on the generated source).  So each step drains its products; the
-        # warp-specialized pipeline (_wgmma_specialized) keeps one group in flight.
-        # Also tried (NVRTC 13.5, 2026-11-30): the copies after the wait with D = S-2,
-        # before the products, or branch-free (cp.async zero-fill size, no fallback branch)
-        # all still give C7514 with this step's 12 copies per thread; one copy per step
-        # does not, 2-4 only if the loop is unrolled twice.
-        pending = 0
+        pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
         self.lowering_passes.append("async_pipeline_staging")
         n, issue = self.k_tiles(op, b)
@@ -198,8 +197,11 @@ class WarpgroupGemm:
             lb.op("fence_proxy_async")
             lb.op("barrier")
             lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
-            self._wgmma_products(lb, self._i(lb, "mod", t, s))
+            self._wgmma_products(lb, self._i(lb, "mod", t, s),
+                                 lb.value("ne", [t, self.const(lb, 0)], BOOL))
             lb.op("wgmma_commit")
+            # The stage refilled holds tile t+dist-S <= t-1-pending, whose products every
+            # warpgroup finished before this step's barrier (its wait at step t-1).
             nxt = self._i(lb, "add", t, dist)
             issue(lb, nxt, self._i(lb, "mod", nxt, s))
             lb.op("cp_async_commit")
@@ -208,10 +210,17 @@ class WarpgroupGemm:
         self._for(b, 0, n, 1, "t", body)
         b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
         b.op("cp_async_wait", [], [], {"pending": 0})
+        empty = b.op("if", [b.value("eq", [n, self.const(b, 0)], BOOL)], [], {},
+                     [_block(), _block()])
+        eb = Builder(empty.regions[0])
+        eb.loc = b.loc
+        self._zero_accumulators(eb)
         self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
         self.report_loop("kk", "loop", 16)
 
-    def _wgmma_products(self, b: Builder, stage: Value) -> None:
+    def _wgmma_products(self, b: Builder, stage: Value, accumulate: Value | None = None) -> None:
+        """The step's BK/16 x FR products on `stage`; `accumulate` (a bool) is the first
+        products' scale-d (false: overwrite the accumulators), the rest add."""
         g = self.gemm
         bm, bn, bk = g.tile
         size = g.operand_dtype.itemsize
@@ -230,7 +239,8 @@ class WarpgroupGemm:
                 a_row = self._i(b, "add", self.wg_row0, i * 64)
                 a_off = self._i(b, "add", a_stage, self._i(
                     b, "add", self._i(b, "mul", a_row, ATOM), (k0 // ATOM) * bm * ATOM + k0 % ATOM))
-                b.op("wgmma", [a_off, b_off], [], {
+                first = accumulate if kk == 0 and accumulate is not None else None
+                b.op("wgmma", [a_off, b_off] + ([first] if first is not None else []), [], {
                     "acc": self.wg_acc[i], "n": bn, "dtype": g.operand_dtype.name,
                     "a": self.stage_a.name, "b": self.stage_b.name,
                     "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
