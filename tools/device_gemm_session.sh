@@ -4,7 +4,8 @@
 # each warpgroup variant (ws = warp-specialized, 1 = drained per step, 0 = mma.sync), and
 # Triton's fused GEMM merged into the ws file.  At most 8 files come back from $OUT:
 # log.txt, junit.xml, device-run.json and one JSON per variant.
-# VARIANTS (default "ws 1"), DTYPE (float16), SIZES, SHAPES override.
+# VARIANTS (default "ws 1"), DTYPE (float16), SIZES, SHAPES, TILE ("128 256 64"), TAG (file
+# name suffix) override.
 set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
@@ -22,10 +23,10 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 for v in ${VARIANTS:-ws 1}; do
   warps=$([ "$v" = ws ] && echo 12 || echo 8)  # ws: 2 multiplying warpgroups + the producer
-  tile="128 256 64"; [ "$v" = 0 ] && tile="128 128 32"
+  tile=${TILE:-"128 256 64"}; [ "$v" = 0 ] && tile="128 128 32"
   METILE_CUDA_WGMMA=$v timeout "${BENCH_SECONDS:-140}" python3 -m benchmarks.compiler.schedule_fusion \
     --dtype "$dtype" --tile $tile --num-simdgroups "$warps" --sizes $sizes --shapes $shapes \
-    --rounds 3 --target-ms 20 --time-anyway --output "$out/h200-gemm-$dtype-wgmma-$v.json" 2>&1 | tail -12 | tee -a "$log"
+    --rounds 3 --target-ms 20 --time-anyway --output "$out/h200-gemm-$dtype-wgmma-$v${TAG:-}.json" 2>&1 | tail -12 | tee -a "$log"
   echo "variant $v done: $((SECONDS-t0)) s" | tee -a "$log"
 done
 first=$(set -- ${VARIANTS:-ws 1}; echo $1)
