@@ -103,13 +103,12 @@ FRAGMENT_ELEMENTS = 2
 VECTOR = frozenset({"vec_load"})
 
 # Asynchronous GEMM staging and register epilogues (passes/gemm_async.py; emitted only for
-# a matrix unit that declares them): cp_async(dst_offset, src_index[, size]){dst, src, bytes}
-# (size: the bytes read, the rest zero-filled),
+# a matrix unit that declares them): cp_async(dst_offset, src_index){dst, src, bytes},
 # cp_async_commit, cp_async_wait{pending}, aligned16(index){root} -> bool,
 # acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
 ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord"})
 
-# Warpgroup MMA (passes/gemm_wgmma.py; the wgmma unit only): wgmma(a_offset, b_offset[, accumulate])
+# Warpgroup MMA (passes/gemm_wgmma.py; the wgmma unit only): wgmma(a_offset, b_offset)
 # {acc, n, dtype, a, b, a_lbo, a_sbo, b_lbo, b_sbo, trans_b} issues one m64nNk16 product
 # from shared-memory descriptors into the float accumulator array `acc`;
 # wgmma_fence / wgmma_commit / wgmma_wait{pending, acc} order it; fence_proxy_async makes

@@ -280,15 +280,6 @@ class AsyncStaging:
             """(row, col) of element `pos` along the grouped axis of line `line`."""
             return (line, pos) if axis == 1 else (pos, line)
 
-        def at_value(lb, v: Value, row, col) -> Value:
-            """`v` (a mask operand, maybe broadcast) at tile element (row, col)."""
-            return conj(lb, v, row, col)
-
-        # Every conjunct constant over a group or `column + c < X` (<=): the in-bounds
-        # elements of a group are a prefix, copied by one zero-filling cp.async.
-        prefix = all(mode == "once" or (mode == "last" and _unit_slope(c, axis))
-                     for c, mode in checks)
-
         def body(lb: Builder, lin: Value) -> None:
             line = self._i(lb, "idiv", lin, groups)
             start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
@@ -296,28 +287,20 @@ class AsyncStaging:
             along_e = [self._i(lb, "add", start, e) for e in range(group)]
             index = self.elem(ld.operands[0], at(lb, row, col))
             full = None
-            for c, mode in checks if not prefix else ():
+            for c, mode in checks:
                 where = {"once": [start], "first": [start], "last": [along_e[-1]],
                          "each": along_e}[mode]
                 for x in where:
                     m = conj(lb, c, *coords(lb, line, x))
                     full = m if full is None else lb.value("and", [full, m], BOOL)
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
-            count = self._prefix_count(lb, checks, line, start, coords, group, conj, at_value) \
-                if prefix else None
-            if count is not None:
-                # One copy for any in-bounds prefix (edges included), zero-filled after it;
-                # an empty group reads nothing and points at the buffer's start.
-                some = lb.value("gt", [count, self.const(lb, 0)], BOOL)
-                index = lb.value("where", [some, index, self.const(lb, 0)], I32)
             ok = lb.value("aligned16", [index], BOOL, root=root)
             if full is not None:
                 ok = lb.value("and", [full, ok], BOOL)
             branch = lb.op("if", [ok], [], {}, [_block(), _block()])
             tb, eb = Builder(branch.regions[0]), Builder(branch.regions[1])
             tb.loc = eb.loc = lb.loc
-            size = [] if count is None else [self._i(tb, "mul", count, st.dtype.itemsize)]
-            tb.op("cp_async", [dst, index] + size, [], {"dst": st.name, "src": root, "bytes": 16})
+            tb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
             zero = self.const(eb, 0.0, st.dtype)
             for e in range(group):
                 idx = self._i(eb, "add", index, e)
@@ -350,28 +333,6 @@ class AsyncStaging:
                 pb.loc = b.loc
                 body(pb, lin)
 
-    def _prefix_count(self, b: Builder, checks, line, start, coords, group: int, conj,
-                      at_value) -> Value | None:
-        """How many leading elements of the group at (line, start) the mask keeps (0..G),
-        for conjuncts `prefix` accepts; None when there is no mask (all G, a plain copy)."""
-        if not checks:
-            return None
-        zero, full = self.const(b, 0), self.const(b, group)
-        count = None
-        for c, mode in checks:
-            here = coords(b, line, start)
-            if mode == "once":
-                n = b.value("where", [conj(b, c, *here), full, zero], I32)
-            else:
-                op = _strip_broadcast(c)
-                lhs, rhs = (at_value(b, o, *here) for o in op.operands)
-                n = b.value("sub", [rhs, lhs], I32)
-                if op.name == "le":
-                    n = self._i(b, "add", n, 1)
-                n = b.value("minimum", [b.value("maximum", [n, zero], I32), full], I32)
-            count = n if count is None else b.value("minimum", [count, n], I32)
-        return count
-
     def swizzled_offset(self, b: Builder, row: Value, col: Value, ld: int, swz) -> Value:
         """Element offset of (row, col) (col a multiple of the chunk) in a swizzled tile."""
         if swz is not None and swz[0] == "atoms":   # wgmma's SW128 atoms (gemm_wgmma.py)
@@ -385,27 +346,6 @@ class AsyncStaging:
         key = self._i(b, "mod", self._i(b, "idiv", row, u) if u > 1 else row, cm)
         moved = self._i(b, "mul", b.value("xor", [chunk, key], I32), group)
         return self._i(b, "add", self._i(b, "mul", row, ld), moved)
-
-
-def _strip_broadcast(c: Value) -> Op:
-    op = c.owner
-    while isinstance(op, Op) and op.name == "broadcast":
-        op = op.operands[0].owner
-    return op
-
-
-def _unit_slope(c: Value, axis: int) -> bool:
-    """`c` is `f < X` or `f <= X` with f rising by exactly 1 per element along `axis`
-    and X independent of it (so the elements it keeps in a group are a prefix), both
-    32-bit integers."""
-    op = _strip_broadcast(c)
-    if not (isinstance(op, Op) and op.name in ("lt", "le")):
-        return False
-    lhs, rhs = (_axis_coeffs(o, {}) for o in op.operands)
-    return (lhs is not False and rhs is not False and lhs.get(axis) == 1
-            and not rhs.get(axis)
-            and all(getattr(elem_type(o.type), "dtype", None) is not None
-                    and elem_type(o.type).dtype.name == "int32" for o in op.operands))
 
 
 def _float_zero(op: Op) -> bool:
