@@ -61,8 +61,11 @@ def test_cuda_source_and_report():
     assert "metile_cp_async_wait<1>();" in src and "metile_cp_async_wait<0>();" in src
     # A rows are 4 chunks (two rows per 128-byte line), B rows 16 chunks
     assert "metile_frag_load_sw<32, 2, 4>(" in src and "metile_frag_load_sw<128, 1, 8>(" in src
-    # one copy site per operand and group in the two prologue stages and the loop (+ helper)
-    assert src.count("metile_aligned16(") == 3 * 2 * 4 + 1  # 4 groups per thread
+    # per operand and group in the two prologue stages and the loop (4 groups per thread):
+    # one zero-filling copy under the test of all the thread's addresses, and the
+    # per-group copy (with its own test) it falls back to (+ each helper's definition)
+    assert src.count("metile_cp_async16_fill(") == 3 * 2 * 4 + 1
+    assert src.count("metile_aligned16(") == 2 * 3 * 2 * 4 + 1
 
 
 def test_cuda_wide_tile_takes_two_stages():

@@ -166,6 +166,11 @@ __device__ __forceinline__ void metile_cp_async16(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
 }
+// The first `bytes` (0..16) bytes from src, the rest of the 16 zero-filled.
+__device__ __forceinline__ void metile_cp_async16_fill(void* dst, const void* src, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void metile_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void metile_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
@@ -418,7 +423,11 @@ class CUDAEmitter(CEmitter):
             self.helpers_used.add("z_async")
             a = [self.ref(v) for v in op.operands]
             at = op.attrs
-            self.emit(f"metile_cp_async16(&{at['dst']}[{a[0]}], &{at['src']}[{a[1]}]);", depth)
+            if len(a) == 3:   # a byte count: the group's in-bounds prefix, zeros after it
+                self.emit(f"metile_cp_async16_fill(&{at['dst']}[{a[0]}], &{at['src']}[{a[1]}], "
+                          f"{a[2]});", depth)
+            else:
+                self.emit(f"metile_cp_async16(&{at['dst']}[{a[0]}], &{at['src']}[{a[1]}]);", depth)
         elif name == "cp_async_commit":
             self.emit("metile_cp_async_commit();", depth)
         elif name == "cp_async_wait":

@@ -103,7 +103,8 @@ FRAGMENT_ELEMENTS = 2
 VECTOR = frozenset({"vec_load"})
 
 # Asynchronous GEMM staging and register epilogues (passes/gemm_async.py; emitted only for
-# a matrix unit that declares them): cp_async(dst_offset, src_index){dst, src, bytes},
+# a matrix unit that declares them): cp_async(dst_offset, src_index[, size]){dst, src, bytes}
+# (size: the bytes read, the rest zero-filled),
 # cp_async_commit, cp_async_wait{pending}, aligned16(index){root} -> bool,
 # acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
 ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord"})
