@@ -207,13 +207,16 @@ def test_sass_has_warpgroup_mma_and_no_spills():
 @needs_nvrtc
 @pytest.mark.skipif(shutil.which("nvdisasm") is None and nvrtc.nvdisasm() is None,
                     reason="needs nvdisasm")
-@pytest.mark.parametrize("case", ["bfloat16 epilogue", "128x128", "3 stages", "linear"])
-def test_every_pipelined_form_keeps_a_product_group_in_flight(case):
+@pytest.mark.parametrize("case", ["bfloat16 epilogue", "128x128", "3 stages", "linear", "whole"])
+def test_every_pipelined_form_keeps_a_product_group_in_flight(case, monkeypatch):
+    if case == "whole":
+        monkeypatch.setenv("METILE_CUDA_WGMMA", "whole")
     d = {"bfloat16 epilogue": lambda: prepare((4096, 4096, 4096), "bfloat16", matmul_epilogue),
          "128x128": lambda: prepare((4096, 4096, 4096),
                                     tile=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)),
          "3 stages": lambda: prepare((4096, 4096, 4096), SCHEDULE=Schedule(num_stages=3)),
-         "linear": lambda: linear_prepare((4096, 4096, 4096))}[case]()
+         "linear": lambda: linear_prepare((4096, 4096, 4096)),
+         "whole": lambda: prepare((4096, 4096, 4096))}[case]()
     cubin, log = nvrtc.cubin(nvrtc.translation_unit(d), "sm_90a", ["--ptxas-options=-v"])
     assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in nvrtc.disassemble(cubin)
     assert "C751" not in log and "0 bytes spill stores" in log
@@ -256,8 +259,26 @@ RAGGED = [(128, 256, 64), (1000, 1000, 1000), (129, 257, 65), (300, 700, 200), (
           (1, 1, 1)]
 
 
+def test_whole_group_copies_variant(monkeypatch):
+    # METILE_CUDA_WGMMA=whole: a proof before the K loop (one __syncthreads_and) selects a
+    # copy of the loop whose copies are one zero-filling cp.async per group, no tests
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "whole")
+    d = prepare((1000, 1000, 1000))
+    assert "whole_group_copies" in d.variant.data["passes"]
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    body = d.variant.data["body"]
+    assert body.count("__syncthreads_and(") == 1
+    fast = body[body.index("__syncthreads_and("):]
+    fast = fast[:fast.index("} else {")]            # the proven branch
+    # 12 groups per thread (4 of A, 8 of B) at 3 sites: the 2 prologue tiles and the loop
+    assert fast.count("metile_cp_async16_fill(") == 12 * 3
+    assert "metile_aligned16(" not in fast and "metile_cp_async16(" not in fast
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
+    assert "whole_group_copies" not in prepare((1000, 1000, 1000)).variant.data["passes"]
+
+
 @on_gpu
-@pytest.mark.parametrize("variant", ["1", "ws"])
+@pytest.mark.parametrize("variant", ["1", "ws", "whole"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_ragged_shapes_on_the_gpu(rng, dtype, variant, monkeypatch):
     monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
@@ -269,7 +290,7 @@ def test_ragged_shapes_on_the_gpu(rng, dtype, variant, monkeypatch):
 
 
 @on_gpu
-@pytest.mark.parametrize("variant", ["1", "ws"])
+@pytest.mark.parametrize("variant", ["1", "ws", "whole"])
 def test_empty_inner_dimension_gives_zeros_on_the_gpu(rng, variant, monkeypatch):
     # K = 0: no K step runs, so no product ever overwrites the accumulators (the first
     # product's scale-d = 0 stands in for zeroing them ahead of the loop)
@@ -315,8 +336,10 @@ def test_fused_epilogue_and_narrow_output_on_the_gpu(rng):
 
 
 @on_gpu
-def test_offset_view_operands_on_the_gpu(rng):
+@pytest.mark.parametrize("variant", ["1", "whole"])
+def test_offset_view_operands_on_the_gpu(rng, variant, monkeypatch):
     # A view starting 1 element in: the 16-byte copies fall back to element copies.
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     m, n, k = 200, 256, 128
     a, b, ref = operands(rng, m, n + 1, k, "float16")
     bv = b[:, 1:]

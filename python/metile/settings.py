@@ -42,13 +42,14 @@ def flag(name: str) -> bool:
 
 
 def wgmma_variant() -> str | None:
-    """METILE_CUDA_WGMMA: "1" (the default: warpgroups that also copy, each K step
-    drained), "ws" (warp-specialized: a producer warpgroup copies, the warpgroups keep one
-    product group in flight) or None (0: no warpgroup MMA, GEMMs on sm_90 take mma.sync).
-    The default is the variant measured fastest on the H200
-    (benchmarks/results/h200-gemm-float16-wgmma-*.json: 4096^3 float16 in 386 us against
-    2620 us for mma.sync)."""
-    value = choice("METILE_CUDA_WGMMA", ("0", "1", "ws"), "1")
+    """METILE_CUDA_WGMMA: "1" (the default: warpgroups that also copy, one product group in
+    flight), "whole" (the same, plus a copy of the K loop without per-tile copy tests where
+    they are proven unneeded before it: not yet run on a GPU, so not the default), "ws"
+    (warp-specialized: a producer warpgroup copies) or None (0: no warpgroup MMA, GEMMs on
+    sm_90 take mma.sync).  The default is the variant measured fastest on the H200
+    (benchmarks/results/h200-gemm-float16-wgmma-*.json: 4096^3 float16 in 365 us against
+    2620 us for mma.sync and 478 for ws)."""
+    value = choice("METILE_CUDA_WGMMA", ("0", "1", "ws", "whole"), "1")
     return None if value == "0" else value
 
 

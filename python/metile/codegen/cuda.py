@@ -526,6 +526,8 @@ class CUDAEmitter(CEmitter):
         if op.name == "aligned16":
             self.helpers_used.add("z_async")
             return f"metile_aligned16(&{op.attrs['root']}[{self.ref(op.operands[0])}])"
+        if op.name == "block_all":
+            return f"(__syncthreads_and({self.ref(op.operands[0])}) != 0)"
         if op.name == "warp_uniform":
             # the value lane 0 holds: ptxas then knows a role branch is warp-uniform (a
             # divergent-looking branch around wgmma serializes it, C7518)

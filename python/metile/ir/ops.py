@@ -106,8 +106,10 @@ VECTOR = frozenset({"vec_load"})
 # a matrix unit that declares them): cp_async(dst_offset, src_index[, size]){dst, src, bytes}
 # (size: the bytes read, the rest zero-filled),
 # cp_async_commit, cp_async_wait{pending}, aligned16(index){root} -> bool,
+# block_all(pred) -> bool (every thread's pred, a barrier: CUDA's __syncthreads_and),
 # acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
-ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord"})
+ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord",
+                   "block_all"})
 
 # Warpgroup MMA (passes/gemm_wgmma.py; the wgmma unit only): wgmma(a_offset, b_offset)
 # {acc, n, dtype, a, b, a_lbo, a_sbo, b_lbo, b_sbo, trans_b} issues one m64nNk16 product

@@ -209,9 +209,10 @@ class AsyncStaging:
         room = self.shared_limit - self.shared_bytes
         return max(2, min(4, room // stage_bytes))
 
-    def k_tiles(self, op: Op, b: Builder):
+    def k_tiles(self, op: Op, b: Builder, mode: str | None = None):
         """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage)`
-        copies tile t (when t is below the count) into `stage`, binding K there."""
+        copies tile t (when t is below the count) into `stage`, binding K there (`mode`:
+        see `_async_copy`)."""
         lo, hi, step = (self.s(v) for v in op.operands[:3])
         span = b.value("sub", [hi, lo], I32)
         n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
@@ -222,7 +223,7 @@ class AsyncStaging:
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
             self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
-            self._async_copy(tb, stage)
+            self._async_copy(tb, stage, mode)
 
         return n, issue
 
@@ -250,17 +251,26 @@ class AsyncStaging:
         self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
         self._report_inner()
 
-    def _async_copy(self, b: Builder, stage) -> None:
+    def _async_copy(self, b: Builder, stage, mode: str | None = None):
+        """Copy every operand tile into `stage` (mode None, or "whole": see
+        `whole_group_copies`), or (mode "check") return the bool that this thread's groups
+        of the bound K tile satisfy that form's conditions."""
+        ok = None
         for value, st, shape in self.operand_stages():   # A, then each product's B
             ld, checks, axis = self.async_loads[id(staging_load(value))]
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))
-            self._copy_groups(b, ld, checks, st, shape, base, axis)
+            part = self._copy_groups(b, ld, checks, st, shape, base, axis, mode)
+            if part is not None:
+                ok = part if ok is None else b.value("and", [ok, part], BOOL)
+        return ok
 
-    def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1) -> None:
+    def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1,
+                     mode: str | None = None):
         """The tile's 16-byte groups along `axis` (1: rows of columns; 0: columns of
         rows, a right operand stored (N, K) for the warpgroup unit), each one cp.async or
-        element copies, into the stage's layout (`swizzled_offset`)."""
+        element copies, into the stage's layout (`swizzled_offset`); for the modes of
+        `whole_group_copies`, those copies or their check."""
         rows, cols = shape
         group = 16 // st.dtype.itemsize
         along, across = (cols, rows) if axis == 1 else (rows, cols)
@@ -316,6 +326,47 @@ class AsyncStaging:
         n = across * groups
         tid, count = getattr(self, "copiers", None) or (b.value("thread_id", [], I32), self.T)
         slots = (n + count - 1) // count
+        if mode is not None:
+            # an empty group's copy reads nothing at the buffer's start: aligned too
+            ok = b.value("aligned16", [self.const(b, 0)], BOOL, root=root) \
+                if mode == "check" else None
+            for slot in range(slots):
+                lin = self._i(b, "add", tid, slot * count)
+                line = self._i(b, "idiv", lin, groups)
+                start = self._i(b, "mul", self._i(b, "mod", lin, groups), group)
+                row, col = coords(b, line, start)
+                index = self.elem(ld.operands[0], at(b, row, col))
+                here = coords(b, line, start)
+                if mode == "check":
+                    # aligned, and every `f < X` conjunct X - f(start) a multiple of G:
+                    # each group all in bounds or none (see whole_group_copies)
+                    good = b.value("aligned16", [index], BOOL, root=root)
+                    for c, cmode in checks:
+                        if cmode == "once":
+                            continue
+                        cop = _strip_broadcast(c)
+                        lhs, rhs = (conj(b, o, *here) for o in cop.operands)
+                        rem = b.value("sub", [rhs, lhs], I32)
+                        if cop.name == "le":
+                            rem = self._i(b, "add", rem, 1)
+                        whole = b.value("eq", [self._i(b, "mod", rem, group), self.const(b, 0)],
+                                        BOOL)
+                        good = b.value("and", [good, whole], BOOL)
+                    ok = good if ok is None else b.value("and", [ok, good], BOOL)
+                    continue
+                dst = self.add(b, base, self.swizzled_offset(b, row, col, cols, swz))
+                inside = None
+                for c, _ in checks:   # at the group's first element: all in or none
+                    m = conj(b, c, *here)
+                    inside = m if inside is None else b.value("and", [inside, m], BOOL)
+                if inside is None:
+                    b.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
+                    continue
+                zero = self.const(b, 0, elem_type(index.type).dtype)
+                src = b.value("where", [inside, index, zero], index.type)
+                size = b.value("where", [inside, self.const(b, 16), self.const(b, 0)], I32)
+                b.op("cp_async", [dst, src, size], [], {"dst": st.name, "src": root, "bytes": 16})
+            return ok
         prefix = all(mode == "once" or (mode == "last" and _unit_slope(c, axis))
                      for c, mode in checks)
         if prefix and n % count == 0 and slots <= MAX_UNROLLED_SLOTS:
@@ -367,6 +418,44 @@ class AsyncStaging:
                 pb.loc = b.loc
                 body(pb, lin)
 
+    def whole_group_copies(self, op: Op, b: Builder, lo: Value, step: Value):
+        """A block-uniform bool under which every K tile's copies may be one zero-filling
+        cp.async per 16-byte group of 16 or 0 bytes, with no test of alignment or partial
+        groups in the loop; None when the kernel's form does not allow the proof.
+
+        Static half: every staged index and every `f < X` mask operand is affine in the K
+        induction variable (`_iv_affine`), each group's mask a prefix (`_unit_slope`), each
+        thread's groups unrolled.  Run-time half, for this thread's groups at K tiles 0 and
+        1: the address is 16-byte aligned and X - f(first element) is a multiple of G.
+        Affine in the tile number (mod 8, which int32 wrap-around keeps), both then hold at
+        every tile: no group is partly in bounds, so its first element decides it.  Every
+        thread's answer is combined (`block_all`): the loops it selects hold barriers."""
+        iv = self.k_body.args[0]
+        for value, st, shape in self.operand_stages():
+            ld, checks, axis = self.async_loads[id(staging_load(value))]
+            group = 16 // st.dtype.itemsize
+            rows, cols = shape
+            n = (rows * cols) // group
+            count = (getattr(self, "copiers", None) or (None, self.T))[1]
+            if n % count or n // count > MAX_UNROLLED_SLOTS:
+                return None
+            memo = {}
+            if not _iv_affine(ld.operands[0], iv, memo):
+                return None
+            for c, mode in checks:
+                if mode == "once":
+                    continue
+                if mode != "last" or not _unit_slope(c, axis) or not all(
+                        _iv_affine(o, iv, memo) for o in _strip_broadcast(c).operands):
+                    return None
+        ok = None
+        for t in (0, 1):
+            self._bind_k(b, self.add(b, lo, b.value("mul", [self.const(b, t), step], I32)))
+            part = self._async_copy(b, 0, "check")
+            ok = part if ok is None or part is None else b.value("and", [ok, part], BOOL)
+        ok = ok if ok is not None else b.value("const", [], BOOL, value=True)
+        return b.value("block_all", [ok], BOOL)
+
     def _prefix_count(self, b: Builder, checks, line, start, coords, group: int,
                       conj) -> Value | None:
         """How many leading elements (0..G) of the group at (line, start) the mask keeps,
@@ -401,6 +490,44 @@ class AsyncStaging:
         key = self._i(b, "mod", self._i(b, "idiv", row, u) if u > 1 else row, cm)
         moved = self._i(b, "mul", b.value("xor", [chunk, key], I32), group)
         return self._i(b, "add", self._i(b, "mul", row, ld), moved)
+
+
+_AFFINE_OPS = {"add", "sub", "ptr_add", "splat", "broadcast", "expand_dims", "cast"}
+
+
+def _iv_affine(v: Value, iv: Value, memo: dict) -> bool:
+    """`v` is an affine function of the loop variable `iv` (or does not depend on it):
+    sums, products with a factor independent of it, broadcasts and integer casts.
+    Another argument of the loop's block (a carried value) is not."""
+    if v.id in memo:
+        return memo[v.id]
+    op = v.owner
+    if v is iv:
+        out = True
+    elif not isinstance(op, Op):
+        out = v.owner is not iv.owner     # a block argument: only the loop's own is not
+    else:
+        deps = [_depends(o, iv, {}) for o in op.operands]
+        if not any(deps):
+            out = True
+        elif op.name == "cast":
+            out = all(elem_type(x.type).dtype.kind in "iu"
+                      for x in (op.operands[0], op.results[0])) and \
+                _iv_affine(op.operands[0], iv, memo)
+        elif op.name == "mul":
+            out = sum(deps) == 1 and all(_iv_affine(o, iv, memo) for o in op.operands)
+        else:
+            out = op.name in _AFFINE_OPS and all(_iv_affine(o, iv, memo) for o in op.operands)
+    memo[v.id] = out
+    return out
+
+
+def _depends(v: Value, iv: Value, memo: dict) -> bool:
+    if v.id not in memo:
+        op = v.owner
+        memo[v.id] = v is iv or (v.owner is iv.owner) or (
+            isinstance(op, Op) and any(_depends(o, iv, memo) for o in op.operands))
+    return memo[v.id]
 
 
 def _strip_broadcast(c: Value) -> Op:

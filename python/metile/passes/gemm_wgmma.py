@@ -182,12 +182,34 @@ class WarpgroupGemm:
         instructions reading/defining accumulator registers"), which is why this loop used
         to drain each step; tests/test_gemm_wgmma.py checks the SASS keeps depth 1."""
         bk = self.gemm.tile[2]
+        self.lowering_passes.append("async_pipeline_staging")
+        n, issue = self.k_tiles(op, b)
+        whole = None
+        if self.gemm_plan.unit.whole_copies:
+            lo, step = self.s(op.operands[0]), self.s(op.operands[2])
+            whole = self.whole_group_copies(op, b, lo, step)
+        if whole is None:
+            self._wgmma_steps(b, n, issue)
+        else:
+            self.lowering_passes.append("whole_group_copies")
+            branch = b.op("if", [whole], [], {}, [_block(), _block()])
+            fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
+            fb.loc = sb.loc = b.loc
+            self._wgmma_steps(fb, n, self.k_tiles(op, fb, "whole")[1])
+            self._wgmma_steps(sb, n, issue)
+        empty = b.op("if", [b.value("eq", [n, self.const(b, 0)], BOOL)], [], {},
+                     [_block(), _block()])
+        eb = Builder(empty.regions[0])
+        eb.loc = b.loc
+        self._zero_accumulators(eb)
+        self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
+        self.report_loop("kk", "loop", 16)
+
+    def _wgmma_steps(self, b: Builder, n: Value, issue) -> None:
+        """The prologue, the K steps and the final waits of `_wgmma_pipeline`."""
         s = self.num_stages
         pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
-        self.lowering_passes.append("async_pipeline_staging")
-        n, issue = self.k_tiles(op, b)
-
         for t in range(dist):
             issue(b, self.const(b, t), t)
             b.op("cp_async_commit")
@@ -210,13 +232,6 @@ class WarpgroupGemm:
         self._for(b, 0, n, 1, "t", body)
         b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
         b.op("cp_async_wait", [], [], {"pending": 0})
-        empty = b.op("if", [b.value("eq", [n, self.const(b, 0)], BOOL)], [], {},
-                     [_block(), _block()])
-        eb = Builder(empty.regions[0])
-        eb.loc = b.loc
-        self._zero_accumulators(eb)
-        self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
-        self.report_loop("kk", "loop", 16)
 
     def _wgmma_products(self, b: Builder, stage: Value, accumulate: Value | None = None) -> None:
         """The step's BK/16 x FR products on `stage`; `accumulate` (a bool) is the first
