@@ -373,7 +373,8 @@ class AsyncStaging:
             # This thread's groups as zero-filling copies of their in-bounds prefixes, no
             # branch per group: one test of all their addresses picks them or the copies
             # above (misaligned views).  Measured on the H200 at 4096^3 float16 (128x256x64
-            # warpgroup tiles, tools/probes): 352 us with a branch per group, 265 without.
+            # warpgroup tiles, tools/probes): 352 us with a branch per group, 341 with this
+            # test per tile (267 for a hand edit with no test: whole_group_copies).
             lins = [self._i(b, "add", tid, slot * count) for slot in range(slots)]
             plan = []
             aligned = None
