@@ -54,6 +54,30 @@ def test_linear_with_bias_and_matmul_epilogue(rng):
     np.testing.assert_allclose(np.array(m), np_act(xr @ wr.T, "silu"), rtol=3e-4, atol=3e-5)
 
 
+def test_repeated_calls_reuse_one_launch_with_new_arrays(rng):
+    # the ops' launch cache (ops._run): the same signature reuses its Dispatch, each call
+    # on its own arrays; another signature (bias, residual, activation) is another entry
+    from metile_kernels.gemm import linear_epilogue
+    linear_epilogue._launches.clear()
+    w, wr = arrays(rng, (17, 40), "float32")
+    b, br = arrays(rng, (17,), "float32")
+    outs = []
+    for _ in range(3):
+        x, xr = arrays(rng, (9, 40), "float32")
+        outs.append((ops.linear(x, w, b, "gelu_tanh", backend="metile"), xr))
+    r, rr = arrays(rng, (9, 17), "float32")
+    with_residual = ops.linear(x, w, b, "gelu_tanh", residual=r, backend="metile")
+    for y, xr in outs:
+        np.testing.assert_allclose(np.array(y), np_act(xr @ wr.T + br, "gelu_tanh"),
+                                   rtol=3e-4, atol=3e-5)
+    np.testing.assert_allclose(np.array(with_residual),
+                               np_act(xr @ wr.T + br, "gelu_tanh") + rr, rtol=3e-4, atol=3e-5)
+    keys = [k for k in linear_epilogue._launches if k[0] == "ops"]
+    assert len(keys) == 2
+    # an input aliasing the output is impossible here: each call allocates its output
+    assert outs[0][0] is not outs[1][0]
+
+
 def test_gradients_against_numpy(rng):
     x, xr = arrays(rng, (6, 10), "float32")
     w, wr = arrays(rng, (5, 10), "float32")
