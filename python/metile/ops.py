@@ -321,12 +321,14 @@ def _launch_batched(a3, b3, activation, slope, block, dispatch_only=False):
     _, m, k = a3.shape
     n = b3.shape[2]
     batch = matmul_shapes.batch_count(a3, b3)
-    launcher = batched_matmul_epilogue[batched_grid(batch, m, n, block["BLOCK_M"],
-                                                    block["BLOCK_N"])]
     args = (a3, b3, mx.zeros((batch, m, n), a3.dtype), m, n, k,
             0 if a3.shape[0] == 1 else m * k, 0 if b3.shape[0] == 1 else k * n)
     kw = dict(EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
-    return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+    key = ("bmm", tuple(a3.shape), tuple(b3.shape), a3.dtype, b3.dtype, activation,
+           float(slope), _block_key(block))
+    return _run(batched_matmul_epilogue,
+                batched_grid(batch, m, n, block["BLOCK_M"], block["BLOCK_N"]), args, kw,
+                dispatch_only, key)
 
 
 def _batch_sum(g, like):
@@ -806,11 +808,13 @@ def _launch_gated(x2, w_gate, w_up, activation, block, dispatch_only=False):
     n = w_gate.shape[0]
     transpose = bool(block.get("TRANSPOSE_B"))
     tile = {key: v for key, v in block.items() if key != "TRANSPOSE_B"}
-    launcher = kernel[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])]
     args = (x2, _linear_operand(w_gate, block), _linear_operand(w_up, block),
             mx.zeros((m, n), x2.dtype), m, n, k)
     kw = dict(ACTIVATION=activation, TRANSPOSE_B=transpose, **tile)
-    return launcher.prepare(*args, **kw) if dispatch_only else launcher(*args, **kw)
+    key = ("gated", m, n, k, x2.dtype, w_gate.dtype, w_up.dtype, activation,
+           _block_key(block))
+    return _run(kernel, grid(m, n, block["BLOCK_M"], block["BLOCK_N"]), args, kw,
+                dispatch_only, key)
 
 
 def _fused_gated(activation, block):
