@@ -1,11 +1,15 @@
-"""Time the warpgroup GEMM's stages on the H200 without hardware counters (the one-GPU
-machine's gVisor runtime has no ncu): the hand-written probe (wgmma_stages.cu, the loop
-metile emits for 128x256x64 float16) whole and with one stage left out, metile's own
-generated kernel, and cuBLAS through CuPy, at 4096^3, CUDA events over many launches.
+"""Time the warpgroup GEMM's stages on the H200 by leaving stages out: the hand-written
+probe (wgmma_stages.cu, the loop metile emits for 128x256x64 float16) whole and with one
+stage left out, metile's kernels as emitted for METILE_CUDA_WGMMA=1 and =whole, a hand
+edit of the first without its per-tile copy test, and cuBLAS through CuPy, at 4096^3,
+CUDA events over many launches.  (The hand edits of older emitted sources that the
+2026-11-30 results name, variant_*.cu, are in git at 1972b57.)
 
     python3 tools/probes/wgmma_stage_timing.py [out.json]
 """
 import json
+import os
+import re
 import sys
 import tempfile
 
@@ -41,70 +45,67 @@ def timed(launch, n=40):
     return min(best)
 
 
+def without_copy_test(source):
+    """The emitted source with each per-tile test of a thread's copy addresses taken as
+    true (correct here: the problem's operands are aligned)."""
+    return re.sub(r"if \((_v\d+)\) \{\n(\s+const int32_t _v\d+ = \(_v\d+ \* 2\);\n"
+                  r"\s+metile_cp_async16_fill)", r"if (true || \1) {\n\2", source)
+
+
+def metile_kernel(variant):
+    """(translation unit, kernel name, launch record) of the library GEMM as emitted under
+    METILE_CUDA_WGMMA=variant."""
+    import mlx.core as mx
+    sys.path.insert(0, "kernels")
+    from metile_kernels.gemm import grid, matmul
+    os.environ["METILE_CUDA_WGMMA"] = variant
+    d = matmul[grid(M, N, 128, 256)].prepare(
+        mx.zeros((M, K), dtype=mx.float16), mx.zeros((K, N), dtype=mx.float16),
+        mx.zeros((M, N), dtype=mx.float16), M, N, K, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
+        backend="cuda")
+    return nvrtc.translation_unit(d), d.variant.data["name"], d.variant.data["lowering"]["launch"]
+
+
 def main():
     rng = np.random.default_rng(0)
     a = cp.asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
     b = cp.asarray(rng.standard_normal((K, N), dtype=np.float32).astype(np.float16))
     c = cp.zeros((M, N), cp.float16)
     ref = (a.astype(cp.float32) @ b.astype(cp.float32))
-    probe = open("tools/probes/wgmma_stages.cu").read()
     grid = (M // 128, N // 256)
     results = {}
-    for stages in (4,):
-        smem = stages * (128 * 64 + 64 * 256) * 2
-        for leave_out in ("", "NO_COPY", "NO_MMA", "NO_EPILOGUE"):
-            defs = f"#define S {stages}\n" + (f"#define {leave_out}\n" if leave_out else "")
-            fn = load(defs + probe, "probe")
-            fn.max_dynamic_shared_size_bytes = smem
-            args = (a, b, c, np.int32(M), np.int32(N), np.int32(K))
-            us = timed(lambda: fn(grid, (256,), args, shared_mem=smem))
-            key = f"probe S={stages} {leave_out or 'whole'}"
-            entry = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
-            if not leave_out:
-                c.fill(0)
-                fn(grid, (256,), args, shared_mem=smem)
-                err = float(cp.abs(c.astype(cp.float32) - ref).max() / cp.abs(ref).max())
-                entry["max_error_over_max"] = err
-            results[key] = entry
-            print(key, entry, flush=True)
-    # metile's generated kernel for the same problem
-    import mlx.core as mx
-    sys.path.insert(0, "kernels")
-    from metile_kernels.gemm import grid as mgrid, matmul
-    d = matmul[mgrid(M, N, 128, 256)].prepare(
-        mx.zeros((M, K), dtype=mx.float16), mx.zeros((K, N), dtype=mx.float16),
-        mx.zeros((M, N), dtype=mx.float16), M, N, K, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
-        backend="cuda")
-    tu = nvrtc.translation_unit(d)
-    name = d.variant.data["name"]
-    fn = load(tu, name)
-    launch = d.variant.data["lowering"]["launch"]
-    smem = launch["shared_memory"]
-    fn.max_dynamic_shared_size_bytes = smem
-    dims = [cp.asarray(np.array([v], np.int32)) for v in (M, N, K)]
-    args = (a, b, *dims, c)
-    us = timed(lambda: fn(grid, (launch["threads"],), args, shared_mem=smem))
-    c.fill(0)
-    fn(grid, (launch["threads"],), args, shared_mem=smem)
-    err = float(cp.abs(c.astype(cp.float32) - ref).max() / cp.abs(ref).max())
-    results["metile generated"] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1),
-                                   "max_error_over_max": err}
-    print("metile generated", results["metile generated"], flush=True)
-    # hand edits of that generated source (tools/probes/variant_*.cu), same launch
-    import glob
-    import re
-    for path in sorted(glob.glob("tools/probes/variant_*.cu")):
-        text = open(path).read()
-        fn = load(text, re.search(r'extern "C" __global__ void (\w+)', text).group(1))
+
+    def measure(key, source, name, threads, smem, args):
+        fn = load(source, name)
         fn.max_dynamic_shared_size_bytes = smem
-        us = timed(lambda: fn(grid, (launch["threads"],), args, shared_mem=smem))
+        us = timed(lambda: fn(grid, (threads,), args, shared_mem=smem))
+        entry = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
         c.fill(0)
-        fn(grid, (launch["threads"],), args, shared_mem=smem)
-        err = float(cp.abs(c.astype(cp.float32) - ref).max() / cp.abs(ref).max())
-        key = path.split("/")[-1]
-        results[key] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1),
-                        "max_error_over_max": err}
-        print(key, results[key], flush=True)
+        fn(grid, (threads,), args, shared_mem=smem)
+        entry["max_error_over_max"] = float(cp.abs(c.astype(cp.float32) - ref).max()
+                                            / cp.abs(ref).max())
+        results[key] = entry
+        print(key, entry, flush=True)
+
+    probe = open("tools/probes/wgmma_stages.cu").read()
+    stages = 4
+    smem = stages * (128 * 64 + 64 * 256) * 2
+    scalars = (np.int32(M), np.int32(N), np.int32(K))
+    for leave_out in ("", "NO_COPY", "NO_MMA", "NO_EPILOGUE"):
+        defs = f"#define S {stages}\n" + (f"#define {leave_out}\n" if leave_out else "")
+        measure(f"probe S={stages} {leave_out or 'whole'}", defs + probe, "probe", 256, smem,
+                (a, b, c, *scalars))
+
+    dims = [cp.asarray(np.array([v], np.int32)) for v in (M, N, K)]
+    for variant in ("1", "whole"):
+        tu, name, launch = metile_kernel(variant)
+        sources = {f"metile {variant}": tu}
+        if variant == "1":
+            sources["metile 1 without the per-tile copy test"] = without_copy_test(tu)
+        for key, source in sources.items():
+            measure(key, source, name, launch["threads"], launch["shared_memory"],
+                    (a, b, *dims, c))
+
     us = timed(lambda: cp.matmul(a, b, out=c))
     results["cupy cuBLAS"] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
     print("cupy cuBLAS", results["cupy cuBLAS"])
