@@ -209,16 +209,16 @@ class AsyncStaging:
         room = self.shared_limit - self.shared_bytes
         return max(2, min(4, room // stage_bytes))
 
-    def k_tiles(self, op: Op, b: Builder, mode: str | None = None):
-        """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage)`
-        copies tile t (when t is below the count) into `stage`, binding K there (`mode`:
-        see `_async_copy`)."""
+    def k_tiles(self, op: Op, b: Builder):
+        """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage,
+        mode=None)` copies tile t (when t is below the count) into `stage`, binding K there
+        (`mode`: see `_async_copy`)."""
         lo, hi, step = (self.s(v) for v in op.operands[:3])
         span = b.value("sub", [hi, lo], I32)
         n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
         n = b.value("maximum", [n, self.const(b, 0)], I32)
 
-        def issue(lb: Builder, t: Value, stage) -> None:
+        def issue(lb: Builder, t: Value, stage, mode: str | None = None) -> None:
             then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
@@ -290,12 +290,22 @@ class AsyncStaging:
             """(row, col) of element `pos` along the grouped axis of line `line`."""
             return (line, pos) if axis == 1 else (pos, line)
 
-        def body(lb: Builder, lin: Value) -> None:
+        def group_at(lb, lin):
+            """(line, start, row, col) of this thread's group number `lin`."""
             line = self._i(lb, "idiv", lin, groups)
             start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
-            row, col = coords(lb, line, start)
+            return (line, start, *coords(lb, line, start))
+
+        def source_at(lb, row, col):
+            return self.elem(ld.operands[0], at(lb, row, col))
+
+        def dst_at(lb, row, col):
+            return self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
+
+        def body(lb: Builder, lin: Value) -> None:
+            line, start, row, col = group_at(lb, lin)
             along_e = [self._i(lb, "add", start, e) for e in range(group)]
-            index = self.elem(ld.operands[0], at(lb, row, col))
+            index = source_at(lb, row, col)
             full = None
             for c, mode in checks:
                 where = {"once": [start], "first": [start], "last": [along_e[-1]],
@@ -303,7 +313,7 @@ class AsyncStaging:
                 for x in where:
                     m = conj(lb, c, *coords(lb, line, x))
                     full = m if full is None else lb.value("and", [full, m], BOOL)
-            dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
+            dst = dst_at(lb, row, col)
             ok = lb.value("aligned16", [index], BOOL, root=root)
             if full is not None:
                 ok = lb.value("and", [full, ok], BOOL)
@@ -324,19 +334,16 @@ class AsyncStaging:
                       {"root": st.name, "space": "threadgroup"})
 
         n = across * groups
-        tid, count = getattr(self, "copiers", None) or (b.value("thread_id", [], I32), self.T)
+        count = self._copy_threads()
+        tid = self.copiers[0] if getattr(self, "copiers", None) else b.value("thread_id", [], I32)
         slots = (n + count - 1) // count
         if mode is not None:
             # an empty group's copy reads nothing at the buffer's start: aligned too
             ok = b.value("aligned16", [self.const(b, 0)], BOOL, root=root) \
                 if mode == "check" else None
             for slot in range(slots):
-                lin = self._i(b, "add", tid, slot * count)
-                line = self._i(b, "idiv", lin, groups)
-                start = self._i(b, "mul", self._i(b, "mod", lin, groups), group)
-                row, col = coords(b, line, start)
-                index = self.elem(ld.operands[0], at(b, row, col))
-                here = coords(b, line, start)
+                _, _, row, col = group_at(b, self._i(b, "add", tid, slot * count))
+                index = source_at(b, row, col)
                 if mode == "check":
                     # aligned, and every `f < X` conjunct X - f(start) a multiple of G:
                     # each group all in bounds or none (see whole_group_copies)
@@ -344,20 +351,16 @@ class AsyncStaging:
                     for c, cmode in checks:
                         if cmode == "once":
                             continue
-                        cop = _strip_broadcast(c)
-                        lhs, rhs = (conj(b, o, *here) for o in cop.operands)
-                        rem = b.value("sub", [rhs, lhs], I32)
-                        if cop.name == "le":
-                            rem = self._i(b, "add", rem, 1)
-                        whole = b.value("eq", [self._i(b, "mod", rem, group), self.const(b, 0)],
+                        room = self._room(b, c, (row, col), conj)
+                        whole = b.value("eq", [self._i(b, "mod", room, group), self.const(b, 0)],
                                         BOOL)
                         good = b.value("and", [good, whole], BOOL)
                     ok = good if ok is None else b.value("and", [ok, good], BOOL)
                     continue
-                dst = self.add(b, base, self.swizzled_offset(b, row, col, cols, swz))
+                dst = dst_at(b, row, col)
                 inside = None
                 for c, _ in checks:   # at the group's first element: all in or none
-                    m = conj(b, c, *here)
+                    m = conj(b, c, row, col)
                     inside = m if inside is None else b.value("and", [inside, m], BOOL)
                 if inside is None:
                     b.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
@@ -367,9 +370,7 @@ class AsyncStaging:
                 size = b.value("where", [inside, self.const(b, 16), self.const(b, 0)], I32)
                 b.op("cp_async", [dst, src, size], [], {"dst": st.name, "src": root, "bytes": 16})
             return ok
-        prefix = all(mode == "once" or (mode == "last" and _unit_slope(c, axis))
-                     for c, mode in checks)
-        if prefix and n % count == 0 and slots <= MAX_UNROLLED_SLOTS:
+        if _prefix_masks(checks, axis) and _unrolled_evenly(n, count):
             # This thread's groups as zero-filling copies of their in-bounds prefixes, no
             # branch per group: one test of all their addresses picks them or the copies
             # above (misaligned views).  Measured on the H200 at 4096^3 float16 (128x256x64
@@ -379,17 +380,14 @@ class AsyncStaging:
             plan = []
             aligned = None
             for lin in lins:
-                line = self._i(b, "idiv", lin, groups)
-                start = self._i(b, "mul", self._i(b, "mod", lin, groups), group)
-                row, col = coords(b, line, start)
-                index = self.elem(ld.operands[0], at(b, row, col))
-                kept = self._prefix_count(b, checks, line, start, coords, group, conj)
+                _, _, row, col = group_at(b, lin)
+                index = source_at(b, row, col)
+                kept = self._prefix_count(b, checks, (row, col), group, conj)
                 if kept is not None:   # an empty group reads nothing, at the buffer's start
                     some = b.value("gt", [kept, self.const(b, 0)], BOOL)
                     zero = self.const(b, 0, elem_type(index.type).dtype)
                     index = b.value("where", [some, index, zero], index.type)
-                dst = self.add(b, base, self.swizzled_offset(b, row, col, cols, swz))
-                plan.append((dst, index, kept))
+                plan.append((dst_at(b, row, col), index, kept))
                 ok = b.value("aligned16", [index], BOOL, root=root)
                 aligned = ok if aligned is None else b.value("and", [aligned, ok], BOOL)
             branch = b.op("if", [aligned], [], {}, [_block(), _block()])
@@ -434,46 +432,43 @@ class AsyncStaging:
         iv = self.k_body.args[0]
         for value, st, shape in self.operand_stages():
             ld, checks, axis = self.async_loads[id(staging_load(value))]
-            group = 16 // st.dtype.itemsize
-            rows, cols = shape
-            n = (rows * cols) // group
-            count = (getattr(self, "copiers", None) or (None, self.T))[1]
-            if n % count or n // count > MAX_UNROLLED_SLOTS:
-                return None
             memo = {}
-            if not _iv_affine(ld.operands[0], iv, memo):
+            if not (_unrolled_evenly(prod(shape) * st.dtype.itemsize // 16, self._copy_threads())
+                    and _prefix_masks(checks, axis) and _iv_affine(ld.operands[0], iv, memo)
+                    and all(_iv_affine(o, iv, memo) for c, mode in checks if mode == "last"
+                            for o in _strip_broadcast(c).operands)):
                 return None
-            for c, mode in checks:
-                if mode == "once":
-                    continue
-                if mode != "last" or not _unit_slope(c, axis) or not all(
-                        _iv_affine(o, iv, memo) for o in _strip_broadcast(c).operands):
-                    return None
         ok = None
-        for t in (0, 1):
+        for t in (0, 1):   # _async_copy's check is never None: every operand has groups
             self._bind_k(b, self.add(b, lo, b.value("mul", [self.const(b, t), step], I32)))
             part = self._async_copy(b, 0, "check")
-            ok = part if ok is None or part is None else b.value("and", [ok, part], BOOL)
-        ok = ok if ok is not None else b.value("const", [], BOOL, value=True)
+            ok = part if ok is None else b.value("and", [ok, part], BOOL)
         return b.value("block_all", [ok], BOOL)
 
-    def _prefix_count(self, b: Builder, checks, line, start, coords, group: int,
-                      conj) -> Value | None:
-        """How many leading elements (0..G) of the group at (line, start) the mask keeps,
-        for conjuncts constant over the group or `column + c < X` (<=); None without a
-        mask (all G)."""
+    def _copy_threads(self) -> int:
+        """How many threads share the staging copies (the producer warpgroup's under
+        warp specialization, else the block's)."""
+        copiers = getattr(self, "copiers", None)
+        return copiers[1] if copiers else self.T
+
+    def _room(self, b: Builder, c: Value, here, conj) -> Value:
+        """X - f (+1 for <=) of a conjunct `f < X` at tile element `here`: how many
+        elements from there on it keeps (_unit_slope)."""
+        op = _strip_broadcast(c)
+        lhs, rhs = (conj(b, o, *here) for o in op.operands)
+        room = b.value("sub", [rhs, lhs], I32)
+        return self._i(b, "add", room, 1) if op.name == "le" else room
+
+    def _prefix_count(self, b: Builder, checks, here, group: int, conj) -> Value | None:
+        """How many leading elements (0..G) of the group starting at tile element `here`
+        the mask keeps, for conjuncts `_prefix_masks` accepts; None without a mask (all G)."""
         zero, full = self.const(b, 0), self.const(b, group)
         count = None
         for c, mode in checks:
-            here = coords(b, line, start)
             if mode == "once":
                 kept = b.value("where", [conj(b, c, *here), full, zero], I32)
-            else:   # X - f(start) elements, f rising by one per element (_unit_slope)
-                op = _strip_broadcast(c)
-                lhs, rhs = (conj(b, o, *here) for o in op.operands)
-                kept = b.value("sub", [rhs, lhs], I32)
-                if op.name == "le":
-                    kept = self._i(b, "add", kept, 1)
+            else:
+                kept = self._room(b, c, here, conj)
                 kept = b.value("minimum", [b.value("maximum", [kept, zero], I32), full], I32)
             count = kept if count is None else b.value("minimum", [count, kept], I32)
         return count
@@ -529,6 +524,17 @@ def _depends(v: Value, iv: Value, memo: dict) -> bool:
         memo[v.id] = v is iv or (v.owner is iv.owner) or (
             isinstance(op, Op) and any(_depends(o, iv, memo) for o in op.operands))
     return memo[v.id]
+
+
+def _prefix_masks(checks, axis: int) -> bool:
+    """Every mask conjunct keeps a prefix of each group: constant over it, or `_unit_slope`."""
+    return all(mode == "once" or (mode == "last" and _unit_slope(c, axis))
+               for c, mode in checks)
+
+
+def _unrolled_evenly(groups: int, threads: int) -> bool:
+    """A tile's groups fall evenly on the copying threads, few enough per thread to unroll."""
+    return groups % threads == 0 and groups // threads <= MAX_UNROLLED_SLOTS
 
 
 def _strip_broadcast(c: Value) -> Op:

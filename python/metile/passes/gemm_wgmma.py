@@ -195,7 +195,7 @@ class WarpgroupGemm:
             branch = b.op("if", [whole], [], {}, [_block(), _block()])
             fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
             fb.loc = sb.loc = b.loc
-            self._wgmma_steps(fb, n, self.k_tiles(op, fb, "whole")[1])
+            self._wgmma_steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
             self._wgmma_steps(sb, n, issue)
         empty = b.op("if", [b.value("eq", [n, self.const(b, 0)], BOOL)], [], {},
                      [_block(), _block()])
