@@ -51,14 +51,13 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from . import lazy_graph, matmul_shapes
-from .compiler.backend import selection_key
 from .runtime import routing
+from .runtime.dispatch import launch_environment, remember
 from .op_routing import (
     m_bucket,
     device_description as _device_description,
@@ -202,9 +201,6 @@ def _launch_split_k(a2, b, bias, residual, activation, slope, block, dispatch_on
                     EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope))
 
 
-_OPS_LAUNCHES = 256
-
-
 def _run(kernel, grid_, args, kw, dispatch_only, key):
     """kernel[grid_](*args, **kw), or its Dispatch when `dispatch_only`.  A repeated
     signature (`key`: what the op knows determines the launch, with the backend selection
@@ -214,13 +210,11 @@ def _run(kernel, grid_, args, kw, dispatch_only, key):
     if dispatch_only:
         return kernel[grid_].prepare(*args, **kw)
     kernel.refresh()   # a changed global the kernel reads clears kernel._launches
-    full = ("ops", key, selection_key(), os.environ.get("METILE_DEBUG"))
+    full = ("ops", key, *launch_environment())
     d = kernel._launches.get(full)
     if d is None:
         d = kernel[grid_].prepare(*args, **kw)
-        if len(kernel._launches) >= _OPS_LAUNCHES:
-            kernel._launches.clear()
-        kernel._launches[full] = d
+        remember(kernel, full, d)
     return d._relaunch(args, trusted=True)
 
 

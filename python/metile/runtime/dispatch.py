@@ -121,9 +121,21 @@ def _launch_key(grid, args, kwargs):
     except TypeError:
         return None
     grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
-    # a launch resolved for another language or target must not be reused after they change,
-    # nor one resolved before METILE_DEBUG=asserts was set or cleared
-    return (grid_key, tuple(parts), options, selection_key(), os.environ.get("METILE_DEBUG"))
+    return (grid_key, tuple(parts), options, *launch_environment())
+
+
+def launch_environment() -> tuple:
+    """What a resolved launch also depends on: a launch resolved for another language or
+    target must not be reused after they change, nor one resolved before
+    METILE_DEBUG=asserts was set or cleared."""
+    return selection_key(), os.environ.get("METILE_DEBUG")
+
+
+def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
+    """Keep `d` as the kernel's launch for `key` (a bounded cache: cleared when full)."""
+    if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
+        kernel._launches.clear()
+    kernel._launches[key] = d
 
 
 class Launcher:
@@ -145,9 +157,7 @@ class Launcher:
                 return template._relaunch(args)
         d = self.prepare(*args, **kwargs)
         if d._key is not None:  # this call's key, when the launch can be reused
-            if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
-                kernel._launches.clear()
-            kernel._launches[d._key] = d
+            remember(kernel, d._key, d)
         return d()
 
     def explain(self, *args, **kwargs) -> str:
@@ -333,9 +343,12 @@ class Dispatch:
                     f"shows the code)")
             call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
 
+            def run(inputs):
+                return call(**{**kwargs, "inputs": inputs})
+
             @mx.custom_function
             def launch(inputs):
-                return call(**{**kwargs, "inputs": inputs})
+                return run(inputs)
 
             @launch.vjp
             def no_vjp(primals, cotangents, outputs):
@@ -344,8 +357,7 @@ class Dispatch:
                     f"it: declare a pointwise kernel @metile.kernel(differentiable=True), or wrap "
                     f"the launch in mx.custom_function and give it a vjp")
 
-            self._guarded = launch
-            self._unguarded = lambda inputs: call(**{**kwargs, "inputs": inputs})
+            self._guarded, self._unguarded = launch, run
         return list((self._guarded if guard else self._unguarded)(inputs))
 
     def _finish(self, outs, passed):
