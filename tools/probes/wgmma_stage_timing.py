@@ -87,7 +87,10 @@ def main():
         results[key] = entry
         print(key, entry, flush=True)
 
-    probe = open("tools/probes/wgmma_stages.cu").read()
+    kernels = {variant: metile_kernel(variant) for variant in ("1", "whole")}
+    tu = kernels["1"][0]
+    # the probe uses the helpers (wgmma, cp.async) of the source metile emits
+    probe = tu[:tu.index('extern "C"')] + open("tools/probes/wgmma_stages.cu").read()
     stages = 4
     smem = stages * (128 * 64 + 64 * 256) * 2
     scalars = (np.int32(M), np.int32(N), np.int32(K))
@@ -97,8 +100,7 @@ def main():
                 (a, b, c, *scalars))
 
     dims = [cp.asarray(np.array([v], np.int32)) for v in (M, N, K)]
-    for variant in ("1", "whole"):
-        tu, name, launch = metile_kernel(variant)
+    for variant, (tu, name, launch) in kernels.items():
         sources = {f"metile {variant}": tu}
         if variant == "1":
             sources["metile 1 without the per-tile copy test"] = without_copy_test(tu)
