@@ -47,9 +47,15 @@ def test_linear_graph_has_no_transposed_copy(rng):
         node = "CustomKernel" if mx.default_device().type == mx.gpu else "MetileMslCpuKernel"
         assert g.count(node) == 1
         assert g.count("Transpose") == 0 and g.feeding("Contiguous", "Transpose") == 0
-    # the same count sees the copy the row-major kernel needs (the layout before TRANSPOSE_B)
-    old = ops._linear_metile(x, w, b, "gelu_tanh", ops.LEAKY_SLOPE, ops.BLOCK, r)
-    assert lazy_graph.graph(old).feeding("Contiguous", "Transpose") == 1
+    # the same count sees the copy the row-major kernel needs (the layout before TRANSPOSE_B):
+    # a Contiguous node in the CPU runtime; MLX's CUDA custom kernel copies a strided input
+    # inside its own evaluation, so there the transposed view feeds the kernel itself (the
+    # bytes that copy allocates are measured by test_large_weight_is_not_copied)
+    old = lazy_graph.graph(ops._linear_metile(x, w, b, "gelu_tanh", ops.LEAKY_SLOPE, ops.BLOCK, r))
+    if mx.default_device().type == mx.gpu:
+        assert old.feeding("CustomKernel", "Transpose") == 1
+    else:
+        assert old.feeding("Contiguous", "Transpose") == 1
 
 
 def _allocated(run) -> int:
@@ -82,7 +88,9 @@ def test_large_weight_is_not_copied(rng, monkeypatch, op):
     assert _allocated(run) < out_bytes + w.nbytes // 4
     # the row-major kernel given w.T: MLX copies the whole weight first
     copied = _allocated(lambda: ops._fused_matmul(None, ops.LEAKY_SLOPE, ops.BLOCK)(x, w.T))
-    assert copied >= out_bytes + w.nbytes
+    # (on CUDA the copy's buffer may reuse a pooled block that the peak already counted up to
+    # a few hundred bytes of the output's rounding: the weight's own bytes are what must show)
+    assert copied >= w.nbytes + out_bytes // 2
 
 
 def test_matmul_sees_a_lazy_transposed_view_only(rng):
@@ -169,6 +177,7 @@ def test_gradients_match_mlx(rng):
 # -- routing and CUDA -----------------------------------------------------------------------------
 
 def test_transposed_layouts_are_their_own_candidates(monkeypatch):
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: False)   # (sm_90: tested below)
     monkeypatch.setattr(ops, "_on_cuda", lambda: False)
     assert ops.metile_configs(mx.float16, "x@w.T") == [{**ops.BLOCK, "TRANSPOSE_B": True}]
     monkeypatch.setattr(ops, "_on_cuda", lambda: True)
@@ -179,6 +188,11 @@ def test_transposed_layouts_are_their_own_candidates(monkeypatch):
                     {**ops.CUDA_SMALL_BLOCK, "TRANSPOSE_B": True},
                     ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK]
     assert len({ops._config_name(c) for c in cuda}) == 4
+    # on sm_90 the warpgroup tile leads both halves
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
+    hopper = ops.metile_configs(mx.float16, "a@b.T")
+    assert hopper[0] == {**ops._wgmma_block(), "TRANSPOSE_B": True}
+    assert hopper[3] == ops._wgmma_block() and hopper[1:3] + hopper[4:] == cuda
     keys = {ops._signature("matmul", mx.float16, 64, 128, 64, layout, None, False)[0]
             for layout in ("a@b", "a@b.T")}
     assert len(keys) == 2
