@@ -5,7 +5,10 @@ edit of the first without its per-tile copy test, and cuBLAS through CuPy, at 40
 CUDA events over many launches.  (The hand edits of older emitted sources that the
 2026-11-30 results name, variant_*.cu, are in git at 1972b57.)
 
-    python3 tools/probes/wgmma_stage_timing.py [out.json]
+    python3 tools/probes/wgmma_stage_timing.py [out.json] [--only KEY]
+
+--only KEY times just the kernels whose name starts with KEY (e.g. "metile whole", "probe
+S=4 whole"), so that a profiler sees one kernel's launches (tools/device_profile.sh).
 """
 import json
 import os
@@ -67,6 +70,9 @@ def metile_kernel(variant):
 
 
 def main():
+    argv = sys.argv[1:]
+    only = argv[argv.index("--only") + 1] if "--only" in argv else None
+    paths = [a for i, a in enumerate(argv) if a != "--only" and (i == 0 or argv[i - 1] != "--only")]
     rng = np.random.default_rng(0)
     a = cp.asarray(rng.standard_normal((M, K), dtype=np.float32).astype(np.float16))
     b = cp.asarray(rng.standard_normal((K, N), dtype=np.float32).astype(np.float16))
@@ -76,6 +82,8 @@ def main():
     results = {}
 
     def measure(key, source, name, threads, smem, args):
+        if only and not key.startswith(only):
+            return
         fn = load(source, name)
         fn.max_dynamic_shared_size_bytes = smem
         us = timed(lambda: fn(grid, (threads,), args, shared_mem=smem))
@@ -108,12 +116,14 @@ def main():
             measure(key, source, name, launch["threads"], launch["shared_memory"],
                     (a, b, *dims, c))
 
+    if only:
+        return
     us = timed(lambda: cp.matmul(a, b, out=c))
     results["cupy cuBLAS"] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
     print("cupy cuBLAS", results["cupy cuBLAS"])
-    if len(sys.argv) > 1:
+    if paths:
         json.dump({"machine": "H200", "shape": [M, N, K], "dtype": "float16",
-                   "cupy": cp.__version__, "results": results}, open(sys.argv[1], "w"), indent=1)
+                   "cupy": cp.__version__, "results": results}, open(paths[0], "w"), indent=1)
 
 
 if __name__ == "__main__":
