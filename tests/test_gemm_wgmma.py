@@ -24,7 +24,8 @@ WG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64)
 
 @pytest.fixture(autouse=True)
 def warpgroup_path(monkeypatch):
-    # The default variant, named so a test's expectations do not follow the environment.
+    # Variant 1 (the default's loop without its proven copy), named so a test's
+    # expectations do not follow the environment; tests of other variants set theirs.
     monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
 
 
@@ -237,6 +238,59 @@ def test_warp_specialized_sass_keeps_one_product_group_in_flight(monkeypatch):
     assert "0 bytes spill stores" in log
 
 
+@metile.kernel
+def matmul_transposed_out(left, right, output, rows, columns, inner,
+                          BLOCK_M: metile.constexpr = 128, BLOCK_N: metile.constexpr = 256,
+                          BLOCK_K: metile.constexpr = 64):
+    """output (columns, rows) = (left @ right).T: the tile stored with a column slope of
+    `rows`, so adjacent accumulator columns are not adjacent in memory."""
+    a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    b = metile.tensor(right, shape=(inner, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(1, rows),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        acc = metile.dot(a.load((metile.program_id(0) * BLOCK_M, k)),
+                         b.load((k, metile.program_id(1) * BLOCK_N)), acc)
+    c.store((metile.program_id(0) * BLOCK_M, metile.program_id(1) * BLOCK_N),
+            acc.to(output.dtype))
+
+
+PAIR = {"float16": "__halves2half2(", "bfloat16": "__halves2bfloat162(", "float32": "make_float2("}
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16", "float32"])
+def test_epilogue_stores_adjacent_columns_as_pairs(out_dtype):
+    # each thread's (c, c+1) accumulator pair is one 4- or 8-byte store when both are in
+    # bounds and a run-time test found its first pair and the one a row below aligned
+    m = n = k = 1000
+    dtype = "float16" if out_dtype == "float32" else out_dtype
+    d = getattr(mx, dtype)
+    a, b = mx.zeros((m, k), dtype=d), mx.zeros((k, n), dtype=d)
+    disp = matmul[grid(m, n, 128, 256)].prepare(a, b, mx.zeros((m, n), dtype=getattr(mx, out_dtype)),
+                                               m, n, k, **WG, backend="cuda")
+    assert "paired_epilogue_stores" in disp.variant.data["passes"]
+    body = disp.variant.data["body"]
+    # 64 pairs of each thread's 128 accumulators (unrolled in the compiled code)
+    assert body.count(PAIR[out_dtype]) == 1
+    size = 8 if out_dtype == "float32" else 4
+    assert body.count(f"& {size - 1}ull) == 0)") == 2
+    if nvrtc.TOOLKIT is not None:
+        assert nvrtc.compile_cuda(nvrtc.translation_unit(disp), "sm_90a")[0]
+
+
+def test_transposed_output_is_stored_element_by_element():
+    m = n = k = 1000
+    a, b = mx.zeros((m, k), dtype=mx.float16), mx.zeros((k, n), dtype=mx.float16)
+    disp = matmul_transposed_out[grid(m, n, 128, 256)].prepare(
+        a, b, mx.zeros((n, m), dtype=mx.float16), m, n, k, backend="cuda")
+    assert disp.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    assert "paired_epilogue_stores" not in disp.variant.data["passes"]
+    assert "__halves2half2(" not in disp.variant.data["body"]
+
+
 # -- numbers on the H200 ----------------------------------------------------------------------
 
 def check_products(out, a, b, ref):
@@ -322,6 +376,27 @@ def test_other_warpgroup_tiles_on_the_gpu(rng, tile):
     out = matmul[grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])](a, b, mx.zeros((m, n)), m, n, k,
                                                              **tile)
     check_products(out, a, b, ref)
+
+
+@on_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_paired_stores_of_narrow_outputs_on_ragged_shapes_on_the_gpu(rng, dtype, monkeypatch):
+    # odd column counts: every row's stride is odd, so the run-time test stores element by
+    # element; even ones pair, and the last pair of a ragged edge is stored alone
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "whole")
+    for m, n, k in RAGGED + [(200, 258, 64), (130, 2, 70)]:
+        a, b, ref = operands(rng, m, n, k, dtype)
+        out = matmul[grid(m, n, 128, 256)](a, b, mx.zeros((m, n), dtype=getattr(mx, dtype)),
+                                           m, n, k, **WG)
+        check(out, ref, dtype)
+
+
+@on_gpu
+def test_transposed_output_on_the_gpu(rng):
+    m, n, k = 300, 258, 130
+    a, b, ref = operands(rng, m, n, k, "float16")
+    out = matmul_transposed_out[grid(m, n, 128, 256)](a, b, mx.zeros((n, m)), m, n, k)
+    check_products(out.T, a, b, ref)
 
 
 @on_gpu

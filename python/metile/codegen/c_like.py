@@ -232,6 +232,8 @@ class CEmitter:
             self.names[r.id] = cap
         elif name == "vec_load":
             self.vector_load(op, a, depth)
+        elif name == "vec_store":
+            self.vector_store(op, a, depth)
         elif name.startswith("frag_") and name != "frag_get":
             self.fragment_op(op, a, depth)
         elif name == "simd_barrier":
@@ -286,6 +288,18 @@ class CEmitter:
             # {h}/{shift}: the 32-bit word and bit offset of 16-bit element i
             self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i], h="xy"[i // 2],
                                               shift=16 * (i % 2))
+
+    # 2-element stores (vec_store): element dtype name -> statement over {root}, {index}, {a},
+    # {b}; a dtype or emitter without one has no paired stores (the pass only emits them
+    # for a warpgroup unit, which only the CUDA emitter has).
+    PAIR_STORES: dict[str, str] = {}
+
+    def vector_store(self, op: Op, a: list[str], depth: int) -> None:
+        dname = op.operands[1].type.dtype.name
+        fmt = self.PAIR_STORES.get(dname)
+        if fmt is None:
+            raise NotImplementedError(f"{type(self).__name__} has no paired {dname} store")
+        self.emit(fmt.format(root=op.attrs["root"], index=a[0], a=a[1], b=a[2]), depth)
 
     def fragment_type(self, role: str, dtype, shape) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")

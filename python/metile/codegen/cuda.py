@@ -417,6 +417,13 @@ class CUDAEmitter(CEmitter):
                     "bfloat16": ("uint2", "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
                                           ">> {shift}))")}
 
+    # The pass proved the address aligned to the pair (a run-time test before the stores).
+    PAIR_STORES = {
+        "float16": "*reinterpret_cast<__half2*>(&{root}[{index}]) = __halves2half2({a}, {b});",
+        "bfloat16": "*reinterpret_cast<__nv_bfloat162*>(&{root}[{index}]) = "
+                    "__halves2bfloat162({a}, {b});",
+        "float32": "*reinterpret_cast<float2*>(&{root}[{index}]) = make_float2({a}, {b});"}
+
     def statement(self, op: Op, depth: int) -> None:
         name = op.name
         if name == "cp_async":
@@ -524,8 +531,12 @@ class CUDAEmitter(CEmitter):
         if op.name == "simd_reduce":
             self.helpers_used.add("warp")
         if op.name == "aligned16":
+            address = f"&{op.attrs['root']}[{self.ref(op.operands[0])}]"
+            size = op.attrs.get("bytes", 16)
+            if size != 16:
+                return f"((reinterpret_cast<unsigned long long>({address}) & {size - 1}ull) == 0)"
             self.helpers_used.add("z_async")
-            return f"metile_aligned16(&{op.attrs['root']}[{self.ref(op.operands[0])}])"
+            return f"metile_aligned16({address})"
         if op.name == "block_all":
             return f"(__syncthreads_and({self.ref(op.operands[0])}) != 0)"
         if op.name == "warp_uniform":

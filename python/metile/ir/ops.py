@@ -99,13 +99,16 @@ FRAGMENT_ELEMS = frozenset({"frag_get", "frag_set"})
 FRAGMENT_ELEMENTS = 2
 
 # 4-wide device loads of proven-aligned, in-bounds groups (passes/lower_matmul.py):
-# vec_load(index){root, space, width} -> `width` scalar results (elements index...).
-VECTOR = frozenset({"vec_load"})
+# vec_load(index){root, space, width} -> `width` scalar results (elements index...);
+# vec_store(index, v0, v1){root, space} writes elements index and index+1 as one 2-element
+# vector (an address aligned to its size: the wgmma epilogue's pairs, passes/gemm_wgmma.py).
+VECTOR = frozenset({"vec_load", "vec_store"})
 
 # Asynchronous GEMM staging and register epilogues (passes/gemm_async.py; emitted only for
 # a matrix unit that declares them): cp_async(dst_offset, src_index[, size]){dst, src, bytes}
 # (size: the bytes read, the rest zero-filled),
-# cp_async_commit, cp_async_wait{pending}, aligned16(index){root} -> bool,
+# cp_async_commit, cp_async_wait{pending}, aligned16(index){root[, bytes]} -> bool (the
+# element's address a multiple of `bytes`, 16 unless given),
 # block_all(pred) -> bool (every thread's pred, a barrier: CUDA's __syncthreads_and),
 # acc_coord{e, axis} -> the row/column of accumulator element e this lane holds.
 ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", "acc_coord",

@@ -42,14 +42,19 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir.core import Builder, Op, Value
-from ..ir.types import ScalarType
+from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
-from .gemm_async import _block
+from .gemm_async import _axis_coeffs, _block
 from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Storage
 
 F32 = ScalarType(dt.float32)
 ATOM = 64          # 16-bit elements in one 128-byte swizzle row
+# Output dtypes whose adjacent-column pairs the epilogue stores as one vector (vec_store):
+# half2 / bfloat162 / float2.  One 2-byte store per element made the wgmma epilogue a
+# quarter of the 4096^3 kernel's warp-stall samples (ncu, H200), against an eighth for
+# the hand-written loop's 4-byte stores (benchmarks/results/ncu/).
+PAIRED_STORE_DTYPES = ("float16", "bfloat16", "float32")
 MAX_STAGES = 5
 
 
@@ -260,6 +265,55 @@ class WarpgroupGemm:
                     "a": self.stage_a.name, "b": self.stage_b.name,
                     "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
 
+    def _paired_stores(self, b: Builder, row: Value, col: Value) -> Value | None:
+        """A bool under which this thread may store each pair of adjacent accumulator
+        columns (c, c+1), c even, with one 2-element vector store; None when the store's
+        form does not allow it (then every element is stored alone).
+
+        Static half: the stored index is affine in the tile coordinates with column slope
+        exactly 1 (`_axis_coeffs`), so a pair's second element follows its first; a plain
+        device store of a 16- or 32-bit float.  Run-time half: the addresses of this
+        thread's first pair and of the one a row below are both aligned to the pair's size,
+        so (affine, columns stepping by even numbers) every pair's is.  Masks stay per
+        element: a pair whose two elements are not both in bounds is stored alone."""
+        g = self.gemm
+        ptr = elem_type(g.store.operands[0].type)
+        coeffs = _axis_coeffs(g.store.operands[0], {})
+        if (g.store.attrs.get("atomic") or ptr.space == "threadgroup"
+                or (ptr.root, "written") in self.buffers
+                or ptr.dtype.name not in PAIRED_STORE_DTYPES
+                or coeffs is False or coeffs.get(1) != 1):
+            return None
+        self.lowering_passes.append("paired_epilogue_stores")
+        root, size = self.buffers[(ptr.root, "out")], 2 * ptr.dtype.itemsize
+        first = b.value("aligned16", [self.store_index(b, row, col)], BOOL, root=root, bytes=size)
+        below = b.value("aligned16", [self.store_index(b, self._i(b, "add", row, 1), col)],
+                        BOOL, root=root, bytes=size)
+        return b.value("and", [first, below], BOOL)
+
+    def _epilogue_pair(self, b: Builder, row: Value, col: Value, values: list,
+                       pairable: Value | None) -> None:
+        """The epilogue at (row, col) and (row, col + 1), stored as one vector where
+        `pairable` and both elements are in bounds, else element by element."""
+        if pairable is None:
+            for dc, v in enumerate(values):
+                self._epilogue_store(b, row, self._i(b, "add", col, dc), v)
+            return
+        parts = [self._epilogue_value(b, row, self._i(b, "add", col, dc), v)
+                 for dc, v in enumerate(values)]
+        ok = pairable
+        for _, _, guard in parts:
+            for m in guard:
+                ok = b.value("and", [ok, m], BOOL)
+        branch = b.op("if", [ok], [], {}, [_block(), _block()])
+        tb, eb = Builder(branch.regions[0]), Builder(branch.regions[1])
+        tb.loc = eb.loc = b.loc
+        ptr = elem_type(self.gemm.store.operands[0].type)
+        tb.op("vec_store", [parts[0][0], parts[0][1], parts[1][1]], [],
+              {"root": self.buffers[(ptr.root, "out")], "space": "device"})
+        for index, stored, guard in parts:
+            self.emit_store(eb, self.gemm.store, [index, stored] + guard)
+
     def atom_offset(self, b: Builder, row: Value, col: Value, rows: int) -> Value:
         """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout."""
         chunk = self._i(b, "idiv", col, 8)
@@ -287,17 +341,19 @@ class WarpgroupGemm:
         lane = self._i(b, "mod", tid, 32)
         rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
         cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
+        pairable = self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase)
         for i, acc in enumerate(self.wg_acc):
             row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
 
-            def per_element(eb: Builder, e: Value, acc=acc, row0=row0) -> None:
-                row = self._i(eb, "add", row0, self._i(eb, "mul", self._i(
-                    eb, "mod", self._i(eb, "idiv", e, 2), 2), 8))
-                col = self._i(eb, "add", cbase, self._i(eb, "add", self._i(
-                    eb, "mul", self._i(eb, "idiv", e, 4), 8), self._i(eb, "mod", e, 2)))
-                value = eb.value("local_get", [e], F32, name=acc)
-                self._epilogue_store(eb, row, col, value)
+            def per_pair(eb: Builder, p: Value, acc=acc, row0=row0) -> None:
+                # elements 2p, 2p+1: one row, columns c and c+1
+                row = self._i(eb, "add", row0, self._i(eb, "mul", self._i(eb, "mod", p, 2), 8))
+                col = self._i(eb, "add", cbase, self._i(eb, "mul", self._i(eb, "idiv", p, 2), 8))
+                e = self._i(eb, "mul", p, 2)
+                values = [eb.value("local_get", [x], F32, name=acc)
+                          for x in (e, self._i(eb, "add", e, 1))]
+                self._epilogue_pair(eb, row, col, values, pairable)
 
             # Unrolled so the accumulator array is indexed by constants (registers).
-            self._for(b, 0, bn // 2, 1, "e", per_element, unroll=True)
+            self._for(b, 0, bn // 4, 1, "e", per_pair, unroll=True)
         self.report_loop("e", "epilogue", 1)

@@ -314,6 +314,12 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
     def _epilogue_store(self, b: Builder, row: Value, col: Value, acc) -> None:
         """Evaluate the epilogue at tile coordinates (row, col) and store it; `acc` is the
         accumulator element there, or a list of one per product (a dual GEMM)."""
+        index, stored, guard = self._epilogue_value(b, row, col, acc)
+        self.emit_store(b, self.gemm.store, [index, stored] + guard)
+
+    def _epilogue_value(self, b: Builder, row: Value, col: Value, acc):
+        """(store index, value, guard list) of the epilogue at tile coordinates (row, col),
+        its reads (bias, residual) loaded within the guard."""
         g = self.gemm
         bm, bn, _ = g.tile
         ctx = Ctx(self, b, (bm, bn), coords=[row, col], identity=False)
@@ -340,7 +346,13 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             self.load_rewrite = lambda op, lctx: self._epilogue_read(op, lctx, guard)
         stored = value(val)
         self.load_rewrite = None
-        self.emit_store(b, g.store, [self.elem(ptr, ctx), stored] + guard)
+        return self.elem(ptr, ctx), stored, guard
+
+    def store_index(self, b: Builder, row: Value, col: Value) -> Value:
+        """The element index the epilogue's store writes at tile coordinates (row, col)."""
+        bm, bn, _ = self.gemm.tile
+        return self.elem(self.gemm.store.operands[0],
+                         Ctx(self, b, (bm, bn), coords=[row, col], identity=False))
 
     def _epilogue_read(self, op: Op, ctx: Ctx, guard: list[Value]) -> Value:
         operands = [self.elem(o, ctx) for o in op.operands]
