@@ -29,13 +29,11 @@ fragment loads use the same function (`swizzle_params`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import prod
 
 from ..ir.core import Builder, Op, Value
 from ..ir.types import TileType, elem_type
 from .gemm_bounds import staging_load
-from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx
 
 MAX_STAGES = 5
@@ -43,24 +41,6 @@ MAX_STAGES = 5
 # of gemm_wgmma's producer warpgroup is 8 + 16; over 256 threads 4 + 8).
 MAX_UNROLLED_SLOTS = 32
 _MONOTONE = {"lt": "last", "le": "last", "gt": "first", "ge": "first"}
-
-
-@dataclass
-class SteppedCopies:
-    """A copy's source index and its conjuncts' rooms as (a, b, c): a + b*tile + c*slot
-    (c None: one slot per thread).  See `_stepped_terms`."""
-    index: tuple
-    rooms: list
-
-    def at(self, b: Builder, t: Value, i):
-        """(index, rooms) of slot 0 at tile t."""
-        a, bt, _ = self.index
-        return i(b, "add", a, i(b, "mul", t, bt)), \
-            [i(b, "add", a, i(b, "mul", t, bt)) for a, bt, _ in self.rooms]
-
-    @staticmethod
-    def slot(b: Builder, base: Value, cj, slot: int, i) -> Value:
-        return base if slot == 0 else i(b, "add", base, i(b, "mul", cj, slot))
 
 
 def swizzle_params(ld: int, group: int):
@@ -243,7 +223,6 @@ class AsyncStaging:
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
             self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
-            self._issue_tile = t
             self._async_copy(tb, stage, mode)
 
         return n, issue
@@ -282,9 +261,7 @@ class AsyncStaging:
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))
             part = self._copy_groups(b, ld, checks, st, shape, base, axis, mode)
-            if mode == "terms":
-                ok = (ok or []) + [(id(ld), part)]
-            elif part is not None:
+            if part is not None:
                 ok = part if ok is None else b.value("and", [ok, part], BOOL)
         return ok
 
@@ -360,43 +337,6 @@ class AsyncStaging:
         count = self._copy_threads()
         tid = self.copiers[0] if getattr(self, "copiers", None) else b.value("thread_id", [], I32)
         slots = (n + count - 1) // count
-        if mode == "terms":
-            # (index, rooms) of this thread's groups in slots 0 and 1 (whole_group_copies)
-            out = []
-            for slot in range(min(slots, 2)):
-                _, _, row, col = group_at(b, self._i(b, "add", tid, slot * count))
-                out.append((source_at(b, row, col),
-                            [self._room(b, c, (row, col), conj) for c, _ in checks]))
-            return out
-        terms = getattr(self, "_stepped", {}).get(id(ld)) if mode == "whole" else None
-        if terms is not None:
-            # index and every conjunct's room are bilinear in (tile, slot) with no cross
-            # term (proven before the loop): a few multiply-adds per group, not the
-            # tile's whole index and mask arithmetic
-            t = self._issue_tile
-            index0, rooms0 = terms.at(b, t, self._i)
-            lines = count // groups        # slot j's group: lines * j below slot 0's
-            step = self._slot_dst_step(swz, lines, cols) if axis == 1 else None
-            dst0 = None
-            for slot in range(slots):
-                if step is None or dst0 is None:
-                    _, _, row, col = group_at(b, self._i(b, "add", tid, slot * count))
-                    dst = dst0 = dst_at(b, row, col)
-                else:   # a constant offset: the copy's shared address folds it in
-                    dst = self._i(b, "add", dst0, slot * step)
-                index = terms.slot(b, index0, terms.index[2], slot, self._i)
-                inside = None
-                for r0, (_, _, rj) in zip(rooms0, terms.rooms):
-                    m = b.value("gt", [terms.slot(b, r0, rj, slot, self._i), self.const(b, 0)], BOOL)
-                    inside = m if inside is None else b.value("and", [inside, m], BOOL)
-                if inside is None:
-                    b.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
-                    continue
-                # An empty group reads no byte (size 0), so its address is never used: no
-                # select of a safe one (as Triton's masked cp.async does)
-                size = b.value("where", [inside, self.const(b, 16), self.const(b, 0)], I32)
-                b.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root, "bytes": 16})
-            return None
         if mode is not None:
             # an empty group's copy reads nothing at the buffer's start: aligned too
             ok = b.value("aligned16", [self.const(b, 0)], BOOL, root=root) \
@@ -488,7 +428,13 @@ class AsyncStaging:
         1: the address is 16-byte aligned and X - f(first element) is a multiple of G.
         Affine in the tile number (mod 8, which int32 wrap-around keeps), both then hold at
         every tile: no group is partly in bounds, so its first element decides it.  Every
-        thread's answer is combined (`block_all`): the loops it selects hold barriers."""
+        thread's answer is combined (`block_all`): the loops it selects hold barriers.
+
+        Tried and measured (H200, 4096^3 float16): stepping each group's index and mask
+        rooms from values found before the loop cut the K step from 243 to 171 SASS
+        instructions and ran no faster (228.7 us against 231.4; the hand-written loop of
+        252 runs 228.8), at 255 registers: the copies' instruction count does not limit
+        this loop (benchmarks/results/*stepped-copies*)."""
         iv = self.k_body.args[0]
         for value, st, shape in self.operand_stages():
             ld, checks, axis = self.async_loads[id(staging_load(value))]
@@ -503,78 +449,7 @@ class AsyncStaging:
             self._bind_k(b, self.add(b, lo, b.value("mul", [self.const(b, t), step], I32)))
             part = self._async_copy(b, 0, "check")
             ok = part if ok is None else b.value("and", [ok, part], BOOL)
-        stepped = self._stepped_terms(b, lo, step)
-        if stepped is not None:
-            self._stepped, proof = stepped
-            self.lowering_passes.append("stepped_copies")
-            ok = b.value("and", [ok, proof], BOOL)
         return b.value("block_all", [ok], BOOL)
-
-    def _stepped_terms(self, b: Builder, lo: Value, step: Value):
-        """({id(load): SteppedCopies}, bool) for the whole loop's copies, or None when the
-        operands' forms do not allow them (the whole loop then computes each group's index
-        and masks from the K tile, as the other loops do).
-
-        Every copy's source index, and X - f of each mask conjunct `f < X` (its room), is
-        affine in the K tile t (`_iv_affine`) and in the tile coordinates
-        (`_axis_coeffs`); a thread's slot j holds the group `count / groups` lines below
-        slot 0's (the copying threads a multiple of a line's groups), so each is affine in
-        j as well: a + bt + cj + dtj.  The values at (t, j) = (0, 0), (1, 0), (0, 1),
-        (1, 1) give a, b, c and d; the returned bool holds where every d is 0, and then
-        the loop computes a + bt once per tile and + cj per slot, int32 wrap-around
-        included (the same ring as the direct arithmetic)."""
-        iv = self.k_body.args[0]
-        count = self._copy_threads()
-        for value, st, shape in self.operand_stages():
-            ld, checks, axis = self.async_loads[id(staging_load(value))]
-            rows, cols = shape
-            groups = (cols if axis == 1 else rows) // (16 // st.dtype.itemsize)
-            forms = [_strip_broadcast(c) for c, _ in checks]
-            slots = groups * (rows if axis == 1 else cols) // count
-            if (slots > 1 and count % groups) or _axis_coeffs(ld.operands[0], {}) is False or \
-                    any(not (isinstance(f, Op) and f.name in ("lt", "le")) for f in forms) or \
-                    any(not _iv_affine(o, iv, {}) or _axis_coeffs(o, {}) is False
-                        for f in forms for o in f.operands):
-                return None
-        at = {}
-        for t in (0, 1):
-            self._bind_k(b, self.add(b, lo, b.value("mul", [self.const(b, t), step], I32)))
-            for key, slots in self._async_copy(b, 0, "terms"):
-                at.setdefault(key, []).append(slots)
-        terms, proof = {}, None
-        for key, (tile0, tile1) in at.items():
-            if any(x.type != I32 for x, _ in tile0):
-                return None
-            parts = [[(idx, *rooms) for idx, rooms in tile] for tile in (tile0, tile1)]
-            bilinear = []
-            for i in range(len(parts[0][0])):
-                a = parts[0][0][i]
-                bt = self._i(b, "sub", parts[1][0][i], a)
-                if len(parts[0]) == 1:      # one slot per thread: no j
-                    bilinear.append((a, bt, None))
-                    continue
-                cj = self._i(b, "sub", parts[0][1][i], a)
-                d = self._i(b, "sub", self._i(b, "sub", parts[1][1][i], parts[1][0][i]), cj)
-                none = b.value("eq", [d, self.const(b, 0)], BOOL)
-                proof = none if proof is None else b.value("and", [proof, none], BOOL)
-                bilinear.append((a, bt, cj))
-            terms[key] = SteppedCopies(bilinear[0], bilinear[1:])
-        return terms, (proof if proof is not None else self.const(b, True, dt.bool_))
-
-    @staticmethod
-    def _slot_dst_step(swz, lines: int, ld: int) -> int | None:
-        """The constant element distance between a group's place in a stage and the one
-        `lines` rows below in the same column, or None where the swizzle makes it vary:
-        rows of `ld` elements; wgmma's SW128 atoms of 64-element rows and a row-keyed
-        XOR over 8 rows; the chunk swizzle keyed by (row / U) % C'."""
-        if swz is None:
-            return lines * ld
-        if swz[0] == "atoms":
-            return lines * 64 if lines % 8 == 0 else None
-        if swz[0] == "atoms_t":
-            return None
-        u, cm = swz
-        return lines * ld if lines % (u * cm) == 0 else None
 
     def _copy_threads(self) -> int:
         """How many threads share the staging copies (the producer warpgroup's under
