@@ -107,16 +107,30 @@ std::vector<mx::array> launch_cuda(
 // architecture MLX's NVRTC does not target (sm_90a for wgmma).  MLX loads the
 // image with cuModuleLoadDataEx and caches the module by `name` alone, so the
 // name carries a content hash; arguments are each input's pointer, then each
-// output's (scalars travel as 0-d inputs).
+// output's, then `scalars` by value (bool, int or float: a kernel's runtime scalars
+// under METILE_CUDA_SCALARS=value; otherwise they travel as 0-d inputs).
 std::vector<mx::array> launch_precompiled_cuda(
     const std::string& name, const nb::bytes& compiled, const std::vector<mx::array>& inputs,
     const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
     Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
-    bool ensure_row_contiguous, mx::Stream stream) {
+    bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars) {
+  std::vector<mx::fast::ScalarArg> values;
+  for (const auto& v : scalars) {
+    // bool before int: a Python bool is an int
+    if (nb::isinstance<nb::bool_>(v)) {
+      values.push_back(nb::cast<bool>(v));
+    } else if (nb::isinstance<nb::int_>(v)) {
+      values.push_back(nb::cast<int>(v));
+    } else if (nb::isinstance<nb::float_>(v)) {
+      values.push_back(nb::cast<float>(v));
+    } else {
+      throw std::invalid_argument("[metile] a scalar passed by value must be a bool, int or float");
+    }
+  }
   // A cubin holds NUL bytes: the size must be explicit, never strlen.
   std::string image(static_cast<const char*>(compiled.data()), compiled.size());
   return mx::fast::precompiled_cuda_kernel(name, image, inputs, to_shapes(output_shapes),
-                                           output_dtypes, {}, grid, threadgroup, shared_memory,
+                                           output_dtypes, values, grid, threadgroup, shared_memory,
                                            init_value, ensure_row_contiguous, stream);
 }
 
@@ -169,6 +183,6 @@ NB_MODULE(_ext, m) {
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),
         nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),
-        nb::arg("ensure_row_contiguous"), nb::arg("stream"),
+        nb::arg("ensure_row_contiguous"), nb::arg("stream"), nb::arg("scalars") = std::vector<nb::object>{},
         "Launch a cubin through mlx::core::fast::precompiled_cuda_kernel (NVIDIA devices).");
 }

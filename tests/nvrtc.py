@@ -36,7 +36,11 @@ def translation_unit(dispatch) -> str:
     data = dispatch.variant.data
     inputs = [(n, as_array(a, n, "nvrtc").dtype) for n, a in zip(data["inputs"], dispatch.call_kwargs["inputs"])]
     outputs = list(zip(data["outputs"], dispatch.call_kwargs["output_dtypes"]))
-    return cuda_source.translation_unit(data["name"], data["header"], data["body"], inputs, outputs)
+    # scalars a precompiled kernel takes by value (METILE_CUDA_SCALARS=value) follow the outputs
+    by_value = set((data["lowering"].get("launch") or {}).get("scalars_by_value") or ())
+    return cuda_source.translation_unit(data["name"], data["header"], data["body"],
+                                        [x for x in inputs if x[0] not in by_value], outputs,
+                                        values=[x for x in inputs if x[0] in by_value])
 
 
 def compile_cuda(source: str, arch: str) -> tuple[bool, str]:

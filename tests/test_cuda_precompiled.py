@@ -252,11 +252,12 @@ def test_large_shared_memory_and_launch_arguments_reach_the_binding(cache, monke
         args = seen["cuda"]
         assert args[6] == 100 * 1024 and args[13] == 0.5  # shared_memory, init_value
     else:
-        name, cubin, inputs, shapes, dtypes, grid, threadgroup, smem, init, contiguous, stream = seen["precompiled"]
+        name, cubin, inputs, shapes, dtypes, grid, threadgroup, smem, init, contiguous, stream, \
+            scalars = seen["precompiled"]
         assert name.startswith("big_smem_sm_90a_") and cubin[:4] == b"\x7fELF"
         assert (shapes, dtypes, grid, threadgroup, smem, init, contiguous) == \
             ([[256]], [mx.float32], (256, 1, 1), (256, 1, 1), 100 * 1024, 0.5, True)
-        assert stream is _FakeGpuStream and len(inputs) == 1
+        assert stream is _FakeGpuStream and len(inputs) == 1 and scalars == []
 
 
 on_cuda = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),

@@ -272,6 +272,10 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
     if dumps(lowered[-1]) or dumps("lower_tiles"):
         print(format_function(thread_fn), file=sys.stdout)
     scalars = {buffers[(n, "scalar")] for n, s in req.specs.items() if s[0] == "scalar"}
+    by_value = _scalars_by_value(req, thread_fn, buffers)
+    if by_value:
+        thread_fn.meta["launch"]["scalars_by_value"] = by_value
+        scalars -= set(by_value)
     header, body = backend.emit(thread_fn, scalars)
     emit = f"emit_{backend.language}"
     if dumps(emit):
@@ -290,6 +294,23 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
         {k: thread_fn.meta[k] for k in ("matmul", "loops", "allocations", "launch", "wide_offsets")
          if k in thread_fn.meta},
         report, backend.language, steps, details)
+
+
+# The scalar types MLX's precompiled_cuda_kernel passes by value (its ScalarArg).
+BY_VALUE_SCALARS = ("int32", "float32", "bool")
+
+
+def _scalars_by_value(req, thread_fn: Function, buffers: dict) -> list[str]:
+    """The kernel parameters a precompiled CUDA kernel takes by value under
+    METILE_CUDA_SCALARS=value (settings.cuda_scalars): its int32/float32/bool runtime
+    scalars, in parameter order; none for other kernels or settings."""
+    from .. import settings
+    launch = thread_fn.meta.get("launch") or {}
+    if req.backend.language != "cuda" or not launch.get("arch") or \
+            settings.cuda_scalars() != "value":
+        return []
+    return [buffers[(n, "scalar")] for n, s in req.specs.items()
+            if s[0] == "scalar" and s[1].name in BY_VALUE_SCALARS]
 
 
 def _lowering_steps(thread_fn: Function) -> list[str]:

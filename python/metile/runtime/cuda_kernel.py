@@ -37,8 +37,15 @@ class CudaKernel(SourceKernel):
     op = "cuda_kernel"
 
     def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                 arch=None):
+                 arch=None, value_inputs=()):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
+        # inputs passed by value (precompiled kernels only): their positions among the inputs
+        unknown = [n for n in value_inputs if n not in self.input_names]
+        if unknown or (value_inputs and arch is None):
+            raise ValueError(self.error(
+                f"value_inputs {list(value_inputs)} must name inputs of a kernel with an arch "
+                f"(precompiled); got inputs {list(self.input_names)}, arch={arch!r}"))
+        self.value_positions = tuple(i for i, n in enumerate(self.input_names) if n in value_inputs)
         if not isinstance(shared_memory, int) or isinstance(shared_memory, bool) or \
                 not 0 <= shared_memory <= _MAX_SHARED_MEMORY:
             raise ValueError(self.error(f"shared_memory must be a non-negative int (bytes of dynamic "
@@ -58,7 +65,7 @@ class CudaKernel(SourceKernel):
         self._cubins: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
-                 init_value=None, verbose=False, stream=None):
+                 init_value=None, verbose=False, stream=None, scalars=None):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
         if self.arch is not None and template:
@@ -73,9 +80,10 @@ class CudaKernel(SourceKernel):
             )
         if self.arch is not None:
             name, cubin = self.compiled([x.dtype for x in inputs], list(output_dtypes), threadgroup, verbose)
+            arrays, values = split_value_inputs(inputs, self.value_positions, scalars)
             return _ext.launch_precompiled_cuda(
-                name, cubin, inputs, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
-                init_value, self.ensure_row_contiguous, s,
+                name, cubin, arrays, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
+                init_value, self.ensure_row_contiguous, s, values,
             )
         name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
         return _ext.launch_cuda(
@@ -122,8 +130,12 @@ class CudaKernel(SourceKernel):
                                         f"its source"))
         threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
         name = self.unique_name(input_dtypes, output_dtypes, [], threads)
-        return name, translation_unit(name, self.header, self.source, zip(self.input_names, input_dtypes),
-                                      zip(self.output_names, output_dtypes), threads)
+        typed = list(zip(self.input_names, input_dtypes))
+        return name, translation_unit(
+            name, self.header, self.source,
+            [x for i, x in enumerate(typed) if i not in self.value_positions],
+            zip(self.output_names, output_dtypes), threads,
+            [typed[i] for i in self.value_positions])
 
     def unique_name(self, inputs, output_dtypes, template, threads=None) -> str:
         """MLX's CUDA backend caches compiled modules by kernel name alone, so
@@ -141,12 +153,27 @@ class CudaKernel(SourceKernel):
             # memory limit once, when it first loads the module of that name.
             for part in (self.source, self.header, repr(list(described)), repr(list(output_dtypes)),
                          repr(template), str(self.ensure_row_contiguous), str(self.shared_memory),
-                         str(self.arch), str(threads)):
+                         str(self.arch), str(threads), repr(self.value_positions)):
                 h.update(part.encode())
                 h.update(b"\0")
             arch = f"_{self.arch}" if self.arch else ""
             name = self._names[signature] = f"{self.name}{arch}_{h.hexdigest()[:16]}"
         return name
+
+
+def split_value_inputs(inputs, positions, scalars=None) -> tuple[list, list]:
+    """(arrays, values) of a precompiled launch: the inputs at `positions` become the
+    by-value scalars, from `scalars` (their Python values, as the launch got them) or else
+    each 0-d array's value (read on the host: a computed one waits for its result)."""
+    if not positions:
+        return list(inputs), []
+    if scalars is None:
+        scalars = [inputs[i].item() for i in positions]
+    if len(scalars) != len(positions):
+        raise ValueError(f"[cuda_kernel] expected {len(positions)} scalars passed by value, "
+                         f"got {len(scalars)}")
+    kept = [x for i, x in enumerate(inputs) if i not in positions]
+    return kept, [v if isinstance(v, (bool, float)) else int(v) for v in scalars]
 
 
 def cuda_kernel(
@@ -158,12 +185,15 @@ def cuda_kernel(
     ensure_row_contiguous: bool = True,
     shared_memory: int = 0,
     arch: str | None = None,
+    value_inputs: Sequence[str] = (),
 ) -> CudaKernel:
     """A custom CUDA kernel from a body of CUDA C++, like `mx.fast.cuda_kernel`.
 
     `shared_memory`: bytes of dynamic shared memory (`extern __shared__`) per
     block; above 48 KB MLX raises the kernel's limit to it.  `arch` (e.g.
     "sm_90a"): compile with NVRTC for that architecture here and launch the
-    cubin, for instructions MLX's own `sm_XY` compile cannot use (wgmma)."""
+    cubin, for instructions MLX's own `sm_XY` compile cannot use (wgmma).
+    `value_inputs` (with `arch`): inputs passed as kernel parameters by value (int32,
+    float32 or bool), declared after the outputs; the body reads them as values."""
     return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                      arch)
+                      arch, value_inputs)

@@ -48,13 +48,16 @@ def cuda_type(dtype) -> str:
 
 
 def translation_unit(name: str, header: str, body: str, inputs: Sequence[tuple[str, object]],
-                     outputs: Sequence[tuple[str, object]], threads: int | None = None) -> str:
+                     outputs: Sequence[tuple[str, object]], threads: int | None = None,
+                     values: Sequence[tuple[str, object]] = ()) -> str:
     """The source of kernel `name`; `inputs`/`outputs` are (argument name, dtype)
-    pairs in launch order.  `threads`, the block size the kernel is always
-    launched with, becomes `__launch_bounds__`, so ptxas may budget registers
-    for exactly that many threads."""
+    pairs in launch order, `values` the scalars passed by value after them (MLX's
+    precompiled_cuda_kernel appends its `scalars` there).  `threads`, the block size the
+    kernel is always launched with, becomes `__launch_bounds__`, so ptxas may budget
+    registers for exactly that many threads."""
     params = [f"const {cuda_type(d)}* __restrict__ {n}" for n, d in inputs]
     params += [f"{cuda_type(d)}* __restrict__ {n}" for n, d in outputs]
+    params += [f"{cuda_type(d)} {n}" for n, d in values]
     bounds = f"__launch_bounds__({threads}) " if threads else ""
     return (PRELUDE + header + f'\nextern "C" __global__ void {bounds}{name}('
             + ", ".join(params) + ") {\n" + body + "\n}\n")

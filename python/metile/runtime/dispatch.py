@@ -78,6 +78,18 @@ def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError)
     return None if rest == Schedule() else rest
 
 
+def _host_value(value, name: str):
+    """A scalar argument's Python value (a 0-d array's read on the host)."""
+    if not isinstance(value, mx.array):
+        return value
+    try:
+        return value.item()
+    except Exception as e:   # e.g. an array being traced by mx.compile
+        raise LaunchError(f"argument {name!r}: METILE_CUDA_SCALARS=value passes scalars as "
+                          f"kernel parameters, so a 0-d array's value must be readable here "
+                          f"({e}); pass a Python number, or leave METILE_CUDA_SCALARS unset") from None
+
+
 def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
     """The output arrays; a LaunchError if an input is an output or two outputs coincide."""
     out_arrays = [runtime[n] for n in outputs]
@@ -127,8 +139,9 @@ def _launch_key(grid, args, kwargs):
 def launch_environment() -> tuple:
     """What a resolved launch also depends on: a launch resolved for another language or
     target must not be reused after they change, nor one resolved before
-    METILE_DEBUG=asserts was set or cleared."""
-    return selection_key(), os.environ.get("METILE_DEBUG")
+    METILE_DEBUG=asserts was set or cleared, nor one whose precompiled kernel takes its
+    scalars the other way (METILE_CUDA_SCALARS)."""
+    return selection_key(), os.environ.get("METILE_DEBUG"), os.environ.get("METILE_CUDA_SCALARS")
 
 
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
@@ -229,6 +242,14 @@ class Dispatch:
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked or self.atomic else None)
+        by_value = (d.lowering.get("launch") or {}).get("scalars_by_value")
+        if by_value:
+            # passed as kernel parameters (METILE_CUDA_SCALARS=value): their Python values;
+            # a 0-d array's is read on the host, so such a launch is not reused by key
+            names = [name for (_, name), sig in zip(d.input_roles, d.inputs) if sig in by_value]
+            if any(isinstance(runtime[n], mx.array) for n in names):
+                self._key_ok = False
+            self.call_kwargs["scalars"] = [_host_value(runtime[n], n) for n in names]
         self.single = len(out_arrays) == 1
         self.scalars = scalars
         self.autodiff = None
@@ -240,8 +261,8 @@ class Dispatch:
         passed = set(kernel.param_names[:len(args)])
         positional = all(name in passed for _, name in d.input_roles) and \
             all(name in passed for name in outputs)
-        self._key = None if kernel.differentiable or not positional else \
-            _launch_key(self.grid_arg, args, kwargs)
+        self._key = None if kernel.differentiable or not positional or \
+            not getattr(self, "_key_ok", True) else _launch_key(self.grid_arg, args, kwargs)
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:

@@ -80,6 +80,8 @@ class Variant:
             # (the warpgroup GEMM: sm_90a) say so in their lowering record.
             launch = c.lowering.get("launch") or {}
             extra = {k: launch[k] for k in ("shared_memory", "arch") if launch.get(k)}
+            if launch.get("scalars_by_value"):
+                extra["value_inputs"] = launch["scalars_by_value"]
             self._callable = self.backend_record.launcher(c.name, c.inputs, c.outputs, c.body,
                                                           header=c.header, **extra)
         return self._callable
@@ -111,6 +113,8 @@ class Specialization:
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
+            # precompiled CUDA kernels take their scalars by value or through pointers
+            **({"cuda_scalars": settings.cuda_scalars()} if backend.language == "cuda" else {}),
             # device_assert checks are compiled in (only debug builds add the key)
             **({"debug": True} if debug else {}),
         })
@@ -365,7 +369,8 @@ class Kernel:
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
-               None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug)
+               None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug,
+               settings.cuda_scalars() if backend.language == "cuda" else None)
         spec = self._specs.get(key)
         if spec is None:
             spec = Specialization(self, specs, consts, threads, backend, schedule, ints, debug)
