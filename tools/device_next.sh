@@ -2,7 +2,9 @@
 # The next device call (written 2026-12-01): first the scalar-argument probe (is the ~20 us
 # a metile CUDA launch spends reading its scalars from MLX's managed small pool real, and
 # do by-value scalars remove it?), then the fused-GEMM benchmark at 1024-8192 with Triton
-# merged, then the GEMM test files.  At most 8 files come back.
+# merged, the same with METILE_CUDA_SCALARS=value, then the GEMM test files (with
+# test_cuda_scalars, whose GPU test runs the by-value launch).  If value wins and its tests
+# pass, make it the default (settings.cuda_scalars).  At most 8 files come back.
 set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS; budget=${BUDGET:-530}
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
@@ -15,7 +17,10 @@ timeout 100 python3 -m benchmarks.compiler.schedule_fusion --dtype float16 --til
   --output "$out/h200-gemm-float16-wgmma-whole.json" 2>&1 | grep -v fails | tail -7 | tee -a "$log"
 timeout 100 python3 -m benchmarks.compiler.triton_peer --merge "$out/h200-gemm-float16-wgmma-whole.json" --dtype float16 \
   --sizes 1024 2048 4096 8192 --shapes $shapes --time-anyway 2>&1 | tail -7 | tee -a "$log"
-files="test_gemm_wgmma test_gemm_transposed_b test_epilogue_reads test_linear_fused_reads test_dual_gemm
+METILE_CUDA_SCALARS=value timeout 80 python3 -m benchmarks.compiler.schedule_fusion --dtype float16 --tile 128 256 64 \
+  --num-simdgroups 8 --sizes 1024 2048 4096 8192 --shapes $shapes --rounds 3 --target-ms 20 --time-anyway \
+  --output "$out/h200-gemm-float16-wgmma-whole-scalars-by-value.json" 2>&1 | grep -v fails | tail -7 | tee -a "$log"
+files="test_cuda_scalars test_gemm_wgmma test_gemm_transposed_b test_epilogue_reads test_linear_fused_reads test_dual_gemm
        test_gemm_async test_gemm test_epilogue"
 left=$((budget - (SECONDS - t0)))
 (cd /tmp && timeout "$left" python3 -m pytest -q -p no:cacheprovider --timeout 60 \
