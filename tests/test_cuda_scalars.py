@@ -1,8 +1,8 @@
-"""Runtime scalars of precompiled CUDA kernels passed by value (METILE_CUDA_SCALARS=value).
+"""Runtime scalars of CUDA kernels passed by value (METILE_CUDA_SCALARS=value).
 
 MLX hands a kernel's 0-d scalar arrays over as pointers into a managed-memory pool; the
-setting makes the warpgroup GEMM (the kernels metile compiles and launches itself) take
-its int32/float32/bool scalars as kernel parameters instead.  On this machine: the
+setting makes CUDA kernels take their int32/float32/bool scalars as kernel parameters
+instead, compiled by metile and launched precompiled (the warpgroup GEMM already is).  On this machine: the
 setting's validation, the emitted body and signature, NVRTC compiling it, the launch's
 split of arrays and values.  On an H200: the numbers against NumPy.
 """
@@ -81,12 +81,41 @@ def test_precompiled_kernel_takes_scalars_by_value(monkeypatch):
                                 EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1).variant.data["body"]
 
 
-def test_kernels_metile_does_not_precompile_keep_pointers(monkeypatch):
-    # mma.sync tiles go through MLX's own cuda_kernel, which passes arrays only
+@metile.kernel
+def axpy(X, Y, Out, alpha, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Out + offs, alpha * metile.load(X + offs, mask=mask) + metile.load(Y + offs, mask=mask),
+                 mask=mask)
+
+
+@pytest.mark.parametrize("case", ["mma.sync tile", "elementwise"])
+def test_other_kernels_are_precompiled_for_their_target(case, monkeypatch):
+    # MLX's own cuda_kernel passes arrays only: with scalars by value metile compiles the
+    # kernel for the target's architecture (sm_90 for the reference target) and launches it
     monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
-    d = prepare(tile=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))
-    assert not (d.variant.data["lowering"].get("launch") or {}).get("arch")
-    assert "scalars" not in d.call_kwargs and "rows[0]" in d.variant.data["body"]
+    if case == "elementwise":
+        x, y, out = (mx.zeros((1000,), dtype=mx.float32) for _ in range(3))
+        d = axpy[(4,)].prepare(x, y, out, 2.0, 1000, BLOCK=256, backend="cuda")
+        expected = ["alpha", "n"]
+    else:
+        d = prepare(tile=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))
+        expected = ["rows", "columns", "inner"]
+    launch = d.variant.data["lowering"]["launch"]
+    assert launch["arch"] == "sm_90" and launch["scalars_by_value"] == expected
+    kernel = d.variant.callable()
+    assert kernel.arch == "sm_90"
+    name, source = kernel.translation_unit([x.dtype for x in d.call_kwargs["inputs"]],
+                                           d.call_kwargs["output_dtypes"],
+                                           d.call_kwargs["threadgroup"])
+    assert all(f"{n}[0]" not in source for n in expected)
+    if nvrtc.TOOLKIT is not None:
+        ok, log = nvrtc.compile_cuda(source, "sm_90")
+        assert ok, log
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "array")
+    if case == "mma.sync tile":
+        assert not (prepare(tile=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))
+                    .variant.data["lowering"].get("launch") or {}).get("arch")
 
 
 def test_a_zero_d_array_scalar_is_read_on_the_host(monkeypatch):
@@ -154,3 +183,11 @@ def test_by_value_scalars_on_the_gpu(rng, dtype, monkeypatch):
             EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1)
         z = 1.25 * ref - 0.5
         check(out, np.where(z > 0, z, 0.1 * z), dtype)
+
+
+@on_gpu
+def test_by_value_elementwise_on_the_gpu(rng, monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
+    x, y = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
+    out = axpy[(4,)](mx.array(x), mx.array(y), mx.zeros((1000,)), 2.5, 1000, BLOCK=256)
+    np.testing.assert_allclose(np.array(out), 2.5 * x + y, rtol=1e-6, atol=1e-6)

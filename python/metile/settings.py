@@ -56,10 +56,11 @@ def wgmma_variant() -> str | None:
 
 
 def cuda_scalars() -> str:
-    """METILE_CUDA_SCALARS: how a precompiled CUDA kernel (the warpgroup GEMM) receives its
-    int32/float32/bool runtime scalars: "array" (the default: each a 0-d MLX array read
-    through its pointer, as MLX's cuda_kernel passes them) or "value" (kernel parameters
-    by value, precompiled_cuda_kernel's `scalars`).  MLX keeps arrays of 8 bytes or less
+    """METILE_CUDA_SCALARS: how CUDA kernels receive their int32/float32/bool runtime
+    scalars: "array" (the default: each a 0-d MLX array read through its pointer, as MLX's
+    cuda_kernel passes them) or "value" (kernel parameters by value, precompiled_cuda_kernel's
+    `scalars`; every kernel with such a scalar is then compiled by metile and launched
+    precompiled, for its target's architecture unless it names one).  MLX keeps arrays of 8 bytes or less
     in one managed-memory pool advised read-mostly; ncu of the 1024^3 float16 GEMM on the
     H200 found 32% of its stall samples on the first scalar load (27 us of GPU time where
     cuBLAS takes 7).  "value" is not yet measured on a GPU, so it is not the default
