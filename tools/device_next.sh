@@ -20,6 +20,9 @@ timeout 100 python3 -m benchmarks.compiler.triton_peer --merge "$out/h200-gemm-f
 METILE_CUDA_SCALARS=value timeout 80 python3 -m benchmarks.compiler.schedule_fusion --dtype float16 --tile 128 256 64 \
   --num-simdgroups 8 --sizes 1024 2048 4096 8192 --shapes $shapes --rounds 3 --target-ms 20 --time-anyway \
   --output "$out/h200-gemm-float16-wgmma-whole-scalars-by-value.json" 2>&1 | grep -v fails | tail -7 | tee -a "$log"
+timeout 90 ncu --clock-control none --set full -k "regex:^metile_matmul" --launch-skip 1 -c 1 \
+  --page details --csv python3 tools/probes/f32_gemm_launch.py 4096 > "$out/ncu-f32-4096.csv" 2>> "$log"
+grep -E '"(Duration|Issue Slots Busy|Shared|Bank|Warp Cycles Per Issued)' "$out/ncu-f32-4096.csv" | cut -c1-200 | head -12 | tee -a "$log"
 files="test_cuda_scalars test_gemm_wgmma test_gemm_transposed_b test_epilogue_reads test_linear_fused_reads test_dual_gemm
        test_gemm_async test_gemm test_epilogue"
 left=$((budget - (SECONDS - t0)))
