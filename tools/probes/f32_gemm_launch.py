@@ -1,8 +1,11 @@
 """Launch metile's strict float32 GEMM (the FFMA path) a few times, for a profiler around
 this script (ncu in tools/device_next.sh): 4096^3 at 31 TFLOP/s on the H200 whatever the
 tile (64x64x16 and 128x128x32 within 5%), where cuBLAS's SIMT kernel reaches 47-51.
-NVRTC's SASS of the 128x128x32 loop is 77% FFMA, with A read by scalar LDS (8 per k step)
-and B by LDS.128: shared-memory bank conflicts on A are the first suspect.
+NVRTC's SASS of the 128x128x32 loop is 77% FFMA (2048 of 2664 instructions); per k step a
+thread reads its 8 B values by scalar LDS and its 8 A values by LDS.128 along k (ptxas
+merges 4 unrolled k steps), and a warp's two A rows lie 32 floats apart (a 2-way bank
+conflict).  Shared-memory wavefronts and issue slots come close to the FFMA time there;
+ncu's bank-conflict and stall counters decide.
 
     python3 tools/probes/f32_gemm_launch.py [N] [BM BN BK WARPS]
 """
