@@ -191,3 +191,17 @@ def test_by_value_elementwise_on_the_gpu(rng, monkeypatch):
     x, y = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
     out = axpy[(4,)](mx.array(x), mx.array(y), mx.zeros((1000,)), 2.5, 1000, BLOCK=256)
     np.testing.assert_allclose(np.array(out), 2.5 * x + y, rtol=1e-6, atol=1e-6)
+
+
+def test_the_binding_takes_scalars_after_the_stream():
+    # the real extension (no GPU needed to reach its argument checks): a list of values
+    # converts, and anything but bool/int/float is refused before MLX sees it
+    from metile import _ext
+    args = ("k", b"\x7fELF", [mx.zeros((2,))], [[2]], [mx.float32], (2, 1, 1), (2, 1, 1), 0,
+            None, True, mx.default_stream(mx.cpu))
+    with pytest.raises(ValueError, match="a scalar passed by value must be a bool, int or float"):
+        _ext.launch_precompiled_cuda(*args, ["x"])
+    if not mx.cuda.is_available():
+        for values in ([], [3, 2.5, True]):
+            with pytest.raises(RuntimeError, match="CUDA"):   # converted: MLX's own refusal
+                _ext.launch_precompiled_cuda(*args, values)
