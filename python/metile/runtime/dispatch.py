@@ -243,12 +243,12 @@ class Dispatch:
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked or self.atomic else None)
         by_value = (d.lowering.get("launch") or {}).get("scalars_by_value")
+        reusable = True
         if by_value:
             # passed as kernel parameters (METILE_CUDA_SCALARS=value): their Python values;
             # a 0-d array's is read on the host, so such a launch is not reused by key
             names = [name for (_, name), sig in zip(d.input_roles, d.inputs) if sig in by_value]
-            if any(isinstance(runtime[n], mx.array) for n in names):
-                self._key_ok = False
+            reusable = not any(isinstance(runtime[n], mx.array) for n in names)
             self.call_kwargs["scalars"] = [_host_value(runtime[n], n) for n in names]
         self.single = len(out_arrays) == 1
         self.scalars = scalars
@@ -261,8 +261,8 @@ class Dispatch:
         passed = set(kernel.param_names[:len(args)])
         positional = all(name in passed for _, name in d.input_roles) and \
             all(name in passed for name in outputs)
-        self._key = None if kernel.differentiable or not positional or \
-            not getattr(self, "_key_ok", True) else _launch_key(self.grid_arg, args, kwargs)
+        self._key = None if kernel.differentiable or not positional or not reusable else \
+            _launch_key(self.grid_arg, args, kwargs)
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
