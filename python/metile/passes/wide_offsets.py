@@ -7,8 +7,8 @@ tensors (`pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)`): an int32 offset woul
 and address the wrong element silently.  Two facts make the proof:
 
 * `wide_indexed` (thread form, after lowering): every device access of the buffer
-  (mem_load, mem_store, mem_atomic, vec_load, vec_store, cp_async, aligned16) takes an int64 or
-  uint64 index.  Lowerings that compute offsets themselves (GEMM staging, the 4-wide
+  (mem_load, mem_store, mem_atomic, vec_load, vec_store, cp_async, aligned16) takes an
+  int64 or uint64 index.  Lowerings that compute offsets themselves (GEMM staging, the 4-wide
   elementwise interior) do so in int32, so their buffers fail this check.
 * `narrowing_casts` (tile form): no int32 value that is itself computed (`pid * BLOCK +
   arange`, say) is widened to 64 bits, by a cast or by a pointer addition that makes the
@@ -24,7 +24,8 @@ from ..language import dtypes as dt
 
 _WIDE = (dt.int64, dt.uint64)
 _ACCESS_INDEX = {"mem_load": ("root", 0), "mem_store": ("root", 0), "mem_atomic": ("root", 0),
-                 "vec_load": ("root", 0), "vec_store": ("root", 0), "aligned16": ("root", 0), "cp_async": ("src", 1)}
+                 "vec_load": ("root", 0), "vec_store": ("root", 0), "aligned16": ("root", 0),
+                 "cp_async": ("src", 1)}
 # 32-bit values that are exact when widened: nothing computed them from other values.
 _EXACT_LEAVES = {"program_id", "num_programs", "const", "arange", "thread_id", "num_threads"}
 
