@@ -55,6 +55,22 @@ def without_copy_test(source):
                   r"\s+metile_cp_async16_fill)", r"if (true || \1) {\n\2", source)
 
 
+def tensor_map(address, dims, row_stride_bytes, box):
+    """A 2-D float16 CUtensorMap (128 bytes) with 128-byte swizzle and zero fill, encoded by
+    the driver (cuTensorMapEncodeTiled, called through ctypes)."""
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")
+    buf = np.zeros(256, np.uint8)
+    at = (-buf.ctypes.data) % 64
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    rc = lib.cuTensorMapEncodeTiled(
+        ctypes.c_void_p(buf.ctypes.data + at), 6, u32(2), ctypes.c_void_p(address),
+        (u64 * 2)(*dims), (u64 * 1)(row_stride_bytes), (u32 * 2)(*box), (u32 * 2)(1, 1),
+        0, 3, 3, 0)
+    assert rc == 0, f"cuTensorMapEncodeTiled: CUresult {rc}"
+    return buf[at:at + 128].copy()
+
+
 def metile_kernel(variant):
     """(translation unit, kernel name, launch record) of the library GEMM as emitted under
     METILE_CUDA_WGMMA=variant."""
@@ -116,12 +132,27 @@ def main():
             measure(key, source, name, launch["threads"], launch["shared_memory"],
                     (a, b, *dims, c))
 
-    if only:
-        return
-    us = timed(lambda: cp.matmul(a, b, out=c))
-    results["cupy cuBLAS"] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
-    print("cupy cuBLAS", results["cupy cuBLAS"])
-    if paths:
+    if not only:
+        us = timed(lambda: cp.matmul(a, b, out=c))
+        results["cupy cuBLAS"] = {"us": round(us, 1), "tflops": round(FLOP / us / 1e6, 1)}
+        print("cupy cuBLAS", results["cupy cuBLAS"])
+    # Last, as a fault here ends the process: the TMA form (wgmma_tma.cu).  Maps of A (K x M,
+    # box 64 x 128) and B (N x K, box 64 x 64); "dims" encodes a template with other sizes
+    # and a stand-in address, all replaced in the kernel.
+    tma = tu[:tu.index('extern "C"')] + open("tools/probes/wgmma_tma.cu").read()
+    scratch = cp.zeros(grid[0] * grid[1] * 256, cp.uint8)
+    tma_smem = smem + 256 + 8 * stages
+    for form, dims_a, dims_b, addr_a, addr_b in (
+            ("addr", (K, M), (N, K), a.data.ptr, b.data.ptr),
+            ("dims", (128, 256), (256, 128), 1 << 20, 1 << 20)):
+        tmpl = cp.asarray(np.concatenate([
+            tensor_map(addr_a, dims_a, 2 * dims_a[0], (64, 128)),
+            tensor_map(addr_b, dims_b, 2 * dims_b[0], (64, 64))]))
+        defs = f"#define S {stages}\n" + ("#define TMA_DIMS\n" if form == "dims" else "")
+        measure(f"probe S={stages} tma {form}", defs + tma, "probe_tma", 256, tma_smem,
+                (a, b, c, *scalars, tmpl, scratch))
+
+    if paths and not only:
         json.dump({"machine": "H200", "shape": [M, N, K], "dtype": "float16",
                    "cupy": cp.__version__, "results": results}, open(paths[0], "w"), indent=1)
 

@@ -1,0 +1,86 @@
+"""What one launch costs on the host, MLX's own op against MLX's custom-kernel entry points
+and metile's launch, for a kernel that does almost nothing (one element), eager, many
+launches per synchronization (the time per launch is then the host's, not the GPU's):
+
+  mlx op         `x + 1.0` on a 1-element array
+  cuda_kernel    mx.fast.cuda_kernel (source compiled by MLX) doing the same
+  precompiled    mx.fast.precompiled_cuda_kernel of the same kernel, NVRTC-compiled here
+  metile         metile's `kernel[grid](...)` of the same computation
+  metile op      metile.ops.matmul of a 16x16x16 float16 product (the op layer's cost)
+  mlx matmul     the same product through MLX
+
+    python3 tools/probes/launch_cost.py [out.json]
+"""
+import json
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+sys.path.insert(0, "tests")
+import nvrtc  # noqa: E402
+
+import metile  # noqa: E402
+
+SOURCE = 'extern "C" __global__ void plus_one(const float* x, float* y) { y[0] = x[0] + 1.0f; }'
+
+
+@metile.kernel
+def plus_one(X, Y):
+    metile.store(Y, metile.load(X) + 1.0)
+
+
+def main():
+    x = mx.array([1.0], dtype=mx.float32)
+    a = mx.array(np.ones((16, 16), np.float16))
+    mx.eval(x, a)
+    jit = mx.fast.cuda_kernel(name="plus_one_jit", input_names=["x"], output_names=["y"],
+                              source="y[0] = x[0] + 1.0f;")
+    cubin, _ = nvrtc.cubin(SOURCE, "sm_90a")
+    common = dict(output_shapes=[(1,)], output_dtypes=[mx.float32], grid=(1, 1, 1),
+                  threadgroup=(1, 1, 1))
+    out = mx.zeros((1,), dtype=mx.float32)
+    ways = {
+        "mlx op": lambda: x + 1.0,
+        "cuda_kernel": lambda: jit(inputs=[x], **common)[0],
+        "precompiled": lambda: mx.fast.precompiled_cuda_kernel(
+            name="plus_one", compiled_source=cubin, inputs=[x], scalars=[], **common)[0],
+        "metile": lambda: plus_one[(1,)](x, out),
+        "metile op": lambda: metile.ops.matmul(a, a, backend="metile"),
+        "mlx matmul": lambda: a @ a,
+    }
+    for key, fn in ways.items():
+        got = np.array(fn())
+        if key in ("metile op", "mlx matmul"):
+            assert np.allclose(got, 16.0), key
+        else:
+            assert got.ravel()[0] == 2.0, (key, got)
+    launches = 2000
+    times = {k: [] for k in ways}
+    for r in range(4):
+        for key in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
+            fn = ways[key]
+            mx.eval(fn())
+            mx.synchronize()
+            t = time.perf_counter()
+            outs = [fn() for _ in range(launches)]
+            queued = time.perf_counter() - t
+            mx.eval(outs)
+            mx.synchronize()
+            total = time.perf_counter() - t
+            times[key].append((queued / launches * 1e6, total / launches * 1e6))
+    results = {k: {"build_us": round(min(q for q, _ in v), 2),
+                   "per_launch_us": round(min(t for _, t in v), 2)} for k, v in times.items()}
+    for k, v in results.items():
+        print(f"{k:12s} {v}", flush=True)
+    if len(sys.argv) > 1:
+        json.dump({"machine": "H200", "mlx": mx.__version__,
+                   "metric": "eager, 2000 launches per synchronization, best of 4 "
+                             "alternating: build_us = host time to build the lazy op, "
+                             "per_launch_us = build + evaluation + GPU, per launch",
+                   "results": results}, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
