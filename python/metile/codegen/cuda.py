@@ -12,6 +12,7 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
+from ..ir.ops import TMA, TMA_SLOTS, TMA_TEMPLATE
 from . import fp8
 from .c_like import CEmitter
 from .debug_ops import CUDADebug
@@ -219,6 +220,55 @@ template <int N> __device__ __forceinline__ void metile_wgmma_hold(float (&d)[N]
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }"""
 
+# Bulk tensor copies (sm_90a; passes/gemm_wgmma.py, bulk_tensor_form).  MLX's kernels take
+# arrays and scalars, not the 128-byte CUtensorMap a TMA copy names, so each block encodes
+# its maps on the device (the CUDA guide's device-side encoding): the launch's template
+# (runtime/tensor_maps.py) copied to shared memory, its address, extents and row stride
+# replaced, then copied with a proxy fence to the block's slot of the launch's scratch.
+_TMA = """\
+__device__ __forceinline__ unsigned metile_smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ unsigned char* metile_tma_slot(unsigned char* slots, int bytes) {
+  return slots + (static_cast<size_t>(blockIdx.z) * gridDim.y * gridDim.x +
+                  static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x) * bytes;
+}
+__device__ __forceinline__ void metile_tma_encode(unsigned long long* map, const unsigned char* tmpl,
+                                                  const void* base, int inner, int outer,
+                                                  long long row_bytes) {
+  for (int i = 0; i < 8; ++i)
+    reinterpret_cast<int4*>(map)[i] = reinterpret_cast<const int4*>(tmpl)[i];
+  const unsigned m = metile_smem_u32(map);
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" :: "r"(m), "l"(base) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 0, %1;" :: "r"(m), "r"(inner) : "memory");
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], 1, %1;" :: "r"(m), "r"(outer) : "memory");
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], 0, %1;" :: "r"(m), "l"(row_bytes) : "memory");
+}
+__device__ __forceinline__ void metile_tma_publish(unsigned char* slot, const unsigned long long* map) {
+  asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;"
+               :: "l"(slot), "r"(metile_smem_u32(map)) : "memory");
+}
+__device__ __forceinline__ void metile_tma_acquire(const unsigned char* slot) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
+}
+__device__ __forceinline__ void metile_mbar_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(metile_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void metile_mbar_expect(unsigned long long* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(metile_smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void metile_mbar_wait(unsigned long long* bar, int parity) {
+  asm volatile("{\\n.reg .pred p;\\nMETILE_WAIT_%=:\\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\\n"
+               "@!p bra METILE_WAIT_%=;\\n}\\n" :: "r"(metile_smem_u32(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void metile_tma_load2d(void* dst, const unsigned char* map, int c0, int c1,
+                                                  unsigned long long* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(metile_smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(metile_smem_u32(bar)) : "memory");
+}"""
+
 _WGMMA_KIND = {"float16": "f16", "bfloat16": "bf16"}
 
 
@@ -383,7 +433,7 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC,
-               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW,
+               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW, "z_tma": _TMA,
                # bit arithmetic rather than __nv_fp8: the same bits as Metal and the CPU runtime
                "fp8": fp8.helpers("__device__ __forceinline__", "uint8_t", "uint32_t",
                                   "__float_as_uint", "__uint_as_float")}
@@ -442,6 +492,9 @@ class CUDAEmitter(CEmitter):
         elif name in ("wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"):
             self.helpers_used.add("wgmma")
             self.wgmma_statement(op, depth)
+        elif name in TMA:
+            self.helpers_used.add("z_tma")
+            self.tma_statement(op, depth)
         else:
             super().statement(op, depth)
 
@@ -468,6 +521,42 @@ class CUDAEmitter(CEmitter):
                 self.emit(f"metile_wgmma_hold({acc});", depth)
         else:
             self.emit("metile_fence_proxy_async();", depth)
+
+    def tma_statement(self, op: Op, depth: int) -> None:
+        at = op.attrs
+        a = [self.ref(v) for v in op.operands]
+        smem = at["smem"]
+        if op.name == "tma_prepare":
+            n = len(at["roots"])
+            slot = f"metile_tma_slot({TMA_SLOTS}, {128 * n})"
+            self.emit("if (threadIdx.x < 32) {", depth)
+            self.emit("if (threadIdx.x == 0) {", depth + 1)
+            for i, (root, size) in enumerate(zip(at["roots"], at["sizes"])):
+                index, inner, outer, ld = a[4 * i:4 * i + 4]
+                self.emit(f"metile_tma_encode(&{smem}[{16 * i}], {TMA_TEMPLATE} + {128 * i}, "
+                          f"&{root}[{index}], {inner}, {outer}, "
+                          f"static_cast<long long>({ld}) * {size});", depth + 2)
+            self.emit(f"for (int s = 0; s < {at['stages']}; ++s) metile_mbar_init(&{smem}[{16 * n} + s]);",
+                      depth + 2)
+            # the barriers' initialization visible to the bulk copies' completions
+            self.emit('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', depth + 2)
+            self.emit("}", depth + 1)
+            self.emit("__syncwarp();", depth + 1)
+            for i in range(n):
+                self.emit(f"metile_tma_publish({slot} + {128 * i}, &{smem}[{16 * i}]);", depth + 1)
+            self.emit("if (threadIdx.x == 0) {", depth + 1)
+            for i in range(n):
+                self.emit(f"metile_tma_acquire({slot} + {128 * i});", depth + 2)
+            self.emit("}", depth + 1)
+            self.emit("}", depth)
+        elif op.name == "tma_expect":
+            self.emit(f"metile_mbar_expect(&{smem}[{16 * at['maps']} + {a[0]}], {at['bytes']});", depth)
+        elif op.name == "tma_copy":
+            slot = f"metile_tma_slot({TMA_SLOTS}, {128 * at['maps']})"
+            self.emit(f"metile_tma_load2d(&{at['dst']}[{a[0]}], {slot} + {128 * at['map']}, {a[1]}, "
+                      f"{a[2]}, &{smem}[{16 * at['maps']} + {a[3]}]);", depth)
+        else:
+            self.emit(f"metile_mbar_wait(&{smem}[{16 * at['maps']} + {a[0]}], {a[1]});", depth)
 
     def declare(self, op: Op, depth: int) -> None:
         at = op.attrs

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from ..errors import CompilationError, ScheduleError
 from ..frontend import build_tile_ir
 from ..ir.core import Function, Loc, walk
+from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json, store_coverage
@@ -276,6 +277,11 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
     if by_value:
         thread_fn.meta["launch"]["scalars_by_value"] = by_value
         scalars -= set(by_value)
+    if (thread_fn.meta.get("launch") or {}).get("tensor_maps"):
+        # bulk tensor copies (gemm_wgmma.bulk_tensor_form): the maps' template comes in
+        # last, each block's encoded maps go out to a scratch output (runtime/tensor_maps.py)
+        inputs, outputs = inputs + [TMA_TEMPLATE], outputs + [TMA_SLOTS]
+        roles = roles + [["tensor_maps", TMA_TEMPLATE]]
     header, body = backend.emit(thread_fn, scalars)
     emit = f"emit_{backend.language}"
     if dumps(emit):

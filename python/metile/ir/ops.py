@@ -122,6 +122,18 @@ ASYNC = frozenset({"cp_async", "cp_async_commit", "cp_async_wait", "aligned16", 
 WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async",
                    "warp_uniform"})   # warp_uniform(x) -> x read from lane 0 (a proven-uniform role)
 
+# Bulk tensor copies (TMA; passes/gemm_wgmma.py, the bulk_tensor unit only).  The maps live
+# in shared array `smem` (16 uint64 per map, then one mbarrier per stage):
+# tma_prepare(index, inner, outer, ld, ... per map){roots, sizes, smem, stages} encodes each
+# map from the launch's template (the operand's address &root[index], its extents along
+# the contiguous and the other axis and the row stride in elements) and publishes it to
+# the block's slot of the launch's scratch; tma_expect(stage){smem, maps, bytes} arms the
+# stage's barrier; tma_copy(dst_offset, inner, outer, stage){dst, map, smem, maps} copies
+# one box into `dst`; tma_wait(stage, parity){smem, maps} waits for the stage's phase.
+TMA = frozenset({"tma_prepare", "tma_expect", "tma_copy", "tma_wait"})
+# The names of the template input and scratch output a TMA kernel takes (after the rest).
+TMA_TEMPLATE, TMA_SLOTS = "metile_tmap_template", "metile_tmap_slots"
+
 # Run-time debugging output and checks (frontend/debug_ops.py, passes/lower_debug.py).
 DEBUG = frozenset({"device_print", "device_assert"})
 
@@ -130,7 +142,7 @@ TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "var_get", "var_set",
                   "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | DEBUG)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | TMA | DEBUG)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin", "xor", "or", "combine")

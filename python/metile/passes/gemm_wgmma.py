@@ -40,13 +40,15 @@ evaluated at its (row, column) and stored through the user's pointer and mask.
 
 from __future__ import annotations
 
+from math import prod
+
 from ..errors import CompilationError
 from ..ir.core import Builder, Op, Value
 from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
-from .gemm_async import _axis_coeffs, _block
+from .gemm_async import _axis_coeffs, _block, _iv_affine, _strip_broadcast
 from .gemm_bounds import staging_load
-from .lane_layout import BOOL, I32, Storage
+from .lane_layout import BOOL, I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
 ATOM = 64          # 16-bit elements in one 128-byte swizzle row
@@ -189,15 +191,24 @@ class WarpgroupGemm:
         bk = self.gemm.tile[2]
         self.lowering_passes.append("async_pipeline_staging")
         n, issue = self.k_tiles(op, b)
+        lo, step = self.s(op.operands[0]), self.s(op.operands[2])
+        rest = b   # where the cp.async loops go
+        if self.gemm_plan.unit.bulk_tensor:
+            form = self.bulk_tensor_form(b, lo, step)
+            if form is not None:
+                self.lowering_passes.append("bulk_tensor_copies")
+                branch = b.op("if", [form[0]], [], {}, [_block(), _block()])
+                tb, rest = Builder(branch.regions[0]), Builder(branch.regions[1])
+                tb.loc = rest.loc = b.loc
+                self._wgmma_tma_steps(tb, n, form[1])
         whole = None
         if self.gemm_plan.unit.whole_copies:
-            lo, step = self.s(op.operands[0]), self.s(op.operands[2])
-            whole = self.whole_group_copies(op, b, lo, step)
+            whole = self.whole_group_copies(op, rest, lo, step)
         if whole is None:
-            self._wgmma_steps(b, n, issue)
+            self._wgmma_steps(rest, n, issue)
         else:
             self.lowering_passes.append("whole_group_copies")
-            branch = b.op("if", [whole], [], {}, [_block(), _block()])
+            branch = rest.op("if", [whole], [], {}, [_block(), _block()])
             fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
             fb.loc = sb.loc = b.loc
             self._wgmma_steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
@@ -209,6 +220,163 @@ class WarpgroupGemm:
         self._zero_accumulators(eb)
         self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
         self.report_loop("kk", "loop", 16)
+
+    def bulk_tensor_form(self, b: Builder, lo: Value, step: Value):
+        """(a block-uniform bool, the operands' maps) under which every K tile of every
+        operand may arrive by bulk tensor copies (TMA) with zero fill at the edges instead
+        of the masked copies; None when the kernel's form does not allow the proof.
+
+        Static half, per operand: the staged index is affine in the tile coordinates with
+        slope 1 along the contiguous axis and affine in the K variable (`_iv_affine`), the
+        tile is at most 256 along the other axis (a box's limit), and the mask is a
+        conjunction of `f < X` / `f <= X` with f of slope 1 in exactly one tile axis and X
+        free of both; each axis has one at least.  Such an operand read at K tile t is a
+        2-D tensor: element (r, c) of the tile is I0 + (r + t*dr)*ld + (c + t*dc) from its
+        origin I0 at tile 0, in bounds iff r + t*dr < Ro and c + t*dc < Rc, where Ro, Rc
+        are the masks' rooms at tile 0 (`_room`) and dr, dc their decrease per tile
+        (affine in t, so tiles 0 and 1 give them).  The masked copies then read exactly
+        what a tensor map of that origin, extents (Rc, Ro) and row stride ld reads, and
+        both fill zeros elsewhere.
+
+        Run-time half (uniform across the block: origins and rooms depend on program ids
+        and scalars only): I0's address 16-byte aligned, ld a positive multiple of 16
+        bytes, Ro, Rc >= 1, dr, dc >= 0, and I(tile 1) - I0 = dc + dr*ld (the index steps
+        as the coordinates do).  Otherwise the cp.async loops run."""
+        iv = self.k_body.args[0]
+        operands = []
+        for value, st, shape in self.operand_stages():
+            ld, checks, axis = self.async_loads[id(staging_load(value))]
+            memo = {}
+            coeffs = _axis_coeffs(ld.operands[0], {})
+            if coeffs is False or coeffs.get(axis) != 1 or shape[1 - axis] > 256 \
+                    or shape[axis] % ATOM or not _iv_affine(ld.operands[0], iv, memo):
+                return None
+            per_axis = {0: [], 1: []}
+            for c, _ in checks:
+                cmp = _strip_broadcast(c)
+                if cmp.name not in ("lt", "le"):
+                    return None
+                lhs, rhs = (_axis_coeffs(o, {}) for o in cmp.operands)
+                if lhs is False or rhs is False or rhs.get(0) or rhs.get(1):
+                    return None
+                axes = [x for x in (0, 1) if lhs.get(x)]
+                if len(axes) != 1 or lhs[axes[0]] != 1 or \
+                        not all(_iv_affine(o, iv, memo) for o in cmp.operands):
+                    return None
+                per_axis[axes[0]].append(c)
+            if not per_axis[0] or not per_axis[1]:
+                return None
+            operands.append((ld, st, shape, axis, per_axis))
+
+        zero = self.const(b, 0)
+        ok, maps, prepare = None, [], []
+
+        def both(x):
+            nonlocal ok
+            ok = x if ok is None else b.value("and", [ok, x], BOOL)
+
+        def ge(x, y):
+            return b.value("ge", [x, y], BOOL)
+
+        for ld, st, shape, axis, per_axis in operands:
+            root = self.buffers[(elem_type(ld.operands[0].type).root, "read")]
+
+            def index(r, c, ld=ld, shape=shape):
+                return self.elem(ld.operands[0], Ctx(self, b, shape, coords=[
+                    self.const(b, r), self.const(b, c)], identity=False))
+
+            def room(ax, per_axis=per_axis, shape=shape):
+                def conj(lb, c, row, col):
+                    coords = [self.const(lb, 0) if s == 1 and t != 1 else x
+                              for x, s, t in zip([row, col], c.type.shape, shape)]
+                    return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
+                rooms = [self._room(b, c, (zero, zero), conj) for c in per_axis[ax]]
+                out = rooms[0]
+                for r in rooms[1:]:
+                    out = b.value("minimum", [out, r], I32)
+                return out
+
+            found = []
+            for t in (0, 1):
+                self._bind_k(b, self.add(b, lo, b.value("mul", [self.const(b, t), step], I32)))
+                found.append((index(0, 0), room(axis), room(1 - axis)))
+                if t == 0:
+                    stride = self._i(b, "sub", index(1, 0) if axis == 1 else index(0, 1),
+                                     found[0][0])
+            (i0, inner0, outer0), (i1, inner1, outer1) = found
+            d_inner, d_outer = self._i(b, "sub", inner0, inner1), self._i(b, "sub", outer0, outer1)
+            group = 16 // st.dtype.itemsize
+            both(b.value("aligned16", [i0], BOOL, root=root))
+            both(b.value("gt", [stride, zero], BOOL))
+            both(b.value("eq", [self._i(b, "mod", stride, group), zero], BOOL))
+            for x in (inner0, outer0):
+                both(ge(x, self.const(b, 1)))
+            for x in (d_inner, d_outer):
+                both(ge(x, zero))
+            steps = self._i(b, "add", d_inner, self._i(b, "mul", d_outer, stride))
+            both(b.value("eq", [self._i(b, "sub", i1, i0), steps], BOOL))
+            maps.append({"dtype": st.dtype.name, "box": [ATOM, shape[1 - axis]],
+                         "st": st, "shape": shape, "axis": axis, "d": (d_inner, d_outer)})
+            prepare.append((root, st.dtype.itemsize, [i0, inner0, outer0, stride]))
+        return b.value("block_all", [ok], BOOL), (maps, prepare)
+
+    def _wgmma_tma_steps(self, b: Builder, n: Value, form) -> None:
+        """`_wgmma_steps` with bulk tensor copies: before the loop the block encodes its
+        maps (tma_prepare: one thread, then a barrier) and thread 0 arms each stage's
+        mbarrier with the tile's bytes and issues its boxes (one per 64-element atom
+        along the contiguous axis; the box is the stage's SW128 atom layout).  Step t:
+        wait for tile t's barrier phase (t / S) % 2, one barrier (every warpgroup has
+        passed step t-1's wait: the stage of tile t+D-S <= t-1-W_p is free), refill it
+        with tile t+D, then the products as in `_wgmma_steps`."""
+        maps, prepare = form
+        s = self.num_stages
+        pending = 1 if s >= 3 else 0
+        dist = s - 1 - pending
+        count = len(maps)
+        smem = self.decl("shared", dt.uint64, 16 * count + s, "_tma", align=128)
+        self.tensor_maps = [{"dtype": m["dtype"], "box": m["box"]} for m in maps]
+        b.op("tma_prepare", [v for _, _, vs in prepare for v in vs], [],
+             {"roots": [r for r, _, _ in prepare], "sizes": [z for _, z, _ in prepare],
+              "smem": smem, "stages": s})
+        b.op("barrier")
+        tid = b.value("thread_id", [], I32)
+        first = b.value("eq", [tid, self.const(b, 0)], BOOL)
+        tile_bytes = sum(prod(m["shape"]) * m["st"].dtype.itemsize for m in maps)
+
+        def issue(lb: Builder, t: Value, stage: Value) -> None:
+            go = lb.value("and", [first, lb.value("lt", [t, n], BOOL)], BOOL)
+            then = lb.op("if", [go], [], {}, [_block(), _block()])
+            tb = Builder(then.regions[0])
+            tb.loc = lb.loc
+            tb.op("tma_expect", [stage], [], {"smem": smem, "maps": count, "bytes": tile_bytes})
+            for i, m in enumerate(maps):
+                shape, axis = m["shape"], m["axis"]
+                d_inner, d_outer = m["d"]
+                base = self._i(tb, "mul", stage, prod(shape))
+                outer = self._i(tb, "mul", t, d_outer)
+                for j in range(shape[axis] // ATOM):
+                    inner = self._i(tb, "add", self._i(tb, "mul", t, d_inner), j * ATOM)
+                    dst = self._i(tb, "add", base, j * ATOM * shape[1 - axis])
+                    tb.op("tma_copy", [dst, inner, outer, stage], [],
+                          {"dst": m["st"].name, "map": i, "smem": smem, "maps": count})
+
+        for t in range(dist):
+            issue(b, self.const(b, t), self.const(b, t))
+
+        def body(lb: Builder, t: Value) -> None:
+            stage = self._i(lb, "mod", t, s)
+            parity = self._i(lb, "mod", self._i(lb, "idiv", t, s), 2)
+            lb.op("tma_wait", [stage, parity], [], {"smem": smem, "maps": count})
+            lb.op("barrier")
+            nxt = self._i(lb, "add", t, dist)
+            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
+            self._wgmma_products(lb, stage, lb.value("ne", [t, self.const(lb, 0)], BOOL))
+            lb.op("wgmma_commit")
+            lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
+
+        self._for(b, 0, n, 1, "t", body)
+        b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
 
     def _wgmma_steps(self, b: Builder, n: Value, issue) -> None:
         """The prologue, the K steps and the final waits of `_wgmma_pipeline`."""

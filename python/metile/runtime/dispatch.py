@@ -17,6 +17,7 @@ import mlx.core as mx
 from ..compiler.backend import selection_key
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
+from . import tensor_maps
 from .arguments import arg_spec, check_buffer_sizes, scalar_array
 
 if TYPE_CHECKING:
@@ -229,10 +230,15 @@ class Dispatch:
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
         # 0-d arrays instead of building them again (arguments.scalar_array).
-        self.inputs = [scalar_array(runtime[name], name) for _, name in d.input_roles]
-        self._scalar_inputs = {i: a for i, ((_, name), a) in enumerate(zip(d.input_roles,
-                                                                           self.inputs))
-                               if not isinstance(runtime[name], mx.array)}
+        launch = d.lowering.get("launch") or {}
+        maps = launch.get("tensor_maps")
+        # (the driver encodes the templates: only where the kernel can run)
+        self.inputs = [tensor_maps.templates(maps, spec.backend.native) if role == "tensor_maps"
+                       else scalar_array(runtime[name], name) for role, name in d.input_roles]
+        # reused as they are by a relaunch: scalars' arrays and the tensor-map templates
+        self._scalar_inputs = {i: a for i, ((role, name), a) in enumerate(zip(d.input_roles,
+                                                                              self.inputs))
+                               if role == "tensor_maps" or not isinstance(runtime[name], mx.array)}
         self.tracked = [outputs.index(n) for n in d.tracked]
         self.atomic = [outputs.index(n) for n in spec.atomic_outputs]
         T = spec.threads
@@ -242,7 +248,12 @@ class Dispatch:
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked or self.atomic else None)
-        by_value = (d.lowering.get("launch") or {}).get("scalars_by_value")
+        # what the caller sees of the kernel's outputs (not the tensor maps' scratch)
+        self.results = len(out_arrays) + len(self.tracked)
+        if maps:
+            self.call_kwargs["output_shapes"].append(tensor_maps.slots_shape(maps, grid))
+            self.call_kwargs["output_dtypes"].append(mx.uint8)
+        by_value = launch.get("scalars_by_value")
         reusable = True
         if by_value:
             # passed as kernel parameters (METILE_CUDA_SCALARS=value): their Python values;
@@ -259,7 +270,7 @@ class Dispatch:
         # Calling this launch again with arguments of the same signature (this key) swaps
         # the arrays only: _relaunch takes them positionally.
         passed = set(kernel.param_names[:len(args)])
-        positional = all(name in passed for _, name in d.input_roles) and \
+        positional = all(name in passed for role, name in d.input_roles if role == "in") and \
             all(name in passed for name in outputs)
         self._key = None if kernel.differentiable or not positional or not reusable else \
             _launch_key(self.grid_arg, args, kwargs)
@@ -290,8 +301,8 @@ class Dispatch:
                                    "element (grid * BLOCK and n covering the outputs)",
                                    self.kernel.loc)
         roles = self.variant.compiled.input_roles
-        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
-                  and name not in outputs]
+        loaded = [name for role, name in roles if role == "in"
+                  and self.specs[name][0] == "buffer" and name not in outputs]
         positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
         call, kwargs = self.variant.callable(), self.call_kwargs
 
@@ -310,8 +321,8 @@ class Dispatch:
 
         autodiff.check_fragment_pointwise(fn)
         roles = self.variant.compiled.input_roles
-        loaded = [name for _, name in roles if self.specs[name][0] == "buffer"
-                  and name not in outputs]
+        loaded = [name for role, name in roles if role == "in"
+                  and self.specs[name][0] == "buffer" and name not in outputs]
         positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
         call, kwargs, passed = self.variant.callable(), self.call_kwargs, list(self.outputs)
         tracked, k = self.tracked, len(outputs)
@@ -379,7 +390,7 @@ class Dispatch:
                     f"the launch in mx.custom_function and give it a vjp")
 
             self._guarded, self._unguarded = launch, run
-        return list((self._guarded if guard else self._unguarded)(inputs))
+        return list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
 
     def _finish(self, outs, passed):
         """Merge preserve-masked outputs with the passed arrays, add atomic_add outputs to

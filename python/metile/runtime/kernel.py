@@ -36,6 +36,7 @@ from ..compiler.debug_support import warn_unchecked_asserts
 from ..errors import CompilationError, LaunchError
 from ..frontend import constexpr_params
 from ..ir.core import Loc
+from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..schedule import Schedule
 from . import cache
 from .arguments import arg_spec
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 # Python parameter that collides is renamed (arg_<name>), never refused.
 RESERVED = frozenset(RESERVED_NAMES | {
     "half", "float", "int", "uint", "bool", "char", "short", "long", "void", "bfloat",
-    "bfloat16_t", "float16_t", "vec", "main"})
+    "bfloat16_t", "float16_t", "vec", "main", TMA_TEMPLATE, TMA_SLOTS})
 
 
 class Variant:
