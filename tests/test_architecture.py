@@ -143,7 +143,8 @@ def test_one_matrix_unit_table(monkeypatch):
     # sm_90: one warpgroup unit (the METILE_CUDA_WGMMA variant), none with 0
     monkeypatch.delenv("METILE_CUDA_WGMMA", raising=False)
     sm90 = resolve_backend("cuda", target="sm_90").matrix_units
-    assert [(u.warp_specialized, u.whole_copies) for u in sm90 if u.warpgroup] == [(False, True)]
+    assert [(u.warp_specialized, u.whole_copies, u.bulk_tensor) for u in sm90 if u.warpgroup] \
+        == [(False, True, True)]
     monkeypatch.setenv("METILE_CUDA_WGMMA", "0")
     assert not any(u.warpgroup for u in resolve_backend("cuda", target="sm_90").matrix_units)
     for target in TARGETS.values():

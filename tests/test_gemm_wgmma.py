@@ -65,7 +65,7 @@ def test_unknown_variant_is_an_error(monkeypatch):
 def test_on_by_default_and_off_with_zero(monkeypatch):
     monkeypatch.delenv("METILE_CUDA_WGMMA")
     mm = prepare((1000, 1000, 1000)).variant.data["lowering"]["matmul"]
-    assert mm["fragment"] == "wgmma m64nNk16 (warpgroup, whole-group copies)"
+    assert mm["fragment"] == "wgmma m64nNk16 (warpgroup, bulk tensor copies)"
     monkeypatch.setenv("METILE_CUDA_WGMMA", "0")
     mm = prepare((1000, 1000, 1000)).variant.data["lowering"]["matmul"]
     assert mm["fragment"].startswith("mma.sync")

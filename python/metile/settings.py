@@ -42,19 +42,19 @@ def flag(name: str) -> bool:
 
 
 def wgmma_variant() -> str | None:
-    """METILE_CUDA_WGMMA: "whole" (the default: warpgroups that also copy, one product group
-    in flight, and a copy of the K loop without per-tile copy tests, taken where a check
-    before the loop proves every copy a whole or empty 16-byte group), "tma" (as "whole",
-    plus a copy of the K loop whose tiles arrive by bulk tensor copies, taken where a check
-    before the loop proves each operand a strided 2-D tensor whose masks are its bounds:
-    gemm_wgmma.bulk_tensor_form), "1" (the same without
-    that loop copy), "ws" (warp-specialized: a producer warpgroup copies) or None (0: no
-    warpgroup MMA, GEMMs on sm_90 take mma.sync).  The default is the variant measured
-    fastest on the H200 with a fused epilogue, float16, alternating in one run
-    (benchmarks/results/h200-gemm-float16-wgmma-{whole,1}-2026-12-01.json): 4096^3 in
-    292-296 us against 370-381 for "1" (mx.compile 234-241), 8192^3 2089-2277 against
-    2548-2929, 478 us at 4096^3 for ws and 2620 for mma.sync."""
-    value = choice("METILE_CUDA_WGMMA", ("0", "1", "ws", "whole", "tma"), "whole")
+    """METILE_CUDA_WGMMA: "tma" (the default: warpgroups that also issue the copies, one
+    product group in flight; the operand tiles arrive by bulk tensor copies where a check
+    before the K loop proves each operand a strided 2-D tensor bounded by its masks
+    (gemm_wgmma.bulk_tensor_form), else as under "whole"), "whole" (16-byte cp.async
+    groups, with a copy of the K loop without per-tile copy tests where a check before the
+    loop proves every copy a whole or empty group), "1" (cp.async with the per-tile tests
+    only), "ws" (warp-specialized: a producer warpgroup copies) or None (0: no warpgroup
+    MMA, GEMMs on sm_90 take mma.sync).  Measured on the H200 with a fused epilogue,
+    float16, against mx.compile in the same run: 4096^3 257.7 us for "tma" (mx.compile
+    235.3) against 271-285 for "whole" (227-240); 8192^3 1830 against 2013-2216 (mx.compile
+    1781-1848); "1" 370-381 at 4096^3, ws 478, mma.sync 2620
+    (benchmarks/results/h200-gemm-float16-wgmma-*-2026-12-01.json)."""
+    value = choice("METILE_CUDA_WGMMA", ("0", "1", "ws", "whole", "tma"), "tma")
     return None if value == "0" else value
 
 
