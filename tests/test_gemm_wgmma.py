@@ -370,7 +370,9 @@ def test_stage_counts_on_the_gpu(rng, stages):
                                   dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
                                   dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64),
                                   dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128)])
-def test_other_warpgroup_tiles_on_the_gpu(rng, tile):
+@pytest.mark.parametrize("variant", ["1", "tma"])
+def test_other_warpgroup_tiles_on_the_gpu(rng, tile, variant, monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     m, n, k = 517, 389, 300
     a, b, ref = operands(rng, m, n, k, "float16")
     out = matmul[grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])](a, b, mx.zeros((m, n)), m, n, k,

@@ -63,11 +63,11 @@ def cuda_scalars() -> str:
     scalars: "array" (the default: each a 0-d MLX array read through its pointer, as MLX's
     cuda_kernel passes them) or "value" (kernel parameters by value, precompiled_cuda_kernel's
     `scalars`; every kernel with such a scalar is then compiled by metile and launched
-    precompiled, for its target's architecture unless it names one).  MLX keeps arrays of
-    8 bytes or less in one managed-memory pool advised read-mostly; ncu of the 1024^3
-    float16 GEMM on the H200 found 32% of its stall samples on the first scalar load
-    (27 us of GPU time where cuBLAS takes 7).  "value" is not yet measured on a GPU, so it is not the default
-    (tools/probes/scalar_args.py measures both)."""
+    precompiled, for its target's architecture unless it names one).  Measured on the H200
+    (tools/probes/scalar_args.py, benchmarks/results/h200-scalar-args-2026-12-01.json): the
+    1024^3 float16 GEMM runs 55-58 us either way (fresh, cached, padded or by-value
+    scalars), so the stall ncu showed on the first scalar load is not the scalars' memory;
+    "value" stays an option, not the default."""
     return choice("METILE_CUDA_SCALARS", ("array", "value"), "array")
 
 
