@@ -23,7 +23,10 @@ function of the address bits), so the operand tiles live in dynamic shared memor
 
 Copies.  The operand tiles arrive by the same 16-byte cp.async groups as the
 mma.sync pipeline (gemm_async: masks tested per group, zero fill at the edges,
-element copies for misaligned views), into the layout above.
+element copies for misaligned views), into the layout above; or, on the bulk_tensor
+unit where `bulk_tensor_form` proves each operand a strided 2-D tensor bounded by its
+masks, by bulk tensor copies (TMA) whose 128-byte swizzle is that layout
+(`_wgmma_tma_steps`).
 
 Pipeline.  S stages, W_p wgmma groups left in flight per step (1 from three stages
 up, 0 with two), prefetch distance D = S - 1 - W_p.  Prologue: tiles 0..D-1.  Step t:
