@@ -427,17 +427,22 @@ def test_offset_view_operands_on_the_gpu(rng, variant, monkeypatch):
 
 @on_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_linear_weight_layout_on_the_gpu(rng, dtype):
-    # bias + gelu epilogue, weight read as stored (N, K), ragged sizes
+@pytest.mark.parametrize("variant, epilogue", [("1", "none"), ("tma", "relu")])
+def test_linear_weight_layout_on_the_gpu(rng, dtype, variant, epilogue, monkeypatch):
+    # bias (+ relu) epilogue, weight read as stored (N, K), ragged sizes; under tma one
+    # K-major box per stage
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     m, n, k = 300, 520, 200
     d = getattr(mx, dtype)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
     w = mx.array(rng.standard_normal((n, k)).astype(np.float32)).astype(d)
     bias = mx.array(rng.standard_normal((n,)).astype(np.float32)).astype(d)
     out = linear_epilogue[grid(m, n, 128, 256)](x, w, mx.zeros((m, n)), bias, x, m, n, k, **WG,
-                                                TRANSPOSE_B=True, BIAS="columns")
+                                                TRANSPOSE_B=True, BIAS="columns",
+                                                EPILOGUE=epilogue)
     X, W, B = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (x, w, bias))
-    check(out, X @ W.T + B)
+    ref = X @ W.T + B
+    check(out, np.maximum(ref, 0) if epilogue == "relu" else ref)
 
 
 def test_cached_launches_follow_the_setting(monkeypatch, rng):

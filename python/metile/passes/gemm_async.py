@@ -282,9 +282,7 @@ class AsyncStaging:
             return Ctx(self, lb, shape, coords=[row, col], identity=False)
 
         def conj(lb, c: Value, row, col) -> Value:
-            coords = [self.const(lb, 0) if s == 1 and t != 1 else x
-                      for x, s, t in zip([row, col], c.type.shape, shape)]
-            return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
+            return self.tile_value_at(lb, c, shape, row, col)
 
         def coords(lb, line, pos):
             """(row, col) of element `pos` along the grouped axis of line `line`."""
@@ -450,6 +448,13 @@ class AsyncStaging:
             part = self._async_copy(b, 0, "check")
             ok = part if ok is None else b.value("and", [ok, part], BOOL)
         return b.value("block_all", [ok], BOOL)
+
+    def tile_value_at(self, b: Builder, v: Value, shape, row: Value, col: Value) -> Value:
+        """`v` (a mask conjunct or its operand: a tile of `shape`, or one broadcast along an
+        axis of size 1) at element (row, col) of the `shape` tile."""
+        coords = [self.const(b, 0) if s == 1 and t != 1 else x
+                  for x, s, t in zip([row, col], v.type.shape, shape)]
+        return self.elem(v, Ctx(self, b, v.type.shape, coords=coords, identity=False))
 
     def _copy_threads(self) -> int:
         """How many threads share the staging copies (the producer warpgroup's under

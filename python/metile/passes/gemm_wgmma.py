@@ -290,9 +290,7 @@ class WarpgroupGemm:
 
             def room(ax, per_axis=per_axis, shape=shape):
                 def conj(lb, c, row, col):
-                    coords = [self.const(lb, 0) if s == 1 and t != 1 else x
-                              for x, s, t in zip([row, col], c.type.shape, shape)]
-                    return self.elem(c, Ctx(self, lb, c.type.shape, coords=coords, identity=False))
+                    return self.tile_value_at(lb, c, shape, row, col)
                 rooms = [self._room(b, c, (zero, zero), conj) for c in per_axis[ax]]
                 out = rooms[0]
                 for r in rooms[1:]:
