@@ -7,12 +7,17 @@ import metile
 from dsl_kernels import block_sum, softmax_rows, vector_add
 
 
-def test_geometry_scalars_and_masks():
+def test_geometry_scalars_and_masks(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "array")
     d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000, BLOCK=256,
                                   backend="cuda")
     src = d.source
     assert "blockIdx.x" in src and "threadIdx.x" in src
-    assert "n[0]" in src  # MLX passes runtime scalars to CUDA kernels as pointers
+    assert "n[0]" in src  # MLX's cuda_kernel passes runtime scalars as pointers
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
+    d = vector_add[(4,)].prepare(mx.zeros((1000,)), mx.zeros((1000,)), mx.zeros((1000,)), 1000,
+                                 BLOCK=256, backend="cuda")
+    assert "n[0]" not in d.source and d.call_kwargs["scalars"] == [1000]
     assert "metal::" not in src and "threadgroup" not in src
     assert d.variant.backend == "cuda" and d.variant.data["passes"][-1] == "emit_cuda"
 

@@ -6,7 +6,10 @@ needed 127 registers x 1024 threads = 130048 > 65536 and MLX's graph refused the
 launch ("too many resources requested for launch").  Here (NVRTC, no GPU) the
 kernels are compiled as MLX's `cuda_kernel` builds them (tests/nvrtc.py,
 mlx_translation_unit) and ptxas's register count is checked against the
-register file.  On an H200 the benchmark's kernel runs against MLX's op.
+register file.  MLX compiles a kernel only when its scalars travel as 0-d arrays
+(METILE_CUDA_SCALARS=array, the fallback where metile finds no NVRTC), so the tests set
+that; by value metile compiles it with the same bounds (cuda_source.translation_unit).
+On an H200 the benchmark's kernel runs against MLX's op.
 """
 
 import re
@@ -27,6 +30,11 @@ REGISTER_FILE = 65536
 needs_nvrtc = pytest.mark.skipif(TOOLKIT is None, reason="needs NVRTC (nvidia-cuda-nvrtc wheel)")
 on_gpu = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),
                             reason="runs on MLX's CUDA backend")
+
+
+@pytest.fixture(autouse=True)
+def scalars_as_arrays(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "array")
 
 
 def registers(dispatch) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""Runtime scalars of CUDA kernels passed by value (METILE_CUDA_SCALARS=value).
+"""Runtime scalars of CUDA kernels passed by value (the default where metile finds NVRTC;
+METILE_CUDA_SCALARS=value / array chooses).
 
 MLX hands a kernel's 0-d scalar arrays over as pointers into a managed-memory pool; the
 setting makes CUDA kernels take their int32/float32/bool scalars as kernel parameters
@@ -46,9 +47,17 @@ def test_unknown_setting_is_an_error(monkeypatch):
         prepare()
 
 
-def test_pointers_by_default(monkeypatch):
+def test_by_value_by_default_where_nvrtc_is_found(monkeypatch):
+    from metile.runtime import nvrtc as runtime_nvrtc
     monkeypatch.delenv("METILE_CUDA_SCALARS", raising=False)
     d = prepare()
+    assert d.variant.data["lowering"]["launch"]["scalars_by_value"] == ["rows", "columns", "inner"]
+    assert "rows[0]" not in d.variant.data["body"] and d.call_kwargs["scalars"] == [1000] * 3
+
+    def missing():
+        raise runtime_nvrtc.NvrtcUnavailable("no NVRTC here")
+    monkeypatch.setattr(runtime_nvrtc, "find_toolkit", missing)
+    d = prepare()   # without metile's NVRTC, MLX compiles the kernel: pointers
     assert "scalars_by_value" not in d.variant.data["lowering"]["launch"]
     assert "rows[0]" in d.variant.data["body"] and "scalars" not in d.call_kwargs
 

@@ -119,7 +119,8 @@ def test_user_epilogue_with_shared_subexpressions_and_runtime_scalars(rng):
         check(d(a, b, mx.zeros((m, n)), m, n, k, alpha, beta), ref)
 
 
-def test_cuda_epilogue_captures_scalars_from_their_pointers():
+def test_cuda_epilogue_captures_scalars_from_their_pointers(monkeypatch):
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "array")   # (by value they are parameters)
     a = mx.zeros((64, 64), mx.float16)
     d = matmul_epilogue[(1, 1)].prepare(a, a, mx.zeros((64, 64), mx.float16), 64, 64, 64, 1.0,
                                         0.0, EPILOGUE="gelu_tanh", backend="cuda")

@@ -168,9 +168,11 @@ class _FakeGpuStream:
 
 
 @pytest.mark.skipif(nvrtc.TOOLKIT is None, reason="needs the nvidia-cuda-* wheels")
-def test_launch_hands_the_template_and_scratch_to_the_binding(monkeypatch):
+@pytest.mark.parametrize("scalars", ["value", "array"])
+def test_launch_hands_the_template_and_scratch_to_the_binding(monkeypatch, scalars):
     from metile import _ext
     from metile.runtime import cuda_kernel as cuda_kernel_module
+    monkeypatch.setenv("METILE_CUDA_SCALARS", scalars)
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
     seen = []
@@ -178,8 +180,11 @@ def test_launch_hands_the_template_and_scratch_to_the_binding(monkeypatch):
                         [mx.zeros((130, 70)), mx.zeros((512,), dtype=mx.uint8)])
     d = prepare(130, 70, 90)
     outs = d.variant.callable()(**d.call_kwargs)
-    name, cubin, inputs, shapes, dtypes, *_ = seen[-1]
-    assert [x.shape for x in inputs] == [(130, 90), (90, 70), (), (), (), (256,)]
+    name, cubin, inputs, shapes, dtypes, *_, values = seen[-1]
+    if scalars == "value":   # rows, columns, inner as kernel parameters
+        assert [x.shape for x in inputs] == [(130, 90), (90, 70), (256,)] and values == [130, 70, 90]
+    else:
+        assert [x.shape for x in inputs] == [(130, 90), (90, 70), (), (), (), (256,)] and values == []
     assert shapes == [[130, 70], [2 * 1 * 256]] and cubin[:4] == b"\x7fELF"
     assert len(outs) == 2   # Dispatch._launch keeps the first `results` of them
 

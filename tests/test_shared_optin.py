@@ -25,13 +25,17 @@ def prepare(size, backend):
                                                backend=backend)
 
 
-def test_cuda_opts_in_to_dynamic_shared_memory():
+@pytest.mark.parametrize("scalars", ["array", "value"])
+def test_cuda_opts_in_to_dynamic_shared_memory(monkeypatch, scalars):
+    monkeypatch.setenv("METILE_CUDA_SCALARS", scalars)
     d = prepare(16384, "cuda")          # 64 KiB of float32
+    # by value, `n` is a kernel parameter: metile compiles the kernel for its target
+    by_value = {"arch": d.spec.backend.target.name, "scalars_by_value": ["n"]}
     assert d.variant.data["lowering"]["launch"] == {"shared_memory": 65536, "threads": 256,
-                                                    "arch": None}
+                                                    **({"arch": None} if scalars == "array" else by_value)}
     assert "extern __shared__" in d.variant.data["body"]
     small = prepare(1024, "cuda")
-    assert "launch" not in small.variant.data["lowering"]
+    assert "shared_memory" not in small.variant.data["lowering"].get("launch", {})
     assert "extern __shared__" not in small.variant.data["body"]
 
 

@@ -1,36 +1,33 @@
 #!/usr/bin/env bash
-# The next device call (written 2026-12-01, third session): where an eager launch spends
-# its host time on the H200 (cProfile: tools/probes/host_profile.py), and what the
-# 1024^3 float16 fused GEMM's kernel itself costs on the GPU (ncu gpu__time_duration)
-# under the bulk-tensor loop and the whole-tile loop, with scalars read through
-# pointers (MLX's managed small pool) and passed by value; wall time per invocation too.
+# The next device call (written 2026-12-01, third session), with runtime scalars passed by
+# value by default (the backend record's `scalars`): the launch floor probe, the eager
+# host profile, the fused-GEMM benchmark for float16 / bfloat16 (Triton merged) at the
+# default 128x256x64 tile and at 128x128x64 for the small and skinny shapes, then the
+# GEMM and op test files on the GPU.
 set -uo pipefail
-out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS
+repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS; budget=${BUDGET:-560}
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
 bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1
-timeout 150 python3 tools/probes/host_profile.py "$out/host-profile.txt" 2>&1 | grep -E "^==" | tee -a "$log"
-echo "host: $((SECONDS-t0)) s" | tee -a "$log"
-for v in "tma array" "tma value" "whole array" "whole value"; do
-  set -- $v
-  { echo "## METILE_CUDA_WGMMA=$1 METILE_CUDA_SCALARS=$2"
-    METILE_CUDA_WGMMA=$1 METILE_CUDA_SCALARS=$2 timeout 100 python3 tools/probes/small_gemm_launches.py 1024
-    METILE_CUDA_WGMMA=$1 METILE_CUDA_SCALARS=$2 timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
-      python3 tools/probes/small_gemm_launches.py 1024 --profile | grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" ; } \
-    >> "$out/small-1024.txt" 2>&1
-  echo "$v: $((SECONDS-t0)) s" | tee -a "$log"
+timeout 90 python3 tools/probes/launch_floor.py "$out/h200-launch-floor.json" 2>&1 | tee -a "$log"
+timeout 90 python3 tools/probes/host_profile.py "$out/host-profile-value.txt" 2>&1 | grep -E "^==" | tee -a "$log"
+echo "probes: $((SECONDS-t0)) s" | tee -a "$log"
+sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway"
+for dt in float16 bfloat16; do
+  f="$out/h200-gemm-$dt-value-128x256x64.json"
+  timeout 150 $sf --dtype $dt --tile 128 256 64 --num-simdgroups 8 --sizes 1024 2048 4096 8192 \
+    --shapes 16x4096x4096 512x4096x11008 --output "$f" 2>&1 | grep -v fails | tail -7 | tee -a "$log"
+  timeout 100 python3 -m benchmarks.compiler.triton_peer --merge "$f" --dtype $dt --time-anyway 2>&1 | tail -3 | tee -a "$log"
+  timeout 80 $sf --dtype $dt --tile 128 128 64 --num-simdgroups 8 --sizes 1024 2048 \
+    --shapes 16x4096x4096 512x4096x11008 --output "$out/h200-gemm-$dt-value-128x128x64.json" 2>&1 | grep -v fails | tail -5 | tee -a "$log"
+  echo "$dt: $((SECONDS-t0)) s" | tee -a "$log"
 done
-python3 - "$out/small-1024.txt" <<'PY' | tee -a "$log"
-import re, sys
-name = None
-for line in open(sys.argv[1]):
-    if line.startswith("##") or "per invocation" in line:
-        print(line.rstrip()); continue
-    m = re.match(r"\s+(\S+).*\((\d+), (\d+), 1\)x\((\d+)", line)
-    if m:
-        name = f"{m.group(1)[:28]} grid {m.group(2)}x{m.group(3)} block {m.group(4)}"; continue
-    m = re.search(r"gpu__time_duration.sum\s+(\S+)\s+([\d.,]+)", line)
-    if m and name:
-        print(f"  {name}: {m.group(2)} {m.group(1)}")
-PY
+files="test_gemm_tma test_gemm_wgmma test_gemm_transposed_b test_epilogue_reads test_linear_fused_reads
+       test_gemm_async test_gemm test_epilogue test_ops test_ops_batched test_cuda_scalars test_cuda_kernel test_cuda_precompiled"
+left=$((budget - (SECONDS - t0)))
+(cd /tmp && timeout "$left" python3 -m pytest -q -p no:cacheprovider --timeout 60 \
+   --junitxml="$out/junit.xml" $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
+   > "$out/pytest.txt" 2>&1)
+grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.txt" | tail -20 | tee -a "$log"
+python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 echo "total: $((SECONDS-t0)) s" | tee -a "$log"

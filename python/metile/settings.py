@@ -58,17 +58,22 @@ def wgmma_variant() -> str | None:
     return None if value == "0" else value
 
 
-def cuda_scalars() -> str:
+def cuda_scalars() -> str | None:
     """METILE_CUDA_SCALARS: how CUDA kernels receive their int32/float32/bool runtime
-    scalars: "array" (the default: each a 0-d MLX array read through its pointer, as MLX's
-    cuda_kernel passes them) or "value" (kernel parameters by value, precompiled_cuda_kernel's
-    `scalars`; every kernel with such a scalar is then compiled by metile and launched
-    precompiled, for its target's architecture unless it names one).  Measured on the H200
-    (tools/probes/scalar_args.py, benchmarks/results/h200-scalar-args-2026-12-01.json): the
-    1024^3 float16 GEMM runs 55-58 us either way (fresh, cached, padded or by-value
-    scalars), so the stall ncu showed on the first scalar load is not the scalars' memory;
-    "value" stays an option, not the default."""
-    return choice("METILE_CUDA_SCALARS", ("array", "value"), "array")
+    scalars: "value" (kernel parameters by value, precompiled_cuda_kernel's `scalars`;
+    every kernel with such a scalar is then compiled by metile's NVRTC and launched
+    precompiled, for its target's architecture unless it names one) or "array" (each a 0-d
+    MLX array read through its pointer, as MLX's cuda_kernel passes them).
+
+    The default is "value" wherever metile finds NVRTC and the CUDA headers
+    (runtime/nvrtc.py), else "array".  Why (H200, tools/probes/launch_floor.py and
+    benchmarks/results/h200-gemm-1024-scalars-*): MLX keeps every allocation of at most 8
+    bytes in one managed pool advised ReadMostly, so a 0-d array written on the host
+    invalidates the GPU's copy of that page and the next kernel reading a scalar from it
+    faults: the 1024^3 float16 GEMM's kernel took 27-30 us with arrays and 13 us by
+    value (128x128 tile), cuBLAS 7.1.  None when unset: the backend record decides
+    (compiler/backend.py, resolve_backend)."""
+    return choice("METILE_CUDA_SCALARS", ("array", "value"), None)
 
 
 def wgmma_enabled() -> bool:

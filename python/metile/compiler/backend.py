@@ -29,6 +29,7 @@ class Backend:
     native: bool = True      # whether that device runs this language
     device_label: str = ""   # the device as MLX prints it, for messages
     units: tuple = ()        # the matrix units GEMMs may lower to (schedule.targets.units_for)
+    scalars: str = "array"   # CUDA: runtime scalars by "value" or as 0-d "array"s (settings.cuda_scalars)
 
     @property
     def emitter(self):
@@ -164,4 +165,20 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
             # reference hardware.
             planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
-                   units_for(chosen, planned.name, settings.wgmma_variant()))
+                   units_for(chosen, planned.name, settings.wgmma_variant()),
+                   _cuda_scalars() if chosen == "cuda" else "array")
+
+
+def _cuda_scalars() -> str:
+    """METILE_CUDA_SCALARS, else "value" where metile's NVRTC and the CUDA headers are
+    found (kernels with by-value scalars are compiled by metile), else "array"."""
+    from .. import settings
+    explicit = settings.cuda_scalars()
+    if explicit is not None:
+        return explicit
+    from ..runtime import nvrtc
+    try:
+        nvrtc.find_toolkit()
+    except (nvrtc.NvrtcUnavailable, settings.SettingError):
+        return "array"
+    return "value"

@@ -308,18 +308,19 @@ BY_VALUE_SCALARS = ("int32", "float32", "bool")
 
 def _scalars_by_value(req, thread_fn: Function, buffers: dict) -> list[str]:
     """The kernel parameters a CUDA kernel takes by value under METILE_CUDA_SCALARS=value
-    (settings.cuda_scalars): its int32/float32/bool runtime scalars, in parameter order.
+    (the backend record's `scalars`, settings.cuda_scalars): its int32/float32/bool runtime
+    scalars, in parameter order.
     MLX's own cuda_kernel passes arrays only, so such a kernel is compiled by metile and
     launched precompiled: one without an arch of its own (the warpgroup GEMM's sm_90a)
     gets its target's (recorded in the launch record).  None for other settings."""
-    from .. import settings
-    if req.backend.language != "cuda" or settings.cuda_scalars() != "value":
+    if req.backend.language != "cuda" or req.backend.scalars != "value":
         return []
     names = [buffers[(n, "scalar")] for n, s in req.specs.items()
              if s[0] == "scalar" and s[1].name in BY_VALUE_SCALARS]
     if names:
         launch = thread_fn.meta.setdefault("launch", {})
-        launch.setdefault("arch", req.backend.target.name)
+        if launch.get("arch") is None:   # (a launch record may name it None)
+            launch["arch"] = req.backend.target.name
     return names
 
 

@@ -115,7 +115,7 @@ class Specialization:
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
             # precompiled CUDA kernels take their scalars by value or through pointers
-            **({"cuda_scalars": settings.cuda_scalars()} if backend.language == "cuda" else {}),
+            **({"cuda_scalars": backend.scalars} if backend.language == "cuda" else {}),
             # device_assert checks are compiled in (only debug builds add the key)
             **({"debug": True} if debug else {}),
         })
@@ -371,7 +371,7 @@ class Kernel:
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
                None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug,
-               settings.cuda_scalars() if backend.language == "cuda" else None)
+               backend.scalars)
         spec = self._specs.get(key)
         if spec is None:
             spec = Specialization(self, specs, consts, threads, backend, schedule, ints, debug)
