@@ -66,12 +66,13 @@ def cuda_scalars() -> str | None:
     MLX array read through its pointer, as MLX's cuda_kernel passes them).
 
     The default is "value" wherever metile finds NVRTC and the CUDA headers
-    (runtime/nvrtc.py), else "array".  Why (H200, tools/probes/launch_floor.py and
-    benchmarks/results/h200-gemm-1024-scalars-*): MLX keeps every allocation of at most 8
-    bytes in one managed pool advised ReadMostly, so a 0-d array written on the host
-    invalidates the GPU's copy of that page and the next kernel reading a scalar from it
-    faults: the 1024^3 float16 GEMM's kernel took 27-30 us with arrays and 13 us by
-    value (128x128 tile), cuBLAS 7.1.  None when unset: the backend record decides
+    (runtime/nvrtc.py), else "array".  Measured on the H200
+    (benchmarks/results/h200-gemm-1024-scalars-kernel-durations-2026-12-01.txt, ncu): the
+    1024^3 float16 GEMM's kernel took 27-30 us with arrays and 13 us by value (128x128
+    tile; cuBLAS 7.1), and an eager ops.matmul's host time fell from 528 to 72 us.  The
+    likely cause, not isolated (a one-thread kernel reading one 0-d array showed no
+    difference, tools/probes/launch_floor.py): MLX keeps every allocation of at most 8
+    bytes in one managed pool advised ReadMostly.  None when unset: the backend record decides
     (compiler/backend.py, resolve_backend)."""
     return choice("METILE_CUDA_SCALARS", ("array", "value"), None)
 
