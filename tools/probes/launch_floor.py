@@ -81,13 +81,13 @@ def part_a() -> dict:
         _ext.launch_precompiled_cuda, _ext.launch_cuda = real["launch_precompiled_cuda"], real["launch_cuda"]
         (which, args), = seen.items()
         out[f"ops.matmul {n}"] = per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 500)
-        out[f"  {which} alone"] = per_call(lambda: real[which](*args), 500)
+        out[f"  {n}: {which} alone"] = per_call(lambda: real[which](*args), 500)
         if which == "launch_precompiled_cuda":
-            out[f"  cubin bytes"] = len(args[1])
+            out[f"  {n}: cubin bytes"] = len(args[1])
         else:
-            out[f"  source+header chars"] = len(args[3]) + len(args[4])
+            out[f"  {n}: source+header chars"] = len(args[3]) + len(args[4])
         arrays = args[2] if which == "launch_precompiled_cuda" else args[7]
-        out[f"  inputs"] = [list(x.shape) for x in arrays]
+        out[f"  {n}: inputs"] = [list(x.shape) for x in arrays]
     out["mx.cuda.is_available"] = per_call(mx.cuda.is_available, 5000)
     out["mx.array(3) (a 0-d int32 array)"] = per_call(lambda: mx.array(3, dtype=mx.int32), 2000)
     out["mx.array([3, 0, 0, 0])"] = per_call(lambda: mx.array([3, 0, 0, 0], dtype=mx.int32), 2000)

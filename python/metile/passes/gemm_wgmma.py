@@ -66,6 +66,10 @@ MAX_STAGES = 5
 class WarpgroupGemm:
     """Expects the `MatmulLowering` state (gemm, gemm_plan, schedule_plan, T, ...)."""
 
+    # The maps a bulk-tensor K loop takes ({"dtype", "box"} each; `_wgmma_tma_steps`),
+    # listed in the launch record (lower_tiles); none for every other loop.
+    tensor_maps: tuple = ()
+
     def wgmma_loop(self, op: Op, b: Builder) -> None:
         g, plan = self.gemm, self.gemm_plan
         bm, bn, bk = g.tile

@@ -553,7 +553,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if self.gemm is not None:
             meta["matmul"] = self.matmul_meta()
         if launch is not None:
-            if getattr(self, "tensor_maps", None):   # gemm_wgmma.bulk_tensor_form
+            if self.tensor_maps:   # gemm_wgmma.bulk_tensor_form
                 launch["tensor_maps"] = self.tensor_maps
             meta["launch"] = launch
         meta.update(self.schedule_meta())

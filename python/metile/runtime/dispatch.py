@@ -236,7 +236,7 @@ class Dispatch:
         self.inputs = [tensor_maps.templates(maps, spec.backend.native) if role == "tensor_maps"
                        else scalar_array(runtime[name], name) for role, name in d.input_roles]
         # reused as they are by a relaunch: scalars' arrays and the tensor-map templates
-        self._scalar_inputs = {i: a for i, ((role, name), a) in enumerate(zip(d.input_roles,
+        self._fixed_inputs = {i: a for i, ((role, name), a) in enumerate(zip(d.input_roles,
                                                                               self.inputs))
                                if role == "tensor_maps" or not isinstance(runtime[name], mx.array)}
         self.tracked = [outputs.index(n) for n in d.tracked]
@@ -287,6 +287,14 @@ class Dispatch:
         if consts != self.spec.constexprs or threads != self.spec.threads_req:
             raise LaunchError("constexpr arguments differ from the prepared launch; prepare again")
 
+    def _loaded_buffers(self, outputs: list[str]) -> tuple[list[str], list[int]]:
+        """(names, input positions) of the buffers the kernel reads and does not write: the
+        arrays a differentiable launch takes as its primals."""
+        roles = self.variant.compiled.input_roles
+        loaded = [name for role, name in roles if role == "in"
+                  and self.specs[name][0] == "buffer" and name not in outputs]
+        return loaded, [i for i, (_, name) in enumerate(roles) if name in loaded]
+
     def _differentiable(self, runtime: dict, outputs: list[str]):
         """The launch wrapped in mx.custom_function with the expression vjp."""
         from . import autodiff
@@ -300,10 +308,7 @@ class Dispatch:
             raise CompilationError("differentiable=True needs launches that write every output "
                                    "element (grid * BLOCK and n covering the outputs)",
                                    self.kernel.loc)
-        roles = self.variant.compiled.input_roles
-        loaded = [name for role, name in roles if role == "in"
-                  and self.specs[name][0] == "buffer" and name not in outputs]
-        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        loaded, positions = self._loaded_buffers(outputs)
         call, kwargs = self.variant.callable(), self.call_kwargs
 
         def launch(*arrays):
@@ -320,10 +325,7 @@ class Dispatch:
         from . import autodiff
 
         autodiff.check_fragment_pointwise(fn)
-        roles = self.variant.compiled.input_roles
-        loaded = [name for role, name in roles if role == "in"
-                  and self.specs[name][0] == "buffer" and name not in outputs]
-        positions = [i for i, (_, name) in enumerate(roles) if name in loaded]
+        loaded, positions = self._loaded_buffers(outputs)
         call, kwargs, passed = self.variant.callable(), self.call_kwargs, list(self.outputs)
         tracked, k = self.tracked, len(outputs)
 
@@ -352,8 +354,8 @@ class Dispatch:
             _check_aliasing(runtime, self.spec.outputs)
         if self.empty:
             return outputs[0] if self.single else tuple(outputs)
-        scalars = self._scalar_inputs
-        inputs = [scalars[i] if i in scalars else runtime[name]
+        fixed = self._fixed_inputs
+        inputs = [fixed[i] if i in fixed else runtime[name]
                   for i, (_, name) in enumerate(self.variant.compiled.input_roles)]
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
 

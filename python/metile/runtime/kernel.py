@@ -370,8 +370,7 @@ class Kernel:
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
-               None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug,
-               backend.scalars)
+               None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug)
         spec = self._specs.get(key)
         if spec is None:
             spec = Specialization(self, specs, consts, threads, backend, schedule, ints, debug)
