@@ -1,34 +1,31 @@
 #!/usr/bin/env bash
-# The next device call (written 2026-12-01, fourth session): where a 1024^3 fused GEMM's
-# wall time per mx.compile'd call goes (tools/probes/gemm_call_floor.py, then every kernel
-# its calls launch under ncu), the > 2^31-element tests on the GPU, and compute-sanitizer
-# over the default GEMM path (TMA copies, scalars by value).
+# The next device call (written 2026-12-01, fourth session): the 1024^3 fused GEMM's call
+# floor for the TMA (default) and cp.async ("whole") warpgroup variants, and the GPU time
+# of the CUDA graphs MLX runs 20 back-to-back calls in (ncu --graph-profiling graph),
+# against the same kernels one at a time.
 set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
 bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1
-timeout 150 python3 tools/probes/gemm_call_floor.py "$out/h200-gemm-call-floor.json" 2>&1 | tee -a "$log"
-echo "floor: $((SECONDS-t0)) s" | tee -a "$log"
-timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv --launch-count 400 \
-  python3 tools/probes/gemm_call_floor.py --ncu > "$out/ncu-call-floor.csv" 2> "$out/ncu-call-floor.err"
-python3 - "$out/ncu-call-floor.csv" <<'PY' | tee -a "$log"
+show() { python3 - "$1" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]; k, v = head.index("Kernel Name"), head.index("Metric Value")
-for r in rows[1:][-60:]:
-    print(f"{r[k][:70]:70s} {r[v]}")
+for r in rows[1:][-45:]:
+    print(f"  {r[k][:60]:60s} {r[v]}")
 PY
-echo "ncu: $((SECONDS-t0)) s" | tee -a "$log"
-(cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 180 \
-   --junitxml="$out/junit-wide.xml" "$repo/tests/test_wide_offsets.py" > "$out/pytest-wide.txt" 2>&1)
-tail -3 "$out/pytest-wide.txt" | tee -a "$log"
-echo "wide: $((SECONDS-t0)) s" | tee -a "$log"
-for tool in memcheck racecheck; do
-  (cd /tmp && timeout 110 compute-sanitizer --tool $tool --error-exitcode 99 \
-     python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_gemm_tma.py" "$repo/tests/test_cuda_scalars.py" \
-     -k "not nvrtc and not sass" > "$out/sanitizer-tma-$tool.log" 2>&1)
-  echo "== $tool exit $? ==" | tee -a "$log"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$out/sanitizer-tma-$tool.log" | tail -3 | tee -a "$log"
+}
+for variant in tma whole; do
+  METILE_CUDA_WGMMA=$variant timeout 120 python3 tools/probes/gemm_call_floor.py "$out/h200-gemm-call-floor-$variant.json" 2>&1 | tee -a "$log"
+  for way in raw nop mlx; do
+    [ $variant = whole ] && [ $way != raw ] && continue
+    echo "== graphs, $variant $way, 20 calls ==" | tee -a "$log"
+    METILE_CUDA_WGMMA=$variant timeout 120 ncu --clock-control none --graph-profiling graph \
+      --metrics gpu__time_duration.sum --csv python3 tools/probes/gemm_call_floor.py --ncu \
+      --ways=$way --calls=20 > "$out/ncu-graph-$variant-$way.csv" 2> "$out/ncu-graph-$variant-$way.err"
+    show "$out/ncu-graph-$variant-$way.csv" | tee -a "$log"
+  done
+  echo "$variant: $((SECONDS-t0)) s" | tee -a "$log"
 done
 echo "total: $((SECONDS-t0)) s" | tee -a "$log"

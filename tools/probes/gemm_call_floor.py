@@ -15,10 +15,12 @@ per mx.compile'd call, alternating, many calls per synchronization:
 
 each at 38 and 200 calls per synchronization, with the host time to build the calls
 (no evaluation) and the time of the evaluation that follows, per call.  With `--ncu` it
-instead evaluates 3 calls of each, for `ncu --metrics gpu__time_duration.sum` to list
-every kernel a call launches.
+instead evaluates `--calls=N` (3) calls of each, for `ncu --metrics gpu__time_duration.sum`
+to list every kernel a call launches (or, with `--graph-profiling graph`, the GPU time of
+the CUDA graphs MLX runs them in: back-to-back, as in the timing loop).  `--ways=a,b`
+keeps those ways only.
 
-    python3 tools/probes/gemm_call_floor.py [out.json] [--ncu]
+    python3 tools/probes/gemm_call_floor.py [out.json] [--ncu] [--ways=raw,nop] [--calls=20]
 """
 import json
 import sys
@@ -77,6 +79,8 @@ def split(fn, a, b, launches):
 
 def main():
     ncu = "--ncu" in sys.argv
+    only = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--ways=")), None)
+    calls = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--calls=")), 3)
     paths = [p for p in sys.argv[1:] if not p.startswith("--")]
     rng = np.random.default_rng(0)
     a = mx.array(rng.standard_normal((N, N)).astype(np.float16))
@@ -113,9 +117,11 @@ def main():
     ref = np.array(fns["fused"](a, b)).astype(np.float32)
     got = np.array(ways["raw"](a, b)).astype(np.float32)
     assert np.array_equal(ref, got), "the raw launch differs from the fused call"
+    if only:
+        ways = {k: ways[k] for k in only}
     if ncu:
         for key, fn in ways.items():
-            mx.eval([fn(a, b) for _ in range(3)])
+            mx.eval([fn(a, b) for _ in range(calls)])
             mx.synchronize()
         return
     rows = {}
