@@ -11,7 +11,7 @@ python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 
 show() { python3 - "$1" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head = rows[0]; k, v = head.index("Kernel Name"), head.index("Metric Value")
+head = rows[0]; k = head.index("Kernel Name") if "Kernel Name" in head else 4; v = head.index("Metric Value")
 for r in rows[1:][-45:]:
     print(f"  {r[k][:60]:60s} {r[v]}")
 PY
