@@ -1,31 +1,24 @@
 #!/usr/bin/env bash
-# The next device call (written 2026-12-01, fourth session): the 1024^3 fused GEMM's call
-# floor for the TMA (default) and cp.async ("whole") warpgroup variants, and the GPU time
-# of the CUDA graphs MLX runs 20 back-to-back calls in (ncu --graph-profiling graph),
-# against the same kernels one at a time.
+# The next device call (written 2026-12-01, fourth session): does MLX overlap host and GPU
+# work (tools/probes/host_gpu_overlap.py); the 1024^3 fused GEMM by tile (Triton's pick
+# there is 64x64x64, 4 warps); ncu sections of the default 1024^3 kernel.
 set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
 bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1
-show() { python3 - "$1" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-head = rows[0]; k = head.index("Kernel Name") if "Kernel Name" in head else 4; v = head.index("Metric Value")
-for r in rows[1:][-45:]:
-    print(f"  {r[k][:60]:60s} {r[v]}")
-PY
-}
-for variant in tma whole; do
-  METILE_CUDA_WGMMA=$variant timeout 120 python3 tools/probes/gemm_call_floor.py "$out/h200-gemm-call-floor-$variant.json" 2>&1 | tee -a "$log"
-  for way in raw nop mlx; do
-    [ $variant = whole ] && [ $way != raw ] && continue
-    echo "== graphs, $variant $way, 20 calls ==" | tee -a "$log"
-    METILE_CUDA_WGMMA=$variant timeout 120 ncu --clock-control none --graph-profiling graph \
-      --metrics gpu__time_duration.sum --csv python3 tools/probes/gemm_call_floor.py --ncu \
-      --ways=$way --calls=20 > "$out/ncu-graph-$variant-$way.csv" 2> "$out/ncu-graph-$variant-$way.err"
-    show "$out/ncu-graph-$variant-$way.csv" | tee -a "$log"
-  done
-  echo "$variant: $((SECONDS-t0)) s" | tee -a "$log"
+timeout 150 python3 tools/probes/host_gpu_overlap.py "$out/h200-host-gpu-overlap.json" 2>&1 | tee -a "$log"
+echo "overlap: $((SECONDS-t0)) s" | tee -a "$log"
+sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway --dtype float16 --sizes 1024 2048"
+for t in "64 64 64 4" "64 128 64 4" "128 64 64 4" "128 128 64 8" "64 256 64 4"; do
+  set -- $t
+  timeout 60 $sf --tile $1 $2 $3 --num-simdgroups $4 --output "$out/h200-gemm-float16-1024-$1x$2x$3w$4.json" 2>&1 \
+    | grep -E "\^3" | sed "s/^/$1x$2x$3 w$4: /" | tee -a "$log"
 done
+echo "tiles: $((SECONDS-t0)) s" | tee -a "$log"
+timeout 150 ncu --clock-control none --kernel-name regex:metile_matmul_epilogue --launch-skip 2 --launch-count 1 \
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
+  --section Occupancy --section MemoryWorkloadAnalysis \
+  python3 tools/probes/gemm_call_floor.py --ncu --ways=raw --calls=3 > "$out/ncu-1024-sections.txt" 2>&1
+grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Eligible|Active Warps|Registers|Shared Memory|Theoretical Occ|Achieved Occ|Waves" "$out/ncu-1024-sections.txt" | head -60 | tee -a "$log"
 echo "total: $((SECONDS-t0)) s" | tee -a "$log"
