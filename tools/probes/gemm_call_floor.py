@@ -13,7 +13,8 @@ per mx.compile'd call, alternating, many calls per synchronization:
   nop-1out   the same without the tensor maps' scratch output
   tiny       a one-block, one-thread kernel (the floor of any launch)
 
-each at 38 and 200 calls per synchronization, with the host time to build the calls
+each at 38 and 200 calls per synchronization, independent (MLX may run them
+concurrently) and chained (each call's output is the next one's B operand), with the host time to build the calls
 (no evaluation) and the time of the evaluation that follows, per call.  With `--ncu` it
 instead evaluates `--calls=N` (3) calls of each, for `ncu --metrics gpu__time_duration.sum`
 to list every kernel a call launches (or, with `--graph-profiling graph`, the GPU time of
@@ -60,13 +61,20 @@ def capture(fn, a, b):
     return seen[-1]
 
 
-def split(fn, a, b, launches):
-    """(build us, eval us, total us) per call, best of 5."""
+def split(fn, a, b, launches, chain=False):
+    """(build us, eval us, total us) per call, best of 5.  `chain`: each call's output is
+    the next call's B operand, so MLX must run the calls one after another."""
     best = (1e9, 1e9, 1e9)
     for _ in range(5):
         mx.synchronize()
         t0 = time.perf_counter()
-        outs = [fn(a, b) for _ in range(launches)]
+        if chain:
+            outs, x = [], b
+            for _ in range(launches):
+                x = fn(a, x)
+                outs.append(x)
+        else:
+            outs = [fn(a, b) for _ in range(launches)]
         t1 = time.perf_counter()
         mx.eval(outs)
         mx.synchronize()
@@ -128,15 +136,18 @@ def main():
     for launches in (38, 200):
         for r in range(2):
             for key in (list(ways) if r == 0 else list(ways)[::-1]):
-                got = split(ways[key], a, b, launches)
-                k = f"{key} x{launches}"
-                if k not in rows or got[2] < rows[k][2]:
-                    rows[k] = got
+                for chain in (False, True):
+                    if chain and key in ("tiny", "nop-1out"):
+                        continue
+                    got = split(ways[key], a, b, launches, chain)
+                    k = f"{key}{' chained' if chain else ''} x{launches}"
+                    if k not in rows or got[2] < rows[k][2]:
+                        rows[k] = got
     print(f"launch: {name} grid {grid} block {tg} smem {smem} outputs {oshapes} "
           f"cubin {len(cubin)} B")
-    print(f"{'':16s} {'build':>8s} {'eval':>8s} {'total':>8s}  (us per call)")
+    print(f"{'':24s} {'build':>8s} {'eval':>8s} {'total':>8s}  (us per call)")
     for k, v in rows.items():
-        print(f"{k:16s} {v[0]:8.2f} {v[1]:8.2f} {v[2]:8.2f}")
+        print(f"{k:24s} {v[0]:8.2f} {v[1]:8.2f} {v[2]:8.2f}")
     if paths:
         json.dump({"machine": "H200", "mlx": mx.__version__, "shape": [N, N, N], "tile": TILE,
                    "launch": {"grid": grid, "block": tg, "shared_memory": smem,
