@@ -10,11 +10,15 @@ events:
   fresh-out   200 distinct device buffers (cudaMalloc), as MLX hands out new outputs
   managed     200 distinct cudaMallocManaged buffers (MLX's allocator uses managed memory),
               touched by a first round on the GPU
+  managed-in  managed outputs and managed A and B written by the host first (as
+              mx.array(numpy) makes them), then read by the GPU
+  advised-in  the same after cudaMemAdvise(preferred location: the GPU) and a prefetch
   cublas      CuPy's a @ b (cuBLAS), same shapes, no epilogue
 and checks the result against MLX's.
 
     python3 tools/probes/gemm_outside_mlx.py [out.json]
 """
+import ctypes
 import json
 import sys
 import tempfile
@@ -93,7 +97,24 @@ def main():
 
     device = buffers(lambda n: cp.empty(n, cp.uint8))
     managed = buffers(lambda n: cp.ndarray((n,), cp.uint8, cp.cuda.malloc_managed(n)))
+    def host_written(x: np.ndarray, advise: bool):
+        mem = cp.cuda.malloc_managed(x.nbytes)
+        ctypes.memmove(mem.ptr, x.ctypes.data, x.nbytes)
+        if advise:
+            cp.cuda.runtime.memAdvise(mem.ptr, x.nbytes, 3, 0)  # SetPreferredLocation
+            cp.cuda.runtime.memPrefetchAsync(mem.ptr, x.nbytes, 0, 0)
+        return cp.ndarray(x.shape, x.dtype, mem)
+
+    def launcher_in(a_, b_, outs):
+        def launch(i):
+            kernel(blocks, tg, (a_, b_, *rest, *[o[i % len(o)] for o in outs], *values),
+                   shared_mem=smem)
+        return launch
+
+    managed_outs = [[row[j] for row in managed] for j in range(len(nbytes))]
     ways = {
+        "managed-in": launcher_in(host_written(an, False), host_written(bn, False), managed_outs),
+        "advised-in": launcher_in(host_written(an, True), host_written(bn, True), managed_outs),
         "same-out": launcher([[device[0][j]] for j in range(len(nbytes))]),
         "fresh-out": launcher([[row[j] for row in device] for j in range(len(nbytes))]),
         "managed": launcher([[row[j] for row in managed] for j in range(len(nbytes))]),
