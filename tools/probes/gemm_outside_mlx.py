@@ -13,6 +13,8 @@ events:
   managed-in  managed outputs and managed A and B written by the host first (as
               mx.array(numpy) makes them), then read by the GPU
   advised-in  the same after cudaMemAdvise(preferred location: the GPU) and a prefetch
+  graph       fresh-out's 200 launches captured into one CUDA graph (as MLX runs them)
+  nop-graph   the same with a kernel that does nothing (same grid, block, shared memory)
   cublas      CuPy's a @ b (cuBLAS), same shapes, no epilogue
 and checks the result against MLX's.
 
@@ -56,16 +58,33 @@ def capture(fn, a, b):
 
 def timed(launch, rounds=5):
     start, stop = cp.cuda.Event(), cp.cuda.Event()
+    stream = getattr(launch, "stream", None)
     launch(0)
     best = 1e9
     for _ in range(rounds):
-        start.record()
+        start.record(stream)
         for i in range(LAUNCHES):
             launch(i)
-        stop.record()
+        stop.record(stream)
         stop.synchronize()
         best = min(best, cp.cuda.get_elapsed_time(start, stop) * 1e3 / LAUNCHES)
     return round(best, 2)
+
+
+def graph_of(launch):
+    """One CUDA graph of LAUNCHES calls of `launch`, and a function timing one replay."""
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for i in range(LAUNCHES):
+            launch(i)
+        graph = stream.end_capture()
+
+    def replay(i):
+        if i == 0:
+            graph.launch(stream)
+    replay.stream = stream
+    return replay
 
 
 def main():
@@ -123,6 +142,11 @@ def main():
         "managed": launcher([[row[j] for row in managed] for j in range(len(nbytes))]),
         "cublas": lambda i: ac @ bc,
     }
+    nop = cp.RawModule(code='extern "C" __global__ void nop_form() {}').get_function("nop_form")
+    nop.max_dynamic_shared_size_bytes = smem
+    fresh = [[row[j] for row in device] for j in range(len(nbytes))]
+    ways["graph"] = graph_of(launcher(fresh))
+    ways["nop-graph"] = graph_of(lambda i: nop(blocks, tg, (), shared_mem=smem))
     ways["fresh-out"](0)
     cp.cuda.runtime.deviceSynchronize()
     got = device[0][0].view(cp.float16).reshape(N, N).get()
