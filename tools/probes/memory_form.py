@@ -9,6 +9,8 @@ launch form (8x8 blocks of 256 threads, 128 KB of dynamic shared memory, inputs 
   write      each block stores its 128x128 output tile (16-byte stores)
   read       each block reads its 128 rows of A and 128 columns of B (16-byte loads)
   read+write both
+  nop        nothing, from a small module and from a module padded past 100 KB by an
+             unused kernel (metile's GEMM cubin is 116 KB): does the module's size cost?
 Each is timed inside MLX (mx.compile, 200 calls per synchronization) and outside it
 (CuPy, device memory, 200 launches between CUDA events).
 
@@ -70,6 +72,12 @@ extern "C" __global__ void mf_read_write(const __half* a, const __half* b, __hal
 }
 '''
 KERNELS = ("mf_spin", "mf_write", "mf_read", "mf_read_write")
+NOP = 'extern "C" __global__ void mf_nop(const void* a, const void* b, void* y, int cycles) {}\n'
+# straight-line code NVRTC cannot fold: ~120 KB of SASS in a kernel nobody launches
+PAD = ('extern "C" __global__ void mf_pad(float* y, float x) {\n' + "".join(
+    f"  x = x * {1 + i * 1e-6:.7f}f + {i % 7}.25f; if (x > {1e20 + i:.1f}f) y[{i}] = x;\n"
+    for i in range(2500)) + "  y[0] = x;\n}\n")
+
 CYCLES = 20000
 
 
@@ -123,9 +131,17 @@ def main():
             k.max_dynamic_shared_size_bytes = SMEM
             got = [in_mlx(name, cubin, a, b), outside(k, ac, bc)]
             rows[name] = [min(x, y) for x, y in zip(rows.get(name, got), got)]
+    small, _ = nvrtc.cubin(NOP, "sm_90a")
+    big, _ = nvrtc.cubin(NOP.replace("mf_nop", "mf_nop_big") + PAD, "sm_90a")
+    for r in range(2):
+        for name, mod in ((("mf_nop", small), ("mf_nop_big", big)) if r == 0 else
+                          (("mf_nop_big", big), ("mf_nop", small))):
+            got = in_mlx(name, mod, a, b)
+            key = f"{name} ({len(mod) // 1024} KB module)"
+            rows[key] = [min(rows.get(key, [1e9])[0], got), None]
     print(f"{'':16s} {'in MLX':>8s} {'CuPy':>8s}  (us per call / launch, 200 per sync)")
     for k, v in rows.items():
-        print(f"{k:16s} {v[0]:8.2f} {v[1]:8.2f}")
+        print(f"{k:28s} {v[0]:8.2f} {v[1] if v[1] is not None else '':>8}")
     if len(sys.argv) > 1:
         json.dump({"machine": "H200", "mlx": mx.__version__, "cupy": cp.__version__,
                    "columns": ["mx.compile us per call", "CuPy us per launch"], "rows": rows},
