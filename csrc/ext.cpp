@@ -12,6 +12,9 @@
 #include <nanobind/stl/vector.h>
 
 #include "mlx/fast.h"
+#ifdef METILE_HAVE_MLX_CUDA
+#include "cuda_launch.h"
+#endif
 #ifdef METILE_HAVE_MSL_CPU
 #include "msl_cpu/primitive.h"
 #else
@@ -134,6 +137,36 @@ std::vector<mx::array> launch_precompiled_cuda(
                                            init_value, ensure_row_contiguous, stream);
 }
 
+#ifdef METILE_HAVE_MLX_CUDA
+std::vector<metile::cuda::Scalar> to_scalars(const std::vector<nb::object>& scalars) {
+  std::vector<metile::cuda::Scalar> values;
+  for (const auto& v : scalars) {
+    if (nb::isinstance<nb::bool_>(v)) {
+      values.emplace_back(nb::cast<bool>(v));
+    } else if (nb::isinstance<nb::int_>(v)) {
+      values.emplace_back(nb::cast<int>(v));
+    } else if (nb::isinstance<nb::float_>(v)) {
+      values.emplace_back(nb::cast<float>(v));
+    } else {
+      throw std::invalid_argument("[metile] a scalar passed by value must be a bool, int or float");
+    }
+  }
+  return values;
+}
+
+std::vector<mx::array> launch_cuda_function(
+    std::shared_ptr<metile::cuda::CudaFunction> fn, std::vector<mx::array> inputs,
+    const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
+    Dim3 grid, Dim3 threadgroup, const std::vector<nb::object>& scalars, bool ensure_row_contiguous,
+    mx::Stream stream) {
+  auto [gx, gy, gz] = grid;
+  auto [tx, ty, tz] = threadgroup;
+  return metile::cuda::launch(std::move(fn), std::move(inputs), to_shapes(output_shapes),
+                              output_dtypes, {gx, gy, gz}, {tx, ty, tz}, to_scalars(scalars),
+                              ensure_row_contiguous, stream);
+}
+#endif
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -180,6 +213,26 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+#ifdef METILE_HAVE_MLX_CUDA
+  m.attr("has_cuda_launch") = true;
+  nb::class_<metile::cuda::CudaFunction>(m, "CudaFunction")
+      .def(nb::new_([](const std::string& name, const nb::bytes& image, int shared_memory) {
+             // a cubin holds NUL bytes: the size must be explicit, never strlen
+             return std::make_shared<metile::cuda::CudaFunction>(
+                 name, std::string(static_cast<const char*>(image.data()), image.size()),
+                 shared_memory);
+           }),
+           nb::arg("name"), nb::arg("image"), nb::arg("shared_memory"))
+      .def_prop_ro("name", &metile::cuda::CudaFunction::name)
+      .def_prop_ro("shared_memory", &metile::cuda::CudaFunction::shared_memory)
+      .def_prop_ro("image_bytes", &metile::cuda::CudaFunction::image_bytes);
+  m.def("launch_cuda_function", &launch_cuda_function, nb::arg("function"), nb::arg("inputs"),
+        nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
+        nb::arg("scalars"), nb::arg("ensure_row_contiguous"), nb::arg("stream"),
+        "Launch a loaded cubin's kernel as metile's own MLX primitive (loaded once per device).");
+#else
+  m.attr("has_cuda_launch") = false;
+#endif
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),
         nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),

@@ -241,6 +241,7 @@ def test_large_shared_memory_and_launch_arguments_reach_the_binding(cache, monke
     # No GPU here: stand in for the device check and record what each binding gets.
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")   # this tests MLX's precompiled binding
     seen = {}
     monkeypatch.setattr(_ext, "launch_cuda", lambda *args: seen.setdefault("cuda", args))
     monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.setdefault("precompiled", args))

@@ -150,6 +150,7 @@ def test_launch_hands_arrays_and_values_to_the_binding(monkeypatch):
     monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")   # this tests MLX's precompiled binding
     seen = []
     monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.append(args) or
                         [mx.zeros((130, 70), dtype=mx.float16)])

@@ -77,6 +77,19 @@ def cuda_scalars() -> str | None:
     return choice("METILE_CUDA_SCALARS", ("array", "value"), None)
 
 
+def cuda_launch() -> str:
+    """METILE_CUDA_LAUNCH: how a cubin metile compiled is launched: "metile" (the default
+    where metile's C++ layer was built against MLX's CUDA backend: its own MLX primitive,
+    the module loaded once per device, csrc/cuda_launch.cpp) or "mlx"
+    (mx.fast.precompiled_cuda_kernel).  A launch with an `init_value` always takes "mlx"
+    (its outputs are filled by MLX's fill kernel).  Measured on the H200 (MLX 0.32.4): MLX's
+    precompiled launch hashes the whole cubin on every evaluation, so a no-op kernel from a
+    161 KB module cost 45.5 us per call against 8.8 us from a 3 KB one, and the 1024^3
+    GEMM's 116 KB cubin ~20 us per call on top of its 10 us kernel
+    (benchmarks/results/h200-memory-form-module-size-2026-12-01.json)."""
+    return choice("METILE_CUDA_LAUNCH", ("metile", "mlx"), "metile")
+
+
 def wgmma_enabled() -> bool:
     """Unless METILE_CUDA_WGMMA=0: GEMMs on sm_90 may take the warpgroup MMA path."""
     return wgmma_variant() is not None

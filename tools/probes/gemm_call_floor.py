@@ -6,8 +6,8 @@ metile's fused leaky GEMM at 1024^3 with either tile, while ncu times its kernel
 per mx.compile'd call, alternating, many calls per synchronization:
 
   mlx        mx.compile(leaky(a @ b)) (the benchmark's peer)
-  fused      the benchmark's metile call
-  raw        the same cubin and arguments through the binding, without metile's Python
+  fused      the benchmark's metile call (the default launch: METILE_CUDA_LAUNCH)
+  raw        the same cubin and arguments through MLX's precompiled_cuda_kernel
   nop        a kernel that does nothing, launched with the fused launch's grid, block,
              dynamic shared memory, inputs and outputs (the floor of that launch form)
   nop-1out   the same without the tensor maps' scratch output
@@ -24,6 +24,7 @@ keeps those ways only.
     python3 tools/probes/gemm_call_floor.py [out.json] [--ncu] [--ways=raw,nop] [--calls=20]
 """
 import json
+import os
 import sys
 import time
 
@@ -47,8 +48,12 @@ extern "C" __global__ void tiny_form(const float* x, float* y) { y[0] = x[0] + 1
 
 
 def capture(fn, a, b):
+    """The arguments of `fn`'s launch through MLX's precompiled_cuda_kernel (the launch is
+    taken that way while capturing: METILE_CUDA_LAUNCH=mlx)."""
     seen = []
     real = _ext.launch_precompiled_cuda
+    before = os.environ.get("METILE_CUDA_LAUNCH")
+    os.environ["METILE_CUDA_LAUNCH"] = "mlx"
 
     def spy(*args):
         seen.append(args)
@@ -58,6 +63,10 @@ def capture(fn, a, b):
         mx.eval(fn(a, b))
     finally:
         _ext.launch_precompiled_cuda = real
+        if before is None:
+            os.environ.pop("METILE_CUDA_LAUNCH")
+        else:
+            os.environ["METILE_CUDA_LAUNCH"] = before
     return seen[-1]
 
 
@@ -94,9 +103,9 @@ def main():
     a = mx.array(rng.standard_normal((N, N)).astype(np.float16))
     b = mx.array(rng.standard_normal((N, N)).astype(np.float16))
     mx.eval(a, b)
-    fns = sf.variants((N, N, N), mx.float16, TILE)
     name, cubin, inputs, oshapes, odtypes, grid, tg, smem, init, erc, stream, scalars = \
-        capture(fns["fused"], a, b)
+        capture(sf.variants((N, N, N), mx.float16, TILE)["fused"], a, b)
+    fns = sf.variants((N, N, N), mx.float16, TILE)   # traced with the default launch
     rest = list(inputs[2:])
     nop, _ = nvrtc.cubin(NOP, "sm_90a")
     x = mx.array([1.0], dtype=mx.float32)

@@ -22,6 +22,7 @@ and checks the result against MLX's.
 """
 import ctypes
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -41,8 +42,12 @@ LAUNCHES = 200
 
 
 def capture(fn, a, b):
+    """The arguments of `fn`'s launch through MLX's precompiled_cuda_kernel (the launch is
+    taken that way while capturing: METILE_CUDA_LAUNCH=mlx)."""
     seen = []
     real = _ext.launch_precompiled_cuda
+    before = os.environ.get("METILE_CUDA_LAUNCH")
+    os.environ["METILE_CUDA_LAUNCH"] = "mlx"
 
     def spy(*args):
         seen.append(args)
@@ -53,6 +58,10 @@ def capture(fn, a, b):
         mx.eval(out)
     finally:
         _ext.launch_precompiled_cuda = real
+        if before is None:
+            os.environ.pop("METILE_CUDA_LAUNCH")
+        else:
+            os.environ["METILE_CUDA_LAUNCH"] = before
     return seen[-1], np.array(out)
 
 

@@ -21,11 +21,15 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from .. import _ext
+from .. import _ext, settings
 from . import nvrtc
 from .cuda_source import launch_bounds_header, mlx_kernel_symbol, translation_unit
 from .source_kernel import SourceKernel, resolve_stream
 
+
+# metile's own launch primitive for its cubins (csrc/cuda_launch.cpp): built where MLX has
+# its CUDA backend; settings.cuda_launch() chooses it or MLX's precompiled_cuda_kernel.
+_OWN_LAUNCH = getattr(_ext, "has_cuda_launch", False)
 
 # MLX takes the byte count as a C int.
 _MAX_SHARED_MEMORY = 2**31 - 1
@@ -63,6 +67,7 @@ class CudaKernel(SourceKernel):
         self._names: dict = {}
         self._headers: dict = {}
         self._cubins: dict = {}
+        self._functions: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
                  init_value=None, verbose=False, stream=None, scalars=None):
@@ -81,6 +86,10 @@ class CudaKernel(SourceKernel):
         if self.arch is not None:
             name, cubin = self.compiled([x.dtype for x in inputs], list(output_dtypes), threadgroup, verbose)
             arrays, values = split_value_inputs(inputs, self.value_positions, scalars)
+            if init_value is None and _OWN_LAUNCH and settings.cuda_launch() == "metile":
+                return _ext.launch_cuda_function(
+                    self._function(name, cubin), arrays, shapes, list(output_dtypes), grid,
+                    threadgroup, values, self.ensure_row_contiguous, s)
             return _ext.launch_precompiled_cuda(
                 name, cubin, arrays, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
                 init_value, self.ensure_row_contiguous, s, values,
@@ -91,6 +100,13 @@ class CudaKernel(SourceKernel):
             self.ensure_row_contiguous, self.shared_memory, inputs, shapes, list(output_dtypes),
             grid, threadgroup, template, init_value, verbose, s,
         )
+
+    def _function(self, name: str, cubin: bytes):
+        """The loaded-once handle of a compiled cubin (metile's own launch primitive)."""
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = _ext.CudaFunction(name, cubin, self.shared_memory)
+        return fn
 
     def mlx_source(self, inputs, output_dtypes, template, threadgroup) -> tuple[str, str]:
         """(name, header) that MLX's `cuda_kernel` compiles this kernel with for a

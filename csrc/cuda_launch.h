@@ -1,0 +1,50 @@
+// metile's own CUDA launch primitive (cuda_launch.cpp): a cubin loaded once per device,
+// launched as a lazy MLX node.  Built only against MLX's CUDA backend.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include <cuda.h>
+
+#include "mlx/array.h"
+#include "mlx/stream.h"
+
+namespace metile::cuda {
+
+namespace mx = mlx::core;
+
+using Dims = std::array<int, 3>;
+using Scalar = std::variant<bool, int, float>;
+
+// One kernel of a cubin; its module is loaded on the first launch on each device.
+class CudaFunction {
+ public:
+  CudaFunction(std::string name, std::string image, int shared_memory);
+  CUfunction function(int device);
+  const std::string& name() const { return name_; }
+  int shared_memory() const { return shared_memory_; }
+  std::size_t image_bytes() const { return image_.size(); }
+
+ private:
+  std::string name_, image_;
+  int shared_memory_;
+  std::mutex mutex_;
+  std::unordered_map<int, CUfunction> loaded_;
+};
+
+// The outputs of launching `fn` over `grid` threads in blocks of `threads`: arguments
+// are each input's pointer, then each output's, then `scalars` by value (the order of
+// mx.fast.precompiled_cuda_kernel).
+std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
+                              const std::vector<mx::Shape>& output_shapes,
+                              const std::vector<mx::Dtype>& output_dtypes, Dims grid, Dims threads,
+                              std::vector<Scalar> scalars, bool ensure_row_contiguous,
+                              mx::Stream stream);
+
+}  // namespace metile::cuda

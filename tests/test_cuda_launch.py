@@ -1,0 +1,131 @@
+"""metile's own launch primitive for the cubins it compiles (csrc/cuda_launch.cpp,
+METILE_CUDA_LAUNCH): the choice of path on any machine, and on a CUDA GPU the results of
+both paths against each other and NumPy, inputs that are not row-contiguous, mx.compile,
+the library GEMM, and a broken image refused with a message."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import _ext
+from metile.runtime import cuda_kernel as cuda_kernel_module
+from metile.runtime import nvrtc
+from metile.settings import SettingError, cuda_launch
+
+
+def _no_nvrtc() -> bool:
+    try:
+        nvrtc.find_toolkit()
+    except Exception:
+        return True
+    return False
+
+
+OWN = getattr(_ext, "has_cuda_launch", False)
+on_cuda = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),
+                             reason="needs MLX's CUDA backend")
+needs_own = pytest.mark.skipif(not OWN, reason="metile's C++ layer was built without MLX's CUDA "
+                                               "backend (no CUDA launch primitive)")
+
+SCALE = """
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a * x[i] + 1.0f;
+"""
+
+
+def _scale(name="scale_own"):
+    return metile.cuda_kernel(name, ["x", "a", "n"], ["out"], SCALE, arch="sm_90a",
+                              value_inputs=("a", "n"))
+
+
+def _run(kernel, x, a=2.0):
+    n = x.size
+    (out,) = kernel(inputs=[x, a, n], output_shapes=[(n,)], output_dtypes=[mx.float32],
+                    grid=(256 * ((n + 255) // 256), 1, 1), threadgroup=(256, 1, 1), scalars=[a, n])
+    return out
+
+
+def test_the_setting_is_checked(monkeypatch):
+    assert cuda_launch() == "metile"
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")
+    assert cuda_launch() == "mlx"
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "own")
+    with pytest.raises(SettingError, match="METILE_CUDA_LAUNCH='own'.*metile.*mlx"):
+        cuda_launch()
+
+
+@pytest.mark.skipif(_no_nvrtc(), reason="no NVRTC to compile the cubin")
+def test_without_the_primitive_mlx_launches_the_cubin(monkeypatch):
+    # a build without MLX's CUDA backend (CI) keeps MLX's precompiled_cuda_kernel path,
+    # whatever the setting says
+    class Stream:
+        class device:
+            type = mx.gpu
+    monkeypatch.setattr(cuda_kernel_module, "_OWN_LAUNCH", False)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: Stream)
+    seen = []
+    monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.append(args) or [mx.zeros(4)])
+    _run(_scale("scale_fallback"), mx.zeros(4))
+    (name, cubin, arrays, shapes, dtypes, grid, block, smem, init, contiguous, _, scalars), = seen
+    assert cubin[:4] == b"\x7fELF" and scalars == [2.0, 4] and len(arrays) == 1 and contiguous
+
+
+@on_cuda
+@needs_own
+def test_both_paths_match_numpy(monkeypatch, rng):
+    x = rng.standard_normal(1000).astype(np.float32)
+    kernel = _scale()
+    own = np.array(_run(kernel, mx.array(x)))
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")
+    theirs = np.array(_run(kernel, mx.array(x)))
+    np.testing.assert_array_equal(own, theirs)
+    np.testing.assert_allclose(own, 2.0 * x + 1.0, rtol=1e-6)
+
+
+@on_cuda
+@needs_own
+def test_inputs_that_are_not_row_contiguous_are_copied(rng):
+    base = rng.standard_normal((40, 30)).astype(np.float32)
+    kernel = _scale("scale_views")
+    for view, want in ((mx.array(base).T, base.T), (mx.array(base)[:, ::3], base[:, ::3]),
+                       (mx.broadcast_to(mx.array(base[:1]), (40, 30)), np.broadcast_to(base[:1], (40, 30)))):
+        got = _run(kernel, view.reshape(-1) if view.ndim == 1 else view)
+        np.testing.assert_allclose(np.array(got).reshape(want.shape), 2.0 * want + 1.0, rtol=1e-6)
+
+
+@on_cuda
+@needs_own
+def test_inside_compile_with_lazy_inputs(rng):
+    x = rng.standard_normal(777).astype(np.float32)
+    kernel = _scale("scale_compiled")
+    f = mx.compile(lambda v: _run(kernel, (v * 3.0).T, 0.5) + 1.0)
+    for _ in range(3):
+        np.testing.assert_allclose(np.array(f(mx.array(x))), 0.5 * 3.0 * x + 2.0, rtol=1e-5)
+
+
+@on_cuda
+@needs_own
+def test_library_gemm_is_the_same_on_both_paths(monkeypatch, rng):
+    a = mx.array(rng.standard_normal((300, 200)).astype(np.float16))
+    b = mx.array(rng.standard_normal((200, 170)).astype(np.float16))
+    own = np.array(metile.ops.matmul(a, b, backend="metile"))
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")
+    theirs = np.array(metile.ops.matmul(a, b, backend="metile"))
+    np.testing.assert_array_equal(own, theirs)
+    want = np.array(a.astype(mx.float32)).astype(np.float64) @ np.array(b.astype(mx.float32))
+    np.testing.assert_allclose(own.astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+@on_cuda
+@needs_own
+def test_a_broken_image_is_refused_with_the_kernels_name():
+    fn = _ext.CudaFunction("not_a_kernel", b"\x7fELF\x02\x01\x01" + b"\0" * 57, 0)
+    out = _ext.launch_cuda_function(fn, [mx.zeros(4)], [[4]], [mx.float32], (4, 1, 1), (4, 1, 1),
+                                    [], True, mx.default_stream(mx.gpu))[0]
+    with pytest.raises(RuntimeError, match="cuModuleLoadData for kernel 'not_a_kernel' failed"):
+        mx.eval(out)
+    with pytest.raises(ValueError, match="grid and threadgroup sizes must be positive"):
+        _ext.launch_cuda_function(fn, [mx.zeros(4)], [[4]], [mx.float32], (0, 1, 1), (4, 1, 1),
+                                  [], True, mx.default_stream(mx.gpu))
