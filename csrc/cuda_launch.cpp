@@ -13,6 +13,7 @@
 // (device.h pulls in fmt, which the wheel does not ship), so the few declarations
 // used are repeated below, matched to MLX 0.32.4 (the version metile pins).
 #include "cuda_launch.h"
+#include "cubin_check.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -65,11 +66,13 @@ void check(CUresult rc, const char* what, const std::string& name) {
 
 }  // namespace
 
+
 CudaFunction::CudaFunction(std::string name, std::string image, int shared_memory)
     : name_(std::move(name)), image_(std::move(image)), shared_memory_(shared_memory) {
   if (shared_memory_ < 0) {
     throw std::invalid_argument("[metile] shared_memory must be non-negative");
   }
+  check_image(name_, image_);
 }
 
 CUfunction CudaFunction::function(int device) {

@@ -11,6 +11,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "cubin_check.h"
 #include "mlx/fast.h"
 #ifdef METILE_HAVE_MLX_CUDA
 #include "cuda_launch.h"
@@ -213,6 +214,10 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+  m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {
+          metile::cuda::check_image(name, std::string(static_cast<const char*>(image.data()), image.size()));
+        }, nb::arg("name"), nb::arg("image"),
+        "Raise ValueError unless `image` is a 64-bit ELF whose tables lie inside it.");
 #ifdef METILE_HAVE_MLX_CUDA
   m.attr("has_cuda_launch") = true;
   nb::class_<metile::cuda::CudaFunction>(m, "CudaFunction")

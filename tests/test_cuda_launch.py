@@ -118,14 +118,30 @@ def test_library_gemm_is_the_same_on_both_paths(monkeypatch, rng):
     np.testing.assert_allclose(own.astype(np.float64), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(_no_nvrtc(), reason="no NVRTC to compile a cubin")
+def test_cubin_headers_are_checked_before_the_driver_reads_them():
+    # the driver's loader crashed the process on a truncated cubin (H200): the C++ layer
+    # checks the ELF header's tables lie inside the image first, on every build
+    image = nvrtc.compile('extern "C" __global__ void k(float* y) { y[0] = 1.0f; }', "sm_90a", "k")
+    _ext.check_cubin("k", image)
+    for bad, why in ((image[:200], "outside the image"), (b"PTX" + image[3:], "no ELF header"),
+                     (image[:4] + b"\x01" + image[5:], "not a 64-bit ELF file"), (b"", "no ELF header")):
+        with pytest.raises(ValueError, match=f"kernel 'k' is not a loadable 64-bit cubin: .*{why}"):
+            _ext.check_cubin("k", bad)
+
+
 @on_cuda
 @needs_own
-def test_a_broken_image_is_refused_with_the_kernels_name():
-    fn = _ext.CudaFunction("not_a_kernel", b"\x7fELF\x02\x01\x01" + b"\0" * 57, 0)
-    out = _ext.launch_cuda_function(fn, [mx.zeros(4)], [[4]], [mx.float32], (4, 1, 1), (4, 1, 1),
+def test_a_broken_or_foreign_image_is_refused_with_the_kernels_name():
+    image = nvrtc.compile('extern "C" __global__ void k(float* y) { y[0] = 1.0f; }', "sm_90a", "k")
+    with pytest.raises(ValueError, match="kernel 'k' is not a loadable 64-bit cubin"):
+        _ext.CudaFunction("k", image[:300], 0)
+    foreign = nvrtc.compile('extern "C" __global__ void k(float* y) { y[0] = 1.0f; }', "sm_100a", "k")
+    fn = _ext.CudaFunction("k", foreign, 0)
+    out = _ext.launch_cuda_function(fn, [], [[4]], [mx.float32], (1, 1, 1), (1, 1, 1),
                                     [], True, mx.default_stream(mx.gpu))[0]
-    with pytest.raises(RuntimeError, match="cuModuleLoadData for kernel 'not_a_kernel' failed"):
+    with pytest.raises(RuntimeError, match="cuModuleLoadData for kernel 'k' failed"):
         mx.eval(out)
     with pytest.raises(ValueError, match="grid and threadgroup sizes must be positive"):
-        _ext.launch_cuda_function(fn, [mx.zeros(4)], [[4]], [mx.float32], (0, 1, 1), (4, 1, 1),
+        _ext.launch_cuda_function(fn, [], [[4]], [mx.float32], (0, 1, 1), (4, 1, 1),
                                   [], True, mx.default_stream(mx.gpu))
