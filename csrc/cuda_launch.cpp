@@ -38,6 +38,11 @@ class CommandEncoder {
   void add_completed_handler(std::function<void()> task);
 };
 CommandEncoder& get_command_encoder(Stream s);
+class Device {
+ public:
+  void make_current();
+};
+Device& device(mlx::core::Device device);
 }  // namespace mlx::core::cu
 
 namespace metile::cuda {
@@ -79,7 +84,9 @@ CUfunction CudaFunction::function(int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = loaded_.find(device);
   if (it != loaded_.end()) return it->second;
-  // MLX made `device`'s primary context current before eval_gpu.
+  // Loaded when a launch is built (launch()), on the caller's thread: a refusal is a
+  // Python exception there, never an error inside MLX's evaluation.
+  mx::cu::device(mx::Device(mx::Device::gpu, device)).make_current();
   CUmodule module = nullptr;
   check(cuModuleLoadData(&module, image_.data()), "cuModuleLoadData", name_);
   CUfunction fn = nullptr;
@@ -177,6 +184,7 @@ std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::
       if (!(in.is_available() && in.flags().row_contiguous)) in = mx::contiguous(in, false, stream);
     }
   }
+  fn->function(stream.device.index);
   auto primitive = std::make_shared<CudaLaunch>(stream, std::move(fn), blocks, threads,
                                                 std::move(scalars), ensure_row_contiguous);
   return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);

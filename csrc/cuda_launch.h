@@ -22,7 +22,8 @@ namespace mx = mlx::core;
 using Dims = std::array<int, 3>;
 using Scalar = std::variant<bool, int, float>;
 
-// One kernel of a cubin; its module is loaded on the first launch on each device.
+// One kernel of a cubin; its module is loaded when the first launch on each device is
+// built, and stays loaded.
 class CudaFunction {
  public:
   CudaFunction(std::string name, std::string image, int shared_memory);

@@ -64,6 +64,8 @@ def wall(fn, launches=200, rounds=5):
 def part_a() -> dict:
     seen = {}
     real = {"launch_precompiled_cuda": _ext.launch_precompiled_cuda, "launch_cuda": _ext.launch_cuda}
+    if getattr(_ext, "has_cuda_launch", False):
+        real["launch_cuda_function"] = _ext.launch_cuda_function
 
     def spy(name):
         def call(*args):
@@ -76,17 +78,21 @@ def part_a() -> dict:
         a = mx.array(np.ones((n, n), np.float16))
         mx.eval(a)
         seen.clear()
-        _ext.launch_precompiled_cuda, _ext.launch_cuda = spy("launch_precompiled_cuda"), spy("launch_cuda")
+        for name in real:
+            setattr(_ext, name, spy(name))
         mx.eval(metile.ops.matmul(a, a, backend="metile"))
-        _ext.launch_precompiled_cuda, _ext.launch_cuda = real["launch_precompiled_cuda"], real["launch_cuda"]
+        for name, fn in real.items():
+            setattr(_ext, name, fn)
         (which, args), = seen.items()
         out[f"ops.matmul {n}"] = per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 500)
         out[f"  {n}: {which} alone"] = per_call(lambda: real[which](*args), 500)
         if which == "launch_precompiled_cuda":
             out[f"  {n}: cubin bytes"] = len(args[1])
+        elif which == "launch_cuda_function":
+            out[f"  {n}: cubin bytes"] = args[0].image_bytes
         else:
             out[f"  {n}: source+header chars"] = len(args[3]) + len(args[4])
-        arrays = args[2] if which == "launch_precompiled_cuda" else args[7]
+        arrays = {"launch_precompiled_cuda": args[2], "launch_cuda_function": args[1]}.get(which, args[7] if len(args) > 7 else [])
         out[f"  {n}: inputs"] = [list(x.shape) for x in arrays]
     out["mx.cuda.is_available"] = per_call(mx.cuda.is_available, 5000)
     out["mx.array(3) (a 0-d int32 array)"] = per_call(lambda: mx.array(3, dtype=mx.int32), 2000)
