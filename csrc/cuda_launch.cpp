@@ -20,7 +20,6 @@
 
 #include <deque>
 #include <functional>
-#include <sstream>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -63,10 +62,11 @@ void check(CUresult rc, const char* what, const std::string& name) {
   if (rc == CUDA_SUCCESS) return;
   const char* text = nullptr;
   cuGetErrorString(rc, &text);
-  std::ostringstream msg;
-  msg << "[metile] " << what << " for kernel '" << name << "' failed: "
-      << (text ? text : "unknown CUDA error") << " (CUresult " << int(rc) << ")";
-  throw std::runtime_error(msg.str());
+  // std::string, not an ostringstream: formatting an int through iostreams crashed in
+  // this library's libstdc++ locale code on the H200 (cuda-gdb, foreign_cubin.py)
+  throw std::runtime_error(std::string("[metile] ") + what + " for kernel '" + name + "' failed: " +
+                           (text ? text : "unknown CUDA error") + " (CUresult " +
+                           std::to_string(int(rc)) + ")");
 }
 
 }  // namespace

@@ -7,12 +7,13 @@ runtime with race and bounds checks; gradients against MLX; CUDA staging falls b
 from 16-byte asynchronous copies (source checked only: no GPU here)."""
 
 import json
+import os
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from metile import lazy_graph, ops
+from metile import _ext, lazy_graph, ops
 from metile_kernels.gemm import grid, linear_epilogue, matmul_epilogue
 
 TOL = {"float32": dict(rtol=3e-4, atol=3e-5), "float16": dict(rtol=2e-3, atol=2e-3),
@@ -36,6 +37,13 @@ def gelu(z):
 
 # -- no copy --------------------------------------------------------------------------------------
 
+def _kernel_node() -> str:
+    if mx.default_device().type != mx.gpu:
+        return "MetileMslCpuKernel"
+    own = getattr(_ext, "has_cuda_launch", False) and os.environ.get("METILE_CUDA_LAUNCH") != "mlx"
+    return "MetileCudaKernel" if own else "CustomKernel"
+
+
 def test_linear_graph_has_no_transposed_copy(rng):
     x, _ = arrays(rng, (5, 24), "float32")
     w, _ = arrays(rng, (40, 24), "float32")
@@ -43,8 +51,9 @@ def test_linear_graph_has_no_transposed_copy(rng):
     r, _ = arrays(rng, (5, 40), "float32")
     for args, kw in (((x, w), {}), ((x, w, b, "gelu_tanh"), {"residual": r})):
         g = lazy_graph.graph(ops.linear(*args, backend="metile", **kw))
-        # MLX's custom-kernel node on a GPU, the CPU runtime's own primitive elsewhere
-        node = "CustomKernel" if mx.default_device().type == mx.gpu else "MetileMslCpuKernel"
+        # metile's CUDA launch primitive (or MLX's custom-kernel node) on a GPU, the CPU
+        # runtime's own primitive elsewhere
+        node = _kernel_node()
         assert g.count(node) == 1
         assert g.count("Transpose") == 0 and g.feeding("Contiguous", "Transpose") == 0
     # the same count sees the copy the row-major kernel needs (the layout before TRANSPOSE_B):
@@ -52,9 +61,9 @@ def test_linear_graph_has_no_transposed_copy(rng):
     # inside its own evaluation, so there the transposed view feeds the kernel itself (the
     # bytes that copy allocates are measured by test_large_weight_is_not_copied)
     old = lazy_graph.graph(ops._linear_metile(x, w, b, "gelu_tanh", ops.LEAKY_SLOPE, ops.BLOCK, r))
-    if mx.default_device().type == mx.gpu:
+    if _kernel_node() == "CustomKernel":
         assert old.feeding("CustomKernel", "Transpose") == 1
-    else:
+    else:   # the CPU runtime and metile's CUDA launch make a lazy strided input contiguous
         assert old.feeding("Contiguous", "Transpose") == 1
 
 
