@@ -145,3 +145,76 @@ def test_a_broken_or_foreign_image_is_refused_with_the_kernels_name():
     with pytest.raises(ValueError, match="grid and threadgroup sizes must be positive"):
         _ext.launch_cuda_function(fn, [], [[4]], [mx.float32], (0, 1, 1), (4, 1, 1),
                                   [], True, mx.default_stream(mx.gpu))
+
+
+@pytest.mark.skipif(_no_nvrtc(), reason="no NVRTC to compile the cubin")
+def test_relaunches_go_straight_to_the_binding(monkeypatch):
+    # the first launch of a Dispatch goes through CudaKernel's checks and binds; later
+    # launches of the same signature call the binding with the new arrays only; a changed
+    # METILE_CUDA_LAUNCH is part of the launch key, so it gets a new Dispatch
+    from metile_kernels.gemm import grid, matmul_epilogue
+
+    class Stream:
+        class device:
+            type = mx.gpu
+
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: Stream)
+    monkeypatch.setattr(cuda_kernel_module, "_OWN_LAUNCH", True)
+    monkeypatch.setattr(mx, "default_stream", lambda device: Stream)
+    seen, prepared = [], []
+
+    class Function:
+        def __init__(self, name, image, shared_memory):
+            self.name = name
+
+    def own(fn, inputs, shapes, dtypes, grid_, block, scalars, contiguous, stream):
+        seen.append(("own", fn, inputs, scalars))
+        return [mx.zeros(tuple(s), d) for s, d in zip(shapes, dtypes)]
+
+    def theirs(name, cubin, inputs, shapes, dtypes, *rest):
+        seen.append(("mlx", name, inputs, rest[-1]))
+        return [mx.zeros(tuple(s), d) for s, d in zip(shapes, dtypes)]
+
+    real_prepare = cuda_kernel_module.CudaKernel.prepare_call
+    monkeypatch.setattr(cuda_kernel_module.CudaKernel, "prepare_call",
+                        lambda self, *a: prepared.append(1) or real_prepare(self, *a))
+    monkeypatch.setattr(_ext, "CudaFunction", Function, raising=False)
+    monkeypatch.setattr(_ext, "launch_cuda_function", own, raising=False)
+    monkeypatch.setattr(_ext, "launch_precompiled_cuda", theirs)
+    from metile.compiler import backend as backend_module
+    monkeypatch.setattr(backend_module, "_device_target",   # as on an H200
+                        lambda: ("cuda", backend_module.target_for("cuda", "sm_90"), "Device(gpu, 0)"))
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
+    from metile.runtime import tensor_maps   # no driver here to encode the maps
+    monkeypatch.setattr(tensor_maps, "templates",
+                        lambda maps, encoded=True: mx.zeros((128 * len(maps),), mx.uint8))
+    m, n, k = 130, 70, 90
+
+    def launch(a, b):
+        return matmul_epilogue[grid(m, n, 128, 128)](
+            a, b, mx.zeros((m, n), mx.float16), m, n, k, 2.0, 0.5, EPILOGUE="affine",
+            NEGATIVE_SLOPE=0.0, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8)
+
+    arrays = [(mx.full((m, k), float(i), mx.float16), mx.full((k, n), 1.0, mx.float16))
+              for i in range(4)]
+    for a, b in arrays[:3]:
+        assert launch(a, b).shape == (m, n)
+    assert len(prepared) == 2            # the first launch's checks, and its bind
+    assert [s[0] for s in seen] == ["own"] * 3 and seen[0][1] is seen[2][1]
+    # the arrays of the third launch (through the launch's mx.custom_function: equal, new objects)
+    assert np.array(seen[2][2][0])[0, 0] == 2.0 and seen[2][2][0].shape == (m, k)
+    assert seen[2][3][:5] == [m, n, k, 2.0, 0.5]
+    monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")
+    launch(*arrays[3])
+    assert seen[-1][0] == "mlx" and np.array(seen[-1][2][0])[0, 0] == 3.0
+
+
+def test_raw_values_follow_the_environment(monkeypatch):
+    from metile.settings import raw_values
+    monkeypatch.delenv("METILE_TEST_RAW", raising=False)
+    assert raw_values(("METILE_TEST_RAW",)) == (None,)
+    monkeypatch.setenv("METILE_TEST_RAW", "a")
+    first = raw_values(("METILE_TEST_RAW",))
+    monkeypatch.setenv("METILE_TEST_RAW", "b")
+    assert raw_values(("METILE_TEST_RAW",)) != first and first[0] in ("a", b"a")

@@ -24,6 +24,31 @@ DEBUG_WORDS = ("uniformity", "pointer_recurrence", "plan_schedule", "lower_tiles
                "schedule", "asserts")
 
 
+# os.environ's own dict where CPython keeps one (POSIX; os.environ writes and
+# monkeypatch.setenv update it): os.environ.get encodes each key and decodes each value,
+# ~0.7 us a read, and a cached launch's key reads six settings (runtime/dispatch.py).
+_ENVIRON_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def raw_values(names: tuple[str, ...]) -> tuple:
+    """The raw values of the environment variables `names` (None where unset), compared
+    only for equality (a cached launch's key): bytes where os.environ's dict is read
+    directly, else str."""
+    if _ENVIRON_DATA is None or not isinstance(_ENVIRON_DATA, dict):
+        return tuple(os.environ.get(n) for n in names)
+    return tuple(map(_ENVIRON_DATA.get, _encoded(names)))
+
+
+_ENCODED: dict = {}
+
+
+def _encoded(names: tuple[str, ...]) -> tuple:
+    found = _ENCODED.get(names)
+    if found is None:
+        found = _ENCODED[names] = tuple(os.fsencode(n) for n in names)
+    return found
+
+
 class SettingError(ValueError):
     """An environment variable metile reads holds a value it does not accept."""
 

@@ -104,13 +104,10 @@ def _fingerprint(kind: str) -> str:
     return f"{kind}:{info.get('architecture', '')}:{info.get('device_name', '')}"
 
 
-def selection_key() -> tuple:
-    """The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET and the matrix
-    units' METILE_CUDA_WGMMA), raw: a launch resolved under other values must not be reused
-    (runtime/dispatch.py's launch key)."""
-    import os
-    return (os.environ.get("METILE_BACKEND"), os.environ.get("METILE_TARGET"),
-            os.environ.get("METILE_CUDA_WGMMA"))
+# The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET and the matrix
+# units' METILE_CUDA_WGMMA): a launch resolved under other values must not be reused
+# (runtime/dispatch.py's launch key).
+SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA")
 
 
 def resolve_backend(language: "str | Backend | None" = None, *, target: str | None = None) -> Backend:

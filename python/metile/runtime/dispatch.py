@@ -8,15 +8,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import operator
-import os
 import warnings
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from ..compiler.backend import selection_key
+from ..compiler.backend import SELECTION_VARIABLES
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
+from ..settings import raw_values
 from . import tensor_maps
 from .arguments import arg_spec, check_buffer_sizes, scalar_array
 
@@ -137,12 +137,20 @@ def _launch_key(grid, args, kwargs):
     return (grid_key, tuple(parts), options, *launch_environment())
 
 
+# What a resolved launch also depends on: the backend selection (compiler/backend.py,
+# SELECTION_VARIABLES), METILE_DEBUG=asserts, how a precompiled kernel takes its scalars, and
+# which binding launches a cubin (a Dispatch keeps its bound call: Dispatch._launch).
+_LAUNCH_VARIABLES = (*SELECTION_VARIABLES, "METILE_DEBUG", "METILE_CUDA_SCALARS",
+                     "METILE_CUDA_LAUNCH")
+
+
 def launch_environment() -> tuple:
-    """What a resolved launch also depends on: a launch resolved for another language or
-    target must not be reused after they change, nor one resolved before
-    METILE_DEBUG=asserts was set or cleared, nor one whose precompiled kernel takes its
-    scalars the other way (METILE_CUDA_SCALARS)."""
-    return selection_key(), os.environ.get("METILE_DEBUG"), os.environ.get("METILE_CUDA_SCALARS")
+    """The raw values of the settings a resolved launch depends on: a launch resolved for
+    another language or target must not be reused after they change, nor one resolved
+    before METILE_DEBUG=asserts was set or cleared, nor one whose precompiled kernel takes
+    its scalars the other way (METILE_CUDA_SCALARS) or through the other binding
+    (METILE_CUDA_LAUNCH)."""
+    return raw_values(_LAUNCH_VARIABLES)
 
 
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
@@ -376,9 +384,20 @@ class Dispatch:
                     f"backend to the device to run it here (a prepared launch's .source still "
                     f"shows the code)")
             call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
+            bound = None
 
             def run(inputs):
-                return call(**{**kwargs, "inputs": inputs})
+                # The first launch goes through the launcher's checks; a launcher that can
+                # (cuda_kernel.CudaKernel.bind) then hands back its binding call with this
+                # launch's fixed arguments, for the relaunches (same dtypes and shapes).
+                nonlocal bound
+                if bound is not None:
+                    return bound(inputs)
+                outs = call(**{**kwargs, "inputs": inputs})
+                bind = getattr(call, "bind", None)
+                if bind is not None:
+                    bound = bind(**kwargs)
+                return outs
 
             @mx.custom_function
             def launch(inputs):
