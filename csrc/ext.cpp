@@ -13,6 +13,7 @@
 
 #include "cubin_check.h"
 #include "mlx/fast.h"
+#include "mlx/primitives.h"
 #ifdef METILE_HAVE_MLX_CUDA
 #include "cuda_launch.h"
 #endif
@@ -214,6 +215,12 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+  m.def("primitive_name", [](const mx::array& a) -> std::optional<std::string> {
+          if (!a.has_primitive()) return std::nullopt;
+          return std::string(a.primitive().name());
+        }, nb::arg("array"),
+        "The name of the primitive that computes an unevaluated array; None for an evaluated one "
+        "(MLX detaches the graph) or a leaf.");
   m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {
           metile::cuda::check_image(name, std::string(static_cast<const char*>(image.data()), image.size()));
         }, nb::arg("name"), nb::arg("image"),
