@@ -20,7 +20,7 @@ namespace metile::cuda {
 namespace mx = mlx::core;
 
 using Dims = std::array<int, 3>;
-using Scalar = std::variant<bool, int, float>;
+using Scalar = std::variant<bool, int, float>;   // mx::fast::ScalarArg
 
 // One kernel of a cubin; its module is loaded when the first launch on each device is
 // built, and stays loaded.

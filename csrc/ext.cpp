@@ -108,41 +108,12 @@ std::vector<mx::array> launch_cuda(
                 init_value, verbose, stream);
 }
 
-// NVIDIA devices, a cubin metile compiled itself (runtime/nvrtc.py) for an
-// architecture MLX's NVRTC does not target (sm_90a for wgmma).  MLX loads the
-// image with cuModuleLoadDataEx and caches the module by `name` alone, so the
-// name carries a content hash; arguments are each input's pointer, then each
-// output's, then `scalars` by value (bool, int or float: a kernel's runtime scalars
-// under METILE_CUDA_SCALARS=value; otherwise they travel as 0-d inputs).
-std::vector<mx::array> launch_precompiled_cuda(
-    const std::string& name, const nb::bytes& compiled, const std::vector<mx::array>& inputs,
-    const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
-    Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
-    bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars) {
+// Scalars a cubin takes by value (bool, int or float: a kernel's runtime scalars under
+// METILE_CUDA_SCALARS=value; otherwise they travel as 0-d inputs).
+std::vector<mx::fast::ScalarArg> to_scalars(const std::vector<nb::object>& scalars) {
   std::vector<mx::fast::ScalarArg> values;
   for (const auto& v : scalars) {
     // bool before int: a Python bool is an int
-    if (nb::isinstance<nb::bool_>(v)) {
-      values.push_back(nb::cast<bool>(v));
-    } else if (nb::isinstance<nb::int_>(v)) {
-      values.push_back(nb::cast<int>(v));
-    } else if (nb::isinstance<nb::float_>(v)) {
-      values.push_back(nb::cast<float>(v));
-    } else {
-      throw std::invalid_argument("[metile] a scalar passed by value must be a bool, int or float");
-    }
-  }
-  // A cubin holds NUL bytes: the size must be explicit, never strlen.
-  std::string image(static_cast<const char*>(compiled.data()), compiled.size());
-  return mx::fast::precompiled_cuda_kernel(name, image, inputs, to_shapes(output_shapes),
-                                           output_dtypes, values, grid, threadgroup, shared_memory,
-                                           init_value, ensure_row_contiguous, stream);
-}
-
-#ifdef METILE_HAVE_MLX_CUDA
-std::vector<metile::cuda::Scalar> to_scalars(const std::vector<nb::object>& scalars) {
-  std::vector<metile::cuda::Scalar> values;
-  for (const auto& v : scalars) {
     if (nb::isinstance<nb::bool_>(v)) {
       values.emplace_back(nb::cast<bool>(v));
     } else if (nb::isinstance<nb::int_>(v)) {
@@ -155,6 +126,26 @@ std::vector<metile::cuda::Scalar> to_scalars(const std::vector<nb::object>& scal
   }
   return values;
 }
+
+// NVIDIA devices, a cubin metile compiled itself (runtime/nvrtc.py) for an
+// architecture MLX's NVRTC does not target (sm_90a for wgmma), through MLX's
+// precompiled_cuda_kernel (METILE_CUDA_LAUNCH=mlx, or where the C++ layer has no CUDA
+// launch of its own: launch_cuda_function).  MLX 0.32.4 keys its module cache by the
+// name and a hash of the image it computes at every evaluation.  Arguments are each
+// input's pointer, then each output's, then `scalars` by value.
+std::vector<mx::array> launch_precompiled_cuda(
+    const std::string& name, const nb::bytes& compiled, const std::vector<mx::array>& inputs,
+    const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
+    Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
+    bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars) {
+  // A cubin holds NUL bytes: the size must be explicit, never strlen.
+  std::string image(static_cast<const char*>(compiled.data()), compiled.size());
+  return mx::fast::precompiled_cuda_kernel(name, image, inputs, to_shapes(output_shapes),
+                                           output_dtypes, to_scalars(scalars), grid, threadgroup,
+                                           shared_memory, init_value, ensure_row_contiguous, stream);
+}
+
+#ifdef METILE_HAVE_MLX_CUDA
 
 std::vector<mx::array> launch_cuda_function(
     std::shared_ptr<metile::cuda::CudaFunction> fn, std::vector<mx::array> inputs,

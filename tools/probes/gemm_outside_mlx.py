@@ -22,7 +22,6 @@ and checks the result against MLX's.
 """
 import ctypes
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -34,35 +33,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT)]
 from benchmarks.compiler import schedule_fusion as sf  # noqa: E402
-from metile import _ext  # noqa: E402
+from gemm_call_floor import capture  # noqa: E402  (this folder: the same launch's arguments)
 
 N = 1024
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_simdgroups": 8}
 LAUNCHES = 200
-
-
-def capture(fn, a, b):
-    """The arguments of `fn`'s launch through MLX's precompiled_cuda_kernel (the launch is
-    taken that way while capturing: METILE_CUDA_LAUNCH=mlx)."""
-    seen = []
-    real = _ext.launch_precompiled_cuda
-    before = os.environ.get("METILE_CUDA_LAUNCH")
-    os.environ["METILE_CUDA_LAUNCH"] = "mlx"
-
-    def spy(*args):
-        seen.append(args)
-        return real(*args)
-    _ext.launch_precompiled_cuda = spy
-    try:
-        out = fn(a, b)
-        mx.eval(out)
-    finally:
-        _ext.launch_precompiled_cuda = real
-        if before is None:
-            os.environ.pop("METILE_CUDA_LAUNCH")
-        else:
-            os.environ["METILE_CUDA_LAUNCH"] = before
-    return seen[-1], np.array(out)
 
 
 def timed(launch, rounds=5):
