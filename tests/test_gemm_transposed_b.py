@@ -197,11 +197,12 @@ def test_transposed_layouts_are_their_own_candidates(monkeypatch):
                     {**ops.CUDA_SMALL_BLOCK, "TRANSPOSE_B": True},
                     ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK]
     assert len({ops._config_name(c) for c in cuda}) == 4
-    # on sm_90 the warpgroup tile leads both halves
+    # on sm_90 the two warpgroup tiles lead both halves
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
     hopper = ops.metile_configs(mx.float16, "a@b.T")
-    assert hopper[0] == {**ops._wgmma_block(), "TRANSPOSE_B": True}
-    assert hopper[3] == ops._wgmma_block() and hopper[1:3] + hopper[4:] == cuda
+    wgmma = [ops._wgmma_block(), ops._wgmma_block(ops.CUDA_WGMMA_SMALL_BLOCK)]
+    assert hopper[:2] == [{**c, "TRANSPOSE_B": True} for c in wgmma]
+    assert hopper[4:6] == wgmma and hopper[2:4] + hopper[6:] == cuda
     keys = {ops._signature("matmul", mx.float16, 64, 128, 64, layout, None, False)[0]
             for layout in ("a@b", "a@b.T")}
     assert len(keys) == 2
@@ -224,3 +225,19 @@ def test_cuda_strided_b_falls_back_from_async_copies(dtype):
     assert lowering(False)["async_copy"] is True
     strided = lowering(True)
     assert strided["async_copy"] is False and strided["stages"] == 1
+
+
+def test_default_tiles_on_sm_90(monkeypatch):
+    # the measured tiles (ops.py): 128x256x64 where its grid fills the H200's SMs,
+    # 128x128x64 below that for full 128-row tiles, split-K small tiles for few rows
+    monkeypatch.setattr(ops, "_on_cuda", lambda: True)
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
+    assert ops._block(4096, 4096, mx.float16, k=4096) == ops.CUDA_WGMMA_BLOCK
+    assert ops._block(512, 11008, mx.bfloat16, k=4096) == ops.CUDA_WGMMA_BLOCK
+    for m, n in ((1024, 1024), (2048, 2048), (300, 170)):
+        assert ops._block(m, n, mx.float16, k=1024) == ops.CUDA_WGMMA_SMALL_BLOCK
+    decode = ops._block(16, 4096, mx.float16, k=4096)
+    assert decode["BLOCK_M"] == ops.CUDA_SMALL_BLOCK["BLOCK_M"] and decode.get("SPLIT_K", 1) > 1
+    assert ops._block(1024, 1024, mx.float32, k=1024) == ops.BLOCK   # strict float32: FFMA
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
+    assert ops._block(1024, 1024, mx.float16, k=1024)["num_simdgroups"] == 12

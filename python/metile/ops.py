@@ -79,6 +79,11 @@ CUDA_SMALL_BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_simdgroups=4)
 # Hopper (unless METILE_CUDA_WGMMA=0): two warpgroups of wgmma m64n256k16 per 128x256x64
 # tile (passes/gemm_wgmma.py; 357 TFLOP/s float16 at 4096^3 on the H200).
 CUDA_WGMMA_BLOCK = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_simdgroups=8)
+# ...and 128x128x64 where the 128x256 grid leaves SMs idle: at 1024^3 float16 it led
+# 64x64, 64x128, 128x64 and 64x256 tiles (benchmarks/results/h200-gemm-float16-1024-*);
+# with metile's own CUDA launch it ran 1.44-1.53x mx.compile at 1024^3 and 1.14-1.24x at
+# 2048^3, float16 and bfloat16 (h200-gemm-*-own-launch-128x128x64-2026-12-01.json).
+CUDA_WGMMA_SMALL_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8)
 CUDA_SMS = 132
 # leaky_relu's slope for negative inputs when none is given: MLX's default
 # (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
@@ -247,6 +252,8 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
         block = BLOCK
     elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
         block = _wgmma_block()
+    elif _warpgroup_gemm() and m >= 128:
+        block = _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)
     elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
         splits = split_k_count(m, n, k, block) if batch == 1 and k else 1
@@ -263,11 +270,11 @@ def _transposed(block: dict) -> dict:
     return {**block, "TRANSPOSE_B": True}
 
 
-def _wgmma_block() -> dict:
-    """CUDA_WGMMA_BLOCK, with the producer warpgroup of the warp-specialized variant."""
+def _wgmma_block(block: dict = CUDA_WGMMA_BLOCK) -> dict:
+    """A warpgroup tile (CUDA_WGMMA_BLOCK unless named), with the producer warpgroup of the
+    warp-specialized variant."""
     from . import settings
-    return ({**CUDA_WGMMA_BLOCK, "num_simdgroups": 12} if settings.wgmma_variant() == "ws"
-            else CUDA_WGMMA_BLOCK)
+    return {**block, "num_simdgroups": 12} if settings.wgmma_variant() == "ws" else block
 
 
 def _warpgroup_gemm() -> bool:
@@ -470,7 +477,8 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     kernels (after MLX copies the operand to row-major) stay candidates too, since
     only they stage the operand with 16-byte asynchronous copies."""
     cuda = dtype != mx.float32 and _on_cuda()
-    base = ([_wgmma_block()] if cuda and _warpgroup_gemm() else []) + \
+    base = ([_wgmma_block(), _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)]
+            if cuda and _warpgroup_gemm() else []) + \
         ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK])
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
