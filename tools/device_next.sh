@@ -33,5 +33,5 @@ left=$((budget - 120 - (SECONDS - t0)))
 grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$out/pytest.txt" | tail -20 | tee -a "$log"
 python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 left=$((budget - (SECONDS - t0)))
-[ "$left" -gt 60 ] && timeout "$left" bash tools/device_decoder_block.sh 2>&1 | tail -12 | tee -a "$log"
+[ "$left" -gt 60 ] && BENCH_SECONDS=$((left - 10)) timeout "$left" bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
 echo "total: $((SECONDS-t0)) s" | tee -a "$log"
