@@ -99,13 +99,16 @@ def sample(fn, a, b, launches: int) -> float:
     return (time.perf_counter() - start) / launches
 
 
-def pair(first, second, a, b, launches: int, rounds: int) -> tuple[float, float]:
+def pair(first, second, a, b, launches: int, rounds: int) -> tuple[float, float, dict]:
+    """Medians of `rounds` alternating samples of each, and every sample (microseconds,
+    in the JSON: an outlier round shows there)."""
     times = ([], [])
     for r in range(rounds):
         order = [(first, times[0]), (second, times[1])]
         for fn, sink in order if r % 2 == 0 else order[::-1]:
             sink.append(sample(fn, a, b, launches))
-    return float(np.median(times[0])), float(np.median(times[1]))
+    samples = {"first": [t * 1e6 for t in times[0]], "second": [t * 1e6 for t in times[1]]}
+    return float(np.median(times[0])), float(np.median(times[1])), samples
 
 
 def reports(shape, dtype, a, b, tile: dict) -> dict:
@@ -190,15 +193,17 @@ def main():
         if failures and args.time_anyway:
             case["timed_despite_tolerance_failure"] = sorted(failures)
         if "fused" not in timed and "two_launches" not in timed:
-            fused_us, two_us = pair(fns["fused"], fns["two_launches"], a, b, launches, args.rounds)
+            fused_us, two_us, seen = pair(fns["fused"], fns["two_launches"], a, b, launches, args.rounds)
             case["fusion_pair_us"] = {"fused": fused_us * 1e6, "two_launches": two_us * 1e6,
-                                      "speedup": two_us / fused_us}
+                                      "speedup": two_us / fused_us,
+                                      "samples": {"fused": seen["first"], "two_launches": seen["second"]}}
         if "fused" not in timed and "mlx_compile" not in timed:
-            fused2_us, mlx_us = pair(fns["fused"], fns["mlx_compile"], a, b, launches, args.rounds)
+            fused2_us, mlx_us, seen = pair(fns["fused"], fns["mlx_compile"], a, b, launches, args.rounds)
             case["mlx_pair_us"] = {"fused": fused2_us * 1e6, "mlx_compile": mlx_us * 1e6,
-                                   "speedup": mlx_us / fused2_us}
+                                   "speedup": mlx_us / fused2_us,
+                                   "samples": {"fused": seen["first"], "mlx_compile": seen["second"]}}
         if schedule is not None and not {"fused", "fused_automatic"} & timed:
-            req_us, auto_us = pair(fns["fused"], fns["fused_automatic"], a, b, launches, args.rounds)
+            req_us, auto_us, _ = pair(fns["fused"], fns["fused_automatic"], a, b, launches, args.rounds)
             case["schedule_pair_us"] = {"required_schedule": req_us * 1e6,
                                         "automatic": auto_us * 1e6, "speedup": auto_us / req_us}
             print(f"{label:>14} {schedule}: {req_us * 1e6:9.1f} us vs automatic {auto_us * 1e6:9.1f} us")
