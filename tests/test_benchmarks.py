@@ -27,7 +27,11 @@ def test_schedule_fusion_smoke(tmp_path):
     assert case["shape"] == [32, 32, 32] and "tolerance_failures" not in case
     assert set(case["max_absolute_error"]) == {"metile_fused", "metile_two_launches", "mlx_compile"}
     for pair in ("fusion_pair_us", "mlx_pair_us", "schedule_pair_us"):
-        assert all(v > 0 for v in case[pair].values())
+        assert all(v > 0 for k, v in case[pair].items() if k != "samples")
+    for pair, names in (("fusion_pair_us", ("fused", "two_launches")), ("mlx_pair_us", ("fused", "mlx_compile"))):
+        samples = case[pair]["samples"]   # one round: each median is its one sample
+        assert sorted(samples) == sorted(names) and all(len(samples[n]) == 1 for n in names)
+        assert all(samples[n][0] == case[pair][n] for n in names)
     assert case["execution_reports"]["fused"]["double_buffered"] is True
 
 
