@@ -106,36 +106,44 @@ class CudaKernel(SourceKernel):
         """This launch reduced to its binding call, for a caller that keeps its signature
         (a Dispatch relaunching arrays of the same dtypes and shapes, with the same
         scalars): `launch(inputs)` with the checks, lookups and argument building of
-        __call__ done once, here.  The stream is the default one at each call unless
-        `stream` names one."""
-        inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
+        __call__ done once, here.  A call whose stream is not a GPU's takes __call__ (which
+        says why it cannot run there)."""
+        kwargs = dict(output_shapes=output_shapes, output_dtypes=output_dtypes, grid=grid,
+                      threadgroup=threadgroup, template=template, init_value=init_value,
+                      stream=stream, scalars=scalars)
+        checked, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
         dtypes = list(output_dtypes)
         fixed = None if stream is None else resolve_stream(stream, self.op)
 
-        def current():
-            return fixed if fixed is not None else mx.default_stream(mx.default_device())
+        def on_gpu(launch):
+            def run(arrays):
+                s = fixed if fixed is not None else mx.default_stream(mx.default_device())
+                if s.device.type != mx.gpu:
+                    return self(inputs=arrays, **kwargs)
+                return launch(arrays, s)
+            return run
 
         if self.arch is None:
-            name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
+            name, header = self.mlx_source(checked, output_dtypes, template, threadgroup)
             names, outs, source = self.input_names, self.output_names, self.source
             contiguous, smem = self.ensure_row_contiguous, self.shared_memory
-            return lambda arrays: _ext.launch_cuda(
+            return on_gpu(lambda arrays, s: _ext.launch_cuda(
                 name, names, outs, source, header, contiguous, smem, arrays, shapes, dtypes, grid,
-                threadgroup, template, init_value, False, current())
-        name, cubin = self.compiled([x.dtype for x in inputs], dtypes, threadgroup)
-        kept = [i for i in range(len(inputs)) if i not in self.value_positions]
-        _, values = split_value_inputs(inputs, self.value_positions, scalars)
+                threadgroup, template, init_value, False, s))
+        name, cubin = self.compiled([x.dtype for x in checked], dtypes, threadgroup)
+        kept = [i for i in range(len(checked)) if i not in self.value_positions]
+        _, values = split_value_inputs(checked, self.value_positions, scalars)
         contiguous = self.ensure_row_contiguous
         if init_value is None and _OWN_LAUNCH and settings.cuda_launch() == "metile":
             fn = self._function(name, cubin)
-            return lambda arrays: _ext.launch_cuda_function(
+            return on_gpu(lambda arrays, s: _ext.launch_cuda_function(
                 fn, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, values,
-                contiguous, current())
+                contiguous, s))
         smem = self.shared_memory
-        return lambda arrays: _ext.launch_precompiled_cuda(
+        return on_gpu(lambda arrays, s: _ext.launch_precompiled_cuda(
             name, cubin, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, smem,
-            init_value, contiguous, current(), values)
+            init_value, contiguous, s, values))
 
     def _function(self, name: str, cubin: bytes):
         """The loaded-once handle of a compiled cubin (metile's own launch primitive)."""

@@ -138,10 +138,12 @@ def _launch_key(grid, args, kwargs):
 
 
 # What a resolved launch also depends on: the backend selection (compiler/backend.py,
-# SELECTION_VARIABLES), METILE_DEBUG=asserts, how a precompiled kernel takes its scalars, and
-# which binding launches a cubin (a Dispatch keeps its bound call: Dispatch._launch).
+# SELECTION_VARIABLES), METILE_DEBUG=asserts, how a precompiled kernel takes its scalars,
+# which binding launches a cubin, and the CPU runtime's lane order and checks (a Dispatch
+# keeps its bound call, with these read once: Dispatch._launch).
 _LAUNCH_VARIABLES = (*SELECTION_VARIABLES, "METILE_DEBUG", "METILE_CUDA_SCALARS",
-                     "METILE_CUDA_LAUNCH")
+                     "METILE_CUDA_LAUNCH", "METILE_LANE_ORDER", "METILE_RACE_CHECK",
+                     "METILE_MSL_BOUNDS_CHECK")
 
 
 def launch_environment() -> tuple:
@@ -388,8 +390,9 @@ class Dispatch:
 
             def run(inputs):
                 # The first launch goes through the launcher's checks; a launcher that can
-                # (cuda_kernel.CudaKernel.bind) then hands back its binding call with this
-                # launch's fixed arguments, for the relaunches (same dtypes and shapes).
+                # (CudaKernel.bind, MetalKernel.bind on the CPU runtime) then hands back its
+                # binding call with this launch's fixed arguments, for the relaunches (same
+                # dtypes and shapes; the settings it read are in the launch key).
                 nonlocal bound
                 if bound is not None:
                     return bound(inputs)

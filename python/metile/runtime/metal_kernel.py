@@ -260,6 +260,49 @@ class MetalKernel(SourceKernel):
             s,
         )
 
+    def bind(self, *, inputs, verbose=False, stream=None, lane_order=None, race_check=None,
+             bounds_check=None, **launch):
+        """This launch on the CPU runtime reduced to its binding call, for a caller that
+        keeps its signature (a Dispatch relaunching arrays of the same dtypes and shapes):
+        `launch(inputs)` with the checks, the library lookup and the settings read once,
+        here (the caller's launch key holds the settings: runtime/dispatch.py).  A call
+        whose stream is not the CPU's, and a launch on Metal, take __call__ (None)."""
+        s = resolve_stream(stream, self.op)
+        if verbose or route(s.device, self.name) != "cpu":
+            return None
+        compare = race_compare(launch.get("order_dependent_outputs"), self.output_names)
+        checked, grid, threadgroup, shapes = self.prepare_call(
+            inputs, launch["output_shapes"], launch["output_dtypes"], launch["grid"],
+            launch["threadgroup"])
+        template, init_value = self.checked_extras(launch.get("template"), launch.get("init_value"))
+        _refuse_double(checked, launch["output_dtypes"], self.input_names, self.output_names)
+        signature = (
+            tuple((x.dtype, x.ndim, x.size < msl_source.MAX_CONSTANT_ARRAY_SIZE) for x in checked),
+            tuple(launch["output_dtypes"]),
+            tuple((k, repr(v)) for k, v in template),
+        )
+        library = self._libraries.get(signature)
+        if library is None:
+            return None   # the first launch builds it
+        order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
+        race = bool(settings.flag("METILE_RACE_CHECK") if race_check is None else race_check)
+        bounds = bool(settings.flag("METILE_MSL_BOUNDS_CHECK") if bounds_check is None else bounds_check)
+        dtypes, names, contiguous = list(launch["output_dtypes"]), self.input_names + self.output_names, \
+            self.ensure_row_contiguous
+        fixed = stream is not None
+
+        def run(arrays):
+            at = s if fixed else mx.default_stream(mx.default_device())
+            if at.device.type != mx.cpu:   # the default device changed: route it again
+                return self(inputs=arrays, stream=stream, lane_order=lane_order,
+                            race_check=race_check, bounds_check=bounds_check, **launch)
+            if contiguous:
+                arrays = [mx.contiguous(x, stream=at) if x.ndim > 0 else x for x in arrays]
+            return _ext.launch_cpu(library, self.name, arrays, self._shape_infos, shapes, dtypes,
+                                   grid, threadgroup, init_value, order, race, compare, bounds,
+                                   names, at)
+        return run
+
 
 def metal_kernel(
     name: str,
