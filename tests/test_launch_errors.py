@@ -128,3 +128,34 @@ def test_buffers_beyond_32_bit_offsets_are_refused():
                                           r"elements, more than the 2146435072 that 32-bit "
                                           r"offsets address: compute its offsets in int64"):
         double[(1,)](big, mx.zeros((8,), mx.float16), 8, BLOCK=8)
+
+
+def test_relaunches_on_the_cpu_runtime_reuse_their_binding(monkeypatch):
+    # the first launch of a signature goes through MetalKernel's checks and binds; later
+    # ones call the binding with the new arrays (the results stay right); a changed lane
+    # order (a setting the binding read) is part of the launch key: a new Dispatch
+    from metile import _ext
+    from metile.runtime import metal_kernel as metal_kernel_module
+
+    monkeypatch.delenv("METILE_LANE_ORDER", raising=False)
+    prepared, orders = [], []
+    real_prepare = metal_kernel_module.MetalKernel.prepare_call
+    monkeypatch.setattr(metal_kernel_module.MetalKernel, "prepare_call",
+                        lambda self, *a: prepared.append(1) or real_prepare(self, *a))
+    real_launch = _ext.launch_cpu
+    monkeypatch.setattr(_ext, "launch_cpu", lambda *a: orders.append(a[9]) or real_launch(*a))
+
+    @metile.kernel
+    def add_two(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 2.0, mask=offs < n)
+
+    for i in range(3):
+        x = np.arange(10, dtype=np.float32) * (i + 1)
+        got = add_two[(1,)](mx.array(x), mx.zeros((10,)), 10, BLOCK=16)
+        np.testing.assert_array_equal(np.array(got), x + 2.0)
+    assert len(prepared) == 2 and orders == ["forward"] * 3
+    monkeypatch.setenv("METILE_LANE_ORDER", "reverse")
+    got = add_two[(1,)](mx.ones((10,)), mx.zeros((10,)), 10, BLOCK=16)
+    np.testing.assert_array_equal(np.array(got), np.full(10, 3.0, np.float32))
+    assert orders[-1] == "reverse"
