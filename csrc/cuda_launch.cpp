@@ -14,6 +14,7 @@
 // used are repeated below, matched to MLX 0.32.4 (the version metile pins).
 #include "cuda_launch.h"
 #include "cubin_check.h"
+#include "no_vjp.h"
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -103,9 +104,18 @@ CUfunction CudaFunction::function(int device) {
 class CudaLaunch : public mx::Primitive {
  public:
   CudaLaunch(mx::Stream stream, std::shared_ptr<CudaFunction> fn, Dims blocks, Dims threads,
-             std::vector<Scalar> scalars, bool ensure_row_contiguous)
+             std::vector<Scalar> scalars, bool ensure_row_contiguous, std::string no_vjp)
       : mx::Primitive(stream), fn_(std::move(fn)), blocks_(blocks), threads_(threads),
-        scalars_(std::move(scalars)), ensure_row_contiguous_(ensure_row_contiguous) {}
+        scalars_(std::move(scalars)), ensure_row_contiguous_(ensure_row_contiguous),
+        no_vjp_(std::move(no_vjp)) {}
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override {
+    if (!no_vjp_.empty()) throw metile::NoVjp(no_vjp_);
+    return mx::Primitive::vjp(primals, cotangents, argnums, outputs);
+  }
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[metile] a CUDA kernel runs on the GPU stream only");
@@ -156,13 +166,14 @@ class CudaLaunch : public mx::Primitive {
   Dims blocks_, threads_;
   std::vector<Scalar> scalars_;
   bool ensure_row_contiguous_;
+  std::string no_vjp_;
 };
 
 std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
                               const std::vector<mx::Shape>& output_shapes,
                               const std::vector<mx::Dtype>& output_dtypes, Dims grid, Dims threads,
                               std::vector<Scalar> scalars, bool ensure_row_contiguous,
-                              mx::Stream stream) {
+                              mx::Stream stream, std::string no_vjp) {
   if (stream.device.type != mx::Device::gpu) {
     throw std::invalid_argument("[metile] a CUDA kernel needs a GPU stream");
   }
@@ -186,7 +197,8 @@ std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::
   }
   fn->function(stream.device.index);
   auto primitive = std::make_shared<CudaLaunch>(stream, std::move(fn), blocks, threads,
-                                                std::move(scalars), ensure_row_contiguous);
+                                                std::move(scalars), ensure_row_contiguous,
+                                                std::move(no_vjp));
   return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);
 }
 

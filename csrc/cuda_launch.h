@@ -41,11 +41,12 @@ class CudaFunction {
 
 // The outputs of launching `fn` over `grid` threads in blocks of `threads`: arguments
 // are each input's pointer, then each output's, then `scalars` by value (the order of
-// mx.fast.precompiled_cuda_kernel).
+// mx.fast.precompiled_cuda_kernel).  `no_vjp`: raised (metile::NoVjp) when a gradient
+// reaches the launch; empty: MLX's own refusal.
 std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
                               const std::vector<mx::Shape>& output_shapes,
                               const std::vector<mx::Dtype>& output_dtypes, Dims grid, Dims threads,
                               std::vector<Scalar> scalars, bool ensure_row_contiguous,
-                              mx::Stream stream);
+                              mx::Stream stream, std::string no_vjp);
 
 }  // namespace metile::cuda

@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "cubin_check.h"
+#include "no_vjp.h"
 #include "mlx/fast.h"
 #include "mlx/primitives.h"
 #ifdef METILE_HAVE_MLX_CUDA
@@ -56,7 +57,7 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
                                   const std::string& lane_order, bool race_check,
                                   const std::vector<std::tuple<bool, double, double>>& race_compare,
                                   bool bounds_check, const std::vector<std::string>& buffer_names,
-                                  mx::Stream stream) {
+                                  mx::Stream stream, const std::string& no_vjp) {
   LaunchSpec spec;
   spec.name = name;
   spec.shape_infos = shape_infos;
@@ -69,6 +70,7 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   for (auto [compare, rtol, atol] : race_compare) spec.race_compare.push_back({compare, rtol, atol});
   spec.bounds_check = bounds_check;
   spec.buffer_names = buffer_names;
+  spec.no_vjp = no_vjp;
   return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
                 stream);
 }
@@ -151,12 +153,12 @@ std::vector<mx::array> launch_cuda_function(
     std::shared_ptr<metile::cuda::CudaFunction> fn, std::vector<mx::array> inputs,
     const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
     Dim3 grid, Dim3 threadgroup, const std::vector<nb::object>& scalars, bool ensure_row_contiguous,
-    mx::Stream stream) {
+    mx::Stream stream, const std::string& no_vjp) {
   auto [gx, gy, gz] = grid;
   auto [tx, ty, tz] = threadgroup;
   return metile::cuda::launch(std::move(fn), std::move(inputs), to_shapes(output_shapes),
                               output_dtypes, {gx, gy, gz}, {tx, ty, tz}, to_scalars(scalars),
-                              ensure_row_contiguous, stream);
+                              ensure_row_contiguous, stream, no_vjp);
 }
 #endif
 
@@ -189,6 +191,7 @@ NB_MODULE(_ext, m) {
         nb::arg("shape_infos"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("init_value").none(), nb::arg("lane_order"),
         nb::arg("race_check"), nb::arg("race_compare"), nb::arg("bounds_check"), nb::arg("buffer_names"), nb::arg("stream"),
+        nb::arg("no_vjp") = "",
         "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
 #else
   m.attr("has_msl_cpu") = false;
@@ -206,6 +209,16 @@ NB_MODULE(_ext, m) {
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
         nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+  // A kernel's own primitive refuses a gradient with metile::NoVjp (no_vjp.h): Python sees
+  // metile.errors.LaunchError, as from the launch's mx.custom_function guard it replaces.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const metile::NoVjp& e) {
+      nb::object error = nb::module_::import_("metile.errors").attr("LaunchError");
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
   m.def("primitive_name", [](const mx::array& a) -> std::optional<std::string> {
           if (!a.has_primitive()) return std::nullopt;
           return std::string(a.primitive().name());
@@ -232,6 +245,7 @@ NB_MODULE(_ext, m) {
   m.def("launch_cuda_function", &launch_cuda_function, nb::arg("function"), nb::arg("inputs"),
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("scalars"), nb::arg("ensure_row_contiguous"), nb::arg("stream"),
+        nb::arg("no_vjp") = "",
         "Launch a loaded cubin's kernel as metile's own MLX primitive (loaded once per device).");
 #else
   m.attr("has_cuda_launch") = false;

@@ -1,4 +1,5 @@
 #include "primitive.h"
+#include "no_vjp.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -391,6 +392,14 @@ void MslCpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
 void MslCpuKernel::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error(
       "[metal_kernel] metile's MSL CPU runtime runs on the CPU stream only; use a Metal device for the GPU");
+}
+
+std::vector<mx::array> MslCpuKernel::vjp(const std::vector<mx::array>& primals,
+                                         const std::vector<mx::array>& cotangents,
+                                         const std::vector<int>& argnums,
+                                         const std::vector<mx::array>& outputs) {
+  if (!spec_.no_vjp.empty()) throw metile::NoVjp(spec_.no_vjp);
+  return mx::Primitive::vjp(primals, cotangents, argnums, outputs);
 }
 
 bool MslCpuKernel::is_equivalent(const mx::Primitive& other) const {

@@ -36,6 +36,8 @@ struct LaunchSpec {
   bool bounds_check = false;
   std::string name;
   std::vector<std::string> buffer_names;  // inputs, then outputs (for bounds-check messages)
+  // Raised (metile::NoVjp) when a gradient reaches this launch; empty: MLX's own refusal.
+  std::string no_vjp;
 };
 
 class MslCpuKernel : public mx::Primitive {
@@ -46,6 +48,10 @@ class MslCpuKernel : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "MetileMslCpuKernel"; }
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:

@@ -70,7 +70,7 @@ class CudaKernel(SourceKernel):
         self._functions: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
-                 init_value=None, verbose=False, stream=None, scalars=None):
+                 init_value=None, verbose=False, stream=None, scalars=None, no_vjp=""):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
         if self.arch is not None and template:
@@ -86,10 +86,10 @@ class CudaKernel(SourceKernel):
         if self.arch is not None:
             name, cubin = self.compiled([x.dtype for x in inputs], list(output_dtypes), threadgroup, verbose)
             arrays, values = split_value_inputs(inputs, self.value_positions, scalars)
-            if init_value is None and _OWN_LAUNCH and settings.cuda_launch() == "metile":
+            if self._own_launch(init_value):
                 return _ext.launch_cuda_function(
                     self._function(name, cubin), arrays, shapes, list(output_dtypes), grid,
-                    threadgroup, values, self.ensure_row_contiguous, s)
+                    threadgroup, values, self.ensure_row_contiguous, s, no_vjp)
             return _ext.launch_precompiled_cuda(
                 name, cubin, arrays, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
                 init_value, self.ensure_row_contiguous, s, values,
@@ -101,8 +101,18 @@ class CudaKernel(SourceKernel):
             grid, threadgroup, template, init_value, verbose, s,
         )
 
+    def _own_launch(self, init_value) -> bool:
+        """Whether a launch runs as metile's own primitive (csrc/cuda_launch.cpp)."""
+        return (self.arch is not None and init_value is None and _OWN_LAUNCH
+                and settings.cuda_launch() == "metile")
+
+    def owns_primitive(self, *, init_value=None, **launch) -> bool:
+        """Whether this launch runs as metile's own primitive, which refuses a gradient
+        with `no_vjp` itself."""
+        return self._own_launch(init_value)
+
     def bind(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
-             init_value=None, verbose=False, stream=None, scalars=None):
+             init_value=None, verbose=False, stream=None, scalars=None, no_vjp=""):
         """This launch reduced to its binding call, for a caller that keeps its signature
         (a Dispatch relaunching arrays of the same dtypes and shapes, with the same
         scalars): `launch(inputs)` with the checks, lookups and argument building of
@@ -110,7 +120,7 @@ class CudaKernel(SourceKernel):
         says why it cannot run there)."""
         kwargs = dict(output_shapes=output_shapes, output_dtypes=output_dtypes, grid=grid,
                       threadgroup=threadgroup, template=template, init_value=init_value,
-                      stream=stream, scalars=scalars)
+                      stream=stream, scalars=scalars, no_vjp=no_vjp)
         checked, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
         dtypes = list(output_dtypes)
@@ -135,11 +145,11 @@ class CudaKernel(SourceKernel):
         kept = [i for i in range(len(checked)) if i not in self.value_positions]
         _, values = split_value_inputs(checked, self.value_positions, scalars)
         contiguous = self.ensure_row_contiguous
-        if init_value is None and _OWN_LAUNCH and settings.cuda_launch() == "metile":
+        if self._own_launch(init_value):
             fn = self._function(name, cubin)
             return on_gpu(lambda arrays, s: _ext.launch_cuda_function(
                 fn, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, values,
-                contiguous, s))
+                contiguous, s, no_vjp))
         smem = self.shared_memory
         return on_gpu(lambda arrays, s: _ext.launch_precompiled_cuda(
             name, cubin, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, smem,

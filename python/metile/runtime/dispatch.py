@@ -370,9 +370,11 @@ class Dispatch:
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
 
     def _launch(self, inputs, guard: bool = True):
-        """Enqueue the kernel on `inputs`.  Wrapped (`guard`) in mx.custom_function whose
-        vjp explains how to get a gradient: MLX's own message for a primitive without
-        one is "[Primitive::vjp] Not implemented"."""
+        """Enqueue the kernel on `inputs`.  A gradient reaching the launch must say how to
+        get one (MLX's own message for a primitive without a vjp is "[Primitive::vjp] Not
+        implemented"): the primitives metile owns raise that LaunchError themselves; MLX's
+        (Metal, MLX-compiled CUDA) are wrapped (`guard`) in an mx.custom_function whose vjp
+        raises it."""
         if self._guarded is None:
             backend = self.spec.backend
             if not backend.native:
@@ -385,7 +387,15 @@ class Dispatch:
                     f"on {runs_on}; the default device is {backend.device_label}. Leave the "
                     f"backend to the device to run it here (a prepared launch's .source still "
                     f"shows the code)")
-            call, kwargs, name = self.variant.callable(), self.call_kwargs, self.kernel.fn.__name__
+            call, name = self.variant.callable(), self.kernel.fn.__name__
+            message = (f"kernel {name!r} has no vjp, so mx.grad/mx.vjp cannot differentiate "
+                       f"through it: declare a pointwise kernel @metile.kernel(differentiable="
+                       f"True), or wrap the launch in mx.custom_function and give it a vjp")
+            # A primitive metile owns (the CPU runtime's, its CUDA launch) refuses a gradient
+            # itself with this message, so it needs no mx.custom_function around each launch.
+            owns = getattr(call, "owns_primitive", None)
+            own = owns is not None and owns(**self.call_kwargs)
+            kwargs = {**self.call_kwargs, "no_vjp": message} if own else self.call_kwargs
             bound = None
 
             def run(inputs):
@@ -402,18 +412,17 @@ class Dispatch:
                     bound = bind(**kwargs)
                 return outs
 
-            @mx.custom_function
-            def launch(inputs):
-                return run(inputs)
+            self._guarded = self._unguarded = run
+            if not own:
+                @mx.custom_function
+                def launch(inputs):
+                    return run(inputs)
 
-            @launch.vjp
-            def no_vjp(primals, cotangents, outputs):
-                raise LaunchError(
-                    f"kernel {name!r} has no vjp, so mx.grad/mx.vjp cannot differentiate through "
-                    f"it: declare a pointwise kernel @metile.kernel(differentiable=True), or wrap "
-                    f"the launch in mx.custom_function and give it a vjp")
+                @launch.vjp
+                def no_vjp(primals, cotangents, outputs):
+                    raise LaunchError(message)
 
-            self._guarded, self._unguarded = launch, run
+                self._guarded = launch
         return list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
 
     def _finish(self, outs, passed):

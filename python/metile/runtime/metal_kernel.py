@@ -207,6 +207,7 @@ class MetalKernel(SourceKernel):
         race_check=None,
         bounds_check=None,
         order_dependent_outputs=None,
+        no_vjp="",
     ):
         compare = race_compare(order_dependent_outputs, self.output_names)
         inputs, grid, threadgroup, shapes = self.prepare_call(
@@ -258,10 +259,16 @@ class MetalKernel(SourceKernel):
             bool(bounds_check),
             self.input_names + self.output_names,
             s,
+            no_vjp,
         )
 
+    def owns_primitive(self, *, stream=None, **launch) -> bool:
+        """Whether this launch runs as metile's own primitive (the CPU runtime's), which
+        refuses a gradient with `no_vjp` itself."""
+        return route(resolve_stream(stream, self.op).device, self.name) == "cpu"
+
     def bind(self, *, inputs, verbose=False, stream=None, lane_order=None, race_check=None,
-             bounds_check=None, **launch):
+             bounds_check=None, no_vjp="", **launch):
         """This launch on the CPU runtime reduced to its binding call, for a caller that
         keeps its signature (a Dispatch relaunching arrays of the same dtypes and shapes):
         `launch(inputs)` with the checks, the library lookup and the settings read once,
@@ -295,12 +302,13 @@ class MetalKernel(SourceKernel):
             at = s if fixed else mx.default_stream(mx.default_device())
             if at.device.type != mx.cpu:   # the default device changed: route it again
                 return self(inputs=arrays, stream=stream, lane_order=lane_order,
-                            race_check=race_check, bounds_check=bounds_check, **launch)
+                            race_check=race_check, bounds_check=bounds_check, no_vjp=no_vjp,
+                            **launch)
             if contiguous:
                 arrays = [mx.contiguous(x, stream=at) if x.ndim > 0 else x for x in arrays]
             return _ext.launch_cpu(library, self.name, arrays, self._shape_infos, shapes, dtypes,
                                    grid, threadgroup, init_value, order, race, compare, bounds,
-                                   names, at)
+                                   names, at, no_vjp)
         return run
 
 
