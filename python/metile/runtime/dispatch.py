@@ -396,7 +396,7 @@ class Dispatch:
             owns = getattr(call, "owns_primitive", None)
             own = owns is not None and owns(**self.call_kwargs)
             kwargs = {**self.call_kwargs, "no_vjp": message} if own else self.call_kwargs
-            bound = None
+            bound = None   # not tried yet; False: the launcher cannot bind this launch
 
             def run(inputs):
                 # The first launch goes through the launcher's checks; a launcher that can
@@ -404,12 +404,12 @@ class Dispatch:
                 # binding call with this launch's fixed arguments, for the relaunches (same
                 # dtypes and shapes; the settings it read are in the launch key).
                 nonlocal bound
-                if bound is not None:
+                if bound:
                     return bound(inputs)
                 outs = call(**{**kwargs, "inputs": inputs})
-                bind = getattr(call, "bind", None)
-                if bind is not None:
-                    bound = bind(**kwargs)
+                if bound is None:
+                    bind = getattr(call, "bind", None)
+                    bound = (bind(**kwargs) if bind is not None else None) or False
                 return outs
 
             self._guarded = self._unguarded = run
