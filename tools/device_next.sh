@@ -7,6 +7,7 @@
 #    test files, and the 128x128x64 warpgroup default for mid-size GEMMs (ops._block);
 #  * compute-sanitizer memcheck and racecheck over the launch and TMA GEMM tests;
 #  * the eager host profile and the launch floor with the fast path;
+#  * bfloat16 fused vs separate again with 5 rounds where one 3-round run showed outliers;
 #  * the decoder block (issue 14) against MLX, if time is left.
 set -uo pipefail
 repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS; budget=${BUDGET:-540}
@@ -23,6 +24,11 @@ for tool in memcheck racecheck; do
   echo "== $tool exit $? ==" | tee -a "$log"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$out/sanitizer-launch-$tool.log" | tail -2 | tee -a "$log"
 done
+sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 5 --target-ms 20 --time-anyway --dtype bfloat16"
+timeout 60 $sf --tile 128 128 64 --num-simdgroups 8 --sizes 1024 --shapes 16x4096x4096 \
+  --output "$out/h200-gemm-bfloat16-bound-128x128x64.json" 2>&1 | grep -E "\]:" | tee -a "$log"
+timeout 90 $sf --tile 128 256 64 --num-simdgroups 8 --sizes 8192 --shapes 512x4096x11008 \
+  --output "$out/h200-gemm-bfloat16-bound-128x256x64.json" 2>&1 | grep -E "\]:" | tee -a "$log"
 echo "probes: $((SECONDS-t0)) s" | tee -a "$log"
 files="test_cuda_launch test_cuda_precompiled test_cuda_scalars test_gemm_tma test_gemm_wgmma test_ops test_cuda_kernel
        test_epilogue_reads test_linear_fused_reads test_gemm_transposed_b test_ops_batched test_gemm_async test_split_k"
