@@ -44,3 +44,23 @@ def _has_clang() -> bool:
 
 requires_clang = pytest.mark.skipif(not _has_clang(), reason="needs clang++ >= 17 (the MSL CPU "
                                                                "runtime's compiler)")
+
+
+class StandInGpuStream:
+    """What a CUDA launch sees as its stream in the stand-in GPU tests (no GPU here)."""
+
+    class device:
+        type = mx.gpu
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """A CUDA launch's device checks pass without a GPU: MLX reports CUDA, and every stream
+    a CUDA launch resolves (given or default) is StandInGpuStream.  Tests record what the
+    binding is handed (patch _ext's launch functions) instead of running it."""
+    from metile.runtime import cuda_kernel as cuda_kernel_module
+
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: StandInGpuStream)
+    monkeypatch.setattr(mx, "default_stream", lambda device: StandInGpuStream)
+    return StandInGpuStream

@@ -56,15 +56,10 @@ def test_the_setting_is_checked(monkeypatch):
 
 
 @pytest.mark.skipif(_no_nvrtc(), reason="no NVRTC to compile the cubin")
-def test_without_the_primitive_mlx_launches_the_cubin(monkeypatch):
+def test_without_the_primitive_mlx_launches_the_cubin(monkeypatch, stand_in_gpu):
     # a build without MLX's CUDA backend (CI) keeps MLX's precompiled_cuda_kernel path,
     # whatever the setting says
-    class Stream:
-        class device:
-            type = mx.gpu
     monkeypatch.setattr(cuda_kernel_module, "_OWN_LAUNCH", False)
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: Stream)
     seen = []
     monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.append(args) or [mx.zeros(4)])
     _run(_scale("scale_fallback"), mx.zeros(4))
@@ -148,20 +143,13 @@ def test_a_broken_or_foreign_image_is_refused_with_the_kernels_name():
 
 
 @pytest.mark.skipif(_no_nvrtc(), reason="no NVRTC to compile the cubin")
-def test_relaunches_go_straight_to_the_binding(monkeypatch):
+def test_relaunches_go_straight_to_the_binding(monkeypatch, stand_in_gpu):
     # the first launch of a Dispatch goes through CudaKernel's checks and binds; later
     # launches of the same signature call the binding with the new arrays only; a changed
     # METILE_CUDA_LAUNCH is part of the launch key, so it gets a new Dispatch
     from metile_kernels.gemm import grid, matmul_epilogue
 
-    class Stream:
-        class device:
-            type = mx.gpu
-
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: Stream)
     monkeypatch.setattr(cuda_kernel_module, "_OWN_LAUNCH", True)
-    monkeypatch.setattr(mx, "default_stream", lambda device: Stream)
     seen, prepared = [], []
 
     class Function:
