@@ -206,3 +206,16 @@ def test_raw_values_follow_the_environment(monkeypatch):
     first = raw_values(("METILE_TEST_RAW",))
     monkeypatch.setenv("METILE_TEST_RAW", "b")
     assert raw_values(("METILE_TEST_RAW",)) != first and first[0] in ("a", b"a")
+
+
+def test_a_launch_is_not_reused_on_another_default_device(monkeypatch):
+    # the backend a launch was resolved for follows the default device (MSL for the CPU
+    # runtime, CUDA on an NVIDIA GPU): the launch key holds the device's type
+    from metile.runtime.dispatch import launch_environment
+
+    here = launch_environment()
+
+    class Gpu:
+        type = mx.gpu
+    monkeypatch.setattr(mx, "default_device", lambda: Gpu)
+    assert launch_environment() != here and launch_environment()[-1] == mx.gpu

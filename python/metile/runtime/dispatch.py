@@ -147,12 +147,13 @@ _LAUNCH_VARIABLES = (*SELECTION_VARIABLES, "METILE_DEBUG", "METILE_CUDA_SCALARS"
 
 
 def launch_environment() -> tuple:
-    """The raw values of the settings a resolved launch depends on: a launch resolved for
-    another language or target must not be reused after they change, nor one resolved
-    before METILE_DEBUG=asserts was set or cleared, nor one whose precompiled kernel takes
-    its scalars the other way (METILE_CUDA_SCALARS) or through the other binding
-    (METILE_CUDA_LAUNCH)."""
-    return raw_values(_LAUNCH_VARIABLES)
+    """The raw values of the settings a resolved launch depends on, and the default
+    device's type: a launch resolved for another language, target or device must not be
+    reused after they change (MSL for the CPU runtime after mx.set_default_device(mx.gpu)
+    on an NVIDIA machine), nor one resolved before METILE_DEBUG=asserts was set or
+    cleared, nor one whose precompiled kernel takes its scalars the other way
+    (METILE_CUDA_SCALARS) or through the other binding (METILE_CUDA_LAUNCH)."""
+    return (*raw_values(_LAUNCH_VARIABLES), mx.default_device().type)
 
 
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:

@@ -1,0 +1,102 @@
+"""Host time of an eager launch on any machine, without a GPU (the numbers behind README's
+"What a launch costs on the host"):
+
+  cpu runtime   kernel[grid](...) of a one-element kernel on the CPU runtime, its raw
+                _ext.launch_cpu call with the same arguments, and MLX's `x + 1`
+  stand-in CUDA the same kernel[grid] and metile.ops.matmul(16x16 float16,
+                backend="metile") as on an H200, with the bindings replaced by stand-ins
+                that only make the output arrays (MLX's device checks answered as on a
+                GPU): what metile's Python costs per launch there
+
+Each is the best of five loops of many launches, no evaluation.  Run it twice to compare
+a change; CPU load from other work moves the numbers.
+
+    python tools/probes/eager_host_cost.py
+"""
+import time
+
+import mlx.core as mx
+
+import metile
+from metile import _ext
+
+
+@metile.kernel
+def plus_one(X, Y):
+    metile.store(Y, metile.load(X) + 1.0)
+
+
+def per_call(fn, n=4000):
+    fn()
+    best = 1e9
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t) / n * 1e6)
+    return round(best, 2)
+
+
+def cpu_runtime() -> dict:
+    x, out = mx.array([1.0]), mx.zeros((1,))
+    seen = {}
+    real = _ext.launch_cpu
+
+    def spy(*args):
+        seen["args"] = args
+        return real(*args)
+    _ext.launch_cpu = spy
+    try:
+        mx.eval(plus_one[(1,)](x, out))
+    finally:
+        _ext.launch_cpu = real
+    return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
+            "raw launch_cpu": per_call(lambda: real(*seen["args"])),
+            "mlx x + 1": per_call(lambda: x + 1)}
+
+
+def stand_in_cuda() -> dict:
+    """Answer MLX's device checks as an sm_90 GPU would; bindings only make outputs."""
+    from metile.compiler import backend
+    from metile.runtime import cuda_kernel, tensor_maps
+
+    class Stream:
+        class device:
+            type = mx.gpu
+
+    def outputs(shapes, dtypes):
+        return [mx.zeros(tuple(s), d) for s, d in zip(shapes, dtypes)]
+
+    class Function:
+        def __init__(self, name, image, shared_memory):
+            self.name = name
+
+    mx.cuda.is_available = lambda: True
+    mx.default_stream = lambda device: Stream
+    backend._device_target = lambda: ("cuda", backend.target_for("cuda", "sm_90"), "Device(gpu, 0)")
+    cuda_kernel.resolve_stream = lambda stream, op: Stream
+    cuda_kernel._OWN_LAUNCH = True
+    tensor_maps.templates = lambda maps, encoded=True: mx.zeros((128 * len(maps),), mx.uint8)
+    _ext.CudaFunction = Function
+    _ext.launch_cuda_function = lambda fn, inputs, shapes, dtypes, *rest: outputs(shapes, dtypes)
+    _ext.launch_precompiled_cuda = lambda name, cubin, inputs, shapes, dtypes, *rest: outputs(shapes, dtypes)
+    _ext.launch_cuda = lambda *a: outputs(a[8], a[9])
+    plus_one._launches.clear()   # resolved for the CPU runtime above (the device is still the CPU)
+    x, out = mx.array([1.0]), mx.zeros((1,))
+    a = mx.zeros((16, 16), mx.float16)
+    mx.eval(a)
+    return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
+            "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 2000)}
+
+
+def main():
+    rows = {"cpu runtime": cpu_runtime()}
+    rows["stand-in CUDA (needs NVRTC)"] = stand_in_cuda()
+    for part, values in rows.items():
+        print(part)
+        for k, v in values.items():
+            print(f"  {k:24s} {v:8.2f} us")
+
+
+if __name__ == "__main__":
+    main()
