@@ -110,6 +110,14 @@ def _fingerprint(kind: str) -> str:
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA")
 
 
+def device_type():
+    """The default device's type, which resolve_backend also reads: part of a cached
+    launch's key (runtime/dispatch.py), so a launch resolved for one device is not reused
+    on another."""
+    import mlx.core as mx
+    return mx.default_device().type
+
+
 def resolve_backend(language: "str | Backend | None" = None, *, target: str | None = None) -> Backend:
     """The backend a kernel compiles for.
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from ..compiler.backend import SELECTION_VARIABLES
+from ..compiler.backend import SELECTION_VARIABLES, device_type
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from ..settings import raw_values
@@ -153,7 +153,7 @@ def launch_environment() -> tuple:
     on an NVIDIA machine), nor one resolved before METILE_DEBUG=asserts was set or
     cleared, nor one whose precompiled kernel takes its scalars the other way
     (METILE_CUDA_SCALARS) or through the other binding (METILE_CUDA_LAUNCH)."""
-    return (*raw_values(_LAUNCH_VARIABLES), mx.default_device().type)
+    return (*raw_values(_LAUNCH_VARIABLES), device_type())
 
 
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
