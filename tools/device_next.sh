@@ -3,7 +3,9 @@
 # session changed and could not check on the GPU before its device time ran out --
 #  * the foreign-cubin refusal without iostreams (tools/probes/foreign_cubin.py) and the
 #    launch tests in full (test_cuda_launch, with its foreign-image test);
-#  * the relaunch fast path (CudaKernel.bind) and primitive_name, through the GEMM and op
+#  * the relaunch fast path (CudaKernel.bind), the launch guard dropped for the own launch
+#    (its primitive refuses a gradient: test_launch_errors), primitive_name, the launch key's
+#    device type, through the GEMM and op
 #    test files, and the 128x128x64 warpgroup default for mid-size GEMMs (ops._block);
 #  * compute-sanitizer memcheck and racecheck over the launch and TMA GEMM tests;
 #  * the eager host profile and the launch floor with the fast path;
@@ -31,7 +33,8 @@ timeout 90 $sf --tile 128 256 64 --num-simdgroups 8 --sizes 8192 --shapes 512x40
   --output "$out/h200-gemm-bfloat16-bound-128x256x64.json" 2>&1 | grep -E "\]:" | tee -a "$log"
 echo "probes: $((SECONDS-t0)) s" | tee -a "$log"
 files="test_cuda_launch test_cuda_precompiled test_cuda_scalars test_gemm_tma test_gemm_wgmma test_ops test_cuda_kernel
-       test_epilogue_reads test_linear_fused_reads test_gemm_transposed_b test_ops_batched test_gemm_async test_split_k"
+       test_epilogue_reads test_linear_fused_reads test_gemm_transposed_b test_ops_batched test_gemm_async test_split_k
+       test_launch_errors test_dsl_kernels test_autodiff"
 left=$((budget - 120 - (SECONDS - t0)))
 (cd /tmp && timeout "$left" python3 -m pytest -q -p no:cacheprovider --timeout 60 \
    --junitxml="$out/junit.xml" $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
