@@ -48,5 +48,4 @@ inline void check_image(const std::string& name, const std::string& image) {
   }
 }
 
-
 }  // namespace metile::cuda

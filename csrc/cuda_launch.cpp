@@ -20,7 +20,6 @@
 #include <cuda_runtime.h>
 
 #include <deque>
-#include <functional>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -35,7 +34,6 @@ class CommandEncoder {
   void set_output_array(const array& arr);
   void add_kernel_node_raw(CUfunction func, dim3 grid_dim, dim3 block_dim, dim3 cluster_dim,
                            uint32_t smem_bytes, void** params);
-  void add_completed_handler(std::function<void()> task);
 };
 CommandEncoder& get_command_encoder(Stream s);
 class Device {
@@ -71,7 +69,6 @@ void check(CUresult rc, const char* what, const std::string& name) {
 }
 
 }  // namespace
-
 
 CudaFunction::CudaFunction(std::string name, std::string image, int shared_memory)
     : name_(std::move(name)), image_(std::move(image)), shared_memory_(shared_memory) {

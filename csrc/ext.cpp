@@ -110,6 +110,11 @@ std::vector<mx::array> launch_cuda(
                 init_value, verbose, stream);
 }
 
+// A cubin holds NUL bytes: the size must be explicit, never strlen.
+std::string image_of(const nb::bytes& image) {
+  return std::string(static_cast<const char*>(image.data()), image.size());
+}
+
 // Scalars a cubin takes by value (bool, int or float: a kernel's runtime scalars under
 // METILE_CUDA_SCALARS=value; otherwise they travel as 0-d inputs).
 std::vector<mx::fast::ScalarArg> to_scalars(const std::vector<nb::object>& scalars) {
@@ -140,9 +145,7 @@ std::vector<mx::array> launch_precompiled_cuda(
     const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
     Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
     bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars) {
-  // A cubin holds NUL bytes: the size must be explicit, never strlen.
-  std::string image(static_cast<const char*>(compiled.data()), compiled.size());
-  return mx::fast::precompiled_cuda_kernel(name, image, inputs, to_shapes(output_shapes),
+  return mx::fast::precompiled_cuda_kernel(name, image_of(compiled), inputs, to_shapes(output_shapes),
                                            output_dtypes, to_scalars(scalars), grid, threadgroup,
                                            shared_memory, init_value, ensure_row_contiguous, stream);
 }
@@ -226,17 +229,14 @@ NB_MODULE(_ext, m) {
         "The name of the primitive that computes an unevaluated array; None for an evaluated one "
         "(MLX detaches the graph) or a leaf.");
   m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {
-          metile::cuda::check_image(name, std::string(static_cast<const char*>(image.data()), image.size()));
+          metile::cuda::check_image(name, image_of(image));
         }, nb::arg("name"), nb::arg("image"),
         "Raise ValueError unless `image` is a 64-bit ELF whose tables lie inside it.");
 #ifdef METILE_HAVE_MLX_CUDA
   m.attr("has_cuda_launch") = true;
   nb::class_<metile::cuda::CudaFunction>(m, "CudaFunction")
       .def(nb::new_([](const std::string& name, const nb::bytes& image, int shared_memory) {
-             // a cubin holds NUL bytes: the size must be explicit, never strlen
-             return std::make_shared<metile::cuda::CudaFunction>(
-                 name, std::string(static_cast<const char*>(image.data()), image.size()),
-                 shared_memory);
+             return std::make_shared<metile::cuda::CudaFunction>(name, image_of(image), shared_memory);
            }),
            nb::arg("name"), nb::arg("image"), nb::arg("shared_memory"))
       .def_prop_ro("name", &metile::cuda::CudaFunction::name)

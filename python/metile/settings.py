@@ -28,13 +28,15 @@ DEBUG_WORDS = ("uniformity", "pointer_recurrence", "plan_schedule", "lower_tiles
 # monkeypatch.setenv update it): os.environ.get encodes each key and decodes each value,
 # ~0.7 us a read, and a cached launch's key reads six settings (runtime/dispatch.py).
 _ENVIRON_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+if not isinstance(_ENVIRON_DATA, dict):
+    _ENVIRON_DATA = None
 
 
 def raw_values(names: tuple[str, ...]) -> tuple:
     """The raw values of the environment variables `names` (None where unset), compared
     only for equality (a cached launch's key): bytes where os.environ's dict is read
     directly, else str."""
-    if _ENVIRON_DATA is None or not isinstance(_ENVIRON_DATA, dict):
+    if _ENVIRON_DATA is None:
         return tuple(os.environ.get(n) for n in names)
     return tuple(map(_ENVIRON_DATA.get, _encoded(names)))
 

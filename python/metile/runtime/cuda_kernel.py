@@ -83,23 +83,8 @@ class CudaKernel(SourceKernel):
                 self.error(f"kernel '{self.name}' is CUDA C++, which needs MLX's CUDA backend; "
                            f"the requested device is {s.device}")
             )
-        if self.arch is not None:
-            name, cubin = self.compiled([x.dtype for x in inputs], list(output_dtypes), threadgroup, verbose)
-            arrays, values = split_value_inputs(inputs, self.value_positions, scalars)
-            if self._own_launch(init_value):
-                return _ext.launch_cuda_function(
-                    self._function(name, cubin), arrays, shapes, list(output_dtypes), grid,
-                    threadgroup, values, self.ensure_row_contiguous, s, no_vjp)
-            return _ext.launch_precompiled_cuda(
-                name, cubin, arrays, shapes, list(output_dtypes), grid, threadgroup, self.shared_memory,
-                init_value, self.ensure_row_contiguous, s, values,
-            )
-        name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
-        return _ext.launch_cuda(
-            name, self.input_names, self.output_names, self.source, header,
-            self.ensure_row_contiguous, self.shared_memory, inputs, shapes, list(output_dtypes),
-            grid, threadgroup, template, init_value, verbose, s,
-        )
+        return self._binding(inputs, shapes, output_dtypes, grid, threadgroup, template,
+                             init_value, scalars, no_vjp, verbose)(inputs, s)
 
     def _own_launch(self, init_value) -> bool:
         """Whether a launch runs as metile's own primitive (csrc/cuda_launch.cpp)."""
@@ -123,37 +108,42 @@ class CudaKernel(SourceKernel):
                       stream=stream, scalars=scalars, no_vjp=no_vjp)
         checked, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
-        dtypes = list(output_dtypes)
+        launch = self._binding(checked, shapes, output_dtypes, grid, threadgroup, template,
+                               init_value, scalars, no_vjp)
         fixed = None if stream is None else resolve_stream(stream, self.op)
 
-        def on_gpu(launch):
-            def run(arrays):
-                s = fixed if fixed is not None else mx.default_stream(mx.default_device())
-                if s.device.type != mx.gpu:
-                    return self(inputs=arrays, **kwargs)
-                return launch(arrays, s)
-            return run
+        def run(arrays):
+            s = fixed if fixed is not None else mx.default_stream(mx.default_device())
+            if s.device.type != mx.gpu:
+                return self(inputs=arrays, **kwargs)
+            return launch(arrays, s)
+        return run
 
+    def _binding(self, inputs, shapes, output_dtypes, grid, threadgroup, template, init_value,
+                 scalars, no_vjp, verbose=False):
+        """`launch(arrays, stream)`: this launch's binding call with all but its arrays and
+        stream fixed (checked `inputs` give the dtypes; scalars passed by value come from
+        `scalars`, else from their 0-d arrays).  The three bindings: MLX's cuda_kernel
+        compiling the source, metile's own launch of its cubin, MLX's precompiled launch."""
+        dtypes = list(output_dtypes)
+        contiguous, smem = self.ensure_row_contiguous, self.shared_memory
         if self.arch is None:
-            name, header = self.mlx_source(checked, output_dtypes, template, threadgroup)
+            name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
             names, outs, source = self.input_names, self.output_names, self.source
-            contiguous, smem = self.ensure_row_contiguous, self.shared_memory
-            return on_gpu(lambda arrays, s: _ext.launch_cuda(
+            return lambda arrays, s: _ext.launch_cuda(
                 name, names, outs, source, header, contiguous, smem, arrays, shapes, dtypes, grid,
-                threadgroup, template, init_value, False, s))
-        name, cubin = self.compiled([x.dtype for x in checked], dtypes, threadgroup)
-        kept = [i for i in range(len(checked)) if i not in self.value_positions]
-        _, values = split_value_inputs(checked, self.value_positions, scalars)
-        contiguous = self.ensure_row_contiguous
+                threadgroup, template, init_value, verbose, s)
+        name, cubin = self.compiled([x.dtype for x in inputs], dtypes, threadgroup, verbose)
+        kept = [i for i in range(len(inputs)) if i not in self.value_positions]
+        _, values = split_value_inputs(inputs, self.value_positions, scalars)
         if self._own_launch(init_value):
             fn = self._function(name, cubin)
-            return on_gpu(lambda arrays, s: _ext.launch_cuda_function(
+            return lambda arrays, s: _ext.launch_cuda_function(
                 fn, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, values,
-                contiguous, s, no_vjp))
-        smem = self.shared_memory
-        return on_gpu(lambda arrays, s: _ext.launch_precompiled_cuda(
+                contiguous, s, no_vjp)
+        return lambda arrays, s: _ext.launch_precompiled_cuda(
             name, cubin, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, smem,
-            init_value, contiguous, s, values))
+            init_value, contiguous, s, values)
 
     def _function(self, name: str, cubin: bytes):
         """The loaded-once handle of a compiled cubin (metile's own launch primitive)."""

@@ -222,8 +222,12 @@ class MetalKernel(SourceKernel):
                 self.ensure_row_contiguous, self.atomic_outputs, self.math_mode, inputs, shapes, list(output_dtypes),
                 grid, threadgroup, template, init_value, verbose, s,
             )
-        if self.ensure_row_contiguous:
-            inputs = [mx.contiguous(x, stream=s) if x.ndim > 0 else x for x in inputs]
+        library = self._library(inputs, output_dtypes, template, verbose)
+        return self._cpu_launch(library, shapes, output_dtypes, grid, threadgroup, init_value,
+                                lane_order, race_check, bounds_check, compare, no_vjp)(inputs, s)
+
+    def _library(self, inputs, output_dtypes, template, verbose=False):
+        """The CPU runtime's library of this kernel for these input and output dtypes."""
         # The translation unit depends only on this signature; building it (and
         # hashing it for the library cache) on every launch would dominate the
         # launch cost of small kernels.
@@ -238,29 +242,25 @@ class MetalKernel(SourceKernel):
             if verbose:
                 print(f"Generated source code for `{self.name}` (MSL CPU runtime):\n```\n{tu}\n```")
             library = self._libraries[signature] = _load(tu, self.name)
+        return library
+
+    def _cpu_launch(self, library, shapes, output_dtypes, grid, threadgroup, init_value,
+                    lane_order, race_check, bounds_check, compare, no_vjp):
+        """`launch(arrays, stream)` on the CPU runtime with all but the arrays and stream
+        fixed, the lane order and checks read from the settings where not given."""
         order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
-        if race_check is None:
-            race_check = settings.flag("METILE_RACE_CHECK")
-        if bounds_check is None:
-            bounds_check = settings.flag("METILE_MSL_BOUNDS_CHECK")
-        return _ext.launch_cpu(
-            library,
-            self.name,
-            inputs,
-            self._shape_infos,
-            shapes,
-            list(output_dtypes),
-            grid,
-            threadgroup,
-            init_value,
-            order,
-            bool(race_check),
-            compare,
-            bool(bounds_check),
-            self.input_names + self.output_names,
-            s,
-            no_vjp,
-        )
+        race = bool(settings.flag("METILE_RACE_CHECK") if race_check is None else race_check)
+        bounds = bool(settings.flag("METILE_MSL_BOUNDS_CHECK") if bounds_check is None else bounds_check)
+        dtypes, names = list(output_dtypes), self.input_names + self.output_names
+        contiguous = self.ensure_row_contiguous
+
+        def launch(arrays, s):
+            if contiguous:
+                arrays = [mx.contiguous(x, stream=s) if x.ndim > 0 else x for x in arrays]
+            return _ext.launch_cpu(library, self.name, arrays, self._shape_infos, shapes, dtypes,
+                                   grid, threadgroup, init_value, order, race, compare, bounds,
+                                   names, s, no_vjp)
+        return launch
 
     def owns_primitive(self, *, stream=None, **launch) -> bool:
         """Whether this launch runs as metile's own primitive (the CPU runtime's), which
@@ -273,7 +273,7 @@ class MetalKernel(SourceKernel):
         keeps its signature (a Dispatch relaunching arrays of the same dtypes and shapes):
         `launch(inputs)` with the checks, the library lookup and the settings read once,
         here (the caller's launch key holds the settings: runtime/dispatch.py).  A call
-        whose stream is not the CPU's, and a launch on Metal, take __call__ (None)."""
+        whose stream is not the CPU's takes __call__; a launch on Metal is not bound (None)."""
         s = resolve_stream(stream, self.op)
         if verbose or route(s.device, self.name) != "cpu":
             return None
@@ -283,19 +283,9 @@ class MetalKernel(SourceKernel):
             launch["threadgroup"])
         template, init_value = self.checked_extras(launch.get("template"), launch.get("init_value"))
         _refuse_double(checked, launch["output_dtypes"], self.input_names, self.output_names)
-        signature = (
-            tuple((x.dtype, x.ndim, x.size < msl_source.MAX_CONSTANT_ARRAY_SIZE) for x in checked),
-            tuple(launch["output_dtypes"]),
-            tuple((k, repr(v)) for k, v in template),
-        )
-        library = self._libraries.get(signature)
-        if library is None:
-            return None   # the first launch builds it
-        order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
-        race = bool(settings.flag("METILE_RACE_CHECK") if race_check is None else race_check)
-        bounds = bool(settings.flag("METILE_MSL_BOUNDS_CHECK") if bounds_check is None else bounds_check)
-        dtypes, names, contiguous = list(launch["output_dtypes"]), self.input_names + self.output_names, \
-            self.ensure_row_contiguous
+        bound = self._cpu_launch(self._library(checked, launch["output_dtypes"], template), shapes,
+                                 launch["output_dtypes"], grid, threadgroup, init_value,
+                                 lane_order, race_check, bounds_check, compare, no_vjp)
         fixed = stream is not None
 
         def run(arrays):
@@ -304,11 +294,7 @@ class MetalKernel(SourceKernel):
                 return self(inputs=arrays, stream=stream, lane_order=lane_order,
                             race_check=race_check, bounds_check=bounds_check, no_vjp=no_vjp,
                             **launch)
-            if contiguous:
-                arrays = [mx.contiguous(x, stream=at) if x.ndim > 0 else x for x in arrays]
-            return _ext.launch_cpu(library, self.name, arrays, self._shape_infos, shapes, dtypes,
-                                   grid, threadgroup, init_value, order, race, compare, bounds,
-                                   names, at, no_vjp)
+            return bound(arrays, at)
         return run
 
 
