@@ -143,17 +143,9 @@ def test_block_size_is_part_of_the_kernel_name():
     assert "__launch_bounds__(1024)" in c[1]
 
 
-def test_launch_hands_mlx_the_bounded_header(monkeypatch):
+def test_launch_hands_mlx_the_bounded_header(monkeypatch, stand_in_gpu):
     # No GPU here: stand in for the device check and record what the binding gets.
     from metile import _ext
-    from metile.runtime import cuda_kernel as cuda_kernel_module
-
-    class FakeGpuStream:
-        class device:
-            type = mx.gpu
-
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: FakeGpuStream)
     seen = []
     monkeypatch.setattr(_ext, "launch_cuda", lambda *args: seen.append(args))
     kernel = metile.cuda_kernel("tmpl", ["x"], ["out"], "out[threadIdx.x] = x[threadIdx.x] * N;",

@@ -14,7 +14,6 @@ import pytest
 import metile
 from metile import _ext
 from metile.errors import CompilationError
-from metile.runtime import cuda_kernel as cuda_kernel_module
 from metile.runtime import nvrtc
 from metile.settings import SettingError
 
@@ -230,17 +229,11 @@ def test_launch_without_a_cuda_device_raises_like_the_mlx_path():
                                              (1, 1, 1), (1, 1, 1), 0, None, True, mx.default_stream(mx.cpu)))
 
 
-class _FakeGpuStream:
-    class device:
-        type = mx.gpu
-
-
 @needs_nvrtc
 @pytest.mark.parametrize("arch", [None, "sm_90a"])
-def test_large_shared_memory_and_launch_arguments_reach_the_binding(cache, monkeypatch, arch):
+def test_large_shared_memory_and_launch_arguments_reach_the_binding(cache, monkeypatch, arch,
+                                                                   stand_in_gpu):
     # No GPU here: stand in for the device check and record what each binding gets.
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
     monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")   # this tests MLX's precompiled binding
     seen = {}
     monkeypatch.setattr(_ext, "launch_cuda", lambda *args: seen.setdefault("cuda", args))
@@ -258,7 +251,7 @@ def test_large_shared_memory_and_launch_arguments_reach_the_binding(cache, monke
         assert name.startswith("big_smem_sm_90a_") and cubin[:4] == b"\x7fELF"
         assert (shapes, dtypes, grid, threadgroup, smem, init, contiguous) == \
             ([[256]], [mx.float32], (256, 1, 1), (256, 1, 1), 100 * 1024, 0.5, True)
-        assert stream is _FakeGpuStream and len(inputs) == 1 and scalars == []
+        assert stream is stand_in_gpu and len(inputs) == 1 and scalars == []
 
 
 on_cuda = pytest.mark.skipif(not (mx.cuda.is_available() and mx.default_device().type == mx.gpu),

@@ -137,19 +137,11 @@ def test_a_zero_d_array_scalar_is_read_on_the_host(monkeypatch):
     assert d._key is None   # its value is not part of the launch key: never reused by key
 
 
-class _FakeGpuStream:
-    class device:
-        type = mx.gpu
-
-
 @pytest.mark.skipif(nvrtc.TOOLKIT is None, reason="needs the nvidia-cuda-* wheels")
-def test_launch_hands_arrays_and_values_to_the_binding(monkeypatch):
+def test_launch_hands_arrays_and_values_to_the_binding(monkeypatch, stand_in_gpu):
     # No GPU here: stand in for the device check and record what the binding gets.
     from metile import _ext
-    from metile.runtime import cuda_kernel as cuda_kernel_module
     monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
     monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")   # this tests MLX's precompiled binding
     seen = []
     monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.append(args) or
@@ -160,7 +152,7 @@ def test_launch_hands_arrays_and_values_to_the_binding(monkeypatch):
         scalars = seen[-1]
     assert [x.shape for x in inputs] == [(130, 90), (90, 70)]   # the operands only
     assert scalars == [130, 70, 90, 2.0, 0.25] and shapes == [[130, 70]]
-    assert cubin[:4] == b"\x7fELF" and stream is _FakeGpuStream
+    assert cubin[:4] == b"\x7fELF" and stream is stand_in_gpu
 
 
 def test_split_value_inputs():

@@ -162,19 +162,11 @@ def test_without_the_driver_the_error_names_it(monkeypatch):
         tensor_maps._driver.cache_clear()
 
 
-class _FakeGpuStream:
-    class device:
-        type = mx.gpu
-
-
 @pytest.mark.skipif(nvrtc.TOOLKIT is None, reason="needs the nvidia-cuda-* wheels")
 @pytest.mark.parametrize("scalars", ["value", "array"])
-def test_launch_hands_the_template_and_scratch_to_the_binding(monkeypatch, scalars):
+def test_launch_hands_the_template_and_scratch_to_the_binding(monkeypatch, scalars, stand_in_gpu):
     from metile import _ext
-    from metile.runtime import cuda_kernel as cuda_kernel_module
     monkeypatch.setenv("METILE_CUDA_SCALARS", scalars)
-    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: _FakeGpuStream)
     monkeypatch.setenv("METILE_CUDA_LAUNCH", "mlx")   # this tests MLX's precompiled binding
     seen = []
     monkeypatch.setattr(_ext, "launch_precompiled_cuda", lambda *args: seen.append(args) or
