@@ -214,8 +214,9 @@ def test_a_launch_is_not_reused_on_another_default_device(monkeypatch):
     from metile.runtime.dispatch import launch_environment
 
     here = launch_environment()
+    other = mx.cpu if here[-1] == mx.gpu else mx.gpu   # whichever device this is not
 
-    class Gpu:
-        type = mx.gpu
-    monkeypatch.setattr(mx, "default_device", lambda: Gpu)
-    assert launch_environment() != here and launch_environment()[-1] == mx.gpu
+    class Other:
+        type = other
+    monkeypatch.setattr(mx, "default_device", lambda: Other)
+    assert launch_environment() != here and launch_environment()[-1] == other

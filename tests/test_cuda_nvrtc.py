@@ -68,6 +68,11 @@ CASES = {  # each builds a dispatch for `backend` (the test asks for "cuda")
         _z(1000, dtype=F16), _z(1000, dtype=F16), _z(1000, dtype=F16), 1.5, 1000, BLOCK=512,
         SCHEDULE=metile.Schedule(vector_width=4), backend=backend),
     "gemm_f32_ffma": lambda backend=None: _gemm(F32, backend=backend),
+    # strict float32 through the cp.async ring with 16-byte operand reads (ffma_vector_reads)
+    "gemm_f32_ffma_vector_128": lambda backend=None: _gemm(
+        F32, kernel=matmul_epilogue, tile=(128, 128, 16), num_simdgroups=8, backend=backend),
+    "gemm_f32_ffma_vector_64": lambda backend=None: _gemm(
+        F32, m=130, n=70, k=37, tile=(64, 64, 32), num_simdgroups=4, backend=backend),
     "gemm_f32_tf32": lambda backend=None: _gemm(F32, RELAXED_PRECISION=True, backend=backend),
     "gemm_f16_mma": lambda backend=None: _gemm(F16, backend=backend),
     "gemm_bf16_mma": lambda backend=None: _gemm(BF16, backend=backend),

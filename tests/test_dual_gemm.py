@@ -271,8 +271,11 @@ def test_cuda_pointer_kernel_async_and_float32(rng):
                                          backend="cuda")
         mm = d.variant.data["lowering"]["matmul"]
         assert mm["products"] == 2
-        # float16: mma.sync from the cp.async ring; strict float32: FFMA micro-tiles
-        assert mm["async_copy"] is (x.dtype == mx.float16)
+        # float16: mma.sync from the cp.async ring; strict float32: FFMA micro-tiles (two
+        # sets, 16-byte operand reads) from the same ring
+        assert mm["async_copy"]
+        if x.dtype == mx.float32:
+            assert mm["fragment"] == "ffma" and "ffma_vector_reads" in d.variant.data["passes"]
         ok, log = compile_cuda(translation_unit(d), "sm_80")
         assert ok, log
 
@@ -336,8 +339,14 @@ def test_auto_routes_by_measurement(rng, routing_cache):
     assert info["path"] == "mlx_composite" and info["route"]["source"] == "cost_model"
     key, parts = ops._signature("gated_mlp", x.dtype, 6, 20, 33, "x@w.T", "silu", False)
     assert parts["op"] == "gated_mlp" and "gated_kernel" in parts
-    assert parts["candidates"] == ["mlx", "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16,"
-                                          "TRANSPOSE_B=True"]
+    if ops._on_cuda():   # strict float32 tiles on CUDA, the weights as stored or copied
+        assert parts["candidates"] == ["mlx"] + [ops._config_name(c) for c in (
+            {**ops.CUDA_F32_BLOCK, "TRANSPOSE_B": True},
+            {**ops.CUDA_F32_SMALL_BLOCK, "TRANSPOSE_B": True},
+            ops.CUDA_F32_BLOCK, ops.CUDA_F32_SMALL_BLOCK)]
+    else:
+        assert parts["candidates"] == ["mlx", "metile:BLOCK_M=64,BLOCK_N=64,BLOCK_K=16,"
+                                              "TRANSPOSE_B=True"]
     assert key != ops._signature("linear", x.dtype, 6, 20, 33, "x@w.T", "silu", False)[0]
     decision = ops.tune_gated_mlp(x, wg, wu, budget_s=0.01)
     assert decision["source"] == "measured" and set(decision["timings_us"]) == set(

@@ -88,3 +88,35 @@ def test_cuda_swizzle_is_a_permutation_of_chunks():
                 groups = {((r * ld + 8 * (c ^ ((r // u) % cm))) // 8) % 8 for r in range(r0, r0 + 8)}
                 assert len(groups) == 8, (ld, c, r0)
     assert swizzle_params(24, 8) is None and swizzle_params(8, 8) is None
+
+
+FFMA_CONFIGS = [(128, 128, 16, 8), (128, 128, 32, 8), (64, 64, 16, 4), (128, 64, 16, 4)]
+
+
+@pytest.mark.parametrize("bm,bn,bk,nsg", FFMA_CONFIGS)
+def test_strict_float32_tiles_ragged(rng, bm, bn, bk, nsg):
+    # on CUDA: scalar FMA micro-tiles fed by the cp.async ring with 16-byte operand reads
+    # (misaligned rows at K = 37 take the element copies); on CPU the MSL kernels
+    for m, n, k in SHAPES + [(260, 131, 100)]:
+        a, b, acc = operands(rng, m, n, k, "float32")
+        out = matmul_epilogue[grid(m, n, bm, bn)](
+            a, b, mx.zeros((m, n)), m, n, k, 1.25, -0.5, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            num_simdgroups=nsg, EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.1)
+        z = 1.25 * acc - 0.5
+        np.testing.assert_allclose(np.array(out), np.where(z > 0, z, 0.1 * z), rtol=2e-5,
+                                   atol=2e-5, err_msg=f"{m}x{n}x{k}")
+
+
+def test_cuda_strict_float32_source_and_report():
+    d = _cuda(128, 128, 16, 8, dtype=mx.float32)
+    src, data = d.source, d.variant.data
+    mm = data["lowering"]["matmul"]
+    # 16 KiB per stage: three stages in static shared memory; rows stay linear
+    assert mm["fragment"] == "ffma" and mm["micro_tile"] == [8, 8]
+    assert mm["stages"] == 3 and mm["async_copy"] and set(mm["shared_layout"].values()) == {"row-major"}
+    assert "async_pipeline_staging" in data["passes"] and "ffma_vector_reads" in data["passes"]
+    # per 4 K steps: 8 reads of A (one per micro-tile row) and 4 x 2 of B; no run-time
+    # address test on the kernel's own aligned stages
+    assert src.count("*reinterpret_cast<const float4*>(&_sa") == 8
+    assert src.count("*reinterpret_cast<const float4*>(&_sb") == 8
+    assert "metile_load_vec<float4>(&_s" not in src

@@ -22,6 +22,7 @@ from metile.schedule import TARGETS, KernelTraits, ScheduleError, plan_schedule
 from metile_kernels.gemm import grid, matmul, matmul_epilogue
 from test_gemm import check, operands
 
+ON_CUDA = mx.cuda.is_available() and mx.default_device().type == mx.gpu
 TILE = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16)
 RAGGED = (75, 45, 37)        # grid 3 x 2, edge tiles on both axes, K remainder of 5
 WIDE = (150, 90, 37)         # grid 5 x 3: room for groups that do not divide it
@@ -55,10 +56,10 @@ def test_stage_counts_on_ragged_shapes(rng, dtype, stages):
     check(d(), ref)
     report = d.execution_report
     assert report.plan.num_stages == stages and report.num_stages == stages
-    # On CUDA, 16-bit operands take two stages as the cp.async ring (gemm_async), not as
-    # the double-buffered ordinary loads; float32 and the other backends double-buffer.
+    # On CUDA two stages are the cp.async ring (gemm_async; strict float32 too, for its
+    # scalar FMAs), not the double-buffered ordinary loads the other backends use.
     ring = "async_pipeline_staging" in report.passes
-    assert ring is (stages == 2 and d.variant.data["language"] == "cuda" and dtype != "float32")
+    assert ring is (stages == 2 and d.variant.data["language"] == "cuda")
     assert report.double_buffered is (stages == 2 and not ring)
     assert ("double_buffer_staging" in report.passes) is (stages == 2 and not ring)
 
@@ -164,6 +165,16 @@ def gemm_traits(dtype="float32", tile=(64, 64, 16), shared=0):
                         extents_divisible=(False, False, False), shared_bytes=shared)
 
 
+def test_strict_float32_on_cuda_stages_through_the_asynchronous_ring():
+    # scalar FMA (no matrix unit computes strict float32) still takes cp.async stages on
+    # CUDA: a ring of any count up to 5, reported as such
+    plan = plan_schedule(gemm_traits(), TARGETS["sm_90"], Schedule(num_stages=3))
+    assert plan.num_stages == 3
+    assert any("ring of 3" in r and "cp.async" in r for r in plan.reasons), plan.reasons
+    auto = plan_schedule(gemm_traits(), TARGETS["sm_90"])
+    assert auto.num_stages is None and any("ring of as many" in r for r in auto.reasons)
+
+
 def test_plan_records_stages_and_reasons():
     msl = TARGETS["cpu_msl"]
     auto = plan_schedule(gemm_traits(), msl)
@@ -224,8 +235,8 @@ def test_explain_shows_stages_and_order(rng):
     assert data["num_stages"] == 2
     assert (data["plan"]["num_stages"], data["plan"]["program_order"],
             data["plan"]["group_size"]) == (2, "grouped", 4)
-    assert data["passes"].index("grouped_program_order") < data["passes"].index(
-        "double_buffer_staging")
+    staged = "async_pipeline_staging" if ON_CUDA else "double_buffer_staging"
+    assert data["passes"].index("grouped_program_order") < data["passes"].index(staged)
     metile.schedule.check_schema(data)
 
 
@@ -263,9 +274,8 @@ def test_bad_values_name_the_field(kwargs, exc, message):
     (gemm_traits(), "cpu_msl", Schedule(num_stages=3),
      "cannot honour num_stages=3: more than 2 operand stages are not implemented for the "
      "ordinary-load staged GEMM path (simdgroup_matrix 8x8 on cpu_msl)"),
-    (gemm_traits(), "sm_90", Schedule(num_stages=3),
-     "cannot honour num_stages=3: more than 2 operand stages are not implemented for the "
-     "ordinary-load staged GEMM path (scalar FMA on sm_90)"),
+    (gemm_traits(), "sm_90", Schedule(num_stages=3, double_buffer=True),
+     "cannot honour double_buffer=True with num_stages=3"),
     (gemm_traits("float16"), "sm_90", Schedule(num_stages=3, vector_width=4),
      "vector_width=4 selects ordinary 4-wide loads"),
     (gemm_traits(), "cpu_msl", Schedule(num_stages=2, vector_width=4),
@@ -295,10 +305,19 @@ def test_plan_refusals_by_name(traits, target, schedule, message):
     assert message in str(err.value)
 
 
+@pytest.mark.skipif(ON_CUDA, reason="on CUDA strict float32 takes the cp.async ring, which "
+                    "has 3 stages (test_float32_ring_of_three_stages_on_cuda)")
 def test_a_kernel_refusal_names_the_line(rng):
     with pytest.raises(CompilationError, match="num_stages=3: more than 2 operand stages are "
                                                "not implemented"):
         run(rng, RAGGED, "float32", Schedule(num_stages=3))
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="the cp.async ring runs on MLX's CUDA backend")
+def test_float32_ring_of_three_stages_on_cuda(rng):
+    d, ref = run(rng, RAGGED, "float32", Schedule(num_stages=3), matmul_epilogue)
+    check(d(), ref)
+    assert d.execution_report.num_stages == 3 and "async_pipeline_staging" in d.execution_report.passes
 
 
 # -- CUDA source shape (compiled, not launched) -------------------------------------------------

@@ -108,12 +108,13 @@ def test_matmul_sees_a_lazy_transposed_view_only(rng):
     assert lazy_graph.is_transposed_view(w.T) and not lazy_graph.is_transposed_view(w)
     assert not lazy_graph.is_transposed_view(mx.contiguous(w.T))
     info = json.loads(ops.explain_matmul(a, w.T, backend="metile"))
-    assert info["config"] == {**ops.BLOCK, "TRANSPOSE_B": True}
+    small_f32 = ops.CUDA_F32_SMALL_BLOCK if ops._on_cuda() else ops.BLOCK
+    assert info["config"] == {**small_f32, "TRANSPOSE_B": True}
     # an evaluated view has no graph left: read as row-major (and copied), same numbers
     view = w.T
     mx.eval(view)
     assert not lazy_graph.is_transposed_view(view)
-    assert json.loads(ops.explain_matmul(a, view, backend="metile"))["config"] == ops.BLOCK
+    assert json.loads(ops.explain_matmul(a, view, backend="metile"))["config"] == small_f32
     for b in (w.T, view, mx.contiguous(w.T)):
         np.testing.assert_allclose(np.array(ops.matmul(a, b, backend="metile")), ar @ wr.T,
                                    **TOL["float32"])
@@ -238,6 +239,8 @@ def test_default_tiles_on_sm_90(monkeypatch):
         assert ops._block(m, n, mx.float16, k=1024) == ops.CUDA_WGMMA_SMALL_BLOCK
     decode = ops._block(16, 4096, mx.float16, k=4096)
     assert decode["BLOCK_M"] == ops.CUDA_SMALL_BLOCK["BLOCK_M"] and decode.get("SPLIT_K", 1) > 1
-    assert ops._block(1024, 1024, mx.float32, k=1024) == ops.BLOCK   # strict float32: FFMA
+    # strict float32: scalar FMA from the cp.async ring, 128x128 where the grid fills the SMs
+    assert ops._block(1024, 1024, mx.float32, k=1024) == ops.CUDA_F32_SMALL_BLOCK
+    assert ops._block(4096, 4096, mx.float32, k=4096) == ops.CUDA_F32_BLOCK
     monkeypatch.setenv("METILE_CUDA_WGMMA", "ws")
     assert ops._block(1024, 1024, mx.float16, k=1024)["num_simdgroups"] == 12

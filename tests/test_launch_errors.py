@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import metile
-from conftest import requires_msl_device
+from conftest import default_is_cpu, requires_msl_device
 from metile import CompilationError, LaunchError
 
 
@@ -130,6 +130,8 @@ def test_buffers_beyond_32_bit_offsets_are_refused():
         double[(1,)](big, mx.zeros((8,), mx.float16), 8, BLOCK=8)
 
 
+@pytest.mark.skipif(not default_is_cpu(), reason="the CPU runtime's binding (_ext.launch_cpu) "
+                    "serves the CPU stream; this default device is a GPU")
 def test_relaunches_on_the_cpu_runtime_reuse_their_binding(monkeypatch):
     # the first launch of a signature goes through MetalKernel's checks and binds; later
     # ones call the binding with the new arrays (the results stay right); a changed lane

@@ -141,7 +141,8 @@ def test_explain_says_which_path_and_why(rng):
     forced = json.loads(ops.explain_linear(x, w, activation="relu", backend="metile"))
     assert forced["path"] == "metile_kernel"
     assert forced["route"]["source"] == "requested"
-    assert forced["config"] == {**ops.BLOCK, "TRANSPOSE_B": True}   # the weight as stored
+    small_f32 = ops.CUDA_F32_SMALL_BLOCK if ops._on_cuda() else ops.BLOCK
+    assert forced["config"] == {**small_f32, "TRANSPOSE_B": True}   # the weight as stored
     assert forced["execution_report"]["epilogue_regions"] == 1
     with_bias = json.loads(ops.explain_linear(x, w, mx.zeros((3,)), "relu", backend="metile"))
     # bias and activation are one fused epilogue that reads the bias vector

@@ -1,46 +1,61 @@
 #!/usr/bin/env bash
-# The next device call (written 2026-12-01, fourth session, not yet run): what this
-# session changed and could not check on the GPU before its device time ran out --
-#  * the foreign-cubin refusal without iostreams (tools/probes/foreign_cubin.py) and the
-#    launch tests in full (test_cuda_launch, with its foreign-image test);
-#  * the relaunch fast path (CudaKernel.bind), the launch guard dropped for the own launch
-#    (its primitive refuses a gradient: test_launch_errors), primitive_name, the launch key's
-#    device type, through the GEMM and op
-#    test files, and the 128x128x64 warpgroup default for mid-size GEMMs (ops._block);
-#  * compute-sanitizer memcheck and racecheck over the launch and TMA GEMM tests;
-#  * the eager host profile and the launch floor with the fast path;
-#  * bfloat16 fused vs separate again with 5 rounds where one 3-round run showed outliers;
-#  * the decoder block (issue 14) against MLX, if time is left.
+# The next device calls (written 2026-12-01, fifth session): what this session changed
+# without a GPU.  Two calls after the MLX staging call (README, "Testing on the H200"),
+# carry [".dev/part.ab", ".dev/wheels", ".dev/device-setup.sh"]:
+#   OUT=$OUT bash tools/device_next.sh tests   -- the GPU test files the strict-float32 ring
+#       (cp.async stages, 16-byte operand reads: passes/lower_matmul.py) and the gated_mlp
+#       tile fix touch, then compute-sanitizer memcheck/racecheck over the new path;
+#   OUT=$OUT bash tools/device_next.sh bench   -- strict float32 tiles against mx.compile
+#       (1024/2048/4096), float16/bfloat16 tiles at 1024^3 with the own launch, then the
+#       decoder block (float16) with the time left.
+# Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
-repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS; budget=${BUDGET:-540}
+mode=${1:-tests}
+repo=$(pwd); out=${OUT:-/tmp}; log=$out/log.txt; t0=$SECONDS; budget=${BUDGET:-560}
+logs=$(mktemp -d)
 export MLX_ENABLE_TF32=0 PYTHONUNBUFFERED=1
 bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1 || { tail -30 "$log"; exit 4; }
-timeout 60 python3 tools/probes/foreign_cubin.py 2>&1 | tail -2 | tee -a "$log"
-timeout 60 python3 tools/probes/host_profile.py "$out/host-profile-bound.txt" 2>&1 | grep -E "^==" | tee -a "$log"
-timeout 60 python3 tools/probes/launch_floor.py "$out/h200-launch-floor-bound.json" 2>&1 | head -20 | tee -a "$log"
-for tool in memcheck racecheck; do
-  (cd /tmp && timeout 90 compute-sanitizer --tool $tool --error-exitcode 99 python3 -m pytest -q -p no:cacheprovider \
-     "$repo/tests/test_cuda_launch.py" "$repo/tests/test_gemm_tma.py" -k "not nvrtc and not sass" \
-     > "$out/sanitizer-launch-$tool.log" 2>&1)
-  echo "== $tool exit $? ==" | tee -a "$log"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$out/sanitizer-launch-$tool.log" | tail -2 | tee -a "$log"
-done
-sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 5 --target-ms 20 --time-anyway --dtype bfloat16"
-timeout 60 $sf --tile 128 128 64 --num-simdgroups 8 --sizes 1024 --shapes 16x4096x4096 \
-  --output "$out/h200-gemm-bfloat16-bound-128x128x64.json" 2>&1 | grep -E "\]:" | tee -a "$log"
-timeout 90 $sf --tile 128 256 64 --num-simdgroups 8 --sizes 8192 --shapes 512x4096x11008 \
-  --output "$out/h200-gemm-bfloat16-bound-128x256x64.json" 2>&1 | grep -E "\]:" | tee -a "$log"
-echo "probes: $((SECONDS-t0)) s" | tee -a "$log"
-files="test_cuda_launch test_cuda_precompiled test_cuda_scalars test_gemm_tma test_gemm_wgmma test_ops test_cuda_kernel
-       test_epilogue_reads test_linear_fused_reads test_gemm_transposed_b test_ops_batched test_gemm_async test_split_k
-       test_launch_errors test_dsl_kernels test_autodiff"
-left=$((budget - 120 - (SECONDS - t0)))
-(cd /tmp && timeout "$left" python3 -m pytest -q -p no:cacheprovider --timeout 60 \
-   --junitxml="$out/junit.xml" $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
-   > "$out/pytest.txt" 2>&1)
-grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$out/pytest.txt" | tail -20 | tee -a "$log"
-python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
-left=$((budget - (SECONDS - t0)))
-[ "$left" -gt 60 ] && BENCH_SECONDS=$((left - 10)) timeout "$left" bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
+echo "setup: $((SECONDS-t0)) s" | tee -a "$log"
+
+if [ "$mode" = tests ]; then
+  files="test_gemm_async test_gemm test_gemm_precision test_dual_gemm test_epilogue test_epilogue_reads
+         test_linear_fused_reads test_ops test_split_k test_gemm_transposed_b test_ops_batched
+         test_launch_errors test_cuda_launch test_pointer_matmul test_autodiff test_decoder_block
+         test_gemm_stages_and_order test_schedule_integration"
+  (cd /tmp && timeout $((budget - 150 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
+     --timeout 90 --junitxml="$out/junit.xml" \
+     $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -25 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  for tool in memcheck racecheck; do
+    (cd /tmp && timeout 70 compute-sanitizer --tool $tool --error-exitcode 99 python3 -m pytest -q \
+       -p no:cacheprovider "$repo/tests/test_gemm_async.py" -k "float32" > "$logs/sanitizer-ffma-$tool.log" 2>&1)
+    echo "== $tool exit $? ==" | tee -a "$log"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$logs/sanitizer-ffma-$tool.log" | tail -2 | tee -a "$log"
+  done
+else
+  sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway"
+  for tile in "128 128 16 8" "128 128 32 8" "64 64 16 4" "128 64 16 4"; do
+    set -- $tile
+    timeout 75 $sf --dtype float32 --tile $1 $2 $3 --num-simdgroups $4 --sizes 1024 2048 4096 \
+      --output "$logs/h200-gemm-float32-strict-ffma-ring-${1}x${2}x${3}w$4.json" 2>&1 | grep -E "\]:|rror" | tee -a "$log"
+  done
+  echo "float32: $((SECONDS-t0)) s" | tee -a "$log"
+  for dtype in float16 bfloat16; do
+    for tile in "128 128 64 8" "64 128 64 4" "64 64 64 4" "128 64 64 8"; do
+      set -- $tile
+      timeout 40 $sf --rounds 5 --dtype $dtype --tile $1 $2 $3 --num-simdgroups $4 --sizes 1024 \
+        --output "$logs/h200-gemm-$dtype-1024-${1}x${2}x${3}w$4-own-launch.json" 2>&1 | grep -E "\]:|rror" \
+        | sed "s/^/$1x$2x$3w$4 /" | tee -a "$log"
+    done
+  done
+  echo "16-bit: $((SECONDS-t0)) s" | tee -a "$log"
+  left=$((budget - (SECONDS - t0)))
+  [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 15)) OUT=$logs timeout "$left" \
+    bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
+fi
+cp "$log" "$logs/"
+tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
 echo "total: $((SECONDS-t0)) s" | tee -a "$log"

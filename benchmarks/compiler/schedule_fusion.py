@@ -140,6 +140,8 @@ def main():
                         help="require Schedule(vector_width=...) for the metile GEMMs")
     parser.add_argument("--double-buffer", choices=("on", "off"), default=None,
                         help="require Schedule(double_buffer=...) for the metile GEMMs")
+    parser.add_argument("--num-stages", type=int, default=None,
+                        help="require Schedule(num_stages=...) for the metile GEMMs")
     parser.add_argument("--output")
     args = parser.parse_args()
     if args.dtype == "float32" and os.environ.get("MLX_ENABLE_TF32") != "0":
@@ -151,11 +153,11 @@ def main():
     if args.num_simdgroups:
         tile["num_simdgroups"] = args.num_simdgroups
     schedule = None
-    if args.vector_width is not None or args.double_buffer is not None:
+    if args.vector_width is not None or args.double_buffer is not None or args.num_stages:
         # A required schedule also pairs the fused kernel against itself without it.
         schedule = metile.Schedule(vector_width=args.vector_width,
                                    double_buffer=None if args.double_buffer is None
-                                   else args.double_buffer == "on")
+                                   else args.double_buffer == "on", num_stages=args.num_stages)
         tile["SCHEDULE"] = schedule
     cases = []
     shapes = [(n, n, n) for n in args.sizes] + [parse_shape(s) for s in args.shapes]

@@ -85,6 +85,10 @@ CUDA_WGMMA_BLOCK = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_simdgroups=8)
 # 2048^3, float16 and bfloat16 (h200-gemm-*-own-launch-128x128x64-2026-12-01.json).
 CUDA_WGMMA_SMALL_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8)
 CUDA_SMS = 132
+# Strict float32 on NVIDIA: 8x8 (64x64: 8x4) scalar-FMA micro-tiles per thread, operands
+# through the cp.async ring and read 16 bytes at a time (passes/lower_matmul.py).
+CUDA_F32_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=16, num_simdgroups=8)
+CUDA_F32_SMALL_BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, num_simdgroups=4)
 # leaky_relu's slope for negative inputs when none is given: MLX's default
 # (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
 LEAKY_SLOPE = 0.01
@@ -122,6 +126,27 @@ def _activation_grad(z, activation, slope):
     inner = c * (z + 0.044715 * z**3)
     t = mx.tanh(inner)
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+
+
+def _upstream(cotangent, activation, slope, z=None, output=None):
+    """cotangent * activation'(z) in the cotangent's (the operands') dtype, computed in
+    float32.  The backward GEMMs then run in the operand dtype, as MLX's own autodiff of
+    the composite runs them: float32 GEMMs there were ~10x slower on the H200 (strict
+    float32 has no tensor cores) and made a converted model's training step 0.66x of
+    MLX's.  relu and leaky_relu (positive slope) read the sign of z from the `output`
+    act(z) when given (no recomputed product)."""
+    if activation is None:
+        return cotangent
+    if z is None:
+        d = mx.where(output > 0, 1.0, 0.0 if activation == "relu" else slope)
+    else:
+        d = _activation_grad(z.astype(mx.float32), activation, slope)
+    return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
+
+
+def _sign_from_output(activation, slope) -> bool:
+    """Whether act(z) > 0 exactly where z > 0 (then the output gives act'(z))."""
+    return activation == "relu" or (activation == "leaky_relu" and slope > 0)
 
 
 def _check_activation(activation, slope):
@@ -244,12 +269,16 @@ def _launch(a2, b, activation, slope, block, dispatch_only=False):
 
 def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
            k: int = 0) -> dict:
-    """The GEMM tile for this launch: the measured fast configuration on MLX's CUDA
-    backend for 16-bit operands, else the portable 64x64x16; with `transpose_b` the
+    """The GEMM tile for this launch: on MLX's CUDA backend the fast configuration for
+    16-bit operands or for strict float32, else the portable 64x64x16; with `transpose_b` the
     kernel reads the right operand as stored (N, K).  On CUDA a grid of few tiles over a
     long K splits the K loop (SPLIT_K, `split_k_count`)."""
-    if dtype == mx.float32 or not _on_cuda():
+    if not _on_cuda():
         block = BLOCK
+    elif dtype == mx.float32:
+        # strict float32: scalar FMA micro-tiles from the cp.async ring (8x8 per thread)
+        block = CUDA_F32_BLOCK if math.ceil(m / 128) * math.ceil(n / 128) * batch >= CUDA_SMS \
+            else CUDA_F32_SMALL_BLOCK
     elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
         block = _wgmma_block()
     elif _warpgroup_gemm() and m >= 128:
@@ -306,11 +335,12 @@ def _fused_matmul(activation, slope, block):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a2, b = primals
-        rhs = _as_rhs(b.astype(mx.float32), block)
-        z = a2.astype(mx.float32) @ rhs
-        g = cotangent.astype(mx.float32) * _activation_grad(z, activation, slope)
-        return ((g @ rhs.T).astype(a2.dtype),
-                _as_rhs(a2.astype(mx.float32).T @ g, block).astype(b.dtype))
+        rhs = _as_rhs(b, block)
+        if activation is None or _sign_from_output(activation, slope):
+            g = _upstream(cotangent, activation, slope, output=output)
+        else:
+            g = _upstream(cotangent, activation, slope, z=a2 @ rhs)
+        return g @ rhs.T, _as_rhs(a2.T @ g, block)
 
     return f
 
@@ -349,10 +379,12 @@ def _fused_bmm(activation, slope, block):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a3, b3 = primals
-        a32, b32 = a3.astype(mx.float32), b3.astype(mx.float32)
-        g = cotangent.astype(mx.float32) * _activation_grad(a32 @ b32, activation, slope)
-        return (_batch_sum(g @ b32.swapaxes(1, 2), a3).astype(a3.dtype),
-                _batch_sum(a32.swapaxes(1, 2) @ g, b3).astype(b3.dtype))
+        if activation is None or _sign_from_output(activation, slope):
+            g = _upstream(cotangent, activation, slope, output=output)
+        else:
+            g = _upstream(cotangent, activation, slope, z=a3 @ b3)
+        return (_batch_sum(g @ b3.swapaxes(1, 2), a3).astype(a3.dtype),
+                _batch_sum(a3.swapaxes(1, 2) @ g, b3).astype(b3.dtype))
 
     return f
 
@@ -418,18 +450,18 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x2, w, bias, residual = unpack(primals)
-        rhs = _as_rhs(w.astype(mx.float32), block)
-        z = x2.astype(mx.float32) @ rhs
+        rhs = _as_rhs(w, block)
+        if activation is None or (residual is None and _sign_from_output(activation, slope)):
+            g = _upstream(cotangent, activation, slope, output=output)
+        else:
+            z = x2 @ rhs
+            g = _upstream(cotangent, activation, slope,
+                          z=z if bias is None else z.astype(mx.float32) + bias.astype(mx.float32))
+        grads = [g @ rhs.T, _as_rhs(x2.T @ g, block)]
         if bias is not None:
-            z = z + bias.astype(mx.float32)
-        c = cotangent.astype(mx.float32)
-        g = c * _activation_grad(z, activation, slope)
-        grads = [(g @ rhs.T).astype(x2.dtype),
-                 _as_rhs(x2.astype(mx.float32).T @ g, block).astype(w.dtype)]
-        if bias is not None:
-            grads.append(g.sum(axis=0).astype(bias.dtype))
+            grads.append(g.astype(mx.float32).sum(axis=0).astype(bias.dtype))
         if residual is not None:
-            grads.append(c.astype(residual.dtype))
+            grads.append(cotangent.astype(residual.dtype))
         return tuple(grads)
 
     return f
@@ -471,15 +503,16 @@ TRANSPOSED_LAYOUTS = ("a@b.T", "x@w.T")
 
 def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     """The metile kernel configurations `auto` measures against MLX for a dtype and
-    right-operand layout on the default device: both measured CUDA tiles for 16-bit
-    operands on NVIDIA, else the portable tile.  A transposed layout takes the
+    right-operand layout on the default device: the measured CUDA tiles for 16-bit
+    operands or strict float32 on NVIDIA, else the portable tile.  A transposed layout takes the
     TRANSPOSE_B kernels, which read the operand as stored; on NVIDIA the row-major
     kernels (after MLX copies the operand to row-major) stay candidates too, since
     only they stage the operand with 16-byte asynchronous copies."""
     cuda = dtype != mx.float32 and _on_cuda()
     base = ([_wgmma_block(), _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)]
             if cuda and _warpgroup_gemm() else []) + \
-        ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else [BLOCK])
+        ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else
+         [CUDA_F32_BLOCK, CUDA_F32_SMALL_BLOCK] if _on_cuda() else [BLOCK])
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
         # grid leaves most of the machine idle (rows bucketed as in the routing key, so
@@ -491,7 +524,7 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
         return base
     if layout not in TRANSPOSED_LAYOUTS:
         raise ValueError(f"[metile.ops] unknown layout {layout!r}")
-    return [_transposed(c) for c in base] + (base if cuda else [])
+    return [_transposed(c) for c in base] + (base if _on_cuda() else [])
 
 
 @functools.lru_cache(maxsize=1)
@@ -539,8 +572,26 @@ def _gated_fingerprint() -> str:
 def gated_configs(dtype) -> list[dict]:
     """gated_mlp's candidate tiles: linear's (the weights read as stored, and on NVIDIA
     also copied to row-major, which 16-byte asynchronous copies take), never split-K
-    (the two products meet in the epilogue)."""
-    return metile_configs(dtype, "x@w.T")
+    (the two products meet in the epilogue), never a warpgroup tile (the dual GEMM runs
+    on the warp MMA, whose operand stages must fit static shared memory: a 128x256x64
+    dual stage is 80 KiB)."""
+    configs = []
+    for c in metile_configs(dtype, "x@w.T"):
+        c = _dual_block(c)
+        if c not in configs:
+            configs.append(c)
+    return configs
+
+
+def _dual_block(block: dict) -> dict:
+    """The tile a dual GEMM (gated_mlp) takes for `block`: the warp-MMA tile of the same
+    width in place of a warpgroup tile (module constants), without SPLIT_K."""
+    block = _kernel_block(block)
+    core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
+    if core in (CUDA_WGMMA_BLOCK, CUDA_WGMMA_SMALL_BLOCK, _wgmma_block(),
+                _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)):
+        return {**CUDA_BLOCK, **{k: v for k, v in block.items() if k == "TRANSPOSE_B"}}
+    return block
 
 
 _keys: dict[tuple, tuple[str, dict]] = {}
@@ -649,7 +700,7 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     if backend == "metile":
         block = _block(m, n, a2.dtype, transpose_b=layout in TRANSPOSED_LAYOUTS,
                        batch=1 if batch is None else batch[0], k=k)
-        block = _kernel_block(block) if gated else block
+        block = _dual_block(block) if gated else block
         return _Route("metile", block, routing.Decision(_config_name(block), "requested",
                                                         "backend='metile' requested"))
     has_bias = len(arrays) > 2 and not gated
@@ -821,7 +872,8 @@ def _launch_gated(x2, w_gate, w_up, activation, block, dispatch_only=False):
 
 def _fused_gated(activation, block):
     """A differentiable act(x2 @ w_gate.T) * (x2 @ w_up.T) whose forward is one dual-GEMM
-    kernel; the backward pass is MLX's, in float32, recomputing both products."""
+    kernel; the backward pass is MLX's, recomputing both products (GEMMs in the operand
+    dtype, the elementwise part in float32)."""
 
     @mx.custom_function
     def f(x2, w_gate, w_up):
@@ -830,13 +882,13 @@ def _fused_gated(activation, block):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         x2, w_gate, w_up = primals
-        x, wg, wu = (t.astype(mx.float32) for t in primals)
-        g, u = x @ wg.T, x @ wu.T
+        g = (x2 @ w_gate.T).astype(mx.float32)
+        u = (x2 @ w_up.T).astype(mx.float32)
         c = cotangent.astype(mx.float32)
-        d_gate = c * u * _activation_grad(g, activation, LEAKY_SLOPE)
-        d_up = c * activate(g, activation)
-        return ((d_gate @ wg + d_up @ wu).astype(x2.dtype),
-                (d_gate.T @ x).astype(w_gate.dtype), (d_up.T @ x).astype(w_up.dtype))
+        # elementwise in float32, the GEMMs in the operand dtype (see _upstream)
+        d_gate = (c * u * _activation_grad(g, activation, LEAKY_SLOPE)).astype(x2.dtype)
+        d_up = (c * activate(g, activation)).astype(x2.dtype)
+        return d_gate @ w_gate + d_up @ w_up, d_gate.T @ x2, d_up.T @ x2
 
     return f
 

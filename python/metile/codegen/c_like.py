@@ -277,13 +277,17 @@ class CEmitter:
     # bit offset of a 16-bit element).
     VECTOR_TYPES: dict[str, tuple[str, str]] = {}
     VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
+    # From a kernel's own aligned shared array at an index the pass proved a multiple of
+    # the width (the scalar-FMA GEMM's operand reads): no run-time address test.
+    SHARED_VECTOR_LOAD = VECTOR_LOAD
 
     def vector_load(self, op: Op, a: list[str], depth: int) -> None:
         vtype, element = self.VECTOR_TYPES[op.results[0].type.dtype.name]
         self.count += 1
         name = f"_w{self.count}"
-        self.emit(self.VECTOR_LOAD.format(vtype=vtype, name=name, root=op.attrs["root"],
-                                          index=a[0]), depth)
+        form = self.SHARED_VECTOR_LOAD if op.attrs.get("space") == "threadgroup" \
+            else self.VECTOR_LOAD
+        self.emit(form.format(vtype=vtype, name=name, root=op.attrs["root"], index=a[0]), depth)
         for i, r in enumerate(op.results):
             # {h}/{shift}: the 32-bit word and bit offset of 16-bit element i
             self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i], h="xy"[i // 2],

@@ -179,6 +179,8 @@ class MSLEmitter(CEmitter):
                     "bfloat16": ("bfloat4", "{v}.{c}")}
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
+    SHARED_VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const threadgroup {vtype}*>"
+                          "(&{root}[{index}]);")
 
     def statement(self, op: Op, depth: int) -> None:
         if op.name in ("mpp_setup", "mpp_step"):   # Metal 4 tensor ops (msl_tensor_ops.py)

@@ -2,7 +2,8 @@
 through a multi-stage shared-memory ring (a mixin of `MatmulLowering`).
 
 Used when the backend's matrix unit declares `async_copy` (CUDA's mma.sync unit:
-cp.async, sm_80+) and every operand tile (A and each product's B: a dual GEMM
+cp.async, sm_80+), or a float32 GEMM on scalar FMAs runs on such a target, and every
+operand tile (A and each product's B: a dual GEMM
 stages two) is a plain load whose addresses are
 contiguous along the tile's last axis (coefficient 1, proven from the index
 arithmetic, whatever the runtime strides of the other axis) with a zero fill.
@@ -142,6 +143,13 @@ def copy_axis(value, group: int, k_major_b: bool = False) -> int | None:
     return None
 
 
+def ffma_async_copies(units) -> bool:
+    """Whether a target with these matrix units stages scalar-FMA (float32) GEMM operands
+    through the cp.async ring: its warp MMA copies 16-byte groups asynchronously (CUDA,
+    sm_80+).  The copies do not depend on the unit that reads the stages."""
+    return any(u.async_copy and not u.warpgroup for u in units)
+
+
 def plain_contiguous_operands(g, k_major_b: bool = False) -> bool:
     """Every operand tile of `g` is a plain 2-D load contiguous along its last axis in
     16-byte groups, or (`k_major_b`) a right operand contiguous along K (the static half
@@ -157,14 +165,19 @@ class AsyncStaging:
     def async_eligible(self) -> bool:
         """Whether this GEMM can take the cp.async pipeline (see the module docstring)."""
         unit, sp = self.gemm_plan.unit, self.schedule_plan
-        if unit is None or not unit.async_copy:
+        od = self.gemm.operand_dtype
+        if unit is None:
+            # scalar FMA micro-tiles (strict float32): the ring where the target has the
+            # copies; its 16-byte chunks are the 4-wide operand reads of `_ffma_step`
+            if od.itemsize != 4 or not ffma_async_copies(self.matrix_units):
+                return False
+        elif not unit.async_copy:
             return False
         if sp is not None and (sp.double_buffer or sp.vector_width == 4 or sp.num_stages == 1):
             return False   # the plan asked for the ordinary-load passes; honour them
-        od = self.gemm.operand_dtype
         group = 16 // od.itemsize
         self.async_loads = {}
-        k_major_b = bool(unit.warpgroup)
+        k_major_b = bool(unit and unit.warpgroup)
         for value in self.gemm.operands:
             ld = staging_load(value)
             axis = copy_axis(value, group, k_major_b and value is not self.gemm.a)

@@ -35,7 +35,12 @@ remap is a bijection of the launched grid (axis 2 is untouched).
 Without a matrix unit for the operand dtype and tile (strict float32 on CUDA,
 or a tile that is not made of whole fragments) the same staging feeds an FFMA
 path: each thread accumulates a TM x TN register micro-tile (rows ty + i*TY,
-columns tx + j*TX, so consecutive threads store consecutive columns).
+columns tx + j*TX, so consecutive threads store consecutive columns).  Where the
+target has 16-byte asynchronous copies (CUDA) a float32 GEMM stages through the
+cp.async ring in linear rows, and (TN a multiple of 4) the micro-tile's columns are
+runs of four (4tx + (j/4)*4TX + j%4) so every operand read is one 16-byte chunk:
+per 4 K steps one read of A per row, per K step one read of B per run
+(`_ffma_vector_step`, pass `ffma_vector_reads`).
 
 Dual GEMM (`GemmPattern.products == 2`, a gated MLP's act(A @ B1) * (A @ B2)).
 A is staged once and each B into its own stage array (same layout, same
@@ -226,7 +231,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             # written): the warp MMA at the same thread count.
             self.gemm_plan = plan = plan_gemm(g, [u for u in self.matrix_units if not u.warpgroup],
                                               relaxed_precision(self.fn), self.T)
-        self.use_async = bool(plan.unit) and self.async_eligible()
+        self.use_async = self.async_eligible()
         if self.use_async:
             stages = self.choose_stages((bm * bk + g.products * bk * bn) * od.itemsize)
             align = 128
@@ -253,10 +258,16 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                                                      align=align), (bk, bn), od)
                          for _ in range(g.products)]
         self.stage_b = self.stage_bs[0]
-        if self.use_async:
+        if self.use_async and plan.unit:
             group = 16 // od.itemsize
             self.swizzles = {self.stage_a.name: swizzle_params(bk, group),
                              **{st.name: swizzle_params(bn, group) for st in self.stage_bs}}
+        elif self.use_async:
+            # Scalar FMA reads whole 16-byte chunks (`_ffma_step`): a warp reads one chunk
+            # of A in each of two rows and consecutive chunks of one B row, and copies
+            # consecutive chunks, all without bank conflicts in linear rows (the XOR
+            # swizzle serves ldmatrix's eight rows at one column).
+            self.swizzles = {st.name: None for st in (self.stage_a, *self.stage_bs)}
         if plan.unit:
             self._fragment_setup(b)
         else:
@@ -482,9 +493,15 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
 
     # -- FFMA path ------------------------------------------------------------------------------
     def _ffma_setup(self, b: Builder) -> None:
-        bm, bn, _ = self.gemm.tile
+        bm, bn, bk = self.gemm.tile
         ty, tx = self.gemm_plan.grid
         self.tm, self.tn = bm // ty, bn // tx
+        # 4-wide operand reads (module docstring) from the cp.async ring's linear float32
+        # stages, whose rows are 16-byte aligned chunks.
+        self.ffma_vector = bool(self.use_async and self.tn % 4 == 0 and bk % 4 == 0
+                                and self.gemm.operand_dtype.itemsize == 4)
+        if self.ffma_vector:
+            self.lowering_passes.append("ffma_vector_reads")
         # One register micro-tile per product (a dual GEMM has two).
         self.acc_regs_all = [self.decl("local", dt.float32, self.tm * self.tn, "_acc")
                              for _ in range(self.gemm.products)]
@@ -496,7 +513,53 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             self._for(b, 0, self.tm * self.tn, 1, "s", lambda lb, s, regs=regs: lb.op(
                 "local_set", [s, zero], [], {"name": regs}), unroll=True)
 
+    def _ffma_column(self, b: Builder, j) -> Value:
+        """The tile column of a thread's micro-tile column j: tx_i + j * TX, or with 4-wide
+        reads 4 tx_i + (j / 4) * 4 TX + j % 4 (runs of four adjacent columns)."""
+        tx = self.gemm_plan.grid[1]
+        if not self.ffma_vector:
+            return self._i(b, "add", self.tx_i, self._i(b, "mul", j, tx) if isinstance(j, Value)
+                           else j * tx)
+        if isinstance(j, Value):
+            run = self._i(b, "mul", self._i(b, "idiv", j, 4), 4 * tx)
+            return self._i(b, "add", self._i(b, "add", self._i(b, "mul", self.tx_i, 4), run),
+                           self._i(b, "mod", j, 4))
+        return self._i(b, "add", self._i(b, "mul", self.tx_i, 4), (j // 4) * 4 * tx + j % 4)
+
+    def _ffma_vector_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
+        """Per 4 K steps: one 16-byte read of A per micro-tile row (its 4 K values), and per
+        K step one 16-byte read of B per run of 4 micro-tile columns; TM x TN x 4 FMAs.
+        Against one 4-byte shared read per row and column per K step this is a quarter
+        of the reads (the scalar loop issued one shared read per 4 FMAs)."""
+        bm, bn, bk = self.gemm.tile
+        ty, tx = self.gemm_plan.grid
+
+        def vec(lb, st, index):
+            return lb.op("vec_load", [index], [F32] * 4,
+                         {"root": st.name, "space": "threadgroup", "width": 4}).results
+
+        def depth4(lb: Builder, k4: Value) -> None:
+            a = [vec(lb, self.stage_a, self.add(lb, base_a, self._i(lb, "add", self._i(
+                lb, "mul", self._i(lb, "add", self.ty_i, i * ty), bk), k4)))
+                for i in range(self.tm)]
+            for kk in range(4):
+                row = self.add(lb, base_b, self._i(lb, "mul", self._i(lb, "add", k4, kk), bn))
+                for st_b, regs in zip(self.stage_bs, self.acc_regs_all):
+                    bv = [x for q in range(self.tn // 4) for x in vec(
+                        lb, st_b, self._i(lb, "add", row, self._ffma_column(lb, 4 * q)))]
+                    for i in range(self.tm):
+                        for j in range(self.tn):
+                            s = self.const(lb, i * self.tn + j)
+                            cur = lb.value("local_get", [s], F32, name=regs)
+                            prod = lb.value("mul", [a[i][kk], bv[j]], F32)
+                            lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
+                                  {"name": regs})
+
+        self._for(b, 0, bk, 4, "k4", depth4, unroll=True)
+
     def _ffma_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
+        if self.ffma_vector:
+            return self._ffma_vector_step(b, base_a, base_b)
         bm, bn, bk = self.gemm.tile
         ty, tx = self.gemm_plan.grid
 
@@ -529,7 +592,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         def per_element(eb: Builder, s: Value) -> None:
             i, j = self._i(eb, "idiv", s, self.tn), self._i(eb, "mod", s, self.tn)
             row = self._i(eb, "add", self.ty_i, self._i(eb, "mul", i, ty))
-            col = self._i(eb, "add", self.tx_i, self._i(eb, "mul", j, tx))
+            col = self._ffma_column(eb, j)
             accs = [eb.value("local_get", [s], F32, name=regs) for regs in self.acc_regs_all]
             self._epilogue_store(eb, row, col, accs)
 

@@ -539,6 +539,14 @@ def _program_order(s: Schedule, reasons: list[str]) -> tuple[str, int | None]:
     return "grouped", group
 
 
+def _ffma_async_copies(target: Target) -> bool:
+    """Whether scalar-FMA float32 GEMMs on `target` stage through the cp.async ring
+    (passes/gemm_async.ffma_async_copies: the target's warp MMA copies asynchronously)."""
+    from ..passes.gemm_async import ffma_async_copies
+    from .targets import units_for
+    return ffma_async_copies(units_for(target.language, target.name, None))
+
+
 def _path_words(target: Target, unit, scalar_fma: bool) -> str:
     what = "scalar FMA" if scalar_fma or unit is None else unit.name
     return f"the ordinary-load staged GEMM path ({what} on {target.name})"
@@ -562,12 +570,14 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
         raise ScheduleError(f"double_buffer=False with num_stages={n}",
                             f"{n} operand stages buffer the next K step while the current one "
                             "is multiplied; double_buffer=False allows only num_stages=1")
-    ring = bool(unit is not None and unit.async_copy and not scalar_fma and
-                s.vector_width != 4 and not s.double_buffer)
+    copies = (unit is not None and unit.async_copy and not scalar_fma) or \
+        (scalar_fma and itemsize == 4 and _ffma_async_copies(target))
+    ring = bool(copies and s.vector_width != 4 and not s.double_buffer)
     if n is not None and n > 2 and not ring:
-        why = ("vector_width=4 selects ordinary 4-wide loads" if s.vector_width == 4 and
-               unit is not None and unit.async_copy else
-               "only CUDA's 16-bit mma.sync units stage with asynchronous copies")
+        why = ("vector_width=4 selects ordinary 4-wide loads" if s.vector_width == 4 and copies
+               else "double_buffer=True selects ordinary loads" if s.double_buffer and copies
+               else "only CUDA's mma.sync units and strict float32 on CUDA stage with "
+               "asynchronous copies")
         raise ScheduleError(s.requirement("num_stages"),
                             f"more than 2 operand stages are not implemented for "
                             f"{_path_words(target, unit, scalar_fma)}: it has single staging or "
