@@ -114,9 +114,10 @@ def test_cuda_strict_float32_source_and_report():
     # 16 KiB per stage: three stages in static shared memory; rows stay linear
     assert mm["fragment"] == "ffma" and mm["micro_tile"] == [8, 8]
     assert mm["stages"] == 3 and mm["async_copy"] and set(mm["shared_layout"].values()) == {"row-major"}
-    assert "async_pipeline_staging" in data["passes"] and "ffma_vector_reads" in data["passes"]
-    # per 4 K steps: 8 reads of A (one per micro-tile row) and 4 x 2 of B; no run-time
+    assert {"async_pipeline_staging", "ffma_vector_reads", "whole_group_copies"} <= set(data["passes"])
+    # per 4 K steps: 8 reads of A (one per micro-tile row) and 4 x 2 of B, in each of the
+    # two loops (whole-group copies, and the one with per-tile copy tests); no run-time
     # address test on the kernel's own aligned stages
-    assert src.count("*reinterpret_cast<const float4*>(&_sa") == 8
-    assert src.count("*reinterpret_cast<const float4*>(&_sb") == 8
+    assert src.count("*reinterpret_cast<const float4*>(&_sa") == 2 * 8
+    assert src.count("*reinterpret_cast<const float4*>(&_sb") == 2 * 8
     assert "metile_load_vec<float4>(&_s" not in src

@@ -7,7 +7,11 @@
 #       tile fix touch, then compute-sanitizer memcheck/racecheck over the new path;
 #   OUT=$OUT bash tools/device_next.sh bench   -- strict float32 tiles against mx.compile
 #       (1024/2048/4096), float16/bfloat16 tiles at 1024^3 with the own launch, then the
-#       decoder block (float16) with the time left.
+#       decoder block (float16) with the time left;
+#   OUT=$OUT bash tools/device_next.sh ffma    -- the float32 ring with whole-group copies:
+#       kernel variants alone against cuBLAS (tools/probes/ffma_variants.py), its GPU tests,
+#       the fused-GEMM benchmark at every size, then the decoder block (backward GEMMs in the
+#       operand dtype).
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -35,6 +39,24 @@ if [ "$mode" = tests ]; then
     echo "== $tool exit $? ==" | tee -a "$log"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$logs/sanitizer-ffma-$tool.log" | tail -2 | tee -a "$log"
   done
+elif [ "$mode" = ffma ]; then
+  timeout 120 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-4096.json" 2>&1 | tail -12 | tee -a "$log"
+  echo "variants: $((SECONDS-t0)) s" | tee -a "$log"
+  files="test_gemm_async test_gemm_stages_and_order test_dual_gemm test_ops test_gemm_transposed_b
+         test_autodiff test_linear_fused_reads test_ops_batched test_decoder_block test_epilogue_reads"
+  (cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 --junitxml="$out/junit.xml" \
+     $(for f in $files; do echo "$repo/tests/$f.py"; done) > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  echo "tests: $((SECONDS-t0)) s" | tee -a "$log"
+  sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway --dtype float32"
+  timeout 100 $sf --tile 128 128 16 --num-simdgroups 8 --sizes 4096 8192 --shapes 512x4096x11008 \
+    --output "$logs/h200-gemm-float32-strict-whole-128x128x16w8.json" 2>&1 | grep -E "\]:" | tee -a "$log"
+  timeout 60 $sf --tile 64 64 16 --num-simdgroups 4 --sizes 1024 2048 --shapes 16x4096x4096 \
+    --output "$logs/h200-gemm-float32-strict-whole-64x64x16w4.json" 2>&1 | grep -E "\]:" | tee -a "$log"
+  left=$((budget - (SECONDS - t0)))
+  [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 15)) OUT=$logs timeout "$left" \
+    bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
 else
   sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway"
   for tile in "128 128 16 8" "128 128 32 8" "64 64 16 4" "128 64 16 4"; do

@@ -391,20 +391,20 @@ def _fused_bmm(activation, slope, block):
 
 # -- the two implementations of each op ---------------------------------------------------------
 
+# The composites compute as the unconverted MLX layers do (mlx.nn.Linear, nn.silu, ...):
+# the activation in the operands' dtype.  With it in float32 (one rounding, like the
+# kernel's epilogue) a converted block routed wholly to MLX moved float32 intermediates
+# and trained 0.91x as fast as the unconverted one (H200, T=512/2048).
+
 def _matmul_mlx(a2, b, epilogue, slope):
-    z = a2 @ b
-    if epilogue is None:
-        return z
-    return activate(z.astype(mx.float32), epilogue, slope).astype(a2.dtype)
+    return activate(a2 @ b, epilogue, slope)
 
 
 def _linear_mlx(x2, weight, bias, activation, slope):
     # mx.addmm as mlx.nn.Linear computes it, so a converted layer routed to MLX gives
     # the unconverted layer's numbers.
     z = x2 @ weight.T if bias is None else mx.addmm(bias, x2, weight.T)
-    if activation is None:
-        return z
-    return activate(z.astype(mx.float32), activation, slope).astype(x2.dtype)
+    return activate(z, activation, slope)
 
 
 def _linear_mlx_residual(x2, weight, bias, activation, slope, residual=None):
@@ -846,10 +846,8 @@ GATED_ACTIVATIONS = ("silu", "gelu_tanh", "relu")
 
 
 def _gated_mlx(x2, w_gate, w_up, activation):
-    """MLX's composite: the activation and the product in float32, one rounding."""
-    g = (x2 @ w_gate.T).astype(mx.float32)
-    u = (x2 @ w_up.T).astype(mx.float32)
-    return (activate(g, activation) * u).astype(x2.dtype)
+    """MLX's composite, as a gated MLP written with mlx.nn computes it."""
+    return activate(x2 @ w_gate.T, activation) * (x2 @ w_up.T)
 
 
 def _launch_gated(x2, w_gate, w_up, activation, block, dispatch_only=False):

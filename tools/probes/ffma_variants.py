@@ -1,0 +1,104 @@
+"""Strict float32 GEMM kernels as metile emits them (scalar FMA from the cp.async ring),
+timed alone on the H200 with CUDA events (CuPy launches the NVRTC-compiled source, many
+launches per sync), against cuBLAS's SGEMM through CuPy (CUPY_TF32 unset: strict
+float32).  Variants: tiles and stage counts, and each with `__launch_bounds__(T, 2)` added
+by hand (ptxas then keeps a thread under 65536 / (2 T) registers, so two blocks share an
+SM), to see whether occupancy or the loop limits the kernel.
+
+    python3 tools/probes/ffma_variants.py [out.json] [--size 4096]
+"""
+import json
+import sys
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, "tests")
+sys.path.insert(0, "kernels")
+import nvrtc  # noqa: E402  (tests/nvrtc.py: metile's NVRTC helpers)
+
+VARIANTS = [  # (BM, BN, BK, warps, num_stages or None, min blocks per SM or None)
+    (128, 128, 16, 8, None, None), (128, 128, 16, 8, None, 2),
+    (128, 64, 16, 4, None, None), (128, 64, 16, 4, None, 4), (128, 64, 16, 4, 3, None),
+    (128, 64, 32, 4, None, None), (64, 128, 16, 4, None, None),
+    (64, 64, 16, 4, None, None), (256, 64, 16, 8, None, None),
+]
+
+
+def main():
+    import mlx.core as mx
+    import metile
+    from metile_kernels.gemm import grid, matmul_epilogue
+    argv = sys.argv[1:]
+    n = int(argv[argv.index("--size") + 1]) if "--size" in argv else 4096
+    paths = [a for i, a in enumerate(argv) if not a.startswith("--") and
+             (i == 0 or argv[i - 1] != "--size")]
+    rng = np.random.default_rng(0)
+    a = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    b = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
+    c = cp.zeros((n, n), cp.float32)
+    z = a @ b
+    ref = cp.where(z > 0, z, 0.01 * z)
+    results = {}
+
+    def timed(launch, reps=20):
+        for _ in range(3):
+            launch()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        best = []
+        for _ in range(3):
+            start.record()
+            for _ in range(reps):
+                launch()
+            stop.record()
+            stop.synchronize()
+            best.append(cp.cuda.get_elapsed_time(start, stop) * 1000 / reps)
+        return min(best)
+
+    us = timed(lambda: cp.matmul(a, b, out=c))
+    results["cuBLAS (cupy)"] = {"us": round(us, 1), "tflops": round(2 * n**3 / us / 1e6, 1)}
+    print("cuBLAS", results["cuBLAS (cupy)"], flush=True)
+    for bm, bn, bk, w, stages, min_blocks in VARIANTS:
+        key = f"{bm}x{bn}x{bk} w{w}" + (f" S={stages}" if stages else "") + \
+            (f" minblocks={min_blocks}" if min_blocks else "")
+        try:
+            kw = {"SCHEDULE": metile.Schedule(num_stages=stages)} if stages else {}
+            d = matmul_epilogue[grid(n, n, bm, bn)].prepare(
+                mx.zeros((n, n)), mx.zeros((n, n)), mx.zeros((n, n)), n, n, n, 1.0, 0.0,
+                EPILOGUE="affine_leaky", NEGATIVE_SLOPE=0.01, BLOCK_M=bm, BLOCK_N=bn,
+                BLOCK_K=bk, num_simdgroups=w, backend="cuda", **kw)
+            name, launch = d.variant.data["name"], d.variant.data["lowering"].get("launch") or {}
+            tu = nvrtc.translation_unit(d)
+            bounds = f"__launch_bounds__({w * 32}{', ' + str(min_blocks) if min_blocks else ''}) "
+            tu = tu.replace(f'extern "C" __global__ void {name}',
+                            f'extern "C" __global__ void {bounds}{name}')
+            data, log = nvrtc.cubin(tu, "sm_90", extra=("--ptxas-options=-v",))
+            regs = [line.strip() for line in log.splitlines() if "registers" in line or "spill" in line]
+            import tempfile
+            with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+                f.write(data)
+            fn = cp.RawModule(path=f.name).get_function(name)
+            smem = int(launch.get("shared_memory") or 0)
+            if smem:
+                fn.max_dynamic_shared_size_bytes = smem
+            args = (a, b, c, np.int32(n), np.int32(n), np.int32(n), np.float32(1.0), np.float32(0.0))
+            g = (n // bm, n // bn)
+            c.fill(0)
+            fn(g, (w * 32,), args, shared_mem=smem)
+            err = float(cp.abs(c - ref).max() / cp.abs(ref).max())
+            us = timed(lambda: fn(g, (w * 32,), args, shared_mem=smem))
+            entry = {"us": round(us, 1), "tflops": round(2 * n**3 / us / 1e6, 1),
+                     "vs_cublas": round(results["cuBLAS (cupy)"]["us"] / us, 3),
+                     "max_error_over_max": err, "ptxas": regs[-2:],
+                     "passes": d.variant.data.get("passes")}
+        except Exception as e:  # a variant the planner refuses is reported, not fatal
+            entry = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        results[key] = entry
+        print(key, {k: v for k, v in entry.items() if k != "passes"}, flush=True)
+    if paths:
+        json.dump({"machine": "H200", "size": n, "dtype": "float32 (strict)",
+                   "cupy": cp.__version__, "results": results}, open(paths[0], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
