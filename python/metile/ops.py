@@ -86,8 +86,10 @@ CUDA_WGMMA_BLOCK = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_simdgroups=8)
 CUDA_WGMMA_SMALL_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8)
 CUDA_SMS = 132
 # Strict float32 on NVIDIA: 8x8 (64x64: 8x4) scalar-FMA micro-tiles per thread, operands
-# through the cp.async ring and read 16 bytes at a time (passes/lower_matmul.py).
-CUDA_F32_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=16, num_simdgroups=8)
+# through the cp.async ring and read 16 bytes at a time (passes/lower_matmul.py).  At
+# 4096^3 on the H200 the kernel alone: 128x64x16 on 4 warps (3 stages) 3128 us, 128x128x16
+# on 8 warps 3256, 64x128 3275, 64x64 3297, cuBLAS 2682 (h200-ffma-variants-4096-*.json).
+CUDA_F32_BLOCK = dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=16, num_simdgroups=4)
 CUDA_F32_SMALL_BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16, num_simdgroups=4)
 # leaky_relu's slope for negative inputs when none is given: MLX's default
 # (mlx.nn.leaky_relu), so a drop-in gives the same numbers.
@@ -277,7 +279,7 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
         block = BLOCK
     elif dtype == mx.float32:
         # strict float32: scalar FMA micro-tiles from the cp.async ring (8x8 per thread)
-        block = CUDA_F32_BLOCK if math.ceil(m / 128) * math.ceil(n / 128) * batch >= CUDA_SMS \
+        block = CUDA_F32_BLOCK if math.ceil(m / 128) * math.ceil(n / 64) * batch >= CUDA_SMS \
             else CUDA_F32_SMALL_BLOCK
     elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
         block = _wgmma_block()

@@ -143,6 +143,13 @@ def copy_axis(value, group: int, k_major_b: bool = False) -> int | None:
     return None
 
 
+def ring_depth(room: int, stage_bytes: int, scalar_fma: bool) -> int:
+    """The automatic number of ring stages: as many as fit `room` bytes, 2 to 4; scalar
+    FMA at most 3 (H200, strict float32 4096^3, 128x64x16 on 4 warps: 3128 us with 3
+    stages against 3336 with 4; tools/probes/ffma_variants.py)."""
+    return max(2, min(3 if scalar_fma else 4, room // stage_bytes))
+
+
 def ffma_async_copies(units) -> bool:
     """Whether a target with these matrix units stages scalar-FMA (float32) GEMM operands
     through the cp.async ring: its warp MMA copies 16-byte groups asynchronously (CUDA,
@@ -219,8 +226,8 @@ class AsyncStaging:
         requested = getattr(sp, "num_stages", None) if sp is not None else None
         if requested:
             return requested
-        room = self.shared_limit - self.shared_bytes
-        return max(2, min(4, room // stage_bytes))
+        return ring_depth(self.shared_limit - self.shared_bytes, stage_bytes,
+                          self.gemm_plan.unit is None)
 
     def k_tiles(self, op: Op, b: Builder):
         """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage,

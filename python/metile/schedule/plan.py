@@ -637,7 +637,7 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
         db = False
         reasons.append(f"Two {stage}-byte stages exceed {target.name}'s {target.shared_word}; "
                        "double buffering is prohibited.")
-    stages = _stage_count(traits, target, s, reasons, stage, staging, db, ring)
+    stages = _stage_count(traits, target, s, reasons, stage, staging, db, ring, scalar_fma)
     vw = s.vector_width
     if vw == 4:
         _check_aligned(traits)
@@ -648,7 +648,8 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
     return staging, vw, db, stages
 
 
-def _stage_count(traits, target, s, reasons, stage, staging, db, ring) -> int | None:
+def _stage_count(traits, target, s, reasons, stage, staging, db, ring,
+                 scalar_fma: bool = False) -> int | None:
     """The plan's num_stages: the requirement (explicit, or implied by double_buffer), the
     count the ordinary-load path will use, or None when the lowering picks the ring depth."""
     if staging != "threadgroup":
@@ -658,10 +659,12 @@ def _stage_count(traits, target, s, reasons, stage, staging, db, ring) -> int | 
         n = 2 if db else 1
     if ring:
         if n is None:
+            from ..passes.gemm_async import ring_depth
             room = target.threadgroup_memory_bytes - traits.shared_bytes
-            auto = max(2, min(4, room // stage))
+            auto = ring_depth(room, stage, scalar_fma)
+            most = 3 if scalar_fma else 4
             reasons.append(f"Operand stages are the lowering's choice: a ring of as many "
-                           f"{stage}-byte stages as fit {target.shared_word} (2 to 4; {auto} "
+                           f"{stage}-byte stages as fit {target.shared_word} (2 to {most}; {auto} "
                            "here) filled by 16-byte asynchronous copies (cp.async) when both "
                            "operand loads are contiguous, else one stage with ordinary loads.")
         elif n >= 2:
