@@ -11,7 +11,10 @@
 #   OUT=$OUT bash tools/device_next.sh ffma    -- the float32 ring with whole-group copies:
 #       kernel variants alone against cuBLAS (tools/probes/ffma_variants.py), its GPU tests,
 #       the fused-GEMM benchmark at every size, then the decoder block (backward GEMMs in the
-#       operand dtype).
+#       operand dtype);
+#   OUT=$OUT bash tools/device_next.sh final  -- BK=8 float32 tiles (cuBLAS's 128x128x8 form, 128
+#       registers: two blocks per SM) alone and in the fused benchmark at 4096^3, then the
+#       decoder block (MLX composites in the operand dtype).
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -39,6 +42,17 @@ if [ "$mode" = tests ]; then
     echo "== $tool exit $? ==" | tee -a "$log"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$logs/sanitizer-ffma-$tool.log" | tail -2 | tee -a "$log"
   done
+elif [ "$mode" = final ]; then
+  timeout 60 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-bk8-4096.json" 2>&1 | tail -8 | tee -a "$log"
+  sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway --dtype float32 --sizes 4096"
+  for tile in "128 128 8 8" "128 64 16 4"; do
+    set -- $tile
+    timeout 45 $sf --tile $1 $2 $3 --num-simdgroups $4 \
+      --output "$logs/h200-gemm-float32-strict-${1}x${2}x${3}w$4.json" 2>&1 | grep -E "\]:" | sed "s/^/$1x$2x$3w$4 /" | tee -a "$log"
+  done
+  left=$((budget - (SECONDS - t0)))
+  [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
+    bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
 elif [ "$mode" = ffma ]; then
   timeout 120 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-4096.json" 2>&1 | tail -12 | tee -a "$log"
   echo "variants: $((SECONDS-t0)) s" | tee -a "$log"
