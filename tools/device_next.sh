@@ -52,7 +52,7 @@ elif [ "$mode" = final ]; then
   done
   left=$((budget - (SECONDS - t0)))
   [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
-    bash tools/device_decoder_block.sh float16 2>&1 | tail -12 | tee -a "$log"
+    bash tools/device_decoder_block.sh float16 -- --variants auto 2>&1 | tail -12 | tee -a "$log"
 elif [ "$mode" = ffma ]; then
   timeout 120 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-4096.json" 2>&1 | tail -12 | tee -a "$log"
   echo "variants: $((SECONDS-t0)) s" | tee -a "$log"
