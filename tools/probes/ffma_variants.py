@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, "tests")
 sys.path.insert(0, "kernels")
 import nvrtc  # noqa: E402  (tests/nvrtc.py: metile's NVRTC helpers)
+from wgmma_stage_timing import timed  # noqa: E402  (CUDA events, best of 3 loops)
 
 VARIANTS = [  # (BM, BN, BK, warps, num_stages or None, min blocks per SM or None)
     (128, 64, 16, 4, None, None), (128, 128, 16, 8, None, None),
@@ -42,20 +43,6 @@ def main():
     z = a @ b
     ref = cp.where(z > 0, z, 0.01 * z)
     results = {}
-
-    def timed(launch, reps=20):
-        for _ in range(3):
-            launch()
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        best = []
-        for _ in range(3):
-            start.record()
-            for _ in range(reps):
-                launch()
-            stop.record()
-            stop.synchronize()
-            best.append(cp.cuda.get_elapsed_time(start, stop) * 1000 / reps)
-        return min(best)
 
     us = timed(lambda: cp.matmul(a, b, out=c))
     results["cuBLAS (cupy)"] = {"us": round(us, 1), "tflops": round(2 * n**3 / us / 1e6, 1)}

@@ -257,20 +257,26 @@ class AsyncStaging:
         bk = self.gemm.tile[2]
         self.lowering_passes.append("async_pipeline_staging")
         n, issue = self.k_tiles(op, b)
-        whole = None
         if self.gemm_plan.unit is None:
-            whole = self.whole_group_copies(op, b, self.s(op.operands[0]), self.s(op.operands[2]))
-        if whole is None:
-            self._ring_steps(b, n, issue)
+            self.steps_with_whole_copies(op, b, n, issue, self._ring_steps)
         else:
-            self.lowering_passes.append("whole_group_copies")
-            branch = b.op("if", [whole], [], {}, [_block(), _block()])
-            fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
-            fb.loc = sb.loc = b.loc
-            self._ring_steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
-            self._ring_steps(sb, n, issue)
+            self._ring_steps(b, n, issue)
         self.report_loop(self.k_body.args[0].hint or "k", "loop", bk)
         self._report_inner()
+
+    def steps_with_whole_copies(self, op: Op, b: Builder, n: Value, issue, steps) -> None:
+        """`steps(builder, n, issue)` twice under the block-uniform `whole_group_copies`
+        proof: a loop whose copies are whole-group cp.async with no per-tile tests, and
+        the loop with them; only the latter where the kernel's form allows no proof."""
+        whole = self.whole_group_copies(op, b, self.s(op.operands[0]), self.s(op.operands[2]))
+        if whole is None:
+            return steps(b, n, issue)
+        self.lowering_passes.append("whole_group_copies")
+        branch = b.op("if", [whole], [], {}, [_block(), _block()])
+        fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
+        fb.loc = sb.loc = b.loc
+        steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
+        steps(sb, n, issue)
 
     def _ring_steps(self, b: Builder, n: Value, issue) -> None:
         """Prologue (tiles 0..S-2), the loop over K tiles, the final drain."""

@@ -208,18 +208,10 @@ class WarpgroupGemm:
                 tb, rest = Builder(branch.regions[0]), Builder(branch.regions[1])
                 tb.loc = rest.loc = b.loc
                 self._wgmma_tma_steps(tb, n, form[1])
-        whole = None
         if self.gemm_plan.unit.whole_copies:
-            whole = self.whole_group_copies(op, rest, lo, step)
-        if whole is None:
-            self._wgmma_steps(rest, n, issue)
+            self.steps_with_whole_copies(op, rest, n, issue, self._wgmma_steps)
         else:
-            self.lowering_passes.append("whole_group_copies")
-            branch = rest.op("if", [whole], [], {}, [_block(), _block()])
-            fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
-            fb.loc = sb.loc = b.loc
-            self._wgmma_steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
-            self._wgmma_steps(sb, n, issue)
+            self._wgmma_steps(rest, n, issue)
         empty = b.op("if", [b.value("eq", [n, self.const(b, 0)], BOOL)], [], {},
                      [_block(), _block()])
         eb = Builder(empty.regions[0])
