@@ -14,7 +14,10 @@
 #       operand dtype);
 #   OUT=$OUT bash tools/device_next.sh final  -- BK=8 float32 tiles (cuBLAS's 128x128x8 form, 128
 #       registers: two blocks per SM) alone and in the fused benchmark at 4096^3, then the
-#       decoder block (MLX composites in the operand dtype).
+#       decoder block (MLX composites in the operand dtype);
+#   OUT=$OUT bash tools/device_next.sh ops17   -- issue 17's op benchmarks with the own CUDA
+#       launch (never re-measured since it landed): norms/softmax/rope, attention
+#       (prefill and decode), int4 quantized matmul (decode and prefill), float16.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -42,6 +45,13 @@ if [ "$mode" = tests ]; then
     echo "== $tool exit $? ==" | tee -a "$log"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$logs/sanitizer-ffma-$tool.log" | tail -2 | tee -a "$log"
   done
+elif [ "$mode" = ops17 ]; then
+  timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
+    2>&1 | tail -12 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.attention --dtype float16 --heads 32 --kv-heads 8 --head-dim 128 \
+    --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
 elif [ "$mode" = final ]; then
   timeout 60 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-bk8-4096.json" 2>&1 | tail -8 | tee -a "$log"
   sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway --dtype float32 --sizes 4096"
