@@ -373,3 +373,20 @@ def test_op_bad_inputs():
         ops.gated_mlp(x, w, mx.zeros((8,)))
     with pytest.raises(ValueError, match="backend must be 'auto', 'metile' or 'mlx'"):
         ops.gated_mlp(x, w, w, backend="cuda")
+
+
+def test_gated_tiles_on_sm_90_are_warp_mma_tiles(monkeypatch):
+    # the dual GEMM runs on the warp MMA: a warpgroup tile's dual stage (128x64 + 2 x
+    # 64x256 16-bit elements, 80 KiB) does not fit its static shared memory, so neither the
+    # candidates nor a forced launch may name one (it was refused on the H200)
+    monkeypatch.setattr(ops, "_on_cuda", lambda: True)
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
+
+    def core(block):
+        return {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
+    configs = ops.gated_configs(mx.float16)
+    assert configs and all(core(c) in (ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK) for c in configs)
+    assert len({ops._config_name(c) for c in configs}) == len(configs)
+    x, w = mx.zeros((4096, 4096), mx.float16), mx.zeros((11008, 4096), mx.float16)
+    forced = ops._route("gated_mlp", (x, w, w), "silu", None, "metile")
+    assert core(forced.block) == ops.CUDA_BLOCK and forced.block.get("TRANSPOSE_B")
