@@ -114,27 +114,39 @@ _LAUNCH_CACHE_SIZE = 256
 def _launch_key(grid, args, kwargs):
     """What a repeated `kernel[grid](...)` call must share to reuse a resolved launch:
     the grid, each argument's type, dtype and shape (scalars by value: they take part
-    in coverage proofs), and the keyword options.  None when a call is not cacheable."""
+    in coverage proofs), the keyword options, and the launch environment (settings and
+    device).  None when a call is not cacheable.  Every eager launch computes it, so it
+    is written for speed: exact type tests before isinstance, shapes as MLX returns them
+    (tuples), no generator expressions."""
     if callable(grid):
         return None
     parts = []
     for a in args:
-        if isinstance(a, mx.array):
+        t = type(a)
+        if t is mx.array:
+            parts.append((a.dtype, a.shape))
+        elif t is int or t is float or t is bool:
+            parts.append((t, a))
+        elif isinstance(a, mx.array):
             parts.append((a.dtype, tuple(a.shape)))
         elif isinstance(a, (bool, int, float)):
-            parts.append((type(a), a))
+            parts.append((t, a))
         else:
             return None
-    try:
-        # with types: True == 1 and 1.0 == 1 must not share an entry.  In call order, not
-        # sorted: one call site passes its options in one order (another order is only
-        # another entry), and sorting was a measurable part of an eager launch.
-        options = tuple((k, type(v), v) for k, v in kwargs.items())
-        hash(options)
-    except TypeError:
-        return None
-    grid_key = tuple((type(g), g) for g in grid) if isinstance(grid, (list, tuple)) else (type(grid), grid)
-    return (grid_key, tuple(parts), options, *launch_environment())
+    # with types: True == 1 and 1.0 == 1 must not share an entry.  In call order, not
+    # sorted: one call site passes its options in one order (another order is only
+    # another entry), and sorting was a measurable part of an eager launch.
+    options = tuple([(k, type(v), v) for k, v in kwargs.items()]) if kwargs else ()
+    if options:
+        try:
+            hash(options)
+        except TypeError:
+            return None
+    if type(grid) is tuple or type(grid) is list:
+        grid_key = (tuple(grid), tuple(map(type, grid)))
+    else:
+        grid_key = (grid, type(grid))
+    return (grid_key, tuple(parts), options, raw_values(_LAUNCH_VARIABLES), device_type())
 
 
 # What a resolved launch also depends on: the backend selection (compiler/backend.py,
@@ -217,7 +229,7 @@ class Dispatch:
         if self.unlowered is not None:
             # Planned for a backend metile does not lower yet (an M5 tensor_ops plan):
             # the plan and a plan-only report can be inspected; calling it refuses.
-            self.variant, self._key = None, None
+            self.variant, self._key, self._input_plan = None, None, None
             kernel.last_dispatch = self
             return
         outputs = spec.outputs
@@ -285,6 +297,19 @@ class Dispatch:
             all(name in passed for name in outputs)
         self._key = None if kernel.differentiable or not positional or not reusable else \
             _launch_key(self.grid_arg, args, kwargs)
+        # Where a relaunch finds its arrays among the positional arguments: each output's
+        # position, and per kernel input its position or the array kept from this launch.
+        where = {name: i for i, name in enumerate(kernel.param_names[:len(args)])}
+        self._input_plan = None
+        if positional and all(i in self._fixed_inputs or name in where
+                              for i, (_, name) in enumerate(d.input_roles)):
+            self._out_positions = [where[n] for n in outputs]
+            self._others = [i for i in range(len(args)) if i not in self._out_positions]
+            self._input_plan = [(True, self._fixed_inputs[i]) if i in self._fixed_inputs
+                                else (False, where[name])
+                                for i, (_, name) in enumerate(d.input_roles)]
+        else:
+            self._key = None   # a relaunch takes every array positionally
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
@@ -360,15 +385,29 @@ class Dispatch:
         `trusted`: the caller (metile.ops) passes freshly allocated outputs and gives the
         launch its own vjp, so the aliasing check and the no-vjp guard are skipped (about a
         quarter of an eager op's host time on the CPU)."""
-        runtime = dict(zip(self.kernel.param_names, args))
-        outputs = [runtime[n] for n in self.spec.outputs] if trusted else \
-            _check_aliasing(runtime, self.spec.outputs)
+        if self.unlowered is not None:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {self.unlowered}",
+                                   self.kernel.loc)
+        if self._input_plan is None:
+            raise LaunchError(f"kernel {self.kernel.fn.__name__!r}: this launch was prepared "
+                              "with arrays passed by keyword; a relaunch takes them positionally")
+        outputs = [args[i] for i in self._out_positions]
+        if not trusted and self._aliased(args, outputs):
+            # the full check raises, naming the arguments
+            _check_aliasing(dict(zip(self.kernel.param_names, args)), self.spec.outputs)
         if self.empty:
             return outputs[0] if self.single else tuple(outputs)
-        fixed = self._fixed_inputs
-        inputs = [fixed[i] if i in fixed else runtime[name]
-                  for i, (_, name) in enumerate(self.variant.compiled.input_roles)]
+        inputs = [v if fixed else args[v] for fixed, v in self._input_plan]
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
+
+    def _aliased(self, args, outputs) -> bool:
+        """Whether an argument is one of the outputs, or two outputs are one array."""
+        for i in self._others:
+            a = args[i]
+            for o in outputs:
+                if a is o:
+                    return True
+        return len(outputs) > 1 and len({id(o) for o in outputs}) < len(outputs)
 
     def _launch(self, inputs, guard: bool = True):
         """Enqueue the kernel on `inputs`.  A gradient reaching the launch must say how to
