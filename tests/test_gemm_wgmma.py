@@ -454,8 +454,8 @@ def test_cached_launches_follow_the_setting(monkeypatch, rng):
     for variant in ("0", "ws", "0"):
         monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
         check(launch(a, b, mx.zeros((m, n)), m, n, k, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16), ref)
-    # the launch key ends with the raw values of the settings it depends on (bytes where
-    # os.environ's own dict is read: settings.raw_values)
-    at = 3 + dispatch._LAUNCH_VARIABLES.index("METILE_CUDA_WGMMA")
-    seen = {key[at] for key in matmul._launches if len(key) > at}
+    # the launch key holds the raw values of the settings it depends on (bytes where
+    # os.environ's own dict is read: settings.raw_values), then the device type
+    at = dispatch._LAUNCH_VARIABLES.index("METILE_CUDA_WGMMA")
+    seen = {key[3][at] for key in matmul._launches if key[0] != "ops"}
     assert {"0", "ws"} <= {v.decode() if isinstance(v, bytes) else v for v in seen if v is not None}
