@@ -104,6 +104,23 @@ def test_full_coverage_proof_avoids_copy():
 
 
 @metile.kernel
+def plus_one_scalar(X, Y):
+    metile.store(Y, metile.load(X) + 1.0)
+
+
+def test_a_scalar_store_covers_a_one_element_output():
+    # every program writes element 0: that is the whole of a one-element output (no
+    # written-mask output, no merge per launch), and only element 0 of a longer one
+    x = mx.array([1.0])
+    d = plus_one_scalar[(1,)].prepare(x, mx.zeros((1,)))
+    assert d.variant.data["outputs"] == ["Y"] and not d.tracked
+    np.testing.assert_array_equal(np.array(d()), [2.0])
+    d = plus_one_scalar[(4,)].prepare(x, mx.array([5.0, 6.0, 7.0, 8.0]))
+    assert d.variant.data["outputs"] == ["Y", "Y_written"] and d.tracked == [0]
+    np.testing.assert_array_equal(np.array(d()), [2.0, 6.0, 7.0, 8.0])
+
+
+@metile.kernel
 def scale2d(X, Y, M, N, BM: metile.constexpr, BN: metile.constexpr):
     # Triton's spelling: offsets built per axis, then expanded, added pointer by pointer
     rows = metile.program_id(0) * BM + metile.arange(0, BM)

@@ -45,7 +45,8 @@ from .debug_support import check_debug_support
 # How buffer_usage proved that a launch writes every element of an output (checked
 # against the grid at launch), as explain() words it.
 _COVERAGE = {"Coverage": "full coverage provable from the grid: 1-D block stores",
-             "TileCoverage": "full coverage provable from the grid: 2-D tile stores"}
+             "TileCoverage": "full coverage provable from the grid: 2-D tile stores",
+             "FirstElementCoverage": "full coverage of a one-element output: a scalar store"}
 
 # What METILE_DEBUG prints after a step, and the older word for the same dump.
 DUMP_ALIASES = {"uniformity": "tile_ir", "lower_tiles": "thread_ir",

@@ -11,7 +11,8 @@ contents.  The recognised form is the canonical 1-D block store
     store(Out + offs, value[, mask=offs < n])
 
 as the only store to `Out`, at the top level of the kernel (not under an if
-or a loop) and with `Out` never loaded.  It covers [0, grid[0] * BLOCK)
+or a loop) and with `Out` never loaded; and, under the same conditions, an unmasked
+`store(Out, value)`, which covers a one-element `Out`.  It covers [0, grid[0] * BLOCK)
 intersected with [0, n); the launch checks `grid[0] * BLOCK >= Out.size` and
 `n >= Out.size` against the actual arguments.  The 2-D form (a GEMM's output
 tile, pointer or tensor-view spelling alike)
@@ -55,6 +56,18 @@ class Coverage:
         return True
 
 
+@dataclass(frozen=True)
+class FirstElementCoverage:
+    """`store(Out, value)` unmasked: every program writes element 0, which is the whole
+    output when it has one element (a kernel's scalar result)."""
+
+    def to_json(self) -> list:
+        return ["first"]
+
+    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        return size <= 1 and all(g >= 1 for g in grid)
+
+
 Scalar = "int | str"  # a constant, or the name of a runtime scalar parameter
 
 
@@ -83,6 +96,8 @@ class TileCoverage:
 
 
 def coverage_from_json(data: list):
+    if data[0] == "first":
+        return FirstElementCoverage()
     if data[0] == "2d":
         return TileCoverage(tuple(data[1]), tuple(data[2]), tuple(data[3]), data[4])
     return Coverage(*data[1:])
@@ -299,11 +314,14 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
             stores.setdefault(p.root, []).append(op)
     top = {id(op) for op in fn.body.ops}
     params = {id(p.value): p.name for p in fn.params if p.value is not None}
-    out: dict[str, Coverage] = {}
+    out: dict = {}   # root -> Coverage | TileCoverage | FirstElementCoverage
     for root, ops in stores.items():
         if root in loaded or len(ops) != 1 or id(ops[0]) not in top:
             continue
         store = ops[0]
+        if id(store.operands[0]) in params and len(store.operands) == 2:
+            out[root] = FirstElementCoverage()
+            continue
         ptr = defining_op(store.operands[0])
         if ptr is None or ptr.name != "ptr_add":
             continue
