@@ -130,25 +130,22 @@ def _activation_grad(z, activation, slope):
     return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
 
 
-def _upstream(cotangent, activation, slope, z=None, output=None):
+def _upstream(cotangent, activation, slope, output, pre_activation):
     """cotangent * activation'(z) in the cotangent's (the operands') dtype, computed in
     float32.  The backward GEMMs then run in the operand dtype, as MLX's own autodiff of
     the composite runs them: float32 GEMMs there were ~10x slower on the H200 (strict
     float32 has no tensor cores) and made a converted model's training step 0.66x of
-    MLX's.  relu and leaky_relu (positive slope) read the sign of z from the `output`
-    act(z) when given (no recomputed product)."""
+    MLX's.  relu and leaky_relu (positive slope) read the sign of z from `output` (act(z);
+    None where the op's output is not, e.g. a residual was added); otherwise
+    `pre_activation()` recomputes z."""
     if activation is None:
         return cotangent
-    if z is None:
+    if output is not None and (activation == "relu" or
+                               (activation == "leaky_relu" and slope > 0)):
         d = mx.where(output > 0, 1.0, 0.0 if activation == "relu" else slope)
     else:
-        d = _activation_grad(z.astype(mx.float32), activation, slope)
+        d = _activation_grad(pre_activation().astype(mx.float32), activation, slope)
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
-
-
-def _sign_from_output(activation, slope) -> bool:
-    """Whether act(z) > 0 exactly where z > 0 (then the output gives act'(z))."""
-    return activation == "relu" or (activation == "leaky_relu" and slope > 0)
 
 
 def _check_activation(activation, slope):
@@ -338,10 +335,7 @@ def _fused_matmul(activation, slope, block):
     def f_vjp(primals, cotangent, output):
         a2, b = primals
         rhs = _as_rhs(b, block)
-        if activation is None or _sign_from_output(activation, slope):
-            g = _upstream(cotangent, activation, slope, output=output)
-        else:
-            g = _upstream(cotangent, activation, slope, z=a2 @ rhs)
+        g = _upstream(cotangent, activation, slope, output, lambda: a2 @ rhs)
         return g @ rhs.T, _as_rhs(a2.T @ g, block)
 
     return f
@@ -381,10 +375,7 @@ def _fused_bmm(activation, slope, block):
     @f.vjp
     def f_vjp(primals, cotangent, output):
         a3, b3 = primals
-        if activation is None or _sign_from_output(activation, slope):
-            g = _upstream(cotangent, activation, slope, output=output)
-        else:
-            g = _upstream(cotangent, activation, slope, z=a3 @ b3)
+        g = _upstream(cotangent, activation, slope, output, lambda: a3 @ b3)
         return (_batch_sum(g @ b3.swapaxes(1, 2), a3).astype(a3.dtype),
                 _batch_sum(a3.swapaxes(1, 2) @ g, b3).astype(b3.dtype))
 
@@ -453,12 +444,13 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
     def f_vjp(primals, cotangent, output):
         x2, w, bias, residual = unpack(primals)
         rhs = _as_rhs(w, block)
-        if activation is None or (residual is None and _sign_from_output(activation, slope)):
-            g = _upstream(cotangent, activation, slope, output=output)
-        else:
+
+        def pre_activation():
             z = x2 @ rhs
-            g = _upstream(cotangent, activation, slope,
-                          z=z if bias is None else z.astype(mx.float32) + bias.astype(mx.float32))
+            return z if bias is None else z.astype(mx.float32) + bias.astype(mx.float32)
+        # with a residual the output is act(z) + residual, not act(z)
+        g = _upstream(cotangent, activation, slope, output if residual is None else None,
+                      pre_activation)
         grads = [g @ rhs.T, _as_rhs(x2.T @ g, block)]
         if bias is not None:
             grads.append(g.astype(mx.float32).sum(axis=0).astype(bias.dtype))
@@ -510,11 +502,14 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     TRANSPOSE_B kernels, which read the operand as stored; on NVIDIA the row-major
     kernels (after MLX copies the operand to row-major) stay candidates too, since
     only they stage the operand with 16-byte asynchronous copies."""
-    cuda = dtype != mx.float32 and _on_cuda()
-    base = ([_wgmma_block(), _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)]
-            if cuda and _warpgroup_gemm() else []) + \
-        ([CUDA_BLOCK, CUDA_SMALL_BLOCK] if cuda else
-         [CUDA_F32_BLOCK, CUDA_F32_SMALL_BLOCK] if _on_cuda() else [BLOCK])
+    cuda = _on_cuda()
+    if not cuda:
+        base = [BLOCK]
+    elif dtype == mx.float32:
+        base = [CUDA_F32_BLOCK, CUDA_F32_SMALL_BLOCK]
+    else:
+        base = ([_wgmma_block(), _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)]
+                if _warpgroup_gemm() else []) + [CUDA_BLOCK, CUDA_SMALL_BLOCK]
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
         # grid leaves most of the machine idle (rows bucketed as in the routing key, so
@@ -526,7 +521,7 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
         return base
     if layout not in TRANSPOSED_LAYOUTS:
         raise ValueError(f"[metile.ops] unknown layout {layout!r}")
-    return [_transposed(c) for c in base] + (base if _on_cuda() else [])
+    return [_transposed(c) for c in base] + (base if cuda else [])
 
 
 @functools.lru_cache(maxsize=1)

@@ -143,11 +143,17 @@ def copy_axis(value, group: int, k_major_b: bool = False) -> int | None:
     return None
 
 
+def ring_depth_limit(scalar_fma: bool) -> int:
+    """The most ring stages chosen automatically: 4; scalar FMA 3 (H200, strict float32
+    4096^3, 128x64x16 on 4 warps: 3128 us with 3 stages against 3336 with 4;
+    tools/probes/ffma_variants.py)."""
+    return 3 if scalar_fma else 4
+
+
 def ring_depth(room: int, stage_bytes: int, scalar_fma: bool) -> int:
-    """The automatic number of ring stages: as many as fit `room` bytes, 2 to 4; scalar
-    FMA at most 3 (H200, strict float32 4096^3, 128x64x16 on 4 warps: 3128 us with 3
-    stages against 3336 with 4; tools/probes/ffma_variants.py)."""
-    return max(2, min(3 if scalar_fma else 4, room // stage_bytes))
+    """The automatic number of ring stages: as many as fit `room` bytes, from 2 up to
+    `ring_depth_limit`."""
+    return max(2, min(ring_depth_limit(scalar_fma), room // stage_bytes))
 
 
 def ffma_async_copies(units) -> bool:

@@ -385,9 +385,7 @@ class Dispatch:
         `trusted`: the caller (metile.ops) passes freshly allocated outputs and gives the
         launch its own vjp, so the aliasing check and the no-vjp guard are skipped (about a
         quarter of an eager op's host time on the CPU)."""
-        if self.unlowered is not None:
-            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {self.unlowered}",
-                                   self.kernel.loc)
+        self._refuse_unlowered()
         if self._input_plan is None:
             raise LaunchError(f"kernel {self.kernel.fn.__name__!r}: this launch was prepared "
                               "with arrays passed by keyword; a relaunch takes them positionally")
@@ -399,6 +397,12 @@ class Dispatch:
             return outputs[0] if self.single else tuple(outputs)
         inputs = [v if fixed else args[v] for fixed, v in self._input_plan]
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
+
+    def _refuse_unlowered(self) -> None:
+        """A launch planned for a backend metile does not lower yet cannot run."""
+        if self.unlowered is not None:
+            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {self.unlowered}",
+                                   self.kernel.loc)
 
     def _aliased(self, args, outputs) -> bool:
         """Whether an argument is one of the outputs, or two outputs are one array."""
@@ -481,9 +485,7 @@ class Dispatch:
 
     def __call__(self, *args, **kwargs):
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
-        if self.unlowered is not None:
-            raise CompilationError(f"kernel {self.kernel.fn.__name__!r}: {self.unlowered}",
-                                   self.kernel.loc)
+        self._refuse_unlowered()
         if args or kwargs:
             if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
                 return self._relaunch(args)

@@ -659,10 +659,10 @@ def _stage_count(traits, target, s, reasons, stage, staging, db, ring,
         n = 2 if db else 1
     if ring:
         if n is None:
-            from ..passes.gemm_async import ring_depth
+            from ..passes.gemm_async import ring_depth, ring_depth_limit
             room = target.threadgroup_memory_bytes - traits.shared_bytes
             auto = ring_depth(room, stage, scalar_fma)
-            most = 3 if scalar_fma else 4
+            most = ring_depth_limit(scalar_fma)
             reasons.append(f"Operand stages are the lowering's choice: a ring of as many "
                            f"{stage}-byte stages as fit {target.shared_word} (2 to {most}; {auto} "
                            "here) filled by 16-byte asynchronous copies (cp.async) when both "
