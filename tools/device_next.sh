@@ -18,6 +18,9 @@
 #   OUT=$OUT bash tools/device_next.sh ops17   -- issue 17's op benchmarks with the own CUDA
 #       launch (never re-measured since it landed): norms/softmax/rope, attention
 #       (prefill and decode), int4 quantized matmul (decode and prefill), float16.
+#   OUT=$OUT bash tools/device_next.sh s6      -- (sixth session) ncu of the strict float32
+#       kernel and cuBLAS's SGEMM at 4096^3 (stalls, issue, occupancy), issue 17's op
+#       benchmarks, and the eager launch cost
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -45,6 +48,19 @@ if [ "$mode" = tests ]; then
     echo "== $tool exit $? ==" | tee -a "$log"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$logs/sanitizer-ffma-$tool.log" | tail -2 | tee -a "$log"
   done
+elif [ "$mode" = s6 ]; then
+  timeout 150 ncu --clock-control none --set full -c 3 --page details --csv \
+    python3 tools/probes/ffma_variants.py --profile > "$logs/ncu-ffma.csv" 2>> "$log"
+  echo "ncu exit $?: $((SECONDS-t0)) s" | tee -a "$log"
+  grep -E '"(Warp Cycles Per Issued Instruction|Issue Slots Busy|Stall|Registers Per Thread|Achieved Occupancy|Duration|Block Size|Executed Ipc Active|Shared Memory Configuration Size|L1/TEX Hit|Bank)' \
+    "$logs/ncu-ffma.csv" | cut -c1-200 | head -60 | tee -a "$log"
+  timeout 40 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -10 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --output "$logs/h200-model-ops-float16.json" \
+    2>&1 | tail -14 | tee -a "$log"
+  timeout 100 python3 -m benchmarks.attention --dtype float16 --heads 32 --kv-heads 8 --head-dim 128 \
+    --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  timeout 80 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"

@@ -6,6 +6,8 @@ by hand (ptxas then keeps a thread under 65536 / (2 T) registers, so two blocks 
 SM), to see whether occupancy or the loop limits the kernel.
 
     python3 tools/probes/ffma_variants.py [out.json] [--size 4096]
+    python3 tools/probes/ffma_variants.py --profile   # one launch each (cuBLAS, then the
+        first variant): what ncu profiles, no timing
 """
 import json
 import sys
@@ -40,14 +42,20 @@ def main():
     a = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
     b = cp.asarray(rng.standard_normal((n, n), dtype=np.float32))
     c = cp.zeros((n, n), cp.float32)
-    z = a @ b
-    ref = cp.where(z > 0, z, 0.01 * z)
+    profile = "--profile" in argv
+    if profile:
+        cp.matmul(a, b, out=c)
+        variants = VARIANTS[:1]
+    else:
+        z = a @ b
+        ref = cp.where(z > 0, z, 0.01 * z)
+        variants = VARIANTS
     results = {}
 
-    us = timed(lambda: cp.matmul(a, b, out=c))
+    us = 1.0 if profile else timed(lambda: cp.matmul(a, b, out=c))
     results["cuBLAS (cupy)"] = {"us": round(us, 1), "tflops": round(2 * n**3 / us / 1e6, 1)}
     print("cuBLAS", results["cuBLAS (cupy)"], flush=True)
-    for bm, bn, bk, w, stages, min_blocks in VARIANTS:
+    for bm, bn, bk, w, stages, min_blocks in variants:
         key = f"{bm}x{bn}x{bk} w{w}" + (f" S={stages}" if stages else "") + \
             (f" minblocks={min_blocks}" if min_blocks else "")
         try:
@@ -72,6 +80,11 @@ def main():
                 fn.max_dynamic_shared_size_bytes = smem
             args = (a, b, c, np.int32(n), np.int32(n), np.int32(n), np.float32(1.0), np.float32(0.0))
             g = (n // bm, n // bn)
+            if profile:
+                fn(g, (w * 32,), args, shared_mem=smem)
+                cp.cuda.runtime.deviceSynchronize()
+                print(key, "launched once", regs[-2:], flush=True)
+                continue
             c.fill(0)
             fn(g, (w * 32,), args, shared_mem=smem)
             err = float(cp.abs(c - ref).max() / cp.abs(ref).max())
