@@ -21,6 +21,8 @@
 #   OUT=$OUT bash tools/device_next.sh s6      -- (sixth session) ncu of the strict float32
 #       kernel and cuBLAS's SGEMM at 4096^3 (stalls, issue, occupancy), issue 17's op
 #       benchmarks, and the eager launch cost
+#   OUT=$OUT bash tools/device_next.sh s6b     -- 16x8 float32 micro-tiles (cuBLAS's form)
+#       alone against cuBLAS and fused at 4096^3, then the bfloat16 decoder block
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -61,6 +63,17 @@ elif [ "$mode" = s6 ]; then
     --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
   timeout 80 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+elif [ "$mode" = s6b ]; then
+  timeout 150 python3 tools/probes/ffma_variants.py "$logs/h200-ffma-variants-16x8-4096.json" 2>&1 | tail -9 | tee -a "$log"
+  sf="python3 -m benchmarks.compiler.schedule_fusion --rounds 3 --target-ms 20 --time-anyway --dtype float32 --sizes 4096"
+  for tile in "128 256 8 8" "256 128 8 8"; do
+    set -- $tile
+    timeout 50 $sf --tile $1 $2 $3 --num-simdgroups $4 \
+      --output "$logs/h200-gemm-float32-strict-${1}x${2}x${3}w$4.json" 2>&1 | grep -E "\]:" | sed "s/^/$1x$2x$3w$4 /" | tee -a "$log"
+  done
+  left=$((budget - (SECONDS - t0)))
+  [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
+    bash tools/device_decoder_block.sh bfloat16 -- --variants auto 2>&1 | tail -12 | tee -a "$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"

@@ -21,11 +21,14 @@ import nvrtc  # noqa: E402  (tests/nvrtc.py: metile's NVRTC helpers)
 from wgmma_stage_timing import timed  # noqa: E402  (CUDA events, best of 3 loops)
 
 VARIANTS = [  # (BM, BN, BK, warps, num_stages or None, min blocks per SM or None)
-    (128, 64, 16, 4, None, None), (128, 128, 16, 8, None, None),
-    (128, 128, 8, 8, None, None), (128, 128, 8, 8, 4, None), (128, 128, 8, 8, None, 2),
-    (128, 64, 8, 4, None, None),
+    (128, 64, 16, 4, None, None),
+    # 128 outputs per thread (16x8 micro-tiles, 255 registers), cuBLAS's own form on the
+    # H200 (ncu: sm80_xmma_gemm_f32f32 tilesize 256x128x8, 8 warps, 254 registers)
+    (128, 256, 8, 8, None, None), (256, 128, 8, 8, None, None), (128, 256, 16, 8, None, None),
+    (256, 128, 16, 8, None, None), (128, 128, 8, 4, None, None), (128, 128, 16, 4, None, None),
 ]
-# Measured 2026-12-01 before whole-group copies' 3-stage cap (h200-ffma-variants-4096-*):
+# Measured 2026-12-01: 128x128x16 w8, 128x128x8 w8 (also 4 stages, minblocks=2), 128x64x8 w4
+# slower than 128x64x16 w4.  Before whole-group copies' 3-stage cap (h200-ffma-variants-4096-*):
 # 128x128x16 w8 with minblocks=2 (spills), 128x64x16 w4 with 4 stages or minblocks=4,
 # 128x64x32 w4, 64x128x16 w4, 64x64x16 w4, 256x64x16 w8: all slower than 128x64x16 w4.
 
