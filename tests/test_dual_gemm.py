@@ -194,14 +194,60 @@ def test_plan_counts_both_b_tiles():
             64, 64, 48, BLOCK_K=48, SCHEDULE=metile.Schedule(staging="threadgroup"))
 
 
-def test_wgmma_plans_the_warp_path(monkeypatch):
-    # The warpgroup MMA (opt-in) would take this 128x128x64 tile; a dual GEMM takes the
-    # warp MMA, and the plan says why.
+def test_wgmma_takes_both_products_where_their_accumulators_fit(monkeypatch):
+    # 128x128x64 on two warpgroups: both products on the warpgroup MMA (a 64x128
+    # accumulator tile each per warpgroup, 128 floats per thread together); on one
+    # warpgroup they would need 256 per thread: the warp MMA, and the plan says why.
     monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
-    d = _cuda_gated(128, 128, 64, 4, transpose_b=False)
+    d = _cuda_gated(128, 128, 64, 8, transpose_b=True)
     mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("wgmma") and mm["products"] == 2
+    assert "warpgroup_mma" in d.variant.data["passes"]
+    reasons = d.execution_report.plan.reasons
+    assert any("Dual GEMM" in r and "warpgroup MMAs" in r for r in reasons)
+    narrow = _cuda_gated(128, 128, 64, 4, transpose_b=False)
+    mm = narrow.variant.data["lowering"]["matmul"]
     assert mm["fragment"].startswith("mma.sync") and mm["products"] == 2
-    assert any("Dual GEMM" in r for r in d.execution_report.plan.reasons)
+    reasons = narrow.execution_report.plan.reasons
+    assert any("Dual GEMM" in r and "more than 128 floats per thread" in r for r in reasons)
+    assert not any(r.startswith("Warpgroup MMA") for r in reasons)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+@pytest.mark.parametrize("transpose_b", [True, False])
+@pytest.mark.parametrize("shape", [(256, 256, 256), (200, 300, 100)])
+def test_wgmma_dual_compiles_without_serialized_products(monkeypatch, transpose_b, shape):
+    # both layouts of the weights, whole and ragged tiles; ptxas serializes every wgmma
+    # when non-wgmma code touches accumulator registers (warnings C7514/C7515)
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
+    d = _cuda_gated(128, 128, 64, 8, transpose_b, mx.float16, *shape)
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    allocations = d.execution_report.to_dict()["allocations"]
+    # the A stages and one stage array per product's B
+    assert sum(a["name"].startswith("_sw") for a in allocations) == 3
+    ok, log = compile_cuda(translation_unit(d), "sm_90a")
+    assert ok, log
+    assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
+        "0 bytes spill", "")
+
+
+@pytest.mark.skipif(not (mx.default_device().type == mx.gpu and mx.cuda.is_available()),
+                    reason="the warpgroup MMA runs on an NVIDIA sm_90 GPU")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("transpose_b", [True, False])
+def test_wgmma_dual_on_the_gpu(rng, dtype, transpose_b):
+    for m, n, k in [(200, 300, 100), (256, 384, 512), (1, 130, 64), (129, 128, 200)]:
+        x, X = _rounded(rng, (m, k), dtype, 1 / np.sqrt(k))
+        wg, WG = _rounded(rng, (n, k) if transpose_b else (k, n), dtype)
+        wu, WU = _rounded(rng, (n, k) if transpose_b else (k, n), dtype)
+        if not transpose_b:
+            WG, WU = WG.T, WU.T
+        for activation in ("silu", "relu"):
+            d = gated_mlp[grid(m, n, 128, 128)].prepare(
+                x, wg, wu, mx.zeros((m, n), x.dtype), m, n, k, BLOCK_M=128, BLOCK_N=128,
+                BLOCK_K=64, num_simdgroups=8, ACTIVATION=activation, TRANSPOSE_B=transpose_b)
+            assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+            _check(d(), _act(X @ WG.T, activation) * (X @ WU.T), dtype)
 
 
 @requires_msl_device
@@ -375,18 +421,21 @@ def test_op_bad_inputs():
         ops.gated_mlp(x, w, w, backend="cuda")
 
 
-def test_gated_tiles_on_sm_90_are_warp_mma_tiles(monkeypatch):
-    # the dual GEMM runs on the warp MMA: a warpgroup tile's dual stage (128x64 + 2 x
-    # 64x256 16-bit elements, 80 KiB) does not fit its static shared memory, so neither the
-    # candidates nor a forced launch may name one (it was refused on the H200)
+def test_gated_tiles_on_sm_90(monkeypatch):
+    # the dual GEMM takes the 128-wide warpgroup tile in place of the 256-wide one (two
+    # 64x256 accumulator tiles per warpgroup would be 256 floats per thread), in both
+    # the candidates and a forced launch; never split-K
     monkeypatch.setattr(ops, "_on_cuda", lambda: True)
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
 
     def core(block):
         return {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
     configs = ops.gated_configs(mx.float16)
-    assert configs and all(core(c) in (ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK) for c in configs)
+    allowed = (ops.CUDA_WGMMA_SMALL_BLOCK, ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK)
+    assert configs and all(core(c) in allowed for c in configs)
+    assert any(core(c) == ops.CUDA_WGMMA_SMALL_BLOCK for c in configs)
+    assert not any("SPLIT_K" in c for c in configs)
     assert len({ops._config_name(c) for c in configs}) == len(configs)
     x, w = mx.zeros((4096, 4096), mx.float16), mx.zeros((11008, 4096), mx.float16)
     forced = ops._route("gated_mlp", (x, w, w), "silu", None, "metile")
-    assert core(forced.block) == ops.CUDA_BLOCK and forced.block.get("TRANSPOSE_B")
+    assert core(forced.block) == ops.CUDA_WGMMA_SMALL_BLOCK and forced.block.get("TRANSPOSE_B")

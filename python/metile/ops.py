@@ -401,6 +401,11 @@ def _linear_mlx(x2, weight, bias, activation, slope):
 
 
 def _linear_mlx_residual(x2, weight, bias, activation, slope, residual=None):
+    if residual is not None and bias is None and activation is None:
+        # The residual as the product's C (beta = 1): cuBLAS adds it in its epilogue,
+        # where `x @ w.T + r` writes the product and reads it back in a second kernel
+        # (a decoder block's o_proj and down_proj routed to MLX).
+        return mx.addmm(residual, x2, weight.T)
     z = _linear_mlx(x2, weight, bias, activation, slope)
     return z if residual is None else z + residual
 
@@ -569,9 +574,8 @@ def _gated_fingerprint() -> str:
 def gated_configs(dtype) -> list[dict]:
     """gated_mlp's candidate tiles: linear's (the weights read as stored, and on NVIDIA
     also copied to row-major, which 16-byte asynchronous copies take), never split-K
-    (the two products meet in the epilogue), never a warpgroup tile (the dual GEMM runs
-    on the warp MMA, whose operand stages must fit static shared memory: a 128x256x64
-    dual stage is 80 KiB)."""
+    (the two products meet in the epilogue), warpgroup tiles at most 128 columns wide
+    (`_dual_block`)."""
     configs = []
     for c in metile_configs(dtype, "x@w.T"):
         c = _dual_block(c)
@@ -581,13 +585,17 @@ def gated_configs(dtype) -> list[dict]:
 
 
 def _dual_block(block: dict) -> dict:
-    """The tile a dual GEMM (gated_mlp) takes for `block`: the warp-MMA tile of the same
-    width in place of a warpgroup tile (module constants), without SPLIT_K."""
+    """The tile a dual GEMM (gated_mlp) takes for `block`, without SPLIT_K: a warpgroup
+    tile 128 columns wide in place of the 256-wide one (each product keeps a 64x128
+    accumulator tile per warpgroup in registers: together one m64n256 product's 128
+    floats per thread; passes/gemm_wgmma.py)."""
     block = _kernel_block(block)
     core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
-    if core in (CUDA_WGMMA_BLOCK, CUDA_WGMMA_SMALL_BLOCK, _wgmma_block(),
-                _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)):
-        return {**CUDA_BLOCK, **{k: v for k, v in block.items() if k == "TRANSPOSE_B"}}
+    layout = {k: v for k, v in block.items() if k == "TRANSPOSE_B"}
+    if core == CUDA_WGMMA_BLOCK:
+        return {**CUDA_WGMMA_SMALL_BLOCK, **layout}
+    if core == _wgmma_block():
+        return {**_wgmma_block(CUDA_WGMMA_SMALL_BLOCK), **layout}
     return block
 
 

@@ -80,34 +80,42 @@ class WarpgroupGemm:
         self.use_async = True
         self.dynamic_shared = True
         self.shared_limit = max(self.shared_limit, self.shared_optin)
-        stage_bytes = (bm * bk + bk * bn) * od.itemsize
+        products = len(g.bs)
+        stage_bytes = (bm * bk + products * bk * bn) * od.itemsize
         requested = getattr(self.schedule_plan, "num_stages", None)
         room = self.shared_limit - self.shared_bytes - 2048   # alignment of the two rings
         stages = requested or max(2, min(4, room // stage_bytes))
         if stages * stage_bytes > room:
             raise CompilationError(
-                f"num_stages={stages}: {stages} stages of {bm}x{bk} and {bk}x{bn} "
+                f"num_stages={stages}: {stages} stages of {bm}x{bk} and {products} {bk}x{bn} "
                 f"{od.name} tiles need {stages * stage_bytes} bytes of shared memory, more than "
                 f"the {room} this block can opt in to; use fewer stages or a smaller tile",
                 op.loc)
         self.num_stages = stages
         self.stage_a = self._wg_storage(od, stages * bm * bk, (bm, bk))
-        self.stage_b = self._wg_storage(od, stages * bk * bn, (bk, bn))
-        self.stage_bs = [self.stage_b]   # one product (plan_gemm keeps duals off this path)
+        # One stage array per product's B (a dual GEMM, a gated MLP's gate and up
+        # projections, has two sharing the A tile).
+        self.stage_bs = [self._wg_storage(od, stages * bk * bn, (bk, bn)) for _ in g.bs]
+        self.stage_b = self.stage_bs[0]
         # B as loaded: contiguous along N (N-major atoms of BK rows, imm-trans-b) or, a
         # right operand stored (N, K) such as a Linear's weight, along K (K-major atoms of
         # BN rows, read like A).
-        _, _, b_axis = self.async_loads[id(staging_load(g.bs[0]))]
-        self.b_k_major = b_axis == 0
-        self.swizzles = {self.stage_a.name: ("atoms", bm),
-                         self.stage_b.name: ("atoms_t", bn) if self.b_k_major else ("atoms", bk)}
+        self.b_k_majors = [self.async_loads[id(staging_load(v))][2] == 0 for v in g.bs]
+        self.b_k_major = self.b_k_majors[0]
+        self.swizzles = {self.stage_a.name: ("atoms", bm), **{
+            st.name: ("atoms_t", bn) if k_major else ("atoms", bk)
+            for st, k_major in zip(self.stage_bs, self.b_k_majors)}}
         self.lowering_passes.append("warpgroup_mma")
         self.k_body = op.regions[0]
 
         tid = b.value("thread_id", [], I32)
         wg = self._i(b, "idiv", tid, 128)
         self.wg_row0 = self._i(b, "mul", wg, self.wg_rows)
-        self.wg_acc = [self.decl("local", dt.float32, bn // 2, "_wacc") for _ in range(self.wg_fr)]
+        # per product, one accumulator array per 64-row slice; wg_acc: all of them (what
+        # the fences and waits name)
+        self.wg_accs = [[self.decl("local", dt.float32, bn // 2, "_wacc")
+                         for _ in range(self.wg_fr)] for _ in g.bs]
+        self.wg_acc = [acc for accs in self.wg_accs for acc in accs]
         self.wg_consumer = None
         if plan.unit.warp_specialized:
             if stages < 3:
@@ -410,25 +418,28 @@ class WarpgroupGemm:
         bm, bn, bk = g.tile
         size = g.operand_dtype.itemsize
         a_stage = self._i(b, "mul", stage, bm * bk)
-        b_stage = self._i(b, "mul", stage, bk * bn)
+        b_stage = self._i(b, "mul", stage, bk * bn)   # the same offset in every B's array
         for kk in range(bk // 16):
             k0 = kk * 16
-            if self.b_k_major:   # columns k0.. of the atom holding them, all BN rows
-                b_off = self._i(b, "add", b_stage, (k0 // ATOM) * bn * ATOM + k0 % ATOM)
-                b_desc = {"b_lbo": 16, "b_sbo": 8 * ATOM * size, "trans_b": 0}
-            else:                # rows k0.. of every N atom
-                b_off = self._i(b, "add", b_stage, k0 * ATOM)
-                b_desc = {"b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1}
+            a_offs = []
             for i in range(self.wg_fr):
                 # A rows row0 + 64i.. of the atom holding columns k0..k0+15
                 a_row = self._i(b, "add", self.wg_row0, i * 64)
-                a_off = self._i(b, "add", a_stage, self._i(
-                    b, "add", self._i(b, "mul", a_row, ATOM), (k0 // ATOM) * bm * ATOM + k0 % ATOM))
-                first = accumulate if kk == 0 and accumulate is not None else None
-                b.op("wgmma", [a_off, b_off] + ([first] if first is not None else []), [], {
-                    "acc": self.wg_acc[i], "n": bn, "dtype": g.operand_dtype.name,
-                    "a": self.stage_a.name, "b": self.stage_b.name,
-                    "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
+                a_offs.append(self._i(b, "add", a_stage, self._i(
+                    b, "add", self._i(b, "mul", a_row, ATOM), (k0 // ATOM) * bm * ATOM + k0 % ATOM)))
+            first = accumulate if kk == 0 and accumulate is not None else None
+            for st_b, k_major, accs in zip(self.stage_bs, self.b_k_majors, self.wg_accs):
+                if k_major:   # columns k0.. of the atom holding them, all BN rows
+                    b_off = self._i(b, "add", b_stage, (k0 // ATOM) * bn * ATOM + k0 % ATOM)
+                    b_desc = {"b_lbo": 16, "b_sbo": 8 * ATOM * size, "trans_b": 0}
+                else:         # rows k0.. of every N atom
+                    b_off = self._i(b, "add", b_stage, k0 * ATOM)
+                    b_desc = {"b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1}
+                for a_off, acc in zip(a_offs, accs):
+                    b.op("wgmma", [a_off, b_off] + ([first] if first is not None else []), [], {
+                        "acc": acc, "n": bn, "dtype": g.operand_dtype.name,
+                        "a": self.stage_a.name, "b": st_b.name,
+                        "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
 
     def _paired_stores(self, b: Builder, row: Value, col: Value) -> Value | None:
         """A bool under which this thread may store each pair of adjacent accumulator
@@ -507,16 +518,21 @@ class WarpgroupGemm:
         rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
         cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
         pairable = self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase)
-        for i, acc in enumerate(self.wg_acc):
+        dual = len(self.wg_accs) > 1
+        for i in range(self.wg_fr):
             row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
+            accs = [per_product[i] for per_product in self.wg_accs]
 
-            def per_pair(eb: Builder, p: Value, acc=acc, row0=row0) -> None:
-                # elements 2p, 2p+1: one row, columns c and c+1
+            def per_pair(eb: Builder, p: Value, accs=accs, row0=row0) -> None:
+                # elements 2p, 2p+1: one row, columns c and c+1 (a dual GEMM's epilogue
+                # sees every product's accumulator there: the same register position)
                 row = self._i(eb, "add", row0, self._i(eb, "mul", self._i(eb, "mod", p, 2), 8))
                 col = self._i(eb, "add", cbase, self._i(eb, "mul", self._i(eb, "idiv", p, 2), 8))
                 e = self._i(eb, "mul", p, 2)
-                values = [eb.value("local_get", [x], F32, name=acc)
-                          for x in (e, self._i(eb, "add", e, 1))]
+                values = []
+                for x in (e, self._i(eb, "add", e, 1)):
+                    got = [eb.value("local_get", [x], F32, name=acc) for acc in accs]
+                    values.append(got if dual else got[0])
                 self._epilogue_pair(eb, row, col, values, pairable)
 
             # Unrolled so the accumulator array is indexed by constants (registers).

@@ -48,8 +48,10 @@ offsets); each K step loads the A fragments once and runs both products into
 two accumulator sets (two register micro-tiles on the FFMA path), and the
 epilogue program sees both accumulators at each element.  The warp-MMA and
 FFMA paths take it, with either staging (ordinary loads or the cp.async ring);
-the warpgroup (wgmma) and tensor_ops/nax paths take one product, so a dual GEMM
-is planned on the warp-MMA / SIMD-group path instead (compiler/planning.py).
+the warpgroup (wgmma) path takes both where their accumulator tiles fit a thread's
+budget together (a 128x128 tile on two warpgroups: one stage array per B, each
+product's wgmma chain on the shared A stage); the tensor_ops/nax paths take one
+product, so a dual GEMM is planned on the SIMD-group path there (compiler/planning.py).
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def _thread_grid(threads: int, bm: int, bn: int):
 
 
 # Float accumulators one thread may hold for warpgroup products (the rest of the
-# 255-register budget holds addresses and the epilogue).
+# 255-register budget holds addresses and the epilogue); the planner's copy is
+# schedule/plan._WGMMA_ACCUMULATORS.
 WGMMA_MAX_ACCUMULATORS = 128
 
 
@@ -126,7 +129,8 @@ def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> Gemm
     else:
         options = [w for w in (4, 2, 1) if w <= rows]
     for nwg in options:
-        if nwg >= 1 and rows % nwg == 0 and (rows // nwg) * bn // 2 <= WGMMA_MAX_ACCUMULATORS:
+        if nwg >= 1 and rows % nwg == 0 and \
+                g.products * (rows // nwg) * bn // 2 <= WGMMA_MAX_ACCUMULATORS:
             return GemmPlan(unit, nwg * 128 + unit.producer_threads, (nwg, 1))
     return None
 
@@ -144,8 +148,6 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
         if unit.path is not None or not unit.takes(d, relaxed):
             continue
         if unit.warpgroup:
-            if g.products > 1:
-                continue   # one product per warpgroup MMA chain: duals take the warp MMA
             plan = _warpgroup_plan(g, unit, None if planned_threads else requested_threads)
             if plan is not None:
                 return plan

@@ -481,11 +481,20 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         unit = None if scalar_fma else path.unit_for(traits.operand_dtypes,
                                                      traits.relaxed_precision)
         wg = None if scalar_fma else _warpgroup_unit(traits, target)
-        if not scalar_fma and traits.products > 1 and \
+        if wg is not None and not _warpgroup_accumulators_fit(
+                traits, multiplying if named_count else None):
+            wg = None   # the lowering takes the warp MMA (passes/lower_matmul._warpgroup_plan)
+        if not scalar_fma and traits.products > 1 and wg is None and \
                 _warpgroup_unit(replace(traits, products=1), target) is not None:
             reasons.append(f"Dual GEMM ({traits.products} products sharing the left operand): "
-                           "the warp MMA, not the warpgroup MMA, which metile lowers for one "
-                           "product only.")
+                           f"the warp MMA: on the warpgroup MMA the {traits.products} "
+                           f"products' accumulator tiles would need more than "
+                           f"{_WGMMA_ACCUMULATORS} floats per thread (at most "
+                           f"{WGMMA_DUAL_COLUMNS} columns together, on 64 rows per warpgroup).")
+        elif wg is not None and traits.products > 1:
+            reasons.append(f"Dual GEMM ({traits.products} products sharing the left operand): "
+                           "each K step stages the left tile once and issues each product's "
+                           "warpgroup MMAs on it, into one accumulator tile per product.")
         staged_on = target
         if wg is not None:
             # The warpgroup path lays out its own dynamic shared memory: stages up to the
@@ -505,20 +514,42 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
 
 
 DEFAULT_GROUP_SIZE = 8
+# The widest accumulator tile a warpgroup holds in registers (one m64n256 product):
+# a dual GEMM's products share it.
+WGMMA_DUAL_COLUMNS = 256
+# passes/lower_matmul.WGMMA_MAX_ACCUMULATORS (the plan is made before lowering is imported)
+_WGMMA_ACCUMULATORS = 128
 
 
 def _warpgroup_unit(traits, target: Target):
     """The target's warpgroup MMA unit when it takes these operands and this tile."""
     from .. import settings
     from .targets import units_for
-    if traits.products > 1:
-        return None   # one product per warpgroup MMA chain: a dual GEMM takes the warp MMA
+    if traits.products > 1 and traits.products * traits.tile_shape[1] > WGMMA_DUAL_COLUMNS:
+        # each product's accumulators stay in registers: together at most one m64n256
+        # product's (128 floats per thread with a warpgroup per 64 rows)
+        return None
     for u in units_for(target.language, target.name, settings.wgmma_variant()):
         if u.warpgroup and u.fits_tile(traits.tile_shape) and \
                 target.shared_memory_optin_bytes and \
                 all(u.takes(d, traits.relaxed_precision) for d in traits.operand_dtypes):
             return u
     return None
+
+
+def _warpgroup_accumulators_fit(traits, warps: int | None) -> bool:
+    """Whether some warpgroup count keeps every product's accumulators within the
+    lowering's register budget (_WGMMA_ACCUMULATORS floats per thread): `warps` multiplying warps when the kernel names them, else any of 4, 2 or
+    1 warpgroups."""
+    bm, bn, _ = traits.tile_shape
+    rows = bm // 64
+    if warps is not None:
+        options = [warps // 4] if warps % 4 == 0 else []
+    else:
+        options = [w for w in (4, 2, 1) if w <= rows]
+    return any(w >= 1 and rows % w == 0 and
+               traits.products * (rows // w) * bn // 2 <= _WGMMA_ACCUMULATORS
+               for w in options)
 
 
 def _program_order(s: Schedule, reasons: list[str]) -> tuple[str, int | None]:
