@@ -23,6 +23,8 @@
 #       benchmarks, and the eager launch cost
 #   OUT=$OUT bash tools/device_next.sh s6b     -- 16x8 float32 micro-tiles (cuBLAS's form)
 #       alone against cuBLAS and fused at 4096^3, then the bfloat16 decoder block
+#   OUT=$OUT bash tools/device_next.sh s6c     -- the dual GEMM on the warpgroup MMA: GPU tests,
+#       memcheck, gated_mlp / MLP / linear+gelu against the MLX composites, float16 decoder block
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -74,6 +76,23 @@ elif [ "$mode" = s6b ]; then
   left=$((budget - (SECONDS - t0)))
   [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
     bash tools/device_decoder_block.sh bfloat16 -- --variants auto 2>&1 | tail -12 | tee -a "$log"
+elif [ "$mode" = s6c ]; then
+  files="test_dual_gemm test_ops test_decoder_block test_gemm_wgmma test_linear_fused_reads test_gemm_tma"
+  (cd /tmp && timeout 170 python3 -m pytest -q -p no:cacheprovider --timeout 90 --junitxml="$out/junit.xml" \
+     $(for f in $files; do echo "$repo/tests/$f.py"; done) > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  echo "tests: $((SECONDS-t0)) s" | tee -a "$log"
+  (cd /tmp && timeout 60 compute-sanitizer --tool memcheck --error-exitcode 99 python3 -m pytest -q \
+     -p no:cacheprovider "$repo/tests/test_dual_gemm.py" -k "wgmma_dual_on_the_gpu and float16" > "$logs/sanitizer-dual-memcheck.log" 2>&1)
+  echo "== memcheck exit $? ==" | tee -a "$log"
+  grep -E "ERROR SUMMARY|passed|failed" "$logs/sanitizer-dual-memcheck.log" | tail -2 | tee -a "$log"
+  timeout 200 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 \
+    --layers gated_mlp mlp --configs --rounds 3 --output "$logs/h200-model-layers-dual-wgmma.json" 2>&1 \
+    | grep -E "^(gated|mlp|linear)|rror" | cut -c1-400 | tee -a "$log"
+  left=$((budget - (SECONDS - t0)))
+  [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
+    bash tools/device_decoder_block.sh float16 -- --variants auto 2>&1 | tail -12 | tee -a "$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"
