@@ -13,7 +13,9 @@
 
 #include "cubin_check.h"
 #include "no_vjp.h"
+#include "mlx/device.h"
 #include "mlx/fast.h"
+#include "mlx/ops.h"
 #include "mlx/primitives.h"
 #ifdef METILE_HAVE_MLX_CUDA
 #include "cuda_launch.h"
@@ -48,16 +50,12 @@ std::vector<mx::Shape> to_shapes(const std::vector<std::vector<int>>& shapes) {
 #ifdef METILE_HAVE_MSL_CPU
 using namespace metile::msl_cpu;
 
-std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const std::string& name,
-                                  const std::vector<mx::array>& inputs,
-                                  const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
-                                  const std::vector<std::vector<int>>& output_shapes,
-                                  const std::vector<mx::Dtype>& output_dtypes, Dim3 grid,
-                                  Dim3 threadgroup, std::optional<float> init_value,
-                                  const std::string& lane_order, bool race_check,
-                                  const std::vector<std::tuple<bool, double, double>>& race_compare,
-                                  bool bounds_check, const std::vector<std::string>& buffer_names,
-                                  mx::Stream stream, const std::string& no_vjp) {
+LaunchSpec cpu_spec(const std::string& name, const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
+                    Dim3 grid, Dim3 threadgroup, std::optional<float> init_value,
+                    const std::string& lane_order, bool race_check,
+                    const std::vector<std::tuple<bool, double, double>>& race_compare,
+                    bool bounds_check, const std::vector<std::string>& buffer_names,
+                    const std::string& no_vjp) {
   LaunchSpec spec;
   spec.name = name;
   spec.shape_infos = shape_infos;
@@ -71,9 +69,56 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
   spec.bounds_check = bounds_check;
   spec.buffer_names = buffer_names;
   spec.no_vjp = no_vjp;
-  return launch(std::move(library), std::move(spec), inputs, to_shapes(output_shapes), output_dtypes,
-                stream);
+  return spec;
 }
+
+std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const std::string& name,
+                                  const std::vector<mx::array>& inputs,
+                                  const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
+                                  const std::vector<std::vector<int>>& output_shapes,
+                                  const std::vector<mx::Dtype>& output_dtypes, Dim3 grid,
+                                  Dim3 threadgroup, std::optional<float> init_value,
+                                  const std::string& lane_order, bool race_check,
+                                  const std::vector<std::tuple<bool, double, double>>& race_compare,
+                                  bool bounds_check, const std::vector<std::string>& buffer_names,
+                                  mx::Stream stream, const std::string& no_vjp) {
+  return launch(std::move(library),
+                cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order, race_check,
+                         race_compare, bounds_check, buffer_names, no_vjp),
+                inputs, to_shapes(output_shapes), output_dtypes, stream);
+}
+
+// A CPU-runtime launch with everything but its arrays converted once (MetalKernel.bind):
+// a relaunch pays for no argument conversion, nor for a Python call per input to make it
+// contiguous.  Called without a stream it takes the default device's, and answers None
+// when that is not the CPU (the caller routes the launch again).
+class CpuLaunch {
+ public:
+  CpuLaunch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec, std::vector<mx::Shape> shapes,
+            std::vector<mx::Dtype> dtypes, bool contiguous)
+      : library_(std::move(library)), spec_(std::move(spec)), shapes_(std::move(shapes)),
+        dtypes_(std::move(dtypes)), contiguous_(contiguous) {}
+
+  std::optional<std::vector<mx::array>> operator()(std::vector<mx::array> inputs,
+                                                   std::optional<mx::Stream> stream) const {
+    mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
+    if (s.device.type != mx::Device::cpu) return std::nullopt;
+    if (contiguous_) {
+      // as MetalKernel's launch does: every input with a dimension, whatever its layout
+      for (auto& x : inputs) {
+        if (x.ndim() > 0) x = mx::contiguous(x, false, s);
+      }
+    }
+    return launch(library_, spec_, inputs, shapes_, dtypes_, s);
+  }
+
+ private:
+  std::shared_ptr<KernelLibrary> library_;
+  LaunchSpec spec_;
+  std::vector<mx::Shape> shapes_;
+  std::vector<mx::Dtype> dtypes_;
+  bool contiguous_;
+};
 
 #endif
 
@@ -163,7 +208,208 @@ std::vector<mx::array> launch_cuda_function(
                               output_dtypes, {gx, gy, gz}, {tx, ty, tz}, to_scalars(scalars),
                               ensure_row_contiguous, stream, no_vjp);
 }
+
+// launch_cuda_function with everything but the arrays converted once (CudaKernel.bind):
+// `kept` picks the kernel's pointer inputs from the arrays it is called with (the others
+// travel by value, in `scalars`).  Called without a stream it takes the default device's,
+// and answers None when that is not a GPU (the caller routes the launch again).
+class CudaLaunch {
+ public:
+  CudaLaunch(std::shared_ptr<metile::cuda::CudaFunction> fn, std::vector<int> kept,
+             const std::vector<std::vector<int>>& output_shapes, std::vector<mx::Dtype> output_dtypes,
+             Dim3 grid, Dim3 threadgroup, const std::vector<nb::object>& scalars,
+             bool ensure_row_contiguous, std::string no_vjp)
+      : fn_(std::move(fn)), kept_(std::move(kept)), shapes_(to_shapes(output_shapes)),
+        dtypes_(std::move(output_dtypes)), scalars_(to_scalars(scalars)),
+        contiguous_(ensure_row_contiguous), no_vjp_(std::move(no_vjp)) {
+    auto [gx, gy, gz] = grid;
+    auto [tx, ty, tz] = threadgroup;
+    grid_ = {gx, gy, gz};
+    threads_ = {tx, ty, tz};
+  }
+
+  std::optional<std::vector<mx::array>> operator()(const std::vector<mx::array>& arrays,
+                                                   std::optional<mx::Stream> stream) const {
+    mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
+    if (s.device.type != mx::Device::gpu) return std::nullopt;
+    std::vector<mx::array> inputs;
+    inputs.reserve(kept_.size());
+    for (int i : kept_) inputs.push_back(arrays.at(i));
+    return metile::cuda::launch(fn_, std::move(inputs), shapes_, dtypes_, grid_, threads_,
+                                scalars_, contiguous_, s, no_vjp_);
+  }
+
+ private:
+  std::shared_ptr<metile::cuda::CudaFunction> fn_;
+  std::vector<int> kept_;
+  std::vector<mx::Shape> shapes_;
+  std::vector<mx::Dtype> dtypes_;
+  metile::cuda::Dims grid_{}, threads_{};
+  std::vector<metile::cuda::Scalar> scalars_;
+  bool contiguous_;
+  std::string no_vjp_;
+};
 #endif
+
+// Type first, then value: True == 1 and 1.0 == 1 must not pass for one another (the
+// launch key holds each value with its type, runtime/dispatch.py).
+bool same_value(PyObject* a, PyObject* b) {
+  if (a == b) return true;
+  if (Py_TYPE(a) != Py_TYPE(b)) return false;
+  int equal = PyObject_RichCompareBool(a, b, Py_EQ);
+  if (equal < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return equal == 1;
+}
+
+// A grid as the launch key compares it: a tuple or list by its items (each with its
+// type), anything else as a value.
+bool same_grid(PyObject* a, PyObject* b) {
+  bool a_seq = PyTuple_Check(a) || PyList_Check(a), b_seq = PyTuple_Check(b) || PyList_Check(b);
+  if (!a_seq || !b_seq) return !a_seq && !b_seq && same_value(a, b);
+  nb::tuple x = nb::steal<nb::tuple>(PySequence_Tuple(a)), y = nb::steal<nb::tuple>(PySequence_Tuple(b));
+  Py_ssize_t n = PyTuple_GET_SIZE(x.ptr());
+  if (n != PyTuple_GET_SIZE(y.ptr())) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!same_value(PyTuple_GET_ITEM(x.ptr(), i), PyTuple_GET_ITEM(y.ptr(), i))) return false;
+  }
+  return true;
+}
+
+// The signature of the call a Dispatch was resolved for (runtime/dispatch.py): its grid,
+// each positional argument (an array's dtype and shape, a scalar's type and value), the
+// keyword options, the launch environment's raw values and the default device's type.
+// Called with a new call's (grid, args, kwargs) it answers, in one call instead of
+// building and hashing the launch key, None when any of these differ or when an argument
+// is one of the outputs (the caller's slow path re-resolves, or raises naming them), else
+// the kernel's inputs: per input either the argument at its position or the array the
+// Dispatch keeps (a scalar's 0-d array, the tensor-map templates).
+class LaunchGuard {
+ public:
+  LaunchGuard(nb::object grid, nb::tuple args, nb::dict kwargs, nb::dict environ, nb::tuple env_keys,
+              nb::tuple env_values, mx::Device::DeviceType device, nb::list plan,
+              std::vector<int> outputs)
+      : grid_(std::move(grid)), environ_(std::move(environ)), device_(device),
+        outputs_(std::move(outputs)) {
+    array_type_ = nb::type<mx::array>().ptr();
+    if (array_type_ == nullptr) throw std::runtime_error("[metile] mx.array is not registered");
+    for (nb::handle a : args) {
+      Arg arg;
+      arg.type = Py_TYPE(a.ptr());
+      if (arg.type == reinterpret_cast<PyTypeObject*>(array_type_)) {
+        auto& x = nb::cast<mx::array&>(a);
+        arg.dtype = x.dtype();
+        arg.shape = x.shape();
+      } else {
+        arg.value = nb::borrow(a);
+      }
+      args_.push_back(std::move(arg));
+    }
+    for (auto [k, v] : kwargs) options_.emplace_back(nb::borrow(k), nb::borrow(v));
+    if (env_keys.size() != env_values.size()) {
+      throw std::invalid_argument("[metile] one environment value per key");
+    }
+    for (std::size_t i = 0; i < env_keys.size(); ++i) {
+      nb::object v = nb::borrow(env_values[i]);
+      env_.emplace_back(nb::borrow(env_keys[i]), v.is_none() ? nb::object() : v);
+    }
+    for (nb::handle p : plan) {
+      if (PyLong_Check(p.ptr())) {
+        plan_.emplace_back(nb::cast<int>(p), nb::object());
+      } else {
+        plan_.emplace_back(-1, nb::borrow(p));
+      }
+    }
+    std::vector<bool> is_output(args_.size(), false);
+    for (int o : outputs_) {
+      if (o < 0 || o >= int(args_.size())) throw std::invalid_argument("[metile] output position");
+      is_output[o] = true;
+    }
+    for (int i = 0; i < int(args_.size()); ++i) {
+      if (!is_output[i]) others_.push_back(i);
+    }
+    for (auto& [i, fixed] : plan_) {
+      if (i >= int(args_.size())) throw std::invalid_argument("[metile] input position");
+    }
+  }
+
+  nb::object operator()(nb::handle grid, nb::handle args, nb::handle kwargs) const {
+    if (mx::default_device().type != device_) return nb::none();
+    PyObject* env = environ_.ptr();
+    for (auto& [key, value] : env_) {
+      PyObject* now = PyDict_GetItemWithError(env, key.ptr());
+      if (now == nullptr && PyErr_Occurred()) {
+        PyErr_Clear();
+        return nb::none();
+      }
+      if (now != value.ptr() && (now == nullptr || !value.is_valid() || !same_value(now, value.ptr()))) {
+        return nb::none();
+      }
+    }
+    if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr())) return nb::none();
+    PyObject* a = args.ptr();
+    if (PyTuple_GET_SIZE(a) != Py_ssize_t(args_.size())) return nb::none();
+    for (std::size_t i = 0; i < args_.size(); ++i) {
+      PyObject* x = PyTuple_GET_ITEM(a, i);
+      const Arg& arg = args_[i];
+      if (Py_TYPE(x) != arg.type) return nb::none();
+      if (arg.value.is_valid()) {
+        if (!same_value(x, arg.value.ptr())) return nb::none();
+      } else {
+        auto* array = nb::inst_ptr<mx::array>(x);
+        if (array->dtype() != arg.dtype || array->shape() != arg.shape) return nb::none();
+      }
+    }
+    PyObject* kw = kwargs.ptr();
+    if (PyDict_GET_SIZE(kw) != Py_ssize_t(options_.size())) return nb::none();
+    for (auto& [key, value] : options_) {
+      PyObject* now = PyDict_GetItemWithError(kw, key.ptr());
+      if (now == nullptr) {
+        PyErr_Clear();
+        return nb::none();
+      }
+      if (!same_value(now, value.ptr())) return nb::none();
+    }
+    if (grid.ptr() != grid_.ptr() && !same_grid(grid.ptr(), grid_.ptr())) return nb::none();
+    for (std::size_t j = 0; j < outputs_.size(); ++j) {
+      PyObject* out = PyTuple_GET_ITEM(a, outputs_[j]);
+      for (int i : others_) {
+        if (PyTuple_GET_ITEM(a, i) == out) return nb::none();
+      }
+      for (std::size_t k = 0; k < j; ++k) {
+        if (PyTuple_GET_ITEM(a, outputs_[k]) == out) return nb::none();
+      }
+    }
+    PyObject* inputs = PyList_New(Py_ssize_t(plan_.size()));
+    if (inputs == nullptr) throw nb::python_error();
+    for (std::size_t i = 0; i < plan_.size(); ++i) {
+      auto& [at, fixed] = plan_[i];
+      PyObject* x = at >= 0 ? PyTuple_GET_ITEM(a, at) : fixed.ptr();
+      Py_INCREF(x);
+      PyList_SET_ITEM(inputs, Py_ssize_t(i), x);
+    }
+    return nb::steal(inputs);
+  }
+
+ private:
+  struct Arg {
+    PyTypeObject* type = nullptr;
+    nb::object value;  // a scalar's; unset for an array
+    mx::Dtype dtype = mx::float32;
+    mx::Shape shape;
+  };
+  nb::object grid_;
+  nb::dict environ_;
+  mx::Device::DeviceType device_;
+  std::vector<int> outputs_, others_;
+  PyObject* array_type_ = nullptr;
+  std::vector<Arg> args_;
+  std::vector<std::pair<nb::object, nb::object>> options_;
+  std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
+  std::vector<std::pair<int, nb::object>> plan_;        // (argument position, or -1 and the array)
+};
 
 }  // namespace
 
@@ -196,6 +442,30 @@ NB_MODULE(_ext, m) {
         nb::arg("race_check"), nb::arg("race_compare"), nb::arg("bounds_check"), nb::arg("buffer_names"), nb::arg("stream"),
         nb::arg("no_vjp") = "",
         "Build lazy outputs of an MSL kernel library run by the CPU runtime.");
+  nb::class_<CpuLaunch>(m, "CpuLaunch")
+      .def(nb::new_([](std::shared_ptr<KernelLibrary> library, const std::string& name,
+                       const std::vector<std::tuple<bool, bool, bool>>& shape_infos,
+                       const std::vector<std::vector<int>>& output_shapes,
+                       std::vector<mx::Dtype> output_dtypes, Dim3 grid, Dim3 threadgroup,
+                       std::optional<float> init_value, const std::string& lane_order,
+                       bool race_check,
+                       const std::vector<std::tuple<bool, double, double>>& race_compare,
+                       bool bounds_check, const std::vector<std::string>& buffer_names,
+                       const std::string& no_vjp, bool ensure_row_contiguous) {
+             return std::make_shared<CpuLaunch>(
+                 std::move(library),
+                 cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order, race_check,
+                          race_compare, bounds_check, buffer_names, no_vjp),
+                 to_shapes(output_shapes), std::move(output_dtypes), ensure_row_contiguous);
+           }),
+           nb::arg("library"), nb::arg("name"), nb::arg("shape_infos"), nb::arg("output_shapes"),
+           nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
+           nb::arg("init_value").none(), nb::arg("lane_order"), nb::arg("race_check"),
+           nb::arg("race_compare"), nb::arg("bounds_check"), nb::arg("buffer_names"),
+           nb::arg("no_vjp"), nb::arg("ensure_row_contiguous"))
+      .def("__call__", &CpuLaunch::operator(), nb::arg("inputs"), nb::arg("stream").none() = nb::none(),
+           "launch_cpu's lazy outputs for `inputs`; None when the stream (default: the default "
+           "device's) is not the CPU's.");
 #else
   m.attr("has_msl_cpu") = false;
 #endif
@@ -247,9 +517,28 @@ NB_MODULE(_ext, m) {
         nb::arg("scalars"), nb::arg("ensure_row_contiguous"), nb::arg("stream"),
         nb::arg("no_vjp") = "",
         "Launch a loaded cubin's kernel as metile's own MLX primitive (loaded once per device).");
+  nb::class_<CudaLaunch>(m, "CudaLaunch")
+      .def(nb::init<std::shared_ptr<metile::cuda::CudaFunction>, std::vector<int>,
+                    const std::vector<std::vector<int>>&, std::vector<mx::Dtype>, Dim3, Dim3,
+                    const std::vector<nb::object>&, bool, std::string>(),
+           nb::arg("function"), nb::arg("kept"), nb::arg("output_shapes"), nb::arg("output_dtypes"),
+           nb::arg("grid"), nb::arg("threadgroup"), nb::arg("scalars"),
+           nb::arg("ensure_row_contiguous"), nb::arg("no_vjp"))
+      .def("__call__", &CudaLaunch::operator(), nb::arg("arrays"), nb::arg("stream").none() = nb::none(),
+           "launch_cuda_function's lazy outputs for `arrays`; None when the stream (default: "
+           "the default device's) is not a GPU's.");
 #else
   m.attr("has_cuda_launch") = false;
 #endif
+  nb::class_<LaunchGuard>(m, "LaunchGuard")
+      .def(nb::init<nb::object, nb::tuple, nb::dict, nb::dict, nb::tuple, nb::tuple,
+                    mx::Device::DeviceType, nb::list, std::vector<int>>(),
+           nb::arg("grid"), nb::arg("args"), nb::arg("kwargs"), nb::arg("environ"),
+           nb::arg("env_keys"), nb::arg("env_values"), nb::arg("device"), nb::arg("plan"),
+           nb::arg("outputs"))
+      .def("__call__", &LaunchGuard::operator(), nb::arg("grid").none(), nb::arg("args"),
+           nb::arg("kwargs"),
+           "The kernel's inputs for a call of the resolved signature, else None.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),
         nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),

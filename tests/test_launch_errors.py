@@ -133,19 +133,30 @@ def test_buffers_beyond_32_bit_offsets_are_refused():
 @pytest.mark.skipif(not default_is_cpu(), reason="the CPU runtime's binding (_ext.launch_cpu) "
                     "serves the CPU stream; this default device is a GPU")
 def test_relaunches_on_the_cpu_runtime_reuse_their_binding(monkeypatch):
-    # the first launch of a signature goes through MetalKernel's checks and binds; later
-    # ones call the binding with the new arrays (the results stay right); a changed lane
-    # order (a setting the binding read) is part of the launch key: a new Dispatch
+    # the first launch of a signature goes through MetalKernel's checks (_ext.launch_cpu)
+    # and binds (_ext.CpuLaunch, its arguments converted once); later ones call the binding
+    # with the new arrays (the results stay right); a changed lane order (a setting the
+    # binding read) is part of the launch key: a new Dispatch, bound again
     from metile import _ext
     from metile.runtime import metal_kernel as metal_kernel_module
 
     monkeypatch.delenv("METILE_LANE_ORDER", raising=False)
-    prepared, orders = [], []
+    prepared, orders, bound_orders, calls = [], [], [], []
     real_prepare = metal_kernel_module.MetalKernel.prepare_call
     monkeypatch.setattr(metal_kernel_module.MetalKernel, "prepare_call",
                         lambda self, *a: prepared.append(1) or real_prepare(self, *a))
-    real_launch = _ext.launch_cpu
+    real_launch, real_bound = _ext.launch_cpu, _ext.CpuLaunch
     monkeypatch.setattr(_ext, "launch_cpu", lambda *a: orders.append(a[9]) or real_launch(*a))
+
+    class Bound:
+        def __init__(self, *a):
+            bound_orders.append(a[8])
+            self.bound = real_bound(*a)
+
+        def __call__(self, arrays, stream=None):
+            calls.append(len(arrays))
+            return self.bound(arrays, stream)
+    monkeypatch.setattr(_ext, "CpuLaunch", Bound)
 
     @metile.kernel
     def add_two(X, Y, n, BLOCK: metile.constexpr):
@@ -156,8 +167,9 @@ def test_relaunches_on_the_cpu_runtime_reuse_their_binding(monkeypatch):
         x = np.arange(10, dtype=np.float32) * (i + 1)
         got = add_two[(1,)](mx.array(x), mx.zeros((10,)), 10, BLOCK=16)
         np.testing.assert_array_equal(np.array(got), x + 2.0)
-    assert len(prepared) == 2 and orders == ["forward"] * 3
+    assert len(prepared) == 2 and orders == ["forward"] and bound_orders == ["forward"]
+    assert calls == [2, 2]   # X and n's 0-d array (Y is only written)
     monkeypatch.setenv("METILE_LANE_ORDER", "reverse")
     got = add_two[(1,)](mx.ones((10,)), mx.zeros((10,)), 10, BLOCK=16)
     np.testing.assert_array_equal(np.array(got), np.full(10, 3.0, np.float32))
-    assert orders[-1] == "reverse"
+    assert orders[-1] == "reverse" and bound_orders[-1] == "reverse"

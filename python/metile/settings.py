@@ -41,6 +41,15 @@ def raw_values(names: tuple[str, ...]) -> tuple:
     return tuple(map(_ENVIRON_DATA.get, _encoded(names)))
 
 
+def raw_source(names: tuple[str, ...]) -> tuple[dict, tuple] | None:
+    """(os.environ's dict, the keys raw_values reads there for `names`): what a check in
+    C++ reads to compare raw_values(names) with an earlier result without building it
+    (runtime/dispatch.py, _ext.LaunchGuard).  None where raw_values reads os.environ.get."""
+    if _ENVIRON_DATA is None:
+        return None
+    return _ENVIRON_DATA, _encoded(names)
+
+
 _ENCODED: dict = {}
 
 

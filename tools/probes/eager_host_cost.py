@@ -91,6 +91,14 @@ def stand_in_cuda() -> dict:
     tensor_maps.templates = lambda maps, encoded=True: mx.zeros((128 * len(maps),), mx.uint8)
     _ext.CudaFunction = Function
     _ext.launch_cuda_function = lambda fn, inputs, shapes, dtypes, *rest: outputs(shapes, dtypes)
+
+    class CudaLaunch:   # launch_cuda_function bound once (CudaKernel.bind), as on the H200
+        def __init__(self, fn, kept, shapes, dtypes, *rest):
+            self.shapes, self.dtypes = shapes, dtypes
+
+        def __call__(self, arrays, stream=None):
+            return outputs(self.shapes, self.dtypes)
+    _ext.CudaLaunch = CudaLaunch
     _ext.launch_precompiled_cuda = lambda name, cubin, inputs, shapes, dtypes, *rest: outputs(shapes, dtypes)
     _ext.launch_cuda = lambda *a: outputs(a[8], a[9])
     plus_one._launches.clear()   # resolved for the CPU runtime above (the device is still the CPU)

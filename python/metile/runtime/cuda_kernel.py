@@ -108,9 +108,16 @@ class CudaKernel(SourceKernel):
                       stream=stream, scalars=scalars, no_vjp=no_vjp)
         checked, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
+        direct = self._own_launch(init_value) and hasattr(_ext, "CudaLaunch")
         launch = self._binding(checked, shapes, output_dtypes, grid, threadgroup, template,
-                               init_value, scalars, no_vjp)
+                               init_value, scalars, no_vjp, direct=direct)
         fixed = None if stream is None else resolve_stream(stream, self.op)
+        if direct:
+            def run(arrays):
+                outs = launch(arrays, fixed)   # None off a GPU
+                return outs if outs is not None else self(inputs=arrays, **kwargs)
+            run.direct = launch if fixed is None else None
+            return run
 
         def run(arrays):
             s = fixed if fixed is not None else mx.default_stream(mx.default_device())
@@ -120,11 +127,14 @@ class CudaKernel(SourceKernel):
         return run
 
     def _binding(self, inputs, shapes, output_dtypes, grid, threadgroup, template, init_value,
-                 scalars, no_vjp, verbose=False):
+                 scalars, no_vjp, verbose=False, direct=False):
         """`launch(arrays, stream)`: this launch's binding call with all but its arrays and
         stream fixed (checked `inputs` give the dtypes; scalars passed by value come from
         `scalars`, else from their 0-d arrays).  The three bindings: MLX's cuda_kernel
-        compiling the source, metile's own launch of its cubin, MLX's precompiled launch."""
+        compiling the source, metile's own launch of its cubin, MLX's precompiled launch.
+        `direct` (metile's own launch only): an _ext.CudaLaunch, which converts the fixed
+        arguments once and takes a stream of None as the default device's, answering None
+        when that is not a GPU."""
         dtypes = list(output_dtypes)
         contiguous, smem = self.ensure_row_contiguous, self.shared_memory
         if self.arch is None:
@@ -138,6 +148,9 @@ class CudaKernel(SourceKernel):
         _, values = split_value_inputs(inputs, self.value_positions, scalars)
         if self._own_launch(init_value):
             fn = self._function(name, cubin)
+            if direct:
+                return _ext.CudaLaunch(fn, kept, shapes, dtypes, grid, threadgroup, values,
+                                       contiguous, no_vjp)
             return lambda arrays, s: _ext.launch_cuda_function(
                 fn, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, values,
                 contiguous, s, no_vjp)

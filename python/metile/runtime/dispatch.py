@@ -16,7 +16,8 @@ import mlx.core as mx
 from ..compiler.backend import SELECTION_VARIABLES, device_type
 from ..errors import CompilationError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
-from ..settings import raw_values
+from .. import _ext
+from ..settings import raw_source, raw_values
 from . import tensor_maps
 from .arguments import arg_spec, check_buffer_sizes, scalar_array
 
@@ -168,6 +169,35 @@ def launch_environment() -> tuple:
     return (*raw_values(_LAUNCH_VARIABLES), device_type())
 
 
+class LaunchCache(dict):
+    """A kernel's resolved launches by launch key, and `last`: the one its most recent
+    cached launch reused, whose LaunchGuard a repeated call tries before building a key.
+    Clearing the cache (Kernel.refresh, a full cache, a test) forgets `last` with it."""
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        super().__init__()
+        self.last = None
+
+    def clear(self) -> None:
+        super().clear()
+        self.last = None
+
+
+def _make_guard(grid, args, kwargs, key, plan, out_positions):
+    """The _ext.LaunchGuard of a launch resolved for `key`: it holds the key's environment
+    values as read then, so a call it accepts is one _launch_key would give this key.
+    None where the C++ check cannot read the environment as raw_values does."""
+    source = raw_source(_LAUNCH_VARIABLES)
+    guard = getattr(_ext, "LaunchGuard", None)
+    if source is None or guard is None:
+        return None
+    environ, names = source
+    return guard(grid, args, kwargs, environ, names, key[3], key[4],
+                 [v for _, v in plan], out_positions)
+
+
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
     """Keep `d` as the kernel's launch for `key` (a bounded cache: cleared when full)."""
     if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
@@ -176,25 +206,39 @@ def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
 
 
 class Launcher:
+    __slots__ = ("kernel", "grid")
+
     def __init__(self, kernel: "Kernel", grid):
         self.kernel, self.grid = kernel, grid
 
     def __call__(self, *args, **kwargs):
         # A repeated launch with the same signature reuses the resolved Dispatch
-        # (binding, specialization, coverage proof) and only swaps the arrays.
+        # (binding, specialization, coverage proof) and only swaps the arrays: first the
+        # one the last cached launch used, checked by its guard in one C++ call; else the
+        # one the call's launch key finds.
         kernel = self.kernel
         try:
             kernel.refresh()
         except CompilationError as e:
             raise e.with_traceback(None) from None
+        launches = kernel._launches
+        last = launches.last
+        if last is not None:
+            inputs = last._guard(self.grid, args, kwargs)
+            if inputs is not None:
+                return last._fast(inputs, args)
         key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
         if key is not None:
-            template = kernel._launches.get(key)
+            template = launches.get(key)
             if template is not None:
+                if template._guard is not None:
+                    launches.last = template
                 return template._relaunch(args)
         d = self.prepare(*args, **kwargs)
         if d._key is not None:  # this call's key, when the launch can be reused
             remember(kernel, d._key, d)
+            if d._guard is not None:
+                launches.last = d
         return d()
 
     def explain(self, *args, **kwargs) -> str:
@@ -230,6 +274,7 @@ class Dispatch:
             # Planned for a backend metile does not lower yet (an M5 tensor_ops plan):
             # the plan and a plan-only report can be inspected; calling it refuses.
             self.variant, self._key, self._input_plan = None, None, None
+            self._guard = self._direct = None
             kernel.last_dispatch = self
             return
         outputs = spec.outputs
@@ -285,9 +330,13 @@ class Dispatch:
             reusable = not any(isinstance(runtime[n], mx.array) for n in names)
             self.call_kwargs["scalars"] = [_host_value(runtime[n], n) for n in names]
         self.single = len(out_arrays) == 1
+        # outputs as the kernel returns them: no merge with the passed arrays, no sum
+        self._plain = not self.tracked and not self.atomic and self.results > 0
         self.scalars = scalars
         self.autodiff = None
         self._guarded = None
+        # the launcher's C++ binding call (CudaKernel.bind, MetalKernel.bind), once bound
+        self._direct, self._bound = None, {}
         if kernel.differentiable and not self.empty:
             self.autodiff = self._differentiable(runtime, outputs)
         # Calling this launch again with arguments of the same signature (this key) swaps
@@ -310,6 +359,8 @@ class Dispatch:
                                 for i, (_, name) in enumerate(d.input_roles)]
         else:
             self._key = None   # a relaunch takes every array positionally
+        self._guard = None if self._key is None else _make_guard(
+            self.grid_arg, args, kwargs, self._key, self._input_plan, self._out_positions)
         kernel.last_dispatch = self
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
@@ -396,7 +447,27 @@ class Dispatch:
         if self.empty:
             return outputs[0] if self.single else tuple(outputs)
         inputs = [v if fixed else args[v] for fixed, v in self._input_plan]
+        direct = self._direct
+        if direct is not None:
+            outs = direct(inputs)
+            if outs is not None:
+                if self._plain:
+                    return outs[0] if self.single else tuple(outs[:self.results])
+                return self._finish(outs[:self.results], outputs)
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
+
+    def _fast(self, inputs, args):
+        """This launch on `inputs`, which its guard assembled from `args` (a call of this
+        launch's signature whose outputs alias nothing): the binding call straight away
+        once there is one, else _relaunch."""
+        direct = self._direct
+        if direct is not None:
+            outs = direct(inputs)
+            if outs is not None:
+                if self._plain:
+                    return outs[0] if self.single else tuple(outs[:self.results])
+                return self._finish(outs[:self.results], [args[i] for i in self._out_positions])
+        return self._relaunch(args)
 
     def _refuse_unlowered(self) -> None:
         """A launch planned for a backend metile does not lower yet cannot run."""
@@ -441,12 +512,14 @@ class Dispatch:
             own = owns is not None and owns(**self.call_kwargs)
             kwargs = {**self.call_kwargs, "no_vjp": message} if own else self.call_kwargs
             bound = None   # not tried yet; False: the launcher cannot bind this launch
+            found = self._bound   # (not self: the closure would make a reference cycle)
 
             def run(inputs):
                 # The first launch goes through the launcher's checks; a launcher that can
                 # (CudaKernel.bind, MetalKernel.bind on the CPU runtime) then hands back its
                 # binding call with this launch's fixed arguments, for the relaunches (same
-                # dtypes and shapes; the settings it read are in the launch key).
+                # dtypes and shapes; the settings it read are in the launch key).  Its
+                # `direct`, a C++ call answering None off its device, serves _fast.
                 nonlocal bound
                 if bound:
                     return bound(inputs)
@@ -454,6 +527,8 @@ class Dispatch:
                 if bound is None:
                     bind = getattr(call, "bind", None)
                     bound = (bind(**kwargs) if bind is not None else None) or False
+                    if own and bound:
+                        found["direct"] = getattr(bound, "direct", None)
                 return outs
 
             self._guarded = self._unguarded = run
@@ -467,7 +542,10 @@ class Dispatch:
                     raise LaunchError(message)
 
                 self._guarded = launch
-        return list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
+        outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
+        if self._direct is None and self._bound:
+            self._direct = self._bound.get("direct")
+        return outs
 
     def _finish(self, outs, passed):
         """Merge preserve-masked outputs with the passed arrays, add atomic_add outputs to
@@ -487,6 +565,11 @@ class Dispatch:
         """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
         self._refuse_unlowered()
         if args or kwargs:
+            if self._guard is not None:
+                inputs = self._guard(self.grid_arg, args, kwargs)
+                if inputs is not None:
+                    return self._fast(inputs, args)
+            # (the guard also refuses an aliased output: the relaunch's check names it)
             if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
                 return self._relaunch(args)
             try:

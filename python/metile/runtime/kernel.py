@@ -41,7 +41,7 @@ from ..schedule import Schedule
 from . import cache
 from .arguments import arg_spec
 from .dependencies import Snapshot
-from .dispatch import Launcher
+from .dispatch import LaunchCache, Launcher
 from .metal_kernel import RESERVED_NAMES
 
 if TYPE_CHECKING:
@@ -202,7 +202,7 @@ class Kernel:
         self.num_simdgroups = num_simdgroups
         self._specs: dict = {}
         self.last_dispatch: "Dispatch | None" = None
-        self._launches: dict = {}
+        self._launches = LaunchCache()
         self._deps: Snapshot | None = None
         code = getattr(fn, "__code__", None)
         self.loc = Loc(code.co_filename, code.co_firstlineno, 0) if code else None

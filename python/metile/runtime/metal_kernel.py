@@ -244,13 +244,19 @@ class MetalKernel(SourceKernel):
             library = self._libraries[signature] = _load(tu, self.name)
         return library
 
+    @staticmethod
+    def _cpu_settings(lane_order, race_check, bounds_check) -> tuple[str, bool, bool]:
+        """The lane order and checks of a CPU-runtime launch, from the settings where not given."""
+        order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
+        race = bool(settings.flag("METILE_RACE_CHECK") if race_check is None else race_check)
+        bounds = bool(settings.flag("METILE_MSL_BOUNDS_CHECK") if bounds_check is None else bounds_check)
+        return order, race, bounds
+
     def _cpu_launch(self, library, shapes, output_dtypes, grid, threadgroup, init_value,
                     lane_order, race_check, bounds_check, compare, no_vjp):
         """`launch(arrays, stream)` on the CPU runtime with all but the arrays and stream
         fixed, the lane order and checks read from the settings where not given."""
-        order = lane_order or settings.choice("METILE_LANE_ORDER", LANE_ORDERS, "forward")
-        race = bool(settings.flag("METILE_RACE_CHECK") if race_check is None else race_check)
-        bounds = bool(settings.flag("METILE_MSL_BOUNDS_CHECK") if bounds_check is None else bounds_check)
+        order, race, bounds = self._cpu_settings(lane_order, race_check, bounds_check)
         dtypes, names = list(output_dtypes), self.input_names + self.output_names
         contiguous = self.ensure_row_contiguous
 
@@ -283,18 +289,24 @@ class MetalKernel(SourceKernel):
             launch["threadgroup"])
         template, init_value = self.checked_extras(launch.get("template"), launch.get("init_value"))
         _refuse_double(checked, launch["output_dtypes"], self.input_names, self.output_names)
-        bound = self._cpu_launch(self._library(checked, launch["output_dtypes"], template), shapes,
-                                 launch["output_dtypes"], grid, threadgroup, init_value,
-                                 lane_order, race_check, bounds_check, compare, no_vjp)
-        fixed = stream is not None
+        order, race, bounds = self._cpu_settings(lane_order, race_check, bounds_check)
+        # the launch with its arguments converted once, in C++ (about half of launch_cpu's
+        # cost per call was converting them)
+        bound = _ext.CpuLaunch(self._library(checked, launch["output_dtypes"], template), self.name,
+                               self._shape_infos, shapes, list(launch["output_dtypes"]), grid,
+                               threadgroup, init_value, order, race, compare, bounds,
+                               self.input_names + self.output_names, no_vjp,
+                               self.ensure_row_contiguous)
+        at = s if stream is not None else None   # None: the default device's, at each call
 
         def run(arrays):
-            at = s if fixed else mx.default_stream(mx.default_device())
-            if at.device.type != mx.cpu:   # the default device changed: route it again
+            outs = bound(arrays, at)
+            if outs is None:   # the default device changed: route it again
                 return self(inputs=arrays, stream=stream, lane_order=lane_order,
                             race_check=race_check, bounds_check=bounds_check, no_vjp=no_vjp,
                             **launch)
-            return bound(arrays, at)
+            return outs
+        run.direct = bound if at is None else None
         return run
 
 
