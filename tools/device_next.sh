@@ -25,6 +25,8 @@
 #       alone against cuBLAS and fused at 4096^3, then the bfloat16 decoder block
 #   OUT=$OUT bash tools/device_next.sh s6c     -- the dual GEMM on the warpgroup MMA: GPU tests,
 #       memcheck, gated_mlp / MLP / linear+gelu against the MLX composites, float16 decoder block
+#   OUT=$OUT bash tools/device_next.sh s6d     -- the kernels of one converted decoder-block
+#       forward (T=2048, ncu durations: tools/probes/block_kernels.py), then GPU tests
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -93,6 +95,37 @@ elif [ "$mode" = s6c ]; then
   left=$((budget - (SECONDS - t0)))
   [ "$left" -gt 90 ] && BENCH_SECONDS=$((left - 10)) OUT=$logs timeout "$left" \
     bash tools/device_decoder_block.sh float16 -- --variants auto 2>&1 | tail -12 | tee -a "$log"
+elif [ "$mode" = s6d ]; then
+  timeout 150 python3 tools/probes/block_kernels.py tune 2048 2>&1 | tail -2 | tee -a "$log"
+  timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time 2>&1 | tail -3 | tee -a "$log"
+  echo "tune+time: $((SECONDS-t0)) s" | tee -a "$log"
+  timeout 150 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/block_kernels.py trace 2048 > "$logs/block-kernels-2048.csv" 2>> "$log"
+  echo "ncu exit $?: $((SECONDS-t0)) s" | tee -a "$log"
+  python3 - "$logs/block-kernels-2048.csv" <<'PY' 2>&1 | tee -a "$log"
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+rows = list(csv.DictReader(lines[start:]))
+part, out = -1, {}
+for r in rows:
+    name = r["Kernel Name"]
+    if "scan" in name.lower() or "cumsum" in name.lower():
+        part += 1
+        continue
+    if part >= 0:
+        out.setdefault(part, []).append((name[:90], float(r["Metric Value"].replace(",", "")) / 1e3))
+for p, ks in out.items():
+    print(f"== variant {p}: {len(ks)} kernels, {sum(t for _, t in ks):.1f} us")
+    for n, t in ks:
+        print(f"   {t:9.1f} us  {n}")
+PY
+  files="test_gemm_wgmma test_gemm_tma test_linear_fused_reads"
+  left=$((budget - (SECONDS - t0) - 20))
+  (cd /tmp && timeout $left python3 -m pytest -q -p no:cacheprovider --timeout 90 --junitxml="$out/junit.xml" \
+     $(for f in $files; do echo "$repo/tests/$f.py"; done) "$repo/tests/test_dual_gemm.py" -k "not library_kernel" > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"

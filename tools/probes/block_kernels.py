@@ -1,0 +1,66 @@
+"""Which kernels one mx.compile'd forward of the decoder block launches, unconverted and
+converted with `auto` (benchmarks/decoder_block.py's sizes), to place a converted
+block's extra time: run `tune` first (measures and persists auto's routing decisions),
+then `trace` under ncu (reads them; no measurement), e.g.
+
+    python3 tools/probes/block_kernels.py tune 2048
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        python3 tools/probes/block_kernels.py trace 2048 > kernels.csv
+
+`trace` runs each variant's compiled forward once after a warm-up, each preceded by a
+separator kernel (a cumsum: a scan the block never launches), so the kernels after the
+n-th scan are the n-th variant's; `trace ... --time` instead times both
+(CUDA-synchronized wall time, 20 calls per variant).
+"""
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+import metile
+
+root = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("decoder_block", root / "examples" / "decoder_block.py")
+db = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("decoder_block", db)
+spec.loader.exec_module(db)
+
+
+def main():
+    phase, tokens = sys.argv[1], int(sys.argv[2])
+    dtype = sys.argv[3] if len(sys.argv) > 3 else "float16"
+    cfg = db.Config(vocab=8, dims=4096, heads=32, kv_heads=8, hidden=11008, layers=1,
+                    dtype=dtype)
+    reference = db.build(cfg, seed=0)
+    auto = db.Decoder(cfg)
+    auto.update(reference.parameters())
+    db.convert_all(auto, "auto")
+    x = mx.random.normal((1, tokens, cfg.dims), key=mx.random.key(1)).astype(getattr(mx, dtype))
+    mx.eval(x)
+    if phase == "tune":
+        with metile.ops.tuning():
+            mx.eval(auto.blocks(x))
+        print("tuned")
+        return
+    fwds = {name: mx.compile(lambda x, model=model: model.blocks(x), inputs=model.state)
+            for name, model in (("unconverted", reference), ("auto", auto))}
+    for fwd in fwds.values():
+        mx.eval(fwd(x))
+    mx.synchronize()
+    for name, fwd in fwds.items():
+        if "--time" in sys.argv:
+            start = time.perf_counter()
+            mx.eval([fwd(x) for _ in range(20)])
+            mx.synchronize()
+            print(f"{name}: {(time.perf_counter() - start) / 20 * 1e6:.1f} us per forward",
+                  flush=True)
+        else:
+            mx.eval(mx.cumsum(mx.ones((3,))))
+            mx.eval(fwd(x))
+            mx.synchronize()
+
+
+if __name__ == "__main__":
+    main()
