@@ -27,6 +27,8 @@
 #       memcheck, gated_mlp / MLP / linear+gelu against the MLX composites, float16 decoder block
 #   OUT=$OUT bash tools/device_next.sh s6d     -- the kernels of one converted decoder-block
 #       forward (T=2048, ncu durations: tools/probes/block_kernels.py), then GPU tests
+#   OUT=$OUT bash tools/device_next.sh s6e     -- the converted block's host time against MLX's
+#       CUDA-graph settings (cache thrashing check, graphs off, a larger graph cache)
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -126,6 +128,12 @@ PY
      $(for f in $files; do echo "$repo/tests/$f.py"; done) "$repo/tests/test_dual_gemm.py" -k "not library_kernel" > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+elif [ "$mode" = s6e ]; then
+  timeout 150 python3 tools/probes/block_kernels.py tune 2048 2>&1 | tail -1 | tee -a "$log"
+  for setting in "" MLX_ENABLE_CACHE_THRASHING_CHECK=1 MLX_USE_CUDA_GRAPHS=0 MLX_CUDA_GRAPH_CACHE_SIZE=2000 MLX_MAX_OPS_PER_BUFFER=11; do
+    echo "== $setting" | tee -a "$log"
+    env $setting timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time 2>&1 | tail -4 | tee -a "$log"
+  done
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"
