@@ -130,7 +130,7 @@ PY
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 elif [ "$mode" = s6e ]; then
   timeout 150 python3 tools/probes/block_kernels.py tune 2048 2>&1 | tail -1 | tee -a "$log"
-  for setting in "" MLX_ENABLE_CACHE_THRASHING_CHECK=1 MLX_USE_CUDA_GRAPHS=0 MLX_CUDA_GRAPH_CACHE_SIZE=2000 MLX_MAX_OPS_PER_BUFFER=11; do
+  for setting in ${S6E_SETTINGS:-"" MLX_ENABLE_CACHE_THRASHING_CHECK=1 MLX_USE_CUDA_GRAPHS=0 MLX_CUDA_GRAPH_CACHE_SIZE=2000 MLX_MAX_OPS_PER_BUFFER=11}; do
     echo "== $setting" | tee -a "$log"
     env $setting timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time 2>&1 | tail -4 | tee -a "$log"
   done
