@@ -130,9 +130,13 @@ PY
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 elif [ "$mode" = s6e ]; then
   timeout 150 python3 tools/probes/block_kernels.py tune 2048 2>&1 | tail -1 | tee -a "$log"
+  for flags in $S6E_VARIANTS; do
+    echo "== ${flags//,/ }" | tee -a "$log"
+    timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time ${flags//,/ } 2>&1 | tail -2 | tee -a "$log"
+  done
   for setting in ${S6E_SETTINGS:-"" MLX_ENABLE_CACHE_THRASHING_CHECK=1 MLX_USE_CUDA_GRAPHS=0 MLX_CUDA_GRAPH_CACHE_SIZE=2000 MLX_MAX_OPS_PER_BUFFER=11}; do
     echo "== $setting" | tee -a "$log"
-    env $setting timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time 2>&1 | tail -4 | tee -a "$log"
+    env $setting timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time $S6E_FLAGS 2>&1 | tail -4 | tee -a "$log"
   done
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \

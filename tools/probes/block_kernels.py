@@ -30,6 +30,14 @@ spec.loader.exec_module(db)
 
 def main():
     phase, tokens = sys.argv[1], int(sys.argv[2])
+    from metile import ops
+    if "--no-addmm" in sys.argv:     # the residual composite as matmul + add
+        ops._linear_mlx_residual = lambda x2, w, bias, act, slope, residual=None: (
+            ops._linear_mlx(x2, w, bias, act, slope) if residual is None else
+            ops._linear_mlx(x2, w, bias, act, slope) + residual)
+    if "--mlx-gated" in sys.argv:    # the gated MLP as MLX's composite
+        ops._fused_gated = lambda activation, block: (
+            lambda x2, wg, wu: ops._gated_mlx(x2, wg, wu, activation))
     dtype = sys.argv[3] if len(sys.argv) > 3 else "float16"
     cfg = db.Config(vocab=8, dims=4096, heads=32, kv_heads=8, hidden=11008, layers=1,
                     dtype=dtype)
