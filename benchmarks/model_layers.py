@@ -42,6 +42,10 @@ def relative_error(got, want) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+def x_like(w):
+    return mx.zeros((16, w.shape[1]), w.dtype)
+
+
 def layer_fns(layer: str, weights: dict, configs: bool) -> tuple[dict, callable]:
     """{variant: fn(x)} and the float32 reference fn(x)."""
     wg, wu, wd, w, b = (weights[k] for k in ("gate", "up", "down", "linear", "bias"))
@@ -58,7 +62,9 @@ def layer_fns(layer: str, weights: dict, configs: bool) -> tuple[dict, callable]
             return g * mx.sigmoid(g) * (f32(x) @ f32(wu).T)
         fns = {"mlx": make("mlx"), "metile": make("metile")}
         if configs:
-            for c in ops.gated_configs(wg.dtype):
+            # auto's candidates and the tile backend="metile" runs (warpgroup dual)
+            forced = ops._route("gated_mlp", (x_like(wg), wg, wu), "silu", None, "metile").block
+            for c in [forced] + [c for c in ops.gated_configs(wg.dtype) if c != forced]:
                 fns[ops._config_name(c)] = (
                     lambda x, c=c: ops._fused_gated("silu", c)(x, wg, wu))
         return fns, ref

@@ -572,23 +572,39 @@ def _gated_fingerprint() -> str:
 
 
 def gated_configs(dtype) -> list[dict]:
-    """gated_mlp's candidate tiles: linear's (the weights read as stored, and on NVIDIA
-    also copied to row-major, which 16-byte asynchronous copies take), never split-K
-    (the two products meet in the epilogue), warpgroup tiles at most 128 columns wide
-    (`_dual_block`)."""
+    """gated_mlp's candidate tiles for `auto`: linear's warp-MMA tiles (the weights read
+    as stored, and on NVIDIA also copied to row-major, which 16-byte asynchronous copies
+    take), never split-K (the two products meet in the epilogue).
+
+    Not the warpgroup dual tile (`_dual_block`), which `backend="metile"` runs: measured
+    alone it beats MLX's composite (H200, float16/bfloat16, T=512-2048: 1.00-1.17x), and
+    the router measures it alone, but inside compiled graphs its time was bimodal (at
+    T=2048 0.62-0.65 ms where its input came from an op in the same graph, 2.5-3.3 ms
+    where the input was passed in; a converted decoder block's forward took 2.8x the
+    unconverted one with it) while the composite stayed 0.58-0.72 ms; the cause is not
+    found (benchmarks/results/h200-gated-in-graph-2026-12-01.txt), so auto, which must
+    never be slower, does not offer it."""
     configs = []
     for c in metile_configs(dtype, "x@w.T"):
-        c = _dual_block(c)
+        c = _kernel_block(c)
+        if _is_warpgroup_tile(c):
+            continue
         if c not in configs:
             configs.append(c)
     return configs
 
 
+def _is_warpgroup_tile(block: dict) -> bool:
+    core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
+    return core in (CUDA_WGMMA_BLOCK, CUDA_WGMMA_SMALL_BLOCK, _wgmma_block(),
+                    _wgmma_block(CUDA_WGMMA_SMALL_BLOCK))
+
+
 def _dual_block(block: dict) -> dict:
-    """The tile a dual GEMM (gated_mlp) takes for `block`, without SPLIT_K: a warpgroup
-    tile 128 columns wide in place of the 256-wide one (each product keeps a 64x128
-    accumulator tile per warpgroup in registers: together one m64n256 product's 128
-    floats per thread; passes/gemm_wgmma.py)."""
+    """The tile a dual GEMM (gated_mlp with backend="metile") takes for `block`, without
+    SPLIT_K: a warpgroup tile 128 columns wide in place of the 256-wide one (each product
+    keeps a 64x128 accumulator tile per warpgroup in registers: together one m64n256
+    product's 128 floats per thread; passes/gemm_wgmma.py)."""
     block = _kernel_block(block)
     core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
     layout = {k: v for k, v in block.items() if k == "TRANSPOSE_B"}
