@@ -3,7 +3,7 @@ T=2048, hidden 4096, width 11008, float16, against MLX's composite in the same f
 weights captured as constants, weights passed as inputs, and the input made by an
 RMSNorm inside the graph (the decoder block's form).  20 calls per synchronization.
 
-    python3 tools/probes/gated_in_graph.py
+    python3 tools/probes/gated_in_graph.py [normed inputs constants ...]   # the order
 """
 import time
 
@@ -28,13 +28,18 @@ def main():
     wg = (d ** -0.5 * mx.random.normal((h, d), key=k[1])).astype(mx.float16)
     wu = (d ** -0.5 * mx.random.normal((h, d), key=k[2])).astype(mx.float16)
     mx.eval(x, wg, wu)
+    import sys
+    order = sys.argv[1:] or ["constants", "inputs", "normed"]
     for backend in ("mlx", "metile"):
-        const = mx.compile(lambda x: ops.gated_mlp(x, wg, wu, backend=backend))
-        inputs = mx.compile(lambda x, a, b: ops.gated_mlp(x, a, b, backend=backend))
-        normed = mx.compile(lambda x, a, b: ops.gated_mlp(
-            mx.fast.rms_norm(x, None, 1e-5), a, b, backend=backend))
-        print(f"{backend:6s} constants {timed(const, x):8.1f} us  inputs {timed(inputs, x, wg, wu):8.1f} us"
-              f"  rms_norm in graph {timed(normed, x, wg, wu):8.1f} us", flush=True)
+        forms = {
+            "constants": (mx.compile(lambda x: ops.gated_mlp(x, wg, wu, backend=backend)), (x,)),
+            "inputs": (mx.compile(lambda x, a, b: ops.gated_mlp(x, a, b, backend=backend)),
+                       (x, wg, wu)),
+            "normed": (mx.compile(lambda x, a, b: ops.gated_mlp(
+                mx.fast.rms_norm(x, None, 1e-5), a, b, backend=backend)), (x, wg, wu))}
+        print(f"{backend:6s} " + "  ".join(
+            f"{name} {timed(forms[name][0], *forms[name][1]):8.1f} us" for name in order),
+            flush=True)
 
 
 if __name__ == "__main__":
