@@ -29,6 +29,9 @@
 #       forward (T=2048, ncu durations: tools/probes/block_kernels.py), then GPU tests
 #   OUT=$OUT bash tools/device_next.sh s6e     -- the converted block's host time against MLX's
 #       CUDA-graph settings (cache thrashing check, graphs off, a larger graph cache)
+#   OUT=$OUT bash tools/device_next.sh s7      -- (next session) where the dual GEMM's in-graph
+#       time goes: ncu durations of every kernel over 20 queued calls of each compiled form
+#       (tools/probes/gated_in_graph.py), MLX_MAX_OPS_PER_BUFFER=1, then the eager launch cost
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -138,6 +141,19 @@ elif [ "$mode" = s6e ]; then
     echo "== $setting" | tee -a "$log"
     env $setting timeout 60 python3 tools/probes/block_kernels.py trace 2048 float16 --time $S6E_FLAGS 2>&1 | tail -4 | tee -a "$log"
   done
+elif [ "$mode" = s7 ]; then
+  timeout 60 python3 tools/probes/gated_in_graph.py normed constants normed inputs normed 2>&1 | tail -2 | tee -a "$log"
+  MLX_MAX_OPS_PER_BUFFER=1 timeout 60 python3 tools/probes/gated_in_graph.py normed constants inputs 2>&1 | tail -2 | sed "s/^/ops-per-buffer=1 /" | tee -a "$log"
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv -k regex:metile \
+    python3 tools/probes/gated_in_graph.py constants normed > "$logs/ncu-gated-in-graph.csv" 2>> "$log"
+  python3 - "$logs/ncu-gated-in-graph.csv" <<'PY' 2>&1 | tee -a "$log"
+import csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+us = [float(r["Metric Value"].replace(",", "")) / 1e3 for r in csv.DictReader(lines[start:])]
+print(len(us), "metile kernels, us:", " ".join(f"{u:.0f}" for u in us))
+PY
+  timeout 40 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -8 | tee -a "$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"
