@@ -2,6 +2,8 @@
 //
 // Built with NB_DOMAIN mlx so nanobind shares MLX's type registry: functions
 // here take and return mx.array / mx.Stream / mx.Dtype directly.
+#include <functional>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -17,6 +19,7 @@
 #include "mlx/fast.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 #ifdef METILE_HAVE_MLX_CUDA
 #include "cuda_launch.h"
 #endif
@@ -139,6 +142,22 @@ std::vector<mx::array> launch_metal(
                 init_value, verbose, stream);
 }
 
+using Launch = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+// `launch(inputs)`; with a `no_vjp` message, under a custom vjp that raises it
+// (metile::NoVjp, Python's LaunchError): a launch through MLX's own primitive refuses a
+// gradient as metile's primitives do, without a Python mx.custom_function around every
+// launch (runtime/dispatch.py, Dispatch._launch).  The same MLX node either way.
+std::vector<mx::array> refusing_vjp(Launch launch, const std::vector<mx::array>& inputs,
+                                    const std::string& no_vjp) {
+  if (no_vjp.empty()) return launch(inputs);
+  auto refuse = [no_vjp](const std::vector<mx::array>&, const std::vector<mx::array>&,
+                         const std::vector<mx::array>&) -> std::vector<mx::array> {
+    throw metile::NoVjp(no_vjp);
+  };
+  return mx::custom_vjp(std::move(launch), std::move(refuse))(inputs);
+}
+
 // NVIDIA devices: CUDA C++ through mlx::core::fast::cuda_kernel (MLX's
 // CUDA backend compiles it with NVRTC and caches it).
 std::vector<mx::array> launch_cuda(
@@ -148,12 +167,69 @@ std::vector<mx::array> launch_cuda(
     const std::vector<mx::array>& inputs, const std::vector<std::vector<int>>& output_shapes,
     const std::vector<mx::Dtype>& output_dtypes, Dim3 grid, Dim3 threadgroup,
     const std::vector<std::pair<std::string, mx::fast::TemplateArg>>& template_args,
-    std::optional<float> init_value, bool verbose, mx::Stream stream) {
+    std::optional<float> init_value, bool verbose, mx::Stream stream, const std::string& no_vjp) {
   auto kernel = mx::fast::cuda_kernel(name, input_names, output_names, source, header,
                                       ensure_row_contiguous, shared_memory);
-  return kernel(inputs, to_shapes(output_shapes), output_dtypes, grid, threadgroup, template_args,
-                init_value, verbose, stream);
+  auto shapes = to_shapes(output_shapes);
+  return refusing_vjp(
+      [&](const std::vector<mx::array>& in) {
+        return kernel(in, shapes, output_dtypes, grid, threadgroup, template_args, init_value,
+                      verbose, stream);
+      },
+      inputs, no_vjp);
 }
+
+// launch_cuda with everything but the arrays fixed and converted once, MLX's kernel
+// function made once (CudaKernel.bind, for a relaunch of the same signature).  Called
+// without a stream it takes the default device's, and answers None when that is not a
+// GPU (the caller routes the launch again).
+class CudaSourceLaunch {
+ public:
+  CudaSourceLaunch(const std::string& name, const std::vector<std::string>& input_names,
+                   const std::vector<std::string>& output_names, const std::string& source,
+                   const std::string& header, bool ensure_row_contiguous, int shared_memory,
+                   const std::vector<std::vector<int>>& output_shapes,
+                   std::vector<mx::Dtype> output_dtypes, Dim3 grid, Dim3 threadgroup,
+                   std::vector<std::pair<std::string, mx::fast::TemplateArg>> template_args,
+                   std::optional<float> init_value, std::string no_vjp)
+      : name_(name), input_names_(input_names), output_names_(output_names), source_(source),
+        header_(header), contiguous_(ensure_row_contiguous), shared_memory_(shared_memory),
+        shapes_(to_shapes(output_shapes)), dtypes_(std::move(output_dtypes)), grid_(grid),
+        threadgroup_(threadgroup), template_args_(std::move(template_args)),
+        init_value_(init_value), no_vjp_(std::move(no_vjp)) {}
+
+  std::optional<std::vector<mx::array>> operator()(const std::vector<mx::array>& arrays,
+                                                   std::optional<mx::Stream> stream) const {
+    mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
+    if (s.device.type != mx::Device::gpu) return std::nullopt;
+    // made at the first launch on a GPU: without MLX's CUDA backend making it raises, and a
+    // binding made there (stand-in tests) only ever answers None
+    if (!kernel_) {
+      kernel_ = mx::fast::cuda_kernel(name_, input_names_, output_names_, source_, header_,
+                                      contiguous_, shared_memory_);
+    }
+    return refusing_vjp(
+        [&](const std::vector<mx::array>& in) {
+          return (*kernel_)(in, shapes_, dtypes_, grid_, threadgroup_, template_args_, init_value_,
+                         false, s);
+        },
+        arrays, no_vjp_);
+  }
+
+ private:
+  std::string name_;
+  std::vector<std::string> input_names_, output_names_;
+  std::string source_, header_;
+  bool contiguous_;
+  int shared_memory_;
+  mutable std::optional<mx::fast::CustomKernelFunction> kernel_;  // (calls hold the GIL)
+  std::vector<mx::Shape> shapes_;
+  std::vector<mx::Dtype> dtypes_;
+  Dim3 grid_, threadgroup_;
+  std::vector<std::pair<std::string, mx::fast::TemplateArg>> template_args_;
+  std::optional<float> init_value_;
+  std::string no_vjp_;
+};
 
 // A cubin holds NUL bytes: the size must be explicit, never strlen.
 std::string image_of(const nb::bytes& image) {
@@ -189,10 +265,18 @@ std::vector<mx::array> launch_precompiled_cuda(
     const std::string& name, const nb::bytes& compiled, const std::vector<mx::array>& inputs,
     const std::vector<std::vector<int>>& output_shapes, const std::vector<mx::Dtype>& output_dtypes,
     Dim3 grid, Dim3 threadgroup, int shared_memory, std::optional<float> init_value,
-    bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars) {
-  return mx::fast::precompiled_cuda_kernel(name, image_of(compiled), inputs, to_shapes(output_shapes),
-                                           output_dtypes, to_scalars(scalars), grid, threadgroup,
-                                           shared_memory, init_value, ensure_row_contiguous, stream);
+    bool ensure_row_contiguous, mx::Stream stream, const std::vector<nb::object>& scalars,
+    const std::string& no_vjp) {
+  auto image = image_of(compiled);
+  auto shapes = to_shapes(output_shapes);
+  auto values = to_scalars(scalars);
+  return refusing_vjp(
+      [&](const std::vector<mx::array>& in) {
+        return mx::fast::precompiled_cuda_kernel(name, image, in, shapes, output_dtypes, values,
+                                                 grid, threadgroup, shared_memory, init_value,
+                                                 ensure_row_contiguous, stream);
+      },
+      inputs, no_vjp);
 }
 
 #ifdef METILE_HAVE_MLX_CUDA
@@ -481,7 +565,24 @@ NB_MODULE(_ext, m) {
         nb::arg("ensure_row_contiguous"), nb::arg("shared_memory"), nb::arg("inputs"),
         nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"), nb::arg("threadgroup"),
         nb::arg("template_args"), nb::arg("init_value").none(), nb::arg("verbose"),
-        nb::arg("stream"), "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices).");
+        nb::arg("stream"), nb::arg("no_vjp") = "",
+        "Launch through mlx::core::fast::cuda_kernel (NVIDIA devices); with `no_vjp`, a "
+        "gradient reaching the launch raises it as a LaunchError.");
+  nb::class_<CudaSourceLaunch>(m, "CudaSourceLaunch")
+      .def(nb::init<const std::string&, const std::vector<std::string>&,
+                    const std::vector<std::string>&, const std::string&, const std::string&, bool,
+                    int, const std::vector<std::vector<int>>&, std::vector<mx::Dtype>, Dim3, Dim3,
+                    std::vector<std::pair<std::string, mx::fast::TemplateArg>>,
+                    std::optional<float>, std::string>(),
+           nb::arg("name"), nb::arg("input_names"), nb::arg("output_names"), nb::arg("source"),
+           nb::arg("header"), nb::arg("ensure_row_contiguous"), nb::arg("shared_memory"),
+           nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
+           nb::arg("threadgroup"), nb::arg("template_args"), nb::arg("init_value").none(),
+           nb::arg("no_vjp"))
+      .def("__call__", &CudaSourceLaunch::operator(), nb::arg("arrays"),
+           nb::arg("stream").none() = nb::none(),
+           "launch_cuda's lazy outputs for `arrays`; None when the stream (default: the default "
+           "device's) is not a GPU's.");
   // A kernel's own primitive refuses a gradient with metile::NoVjp (no_vjp.h): Python sees
   // metile.errors.LaunchError, as from the launch's mx.custom_function guard it replaces.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -543,5 +644,7 @@ NB_MODULE(_ext, m) {
         nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),
         nb::arg("ensure_row_contiguous"), nb::arg("stream"), nb::arg("scalars") = std::vector<nb::object>{},
-        "Launch a cubin through mlx::core::fast::precompiled_cuda_kernel (NVIDIA devices).");
+        nb::arg("no_vjp") = "",
+        "Launch a cubin through mlx::core::fast::precompiled_cuda_kernel (NVIDIA devices); with "
+        "`no_vjp`, a gradient reaching the launch raises it as a LaunchError.");
 }

@@ -99,6 +99,8 @@ def stand_in_cuda() -> dict:
         def __call__(self, arrays, stream=None):
             return outputs(self.shapes, self.dtypes)
     _ext.CudaLaunch = CudaLaunch
+    # MLX's cuda_kernel bound once: the shapes and dtypes are its 8th and 9th arguments
+    _ext.CudaSourceLaunch = lambda *a: CudaLaunch(None, None, a[7], a[8])
     _ext.launch_precompiled_cuda = lambda name, cubin, inputs, shapes, dtypes, *rest: outputs(shapes, dtypes)
     _ext.launch_cuda = lambda *a: outputs(a[8], a[9])
     plus_one._launches.clear()   # resolved for the CPU runtime above (the device is still the CPU)

@@ -92,9 +92,11 @@ class CudaKernel(SourceKernel):
                 and settings.cuda_launch() == "metile")
 
     def owns_primitive(self, *, init_value=None, **launch) -> bool:
-        """Whether this launch runs as metile's own primitive, which refuses a gradient
-        with `no_vjp` itself."""
-        return self._own_launch(init_value)
+        """Whether this launch refuses a gradient with `no_vjp` itself: every binding does
+        (metile's own primitive in its vjp; MLX's cuda_kernel and precompiled launch under a
+        custom vjp built in C++, csrc/ext.cpp's refusing_vjp), so a Dispatch wraps none of them in
+        an mx.custom_function."""
+        return True
 
     def bind(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
              init_value=None, verbose=False, stream=None, scalars=None, no_vjp=""):
@@ -108,7 +110,9 @@ class CudaKernel(SourceKernel):
                       stream=stream, scalars=scalars, no_vjp=no_vjp)
         checked, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
-        direct = self._own_launch(init_value) and hasattr(_ext, "CudaLaunch")
+        # metile's own launch and MLX's cuda_kernel bind in C++ (MLX's precompiled launch,
+        # METILE_CUDA_LAUNCH=mlx or an init_value, keeps the Python binding below)
+        direct = hasattr(_ext, "CudaLaunch") if self._own_launch(init_value) else self.arch is None
         launch = self._binding(checked, shapes, output_dtypes, grid, threadgroup, template,
                                init_value, scalars, no_vjp, direct=direct)
         fixed = None if stream is None else resolve_stream(stream, self.op)
@@ -132,17 +136,23 @@ class CudaKernel(SourceKernel):
         stream fixed (checked `inputs` give the dtypes; scalars passed by value come from
         `scalars`, else from their 0-d arrays).  The three bindings: MLX's cuda_kernel
         compiling the source, metile's own launch of its cubin, MLX's precompiled launch.
-        `direct` (metile's own launch only): an _ext.CudaLaunch, which converts the fixed
-        arguments once and takes a stream of None as the default device's, answering None
-        when that is not a GPU."""
+        `direct` (metile's own launch, or MLX's cuda_kernel compiling the source): an
+        _ext.CudaLaunch or _ext.CudaSourceLaunch, which converts the fixed arguments once
+        and takes a stream of None as the default device's, answering None when that is
+        not a GPU."""
         dtypes = list(output_dtypes)
         contiguous, smem = self.ensure_row_contiguous, self.shared_memory
+        refusal = (no_vjp,) if no_vjp else ()   # (a direct call's arguments end as before)
         if self.arch is None:
             name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
             names, outs, source = self.input_names, self.output_names, self.source
+            if direct:
+                return _ext.CudaSourceLaunch(name, names, outs, source, header, contiguous, smem,
+                                             shapes, dtypes, grid, threadgroup, template,
+                                             init_value, no_vjp)
             return lambda arrays, s: _ext.launch_cuda(
                 name, names, outs, source, header, contiguous, smem, arrays, shapes, dtypes, grid,
-                threadgroup, template, init_value, verbose, s)
+                threadgroup, template, init_value, verbose, s, *refusal)
         name, cubin = self.compiled([x.dtype for x in inputs], dtypes, threadgroup, verbose)
         kept = [i for i in range(len(inputs)) if i not in self.value_positions]
         _, values = split_value_inputs(inputs, self.value_positions, scalars)
@@ -156,7 +166,7 @@ class CudaKernel(SourceKernel):
                 contiguous, s, no_vjp)
         return lambda arrays, s: _ext.launch_precompiled_cuda(
             name, cubin, [arrays[i] for i in kept], shapes, dtypes, grid, threadgroup, smem,
-            init_value, contiguous, s, values)
+            init_value, contiguous, s, values, *refusal)
 
     def _function(self, name: str, cubin: bytes):
         """The loaded-once handle of a compiled cubin (metile's own launch primitive)."""
