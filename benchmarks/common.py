@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import time
 
 import mlx.core as mx
+import numpy as np
 
 
 def device_name() -> str:
@@ -27,3 +29,22 @@ def write_report(path: str | None, report: dict) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
+
+
+def sample(fn, x, launches: int) -> float:
+    """Seconds per call of `fn(x)`: `launches` calls enqueued, one synchronization."""
+    mx.synchronize()
+    start = time.perf_counter()
+    mx.eval([fn(x) for _ in range(launches)])
+    mx.synchronize()
+    return (time.perf_counter() - start) / launches
+
+
+def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
+    """Median latency per name; the order rotates every round and reverses every other."""
+    names, times = list(fns), {n: [] for n in fns}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order if r % 2 == 0 else order[::-1]:
+            times[n].append(sample(fns[n], x, launches))
+    return {n: float(np.median(t)) for n, t in times.items()}

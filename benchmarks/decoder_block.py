@@ -43,7 +43,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, rotate, sample, write_report
 from metile import attention_ops
 from metile.runtime import cache
 
@@ -87,24 +87,6 @@ def check(outputs, reference, tol) -> dict:
               "grad " + name: relative_error(g, ref_g)}
     return {"relative_errors": errors, "within_tolerance": max(errors.values()) <= tol,
             "tolerance": tol}
-
-
-def sample(fn, x, launches: int) -> float:
-    mx.synchronize()
-    start = time.perf_counter()
-    mx.eval([fn(x) for _ in range(launches)])
-    mx.synchronize()
-    return (time.perf_counter() - start) / launches
-
-
-def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
-    """Median latency per name; the order rotates every round and reverses every other."""
-    names, times = list(fns), {n: [] for n in fns}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order if r % 2 == 0 else order[::-1]:
-            times[n].append(sample(fns[n], x, launches))
-    return {n: float(np.median(t)) for n, t in times.items()}
 
 
 def routes(model, x) -> dict:

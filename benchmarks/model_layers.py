@@ -22,13 +22,12 @@ rotates each round; the latency is the median over rounds; speedup = mlx / varia
 from __future__ import annotations
 
 import argparse
-import time
 
 import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, rotate, sample, write_report
 from metile import ops
 
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}
@@ -90,23 +89,6 @@ def layer_fns(layer: str, weights: dict, configs: bool) -> tuple[dict, callable]
                     lambda x, c=c: ops._linear_metile(x, w, b, "gelu_tanh", 0.0, c, None))
         return fns, ref
     raise ValueError(f"unknown layer {layer!r}")
-
-
-def sample(fn, x, launches: int) -> float:
-    mx.synchronize()
-    start = time.perf_counter()
-    mx.eval([fn(x) for _ in range(launches)])
-    mx.synchronize()
-    return (time.perf_counter() - start) / launches
-
-
-def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
-    names, times = list(fns), {n: [] for n in fns}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order if r % 2 == 0 else order[::-1]:
-            times[n].append(sample(fns[n], x, launches))
-    return {n: float(np.median(t)) for n, t in times.items()}
 
 
 def run_case(layer, dtype, tokens, sizes, args) -> dict:

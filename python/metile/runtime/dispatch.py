@@ -110,6 +110,7 @@ def _check_aliasing(runtime: dict, outputs: list[str]) -> list:
 
 
 _LAUNCH_CACHE_SIZE = 256
+_NOT_RUN = object()   # Dispatch._direct_call: the C++ binding did not run
 
 
 def _launch_key(grid, args, kwargs):
@@ -447,27 +448,30 @@ class Dispatch:
         if self.empty:
             return outputs[0] if self.single else tuple(outputs)
         inputs = [v if fixed else args[v] for fixed, v in self._input_plan]
-        direct = self._direct
-        if direct is not None:
-            outs = direct(inputs)
-            if outs is not None:
-                if self._plain:
-                    return outs[0] if self.single else tuple(outs[:self.results])
-                return self._finish(outs[:self.results], outputs)
+        done = self._direct_call(inputs, args)
+        if done is not _NOT_RUN:
+            return done
         return self._finish(self._launch(inputs, guard=not trusted), outputs)
 
     def _fast(self, inputs, args):
         """This launch on `inputs`, which its guard assembled from `args` (a call of this
         launch's signature whose outputs alias nothing): the binding call straight away
         once there is one, else _relaunch."""
+        done = self._direct_call(inputs, args)
+        return self._relaunch(args) if done is _NOT_RUN else done
+
+    def _direct_call(self, inputs, args):
+        """The result of the binding bound in C++ (`_direct`) called on `inputs`, or
+        _NOT_RUN before there is one or when it declines (off its device)."""
         direct = self._direct
-        if direct is not None:
-            outs = direct(inputs)
-            if outs is not None:
-                if self._plain:
-                    return outs[0] if self.single else tuple(outs[:self.results])
-                return self._finish(outs[:self.results], [args[i] for i in self._out_positions])
-        return self._relaunch(args)
+        if direct is None:
+            return _NOT_RUN
+        outs = direct(inputs)
+        if outs is None:
+            return _NOT_RUN
+        if self._plain:
+            return outs[0] if self.single else tuple(outs[:self.results])
+        return self._finish(outs[:self.results], [args[i] for i in self._out_positions])
 
     def _refuse_unlowered(self) -> None:
         """A launch planned for a backend metile does not lower yet cannot run."""
