@@ -12,7 +12,8 @@
 #   OUT=$OUT bash tools/device_next.sh s7     -- where the dual GEMM's in-graph time goes: ncu
 #       durations of every metile kernel over 20 queued calls of each compiled form
 #       (tools/probes/gated_in_graph.py), MLX_MAX_OPS_PER_BUFFER=1, then the eager launch
-#       cost after the C++ relaunch guard (tools/probes/launch_cost.py).
+#       cost after the C++ relaunch guard (tools/probes/launch_cost.py), and ncu's
+#       per-SASS-instruction stall samples of the strict float32 GEMM loop.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -63,6 +64,11 @@ us = [float(r["Metric Value"].replace(",", "")) / 1e3 for r in csv.DictReader(li
 print(len(us), "metile kernels, us:", " ".join(f"{u:.0f}" for u in us))
 PY
   timeout 40 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -8 | tee -a "$log"
+  # issue 13: where the strict float32 loop stalls, per SASS instruction (warp-state samples)
+  timeout 120 ncu --clock-control none --section WarpStateStats --section SourceCounters \
+    -k regex:metile -c 1 --page source --print-source sass --csv \
+    python3 tools/probes/ffma_variants.py --profile > "$logs/ncu-ffma-sass.csv" 2>> "$log"
+  echo "ncu sass exit $?: $(wc -l < "$logs/ncu-ffma-sass.csv") lines" | tee -a "$log"
 elif [ "$mode" = ops17 ]; then
   timeout 200 python3 -m benchmarks.model_ops --dtype float16 --output "$logs/h200-model-ops-float16.json" \
     2>&1 | tail -12 | tee -a "$log"
