@@ -138,6 +138,32 @@ def test_endless_loop_without_side_effects_is_caught_by_the_timeout(name, body):
 
 # -- Ctrl-C -------------------------------------------------------------------------------------
 
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spinning(pid: int, timeout: float = 60) -> bool:
+    """Whether the process burns half a CPU-second within `timeout` (a kernel in a loop)."""
+    if not os.path.exists(f"/proc/{pid}/stat"):
+        time.sleep(2.0)   # no procfs: the fixed wait this replaced
+        return True
+    start, deadline = _cpu_seconds(pid), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _cpu_seconds(pid) - start > 0.5:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _signal_state(pid: int) -> str:
+    try:
+        return " ".join(line.strip() for line in open(f"/proc/{pid}/status")
+                        if line.startswith(("SigBlk", "SigIgn", "SigCgt", "Threads")))
+    except OSError as e:
+        return str(e)
+
+
 def test_ctrl_c_interrupts_a_running_kernel():
     script = PRELUDE + textwrap.dedent("""
         import time
@@ -157,10 +183,17 @@ def test_ctrl_c_interrupts_a_running_kernel():
                              stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert child.stdout.readline() == "running\n"
-        time.sleep(1.0)  # let the dispatch start
+        # Only a running dispatch takes Ctrl-C to its kernel (a SIGINT before it starts is
+        # Python's alone): wait until the endless kernel is seen spinning, not a fixed time,
+        # which a loaded machine can outlast.
+        assert _spinning(child.pid), "the endless kernel never ran"
         sent = time.monotonic()
         child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=30)
+        try:
+            out, err = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"Ctrl-C did not stop the kernel; the child's signal state: "
+                                 f"{_signal_state(child.pid)}") from None
     finally:
         child.kill()
     assert child.returncode == 0, err
