@@ -64,6 +64,7 @@ from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
 from .gemm import GemmPattern, relaxed_precision  # noqa: F401 (re-exported)
 from .gemm_async import AsyncStaging, swizzle_params
+from ..schedule.plan import WGMMA_MAX_ACCUMULATORS
 from ..schedule.targets import MatrixUnit
 from .gemm_bounds import prove_gemm_bounds
 from .gemm_staging import GemmStaging
@@ -105,10 +106,6 @@ def _thread_grid(threads: int, bm: int, bn: int):
     return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[1]))
 
 
-# Float accumulators one thread may hold for warpgroup products (the rest of the
-# 255-register budget holds addresses and the epilogue); the planner's copy is
-# schedule/plan._WGMMA_ACCUMULATORS.
-WGMMA_MAX_ACCUMULATORS = 128
 
 
 def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> GemmPlan | None:

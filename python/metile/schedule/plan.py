@@ -489,7 +489,7 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
             reasons.append(f"Dual GEMM ({traits.products} products sharing the left operand): "
                            f"the warp MMA: on the warpgroup MMA the {traits.products} "
                            f"products' accumulator tiles would need more than "
-                           f"{_WGMMA_ACCUMULATORS} floats per thread (at most "
+                           f"{WGMMA_MAX_ACCUMULATORS} floats per thread (at most "
                            f"{WGMMA_DUAL_COLUMNS} columns together, on 64 rows per warpgroup).")
         elif wg is not None and traits.products > 1:
             reasons.append(f"Dual GEMM ({traits.products} products sharing the left operand): "
@@ -517,8 +517,9 @@ DEFAULT_GROUP_SIZE = 8
 # The widest accumulator tile a warpgroup holds in registers (one m64n256 product):
 # a dual GEMM's products share it.
 WGMMA_DUAL_COLUMNS = 256
-# passes/lower_matmul.WGMMA_MAX_ACCUMULATORS (the plan is made before lowering is imported)
-_WGMMA_ACCUMULATORS = 128
+# Float accumulators one thread may hold for warpgroup products (the rest of the
+# 255-register budget holds addresses and the epilogue); the lowering reads it too.
+WGMMA_MAX_ACCUMULATORS = 128
 
 
 def _warpgroup_unit(traits, target: Target):
@@ -539,8 +540,9 @@ def _warpgroup_unit(traits, target: Target):
 
 def _warpgroup_accumulators_fit(traits, warps: int | None) -> bool:
     """Whether some warpgroup count keeps every product's accumulators within the
-    lowering's register budget (_WGMMA_ACCUMULATORS floats per thread): `warps` multiplying warps when the kernel names them, else any of 4, 2 or
-    1 warpgroups."""
+    lowering's register budget (WGMMA_MAX_ACCUMULATORS floats per thread): `warps`
+    multiplying warps when the kernel names them, else any of 4, 2 or 1 warpgroups
+    (passes/lower_matmul._warpgroup_plan decides the same way)."""
     bm, bn, _ = traits.tile_shape
     rows = bm // 64
     if warps is not None:
@@ -548,7 +550,7 @@ def _warpgroup_accumulators_fit(traits, warps: int | None) -> bool:
     else:
         options = [w for w in (4, 2, 1) if w <= rows]
     return any(w >= 1 and rows % w == 0 and
-               traits.products * (rows // w) * bn // 2 <= _WGMMA_ACCUMULATORS
+               traits.products * (rows // w) * bn // 2 <= WGMMA_MAX_ACCUMULATORS
                for w in options)
 
 
