@@ -106,8 +106,6 @@ def _thread_grid(threads: int, bm: int, bn: int):
     return min(options, key=lambda g: (abs(bm // g[0] - bn // g[1]), -g[1]))
 
 
-
-
 def _warpgroup_plan(g: GemmPattern, unit, requested_threads: int | None) -> GemmPlan | None:
     """W warpgroups, each owning BM/W rows as m64 x nBN products (gemm_wgmma.py), or
     None when the tile does not fit the unit: BM, BN, BK multiples of 64 (whole swizzle
@@ -530,8 +528,8 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         K step one 16-byte read of B per run of 4 micro-tile columns; TM x TN x 4 FMAs.
         Against one 4-byte shared read per row and column per K step this is a quarter
         of the reads (the scalar loop issued one shared read per 4 FMAs)."""
-        bm, bn, bk = self.gemm.tile
-        ty, tx = self.gemm_plan.grid
+        _, bn, bk = self.gemm.tile
+        ty = self.gemm_plan.grid[0]
 
         def vec(lb, st, index):
             return lb.op("vec_load", [index], [F32] * 4,
@@ -546,21 +544,24 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 for st_b, regs in zip(self.stage_bs, self.acc_regs_all):
                     bv = [x for q in range(self.tn // 4) for x in vec(
                         lb, st_b, self._i(lb, "add", row, self._ffma_column(lb, 4 * q)))]
-                    for i in range(self.tm):
-                        for j in range(self.tn):
-                            s = self.const(lb, i * self.tn + j)
-                            cur = lb.value("local_get", [s], F32, name=regs)
-                            prod = lb.value("mul", [a[i][kk], bv[j]], F32)
-                            lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
-                                  {"name": regs})
+                    self._outer_product(lb, [a[i][kk] for i in range(self.tm)], bv, regs)
 
         self._for(b, 0, bk, 4, "k4", depth4, unroll=True)
+
+    def _outer_product(self, lb: Builder, a: list, bv: list, regs: str) -> None:
+        """acc[i][j] += a[i] * bv[j] over the thread's TM x TN micro-tile `regs`."""
+        for i in range(self.tm):
+            for j in range(self.tn):
+                s = self.const(lb, i * self.tn + j)
+                cur = lb.value("local_get", [s], F32, name=regs)
+                prod = lb.value("mul", [a[i], bv[j]], F32)
+                lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [], {"name": regs})
 
     def _ffma_step(self, b: Builder, base_a: Value, base_b: Value) -> None:
         if self.ffma_vector:
             return self._ffma_vector_step(b, base_a, base_b)
-        bm, bn, bk = self.gemm.tile
-        ty, tx = self.gemm_plan.grid
+        _, bn, bk = self.gemm.tile
+        ty = self.gemm_plan.grid[0]
 
         def to_f32(lb, v):
             return v if v.type == F32 else lb.value("cast", [v], F32, to=dt.float32)
@@ -572,16 +573,10 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
                 for i in range(self.tm)]
             row = self.add(lb, base_b, self._i(lb, "mul", kk, bn))
             for st_b, regs in zip(self.stage_bs, self.acc_regs_all):
-                bv = [to_f32(lb, lb.value("mem_load", [self._i(lb, "add", row, self._i(
-                    lb, "add", self.tx_i, j * tx))], ScalarType(st_b.dtype),
+                bv = [to_f32(lb, lb.value("mem_load", [self._i(
+                    lb, "add", row, self._ffma_column(lb, j))], ScalarType(st_b.dtype),
                     root=st_b.name, space="threadgroup")) for j in range(self.tn)]
-                for i in range(self.tm):
-                    for j in range(self.tn):
-                        s = self.const(lb, i * self.tn + j)
-                        cur = lb.value("local_get", [s], F32, name=regs)
-                        prod = lb.value("mul", [a[i], bv[j]], F32)
-                        lb.op("local_set", [s, lb.value("add", [cur, prod], F32)], [],
-                              {"name": regs})
+                self._outer_product(lb, a, bv, regs)
 
         self._for(b, 0, bk, 1, "kk", depth, unroll=True)
 
