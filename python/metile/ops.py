@@ -584,14 +584,8 @@ def gated_configs(dtype) -> list[dict]:
     unconverted one with it) while the composite stayed 0.58-0.72 ms; the cause is not
     found (benchmarks/results/h200-gated-in-graph-2026-12-01.txt), so auto, which must
     never be slower, does not offer it."""
-    configs = []
-    for c in metile_configs(dtype, "x@w.T"):
-        c = _kernel_block(c)
-        if _is_warpgroup_tile(c):
-            continue
-        if c not in configs:
-            configs.append(c)
-    return configs
+    # (no shape: metile_configs adds no SPLIT_K variants)
+    return [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
 
 
 def _is_warpgroup_tile(block: dict) -> bool:
