@@ -13,7 +13,9 @@
 #       durations of every metile kernel over 20 queued calls of each compiled form
 #       (tools/probes/gated_in_graph.py), MLX_MAX_OPS_PER_BUFFER=1, then the eager launch
 #       cost after the C++ relaunch guard (tools/probes/launch_cost.py), and ncu's
-#       per-SASS-instruction stall samples of the strict float32 GEMM loop.
+#       per-SASS-instruction stall samples of the strict float32 GEMM loop;
+#   OUT=$OUT bash tools/device_next.sh s8     -- row kernels in runs of vectors: their GPU tests
+#       and model_ops benchmarks (S8_OPS), then the dual GEMM's compiled form repeated.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -80,8 +82,21 @@ elif [ "$mode" = ops17 ]; then
     --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+elif [ "$mode" = s8 ]; then
+  # lanes in runs (passes/vectorize_rows.py): the row kernels' GPU tests, then their
+  # benchmarks; then whether the dual GEMM's in-graph time settles (same form repeated)
+  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_model_ops_norms.py" "$repo/tests/test_vectorize_rows.py" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  for op in ${S8_OPS:-rms_norm layer_norm softmax add_rms_norm}; do
+    timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --ops $op \
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "4096x4096|16384x8192|32768" | tail -4 | tee -a "$log"
+  done
+  timeout 100 python3 tools/probes/gated_in_graph.py normed normed normed normed normed normed constants constants 2>&1 | tail -2 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -274,36 +274,70 @@ class CEmitter:
 
     # 4-wide loads (thread-form vec_load): dtype name -> (vector type, element format over
     # {v} the vector, {i} the element index, {c} its xyzw name, {h}/{shift} the word and
-    # bit offset of a 16-bit element).
+    # bit offset of a 16-bit element).  A wider load is read as consecutive chunks of
+    # VECTOR_CHUNKS (dtype name, width) -> (vector type, elements, element format) where
+    # an emitter has them, else of 4.
     VECTOR_TYPES: dict[str, tuple[str, str]] = {}
+    VECTOR_CHUNKS: dict[tuple[str, int], tuple[str, int, str]] = {}
     VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
     # From a kernel's own aligned shared array at an index the pass proved a multiple of
     # the width (the scalar-FMA GEMM's operand reads): no run-time address test.
     SHARED_VECTOR_LOAD = VECTOR_LOAD
+    # A device load whose address the kernel tested aligned first (vectorize_rows.py).
+    ALIGNED_VECTOR_LOAD = VECTOR_LOAD
+
+    def vector_chunk(self, dname: str, width: int) -> tuple[str, int, str]:
+        chunk = self.VECTOR_CHUNKS.get((dname, width))
+        if chunk is not None:
+            return chunk
+        vtype, element = self.VECTOR_TYPES[dname]
+        return vtype, 4, element
 
     def vector_load(self, op: Op, a: list[str], depth: int) -> None:
-        vtype, element = self.VECTOR_TYPES[op.results[0].type.dtype.name]
-        self.count += 1
-        name = f"_w{self.count}"
+        dname, width = op.results[0].type.dtype.name, len(op.results)
+        vtype, per, element = self.vector_chunk(dname, width)
         form = self.SHARED_VECTOR_LOAD if op.attrs.get("space") == "threadgroup" \
-            else self.VECTOR_LOAD
-        self.emit(form.format(vtype=vtype, name=name, root=op.attrs["root"], index=a[0]), depth)
-        for i, r in enumerate(op.results):
-            # {h}/{shift}: the 32-bit word and bit offset of 16-bit element i
-            self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i], h="xy"[i // 2],
-                                              shift=16 * (i % 2))
+            else self.ALIGNED_VECTOR_LOAD if op.attrs.get("aligned") else self.VECTOR_LOAD
+        for first in range(0, width, per):
+            self.count += 1
+            name = f"_w{self.count}"
+            index = a[0] if first == 0 else f"{a[0]} + {first}"
+            self.emit(form.format(vtype=vtype, name=name, root=op.attrs["root"], index=index),
+                      depth)
+            for i, r in enumerate(op.results[first:first + per]):
+                # {h}/{shift}: the 32-bit word and bit offset of 16-bit element i
+                self.names[r.id] = element.format(v=name, i=i, c="xyzw"[i % 4],
+                                                  h="xyzw"[i // 2], shift=16 * (i % 2))
 
     # 2-element stores (vec_store): element dtype name -> statement over {root}, {index}, {a},
     # {b}; a dtype or emitter without one has no paired stores (the pass only emits them
     # for a warpgroup unit, which only the CUDA emitter has).
     PAIR_STORES: dict[str, str] = {}
+    # Wider stores (vectorize_rows.py): (dtype name, width) -> (statement over {root},
+    # {index} and {values}, elements per statement, element format over {x} joined by ", "
+    # into {values}, or a pair format over {a}, {b} when PACKED).
+    VECTOR_STORES: dict[tuple[str, int], tuple[str, int, str]] = {}
+    PACKED_STORES: frozenset = frozenset()
 
     def vector_store(self, op: Op, a: list[str], depth: int) -> None:
-        dname = op.operands[1].type.dtype.name
-        fmt = self.PAIR_STORES.get(dname)
-        if fmt is None:
-            raise NotImplementedError(f"{type(self).__name__} has no paired {dname} store")
-        self.emit(fmt.format(root=op.attrs["root"], index=a[0], a=a[1], b=a[2]), depth)
+        dname, width = op.operands[1].type.dtype.name, len(a) - 1
+        if width == 2 and dname in self.PAIR_STORES:
+            self.emit(self.PAIR_STORES[dname].format(root=op.attrs["root"], index=a[0], a=a[1],
+                                                     b=a[2]), depth)
+            return
+        form = self.VECTOR_STORES.get((dname, width))
+        if form is None:
+            raise NotImplementedError(f"{type(self).__name__} has no {width}-wide {dname} store")
+        statement, per, element = form
+        for first in range(0, width, per):
+            xs = a[1 + first:1 + first + per]
+            if (dname, width) in self.PACKED_STORES:
+                parts = [element.format(a=xs[k], b=xs[k + 1]) for k in range(0, per, 2)]
+            else:
+                parts = [element.format(x=x) for x in xs]
+            index = a[0] if first == 0 else f"{a[0]} + {first}"
+            self.emit(statement.format(root=op.attrs["root"], index=index,
+                                       values=", ".join(parts)), depth)
 
     def fragment_type(self, role: str, dtype, shape) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")

@@ -179,6 +179,11 @@ class MSLEmitter(CEmitter):
                     "bfloat16": ("bfloat4", "{v}.{c}")}
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
+    # Stores through the packed vector too (element alignment only).
+    VECTOR_STORES = {(d, 4): (f"*reinterpret_cast<device packed_{v}*>(&{{root}}[{{index}}]) = "
+                              f"{v}({{values}});", 4, "{x}")
+                     for d, v in (("float32", "float4"), ("float16", "half4"),
+                                  ("bfloat16", "bfloat4"))}
     SHARED_VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const threadgroup {vtype}*>"
                           "(&{root}[{index}]);")
 

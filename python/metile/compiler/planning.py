@@ -244,9 +244,9 @@ def _loops(thread_fn: Function) -> list[LoopReport]:
     threads = thread_fn.meta["threads"]
     for op in walk(thread_fn.body):
         if op.name == "lane_loop":
-            slots = op.attrs["slots"]
-            if slots > 1:
-                loops.append(LoopReport("lane", "loop", threads, slots, threads))
+            slots, run = op.attrs["slots"], op.attrs.get("run", 1)
+            if slots * run > 1:
+                loops.append(LoopReport("lane", "loop", threads, slots * run, threads * run))
         elif op.name == "for":
             step = op.operands[2].owner
             step_value = step.attrs.get("value") if getattr(step, "name", None) == "const" else 0

@@ -1,7 +1,9 @@
 """The lane layout of tiles, as seen while emitting element code.
 
 A program has T threads.  Element i of a row-major-linearised tile belongs to
-thread i % T, slot i // T.  `Ctx` is a position in that layout where element
+thread i % T, slot i // T (in a kernel laid out in runs of V, a tile of a multiple
+of T*V elements gives thread (i // V) % T runs of V consecutive elements:
+passes/vectorize_rows.py).  `Ctx` is a position in that layout where element
 code is being emitted: inside a `lane_loop` (identity: the element this thread
 owns in this slot) or at coordinates derived from one (broadcasting, reduction
 axes, dot operands), where only threadgroup-memory tiles can be read.
@@ -37,6 +39,9 @@ class Ctx:
         self.lin, self.slot, self.identity = lin, slot, identity
         self._coords = coords
         self.memo: dict[int, Value] = {}
+        # In a lane loop laid out in runs (vectorize_rows.py): the run's shared state and
+        # which of its consecutive elements this context is.
+        self.run, self.run_index = None, 0
 
     def coords(self) -> list[Value]:
         if self._coords is None:
@@ -61,6 +66,7 @@ class Ctx:
         if self.identity:
             out = Ctx(self.low, self.b, shape, lin=self.lin, slot=self.slot)
             out.memo = self.memo  # a value read at the same linear element is the same
+            out.run, out.run_index = self.run, self.run_index
             return out
         return Ctx(self.low, self.b, shape, lin=self.linear(self.shape), identity=False)
 

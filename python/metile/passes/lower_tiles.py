@@ -37,15 +37,17 @@ from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
 from .lower_reductions import ReductionLowering
 from .lower_sort import SortLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
+from .vectorize_rows import RowVectorLowering
 from .placement import analyze
 
 SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their target's capacity
 
 
-class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVectorLowering):
+class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVectorLowering,
+               RowVectorLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
-                 shared_optin: int = 0):
+                 shared_optin: int = 0, language: str | None = None):
         self.fn = fn
         self.shared_limit = shared_limit
         # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
@@ -72,6 +74,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             self.gemm_plan = plan_gemm(self.gemm, matrix_units, relaxed_precision(fn), threads)
         self.prepare_gemm(plan, scalars)  # schedule plan + specialized scalars (lower_matmul)
         self.prepare_elementwise_vector(plan, scalars)
+        self.prepare_row_runs(plan, language)  # vectorize_rows.py (None: plain lanes)
 
     # -- helpers ---------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -145,6 +148,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
 
     def lane_loop(self, b: Builder, shape, fn) -> None:
         numel = prod(shape)
+        if self.runs_for(numel) > 1:
+            return self.run_lane_loop(b, shape, fn)  # vectorize_rows.py
         block = Block()
         lin = block.add_arg(I32, "i")
         slot = block.add_arg(I32, "slot")
@@ -395,6 +400,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if name == "store":
             if self.elementwise_vector is not None and op is self.elementwise_vector.store:
                 return self.lower_vector_store(op, b)  # vectorize_elementwise.py
+            if self.row_runs is not None and self.lower_run_store(op, b):
+                return  # vectorize_rows.py
             if isinstance(op.operands[0].type, TileType):
                 shape = op.operands[0].type.shape
                 self.lane_loop(b, shape, lambda ctx: self.emit_store(
@@ -607,9 +614,11 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
 
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
-                shared_optin: int = 0) -> Function:
+                shared_optin: int = 0, language: str | None = None) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
-    (`simdgroup_inline` kernels lower through passes/lower_fragments.py)."""
+    (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
+    ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
+    plain lane layout."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit,
-                    gemm_plan, shared_optin).run()
+                    gemm_plan, shared_optin, language).run()

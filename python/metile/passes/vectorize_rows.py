@@ -1,0 +1,311 @@
+"""vectorize_rows: lanes own runs of consecutive elements, read and written as vectors.
+
+The plain lane layout (lane_layout.py) gives thread t the elements t, t + T, t + 2T, ...
+of a tile: a warp's access is coalesced, but every element is its own load or store
+(a 2-byte load per element of a float16 row).  Row kernels (norms, softmax, anything
+that holds a row in registers and reduces it) are bandwidth-bound, and there the
+instruction count and the bytes in flight per thread decide the speed.
+
+Runs.  Where it applies, a tile of N elements, N a multiple of T*V, is laid out in runs
+of V: element i belongs to thread (i // V) % T, slot (i // (T*V)) * V + i % V.  A lane
+loop over it walks the thread's runs and, inside a run, its V elements one after the
+other (`lane_loop` still yields one element per body call).  What this pass proves
+(`row_runs`), so that relabelling which thread owns which element cannot change the
+program's result:
+- no operation of the kernel depends on the plain layout: no dot (the GEMM lowering
+  has its own layouts), scan or sort (warp-level orders), atomic, shared() array or
+  already-vectorized elementwise store; register tiles are read only at the element
+  being computed in a lane loop of the same size, and the layout depends on the size
+  alone, so every such read still finds its element; tiles read at other coordinates
+  live in threadgroup memory, addressed by element; whole-tile reductions fold a
+  thread's elements and then the threads in some order: only the order of the float
+  additions changes, as with another thread count;
+- every device load and store of a tile of such a size either has unit stride along the
+  tile's last axis (the last axis a multiple of V, so a run is V consecutive, in-order
+  addresses) or does not move along it (one address per run): runs never turn a
+  coalesced access into a strided one.
+V is 16 bytes of the narrowest such access on CUDA (8 float16, 4 float32), 4 elements
+on Metal (its widest vector).
+
+Vector accesses.  A unit-stride load from a buffer the kernel does not write is read
+once per run, at its first evaluation: one V-wide load when all V masks hold (and, on
+CUDA, the first address is aligned to the vector: MLX may pass a row-contiguous slice
+at any element offset), else V masked scalar loads.  A unit-stride store collects the
+run's values and is written the same way after the run's last element.  Metal reads
+and writes through packed vectors, which need element alignment only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from ..ir.core import Block, Builder, Function, Op, Value, walk
+from ..ir.ops import ELEMENTWISE
+from ..ir.types import TileType, elem_type, PointerType
+from .lane_layout import BOOL, I32, Ctx, scalar_of
+
+_FLOATS = {"float32", "float16", "bfloat16"}
+_FORBIDDEN = {"dot": "a dot", "scan": "a scan", "sort": "a sort",
+              "shared_alloc": "a shared() array"}
+
+
+def _const_int(v: Value):
+    """The integer every element of v equals, if v is a constant (else None)."""
+    op = v.owner
+    while isinstance(op, Op) and op.name in ("splat", "broadcast", "expand_dims"):
+        op = op.operands[0].owner
+    if isinstance(op, Op) and op.name == "const":
+        x = op.attrs["value"]
+        if isinstance(x, int) and not isinstance(x, bool):
+            return x
+    return None
+
+
+def stride(v: Value, axis: int, memo: dict):
+    """How much v grows when coordinate `axis` of its tile grows by one, the others held:
+    an int (0: v does not depend on that coordinate), or None where v is not provably
+    affine along it."""
+    if not isinstance(v.type, TileType):
+        return 0
+    key = (v.id, axis)
+    if key in memo:
+        return memo[key]
+    op = v.owner
+    out = None
+    if isinstance(op, Op):
+        n, args = op.name, op.operands
+        if n == "arange":
+            out = 1
+        elif n == "splat":
+            out = 0
+        elif n == "broadcast":
+            src = args[0]
+            out = 0 if src.type.shape[axis] == 1 and v.type.shape[axis] != 1 else \
+                stride(src, axis, memo)
+        elif n == "expand_dims":
+            d = op.attrs["axis"]
+            out = 0 if axis == d else stride(args[0], axis - (axis > d), memo)
+        elif n in ("add", "sub", "ptr_add"):
+            a, b = (stride(x, axis, memo) for x in args)
+            out = None if a is None or b is None else (a - b if n == "sub" else a + b)
+        elif n == "mul":
+            a, b = (stride(x, axis, memo) for x in args)
+            if a == 0 and b == 0:
+                out = 0
+            elif a is not None and b == 0 and _const_int(args[1]) is not None:
+                out = a * _const_int(args[1])
+            elif b is not None and a == 0 and _const_int(args[0]) is not None:
+                out = b * _const_int(args[0])
+        elif n in ELEMENTWISE or n == "load":
+            # independent of the coordinate when every operand is
+            if all(stride(x, axis, memo) == 0 for x in args):
+                out = 0
+    memo[key] = out
+    return out
+
+
+@dataclass
+class RowRuns:
+    width: int                                     # V
+    unit: dict[int, bool] = field(default_factory=dict)   # id(load/store) -> unit stride
+    sizes: set = field(default_factory=set)        # tile sizes laid out in runs
+
+
+def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRuns | str:
+    """The run width and the accesses read/written as vectors, or why the kernel keeps the
+    plain layout (a sentence)."""
+    ops = list(walk(fn.body))
+    for op in ops:
+        if op.name in _FORBIDDEN:
+            return f"the kernel contains {_FORBIDDEN[op.name]}"
+        if op.name == "store" and op.attrs.get("atomic"):
+            return "the kernel uses atomics"
+    accesses = [op for op in ops if op.name in ("load", "store")
+                and isinstance(op.operands[0].type, TileType)
+                and elem_type(op.operands[0].type).space != "threadgroup"]
+    if not accesses:
+        return "the kernel has no tile loads or stores"
+    memo: dict = {}
+    strides = {}
+    for op in accesses:
+        shape = op.operands[0].type.shape
+        strides[id(op)] = stride(op.operands[0], len(shape) - 1, memo)
+    moving = [op for op in accesses if strides[id(op)] == 1
+              and elem_type(op.operands[0].type).dtype.name in _FLOATS]
+    if not moving:
+        return "no tile load or store has unit stride along its last axis"
+    if language == "cuda":
+        width = 16 // min(elem_type(op.operands[0].type).dtype.itemsize for op in moving)
+    else:
+        width = 4
+    sizes = {prod(op.operands[0].type.shape) for op in moving
+             if prod(op.operands[0].type.shape) % (threads * width) == 0
+             and op.operands[0].type.shape[-1] % width == 0}
+    if not sizes:
+        return (f"no unit-stride tile fills whole runs of {width} over {threads} threads "
+                f"(its size a multiple of {threads * width}, its last axis of {width})")
+    unit = {}
+    for op in accesses:
+        shape = op.operands[0].type.shape
+        if prod(shape) not in sizes:
+            continue
+        s = strides[id(op)]
+        if s == 1 and shape[-1] % width == 0 and \
+                elem_type(op.operands[0].type).dtype.name in _FLOATS:
+            root = elem_type(op.operands[0].type).root
+            unit[id(op)] = buffers.get((root, "written")) is None
+        elif s != 0:
+            return (f"a tile access of the kernel has stride {s} along its last axis: runs "
+                    "would turn it from coalesced to strided")
+    return RowRuns(width, unit, sizes)
+
+
+class _Run:
+    """One run of a lane loop: the V element contexts and what was read for all of them."""
+
+    def __init__(self, ctxs: list[Ctx]):
+        self.ctxs = ctxs
+        self.loads: dict[int, list[Value]] = {}
+
+
+class RowVectorLowering:
+    """Mixin of `Lowering`: runs in `lane_loop`, vector loads through `load_rewrite`,
+    vector stores in `lower_run_store`."""
+
+    def prepare_row_runs(self, plan, language) -> None:
+        self.row_runs = None
+        self.row_runs_reason = "not applied (no target language given)"
+        if language is None or self.gemm is not None or self.elementwise_vector is not None:
+            return
+        if plan is not None and plan.vector_width == 1:
+            self.row_runs_reason = "vector_width=1 asked for scalar lanes"
+            return
+        found = row_runs(self.fn, self.T, language, self.buffers)
+        if isinstance(found, str):
+            self.row_runs_reason = found
+            return
+        if plan is not None and plan.vector_width == 4:
+            found.width = 4
+            found.sizes = {n for n in found.sizes if n % (4 * self.T) == 0}
+        self.row_runs, self.language = found, language
+
+    def runs_for(self, numel: int) -> int:
+        rr = self.row_runs
+        return rr.width if rr is not None and numel in rr.sizes else 1
+
+    def run_lane_loop(self, b: Builder, shape, fn, group=None):
+        """A lane loop over runs (module docstring): `fn(ctx)` per element, or `group(ctxs)`
+        once per run with the V element contexts."""
+        v, numel = self.runs_for(prod(shape)), prod(shape)
+        block = Block()
+        run = block.add_arg(I32, "i")
+        slot = block.add_arg(I32, "slot")
+        op = b.op("lane_loop", [], [], {"numel": numel // v, "slots": numel // (v * self.T),
+                                        "threads": self.T, "run": v}, [block])
+        inner = Builder(block)
+        inner.loc = b.loc
+        if "vectorize_rows" not in self.lowering_passes:
+            self.lowering_passes.append("vectorize_rows")
+        first = self._i(inner, "mul", run, v)
+        base = self._i(inner, "mul", slot, v)
+        ctxs = []
+        for e in range(v):
+            lin = first if e == 0 else self.add(inner, first, self.const(inner, e))
+            at = base if e == 0 else self.add(inner, base, self.const(inner, e))
+            ctx = Ctx(self, inner, shape, lin, at)
+            ctx.run_index = e
+            ctxs.append(ctx)
+        state = _Run(ctxs)
+        for ctx in ctxs:
+            ctx.run = state
+        outer, self.load_rewrite = self.load_rewrite, self._run_load
+        try:
+            if group is not None:
+                group(ctxs)
+            else:
+                for ctx in ctxs:
+                    fn(ctx)
+        finally:
+            self.load_rewrite = outer
+        return op
+
+    def _run_vector_ok(self, b: Builder, index: Value, root: str, itemsize: int, masks) -> Value | None:
+        """The condition for one V-wide access (None: always): every mask, and on CUDA the
+        first address aligned to the vector (capped at 16 bytes, the widest access)."""
+        cond = None
+        for m in masks:
+            cond = m if cond is None else b.value("and", [cond, m], BOOL)
+        if self.language == "cuda":
+            size = min(16, self.row_runs.width * itemsize)
+            ok = b.value("aligned16", [index], BOOL, root=root, bytes=size)
+            cond = ok if cond is None else b.value("and", [cond, ok], BOOL)
+        return cond
+
+    def _run_load(self, op: Op, ctx: Ctx) -> Value:
+        run = ctx.run
+        if run is None or not self.row_runs.unit.get(id(op)) or \
+                prod(op.operands[0].type.shape) not in self.row_runs.sizes:
+            return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
+        if id(op) not in run.loads:
+            run.loads[id(op)] = self._load_run(op, run)
+        return run.loads[id(op)][ctx.run_index]
+
+    def _load_run(self, op: Op, run: _Run) -> list[Value]:
+        b = run.ctxs[0].b
+        ptr: PointerType = elem_type(op.operands[0].type)
+        rtype = scalar_of(op.results[0].type)
+        root = self.buffers[(ptr.root, "read")]
+        per = [[self.elem(o, c) for o in op.operands] for c in run.ctxs]
+        index = per[0][0]
+        masks = [p[1] for p in per] if len(op.operands) > 1 else []
+        cond = self._run_vector_ok(b, index, root, ptr.dtype.itemsize, masks)
+        width = len(run.ctxs)
+        self.vector_loads += 1
+        if cond is None:
+            return b.op("vec_load", [index], [rtype] * width,
+                        {"root": root, "space": "device", "width": width}).results
+        names = [self.decl("var", rtype.dtype, prefix="_x") for _ in range(width)]
+        then, other = Block(), Block()
+        tb, eb = Builder(then), Builder(other)
+        tb.loc = eb.loc = b.loc
+        # on CUDA the condition tested the address (the emitter needs no second test)
+        vec = tb.op("vec_load", [index], [rtype] * width,
+                    {"root": root, "space": "device", "width": width,
+                     "aligned": self.language == "cuda"})
+        for name, r, p in zip(names, vec.results, per):
+            tb.op("var_set", [r], [], {"name": name})
+            eb.op("var_set", [eb.value("mem_load", p, rtype, root=root, space="device")], [],
+                  {"name": name})
+        b.op("if", [cond], [], {}, [then, other])
+        return [b.value("var_get", [], rtype, name=n) for n in names]
+
+    def lower_run_store(self, op: Op, b: Builder) -> bool:
+        """A unit-stride tile store in runs: V values, one vector store (module docstring).
+        False when the store is not one (the caller emits it element by element)."""
+        shape = op.operands[0].type.shape
+        if self.runs_for(prod(shape)) == 1 or not self.row_runs.unit.get(id(op)):
+            return False
+        ptr: PointerType = elem_type(op.operands[0].type)
+        root = self.buffers[(ptr.root, "out")]
+
+        def group(ctxs):
+            per = [[self.elem(o, c) for o in op.operands] for c in ctxs]
+            lb = ctxs[0].b
+            index = per[0][0]
+            masks = [p[2] for p in per] if len(op.operands) > 2 else []
+            cond = self._run_vector_ok(lb, index, root, ptr.dtype.itemsize, masks)
+            attrs = {"root": root, "space": "device"}
+            if cond is None:
+                lb.op("vec_store", [index, *(p[1] for p in per)], [], attrs)
+                return
+            then, other = Block(), Block()
+            tb, eb = Builder(then), Builder(other)
+            tb.loc = eb.loc = lb.loc
+            tb.op("vec_store", [index, *(p[1] for p in per)], [], attrs)
+            for p in per:
+                eb.op("mem_store", p, [], dict(attrs))
+            lb.op("if", [cond], [], {}, [then, other])
+
+        self.run_lane_loop(b, shape, None, group)
+        return True

@@ -1,0 +1,165 @@
+"""Lanes in runs of vectors (passes/vectorize_rows.py): numbers against NumPy through the
+CPU runtime (vector and scalar paths in one launch: ragged rows, bases at odd element
+offsets, float32/float16/bfloat16), what is emitted (MSL packed vectors, CUDA 16-byte
+loads and stores compiled by NVRTC for sm_90), the report, and the kernels the pass must
+leave in the plain layout (a strided access, a scan, vector_width=1).
+
+Tolerances: float32 rtol 3e-6 / atol 1e-6 (one float32 reduction in another order);
+float16 2e-3 and bfloat16 1.6e-2 (two units in the last place of the rounded output)."""
+
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile import Schedule
+from metile.passes.vectorize_rows import row_runs
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+TOL = {mx.float32: (3e-6, 1e-6), mx.float16: (2e-3, 2e-3), mx.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+@metile.kernel
+def centre_scale(X, W, Y, rows, columns, BLOCK: metile.constexpr, ROWS: metile.constexpr = 1):
+    """Y = (X - mean(X)) * W per row: a row in registers, a reduction, a broadcast read.
+    (The 2-D index spelling of metile_kernels/norms.py: the store provably covers Y.)"""
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    x = metile.load(X + row * columns + col, mask=inside, other=0.0).to(metile.float32)
+    w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
+    y = (x - metile.sum(x) / columns) * w
+    metile.store(Y + row * columns + col, y.to(Y.dtype), mask=inside)
+
+
+@metile.kernel
+def column_sum(X, Y, rows, columns, BLOCK: metile.constexpr):
+    """Y[c] = sum over rows of X[:, c] for a block of rows read down a column: the access
+    moves by `columns` along the tile's last axis (rows are the last axis here)."""
+    c = metile.program_id(0)
+    r = metile.arange(0, BLOCK)
+    x = metile.load(X + r * columns + c, mask=r < rows, other=0.0)
+    metile.store(Y + c, metile.sum(x))
+
+
+@metile.kernel
+def transpose(X, Y, R: metile.constexpr, C: metile.constexpr):
+    """Y = X.T for an (R, C) matrix: the load moves by 1 along the tile's last axis, the
+    store by R."""
+    r = metile.arange(0, R)[:, None]
+    c = metile.arange(0, C)[None, :]
+    metile.store(Y + c * R + r, metile.load(X + r * C + c))
+
+
+@metile.kernel
+def running_sum(X, Y, n, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    x = metile.load(X + i, mask=i < n, other=0.0)
+    metile.store(Y + i, metile.cumsum(x, 0), mask=i < n)
+
+
+def data(rng, shape, dtype):
+    return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def f64(a):
+    return np.array(a.astype(mx.float32)).astype(np.float64)
+
+
+def reference(x, w):
+    x, w = f64(x), f64(w)
+    return (x - x.mean(axis=-1, keepdims=True)) * w
+
+
+def launch(x, w, warps, backend=None, schedule=None):
+    rows, columns = x.shape
+    block = metile.next_power_of_2(columns)
+    kw = {"backend": backend} if backend else {}
+    if schedule is not None:
+        kw["SCHEDULE"] = schedule
+    return centre_scale[(rows, 1)].prepare(x, w, mx.zeros((rows, columns), x.dtype), rows, columns,
+                                         BLOCK=block, num_warps=warps, **kw)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("columns", [256, 250, 253])
+def test_runs_match_numpy(rng, dtype, columns):
+    # 256: every run whole; 250: the row tail masks part of the last runs and odd rows
+    # start off a 4-element boundary (scalar path); 253: every row but the first starts
+    # misaligned.  Each launch mixes the vector and the scalar path.
+    x, w = data(rng, (9, columns), dtype), data(rng, (columns,), dtype)
+    d = launch(x, w, 2)
+    assert "vectorize_rows" in d.execution_report.passes
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(f64(d()), reference(x, w), rtol=rtol, atol=atol)
+
+
+def test_runs_from_a_slice_at_an_odd_offset(rng):
+    # MLX hands the kernel a row-contiguous slice whose base is 3 elements into its buffer.
+    big = data(rng, (9 * 256 + 3,), mx.float32)
+    x = big[3:].reshape(9, 256)
+    w = data(rng, (256,), mx.float32)
+    out = launch(x, w, 2)()
+    np.testing.assert_allclose(f64(out), reference(x, w), rtol=3e-6, atol=1e-6)
+
+
+def test_runs_in_the_report_and_the_msl(rng):
+    x, w = data(rng, (4, 256), mx.float16), data(rng, (256,), mx.float16)
+    d = launch(x, w, 2, backend="msl")
+    # x and w read as packed 4-vectors (one load each per run), y written as one
+    assert d.execution_report.vectorized_loads == 2
+    assert len(re.findall(r"device packed_half4\*", d.source)) == 3
+    lanes = [lp for lp in d.execution_report.loops if lp.induction_variable == "lane"]
+    assert lanes and all(lp.elements_per_lane == 4 and lp.iteration_step == 4 * 64
+                         for lp in lanes)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")
+@pytest.mark.parametrize("dtype,vector", [(mx.float16, "uint4"), (mx.bfloat16, "uint4"),
+                                          (mx.float32, "float4")])
+def test_cuda_runs_are_16_byte_accesses(rng, dtype, vector):
+    x, w = data(rng, (4, 1024), dtype), data(rng, (1024,), dtype)
+    d = launch(x, w, 4, backend="cuda")
+    source = translation_unit(d)
+    # an aligned 16-byte load of x and of w per chunk and one store, behind an address test
+    assert len(re.findall(rf"reinterpret_cast<const {vector}\*>", source)) >= 2
+    assert re.search(rf"reinterpret_cast<{vector}\*>\(&Y\[", source)
+    assert "metile_aligned16" in source or "& 15ull" in source
+    ok, log = compile_cuda(source, "sm_90")
+    assert ok, log
+
+
+def test_strided_access_keeps_the_plain_layout(rng):
+    x = data(rng, (256, 5), mx.float32)
+    d = column_sum[(5,)].prepare(x, mx.zeros((5,), mx.float32), 256, 5, BLOCK=256, num_warps=2)
+    np.testing.assert_allclose(np.array(d()), f64(x).sum(axis=0), rtol=3e-6, atol=1e-5)
+    assert "vectorize_rows" not in d.execution_report.passes
+    assert row_runs(d.spec.tile_ir(), 64, "msl", {}) == (
+        "no tile load or store has unit stride along its last axis")
+    # a unit-stride load does not make a strided store of the same tile vectorizable
+    x = data(rng, (16, 32), mx.float32)
+    d = transpose[(1,)].prepare(x, mx.zeros((32, 16), mx.float32), R=16, C=32, num_warps=2)
+    np.testing.assert_array_equal(np.array(d()), np.array(x).T)
+    assert "vectorize_rows" not in d.execution_report.passes
+    assert row_runs(d.spec.tile_ir(), 64, "msl", {}) == (
+        "a tile access of the kernel has stride 16 along its last axis: runs would turn it "
+        "from coalesced to strided")
+
+
+def test_scan_keeps_the_plain_layout(rng):
+    x = data(rng, (512,), mx.float32)
+    d = running_sum[(1,)].prepare(x, mx.zeros((512,), mx.float32), 500, BLOCK=512, num_warps=2)
+    np.testing.assert_allclose(np.array(d())[:500], np.cumsum(f64(x)[:500]), rtol=1e-5,
+                               atol=1e-4)
+    assert "vectorize_rows" not in d.execution_report.passes
+    assert row_runs(d.spec.tile_ir(), 64, "msl", {}) == "the kernel contains a scan"
+
+
+def test_vector_width_one_keeps_scalar_lanes(rng):
+    x, w = data(rng, (4, 256), mx.float32), data(rng, (256,), mx.float32)
+    d = launch(x, w, 2, backend="msl", schedule=Schedule(vector_width=1))
+    np.testing.assert_allclose(f64(d()), reference(x, w), rtol=3e-6, atol=1e-6)
+    assert d.execution_report.vectorized_loads == 0 and "packed_float4" not in d.source
+    assert "vectorize_rows" not in d.execution_report.passes
