@@ -56,11 +56,17 @@ def test_one_element_per_thread_up_to_1024():
 
 
 def test_larger_blocks_loop_over_slots():
+    # scalar lanes (vector_width=1): each thread loops over its 4 slots
     d = vector_add[(3,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=4096,
-                                 backend="msl")
+                                 backend="msl", SCHEDULE=metile.Schedule(vector_width=1))
     assert d.spec.threads == 1024
     assert re.search(r"for \(int (_s\d+) = 0; \1 < 4; \+\+\1\)", d.source), d.source
     assert d.call_kwargs["grid"] == (3 * 1024, 1, 1)
+    # by default the 4 elements are one run of consecutive elements (passes/vectorize_rows.py)
+    d = vector_add[(3,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=4096,
+                                 backend="msl")
+    assert "vectorize_rows" in d.execution_report.passes
+    assert "device packed_float4*" in d.source
 
 
 def test_block_reduction_uses_simd_and_threadgroup_memory():

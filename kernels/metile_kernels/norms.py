@@ -8,7 +8,9 @@ All operate on a row-major (rows, columns) matrix along its last axis, one
 program per row: the whole row is loaded once into registers (BLOCK, a power of
 two >= columns, spread over the program's threads), reduced in float32 (each
 thread folds its elements, then SIMD-group shuffles and one step through
-threadgroup memory), normalised from the registers and stored once.  So every
+threadgroup memory), normalised from the registers and stored once.  Only the
+row is held across the reductions (in its own dtype: a float16 row takes half the
+registers of a float32 one); weight and bias are read after them, from cache.  So every
 kernel reads x (and the residual) once and writes each output once: the memory
 traffic of an elementwise op.  `rows` and `columns` are runtime scalars, so one
 compiled kernel serves every row count of a given BLOCK, dtype and thread count.
@@ -49,11 +51,9 @@ def rms_norm(X, W, Y, rows, columns, eps, BLOCK: metile.constexpr,
     inside = (row < rows) & (col < columns)
     offs = row * columns + col
     x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
-    if HAS_WEIGHT:   # read before the reduction, so its latency hides behind it
-        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     y = x * metile.rsqrt(metile.sum(x * x) / columns + eps)
-    if HAS_WEIGHT:
-        y = y * w
+    if HAS_WEIGHT:   # read after the reduction: its registers are not held across it
+        y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)
 
 
@@ -69,17 +69,14 @@ def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
     inside = (row < rows) & (col < columns)
     offs = row * columns + col
     x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
-    if HAS_WEIGHT:   # read before the reductions, so their latency hides behind them
-        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
-    if HAS_BIAS:
-        b = metile.load(B + col, mask=col < columns, other=0.0).to(metile.float32)
     mean = metile.sum(x) / columns
-    centred = metile.where(inside, x - mean, 0.0)
-    y = centred * metile.rsqrt(metile.sum(centred * centred) / columns + eps)
-    if HAS_WEIGHT:
-        y = y * w
+    # x - mean spelled at each use: recomputed from the held row, not a second row
+    square = metile.where(inside, (x - mean) * (x - mean), 0.0)
+    y = (x - mean) * metile.rsqrt(metile.sum(square) / columns + eps)
+    if HAS_WEIGHT:   # read after the reductions: their registers are not held across them
+        y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     if HAS_BIAS:
-        y = y + b
+        y = y + metile.load(B + col, mask=col < columns, other=0.0).to(metile.float32)
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)
 
 
@@ -94,10 +91,8 @@ def add_rms_norm(X, R, W, S, Y, rows, columns, eps, BLOCK: metile.constexpr,
     total = (metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
              + metile.load(R + offs, mask=inside, other=0.0).to(metile.float32)).to(S.dtype)
     metile.store(S + offs, total, mask=inside)
-    if HAS_WEIGHT:
-        w = metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     s = total.to(metile.float32)
     y = s * metile.rsqrt(metile.sum(s * s) / columns + eps)
-    if HAS_WEIGHT:
-        y = y * w
+    if HAS_WEIGHT:   # read after the reduction: its registers are not held across it
+        y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)

@@ -49,6 +49,7 @@ class CEmitter:
         self.lines: list[str] = []
         self.helpers_used: set[str] = set()
         self.count = 0
+        self.packed_locals: dict[str, tuple[str, str, str]] = {}
 
     # --- naming ------------------------------------------------------------------------
     def type(self, t) -> str:
@@ -95,6 +96,9 @@ class CEmitter:
         if name == "param" or name == "var_get":
             return op.attrs["name"]
         if name == "local_get":
+            packed = self.packed_locals.get(op.attrs["name"])
+            if packed is not None:
+                return packed[1].format(name=op.attrs["name"], s=a[0])
             return f"{op.attrs['name']}[{a[0]}]"
         if name == "mem_load":
             load = f"{op.attrs['root']}[{a[0]}]"
@@ -218,7 +222,11 @@ class CEmitter:
         elif name == "var_set":
             self.emit(f"{op.attrs['name']} = {a[0]};", depth)
         elif name == "local_set":
-            self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
+            packed = self.packed_locals.get(op.attrs["name"])
+            if packed is not None:
+                self.emit(packed[2].format(name=op.attrs["name"], s=a[0], v=a[1]), depth)
+            else:
+                self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
         elif name == "mem_store":
             store = f"{op.attrs['root']}[{a[0]}] = {a[1]};"
             self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
@@ -370,6 +378,10 @@ class CEmitter:
     def shared_decl(self, t: str, name: str, size: int, align: int) -> str:
         return self.SHARED_DECL.format(type=t, name=name, size=size)
 
+    # Register arrays of 16-bit elements held two to a 32-bit word: dtype name ->
+    # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v}).
+    PACKED_LOCALS: dict[str, tuple[str, str, str]] = {}
+
     def declare(self, op: Op, depth: int) -> None:
         if op.attrs["storage"] == "fragment":
             at = op.attrs
@@ -379,6 +391,10 @@ class CEmitter:
         t, name, size = self.TYPES[op.attrs["dtype"].name], op.attrs["name"], op.attrs["size"]
         if op.attrs["storage"] == "shared":
             self.emit(self.shared_decl(t, name, size, op.attrs.get("align", 0)), depth)
+        elif op.attrs["storage"] == "local" and op.attrs["dtype"].name in self.PACKED_LOCALS:
+            form = self.PACKED_LOCALS[op.attrs["dtype"].name]
+            self.packed_locals[name] = form
+            self.emit(form[0].format(name=name, words=(size + 1) // 2), depth)
         elif op.attrs["storage"] == "local":
             self.emit(f"{t} {name}[{size}];", depth)
         else:

@@ -467,6 +467,18 @@ class CUDAEmitter(CEmitter):
                     "bfloat16": ("uint2", "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
                                           ">> {shift}))")}
 
+    # CUDA has no 16-bit registers: an array of __half takes a 32-bit register per element
+    # (a float16 row held in registers cost twice the registers of its bytes, halving the
+    # rows in flight).  Pairs share a word; with the slot a constant after unrolling, a
+    # read is a shift (or a half-register operand) and a write one byte permute.
+    PACKED_LOCALS = {
+        d: ("unsigned {name}[{words}];",
+            f"{cast}(static_cast<unsigned short>({{name}}[({{s}}) >> 1] >> ((({{s}}) & 1) * 16)))",
+            f"{{name}}[({{s}}) >> 1] = __byte_perm({{name}}[({{s}}) >> 1], "
+            f"static_cast<unsigned>({back}({{v}})), (({{s}}) & 1) ? 0x5410 : 0x3254);")
+        for d, cast, back in (("float16", "__ushort_as_half", "__half_as_ushort"),
+                              ("bfloat16", "__ushort_as_bfloat16", "__bfloat16_as_ushort"))}
+
     # vectorize_rows.py tested the address aligned to the vector (capped at 16 bytes):
     # a plain load, 16 bytes per chunk (8 half words in a uint4, 4 floats in a float4).
     ALIGNED_VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"

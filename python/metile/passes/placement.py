@@ -4,7 +4,8 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
 
 * ``recompute`` — not stored; evaluated at each element where it is used.
   Chosen for index arithmetic (arange/splat/broadcast and integer/bool/pointer
-  ops over them: cheap and free of memory effects) and for pure values used
+  ops over them: cheap and free of memory effects), for float widenings (the
+  narrow value is held, converted at each use) and for pure values used
   exactly once in the block that defines them (fusion of elementwise chains).
 * ``local`` — stored in each thread's registers in the lane layout (element
   i of the tile lives in thread i % T, slot i // T).  Legal when every use
@@ -98,7 +99,7 @@ def analyze(fn: Function) -> Placement:
         if not _is_tile(v) or vid in carried_ids:
             continue
         op = v.owner
-        if cheap(v):
+        if cheap(v) or _widening(v):
             p.kind[vid] = "recompute"
         elif op.name in ELEMENTWISE or op.name in _INDEX_OPS:
             uses = p.uses.get(vid, [])
@@ -146,6 +147,17 @@ def analyze(fn: Function) -> Placement:
     # A recompute value read remotely forces its stored operands into shared memory:
     # remote() already propagates through recompute consumers, so nothing more to do.
     return p
+
+
+def _widening(v: Value) -> bool:
+    """A float tile widened from a narrower float (x.to(float32) of a float16 load): one
+    conversion per use is cheaper than holding the wide copy, whose registers next to
+    the narrow one halve the rows a row kernel keeps in flight."""
+    op = v.owner if isinstance(v.owner, Op) else None
+    if op is None or op.name != "cast":
+        return False
+    src, dst = dtype_of(op.operands[0].type), dtype_of(v.type)
+    return src.is_float and dst.is_float and src.itemsize < dst.itemsize
 
 
 def _op_in_block(op: Op, block: Block | None) -> bool:
