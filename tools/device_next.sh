@@ -96,7 +96,7 @@ elif [ "$mode" = s8 ]; then
     timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --ops $op \
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "4096x4096|16384x8192|32768" | tail -4 | tee -a "$log"
   done
-  timeout 100 python3 tools/probes/gated_in_graph.py normed normed normed normed normed normed constants constants 2>&1 | tail -2 | tee -a "$log"
+  [ "${S8_GATED:-1}" = 1 ] && timeout 100 python3 tools/probes/gated_in_graph.py normed normed normed normed normed normed constants constants 2>&1 | tail -2 | tee -a "$log"
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8)" | tee -a "$log"
 fi
