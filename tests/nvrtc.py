@@ -37,10 +37,15 @@ def translation_unit(dispatch) -> str:
     inputs = [(n, as_array(a, n, "nvrtc").dtype) for n, a in zip(data["inputs"], dispatch.call_kwargs["inputs"])]
     outputs = list(zip(data["outputs"], dispatch.call_kwargs["output_dtypes"]))
     # scalars a precompiled kernel takes by value (METILE_CUDA_SCALARS=value) follow the outputs
-    by_value = set((data["lowering"].get("launch") or {}).get("scalars_by_value") or ())
+    launch = data["lowering"].get("launch") or {}
+    by_value = set(launch.get("scalars_by_value") or ())
+    # the launch's block size and occupancy bounds, as the precompiled launch compiles it
+    tg = dispatch.call_kwargs.get("threadgroup") or (0,)
+    threads = tg[0] * tg[1] * tg[2] if len(tg) == 3 else None
     return cuda_source.translation_unit(data["name"], data["header"], data["body"],
                                         [x for x in inputs if x[0] not in by_value], outputs,
-                                        values=[x for x in inputs if x[0] in by_value])
+                                        threads, [x for x in inputs if x[0] in by_value],
+                                        launch.get("min_blocks", 0))
 
 
 def compile_cuda(source: str, arch: str) -> tuple[bool, str]:

@@ -90,8 +90,8 @@ elif [ "$mode" = s8 ]; then
      > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
-  timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -7 | tee -a "$log"
-  METILE_CUDA_LAUNCH=mlx timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -7 | sed "s/^/launch=mlx /" | tee -a "$log"
+  timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -8 | tee -a "$log"
+  METILE_CUDA_LAUNCH=mlx timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -8 | sed "s/^/launch=mlx /" | tee -a "$log"
   for op in ${S8_OPS:-rms_norm layer_norm softmax add_rms_norm}; do
     timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --ops $op \
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "4096x4096|16384x8192|32768" | tail -4 | tee -a "$log"

@@ -36,6 +36,23 @@ def main():
         errs = [float(mx.abs(p - q).max()) for p, q in zip(g1, g2)]
         print(f"{name:12s} forward {fwd:.2e}  grads " + " ".join(f"{e:.2e}" for e in errs),
               flush=True)
+    # layer_norm's dx against float64 central differences of the forward in NumPy
+    xs, ws, bs, cs = (np.array(a).astype(np.float64) for a in (x, w, b, cot))
+
+    def loss64(v):
+        c = v - v.mean(axis=-1, keepdims=True)
+        return ((c / np.sqrt((c * c).mean(axis=-1, keepdims=True) + 1e-5) * ws + bs) * cs).sum()
+
+    num = np.zeros_like(xs)
+    for i in np.ndindex(xs.shape):
+        d = np.zeros_like(xs)
+        d[i] = 1e-6
+        num[i] = (loss64(xs + d) - loss64(xs - d)) / 2e-6
+    loss = lambda f: (lambda *a: (f(*a) * cot).sum())
+    ours = mx.grad(loss(lambda a: ops.layer_norm(a, w, b, 1e-5, backend="metile")))(x)
+    theirs = mx.grad(loss(lambda a: mx.fast.layer_norm(a, w, b, 1e-5)))(x)
+    print(f"layer dx vs float64 differences: metile {np.abs(np.array(ours) - num).max():.2e}  "
+          f"mlx {np.abs(np.array(theirs) - num).max():.2e}", flush=True)
 
 
 if __name__ == "__main__":

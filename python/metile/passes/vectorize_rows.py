@@ -190,6 +190,22 @@ class RowVectorLowering:
             found.sizes = {n for n in found.sizes if n % (4 * self.T) == 0}
         self.row_runs, self.language = found, language
 
+    def occupancy_hint(self) -> int:
+        """Blocks per SM for `__launch_bounds__` of a row kernel in runs on CUDA (0: none).
+        A row kernel's speed is the rows in flight per SM; its registers are the held
+        tiles (16-bit elements two to a word) and ~16 of index math and reduction state.
+        Where that fits 32 registers a thread, ask for the whole register file's worth of
+        blocks (2048 threads); within 64, half of it; else leave ptxas its choice.  (On the
+        H200 an unbounded rms_norm of 512 threads took 36-40 registers: 3 blocks, not 4.)"""
+        if self.row_runs is None or self.language != "cuda":
+            return 0
+        words = sum(d.attrs["size"] * d.attrs["dtype"].itemsize / 4 for d in self.decls
+                    if d.attrs["storage"] == "local")
+        for budget, threads in ((32, 2048), (64, 1024)):
+            if words + 16 <= budget and threads // self.T > 1:
+                return threads // self.T
+        return 0
+
     def runs_for(self, numel: int) -> int:
         rr = self.row_runs
         return rr.width if rr is not None and numel in rr.sizes else 1

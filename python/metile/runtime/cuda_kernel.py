@@ -41,7 +41,7 @@ class CudaKernel(SourceKernel):
     op = "cuda_kernel"
 
     def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                 arch=None, value_inputs=()):
+                 arch=None, value_inputs=(), min_blocks=0):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
         # inputs passed by value (precompiled kernels only): their positions among the inputs
         unknown = [n for n in value_inputs if n not in self.input_names]
@@ -55,6 +55,12 @@ class CudaKernel(SourceKernel):
             raise ValueError(self.error(f"shared_memory must be a non-negative int (bytes of dynamic "
                                         f"shared memory), got {shared_memory!r}"))
         self.shared_memory = shared_memory
+        if not isinstance(min_blocks, int) or isinstance(min_blocks, bool) or \
+                not 0 <= min_blocks <= 32:
+            raise ValueError(self.error(f"min_blocks must be an int from 0 to 32 (blocks per SM "
+                                        f"__launch_bounds__ budgets registers for), got "
+                                        f"{min_blocks!r}"))
+        self.min_blocks = min_blocks
         self.arch = None if arch is None else nvrtc.check_arch(arch)
         if self.arch is not None:
             shape_info = [n for n in self.input_names
@@ -187,7 +193,7 @@ class CudaKernel(SourceKernel):
         header = self._headers.get(name)
         if header is None:
             header = self._headers[name] = self.header + launch_bounds_header(
-                mlx_kernel_symbol(name, template), threads)
+                mlx_kernel_symbol(name, template), threads, self.min_blocks)
         return name, header
 
 
@@ -218,7 +224,7 @@ class CudaKernel(SourceKernel):
             name, self.header, self.source,
             [x for i, x in enumerate(typed) if i not in self.value_positions],
             zip(self.output_names, output_dtypes), threads,
-            [typed[i] for i in self.value_positions])
+            [typed[i] for i in self.value_positions], self.min_blocks)
 
     def unique_name(self, inputs, output_dtypes, template, threads=None) -> str:
         """MLX's CUDA backend caches compiled modules by kernel name alone, so
@@ -236,6 +242,7 @@ class CudaKernel(SourceKernel):
             # memory limit once, when it first loads the module of that name.
             for part in (self.source, self.header, repr(list(described)), repr(list(output_dtypes)),
                          repr(template), str(self.ensure_row_contiguous), str(self.shared_memory),
+                         str(self.min_blocks),
                          str(self.arch), str(threads), repr(self.value_positions)):
                 h.update(part.encode())
                 h.update(b"\0")
@@ -269,6 +276,7 @@ def cuda_kernel(
     shared_memory: int = 0,
     arch: str | None = None,
     value_inputs: Sequence[str] = (),
+    min_blocks: int = 0,
 ) -> CudaKernel:
     """A custom CUDA kernel from a body of CUDA C++, like `mx.fast.cuda_kernel`.
 
@@ -277,6 +285,8 @@ def cuda_kernel(
     "sm_90a"): compile with NVRTC for that architecture here and launch the
     cubin, for instructions MLX's own `sm_XY` compile cannot use (wgmma).
     `value_inputs` (with `arch`): inputs passed as kernel parameters by value (int32,
-    float32 or bool), declared after the outputs; the body reads them as values."""
+    float32 or bool), declared after the outputs; the body reads them as values.
+    `min_blocks` (> 1): the blocks per SM `__launch_bounds__` asks ptxas to leave room
+    for (it caps registers per thread at the register file / (threads x min_blocks))."""
     return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                      arch, value_inputs)
+                      arch, value_inputs, min_blocks)
