@@ -164,3 +164,24 @@ def test_vector_width_one_keeps_scalar_lanes(rng):
     np.testing.assert_allclose(f64(d()), reference(x, w), rtol=3e-6, atol=1e-6)
     assert d.execution_report.vectorized_loads == 0 and "float4" not in d.source
     assert "vectorize_rows" not in d.execution_report.passes
+
+
+@pytest.mark.parametrize("warps,blocks", [(1, 32), (4, 16), (16, 4)])
+def test_cuda_runs_ask_for_occupancy_within_the_sm_limit(rng, warps, blocks):
+    # A row of 16-bit elements held two to a word fits 32 registers a thread: the bounds
+    # ask for 2048 threads per SM, never more than the 32 blocks an SM holds.
+    columns = 256 * warps
+    x, w = data(rng, (4, columns), mx.float16), data(rng, (columns,), mx.float16)
+    d = launch(x, w, warps, backend="cuda")
+    assert d.variant.data["lowering"]["launch"]["min_blocks"] == blocks
+    source = translation_unit(d)
+    assert f"__launch_bounds__({32 * warps}, {blocks})" in source
+    metile.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];", min_blocks=blocks)  # accepted
+    if TOOLKIT is not None:
+        ok, log = compile_cuda(source, "sm_90")
+        assert ok, log
+
+
+def test_cuda_kernel_refuses_impossible_occupancy():
+    with pytest.raises(ValueError, match="min_blocks must be an int from 0 to 32"):
+        metile.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];", min_blocks=64)

@@ -46,6 +46,8 @@ from ..ir.types import TileType, elem_type, PointerType
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 
 _FLOATS = {"float32", "float16", "bfloat16"}
+# Resident blocks per SM on sm_80 and sm_90 (a one-warp block cannot ask for 64).
+MAX_BLOCKS_PER_SM = 32
 _FORBIDDEN = {"dot": "a dot", "scan": "a scan", "sort": "a sort",
               "shared_alloc": "a shared() array"}
 
@@ -203,7 +205,7 @@ class RowVectorLowering:
                     if d.attrs["storage"] == "local")
         for budget, threads in ((32, 2048), (64, 1024)):
             if words + 16 <= budget and threads // self.T > 1:
-                return threads // self.T
+                return min(threads // self.T, MAX_BLOCKS_PER_SM)
         return 0
 
     def runs_for(self, numel: int) -> int:
