@@ -185,3 +185,33 @@ def test_cuda_runs_ask_for_occupancy_within_the_sm_limit(rng, warps, blocks):
 def test_cuda_kernel_refuses_impossible_occupancy():
     with pytest.raises(ValueError, match="min_blocks must be an int from 0 to 32"):
         metile.cuda_kernel("k", ["x"], ["y"], "y[0] = x[0];", min_blocks=64)
+
+
+@metile.kernel
+def sums_per_chunk(X, Y, chunks, BLOCK: metile.constexpr):
+    """Y[c] = sum of chunk c of X (a reduction inside a loop), then Y[chunks] = the sum of
+    squares of chunk 0 (a reduction once per program)."""
+    i = metile.arange(0, BLOCK)
+    for c in range(chunks):
+        metile.store(Y + c, metile.sum(metile.load(X + c * BLOCK + i)))
+    x = metile.load(X + i)
+    metile.store(Y + chunks, metile.sum(x * x))
+
+
+def test_reduction_barriers(rng, monkeypatch):
+    # A reduction run once per program is one barrier (its scratch is its own); one in a
+    # loop keeps the second, before the next iteration overwrites the scratch.  Every lane
+    # order of the CPU runtime agrees (METILE_RACE_CHECK compares them).
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    x = data(rng, (3 * 256,), mx.float32)
+    d = sums_per_chunk[(1,)].prepare(x, mx.zeros((4,), mx.float32), 3, BLOCK=256, num_warps=4)
+    want = f64(x).reshape(3, 256).sum(axis=1).tolist() + [float((f64(x)[:256] ** 2).sum())]
+    np.testing.assert_allclose(np.array(d()), want, rtol=1e-5, atol=1e-4)
+    body = d.source
+    loop = body[body.index("for (int"):]
+    assert body.count("threadgroup_barrier") == 3 and loop.count("threadgroup_barrier") == 3
+    x = data(rng, (4, 512), mx.float16)
+    from metile_kernels import norms
+    rms = norms.rms_norm[norms.grid(4)].prepare(x, x[0], mx.zeros_like(x), 4, 512, 1e-5,
+                                                BLOCK=512, num_warps=2, backend="cuda")
+    assert rms.source.count("__syncthreads()") == 1

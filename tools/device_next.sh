@@ -15,7 +15,9 @@
 #       cost after the C++ relaunch guard (tools/probes/launch_cost.py), and ncu's
 #       per-SASS-instruction stall samples of the strict float32 GEMM loop;
 #   OUT=$OUT bash tools/device_next.sh s8     -- row kernels in runs of vectors: their GPU tests
-#       and model_ops benchmarks (S8_OPS), then the dual GEMM's compiled form repeated.
+#       and model_ops benchmarks (S8_OPS), then the dual GEMM's compiled form repeated;
+#   OUT=$OUT bash tools/device_next.sh s9     -- GPU tests of the row-kernel changes, ncu of
+#       the row kernels (tools/probes/row_kernels_profile.py), rope's benchmark.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -97,8 +99,29 @@ elif [ "$mode" = s8 ]; then
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "4096x4096|16384x8192|32768" | tail -4 | tee -a "$log"
   done
   [ "${S8_GATED:-1}" = 1 ] && timeout 100 python3 tools/probes/gated_in_graph.py normed normed normed normed normed normed constants constants 2>&1 | tail -2 | tee -a "$log"
+elif [ "$mode" = s9 ]; then
+  # the GPU tests of what lanes in runs, the placement change and the one-barrier
+  # reductions touch; ncu's view of the row kernels (issue 17's misses need their
+  # profile); the row benchmarks once more
+  files="test_model_ops_norms test_vectorize_rows test_ops test_autodiff test_decoder_block"
+  (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
+     --junitxml="$out/junit.xml" \
+     $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 75 ncu --clock-control none -k regex:metile --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats \
+    python3 tools/probes/row_kernels_profile.py > "$logs/ncu-row-kernels.txt" 2>&1
+  echo "ncu exit $?" | tee -a "$log"
+  grep -E "metile_|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Reg|Warp Cycles Per Issued|Stall" \
+    "$logs/ncu-row-kernels.txt" | head -40 | tee -a "$log"
+  for op in rms_norm layer_norm softmax; do
+    timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -4 | tee -a "$log"
+  done
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -131,7 +131,9 @@ class FragmentLowering(Lowering):
             inner.loc = op.loc
             self._bind(body.args[1:], slots, inner)
             self.proven = ids
+            self.loop_depth += 1
             ys = self.lower_block(body, inner)
+            self.loop_depth -= 1
             self._assign(slots, ys, inner, body.args[1:])
             self.proven = set()
             b.op("for", [lo, hi, self.s(step)], [], dict(op.attrs), [new_body])

@@ -121,7 +121,12 @@ class ReductionLowering:
             b.op("for", [self.const(b, 0), self.const(b, groups), self.const(b, 1)], [],
                  regions=[loop])
             r = b.value("var_get", [], ScalarType(acc_d), name=acc)
-            self.barrier(b)  # the scratch may be reused by the next reduction
+            if self.loop_depth:
+                # the next iteration's partials overwrite this scratch: every thread must
+                # have read it first.  (Each reduction has its own scratch, so one run
+                # once per program needs no second barrier: a row kernel's reduction is
+                # one barrier, not two.)
+                self.barrier(b)
         return r
 
     def axis_reduce(self, op: Op, ctx: Ctx) -> Value:

@@ -65,6 +65,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.shared_bytes = 0
         self.geometry: dict[str, Value] = {}
         self.loops: list[dict] = []
+        self.loop_depth = 0   # loops of the program around the op being lowered
         # simdgroup_inline kernels write their own fragment program (no GEMM pattern)
         self.gemm = None if fn.meta.get("fragments") else find_gemm(fn)
         # The planner's fragment plan (compiler/planning.py) when it made one; callers
@@ -500,7 +501,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.scalars[body.args[0].id] = iv
         inner = Builder(new_body)
         self._bind(body.args[1:], slots, inner)
+        self.loop_depth += 1
         ys = self.lower_block(body, inner)
+        self.loop_depth -= 1
         self._assign(slots, ys, inner, body.args[1:])
         b.op("for", [self.s(lb), self.s(ub), self.s(step)], [], dict(op.attrs), [new_body])
         for res, slot in zip(op.results, slots):
@@ -526,11 +529,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         cond_block, body_block = Block(), Block()
         cb = Builder(cond_block)
         self._bind(cond_src.args, slots, cb)
+        self.loop_depth += 1
         (c,) = self.lower_block(cond_src, cb)
         cb.op("condition", [self.s(c)], [])
         bb = Builder(body_block)
         self._bind(body_src.args, slots, bb)
         ys = self.lower_block(body_src, bb)
+        self.loop_depth -= 1
         self._assign(slots, ys, bb, body_src.args)
         b.op("while", [], [], {}, [cond_block, body_block])
         self._bind(op.results, slots, b)
