@@ -107,6 +107,31 @@ def stride(v: Value, axis: int, memo: dict):
     return out
 
 
+def _conjuncts(mask: Value) -> list[Value]:
+    """The operands of a same-shape `and` chain (a broadcast stays one conjunct)."""
+    op = mask.owner
+    if isinstance(op, Op) and op.name == "and" and \
+            all(o.type == mask.type for o in op.operands):
+        return [c for o in op.operands for c in _conjuncts(o)]
+    return [mask]
+
+
+def _tightest(c: Value, axis: int, memo: dict) -> str | None:
+    """Where along a run conjunct `c` is hardest to satisfy: "first", "last", or None
+    when its form does not say (read it at every element)."""
+    if stride(c, axis, memo) == 0:
+        return "first"
+    op = c.owner
+    if isinstance(op, Op) and op.name in ("lt", "le", "gt", "ge"):
+        a, b = (stride(o, axis, memo) for o in op.operands)
+        if a is None or b is None:
+            return None
+        grows = a - b >= 0    # a - b grows (or stays) along the run
+        return ("last" if grows else "first") if op.name in ("lt", "le") else \
+            ("first" if grows else "last")
+    return None
+
+
 @dataclass
 class RowRuns:
     width: int                                     # V
@@ -248,17 +273,40 @@ class RowVectorLowering:
             self.load_rewrite = outer
         return op
 
-    def _run_vector_ok(self, b: Builder, index: Value, root: str, itemsize: int, masks) -> Value | None:
-        """The condition for one V-wide access (None: always): every mask, and on CUDA the
-        first address aligned to the vector (capped at 16 bytes, the widest access)."""
-        cond = None
-        for m in masks:
-            cond = m if cond is None else b.value("and", [cond, m], BOOL)
+    def _run_vector_ok(self, b: Builder, index: Value, root: str, itemsize: int,
+                       mask: Value | None, run: _Run) -> Value | None:
+        """The condition for one V-wide access (None: always): the mask at every element
+        of the run (`_mask_over_run`), and on CUDA the first address aligned to the
+        vector (capped at 16 bytes, the widest access)."""
+        cond = None if mask is None else self._mask_over_run(mask, run)
         if self.language == "cuda":
             size = min(16, self.row_runs.width * itemsize)
             ok = b.value("aligned16", [index], BOOL, root=root, bytes=size)
             cond = ok if cond is None else b.value("and", [cond, ok], BOOL)
         return cond
+
+    def _mask_over_run(self, mask: Value, run: _Run) -> Value:
+        """Whether `mask` holds at all V elements of the run, from as few elements as the
+        mask's form allows: a conjunct that does not move along the last axis is read at
+        the first element; a comparison whose sides move affinely (`col < columns`) is
+        monotone along the run, so it holds everywhere iff it holds at the end where it
+        is tightest; any other conjunct is read at every element."""
+        b, ctxs = run.ctxs[0].b, run.ctxs
+        axis = len(mask.type.shape) - 1
+        memo: dict = {}
+        cond = None
+        for c in _conjuncts(mask):
+            where = _tightest(c, axis, memo)
+            at = [ctxs[0]] if where == "first" else [ctxs[-1]] if where == "last" else ctxs
+            for ctx in at:
+                v = self.elem(c, ctx)
+                cond = v if cond is None else b.value("and", [cond, v], BOOL)
+        return cond
+
+    def _fallback_ctx(self, ctx: Ctx, b: Builder) -> Ctx:
+        """The element of `ctx` seen from the scalar fallback branch: a context of its own
+        (values built in the branch must not be remembered for the run's main path)."""
+        return Ctx(self, b, ctx.shape, ctx.lin, ctx.slot)
 
     def _run_load(self, op: Op, ctx: Ctx) -> Value:
         run = ctx.run
@@ -274,10 +322,9 @@ class RowVectorLowering:
         ptr: PointerType = elem_type(op.operands[0].type)
         rtype = scalar_of(op.results[0].type)
         root = self.buffers[(ptr.root, "read")]
-        per = [[self.elem(o, c) for o in op.operands] for c in run.ctxs]
-        index = per[0][0]
-        masks = [p[1] for p in per] if len(op.operands) > 1 else []
-        cond = self._run_vector_ok(b, index, root, ptr.dtype.itemsize, masks)
+        index = self.elem(op.operands[0], run.ctxs[0])
+        mask = op.operands[1] if len(op.operands) > 1 else None
+        cond = self._run_vector_ok(b, index, root, ptr.dtype.itemsize, mask, run)
         width = len(run.ctxs)
         self.vector_loads += 1
         if cond is None:
@@ -291,10 +338,11 @@ class RowVectorLowering:
         vec = tb.op("vec_load", [index], [rtype] * width,
                     {"root": root, "space": "device", "width": width,
                      "aligned": self.language == "cuda"})
-        for name, r, p in zip(names, vec.results, per):
+        for name, r, ctx in zip(names, vec.results, run.ctxs):
             tb.op("var_set", [r], [], {"name": name})
-            eb.op("var_set", [eb.value("mem_load", p, rtype, root=root, space="device")], [],
-                  {"name": name})
+            at = self._fallback_ctx(ctx, eb)
+            eb.op("var_set", [eb.value("mem_load", [self.elem(o, at) for o in op.operands],
+                                       rtype, root=root, space="device")], [], {"name": name})
         b.op("if", [cond], [], {}, [then, other])
         return [b.value("var_get", [], rtype, name=n) for n in names]
 
@@ -308,21 +356,23 @@ class RowVectorLowering:
         root = self.buffers[(ptr.root, "out")]
 
         def group(ctxs):
-            per = [[self.elem(o, c) for o in op.operands] for c in ctxs]
+            values = [self.elem(op.operands[1], c) for c in ctxs]
             lb = ctxs[0].b
-            index = per[0][0]
-            masks = [p[2] for p in per] if len(op.operands) > 2 else []
-            cond = self._run_vector_ok(lb, index, root, ptr.dtype.itemsize, masks)
+            index = self.elem(op.operands[0], ctxs[0])
+            mask = op.operands[2] if len(op.operands) > 2 else None
+            cond = self._run_vector_ok(lb, index, root, ptr.dtype.itemsize, mask, ctxs[0].run)
             attrs = {"root": root, "space": "device"}
             if cond is None:
-                lb.op("vec_store", [index, *(p[1] for p in per)], [], attrs)
+                lb.op("vec_store", [index, *values], [], attrs)
                 return
             then, other = Block(), Block()
             tb, eb = Builder(then), Builder(other)
             tb.loc = eb.loc = lb.loc
-            tb.op("vec_store", [index, *(p[1] for p in per)], [], attrs)
-            for p in per:
-                eb.op("mem_store", p, [], dict(attrs))
+            tb.op("vec_store", [index, *values], [], attrs)
+            for ctx, value in zip(ctxs, values):
+                at = self._fallback_ctx(ctx, eb)
+                rest = [self.elem(op.operands[2], at)] if mask is not None else []
+                eb.op("mem_store", [self.elem(op.operands[0], at), value, *rest], [], dict(attrs))
             lb.op("if", [cond], [], {}, [then, other])
 
         self.run_lane_loop(b, shape, None, group)
