@@ -245,3 +245,20 @@ def test_mixed_widths(rng):
     if TOOLKIT is not None:
         ok, log = compile_cuda(source, "sm_90")
         assert ok, log
+
+
+@metile.kernel
+def gather_rows(X, Index, Y, BLOCK: metile.constexpr):
+    """Y[i] = X[Index[i]]: a unit-stride int32 read beside the float ones."""
+    i = metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.load(X + metile.load(Index + i)))
+
+
+def test_integer_access_keeps_the_plain_layout(rng):
+    x = data(rng, (512,), mx.float32)
+    index = mx.array(rng.permutation(512).astype(np.int32))
+    d = gather_rows[(1,)].prepare(x, index, mx.zeros((512,), mx.float32), BLOCK=512, num_warps=2)
+    np.testing.assert_array_equal(np.array(d()), np.array(x)[np.array(index)])
+    assert "vectorize_rows" not in d.execution_report.passes
+    assert row_runs(d.spec.tile_ir(), 64, "msl", {}).startswith(
+        "a unit-stride int32 access would be read element by element")

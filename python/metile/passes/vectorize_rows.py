@@ -182,6 +182,13 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
                 elem_type(op.operands[0].type).dtype.name in _FLOATS:
             root = elem_type(op.operands[0].type).root
             unit[id(op)] = buffers.get((root, "written")) is None
+        elif s == 1:
+            dtype = elem_type(op.operands[0].type).dtype.name
+            return (f"a unit-stride {dtype} access would be read element by element across "
+                    "a run (strided): only float32, float16 and bfloat16 runs are vectors")
+        elif s is None:
+            return ("a tile access of the kernel is not provably affine along its last axis "
+                    "(a gathered or computed address): runs could make it strided")
         elif s != 0:
             return (f"a tile access of the kernel has stride {s} along its last axis: runs "
                     "would turn it from coalesced to strided")
