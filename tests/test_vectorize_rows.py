@@ -262,3 +262,41 @@ def test_integer_access_keeps_the_plain_layout(rng):
     assert "vectorize_rows" not in d.execution_report.passes
     assert row_runs(d.spec.tile_ir(), 64, "msl", {}).startswith(
         "a unit-stride int32 access would be read element by element")
+
+
+def test_a_read_only_load_used_once_is_read_where_it_is_used(rng):
+    # rms_norm's weight: read after the reduction inside the store's runs, not held in
+    # registers across it (placement._fuse_single_loads); the row itself stays held
+    from metile.passes.placement import analyze
+    from metile_kernels import norms
+    x = data(rng, (4, 512), mx.float16)
+    d = norms.rms_norm[norms.grid(4)].prepare(x, x[0], mx.zeros_like(x), 4, 512, 1e-5,
+                                              BLOCK=512, num_warps=2, backend="msl")
+    fn = d.spec.tile_ir()
+    place = analyze(fn)
+    kinds = [place.kind[o.results[0].id] for o in fn.body.ops if o.name == "load"]
+    assert kinds == ["local", "recompute"]       # X held, W read where it is used
+    got = d()
+    xs, ws = f64(x), f64(x[0])
+    want = xs / np.sqrt((xs * xs).mean(axis=-1, keepdims=True) + 1e-5) * ws
+    np.testing.assert_allclose(f64(got), want, rtol=2e-3, atol=2e-3)
+
+
+@metile.kernel
+def read_after_write(X, Y, BLOCK: metile.constexpr):
+    """Y = X + 1, then Y read back: the second load reads what the kernel wrote, so it
+    stays where the program put it."""
+    i = metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.load(X + i) + 1.0)
+    metile.store(Y + i, metile.load(Y + i) * 2.0)
+
+
+def test_a_load_of_a_written_buffer_stays_in_program_order(rng):
+    from metile.passes.placement import analyze
+    x = data(rng, (256,), mx.float32)
+    d = read_after_write[(1,)].prepare(x, mx.zeros((256,), mx.float32), BLOCK=256, num_warps=2)
+    np.testing.assert_allclose(np.array(d()), (f64(x) + 1.0) * 2.0, rtol=1e-6, atol=1e-6)
+    fn = d.spec.tile_ir()
+    loads = [o for o in fn.body.ops if o.name == "load"]
+    kinds = [analyze(fn).kind[o.results[0].id] for o in loads]
+    assert kinds[1] != "recompute"

@@ -17,9 +17,10 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   results (sorted in place).  `reshape` reads in
   place (the lane layout is row-major order).
 
-Loads, reductions, scans, dot results and loop-carried / branch-result tiles are
-always stored: loads must happen once, in program order relative to stores
-and barriers.  Loop-carried values share one storage per carried slot
+Reductions, scans, dot results and loop-carried / branch-result tiles are
+always stored, and so are loads, which must happen once, in program order
+relative to stores and barriers - except a load of a buffer the kernel never
+writes whose value is evaluated at one place (`_fuse_single_loads`).  Loop-carried values share one storage per carried slot
 (block argument, loop result); the group is `shared` if any member needs it.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.core import Block, Function, Op, Value
+from ..ir.core import Block, Function, Op, Value, walk
 from ..ir.ops import ELEMENTWISE
 from ..ir.types import PointerType, TileType, dtype_of, elem_type
 
@@ -107,6 +108,7 @@ def analyze(fn: Function) -> Placement:
             p.kind[vid] = "recompute" if single else "stored"
         else:
             p.kind[vid] = "stored"  # load, reduce, dot
+    _fuse_single_loads(fn, p, defs)
 
     remote_memo: dict[int, bool] = {}
 
@@ -147,6 +149,48 @@ def analyze(fn: Function) -> Placement:
     # A recompute value read remotely forces its stored operands into shared memory:
     # remote() already propagates through recompute consumers, so nothing more to do.
     return p
+
+
+def _fuse_single_loads(fn: Function, p: Placement, defs: dict) -> None:
+    """Loads read where their one consumer is evaluated, instead of held.
+
+    A device load of a buffer the kernel never writes, in a kernel without a dot (the
+    GEMM lowering stages its own operands), whose value reaches exactly one evaluation
+    point through same-block elementwise ops (recomputed ones used once, or one that is
+    held), a store or a whole-tile reduction, reads the same memory wherever it is
+    evaluated: later in program order is the same value.  Holding it cost a register
+    array (a norm's weight, held across the row's reduction, took as many registers as
+    the row)."""
+    ops = list(walk(fn.body))
+    if any(op.name == "dot" for op in ops):
+        return
+    written = {elem_type(op.operands[0].type).root for op in ops if op.name == "store"}
+
+    def once(v: Value, block) -> bool:
+        if p.kind.get(v.id) != "recompute":
+            return True      # held: evaluated once, where it is materialized
+        uses = p.uses.get(v.id, [])
+        if len(uses) != 1 or not _op_in_block(uses[0][0], block):
+            return False
+        use = uses[0][0]
+        if use.name == "store":
+            return True
+        if use.name == "reduce":
+            return use.attrs["axis"] is None and use.attrs["kind"] != "combine"
+        return use.name in ELEMENTWISE and use.results[0].type.shape == v.type.shape and \
+            once(use.results[0], block)
+
+    for op in ops:
+        if op.name != "load" or not _is_tile(op.results[0]):
+            continue
+        ptr = elem_type(op.operands[0].type)
+        v = op.results[0]
+        if ptr.space == "threadgroup" or ptr.root in written or p.kind.get(v.id) != "stored":
+            continue
+        block = defs[v.id][1]
+        p.kind[v.id] = "recompute"
+        if not once(v, block):
+            p.kind[v.id] = "stored"
 
 
 def _widening(v: Value) -> bool:
