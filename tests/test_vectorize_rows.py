@@ -132,6 +132,19 @@ def test_cuda_runs_are_16_byte_accesses(rng, dtype, vector):
     assert ok, log
 
 
+def test_the_report_says_what_runs_did(rng):
+    x, w = data(rng, (4, 4096), mx.float16), data(rng, (4096,), mx.float16)
+    notes = launch(x, w, 16, backend="cuda").execution_report.notes
+    assert ("Lanes own runs of 8 consecutive elements (vectorize_rows): one vector access per "
+            "run where its masks hold and its address is aligned, scalar otherwise. "
+            "__launch_bounds__ asks for 4 resident blocks per SM (the registers its held "
+            "tiles leave room for).") in notes
+    x = data(rng, (16, 32), mx.float32)
+    d = transpose[(1,)].prepare(x, mx.zeros((32, 16), mx.float32), R=16, C=32, num_warps=2)
+    assert any(n.startswith("Lanes keep one element per access (vectorize_rows): a tile access "
+                            "of the kernel has stride 16") for n in d.execution_report.notes)
+
+
 def test_strided_access_keeps_the_plain_layout(rng):
     x = data(rng, (256, 5), mx.float32)
     d = column_sum[(5,)].prepare(x, mx.zeros((5,), mx.float32), 256, 5, BLOCK=256, num_warps=2)

@@ -278,7 +278,8 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
         double_buffered=bool(meta.get("double_buffered", False)),
         vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
         epilogue_regions=int(meta.get("epilogue_regions", 0)),
-        notes=((target.terms_note,) if target.terms_note else ()) + _read_notes(meta),
+        notes=((target.terms_note,) if target.terms_note else ()) + _read_notes(meta)
+        + _runs_notes(thread_fn.meta.get("row_runs")),
         num_stages=meta.get("stages"))
     # Past the static limit the lowering lays shared arrays out in dynamic shared memory
     # (lower_tiles._fits_shared): a target's real limit is its opt-in one, where it has one.
@@ -307,6 +308,21 @@ def plan_only_report(plan: SchedulePlan, steps: list[str], target: Target) -> Ex
             f"Plan only: no kernel was generated (the {plan.backend} lowering is not "
             "implemented yet); passes are the analysis steps that ran, and the loops, "
             "allocations and epilogue regions of the lowered kernel are not known.",))
+
+
+def _runs_notes(runs: dict | None) -> tuple[str, ...]:
+    """What passes/vectorize_rows.py did with the kernel's lanes, or why it did not."""
+    if not runs:
+        return ()
+    if "refused" in runs:
+        return (f"Lanes keep one element per access (vectorize_rows): {runs['refused']}.",)
+    note = (f"Lanes own runs of {runs['width']} consecutive elements (vectorize_rows): one "
+            "vector access per run where its masks hold and its address is aligned, "
+            "scalar otherwise.")
+    if runs.get("min_blocks"):
+        note += (f" __launch_bounds__ asks for {runs['min_blocks']} resident blocks per SM "
+                 "(the registers its held tiles leave room for).")
+    return (note,)
 
 
 def _read_notes(matmul: dict) -> tuple[str, ...]:

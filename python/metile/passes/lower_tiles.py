@@ -572,6 +572,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 launch["tensor_maps"] = self.tensor_maps
             meta["launch"] = launch
         meta.update(self.schedule_meta())
+        meta["row_runs"] = self.row_runs_record(occupancy)  # vectorize_rows.py (or None)
         return Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
                         meta)
 

@@ -208,13 +208,14 @@ class RowVectorLowering:
     vector stores in `lower_run_store`."""
 
     def prepare_row_runs(self, plan, language) -> None:
-        self.row_runs = None
+        self.row_runs, self.language = None, None
         self.row_runs_reason = "not applied (no target language given)"
         if language is None or self.gemm is not None or self.elementwise_vector is not None:
             return
         if plan is not None and plan.vector_width == 1:
             self.row_runs_reason = "vector_width=1 asked for scalar lanes"
             return
+        self.language = language
         found = row_runs(self.fn, self.T, language, self.buffers)
         if isinstance(found, str):
             self.row_runs_reason = found
@@ -222,7 +223,7 @@ class RowVectorLowering:
         if plan is not None and plan.vector_width == 4:
             found.width = 4
             found.sizes = {n for n in found.sizes if n % (4 * self.T) == 0}
-        self.row_runs, self.language = found, language
+        self.row_runs = found
 
     def occupancy_hint(self) -> int:
         """Blocks per SM for `__launch_bounds__` of a row kernel in runs on CUDA (0: none).
@@ -239,6 +240,17 @@ class RowVectorLowering:
             if words + 16 <= budget and threads // self.T > 1:
                 return min(threads // self.T, MAX_BLOCKS_PER_SM)
         return 0
+
+    def row_runs_record(self, occupancy: int) -> dict | None:
+        """What the execution report says of runs: their width and the occupancy bound,
+        or why the kernel kept the plain layout (None where the pass did not look)."""
+        if self.row_runs is not None:
+            return {"width": self.row_runs.width, "min_blocks": occupancy}
+        if self.gemm is not None or self.elementwise_vector is not None or \
+                getattr(self, "language", None) is None and \
+                self.row_runs_reason.startswith("not applied"):
+            return None
+        return {"refused": self.row_runs_reason}
 
     def runs_for(self, numel: int) -> int:
         rr = self.row_runs
