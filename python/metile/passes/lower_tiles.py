@@ -9,7 +9,9 @@ tile of N elements is linearised row-major; element i belongs to thread
 i % T, slot i // T.  A 1-D tile of N <= T elements is one element per thread;
 larger tiles give each thread ceil(N / T) slots (`lane_loop`).  For a 2-D tile
 (M, N) consecutive threads own consecutive columns of a row, so loads and
-stores along the contiguous axis are coalesced.
+stores along the contiguous axis are coalesced.  Where vectorize_rows.py proves
+it invisible, a thread owns runs of V consecutive elements instead, read and
+written as vectors.
 
 Placement (see `placement.py`) decides whether each tile is recomputed at its
 uses, kept in registers ("local") or in threadgroup memory ("shared").
