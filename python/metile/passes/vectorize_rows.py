@@ -212,10 +212,10 @@ class RowVectorLowering:
         self.row_runs_reason = "not applied (no target language given)"
         if language is None or self.gemm is not None or self.elementwise_vector is not None:
             return
+        self.language = language
         if plan is not None and plan.vector_width == 1:
             self.row_runs_reason = "vector_width=1 asked for scalar lanes"
             return
-        self.language = language
         found = row_runs(self.fn, self.T, language, self.buffers)
         if isinstance(found, str):
             self.row_runs_reason = found
@@ -246,11 +246,7 @@ class RowVectorLowering:
         or why the kernel kept the plain layout (None where the pass did not look)."""
         if self.row_runs is not None:
             return {"width": self.row_runs.width, "min_blocks": occupancy}
-        if self.gemm is not None or self.elementwise_vector is not None or \
-                getattr(self, "language", None) is None and \
-                self.row_runs_reason.startswith("not applied"):
-            return None
-        return {"refused": self.row_runs_reason}
+        return None if self.language is None else {"refused": self.row_runs_reason}
 
     def runs_for(self, numel: int) -> int:
         rr = self.row_runs
