@@ -482,28 +482,18 @@ class CUDAEmitter(CEmitter):
     # vectorize_rows.py tested the address aligned to the vector (capped at 16 bytes):
     # a plain load, 16 bytes per chunk (8 half words in a uint4, 4 floats in a float4).
     ALIGNED_VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
-    VECTOR_CHUNKS = {
-        ("float16", 8): ("uint4", 8, "__ushort_as_half(static_cast<unsigned short>({v}.{h} >> "
-                                     "{shift}))"),
-        ("bfloat16", 8): ("uint4", 8, "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
-                                      ">> {shift}))")}
+    VECTOR_CHUNKS = {(d, 8): ("uint4", 8, element) for d, (_, element) in VECTOR_TYPES.items()
+                     if d != "float32"}
     # 16-bit pairs packed into 32-bit words; floats by four.
     VECTOR_STORES = {
         **{("float32", w): ("*reinterpret_cast<float4*>(&{root}[{index}]) = make_float4({values});",
                             4, "{x}") for w in (4, 8)},
-        ("float16", 4): ("*reinterpret_cast<uint2*>(&{root}[{index}]) = make_uint2({values});", 4,
-                         "(static_cast<unsigned>(__half_as_ushort({a})) | "
-                         "(static_cast<unsigned>(__half_as_ushort({b})) << 16))"),
-        ("float16", 8): ("*reinterpret_cast<uint4*>(&{root}[{index}]) = make_uint4({values});", 8,
-                         "(static_cast<unsigned>(__half_as_ushort({a})) | "
-                         "(static_cast<unsigned>(__half_as_ushort({b})) << 16))"),
-        ("bfloat16", 4): ("*reinterpret_cast<uint2*>(&{root}[{index}]) = make_uint2({values});", 4,
-                          "(static_cast<unsigned>(__bfloat16_as_ushort({a})) | "
-                          "(static_cast<unsigned>(__bfloat16_as_ushort({b})) << 16))"),
-        ("bfloat16", 8): ("*reinterpret_cast<uint4*>(&{root}[{index}]) = make_uint4({values});", 8,
-                          "(static_cast<unsigned>(__bfloat16_as_ushort({a})) | "
-                          "(static_cast<unsigned>(__bfloat16_as_ushort({b})) << 16))")}
-    PACKED_STORES = frozenset({("float16", 4), ("float16", 8), ("bfloat16", 4), ("bfloat16", 8)})
+        **{(d, w): (f"*reinterpret_cast<{v}*>(&{{root}}[{{index}}]) = make_{v}({{values}});", w,
+                    f"(static_cast<unsigned>({bits}({{a}})) | "
+                    f"(static_cast<unsigned>({bits}({{b}})) << 16))")
+           for d, bits in (("float16", "__half_as_ushort"), ("bfloat16", "__bfloat16_as_ushort"))
+           for w, v in ((4, "uint2"), (8, "uint4"))}}
+    PACKED_STORES = frozenset(k for k in VECTOR_STORES if k[0] != "float32")
 
     # The pass proved the address aligned to the pair (a run-time test before the stores).
     PAIR_STORES = {

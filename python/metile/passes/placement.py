@@ -20,8 +20,9 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
 Reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored, and so are loads, which must happen once, in program order
 relative to stores and barriers - except a load of a buffer the kernel never
-writes whose value is evaluated at one place (`_fuse_single_loads`).  Loop-carried values share one storage per carried slot
-(block argument, loop result); the group is `shared` if any member needs it.
+writes whose value is evaluated at one place (`_fuse_single_loads`).  Loop-carried
+values share one storage per carried slot (block argument, loop result); the group
+is `shared` if any member needs it.
 """
 
 from __future__ import annotations
@@ -167,8 +168,11 @@ def _fuse_single_loads(fn: Function, p: Placement, defs: dict) -> None:
     written = {elem_type(op.operands[0].type).root for op in ops if op.name == "store"}
 
     def once(v: Value, block) -> bool:
-        if p.kind.get(v.id) != "recompute":
-            return True      # held: evaluated once, where it is materialized
+        """Whether v is evaluated at one place: held (where it is materialized), or its
+        one use is."""
+        return p.kind.get(v.id) != "recompute" or used_once(v, block)
+
+    def used_once(v: Value, block) -> bool:
         uses = p.uses.get(v.id, [])
         if len(uses) != 1 or not _op_in_block(uses[0][0], block):
             return False
@@ -187,10 +191,8 @@ def _fuse_single_loads(fn: Function, p: Placement, defs: dict) -> None:
         v = op.results[0]
         if ptr.space == "threadgroup" or ptr.root in written or p.kind.get(v.id) != "stored":
             continue
-        block = defs[v.id][1]
-        p.kind[v.id] = "recompute"
-        if not once(v, block):
-            p.kind[v.id] = "stored"
+        if used_once(v, defs[v.id][1]):
+            p.kind[v.id] = "recompute"
 
 
 def _widening(v: Value) -> bool:

@@ -43,6 +43,7 @@ from math import prod
 from ..ir.core import Block, Builder, Function, Op, Value, walk
 from ..ir.ops import ELEMENTWISE
 from ..ir.types import TileType, elem_type, PointerType
+from .gemm_async import _conjuncts, _int_const
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 
 _FLOATS = {"float32", "float16", "bfloat16"}
@@ -50,18 +51,6 @@ _FLOATS = {"float32", "float16", "bfloat16"}
 MAX_BLOCKS_PER_SM = 32
 _FORBIDDEN = {"dot": "a dot", "scan": "a scan", "sort": "a sort",
               "shared_alloc": "a shared() array"}
-
-
-def _const_int(v: Value):
-    """The integer every element of v equals, if v is a constant (else None)."""
-    op = v.owner
-    while isinstance(op, Op) and op.name in ("splat", "broadcast", "expand_dims"):
-        op = op.operands[0].owner
-    if isinstance(op, Op) and op.name == "const":
-        x = op.attrs["value"]
-        if isinstance(x, int) and not isinstance(x, bool):
-            return x
-    return None
 
 
 def stride(v: Value, axis: int, memo: dict):
@@ -95,25 +84,16 @@ def stride(v: Value, axis: int, memo: dict):
             a, b = (stride(x, axis, memo) for x in args)
             if a == 0 and b == 0:
                 out = 0
-            elif a is not None and b == 0 and _const_int(args[1]) is not None:
-                out = a * _const_int(args[1])
-            elif b is not None and a == 0 and _const_int(args[0]) is not None:
-                out = b * _const_int(args[0])
+            elif a is not None and b == 0 and _int_const(args[1]) is not None:
+                out = a * _int_const(args[1])
+            elif b is not None and a == 0 and _int_const(args[0]) is not None:
+                out = b * _int_const(args[0])
         elif n in ELEMENTWISE or n == "load":
             # independent of the coordinate when every operand is
             if all(stride(x, axis, memo) == 0 for x in args):
                 out = 0
     memo[key] = out
     return out
-
-
-def _conjuncts(mask: Value) -> list[Value]:
-    """The operands of a same-shape `and` chain (a broadcast stays one conjunct)."""
-    op = mask.owner
-    if isinstance(op, Op) and op.name == "and" and \
-            all(o.type == mask.type for o in op.operands):
-        return [c for o in op.operands for c in _conjuncts(o)]
-    return [mask]
 
 
 def _tightest(c: Value, axis: int, memo: dict) -> str | None:
