@@ -116,7 +116,7 @@ elif [ "$mode" = s9 ]; then
   echo "ncu exit $?" | tee -a "$log"
   grep -E "metile_|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Reg|Warp Cycles Per Issued|Stall" \
     "$logs/ncu-row-kernels.txt" | head -40 | tee -a "$log"
-  for op in rms_norm layer_norm softmax; do
+  for op in ${S9_OPS:-rms_norm layer_norm softmax add_rms_norm}; do
     timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -4 | tee -a "$log"
   done
