@@ -175,6 +175,37 @@ def pair(first, second, inputs, launches: int, rounds: int) -> tuple[float, floa
     return float(np.median(times[0])), float(np.median(times[1]))
 
 
+def build_report(args, summary, cases):
+    targets = {}
+    for op, goal in TARGETS.items():
+        at_issue_shape = [s for s in summary.get(op, []) if s["shape"] == [16384, 8192]]
+        if at_issue_shape:
+            got = at_issue_shape[0]["speedup"]
+            targets[op] = {"target": goal, "speedup_at_16384x8192": got, "met": got >= goal}
+    source = Path(__file__).read_bytes()
+    report = {
+        **machine(),
+        "metile_version": metile.__version__,
+        "compiler_implementation": cache.compiler_fingerprint(),
+        "benchmark_source_sha256": hashlib.sha256(source).hexdigest(),
+        "environment": {k: os.environ.get(k) for k in ("MLX_ENABLE_TF32",)},
+        "metric": "alternating, per-invocation synchronized wall latency of mx.compile'd calls "
+                  "(many launches per sync); setup excluded; TB/s from the minimum bytes moved",
+        "precision": {"storage": f"{args.dtype} inputs and outputs; float32 statistics",
+                      "checked_against": "MLX's op (whole output; softmax in 16-bit types "
+                                         "skipped: MLX's precise=False may accumulate in the "
+                                         "input type) and NumPy float64 on the first rows",
+                      "rtol": TOLERANCE[args.dtype][0], "atol": TOLERANCE[args.dtype][1]},
+        "configuration": {"ops": args.ops, "dtype": args.dtype, "rounds": args.rounds,
+                          "seed": args.seed, "target_ms": args.target_ms, "quick": args.quick,
+                          "rope": ROPE, "eps": EPS},
+        "targets": targets,
+        "summary": summary,
+        "cases": cases,
+    }
+    return report
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="*", default=list(TARGETS) + ["rope"],
@@ -234,34 +265,10 @@ def main():
                 summary.setdefault(op, []).append(
                     {"shape": list(shape), "best_config": best,
                      "speedup": case["configs"][best]["speedup"]})
-    targets = {}
-    for op, goal in TARGETS.items():
-        at_issue_shape = [s for s in summary.get(op, []) if s["shape"] == [16384, 8192]]
-        if at_issue_shape:
-            got = at_issue_shape[0]["speedup"]
-            targets[op] = {"target": goal, "speedup_at_16384x8192": got, "met": got >= goal}
-    source = Path(__file__).read_bytes()
-    report = {
-        **machine(),
-        "metile_version": metile.__version__,
-        "compiler_implementation": cache.compiler_fingerprint(),
-        "benchmark_source_sha256": hashlib.sha256(source).hexdigest(),
-        "environment": {k: os.environ.get(k) for k in ("MLX_ENABLE_TF32",)},
-        "metric": "alternating, per-invocation synchronized wall latency of mx.compile'd calls "
-                  "(many launches per sync); setup excluded; TB/s from the minimum bytes moved",
-        "precision": {"storage": f"{args.dtype} inputs and outputs; float32 statistics",
-                      "checked_against": "MLX's op (whole output; softmax in 16-bit types "
-                                         "skipped: MLX's precise=False may accumulate in the "
-                                         "input type) and NumPy float64 on the first rows",
-                      "rtol": rtol, "atol": atol},
-        "configuration": {"ops": args.ops, "dtype": args.dtype, "rounds": args.rounds,
-                          "seed": args.seed, "target_ms": args.target_ms, "quick": args.quick,
-                          "rope": ROPE, "eps": EPS},
-        "targets": targets,
-        "summary": summary,
-        "cases": cases,
-    }
-    for op, t in targets.items():
+            if args.output:     # after every case: a run cut short keeps what it measured
+                write_report(args.output, build_report(args, summary, cases))
+    report = build_report(args, summary, cases)
+    for op, t in report["targets"].items():
         print(f"{op}: {t['speedup_at_16384x8192']:.2f}x vs MLX at 16384x8192 (target "
               f"{t['target']}x): {'met' if t['met'] else 'missed'}")
     write_report(args.output, report)
