@@ -109,9 +109,11 @@ def test_runs_from_a_slice_at_an_odd_offset(rng):
 def test_runs_in_the_report_and_the_msl(rng):
     x, w = data(rng, (4, 256), mx.float16), data(rng, (256,), mx.float16)
     d = launch(x, w, 2, backend="msl")
-    # x and w read as packed 4-vectors (one load each per run), y written as one
+    # x and w read as packed 4-vectors (one load each per run), y written as one; each
+    # lane loop twice: bare vectors where all of a thread's runs pass one test, and each
+    # run tested on its own
     assert d.execution_report.vectorized_loads == 2
-    assert len(re.findall(r"device packed_half4\*", d.source)) == 3
+    assert len(re.findall(r"device packed_half4\*", d.source)) == 6
     lanes = [lp for lp in d.execution_report.loops if lp.induction_variable == "lane"]
     assert lanes and all(lp.elements_per_lane == 4 and lp.iteration_step == 4 * 64
                          for lp in lanes)
@@ -137,7 +139,8 @@ def test_the_report_says_what_runs_did(rng):
     notes = launch(x, w, 16, backend="cuda").execution_report.notes
     assert ("Lanes own runs of 8 consecutive elements (vectorize_rows): one vector access per "
             "run where its masks hold and its address is aligned, scalar otherwise. "
-            "__launch_bounds__ asks for 4 resident blocks per SM (the registers its held "
+            "2 lane loop(s) test all of a thread's runs at once first: where every run "
+            "passes, its accesses are bare vectors. __launch_bounds__ asks for 4 resident blocks per SM (the registers its held "
             "tiles leave room for).") in notes
     x = data(rng, (16, 32), mx.float32)
     d = transpose[(1,)].prepare(x, mx.zeros((32, 16), mx.float32), R=16, C=32, num_warps=2)
@@ -252,7 +255,8 @@ def test_mixed_widths(rng):
     cuda = mixed_add[(2,)].prepare(a, b, mx.zeros((n,), mx.float16), n, BLOCK=512, num_warps=2,
                                    backend="cuda")
     source = translation_unit(cuda)
-    assert len(re.findall(r"reinterpret_cast<const float4\*>\(&B\[", source)) == 2
+    # two float4 chunks, in the loop under the whole-runs test and in the per-run one
+    assert len(re.findall(r"reinterpret_cast<const float4\*>\(&B\[", source)) == 4
     assert re.search(r"reinterpret_cast<const uint4\*>\(&A\[", source)
     assert re.search(r"reinterpret_cast<uint4\*>\(&C\[", source)
     if TOOLKIT is not None:
@@ -314,3 +318,39 @@ def test_a_load_of_a_written_buffer_stays_in_program_order(rng):
     loads = [o for o in fn.body.ops if o.name == "load"]
     kinds = [analyze(fn).kind[o.results[0].id] for o in loads]
     assert kinds[1] != "recompute"
+
+
+@metile.kernel
+def where_positive(X, Z, Y, n, BLOCK: metile.constexpr):
+    """Y = Z where X > 0, else 0: the load of Z has a mask that reads loaded data."""
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + i, mask=i < n, other=0.0)
+    z = metile.load(Z + i, mask=(i < n) & (x > 0.0), other=0.0)
+    metile.store(Y + i, z + x * 0.0, mask=i < n)
+
+
+@pytest.mark.parametrize("n", [1024, 1000, 517])
+def test_whole_runs_test_against_numpy(rng, n):
+    # 2 programs of 512: with n=1000 the second program's last runs fail the whole-runs
+    # test and take the per-run path; 517 leaves a program with one run partly inside
+    x = data(rng, (n,), mx.float32)
+    d = mixed_add[(2,)].prepare(x.astype(mx.float16), x, mx.zeros((n,), mx.float16), n,
+                                BLOCK=512, num_warps=2)
+    want = (2 * f64(x.astype(mx.float16))).astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(f64(d()), want, rtol=1e-3, atol=1e-3)
+    assert any("1 lane loop(s) test all of a thread's runs at once" in note
+               for note in d.execution_report.notes)
+
+
+def test_a_mask_on_loaded_data_keeps_per_run_tests(rng):
+    # Z's mask reads x: it cannot be tested for the whole row before the loop, so the
+    # loop reading Z keeps its per-run tests (one copy); the loop holding x gets both
+    n = 1000
+    x, z = data(rng, (n,), mx.float32), data(rng, (n,), mx.float32)
+    d = where_positive[(2,)].prepare(x, z, mx.zeros((n,), mx.float32), n, BLOCK=512,
+                                     num_warps=2)
+    np.testing.assert_array_equal(f64(d()), np.where(f64(x) > 0, f64(z), 0.0))
+    assert any("1 lane loop(s) test all of a thread's runs at once" in note
+               for note in d.execution_report.notes)
+    assert len(re.findall(r"packed_float4\*>\(&X\[", d.source)) == 2
+    assert len(re.findall(r"packed_float4\*>\(&Z\[", d.source)) == 1

@@ -227,6 +227,13 @@ class CEmitter:
                 self.emit(packed[2].format(name=op.attrs["name"], s=a[0], v=a[1]), depth)
             else:
                 self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
+        elif name == "local_set_pair":   # slots a[0] (even) and a[0] + 1
+            packed = self.packed_locals.get(op.attrs["name"])
+            if packed is not None:
+                self.emit(packed[3].format(name=op.attrs["name"], s=a[0], a=a[1], b=a[2]), depth)
+            else:
+                self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
+                self.emit(f"{op.attrs['name']}[{a[0]} + 1] = {a[2]};", depth)
         elif name == "mem_store":
             store = f"{op.attrs['root']}[{a[0]}] = {a[1]};"
             self.emit(f"if ({a[2]}) {store}" if len(a) == 3 else store, depth)
@@ -379,7 +386,8 @@ class CEmitter:
         return self.SHARED_DECL.format(type=t, name=name, size=size)
 
     # Register arrays of 16-bit elements held two to a 32-bit word: dtype name ->
-    # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v}).
+    # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v};
+    # write of the word of even slot {s} from elements {a} and {b}).
     PACKED_LOCALS: dict[str, tuple[str, str, str]] = {}
 
     def declare(self, op: Op, depth: int) -> None:
@@ -408,6 +416,10 @@ class CEmitter:
         if slots == 1:
             self.emit(f"{{ const int {s} = 0; const int {i} = {tid};", depth)
         else:
+            if op.attrs.get("run", 1) > 1:
+                # a register tile's slot must be a constant after unrolling, or the
+                # compiler moves the whole array to (local) memory
+                self.emit("#pragma unroll", depth)
             self.emit(f"for (int {s} = 0; {s} < {slots}; ++{s}) {{ "
                       f"const int {i} = {tid} + {s} * {threads};", depth)
         if numel < slots * threads:

@@ -319,6 +319,9 @@ def _runs_notes(runs: dict | None) -> tuple[str, ...]:
     note = (f"Lanes own runs of {runs['width']} consecutive elements (vectorize_rows): one "
             "vector access per run where its masks hold and its address is aligned, "
             "scalar otherwise.")
+    if runs.get("whole_run_tests"):
+        note += (f" {runs['whole_run_tests']} lane loop(s) test all of a thread's runs at "
+                 "once first: where every run passes, its accesses are bare vectors.")
     if runs.get("min_blocks"):
         note += (f" __launch_bounds__ asks for {runs['min_blocks']} resident blocks per SM "
                  "(the registers its held tiles leave room for).")

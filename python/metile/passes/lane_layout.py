@@ -55,8 +55,11 @@ class Ctx:
             out, rest = [], self.lin
             for axis in range(len(self.shape) - 1, -1, -1):
                 extent = self.shape[axis]
-                if axis == 0:
+                if axis == 0 or all(e == 1 for e in self.shape[:axis]):
+                    # the lane loop's element is inside the tile: no wrap past here
                     out.append(rest)
+                    out.extend(self.low.const(self.b, 0) for _ in range(axis))
+                    break
                 else:
                     c = self.low.const(self.b, extent)
                     out.append(self.b.value("mod", [rest, c], I32))

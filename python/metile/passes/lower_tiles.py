@@ -186,7 +186,16 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                            root=st.name, space="threadgroup")
 
     def write(self, st: Storage, ctx: Ctx, value: Value) -> None:
-        if st.kind == "local":
+        if st.kind == "local" and ctx.run is not None and ctx.identity:
+            # in runs (vectorize_rows.py) slots 2k and 2k+1 are one register word of a
+            # 16-bit array: written together, two halves of a loaded word are that word
+            pending = ctx.run.pending
+            if ctx.run_index % 2 == 0:
+                pending[st.name] = (ctx.slot, value)
+            else:
+                slot, first = pending.pop(st.name)
+                ctx.b.op("local_set_pair", [slot, first, value], [], {"name": st.name})
+        elif st.kind == "local":
             ctx.b.op("local_set", [ctx.slot, value], [], {"name": st.name})
         else:
             ctx.b.op("mem_store", [ctx.linear(st.shape), value], [], {"root": st.name,

@@ -49,6 +49,9 @@ from .lane_layout import BOOL, I32, Ctx, scalar_of
 _FLOATS = {"float32", "float16", "bfloat16"}
 # Resident blocks per SM on sm_80 and sm_90 (a one-warp block cannot ask for 64).
 MAX_BLOCKS_PER_SM = 32
+# Tile ops a run test may evaluate ahead of its loop (`_index_math`).
+_INDEX_OPS = {"arange", "splat", "broadcast", "expand_dims", "add", "sub", "mul", "ptr_add",
+              "lt", "le", "gt", "ge", "eq", "ne", "and", "const", "full"}
 _FORBIDDEN = {"dot": "a dot", "scan": "a scan", "sort": "a sort",
               "shared_alloc": "a shared() array"}
 
@@ -181,6 +184,8 @@ class _Run:
     def __init__(self, ctxs: list[Ctx]):
         self.ctxs = ctxs
         self.loads: dict[int, list[Value]] = {}
+        # register-tile writes of an even element awaiting the odd one (lower_tiles.write)
+        self.pending: dict[str, tuple[Value, Value]] = {}
 
 
 class RowVectorLowering:
@@ -189,6 +194,10 @@ class RowVectorLowering:
 
     def prepare_row_runs(self, plan, language) -> None:
         self.row_runs, self.language = None, None
+        # the accesses of the run loop being built (`_run_access_test`), and whether it is
+        # the copy a whole-runs test guards
+        self.run_accesses, self.runs_unchecked = None, False
+        self.whole_run_tests = 0      # lane loops guarded by `_whole_runs_test`
         self.row_runs_reason = "not applied (no target language given)"
         if language is None or self.gemm is not None or self.elementwise_vector is not None:
             return
@@ -208,16 +217,18 @@ class RowVectorLowering:
     def occupancy_hint(self) -> int:
         """Blocks per SM for `__launch_bounds__` of a row kernel in runs on CUDA (0: none).
         A row kernel's speed is the rows in flight per SM; its registers are the held
-        tiles (16-bit elements two to a word) and ~16 of index math and reduction state.
-        Where that fits 32 registers a thread, ask for the whole register file's worth of
-        blocks (2048 threads); within 64, half of it; else leave ptxas its choice.  (On the
-        H200 an unbounded rms_norm of 512 threads took 36-40 registers: 3 blocks, not 4.)"""
+        tiles (16-bit elements two to a word) and ~24 of index math, reduction state and
+        the next run's loads.  Where that fits 32 registers a thread, ask for the whole
+        register file's worth of blocks (2048 threads); within 64, half of it; else leave
+        ptxas its choice.  (ptxas 13 for sm_90, unbounded: rms_norm of 8192 float16
+        columns takes 32 registers at 512 threads (8 words held), 44 at 256 (16 words):
+        forced to 32 the latter spilled.)"""
         if self.row_runs is None or self.language != "cuda":
             return 0
         words = sum(d.attrs["size"] * d.attrs["dtype"].itemsize / 4 for d in self.decls
                     if d.attrs["storage"] == "local")
         for budget, threads in ((32, 2048), (64, 1024)):
-            if words + 16 <= budget and threads // self.T > 1:
+            if words + 24 <= budget and threads // self.T > 1:
                 return min(threads // self.T, MAX_BLOCKS_PER_SM)
         return 0
 
@@ -225,7 +236,8 @@ class RowVectorLowering:
         """What the execution report says of runs: their width and the occupancy bound,
         or why the kernel kept the plain layout (None where the pass did not look)."""
         if self.row_runs is not None:
-            return {"width": self.row_runs.width, "min_blocks": occupancy}
+            return {"width": self.row_runs.width, "min_blocks": occupancy,
+                    "whole_run_tests": self.whole_run_tests}
         return None if self.language is None else {"refused": self.row_runs_reason}
 
     def runs_for(self, numel: int) -> int:
@@ -234,7 +246,84 @@ class RowVectorLowering:
 
     def run_lane_loop(self, b: Builder, shape, fn, group=None):
         """A lane loop over runs (module docstring): `fn(ctx)` per element, or `group(ctxs)`
-        once per run with the V element contexts."""
+        once per run with the V element contexts.  Where the thread's runs of a one-row
+        tile can be tested whole (`_whole_runs_test`), two copies: every access a bare
+        vector when the test holds, each run tested on its own otherwise."""
+        checked = Block()
+        cb = Builder(checked)
+        cb.loc = b.loc
+        outer, self.run_accesses = self.run_accesses, []
+        try:
+            op = self._run_loop(cb, shape, fn, group)
+            accesses = self.run_accesses
+        finally:
+            self.run_accesses = outer
+        test = self._whole_runs_test(b, shape, op, accesses) if accesses else None
+        if test is None:
+            b.block.ops.extend(checked.ops)
+            return op
+        fast = Block()
+        fb = Builder(fast)
+        fb.loc = b.loc
+        self.runs_unchecked = True
+        try:
+            self._run_loop(fb, shape, fn, group)
+        finally:
+            self.runs_unchecked = False
+        b.op("if", [test], [], {}, [fast, checked])
+        self.whole_run_tests += 1
+        return op
+
+    def _whole_runs_test(self, b: Builder, shape, loop: Op, accesses) -> Value | None:
+        """One test, before the loop, that every run of this thread passes every access's
+        own test (None where that cannot be shown).  Why it is enough: the tile is one row
+        (leading extents 1), so a conjunct that `_tightest` reads at a run's first or last
+        element is constant or monotone along the whole row, and the thread's runs are in
+        row order: reading it at the first element of its first run and the last element
+        of its last run covers every run.  Alignment: consecutive runs of a thread are T*V
+        elements apart, a multiple of the 16-byte vector, so the first run's address
+        decides.  Conjuncts built from anything but index arithmetic (a load, a held
+        tile) are not read outside the loop: such a loop keeps its per-run tests."""
+        v = self.row_runs.width
+        if prod(shape[:-1]) != 1:
+            return None
+        memo: dict = {}
+        for op, mask in accesses:
+            if prod(op.operands[0].type.shape[:-1]) != 1:
+                return None
+            if mask is not None:
+                axis = len(mask.type.shape) - 1
+                for c in _conjuncts(mask):
+                    if _tightest(c, axis, memo) is None or not self._index_math(c):
+                        return None
+        tid = self.geom(b, "thread_id")
+        last_run = self.add(b, tid, self.const(b, (loop.attrs["slots"] - 1) * self.T))
+        first = Ctx(self, b, shape, self._i(b, "mul", tid, v), self.const(b, 0))
+        end = Ctx(self, b, shape, self.add(b, self._i(b, "mul", last_run, v),
+                                           self.const(b, v - 1)),
+                  self.const(b, loop.attrs["slots"] * v - 1))
+        ends = _Run([first, end])
+        test = None
+        for op, mask in accesses:
+            ptr: PointerType = elem_type(op.operands[0].type)
+            role = "out" if op.name == "store" else "read"
+            ok = self._run_vector_ok(b, self.elem(op.operands[0], first),
+                                     self.buffers[(ptr.root, role)], ptr.dtype.itemsize,
+                                     mask, ends)
+            if ok is not None:
+                test = ok if test is None else b.value("and", [test, ok], BOOL)
+        return test
+
+    def _index_math(self, v: Value) -> bool:
+        """Whether tile `v` is computed from indices and scalars alone (no load, no tile
+        held in storage): safe to evaluate ahead of the loop at any element."""
+        if not isinstance(v.type, TileType):
+            return True
+        if v.id in self.storage or not isinstance(v.owner, Op) or v.owner.name == "load":
+            return False
+        return v.owner.name in _INDEX_OPS and all(self._index_math(o) for o in v.owner.operands)
+
+    def _run_loop(self, b: Builder, shape, fn, group=None):
         v, numel = self.runs_for(prod(shape)), prod(shape)
         block = Block()
         run = block.add_arg(I32, "i")
@@ -267,6 +356,18 @@ class RowVectorLowering:
         finally:
             self.load_rewrite = outer
         return op
+
+    def _run_access_test(self, b: Builder, op: Op, index: Value, root: str,
+                         mask: Value | None, run: _Run) -> Value | None:
+        """The test of one V-wide access of a run (None: none needed): none in the copy of
+        a loop that `_whole_runs_test` guards; else `_run_vector_ok`, and the access is
+        recorded for the whole-runs test."""
+        if self.runs_unchecked:
+            return None
+        if self.run_accesses is not None:
+            self.run_accesses.append((op, mask))
+        return self._run_vector_ok(b, index, root, elem_type(op.operands[0].type).dtype.itemsize,
+                                   mask, run)
 
     def _run_vector_ok(self, b: Builder, index: Value, root: str, itemsize: int,
                        mask: Value | None, run: _Run) -> Value | None:
@@ -319,12 +420,14 @@ class RowVectorLowering:
         root = self.buffers[(ptr.root, "read")]
         index = self.elem(op.operands[0], run.ctxs[0])
         mask = op.operands[1] if len(op.operands) > 1 else None
-        cond = self._run_vector_ok(b, index, root, ptr.dtype.itemsize, mask, run)
+        cond = self._run_access_test(b, op, index, root, mask, run)
         width = len(run.ctxs)
-        self.vector_loads += 1
-        if cond is None:
+        unchecked = self.runs_unchecked
+        self.vector_loads += not unchecked
+        if cond is None:   # under the whole-runs test, CUDA's address is tested aligned
             return b.op("vec_load", [index], [rtype] * width,
-                        {"root": root, "space": "device", "width": width}).results
+                        {"root": root, "space": "device", "width": width,
+                         "aligned": unchecked and self.language == "cuda"}).results
         names = [self.decl("var", rtype.dtype, prefix="_x") for _ in range(width)]
         then, other = Block(), Block()
         tb, eb = Builder(then), Builder(other)
@@ -355,7 +458,7 @@ class RowVectorLowering:
             lb = ctxs[0].b
             index = self.elem(op.operands[0], ctxs[0])
             mask = op.operands[2] if len(op.operands) > 2 else None
-            cond = self._run_vector_ok(lb, index, root, ptr.dtype.itemsize, mask, ctxs[0].run)
+            cond = self._run_access_test(lb, op, index, root, mask, ctxs[0].run)
             attrs = {"root": root, "space": "device"}
             if cond is None:
                 lb.op("vec_store", [index, *values], [], attrs)
