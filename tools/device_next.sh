@@ -118,7 +118,7 @@ elif [ "$mode" = s9 ]; then
     "$logs/ncu-row-kernels.txt" | head -40 | tee -a "$log"
   for op in ${S9_OPS:-rms_norm layer_norm softmax add_rms_norm}; do
     timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
-      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -4 | tee -a "$log"
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -8 | tee -a "$log"
   done
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8, s9)" | tee -a "$log"
