@@ -352,5 +352,7 @@ def test_a_mask_on_loaded_data_keeps_per_run_tests(rng):
     np.testing.assert_array_equal(f64(d()), np.where(f64(x) > 0, f64(z), 0.0))
     assert any("1 lane loop(s) test all of a thread's runs at once" in note
                for note in d.execution_report.notes)
-    assert len(re.findall(r"packed_float4\*>\(&X\[", d.source)) == 2
-    assert len(re.findall(r"packed_float4\*>\(&Z\[", d.source)) == 1
+    msl = where_positive[(2,)].prepare(x, z, mx.zeros((n,), mx.float32), n, BLOCK=512,
+                                       num_warps=2, backend="msl").source
+    assert len(re.findall(r"packed_float4\*>\(&X\[", msl)) == 2
+    assert len(re.findall(r"packed_float4\*>\(&Z\[", msl)) == 1
