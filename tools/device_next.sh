@@ -18,6 +18,9 @@
 #       and model_ops benchmarks (S8_OPS), then the dual GEMM's compiled form repeated;
 #   OUT=$OUT bash tools/device_next.sh s9     -- GPU tests of the row-kernel changes, ncu of
 #       the row kernels (tools/probes/row_kernels_profile.py), rope's benchmark.
+#   OUT=$OUT bash tools/device_next.sh s11    -- row-kernel GPU tests, kernel-only durations of
+#       metile's row kernels and MLX's ops (ncu), softmax/rms_norm benchmarks, then the
+#       decoder block (float16, auto, T 512 and 2048).
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -120,8 +123,33 @@ elif [ "$mode" = s9 ]; then
     timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -8 | tee -a "$log"
   done
+elif [ "$mode" = s11 ]; then
+  (cd /tmp && timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_model_ops_norms.py" "$repo/tests/test_vectorize_rows.py" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/row_kernels_vs_mlx.py > "$logs/ncu-row-vs-mlx.csv" 2>> "$log"
+  python3 - "$logs/ncu-row-vs-mlx.csv" <<'PY' 2>&1 | tee -a "$log"
+import csv, sys, collections
+lines = open(sys.argv[1]).read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith('"ID"'))
+us = collections.defaultdict(list)
+for r in csv.DictReader(lines[start:]):
+    us[r["Kernel Name"][:60]].append(float(r["Metric Value"].replace(",", "")) / 1e3)
+for name, v in us.items():
+    print(f"{name:60s} n={len(v):2d} us: " + " ".join(f"{u:.1f}" for u in v))
+PY
+  for op in ${S11_OPS:-softmax rms_norm}; do
+    timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -8 | tee -a "$log"
+  done
+  timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --variants auto --output "$logs/h200-decoder-block-float16.json" 2>&1 \
+    | tee "$logs/decoder-block.log" | tail -8 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
