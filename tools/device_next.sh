@@ -148,8 +148,19 @@ PY
   timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
     --tokens 512 2048 --variants auto --output "$logs/h200-decoder-block-float16.json" 2>&1 \
     | tee "$logs/decoder-block.log" | tail -8 | tee -a "$log"
+elif [ "$mode" = s12 ]; then
+  # where the benchmark's per-call latency goes beyond the kernel (nsys timeline)
+  if command -v nsys > /dev/null; then
+    timeout 120 nsys profile -t cuda -o "$logs/gaps" python3 tools/probes/launch_gaps.py >> "$log" 2>&1
+    timeout 60 nsys stats -r cuda_gpu_trace -f csv -o "$logs/gaps" "$logs/gaps.nsys-rep" >> "$log" 2>&1
+    python3 tools/probes/gap_summary.py "$logs"/gaps_cuda_gpu_trace.csv 2>&1 | tee -a "$log"
+  else
+    echo "no nsys on this machine" | tee -a "$log"
+  fi
+  METILE_CUDA_LAUNCH=mlx timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops softmax \
+    --output "$logs/h200-model-ops-softmax-float16-mlx-launch.json" 2>&1 | grep -E "16384x8192" | tail -4 | sed "s/^/launch=mlx /" | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
