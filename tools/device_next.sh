@@ -155,7 +155,7 @@ elif [ "$mode" = s12 ]; then
     timeout 60 nsys stats -r cuda_gpu_trace -f csv -o "$logs/gaps" "$logs/gaps.nsys-rep" >> "$log" 2>&1
     python3 tools/probes/gap_summary.py "$logs"/gaps_cuda_gpu_trace.csv 2>&1 | tee -a "$log"
   else
-    echo "no nsys on this machine" | tee -a "$log"
+    timeout 120 python3 tools/probes/launch_gaps.py --torch 2>&1 | grep -v " done" | tail -12 | tee -a "$log"
   fi
   METILE_CUDA_LAUNCH=mlx timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops softmax \
     --output "$logs/h200-model-ops-softmax-float16-mlx-launch.json" 2>&1 | grep -E "16384x8192" | tail -4 | sed "s/^/launch=mlx /" | tee -a "$log"
