@@ -31,6 +31,17 @@ bash .dev/device-setup.sh > "$log" 2>&1 || { tail -5 "$log"; exit 3; }
 python3 -m pip install -q --no-index --no-build-isolation --no-deps . >> "$log" 2>&1 || { tail -30 "$log"; exit 4; }
 echo "setup: $((SECONDS-t0)) s" | tee -a "$log"
 
+# gpu_tests SECONDS FILE...: the test files (names under tests/) on the GPU, the summary in
+# the log and the record in $out/device-run.json
+gpu_tests() {
+  local limit=$1; shift
+  (cd /tmp && timeout "$limit" python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+     --junitxml="$out/junit.xml" $(for f in "$@"; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+}
+
 if [ "$mode" = tests ]; then
   files="test_gemm_async test_gemm test_gemm_precision test_dual_gemm test_epilogue test_epilogue_reads
          test_linear_fused_reads test_ops test_split_k test_gemm_transposed_b test_ops_batched
@@ -90,11 +101,7 @@ elif [ "$mode" = ops17 ]; then
 elif [ "$mode" = s8 ]; then
   # lanes in runs (passes/vectorize_rows.py): the row kernels' GPU tests, then their
   # benchmarks; then whether the dual GEMM's in-graph time settles (same form repeated)
-  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
-     --junitxml="$out/junit.xml" "$repo/tests/test_model_ops_norms.py" "$repo/tests/test_vectorize_rows.py" \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  gpu_tests 150 test_model_ops_norms test_vectorize_rows
   timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -8 | tee -a "$log"
   METILE_CUDA_LAUNCH=mlx timeout 60 python3 tools/probes/norm_grads.py 2>&1 | tail -8 | sed "s/^/launch=mlx /" | tee -a "$log"
   for op in ${S8_OPS:-rms_norm layer_norm softmax add_rms_norm}; do
@@ -106,13 +113,7 @@ elif [ "$mode" = s9 ]; then
   # the GPU tests of what lanes in runs, the placement change and the one-barrier
   # reductions touch; ncu's view of the row kernels (issue 17's misses need their
   # profile); the row benchmarks once more
-  files="test_model_ops_norms test_vectorize_rows test_ops test_autodiff test_decoder_block"
-  (cd /tmp && timeout 120 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
-     --junitxml="$out/junit.xml" \
-     $(for f in $files; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  gpu_tests 120 test_model_ops_norms test_vectorize_rows test_ops test_autodiff test_decoder_block
   timeout 75 ncu --clock-control none -k regex:metile --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats \
     python3 tools/probes/row_kernels_profile.py > "$logs/ncu-row-kernels.txt" 2>&1
@@ -124,11 +125,7 @@ elif [ "$mode" = s9 ]; then
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -8 | tee -a "$log"
   done
 elif [ "$mode" = s11 ]; then
-  (cd /tmp && timeout 100 python3 -m pytest -q -p no:cacheprovider --timeout 60 \
-     --junitxml="$out/junit.xml" "$repo/tests/test_model_ops_norms.py" "$repo/tests/test_vectorize_rows.py" \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  gpu_tests 100 test_model_ops_norms test_vectorize_rows
   timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     python3 tools/probes/row_kernels_vs_mlx.py > "$logs/ncu-row-vs-mlx.csv" 2>> "$log"
   python3 - "$logs/ncu-row-vs-mlx.csv" <<'PY' 2>&1 | tee -a "$log"

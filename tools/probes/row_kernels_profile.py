@@ -13,11 +13,17 @@ from metile_kernels import norms, softmax  # noqa: E402
 CONFIG = {"rms_norm": 16, "softmax": 4, "layer_norm": 8}
 
 
-def main():
-    rows, columns = 16384, 8192
+def inputs(rows=16384, columns=8192):
+    """The benchmark's issue shape: a float16 (rows, columns) matrix and a weight row."""
     x = mx.random.normal((rows, columns)).astype(mx.float16)
     w = mx.random.normal((columns,)).astype(mx.float16)
     mx.eval(x, w)
+    return x, w
+
+
+def main():
+    x, w = inputs()
+    rows, columns = x.shape
     for op in sys.argv[1:] or list(CONFIG):
         warps = CONFIG[op]
         out = mx.zeros((rows, columns), mx.float16)

@@ -10,25 +10,25 @@ import sys
 import mlx.core as mx
 
 sys.path.insert(0, "kernels")
+sys.path.insert(0, "tools/probes")
 from metile import model_ops  # noqa: E402
+from row_kernels_profile import CONFIG, inputs  # noqa: E402
 
 EPS = 1e-5
-CONFIG = {"rms_norm": 16, "softmax": 4, "layer_norm": 8}
 
 
 def main():
-    rows, columns = 16384, 8192
-    x = mx.random.normal((rows, columns)).astype(mx.float16)
-    w = mx.random.normal((columns,)).astype(mx.float16)
-    mx.eval(x, w)
+    x, w = inputs()
     mx.synchronize()
+    rms, soft, layer = ((("num_warps", CONFIG[op]),)
+                        for op in ("rms_norm", "softmax", "layer_norm"))
     cases = {
         "rms_norm": (lambda: mx.fast.rms_norm(x, w, EPS),
-                     lambda: model_ops._rms_fn(EPS, True, (("num_warps", 16),))(x, w)),
+                     lambda: model_ops._rms_fn(EPS, True, rms)(x, w)),
         "softmax": (lambda: mx.softmax(x, axis=-1),
-                    lambda: model_ops._softmax_fn((("num_warps", 4),))(x)),
+                    lambda: model_ops._softmax_fn(soft)(x)),
         "layer_norm": (lambda: mx.fast.layer_norm(x, w, w, EPS),
-                       lambda: model_ops._layer_fn(EPS, True, True, (("num_warps", 8),))(x, w, w)),
+                       lambda: model_ops._layer_fn(EPS, True, True, layer)(x, w, w)),
     }
     for op in sys.argv[1:] or list(cases):
         for who, fn in zip(("mlx", "metile"), cases[op]):
