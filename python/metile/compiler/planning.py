@@ -243,6 +243,8 @@ def _loops(thread_fn: Function) -> list[LoopReport]:
     loops = []
     threads = thread_fn.meta["threads"]
     for op in walk(thread_fn.body):
+        if op.name == "lane_loop" and op.attrs.get("unchecked_copy"):
+            continue   # vectorize_rows' guarded copy of the loop that follows it
         if op.name == "lane_loop":
             slots, run = op.attrs["slots"], op.attrs.get("run", 1)
             if slots * run > 1:

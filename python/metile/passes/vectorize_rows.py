@@ -267,7 +267,8 @@ class RowVectorLowering:
         fb.loc = b.loc
         self.runs_unchecked = True
         try:
-            self._run_loop(fb, shape, fn, group)
+            # the report counts the loop once (compiler/planning.py `_loops`)
+            self._run_loop(fb, shape, fn, group).attrs["unchecked_copy"] = True
         finally:
             self.runs_unchecked = False
         b.op("if", [test], [], {}, [fast, checked])
@@ -282,14 +283,15 @@ class RowVectorLowering:
         row order: reading it at the first element of its first run and the last element
         of its last run covers every run.  Alignment: consecutive runs of a thread are T*V
         elements apart, a multiple of the 16-byte vector, so the first run's address
-        decides.  Conjuncts built from anything but index arithmetic (a load, a held
-        tile) are not read outside the loop: such a loop keeps its per-run tests."""
+        decides.  Addresses and conjuncts built from anything but index arithmetic (a
+        load, a held tile) are not read outside the loop: such a loop keeps its per-run
+        tests."""
         v = self.row_runs.width
         if prod(shape[:-1]) != 1:
             return None
         memo: dict = {}
         for op, mask in accesses:
-            if prod(op.operands[0].type.shape[:-1]) != 1:
+            if prod(op.operands[0].type.shape[:-1]) != 1 or not self._index_math(op.operands[0]):
                 return None
             if mask is not None:
                 axis = len(mask.type.shape) - 1
