@@ -121,6 +121,10 @@ class CEmitter:
             return self.math(name, a[0], rt, a[1])
         if name == "umulhi":
             return self.umulhi(a, rt)
+        if name == "pack_pair":     # two 16-bit values as one word (vectorize_rows.py)
+            return self.PACKED_PAIRS[op.operands[0].type.dtype.name][0].format(a=a[0], b=a[1])
+        if name == "unpack_half":
+            return self.PACKED_PAIRS[rt.dtype.name][1].format(w=a[0], shift=16 * op.attrs["half"])
         if name == "cast":
             if op.attrs.get("bitcast"):  # 8-bit only: fp8 is held as its byte already
                 return f"static_cast<{self.type(rt)}>({a[0]})"
@@ -384,6 +388,11 @@ class CEmitter:
 
     def shared_decl(self, t: str, name: str, size: int, align: int) -> str:
         return self.SHARED_DECL.format(type=t, name=name, size=size)
+
+    # 16-bit values two to a 32-bit word (vectorize_rows.py holds a run's loaded words
+    # as words): dtype name -> (word from {a} (low) and {b}; element at bit {shift} of
+    # word {w}).  Emitters without them hold elements.
+    PACKED_PAIRS: dict[str, tuple[str, str]] = {}
 
     # Register arrays of 16-bit elements held two to a 32-bit word: dtype name ->
     # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v};

@@ -483,6 +483,12 @@ class CUDAEmitter(CEmitter):
         for d, cast, back in (("float16", "__ushort_as_half", "__half_as_ushort"),
                               ("bfloat16", "__ushort_as_bfloat16", "__bfloat16_as_ushort"))}
 
+    PACKED_PAIRS = {
+        d: (f"(static_cast<unsigned>({back}({{a}})) | (static_cast<unsigned>({back}({{b}})) << 16))",
+            f"{cast}(static_cast<unsigned short>({{w}} >> {{shift}}))")
+        for d, cast, back in (("float16", "__ushort_as_half", "__half_as_ushort"),
+                              ("bfloat16", "__ushort_as_bfloat16", "__bfloat16_as_ushort"))}
+
     # vectorize_rows.py tested the address aligned to the vector (capped at 16 bytes):
     # a plain load, 16 bytes per chunk (8 half words in a uint4, 4 floats in a float4).
     ALIGNED_VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"

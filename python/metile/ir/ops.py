@@ -141,6 +141,7 @@ TILE_FORM = (ELEMENTWISE | SCALAR_SOURCES | TILE_ONLY | CONTROL | TERMINATORS
              | {"load", "store", "reduce", "shared_alloc", "barrier"} | FRAGMENT_VIEW | DEBUG)
 THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "local_set_pair", "var_get", "var_set",
+                  "pack_pair", "unpack_half",
                   "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
                | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | TMA | DEBUG)
 

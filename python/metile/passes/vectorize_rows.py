@@ -42,7 +42,8 @@ from math import prod
 
 from ..ir.core import Block, Builder, Function, Op, Value, walk
 from ..ir.ops import ELEMENTWISE
-from ..ir.types import TileType, elem_type, PointerType
+from ..ir.types import PointerType, ScalarType, TileType, elem_type
+from ..language import dtypes as dt
 from .gemm_async import _conjuncts, _int_const
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 
@@ -430,7 +431,6 @@ class RowVectorLowering:
             return b.op("vec_load", [index], [rtype] * width,
                         {"root": root, "space": "device", "width": width,
                          "aligned": unchecked and self.language == "cuda"}).results
-        names = [self.decl("var", rtype.dtype, prefix="_x") for _ in range(width)]
         then, other = Block(), Block()
         tb, eb = Builder(then), Builder(other)
         tb.loc = eb.loc = b.loc
@@ -438,11 +438,26 @@ class RowVectorLowering:
         vec = tb.op("vec_load", [index], [rtype] * width,
                     {"root": root, "space": "device", "width": width,
                      "aligned": self.language == "cuda"})
-        for name, r, ctx in zip(names, vec.results, run.ctxs):
+        scalars = [eb.value("mem_load", [self.elem(o, self._fallback_ctx(ctx, eb))
+                                         for o in op.operands], rtype, root=root, space="device")
+                   for ctx in run.ctxs]
+        if self.language == "cuda" and rtype.dtype.itemsize == 2:
+            # held as the loaded words: taking 16-bit elements out inside the branch would
+            # make the branch wait for its load, and the next run's load wait behind it
+            word = ScalarType(dt.uint32)
+            names = [self.decl("var", dt.uint32, prefix="_xw") for _ in range(width // 2)]
+            for j, name in enumerate(names):
+                for bb, xs in ((tb, vec.results), (eb, scalars)):
+                    bb.op("var_set", [bb.value("pack_pair", xs[2 * j:2 * j + 2], word)], [],
+                          {"name": name})
+            b.op("if", [cond], [], {}, [then, other])
+            words = [b.value("var_get", [], word, name=n) for n in names]
+            return [b.value("unpack_half", [words[e // 2]], rtype, half=e % 2)
+                    for e in range(width)]
+        names = [self.decl("var", rtype.dtype, prefix="_x") for _ in range(width)]
+        for name, r, x in zip(names, vec.results, scalars):
             tb.op("var_set", [r], [], {"name": name})
-            at = self._fallback_ctx(ctx, eb)
-            eb.op("var_set", [eb.value("mem_load", [self.elem(o, at) for o in op.operands],
-                                       rtype, root=root, space="device")], [], {"name": name})
+            eb.op("var_set", [x], [], {"name": name})
         b.op("if", [cond], [], {}, [then, other])
         return [b.value("var_get", [], rtype, name=n) for n in names]
 
