@@ -532,3 +532,20 @@ def test_cuda_emission_compiles_with_nvrtc(name):
     ok, log = compile_cuda(source, "sm_90")
     assert ok, log
     assert math.isfinite(len(source))
+
+
+
+def test_rope_halves_partner_read_in_runs(rng):
+    # non-traditional rope's partner address where(col < D/2, col + D/2, col - D/2) is
+    # unit-stride on every run when D/2 is a multiple of the run: vectors on both emitters
+    from metile_kernels import rope
+    x, = arrays(rng, (1, 4, 64, 160), mx.float16)
+    kw = dict(traditional=False, base=1e4, scale=1.0, offset=5)
+    close(ops.rope(x, 128, backend="metile", **kw), np_rope(f64(x), 128, False, 1e4, 1.0, 5),
+          mx.float16)
+    x2 = x.reshape(-1, 160)
+    for backend in ("msl", "cuda"):
+        d = rope.rope[rope.grid(256, 16)].prepare(
+            x2, x2, x2, mx.zeros_like(x2), 256, 64, 256, 160, 5, 1.0, math.log2(1e4), DIMS=128,
+            BLOCK=256, ROWS=16, num_warps=16, backend=backend)
+        assert "vectorize_rows" in d.execution_report.passes

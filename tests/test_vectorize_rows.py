@@ -364,3 +364,43 @@ def test_a_mask_on_loaded_data_keeps_per_run_tests(rng):
                                        num_warps=2, backend="msl").source
     assert len(re.findall(r"packed_float4\*>\(&X\[", msl)) == 2
     assert len(re.findall(r"packed_float4\*>\(&Z\[", msl)) == 1
+
+
+@metile.kernel
+def swap_halves(X, Y, n, HALF: metile.constexpr, BLOCK: metile.constexpr):
+    """Y[i] = X[i + HALF] for the first HALF elements of each block, X[i - HALF] for the
+    rest: a piecewise unit-stride address (rope's partner read) that runs keep as vectors
+    when HALF is a multiple of the run."""
+    col = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    partner = metile.where(metile.arange(0, BLOCK) < HALF, col + HALF, col - HALF)
+    metile.store(Y + col, metile.load(X + partner, mask=partner < n, other=0.0), mask=col < n)
+
+
+@pytest.mark.parametrize("half,runs", [(64, True), (6, False)])
+def test_piecewise_addresses_in_runs(rng, half, runs):
+    # where(local < HALF, col + HALF, col - HALF) is unit-stride on every run when HALF is
+    # a multiple of the run width: one vector load per run; HALF=6 straddles runs of 4
+    # (and 8): the kernel keeps one element per access.  NumPy either way.
+    block = 128
+    n = 3 * block - 5                 # ragged: the last program's tail is masked
+    x = data(rng, (n,), mx.float32)
+    d = swap_halves[(metile.cdiv(n, block),)].prepare(x, mx.zeros((n,), mx.float32), n,
+                                                      HALF=half, BLOCK=block, num_warps=1)
+    xs = np.array(x)
+    idx = np.arange(n)
+    local = idx % block
+    partner = np.where(local < half, idx + half, idx - half)
+    want = np.where(partner < n, xs[np.minimum(partner, n - 1)], 0.0)   # partner >= 0 here
+    np.testing.assert_array_equal(np.array(d()), want)
+    assert ("vectorize_rows" in d.execution_report.passes) == runs
+    assert bool(re.search(r"packed_float4\*>\(&X\[", d.source)) == runs
+    if runs and TOOLKIT is not None:
+        cuda = swap_halves[(3,)].prepare(x, mx.zeros((n,), mx.float32), n, HALF=half,
+                                         BLOCK=block, num_warps=1, backend="cuda")
+        source = translation_unit(cuda)
+        assert re.search(r"reinterpret_cast<const float4\*>\(&X\[", source)
+        ok, log = compile_cuda(source, "sm_90")
+        assert ok, log
+    if not runs:
+        assert any("an address chooses between pieces (where) at a point inside a run" in note
+                   for note in d.execution_report.notes)

@@ -57,10 +57,13 @@ _FORBIDDEN = {"dot": "a dot", "scan": "a scan", "sort": "a sort",
               "shared_alloc": "a shared() array"}
 
 
-def stride(v: Value, axis: int, memo: dict):
+def stride(v: Value, axis: int, memo: dict, breaks: list | None = None):
     """How much v grows when coordinate `axis` of its tile grows by one, the others held:
     an int (0: v does not depend on that coordinate), or None where v is not provably
-    affine along it."""
+    affine along it.  With `breaks` (a list), `where(c, a, b)` whose a and b have one
+    stride counts as affine with it, and (c, axis) is appended: affine within every run
+    only if c keeps its value along each run (`constant_on_runs`, once the width is
+    known)."""
     if not isinstance(v.type, TileType):
         return 0
     key = (v.id, axis)
@@ -70,22 +73,28 @@ def stride(v: Value, axis: int, memo: dict):
     out = None
     if isinstance(op, Op):
         n, args = op.name, op.operands
-        if n == "arange":
+        if n == "where" and breaks is not None:
+            c, a, b = (stride(x, axis, memo, breaks) for x in args)
+            if a is not None and a == b:
+                out = a
+                if c != 0:
+                    breaks.append((args[0], axis))
+        elif n == "arange":
             out = 1
         elif n == "splat":
             out = 0
         elif n == "broadcast":
             src = args[0]
             out = 0 if src.type.shape[axis] == 1 and v.type.shape[axis] != 1 else \
-                stride(src, axis, memo)
+                stride(src, axis, memo, breaks)
         elif n == "expand_dims":
             d = op.attrs["axis"]
-            out = 0 if axis == d else stride(args[0], axis - (axis > d), memo)
+            out = 0 if axis == d else stride(args[0], axis - (axis > d), memo, breaks)
         elif n in ("add", "sub", "ptr_add"):
-            a, b = (stride(x, axis, memo) for x in args)
+            a, b = (stride(x, axis, memo, breaks) for x in args)
             out = None if a is None or b is None else (a - b if n == "sub" else a + b)
         elif n == "mul":
-            a, b = (stride(x, axis, memo) for x in args)
+            a, b = (stride(x, axis, memo, breaks) for x in args)
             if a == 0 and b == 0:
                 out = 0
             elif a is not None and b == 0 and _int_const(args[1]) is not None:
@@ -94,10 +103,77 @@ def stride(v: Value, axis: int, memo: dict):
                 out = b * _int_const(args[0])
         elif n in ELEMENTWISE or n == "load":
             # independent of the coordinate when every operand is
-            if all(stride(x, axis, memo) == 0 for x in args):
+            if all(stride(x, axis, memo, breaks) == 0 for x in args):
                 out = 0
     memo[key] = out
     return out
+
+
+_FLIP = {"lt": 0, "ge": 0, "le": 1, "gt": 1}   # u OP K changes between u = K + flip - 1 and K + flip
+_MIRROR = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}
+
+
+def constant_on_runs(c: Value, axis: int, width: int) -> bool:
+    """Whether condition tile `c` keeps one value along every run of `width` along `axis`:
+    `u OP K` (OP one of < <= > >=) with u moving by one along the axis, zero modulo the
+    width at every run's first element (`_aligned`), and K an int constant at which the
+    comparison changes only between runs (K, or K + 1 for <= and >, a multiple of the
+    width).  Rope's `where(col < D/2, col + D/2, col - D/2)` partner address is one."""
+    op = c.owner
+    if not isinstance(op, Op) or op.name not in _FLIP:
+        return False
+    memo: dict = {}
+    name, (p, q) = op.name, op.operands
+    if stride(q, axis, memo) == 1 and stride(p, axis, memo) == 0:
+        name, (p, q) = _MIRROR[name], (q, p)
+    k = _int_const(q)
+    return stride(p, axis, memo) == 1 and stride(q, axis, memo) == 0 and k is not None \
+        and (k + _FLIP[name]) % width == 0 and _aligned(p, axis, width)
+
+
+def _aligned(v: Value, axis: int | None, width: int) -> bool:
+    """Whether v - stride * (coordinate along `axis`) is a multiple of `width` at every
+    element (axis None: v itself is, the coordinate not being one of v's)."""
+    if not isinstance(v.type, TileType):
+        return _scalar_multiple(v, width)
+    op = v.owner
+    if not isinstance(op, Op):
+        return False
+    n, args = op.name, op.operands
+    if n == "arange":
+        return axis is not None and op.attrs["start"] % width == 0
+    if n == "splat":
+        return _scalar_multiple(args[0], width)
+    if n == "broadcast":
+        return _aligned(args[0], axis, width)
+    if n == "expand_dims":
+        d = op.attrs["axis"]
+        return _aligned(args[0], None if axis is None or axis == d else axis - (axis > d), width)
+    if n in ("add", "sub", "ptr_add"):
+        return all(_aligned(x, axis, width) for x in args)
+    if n == "mul":
+        for x, y in (args, args[::-1]):
+            k = _int_const(y)
+            if k is not None and (k % width == 0 or _aligned(x, axis, width)):
+                return True
+        return False
+    k = _int_const(v)
+    return k is not None and k % width == 0
+
+
+def _scalar_multiple(s: Value, width: int) -> bool:
+    """Whether scalar s is provably a multiple of `width` (program_id(0) * BLOCK is)."""
+    op = s.owner
+    if not isinstance(op, Op):
+        return False
+    if op.name == "const":
+        value = op.attrs["value"]
+        return isinstance(value, int) and not isinstance(value, bool) and value % width == 0
+    if op.name == "mul":
+        return any(_scalar_multiple(x, width) for x in op.operands)
+    if op.name in ("add", "sub"):
+        return all(_scalar_multiple(x, width) for x in op.operands)
+    return False
 
 
 def _tightest(c: Value, axis: int, memo: dict) -> str | None:
@@ -138,10 +214,10 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
     if not accesses:
         return "the kernel has no tile loads or stores"
     memo: dict = {}
-    strides = {}
+    strides, breaks = {}, []
     for op in accesses:
         shape = op.operands[0].type.shape
-        strides[id(op)] = stride(op.operands[0], len(shape) - 1, memo)
+        strides[id(op)] = stride(op.operands[0], len(shape) - 1, memo, breaks)
     moving = [op for op in accesses if strides[id(op)] == 1
               and elem_type(op.operands[0].type).dtype.name in _FLOATS]
     if not moving:
@@ -156,6 +232,9 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
     if not sizes:
         return (f"no unit-stride tile fills whole runs of {width} over {threads} threads "
                 f"(its size a multiple of {threads * width}, its last axis of {width})")
+    if not all(constant_on_runs(c, axis, width) for c, axis in breaks):
+        return (f"an address chooses between pieces (where) at a point inside a run of "
+                f"{width}: runs could straddle it")
     unit = {}
     for op in accesses:
         shape = op.operands[0].type.shape
