@@ -22,6 +22,11 @@ INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "/", "mod": "%"
 from ..ir.ops import MATH_BINARY, MATH_UNARY as MATH
 
 
+# Run loops unrolled up to this many slots: past it the tile's registers (V elements a
+# slot) could not stay in registers anyway, and the unrolled body only grows the code.
+MAX_UNROLLED_SLOTS = 32
+
+
 class CEmitter:
     # --- tables a backend fills in ---------------------------------------------------
     TYPES: dict[str, str] = {}          # dtype name -> spelling
@@ -425,7 +430,7 @@ class CEmitter:
         if slots == 1:
             self.emit(f"{{ const int {s} = 0; const int {i} = {tid};", depth)
         else:
-            if op.attrs.get("run", 1) > 1:
+            if op.attrs.get("run", 1) > 1 and slots <= MAX_UNROLLED_SLOTS:
                 # a register tile's slot must be a constant after unrolling, or the
                 # compiler moves the whole array to (local) memory
                 self.emit("#pragma unroll", depth)
