@@ -437,6 +437,9 @@ class RowVectorLowering:
                     fn(ctx)
         finally:
             self.load_rewrite = outer
+        if state.pending:   # lower_tiles.write pairs a run's writes: none may be left over
+            raise AssertionError(f"vectorize_rows: register writes of {sorted(state.pending)} "
+                                 "were not paired within their run")
         return op
 
     def _run_access_test(self, b: Builder, op: Op, index: Value, root: str,
