@@ -367,17 +367,27 @@ def test_a_mask_on_loaded_data_keeps_per_run_tests(rng):
 
 
 @metile.kernel
-def swap_halves(X, Y, n, HALF: metile.constexpr, BLOCK: metile.constexpr):
+def swap_halves(X, Y, n, HALF: metile.constexpr, BLOCK: metile.constexpr,
+                SPELLING: metile.constexpr = "lt"):
     """Y[i] = X[i + HALF] for the first HALF elements of each block, X[i - HALF] for the
     rest: a piecewise unit-stride address (rope's partner read) that runs keep as vectors
-    when HALF is a multiple of the run."""
+    when HALF is a multiple of the run.  SPELLING: the same condition written three ways."""
     col = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
-    partner = metile.where(metile.arange(0, BLOCK) < HALF, col + HALF, col - HALF)
+    local = metile.arange(0, BLOCK)
+    if SPELLING == "lt":
+        first = local < HALF
+    elif SPELLING == "le":
+        first = local <= HALF - 1
+    else:
+        first = HALF > local
+    partner = metile.where(first, col + HALF, col - HALF)
     metile.store(Y + col, metile.load(X + partner, mask=partner < n, other=0.0), mask=col < n)
 
 
-@pytest.mark.parametrize("half,runs", [(64, True), (6, False)])
-def test_piecewise_addresses_in_runs(rng, half, runs):
+@pytest.mark.parametrize("half,runs,spelling", [(64, True, "lt"), (64, True, "le"),
+                                                (64, True, "gt"), (6, False, "lt"),
+                                                (6, False, "le")])
+def test_piecewise_addresses_in_runs(rng, half, runs, spelling):
     # where(local < HALF, col + HALF, col - HALF) is unit-stride on every run when HALF is
     # a multiple of the run width: one vector load per run; HALF=6 straddles runs of 4
     # (and 8): the kernel keeps one element per access.  NumPy either way.
@@ -385,7 +395,8 @@ def test_piecewise_addresses_in_runs(rng, half, runs):
     n = 3 * block - 5                 # ragged: the last program's tail is masked
     x = data(rng, (n,), mx.float32)
     d = swap_halves[(metile.cdiv(n, block),)].prepare(x, mx.zeros((n,), mx.float32), n,
-                                                      HALF=half, BLOCK=block, num_warps=1)
+                                                      HALF=half, BLOCK=block, num_warps=1,
+                                                      SPELLING=spelling)
     xs = np.array(x)
     idx = np.arange(n)
     local = idx % block
