@@ -415,3 +415,26 @@ def test_piecewise_addresses_in_runs(rng, half, runs, spelling):
     if not runs:
         assert any("an address chooses between pieces (where) at a point inside a run" in note
                    for note in d.execution_report.notes)
+
+
+@metile.kernel
+def scale_rows(X, S, Y, rows, columns, BLOCK: metile.constexpr, ROWS: metile.constexpr):
+    """Y = X * S[row]: S's address does not move along a row."""
+    row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
+    col = metile.arange(0, BLOCK)[None, :]
+    inside = (row < rows) & (col < columns)
+    s = metile.load(S + row + col * 0, mask=row < rows, other=0.0)
+    metile.store(Y + row * columns + col, metile.load(X + row * columns + col, mask=inside,
+                                                       other=0.0) * s, mask=inside)
+
+
+def test_a_load_still_along_runs_is_read_once_per_run(rng):
+    rows, columns = 7, 250
+    x, s = data(rng, (rows, columns), mx.float32), data(rng, (rows,), mx.float32)
+    d = scale_rows[(metile.cdiv(rows, 2),)].prepare(x, s, mx.zeros((rows, columns), mx.float32),
+                                                    rows, columns, BLOCK=256, ROWS=2,
+                                                    num_warps=1)
+    np.testing.assert_allclose(np.array(d()), np.array(x) * np.array(s)[:, None], rtol=1e-6)
+    assert "vectorize_rows" in d.execution_report.passes
+    # one read of S per run of 4 (this two-row tile keeps per-run tests: one loop), not 4
+    assert len(re.findall(r"\bS\[", d.source)) == 1

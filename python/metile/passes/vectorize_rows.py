@@ -27,10 +27,12 @@ program's result:
 V is 16 bytes of the narrowest such access on CUDA (8 float16, 4 float32), 4 elements
 on Metal (its widest vector).
 
-Vector accesses.  A unit-stride load from a buffer the kernel does not write is read
-once per run, at its first evaluation: one V-wide load when all V masks hold (and, on
-CUDA, the first address is aligned to the vector: MLX may pass a row-contiguous slice
-at any element offset), else V masked scalar loads.  A unit-stride store collects the
+Vector accesses.  A load that does not move along a run (a per-row value broadcast
+along it) from a buffer the kernel does not write is read once per run.  A unit-stride
+load from a buffer the kernel does not write is read once per run, at its first
+evaluation: one V-wide load when all V masks hold (and, on CUDA, the first address is
+aligned to the vector: MLX may pass a row-contiguous slice at any element offset), else
+V masked scalar loads.  A unit-stride store collects the
 run's values and is written the same way after the run's last element.  Metal reads
 and writes through packed vectors, which need element alignment only.
 """
@@ -197,6 +199,9 @@ class RowRuns:
     width: int                                     # V
     unit: dict[int, bool] = field(default_factory=dict)   # id(load/store) -> unit stride
     sizes: set = field(default_factory=set)        # tile sizes laid out in runs
+    # id(load) of loads that do not move along a run (address, mask and fill), from a
+    # buffer the kernel does not write: one read per run serves its V elements
+    still: set = field(default_factory=set)
 
 
 def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRuns | str:
@@ -235,16 +240,19 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
     if not all(constant_on_runs(c, axis, width) for c, axis in breaks):
         return (f"an address chooses between pieces (where) at a point inside a run of "
                 f"{width}: runs could straddle it")
-    unit = {}
+    unit, still = {}, set()
     for op in accesses:
         shape = op.operands[0].type.shape
         if prod(shape) not in sizes:
             continue
         s = strides[id(op)]
+        root = elem_type(op.operands[0].type).root
         if s == 1 and shape[-1] % width == 0 and \
                 elem_type(op.operands[0].type).dtype.name in _FLOATS:
-            root = elem_type(op.operands[0].type).root
             unit[id(op)] = buffers.get((root, "written")) is None
+        elif s == 0 and op.name == "load" and buffers.get((root, "written")) is None and \
+                all(stride(o, len(shape) - 1, memo) == 0 for o in op.operands[1:]):
+            still.add(id(op))
         elif s == 1:
             dtype = elem_type(op.operands[0].type).dtype.name
             return (f"a unit-stride {dtype} access would be read element by element across "
@@ -255,7 +263,7 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
         elif s != 0:
             return (f"a tile access of the kernel has stride {s} along its last axis: runs "
                     "would turn it from coalesced to strided")
-    return RowRuns(width, unit, sizes)
+    return RowRuns(width, unit, sizes, still)
 
 
 class _Run:
@@ -491,6 +499,13 @@ class RowVectorLowering:
 
     def _run_load(self, op: Op, ctx: Ctx) -> Value:
         run = ctx.run
+        if run is not None and id(op) in self.row_runs.still and \
+                prod(op.operands[0].type.shape) in self.row_runs.sizes:
+            if id(op) not in run.loads:   # one read, at the run's first element
+                first = run.ctxs[0]
+                value = self.emit_load(first.b, op, [self.elem(o, first) for o in op.operands])
+                run.loads[id(op)] = [value] * len(run.ctxs)
+            return run.loads[id(op)][ctx.run_index]
         if run is None or not self.row_runs.unit.get(id(op)) or \
                 prod(op.operands[0].type.shape) not in self.row_runs.sizes:
             return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
