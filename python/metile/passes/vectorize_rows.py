@@ -47,6 +47,7 @@ from ..ir.ops import ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type
 from ..language import dtypes as dt
 from .gemm_async import _conjuncts, _int_const
+from .gemm_bounds import affine_form
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 
 _FLOATS = {"float32", "float16", "bfloat16"}
@@ -133,49 +134,13 @@ def constant_on_runs(c: Value, axis: int, width: int) -> bool:
         and (k + _FLIP[name]) % width == 0 and _aligned(p, axis, width)
 
 
-def _aligned(v: Value, axis: int | None, width: int) -> bool:
-    """Whether v - stride * (coordinate along `axis`) is a multiple of `width` at every
-    element (axis None: v itself is, the coordinate not being one of v's)."""
-    if not isinstance(v.type, TileType):
-        return _scalar_multiple(v, width)
-    op = v.owner
-    if not isinstance(op, Op):
-        return False
-    n, args = op.name, op.operands
-    if n == "arange":
-        return axis is not None and op.attrs["start"] % width == 0
-    if n == "splat":
-        return _scalar_multiple(args[0], width)
-    if n == "broadcast":
-        return _aligned(args[0], axis, width)
-    if n == "expand_dims":
-        d = op.attrs["axis"]
-        return _aligned(args[0], None if axis is None or axis == d else axis - (axis > d), width)
-    if n in ("add", "sub", "ptr_add"):
-        return all(_aligned(x, axis, width) for x in args)
-    if n == "mul":
-        for x, y in (args, args[::-1]):
-            k = _int_const(y)
-            if k is not None and (k % width == 0 or _aligned(x, axis, width)):
-                return True
-        return False
-    k = _int_const(v)
-    return k is not None and k % width == 0
-
-
-def _scalar_multiple(s: Value, width: int) -> bool:
-    """Whether scalar s is provably a multiple of `width` (program_id(0) * BLOCK is)."""
-    op = s.owner
-    if not isinstance(op, Op):
-        return False
-    if op.name == "const":
-        value = op.attrs["value"]
-        return isinstance(value, int) and not isinstance(value, bool) and value % width == 0
-    if op.name == "mul":
-        return any(_scalar_multiple(x, width) for x in op.operands)
-    if op.name in ("add", "sub"):
-        return all(_scalar_multiple(x, width) for x in op.operands)
-    return False
+def _aligned(v: Value, axis: int, width: int) -> bool:
+    """Whether v minus its coordinate along `axis` is a multiple of `width` at every
+    element: v's affine form (gemm_bounds.affine_form) has coefficient 1 on that
+    coordinate and multiples of `width` on the rest (program_id(0) * BLOCK + arange)."""
+    form = affine_form(v, {}, None, {})
+    return form is not None and form.get(("axis", axis)) == 1 and \
+        all(c % width == 0 for key, c in form.items() if key != ("axis", axis))
 
 
 def _tightest(c: Value, axis: int, memo: dict) -> str | None:
