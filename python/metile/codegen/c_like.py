@@ -237,9 +237,10 @@ class CEmitter:
             else:
                 self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
         elif name == "local_set_pair":   # slots a[0] (even) and a[0] + 1
-            packed = self.packed_locals.get(op.attrs["name"])
-            if packed is not None:
-                self.emit(packed[3].format(name=op.attrs["name"], s=a[0], a=a[1], b=a[2]), depth)
+            if op.attrs["name"] in self.packed_locals:   # their word
+                pair = self.PACKED_PAIRS[op.operands[1].type.dtype.name][0]
+                self.emit(f"{op.attrs['name']}[({a[0]}) >> 1] = {pair.format(a=a[1], b=a[2])};",
+                          depth)
             else:
                 self.emit(f"{op.attrs['name']}[{a[0]}] = {a[1]};", depth)
                 self.emit(f"{op.attrs['name']}[{a[0]} + 1] = {a[2]};", depth)
@@ -400,8 +401,8 @@ class CEmitter:
     PACKED_PAIRS: dict[str, tuple[str, str]] = {}
 
     # Register arrays of 16-bit elements held two to a 32-bit word: dtype name ->
-    # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v};
-    # write of the word of even slot {s} from elements {a} and {b}).
+    # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v});
+    # a pair of slots is written as one word of PACKED_PAIRS.
     PACKED_LOCALS: dict[str, tuple[str, str, str]] = {}
 
     def declare(self, op: Op, depth: int) -> None:

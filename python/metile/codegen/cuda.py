@@ -475,14 +475,12 @@ class CUDAEmitter(CEmitter):
         d: ("unsigned {name}[{words}];",
             f"{cast}(static_cast<unsigned short>({{name}}[({{s}}) >> 1] >> ((({{s}}) & 1) * 16)))",
             f"{{name}}[({{s}}) >> 1] = __byte_perm({{name}}[({{s}}) >> 1], "
-            f"static_cast<unsigned>({back}({{v}})), (({{s}}) & 1) ? 0x5410 : 0x3254);",
-            # plain shifts and or: of the two halves of one word, the compiler's
-            # simplifier gives back the word itself
-            f"{{name}}[({{s}}) >> 1] = static_cast<unsigned>({back}({{a}})) | "
-            f"(static_cast<unsigned>({back}({{b}})) << 16);")
+            f"static_cast<unsigned>({back}({{v}})), (({{s}}) & 1) ? 0x5410 : 0x3254);")
         for d, cast, back in (("float16", "__ushort_as_half", "__half_as_ushort"),
                               ("bfloat16", "__ushort_as_bfloat16", "__bfloat16_as_ushort"))}
 
+    # plain shifts and or: of the two halves of one word, the compiler's simplifier gives
+    # back the word itself
     PACKED_PAIRS = {
         d: (f"(static_cast<unsigned>({back}({{a}})) | (static_cast<unsigned>({back}({{b}})) << 16))",
             f"{cast}(static_cast<unsigned short>({{w}} >> {{shift}}))")
