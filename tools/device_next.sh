@@ -21,6 +21,7 @@
 #   OUT=$OUT bash tools/device_next.sh s11    -- row-kernel GPU tests, kernel-only durations of
 #       metile's row kernels and MLX's ops (ncu), softmax/rms_norm benchmarks, then the
 #       decoder block (float16, auto, T 512 and 2048).
+#   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -156,8 +157,18 @@ elif [ "$mode" = s12 ]; then
   fi
   METILE_CUDA_LAUNCH=mlx timeout 55 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops softmax \
     --output "$logs/h200-model-ops-softmax-float16-mlx-launch.json" 2>&1 | grep -E "16384x8192" | tail -4 | sed "s/^/launch=mlx /" | tee -a "$log"
+elif [ "$mode" = s13 ]; then
+  # first GPU run of the word-held runs, piecewise rope addresses and still loads (eighth
+  # session, CPU/NVRTC only then): row and rope tests, the row benchmarks, int4 decode
+  gpu_tests 150 test_model_ops_norms test_vectorize_rows test_quantized_op
+  for op in ${S13_OPS:-rope softmax rms_norm layer_norm}; do
+    timeout 60 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|32768|x4096x128|fails" | tail -8 | tee -a "$log"
+  done
+  timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
