@@ -12,6 +12,8 @@ MLX allows MLX's own distance from the float64 product plus ours.  The CUDA emis
 of every kernel is compiled with NVRTC.
 """
 
+import re
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -156,6 +158,80 @@ def test_auto_without_a_decision_is_mlx_then_measured(rng, tmp_path, monkeypatch
     forced = quantized_ops.explain_quantized_matmul(x, wq, s, b, backend="metile")
     assert forced["config"]["kernel"] == "matvec"
     routing.clear_memory()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32), (4, 128)])
+def test_every_decode_candidate(rng, bits, group_size, dtype):
+    # K = 1280: over one 1024-block and into a second, partial one; N ragged; 3 rows
+    n, k = 13, 1280
+    wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
+    x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
+    kinds = []
+    for config in quantized_ops.configs(3, dtype, True):
+        kinds.append(config["kernel"])
+        y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
+        check(y, x, wq, s, b, True, group_size, bits, dtype)
+    assert "matvec_runs" in kinds
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_runs_read_each_packed_word_once_per_run(bits):
+    # the packed word's index k // (32 // bits) keeps its value along a run: one read of
+    # the word, the scale and the bias per run, x as vectors (vectorize_rows); 8-bit
+    # weights (4 elements a word) narrow float16's runs of 8 to 4 on CUDA
+    from metile_kernels import quantized as kernels
+    n, k = 64, 4096
+    wq, s, b = mx.quantize(mx.zeros((n, k), mx.float16), group_size=64, bits=bits)
+    x = mx.zeros((1, k), mx.float16)
+    for backend, width in (("msl", 4), ("cuda", 8 if bits == 4 else 4)):
+        d = kernels.quantized_matvec_runs[(n, 1)].prepare(
+            x, wq, s, b, mx.zeros((1, n), mx.float16), 1, n, k, BITS=bits, GROUP=64,
+            BLOCK_K=1024, num_warps=2, backend=backend)
+        notes = " ".join(d.execution_report.notes)
+        assert f"Lanes own runs of {width} consecutive elements" in notes, notes
+        assert "vectorize_rows" in d.execution_report.passes
+        # per run: one word, one scale and one bias load, at the run's first element
+        assert len(re.findall(r"\bw\[", d.source)) == 1, backend
+        assert len(re.findall(r"\bscales\[", d.source)) == 1, backend
+        if backend == "cuda" and TOOLKIT is not None:
+            ok, log = compile_cuda(translation_unit(d), "sm_90")
+            assert ok, log
+    # i // 2 splits runs of 4: runs narrow to 2; i // 3 splits every run: one element per
+    # lane, the reason named; NumPy either way
+    rng = np.random.default_rng(0)
+    x = mx.array(rng.standard_normal((256,)).astype(np.float32))
+    xs = np.array(x)
+    for divisor, width in ((2, 2), (3, None)):
+        d = pairs[(1,)].prepare(x, mx.zeros((256,), mx.float32), BLOCK=256, D=divisor,
+                                num_warps=1, backend="msl")
+        notes = " ".join(d.execution_report.notes)
+        if width is None:
+            assert "vectorize_rows" not in d.execution_report.passes
+            assert "not provably affine" in notes, notes
+        else:
+            assert f"Lanes own runs of {width} consecutive elements" in notes, notes
+        np.testing.assert_array_equal(np.array(d()), xs + xs[np.arange(256) // divisor])
+
+
+@metile.kernel
+def pairs(X, Y, BLOCK: metile.constexpr, D: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.load(X + i) + metile.load(X + i // D))
+
+
+def test_dequantize_kernel_ragged(rng):
+    from metile_kernels import quantized as kernels
+    for bits, group_size, (rows, columns) in ((4, 64, (5, 1088)), (8, 32, (3, 96)),
+                                              (4, 128, (2, 2176))):
+        wq, s, b = quantized(rng, (rows, columns), mx.float16, group_size, bits)
+        out = kernels.dequantize[(metile.cdiv(columns, 1024), rows)](
+            wq, s, b, mx.zeros((rows, columns), mx.float16), rows, columns, BITS=bits,
+            GROUP=group_size, BLOCK=1024)
+        # s * q + b in float32, rounded once to float16: within half an ulp of float64
+        # (mx.dequantize rounds its float16 product and sum separately: up to an ulp off)
+        np.testing.assert_allclose(f64(out), unpacked(wq, s, b, group_size, bits),
+                                   rtol=2.0 ** -11, atol=2.0 ** -25)
 
 
 def test_prefill_candidates_include_dequantize_then_gemm(rng):

@@ -167,8 +167,14 @@ elif [ "$mode" = s13 ]; then
   done
   timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+elif [ "$mode" = s14 ]; then
+  # int4 decode through quantized_matvec_runs (packed words once per run), prefill through
+  # the row-wise dequantize and ops' GEMM tile; the row tests s13 ran out of time for
+  gpu_tests 200 test_quantized_op test_vectorize_rows
+  timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

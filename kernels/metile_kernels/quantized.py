@@ -134,6 +134,41 @@ def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constex
 
 
 @metile.kernel
+def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048):
+    """out[r, n] = sum_k x[r, k] * W[n, k], W (N, K) packed along K (TRANSPOSE=True), one
+    output per program (n, r), K in blocks of BLOCK_K (a multiple of GROUP).
+    Written along K so the compiler lays a block out in runs (passes/vectorize_rows.py):
+    a thread's run of 8 (4 for 8-bit weights) consecutive k reads x as one 16-byte vector,
+    and the packed word, scale and bias at `k // PER` and `k // GROUP` - one value along
+    the run - once per run.  Indices use the block's own `k` (a multiple of the run at
+    every run start) plus the block offset divided out, so the compiler can prove that."""
+    PER = 32 // BITS
+    MASK = (1 << BITS) - 1
+    n = metile.program_id(0)
+    r = metile.program_id(1)
+    k = metile.arange(0, BLOCK_K)
+    words = K // PER
+    groups = K // GROUP
+    acc = metile.zeros((BLOCK_K,), dtype=metile.float32)
+    for start in range(0, K, BLOCK_K):
+        word_at = start // PER + k // PER
+        group_at = start // GROUP + k // GROUP
+        packed = metile.load(w + n * words + word_at, mask=word_at < words, other=0)
+        q = ((packed >> ((k % PER) * BITS)) & MASK).to(metile.float32)
+        s = metile.load(scales + n * groups + group_at, mask=group_at < groups,
+                        other=0.0).to(metile.float32)
+        b = metile.load(biases + n * groups + group_at, mask=group_at < groups,
+                        other=0.0).to(metile.float32)
+        xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
+        acc += (s * q + b) * xk.to(metile.float32)
+    one = metile.arange(0, 1)
+    total = metile.sum(acc) + metile.zeros((1,), dtype=metile.float32)
+    metile.store(out + (r + one)[:, None] * N + (n + one)[None, :], total[:, None].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & ((n + one)[None, :] < N))
+
+
+@metile.kernel
 def quantized_matvec_n(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                        GROUP: metile.constexpr = 64, BLOCK_N: metile.constexpr = 256,
                        BLOCK_K: metile.constexpr = 8):
@@ -185,17 +220,25 @@ def quantized_matmul(x, w, scales, biases, out, M, N, K, BITS: metile.constexpr 
 @metile.kernel
 def dequantize(w, scales, biases, out, rows, columns, BITS: metile.constexpr = 4,
                GROUP: metile.constexpr = 64, BLOCK: metile.constexpr = 1024):
-    """out (rows, columns) = the float matrix `mx.dequantize` gives, row-major;
-    1-D blocks of BLOCK elements, each lane one element (PER neighbouring lanes read
-    one word)."""
+    """out (rows, columns) = the float matrix `mx.dequantize` gives, row-major.
+    Program (i, r) writes columns [i * BLOCK, (i + 1) * BLOCK) of row r (BLOCK a multiple
+    of GROUP): runs of consecutive columns are stored as vectors, their packed word,
+    scale and bias read once per run (as in quantized_matvec_runs)."""
     PER = 32 // BITS
-    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
-    inside = i < rows * columns
-    r = i // columns
-    c = i % columns
-    packed = metile.load(w + r * (columns // PER) + c // PER, mask=inside, other=0)
+    r = metile.program_id(1)
+    start = metile.program_id(0) * BLOCK
+    c = metile.arange(0, BLOCK)
+    words = columns // PER
+    groups = columns // GROUP
+    word_at = start // PER + c // PER
+    group_at = start // GROUP + c // GROUP
+    packed = metile.load(w + r * words + word_at, mask=word_at < words, other=0)
     q = ((packed >> ((c % PER) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
-    group = r * (columns // GROUP) + c // GROUP
-    s = metile.load(scales + group, mask=inside, other=0.0).to(metile.float32)
-    b = metile.load(biases + group, mask=inside, other=0.0).to(metile.float32)
-    metile.store(out + i, (s * q + b).to(out.dtype), mask=inside)
+    s = metile.load(scales + r * groups + group_at, mask=group_at < groups,
+                    other=0.0).to(metile.float32)
+    b = metile.load(biases + r * groups + group_at, mask=group_at < groups,
+                    other=0.0).to(metile.float32)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * columns + (start + c)[None, :],
+                 (s * q + b)[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & ((start + c)[None, :] < columns))

@@ -56,6 +56,11 @@ GROUP_SIZES = (32, 64, 128)
 # reading the weight again, from cache after the first).
 DECODE_ROWS = 8
 MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
+# The GEMV written along K (quantized_matvec_runs): x read in 16-byte runs, each packed
+# word, scale and bias once per run; one output per program.
+MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 2048, "num_warps": 4},
+               {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2},
+               {"kernel": "matvec_runs", "BLOCK_K": 4096, "num_warps": 4}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -63,11 +68,6 @@ CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
 DEQUANTIZE_BLOCK = 1024
-
-
-# The dense GEMM of the dequantize-then-GEMM candidate (ops.BLOCK / ops.CUDA_BLOCK).
-DENSE_BLOCK = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16}
-CUDA_DENSE_BLOCK = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_simdgroups": 8}
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -163,6 +163,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits)
     if kind == "matvec":
         launcher = kernels.quantized_matvec[kernels.matvec_grid(m, n, params["BLOCK_N"])]
+    elif kind == "matvec_runs":
+        launcher = kernels.quantized_matvec_runs[kernels.matvec_grid(m, n, 1)]
     elif kind == "matvec_n":
         launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
     else:
@@ -176,18 +178,17 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
 def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     from metile_kernels import quantized as kernels
 
+    from . import ops
+
     rows, columns = (n, k) if transpose else (k, n)
-    dense = kernels.dequantize[(math.ceil(rows * columns / DEQUANTIZE_BLOCK),)](
+    dense = kernels.dequantize[(math.ceil(columns / DEQUANTIZE_BLOCK), rows)](
         w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
         GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK)
-    from metile_kernels.gemm import grid, matmul_epilogue
-
-    block = CUDA_DENSE_BLOCK if x2.dtype != mx.float32 and _on_cuda() else DENSE_BLOCK
-    m = x2.shape[0]
-    # transposed: the (N, K) dense weight read as stored (TRANSPOSE_B), no copy
-    return matmul_epilogue[grid(m, n, block["BLOCK_M"], block["BLOCK_N"])](
-        x2, dense, mx.zeros((m, n), x2.dtype), m, n, k, 1.0, 0.0, EPILOGUE="none",
-        TRANSPOSE_B=transpose, **block)
+    # the dense product as metile.ops.matmul runs it (its tile for this shape: warpgroup
+    # MMA on Hopper); transposed, the (N, K) dense weight is read as stored, no copy
+    if transpose:
+        return ops.linear(x2, dense, backend="metile")
+    return ops.matmul(x2, dense, backend="metile")
 
 
 def _differentiable(n, k, transpose, group_size, bits, config):
@@ -242,7 +243,7 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     """The metile candidates `auto` measures against MLX for a row bucket."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
-        return [MATVEC if transpose else MATVEC_N, gemm]
+        return [MATVEC, *MATVEC_RUNS, gemm] if transpose else [MATVEC_N, gemm]
     return [gemm, DEQUANTIZE_GEMM]
 
 

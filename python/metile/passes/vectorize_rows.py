@@ -134,13 +134,41 @@ def constant_on_runs(c: Value, axis: int, width: int) -> bool:
         and (k + _FLIP[name]) % width == 0 and _aligned(p, axis, width)
 
 
-def _aligned(v: Value, axis: int, width: int) -> bool:
+def runs_constant(v: Value, axis: int, width: int, memo: dict) -> bool:
+    """Whether tile `v` keeps one value along every run of `width` along `axis`: it does not
+    move along the axis, or it is `u // D` with D an int constant multiple of the width and
+    u aligned to runs and never negative (`_aligned(..., nonnegative=True)`: C's division
+    truncates, so a run below zero could straddle a quotient), or an elementwise op (a
+    comparison, a sum, a pointer offset) of such values.  A packed word's index
+    `k // (32 // bits)` is one: a load at it serves a whole run."""
+    key = (v.id, axis, width)
+    if key in memo:
+        return memo[key]
+    out = stride(v, axis, {}) == 0
+    op = v.owner
+    if not out and isinstance(op, Op):
+        if op.name == "idiv":
+            d = _int_const(op.operands[1])
+            out = d is not None and d > 0 and d % width == 0 and \
+                _aligned(op.operands[0], axis, width, nonnegative=True)
+        elif op.name == "expand_dims":
+            d = op.attrs["axis"]
+            out = runs_constant(op.operands[0], axis - (axis > d), width, memo)
+        elif op.name in ELEMENTWISE or op.name in ("ptr_add", "broadcast"):
+            # same-rank operands (a broadcast source of extent 1 along the axis has stride 0)
+            out = all(runs_constant(o, axis, width, memo) for o in op.operands)
+    memo[key] = out
+    return out
+
+
+def _aligned(v: Value, axis: int, width: int, nonnegative: bool = False) -> bool:
     """Whether v minus its coordinate along `axis` is a multiple of `width` at every
     element: v's affine form (gemm_bounds.affine_form) has coefficient 1 on that
     coordinate and multiples of `width` on the rest (program_id(0) * BLOCK + arange)."""
     form = affine_form(v, {}, None, {})
     return form is not None and form.get(("axis", axis)) == 1 and \
-        all(c % width == 0 for key, c in form.items() if key != ("axis", axis))
+        all(c % width == 0 for key, c in form.items() if key != ("axis", axis)) and \
+        (not nonnegative or all(c >= 0 for c in form.values()))
 
 
 def _tightest(c: Value, axis: int, memo: dict) -> str | None:
@@ -202,10 +230,25 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
     if not sizes:
         return (f"no unit-stride tile fills whole runs of {width} over {threads} threads "
                 f"(its size a multiple of {threads * width}, its last axis of {width})")
+    # narrower runs where a wider one would split a packed word's elements between runs
+    # (8-bit weights beside float16 data: four elements a word, runs of 8)
+    found = None
+    while width >= 2:
+        found = _runs_of(accesses, strides, breaks, width, sizes, memo, buffers)
+        if not isinstance(found, str) or width == 2 or "(runs_constant)" not in found:
+            break
+        width //= 2
+        sizes = {n for n in sizes if n % (threads * width) == 0}
+    return found.replace(" (runs_constant)", "") if isinstance(found, str) else found
+
+
+def _runs_of(accesses, strides, breaks, width, sizes, memo, buffers) -> RowRuns | str:
+    """The RowRuns of `row_runs` at one width, or why not; a reason that a narrower run
+    could remove ends in "(runs_constant)"."""
     if not all(constant_on_runs(c, axis, width) for c, axis in breaks):
         return (f"an address chooses between pieces (where) at a point inside a run of "
                 f"{width}: runs could straddle it")
-    unit, still = {}, set()
+    unit, still, constant = {}, set(), {}
     for op in accesses:
         shape = op.operands[0].type.shape
         if prod(shape) not in sizes:
@@ -215,16 +258,20 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
         if s == 1 and shape[-1] % width == 0 and \
                 elem_type(op.operands[0].type).dtype.name in _FLOATS:
             unit[id(op)] = buffers.get((root, "written")) is None
-        elif s == 0 and op.name == "load" and buffers.get((root, "written")) is None and \
-                all(stride(o, len(shape) - 1, memo) == 0 for o in op.operands[1:]):
+        elif op.name == "load" and buffers.get((root, "written")) is None and \
+                all(runs_constant(o, len(shape) - 1, width, constant)
+                    for o in op.operands) and (shape[-1] % width == 0 or s == 0):
             still.add(id(op))
         elif s == 1:
             dtype = elem_type(op.operands[0].type).dtype.name
             return (f"a unit-stride {dtype} access would be read element by element across "
                     "a run (strided): only float32, float16 and bfloat16 runs are vectors")
         elif s is None:
+            narrower = width > 2 and op.name == "load" and all(
+                runs_constant(o, len(shape) - 1, 2, {}) for o in op.operands)
             return ("a tile access of the kernel is not provably affine along its last axis "
-                    "(a gathered or computed address): runs could make it strided")
+                    "(a gathered or computed address): runs could make it strided"
+                    + (" (runs_constant)" if narrower else ""))
         elif s != 0:
             return (f"a tile access of the kernel has stride {s} along its last axis: runs "
                     "would turn it from coalesced to strided")
@@ -262,7 +309,7 @@ class RowVectorLowering:
         if isinstance(found, str):
             self.row_runs_reason = found
             return
-        if plan is not None and plan.vector_width == 4:
+        if plan is not None and plan.vector_width == 4 and found.width > 4:
             found.width = 4
             found.sizes = {n for n in found.sizes if n % (4 * self.T) == 0}
         self.row_runs = found
