@@ -54,12 +54,20 @@ def check(y, x, wq, scales, biases, transpose, group_size, bits, dtype):
     w = f64(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits))
     x64 = f64(x)
     ref = x64 @ (w.T if transpose else w)
-    mlx = f64(mx.quantized_matmul(x, wq, scales, biases, transpose=transpose,
-                                  group_size=group_size, bits=bits))
     assert y.shape == tuple(ref.shape)
     scale = max(np.abs(ref).max(), 1.0)
     err = np.abs(f64(y) - ref).max() / scale
     assert err <= TOL[dtype], f"error {err:.2e} of the largest value vs float64 > {TOL[dtype]}"
+    try:
+        mlx = f64(mx.quantized_matmul(x, wq, scales, biases, transpose=transpose,
+                                      group_size=group_size, bits=bits))
+    except RuntimeError as e:
+        # MLX 0.32.4's own CUDA kernel fails to launch float32 with group_size 128
+        # (H200, 2026-12-01: "cuGraphAddKernelNode ... invalid argument"); the float64
+        # check above stands alone there
+        if "cuGraphAddKernelNode" not in str(e):
+            raise
+        return
     mlx_err = np.abs(mlx - ref).max() / scale
     assert np.abs(f64(y) - mlx).max() / scale <= mlx_err + TOL[dtype]
 

@@ -13,6 +13,7 @@ import math
 import sys
 
 sys.path.insert(0, "kernels")
+sys.path.insert(0, ".")
 import mlx.core as mx   # noqa: E402
 import numpy as np      # noqa: E402
 
