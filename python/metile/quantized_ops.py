@@ -67,7 +67,12 @@ GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
+# 1024 columns a program on 4 warps: one run of 8 (16 bytes of float16) a thread.  The
+# thread count must be named: traced from the arange it would be 1024, one element a
+# thread, no runs (387 us for a 4096x11008 int4 weight on the H200 against 98.8 for
+# mx.dequantize; tools/probes/quantized_parts.py).
 DEQUANTIZE_BLOCK = 1024
+DEQUANTIZE_WARPS = 4
 
 
 # -- argument checks ----------------------------------------------------------------------------
@@ -183,7 +188,7 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     rows, columns = (n, k) if transpose else (k, n)
     dense = kernels.dequantize[(math.ceil(columns / DEQUANTIZE_BLOCK), rows)](
         w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
-        GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK)
+        GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK, num_warps=DEQUANTIZE_WARPS)
     # the dense product as metile.ops.matmul runs it (its tile for this shape: warpgroup
     # MMA on Hopper); transposed, the (N, K) dense weight is read as stored, no copy
     if transpose:

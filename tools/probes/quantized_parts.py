@@ -45,11 +45,13 @@ def main():
     out = {}
     xp = mx.random.normal((512, k), key=mx.random.key(2)).astype(mx.float16)
 
-    def deq(_x, block=1024):
+    def deq(_x, block=1024, warps=4):
         return kernels.dequantize[(math.ceil(k / block), n)](
-            wq, s, b, mx.zeros((n, k), mx.float16), n, k, BITS=4, GROUP=64, BLOCK=block)
-    fns = {"dequantize": mx.compile(deq),
-           "dequantize_2048": mx.compile(lambda x: deq(x, 2048)),
+            wq, s, b, mx.zeros((n, k), mx.float16), n, k, BITS=4, GROUP=64, BLOCK=block,
+            num_warps=warps)
+    fns = {f"dequantize {bl}/{wa}": mx.compile(lambda x, bl=bl, wa=wa: deq(x, bl, wa))
+           for bl, wa in ((1024, 4), (2048, 4), (1024, 2), (2048, 8), (4096, 8))}
+    fns.update({
            "mx.dequantize": mx.compile(lambda x: mx.dequantize(wq, s, b, group_size=64, bits=4)),
            "metile linear(dense)": mx.compile(lambda x: ops.linear(x, dense, backend="metile")),
            "metile matmul(dense.T copy)": mx.compile(
@@ -57,7 +59,7 @@ def main():
            "mlx x@dense.T": mx.compile(lambda x: x @ dense.T),
            "dequantize+gemm": mx.compile(lambda x: quantized_ops._metile(
                x, wq, s, b, n, k, True, 64, 4, quantized_ops.DEQUANTIZE_GEMM)),
-           "mlx quantized_matmul": mx.compile(lambda x: mx.quantized_matmul(x, wq, s, b))}
+           "mlx quantized_matmul": mx.compile(lambda x: mx.quantized_matmul(x, wq, s, b))})
     out["prefill_512"] = timed(fns, xp, args.rounds)
     print("prefill", json.dumps(out["prefill_512"]), flush=True)
     print("linear:", ops.explain_linear(xp, dense, backend="metile")[:1500], flush=True)
