@@ -149,6 +149,29 @@ def test_full_coverage_proof_of_triton_style_2d_stores():
     np.testing.assert_array_equal(np.array(d()), want)
 
 
+@metile.kernel
+def row_times_two(X, Y, M, N, BN: metile.constexpr):
+    # one output row per program along axis 1, spelled program_id(1) + arange(0, 1)
+    row = metile.program_id(1) + metile.arange(0, 1)
+    cols = metile.program_id(0) * BN + metile.arange(0, BN)
+    mask = (row[:, None] < M) & (cols[None, :] < N)
+    x = metile.load(X + row[:, None] * N + cols[None, :], mask=mask)
+    metile.store(Y + row[:, None] * N + cols[None, :], x * 2.0, mask=mask)
+
+
+def test_full_coverage_proof_of_one_row_blocks():
+    x = mx.arange(7 * 45).reshape(7, 45).astype(mx.float32)
+    d = row_times_two[(3, 7)].prepare(x, mx.zeros((7, 45)), 7, 45, BN=16)
+    assert d.variant.data["outputs"] == ["Y"] and not d.tracked
+    np.testing.assert_array_equal(np.array(d()), np.array(x) * 2)
+    # six programs for seven rows: the last row keeps the passed values
+    d = row_times_two[(3, 6)].prepare(x, mx.full((7, 45), -1.0), 7, 45, BN=16)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"]
+    want = np.full((7, 45), -1.0, np.float32)
+    want[:6] = np.array(x)[:6] * 2
+    np.testing.assert_array_equal(np.array(d()), want)
+
+
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("METILE_DEBUG", "msl,tile_ir")
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))

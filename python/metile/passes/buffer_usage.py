@@ -22,7 +22,8 @@ tile, pointer or tensor-view spelling alike)
     store(Out + rows[:, None] * S + cols[None, :], value, mask=(rows < M) & (cols < N))
 
 writes exactly [0, M * N) when S == N; the launch checks S == N, both grid
-axes cover M and N, and M * N >= Out.size.  Any other store pattern is
+axes cover M and N, and M * N >= Out.size.  A block of one row may be spelled
+`program_id(a) + arange(0, 1)` (a GEMV's one output row per program).  Any other store pattern is
 conservatively "not proven" (the launch then preserves unwritten elements).
 """
 
@@ -184,6 +185,9 @@ def _index(v: Value) -> tuple[int, int, int] | None:
         return None
     for a, b in (op.operands, op.operands[::-1]):
         lay, base = _layout(a), defining_op(strip_broadcasts(b))
+        if lay is not None and lay[1] == 1 and base is not None and base.name == "program_id":
+            # program_id(axis) + arange(0, 1): a block of one, spelled without "* 1"
+            return (lay[0], 1, base.attrs["axis"])
         if lay is None or base is None or base.name != "mul":
             continue
         for pid, c in (base.operands, base.operands[::-1]):
