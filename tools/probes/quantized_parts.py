@@ -50,7 +50,7 @@ def main():
             wq, s, b, mx.zeros((n, k), mx.float16), n, k, BITS=4, GROUP=64, BLOCK=block,
             num_warps=warps)
     fns = {f"dequantize {bl}/{wa}": mx.compile(lambda x, bl=bl, wa=wa: deq(x, bl, wa))
-           for bl, wa in ((1024, 4), (2048, 4), (1024, 2), (2048, 8), (4096, 8))}
+           for bl, wa in ((1024, 4), (4096, 8), (4096, 4), (4096, 2), (2048, 2))}
     fns.update({
            "mx.dequantize": mx.compile(lambda x: mx.dequantize(wq, s, b, group_size=64, bits=4)),
            "metile linear(dense)": mx.compile(lambda x: ops.linear(x, dense, backend="metile")),
@@ -65,9 +65,12 @@ def main():
     print("linear:", ops.explain_linear(xp, dense, backend="metile")[:1500], flush=True)
     xd = mx.random.normal((1, k), key=mx.random.key(3)).astype(mx.float16)
     fns = {"mlx": mx.compile(lambda x: mx.quantized_matmul(x, wq, s, b))}
-    for bk, warps in ((512, 1), (1024, 1), (1024, 2), (2048, 2), (512, 2), (1024, 4), (2048, 4)):
-        cfg = {"kernel": "matvec_runs", "BLOCK_K": bk, "num_warps": warps}
-        fns[f"runs {bk}/{warps}"] = mx.compile(
+    for bk, warps, each in ((256, 1, False), (512, 1, False), (1024, 2, False), (512, 1, True),
+                            (1024, 1, True), (2048, 1, True), (1024, 2, True), (2048, 2, True),
+                            (4096, 2, True), (2048, 4, True)):
+        cfg = {"kernel": "matvec_runs", "BLOCK_K": bk, "num_warps": warps,
+               "SUM_EACH_BLOCK": each}
+        fns[f"runs {bk}/{warps}{'/sum' if each else ''}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     out["decode_1"] = timed(fns, xd, args.rounds)
     print("decode", json.dumps(out["decode_1"]), flush=True)
