@@ -135,17 +135,14 @@ def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constex
 
 @metile.kernel
 def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
-                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048,
-                          SUM_EACH_BLOCK: metile.constexpr = False):
+                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048):
     """out[r, n] = sum_k x[r, k] * W[n, k], W (N, K) packed along K (TRANSPOSE=True), one
     output per program (n, r), K in blocks of BLOCK_K (a multiple of GROUP).
     Written along K so the compiler lays a block out in runs (passes/vectorize_rows.py):
     a thread's run of 8 (4 for 8-bit weights) consecutive k reads x as one 16-byte vector,
     and the packed word, scale and bias at `k // PER` and `k // GROUP` - one value along
     the run - once per run.  Indices use the block's own `k` (a multiple of the run at
-    every run start) plus the block offset divided out, so the compiler can prove that.
-    SUM_EACH_BLOCK folds each block into one running sum (a reduction per block, no
-    per-element accumulator held across blocks: fewer registers, more runs in flight)."""
+    every run start) plus the block offset divided out, so the compiler can prove that."""
     PER = 32 // BITS
     MASK = (1 << BITS) - 1
     n = metile.program_id(0)
@@ -154,7 +151,6 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     words = K // PER
     groups = K // GROUP
     acc = metile.zeros((BLOCK_K,), dtype=metile.float32)
-    running = metile.zeros((1,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
         word_at = start // PER + k // PER
         group_at = start // GROUP + k // GROUP
@@ -165,12 +161,9 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
         b = metile.load(biases + n * groups + group_at, mask=group_at < groups,
                         other=0.0).to(metile.float32)
         xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
-        if SUM_EACH_BLOCK:
-            running += metile.sum((s * q + b) * xk.to(metile.float32))
-        else:
-            acc += (s * q + b) * xk.to(metile.float32)
+        acc += (s * q + b) * xk.to(metile.float32)
     one = metile.arange(0, 1)
-    total = running if SUM_EACH_BLOCK else metile.sum(acc) + running
+    total = metile.sum(acc) + metile.zeros((1,), dtype=metile.float32)
     metile.store(out + (r + one)[:, None] * N + (n + one)[None, :], total[:, None].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & ((n + one)[None, :] < N))
 

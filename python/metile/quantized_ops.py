@@ -57,22 +57,26 @@ GROUP_SIZES = (32, 64, 128)
 DECODE_ROWS = 8
 MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
 # The GEMV written along K (quantized_matvec_runs): x read in 16-byte runs, each packed
-# word, scale and bias once per run; one output per program.
-MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 2048, "num_warps": 4},
-               {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2},
-               {"kernel": "matvec_runs", "BLOCK_K": 4096, "num_warps": 4}]
+# word, scale and bias once per run; one output per program.  On the H200 (int4, group
+# 64, 1x4096x11008 float16; benchmarks/results/h200-quantized-parts-sweep-2026-12-01.txt)
+# 512/1 warp 29.6 us, 256/1 31.8, 1024/2 33.2, larger blocks 36-45 (a per-block running
+# sum instead of the held accumulator was no faster: 32-45); MLX 33.4.
+MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
+               {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1},
+               {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
 CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
-# 1024 columns a program on 4 warps: one run of 8 (16 bytes of float16) a thread.  The
-# thread count must be named: traced from the arange it would be 1024, one element a
-# thread, no runs (387 us for a 4096x11008 int4 weight on the H200 against 98.8 for
-# mx.dequantize; tools/probes/quantized_parts.py).
-DEQUANTIZE_BLOCK = 1024
-DEQUANTIZE_WARPS = 4
+# 4096 columns a program on 8 warps: two runs of 8 (16 bytes of float16) a thread.  The
+# thread count must be named: traced from the arange it would be one element a thread,
+# no runs (387 us for a 4096x11008 int4 weight on the H200 against 98.8 for
+# mx.dequantize).  Measured (tools/probes/quantized_parts.py): 4096/8 warps 66.8 us,
+# 2048/2 72.7, 1024/4 74.1, 4096/4 76.3, 4096/2 91.2.
+DEQUANTIZE_BLOCK = 4096
+DEQUANTIZE_WARPS = 8
 
 
 # -- argument checks ----------------------------------------------------------------------------
