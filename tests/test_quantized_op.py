@@ -205,12 +205,13 @@ def test_runs_read_each_packed_word_once_per_run(bits):
         if backend == "cuda" and TOOLKIT is not None:
             ok, log = compile_cuda(translation_unit(d), "sm_90")
             assert ok, log
-    # i // 2 splits runs of 4: runs narrow to 2; i // 3 splits every run: one element per
-    # lane, the reason named; NumPy either way
+    # i // 4 keeps its value along Metal's runs of 4; i // 2 and i // 3 split them (runs
+    # of 2 would be narrower than any vector the emitters write): one element per lane,
+    # the reason named; NumPy either way
     rng = np.random.default_rng(0)
     x = mx.array(rng.standard_normal((256,)).astype(np.float32))
     xs = np.array(x)
-    for divisor, width in ((2, 2), (3, None)):
+    for divisor, width in ((4, 4), (2, None), (3, None)):
         d = pairs[(1,)].prepare(x, mx.zeros((256,), mx.float32), BLOCK=256, D=divisor,
                                 num_warps=1, backend="msl")
         notes = " ".join(d.execution_report.notes)

@@ -441,3 +441,47 @@ def test_a_load_still_along_runs_is_read_once_per_run(rng):
     assert "vectorize_rows" in d.execution_report.passes
     # one read of S per run of 4 (this two-row tile keeps per-run tests: one loop), not 4
     assert len(re.findall(r"\bS\[", d.source)) == 1
+
+
+@metile.kernel
+def gather_quotient(X, Y, n, OFF: metile.constexpr, D: metile.constexpr,
+                    BLOCK: metile.constexpr):
+    """Y[i] = X[(i + OFF) // D] + X[i] where i + OFF >= 0: a load at a quotient, constant
+    along a run only when D is a multiple of the run and i + OFF is aligned to it and never
+    negative (C's division truncates toward zero)."""
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    j = i + OFF
+    ok = (j >= 0) & (i < n)
+    q = metile.load(X + j // D, mask=ok, other=0.0)
+    metile.store(Y + i, q + metile.load(X + i, mask=i < n, other=0.0), mask=i < n)
+
+
+@pytest.mark.parametrize("off,d,width", [(0, 8, 4), (0, 16, 4), (4, 8, 4), (2, 8, None),
+                                         (1, 8, None), (-8, 8, None), (0, 6, None),
+                                         (0, 3, None)])
+def test_loads_at_a_quotient_against_numpy(rng, off, d, width):
+    # OFF=-8: j < 0 in the first run; C truncates -8..-1 // 8 to -1 and 0: not constant
+    # on the run, so the kernel keeps one element per lane (and the mask hides j < 0).
+    # OFF=2 and D=6 fit runs of 2 only, narrower than any emitter's vectors; the mask
+    # (i < n) moves along the run: the quotient load reads where any element's holds.
+    n, block = 1000, 512
+    x = data(rng, (n,), mx.float32)
+    d_ = gather_quotient[(metile.cdiv(n, block),)].prepare(
+        x, mx.zeros((n,), mx.float32), n, OFF=off, D=d, BLOCK=block, num_warps=2,
+        backend="msl")
+    xs = np.array(x)
+    i = np.arange(n)
+    j = i + off
+    quotient = np.where(j >= 0, j // d, 0)            # j >= 0: floor == truncation
+    want = np.where(j >= 0, xs[np.minimum(quotient, n - 1)], 0.0) + xs
+    np.testing.assert_array_equal(np.array(d_()), want.astype(np.float32))
+    notes = " ".join(d_.execution_report.notes)
+    if width is None:
+        assert "vectorize_rows" not in d_.execution_report.passes, notes
+    else:
+        assert f"Lanes own runs of {width} consecutive elements" in notes, notes
+    if width is not None and TOOLKIT is not None:   # the masked quotient load on CUDA
+        cuda = gather_quotient[(2,)].prepare(x, mx.zeros((n,), mx.float32), n, OFF=off, D=d,
+                                             BLOCK=block, num_warps=2, backend="cuda")
+        ok, log = compile_cuda(translation_unit(cuda), "sm_90")
+        assert ok, log

@@ -232,10 +232,10 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
                 f"(its size a multiple of {threads * width}, its last axis of {width})")
     # narrower runs where a wider one would split a packed word's elements between runs
     # (8-bit weights beside float16 data: four elements a word, runs of 8)
-    found = None
-    while width >= 2:
+    # (4 at the least: the emitters' narrowest vectors; a float32 run is already 4)
+    while True:
         found = _runs_of(accesses, strides, breaks, width, sizes, memo, buffers)
-        if not isinstance(found, str) or width == 2 or "(runs_constant)" not in found:
+        if not isinstance(found, str) or "(runs_constant)" not in found:
             break
         width //= 2
         sizes = {n for n in sizes if n % (threads * width) == 0}
@@ -260,15 +260,19 @@ def _runs_of(accesses, strides, breaks, width, sizes, memo, buffers) -> RowRuns 
             unit[id(op)] = buffers.get((root, "written")) is None
         elif op.name == "load" and buffers.get((root, "written")) is None and \
                 all(runs_constant(o, len(shape) - 1, width, constant)
-                    for o in op.operands) and (shape[-1] % width == 0 or s == 0):
+                    for i, o in enumerate(op.operands) if i != 1) and \
+                (shape[-1] % width == 0 or s == 0):
+            # the mask may move along the run (`i < n`): `_run_load` reads once where any
+            # element's mask holds and gives masked elements their `other`
             still.add(id(op))
         elif s == 1:
             dtype = elem_type(op.operands[0].type).dtype.name
             return (f"a unit-stride {dtype} access would be read element by element across "
                     "a run (strided): only float32, float16 and bfloat16 runs are vectors")
         elif s is None:
-            narrower = width > 2 and op.name == "load" and all(
-                runs_constant(o, len(shape) - 1, 2, {}) for o in op.operands)
+            narrower = width >= 8 and op.name == "load" and all(
+                runs_constant(o, len(shape) - 1, width // 2, {})
+                for i, o in enumerate(op.operands) if i != 1)
             return ("a tile access of the kernel is not provably affine along its last axis "
                     "(a gathered or computed address): runs could make it strided"
                     + (" (runs_constant)" if narrower else ""))
@@ -513,10 +517,8 @@ class RowVectorLowering:
         run = ctx.run
         if run is not None and id(op) in self.row_runs.still and \
                 prod(op.operands[0].type.shape) in self.row_runs.sizes:
-            if id(op) not in run.loads:   # one read, at the run's first element
-                first = run.ctxs[0]
-                value = self.emit_load(first.b, op, [self.elem(o, first) for o in op.operands])
-                run.loads[id(op)] = [value] * len(run.ctxs)
+            if id(op) not in run.loads:
+                run.loads[id(op)] = self._still_load(op, run)
             return run.loads[id(op)][ctx.run_index]
         if run is None or not self.row_runs.unit.get(id(op)) or \
                 prod(op.operands[0].type.shape) not in self.row_runs.sizes:
@@ -524,6 +526,35 @@ class RowVectorLowering:
         if id(op) not in run.loads:
             run.loads[id(op)] = self._load_run(op, run)
         return run.loads[id(op)][ctx.run_index]
+
+    def _still_load(self, op: Op, run: _Run) -> list[Value]:
+        """A load whose address keeps its value along the run: one read, at the run's first
+        element.  A mask that moves along the run (`i < n`) guards the read by whether any
+        element's mask holds (the address is that element's, so it is in bounds), and each
+        element whose own mask fails takes the load's `other`."""
+        first = run.ctxs[0]
+        b = first.b
+        operands = [self.elem(o, first) for o in op.operands]
+        mask = op.operands[1] if len(op.operands) > 1 else None
+        axis = len(op.operands[0].type.shape) - 1
+        if mask is None or runs_constant(mask, axis, self.row_runs.width, {}):
+            return [self.emit_load(b, op, operands)] * len(run.ctxs)
+        masks = [operands[1]] + [self.elem(mask, ctx) for ctx in run.ctxs[1:]]
+        any_ = masks[0]
+        for m in masks[1:]:
+            any_ = b.value("or", [any_, m], BOOL)
+        value = self.emit_load(b, op, [operands[0], any_, *operands[2:]])
+        rtype = value.type
+        others = [operands[2] if len(operands) > 2 else None] + \
+            [self.elem(op.operands[2], ctx) if len(op.operands) > 2 else None
+             for ctx in run.ctxs[1:]]
+        out = []
+        for m, other in zip(masks, others):
+            if other is None:   # no `other`: a masked element's value is unspecified
+                out.append(value)
+            else:
+                out.append(b.value("where", [m, value, other], rtype))
+        return out
 
     def _load_run(self, op: Op, run: _Run) -> list[Value]:
         b = run.ctxs[0].b
