@@ -176,11 +176,11 @@ def test_every_decode_candidate(rng, bits, group_size, dtype):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []
-    for config in quantized_ops.configs(3, dtype, True):
+    for config in quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS:
         kinds.append(config["kernel"])
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
-    assert "matvec_runs" in kinds
+    assert "matvec_runs" in kinds and "matvec_rows" in kinds
 
 
 @pytest.mark.parametrize("bits", [4, 8])

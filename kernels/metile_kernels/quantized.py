@@ -169,6 +169,44 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
 
 
 @metile.kernel
+def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 512,
+                          ROWS: metile.constexpr = 4):
+    """quantized_matvec_runs with ROWS outputs a program (a (ROWS, BLOCK_K) tile, its rows
+    in runs along K).  Why: one warp per output caps a GEMV at 32 resident programs an SM
+    (the block limit), half the warps an SM holds, and each program's K loop waits on
+    DRAM once a block; ROWS outputs on ROWS warps keep more loads in flight per SM."""
+    PER = 32 // BITS
+    MASK = (1 << BITS) - 1
+    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
+    r = metile.program_id(1)
+    k = metile.arange(0, BLOCK_K)
+    words = K // PER
+    groups = K // GROUP
+    live = n[:, None] < N
+    acc = metile.zeros((ROWS, BLOCK_K), dtype=metile.float32)
+    for start in range(0, K, BLOCK_K):
+        word_at = start // PER + k // PER
+        group_at = start // GROUP + k // GROUP
+        packed = metile.load(w + n[:, None] * words + word_at[None, :],
+                             mask=live & (word_at[None, :] < words), other=0)
+        q = ((packed >> ((k % PER) * BITS)[None, :]) & MASK).to(metile.float32)
+        in_groups = live & (group_at[None, :] < groups)
+        s = metile.load(scales + n[:, None] * groups + group_at[None, :], mask=in_groups,
+                        other=0.0).to(metile.float32)
+        b = metile.load(biases + n[:, None] * groups + group_at[None, :], mask=in_groups,
+                        other=0.0).to(metile.float32)
+        # x at every row's coordinates (a broadcast pointer): each row's run reads it
+        xk = metile.load(x + r * K + start + k[None, :] + n[:, None] * 0,
+                         mask=(start + k[None, :] < K) & live, other=0.0)
+        acc += (s * q + b) * xk.to(metile.float32)
+    total = row_sums(acc, ROWS, BLOCK_K)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+
+
+@metile.kernel
 def quantized_matvec_n(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                        GROUP: metile.constexpr = 64, BLOCK_N: metile.constexpr = 256,
                        BLOCK_K: metile.constexpr = 8):

@@ -64,6 +64,11 @@ MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
 MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2}]
+# Several outputs a program (quantized_matvec_rows): correct, not yet timed on a GPU
+# (127 registers at ROWS=4 under ptxas 13 against 72 for one output a program), so not a
+# routing candidate until a measurement says so (tools/probes/quantized_parts.py).
+MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4},
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 2, "num_warps": 2}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -174,6 +179,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         launcher = kernels.quantized_matvec[kernels.matvec_grid(m, n, params["BLOCK_N"])]
     elif kind == "matvec_runs":
         launcher = kernels.quantized_matvec_runs[kernels.matvec_grid(m, n, 1)]
+    elif kind == "matvec_rows":
+        launcher = kernels.quantized_matvec_rows[kernels.matvec_grid(m, n, params["ROWS"])]
     elif kind == "matvec_n":
         launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
     else:
@@ -264,7 +271,8 @@ def _fingerprints() -> dict:
 
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
-        kernels.quantized_matvec, kernels.quantized_matvec_n, kernels.quantized_matmul,
+        kernels.quantized_matvec, kernels.quantized_matvec_runs, kernels.quantized_matvec_rows,
+        kernels.quantized_matvec_n, kernels.quantized_matmul,
         kernels.dequantize, matmul_epilogue))
     return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 

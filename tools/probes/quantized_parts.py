@@ -71,6 +71,9 @@ def main():
         cfg = {"kernel": "matvec_runs", "BLOCK_K": bk, "num_warps": warps}
         fns[f"runs {bk}/{warps}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
+    for cfg in quantized_ops.MATVEC_ROWS:
+        fns[f"rows {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
+            lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     out["decode_1"] = timed(fns, xd, args.rounds)
     print("decode", json.dumps(out["decode_1"]), flush=True)
 
