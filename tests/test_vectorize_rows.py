@@ -485,3 +485,33 @@ def test_loads_at_a_quotient_against_numpy(rng, off, d, width):
                                              BLOCK=block, num_warps=2, backend="cuda")
         ok, log = compile_cuda(translation_unit(cuda), "sm_90")
         assert ok, log
+
+
+@metile.kernel
+def scale_groups(X, S, Y, n, GROUP: metile.constexpr, BLOCK: metile.constexpr):
+    """Y[i] = X[i] * S[i // GROUP] in X's dtype: a group scale read once per run under the
+    row's ragged mask (i < n moves along the run)."""
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    s = metile.load(S + i // GROUP, mask=i < n, other=0.0)
+    metile.store(Y + i, metile.load(X + i, mask=i < n, other=0.0) * s, mask=i < n)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32], ids=str)
+def test_group_scales_in_runs_against_numpy(rng, dtype):
+    n, block, group = 1000, 1024, 16      # ragged: the tail run is partly masked
+    x = data(rng, (n,), dtype)
+    s = data(rng, (metile.cdiv(n, group),), dtype)
+    for backend in ("msl",) + (("cuda",) if TOOLKIT is not None else ()):
+        d = scale_groups[(1,)].prepare(x, s, mx.zeros((n,), dtype), n, GROUP=group,
+                                       BLOCK=block, num_warps=4, backend=backend)
+        notes = " ".join(d.execution_report.notes)
+        assert "Lanes own runs of" in notes, notes
+        assert len(re.findall(r"\bS\[", d.source)) <= 2, backend   # once per run (+ fallback)
+        if backend == "cuda":
+            ok, log = compile_cuda(translation_unit(d), "sm_90")
+            assert ok, log
+        else:
+            want = (f64(x) * np.repeat(f64(s), group)[:n]).astype(np.float32)
+            got = np.array(d().astype(mx.float32))
+            np.testing.assert_allclose(got, want, rtol={mx.float32: 1e-6, mx.float16: 1e-3,
+                                                        mx.bfloat16: 8e-3}[dtype])
