@@ -22,6 +22,9 @@
 #       metile's row kernels and MLX's ops (ncu), softmax/rms_norm benchmarks, then the
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
+#   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s15    -- quantized tile sweep (incl. matvec_rows), eager
+#       launch cost, then the row/quantized GPU tests for the rest of the budget.
 # Logs go into one tarball (the device returns at most a few files).
 set -uo pipefail
 mode=${1:-tests}
@@ -173,8 +176,15 @@ elif [ "$mode" = s14 ]; then
   gpu_tests 200 test_quantized_op test_vectorize_rows
   timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+elif [ "$mode" = s15 ]; then
+  # quantized decode tiles incl. the untimed several-outputs GEMV (quantized_matvec_rows),
+  # the eager host cost after ops launch through kernel[grid], the row GPU tests with the
+  # masked run-constant loads (s13/s14 ran out of test time: compiling dominates)
+  timeout 120 python3 tools/probes/quantized_parts.py --rounds 5 2>&1 | grep -E "^prefill|^decode|Error" | cut -c1-1500 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py 2>&1 | tail -12 | tee -a "$log"
+  gpu_tests $((budget - 40 - (SECONDS - t0))) test_vectorize_rows test_quantized_op test_model_ops_norms
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
