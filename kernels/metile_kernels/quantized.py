@@ -93,6 +93,31 @@ def row_sums(acc, ROWS, COLUMNS):
     return out
 
 
+@metile.inline
+def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
+    """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
+    packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
+    `live` (of the same form) whether it is a row of the matrix; True where the grid
+    gives every program a row (a mask term of its own costs instructions in the loop).  `start` is a multiple of
+    the block and `k` its arange, so the word index `start // PER + k // PER` and the
+    group index keep their value along a run and the compiler reads each word, scale and
+    bias once per run (passes/vectorize_rows.py, `runs_constant`)."""
+    PER = 32 // BITS
+    words = columns // PER
+    groups = columns // GROUP
+    word_at = start // PER + k // PER
+    group_at = start // GROUP + k // GROUP
+    in_words = live & (word_at < words)
+    in_groups = live & (group_at < groups)
+    packed = metile.load(w + row * words + word_at, mask=in_words, other=0)
+    q = ((packed >> ((k % PER) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
+    s = metile.load(scales + row * groups + group_at, mask=in_groups,
+                    other=0.0).to(metile.float32)
+    b = metile.load(biases + row * groups + group_at, mask=in_groups,
+                    other=0.0).to(metile.float32)
+    return s * q + b
+
+
 @metile.kernel
 def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                      GROUP: metile.constexpr = 64, BLOCK_N: metile.constexpr = 4,
@@ -149,25 +174,14 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     and the packed word, scale and bias at `k // PER` and `k // GROUP` - one value along
     the run - once per run.  Indices use the block's own `k` (a multiple of the run at
     every run start) plus the block offset divided out, so the compiler can prove that."""
-    PER = 32 // BITS
-    MASK = (1 << BITS) - 1
     n = metile.program_id(0)
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
-    words = K // PER
-    groups = K // GROUP
     acc = metile.zeros((BLOCK_K,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        word_at = start // PER + k // PER
-        group_at = start // GROUP + k // GROUP
-        packed = metile.load(w + n * words + word_at, mask=word_at < words, other=0)
-        q = ((packed >> ((k % PER) * BITS)) & MASK).to(metile.float32)
-        s = metile.load(scales + n * groups + group_at, mask=group_at < groups,
-                        other=0.0).to(metile.float32)
-        b = metile.load(biases + n * groups + group_at, mask=group_at < groups,
-                        other=0.0).to(metile.float32)
+        weights = weights_in_runs(w, scales, biases, n, start, k, K, True, BITS, GROUP)
         xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
-        acc += (s * q + b) * xk.to(metile.float32)
+        acc += weights * xk.to(metile.float32)
     one = metile.arange(0, 1)
     total = metile.sum(acc) + metile.zeros((1,), dtype=metile.float32)
     metile.store(out + (r + one)[:, None] * N + (n + one)[None, :], total[:, None].to(out.dtype),
@@ -182,30 +196,18 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     in runs along K).  Why: one warp per output caps a GEMV at 32 resident programs an SM
     (the block limit), half the warps an SM holds, and each program's K loop waits on
     DRAM once a block; ROWS outputs on ROWS warps keep more loads in flight per SM."""
-    PER = 32 // BITS
-    MASK = (1 << BITS) - 1
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
-    words = K // PER
-    groups = K // GROUP
     live = n[:, None] < N
     acc = metile.zeros((ROWS, BLOCK_K), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        word_at = start // PER + k // PER
-        group_at = start // GROUP + k // GROUP
-        packed = metile.load(w + n[:, None] * words + word_at[None, :],
-                             mask=live & (word_at[None, :] < words), other=0)
-        q = ((packed >> ((k % PER) * BITS)[None, :]) & MASK).to(metile.float32)
-        in_groups = live & (group_at[None, :] < groups)
-        s = metile.load(scales + n[:, None] * groups + group_at[None, :], mask=in_groups,
-                        other=0.0).to(metile.float32)
-        b = metile.load(biases + n[:, None] * groups + group_at[None, :], mask=in_groups,
-                        other=0.0).to(metile.float32)
+        weights = weights_in_runs(w, scales, biases, n[:, None], start, k[None, :], K, live,
+                                  BITS, GROUP)
         # x at every row's coordinates (a broadcast pointer): each row's run reads it
         xk = metile.load(x + r * K + start + k[None, :] + n[:, None] * 0,
                          mask=(start + k[None, :] < K) & live, other=0.0)
-        acc += (s * q + b) * xk.to(metile.float32)
+        acc += weights * xk.to(metile.float32)
     total = row_sums(acc, ROWS, BLOCK_K)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
@@ -268,21 +270,11 @@ def dequantize(w, scales, biases, out, rows, columns, BITS: metile.constexpr = 4
     Program (i, r) writes columns [i * BLOCK, (i + 1) * BLOCK) of row r (BLOCK a multiple
     of GROUP): runs of consecutive columns are stored as vectors, their packed word,
     scale and bias read once per run (as in quantized_matvec_runs)."""
-    PER = 32 // BITS
     r = metile.program_id(1)
     start = metile.program_id(0) * BLOCK
     c = metile.arange(0, BLOCK)
-    words = columns // PER
-    groups = columns // GROUP
-    word_at = start // PER + c // PER
-    group_at = start // GROUP + c // GROUP
-    packed = metile.load(w + r * words + word_at, mask=word_at < words, other=0)
-    q = ((packed >> ((c % PER) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
-    s = metile.load(scales + r * groups + group_at, mask=group_at < groups,
-                    other=0.0).to(metile.float32)
-    b = metile.load(biases + r * groups + group_at, mask=group_at < groups,
-                    other=0.0).to(metile.float32)
+    weights = weights_in_runs(w, scales, biases, r, start, c, columns, True, BITS, GROUP)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * columns + (start + c)[None, :],
-                 (s * q + b)[None, :].to(out.dtype),
+                 weights[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & ((start + c)[None, :] < columns))
