@@ -231,12 +231,13 @@ def pairs(X, Y, BLOCK: metile.constexpr, D: metile.constexpr):
 
 def test_dequantize_kernel_ragged(rng):
     from metile_kernels import quantized as kernels
-    for bits, group_size, (rows, columns) in ((4, 64, (5, 1088)), (8, 32, (3, 96)),
-                                              (4, 128, (2, 2176))):
+    for bits, group_size, (rows, columns), per in ((4, 64, (5, 1088), 1), (8, 32, (3, 96), 1),
+                                                   (4, 128, (2, 2176), 1),
+                                                   (4, 64, (7, 1088), 4), (8, 32, (3, 96), 2)):
         wq, s, b = quantized(rng, (rows, columns), mx.float16, group_size, bits)
-        out = kernels.dequantize[(metile.cdiv(columns, 1024), rows)](
+        out = kernels.dequantize[(metile.cdiv(columns, 1024), metile.cdiv(rows, per))](
             wq, s, b, mx.zeros((rows, columns), mx.float16), rows, columns, BITS=bits,
-            GROUP=group_size, BLOCK=1024)
+            GROUP=group_size, BLOCK=1024, ROWS=per, num_warps=4)
         # s * q + b in float32, rounded once to float16: within half an ulp of float64
         # (mx.dequantize rounds its float16 product and sum separately: up to an ulp off)
         np.testing.assert_allclose(f64(out), unpacked(wq, s, b, group_size, bits),

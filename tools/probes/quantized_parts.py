@@ -45,12 +45,14 @@ def main():
     out = {}
     xp = mx.random.normal((512, k), key=mx.random.key(2)).astype(mx.float16)
 
-    def deq(_x, block=1024, warps=4):
-        return kernels.dequantize[(math.ceil(k / block), n)](
+    def deq(_x, block=1024, warps=4, rows=1):
+        return kernels.dequantize[(math.ceil(k / block), math.ceil(n / rows))](
             wq, s, b, mx.zeros((n, k), mx.float16), n, k, BITS=4, GROUP=64, BLOCK=block,
-            num_warps=warps)
-    fns = {f"dequantize {bl}/{wa}": mx.compile(lambda x, bl=bl, wa=wa: deq(x, bl, wa))
-           for bl, wa in ((1024, 4), (4096, 8), (4096, 4), (4096, 2), (2048, 2))}
+            num_warps=warps, ROWS=rows)
+    fns = {f"dequantize {bl}/{wa}/rows {ro}": mx.compile(
+        lambda x, bl=bl, wa=wa, ro=ro: deq(x, bl, wa, ro))
+        for bl, wa, ro in ((4096, 8, 1), (1024, 4, 1), (4096, 8, 2), (4096, 8, 4), (2048, 4, 4),
+                           (1024, 4, 8))}
     fns.update({
            "mx.dequantize": mx.compile(lambda x: mx.dequantize(wq, s, b, group_size=64, bits=4)),
            "metile linear(dense)": mx.compile(lambda x: ops.linear(x, dense, backend="metile")),
