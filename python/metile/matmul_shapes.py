@@ -22,6 +22,7 @@ custom-kernel call, as a 2-D operand's would be.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,7 +51,12 @@ class Plan:
 
 def plan(a_shape, b_shape) -> Plan:
     """The call's shapes; a clear ValueError for operands matmul cannot multiply."""
-    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    return _plan(tuple(a_shape), tuple(b_shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(a_shape: tuple, b_shape: tuple) -> Plan:
+    # a pure function of the shapes, asked again by every eager call of a signature
     if not a_shape or not b_shape:
         raise ValueError(f"[metile.ops] matmul operands need at least one dimension, got "
                          f"{a_shape} @ {b_shape} (use * to multiply by a scalar)")

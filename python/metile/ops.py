@@ -490,8 +490,16 @@ class _Route:
     decision: routing.Decision
 
 
+_CONFIG_NAMES: dict = {}
+
+
 def _config_name(block: dict) -> str:
-    return "metile:" + ",".join(f"{k}={v}" for k, v in block.items())
+    # asked by every routed call (a decision names its tile): formatted once a tile
+    key = tuple(block.items())
+    name = _CONFIG_NAMES.get(key)
+    if name is None:
+        name = _CONFIG_NAMES[key] = "metile:" + ",".join(f"{k}={v}" for k, v in key)
+    return name
 
 
 # Layouts of the right operand: row-major (K, N), or the transpose of a row-major
