@@ -1058,4 +1058,6 @@ from .attention_ops import (explain_attention, scaled_dot_product_attention,  # 
                             tune_attention)
 from .model_ops import add_rms_norm, layer_norm, rms_norm, rope, softmax  # noqa: E402,F401
 from .quantized_ops import (explain_quantized_matmul, quantized_matmul,  # noqa: E402,F401
-                            tune_quantized_matmul)
+                            tune_quantized_matmul, _use_dense_products)
+
+_use_dense_products(linear, matmul)   # quantized_ops' dequantize-then-GEMM candidate

@@ -193,10 +193,19 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
     return launcher.prepare(*args, **meta) if dispatch_only else launcher(*args, **meta)
 
 
+# The dense products of the dequantize-then-GEMM candidate: metile.ops.linear and matmul
+# with backend="metile" (ops' tile for the shape: warpgroup MMA on Hopper, split-K for
+# few tiles).  ops.py re-exports this module, so this one cannot import it back; ops.py
+# hands them over when it is imported (`_use_dense_products`, at its end).
+_DENSE: dict = {}
+
+
+def _use_dense_products(linear, matmul) -> None:
+    _DENSE["linear"], _DENSE["matmul"] = linear, matmul
+
+
 def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     from metile_kernels import quantized as kernels
-
-    from . import ops
 
     rows, columns = (n, k) if transpose else (k, n)
     dense = kernels.dequantize[(math.ceil(columns / DEQUANTIZE_BLOCK), rows)](
@@ -205,8 +214,8 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     # the dense product as metile.ops.matmul runs it (its tile for this shape: warpgroup
     # MMA on Hopper); transposed, the (N, K) dense weight is read as stored, no copy
     if transpose:
-        return ops.linear(x2, dense, backend="metile")
-    return ops.matmul(x2, dense, backend="metile")
+        return _DENSE["linear"](x2, dense, backend="metile")
+    return _DENSE["matmul"](x2, dense, backend="metile")
 
 
 def _differentiable(n, k, transpose, group_size, bits, config):
