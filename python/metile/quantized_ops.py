@@ -70,7 +70,9 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 # (127 registers at ROWS=4 under ptxas 13 against 72 for one output a program), so not a
 # routing candidate until a measurement says so (tools/probes/quantized_parts.py).
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4},
-               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 2, "num_warps": 2}]
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 2, "num_warps": 2},
+               # one warp, two rows: no barrier in its row sums (128 registers)
+               {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 2, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
