@@ -347,8 +347,20 @@ def test_cuda_emission_compiles_with_nvrtc():
                     BITS=4, GROUP=64, backend="cuda", **meta)
             ok, log = compile_cuda(translation_unit(d), "sm_90")
             assert ok, log
-    wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=64, bits=8)
-    d = kernels.dequantize[(1024,)].prepare(wq, s, b, mx.zeros((256, 4096), mx.float16), 256,
-                                            4096, BITS=8, GROUP=64, backend="cuda")
-    ok, log = compile_cuda(translation_unit(d), "sm_90")
-    assert ok, log
+    # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
+    for bits, group in ((4, 32), (8, 128)):
+        wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)
+        launches = [kernels.dequantize[(1, 256 // per)].prepare(
+            wq, s, b, mx.zeros((256, 4096), mx.float16), 256, 4096, BITS=bits, GROUP=group,
+            BLOCK=4096, ROWS=per, num_warps=8, backend="cuda") for per in (1, 4)]
+        for config in quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS:
+            meta = {k: v for k, v in config.items() if k != "kernel"}
+            kern = kernels.quantized_matvec_runs if config["kernel"] == "matvec_runs" else \
+                kernels.quantized_matvec_rows
+            launches.append(kern[kernels.matvec_grid(1, 256, meta.get("ROWS", 1))].prepare(
+                x[:1], wq, s, b, mx.zeros((1, 256), mx.float16), 1, 256, 4096, BITS=bits,
+                GROUP=group, backend="cuda", **meta))
+        for d in launches:
+            assert "vectorize_rows" in d.execution_report.passes
+            ok, log = compile_cuda(translation_unit(d), "sm_90")
+            assert ok, log
