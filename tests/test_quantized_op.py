@@ -244,6 +244,20 @@ def test_dequantize_kernel_ragged(rng):
                                    rtol=2.0 ** -11, atol=2.0 ** -25)
 
 
+def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
+    # backend="metile" on CUDA with 16-bit x runs what measured fastest on the H200 (the
+    # GEMV in runs; dequantize then the dense GEMM); float32 and other devices keep theirs
+    monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: True)
+    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC_RUNS[0]
+    assert quantized_ops.default_config(512, mx.bfloat16, True) == quantized_ops.DEQUANTIZE_GEMM
+    assert quantized_ops.default_config(1, mx.float16, False) == quantized_ops.MATVEC_N
+    assert quantized_ops.default_config(1, mx.float32, True) == quantized_ops.MATVEC
+    assert quantized_ops.default_config(512, mx.float32, True) == quantized_ops.GEMM
+    monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: False)
+    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC
+    assert quantized_ops.default_config(512, mx.float16, True) == quantized_ops.GEMM
+
+
 def test_prefill_candidates_include_dequantize_then_gemm(rng):
     wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 8)
     x = mx.array(rng.standard_normal((20, 128)).astype(np.float32)).astype(mx.float16)

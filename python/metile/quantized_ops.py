@@ -262,10 +262,18 @@ def _gemm(dtype) -> dict:
 
 
 def default_config(rows: int, dtype, transpose: bool) -> dict:
-    """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM."""
+    """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
+    On CUDA with 16-bit x, the kernels measured faster on the H200
+    (h200-quantized-int4-float16-runs-2026-12-01.json, int4 group 64, 4096 -> 11008): the
+    GEMV in runs (29.6-33 us against 49-59 for `quantized_matvec`) and, for prefill,
+    dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM).  Elsewhere
+    (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused GEMM."""
+    measured = dtype != mx.float32 and _on_cuda()
     if rows <= DECODE_ROWS:
-        return MATVEC if transpose else MATVEC_N
-    return _gemm(dtype)
+        if not transpose:
+            return MATVEC_N
+        return MATVEC_RUNS[0] if measured else MATVEC
+    return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
 def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
