@@ -266,8 +266,10 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     On CUDA with 16-bit x, the kernels measured faster on the H200
     (h200-quantized-int4-float16-runs-2026-12-01.json, int4 group 64, 4096 -> 11008): the
     GEMV in runs (29.6-33 us against 49-59 for `quantized_matvec`) and, for prefill,
-    dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM).  Elsewhere
-    (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused GEMM."""
+    dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM), which holds a
+    dense copy of the weight for the call (N * K elements of x's dtype, freed after it).
+    Elsewhere (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused
+    GEMM."""
     measured = dtype != mx.float32 and _on_cuda()
     if rows <= DECODE_ROWS:
         if not transpose:
