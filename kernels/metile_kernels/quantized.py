@@ -97,11 +97,11 @@ def row_sums(acc, ROWS, COLUMNS):
 def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
     """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
     packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
-    `live` (of the same form) whether it is a row of the matrix; True where the grid
-    gives every program a row (a mask term of its own costs instructions in the loop).  `start` is a multiple of
-    the block and `k` its arange, so the word index `start // PER + k // PER` and the
-    group index keep their value along a run and the compiler reads each word, scale and
-    bias once per run (passes/vectorize_rows.py, `runs_constant`)."""
+    `live` (of the same form) whether it is a row of the matrix; True where the grid gives
+    every program a row (a mask term of its own costs instructions in the loop).  `start`
+    is a multiple of the block and `k` its arange, so the word index `start // PER + k //
+    PER` and the group index keep their value along a run and the compiler reads each
+    word, scale and bias once per run (passes/vectorize_rows.py, `runs_constant`)."""
     PER = 32 // BITS
     words = columns // PER
     groups = columns // GROUP

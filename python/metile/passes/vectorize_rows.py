@@ -234,20 +234,19 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRun
     # (8-bit weights beside float16 data: four elements a word, runs of 8)
     # (4 at the least: the emitters' narrowest vectors; a float32 run is already 4)
     while True:
-        found = _runs_of(accesses, strides, breaks, width, sizes, memo, buffers)
-        if not isinstance(found, str) or "(runs_constant)" not in found:
-            break
+        found, narrower = _runs_of(accesses, strides, breaks, width, sizes, buffers)
+        if not narrower:
+            return found
         width //= 2
         sizes = {n for n in sizes if n % (threads * width) == 0}
-    return found.replace(" (runs_constant)", "") if isinstance(found, str) else found
 
 
-def _runs_of(accesses, strides, breaks, width, sizes, memo, buffers) -> RowRuns | str:
-    """The RowRuns of `row_runs` at one width, or why not; a reason that a narrower run
-    could remove ends in "(runs_constant)"."""
+def _runs_of(accesses, strides, breaks, width, sizes, buffers) -> tuple[RowRuns | str, bool]:
+    """The RowRuns of `row_runs` at one width, or why not, and whether half the width could
+    remove that reason (a load at a quotient that splits runs of this width only)."""
     if not all(constant_on_runs(c, axis, width) for c, axis in breaks):
         return (f"an address chooses between pieces (where) at a point inside a run of "
-                f"{width}: runs could straddle it")
+                f"{width}: runs could straddle it"), False
     unit, still, constant = {}, set(), {}
     for op in accesses:
         shape = op.operands[0].type.shape
@@ -268,18 +267,17 @@ def _runs_of(accesses, strides, breaks, width, sizes, memo, buffers) -> RowRuns 
         elif s == 1:
             dtype = elem_type(op.operands[0].type).dtype.name
             return (f"a unit-stride {dtype} access would be read element by element across "
-                    "a run (strided): only float32, float16 and bfloat16 runs are vectors")
+                    "a run (strided): only float32, float16 and bfloat16 runs are vectors"), False
         elif s is None:
             narrower = width >= 8 and op.name == "load" and all(
                 runs_constant(o, len(shape) - 1, width // 2, {})
                 for i, o in enumerate(op.operands) if i != 1)
             return ("a tile access of the kernel is not provably affine along its last axis "
-                    "(a gathered or computed address): runs could make it strided"
-                    + (" (runs_constant)" if narrower else ""))
+                    "(a gathered or computed address): runs could make it strided"), narrower
         elif s != 0:
             return (f"a tile access of the kernel has stride {s} along its last axis: runs "
-                    "would turn it from coalesced to strided")
-    return RowRuns(width, unit, sizes, still)
+                    "would turn it from coalesced to strided"), False
+    return RowRuns(width, unit, sizes, still), False
 
 
 class _Run:
@@ -532,29 +530,22 @@ class RowVectorLowering:
         element.  A mask that moves along the run (`i < n`) guards the read by whether any
         element's mask holds (the address is that element's, so it is in bounds), and each
         element whose own mask fails takes the load's `other`."""
-        first = run.ctxs[0]
-        b = first.b
-        operands = [self.elem(o, first) for o in op.operands]
+        ctxs = run.ctxs
+        b = ctxs[0].b
+        operands = [self.elem(o, ctxs[0]) for o in op.operands]
         mask = op.operands[1] if len(op.operands) > 1 else None
         axis = len(op.operands[0].type.shape) - 1
         if mask is None or runs_constant(mask, axis, self.row_runs.width, {}):
-            return [self.emit_load(b, op, operands)] * len(run.ctxs)
-        masks = [operands[1]] + [self.elem(mask, ctx) for ctx in run.ctxs[1:]]
+            return [self.emit_load(b, op, operands)] * len(ctxs)
+        masks = [self.elem(mask, ctx) for ctx in ctxs]   # (ctxs[0]'s: operands[1])
         any_ = masks[0]
         for m in masks[1:]:
             any_ = b.value("or", [any_, m], BOOL)
         value = self.emit_load(b, op, [operands[0], any_, *operands[2:]])
-        rtype = value.type
-        others = [operands[2] if len(operands) > 2 else None] + \
-            [self.elem(op.operands[2], ctx) if len(op.operands) > 2 else None
-             for ctx in run.ctxs[1:]]
-        out = []
-        for m, other in zip(masks, others):
-            if other is None:   # no `other`: a masked element's value is unspecified
-                out.append(value)
-            else:
-                out.append(b.value("where", [m, value, other], rtype))
-        return out
+        if len(op.operands) < 3:   # no `other`: a masked element's value is unspecified
+            return [value] * len(ctxs)
+        return [b.value("where", [m, value, self.elem(op.operands[2], ctx)], value.type)
+                for m, ctx in zip(masks, ctxs)]
 
     def _load_run(self, op: Op, run: _Run) -> list[Value]:
         b = run.ctxs[0].b
