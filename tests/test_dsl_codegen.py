@@ -136,17 +136,24 @@ def scale2d(X, Y, M, N, BM: metile.constexpr, BN: metile.constexpr):
     metile.store(Y + rows[:, None] * N + cols[None, :], x * 2.0, mask=mask)
 
 
-def test_full_coverage_proof_of_triton_style_2d_stores():
-    x = mx.arange(70 * 45).reshape(70, 45).astype(mx.float32)
-    d = scale2d[(5, 3)].prepare(x, mx.zeros((70, 45)), 70, 45, BM=16, BN=16)
+def _doubling_covers(kernel, rows, full_grid, short_grid, rows_done, **meta):
+    """A (rows, 45) doubling kernel: on `full_grid` its store is proven to cover the output
+    (no written-mask output); on `short_grid`, which writes only the first `rows_done`
+    rows, the written mask keeps the passed values in the rest."""
+    x = mx.arange(rows * 45).reshape(rows, 45).astype(mx.float32)
+    d = kernel[full_grid].prepare(x, mx.zeros((rows, 45)), rows, 45, **meta)
     assert d.variant.data["outputs"] == ["Y"] and not d.tracked
     np.testing.assert_array_equal(np.array(d()), np.array(x) * 2)
-    # one program row short of the output: the written-mask keeps the rest
-    d = scale2d[(4, 3)].prepare(x, mx.full((70, 45), -1.0), 70, 45, BM=16, BN=16)
+    d = kernel[short_grid].prepare(x, mx.full((rows, 45), -1.0), rows, 45, **meta)
     assert d.variant.data["outputs"] == ["Y", "Y_written"]
-    want = np.full((70, 45), -1.0, np.float32)
-    want[:64] = np.array(x)[:64] * 2
+    want = np.full((rows, 45), -1.0, np.float32)
+    want[:rows_done] = np.array(x)[:rows_done] * 2
     np.testing.assert_array_equal(np.array(d()), want)
+
+
+def test_full_coverage_proof_of_triton_style_2d_stores():
+    # one program row short of the output: the written-mask keeps the rest
+    _doubling_covers(scale2d, 70, (5, 3), (4, 3), 64, BM=16, BN=16)
 
 
 @metile.kernel
@@ -160,16 +167,8 @@ def row_times_two(X, Y, M, N, BN: metile.constexpr):
 
 
 def test_full_coverage_proof_of_one_row_blocks():
-    x = mx.arange(7 * 45).reshape(7, 45).astype(mx.float32)
-    d = row_times_two[(3, 7)].prepare(x, mx.zeros((7, 45)), 7, 45, BN=16)
-    assert d.variant.data["outputs"] == ["Y"] and not d.tracked
-    np.testing.assert_array_equal(np.array(d()), np.array(x) * 2)
     # six programs for seven rows: the last row keeps the passed values
-    d = row_times_two[(3, 6)].prepare(x, mx.full((7, 45), -1.0), 7, 45, BN=16)
-    assert d.variant.data["outputs"] == ["Y", "Y_written"]
-    want = np.full((7, 45), -1.0, np.float32)
-    want[:6] = np.array(x)[:6] * 2
-    np.testing.assert_array_equal(np.array(d()), want)
+    _doubling_covers(row_times_two, 7, (3, 7), (3, 6), 6, BN=16)
 
 
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
