@@ -515,3 +515,70 @@ def test_group_scales_in_runs_against_numpy(rng, dtype):
             got = np.array(d().astype(mx.float32))
             np.testing.assert_allclose(got, want, rtol={mx.float32: 1e-6, mx.float16: 1e-3,
                                                         mx.bfloat16: 8e-3}[dtype])
+
+
+@metile.kernel
+def unit_axes(X, Y, Z, B, rows, columns, BLOCK: metile.constexpr):
+    """A row held in registers and read through unit axes only: Y = 2x as a (1, BLOCK)
+    row, Z = x + 1 as a (BLOCK, 1) column, and B = x[None, :] broadcast down 2 rows (a
+    read at other coordinates)."""
+    r = metile.program_id(0)
+    c = metile.arange(0, BLOCK)
+    one = metile.arange(0, 1)
+    x = metile.load(X + r * columns + c, mask=c < columns, other=0.0).to(metile.float32)
+    x2 = x * 2.0
+    metile.store(Y + (r + one)[:, None] * columns + c[None, :], x2[None, :].to(Y.dtype),
+                 mask=((r + one)[:, None] < rows) & (c[None, :] < columns))
+    metile.store(Z + r * columns + c[:, None] + one[None, :] * 0, (x + 1.0)[:, None].to(Z.dtype),
+                 mask=(c[:, None] < columns) & (one[None, :] < 1))
+    two = metile.arange(0, 2)
+    metile.store(B + (r * 2 + two)[:, None] * columns + c[None, :],
+                 (x[None, :] + two[:, None].to(metile.float32)).to(B.dtype),
+                 mask=(two[:, None] < 2) & (c[None, :] < columns))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_a_unit_axis_reads_registers_in_place(rng, dtype):
+    # x[None, :] / x[:, None] keep the row-major order, so a loaded row read through them
+    # stays in registers (the dequantize kernel's one-row store held its words, scales
+    # and biases in threadgroup memory behind three barriers); a broadcast still reads it
+    # at other coordinates, from threadgroup memory
+    from metile.passes.placement import analyze
+    rows, columns = 3, 250
+    x = data(rng, (rows, columns), dtype)
+    outs = [mx.zeros((rows, columns), dtype), mx.zeros((rows, columns), dtype),
+            mx.zeros((2 * rows, columns), dtype)]
+    d = unit_axes[(rows,)].prepare(x, *outs, rows, columns, BLOCK=256, num_warps=2,
+                                   backend="msl")
+    y, z, b = d()
+    xs = f64(x)
+    tol = dict(zip(("rtol", "atol"), TOL[dtype]))
+    np.testing.assert_allclose(f64(y), 2 * xs, **tol)
+    np.testing.assert_allclose(f64(z), xs + 1, **tol)
+    np.testing.assert_allclose(f64(b), np.repeat(xs, 2, axis=0) + np.tile([[0.0], [1.0]], (rows, 1)),
+                               **tol)
+    fn = d.spec.tile_ir()
+    kinds = [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"]
+    assert kinds == ["shared"]       # one load, broadcast below: threadgroup memory
+    # without the broadcast, the same row stays in registers
+    d1 = centre_row[(rows,)].prepare(x, outs[0], rows, columns, BLOCK=256, num_warps=2,
+                                     backend="msl")
+    fn = d1.spec.tile_ir()
+    assert [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"] \
+        == ["local"]
+    assert "threadgroup_barrier" not in d1.source and "threadgroup float" not in d1.source
+    assert "threadgroup_barrier" in d.source
+    np.testing.assert_allclose(f64(d1()), 2 * xs, **tol)
+
+
+@metile.kernel
+def centre_row(X, Y, rows, columns, BLOCK: metile.constexpr):
+    """Y = 2x through a (1, BLOCK) row and a (BLOCK, 1) column read back in place."""
+    r = metile.program_id(0)
+    c = metile.arange(0, BLOCK)
+    one = metile.arange(0, 1)
+    x = metile.load(X + r * columns + c, mask=c < columns, other=0.0).to(metile.float32)
+    col = (x + x)[:, None]
+    metile.store(Y + (r + one)[:, None] * columns + c[None, :],
+                 (col.reshape((1, BLOCK)) * 1.0 + x[None, :] * 0.0).to(Y.dtype),
+                 mask=((r + one)[:, None] < rows) & (c[None, :] < columns))

@@ -76,6 +76,18 @@ def main():
     for cfg in quantized_ops.MATVEC_ROWS:
         fns[f"rows {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
+    sys.path.insert(0, "tools/probes")
+    from gemv_variants import rows_loop
+    for rows_, bk in ((2, 512), (4, 512), (8, 512), (4, 1024), (8, 256), (16, 256)):
+        fns[f"rows_loop {rows_}x{bk}/1"] = mx.compile(
+            lambda x, rows_=rows_, bk=bk: rows_loop[(math.ceil(n / rows_), 1)](
+                x, wq, s, b, mx.zeros((1, n), mx.float16), 1, n, k, BITS=4, GROUP=64,
+                BLOCK_K=bk, ROWS=rows_, num_warps=1))
+    want = np.array(mx.quantized_matmul(xd, wq, s, b)).astype(np.float64)
+    for name, fn in fns.items():
+        err = np.abs(np.array(fn(xd)).astype(np.float64) - want).max()
+        if err > 0.02 * np.abs(want).max():
+            print("decode", name, "error", float(err), flush=True)
     out["decode_1"] = timed(fns, xd, args.rounds)
     print("decode", json.dumps(out["decode_1"]), flush=True)
 

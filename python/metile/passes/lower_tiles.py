@@ -216,10 +216,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                       for c, s, t in zip(ctx.coords(), src.type.shape, ctx.shape)]
             return self.elem(src, ctx.derived(src.type.shape, coords))
         if op.name == "expand_dims":
-            src = op.operands[0]
-            coords = list(ctx.coords())
-            del coords[op.attrs["axis"]]
-            return self.elem(src, ctx.derived(src.type.shape, coords))
+            # a unit axis leaves the row-major order, so the lane layout, as it was: the
+            # operand's element is this one (placement.py reads register tiles through it)
+            return self.elem(op.operands[0], ctx.reshaped(op.operands[0].type.shape))
         if op.name == "permute":
             src = op.operands[0]
             coords = [None] * len(src.type.shape)

@@ -14,8 +14,8 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   use reads other coordinates: broadcasting (x[:, None]), reductions along an
   axis of a rank >= 2 tile (and any reduce() with a combine region), `dot` operands,
   `permute` (trans), `scan`, `join`, `split`, `flip` and `cat` operands, and `sort`
-  results (sorted in place).  `reshape` reads in
-  place (the lane layout is row-major order).
+  results (sorted in place).  `reshape` and `expand_dims` read in place (the lane
+  layout is row-major order, which a unit axis does not change).
 
 Reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored, and so are loads, which must happen once, in program order
@@ -119,8 +119,8 @@ def analyze(fn: Function) -> Placement:
         remote_memo[v.id] = False  # carried cycles resolve through groups below
         out = False
         for op, idx in p.uses.get(v.id, []):
-            if op.name in ("broadcast", "expand_dims"):
-                out = out or (op.result.type.shape != v.type.shape or op.name == "expand_dims")
+            if op.name == "broadcast" and op.result.type.shape != v.type.shape:
+                out = True
             elif op.name == "reduce":  # a combine region folds serially, even to a scalar
                 out = out or op.attrs["axis"] is not None or op.attrs["kind"] == "combine"
             elif op.name in ("permute", "scan", "join", "split", "flip", "cat"):
