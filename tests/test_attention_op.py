@@ -159,6 +159,12 @@ def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
         mask = mx.array(rng.standard_normal((hq, 1, lk)).astype(np.float32))
     assert attention_ops.split_count(2, hkv, lk, 64) > 1
     check(q, k, v, mask=mask, path="decode")
+    # the tile holds the program's rows (query heads per key/value head x queries),
+    # rounded up to a power of two, not 16 of which most are padding
+    rows = hq // hkv * lq
+    config = attention_ops.explain_attention(q, k, v, scale=0.125, mask=mask,
+                                             backend="metile")["config"]
+    assert config["BLOCK_M"] == {1: 1, 2: 2, 4: 4, 6: 8, 8: 8}[rows]
 
 
 def test_split_count():

@@ -183,6 +183,7 @@ elif [ "$mode" = s15 ]; then
   timeout 200 python3 tools/probes/quantized_parts.py --rounds 5 2>&1 | grep -E "^prefill|^decode|Error" | cut -c1-1500 | tee -a "$log"
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  timeout 90 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-1200 | tee -a "$log"
   timeout 60 python3 tools/probes/launch_cost.py 2>&1 | tail -12 | tee -a "$log"
   gpu_tests $((budget - 40 - (SECONDS - t0))) test_vectorize_rows test_quantized_op test_model_ops_norms
 else

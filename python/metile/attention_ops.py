@@ -148,9 +148,13 @@ def _on_cuda() -> bool:
     return mx.default_device().type == mx.gpu and mx.cuda.is_available()
 
 
-def tiles(d: int, itemsize: int, decode: bool) -> list[dict]:
-    """The tile configurations that fit threadgroup memory, largest first."""
-    shapes = ([(DECODE_ROWS, n) for n in (64, 32, 16)] if decode else
+def tiles(d: int, itemsize: int, decode: bool, rows: int = DECODE_ROWS) -> list[dict]:
+    """The tile configurations that fit threadgroup memory, largest first.  A decode
+    tile holds the `rows` (query heads per key/value head x queries) its program
+    computes, rounded up to a power of two: the general lowering's products do the work
+    of every row of the tile, padding included (one query of multi-head attention in a
+    16-row tile did 16 times the work)."""
+    shapes = ([(_bucket(rows), n) for n in (64, 32, 16)] if decode else
               [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)])
     fit = [{"path": "decode" if decode else "prefill", "BLOCK_M": m, "BLOCK_N": n}
            for m, n in shapes if shared_bytes(m, n, _head_block(d), itemsize) <= _shared_limit()]
@@ -194,10 +198,12 @@ def _launch(q, k, v, mask, scale, config):
     chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
     splits = math.ceil(kv_len / chunk)       # no split without keys
     rows = batch * q_heads * q_len
+    # (a configuration may name the split kernel's warps; else the plan's own count)
+    warps = {"num_warps": config["num_warps"]} if config.get("num_warps") else {}
     partial, stats = kernels.attention_split[kernels.split_grid(splits, kv_heads, batch)](
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
         mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
-        *strides, **common)
+        *strides, **common, **warps)
     block_r = 8
     out = kernels.attention_combine[(math.ceil(rows / block_r),)](
         partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
@@ -262,7 +268,9 @@ def _config_name(config: dict) -> str:
 
 def configs(q, k, v) -> list[dict]:
     """The kernel configurations `auto` measures against MLX for these shapes."""
-    return tiles(q.shape[-1], _result_dtype(q, k, v).size, is_decode(q, k))[:2]
+    decode = is_decode(q, k)
+    return tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
+                 (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)[:2]
 
 
 def _bucket(n: int) -> int:

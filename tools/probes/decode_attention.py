@@ -1,0 +1,65 @@
+"""Decode attention (one query, 1x32x4096x128 float16, the issue's shape) on the GPU:
+the split kernel's tiles - rows held (16 as before, 1 now), keys a block, warps - and
+the split count, against MLX's op, each an `mx.compile`d call timed like
+benchmarks/quantized.py (many launches per sync, alternating, median of rounds).
+
+    python tools/probes/decode_attention.py [--rounds 5]
+"""
+
+import argparse
+import json
+import sys
+
+sys.path.insert(0, "kernels")
+sys.path.insert(0, ".")
+import mlx.core as mx   # noqa: E402
+import numpy as np      # noqa: E402
+
+from benchmarks.quantized import seconds_per_call   # noqa: E402
+from metile import attention_ops                     # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--kv-heads", type=int, default=32)
+    args = parser.parse_args()
+    keys = mx.random.split(mx.random.key(0), 3)
+    q = mx.random.normal((1, 32, 1, 128), key=keys[0]).astype(mx.float16)
+    k = mx.random.normal((1, args.kv_heads, 4096, 128), key=keys[1]).astype(mx.float16)
+    v = mx.random.normal((1, args.kv_heads, 4096, 128), key=keys[2]).astype(mx.float16)
+    mx.eval(q, k, v)
+    scale = 128 ** -0.5
+    fns = {"mlx": mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale))}
+    rows = 32 // args.kv_heads
+    for m, n, warps, splits in ((16, 64, None, None), (rows, 64, None, None),
+                                (rows, 64, 8, None), (rows, 64, 4, None), (rows, 128, 8, None),
+                                (rows, 32, 4, None), (rows, 64, 8, 32), (rows, 64, 4, 64)):
+        cfg = {"path": "decode", "BLOCK_M": m, "BLOCK_N": n, "num_warps": warps,
+               "SPLITS": splits}
+        fns[f"M{m} N{n} w{warps} s{splits}"] = mx.compile(
+            lambda q, cfg=cfg: attention_ops._launch(q, k, v, None, scale, cfg))
+    want = np.array(fns["mlx"](q).astype(mx.float32))
+    for name, fn in fns.items():
+        try:
+            err = float(np.abs(np.array(fn(q).astype(mx.float32)) - want).max())
+        except Exception as e:   # a tile the device refuses: say so, keep timing the rest
+            print("decode_attention", name, type(e).__name__, str(e)[:200], flush=True)
+            fns[name] = None
+            continue
+        if err > 1e-2:
+            print("decode_attention", name, "error", err, flush=True)
+    fns = {k: f for k, f in fns.items() if f is not None}
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        seconds_per_call(fn, q, 2)
+    order = list(fns)
+    for r in range(args.rounds):
+        for side in (order if r % 2 == 0 else order[::-1]):
+            times[side].append(seconds_per_call(fns[side], q, 50))
+    print("decode_attention", json.dumps({k: round(float(np.median(t)) * 1e6, 1)
+                                          for k, t in times.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
