@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s16    -- dequantize/GEMV after the placement and shift fixes
 #   OUT=$OUT bash tools/device_next.sh s15    -- quantized tile sweep (incl. matvec_rows), eager
 #       launch cost, then the row/quantized GPU tests for the rest of the budget.
 # Logs go into one tarball (the device returns at most a few files).
@@ -186,8 +187,15 @@ elif [ "$mode" = s15 ]; then
   timeout 90 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-1200 | tee -a "$log"
   timeout 60 python3 tools/probes/launch_cost.py 2>&1 | tail -12 | tee -a "$log"
   gpu_tests $((budget - 40 - (SECONDS - t0))) test_vectorize_rows test_quantized_op test_model_ops_norms
+elif [ "$mode" = s16 ]; then
+  # the dequantize without threadgroup memory and with per-element shifts folded, the
+  # rows-on-one-warp GEMV as the decode default; the row/quantized GPU tests
+  timeout 200 python3 tools/probes/quantized_parts.py --rounds 5 2>&1 | grep -E "^prefill|^decode|Error" | cut -c1-1500 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  gpu_tests $((budget - 30 - (SECONDS - t0))) test_vectorize_rows test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

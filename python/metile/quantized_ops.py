@@ -66,13 +66,12 @@ MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
 MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2}]
-# Several outputs a program (quantized_matvec_rows): correct, not yet timed on a GPU
-# (127 registers at ROWS=4 under ptxas 13 against 72 for one output a program), so not a
-# routing candidate until a measurement says so (tools/probes/quantized_parts.py).
-MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4},
-               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 2, "num_warps": 2},
-               # one warp, two rows: no barrier in its row sums (128 registers)
-               {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 2, "num_warps": 1}]
+# Several outputs a program on one warp (quantized_matvec_rows): on the H200 in the run
+# above's successor (h200-device-log-s15-2026-12-02.txt) 8x512 28.6 us, 4x512 29.2,
+# 16x256 29.3, 2x512 30.3, 4x1024 34.0; quantized_matvec_runs 512/1 32.0, MLX 35.2.
+MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+               {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -264,8 +263,9 @@ def _gemm(dtype) -> dict:
 def default_config(rows: int, dtype, transpose: bool) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
     On CUDA with 16-bit x, the kernels measured faster on the H200
-    (h200-quantized-int4-float16-runs-2026-12-01.json, int4 group 64, 4096 -> 11008): the
-    GEMV in runs (29.6-33 us against 49-59 for `quantized_matvec`) and, for prefill,
+    (h200-quantized-int4-float16-runs-2026-12-01.json, h200-device-log-s15-2026-12-02.txt;
+    int4 group 64, 4096 -> 11008): the GEMV in runs, several rows a warp (28.6 us against
+    32 for one row a program and 49-59 for `quantized_matvec`) and, for prefill,
     dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM), which holds a
     dense copy of the weight for the call (N * K elements of x's dtype, freed after it).
     Elsewhere (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused
@@ -274,7 +274,7 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     if rows <= DECODE_ROWS:
         if not transpose:
             return MATVEC_N
-        return MATVEC_RUNS[0] if measured else MATVEC
+        return MATVEC_ROWS[0] if measured else MATVEC
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
@@ -282,7 +282,8 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     """The metile candidates `auto` measures against MLX for a row bucket."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
-        return [MATVEC, *MATVEC_RUNS, gemm] if transpose else [MATVEC_N, gemm]
+        return [MATVEC, MATVEC_ROWS[0], *MATVEC_RUNS[:2], gemm] if transpose else \
+            [MATVEC_N, gemm]
     return [gemm, DEQUANTIZE_GEMM]
 
 
