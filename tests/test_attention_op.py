@@ -124,7 +124,8 @@ def test_removed_rows_follow_mlx(rng):
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 def test_half_precision(rng, dtype):
     check(*operands(rng, 1, 4, 2, 33, 40, 64, dtype), mask="causal")
-    check(*operands(rng, 1, 4, 2, 1, 100, 64, dtype), path="decode")
+    check(*operands(rng, 1, 4, 2, 1, 100, 64, dtype), path="decode_rows")
+    check(*operands(rng, 1, 4, 2, 3, 100, 64, dtype), path="decode")
 
 
 def test_mixed_dtypes_promote_as_mlx(rng):
@@ -149,7 +150,7 @@ def test_strided_and_empty_inputs(rng):
 
 @pytest.mark.parametrize("hq,hkv,lq,mask", [(2, 2, 1, None), (4, 1, 1, "causal"),
                                             (4, 2, 3, "causal"), (4, 1, 2, "bool"),
-                                            (2, 1, 1, "additive")])
+                                            (4, 2, 1, "bool"), (2, 1, 1, "additive")])
 def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
     lk = 1000
     q, k, v = operands(rng, 2, hq, hkv, lq, lk, 64)
@@ -158,13 +159,39 @@ def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
     elif mask == "additive":
         mask = mx.array(rng.standard_normal((hq, 1, lk)).astype(np.float32))
     assert attention_ops.split_count(2, hkv, lk, 64) > 1
-    check(q, k, v, mask=mask, path="decode")
-    # the tile holds the program's rows (query heads per key/value head x queries),
-    # rounded up to a power of two, not 16 of which most are padding
+    # one query: attention_decode (no matrix products) by default, and the split kernel
+    # as the other candidate; several: the split kernel
+    check(q, k, v, mask=mask, path="decode_rows" if lq == 1 else "decode")
+    candidates = attention_ops.configs(q, k, v)
+    assert [c["path"] for c in candidates] == (["decode_rows", "decode"] if lq == 1 else
+                                               ["decode", "decode"])
+    split = candidates[-1]
+    got = attention_ops._launch(q, k, v, mask, 0.125, split)
+    np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.125, mask), rtol=1e-4,
+                               atol=1e-5)
+    # the split tile holds the program's rows (query heads per key/value head x
+    # queries), rounded up to a power of two, not 16 of which most are padding
     rows = hq // hkv * lq
-    config = attention_ops.explain_attention(q, k, v, scale=0.125, mask=mask,
-                                             backend="metile")["config"]
-    assert config["BLOCK_M"] == {1: 1, 2: 2, 4: 4, 6: 8, 8: 8}[rows]
+    assert split["BLOCK_M"] == {1: 1, 2: 2, 4: 4, 6: 8, 8: 8}[rows]
+
+
+@pytest.mark.parametrize("d,dtype", [(80, mx.float16), (128, mx.bfloat16), (96, mx.float32)])
+def test_one_query_combines_rows_on_lanes(rng, d, dtype):
+    # attention_decode's scores: each key's row of the (keys, head dim) block is summed by
+    # the lanes that hold it (shuffles), not by one thread from threadgroup memory
+    from metile_kernels import attention as kernels
+    q, k, v = operands(rng, 1, 4, 2, 1, 300, d, dtype)
+    check(q, k, v, path="decode_rows")
+    config = attention_ops.configs(q, k, v)[0]
+    for backend in ("msl", "cuda"):
+        dispatch = kernels.attention_decode[kernels.decode_grid(3, 4)].prepare(
+            q, k, v, mx.zeros((1,), mx.float32), mx.zeros((3, 4, d), mx.float32),
+            mx.zeros((3, 4, 2), mx.float32), 300, 4, 2, 128, 0.1, 4, 12, 0, 0, 0, HEAD_DIM=d,
+            BLOCK_D=attention_ops._head_block(d), BLOCK_N=config["BLOCK_N"],
+            num_warps=config["BLOCK_N"] * 128 // 512, backend=backend)
+        assert "metile_lanes_sum<" in dispatch.source, backend
+        # its outputs proven covered: no written-mask outputs (and no merge after)
+        assert "_written" not in dispatch.source, backend
 
 
 def test_split_count():

@@ -10,7 +10,9 @@ dtype must promote to the output's).  The output has the promoted dtype of q, k,
 Kernels (metile_kernels/attention.py): `attention_forward` (flash attention, one
 program per query block and head) for prefill; for few rows per key/value head (G x Lq
 <= DECODE_ROWS: decoding) `attention_split` spreads the keys over programs and
-`attention_combine` merges the chunks.  Inputs are read row-major: a strided view
+`attention_combine` merges the chunks; for one query (Lq = 1) `attention_decode` does
+the split's work per query head without matrix products (path "decode_rows", the
+first candidate there).  Inputs are read row-major: a strided view
 (e.g. a (B, L, H, D) projection transposed to (B, H, L, D)) is copied once, as the
 custom-kernel call copies any non-contiguous input.
 
@@ -164,6 +166,18 @@ def tiles(d: int, itemsize: int, decode: bool, rows: int = DECODE_ROWS) -> list[
     return fit
 
 
+def rows_shared_bytes(block_n: int, block_d: int) -> int:
+    """Threadgroup memory of attention_decode: the float32 value accumulator copied there
+    once to be summed over the keys, the block's scores and probabilities, scratch."""
+    return 4 * block_n * block_d + 8 * block_n + 64
+
+
+def rows_tiles(d: int) -> list[dict]:
+    """attention_decode's key blocks that fit threadgroup memory, largest first."""
+    return [{"path": "decode_rows", "BLOCK_N": n} for n in (64, 32, 16)
+            if rows_shared_bytes(n, _head_block(d)) <= _shared_limit()]
+
+
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int) -> int:
     """Key splits for the decode path: enough programs to fill the GPU, each at least
     two key blocks long."""
@@ -185,6 +199,9 @@ def _launch(q, k, v, mask, scale, config):
         mask_buffer = mask
     else:
         strides, mask_buffer = [0, 0, 0, 0], mx.zeros((1,), mx.float32)
+    if config.get("path") == "decode_rows":
+        return _launch_rows(kernels, q, k, v, mask_buffer, kind, strides,
+                            float(scale) * LOG2E, config)
     common = dict(HEAD_DIM=d, BLOCK_D=_head_block(d), MASK=kind,
                   BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
     group = q_heads // kv_heads
@@ -208,6 +225,31 @@ def _launch(q, k, v, mask, scale, config):
     out = kernels.attention_combine[(math.ceil(rows / block_r),)](
         partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
         BLOCK_D=common["BLOCK_D"], BLOCK_R=block_r)
+    return out.reshape(q.shape)
+
+
+def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, config):
+    """attention_decode (one query, q_len == 1) over key splits, then the combine."""
+    batch, q_heads, _, d = q.shape
+    kv_heads, kv_len = k.shape[1], k.shape[2]
+    block_n = config["BLOCK_N"]
+    splits = config.get("SPLITS") or split_count(batch, q_heads, kv_len, block_n)
+    chunk = kernels.split_chunk(kv_len, splits, block_n)
+    splits = math.ceil(kv_len / chunk)
+    rows = batch * q_heads
+    # two runs of the (keys, head dim) block a thread: a warp count the block fills
+    # whole (the lanes of a row combine in place only then; 1024 threads, the plan's own
+    # count for a 64x128 block, would leave runs of a 32-key block unfilled)
+    warps = config.get("num_warps") or max(1, block_n * _head_block(d) // (16 * 32))
+    partial, stats = kernels.attention_decode[kernels.decode_grid(splits, rows)](
+        q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+        mx.zeros((splits, rows, 2), mx.float32), kv_len, q_heads, q_heads // kv_heads, chunk,
+        scale_log2, rows, splits * rows, strides[0], strides[1], strides[3], HEAD_DIM=d,
+        BLOCK_D=_head_block(d),
+        BLOCK_N=block_n, MASK="none" if kind == "causal" else kind, num_warps=warps)
+    out = kernels.attention_combine[(math.ceil(rows / 8),)](
+        partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
+        BLOCK_D=_head_block(d), BLOCK_R=8)
     return out.reshape(q.shape)
 
 
@@ -269,8 +311,14 @@ def _config_name(config: dict) -> str:
 def configs(q, k, v) -> list[dict]:
     """The kernel configurations `auto` measures against MLX for these shapes."""
     decode = is_decode(q, k)
-    return tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
-                 (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)[:2]
+    split = tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
+                  (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)
+    if q.shape[2] == 1:
+        # one query: the product-free kernel first (not yet timed on a GPU: its structure
+        # avoids the general products that held the split kernel at 0.23x of MLX), the
+        # split kernel as the other candidate
+        return (rows_tiles(q.shape[-1]) + split)[:1] + split[:1]
+    return split[:2]
 
 
 def _bucket(n: int) -> int:
@@ -284,7 +332,8 @@ def _fingerprints() -> dict:
     from .runtime import cache
     return {"compiler": cache.compiler_fingerprint(),
             "kernel": "".join(cache.source_fingerprint(f.fn) for f in (
-                kernels.attention_forward, kernels.attention_split, kernels.attention_combine))}
+                kernels.attention_forward, kernels.attention_split, kernels.attention_decode,
+                kernels.attention_combine))}
 
 
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:

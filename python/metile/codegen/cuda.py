@@ -40,6 +40,20 @@ template <typename T> __device__ __forceinline__ T metile_warp_or(T v) {
 template <typename T> __device__ __forceinline__ T metile_warp_xor(T v) {
   for (int o = 16; o > 0; o >>= 1) v = v ^ __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+// The same within aligned groups of L lanes (a row of a tile on L lanes): every lane of
+// the warp shuffles, each group combining its own values.
+template <int L, typename T> __device__ __forceinline__ T metile_lanes_sum(T v) {
+  for (int o = L / 2; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int L, typename T> __device__ __forceinline__ T metile_lanes_max(T v) {
+  for (int o = L / 2; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w > v ? w : v; }
+  return v;
+}
+template <int L, typename T> __device__ __forceinline__ T metile_lanes_min(T v) {
+  for (int o = L / 2; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; }
+  return v;
 }"""
 
 
@@ -655,6 +669,9 @@ class CUDAEmitter(CEmitter):
             return f"{op.attrs['name']}[0]"
         if op.name == "simd_reduce":
             self.helpers_used.add("warp")
+            if op.attrs.get("lanes"):
+                return (f"metile_lanes_{op.attrs['kind']}<{op.attrs['lanes']}>"
+                        f"({self.ref(op.operands[0])})")
         if op.name == "aligned16":
             address = f"&{op.attrs['root']}[{self.ref(op.operands[0])}]"
             size = op.attrs.get("bytes", 16)

@@ -81,6 +81,23 @@ inline void metile_atomic_init(device bool* state, device T* out, In in, int i) 
 }"""
 
 
+# Combining within aligned groups of L lanes (a row of a tile on L lanes), as Metal has
+# no segmented simd_sum: a butterfly of simd_shuffle_xor, every lane taking part.
+_LANES = """\
+template <ushort L, typename T> inline T metile_lanes_sum(T v) {
+  for (ushort o = L / 2; o > 0; o >>= 1) v += metal::simd_shuffle_xor(v, o);
+  return v;
+}
+template <ushort L, typename T> inline T metile_lanes_max(T v) {
+  for (ushort o = L / 2; o > 0; o >>= 1) v = metal::max(v, metal::simd_shuffle_xor(v, o));
+  return v;
+}
+template <ushort L, typename T> inline T metile_lanes_min(T v) {
+  for (ushort o = L / 2; o > 0; o >>= 1) v = metal::min(v, metal::simd_shuffle_xor(v, o));
+  return v;
+}"""
+
+
 # Metal's simd_sum/max/min take 32-bit integers only (MLX's own reductions shuffle 64-bit
 # values too): long/ulong combine in a butterfly that moves each value as two 32-bit halves.
 _SIMD64 = """\
@@ -154,7 +171,7 @@ class MSLEmitter(CEmitter):
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
-    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "simd64": _SIMD64,
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "simd64": _SIMD64, "lanes": _LANES,
                "fp8": fp8.helpers("inline", "uchar", "uint", "as_type<uint>", "as_type<float>"),
                "tensor_ops": msl_tensor_ops.HEADER}
     FRAGMENT = {
@@ -203,6 +220,9 @@ class MSLEmitter(CEmitter):
             if op.attrs["axis"] == 0:
                 return f"((({lane} >> 2) & 4) + (({lane} >> 1) & 3))"
             return f"((({lane} >> 2) & 2) * 2 + ({lane} & 1) * 2 + {op.attrs['e']})"
+        if op.name == "simd_reduce" and op.attrs.get("lanes"):
+            self.helpers_used.add("lanes")
+            return f"metile_lanes_{op.attrs['kind']}<{op.attrs['lanes']}>({self.ref(op.operands[0])})"
         if op.name == "simd_reduce" and op.results[0].type.dtype.bits == 64:
             self.helpers_used.add("simd64")
             return f"metile_simd_{op.attrs['kind']}64({self.ref(op.operands[0])})"

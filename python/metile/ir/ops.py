@@ -49,7 +49,9 @@ Thread form (after passes.lower_tiles; every value is a scalar)
                                         atomic (compare for kind "cas"); with init/state the
                                         element is first copied in from buffer `init` once,
                                         marking byte `state`[index] (passes/buffer_usage.py)
-  simd_reduce(v){kind} simd_lane simd_group barrier simd_barrier
+  simd_reduce(v){kind, lanes?} simd_lane simd_group barrier simd_barrier
+                                        (lanes: aligned groups of that many lanes, a power
+                                        of two below 32, each combined on its own)
   device_print(pid0, pid1, pid2, *index, *values){prefix, hex, index, rank}
   device_assert(cond, pid0, pid1, pid2, *index){head, msg, index, rank}
                                         passes/lower_debug.py: index "element" (the

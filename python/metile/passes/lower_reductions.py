@@ -5,9 +5,18 @@
   writes its partial to threadgroup memory, and after a barrier every thread
   folds the partials (so every thread holds the result; no broadcast step).
   A trailing barrier lets the next reduction reuse the scratch.
-* Reduction along an axis of a rank >= 2 tile: the operand is in threadgroup
-  memory (placement guarantees it) and each result element is a serial fold
-  over the axis.
+* Reduction along the last axis (sum, max, min of floats), `rows_reduce`: where the
+  lane layout puts each row in one aligned group of lanes of one SIMD-group, one run
+  (or element) a lane - a row of C elements in runs of V on C / V lanes - every thread
+  folds its run, the group combines by `C / V`-lane shuffles, and the group's first
+  lane writes the row's result to threadgroup memory.  The operand is read where it is
+  (registers or recomputed: placement does not force it into threadgroup memory).
+  Where the layout does not allow that (rows wider than a SIMD-group's runs, a tile
+  that does not fill whole slots), the operand is copied to threadgroup memory and each
+  result element folds its row there.
+* Reduction along another axis of a rank >= 2 tile (and argmax/argmin along an
+  axis): the operand is copied to threadgroup memory (unless it is held there) and
+  each result element is a serial fold over the axis.
 * argmax/argmin: to a scalar, two block reductions (the extreme value, then the
   smallest index holding it); along an axis, a serial scan keeping (value, index).
   Either way ties give the smallest index (Triton's tie_break_left) on every
@@ -24,10 +33,23 @@ Float reductions accumulate in float32 and round back to the operand dtype.
 
 from __future__ import annotations
 
+from math import prod
+
 from ..ir.core import Block, Builder, Op, Value
 from ..ir.types import ScalarType, TileType, dtype_of
 from ..language import dtypes as dt
-from .lane_layout import BOOL, I32, Ctx
+from .lane_layout import BOOL, I32, Ctx, Storage
+
+
+def rows_reducible(op: Op) -> bool:
+    """Whether a reduce is one `rows_reduce` lowers where it stands (its operand read in
+    place, not from threadgroup memory): sum, max or min of floats along the last axis."""
+    if op.name != "reduce" or op.attrs["kind"] not in ("sum", "max", "min"):
+        return False
+    x = op.operands[0]
+    axis = op.attrs["axis"]
+    return isinstance(x.type, TileType) and axis is not None and \
+        axis == len(x.type.shape) - 1 and len(x.type.shape) >= 2 and dtype_of(x.type).is_float
 
 
 class ReductionLowering:
@@ -128,6 +150,74 @@ class ReductionLowering:
                 # one barrier, not two.)
                 self.barrier(b)
         return r
+
+    def rows_reduce(self, op: Op, b: Builder) -> None:
+        """A reduction along the last axis (`rows_reducible`) lowered where it stands (module
+        docstring): its result is held in threadgroup memory, one element a row."""
+        (x,) = op.operands
+        kind, d, shape = op.attrs["kind"], dtype_of(x.type), x.type.shape
+        acc_d = self._acc_dtype(d)
+        result = op.results[0]
+        numel, columns = prod(shape), shape[-1]
+        v = self.runs_for(numel)
+        lanes = columns // v
+        slots = numel // (self.T * v) if numel % (self.T * v) == 0 else 0
+        if columns % v or lanes > 32 or lanes & (lanes - 1) or not slots or slots > 64 or \
+                (self.T * v) % columns:
+            return self.axis_reduce_in_shared(op, b)
+        out = self.decl("shared", d, numel // columns, "_rows")
+        parts = self.decl("local", acc_d, slots * v, "_part")
+
+        def fold(ctxs):
+            acc = None
+            for ctx in ctxs:
+                e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
+                acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
+            ctxs[0].b.op("local_set", [ctxs[0].slot, acc], [], {"name": parts})
+
+        if v > 1:
+            self.run_lane_loop(b, shape, None, group=fold)
+        else:
+            self.lane_loop(b, shape, lambda ctx: fold([ctx]))
+        # the lanes combine outside the lane loop: its whole-runs test may send the lanes
+        # of one SIMD-group down different copies, and every lane must reach one shuffle
+        self.barrier(b)
+        tid = self.geom(b, "thread_id")
+        first = b.value("eq", [b.value("mod", [tid, self.const(b, lanes)], I32),
+                               self.const(b, 0)], BOOL)
+        for s in range(slots):
+            part = b.value("local_get", [self.const(b, s * v)], ScalarType(acc_d), name=parts)
+            if lanes > 1:
+                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
+            start = self.add(b, b.value("mul", [tid, self.const(b, v)], I32),
+                             self.const(b, s * self.T * v))
+            row = b.value("idiv", [start, self.const(b, columns)], I32)
+            then = Block()
+            tb = Builder(then)
+            tb.op("mem_store", [row, self._cast(tb, part, d)], [], {"root": out,
+                                                                   "space": "threadgroup"})
+            b.op("if", [first], [], regions=[then, Block()])
+        self.barrier(b)
+        self.storage[result.id] = Storage("shared", out, tuple(result.type.shape), d)
+
+    def axis_reduce_in_shared(self, op: Op, b: Builder) -> None:
+        """A reduction along an axis as serial folds (`rows_reduce` where the layout puts no
+        row on one group of lanes, and every other axis reduction): the operand copied to
+        threadgroup memory unless it is held there, each result element a fold along its
+        line there."""
+        (x,) = op.operands
+        held = self.storage.get(x.id)
+        if held is None or held.kind != "shared":
+            tmp = self.new_storage("shared", x.type.shape, x.type)
+            self.copy_into(b, tmp, x)
+            self.storage[x.id] = tmp
+        try:
+            self.materialize(op.results[0], b)
+        finally:
+            if held is None:
+                self.storage.pop(x.id, None)
+            else:
+                self.storage[x.id] = held
 
     def axis_reduce(self, op: Op, ctx: Ctx) -> Value:
         (x,) = op.operands

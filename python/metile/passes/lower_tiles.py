@@ -36,7 +36,7 @@ from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
 from .lower_debug import lower_debug
 from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
-from .lower_reductions import ReductionLowering
+from .lower_reductions import ReductionLowering, rows_reducible
 from .lower_sort import SortLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
 from .vectorize_rows import RowVectorLowering
@@ -406,6 +406,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             return self.lower_sort(op, b)  # lower_sort.py
         if name == "reduce" and op.attrs["kind"] == "combine":
             return self.lower_combine_reduce(op, b)  # lower_reductions.py
+        if rows_reducible(op):
+            return self.rows_reduce(op, b)  # lower_reductions.py
+        if name == "reduce" and op.attrs["axis"] is not None:
+            return self.axis_reduce_in_shared(op, b)
         if name == "store" and op.attrs.get("atomic"):
             return self.lower_atomic(op, b)
         if name == "store":

@@ -11,11 +11,15 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   i of the tile lives in thread i % T, slot i // T).  Legal when every use
   reads the value at the element's own coordinate.
 * ``shared`` — stored in threadgroup memory, row-major.  Required when some
-  use reads other coordinates: broadcasting (x[:, None]), reductions along an
-  axis of a rank >= 2 tile (and any reduce() with a combine region), `dot` operands,
+  use reads other coordinates: broadcasting (x[:, None]), any reduce() with a
+  combine region, `dot` operands,
   `permute` (trans), `scan`, `join`, `split`, `flip` and `cat` operands, and `sort`
   results (sorted in place).  `reshape` and `expand_dims` read in place (the lane
-  layout is row-major order, which a unit axis does not change).
+  layout is row-major order, which a unit axis does not change).  A reduction along
+  an axis reads its operand where it is held (lower_reductions.rows_reduce: lanes
+  combine a row in place, or the operand is copied to threadgroup memory once, at the
+  reduction): holding it there would keep a loop's accumulator, summed once after
+  the loop, in threadgroup memory for the whole loop.
 
 Reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored, and so are loads, which must happen once, in program order
@@ -122,7 +126,9 @@ def analyze(fn: Function) -> Placement:
             if op.name == "broadcast" and op.result.type.shape != v.type.shape:
                 out = True
             elif op.name == "reduce":  # a combine region folds serially, even to a scalar
-                out = out or op.attrs["axis"] is not None or op.attrs["kind"] == "combine"
+                # (an axis reduction reads its operand where it is, or copies it to
+                # threadgroup memory first: lower_reductions.rows_reduce)
+                out = out or op.attrs["kind"] == "combine"
             elif op.name in ("permute", "scan", "join", "split", "flip", "cat"):
                 out = True
             elif op.name == "dot":
@@ -180,7 +186,7 @@ def _fuse_single_loads(fn: Function, p: Placement, defs: dict) -> None:
         if use.name == "store":
             return True
         if use.name == "reduce":
-            return use.attrs["axis"] is None and use.attrs["kind"] != "combine"
+            return use.attrs["kind"] != "combine"
         return use.name in ELEMENTWISE and use.results[0].type.shape == v.type.shape and \
             once(use.results[0], block)
 

@@ -1,0 +1,111 @@
+"""Reductions along an axis of a tile (lower_reductions.rows_reduce): numbers against
+NumPy through the CPU runtime, for rows the lanes combine by shuffles (runs of 4 on
+Metal, one element a lane in the plain layout) and for rows they cannot (copied to
+threadgroup memory and folded there); where the operand is held (registers, not
+threadgroup memory); CUDA emission compiled by NVRTC.
+
+Tolerances: float32 sums in another order, rtol 1e-5; max/min exact."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from metile.passes.placement import analyze
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+
+@metile.kernel
+def row_stats(X, S, M, N, rows, cols, R: metile.constexpr, C: metile.constexpr):
+    """S = 2 * row sums, M = row maxima, N = row minima of an (R, C) block of X's rows."""
+    r = metile.program_id(0) * R + metile.arange(0, R)[:, None]
+    c = metile.arange(0, C)[None, :]
+    inside = (r < rows) & (c < cols)
+    x = metile.load(X + r * cols + c, mask=inside, other=0.0).to(metile.float32)
+    out = metile.program_id(0) * R + metile.arange(0, R)
+    metile.store(S + out, metile.sum(x * 2.0, axis=1), mask=out < rows)
+    metile.store(M + out, metile.max(metile.where(inside, x, -float("inf")), axis=1),
+                 mask=out < rows)
+    metile.store(N + out, metile.min(metile.where(inside, x, float("inf")), axis=1),
+                 mask=out < rows)
+
+
+@metile.kernel
+def column_sums_of_a_loop(X, Y, rows, cols, R: metile.constexpr, C: metile.constexpr):
+    """Y = X.sum(axis=0) for X (rows, C): an (R, C) accumulator over blocks of rows,
+    summed along axis 0 once, after the loop."""
+    r = metile.arange(0, R)[:, None]
+    c = metile.arange(0, C)[None, :]
+    acc = metile.zeros((R, C), dtype=metile.float32)
+    for start in range(0, rows, R):
+        acc += metile.load(X + (start + r) * cols + c, mask=(start + r < rows) & (c < cols),
+                           other=0.0).to(metile.float32)
+    out = metile.arange(0, C)
+    metile.store(Y + out, metile.sum(acc, axis=0), mask=out < cols)
+
+
+def _data(rng, shape, dtype):
+    return mx.array(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+# (rows, cols, R, C, warps): rows on 32 / 16 / 8 lanes in runs of 4 (Metal), a plain
+# layout with 8-element rows, and 512-column rows (128 lanes: folded in threadgroup
+# memory)
+SHAPES = [(37, 100, 16, 128, 4), (37, 30, 64, 32, 2), (9, 60, 64, 64, 4), (5, 8, 8, 8, 1),
+          (9, 500, 4, 512, 2)]
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,cols,R,C,warps", SHAPES)
+def test_row_reductions_against_numpy(rng, dtype, rows, cols, R, C, warps):
+    x = _data(rng, (rows, cols), dtype)
+    outs = [mx.zeros((rows,), mx.float32) for _ in range(3)]
+    s, m, n = row_stats[(metile.cdiv(rows, R),)](x, *outs, rows, cols, R=R, C=C,
+                                                 num_warps=warps)
+    xs = np.array(x.astype(mx.float32)).astype(np.float64)
+    np.testing.assert_allclose(np.array(s), 2 * xs.sum(axis=1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(np.array(m), xs.max(axis=1).astype(np.float32))
+    np.testing.assert_array_equal(np.array(n), xs.min(axis=1).astype(np.float32))
+
+
+@pytest.mark.parametrize("rows,cols,R,C,warps", SHAPES)
+def test_rows_on_lanes_combine_by_shuffles(rows, cols, R, C, warps):
+    x = mx.zeros((rows, cols), mx.float32)
+    outs = [mx.zeros((rows,), mx.float32) for _ in range(3)]
+    d = row_stats[(1,)].prepare(x, *outs, rows, cols, R=R, C=C, num_warps=warps,
+                                backend="msl")
+    # the row held in registers, not threadgroup memory, either way
+    fn = d.spec.tile_ir()
+    assert [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"] \
+        == ["local"]
+    on_lanes = C <= 32 * 4
+    assert ("metile_lanes_sum<" in d.source) == on_lanes
+    assert ("metile_lanes_max<" in d.source) == on_lanes
+
+
+def test_a_loop_accumulator_stays_in_registers(rng):
+    # summed along axis 0 after the loop: copied to threadgroup memory there, once, not
+    # held there through the loop
+    rows, cols = 300, 100
+    x = _data(rng, (rows, cols), mx.float16)
+    y = column_sums_of_a_loop[(1,)](x, mx.zeros((cols,), mx.float32), rows, cols, R=16, C=128,
+                                     num_warps=2)
+    np.testing.assert_allclose(np.array(y), np.array(x.astype(mx.float32)).sum(axis=0),
+                               rtol=1e-5, atol=1e-4)
+    d = column_sums_of_a_loop[(1,)].prepare(x, mx.zeros((cols,), mx.float32), rows, cols,
+                                            R=16, C=128, num_warps=2, backend="msl")
+    fn = d.spec.tile_ir()
+    loop = next(o for o in fn.body.ops if o.name == "for")
+    assert analyze(fn).kind[loop.results[0].id] == "local"
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")
+@pytest.mark.parametrize("dtype", [mx.float16, mx.float32], ids=str)
+def test_cuda_row_reductions_compile(dtype):
+    # runs of 8 (float16) or 4 (float32) on CUDA: 128 columns on 16 or 32 lanes
+    x = mx.zeros((37, 100), dtype)
+    outs = [mx.zeros((37,), mx.float32) for _ in range(3)]
+    d = row_stats[(3,)].prepare(x, *outs, 37, 100, R=16, C=128, num_warps=4, backend="cuda")
+    assert "metile_lanes_sum<" in d.source
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log
