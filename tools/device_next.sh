@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s17    -- attention_decode sweep vs MLX, row ops, attention tests
 #   OUT=$OUT bash tools/device_next.sh s16    -- dequantize/GEMV after the placement and shift fixes
 #   OUT=$OUT bash tools/device_next.sh s15    -- quantized tile sweep (incl. matvec_rows), eager
 #       launch cost, then the row/quantized GPU tests for the rest of the budget.
@@ -194,8 +195,18 @@ elif [ "$mode" = s16 ]; then
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
     --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -6 | tee -a "$log"
   gpu_tests $((budget - 30 - (SECONDS - t0))) test_vectorize_rows test_quantized_op
+elif [ "$mode" = s17 ]; then
+  # attention_decode (rows summed on lanes, no matrix products) against MLX and the split
+  # kernel; the row-kernel benchmarks after axis reductions moved out of threadgroup
+  # memory; the attention, row-reduction and row GPU tests
+  timeout 150 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-1500 | tee -a "$log"
+  for op in softmax rms_norm; do
+    timeout 60 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
+      --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|fails" | tail -4 | tee -a "$log"
+  done
+  gpu_tests $((budget - 30 - (SECONDS - t0))) test_row_reductions test_attention_op test_vectorize_rows
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -247,9 +247,18 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_heads, group, chun
     m_i = -float("inf")
     l_i = 0.0
     acc = metile.zeros((BLOCK_N, BLOCK_D), dtype=metile.float32)
+    # each block's keys and values are loaded one iteration ahead (held in registers
+    # across it), so their reads are in flight while the block before is reduced: the
+    # reductions' barriers would otherwise put two DRAM round trips in every iteration
+    inside = (lo + keys < hi) & d_in
+    k = metile.load(K + kv_offset + (lo + keys) * HEAD_DIM + d, mask=inside, other=0.0)
+    v = metile.load(V + kv_offset + (lo + keys) * HEAD_DIM + d, mask=inside, other=0.0)
     for start in range(lo, hi, BLOCK_N):
-        inside = (start + keys < hi) & d_in
-        k = metile.load(K + kv_offset + (start + keys) * HEAD_DIM + d, mask=inside, other=0.0)
+        ahead = (start + BLOCK_N + keys < hi) & d_in
+        k_next = metile.load(K + kv_offset + (start + BLOCK_N + keys) * HEAD_DIM + d,
+                             mask=ahead, other=0.0)
+        v_next = metile.load(V + kv_offset + (start + BLOCK_N + keys) * HEAD_DIM + d,
+                             mask=ahead, other=0.0)
         s = metile.sum(q.to(metile.float32) * k.to(metile.float32), axis=1) * scale_log2
         key = start + metile.arange(0, BLOCK_N)
         key_in = key < hi
@@ -266,9 +275,10 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_heads, group, chun
         alpha = metile.where(finite, metile.exp2(m_i - m_new), 1.0)
         p = metile.where(finite, metile.exp2(s - m_new), 0.0)
         l_i = l_i * alpha + metile.sum(p)
-        v = metile.load(V + kv_offset + (start + keys) * HEAD_DIM + d, mask=inside, other=0.0)
         acc = acc * alpha + p[:, None] * v.to(metile.float32)
         m_i = m_new
+        k = k_next
+        v = v_next
     out = metile.sum(acc, axis=0)
     at = program + metile.arange(0, 1)
     cols = metile.program_id(1) * BLOCK_D + metile.arange(0, BLOCK_D)

@@ -1,6 +1,6 @@
 """Decode attention (one query, 1x32x4096x128 float16, the issue's shape) on the GPU:
-the split kernel's tiles - rows held (16 as before, 1 now), keys a block, warps - and
-the split count, against MLX's op, each an `mx.compile`d call timed like
+the split kernel (general products) and attention_decode (rows summed on lanes) at
+several key blocks, warp counts and split counts, against MLX's op, each an `mx.compile`d call timed like
 benchmarks/quantized.py (many launches per sync, alternating, median of rounds).
 
     python tools/probes/decode_attention.py [--rounds 5]
@@ -32,12 +32,16 @@ def main():
     scale = 128 ** -0.5
     fns = {"mlx": mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale))}
     rows = 32 // args.kv_heads
-    for m, n, warps, splits in ((16, 64, None, None), (rows, 64, None, None),
-                                (rows, 64, 8, None), (rows, 64, 4, None), (rows, 128, 8, None),
-                                (rows, 32, 4, None), (rows, 64, 8, 32), (rows, 64, 4, 64)):
+    for m, n, warps, splits in ((rows, 64, 8, None), (rows, 128, 8, None)):
         cfg = {"path": "decode", "BLOCK_M": m, "BLOCK_N": n, "num_warps": warps,
                "SPLITS": splits}
-        fns[f"M{m} N{n} w{warps} s{splits}"] = mx.compile(
+        fns[f"split M{m} N{n} w{warps} s{splits}"] = mx.compile(
+            lambda q, cfg=cfg: attention_ops._launch(q, k, v, None, scale, cfg))
+    # attention_decode (no matrix products): keys a block, warps, splits
+    for n, warps, splits in ((64, None, None), (64, 8, None), (32, None, None), (32, 4, None),
+                             (16, None, None), (64, None, 32), (32, None, 64)):
+        cfg = {"path": "decode_rows", "BLOCK_N": n, "num_warps": warps, "SPLITS": splits}
+        fns[f"rows N{n} w{warps} s{splits}"] = mx.compile(
             lambda q, cfg=cfg: attention_ops._launch(q, k, v, None, scale, cfg))
     want = np.array(fns["mlx"](q).astype(mx.float32))
     for name, fn in fns.items():

@@ -166,14 +166,18 @@ class ReductionLowering:
                 (self.T * v) % columns:
             return self.axis_reduce_in_shared(op, b)
         out = self.decl("shared", d, numel // columns, "_rows")
-        parts = self.decl("local", acc_d, slots * v, "_part")
+        parts = self.decl("local", acc_d, slots, "_part")
 
         def fold(ctxs):
             acc = None
             for ctx in ctxs:
                 e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
                 acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
-            ctxs[0].b.op("local_set", [ctxs[0].slot, acc], [], {"name": parts})
+            lb = ctxs[0].b
+            # a run's first element sits at register slot (its slot) * v
+            slot = ctxs[0].slot if v == 1 else lb.value("idiv", [ctxs[0].slot,
+                                                                 self.const(lb, v)], I32)
+            lb.op("local_set", [slot, acc], [], {"name": parts})
 
         if v > 1:
             self.run_lane_loop(b, shape, None, group=fold)
@@ -186,7 +190,7 @@ class ReductionLowering:
         first = b.value("eq", [b.value("mod", [tid, self.const(b, lanes)], I32),
                                self.const(b, 0)], BOOL)
         for s in range(slots):
-            part = b.value("local_get", [self.const(b, s * v)], ScalarType(acc_d), name=parts)
+            part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
             if lanes > 1:
                 part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
             start = self.add(b, b.value("mul", [tid, self.const(b, v)], I32),
