@@ -186,6 +186,24 @@ def test_softmax_edge_values(rng):
     close(ops.softmax(h, backend="metile"), f64(mx.softmax(h, axis=-1)), mx.float16)
 
 
+def test_row_kernels_refuse_several_rows_a_program():
+    # their statistics are whole-tile reductions: ROWS > 1 would mix rows, so it is a
+    # compile error naming ROWS, not a wrong result
+    from metile.errors import CompilationError
+    from metile_kernels import norms, softmax
+    x = mx.ones((4, 64))
+    for launch in (
+            lambda: norms.rms_norm[(2, 1)](x, x[0], mx.zeros_like(x), 4, 64, 1e-5, BLOCK=64,
+                                           ROWS=2),
+            lambda: norms.layer_norm[(2, 1)](x, x[0], x[0], mx.zeros_like(x), 4, 64, 1e-5,
+                                             BLOCK=64, ROWS=2),
+            lambda: norms.add_rms_norm[(2, 1)](x, x, x[0], mx.zeros_like(x), mx.zeros_like(x),
+                                               4, 64, 1e-5, BLOCK=64, ROWS=2),
+            lambda: softmax.softmax[(2, 1)](x, mx.zeros_like(x), 4, 64, BLOCK=64, ROWS=2)):
+        with pytest.raises(CompilationError, match="ROWS must be 1"):
+            launch()
+
+
 @pytest.mark.parametrize("axis", [0, 1, (0, 2), None, -2])
 def test_softmax_other_axes(rng, axis):
     x, = arrays(rng, (3, 17, 5), mx.float32, scale=3.0)

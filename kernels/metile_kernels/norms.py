@@ -19,9 +19,11 @@ The row index is spelled `program_id(0) * ROWS + arange(0, ROWS)[:, None]` and
 the column index `program_id(1) * BLOCK + arange(0, BLOCK)[None, :]` (grid
 `(rows, 1)`), masked by both bounds: the 2-D tile store that metile proves
 covers the whole output (passes/buffer_usage.py), so the launch needs no
-written-mask and no copy of the passed output array.  ROWS stays 1: a reduction
-along an axis of a multi-row tile is a serial fold in threadgroup memory, while
-the full reduction of a one-row tile is the shuffle tree above.
+written-mask and no copy of the passed output array.  ROWS stays 1: the statistics
+are whole-tile reductions (the shuffle tree above), right for one row only.  (Several
+narrow rows a program would take them along axis 1, which the lanes holding a row of
+up to 32 runs now combine in place - lower_reductions.rows_reduce; not yet written or
+measured here.)
 
 Inputs may be float32, float16 or bfloat16 (one dtype for x, residual, weight
 and bias); statistics and the normalisation run in float32, with one rounding to
@@ -46,6 +48,9 @@ def rms_norm(X, W, Y, rows, columns, eps, BLOCK: metile.constexpr,
              HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
     """Y = X * rsqrt(mean(X^2) + eps) (* W), per row.  W: `columns` elements (unread
     without HAS_WEIGHT: pass any array)."""
+    # the statistics are whole-tile reductions: right for one row a program only
+    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
+                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
@@ -64,6 +69,9 @@ def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
     """Y = (X - mean) * rsqrt(var + eps) (* W) (+ B), per row (biased variance, as MLX).
     The variance is the mean of the centred squares, from the registers: no
     E[x^2] - E[x]^2 cancellation."""
+    # the statistics are whole-tile reductions: right for one row a program only
+    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
+                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
@@ -84,6 +92,9 @@ def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
 def add_rms_norm(X, R, W, S, Y, rows, columns, eps, BLOCK: metile.constexpr,
                  HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
     """S = X + R (rounded to S's dtype) and Y = rms_norm(S) (* W), one read of X and R."""
+    # the statistics are whole-tile reductions: right for one row a program only
+    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
+                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)

@@ -32,6 +32,9 @@ def grid(rows: int) -> tuple[int, int]:
 
 @metile.kernel
 def softmax(X, Y, rows, columns, BLOCK: metile.constexpr, ROWS: metile.constexpr = 1):
+    # the statistics are whole-tile reductions: right for one row a program only
+    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
+                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
