@@ -183,9 +183,11 @@ class ReductionLowering:
             self.run_lane_loop(b, shape, None, group=fold)
         else:
             self.lane_loop(b, shape, lambda ctx: fold([ctx]))
+        if self.loop_depth:
+            # the last iteration's readers of `out` must be done before it is rewritten
+            self.barrier(b)
         # the lanes combine outside the lane loop: its whole-runs test may send the lanes
         # of one SIMD-group down different copies, and every lane must reach one shuffle
-        self.barrier(b)
         tid = self.geom(b, "thread_id")
         first = b.value("eq", [b.value("mod", [tid, self.const(b, lanes)], I32),
                                self.const(b, 0)], BOOL)
