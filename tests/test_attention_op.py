@@ -314,3 +314,11 @@ def test_cuda_emission_compiles_with_nvrtc(mask):
     for d in dispatches:
         ok, log = compile_cuda(translation_unit(d), "sm_90")
         assert ok, log
+
+
+def test_one_query_of_a_wide_head(rng):
+    # head dim 256 in float32: past what any split tile holds on the CPU runtime (32 KiB of
+    # threadgroup memory), within attention_decode's smallest key block
+    q, k, v = operands(rng, 1, 2, 1, 1, 40, 256, mx.float32)
+    check(q, k, v, path="decode_rows")
+    assert attention_ops.configs(q, k, v)[0]["path"] == "decode_rows"

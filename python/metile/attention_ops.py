@@ -166,16 +166,20 @@ def tiles(d: int, itemsize: int, decode: bool, rows: int = DECODE_ROWS) -> list[
     return fit
 
 
-def rows_shared_bytes(block_n: int, block_d: int) -> int:
+def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
     """Threadgroup memory of attention_decode: the float32 value accumulator copied there
-    once to be summed over the keys, the block's scores and probabilities, scratch."""
-    return 4 * block_n * block_d + 8 * block_n + 64
+    once to be summed over the keys, the block's scores and probabilities, scratch; and
+    where a key's row is wider than a SIMD-group's runs of `run` elements (lanes cannot
+    combine it in place), the float32 products it is summed from."""
+    wide = block_d > 32 * run
+    return 4 * block_n * block_d * (2 if wide else 1) + 8 * block_n + 64
 
 
-def rows_tiles(d: int) -> list[dict]:
+def rows_tiles(d: int, itemsize: int) -> list[dict]:
     """attention_decode's key blocks that fit threadgroup memory, largest first."""
-    return [{"path": "decode_rows", "BLOCK_N": n} for n in (64, 32, 16)
-            if rows_shared_bytes(n, _head_block(d)) <= _shared_limit()]
+    run = 16 // itemsize if _on_cuda() else 4     # vectorize_rows' run on each backend
+    return [{"path": "decode_rows", "BLOCK_N": n} for n in (64, 32, 16, 8)
+            if rows_shared_bytes(n, _head_block(d), run) <= _shared_limit()]
 
 
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int) -> int:
@@ -240,7 +244,7 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     # two runs of the (keys, head dim) block a thread: a warp count the block fills
     # whole (the lanes of a row combine in place only then; 1024 threads, the plan's own
     # count for a 64x128 block, would leave runs of a 32-key block unfilled)
-    warps = config.get("num_warps") or max(1, block_n * _head_block(d) // (16 * 32))
+    warps = config.get("num_warps") or min(32, max(1, block_n * _head_block(d) // (16 * 32)))
     partial, stats = kernels.attention_decode[kernels.decode_grid(splits, rows)](
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
         mx.zeros((splits, rows, 2), mx.float32), kv_len, q_heads, q_heads // kv_heads, chunk,
@@ -311,14 +315,19 @@ def _config_name(config: dict) -> str:
 def configs(q, k, v) -> list[dict]:
     """The kernel configurations `auto` measures against MLX for these shapes."""
     decode = is_decode(q, k)
-    split = tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
-                  (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)
-    if q.shape[2] == 1:
-        # one query: the product-free kernel first (not yet timed on a GPU: its structure
-        # avoids the general products that held the split kernel at 0.23x of MLX), the
-        # split kernel as the other candidate
-        return (rows_tiles(q.shape[-1]) + split)[:1] + split[:1]
-    return split[:2]
+    # one query: the product-free kernel first (not yet timed on a GPU: its structure
+    # avoids the general products that held the split kernel at 0.23x of MLX), the split
+    # kernel as the other candidate where its tiles fit
+    one_query = rows_tiles(q.shape[-1], _result_dtype(q, k, v).size)[:1] \
+        if q.shape[2] == 1 else []
+    try:
+        split = tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
+                      (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)
+    except ValueError:
+        if not one_query:
+            raise
+        split = []
+    return one_query + split[:1] if one_query else split[:2]
 
 
 def _bucket(n: int) -> int:
