@@ -26,8 +26,9 @@ kernels here multiply by that matrix without materialising it:
   along K so the compiler lays it out in runs: x read as 16-byte vectors, each packed
   word, scale and bias once per run (passes/vectorize_rows.py, `runs_constant`).  The
   faster GEMV on the H200 (29.6 us against 49-59 for `quantized_matvec` at 1x4096x11008
-  int4); `quantized_matvec_rows`, its several-outputs-a-program form, is faster still
-  (28.6 us: more loads in flight, x converted once for ROWS rows).
+  int4); `quantized_matvec_rows`, its several-outputs-a-program form, took 28.6 us
+  against its 32.0 in one run, and level with it (25.8 / 25.7) once both had their shifts
+  folded.
 * `quantized_matvec_n` (decode, TRANSPOSE=False): the same with the quantized axis
   along the outputs; neighbouring lanes take neighbouring outputs, so the lanes of
   one packed word load the same address.
@@ -201,8 +202,9 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     one output a program, whose K loop waited on DRAM once a block), each row's products
     summed across the program's lanes by shuffles (on one warp: no barrier).  On the H200
     (int4 group 64, 1x4096x11008 float16) 8 rows of 512 on one warp took 28.6 us against
-    32.0 for quantized_matvec_runs and 35.2 for MLX in one run; ROWS rows on ROWS warps
-    as one 2-D tile (x read per row, row sums through threadgroup memory) took 39-43."""
+    32.0 for quantized_matvec_runs and 35.2 for MLX in one run, 25.8 against 25.7 (MLX
+    38.1) in the next, with both kernels' shifts folded; ROWS rows on ROWS warps as one
+    2-D tile (x read per row, row sums through threadgroup memory) took 39-43."""
     n0 = metile.program_id(0) * ROWS
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)

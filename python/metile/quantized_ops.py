@@ -66,9 +66,11 @@ MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
 MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1},
                {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2}]
-# Several outputs a program on one warp (quantized_matvec_rows): on the H200 in the run
-# above's successor (h200-device-log-s15-2026-12-02.txt) 8x512 28.6 us, 4x512 29.2,
-# 16x256 29.3, 2x512 30.3, 4x1024 34.0; quantized_matvec_runs 512/1 32.0, MLX 35.2.
+# Several outputs a program on one warp (quantized_matvec_rows), on the H200
+# (h200-device-log-s15-2026-12-02.txt): 8x512 28.6 us, 4x512 29.2, 16x256 29.3, 2x512
+# 30.3, 4x1024 34.0; quantized_matvec_runs 512/1 32.0, MLX 35.2.  After the shifts were
+# folded (s16) the two kernels are level: 25.8 and 25.7 us in benchmarks.quantized
+# (MLX 38.1), 30.2 and 30.7 in the probe (16x256: 29.0).
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
@@ -264,8 +266,8 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
     On CUDA with 16-bit x, the kernels measured faster on the H200
     (h200-quantized-int4-float16-runs-2026-12-01.json, h200-device-log-s15-2026-12-02.txt;
-    int4 group 64, 4096 -> 11008): the GEMV in runs, several rows a warp (28.6 us against
-    32 for one row a program and 49-59 for `quantized_matvec`) and, for prefill,
+    int4 group 64, 4096 -> 11008): the GEMV in runs, several rows a warp (25.8 us, level
+    with one row a program, against 49-59 for `quantized_matvec`; MLX 38.1) and, for prefill,
     dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM), which holds a
     dense copy of the weight for the call (N * K elements of x's dtype, freed after it).
     Elsewhere (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused
