@@ -23,15 +23,17 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--kv-heads", type=int, default=32)
+    parser.add_argument("--keys", type=int, default=4096)
+    parser.add_argument("--heads", type=int, default=32)
     args = parser.parse_args()
     keys = mx.random.split(mx.random.key(0), 3)
-    q = mx.random.normal((1, 32, 1, 128), key=keys[0]).astype(mx.float16)
-    k = mx.random.normal((1, args.kv_heads, 4096, 128), key=keys[1]).astype(mx.float16)
-    v = mx.random.normal((1, args.kv_heads, 4096, 128), key=keys[2]).astype(mx.float16)
+    q = mx.random.normal((1, args.heads, 1, 128), key=keys[0]).astype(mx.float16)
+    k = mx.random.normal((1, args.kv_heads, args.keys, 128), key=keys[1]).astype(mx.float16)
+    v = mx.random.normal((1, args.kv_heads, args.keys, 128), key=keys[2]).astype(mx.float16)
     mx.eval(q, k, v)
     scale = 128 ** -0.5
     fns = {"mlx": mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale))}
-    rows = 32 // args.kv_heads
+    rows = args.heads // args.kv_heads
     for m, n, warps, splits in ((rows, 64, 8, None), (rows, 128, 8, None)):
         cfg = {"path": "decode", "BLOCK_M": m, "BLOCK_N": n, "num_warps": warps,
                "SPLITS": splits}
