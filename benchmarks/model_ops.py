@@ -217,6 +217,9 @@ def main():
     parser.add_argument("--max-launches", type=int, default=200)
     parser.add_argument("--check-rows", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run on CPU)")
+    parser.add_argument("--shapes", nargs="*", metavar="ROWSxCOLUMNS",
+                        help="row-op shapes instead of the default ones (e.g. 131072x128: a "
+                             "per-head norm)")
     parser.add_argument("--output")
     args = parser.parse_args()
     dtype = getattr(mx, args.dtype)
@@ -226,6 +229,8 @@ def main():
     for op in args.ops:
         shapes = (QUICK_ROPE_SHAPES if args.quick else ROPE_SHAPES) if op == "rope" else \
             (QUICK_ROW_SHAPES if args.quick else ROW_SHAPES)
+        if args.shapes and op != "rope":
+            shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes]
         for shape in shapes:
             inputs, mlx_fn, kernels, ref, moved = op_cases(op, shape, dtype, rng)
             mx.eval(*inputs)

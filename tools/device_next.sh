@@ -204,6 +204,9 @@ elif [ "$mode" = s17 ]; then
     timeout 60 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
       --output "$logs/h200-model-ops-$op-float16.json" 2>&1 | grep -E "16384x8192|fails" | tail -4 | tee -a "$log"
   done
+  # a per-head norm (qk-norm: 32 heads x 4096 tokens of 128): one narrow row a program
+  timeout 60 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops rms_norm \
+    --shapes 131072x128 --output "$logs/h200-model-ops-rms_norm-narrow-float16.json" 2>&1 | grep -E "131072|fails" | tail -3 | tee -a "$log"
   gpu_tests $((budget - 30 - (SECONDS - t0))) test_row_reductions test_attention_op test_vectorize_rows
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17)" | tee -a "$log"
