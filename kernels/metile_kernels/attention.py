@@ -5,7 +5,7 @@
 with q (B, Hq, Lq, D) and k, v (B, Hkv, Lk, D), all row-major, G = Hq / Hkv
 query heads per key/value head (grouped-query attention; G = 1 is multi-head).
 
-Two kernels and a combine step:
+Three kernels and a combine step:
 
 * `attention_forward` (prefill): one program per (query block, query head, batch),
   a loop over key/value blocks with two `dot`s (Q·Kᵀ, then P·V, float32
@@ -17,6 +17,9 @@ Two kernels and a combine step:
   of every query head that shares one key/value head (G x Lq rows), so each key
   and value byte is read once per chunk, not once per query head.  It writes its
   chunk's running maximum, sum and unnormalised output in float32.
+* `attention_decode` (one query: q_len == 1): the split kernel's work per query head
+  without matrix products - scores summed along each key's row by the lanes holding it,
+  values accumulated in a block summed once (its docstring says why).
 * `attention_combine` merges the chunks: out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
 
 Scores are kept in base 2 (scale and additive mask are multiplied by log2 e) so
