@@ -85,8 +85,9 @@ def dequantized(w, scales, biases, k, n, K, N, BITS, GROUP, TRANSPOSE):
 def row_sums(acc, ROWS, COLUMNS):
     """acc.sum(axis=1) of a (ROWS, COLUMNS) tile as ROWS whole-tile reductions: those
     combine lanes with SIMD shuffles, and the tile stays in registers, where an axis
-    reduction (placement.py) would keep it in threadgroup memory and sum each row on
-    one thread."""
+    reduction of rows wider than a SIMD-group's lanes (quantized_matvec's 128 words a
+    row, one a lane) copies the tile to threadgroup memory and sums each row on one
+    thread (lower_reductions.rows_reduce combines a row on lanes only up to 32 of them)."""
     row_of = metile.arange(0, ROWS)[:, None] + metile.zeros((ROWS, COLUMNS), dtype=metile.int32)
     out = metile.zeros((ROWS,), dtype=metile.float32)
     for i in metile.static_range(ROWS):
