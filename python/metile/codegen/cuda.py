@@ -21,28 +21,8 @@ from .debug_ops import CUDADebug
 # Metal's simd_sum/simd_max/simd_min do; the lane geometry always launches
 # whole warps, so the full mask is exact.
 _WARP = """\
-template <typename T> __device__ __forceinline__ T metile_warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-template <typename T> __device__ __forceinline__ T metile_warp_max(T v) {
-  for (int o = 16; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w > v ? w : v; }
-  return v;
-}
-template <typename T> __device__ __forceinline__ T metile_warp_min(T v) {
-  for (int o = 16; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; }
-  return v;
-}
-template <typename T> __device__ __forceinline__ T metile_warp_or(T v) {
-  for (int o = 16; o > 0; o >>= 1) v = v | __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-template <typename T> __device__ __forceinline__ T metile_warp_xor(T v) {
-  for (int o = 16; o > 0; o >>= 1) v = v ^ __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-// The same within aligned groups of L lanes (a row of a tile on L lanes): every lane of
-// the warp shuffles, each group combining its own values.
+// Within aligned groups of L lanes (a row of a tile on L lanes; L = 32: the warp): every
+// lane of the warp shuffles, each group combining its own values.
 template <int L, typename T> __device__ __forceinline__ T metile_lanes_sum(T v) {
   for (int o = L / 2; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -53,6 +33,17 @@ template <int L, typename T> __device__ __forceinline__ T metile_lanes_max(T v) 
 }
 template <int L, typename T> __device__ __forceinline__ T metile_lanes_min(T v) {
   for (int o = L / 2; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; }
+  return v;
+}
+template <typename T> __device__ __forceinline__ T metile_warp_sum(T v) { return metile_lanes_sum<32>(v); }
+template <typename T> __device__ __forceinline__ T metile_warp_max(T v) { return metile_lanes_max<32>(v); }
+template <typename T> __device__ __forceinline__ T metile_warp_min(T v) { return metile_lanes_min<32>(v); }
+template <typename T> __device__ __forceinline__ T metile_warp_or(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = v | __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T> __device__ __forceinline__ T metile_warp_xor(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = v ^ __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }"""
 
