@@ -311,9 +311,9 @@ def _on_cuda() -> bool:
 
 
 def _reused(make):
-    """One differentiable function per distinct arguments (tiles compared by their items):
-    building an mx.custom_function and its vjp is microseconds of every eager call, and
-    the function is a pure closure over those arguments."""
+    """One result of `make`, a pure function, per distinct arguments (tiles compared by
+    their items): building an mx.custom_function and its vjp, or formatting a tile's name,
+    is microseconds of every eager call."""
     made: dict = {}
 
     @functools.wraps(make)
@@ -490,16 +490,10 @@ class _Route:
     decision: routing.Decision
 
 
-_CONFIG_NAMES: dict = {}
-
-
+@_reused
 def _config_name(block: dict) -> str:
     # asked by every routed call (a decision names its tile): formatted once a tile
-    key = tuple(block.items())
-    name = _CONFIG_NAMES.get(key)
-    if name is None:
-        name = _CONFIG_NAMES[key] = "metile:" + ",".join(f"{k}={v}" for k, v in key)
-    return name
+    return "metile:" + ",".join(f"{k}={v}" for k, v in block.items())
 
 
 # Layouts of the right operand: row-major (K, N), or the transpose of a row-major
