@@ -216,12 +216,11 @@ class ReductionLowering:
         if held is None or held.kind != "shared":
             # one copy for every reduction of x later in the same block (x along both
             # axes): the copy is made before them in program order and x never changes
-            copies = self.__dict__.setdefault("_axis_copies", {})
-            tmp = copies.get((x.id, id(b.block)))
+            tmp = self.axis_copies.get((x.id, id(b.block)))
             if tmp is None:
                 tmp = self.new_storage("shared", x.type.shape, x.type)
                 self.copy_into(b, tmp, x)
-                copies[(x.id, id(b.block))] = tmp
+                self.axis_copies[(x.id, id(b.block))] = tmp
             self.storage[x.id] = tmp
         try:
             self.materialize(op.results[0], b)

@@ -62,6 +62,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.decls: list[Op] = []
         self.scalars: dict[int, Value] = {}
         self.storage: dict[int, Storage] = {}
+        # (value id, block id) -> its copy in threadgroup memory for axis reductions
+        # (lower_reductions.axis_reduce_in_shared)
+        self.axis_copies: dict[tuple[int, int], Storage] = {}
         self.group_storage: dict[int, Storage] = {}
         self.counter = 0
         self.shared_bytes = 0
