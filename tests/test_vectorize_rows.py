@@ -521,10 +521,11 @@ def test_group_scales_in_runs_against_numpy(rng, dtype):
 
 
 @metile.kernel
-def unit_axes(X, Y, Z, B, rows, columns, BLOCK: metile.constexpr):
-    """A row held in registers and read through unit axes only: Y = 2x as a (1, BLOCK)
-    row, Z = x + 1 as a (BLOCK, 1) column, and B = x[None, :] broadcast down 2 rows (a
-    read at other coordinates)."""
+def unit_axes(X, Y, Z, B, rows, columns, BLOCK: metile.constexpr,
+              BROADCAST: metile.constexpr = True):
+    """A row held in registers and read through unit axes: Y = 2x as a (1, BLOCK) row,
+    Z = x + 1 as a (BLOCK, 1) column, and with BROADCAST, B = x[None, :] broadcast down
+    2 rows (a read at other coordinates)."""
     r = metile.program_id(0)
     c = metile.arange(0, BLOCK)
     one = metile.arange(0, 1)
@@ -534,10 +535,11 @@ def unit_axes(X, Y, Z, B, rows, columns, BLOCK: metile.constexpr):
                  mask=((r + one)[:, None] < rows) & (c[None, :] < columns))
     metile.store(Z + r * columns + c[:, None] + one[None, :] * 0, (x + 1.0)[:, None].to(Z.dtype),
                  mask=(c[:, None] < columns) & (one[None, :] < 1))
-    two = metile.arange(0, 2)
-    metile.store(B + (r * 2 + two)[:, None] * columns + c[None, :],
-                 (x[None, :] + two[:, None].to(metile.float32)).to(B.dtype),
-                 mask=(two[:, None] < 2) & (c[None, :] < columns))
+    if BROADCAST:
+        two = metile.arange(0, 2)
+        metile.store(B + (r * 2 + two)[:, None] * columns + c[None, :],
+                     (x[None, :] + two[:, None].to(metile.float32)).to(B.dtype),
+                     mask=(two[:, None] < 2) & (c[None, :] < columns))
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
@@ -564,25 +566,13 @@ def test_a_unit_axis_reads_registers_in_place(rng, dtype):
     kinds = [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"]
     assert kinds == ["shared"]       # one load, broadcast below: threadgroup memory
     # without the broadcast, the same row stays in registers
-    d1 = centre_row[(rows,)].prepare(x, outs[0], rows, columns, BLOCK=256, num_warps=2,
-                                     backend="msl")
+    d1 = unit_axes[(rows,)].prepare(x, *outs, rows, columns, BLOCK=256, num_warps=2,
+                                    BROADCAST=False, backend="msl")
     fn = d1.spec.tile_ir()
     assert [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"] \
         == ["local"]
     assert "threadgroup_barrier" not in d1.source and "threadgroup float" not in d1.source
     assert "threadgroup_barrier" in d.source
-    np.testing.assert_allclose(f64(centre_row[(rows,)](x, outs[0], rows, columns, BLOCK=256,
-                                                       num_warps=2)), 2 * xs, **tol)
-
-
-@metile.kernel
-def centre_row(X, Y, rows, columns, BLOCK: metile.constexpr):
-    """Y = 2x through a (1, BLOCK) row and a (BLOCK, 1) column read back in place."""
-    r = metile.program_id(0)
-    c = metile.arange(0, BLOCK)
-    one = metile.arange(0, 1)
-    x = metile.load(X + r * columns + c, mask=c < columns, other=0.0).to(metile.float32)
-    col = (x + x)[:, None]
-    metile.store(Y + (r + one)[:, None] * columns + c[None, :],
-                 (col.reshape((1, BLOCK)) * 1.0 + x[None, :] * 0.0).to(Y.dtype),
-                 mask=((r + one)[:, None] < rows) & (c[None, :] < columns))
+    y, z = unit_axes[(rows,)](x, *outs, rows, columns, BLOCK=256, num_warps=2, BROADCAST=False)
+    np.testing.assert_allclose(f64(y), 2 * xs, **tol)
+    np.testing.assert_allclose(f64(z), xs + 1, **tol)
