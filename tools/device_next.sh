@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s18    -- decode attention splits/warps/combine, int4 GEMV ahead
 #   OUT=$OUT bash tools/device_next.sh s17    -- attention_decode sweep vs MLX, row ops, attention tests
 #   OUT=$OUT bash tools/device_next.sh s16    -- dequantize/GEMV after the placement and shift fixes
 #   OUT=$OUT bash tools/device_next.sh s15    -- quantized tile sweep (incl. matvec_rows), eager
@@ -208,8 +209,14 @@ elif [ "$mode" = s17 ]; then
   timeout 60 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops rms_norm \
     --shapes 131072x128 --output "$logs/h200-model-ops-rms_norm-narrow-float16.json" 2>&1 | grep -E "131072|fails" | tail -3 | tee -a "$log"
   gpu_tests $((budget - 30 - (SECONDS - t0))) test_row_reductions test_attention_op test_vectorize_rows
+elif [ "$mode" = s18 ]; then
+  # decode attention with 1-2 warp programs over many splits and the one-shot combine;
+  # the int4 GEMV that reads a block ahead; the attention and quantized GPU tests
+  timeout 200 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
+  timeout 150 python3 tools/probes/quantized_parts.py --decode-only --rounds 5 2>&1 | grep -E "^decode|Error" | cut -c1-1500 | tee -a "$log"
+  gpu_tests $((budget - 30 - (SECONDS - t0))) test_attention_op test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

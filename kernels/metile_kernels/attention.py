@@ -320,3 +320,35 @@ def attention_combine(Partial, Stats, Out, rows_total, splits,
         acc = acc + part * weight[:, None]
     out = acc / total[:, None]
     metile.store(Out + rows[:, None] * HEAD_DIM + d[None, :], out.to(Out.dtype), mask=inside)
+
+
+def combine_grid(rows_total: int, head_dim: int, BLOCK_D: int) -> tuple[int, int]:
+    return (rows_total, -(-head_dim // BLOCK_D))
+
+
+@metile.kernel
+def attention_combine_splits(Partial, Stats, Out, rows_total, splits,
+                             HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
+                             BLOCK_S: metile.constexpr = 32):
+    """attention_combine for one row and BLOCK_D of its columns a program, every split
+    (splits <= BLOCK_S) read at once: the statistics as a (BLOCK_S,) block, the partial
+    outputs as a (BLOCK_S, BLOCK_D) block summed over the splits.  attention_combine's
+    loop over the splits puts one dependent read in each of its `splits` iterations on
+    a handful of programs; here every read of a row is in flight together.
+    Grid: combine_grid (rows_total, cdiv(HEAD_DIM, BLOCK_D))."""
+    row = metile.program_id(0)
+    s = metile.arange(0, BLOCK_S)
+    s_in = s < splits
+    stats = Stats + (s * rows_total + row) * 2
+    m_s = metile.load(stats, mask=s_in, other=-float("inf"))
+    l_s = metile.load(stats + 1, mask=s_in, other=0.0)
+    m = metile.max(m_s)
+    weight = metile.where(m > -float("inf"), metile.exp2(m_s - m), 0.0)
+    weight = metile.where(s_in, weight, 0.0)
+    total = metile.sum(weight * l_s)
+    d = metile.program_id(1) * BLOCK_D + metile.arange(0, BLOCK_D)
+    d_in = d < HEAD_DIM
+    part = metile.load(Partial + (s * rows_total + row)[:, None] * HEAD_DIM + d[None, :],
+                       mask=s_in[:, None] & d_in[None, :], other=0.0)
+    out = metile.sum(part * weight[:, None], axis=0) / total
+    metile.store(Out + row * HEAD_DIM + d, out.to(Out.dtype), mask=d_in)

@@ -225,11 +225,7 @@ def _launch(q, k, v, mask, scale, config):
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
         mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
         *strides, **common, **warps)
-    block_r = 8
-    out = kernels.attention_combine[(math.ceil(rows / block_r),)](
-        partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
-        BLOCK_D=common["BLOCK_D"], BLOCK_R=block_r)
-    return out.reshape(q.shape)
+    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
 
 
 def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, config):
@@ -251,10 +247,27 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
         scale_log2, rows, splits * rows, strides[0], strides[1], strides[3], HEAD_DIM=d,
         BLOCK_D=_head_block(d),
         BLOCK_N=block_n, MASK="none" if kind == "causal" else kind, num_warps=warps)
-    out = kernels.attention_combine[(math.ceil(rows / 8),)](
-        partial, stats, mx.zeros((rows, d), q.dtype), rows, splits, HEAD_DIM=d,
-        BLOCK_D=_head_block(d), BLOCK_R=8)
-    return out.reshape(q.shape)
+    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
+
+
+# splits attention_combine_splits reads at once; more go through attention_combine's loop
+COMBINE_SPLITS = 64
+
+
+def _combine(kernels, partial, stats, rows, splits, d, dtype, config):
+    """The (rows, d) output merged from the splits' partial outputs and statistics:
+    every split of a row at once (attention_combine_splits: a (splits, 32) block of
+    columns a program) where there are at most COMBINE_SPLITS, else attention_combine's
+    loop over the splits; a configuration may name it (combine="loop"|"splits")."""
+    out = mx.zeros((rows, d), dtype)
+    how = config.get("combine") or ("splits" if splits <= COMBINE_SPLITS else "loop")
+    if how == "splits":
+        block_s = 1 << max(0, (splits - 1).bit_length())
+        block_d = min(32, _head_block(d))
+        return kernels.attention_combine_splits[kernels.combine_grid(rows, d, block_d)](
+            partial, stats, out, rows, splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s)
+    return kernels.attention_combine[(math.ceil(rows / 8),)](
+        partial, stats, out, rows, splits, HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_R=8)
 
 
 def reference(q, k, v, scale, mask):

@@ -75,6 +75,9 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
+# Reads one K block ahead (quantized_matvec_ahead): untimed until the s18 run.
+MATVEC_AHEAD = [{"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 4, "num_warps": 1},
+                {"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 8, "num_warps": 2}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -187,6 +190,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         launcher = kernels.quantized_matvec_runs[kernels.matvec_grid(m, n, 1)]
     elif kind == "matvec_rows":
         launcher = kernels.quantized_matvec_rows[kernels.matvec_grid(m, n, params["ROWS"])]
+    elif kind == "matvec_ahead":
+        launcher = kernels.quantized_matvec_ahead[kernels.matvec_grid(m, n, params["ROWS"])]
     elif kind == "matvec_n":
         launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
     else:
@@ -299,7 +304,7 @@ def _fingerprints() -> dict:
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
         kernels.quantized_matvec, kernels.quantized_matvec_runs, kernels.quantized_matvec_rows,
-        kernels.quantized_matvec_n, kernels.quantized_matmul,
+        kernels.quantized_matvec_ahead, kernels.quantized_matvec_n, kernels.quantized_matmul,
         kernels.dequantize, matmul_epilogue))
     return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 

@@ -35,6 +35,7 @@ def timed(fns, x, rounds, launches=50):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--decode-only", action="store_true")
     args = parser.parse_args()
     from metile_kernels import quantized as kernels
     n, k = 11008, 4096
@@ -43,6 +44,12 @@ def main():
     dense = mx.dequantize(wq, s, b, group_size=64, bits=4)
     mx.eval(w, wq, s, b, dense)
     out = {}
+    if not args.decode_only:
+        prefill(args, kernels, n, k, wq, s, b, dense, out)
+    decode(args, n, k, wq, s, b, out)
+
+
+def prefill(args, kernels, n, k, wq, s, b, dense, out):
     xp = mx.random.normal((512, k), key=mx.random.key(2)).astype(mx.float16)
 
     def deq(_x, block=1024, warps=4, rows=1):
@@ -65,6 +72,9 @@ def main():
     out["prefill_512"] = timed(fns, xp, args.rounds)
     print("prefill", json.dumps(out["prefill_512"]), flush=True)
     print("linear:", ops.explain_linear(xp, dense, backend="metile")[:1500], flush=True)
+
+
+def decode(args, n, k, wq, s, b, out):
     xd = mx.random.normal((1, k), key=mx.random.key(3)).astype(mx.float16)
     fns = {"mlx": mx.compile(lambda x: mx.quantized_matmul(x, wq, s, b))}
     # (the 2026-12-01 sweep also tried a per-block running sum, SUM_EACH_BLOCK: no faster,
@@ -75,6 +85,12 @@ def main():
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     for cfg in quantized_ops.MATVEC_ROWS:
         fns[f"rows {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
+            lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
+    # reads one block ahead (quantized_matvec_ahead): rows, K block, warps
+    for rows, bk, warps in ((4, 256, 1), (4, 256, 2), (8, 256, 2), (4, 128, 1), (8, 128, 1),
+                            (2, 256, 1), (4, 512, 2)):
+        cfg = {"kernel": "matvec_ahead", "BLOCK_K": bk, "ROWS": rows, "num_warps": warps}
+        fns[f"ahead {rows}x{bk}/{warps}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     want = np.array(mx.quantized_matmul(xd, wq, s, b)).astype(np.float64)
     for name, fn in fns.items():
