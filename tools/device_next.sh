@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s19    -- ncu kernel durations of the decode attention/GEMV candidates
 #   OUT=$OUT bash tools/device_next.sh s18    -- decode attention splits/warps/combine, int4 GEMV ahead
 #   OUT=$OUT bash tools/device_next.sh s17    -- attention_decode sweep vs MLX, row ops, attention tests
 #   OUT=$OUT bash tools/device_next.sh s16    -- dequantize/GEMV after the placement and shift fixes
@@ -215,8 +216,16 @@ elif [ "$mode" = s18 ]; then
   timeout 200 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
   timeout 150 python3 tools/probes/quantized_parts.py --decode-only --rounds 5 2>&1 | grep -E "^decode|Error" | cut -c1-1500 | tee -a "$log"
   gpu_tests $((budget - 30 - (SECONDS - t0))) test_attention_op test_quantized_op
+elif [ "$mode" = s19 ]; then
+  # kernel-only durations (ncu) of the decode attention and int4 GEMV candidates and
+  # MLX's kernels: the benchmarks time compiled calls, host work included
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_kernels_ncu.py --repeat 3 > "$logs/ncu-decode-kernels.csv" 2>> "$log"
+  echo "ncu exit $?" | tee -a "$log"
+  grep "^side" "$logs/ncu-decode-kernels.csv" | cut -c1-200 | tee -a "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-decode-kernels.csv" 2>&1 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -1,0 +1,86 @@
+"""Kernel-only GPU durations of the decode-shaped ops, for ncu: decode attention
+(1x32x4096x128 float16, metile's decode_rows configurations and the split kernel, MLX's
+op) and the int4 GEMV (1x4096x11008, group 64: MLX's and metile's decode kernels), each
+evaluated `--repeat` times in order.  benchmarks time a compiled call, host work
+included; this separates the GPU's part.
+
+    ncu --metrics gpu__time_duration.sum --csv python3 tools/probes/decode_kernels_ncu.py
+    python3 tools/probes/decode_kernels_ncu.py --summarize ncu.csv
+"""
+
+import argparse
+import csv
+import io
+import math
+import sys
+from collections import OrderedDict
+
+sys.path.insert(0, "kernels")
+sys.path.insert(0, ".")
+
+ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
+             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 2, "SPLITS": 64},
+             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 1, "SPLITS": 64},
+             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 2, "SPLITS": 64, "combine": "loop"},
+             {"path": "decode", "BLOCK_M": 1, "BLOCK_N": 64, "num_warps": 8}]
+GEMV = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
+        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+        {"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 4, "num_warps": 2},
+        {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1}]
+
+
+def run(repeat):
+    import mlx.core as mx
+    from metile import attention_ops, quantized_ops
+    keys = mx.random.split(mx.random.key(0), 3)
+    q = mx.random.normal((1, 32, 1, 128), key=keys[0]).astype(mx.float16)
+    k = mx.random.normal((1, 32, 4096, 128), key=keys[1]).astype(mx.float16)
+    v = mx.random.normal((1, 32, 4096, 128), key=keys[2]).astype(mx.float16)
+    n, kk = 11008, 4096
+    w = (mx.random.normal((n, kk), key=mx.random.key(1)) / math.sqrt(kk)).astype(mx.float16)
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    x = mx.random.normal((1, kk), key=mx.random.key(3)).astype(mx.float16)
+    mx.eval(q, k, v, wq, s, b, x)
+    sides = [("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
+    sides += [(f"attention {c}", lambda c=c: attention_ops._launch(q, k, v, None, 128 ** -0.5, c))
+              for c in ATTENTION]
+    sides += [("mlx quantized_matmul", lambda: mx.quantized_matmul(x, wq, s, b))]
+    sides += [(f"gemv {c}", lambda c=c: quantized_ops._metile(x, wq, s, b, n, kk, True, 64, 4, c))
+              for c in GEMV]
+    for name, fn in sides:
+        try:
+            mx.eval(fn())          # compile outside the counted launches
+        except Exception as e:     # a tile this device refuses: say so, run the rest
+            print("side", name, type(e).__name__, str(e)[:200], flush=True)
+            continue
+        mx.synchronize()
+        print("side", name, flush=True)
+        for _ in range(repeat):
+            mx.eval(fn())
+            mx.synchronize()
+
+
+def summarize(path):
+    """Median duration (us) per (kernel, grid, block), in first-launch order."""
+    text = open(path).read()
+    text = text[text.index('"ID"'):] if '"ID"' in text else text
+    groups = OrderedDict()
+    for row in csv.DictReader(io.StringIO(text)):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        key = (row["Kernel Name"][:60], row.get("Grid Size", ""), row.get("Block Size", ""))
+        value = float(row["Metric Value"].replace(",", ""))
+        unit = row.get("Metric Unit", "nsecond")
+        groups.setdefault(key, []).append(value / 1000 if unit.startswith("n") else value)
+    for (name, grid, block), times in groups.items():
+        times.sort()
+        print(f"ncu {name:60s} grid {grid:>14s} block {block:>12s} n={len(times)} "
+              f"median {times[len(times) // 2]:.1f} us")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--summarize")
+    args = parser.parse_args()
+    summarize(args.summarize) if args.summarize else run(args.repeat)
