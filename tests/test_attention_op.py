@@ -209,6 +209,18 @@ def test_combines_agree(rng, splits, d, combine):
                                atol=1e-5)
 
 
+def test_rows_split_count(monkeypatch):
+    # attention_decode's splits: ~4096 warps over the rows' programs, at most the one-shot
+    # combine's 64, each split at least four key blocks
+    assert attention_ops.rows_split_count(32, 4096, 8, 2) == 64
+    assert attention_ops.rows_split_count(256, 4096, 8, 2) == 8
+    assert attention_ops.rows_split_count(1, 100, 8, 2) == 4
+    assert attention_ops.rows_split_count(4096, 4096, 64, 16) == 1
+    assert attention_ops.rows_warps(8, 128) == 2 and attention_ops.rows_warps(64, 128) == 16
+    monkeypatch.setattr(attention_ops, "_on_cuda", lambda: True)
+    assert attention_ops.rows_tiles(128, 2)[0] == {"path": "decode_rows", "BLOCK_N": 8}
+
+
 def test_split_count():
     assert attention_ops.split_count(1, 32, 4096, 64) == 9       # 288 programs: the GPU twice
     assert attention_ops.split_count(1, 1, 100, 64) == 1          # too short to split

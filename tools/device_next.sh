@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s20    -- decode attention without per-call fills: ncu, sweep, benchmark JSON
 #   OUT=$OUT bash tools/device_next.sh s19    -- ncu kernel durations of the decode attention/GEMV candidates
 #   OUT=$OUT bash tools/device_next.sh s18    -- decode attention splits/warps/combine, int4 GEMV ahead
 #   OUT=$OUT bash tools/device_next.sh s17    -- attention_decode sweep vs MLX, row ops, attention tests
@@ -224,8 +225,20 @@ elif [ "$mode" = s19 ]; then
   echo "ncu exit $?" | tee -a "$log"
   grep "^side" "$logs/ncu-decode-kernels.csv" | cut -c1-200 | tee -a "$log"
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-decode-kernels.csv" 2>&1 | tee -a "$log"
+elif [ "$mode" = s20 ]; then
+  # decode attention after the per-call fills went (mask stand-in, combine store proven):
+  # ncu kernel times of the configurations, the compiled-call sweep, the benchmark JSON
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_kernels_ncu.py --repeat 3 > "$logs/ncu-decode-kernels.csv" 2>> "$log"
+  echo "ncu exit $?" | tee -a "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-decode-kernels.csv" 2>&1 | grep -E "metile|qmv|cudnn" | tee -a "$log"
+  timeout 120 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 --prefill-lengths \
+    --decode-lengths 1024 4096 16384 --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  timeout 100 python3 -m benchmarks.attention --dtype float16 --heads 32 --kv-heads 8 --head-dim 128 --prefill-lengths \
+    --decode-lengths 4096 --output "$logs/h200-attention-decode-gqa-float16.json" 2>&1 | tail -4 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -351,4 +351,8 @@ def attention_combine_splits(Partial, Stats, Out, rows_total, splits,
     part = metile.load(Partial + (s * rows_total + row)[:, None] * HEAD_DIM + d[None, :],
                        mask=s_in[:, None] & d_in[None, :], other=0.0)
     out = metile.sum(part * weight[:, None], axis=0) / total
-    metile.store(Out + row * HEAD_DIM + d, out.to(Out.dtype), mask=d_in)
+    # the (row, columns) store in the 2-D form the launch proves covers Out: no
+    # written-mask output, no merge with the array passed for Out
+    at = row + metile.arange(0, 1)
+    metile.store(Out + at[:, None] * HEAD_DIM + d[None, :], out[None, :].to(Out.dtype),
+                 mask=(at[:, None] < rows_total) & (d[None, :] < HEAD_DIM))

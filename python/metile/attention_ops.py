@@ -176,10 +176,35 @@ def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
 
 
 def rows_tiles(d: int, itemsize: int) -> list[dict]:
-    """attention_decode's key blocks that fit threadgroup memory, largest first."""
+    """attention_decode's key blocks that fit threadgroup memory: on CUDA the 8-key
+    block first (two warps for a 128-wide head, many programs over many splits: kernel
+    time 23.4 us against 28.3 for one 512-thread program of 64 keys per (split, head),
+    MLX's 32.6 + 3.2, ncu on the H200, 1x32x4096x128 float16), elsewhere largest first
+    (not measured)."""
     run = 16 // itemsize if _on_cuda() else 4     # vectorize_rows' run on each backend
-    return [{"path": "decode_rows", "BLOCK_N": n} for n in (64, 32, 16, 8)
+    blocks = (8, 16, 32, 64) if _on_cuda() else (64, 32, 16, 8)
+    return [{"path": "decode_rows", "BLOCK_N": n} for n in blocks
             if rows_shared_bytes(n, _head_block(d), run) <= _shared_limit()]
+
+
+# splits attention_combine_splits reads at once; more go through attention_combine's loop
+COMBINE_SPLITS = 64
+# warps attention_decode's splits aim to keep resident (132 SMs of the H200 hold 64 each)
+ROWS_TARGET_WARPS = 4096
+
+
+def rows_warps(block_n: int, d: int) -> int:
+    """attention_decode's warps: two runs of the (keys, head dim) block a thread, a count
+    the block fills whole (the lanes of a row combine in place only then)."""
+    return min(32, max(1, block_n * _head_block(d) // (16 * 32)))
+
+
+def rows_split_count(rows: int, kv_len: int, block_n: int, warps: int) -> int:
+    """Key splits for attention_decode: ROWS_TARGET_WARPS warps over the rows' programs,
+    at most COMBINE_SPLITS (merged in one read) and each split at least four key blocks."""
+    most = max(1, math.ceil(kv_len / (4 * block_n)))
+    want = math.ceil(ROWS_TARGET_WARPS / max(1, rows * warps))
+    return max(1, min(most, want, COMBINE_SPLITS))
 
 
 def split_count(batch: int, kv_heads: int, kv_len: int, block_n: int) -> int:
@@ -202,7 +227,9 @@ def _launch(q, k, v, mask, scale, config):
         strides = _mask_strides(mask)
         mask_buffer = mask
     else:
-        strides, mask_buffer = [0, 0, 0, 0], mx.zeros((1,), mx.float32)
+        # (no mask to read: q stands in for the buffer - a fresh array would be one more
+        # node, and on CUDA one more fill kernel, in every call's graph)
+        strides, mask_buffer = [0, 0, 0, 0], q
     if config.get("path") == "decode_rows":
         return _launch_rows(kernels, q, k, v, mask_buffer, kind, strides,
                             float(scale) * LOG2E, config)
@@ -233,14 +260,13 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     batch, q_heads, _, d = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     block_n = config["BLOCK_N"]
-    splits = config.get("SPLITS") or split_count(batch, q_heads, kv_len, block_n)
+    rows = batch * q_heads
+    # (1024 threads, the plan's own count for a 64x128 block, would leave runs of a
+    # 32-key block unfilled)
+    warps = config.get("num_warps") or rows_warps(block_n, d)
+    splits = config.get("SPLITS") or rows_split_count(rows, kv_len, block_n, warps)
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
-    rows = batch * q_heads
-    # two runs of the (keys, head dim) block a thread: a warp count the block fills
-    # whole (the lanes of a row combine in place only then; 1024 threads, the plan's own
-    # count for a 64x128 block, would leave runs of a 32-key block unfilled)
-    warps = config.get("num_warps") or min(32, max(1, block_n * _head_block(d) // (16 * 32)))
     partial, stats = kernels.attention_decode[kernels.decode_grid(splits, rows)](
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
         mx.zeros((splits, rows, 2), mx.float32), kv_len, q_heads, q_heads // kv_heads, chunk,
@@ -248,10 +274,6 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
         BLOCK_D=_head_block(d),
         BLOCK_N=block_n, MASK="none" if kind == "causal" else kind, num_warps=warps)
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
-
-
-# splits attention_combine_splits reads at once; more go through attention_combine's loop
-COMBINE_SPLITS = 64
 
 
 def _combine(kernels, partial, stats, rows, splits, d, dtype, config):
@@ -355,7 +377,7 @@ def _fingerprints() -> dict:
     return {"compiler": cache.compiler_fingerprint(),
             "kernel": "".join(cache.source_fingerprint(f.fn) for f in (
                 kernels.attention_forward, kernels.attention_split, kernels.attention_decode,
-                kernels.attention_combine))}
+                kernels.attention_combine, kernels.attention_combine_splits))}
 
 
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:

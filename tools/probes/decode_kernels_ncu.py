@@ -19,10 +19,15 @@ sys.path.insert(0, "kernels")
 sys.path.insert(0, ".")
 
 ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
-             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 2, "SPLITS": 64},
+             {"path": "decode_rows", "BLOCK_N": 8},
+             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 2, "SPLITS": 32},
+             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 32},
              {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 1, "SPLITS": 64},
-             {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 2, "SPLITS": 64, "combine": "loop"},
-             {"path": "decode", "BLOCK_M": 1, "BLOCK_N": 64, "num_warps": 8}]
+             {"path": "decode_rows", "BLOCK_N": 16, "num_warps": 4, "SPLITS": 32},
+             {"path": "decode_rows", "BLOCK_N": 16, "num_warps": 4, "SPLITS": 64},
+             {"path": "decode_rows", "BLOCK_N": 16, "num_warps": 2, "SPLITS": 64},
+             {"path": "decode_rows", "BLOCK_N": 32, "num_warps": 8, "SPLITS": 32},
+             {"path": "decode_rows", "BLOCK_N": 4, "num_warps": 1, "SPLITS": 64}]
 GEMV = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
         {"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 4, "num_warps": 2},
