@@ -210,10 +210,11 @@ def test_combines_agree(rng, splits, d, combine):
 
 
 def test_rows_split_count(monkeypatch):
-    # attention_decode's splits: ~4096 warps over the rows' programs, at most the one-shot
+    # attention_decode's splits: ~2048 warps over the rows' programs, at most the one-shot
     # combine's 64, each split at least four key blocks
-    assert attention_ops.rows_split_count(32, 4096, 8, 2) == 64
-    assert attention_ops.rows_split_count(256, 4096, 8, 2) == 8
+    assert attention_ops.rows_split_count(32, 4096, 8, 2) == 32
+    assert attention_ops.rows_split_count(8, 4096, 8, 2) == 64
+    assert attention_ops.rows_split_count(256, 4096, 8, 2) == 4
     assert attention_ops.rows_split_count(1, 100, 8, 2) == 4
     assert attention_ops.rows_split_count(4096, 4096, 64, 16) == 1
     assert attention_ops.rows_warps(8, 128) == 2 and attention_ops.rows_warps(64, 128) == 16

@@ -177,10 +177,11 @@ def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
 
 def rows_tiles(d: int, itemsize: int) -> list[dict]:
     """attention_decode's key blocks that fit threadgroup memory: on CUDA the 8-key
-    block first (two warps for a 128-wide head, many programs over many splits: kernel
-    time 23.4 us against 28.3 for one 512-thread program of 64 keys per (split, head),
-    MLX's 32.6 + 3.2, ncu on the H200, 1x32x4096x128 float16), elsewhere largest first
-    (not measured)."""
+    block first (two warps for a 128-wide head, many programs over many splits), elsewhere
+    largest first (not measured).  H200, 1x32x4096x128 float16, ncu kernel time (s20):
+    8 keys on 2 warps over 32 splits 22.2 us + 4.5 the combine, one 512-thread program of
+    64 keys per (split, head) 27.9, MLX's 43.9 + 3.2 (32.6 in s19); a compiled call 40.0
+    against 79.4 and MLX's 38.4."""
     run = 16 // itemsize if _on_cuda() else 4     # vectorize_rows' run on each backend
     blocks = (8, 16, 32, 64) if _on_cuda() else (64, 32, 16, 8)
     return [{"path": "decode_rows", "BLOCK_N": n} for n in blocks
@@ -189,8 +190,9 @@ def rows_tiles(d: int, itemsize: int) -> list[dict]:
 
 # splits attention_combine_splits reads at once; more go through attention_combine's loop
 COMBINE_SPLITS = 64
-# warps attention_decode's splits aim to keep resident (132 SMs of the H200 hold 64 each)
-ROWS_TARGET_WARPS = 4096
+# warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps (s20: 40.0 us a
+# compiled call against 42.5 with 64 splits)
+ROWS_TARGET_WARPS = 2048
 
 
 def rows_warps(block_n: int, d: int) -> int:
