@@ -13,10 +13,12 @@ Tolerances (|out - ref| <= atol + rtol * |ref|):
 The NumPy reference is computed from the same (rounded) inputs in float64.
 """
 
+import functools
 import math
 
 import mlx.core as mx
 import mlx.nn as nn
+
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -186,22 +188,59 @@ def test_softmax_edge_values(rng):
     close(ops.softmax(h, backend="metile"), f64(mx.softmax(h, axis=-1)), mx.float16)
 
 
-def test_row_kernels_refuse_several_rows_a_program():
-    # their statistics are whole-tile reductions: ROWS > 1 would mix rows, so it is a
-    # compile error naming ROWS, not a wrong result
-    from metile.errors import CompilationError
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,columns,tile_rows,warps", [(37, 100, 4, 2), (64, 128, 16, 4),
+                                                         (9, 256, 2, 2), (5, 24, 16, 1),
+                                                         (33, 300, 4, 4)])
+def test_several_rows_a_program(rng, dtype, rows, columns, tile_rows, warps):
+    # narrow rows (a per-head norm) several a program: each row's statistics are its own
+    # (axis-1 reductions), ragged rows and columns, rows past the end
     from metile_kernels import norms, softmax
-    x = mx.ones((4, 64))
-    for launch in (
-            lambda: norms.rms_norm[(2, 1)](x, x[0], mx.zeros_like(x), 4, 64, 1e-5, BLOCK=64,
-                                           ROWS=2),
-            lambda: norms.layer_norm[(2, 1)](x, x[0], x[0], mx.zeros_like(x), 4, 64, 1e-5,
-                                             BLOCK=64, ROWS=2),
-            lambda: norms.add_rms_norm[(2, 1)](x, x, x[0], mx.zeros_like(x), mx.zeros_like(x),
-                                               4, 64, 1e-5, BLOCK=64, ROWS=2),
-            lambda: softmax.softmax[(2, 1)](x, mx.zeros_like(x), 4, 64, BLOCK=64, ROWS=2)):
-        with pytest.raises(CompilationError, match="ROWS must be 1"):
-            launch()
+    x, r = arrays(rng, (rows, columns), dtype, scale=2.0, count=2)
+    w, b = arrays(rng, (columns,), dtype, count=2)
+    block = norms.block_for(columns)
+    grid = norms.grid(rows, tile_rows)
+    assert grid == (-(-rows // tile_rows), 1)
+    meta = dict(BLOCK=block, ROWS=tile_rows, num_warps=warps)
+    out = functools.partial(mx.zeros, (rows, columns), dtype)
+    xs, ws, bs = f64(x), f64(w), f64(b)
+
+    def rms(v):
+        return v / np.sqrt((v * v).mean(1, keepdims=True) + 1e-5)
+    close(norms.rms_norm[grid](x, w, out(), rows, columns, 1e-5, **meta), rms(xs) * ws, dtype)
+    mean = xs.mean(1, keepdims=True)
+    close(norms.layer_norm[grid](x, w, b, out(), rows, columns, 1e-5, **meta),
+          (xs - mean) / np.sqrt(((xs - mean) ** 2).mean(1, keepdims=True) + 1e-5) * ws + bs,
+          dtype)
+    total, y = norms.add_rms_norm[grid](x, r, w, out(), out(), rows, columns, 1e-5, **meta)
+    summed = f64((x.astype(mx.float32) + r.astype(mx.float32)).astype(dtype))
+    close(total, summed, dtype)
+    close(y, rms(summed) * ws, dtype)
+    close(softmax.softmax[softmax.grid(rows, tile_rows)](x, out(), rows, columns, **meta),
+          np_softmax(xs), dtype)
+
+
+def test_narrow_rows_run_several_a_program(rng, monkeypatch):
+    # the ops' default for rows of up to 256 columns: several rows a program, a call of
+    # fewer rows (a decoding step) a tile of its own size; numbers against NumPy
+    first = model_ops.configs("rms_norm", 128)[0]
+    assert first == {"ROWS": 16, "num_warps": 8}
+    assert model_ops.configs("softmax", 300)[0] == {"num_warps": 2}
+    assert model_ops._fit_rows(first, 3, 128) == {"ROWS": 4, "num_warps": 2}
+    assert model_ops._fit_rows(first, 100, 128) == first
+    seen = []
+    launch = model_ops._launch_rms
+
+    def spy(x2, w, eps, cfg):
+        seen.append(model_ops._fit_rows(cfg, *x2.shape))
+        return launch(x2, w, eps, cfg)
+    monkeypatch.setattr(model_ops, "_launch_rms", spy)
+    for rows in (3, 40):
+        x, = arrays(rng, (2, rows, 128), mx.float16)
+        w, = arrays(rng, (128,), mx.float16)
+        close(ops.rms_norm(x, w, 1e-5, backend="metile"), np_rms(f64(x), f64(w), 1e-5),
+              mx.float16)
+    assert [c["ROWS"] for c in seen] == [8, 16]
 
 
 @pytest.mark.parametrize("axis", [0, 1, (0, 2), None, -2])

@@ -176,12 +176,11 @@ def test_every_decode_candidate(rng, bits, group_size, dtype):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []
-    for config in (quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS
-                   + quantized_ops.MATVEC_AHEAD):
+    for config in quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS:
         kinds.append(config["kernel"])
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
-    assert {"matvec_runs", "matvec_rows", "matvec_ahead"} <= set(kinds)
+    assert {"matvec_runs", "matvec_rows"} <= set(kinds)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -249,7 +248,7 @@ def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
     # backend="metile" on CUDA with 16-bit x runs what measured fastest on the H200 (the
     # GEMV in runs; dequantize then the dense GEMM); float32 and other devices keep theirs
     monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: True)
-    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC_ROWS[0]
+    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC_RUNS[0]
     assert quantized_ops.default_config(512, mx.bfloat16, True) == quantized_ops.DEQUANTIZE_GEMM
     assert quantized_ops.default_config(1, mx.float16, False) == quantized_ops.MATVEC_N
     assert quantized_ops.default_config(1, mx.float32, True) == quantized_ops.MATVEC
@@ -368,8 +367,7 @@ def test_cuda_emission_compiles_with_nvrtc():
         launches = [kernels.dequantize[(1, 256 // per)].prepare(
             wq, s, b, mx.zeros((256, 4096), mx.float16), 256, 4096, BITS=bits, GROUP=group,
             BLOCK=4096, ROWS=per, num_warps=8, backend="cuda") for per in (1, 4)]
-        for config in quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS + \
-                quantized_ops.MATVEC_AHEAD:
+        for config in quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS:
             meta = {k: v for k, v in config.items() if k != "kernel"}
             kern = getattr(kernels, "quantized_" + config["kernel"])
             launches.append(kern[kernels.matvec_grid(1, 256, meta.get("ROWS", 1))].prepare(

@@ -34,8 +34,8 @@ the rounded sum, as MLX's `x + residual` followed by `mx.fast.rms_norm` does.
 import metile
 
 
-def grid(rows: int) -> tuple[int, int]:
-    return (rows, 1)
+def grid(rows: int, ROWS: int = 1) -> tuple[int, int]:
+    return (-(-rows // ROWS), 1)
 
 
 def block_for(columns: int) -> int:
@@ -43,20 +43,30 @@ def block_for(columns: int) -> int:
     return metile.next_power_of_2(max(int(columns), 1))
 
 
+@metile.inline
+def row_sum(v, ROWS):
+    """The sum of each row of the (ROWS, BLOCK) tile v, broadcastable against v: one
+    row a program sums the whole tile (lanes, then one step through threadgroup memory);
+    several sum along axis 1 - a row held by at most 32 lanes (128 float16 columns on 16
+    lanes) combines by shuffles, in registers (lower_reductions.rows_reduce)."""
+    if ROWS == 1:
+        total = metile.sum(v)
+    else:
+        total = metile.sum(v, axis=1)[:, None]
+    return total
+
+
 @metile.kernel
 def rms_norm(X, W, Y, rows, columns, eps, BLOCK: metile.constexpr,
              HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
     """Y = X * rsqrt(mean(X^2) + eps) (* W), per row.  W: `columns` elements (unread
     without HAS_WEIGHT: pass any array)."""
-    # the statistics are whole-tile reductions: right for one row a program only
-    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
-                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
     offs = row * columns + col
     x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
-    y = x * metile.rsqrt(metile.sum(x * x) / columns + eps)
+    y = x * metile.rsqrt(row_sum(x * x, ROWS) / columns + eps)
     if HAS_WEIGHT:   # read after the reduction: its registers are not held across it
         y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)
@@ -69,18 +79,15 @@ def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
     """Y = (X - mean) * rsqrt(var + eps) (* W) (+ B), per row (biased variance, as MLX).
     The variance is the mean of the centred squares, from the registers: no
     E[x^2] - E[x]^2 cancellation."""
-    # the statistics are whole-tile reductions: right for one row a program only
-    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
-                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
     offs = row * columns + col
     x = metile.load(X + offs, mask=inside, other=0.0).to(metile.float32)
-    mean = metile.sum(x) / columns
+    mean = row_sum(x, ROWS) / columns
     # x - mean spelled at each use: recomputed from the held row, not a second row
     square = metile.where(inside, (x - mean) * (x - mean), 0.0)
-    y = (x - mean) * metile.rsqrt(metile.sum(square) / columns + eps)
+    y = (x - mean) * metile.rsqrt(row_sum(square, ROWS) / columns + eps)
     if HAS_WEIGHT:   # read after the reductions: their registers are not held across them
         y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     if HAS_BIAS:
@@ -92,9 +99,6 @@ def layer_norm(X, W, B, Y, rows, columns, eps, BLOCK: metile.constexpr,
 def add_rms_norm(X, R, W, S, Y, rows, columns, eps, BLOCK: metile.constexpr,
                  HAS_WEIGHT: metile.constexpr = True, ROWS: metile.constexpr = 1):
     """S = X + R (rounded to S's dtype) and Y = rms_norm(S) (* W), one read of X and R."""
-    # the statistics are whole-tile reductions: right for one row a program only
-    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
-                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
@@ -103,7 +107,7 @@ def add_rms_norm(X, R, W, S, Y, rows, columns, eps, BLOCK: metile.constexpr,
              + metile.load(R + offs, mask=inside, other=0.0).to(metile.float32)).to(S.dtype)
     metile.store(S + offs, total, mask=inside)
     s = total.to(metile.float32)
-    y = s * metile.rsqrt(metile.sum(s * s) / columns + eps)
+    y = s * metile.rsqrt(row_sum(s * s, ROWS) / columns + eps)
     if HAS_WEIGHT:   # read after the reduction: its registers are not held across it
         y = y * metile.load(W + col, mask=col < columns, other=0.0).to(metile.float32)
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)

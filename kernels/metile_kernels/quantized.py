@@ -97,34 +97,6 @@ def row_sums(acc, ROWS, COLUMNS):
 
 
 @metile.inline
-def packed_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
-    """The reads of weights_in_runs: the packed words, scales and biases (as stored) at
-    columns `start + k` of `row`."""
-    PER = 32 // BITS
-    words = columns // PER
-    groups = columns // GROUP
-    word_at = start // PER + k // PER
-    group_at = start // GROUP + k // GROUP
-    packed = metile.load(w + row * words + word_at, mask=live & (word_at < words), other=0)
-    s = metile.load(scales + row * groups + group_at, mask=live & (group_at < groups),
-                    other=0.0)
-    b = metile.load(biases + row * groups + group_at, mask=live & (group_at < groups),
-                    other=0.0)
-    return packed, s, b
-
-
-@metile.inline
-def unpacked(packed, s, b, k, BITS):
-    """The float32 weights `scale * q + bias` of packed_in_runs' reads at columns k."""
-    PER = 32 // BITS
-    # k's low bits, not k % PER: equal for k >= 0, and a run's k is a multiple of PER
-    # plus a constant, so the GPU compiler folds each element's shift to that constant
-    # (C's signed remainder it cannot fold: it computed the shift per element)
-    q = ((packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
-    return s.to(metile.float32) * q + b.to(metile.float32)
-
-
-@metile.inline
 def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
     """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
     packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
@@ -133,8 +105,23 @@ def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP
     is a multiple of the block and `k` its arange, so the word index `start // PER + k //
     PER` and the group index keep their value along a run and the compiler reads each
     word, scale and bias once per run (passes/vectorize_rows.py, `runs_constant`)."""
-    packed, s, b = packed_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP)
-    return unpacked(packed, s, b, k, BITS)
+    PER = 32 // BITS
+    words = columns // PER
+    groups = columns // GROUP
+    word_at = start // PER + k // PER
+    group_at = start // GROUP + k // GROUP
+    in_words = live & (word_at < words)
+    in_groups = live & (group_at < groups)
+    packed = metile.load(w + row * words + word_at, mask=in_words, other=0)
+    # k's low bits, not k % PER: equal for k >= 0, and a run's k is a multiple of PER
+    # plus a constant, so the GPU compiler folds each element's shift to that constant
+    # (C's signed remainder it cannot fold: it computed the shift per element)
+    q = ((packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
+    s = metile.load(scales + row * groups + group_at, mask=in_groups,
+                    other=0.0).to(metile.float32)
+    b = metile.load(biases + row * groups + group_at, mask=in_groups,
+                    other=0.0).to(metile.float32)
+    return s * q + b
 
 
 @metile.kernel
@@ -218,7 +205,10 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     (int4 group 64, 1x4096x11008 float16) 8 rows of 512 on one warp took 28.6 us against
     32.0 for quantized_matvec_runs and 35.2 for MLX in one run, 25.8 against 25.7 (MLX
     38.1) in the next, with both kernels' shifts folded; ROWS rows on ROWS warps as one
-    2-D tile (x read per row, row sums through threadgroup memory) took 39-43."""
+    2-D tile (x read per row, row sums through threadgroup memory) took 39-43; the same
+    tile with every read one K block ahead (held in registers across the block, the
+    products summed once after the loop) 37-52 in s18 and 31.2 kernel time (ncu) against
+    28.7 for 4 rows here and 23.0 for quantized_matvec_runs: removed."""
     n0 = metile.program_id(0) * ROWS
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
@@ -234,42 +224,6 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     one = metile.arange(0, 1)
     n = n0 + lanes
     metile.store(out + (r + one)[:, None] * N + n[None, :], totals[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
-
-
-@metile.kernel
-def quantized_matvec_ahead(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
-                           GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 256,
-                           ROWS: metile.constexpr = 4):
-    """quantized_matvec_rows with its reads one K block ahead: ROWS outputs a program as
-    one (ROWS, BLOCK_K) tile whose words, scales, biases and x for block i + 1 are read
-    before block i is multiplied (held in registers across it), so every program has
-    two blocks of reads in flight and none waits on DRAM between blocks; the products
-    accumulate in the tile, summed along its rows once, after the loop (no shuffles in
-    the loop).  x is read through a pointer broadcast over the rows (cache hits after
-    the first)."""
-    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
-    r = metile.program_id(1)
-    row = n[:, None]
-    live = row < N
-    k = metile.arange(0, BLOCK_K)[None, :]
-    x_at = x + r * K + k + row * 0
-    acc = metile.zeros((ROWS, BLOCK_K), dtype=metile.float32)
-    packed, s, b = packed_in_runs(w, scales, biases, row, 0, k, K, live, BITS, GROUP)
-    xk = metile.load(x_at, mask=k < K, other=0.0)
-    # `start` is the block read ahead; the loop multiplies the one before it
-    for start in range(BLOCK_K, K + BLOCK_K, BLOCK_K):
-        packed_next, s_next, b_next = packed_in_runs(w, scales, biases, row, start, k, K, live,
-                                                     BITS, GROUP)
-        x_next = metile.load(x_at + start, mask=start + k < K, other=0.0)
-        acc += unpacked(packed, s, b, k, BITS) * xk.to(metile.float32)
-        packed = packed_next
-        s = s_next
-        b = b_next
-        xk = x_next
-    y = metile.sum(acc, axis=1)
-    one = metile.arange(0, 1)
-    metile.store(out + (r + one)[:, None] * N + n[None, :], y[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))
 
 

@@ -18,6 +18,8 @@ written-mask); grid `(rows, 1)`.
 
 import metile
 
+from metile_kernels.norms import row_sum
+
 # exp(v) = exp2(v * log2(e)).  exp2 is one hardware instruction on both GPUs (CUDA's expf
 # is eight: a range reduction around it).  v = x - max(x) is formed first (scaling x and
 # the maximum apart would round 1e4 * log2(e) and lose the difference, or overflow near
@@ -26,22 +28,29 @@ import metile
 LOG2E = 1.4426950408889634
 
 
-def grid(rows: int) -> tuple[int, int]:
-    return (rows, 1)
+def grid(rows: int, ROWS: int = 1) -> tuple[int, int]:
+    return (-(-rows // ROWS), 1)
+
+
+@metile.inline
+def row_max(v, ROWS):
+    """The maximum of each row, as norms.row_sum sums it."""
+    if ROWS == 1:
+        top = metile.max(v)
+    else:
+        top = metile.max(v, axis=1)[:, None]
+    return top
 
 
 @metile.kernel
 def softmax(X, Y, rows, columns, BLOCK: metile.constexpr, ROWS: metile.constexpr = 1):
-    # the statistics are whole-tile reductions: right for one row a program only
-    metile.static_assert(ROWS == 1, "ROWS must be 1: the row statistics are whole-tile "
-                                    "reductions")
     row = metile.program_id(0) * ROWS + metile.arange(0, ROWS)[:, None]
     col = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)[None, :]
     inside = (row < rows) & (col < columns)
     offs = row * columns + col
     x = metile.load(X + offs, mask=inside, other=-float("inf")).to(metile.float32)
-    m = metile.max(x)
+    m = row_max(x, ROWS)
     # exp spelled at each use: recomputed from the held row (in its own dtype) instead of
     # a float32 copy held across the sum, which halved the rows in flight on the H200
-    y = metile.exp2((x - m) * LOG2E) * (1.0 / metile.sum(metile.exp2((x - m) * LOG2E)))
+    y = metile.exp2((x - m) * LOG2E) * (1.0 / row_sum(metile.exp2((x - m) * LOG2E), ROWS))
     metile.store(Y + offs, y.to(Y.dtype), mask=inside)

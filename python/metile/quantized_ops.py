@@ -75,9 +75,6 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
-# Reads one K block ahead (quantized_matvec_ahead): untimed until the s18 run.
-MATVEC_AHEAD = [{"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 4, "num_warps": 1},
-                {"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 8, "num_warps": 2}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -190,8 +187,6 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         launcher = kernels.quantized_matvec_runs[kernels.matvec_grid(m, n, 1)]
     elif kind == "matvec_rows":
         launcher = kernels.quantized_matvec_rows[kernels.matvec_grid(m, n, params["ROWS"])]
-    elif kind == "matvec_ahead":
-        launcher = kernels.quantized_matvec_ahead[kernels.matvec_grid(m, n, params["ROWS"])]
     elif kind == "matvec_n":
         launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
     else:
@@ -272,8 +267,11 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
     On CUDA with 16-bit x, the kernels measured faster on the H200
     (h200-quantized-int4-float16-runs-2026-12-01.json, h200-device-log-s15-2026-12-02.txt;
-    int4 group 64, 4096 -> 11008): the GEMV in runs, several rows a warp (25.8 us, level
-    with one row a program, against 49-59 for `quantized_matvec`; MLX 38.1) and, for prefill,
+    int4 group 64, 4096 -> 11008): the GEMV in runs, one row a program - level with
+    several rows a warp in a compiled call on a weight that stays in L2 (25.7 and 25.8 us
+    against 49-59 for `quantized_matvec`; MLX 38.1), the fastest from DRAM (ncu kernel
+    time with caches flushed, s19/s20: 21.8-23.0 us against 28.4-28.7 for 4 rows a warp,
+    44.0-45.1 for 8, MLX's 29.9-30.0), as a model's layers read their weights - and, for prefill,
     dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM), which holds a
     dense copy of the weight for the call (N * K elements of x's dtype, freed after it).
     Elsewhere (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused
@@ -282,7 +280,7 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     if rows <= DECODE_ROWS:
         if not transpose:
             return MATVEC_N
-        return MATVEC_ROWS[0] if measured else MATVEC
+        return MATVEC_RUNS[0] if measured else MATVEC
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
@@ -290,7 +288,7 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     """The metile candidates `auto` measures against MLX for a row bucket."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
-        return [MATVEC, MATVEC_ROWS[0], *MATVEC_RUNS[:2], gemm] if transpose else \
+        return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], gemm] if transpose else \
             [MATVEC_N, gemm]
     return [gemm, DEQUANTIZE_GEMM]
 
@@ -304,7 +302,7 @@ def _fingerprints() -> dict:
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
         kernels.quantized_matvec, kernels.quantized_matvec_runs, kernels.quantized_matvec_rows,
-        kernels.quantized_matvec_ahead, kernels.quantized_matvec_n, kernels.quantized_matmul,
+        kernels.quantized_matvec_n, kernels.quantized_matmul,
         kernels.dequantize, matmul_epilogue))
     return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 

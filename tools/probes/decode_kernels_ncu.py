@@ -30,7 +30,6 @@ ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
              {"path": "decode_rows", "BLOCK_N": 4, "num_warps": 1, "SPLITS": 64}]
 GEMV = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
-        {"kernel": "matvec_ahead", "BLOCK_K": 256, "ROWS": 4, "num_warps": 2},
         {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1}]
 
 

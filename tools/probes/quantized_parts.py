@@ -86,12 +86,6 @@ def decode(args, n, k, wq, s, b, out):
     for cfg in quantized_ops.MATVEC_ROWS:
         fns[f"rows {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
-    # reads one block ahead (quantized_matvec_ahead): rows, K block, warps
-    for rows, bk, warps in ((4, 256, 1), (4, 256, 2), (8, 256, 2), (4, 128, 1), (8, 128, 1),
-                            (2, 256, 1), (4, 512, 2)):
-        cfg = {"kernel": "matvec_ahead", "BLOCK_K": bk, "ROWS": rows, "num_warps": warps}
-        fns[f"ahead {rows}x{bk}/{warps}"] = mx.compile(
-            lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     want = np.array(mx.quantized_matmul(xd, wq, s, b)).astype(np.float64)
     for name, fn in fns.items():
         err = np.abs(np.array(fn(xd)).astype(np.float64) - want).max()
