@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s21    -- narrow rows, decode defaults: tests, JSON, ncu of the dequantize
 #   OUT=$OUT bash tools/device_next.sh s20    -- decode attention without per-call fills: ncu, sweep, benchmark JSON
 #   OUT=$OUT bash tools/device_next.sh s19    -- ncu kernel durations of the decode attention/GEMV candidates
 #   OUT=$OUT bash tools/device_next.sh s18    -- decode attention splits/warps/combine, int4 GEMV ahead
@@ -237,8 +238,29 @@ elif [ "$mode" = s20 ]; then
     --decode-lengths 1024 4096 16384 --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -6 | tee -a "$log"
   timeout 100 python3 -m benchmarks.attention --dtype float16 --heads 32 --kv-heads 8 --head-dim 128 --prefill-lengths \
     --decode-lengths 4096 --output "$logs/h200-attention-decode-gqa-float16.json" 2>&1 | tail -4 | tee -a "$log"
+elif [ "$mode" = s21 ]; then
+  # several narrow rows a program (norms, softmax), decode attention and int4 decode
+  # defaults: their GPU tests, the benchmarks' JSON, ncu of the prefill's dequantize
+  (cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_model_ops_norms.py" "$repo/tests/test_attention_op.py" \
+     "$repo/tests/test_quantized_op.py" -k "several_rows or narrow or test_rms_norm or test_softmax or decode or one_query or combines or grouped or every_decode" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  for op in rms_norm softmax layer_norm; do
+    timeout 50 python3 -m benchmarks.model_ops --dtype float16 --rounds 2 --ops $op --shapes 131072x128 \
+      --output "$logs/h200-model-ops-$op-narrow-float16.json" 2>&1 | grep -E "131072|fails" | tail -4 | tee -a "$log"
+  done
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --output "$logs/h200-quantized-int4-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 60 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 --prefill-lengths \
+    --decode-lengths 4096 --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -2 | tee -a "$log"
+  timeout 60 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats -k regex:dequantize -c 1 \
+    python3 tools/probes/dequantize_once.py > "$logs/ncu-dequantize.txt" 2>&1
+  grep -E "Duration|Throughput|Warp Cycles|Achieved Occupancy|Registers|Stall|Eligible|Issued" "$logs/ncu-dequantize.txt" | head -30 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
