@@ -125,7 +125,8 @@ def test_removed_rows_follow_mlx(rng):
 def test_half_precision(rng, dtype):
     check(*operands(rng, 1, 4, 2, 33, 40, 64, dtype), mask="causal")
     check(*operands(rng, 1, 4, 2, 1, 100, 64, dtype), path="decode_rows")
-    check(*operands(rng, 1, 4, 2, 3, 100, 64, dtype), path="decode")
+    check(*operands(rng, 1, 4, 2, 3, 100, 64, dtype), mask="causal", path="decode_rows")
+    check(*operands(rng, 1, 4, 2, 6, 100, 64, dtype), path="decode")
 
 
 def test_mixed_dtypes_promote_as_mlx(rng):
@@ -159,12 +160,11 @@ def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
     elif mask == "additive":
         mask = mx.array(rng.standard_normal((hq, 1, lk)).astype(np.float32))
     assert attention_ops.split_count(2, hkv, lk, 64) > 1
-    # one query: attention_decode (no matrix products) by default, and the split kernel
-    # as the other candidate; several: the split kernel
-    check(q, k, v, mask=mask, path="decode_rows" if lq == 1 else "decode")
-    candidates = attention_ops.configs(q, k, v)
-    assert [c["path"] for c in candidates] == (["decode_rows", "decode"] if lq == 1 else
-                                               ["decode", "decode"])
+    # a few queries: attention_decode (no matrix products) by default, and the split
+    # kernel as the other candidate
+    check(q, k, v, mask=mask, path="decode_rows")
+    candidates = attention_ops.configs(q, k, v, attention_ops._mask_kind(mask))
+    assert [c["path"] for c in candidates] == ["decode_rows", "decode"]
     split = candidates[-1]
     got = attention_ops._launch(q, k, v, mask, 0.125, split)
     np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.125, mask), rtol=1e-4,
@@ -173,6 +173,35 @@ def test_decode_splits_the_keys(rng, hq, hkv, lq, mask):
     # queries), rounded up to a power of two, not 16 of which most are padding
     rows = hq // hkv * lq
     assert split["BLOCK_M"] == {1: 1, 2: 2, 4: 4, 6: 8, 8: 8}[rows]
+
+
+@pytest.mark.parametrize("lq,lk,mask", [(2, 300, "causal"), (3, 77, "causal"), (4, 130, "bool"),
+                                         (2, 200, "additive"), (4, 4, "causal"), (3, 50, None)])
+def test_a_few_queries_each_their_own_row(rng, lq, lk, mask):
+    # speculative or chunked decoding: each query of each head its own attention_decode
+    # row (a causal query stopping at its last visible key), GQA, ragged keys
+    q, k, v = operands(rng, 2, 4, 2, lq, lk, 64)
+    if mask == "bool":
+        mask = mx.array(rng.random((2, 1, lq, lk)) > 0.3)
+    elif mask == "additive":
+        mask = mx.array(rng.standard_normal((4, lq, lk)).astype(np.float32))
+    check(q, k, v, mask=mask, path="decode_rows")
+    for splits in (1, 3):
+        got = attention_ops._launch(q, k, v, mask, 0.125, {"path": "decode_rows", "BLOCK_N": 8,
+                                                           "SPLITS": splits})
+        np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.125, mask), rtol=1e-4,
+                                   atol=1e-5)
+
+
+def test_queries_that_see_no_key_take_the_split_kernel(rng):
+    # causal with more queries than keys: the first queries see no key and MLX averages
+    # every value there; attention_decode would leave them empty, so the split kernel runs
+    q, k, v = operands(rng, 1, 2, 2, 4, 2, 32)
+    assert [c["path"] for c in attention_ops.configs(q, k, v, "causal")] == ["decode"] * 2
+    check(q, k, v, mask="causal", path="decode")
+    # more queries than attention_decode takes first: the split kernel leads
+    q, k, v = operands(rng, 1, 2, 2, attention_ops.ROWS_QUERIES + 1, 100, 32)
+    assert attention_ops.configs(q, k, v)[0]["path"] == "decode"
 
 
 @pytest.mark.parametrize("d,dtype", [(80, mx.float16), (128, mx.bfloat16), (96, mx.float32)])
@@ -187,7 +216,7 @@ def test_one_query_combines_rows_on_lanes(rng, d, dtype):
         # candidate may be one only CUDA's 48 KB fits)
         dispatch = kernels.attention_decode[kernels.decode_grid(3, 4)].prepare(
             q, k, v, mx.zeros((1,), mx.float32), mx.zeros((3, 4, d), mx.float32),
-            mx.zeros((3, 4, 2), mx.float32), 300, 4, 2, 128, 0.1, 4, 12, 0, 0, 0, HEAD_DIM=d,
+            mx.zeros((3, 4, 2), mx.float32), 300, 1, 4, 2, 128, 0.1, 4, 12, 0, 0, 0, 0, HEAD_DIM=d,
             BLOCK_D=attention_ops._head_block(d), BLOCK_N=32, num_warps=8, backend=backend)
         assert "metile_lanes_sum<" in dispatch.source, backend
         # its outputs proven covered: no written-mask outputs (and no merge after)
@@ -338,6 +367,12 @@ def test_cuda_emission_compiles_with_nvrtc(mask):
         kernels.attention_combine[(1,)].prepare(
             mx.zeros((4, 4, 128)), mx.zeros((4, 4, 2)), mx.zeros((4, 128), mx.float16), 4, 4,
             HEAD_DIM=128, BLOCK_D=128, backend="cuda"),
+        kernels.attention_decode[kernels.decode_grid(4, 8)].prepare(
+            q[:, :, :2], k, k, m, mx.zeros((4, 8, 128)), mx.zeros((4, 8, 2)), 64, 2, 4, 2, 16,
+            0.1, 8, 32, *strides, BLOCK_N=8, num_warps=2, backend="cuda", **shape),
+        kernels.attention_combine_splits[kernels.combine_grid(8, 128, 32)].prepare(
+            mx.zeros((4, 8, 128)), mx.zeros((4, 8, 2)), mx.zeros((8, 128), mx.float16), 8, 4,
+            HEAD_DIM=128, BLOCK_D=32, BLOCK_S=4, backend="cuda"),
     ]
     for d in dispatches:
         ok, log = compile_cuda(translation_unit(d), "sm_90")

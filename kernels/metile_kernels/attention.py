@@ -17,10 +17,11 @@ Three kernels and a combine step:
   of every query head that shares one key/value head (G x Lq rows), so each key
   and value byte is read once per chunk, not once per query head.  It writes its
   chunk's running maximum, sum and unnormalised output in float32.
-* `attention_decode` (one query: q_len == 1): the split kernel's work per query head
-  without matrix products - scores summed along each key's row by the lanes holding it,
-  values accumulated in a block summed once (its docstring says why).
-* `attention_combine` merges the chunks: out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
+* `attention_decode` (one or a few queries): the split kernel's work per query head
+  and query without matrix products - scores summed along each key's row by the lanes
+  holding it, values accumulated in a block summed once (its docstring says why).
+* `attention_combine_splits` (up to 64 splits, all read at once) or
+  `attention_combine` (a loop over them) merges the chunks: out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
 
 Scores are kept in base 2 (scale and additive mask are multiplied by log2 e) so
 the softmax uses exp2.  Masking follows MLX's `mx.fast.scaled_dot_product_attention`:
@@ -214,29 +215,33 @@ def decode_grid(splits: int, rows_total: int) -> tuple[int, int]:
 
 
 @metile.kernel
-def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_heads, group, chunk,
+def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, group, chunk,
                      scale_log2, rows_total, programs, mask_stride_b, mask_stride_h,
-                     mask_stride_k,
+                     mask_stride_q, mask_stride_k,
                      HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                      BLOCK_N: metile.constexpr = 64, MASK: metile.constexpr = "none"):
-    """attention_split for one query (q_len == 1) of one query head, without matrix
-    products: a (BLOCK_N, BLOCK_D) block of keys times the query (held as a block of
-    equal rows) summed along each key's row gives the scores - the lanes holding a row
-    combine it by shuffles (lower_reductions.rows_reduce) - and the values, weighted by
-    their probabilities, accumulate in a (BLOCK_N, BLOCK_D) block summed over the keys
-    once, after the loop.  Each key and value is read as 16-byte runs, once.  (The split
-    kernel's general products keep every operand in threadgroup memory and fold each
-    output on one thread: 159 us against MLX's 37 for 32 heads of 4096 keys on the
-    H200.)  A causal mask removes nothing for the last query.
+    """attention_split for one query (of a few: q_len, each its own row) of one query
+    head, without matrix products: a (BLOCK_N, BLOCK_D) block of keys times the query
+    (held as a block of equal rows) summed along each key's row gives the scores - the
+    lanes holding a row combine it by shuffles (lower_reductions.rows_reduce) - and the
+    values, weighted by their probabilities, accumulate in a (BLOCK_N, BLOCK_D) block
+    summed over the keys once, after the loop.  Each key and value is read as 16-byte
+    runs, once per query.  (The split kernel's general products keep every operand in
+    threadgroup memory and fold each output on one thread: 159 us against MLX's 37 for
+    32 heads of 4096 keys on the H200.)  A causal query stops at its last visible key
+    (the split holding none leaves an empty chunk: m = -inf, l = 0); a query that sees
+    no key at all (q_len > kv_len) is not this kernel's (MLX averages every value there).
     Program p (grid decode_grid: one axis, so the stores below are the one-row form the
     launch proves covers its outputs, with no written-mask outputs and merge) takes
-    split p // rows_total of row p % rows_total = batch * q_heads + head (programs: the
-    grid's size), and writes Partial[p] and Stats[p] as attention_split writes its rows."""
+    split p // rows_total of row p % rows_total = (batch * q_heads + head) * q_len +
+    query (programs: the grid's size), and writes Partial[p] and Stats[p] as
+    attention_split writes its rows."""
     program = metile.program_id(0)
     split = program // rows_total
     row = program % rows_total
-    head = row % q_heads
-    batch = row // q_heads
+    query = row % q_len
+    head = (row // q_len) % q_heads
+    batch = row // (q_len * q_heads)
     kv_heads = q_heads // group
     kv_head = head // group
     keys = metile.arange(0, BLOCK_N)[:, None]
@@ -247,6 +252,8 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_heads, group, chun
     kv_offset = (batch * kv_heads + kv_head) * kv_len * HEAD_DIM
     lo = split * chunk
     hi = metile.minimum(lo + chunk, kv_len)
+    if MASK == "causal":
+        hi = metile.minimum(hi, query + kv_len - q_len + 1)
     m_i = -float("inf")
     l_i = 0.0
     acc = metile.zeros((BLOCK_N, BLOCK_D), dtype=metile.float32)
@@ -267,7 +274,8 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_heads, group, chun
         key_in = key < hi
         if MASK == "bool" or MASK == "additive":
             entry = metile.load(Mask + batch * mask_stride_b + head * mask_stride_h
-                                + key * mask_stride_k, mask=key_in, other=0)
+                                + query * mask_stride_q + key * mask_stride_k, mask=key_in,
+                                other=0)
             if MASK == "bool":
                 s = metile.where(entry != 0, s, REMOVED)
             else:

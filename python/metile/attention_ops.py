@@ -10,9 +10,9 @@ dtype must promote to the output's).  The output has the promoted dtype of q, k,
 Kernels (metile_kernels/attention.py): `attention_forward` (flash attention, one
 program per query block and head) for prefill; for few rows per key/value head (G x Lq
 <= DECODE_ROWS: decoding) `attention_split` spreads the keys over programs and
-`attention_combine` merges the chunks; for one query (Lq = 1) `attention_decode` does
-the split's work per query head without matrix products (path "decode_rows", the
-first candidate there).  Inputs are read row-major: a strided view
+`attention_combine` merges the chunks; for a few queries `attention_decode` does
+the split's work per query head and query without matrix products (path "decode_rows",
+the first candidate for up to ROWS_QUERIES queries).  Inputs are read row-major: a strided view
 (e.g. a (B, L, H, D) projection transposed to (B, H, L, D)) is copied once, as the
 custom-kernel call copies any non-contiguous input.
 
@@ -188,6 +188,8 @@ def rows_tiles(d: int, itemsize: int) -> list[dict]:
             if rows_shared_bytes(n, _head_block(d), run) <= _shared_limit()]
 
 
+# queries attention_decode takes first (each its own row, the keys read once per query)
+ROWS_QUERIES = 4
 # splits attention_combine_splits reads at once; more go through attention_combine's loop
 COMBINE_SPLITS = 64
 # warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps (s20: 40.0 us a
@@ -258,11 +260,12 @@ def _launch(q, k, v, mask, scale, config):
 
 
 def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, config):
-    """attention_decode (one query, q_len == 1) over key splits, then the combine."""
-    batch, q_heads, _, d = q.shape
+    """attention_decode (each query of each head its own row) over key splits, then the
+    combine."""
+    batch, q_heads, q_len, d = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     block_n = config["BLOCK_N"]
-    rows = batch * q_heads
+    rows = batch * q_heads * q_len
     # (1024 threads, the plan's own count for a 64x128 block, would leave runs of a
     # 32-key block unfilled)
     warps = config.get("num_warps") or rows_warps(block_n, d)
@@ -271,10 +274,11 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     splits = math.ceil(kv_len / chunk)
     partial, stats = kernels.attention_decode[kernels.decode_grid(splits, rows)](
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
-        mx.zeros((splits, rows, 2), mx.float32), kv_len, q_heads, q_heads // kv_heads, chunk,
-        scale_log2, rows, splits * rows, strides[0], strides[1], strides[3], HEAD_DIM=d,
-        BLOCK_D=_head_block(d),
-        BLOCK_N=block_n, MASK="none" if kind == "causal" else kind, num_warps=warps)
+        mx.zeros((splits, rows, 2), mx.float32), kv_len, q_len, q_heads, q_heads // kv_heads,
+        chunk, scale_log2, rows, splits * rows, *strides, HEAD_DIM=d, BLOCK_D=_head_block(d),
+        BLOCK_N=block_n,
+        # (the last query sees every key: one query's causal mask removes nothing)
+        MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps)
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
 
 
@@ -349,14 +353,17 @@ def _config_name(config: dict) -> str:
     return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
 
 
-def configs(q, k, v) -> list[dict]:
-    """The kernel configurations `auto` measures against MLX for these shapes."""
+def configs(q, k, v, kind: str = "none") -> list[dict]:
+    """The kernel configurations `auto` measures against MLX for these shapes and mask
+    kind (_mask_kind)."""
     decode = is_decode(q, k)
-    # one query: the product-free kernel first (not yet timed on a GPU: its structure
-    # avoids the general products that held the split kernel at 0.23x of MLX), the split
-    # kernel as the other candidate where its tiles fit
-    one_query = rows_tiles(q.shape[-1], _result_dtype(q, k, v).size)[:1] \
-        if q.shape[2] == 1 else []
+    # up to ROWS_QUERIES queries: the product-free kernel first (one query of 32 heads
+    # over 4096 keys: 1.11x of MLX on the H200 where the split kernel's general products
+    # gave 0.23x), the split kernel as the other candidate where its tiles fit; not where
+    # a causal query sees no key (q_len > kv_len: MLX averages every value there)
+    few = decode and q.shape[2] <= ROWS_QUERIES and not (kind == "causal"
+                                                         and q.shape[2] > k.shape[2])
+    one_query = rows_tiles(q.shape[-1], _result_dtype(q, k, v).size)[:1] if few else []
     try:
         split = tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
                       (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)
@@ -406,7 +413,7 @@ def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
         raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
     if backend == "mlx":
         return None, routing.Decision("mlx", "requested", "backend='mlx' requested")
-    cfgs = configs(q, k, v)
+    cfgs = configs(q, k, v, _mask_kind(mask))
     if backend == "metile":
         return cfgs[0], routing.Decision(_config_name(cfgs[0]), "requested",
                                          "backend='metile' requested")
