@@ -166,6 +166,22 @@ def row_times_two(X, Y, M, N, BN: metile.constexpr):
     metile.store(Y + row[:, None] * N + cols[None, :], x * 2.0, mask=mask)
 
 
+@metile.kernel
+def scale2d_named_masks(X, Y, M, N, BM: metile.constexpr, BN: metile.constexpr):
+    # each axis' mask formed first, expanded after
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    rows_in = rows < M
+    cols_in = cols < N
+    mask = rows_in[:, None] & cols_in[None, :]
+    x = metile.load(X + rows[:, None] * N + cols[None, :], mask=mask)
+    metile.store(Y + rows[:, None] * N + cols[None, :], x * 2.0, mask=mask)
+
+
+def test_full_coverage_proof_of_masks_expanded_after():
+    _doubling_covers(scale2d_named_masks, 70, (5, 3), (4, 3), 64, BM=16, BN=16)
+
+
 def test_full_coverage_proof_of_one_row_blocks():
     # six programs for seven rows: the last row keeps the passed values
     _doubling_covers(row_times_two, 7, (3, 7), (3, 6), 6, BN=16)

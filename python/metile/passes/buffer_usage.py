@@ -238,6 +238,15 @@ def _bounds(mask: Value, params: dict) -> dict | None:
         return None
     if op.name == "broadcast":
         return _bounds(op.operands[0], params)
+    if op.name == "expand_dims":
+        # a row or column mask formed first and expanded after (`cols_in[None, :]` of
+        # `cols_in = cols < N`): its index moves with the new axis, as in _index
+        inner = _bounds(op.operands[0], params)
+        if inner is None:
+            return None
+        axis = op.attrs["axis"]
+        return {(dim + (1 if axis <= dim else 0), block, pid): bound
+                for (dim, block, pid), bound in inner.items()}
     if op.name == "and":
         parts = [_bounds(x, params) for x in op.operands]
         return None if None in parts else {**parts[0], **parts[1]}
