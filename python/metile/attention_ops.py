@@ -36,6 +36,7 @@ import mlx.core as mx
 
 from .runtime import routing
 from .op_routing import (
+    config_name as _config_name,
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
@@ -348,10 +349,6 @@ def _differentiable(kind: str, scale: float, config: dict):
 
 
 # -- routing ------------------------------------------------------------------------------------
-
-def _config_name(config: dict) -> str:
-    return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
-
 
 def configs(q, k, v, kind: str = "none") -> list[dict]:
     """The kernel configurations `auto` measures against MLX for these shapes and mask

@@ -41,6 +41,7 @@ import mlx.core as mx
 
 from .runtime import routing
 from .op_routing import (
+    config_name as _config_name,
     m_bucket,
     device_description as _device_description,
     validate as _validate,
@@ -155,10 +156,6 @@ def configs(op: str, columns: int) -> list[dict]:
         if c not in unique:
             unique.append(c)
     return unique
-
-
-def _config_name(cfg: dict) -> str:
-    return "metile:" + ",".join(f"{k}={v}" for k, v in cfg.items())
 
 
 def _frozen(cfg: dict) -> tuple:

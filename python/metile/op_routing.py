@@ -18,6 +18,11 @@ from .runtime import routing
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
 
 
+def config_name(config: dict) -> str:
+    """A kernel configuration's name in routing decisions and reports."""
+    return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
+
+
 def m_bucket(m: int) -> int:
     """Rows rounded up to a power of two: calls whose row counts share a bucket share
     a routing decision (decoding steps and prefill lengths vary; N and K do not)."""

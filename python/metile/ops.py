@@ -58,6 +58,7 @@ import mlx.core as mx
 from . import lazy_graph, matmul_shapes
 from .runtime import routing
 from .op_routing import (
+    config_name as _op_config_name,
     m_bucket,
     device_description as _device_description,
     validate as _validate,
@@ -493,7 +494,7 @@ class _Route:
 @_reused
 def _config_name(block: dict) -> str:
     # asked by every routed call (a decision names its tile): formatted once a tile
-    return "metile:" + ",".join(f"{k}={v}" for k, v in block.items())
+    return _op_config_name(block)
 
 
 # Layouts of the right operand: row-major (K, N), or the transpose of a row-major

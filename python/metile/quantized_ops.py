@@ -45,6 +45,7 @@ import mlx.core as mx
 
 from .runtime import routing
 from .op_routing import (
+    config_name,
     m_bucket,
     device_description as _device_description,
     validate as _validate,
@@ -164,10 +165,6 @@ def _out_dtype(x, scales):
 
 
 # -- kernels ------------------------------------------------------------------------------------
-
-def config_name(config: dict) -> str:
-    return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())
-
 
 def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             dispatch_only=False):
