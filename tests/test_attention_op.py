@@ -232,6 +232,8 @@ def test_combines_agree(rng, splits, d, combine):
     q, k, v = operands(rng, 1, 3, 3, 1, lk, d)
     config = {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": splits, "combine": combine}
     if combine == "splits" and splits > attention_ops.COMBINE_SPLITS:
+        with pytest.raises(ValueError, match="merges at most 64 splits"):
+            attention_ops._launch(q, k, v, None, 0.2, config)
         config.pop("combine")        # the default beyond the one-shot combine's limit
     got = attention_ops._launch(q, k, v, None, 0.2, config)
     np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.2, None), rtol=1e-4,

@@ -5,7 +5,7 @@
 with q (B, Hq, Lq, D) and k, v (B, Hkv, Lk, D), all row-major, G = Hq / Hkv
 query heads per key/value head (grouped-query attention; G = 1 is multi-head).
 
-Three kernels and a combine step:
+Three kernels and two ways to combine split keys:
 
 * `attention_forward` (prefill): one program per (query block, query head, batch),
   a loop over key/value blocks with two `dot`s (Q·Kᵀ, then P·V, float32
@@ -21,7 +21,8 @@ Three kernels and a combine step:
   and query without matrix products - scores summed along each key's row by the lanes
   holding it, values accumulated in a block summed once (its docstring says why).
 * `attention_combine_splits` (up to 64 splits, all read at once) or
-  `attention_combine` (a loop over them) merges the chunks: out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
+  `attention_combine` (a loop over them) merges the chunks:
+  out = Σ_s acc_s 2^(m_s - M) / Σ_s l_s 2^(m_s - M).
 
 Scores are kept in base 2 (scale and additive mask are multiplied by log2 e) so
 the softmax uses exp2.  Masking follows MLX's `mx.fast.scaled_dot_product_attention`:

@@ -290,6 +290,9 @@ def _combine(kernels, partial, stats, rows, splits, d, dtype, config):
     loop over the splits; a configuration may name it (combine="loop"|"splits")."""
     out = mx.zeros((rows, d), dtype)
     how = config.get("combine") or ("splits" if splits <= COMBINE_SPLITS else "loop")
+    if how == "splits" and splits > COMBINE_SPLITS:
+        raise _fail(ValueError, f"combine='splits' merges at most {COMBINE_SPLITS} splits, "
+                                f"got {splits}; use combine='loop'")
     if how == "splits":
         block_s = 1 << max(0, (splits - 1).bit_length())
         block_d = min(32, _head_block(d))

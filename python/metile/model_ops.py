@@ -219,8 +219,8 @@ def _launch_softmax(x2, cfg):
     from metile_kernels import softmax as kernels
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
-    return kernels.softmax[kernels.grid(rows, cfg.get("ROWS", 1))](x2, mx.zeros((rows, columns), x2.dtype), rows,
-                                               columns, BLOCK=_block(columns), **cfg)
+    return kernels.softmax[kernels.grid(rows, cfg.get("ROWS", 1))](
+        x2, mx.zeros((rows, columns), x2.dtype), rows, columns, BLOCK=_block(columns), **cfg)
 
 
 @dataclass(frozen=True)
