@@ -89,7 +89,8 @@ def matmul(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr, BK: met
 
 @metile.kernel
 def single_dot(A, B, C, BM: metile.constexpr, BN: metile.constexpr, BK: metile.constexpr):
-    """One dot outside a K loop: not a GEMM recurrence, so the reference lowering."""
+    """One dot outside a K loop: not a GEMM recurrence, so a general product (on the
+    matrix unit where its sizes are whole fragments, passes/lower_dot_fragments.py)."""
     rm, rn, rk = metile.arange(0, BM), metile.arange(0, BN), metile.arange(0, BK)
     a = metile.load(A + rm[:, None] * BK + rk[None, :])
     b = metile.load(B + rk[:, None] * BN + rn[None, :])

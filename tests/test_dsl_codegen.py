@@ -76,9 +76,14 @@ def test_block_reduction_uses_simd_and_threadgroup_memory():
 
 
 def test_reference_dot_operands_go_through_threadgroup_memory():
-    # A dot outside a K-loop recurrence keeps the reference lowering (serial FFMA per element).
+    # A dot outside a K-loop recurrence reads its operands from threadgroup memory: on the
+    # matrix unit when its sizes are whole 8x8x8 fragments, else one FFMA loop an element
     src = prepared_source(single_dot[(1,)], mx.zeros((8, 8)), mx.zeros((8, 8)), mx.zeros((8, 8)),
                           BM=8, BN=8, BK=8)
+    assert src.count("threadgroup float") == 3  # the A and B tiles, the product's scratch
+    assert "metal::simdgroup_multiply_accumulate(" in src
+    src = prepared_source(single_dot[(1,)], mx.zeros((8, 4)), mx.zeros((4, 8)), mx.zeros((8, 8)),
+                          BM=8, BN=8, BK=4)
     assert src.count("threadgroup float") == 2  # the A and B tiles
     assert "simdgroup_matrix" not in src and "for (int _k" in src
 

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s22    -- general products on tensor cores: tests, attention prefill with/without
 #   OUT=$OUT bash tools/device_next.sh s21    -- narrow rows, decode defaults: tests, JSON, ncu of the dequantize
 #   OUT=$OUT bash tools/device_next.sh s20    -- decode attention without per-call fills: ncu, sweep, benchmark JSON
 #   OUT=$OUT bash tools/device_next.sh s19    -- ncu kernel durations of the decode attention/GEMV candidates
@@ -259,8 +260,22 @@ elif [ "$mode" = s21 ]; then
     --section WarpStateStats --section Occupancy --section LaunchStats -k regex:dequantize -c 1 \
     python3 tools/probes/dequantize_once.py > "$logs/ncu-dequantize.txt" 2>&1
   grep -E "Duration|Throughput|Warp Cycles|Achieved Occupancy|Registers|Stall|Eligible|Issued" "$logs/ncu-dequantize.txt" | head -30 | tee -a "$log"
+elif [ "$mode" = s22 ]; then
+  # general products on tensor cores (METILE_DOT_FRAGMENTS=1, not yet run on a GPU): their
+  # tests and the attention tests with it, then attention prefill with and without it
+  (cd /tmp && METILE_DOT_FRAGMENTS=1 timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_dot_fragments.py" "$repo/tests/test_attention_op.py" \
+     -k "two_products or element_loop or threshold or ragged or head_dims or grouped or half or masks or decode" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  for frag in 0 1; do
+    METILE_DOT_FRAGMENTS=$frag timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+      --prefill-lengths 1024 4096 --decode-lengths --rounds 3 --launches 5 \
+      --output "$logs/h200-attention-prefill-frag$frag-float16.json" 2>&1 | tail -3 | sed "s/^/frag=$frag /" | tee -a "$log"
+  done
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -43,15 +43,18 @@ Which lowering these get (see passes/gemm.py): the fast GEMM lowering (staged
 fragments, tensor cores on CUDA, simdgroup_matrix on Metal) takes one `dot`
 recurrence per kernel.  These kernels have two products per loop iteration and
 loop-carried row statistics, so both dots take the general tile lowering: the
-operands are staged in threadgroup memory and each thread runs a scalar float32
-multiply-add loop over K for its output elements; the row maximum and sum are
-per-row loops.  The P·V product is written `acc * alpha + dot(p, v)`, not
+operands are staged in threadgroup memory and, where the backend allows it
+(passes/lower_dot_fragments.py: Metal always, CUDA under METILE_DOT_FRAGMENTS=1 until
+it has run on a GPU), the program's SIMD-groups share the product's matrix-unit
+fragments; otherwise each thread runs a scalar float32 multiply-add loop over K for
+its output elements.  The row maximum and sum are per-row reductions.  The P·V
+product is written `acc * alpha + dot(p, v)`, not
 `dot(p, v, acc)`: the latter is a dot recurrence next to a second dot, which
 passes/gemm.py refuses ("a second matrix product") instead of lowering generally.
-GPU speed therefore rests on that general lowering (no matrix units), not on the
-kernel's structure; a lowering of this two-product loop onto fragments (S and P
-kept in accumulator registers, row reductions across a fragment's lanes) is what
-would make it competitive.  Tile sizes: metile.attention_ops.tiles.
+Either way the scores and probabilities go through threadgroup memory between the
+products; keeping them in accumulator registers (row reductions across a fragment's
+lanes) is what would make it competitive with a fused flash-attention kernel.
+Tile sizes: metile.attention_ops.tiles.
 """
 
 import metile

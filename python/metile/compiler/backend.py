@@ -30,6 +30,9 @@ class Backend:
     device_label: str = ""   # the device as MLX prints it, for messages
     units: tuple = ()        # the matrix units GEMMs may lower to (schedule.targets.units_for)
     scalars: str = "array"   # CUDA: runtime scalars by "value" or as 0-d "array"s (settings.cuda_scalars)
+    # general products (a dot outside the GEMM lowering) on the matrix unit
+    # (passes/lower_dot_fragments.py): MSL always; CUDA under METILE_DOT_FRAGMENTS=1
+    dot_fragments: bool = False
 
     @property
     def emitter(self):
@@ -104,10 +107,11 @@ def _fingerprint(kind: str) -> str:
     return f"{kind}:{info.get('architecture', '')}:{info.get('device_name', '')}"
 
 
-# The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET and the matrix
-# units' METILE_CUDA_WGMMA): a launch resolved under other values must not be reused
+# The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET, the matrix
+# units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values must not be reused
 # (runtime/dispatch.py's launch key).
-SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA")
+SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
+                       "METILE_DOT_FRAGMENTS")
 
 
 def device_type():
@@ -171,7 +175,8 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
             planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name, settings.wgmma_variant()),
-                   _cuda_scalars() if chosen == "cuda" else "array")
+                   _cuda_scalars() if chosen == "cuda" else "array",
+                   chosen == "msl" or settings.flag("METILE_DOT_FRAGMENTS"))
 
 
 def _cuda_scalars() -> str:

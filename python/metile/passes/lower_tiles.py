@@ -35,6 +35,7 @@ from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .gemm import find_gemm
 from .lower_debug import lower_debug
+from .lower_dot_fragments import DotFragmentLowering
 from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
 from .lower_reductions import ReductionLowering, rows_reducible
 from .lower_sort import SortLowering
@@ -45,12 +46,17 @@ from .placement import analyze
 SHARED_BYTES = 32 * 1024  # Apple's threadgroup memory; callers pass their target's capacity
 
 
+class SharedOverflow(CompilationError):
+    """The tiles a lowering holds in threadgroup memory pass the target's limit."""
+
+
 class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVectorLowering,
-               RowVectorLowering):
+               RowVectorLowering, DotFragmentLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                  shared_optin: int = 0, language: str | None = None):
         self.fn = fn
+        self.language = language
         self.shared_limit = shared_limit
         # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
         self.shared_optin = max(shared_optin, shared_limit)
@@ -110,7 +116,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
             if not self._fits_shared():
-                raise CompilationError(
+                raise SharedOverflow(
                     f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
                     f"the {self.shared_optin} a threadgroup has; use smaller blocks")
         attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
@@ -438,6 +444,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 self.emit_store(b, op, [self.s(o) for o in op.operands])
             return
         result = op.results[0] if op.results else None
+        if name == "dot" and self.place.kind.get(result.id) != "recompute" and \
+                (unit := self.dot_unit(op)) is not None:
+            return self.lower_dot_fragments(op, b, unit)  # lower_dot_fragments.py
         if result is not None and isinstance(result.type, TileType):
             if self.place.kind[result.id] != "recompute":
                 self.materialize(result, b)
@@ -640,11 +649,25 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
 
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
-                shared_optin: int = 0, language: str | None = None) -> Function:
+                shared_optin: int = 0, language: str | None = None,
+                dot_fragments: bool = False) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
-    plain lane layout."""
+    plain lane layout.  `dot_fragments` (the backend's) lets general products take the
+    matrix unit (lower_dot_fragments.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
-    return Lowering(fn, threads, buffers, matrix_units, plan, scalars, shared_limit,
-                    gemm_plan, shared_optin, language).run()
+    args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
+            shared_optin, language)
+    first = Lowering(*args)
+    first.dot_fragments_allowed = dot_fragments
+    try:
+        return first.run()
+    except SharedOverflow:
+        if not first.dot_fragments_used:
+            raise
+    # products on the matrix unit hold more in threadgroup memory (operand copies, a
+    # scratch) than per-element products: where that passes the limit, the latter
+    later = Lowering(*args)
+    later.dot_fragments_allowed = False
+    return later.run()

@@ -112,6 +112,7 @@ class Specialization:
             # plans depend on the target's capabilities (the device names it on GPUs)
             "target": backend.target.name,
             "units": [u.name for u in backend.matrix_units],
+            **({"dot_fragments": True} if backend.dot_fragments else {}),
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),

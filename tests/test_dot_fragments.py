@@ -1,0 +1,106 @@
+"""General products (a `dot` outside the fast GEMM lowering) on the matrix unit
+(passes/lower_dot_fragments.py): numbers against NumPy on the CPU runtime (Metal's
+simdgroup_matrix, race-checked), which products take it and which keep the per-element
+loop, the fallback where fragments would pass the threadgroup-memory limit, and the CUDA
+spelling (mma.sync fragments, behind METILE_DOT_FRAGMENTS=1 until run on a GPU)."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
+
+TOL = {mx.float32: 2e-5, mx.float16: 3e-3, mx.bfloat16: 2e-2}
+
+
+@metile.kernel
+def two_products(A, B, C, Out, m, n, k, d, BM: metile.constexpr, BN: metile.constexpr,
+                 BK: metile.constexpr, BD: metile.constexpr):
+    """Out = softmax_rows(A @ B) @ C for one (BM, BD) block: two products per program, a
+    row reduction between them (attention's shape), ragged edges read as zero."""
+    rm = metile.arange(0, BM)
+    rn = metile.arange(0, BN)
+    rk = metile.arange(0, BK)
+    rd = metile.arange(0, BD)
+    a = metile.load(A + rm[:, None] * k + rk[None, :], mask=(rm[:, None] < m) & (rk[None, :] < k),
+                    other=0.0)
+    b = metile.load(B + rk[:, None] * n + rn[None, :], mask=(rk[:, None] < k) & (rn[None, :] < n),
+                    other=0.0)
+    s = metile.dot(a, b)
+    s = metile.where(rn[None, :] < n, s, -float("inf"))
+    p = metile.exp(s - metile.max(s, axis=1)[:, None])
+    p = p / metile.sum(p, axis=1)[:, None]
+    c = metile.load(C + rn[:, None] * d + rd[None, :], mask=(rn[:, None] < n) & (rd[None, :] < d),
+                    other=0.0)
+    out = metile.dot(p.to(c.dtype), c, metile.full((BM, BD), 0.5, dtype=metile.float32))
+    metile.store(Out + rm[:, None] * d + rd[None, :], out, mask=(rm[:, None] < m) & (rd[None, :] < d))
+
+
+def operands(rng, m, n, k, d, dtype):
+    def make(shape):
+        return mx.array(rng.standard_normal(shape).astype(np.float32) * 0.5).astype(dtype)
+    return make((m, k)), make((k, n)), make((n, d))
+
+
+def reference(a, b, c):
+    f = [np.array(x.astype(mx.float32), np.float64) for x in (a, b, c)]
+    s = f[0] @ f[1]
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    # p is rounded to c's dtype before the second product, as the kernel does
+    p = np.array(mx.array(p.astype(np.float32)).astype(c.dtype).astype(mx.float32), np.float64)
+    return p @ f[2] + 0.5
+
+
+def launch(a, b, c, blocks, backend=None):
+    (m, k), n, d = a.shape, b.shape[1], c.shape[1]
+    bm, bn, bk, bd = blocks
+    kw = {"backend": backend} if backend else {}
+    return two_products[(1,)].prepare(a, b, c, mx.zeros((m, d), mx.float32), m, n, k, d, BM=bm,
+                                      BN=bn, BK=bk, BD=bd, **kw)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,d,blocks", [(16, 32, 16, 16, (16, 32, 16, 16)),
+                                            (13, 27, 11, 20, (16, 32, 16, 32)),
+                                            (30, 8, 40, 9, (32, 8, 64, 16))])
+def test_two_products_against_numpy(rng, monkeypatch, dtype, m, n, k, d, blocks):
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")   # every lane order, compared
+    a, b, c = operands(rng, m, n, k, d, dtype)
+    dispatch = launch(a, b, c, blocks)
+    assert dispatch.source.count("metal::simdgroup_multiply_accumulate(") == 2
+    np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+
+
+def test_products_not_made_of_fragments_keep_the_element_loop(rng):
+    # K = 4 is not a whole 8-deep fragment: the first product runs per element, the
+    # second (K = 16) on the matrix unit
+    a, b, c = operands(rng, 8, 16, 4, 8, mx.float16)
+    dispatch = launch(a, b, c, (8, 16, 4, 8))
+    assert dispatch.source.count("metal::simdgroup_multiply_accumulate(") == 1
+    np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=3e-3, atol=3e-3)
+
+
+def test_past_the_threadgroup_limit_products_run_per_element(rng):
+    # float32 blocks of whole fragments (64x32 scores over K = 32, 32 columns out) whose
+    # operand copies and scratch would pass the CPU runtime's 32 KiB: lowered again
+    # without fragments, as before they existed
+    a, b, c = operands(rng, 64, 32, 32, 32, mx.float32)
+    dispatch = launch(a, b, c, (64, 32, 32, 32))
+    assert "simdgroup_multiply_accumulate" not in dispatch.source
+    np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+def test_cuda_products_behind_the_setting(rng, monkeypatch):
+    # not yet run on a GPU: the mma.sync spelling compiles, and is used only when asked
+    a, b, c = operands(rng, 16, 32, 16, 16, mx.float16)
+    monkeypatch.delenv("METILE_DOT_FRAGMENTS", raising=False)
+    assert "metile_frag_mma(_dacc" not in launch(a, b, c, (16, 32, 16, 16), "cuda").source
+    monkeypatch.setenv("METILE_DOT_FRAGMENTS", "1")
+    dispatch = launch(a, b, c, (16, 32, 16, 16), "cuda")
+    assert dispatch.source.count("metile_frag_mma(_dacc") == 2   # calls, not the helper
+    ok, log = compile_cuda(translation_unit(dispatch), "sm_90")
+    assert ok, log
