@@ -1126,6 +1126,9 @@ case("env-cxx-missing", with_env(fresh_kernel_call, METILE_CXX="/nonexistent/cla
 case("env-cache-dir-is-a-file", with_env(fresh_kernel_call, METILE_CACHE_DIR=__file__ + "/cache"),
      warns(Warning, r"metile: cannot write the cache directory .*test_bad_inputs.py/cache.*"
                         r"Point METILE_CACHE_DIR at a writable directory", equal(TWICE)))
+case("env-dot-fragments-maybe",
+     with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DOT_FRAGMENTS="maybe"),
+     error(ValueError, r"METILE_DOT_FRAGMENTS='maybe' is not a boolean; use 1 \(on\) or 0 \(off\)"))
 case("env-disable-disk-cache-maybe",
      with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DISABLE_DISK_CACHE="maybe"),
      error(ValueError, r"METILE_DISABLE_DISK_CACHE='maybe' is not a boolean; use 1 \(on\) or 0 \(off\)"))

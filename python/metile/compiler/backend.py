@@ -176,7 +176,8 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array",
-                   chosen == "msl" or settings.flag("METILE_DOT_FRAGMENTS"))
+                   # (the setting read, so a malformed value is refused, on every backend)
+                   settings.flag("METILE_DOT_FRAGMENTS") or chosen == "msl")
 
 
 def _cuda_scalars() -> str:
