@@ -15,8 +15,9 @@ unit takes and whose M, N, K are whole fragments is taken (`dot_unit`); anything
 keeps the per-element lowering.  The operands are read where placement put them in
 threadgroup memory (row-major, as `Ctx.linear` indexes them) or copied there first
 (`copy_into`: barrier, copy, barrier).  The fragments are stored row-major into the
-result's threadgroup array when placement holds the result there, else into a float32
-scratch array read back into the result's registers; `acc` is added element by element
+result's threadgroup array when placement holds the result there (and `acc` is not a
+carried value that may share it), else into a float32 scratch array read back into the
+result's storage; `acc` is added element by element
 by the thread owning the element.  A barrier precedes the fragment loads (the operands'
 last writes) and the stores (earlier readers of the result's array) and one follows them
 (other threads read the result): the same bracketing as any write of a shared tile.
@@ -78,9 +79,7 @@ class DotFragmentLowering:
         a, bm, _ = op.operands
         extra = sum(prod(v.type.shape) * v.type.elem.dtype.itemsize for v in (a, bm)
                     if not self._in_shared(v))
-        if self.place.kind.get(op.results[0].id) != "shared":
-            extra += prod(op.results[0].type.shape) * 4
-        return extra
+        return extra + prod(op.results[0].type.shape) * 4   # (at most) the scratch
 
     def _in_shared(self, v: Value):
         st = self.storage.get(v.id)
@@ -108,7 +107,12 @@ class DotFragmentLowering:
         self.dot_fragments_used = True
         st_a, st_b = self._shared_operand(a, b), self._shared_operand(bm, b)
         out = self.storage_for(result)
-        target = out.name if out.kind == "shared" else self.decl("shared", dt.float32, m * n, "_dsc")
+        # fragments go straight into the result's threadgroup array unless `acc` may live
+        # there too (a carried accumulator shares its loop's storage): it is read after
+        acc_st = self.storage.get(acc.id)
+        direct = out.kind == "shared" and isinstance(acc.owner, Op) and \
+            (acc_st is None or acc_st.name != out.name)
+        target = out.name if direct else self.decl("shared", dt.float32, m * n, "_dsc")
         frag_a = self._fragment("a", a.type.elem.dtype, unit)
         frag_b = self._fragment("b", bm.type.elem.dtype, unit)
         frag_c = self._fragment("acc", dt.float32, unit)
