@@ -15,6 +15,11 @@ each number is the median over `--rounds`.  Every metile output is checked again
 MLX's first (the routing validation tolerance).  Reports microseconds per call,
 TFLOP/s (2 rows K N), the weight bytes read per second (packed words, scales and
 biases), and MLX's time over each side's (> 1: faster than MLX).
+
+`--weights N` gives each call the next of N independently drawn weights (same shapes):
+with N = 1 (the default) every call reads the one weight, which a 4096x11008 int4 matrix
+(25 MB with its scales) leaves in the H200's 50 MB L2; N >= 3 keeps the next call's
+weight out of it, as a model's layers read theirs from DRAM once per token.
 """
 
 from __future__ import annotations
@@ -32,18 +37,18 @@ from metile import quantized_ops
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-def sides(w, wq, scales, biases, group_size, bits, rows, dtype):
-    def mlx(x):
+def sides(n, k, group_size, bits, rows, dtype):
+    """Each side a compiled call of (x, w, wq, scales, biases)."""
+    def mlx(x, w, wq, scales, biases):
         return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group_size,
                                    bits=bits)
 
-    def dense(x):
+    def dense(x, w, wq, scales, biases):
         return x @ w.T
 
-    n, k = w.shape
     fns = {}
     for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True):
-        def kernel(x, config=config):
+        def kernel(x, w, wq, scales, biases, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
                                          config)
         fns[quantized_ops.config_name(config)] = mx.compile(kernel)
@@ -52,39 +57,49 @@ def sides(w, wq, scales, biases, group_size, bits, rows, dtype):
     return fns
 
 
-def seconds_per_call(fn, x, launches) -> float:
+def seconds_per_call(fn, x, launches, weights=None) -> float:
+    """Wall time per call of `launches` calls issued together and evaluated at once;
+    with `weights` (a list of argument tuples), call i passes weights[i % len(weights)]."""
     mx.synchronize()
     start = time.perf_counter()
-    outs = [fn(x) for _ in range(launches)]
+    if weights is None:
+        outs = [fn(x) for _ in range(launches)]
+    else:
+        outs = [fn(x, *weights[i % len(weights)]) for i in range(launches)]
     mx.eval(*outs)
     mx.synchronize()
     return (time.perf_counter() - start) / launches
 
 
-def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds) -> dict:
-    kx, kw = mx.random.split(mx.random.key(0), 2)
-    x = mx.random.normal((rows, k), key=kx).astype(dtype)
-    w = (mx.random.normal((n, k), key=kw) / math.sqrt(k)).astype(dtype)
-    wq, scales, biases = mx.quantize(w, group_size=group_size, bits=bits)
-    mx.eval(x, w, wq, scales, biases)
-    fns = sides(w, wq, scales, biases, group_size, bits, rows, dtype)
-    reference = fns["mlx"](x)
-    for side, fn in fns.items():
-        if side.startswith("metile"):
-            problem = quantized_ops._validate(fn(x), reference)
-            if problem:
-                raise SystemExit(f"{side} differs from MLX for {name}: {problem}")
+def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=1) -> dict:
+    keys = mx.random.split(mx.random.key(0), 1 + copies)
+    x = mx.random.normal((rows, k), key=keys[0]).astype(dtype)
+    weights = []
+    for key in keys[1:]:
+        w = (mx.random.normal((n, k), key=key) / math.sqrt(k)).astype(dtype)
+        weights.append((w, *mx.quantize(w, group_size=group_size, bits=bits)))
+        mx.eval(*weights[-1])
+    mx.eval(x)
+    fns = sides(n, k, group_size, bits, rows, dtype)
+    for args in weights:
+        reference = fns["mlx"](x, *args)
+        for side, fn in fns.items():
+            if side.startswith("metile"):
+                problem = quantized_ops._validate(fn(x, *args), reference)
+                if problem:
+                    raise SystemExit(f"{side} differs from MLX for {name}: {problem}")
     for fn in fns.values():   # warm-up: compile, first launch
-        seconds_per_call(fn, x, 1)
+        seconds_per_call(fn, x, 1, weights)
     times = {side: [] for side in fns}
     order = list(fns)
     for r in range(rounds):
         for side in (order if r % 2 == 0 else order[::-1]):
-            times[side].append(seconds_per_call(fns[side], x, launches))
+            times[side].append(seconds_per_call(fns[side], x, launches, weights))
     us = {side: float(np.median(t)) * 1e6 for side, t in times.items()}
+    _, wq, scales, biases = weights[0]
     weight_bytes = wq.nbytes + scales.nbytes + biases.nbytes
     return {"name": name, "rows": rows, "k": k, "n": n, "dtype": str(dtype).removeprefix("mlx.core."),
-            "bits": bits, "group_size": group_size, "us_per_call": us,
+            "bits": bits, "group_size": group_size, "weights": copies, "us_per_call": us,
             "tflops": {s: 2 * rows * k * n / (t * 1e-6) / 1e12 for s, t in us.items()},
             "quantized_weight_tb_per_s": {s: weight_bytes / (t * 1e-6) / 1e12
                                           for s, t in us.items() if s != "dense"},
@@ -100,11 +115,15 @@ def main():
     parser.add_argument("--prefill", type=int, nargs=3, action="append",
                         metavar=("ROWS", "K", "N"))
     parser.add_argument("--launches", type=int, default=50)
+    parser.add_argument("--weights", type=int, default=1,
+                        help="calls cycle through this many weights (>= 3: out of the L2)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, 2 launches, 2 rounds (the CPU runtime)")
     parser.add_argument("--output")
     args = parser.parse_args()
+    if args.weights < 1:
+        parser.error(f"--weights must be at least 1, got {args.weights}")
     decode = args.decode or [[1, 4096, 11008]]
     prefill = args.prefill or [[512, 4096, 11008]]
     if args.quick:
@@ -115,14 +134,16 @@ def main():
     for name, shapes in (("decode", decode), ("prefill", prefill)):
         for rows, k, n in shapes:
             r = measure(name, rows, k, n, dtype, args.group_size, args.bits, args.launches,
-                        args.rounds)
+                        args.rounds, args.weights)
             line = ", ".join(f"{s} {t:.1f} us" for s, t in r["us_per_call"].items())
             ratios = ", ".join(f"{s} {v:.2f}" for s, v in r["mlx_over"].items())
-            print(f"{name} {rows}x{k}x{n} int{args.bits} g{args.group_size} {args.dtype}: {line}"
+            print(f"{name} {rows}x{k}x{n} int{args.bits} g{args.group_size} {args.dtype} "
+                  f"weights {args.weights}: {line}"
                   f"  | mlx/side: {ratios}")
             results.append(r)
     write_report(args.output, {"machine": machine(), "benchmark": "quantized_matmul",
                                "launches": args.launches, "rounds": args.rounds,
+                               "weights": args.weights,
                                "cases": results})
 
 

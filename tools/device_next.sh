@@ -274,6 +274,9 @@ elif [ "$mode" = s22 ]; then
       --prefill-lengths 1024 4096 --decode-lengths --rounds 3 --launches 5 \
       --output "$logs/h200-attention-prefill-frag$frag-float16.json" 2>&1 | tail -3 | sed "s/^/frag=$frag /" | tee -a "$log"
   done
+  # int4 with the weight out of L2 (each call the next of 4 weights), as a model reads it
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --output "$logs/h200-quantized-int4-float16-cold.json" 2>&1 | tail -4 | tee -a "$log"
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22)" | tee -a "$log"
 fi
