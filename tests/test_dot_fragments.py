@@ -34,7 +34,8 @@ def two_products(A, B, C, Out, m, n, k, d, BM: metile.constexpr, BN: metile.cons
     c = metile.load(C + rn[:, None] * d + rd[None, :], mask=(rn[:, None] < n) & (rd[None, :] < d),
                     other=0.0)
     out = metile.dot(p.to(c.dtype), c, metile.full((BM, BD), 0.5, dtype=metile.float32))
-    metile.store(Out + rm[:, None] * d + rd[None, :], out, mask=(rm[:, None] < m) & (rd[None, :] < d))
+    metile.store(Out + rm[:, None] * d + rd[None, :], out,
+                 mask=(rm[:, None] < m) & (rd[None, :] < d))
 
 
 def operands(rng, m, n, k, d, dtype):

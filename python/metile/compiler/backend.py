@@ -108,8 +108,8 @@ def _fingerprint(kind: str) -> str:
 
 
 # The environment resolve_backend reads (METILE_BACKEND, METILE_TARGET, the matrix
-# units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values must not be reused
-# (runtime/dispatch.py's launch key).
+# units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values
+# must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
                        "METILE_DOT_FRAGMENTS")
 

@@ -56,7 +56,6 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                  shared_optin: int = 0, language: str | None = None):
         self.fn = fn
-        self.language = language
         self.shared_limit = shared_limit
         # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
         self.shared_optin = max(shared_optin, shared_limit)
