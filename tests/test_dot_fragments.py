@@ -105,3 +105,32 @@ def test_cuda_products_behind_the_setting(rng, monkeypatch):
     assert dispatch.source.count("metile_frag_mma(_dacc") == 2   # calls, not the helper
     ok, log = compile_cuda(translation_unit(dispatch), "sm_90")
     assert ok, log
+
+
+@metile.kernel
+def transposed_and_chained(A, Bt, C, Out, BM: metile.constexpr, BN: metile.constexpr,
+                           BK: metile.constexpr):
+    """out = (a @ btᵀ rounded) @ c + a @ btᵀ: a transposed operand (copied to threadgroup
+    memory first), a product of a product, the first product as the second's acc."""
+    rm, rn, rk = metile.arange(0, BM), metile.arange(0, BN), metile.arange(0, BK)
+    a = metile.load(A + rm[:, None] * BK + rk[None, :])
+    bt = metile.load(Bt + rn[:, None] * BK + rk[None, :])
+    c = metile.load(C + rn[:, None] * BN + rn[None, :])
+    ab = metile.dot(a, metile.trans(bt))
+    metile.store(Out + rm[:, None] * BN + rn[None, :], metile.dot(ab.to(a.dtype), c, ab))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype):
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    bt = mx.array(rng.standard_normal((32, 24)).astype(np.float32)).astype(dtype)
+    c = mx.array(rng.standard_normal((32, 32)).astype(np.float32)).astype(dtype)
+    a = mx.array(rng.standard_normal((16, 24)).astype(np.float32)).astype(dtype)
+    d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=24)
+    assert d.source.count("metal::simdgroup_multiply_accumulate(") == 2
+    f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
+    ab = f[0] @ f[1].T
+    rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)
+    want = rounded @ f[2] + ab
+    np.testing.assert_allclose(np.array(d()), want, rtol=TOL[dtype] * 4,
+                               atol=TOL[dtype] * 4 * np.abs(want).max())
