@@ -265,7 +265,7 @@ elif [ "$mode" = s22 ]; then
   # tests and the attention tests with it, then attention prefill with and without it
   (cd /tmp && METILE_DOT_FRAGMENTS=1 timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
      --junitxml="$out/junit.xml" "$repo/tests/test_dot_fragments.py" "$repo/tests/test_attention_op.py" \
-     -k "two_products or element_loop or threshold or ragged or head_dims or grouped or half or masks or decode" \
+     -k "two_products or element or transposed or ragged or head_dims or grouped or half or masks or decode" \
      > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
