@@ -14,7 +14,7 @@ What it proves or changes.  Only a product whose operands are 2-D tiles of one d
 unit takes and whose M, N, K are whole fragments is taken (`dot_unit`); anything else
 keeps the per-element lowering.  The operands are read where placement put them in
 threadgroup memory (row-major, as `Ctx.linear` indexes them) or copied there first
-(`copy_into`: barrier, copy, barrier).  The fragments are stored row-major into the
+(`Lowering.shared_copy`, the copy axis reductions make: barrier, copy, barrier).  The fragments are stored row-major into the
 result's threadgroup array when placement holds the result there (and `acc` is not a
 carried value that may share it), else into a float32 scratch array read back into the
 result's storage; `acc` is added element by element
@@ -51,7 +51,7 @@ class DotFragmentLowering:
     dot_fragments_allowed = False
     dot_fragments_used = False
 
-    def dot_unit(self, op: Op):
+    def dot_unit(self, op: Op, b: Builder):
         """The SIMD-group matrix unit this general `dot` runs on, or None (per-element)."""
         if not self.dot_fragments_allowed or self.gemm is not None or \
                 self.fn.meta.get("fragments"):
@@ -69,29 +69,16 @@ class DotFragmentLowering:
             if unit.warpgroup or unit.path is not None or unit.convert or \
                     not unit.takes(dtype.name, False) or m % fm or n % fn or k % fk:
                 continue
-            if self.shared_bytes + self._dot_extra_bytes(op) > self.shared_optin:
+            if self.shared_bytes + self._dot_extra_bytes(op, b) > self.shared_optin:
                 return None
             return unit
         return None
 
-    def _dot_extra_bytes(self, op: Op) -> int:
+    def _dot_extra_bytes(self, op: Op, b: Builder) -> int:
         """Threadgroup bytes the fragment product adds: operand copies and the scratch."""
         a, bm, _ = op.operands
-        extra = sum(prod(v.type.shape) * v.type.elem.dtype.itemsize for v in (a, bm)
-                    if not self._in_shared(v))
-        return extra + prod(op.results[0].type.shape) * 4   # (at most) the scratch
-
-    def _in_shared(self, v: Value):
-        st = self.storage.get(v.id)
-        return st if st is not None and st.kind == "shared" and st.shape == tuple(v.type.shape) \
-            else None
-
-    def _shared_operand(self, v: Value, b: Builder):
-        st = self._in_shared(v)
-        if st is None:
-            st = self.new_storage("shared", v.type.shape, v.type)
-            self.copy_into(b, st, v)
-        return st
+        return self.shared_copy_bytes(a, b) + self.shared_copy_bytes(bm, b) + \
+            prod(op.results[0].type.shape) * 4   # (at most) the scratch
 
     def _fragment(self, role: str, dtype: dt.DType, unit) -> str:
         name = self.fresh(f"_d{role}")
@@ -105,7 +92,7 @@ class DotFragmentLowering:
         (m, k), n = a.type.shape, bm.type.shape[1]
         fm, fn, fk = unit.shape
         self.dot_fragments_used = True
-        st_a, st_b = self._shared_operand(a, b), self._shared_operand(bm, b)
+        st_a, st_b = self.shared_copy(a, b), self.shared_copy(bm, b)
         out = self.storage_for(result)
         # fragments go straight into the result's threadgroup array unless `acc` may live
         # there too (a carried accumulator shares its loop's storage): it is read after

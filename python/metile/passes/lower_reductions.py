@@ -213,15 +213,8 @@ class ReductionLowering:
         line there."""
         (x,) = op.operands
         held = self.storage.get(x.id)
-        if held is None or held.kind != "shared":
-            # one copy for every reduction of x later in the same block (x along both
-            # axes): the copy is made before them in program order and x never changes
-            tmp = self.axis_copies.get((x.id, id(b.block)))
-            if tmp is None:
-                tmp = self.new_storage("shared", x.type.shape, x.type)
-                self.copy_into(b, tmp, x)
-                self.axis_copies[(x.id, id(b.block))] = tmp
-            self.storage[x.id] = tmp
+        # (one copy for every reduction of x later in the same block: x along both axes)
+        self.storage[x.id] = self.shared_copy(x, b)
         try:
             self.materialize(op.results[0], b)
         finally:

@@ -67,9 +67,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.decls: list[Op] = []
         self.scalars: dict[int, Value] = {}
         self.storage: dict[int, Storage] = {}
-        # (value id, block id) -> its copy in threadgroup memory for axis reductions
-        # (lower_reductions.axis_reduce_in_shared)
-        self.axis_copies: dict[tuple[int, int], Storage] = {}
+        # (value id, block id) -> its copy in threadgroup memory (shared_copy)
+        self.shared_copies: dict[tuple[int, int], Storage] = {}
         self.group_storage: dict[int, Storage] = {}
         self.counter = 0
         self.shared_bytes = 0
@@ -363,6 +362,28 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                                           root=slot, space="threadgroup")
 
     # -- statements ------------------------------------------------------------------------
+    def shared_copy(self, v: Value, b: Builder) -> Storage:
+        """v row-major in threadgroup memory, for a use that reads other threads' elements
+        (an axis reduction, a product on the matrix unit): where placement holds it there,
+        else a copy made at the first such use in the block - later uses in the block read
+        the same copy, as v never changes."""
+        held = self.storage.get(v.id)
+        if held is not None and held.kind == "shared":
+            return held
+        key = (v.id, id(b.block))
+        copy = self.shared_copies.get(key)
+        if copy is None:
+            copy = self.shared_copies[key] = self.new_storage("shared", v.type.shape, v.type)
+            self.copy_into(b, copy, v)
+        return copy
+
+    def shared_copy_bytes(self, v: Value, b: Builder) -> int:
+        """The threadgroup bytes shared_copy(v, b) would add (0: held there or copied)."""
+        held = self.storage.get(v.id)
+        if held is not None and held.kind == "shared" or (v.id, id(b.block)) in self.shared_copies:
+            return 0
+        return prod(v.type.shape) * scalar_of(v.type).dtype.itemsize
+
     def materialize(self, v: Value, b: Builder) -> None:
         st = self.storage_for(v)
         if st.kind == "shared":
@@ -443,8 +464,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 self.emit_store(b, op, [self.s(o) for o in op.operands])
             return
         result = op.results[0] if op.results else None
-        if name == "dot" and self.place.kind.get(result.id) != "recompute" and \
-                (unit := self.dot_unit(op)) is not None:
+        if name == "dot" and (unit := self.dot_unit(op, b)) is not None:
             return self.lower_dot_fragments(op, b, unit)  # lower_dot_fragments.py
         if result is not None and isinstance(result.type, TileType):
             if self.place.kind[result.id] != "recompute":
