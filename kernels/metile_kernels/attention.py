@@ -335,7 +335,7 @@ def attention_combine(Partial, Stats, Out, rows_total, splits,
 
 
 def combine_grid(rows_total: int, head_dim: int, BLOCK_D: int) -> tuple[int, int]:
-    return (rows_total, -(-head_dim // BLOCK_D))
+    return (rows_total, metile.cdiv(head_dim, BLOCK_D))
 
 
 @metile.kernel

@@ -35,7 +35,7 @@ import metile
 
 
 def grid(rows: int, ROWS: int = 1) -> tuple[int, int]:
-    return (-(-rows // ROWS), 1)
+    return (metile.cdiv(rows, ROWS), 1)
 
 
 def block_for(columns: int) -> int:

@@ -13,12 +13,12 @@ float16/bfloat16 rows are computed in float32 and rounded once (MLX's
 `precise=True` numbers; `precise=False` MLX may accumulate in the input type, a
 difference within that type's rounding).  The row and column indices use the
 2-D tile spelling of norms.py, which metile proves covers the whole output (no
-written-mask); grid `(rows, 1)`.
+written-mask); grid `norms.grid(rows, ROWS)`: ROWS rows a program.
 """
 
 import metile
 
-from metile_kernels.norms import row_sum
+from metile_kernels.norms import grid, row_sum  # noqa: F401 (grid: the launch's, as norms')
 
 # exp(v) = exp2(v * log2(e)).  exp2 is one hardware instruction on both GPUs (CUDA's expf
 # is eight: a range reduction around it).  v = x - max(x) is formed first (scaling x and
@@ -26,10 +26,6 @@ from metile_kernels.norms import row_sum
 # 3e38); rounding v * log2(e) moves the result by at most |v| * 4e-8 relative: below
 # float32's own rounding for |v| < 3, and 4e-6 at |v| = 100, where exp(v) < 4e-44.
 LOG2E = 1.4426950408889634
-
-
-def grid(rows: int, ROWS: int = 1) -> tuple[int, int]:
-    return (-(-rows // ROWS), 1)
 
 
 @metile.inline
