@@ -11,13 +11,13 @@ runs, as MLX does.  The kernels (kernels/metile_kernels/quantized.py):
 * up to DECODE_ROWS rows (decode): a GEMV that reads every packed word once and
   dequantizes in registers (`quantized_matvec`; `quantized_matvec_n` for
   transpose=False), and candidates written along K in runs (`quantized_matvec_runs`,
-  and `quantized_matvec_rows`, several rows a warp: on the H200 the fastest, level with
-  each other at 1.48x MLX at 1x4096x11008 int4);
+  and `quantized_matvec_rows`, several rows a warp: on the H200 the fastest, 1.27x and
+  1.22x MLX at 1x4096x11008 int4 in the s21 run, the first the faster from DRAM);
 * more rows (prefill): a tiled GEMM that dequantizes the weight tile while staging
   it and multiplies on matrix units (`quantized_matmul`);
 * a routing candidate besides: `dequantize` into a temporary float weight, then
-  metile.ops' dense GEMM on it as stored (on the H200 the faster prefill path: 2.90x
-  MLX at 512x4096x11008 int4, where the fused GEMM is 0.11x).
+  metile.ops' dense GEMM on it as stored (on the H200 the faster prefill path: 2.95x
+  MLX at 512x4096x11008 int4 in s21, where the fused GEMM is 0.11x).
 
 Which path runs (`backend=`) follows ops.py: "mlx" MLX's op, "metile" the kernel
 chosen by row count, "auto" (the default) a metile kernel only where a recorded
