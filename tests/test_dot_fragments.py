@@ -2,7 +2,8 @@
 (passes/lower_dot_fragments.py): numbers against NumPy on the CPU runtime (Metal's
 simdgroup_matrix, race-checked), which products take it and which keep the per-element
 loop, the fallback where fragments would pass the threadgroup-memory limit, and the CUDA
-spelling (mma.sync fragments, behind METILE_DOT_FRAGMENTS=1 until run on a GPU)."""
+spelling (mma.sync fragments, off under METILE_DOT_FRAGMENTS=0). On a GPU the tests run on
+its backend, and count that backend's fragment products."""
 
 import mlx.core as mx
 import numpy as np
@@ -12,6 +13,13 @@ import metile
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
 TOL = {mx.float32: 2e-5, mx.float16: 3e-3, mx.bfloat16: 2e-2}
+# the call each backend's fragment product is spelt with (not its helper's definition)
+PRODUCT = {"msl": "metal::simdgroup_multiply_accumulate(", "cuda": "metile_frag_mma(_dacc"}
+
+
+def products(dispatch) -> int:
+    """The fragment products in a launch's source, on whichever backend it runs."""
+    return dispatch.source.count(PRODUCT[dispatch.spec.backend.language])
 
 
 @metile.kernel
@@ -70,7 +78,7 @@ def test_two_products_against_numpy(rng, monkeypatch, dtype, m, n, k, d, blocks)
     monkeypatch.setenv("METILE_RACE_CHECK", "1")   # every lane order, compared
     a, b, c = operands(rng, m, n, k, d, dtype)
     dispatch = launch(a, b, c, blocks)
-    assert dispatch.source.count("metal::simdgroup_multiply_accumulate(") == 2
+    assert products(dispatch) == 2
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=TOL[dtype],
                                atol=TOL[dtype])
 
@@ -80,7 +88,7 @@ def test_products_not_made_of_fragments_keep_the_element_loop(rng):
     # second (K = 16) on the matrix unit
     a, b, c = operands(rng, 8, 16, 4, 8, mx.float16)
     dispatch = launch(a, b, c, (8, 16, 4, 8))
-    assert dispatch.source.count("metal::simdgroup_multiply_accumulate(") == 1
+    assert products(dispatch) == 1
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=3e-3, atol=3e-3)
 
 
@@ -90,19 +98,20 @@ def test_past_the_threadgroup_limit_products_run_per_element(rng):
     # without fragments, as before they existed
     a, b, c = operands(rng, 64, 32, 32, 32, mx.float32)
     dispatch = launch(a, b, c, (64, 32, 32, 32))
-    assert "simdgroup_multiply_accumulate" not in dispatch.source
+    if dispatch.spec.backend.language == "msl":   # (CUDA's 48 KB holds them)
+        assert products(dispatch) == 0
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
-def test_cuda_products_behind_the_setting(rng, monkeypatch):
-    # not yet run on a GPU: the mma.sync spelling compiles, and is used only when asked
+def test_cuda_products_unless_turned_off(rng, monkeypatch):
+    # the mma.sync spelling compiles and is the default; METILE_DOT_FRAGMENTS=0 turns it off
     a, b, c = operands(rng, 16, 32, 16, 16, mx.float16)
-    monkeypatch.delenv("METILE_DOT_FRAGMENTS", raising=False)
-    assert "metile_frag_mma(_dacc" not in launch(a, b, c, (16, 32, 16, 16), "cuda").source
-    monkeypatch.setenv("METILE_DOT_FRAGMENTS", "1")
+    monkeypatch.setenv("METILE_DOT_FRAGMENTS", "0")
+    assert products(launch(a, b, c, (16, 32, 16, 16), "cuda")) == 0
+    monkeypatch.delenv("METILE_DOT_FRAGMENTS")
     dispatch = launch(a, b, c, (16, 32, 16, 16), "cuda")
-    assert dispatch.source.count("metile_frag_mma(_dacc") == 2   # calls, not the helper
+    assert products(dispatch) == 2
     ok, log = compile_cuda(translation_unit(dispatch), "sm_90")
     assert ok, log
 
@@ -127,7 +136,7 @@ def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype):
     c = mx.array(rng.standard_normal((32, 32)).astype(np.float32)).astype(dtype)
     a = mx.array(rng.standard_normal((16, 24)).astype(np.float32)).astype(dtype)
     d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=24)
-    assert d.source.count("metal::simdgroup_multiply_accumulate(") == 2
+    assert products(d) == 2
     f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
     ab = f[0] @ f[1].T
     rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)

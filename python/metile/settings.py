@@ -64,11 +64,11 @@ class SettingError(ValueError):
     """An environment variable metile reads holds a value it does not accept."""
 
 
-def flag(name: str) -> bool:
-    """A boolean setting: unset, empty, 0/false/no/off or 1/true/yes/on."""
+def flag(name: str, default: bool = False) -> bool:
+    """A boolean setting: empty, 0/false/no/off or 1/true/yes/on; unset is `default`."""
     raw = os.environ.get(name)
     if raw is None:
-        return False
+        return default
     value = raw.strip().lower()
     if value in _TRUE:
         return True

@@ -31,7 +31,7 @@ class Backend:
     units: tuple = ()        # the matrix units GEMMs may lower to (schedule.targets.units_for)
     scalars: str = "array"   # CUDA: runtime scalars by "value" or as 0-d "array"s (settings.cuda_scalars)
     # general products (a dot outside the GEMM lowering) on the matrix unit
-    # (passes/lower_dot_fragments.py): MSL always; CUDA under METILE_DOT_FRAGMENTS=1
+    # (passes/lower_dot_fragments.py): MSL always; CUDA unless METILE_DOT_FRAGMENTS=0
     dot_fragments: bool = False
 
     @property
@@ -177,7 +177,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array",
                    # (the setting read, so a malformed value is refused, on every backend)
-                   settings.flag("METILE_DOT_FRAGMENTS") or chosen == "msl")
+                   settings.flag("METILE_DOT_FRAGMENTS", default=True) or chosen == "msl")
 
 
 def _cuda_scalars() -> str:

@@ -28,9 +28,9 @@ so the estimates callers make for the per-element lowering (attention_ops.shared
 still hold.
 
 Where it runs: where the resolved backend says (Backend.dot_fragments): on Metal (and
-the CPU runtime, which checks races and bounds) always; on CUDA the mma.sync path
-compiles (NVRTC in CI) but has not run on a GPU yet, so only under
-METILE_DOT_FRAGMENTS=1 until it has.
+the CPU runtime, which checks races and bounds) always; on CUDA (mma.sync) unless
+METILE_DOT_FRAGMENTS=0.  The attention tests pass with it on the H200, where it halved
+causal attention prefill (1x32x4096x4096x128 float16: 10.7 ms against 22.0 per element, s22).
 """
 
 from __future__ import annotations
