@@ -362,6 +362,43 @@ bool same_grid(PyObject* a, PyObject* b) {
   return true;
 }
 
+// The raw values some METILE_* settings had when a launch was resolved (settings.raw_source:
+// os.environ's dict and the encoded names), compared by identity first, then by value.
+class EnvCheck {
+ public:
+  EnvCheck(nb::dict environ, nb::tuple keys, nb::tuple values) : environ_(std::move(environ)) {
+    if (keys.size() != values.size()) {
+      throw std::invalid_argument("[metile] one environment value per key");
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      nb::object v = nb::borrow(values[i]);
+      env_.emplace_back(nb::borrow(keys[i]), v.is_none() ? nb::object() : v);
+    }
+  }
+
+  // Whether every setting still has its value (false too where the dict cannot be read).
+  bool same() const {
+    PyObject* env = environ_.ptr();
+    for (auto& [key, value] : env_) {
+      PyObject* now = PyDict_GetItemWithError(env, key.ptr());
+      if (now == nullptr && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+      }
+      if (now != value.ptr() && (now == nullptr || !value.is_valid() || !same_value(now, value.ptr()))) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Py_ssize_t size() const { return PyDict_GET_SIZE(environ_.ptr()); }
+
+ private:
+  nb::dict environ_;
+  std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
+};
+
 // The signature of the call a Dispatch was resolved for (runtime/dispatch.py): its grid,
 // each positional argument (an array's dtype and shape, a scalar's type and value), the
 // keyword options, the launch environment's raw values and the default device's type.
@@ -375,7 +412,7 @@ class LaunchGuard {
   LaunchGuard(nb::object grid, nb::tuple args, nb::dict kwargs, nb::dict environ, nb::tuple env_keys,
               nb::tuple env_values, mx::Device::DeviceType device, nb::list plan,
               std::vector<int> outputs)
-      : grid_(std::move(grid)), environ_(std::move(environ)), device_(device),
+      : grid_(std::move(grid)), env_(std::move(environ), env_keys, env_values), device_(device),
         outputs_(std::move(outputs)) {
     array_type_ = nb::type<mx::array>().ptr();
     if (array_type_ == nullptr) throw std::runtime_error("[metile] mx.array is not registered");
@@ -392,13 +429,6 @@ class LaunchGuard {
       args_.push_back(std::move(arg));
     }
     for (auto [k, v] : kwargs) options_.emplace_back(nb::borrow(k), nb::borrow(v));
-    if (env_keys.size() != env_values.size()) {
-      throw std::invalid_argument("[metile] one environment value per key");
-    }
-    for (std::size_t i = 0; i < env_keys.size(); ++i) {
-      nb::object v = nb::borrow(env_values[i]);
-      env_.emplace_back(nb::borrow(env_keys[i]), v.is_none() ? nb::object() : v);
-    }
     for (nb::handle p : plan) {
       if (PyLong_Check(p.ptr())) {
         plan_.emplace_back(nb::cast<int>(p), nb::object());
@@ -420,18 +450,7 @@ class LaunchGuard {
   }
 
   nb::object operator()(nb::handle grid, nb::handle args, nb::handle kwargs) const {
-    if (mx::default_device().type != device_) return nb::none();
-    PyObject* env = environ_.ptr();
-    for (auto& [key, value] : env_) {
-      PyObject* now = PyDict_GetItemWithError(env, key.ptr());
-      if (now == nullptr && PyErr_Occurred()) {
-        PyErr_Clear();
-        return nb::none();
-      }
-      if (now != value.ptr() && (now == nullptr || !value.is_valid() || !same_value(now, value.ptr()))) {
-        return nb::none();
-      }
-    }
+    if (mx::default_device().type != device_ || !env_.same()) return nb::none();
     if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr())) return nb::none();
     PyObject* a = args.ptr();
     if (PyTuple_GET_SIZE(a) != Py_ssize_t(args_.size())) return nb::none();
@@ -485,14 +504,145 @@ class LaunchGuard {
     mx::Shape shape;
   };
   nb::object grid_;
-  nb::dict environ_;
+  EnvCheck env_;
   mx::Device::DeviceType device_;
   std::vector<int> outputs_, others_;
   PyObject* array_type_ = nullptr;
   std::vector<Arg> args_;
   std::vector<std::pair<nb::object, nb::object>> options_;
-  std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
   std::vector<std::pair<int, nb::object>> plan_;        // (argument position, or -1 and the array)
+};
+
+// A Python object held by a closure MLX keeps (a custom vjp's, in its graph): MLX may
+// drop the closure on a thread without the GIL, so the reference is released under it,
+// and left alone once the interpreter is shutting down.
+std::shared_ptr<nb::object> kept(nb::object o) {
+  return std::shared_ptr<nb::object>(new nb::object(std::move(o)), [](nb::object* p) {
+    if (Py_IsInitialized()) {
+      nb::gil_scoped_acquire gil;
+      delete p;
+    } else {
+      p->release();
+      delete p;
+    }
+  });
+}
+
+using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vector<mx::array>&)>;
+
+// A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
+// device's stream at each call) as a C++ call; any other callable through Python.
+Bound bound_launch(std::shared_ptr<nb::object> launch) {
+  nb::handle h = *launch;
+#ifdef METILE_HAVE_MSL_CPU
+  if (nb::isinstance<CpuLaunch>(h)) {
+    auto* l = nb::inst_ptr<CpuLaunch>(h);
+    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
+  }
+#endif
+#ifdef METILE_HAVE_MLX_CUDA
+  if (nb::isinstance<CudaLaunch>(h)) {
+    auto* l = nb::inst_ptr<CudaLaunch>(h);
+    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
+  }
+#endif
+  if (nb::isinstance<CudaSourceLaunch>(h)) {
+    auto* l = nb::inst_ptr<CudaSourceLaunch>(h);
+    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
+  }
+  return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
+    nb::gil_scoped_acquire gil;
+    nb::object outs = (*launch)(in);
+    if (outs.is_none()) return std::nullopt;
+    return nb::cast<std::vector<mx::array>>(outs);
+  };
+}
+
+// One metile op call signature's kernel launch, replayed (python/metile/op_replay.py):
+// called with the op's arrays (its custom vjp's primals), it answers None when the
+// default device or a setting the call depended on has changed (the op's full path
+// decides again), else launches on them through the launch its Dispatch bound
+// (`launch(inputs)`: `inputs` with input i replaced by primal sources[i] where that is
+// not -1) under a
+// custom vjp that calls the op's backward `vjp(primals, cotangents, outputs)`.  A primal
+// with a shape in `reshapes` is reshaped to it first (an op's rows view), the result to
+// `out_shape` when one is given.
+class Replay {
+  // the launch and its fixed inputs, shared with the forwards MLX keeps
+  struct Launch {
+    Bound bound;
+    std::vector<mx::array> inputs;
+    std::vector<int> sources;
+
+    std::vector<mx::array> run(const std::vector<mx::array>& xs) const {
+      std::vector<mx::array> in = inputs;
+      for (std::size_t i = 0; i < sources.size(); ++i) {
+        if (sources[i] >= 0) in[i] = xs[sources[i]];
+      }
+      auto outs = bound(in);
+      if (!outs) throw std::runtime_error("[metile] a replayed launch left its device");
+      return {outs->front()};   // (a plain launch: one output)
+    }
+  };
+
+ public:
+  Replay(nb::object launch, std::vector<mx::array> inputs, std::vector<int> sources,
+         std::vector<std::optional<std::vector<int>>> reshapes,
+         std::optional<std::vector<int>> out_shape, nb::object vjp, nb::dict environ,
+         nb::tuple env_keys, nb::tuple env_values, Py_ssize_t environ_size,
+         mx::Device::DeviceType device)
+      : vjp_(kept(std::move(vjp))), env_(std::move(environ), env_keys, env_values),
+        environ_size_(environ_size), device_(device) {
+    if (sources.size() != inputs.size()) {
+      throw std::invalid_argument("[metile] one source (a primal, or -1) per input");
+    }
+    for (int p : sources) {
+      if (p >= int(reshapes.size())) throw std::invalid_argument("[metile] no such primal");
+    }
+    launch_ = std::make_shared<const Launch>(
+        Launch{bound_launch(kept(std::move(launch))), std::move(inputs), std::move(sources)});
+    for (auto& r : reshapes) {
+      reshapes_.push_back(r ? std::optional<mx::Shape>(mx::Shape(r->begin(), r->end()))
+                            : std::nullopt);
+    }
+    if (out_shape) out_shape_ = mx::Shape(out_shape->begin(), out_shape->end());
+  }
+
+  nb::object operator()(nb::args arrays) const {
+    if (mx::default_device().type != device_ || env_.size() != environ_size_ || !env_.same()) {
+      return nb::none();
+    }
+    if (arrays.size() != reshapes_.size()) {
+      throw std::invalid_argument("[metile] a replay takes its op's arrays");
+    }
+    std::vector<mx::array> primals;
+    primals.reserve(reshapes_.size());
+    for (std::size_t i = 0; i < reshapes_.size(); ++i) {
+      auto& a = nb::cast<mx::array&>(arrays[i]);
+      primals.push_back(reshapes_[i] ? mx::reshape(a, *reshapes_[i]) : a);
+    }
+    // (by value: MLX may keep the forward in its graph, beyond this replay's life)
+    auto forward = [launch = launch_](const std::vector<mx::array>& xs) {
+      return launch->run(xs);
+    };
+    auto backward = [vjp = vjp_](const std::vector<mx::array>& primals,
+                                 const std::vector<mx::array>& cotangents,
+                                 const std::vector<mx::array>& outputs) {
+      nb::gil_scoped_acquire gil;
+      return nb::cast<std::vector<mx::array>>((*vjp)(primals, cotangents, outputs));
+    };
+    mx::array out = mx::custom_vjp(forward, backward)(primals)[0];
+    return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
+  }
+
+ private:
+  std::shared_ptr<const Launch> launch_;
+  std::vector<std::optional<mx::Shape>> reshapes_;
+  std::optional<mx::Shape> out_shape_;
+  std::shared_ptr<nb::object> vjp_;
+  EnvCheck env_;
+  Py_ssize_t environ_size_;
+  mx::Device::DeviceType device_;
 };
 
 }  // namespace
@@ -640,6 +790,16 @@ NB_MODULE(_ext, m) {
       .def("__call__", &LaunchGuard::operator(), nb::arg("grid").none(), nb::arg("args"),
            nb::arg("kwargs"),
            "The kernel's inputs for a call of the resolved signature, else None.");
+  nb::class_<Replay>(m, "Replay")
+      .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
+                    std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
+                    nb::object, nb::dict, nb::tuple, nb::tuple, Py_ssize_t,
+                    mx::Device::DeviceType>(),
+           nb::arg("launch"), nb::arg("inputs"), nb::arg("sources"), nb::arg("reshapes"),
+           nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("environ"), nb::arg("env_keys"),
+           nb::arg("env_values"), nb::arg("environ_size"), nb::arg("device"))
+      .def("__call__", &Replay::operator(),
+           "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),
         nb::arg("inputs"), nb::arg("output_shapes"), nb::arg("output_dtypes"), nb::arg("grid"),
         nb::arg("threadgroup"), nb::arg("shared_memory"), nb::arg("init_value").none(),

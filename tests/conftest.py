@@ -28,6 +28,14 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def _no_replays():
+    """Each test's first op call of a signature takes the op's full path: a replay
+    (metile/op_replay.py) recorded by an earlier test would skip what a test patches."""
+    from metile import op_replay
+    op_replay.forget()
+
+
 requires_msl_device = pytest.mark.skipif(
     not (default_is_cpu() or mx.metal.is_available()),
     reason="MSL kernels run on a Metal GPU or the CPU stream; this default device is neither",

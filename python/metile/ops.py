@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import lazy_graph, matmul_shapes
+from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _op_config_name,
@@ -238,7 +238,15 @@ def _run(kernel, grid_, args, kw, dispatch_only):
     (tools/probes/eager_host_cost.py)."""
     if dispatch_only:
         return kernel[grid_].prepare(*args, **kw)
-    return kernel[grid_](*args, **kw)
+    out = kernel[grid_](*args, **kw)
+    op_replay.note_launch(kernel, grid_, args, kw)
+    return out
+
+
+# Where _launch and _launch_linear put the op's arrays among the kernel's arguments
+# (what a replay of the op swaps: op_replay.remember).
+MATMUL_ARRAYS = (0, 1)
+LINEAR_ARRAYS = {"x": 0, "w": 1, "bias": 3, "residual": 4}
 
 
 def _launch(a2, b, activation, slope, block, dispatch_only=False):
@@ -328,6 +336,18 @@ def _reused(make):
 
 
 @_reused
+def _matmul_vjp(activation, slope, block):
+    """The backward of _fused_matmul's act(a2 @ b) (also what its replays call)."""
+
+    def f_vjp(primals, cotangent, output):
+        a2, b = primals
+        rhs = _as_rhs(b, block)
+        g = _upstream(cotangent, activation, slope, output, lambda: a2 @ rhs)
+        return g @ rhs.T, _as_rhs(a2.T @ g, block)
+    return f_vjp
+
+
+@_reused
 def _fused_matmul(activation, slope, block):
     """A differentiable act(a @ b) whose forward is one metile kernel; with a
     TRANSPOSE_B block, `b` is (N, K) and the kernel computes act(a @ b.T)."""
@@ -336,13 +356,7 @@ def _fused_matmul(activation, slope, block):
     def f(a2, b):
         return _launch(a2, b, activation, slope, block)
 
-    @f.vjp
-    def f_vjp(primals, cotangent, output):
-        a2, b = primals
-        rhs = _as_rhs(b, block)
-        g = _upstream(cotangent, activation, slope, output, lambda: a2 @ rhs)
-        return g @ rhs.T, _as_rhs(a2.T @ g, block)
-
+    f.vjp(_matmul_vjp(activation, slope, block))
     return f
 
 
@@ -431,24 +445,33 @@ def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_onl
                 dispatch_only)
 
 
+def _linear_parts(arrays, has_bias, has_residual):
+    """(x2, w, bias or None, residual or None) of _fused_linear's arrays."""
+    rest = list(arrays[2:])
+    bias = rest.pop(0) if has_bias else None
+    return arrays[0], arrays[1], bias, (rest.pop(0) if has_residual else None)
+
+
 @_reused
 def _fused_linear(activation, slope, block, has_bias, has_residual):
     """A differentiable act(x2 @ w.T + bias) + residual whose forward is one metile
     kernel; `w` is the stored (N, K) weight with a TRANSPOSE_B block, else (K, N)."""
 
-    def unpack(arrays):
-        rest = list(arrays[2:])
-        bias = rest.pop(0) if has_bias else None
-        return arrays[0], arrays[1], bias, (rest.pop(0) if has_residual else None)
-
     @mx.custom_function
     def f(*arrays):
-        x2, w, bias, residual = unpack(arrays)
+        x2, w, bias, residual = _linear_parts(arrays, has_bias, has_residual)
         return _launch_linear(x2, w, bias, residual, activation, slope, block)
 
-    @f.vjp
+    f.vjp(_linear_vjp(activation, slope, block, has_bias, has_residual))
+    return f
+
+
+@_reused
+def _linear_vjp(activation, slope, block, has_bias, has_residual):
+    """The backward of _fused_linear (also what its replays call)."""
+
     def f_vjp(primals, cotangent, output):
-        x2, w, bias, residual = unpack(primals)
+        x2, w, bias, residual = _linear_parts(primals, has_bias, has_residual)
         rhs = _as_rhs(w, block)
 
         def pre_activation():
@@ -463,8 +486,7 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
         if residual is not None:
             grads.append(cotangent.astype(residual.dtype))
         return tuple(grads)
-
-    return f
+    return f_vjp
 
 
 def _linear_operand(weight, block):
@@ -790,6 +812,14 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     with broadcast batch dimensions, a 1-D operand promoted as NumPy does.  A `b` with
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
     a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
+    key = None
+    if type(a) is mx.array and type(b) is mx.array:   # (a repeated call: op_replay.py)
+        key = ("matmul", a.shape, b.shape, a.dtype, b.dtype, epilogue, negative_slope, backend)
+        replay = op_replay.find(key)
+        if replay is not None:
+            out = replay(a, b)
+            if out is not None:
+                return out
     p = _matmul_plan(a, b, epilogue, negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
         return _matmul_mlx(a, b, epilogue, negative_slope)
@@ -798,11 +828,23 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     if route.path == "mlx":
         out = _matmul_mlx(a, b, epilogue, negative_slope)
     elif p.flattened:
-        out = _fused_matmul(epilogue, negative_slope, route.block)(
-            arrays[0], _as_rhs(arrays[1], route.block))
+        a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
+        with op_replay.recording() as launches:
+            out = _fused_matmul(epilogue, negative_slope, route.block)(a2, rhs)
+        if key is not None and layout == "a@b" and not route.block.get("TRANSPOSE_B"):
+            # (the row-major layout only: a transposed view's kernel reads its source)
+            op_replay.remember(key, launches, MATMUL_ARRAYS,
+                               _matmul_vjp(epilogue, negative_slope, route.block),
+                               _reshapes((a, b), (a2, rhs)),
+                               None if out.shape == p.out_shape else p.out_shape)
     else:
         out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
     return out.reshape(p.out_shape)
+
+
+def _reshapes(given, primals) -> list:
+    """Per primal of a replay, the shape the op reshaped its array to (None: as given)."""
+    return [None if x.shape == y.shape else y.shape for x, y in zip(given, primals)]
 
 
 def _linear_args(x, weight, bias, activation, negative_slope, residual):
@@ -850,13 +892,41 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
+    key = None
+    if type(x) is mx.array and type(weight) is mx.array and (bias is None or type(bias) is mx.array) \
+            and (residual is None or type(residual) is mx.array):   # (op_replay.py)
+        key = ("linear", x.shape, weight.shape, x.dtype, weight.dtype,
+               None if bias is None else (bias.shape, bias.dtype),
+               None if residual is None else (residual.shape, residual.dtype),
+               activation, negative_slope, backend)
+        replay = op_replay.find(key)
+        if replay is not None:
+            given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
+            out = replay(*given)
+            if out is not None:
+                return out
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
         out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
     else:
-        out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
+        with op_replay.recording() as launches:
+            out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
+        if key is not None and route.block.get("TRANSPOSE_B"):
+            # (a TRANSPOSE_B kernel reads the weight as stored; others read weight.T)
+            given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
+            primals = (x2, weight) + tuple(a for a in (bias, r2) if a is not None)
+            if bias is None and residual is None:
+                vjp, at = _matmul_vjp(activation, negative_slope, route.block), MATMUL_ARRAYS
+            else:
+                vjp = _linear_vjp(activation, negative_slope, route.block, bias is not None,
+                                  residual is not None)
+                at = [LINEAR_ARRAYS[n] for n, a in zip(("x", "w", "bias", "residual"),
+                                                       (x, weight, bias, residual)) if a is not None]
+            shape = (*x.shape[:-1], weight.shape[0])
+            op_replay.remember(key, launches, at, vjp, _reshapes(given, primals),
+                               None if out.shape == shape else shape)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -2,7 +2,8 @@
 "What a launch costs on the host"):
 
   cpu runtime   kernel[grid](...) of a one-element kernel on the CPU runtime, its raw
-                _ext.launch_cpu call with the same arguments, and MLX's `x + 1`
+                _ext.launch_cpu call with the same arguments, metile.ops.matmul (a
+                repeated call: its replay, metile/op_replay.py), MLX's `x + 1` and `a @ a`
   stand-in CUDA the same kernel[grid] and metile.ops.matmul(16x16 float16,
                 backend="metile") as on an H200, with the bindings replaced by stand-ins
                 that only make the output arrays (MLX's device checks answered as on a
@@ -61,10 +62,14 @@ def cpu_runtime() -> dict:
         _ext.launch_cpu = real
     xs, ys = mx.ones((256,)), mx.zeros((256,))
     mx.eval(add_one[(1,)](xs, ys, 256, BLOCK=256))
+    a = mx.zeros((16, 16))
+    mx.eval(metile.ops.matmul(a, a, backend="metile"))
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
             "kernel[grid] masked block": per_call(lambda: add_one[(1,)](xs, ys, 256, BLOCK=256)),
             "raw launch_cpu": per_call(lambda: real(*seen["args"])),
-            "mlx x + 1": per_call(lambda: x + 1)}
+            "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile")),
+            "mlx x + 1": per_call(lambda: x + 1),
+            "mlx a @ a": per_call(lambda: a @ a)}
 
 
 def stand_in_cuda() -> dict:

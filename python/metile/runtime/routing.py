@@ -83,10 +83,17 @@ _lock = threading.Lock()
 _memory: dict[tuple, tuple[dict | None, Path]] = {}
 
 
+# Called after every decision recorded and when the decisions read are forgotten: what
+# keeps results of earlier decisions (metile.op_replay's replays) forgets them.
+RECORD_LISTENERS: list[Callable[[], None]] = []
+
+
 def clear_memory() -> None:
     """Forget what this process read from the decision cache (tests edit the files)."""
     with _lock:
         _memory.clear()
+    for listener in RECORD_LISTENERS:
+        listener()
 
 
 def _cache() -> tuning.TuningCache:
@@ -137,6 +144,8 @@ def record(key: str, entry: dict) -> Path:
     cache.store(key, entry)
     with _lock:
         _memory[_slot(key)] = (entry, cache.path(key))
+    for listener in RECORD_LISTENERS:
+        listener()
     return cache.path(key)
 
 

@@ -1,0 +1,127 @@
+"""Repeated eager op calls at the cost of their kernel launch.
+
+A `metile.ops` call checks its arguments, plans its operands, routes, and launches under
+an `mx.custom_function` that gives the kernel its backward: ~20 us of Python a call
+(tools/probes/eager_host_cost.py), where MLX's own op costs one or two.  All of it
+depends only on the call's signature (the arrays' shapes and dtypes and the options),
+the settings and the default device; so the first call of a signature that launched one
+metile kernel records that launch, and later calls of the signature replay it: one C++
+call (`_ext.Replay`) that checks the device and the settings are as recorded, puts the
+new arrays into the launch's inputs and launches through the binding the kernel's
+Dispatch bound, under a custom vjp that calls the op's own backward.
+
+What a replay assumes, and why it holds:
+- the op's decisions are functions of the signature: each op's key holds every argument
+  that is not an array, and the arrays' shapes and dtypes; an op whose path also reads
+  something else about an array (matmul's check for a transposed view, which changes
+  the kernel's operands) records only the calls where that reading is the default (a
+  later call with a transposed view replays the row-major launch, which MLX's
+  custom-kernel call makes contiguous first: the same numbers);
+- the settings: the replay compares the raw values of the launch's settings
+  (dispatch._LAUNCH_VARIABLES), of every METILE_* variable and MLX_ENABLE_TF32 set when
+  it was recorded (what routing reads), and the number of environment variables (one
+  set since), as routing.environment() does;
+- routing decisions: recording a decision (routing.record) forgets every replay;
+- the launch is plain: one output, nothing merged afterwards (no written mask, no
+  atomic outputs), bound to its device by the launcher (Dispatch._direct).
+
+Not replayed: calls inside a recording (an op built from other ops), kernels edited
+while the process runs (the full path's Kernel.refresh notices; a replay keeps the
+launch it recorded until `forget()` or a routing decision).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+from . import _ext, settings
+from .runtime import routing
+
+_REPLAYS: dict = {}
+_MAX_REPLAYS = 512
+_recording: list | None = None   # (kernel, grid, args, kwargs) launched while recording
+
+
+def find(key):
+    """The replay recorded for an op call signature, or None."""
+    return _REPLAYS.get(key)
+
+
+def forget() -> None:
+    """Drop every recorded replay (routing decided again, a test changed the world)."""
+    _REPLAYS.clear()
+
+
+routing.RECORD_LISTENERS.append(forget)
+
+
+def note_launch(kernel, grid, args, kwargs) -> None:
+    """Called by ops for each kernel launch: kept while a call is being recorded."""
+    if _recording is not None:
+        _recording.append((kernel, grid, args, kwargs))
+
+
+@contextmanager
+def recording():
+    """Collect the launches of one op call (nested recordings: the outer one only)."""
+    global _recording
+    if _recording is not None:
+        yield None
+        return
+    _recording = launches = []
+    try:
+        yield launches
+    finally:
+        _recording = None
+
+
+def remember(key, launches, at, vjp, reshapes, out_shape=None) -> None:
+    """Record the replay of an op call signature whose call launched `launches` (from
+    `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
+    (the op's arrays, each as given or, with `reshapes[i]`, reshaped to that), `vjp(primals,
+    cotangent, output)` the op's backward for one output, `out_shape` the op's reshape of
+    the result.  Nothing is recorded when the call does not fit a replay (module
+    docstring)."""
+    if launches is None or len(launches) != 1 or settings.raw_source(()) is None:
+        return
+    kernel, grid, args, kwargs = launches[0]
+    d = kernel._launches.last
+    if d is None or d._guard is None or d._direct is None or not d._plain or d.results != 1:
+        return
+    inputs = d._guard(grid, args, kwargs)
+    if inputs is None:   # the kernel's last launch is not this call's
+        return
+    # Per kernel input, the primal it takes (-1: an array the Dispatch keeps, a scalar's):
+    # an argument that is one of the op's arrays (a custom function hands its forward new
+    # Python objects for them, so the op names their positions), or the same object as
+    # one (an absent operand's slot filled with another); a call with any other array
+    # among the kernel's inputs is not replayed (that array would be kept, stale).
+    sources = []
+    for fixed, v in d._input_plan:
+        if fixed:
+            sources.append(-1)
+            continue
+        same = [j for j, p in enumerate(at) if args[p] is args[v]]
+        if not same:
+            return
+        sources.append(same[0])
+    names = _replay_variables()
+    environ, encoded = settings.raw_source(names)
+    if len(_REPLAYS) >= _MAX_REPLAYS:
+        _REPLAYS.clear()
+    from .runtime.dispatch import device_type
+    _REPLAYS[key] = _ext.Replay(
+        d._direct, list(inputs), sources,
+        [None if r is None else list(r) for r in reshapes],
+        None if out_shape is None else list(out_shape),
+        lambda p, c, o: list(vjp(tuple(p), c[0], o[0])),
+        environ, encoded, settings.raw_values(names), len(environ), device_type())
+
+
+def _replay_variables() -> tuple:
+    """The settings a replay compares: the launch's, and every METILE_* variable (and
+    MLX_ENABLE_TF32) set now, which routing reads."""
+    from .runtime.dispatch import _LAUNCH_VARIABLES
+    present = sorted(k for k in os.environ if k.startswith("METILE_") or k == "MLX_ENABLE_TF32")
+    return tuple(dict.fromkeys((*_LAUNCH_VARIABLES, "MLX_ENABLE_TF32", *present)))

@@ -1,0 +1,143 @@
+"""Repeated eager op calls replay their launch (metile/op_replay.py): the numbers and
+gradients of a replayed call are NumPy's and MLX's, a replay is what runs (the op's
+routing is not asked again), and a changed setting or a new routing decision sends the
+call back through the op's full path."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import metile
+import metile.ops as ops
+from metile import op_replay
+from metile.runtime import routing
+
+TOL = {mx.float32: 2e-5, mx.float16: 3e-3, mx.bfloat16: 2e-2}
+
+
+def arrays(rng, dtype, *shapes):
+    return [mx.array(rng.standard_normal(s).astype(np.float32)).astype(dtype) for s in shapes]
+
+
+def f64(x):
+    return np.array(x.astype(mx.float32), np.float64)
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """The metile calls that went through the op's routing (a replayed call does not)."""
+    seen = []
+    real = ops._route
+
+    def counted(op, arrays, activation, slope, backend, **kwargs):
+        if backend != "mlx":
+            seen.append(op)
+        return real(op, arrays, activation, slope, backend, **kwargs)
+    monkeypatch.setattr(ops, "_route", counted)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+def test_a_repeated_matmul_replays_on_new_arrays(rng, routes, dtype):
+    a, b = arrays(rng, dtype, (13, 27), (27, 9))
+    metile.ops.matmul(a, b, epilogue="relu", backend="metile")
+    assert len(routes) == 1 and len(op_replay._REPLAYS) == 1
+    for _ in range(2):   # new arrays of the same signature
+        a, b = arrays(rng, dtype, (13, 27), (27, 9))
+        out = metile.ops.matmul(a, b, epilogue="relu", backend="metile")
+        want = np.maximum(f64(a) @ f64(b), 0)
+        np.testing.assert_allclose(f64(out), want, rtol=TOL[dtype], atol=TOL[dtype] * 8)
+    assert len(routes) == 1   # neither call routed again
+
+
+def test_rows_of_a_batched_left_operand_and_the_result_shape(rng, routes):
+    a, b = arrays(rng, mx.float32, (2, 5, 24), (24, 8))
+    metile.ops.matmul(a, b, backend="metile")
+    a, b = arrays(rng, mx.float32, (2, 5, 24), (24, 8))
+    out = metile.ops.matmul(a, b, backend="metile")
+    assert out.shape == (2, 5, 8) and len(routes) == 1
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
+
+
+def test_replayed_gradients_match_mlx(rng, routes):
+    a, b = arrays(rng, mx.float32, (12, 20), (20, 7))
+
+    def ours(x, y):
+        return (metile.ops.matmul(x, y, epilogue="gelu_tanh", backend="metile") ** 2).sum()
+
+    def theirs(x, y):
+        return (metile.ops.matmul(x, y, epilogue="gelu_tanh", backend="mlx") ** 2).sum()
+
+    first = mx.grad(ours, argnums=(0, 1))(a, b)
+    again = mx.grad(ours, argnums=(0, 1))(a, b)   # the replay's custom vjp
+    assert len(routes) == 1
+    for g in (first, again):
+        for got, want in zip(g, mx.grad(theirs, argnums=(0, 1))(a, b)):
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
+def test_linear_with_bias_and_residual_replays_with_gradients(rng, routes, dtype):
+    x, w, bias, res = arrays(rng, dtype, (3, 5, 24), (9, 24), (9,), (3, 5, 9))
+
+    def loss(x, w, bias, res, backend):
+        y = metile.ops.linear(x, w, bias, "silu", residual=res, backend=backend)
+        return (y.astype(mx.float32) ** 2).sum()
+
+    metile.ops.linear(x, w, bias, "silu", residual=res, backend="metile")
+    x, w, bias, res = arrays(rng, dtype, (3, 5, 24), (9, 24), (9,), (3, 5, 9))
+    out = metile.ops.linear(x, w, bias, "silu", residual=res, backend="metile")
+    z = f64(x) @ f64(w).T + f64(bias)
+    want = z / (1 + np.exp(-z)) + f64(res)
+    np.testing.assert_allclose(f64(out), want, rtol=TOL[dtype], atol=TOL[dtype] * 8)
+    got = mx.grad(loss, argnums=(0, 1, 2, 3))(x, w, bias, res, "metile")
+    ref = mx.grad(loss, argnums=(0, 1, 2, 3))(x, w, bias, res, "mlx")
+    assert routes == ["linear"]
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(f64(g), f64(r), rtol=TOL[dtype] * 4,
+                                   atol=TOL[dtype] * 4 * np.abs(f64(r)).max())
+
+
+def test_a_changed_setting_takes_the_full_path(rng, routes, monkeypatch):
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    for _ in range(2):
+        metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 1
+    monkeypatch.setenv("METILE_MSL_TIMEOUT_S", "301")    # a value changed
+    metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 2
+    monkeypatch.setenv("METILE_REPLAY_TEST_PROBE", "1")   # a METILE_ variable added
+    out = metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 3
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
+
+
+def test_a_routing_decision_forgets_the_replays(rng, routes, tmp_path, monkeypatch):
+    monkeypatch.setattr(routing, "routing_dir", lambda: tmp_path / "routing")
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    for _ in range(2):
+        metile.ops.matmul(a, b, backend="metile")
+    assert op_replay._REPLAYS
+    routing.record("some-decision", {"winner": "mlx", "key": "some-decision", "timings": {}})
+    assert not op_replay._REPLAYS
+    metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 2
+
+
+def test_a_transposed_view_after_a_row_major_call_gives_its_product(rng, routes):
+    a, b, w = arrays(rng, mx.float32, (8, 16), (16, 8), (8, 16))
+    metile.ops.matmul(a, b, backend="metile")
+    out = metile.ops.matmul(a, w.T, backend="metile")   # same signature, a view
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(w).T, rtol=2e-5, atol=2e-5)
+
+
+def test_replays_inside_compile(rng, routes):
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    metile.ops.matmul(a, b, epilogue="silu", backend="metile")
+    step = mx.compile(lambda x, y: metile.ops.matmul(x, y, epilogue="silu", backend="metile") * 2)
+    for _ in range(2):
+        a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+        z = f64(a) @ f64(b)
+        np.testing.assert_allclose(f64(step(a, b)), 2 * z / (1 + np.exp(-z)), rtol=2e-5,
+                                   atol=2e-5)
+    assert len(routes) == 1
