@@ -528,6 +528,25 @@ std::shared_ptr<nb::object> kept(nb::object o) {
   });
 }
 
+// The default device and the settings a decision was made under (EnvCheck's, and how
+// many environment variables there were: one added since is a setting routing may read),
+// for what a later call reuses without deciding again (python/metile/op_replay.py).
+class SettingsCheck {
+ public:
+  SettingsCheck(nb::dict environ, nb::tuple keys, nb::tuple values, Py_ssize_t environ_size,
+                mx::Device::DeviceType device)
+      : env_(std::move(environ), keys, values), environ_size_(environ_size), device_(device) {}
+
+  bool operator()() const {
+    return mx::default_device().type == device_ && env_.size() == environ_size_ && env_.same();
+  }
+
+ private:
+  EnvCheck env_;
+  Py_ssize_t environ_size_;
+  mx::Device::DeviceType device_;
+};
+
 using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vector<mx::array>&)>;
 
 // A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
@@ -588,11 +607,8 @@ class Replay {
  public:
   Replay(nb::object launch, std::vector<mx::array> inputs, std::vector<int> sources,
          std::vector<std::optional<std::vector<int>>> reshapes,
-         std::optional<std::vector<int>> out_shape, nb::object vjp, nb::dict environ,
-         nb::tuple env_keys, nb::tuple env_values, Py_ssize_t environ_size,
-         mx::Device::DeviceType device)
-      : vjp_(kept(std::move(vjp))), env_(std::move(environ), env_keys, env_values),
-        environ_size_(environ_size), device_(device) {
+         std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings)
+      : vjp_(kept(std::move(vjp))), settings_(settings) {
     if (sources.size() != inputs.size()) {
       throw std::invalid_argument("[metile] one source (a primal, or -1) per input");
     }
@@ -609,9 +625,7 @@ class Replay {
   }
 
   nb::object operator()(nb::args arrays) const {
-    if (mx::default_device().type != device_ || env_.size() != environ_size_ || !env_.same()) {
-      return nb::none();
-    }
+    if (!settings_()) return nb::none();
     if (arrays.size() != reshapes_.size()) {
       throw std::invalid_argument("[metile] a replay takes its op's arrays");
     }
@@ -640,9 +654,7 @@ class Replay {
   std::vector<std::optional<mx::Shape>> reshapes_;
   std::optional<mx::Shape> out_shape_;
   std::shared_ptr<nb::object> vjp_;
-  EnvCheck env_;
-  Py_ssize_t environ_size_;
-  mx::Device::DeviceType device_;
+  SettingsCheck settings_;
 };
 
 }  // namespace
@@ -790,14 +802,18 @@ NB_MODULE(_ext, m) {
       .def("__call__", &LaunchGuard::operator(), nb::arg("grid").none(), nb::arg("args"),
            nb::arg("kwargs"),
            "The kernel's inputs for a call of the resolved signature, else None.");
+  nb::class_<SettingsCheck>(m, "SettingsCheck")
+      .def(nb::init<nb::dict, nb::tuple, nb::tuple, Py_ssize_t, mx::Device::DeviceType>(),
+           nb::arg("environ"), nb::arg("env_keys"), nb::arg("env_values"),
+           nb::arg("environ_size"), nb::arg("device"))
+      .def("__call__", &SettingsCheck::operator(),
+           "Whether the default device and the settings are still as recorded.");
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
-                    nb::object, nb::dict, nb::tuple, nb::tuple, Py_ssize_t,
-                    mx::Device::DeviceType>(),
+                    nb::object, const SettingsCheck&>(),
            nb::arg("launch"), nb::arg("inputs"), nb::arg("sources"), nb::arg("reshapes"),
-           nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("environ"), nb::arg("env_keys"),
-           nb::arg("env_values"), nb::arg("environ_size"), nb::arg("device"))
+           nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"))
       .def("__call__", &Replay::operator(),
            "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),

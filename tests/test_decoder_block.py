@@ -15,7 +15,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 import metile
-from metile import attention_ops, model_ops, op_replay, ops
+from metile import _ext, attention_ops, model_ops, op_replay, ops
 from test_convert import training_losses
 
 _spec = importlib.util.spec_from_file_location(
@@ -100,16 +100,17 @@ def kernel_calls(monkeypatch):
     find = op_replay.find
 
     def counted_replay(key):
-        # a repeated linear call replays its launch (op_replay.py) instead of taking
-        # _linear_metile: counted with it when the replay runs
+        # a repeated call replays its launch (op_replay.py) instead of taking the path
+        # counted above: counted with it when a kernel's replay runs
         replay = find(key)
-        if replay is None or key[0] != "linear":
+        name = {"linear": "_linear_metile", "rms_norm": "_rms_fn"}.get(key[0])
+        if not isinstance(replay, _ext.Replay) or name is None:
             return replay
 
         def run(*arrays):
             out = replay(*arrays)
             if out is not None:
-                counts["_linear_metile"] = counts.get("_linear_metile", 0) + 1
+                counts[name] = counts.get(name, 0) + 1
             return out
         return run
 

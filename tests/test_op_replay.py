@@ -141,3 +141,87 @@ def test_replays_inside_compile(rng, routes):
         np.testing.assert_allclose(f64(step(a, b)), 2 * z / (1 + np.exp(-z)), rtol=2e-5,
                                    atol=2e-5)
     assert len(routes) == 1
+
+
+@pytest.fixture
+def row_routes(monkeypatch):
+    """The metile row-op calls (norms, softmax) that went through routing."""
+    from metile import model_ops
+    seen = []
+    real = model_ops._route
+
+    def counted(op, backend, *args, **kwargs):
+        if backend != "mlx":
+            seen.append(op)
+        return real(op, backend, *args, **kwargs)
+    monkeypatch.setattr(model_ops, "_route", counted)
+    return seen
+
+
+def rms(x, w, eps):
+    out = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return out if w is None else out * w
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+def test_norms_replay_with_gradients(rng, row_routes, dtype, weighted):
+    def call(x, w):
+        return metile.ops.rms_norm(x, w if weighted else None, 1e-5, backend="metile")
+
+    x, w = arrays(rng, dtype, (3, 7, 40), (40,))
+    call(x, w)
+    x, w = arrays(rng, dtype, (3, 7, 40), (40,))
+    out = call(x, w)
+    assert row_routes == ["rms_norm"] and out.shape == (3, 7, 40)
+    np.testing.assert_allclose(f64(out), rms(f64(x), f64(w) if weighted else None, 1e-5),
+                               rtol=TOL[dtype] * 2, atol=TOL[dtype] * 2)
+    loss = lambda x, w: (call(x, w).astype(mx.float32) ** 2).sum()   # noqa: E731
+    ref = lambda x, w: (mx.fast.rms_norm(x, w if weighted else None, 1e-5)  # noqa: E731
+                        .astype(mx.float32) ** 2).sum()
+    for g, r in zip(mx.grad(loss, argnums=(0, 1))(x, w), mx.grad(ref, argnums=(0, 1))(x, w)):
+        np.testing.assert_allclose(f64(g), f64(r), rtol=TOL[dtype] * 8,
+                                   atol=TOL[dtype] * 8 * max(1.0, np.abs(f64(r)).max()))
+
+
+def test_layer_norm_with_a_bias_only_replays(rng, row_routes):
+    x, b = arrays(rng, mx.float32, (5, 33), (33,))
+    metile.ops.layer_norm(x, None, b, 1e-5, backend="metile")
+    x, b = arrays(rng, mx.float32, (5, 33), (33,))
+    out = metile.ops.layer_norm(x, None, b, 1e-5, backend="metile")
+    assert row_routes == ["layer_norm"]
+    c = f64(x) - f64(x).mean(-1, keepdims=True)
+    want = c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5) + f64(b)
+    np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
+
+
+def test_softmax_replays_over_the_last_axis_only(rng, row_routes):
+    def numpy_softmax(x, axis):
+        e = np.exp(x - x.max(axis, keepdims=True))
+        return e / e.sum(axis, keepdims=True)
+
+    for axis, routed in ((-1, 1), (0, 2)):   # a first axis moves it last: full path each call
+        row_routes.clear()
+        for _ in range(2):
+            (x,) = arrays(rng, mx.float32, (6, 20))
+            out = metile.ops.softmax(x, axis=axis, backend="metile")
+            np.testing.assert_allclose(f64(out), numpy_softmax(f64(x), axis), rtol=1e-5,
+                                       atol=1e-6)
+        assert len(row_routes) == routed
+
+
+def test_calls_routed_to_mlx_skip_routing_when_repeated(rng, routes, row_routes, monkeypatch):
+    # backend="auto" on the CPU: the cost model keeps MLX's ops; a repeated call runs the
+    # composite directly until a setting changes
+    x, w, bias = arrays(rng, mx.float32, (2, 6, 16), (8, 16), (8,))
+    for _ in range(3):
+        x, w, bias = arrays(rng, mx.float32, (2, 6, 16), (8, 16), (8,))
+        out = metile.ops.linear(x, w, bias, "relu")
+        np.testing.assert_allclose(f64(out), np.maximum(f64(x) @ f64(w).T + f64(bias), 0),
+                                   rtol=1e-5, atol=1e-5)
+        y = metile.ops.rms_norm(x, None, 1e-6)
+        np.testing.assert_allclose(f64(y), rms(f64(x), None, 1e-6), rtol=1e-5, atol=1e-5)
+    assert routes == ["linear"] and row_routes == ["rms_norm"]
+    monkeypatch.setenv("METILE_REPLAY_TEST_PROBE", "1")
+    metile.ops.linear(x, w, bias, "relu")
+    assert routes == ["linear", "linear"]

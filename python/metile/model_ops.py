@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from . import op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _config_name,
@@ -188,9 +189,9 @@ def _launch_rms(x2, w, eps, cfg):
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
     out = mx.zeros((rows, columns), _result_dtype(x2, w))
-    return norms.rms_norm[norms.grid(rows, cfg.get("ROWS", 1))](
-        x2, x2 if w is None else w, out, rows, columns, eps, BLOCK=_block(columns),
-        HAS_WEIGHT=w is not None, **cfg)
+    return op_replay.launch(norms.rms_norm, norms.grid(rows, cfg.get("ROWS", 1)), (
+        x2, x2 if w is None else w, out, rows, columns, eps), dict(
+        BLOCK=_block(columns), HAS_WEIGHT=w is not None, **cfg))
 
 
 def _launch_layer(x2, w, b, eps, cfg):
@@ -198,9 +199,9 @@ def _launch_layer(x2, w, b, eps, cfg):
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
     out = mx.zeros((rows, columns), _result_dtype(x2, w, b))
-    return norms.layer_norm[norms.grid(rows, cfg.get("ROWS", 1))](
-        x2, x2 if w is None else w, x2 if b is None else b, out, rows, columns, eps,
-        BLOCK=_block(columns), HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, **cfg)
+    return op_replay.launch(norms.layer_norm, norms.grid(rows, cfg.get("ROWS", 1)), (
+        x2, x2 if w is None else w, x2 if b is None else b, out, rows, columns, eps), dict(
+        BLOCK=_block(columns), HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, **cfg))
 
 
 def _launch_add_rms(x2, r2, w, eps, cfg):
@@ -219,8 +220,8 @@ def _launch_softmax(x2, cfg):
     from metile_kernels import softmax as kernels
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
-    return kernels.softmax[kernels.grid(rows, cfg.get("ROWS", 1))](
-        x2, mx.zeros((rows, columns), x2.dtype), rows, columns, BLOCK=_block(columns), **cfg)
+    return op_replay.launch(kernels.softmax, kernels.grid(rows, cfg.get("ROWS", 1)), (
+        x2, mx.zeros((rows, columns), x2.dtype), rows, columns), dict(BLOCK=_block(columns), **cfg))
 
 
 @dataclass(frozen=True)
@@ -277,14 +278,20 @@ def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
     def f(*arrays):
         return _launch_rms(arrays[0], arrays[1] if has_weight else None, eps, dict(cfg))
 
-    @f.vjp
+    f.vjp(_rms_vjp(eps, has_weight))
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _rms_vjp(eps: float, has_weight: bool):
+    """_rms_fn's backward (also its replays': op_replay.py)."""
+
     def f_vjp(primals, cotangent, output):
         primals = _primals(primals)
         x, w = primals[0], (primals[1] if has_weight else None)
         dx, dw = _rms_backward(_f32(x), None if w is None else _f32(w), _f32(cotangent), eps)
         return (dx.astype(x.dtype),) + (() if w is None else (dw.astype(w.dtype),))
-
-    return f
+    return f_vjp
 
 
 @functools.lru_cache(maxsize=None)
@@ -296,7 +303,14 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
         b = rest.pop(0) if has_bias else None
         return _launch_layer(arrays[0], w, b, eps, dict(cfg))
 
-    @f.vjp
+    f.vjp(_layer_vjp(eps, has_weight, has_bias))
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_vjp(eps: float, has_weight: bool, has_bias: bool):
+    """_layer_fn's backward (also its replays')."""
+
     def f_vjp(primals, cotangent, output):
         primals = _primals(primals)
         rest = list(primals[1:])
@@ -315,8 +329,7 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
         if b is not None:
             grads.append(mx.sum(g, axis=0).astype(b.dtype))
         return tuple(grads)
-
-    return f
+    return f_vjp
 
 
 @functools.lru_cache(maxsize=None)
@@ -346,14 +359,16 @@ def _softmax_fn(cfg: tuple):
     def f(x2):
         return _launch_softmax(x2, dict(cfg))
 
-    @f.vjp
-    def f_vjp(primals, cotangent, output):
-        (x2,) = _primals(primals)
-        y = mx.softmax(_f32(x2), axis=-1)
-        g = _f32(cotangent)
-        return (y * (g - mx.sum(g * y, axis=-1, keepdims=True))).astype(x2.dtype)
-
+    f.vjp(_softmax_vjp)
     return f
+
+
+def _softmax_vjp(primals, cotangent, output):
+    """_softmax_fn's backward (also its replays')."""
+    (x2,) = _primals(primals)
+    y = mx.softmax(_f32(x2), axis=-1)
+    g = _f32(cotangent)
+    return (y * (g - mx.sum(g * y, axis=-1, keepdims=True))).astype(x2.dtype)
 
 
 # bounded: an int offset is part of the spec, and a decoding loop moves it every step
@@ -477,34 +492,84 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
 
 # -- public ops ---------------------------------------------------------------------------------
 
+def _replay_key(op: str, arrays: tuple, options: tuple):
+    """The signature a repeated call replays under (op_replay.py): each array's (or None's)
+    shape and dtype and the other arguments, or None where one is not plainly hashable."""
+    parts = [op]
+    for a in arrays:
+        if a is None:
+            parts.append(None)
+        elif type(a) is mx.array:
+            parts.append((a.shape, a.dtype))
+        else:
+            return None
+    for o in options:
+        if o is not None and type(o) not in (bool, int, float, str, tuple):
+            return None
+        parts.append((type(o), o))   # (1 and 1.0 and True are one key otherwise)
+    return tuple(parts)
+
+
+def _replayed(key, arrays):
+    """The result of the replay recorded for `key`, else None (then the full path)."""
+    replay = None if key is None else op_replay.find(key)
+    return None if replay is None else replay(*arrays)
+
+
+def _remember(key, launches, at, vjp, given, rows_shape):
+    """Record a row kernel's replay: the op's arrays `given` at kernel argument positions
+    `at`, x reshaped to the kernel's rows and the result back."""
+    if key is not None:
+        op_replay.remember(key, launches, at, vjp,
+                           [None if rows_shape == given[0].shape else rows_shape] +
+                           [None] * (len(given) - 1),
+                           None if rows_shape == given[0].shape else given[0].shape)
+
+
 def rms_norm(x, weight, eps, *, backend: str = "auto"):
     """`mx.fast.rms_norm(x, weight, eps)`: x * rsqrt(mean(x^2, -1) + eps) * weight, over
     x's last axis; weight (x.shape[-1],) or None."""
+    key = _replay_key("rms_norm", (x, weight), (eps, backend))
+    w = () if weight is None else (weight,)
+    out = _replayed(key, (x, *w))
+    if out is not None:
+        return out
     _check_x("rms_norm", x)
     _check_vector("rms_norm", "weight", weight, x)
     eps = _check_eps("rms_norm", eps)
     rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
-    w = () if weight is None else (weight,)
     route = _route("rms_norm", backend, (x, weight), rows, columns,
                    (("weight", weight is not None),),
                    lambda a, *v: mx.fast.rms_norm(a, v[0] if v else None, eps),
                    lambda c: lambda a, *v: _rms_fn(eps, bool(v), _frozen(c))(a, *v),
                    [(rows, columns)] + [(columns,)] * len(w))
     if route.path == "mlx":
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(
+                key, lambda x, *w: mx.fast.rms_norm(x, w[0] if w else None, eps),
+                provisional=route.decision.source == "cost_model")
         return mx.fast.rms_norm(x, weight, eps)
-    return _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w).reshape(x.shape)
+    with op_replay.recording() as launches:
+        out = _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w)
+    _remember(key, launches, (0, 1)[:1 + len(w)], _rms_vjp(eps, weight is not None),
+              (x, *w), out.shape)
+    return out.reshape(x.shape)
 
 
 def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     """`mx.fast.layer_norm(x, weight, bias, eps)`: (x - mean) * rsqrt(var + eps) * weight
     + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
+    key = _replay_key("layer_norm", (x, weight, bias), (eps, backend))
+    params = tuple(p for p in (weight, bias) if p is not None)
+    out = _replayed(key, (x, *params))
+    if out is not None:
+        return out
     _check_x("layer_norm", x)
     _check_vector("layer_norm", "weight", weight, x)
     _check_vector("layer_norm", "bias", bias, x)
     eps = _check_eps("layer_norm", eps)
     rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
     has_w, has_b = weight is not None, bias is not None
-    params = tuple(p for p in (weight, bias) if p is not None)
 
     def reference(a, *v):
         v = list(v)
@@ -515,8 +580,16 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
                    lambda c: lambda a, *v: _layer_fn(eps, has_w, has_b, _frozen(c))(a, *v),
                    [(rows, columns)] + [(columns,)] * len(params))
     if route.path == "mlx":
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(key, reference,
+                                         provisional=route.decision.source == "cost_model")
         return mx.fast.layer_norm(x, weight, bias, eps)
-    return _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params).reshape(x.shape)
+    with op_replay.recording() as launches:
+        out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params)
+    # (the kernel's arguments: x, weight, bias)
+    _remember(key, launches, (0,) + ((1,) if has_w else ()) + ((2,) if has_b else ()),
+              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape)
+    return out.reshape(x.shape)
 
 
 def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
@@ -577,6 +650,10 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     attention case).  The kernel computes in float32 whatever `precise` says; MLX's
     op is called with it as given.  Reducing axes other than the last ones moves them
     last with a transpose (and back)."""
+    key = _replay_key("softmax", (x,), (axis, precise, backend))
+    out = _replayed(key, (x,))
+    if out is not None:
+        return out
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, int) else list(axis)
@@ -592,8 +669,16 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
                    lambda a: mx.softmax(a, axis=-1, precise=precise),
                    lambda c: _softmax_fn(_frozen(c)), [(rows, columns)])
     if route.path == "mlx":
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(
+                key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise),
+                provisional=route.decision.source == "cost_model")
         return mx.softmax(x, axis=mlx_axis, precise=precise)
-    y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns)).reshape(moved.shape)
+    with op_replay.recording() as launches:
+        y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns))
+    if moved is x:   # (the last axes: no transposes around the kernel)
+        _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape)
+    y = y.reshape(moved.shape)
     if moved is x:
         return y
     inverse = [0] * x.ndim

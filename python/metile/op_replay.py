@@ -35,31 +35,46 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+import mlx.core as mx
+
 from . import _ext, settings
+from .compiler.backend import device_type
 from .runtime import routing
 
 _REPLAYS: dict = {}
+# replays of calls routed by the cost model (no decision recorded): a call that may
+# measure (a tuning scope, METILE_OPS_TUNE) takes the full path instead
+_PROVISIONAL: dict = {}
 _MAX_REPLAYS = 512
 _recording: list | None = None   # (kernel, grid, args, kwargs) launched while recording
 
 
 def find(key):
     """The replay recorded for an op call signature, or None."""
-    return _REPLAYS.get(key)
+    found = _REPLAYS.get(key)
+    if found is None:
+        found = _PROVISIONAL.get(key)
+        if found is not None and routing.measuring_requested():
+            return None
+    return found
 
 
 def forget() -> None:
     """Drop every recorded replay (routing decided again, a test changed the world)."""
     _REPLAYS.clear()
+    _PROVISIONAL.clear()
 
 
 routing.RECORD_LISTENERS.append(forget)
 
 
-def note_launch(kernel, grid, args, kwargs) -> None:
-    """Called by ops for each kernel launch: kept while a call is being recorded."""
+def launch(kernel, grid, args, kwargs):
+    """kernel[grid](*args, **kwargs), as the ops launch their kernels: kept while a call
+    is being recorded."""
+    out = kernel[grid](*args, **kwargs)
     if _recording is not None:
         _recording.append((kernel, grid, args, kwargs))
+    return out
 
 
 @contextmanager
@@ -76,14 +91,14 @@ def recording():
         _recording = None
 
 
-def remember(key, launches, at, vjp, reshapes, out_shape=None) -> None:
+def remember(key, launches, at, vjp, reshapes, out_shape=None, provisional=False) -> None:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
     (the op's arrays, each as given or, with `reshapes[i]`, reshaped to that), `vjp(primals,
     cotangent, output)` the op's backward for one output, `out_shape` the op's reshape of
-    the result.  Nothing is recorded when the call does not fit a replay (module
-    docstring)."""
-    if launches is None or len(launches) != 1 or settings.raw_source(()) is None:
+    the result; `provisional`: routed by the cost model.  Nothing is recorded when the
+    call does not fit a replay (module docstring)."""
+    if launches is None or len(launches) != 1:
         return
     kernel, grid, args, kwargs = launches[0]
     d = kernel._launches.last
@@ -106,17 +121,50 @@ def remember(key, launches, at, vjp, reshapes, out_shape=None) -> None:
         if not same:
             return
         sources.append(same[0])
+    check = _settings_now()
+    if check is None:
+        return
+    _keep(key, _ext.Replay(d._direct, list(inputs), sources,
+                           [None if r is None else list(r) for r in reshapes],
+                           None if out_shape is None else list(out_shape), _backward(vjp),
+                           check), provisional)
+
+
+def remember_composite(key, run, provisional=False) -> None:
+    """Record that calls of this signature run MLX's composite `run(*arrays)` (routing
+    chose MLX): later calls skip the op's checks and routing while the device and the
+    settings are unchanged."""
+    check = _settings_now()
+    if check is not None:
+        _keep(key, lambda *arrays: run(*arrays) if check() else None, provisional)
+
+
+def _keep(key, replay, provisional: bool) -> None:
+    kept = _PROVISIONAL if provisional else _REPLAYS
+    if len(kept) >= _MAX_REPLAYS:
+        kept.clear()
+    kept[key] = replay
+
+
+def _settings_now():
+    """An _ext.SettingsCheck of the device and the settings a decision depends on (None
+    where the environment cannot be read from C++)."""
     names = _replay_variables()
-    environ, encoded = settings.raw_source(names)
-    if len(_REPLAYS) >= _MAX_REPLAYS:
-        _REPLAYS.clear()
-    from .runtime.dispatch import device_type
-    _REPLAYS[key] = _ext.Replay(
-        d._direct, list(inputs), sources,
-        [None if r is None else list(r) for r in reshapes],
-        None if out_shape is None else list(out_shape),
-        lambda p, c, o: list(vjp(tuple(p), c[0], o[0])),
-        environ, encoded, settings.raw_values(names), len(environ), device_type())
+    source = settings.raw_source(names)
+    if source is None:
+        return None
+    environ, encoded = source
+    return _ext.SettingsCheck(environ, encoded, settings.raw_values(names), len(environ),
+                              device_type())
+
+
+def _backward(vjp):
+    """The replay's vjp (lists of arrays) calling an op's mx.custom_function vjp (its
+    primals as a tuple, one cotangent and output; one gradient or a tuple of them)."""
+    def backward(primals, cotangents, outputs):
+        grads = vjp(tuple(primals), cotangents[0], outputs[0])
+        return [grads] if isinstance(grads, mx.array) else list(grads)
+    return backward
 
 
 def _replay_variables() -> tuple:

@@ -238,9 +238,7 @@ def _run(kernel, grid_, args, kw, dispatch_only):
     (tools/probes/eager_host_cost.py)."""
     if dispatch_only:
         return kernel[grid_].prepare(*args, **kw)
-    out = kernel[grid_](*args, **kw)
-    op_replay.note_launch(kernel, grid_, args, kw)
-    return out
+    return op_replay.launch(kernel, grid_, args, kw)
 
 
 # Where _launch and _launch_linear put the op's arrays among the kernel's arguments
@@ -443,6 +441,20 @@ def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_onl
               EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope), **block)
     return _run(linear_epilogue, grid(m, n, block["BLOCK_M"], block["BLOCK_N"]), args, kw,
                 dispatch_only)
+
+
+def _linear_composite(shape, n, has_bias, has_residual, activation, slope):
+    """linear(x, weight[, bias][, residual]) on MLX's composite, as `linear` runs it."""
+    rows = math.prod(shape[:-1])
+
+    def run(x, weight, *rest):
+        rest = list(rest)
+        bias = rest.pop(0) if has_bias else None
+        r2 = rest.pop(0).reshape(rows, n) if has_residual else None
+        out = _linear_mlx_residual(x.reshape(rows, shape[-1]), weight, bias, activation, slope,
+                                   r2)
+        return out.reshape(*shape[:-1], n)
+    return run
 
 
 def _linear_parts(arrays, has_bias, has_residual):
@@ -827,6 +839,10 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
         out = _matmul_mlx(a, b, epilogue, negative_slope)
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(
+                key, lambda a, b: _matmul_mlx(a, b, epilogue, negative_slope),
+                provisional=route.decision.source == "cost_model")
     elif p.flattened:
         a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
         with op_replay.recording() as launches:
@@ -910,6 +926,11 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
         out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(
+                key, _linear_composite(x.shape, weight.shape[0], bias is not None,
+                                       residual is not None, activation, negative_slope),
+                provisional=route.decision.source == "cost_model")
     else:
         with op_replay.recording() as launches:
             out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
