@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s23    -- fragment/replay GPU tests, eager launch cost with replays, decode
 #   OUT=$OUT bash tools/device_next.sh s22    -- general products on tensor cores: tests, attention prefill with/without
 #   OUT=$OUT bash tools/device_next.sh s21    -- narrow rows, decode defaults: tests, JSON, ncu of the dequantize
 #   OUT=$OUT bash tools/device_next.sh s20    -- decode attention without per-call fills: ncu, sweep, benchmark JSON
@@ -277,8 +278,20 @@ elif [ "$mode" = s22 ]; then
   # int4 with the weight out of L2 (each call the next of 4 weights), as a model reads it
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
     --output "$logs/h200-quantized-int4-float16-cold.json" 2>&1 | tail -4 | tee -a "$log"
+elif [ "$mode" = s23 ]; then
+  # fragment products now the CUDA default (their tests count CUDA's calls), op replays on
+  # the GPU, the eager host cost per launch after the replays, decode attention unchanged?
+  (cd /tmp && timeout 240 python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_dot_fragments.py" "$repo/tests/test_op_replay.py" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 90 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-replays.json" 2>&1 | tail -14 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths --decode-lengths 4096 --rounds 3 --launches 20 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -2 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -6,8 +6,11 @@ launches per synchronization (the time per launch is then the host's, not the GP
   cuda_kernel    mx.fast.cuda_kernel (source compiled by MLX) doing the same
   precompiled    mx.fast.precompiled_cuda_kernel of the same kernel, NVRTC-compiled here
   metile         metile's `kernel[grid](...)` of the same computation
-  metile op      metile.ops.matmul of a 16x16x16 float16 product (the op layer's cost)
+  metile op      metile.ops.matmul of a 16x16x16 float16 product (the op layer's cost;
+                 a repeated call replays its launch, metile/op_replay.py)
   mlx matmul     the same product through MLX
+  metile/mlx linear, rms_norm, softmax: metile.ops (backend="metile") against MLX's op or
+                 composite on a 16x64 float16 row block (linear: a 64x64 weight and a bias)
 
     python3 tools/probes/launch_cost.py [out.json]
 """
@@ -23,6 +26,7 @@ import nvrtc  # noqa: E402
 
 import metile  # noqa: E402
 
+PAIRS = ("linear", "rms_norm", "softmax")
 SOURCE = 'extern "C" __global__ void plus_one(const float* x, float* y) { y[0] = x[0] + 1.0f; }'
 
 
@@ -34,7 +38,10 @@ def plus_one(X, Y):
 def main():
     x = mx.array([1.0], dtype=mx.float32)
     a = mx.array(np.ones((16, 16), np.float16))
-    mx.eval(x, a)
+    rng = np.random.default_rng(0)
+    r, w, bias = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
+                  ((16, 64), (64, 64), (64,)))
+    mx.eval(x, a, r, w, bias)
     jit = mx.fast.cuda_kernel(name="plus_one_jit", input_names=["x"], output_names=["y"],
                               source="y[0] = x[0] + 1.0f;")
     cubin, _ = nvrtc.cubin(SOURCE, "sm_90a")
@@ -49,11 +56,20 @@ def main():
         "metile": lambda: plus_one[(1,)](x, out),
         "metile op": lambda: metile.ops.matmul(a, a, backend="metile"),
         "mlx matmul": lambda: a @ a,
+        "metile linear": lambda: metile.ops.linear(r, w, bias, backend="metile"),
+        "mlx linear": lambda: mx.addmm(bias, r, w.T),
+        "metile rms_norm": lambda: metile.ops.rms_norm(r, bias, 1e-5, backend="metile"),
+        "mlx rms_norm": lambda: mx.fast.rms_norm(r, bias, 1e-5),
+        "metile softmax": lambda: metile.ops.softmax(r, backend="metile"),
+        "mlx softmax": lambda: mx.softmax(r, axis=-1),
     }
     for key, fn in ways.items():
-        got = np.array(fn())
+        got = np.array(fn().astype(mx.float32))
         if key in ("metile op", "mlx matmul"):
             assert np.allclose(got, 16.0), key
+        elif key.startswith(("metile ", "mlx ")) and key.split()[1] in PAIRS:
+            want = np.array(ways["mlx " + key.split()[1]]().astype(mx.float32))
+            assert np.allclose(got, want, rtol=1e-2, atol=1e-2), key
         else:
             assert got.ravel()[0] == 2.0, (key, got)
     launches = 2000
