@@ -73,7 +73,10 @@ def launch(a, b, c, blocks, backend=None):
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,d,blocks", [(16, 32, 16, 16, (16, 32, 16, 16)),
                                             (13, 27, 11, 20, (16, 32, 16, 32)),
-                                            (30, 8, 40, 9, (32, 8, 64, 16))])
+                                            (30, 8, 40, 9, (32, 8, 64, 16)),
+                                            # 64-key rows on two warps' lanes (rows_reduce's
+                                            # partials), as attention's score rows
+                                            (11, 50, 16, 16, (16, 64, 16, 16))])
 def test_two_products_against_numpy(rng, monkeypatch, dtype, m, n, k, d, blocks):
     monkeypatch.setenv("METILE_RACE_CHECK", "1")   # every lane order, compared
     a, b, c = operands(rng, m, n, k, d, dtype)

@@ -49,10 +49,11 @@ def _data(rng, shape, dtype):
 
 
 # (rows, cols, R, C, warps): rows on 32 / 16 / 8 lanes in runs of 4 (Metal), a plain
-# layout with 8-element rows, and 512-column rows (128 lanes: folded in threadgroup
-# memory)
+# layout with 8-element rows, 256-column rows on two SIMD-groups (64 lanes: each group's
+# shuffled partial, then a fold of the two), and 512-column rows on 2 warps (128 lanes a
+# row on 64 threads: folded in threadgroup memory)
 SHAPES = [(37, 100, 16, 128, 4), (37, 30, 64, 32, 2), (9, 60, 64, 64, 4), (5, 8, 8, 8, 1),
-          (9, 500, 4, 512, 2)]
+          (9, 250, 4, 256, 4), (9, 500, 4, 512, 2)]
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
@@ -78,9 +79,11 @@ def test_rows_on_lanes_combine_by_shuffles(rows, cols, R, C, warps):
     fn = d.spec.tile_ir()
     assert [analyze(fn).kind[o.results[0].id] for o in fn.body.ops if o.name == "load"] \
         == ["local"]
-    on_lanes = C <= 32 * 4
+    # on lanes where a row (in runs of 4) fits one pass of the block's threads
+    on_lanes = C <= 32 * 4 * warps
     assert ("metile_lanes_sum<" in d.source) == on_lanes
     assert ("metile_lanes_max<" in d.source) == on_lanes
+    assert ("_rowparts" in d.source) == (on_lanes and C > 32 * 4)   # several SIMD-groups a row
 
 
 def test_a_loop_accumulator_stays_in_registers(rng):

@@ -6,10 +6,11 @@
   folds the partials (so every thread holds the result; no broadcast step).
   A trailing barrier lets the next reduction reuse the scratch.
 * Reduction along the last axis (sum, max, min of floats), `rows_reduce`: where the
-  lane layout puts each row in one aligned group of lanes of one SIMD-group, one run
-  (or element) a lane - a row of C elements in runs of V on C / V lanes - every thread
-  folds its run, the group combines by `C / V`-lane shuffles, and the group's first
-  lane writes the row's result to threadgroup memory.  The operand is read where it is
+  lane layout puts each row in one aligned group of lanes, one run (or element) a lane
+  - a row of C elements in runs of V on C / V lanes - every thread folds its run, the
+  group combines by `C / V`-lane shuffles, and the group's first lane writes the row's
+  result to threadgroup memory; a row on several whole SIMD-groups combines each
+  group's shuffled partial in a second fold, a row a thread.  The operand is read where it is
   (registers or recomputed: placement does not force it into threadgroup memory).
   Where the layout does not allow that (rows wider than a SIMD-group's runs, a tile
   that does not fill whole slots), the operand is copied to threadgroup memory and each
@@ -162,11 +163,18 @@ class ReductionLowering:
         v = self.runs_for(numel)
         lanes = columns // v
         slots = numel // (self.T * v) if numel % (self.T * v) == 0 else 0
-        if columns % v or lanes > 32 or lanes & (lanes - 1) or not slots or slots > 64 or \
+        if columns % v or lanes & (lanes - 1) or not slots or slots > 64 or \
                 (self.T * v) % columns:
             return self.axis_reduce_in_shared(op, b)
-        out = self.decl("shared", d, numel // columns, "_rows")
+        rows = numel // columns
+        out = self.decl("shared", d, rows, "_rows")
         parts = self.decl("local", acc_d, slots, "_part")
+        # a row wider than a SIMD-group's lanes: each SIMD-group of the row combines its
+        # lanes, writes its partial, and a second fold combines the row's partials
+        # (attention's 64-key score rows on 1024 threads folded each row serially in one
+        # thread, all 32 lanes of a warp reading one bank)
+        groups = max(1, lanes // 32)
+        partials = self.decl("shared", acc_d, rows * groups, "_rowparts") if groups > 1 else None
 
         def fold(ctxs):
             acc = None
@@ -189,22 +197,52 @@ class ReductionLowering:
         # the lanes combine outside the lane loop: its whole-runs test may send the lanes
         # of one SIMD-group down different copies, and every lane must reach one shuffle
         tid = self.geom(b, "thread_id")
-        first = b.value("eq", [b.value("mod", [tid, self.const(b, lanes)], I32),
+        group_lanes = min(lanes, 32)
+        first = b.value("eq", [b.value("mod", [tid, self.const(b, group_lanes)], I32),
                                self.const(b, 0)], BOOL)
         for s in range(slots):
             part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
             if lanes > 1:
-                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
+                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind,
+                               lanes=group_lanes)
             start = self.add(b, b.value("mul", [tid, self.const(b, v)], I32),
                              self.const(b, s * self.T * v))
             row = b.value("idiv", [start, self.const(b, columns)], I32)
             then = Block()
             tb = Builder(then)
-            tb.op("mem_store", [row, self._cast(tb, part, d)], [], {"root": out,
-                                                                   "space": "threadgroup"})
+            if partials is None:
+                tb.op("mem_store", [row, self._cast(tb, part, d)], [],
+                      {"root": out, "space": "threadgroup"})
+            else:   # the row's partial number (thread's lane group within the row)
+                at = tb.value("idiv", [tb.value("mod", [tid, self.const(tb, lanes)], I32),
+                                       self.const(tb, 32)], I32)
+                tb.op("mem_store", [self.add(tb, tb.value("mul", [row, self.const(tb, groups)],
+                                                          I32), at), part], [],
+                      {"root": partials, "space": "threadgroup"})
             b.op("if", [first], [], regions=[then, Block()])
         self.barrier(b)
+        if partials is not None:
+            self._fold_partials(b, kind, acc_d, d, partials, groups, rows, out)
         self.storage[result.id] = Storage("shared", out, tuple(result.type.shape), d)
+
+    def _fold_partials(self, b: Builder, kind: str, acc_d, d, partials: str, groups: int,
+                       rows: int, out: str) -> None:
+        """out[row] = the fold of partials[row * groups : (row + 1) * groups], a row a
+        thread, then a barrier (rows_reduce's rows wider than a SIMD-group)."""
+        def body(ctx: Ctx) -> None:
+            lb = ctx.b
+            row = ctx.linear((rows,))
+            base = lb.value("mul", [row, self.const(lb, groups)], I32)
+            acc = None
+            for g in range(groups):
+                e = lb.value("mem_load", [self.add(lb, base, self.const(lb, g))],
+                             ScalarType(acc_d), root=partials, space="threadgroup")
+                acc = e if acc is None else self._combine(lb, kind, acc, e)
+            lb.op("mem_store", [row, self._cast(lb, acc, d)], [],
+                  {"root": out, "space": "threadgroup"})
+
+        self.lane_loop(b, (rows,), body)
+        self.barrier(b)
 
     def axis_reduce_in_shared(self, op: Op, b: Builder) -> None:
         """A reduction along an axis as serial folds (`rows_reduce` where the layout puts no
