@@ -288,8 +288,13 @@ elif [ "$mode" = s23 ]; then
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
   timeout 90 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-replays.json" 2>&1 | tail -14 | tee -a "$log"
   timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths --decode-lengths 4096 --rounds 3 --launches 20 \
-    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -2 | tee -a "$log"
+    --prefill-lengths 1024 4096 --decode-lengths 4096 --rounds 3 --launches 5 \
+    --output "$logs/h200-attention-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  # prefill per tile and warp count (rows_reduce's partials for 64-key rows now)
+  timeout 120 python3 tools/probes/attention_prefill_tiles.py --length 4096 \
+    "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -10 | tee -a "$log"
+  timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 5 --ops softmax \
+    --output "$logs/h200-model-ops-softmax-float16.json" 2>&1 | tail -3 | tee -a "$log"
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23)" | tee -a "$log"
 fi
