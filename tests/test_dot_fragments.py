@@ -3,7 +3,7 @@
 simdgroup_matrix, race-checked), which products take it and which keep the per-element
 loop, the fallback where fragments would pass the threadgroup-memory limit, and the CUDA
 spelling (mma.sync fragments, off under METILE_DOT_FRAGMENTS=0). On a GPU the tests run on
-its backend, and count that backend's fragment products."""
+its backend, and count that backend's fragment products (CUDA's are m16n16k16, 16-bit)."""
 
 import mlx.core as mx
 import numpy as np
@@ -20,6 +20,17 @@ PRODUCT = {"msl": "metal::simdgroup_multiply_accumulate(", "cuda": "metile_frag_
 def products(dispatch) -> int:
     """The fragment products in a launch's source, on whichever backend it runs."""
     return dispatch.source.count(PRODUCT[dispatch.spec.backend.language])
+
+
+def on_fragments(dispatch, dtype, *dots) -> int:
+    """How many of the products `dots` ((M, N, K) each) take fragments on the launch's
+    backend: Metal's 8x8x8 simdgroup_matrix for every float dtype, CUDA's m16n16k16
+    mma.sync for 16-bit operands only (strict float32 never runs on TF32)."""
+    if dispatch.spec.backend.language == "msl":
+        return sum(all(x % 8 == 0 for x in dot) for dot in dots)
+    if dtype == mx.float32:
+        return 0
+    return sum(all(x % 16 == 0 for x in dot) for dot in dots)
 
 
 @metile.kernel
@@ -81,7 +92,8 @@ def test_two_products_against_numpy(rng, monkeypatch, dtype, m, n, k, d, blocks)
     monkeypatch.setenv("METILE_RACE_CHECK", "1")   # every lane order, compared
     a, b, c = operands(rng, m, n, k, d, dtype)
     dispatch = launch(a, b, c, blocks)
-    assert products(dispatch) == 2
+    bm, bn, bk, bd = blocks
+    assert products(dispatch) == on_fragments(dispatch, dtype, (bm, bn, bk), (bm, bd, bn))
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=TOL[dtype],
                                atol=TOL[dtype])
 
@@ -91,7 +103,7 @@ def test_products_not_made_of_fragments_keep_the_element_loop(rng):
     # second (K = 16) on the matrix unit
     a, b, c = operands(rng, 8, 16, 4, 8, mx.float16)
     dispatch = launch(a, b, c, (8, 16, 4, 8))
-    assert products(dispatch) == 1
+    assert products(dispatch) == on_fragments(dispatch, mx.float16, (8, 16, 4), (8, 8, 16))
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=3e-3, atol=3e-3)
 
 
@@ -132,14 +144,16 @@ def transposed_and_chained(A, Bt, C, Out, BM: metile.constexpr, BN: metile.const
     metile.store(Out + rm[:, None] * BN + rn[None, :], metile.dot(ab.to(a.dtype), c, ab))
 
 
+@pytest.mark.parametrize("bk", [24, 32])   # (CUDA's fragments take K = 32 only)
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
-def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype):
+def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype, bk):
+    # the transposed operand's fragments are loaded transposed from its own copy
     monkeypatch.setenv("METILE_RACE_CHECK", "1")
-    bt = mx.array(rng.standard_normal((32, 24)).astype(np.float32)).astype(dtype)
+    bt = mx.array(rng.standard_normal((32, bk)).astype(np.float32)).astype(dtype)
     c = mx.array(rng.standard_normal((32, 32)).astype(np.float32)).astype(dtype)
-    a = mx.array(rng.standard_normal((16, 24)).astype(np.float32)).astype(dtype)
-    d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=24)
-    assert products(d) == 2
+    a = mx.array(rng.standard_normal((16, bk)).astype(np.float32)).astype(dtype)
+    d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=bk)
+    assert products(d) == on_fragments(d, dtype, (16, 32, bk), (16, 32, 32))
     f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
     ab = f[0] @ f[1].T
     rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)

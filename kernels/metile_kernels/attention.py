@@ -76,10 +76,12 @@ def scores_block(q, k_ptrs, key, row_in, rows_head, rows_query, mask_base, kv_le
                  causal_shift, scale_log2, mask_stride_h, mask_stride_q, mask_stride_k, d,
                  HEAD_DIM, MASK):
     """(rows, BLOCK_N) base-2 scores of the rows against keys `key`, masked: -inf past
-    kv_len, REMOVED where a causal or boolean mask removes the key."""
+    kv_len, REMOVED where a causal or boolean mask removes the key.  `k_ptrs` address
+    the (BLOCK_N, BLOCK_D) key block as stored (a key's features contiguous, so a
+    warp's loads are coalesced; the product takes its transpose)."""
     key_in = key < kv_len
-    kt = metile.load(k_ptrs, mask=key_in[None, :] & (d[:, None] < HEAD_DIM), other=0.0)
-    s = metile.dot(q, kt) * scale_log2
+    k = metile.load(k_ptrs, mask=key_in[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+    s = metile.dot(q, metile.trans(k)) * scale_log2
     if MASK == "causal":
         s = metile.where(key[None, :] <= rows_query[:, None] + causal_shift, s, REMOVED)
     elif MASK == "bool" or MASK == "additive":
@@ -144,7 +146,7 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
     for start_n in metile.tile_range(0, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
-        s = scores_block(q, k_base + key[None, :] * HEAD_DIM + d[:, None], key, row_in, heads,
+        s = scores_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :], key, row_in, heads,
                          rows, mask_base, kv_len, causal_shift, scale_log2, mask_stride_h,
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(v_base + key[:, None] * HEAD_DIM + d[None, :],
@@ -199,7 +201,7 @@ def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, 
     acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
     for start_n in metile.tile_range(lo, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
-        s = scores_block(q, K + kv_offset + key[None, :] * HEAD_DIM + d[:, None], key, row_in,
+        s = scores_block(q, K + kv_offset + key[:, None] * HEAD_DIM + d[None, :], key, row_in,
                          heads, queries, mask_base, hi, kv_len - q_len, scale_log2, mask_stride_h,
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(V + kv_offset + key[:, None] * HEAD_DIM + d[None, :],

@@ -39,9 +39,9 @@ def main():
     x = mx.array([1.0], dtype=mx.float32)
     a = mx.array(np.ones((16, 16), np.float16))
     rng = np.random.default_rng(0)
-    r, w, bias = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
-                  ((16, 64), (64, 64), (64,)))
-    mx.eval(x, a, r, w, bias)
+    rows, w, bias = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
+                     ((16, 64), (64, 64), (64,)))
+    mx.eval(x, a, rows, w, bias)
     jit = mx.fast.cuda_kernel(name="plus_one_jit", input_names=["x"], output_names=["y"],
                               source="y[0] = x[0] + 1.0f;")
     cubin, _ = nvrtc.cubin(SOURCE, "sm_90a")
@@ -56,12 +56,12 @@ def main():
         "metile": lambda: plus_one[(1,)](x, out),
         "metile op": lambda: metile.ops.matmul(a, a, backend="metile"),
         "mlx matmul": lambda: a @ a,
-        "metile linear": lambda: metile.ops.linear(r, w, bias, backend="metile"),
-        "mlx linear": lambda: mx.addmm(bias, r, w.T),
-        "metile rms_norm": lambda: metile.ops.rms_norm(r, bias, 1e-5, backend="metile"),
-        "mlx rms_norm": lambda: mx.fast.rms_norm(r, bias, 1e-5),
-        "metile softmax": lambda: metile.ops.softmax(r, backend="metile"),
-        "mlx softmax": lambda: mx.softmax(r, axis=-1),
+        "metile linear": lambda: metile.ops.linear(rows, w, bias, backend="metile"),
+        "mlx linear": lambda: mx.addmm(bias, rows, w.T),
+        "metile rms_norm": lambda: metile.ops.rms_norm(rows, bias, 1e-5, backend="metile"),
+        "mlx rms_norm": lambda: mx.fast.rms_norm(rows, bias, 1e-5),
+        "metile softmax": lambda: metile.ops.softmax(rows, backend="metile"),
+        "mlx softmax": lambda: mx.softmax(rows, axis=-1),
     }
     for key, fn in ways.items():
         got = np.array(fn().astype(mx.float32))

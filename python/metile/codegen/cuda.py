@@ -111,6 +111,23 @@ template <typename T> __device__ __forceinline__ void metile_frag_load(metile_fr
     f.r[2 * h + 1] = metile_pack2(p, (2 * t + 8) * ld + n, (2 * t + 9) * ld + n);
   }
 }
+// B from its transpose: the 16x16 (K x N) operand whose (N x K) transpose is row-major
+// at p (a key block stored a key a row, multiplied as keys^T): non-transposing ldmatrix,
+// the four 8x8 matrices in mma's order.
+template <typename T> __device__ __forceinline__ void metile_frag_load_t(metile_frag_b<T>& f, const T* p, int ld) {
+  if (metile_ldmatrix_ok(p, ld)) {
+    unsigned r[4];
+    metile_ldmatrix_x4<false>(r, p, ld);
+    f.r[0] = r[0]; f.r[1] = r[2]; f.r[2] = r[1]; f.r[3] = r[3];
+    return;
+  }
+  const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
+  for (int h = 0; h < 2; ++h) {
+    const int n = h * 8 + g;
+    f.r[2 * h] = metile_pack2(p, n * ld + 2 * t, n * ld + 2 * t + 1);
+    f.r[2 * h + 1] = metile_pack2(p, n * ld + 2 * t + 8, n * ld + 2 * t + 9);
+  }
+}
 // TF32 A: 16x8, B: 8x16, converted with round-to-nearest when loaded.
 __device__ __forceinline__ void metile_frag_load(metile_frag_a_tf32& f, const float* p, int ld) {
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;

@@ -45,6 +45,15 @@ from .lane_layout import I32, Ctx
 F32 = ScalarType(dt.float32)
 
 
+def _untransposed(v: Value) -> Value:
+    """The 2-D tile `v` is the transpose of (a `trans`), else `v`."""
+    op = v.owner
+    if isinstance(op, Op) and op.name == "permute" and tuple(op.attrs["dims"]) == (1, 0) \
+            and len(op.operands[0].type.shape) == 2:
+        return op.operands[0]
+    return v
+
+
 class DotFragmentLowering:
     # the backend's choice (Backend.dot_fragments), passed by lower_tiles.lower_tiles,
     # which lowers again without them where they pass the threadgroup memory limit
@@ -77,7 +86,7 @@ class DotFragmentLowering:
     def _dot_extra_bytes(self, op: Op, b: Builder) -> int:
         """Threadgroup bytes the fragment product adds: operand copies and the scratch."""
         a, bm, _ = op.operands
-        return self.shared_copy_bytes(a, b) + self.shared_copy_bytes(bm, b) + \
+        return self.shared_copy_bytes(a, b) + self.shared_copy_bytes(_untransposed(bm), b) + \
             prod(op.results[0].type.shape) * 4   # (at most) the scratch
 
     def _fragment(self, role: str, dtype: dt.DType, unit) -> str:
@@ -92,7 +101,11 @@ class DotFragmentLowering:
         (m, k), n = a.type.shape, bm.type.shape[1]
         fm, fn, fk = unit.shape
         self.dot_fragments_used = True
-        st_a, st_b = self.shared_copy(a, b), self.shared_copy(bm, b)
+        # a right operand that is the transpose of a tile (keys^T in attention) is copied
+        # as that tile and its fragments loaded transposed: no transposing copy, whose
+        # reads of a 64x128 block walked one bank
+        source = _untransposed(bm)
+        st_a, st_b = self.shared_copy(a, b), self.shared_copy(source, b)
         out = self.storage_for(result)
         # fragments go straight into the result's threadgroup array unless `acc` may live
         # there too (a carried accumulator shares its loop's storage): it is read after
@@ -114,11 +127,17 @@ class DotFragmentLowering:
 
             def depth(kb: Builder, kk: Value) -> None:
                 at_a = self._i(kb, "add", self._i(kb, "mul", row0, k), kk)
-                at_b = self._i(kb, "add", self._i(kb, "mul", kk, n), col0)
                 kb.op("frag_load", [at_a], [], {"name": frag_a, "index": 0, "root": st_a.name,
                                                 "ld": k, "convert": None})
-                kb.op("frag_load", [at_b], [], {"name": frag_b, "index": 0, "root": st_b.name,
-                                                "ld": n, "convert": None})
+                if source is bm:
+                    at_b = self._i(kb, "add", self._i(kb, "mul", kk, n), col0)
+                    kb.op("frag_load", [at_b], [], {"name": frag_b, "index": 0,
+                                                    "root": st_b.name, "ld": n, "convert": None})
+                else:   # element (kk, col0) of bm is element (col0, kk) of the (n, k) source
+                    at_b = self._i(kb, "add", self._i(kb, "mul", col0, k), kk)
+                    kb.op("frag_load", [at_b], [], {"name": frag_b, "index": 0,
+                                                    "root": st_b.name, "ld": k, "convert": None,
+                                                    "transpose": True})
                 kb.op("frag_mma", [], [], {"d": (frag_c, 0), "a": (frag_a, 0),
                                            "b": (frag_b, 0), "c": (frag_c, 0)})
             self._for(fb, 0, k, fk, "kk", depth)
