@@ -259,12 +259,31 @@ def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
 
 
 def test_prefill_candidates_include_dequantize_then_gemm(rng):
+    # every prefill candidate, against float64 and MLX (on an sm_90 GPU the first is the
+    # fused GEMM on warpgroup MMA)
     wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 8)
     x = mx.array(rng.standard_normal((20, 128)).astype(np.float32)).astype(mx.float16)
-    names = [c["kernel"] for c in quantized_ops.configs(32, mx.float16, True)]
-    assert names == ["gemm", "dequantize+gemm"]
-    y = quantized_ops._metile(x, wq, s, b, 40, 128, True, 64, 8, quantized_ops.DEQUANTIZE_GEMM)
-    check(y, x, wq, s, b, True, 64, 8, mx.float16)
+    configs = quantized_ops.configs(32, mx.float16, True)
+    assert [c["kernel"] for c in configs[-2:]] == ["gemm", "dequantize+gemm"]
+    assert (configs[0] == quantized_ops.WGMMA_GEMM) == quantized_ops._warpgroup()
+    for config in configs:
+        y = quantized_ops._metile(x, wq, s, b, 40, 128, True, 64, 8, config)
+        check(y, x, wq, s, b, True, 64, 8, mx.float16)
+
+
+@pytest.mark.skipif(not quantized_ops._warpgroup(), reason="warpgroup MMA (an sm_90 GPU)")
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,bits,group_size", [(200, 300, 4096, 4, 64),
+                                                   (130, 257, 320, 8, 32),
+                                                   (7, 64, 1152, 4, 128)])
+def test_fused_warpgroup_prefill_ragged(rng, dtype, m, n, k, bits, group_size):
+    # rows and columns not multiples of the 128x256 tile, K not of its 64 (320 = 5 x 64
+    # is, 1152 is 18 x 64 over groups of 128), each element masked where it is outside
+    wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
+    x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
+    y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits,
+                              quantized_ops.WGMMA_GEMM)
+    check(y, x, wq, s, b, True, group_size, bits, dtype)
 
 
 # -- bad inputs ---------------------------------------------------------------------------------
@@ -361,6 +380,17 @@ def test_cuda_emission_compiles_with_nvrtc():
                     BITS=4, GROUP=64, backend="cuda", **meta)
             ok, log = compile_cuda(translation_unit(d), "sm_90")
             assert ok, log
+    # the fused GEMM on warpgroup MMA: its weight tile dequantized by the threads into the
+    # K-major stage, 16 bytes a store; wgmma needs the arch-specific target
+    wq, s, b = mx.quantize(mx.zeros((300, 4096), mx.float16), group_size=64, bits=4)
+    meta = {k: v for k, v in quantized_ops.WGMMA_GEMM.items() if k != "kernel"}
+    d = kernels.quantized_matmul[kernels.matmul_grid(200, 300, 128, 256)].prepare(
+        x[:200], wq, s, b, mx.zeros((200, 300), mx.float16), 200, 300, 4096, BITS=4, GROUP=64,
+        TRANSPOSE=True, backend="cuda", **meta)
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    assert re.search(r"reinterpret_cast<uint4\*>\(&_sw\d+\[", d.source)
+    ok, log = compile_cuda(translation_unit(d), "sm_90a")
+    assert ok, log
     # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
     for bits, group in ((4, 32), (8, 128)):
         wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)

@@ -82,6 +82,11 @@ GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
+# Hopper, 16-bit x, transpose=True: the fused GEMM on warpgroup MMA, its weight tile
+# dequantized by the threads into the K-major stage (gemm_async.computed_axis) while the
+# tensor cores multiply the previous tiles.
+WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
+              "num_simdgroups": 8}
 # 4096 columns a program on 8 warps: two runs of 8 (16 bytes of float16) a thread.  The
 # thread count must be named: traced from the arange it would be one element a thread,
 # no runs (387 us for a 4096x11008 int4 weight on the H200 against 98.8 for
@@ -287,7 +292,16 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     if rows_bucket <= DECODE_ROWS:
         return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], gemm] if transpose else \
             [MATVEC_N, gemm]
-    return [gemm, DEQUANTIZE_GEMM]
+    fused = [WGMMA_GEMM] if transpose and dtype != mx.float32 and _warpgroup() else []
+    return fused + [gemm, DEQUANTIZE_GEMM]
+
+
+def _warpgroup() -> bool:
+    """Whether GEMMs on this device may take warpgroup MMA (sm_90, METILE_CUDA_WGMMA)."""
+    from . import settings
+    from .compiler.backend import resolve_backend
+    return _on_cuda() and settings.wgmma_enabled() and \
+        any(u.warpgroup for u in resolve_backend().matrix_units)
 
 
 @functools.lru_cache(maxsize=1)

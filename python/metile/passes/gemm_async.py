@@ -163,13 +163,49 @@ def ffma_async_copies(units) -> bool:
     return any(u.async_copy and not u.warpgroup for u in units)
 
 
+def computed_axis(value, group: int) -> int | None:
+    """For a right operand tile that is computed from loads rather than being one (a
+    weight dequantized while it is staged: `scale * ((word >> shift) & 15) + bias`), the
+    axis its 16-byte groups run along for the warpgroup unit: K (0), the K-major layout a
+    Linear's weight takes, where each group's elements are evaluated by one thread and
+    stored as one vector (a group of 8 along K shares its packed word, scale and bias).
+    None for a load (copy_axis), a tile that is not 2-D, K not whole groups, or a tile
+    reading a load contiguous along N (a cast of a row-major operand: its reads would
+    run down columns)."""
+    if staging_load(value) is not None or not isinstance(value.type, TileType) or \
+            len(value.type.shape) != 2 or value.type.shape[0] % group:
+        return None
+    loads = _loads_in(value, set())
+    if not loads or any(_unit_along(ld.operands[0], 1) for ld in loads):
+        return None
+    return 0
+
+
+def _unit_along(index: Value, axis: int) -> bool:
+    coeffs = _axis_coeffs(index, {})
+    return coeffs is not False and coeffs.get(axis) == 1
+
+
+def _loads_in(v: Value, seen: set) -> list:
+    """The loads `v` is computed from (its defining ops, recursively)."""
+    op = v.owner
+    if not isinstance(op, Op) or id(op) in seen:
+        return []
+    seen.add(id(op))
+    found = [op] if op.name == "load" else []
+    for o in op.operands:
+        found += _loads_in(o, seen)
+    return found
+
+
 def plain_contiguous_operands(g, k_major_b: bool = False) -> bool:
     """Every operand tile of `g` is a plain 2-D load contiguous along its last axis in
-    16-byte groups, or (`k_major_b`) a right operand contiguous along K (the static half
-    of `AsyncStaging.async_eligible`)."""
+    16-byte groups, or (`k_major_b`) a right operand contiguous along K or computed from
+    loads (`computed_axis`) (the static half of `AsyncStaging.async_eligible`)."""
     group = 16 // g.operand_dtype.itemsize
     return copy_axis(g.a, group) == 1 and all(
-        copy_axis(b, group, k_major_b) is not None for b in g.bs)
+        copy_axis(b, group, k_major_b) is not None or
+        (k_major_b and computed_axis(b, group) is not None) for b in g.bs)
 
 
 class AsyncStaging:
@@ -194,6 +230,11 @@ class AsyncStaging:
         for value in self.gemm.operands:
             ld = staging_load(value)
             axis = copy_axis(value, group, k_major_b and value is not self.gemm.a)
+            if axis is None and k_major_b and value is not self.gemm.a:
+                axis = computed_axis(value, group)
+                if axis is not None:   # evaluated and stored by the threads (_computed_groups)
+                    self.async_loads[id(value)] = (None, [], axis)
+                    continue
             if axis is None:
                 return False
             root = elem_type(ld.operands[0].type).root
@@ -308,13 +349,64 @@ class AsyncStaging:
         of the bound K tile satisfy that form's conditions."""
         ok = None
         for value, st, shape in self.operand_stages():   # A, then each product's B
-            ld, checks, axis = self.async_loads[id(staging_load(value))]
+            ld, checks, axis = self.async_entry(value)
             base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
                     else self.const(b, stage * prod(shape)))
+            if ld is None:
+                if mode != "check":   # (computed: nothing to prove about its groups)
+                    self._computed_groups(b, value, st, shape, base, axis)
+                continue
             part = self._copy_groups(b, ld, checks, st, shape, base, axis, mode)
             if part is not None:
                 ok = part if ok is None else b.value("and", [ok, part], BOOL)
         return ok
+
+    def async_entry(self, value):
+        """(load or None, its mask checks, group axis) of a staged operand tile: None for
+        one computed from loads (`computed_axis`)."""
+        ld = staging_load(value)
+        return self.async_loads[id(ld) if ld is not None else id(value)]
+
+    def _computed_groups(self, b: Builder, value: Value, st, shape, base: Value,
+                         axis: int) -> None:
+        """A computed operand tile (`computed_axis`) into the stage: each thread evaluates
+        the elements of its 16-byte groups along `axis` (each element with its own loads'
+        masks, zero where they fail) and stores each group as one vector.  These are the
+        threads' own writes: the step's fence.proxy.async before its barrier orders them
+        before the tensor cores read the stage, as for the element copies of cp.async's
+        misaligned groups."""
+        rows, cols = shape
+        group = 16 // st.dtype.itemsize
+        along, across = (cols, rows) if axis == 1 else (rows, cols)
+        groups = along // group
+        swz = self.swizzles.get(st.name)
+        n = across * groups
+        count = self._copy_threads()
+        tid = self.copiers[0] if getattr(self, "copiers", None) else b.value("thread_id", [], I32)
+
+        def body(lb: Builder, lin: Value) -> None:
+            line = self._i(lb, "idiv", lin, groups)
+            start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
+            values = []
+            for e in range(group):
+                at = self._i(lb, "add", start, e)
+                row, col = (line, at) if axis == 1 else (at, line)
+                values.append(self.elem(value, Ctx(self, lb, shape, coords=[row, col],
+                                                   identity=False)))
+            row, col = (line, start) if axis == 1 else (start, line)
+            dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
+            lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
+
+        for slot in range((n + count - 1) // count):
+            lin = self._i(b, "add", tid, slot * count)
+            if (slot + 1) * count <= n:
+                body(b, lin)
+            else:
+                part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
+                            [_block(), _block()])
+                pb = Builder(part.regions[0])
+                pb.loc = b.loc
+                body(pb, lin)
 
     def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1,
                      mode: str | None = None):
@@ -486,7 +578,9 @@ class AsyncStaging:
         this loop (benchmarks/results/*stepped-copies*)."""
         iv = self.k_body.args[0]
         for value, st, shape in self.operand_stages():
-            ld, checks, axis = self.async_loads[id(staging_load(value))]
+            ld, checks, axis = self.async_entry(value)
+            if ld is None:   # computed: evaluated with its own masks, in either loop
+                continue
             memo = {}
             if not (_unrolled_evenly(prod(shape) * st.dtype.itemsize // 16, self._copy_threads())
                     and _prefix_masks(checks, axis) and _iv_affine(ld.operands[0], iv, memo)

@@ -50,7 +50,6 @@ from ..ir.core import Builder, Op, Value
 from ..ir.types import ScalarType, elem_type
 from ..language import dtypes as dt
 from .gemm_async import _axis_coeffs, _block, _iv_affine, _strip_broadcast
-from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx, Storage
 
 F32 = ScalarType(dt.float32)
@@ -100,7 +99,7 @@ class WarpgroupGemm:
         # B as loaded: contiguous along N (N-major atoms of BK rows, imm-trans-b) or, a
         # right operand stored (N, K) such as a Linear's weight, along K (K-major atoms of
         # BN rows, read like A).
-        self.b_k_majors = [self.async_loads[id(staging_load(v))][2] == 0 for v in g.bs]
+        self.b_k_majors = [self.async_entry(v)[2] == 0 for v in g.bs]
         self.b_k_major = self.b_k_majors[0]
         self.swizzles = {self.stage_a.name: ("atoms", bm), **{
             st.name: ("atoms_t", bn) if k_major else ("atoms", bk)
@@ -252,7 +251,9 @@ class WarpgroupGemm:
         iv = self.k_body.args[0]
         operands = []
         for value, st, shape in self.operand_stages():
-            ld, checks, axis = self.async_loads[id(staging_load(value))]
+            ld, checks, axis = self.async_entry(value)
+            if ld is None:   # a computed operand is no tensor the bulk copies can read
+                return None
             memo = {}
             coeffs = _axis_coeffs(ld.operands[0], {})
             if coeffs is False or coeffs.get(axis) != 1 or shape[1 - axis] > 256 \
