@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s24    -- fused int4 prefill (tests, benchmark), replays' launch cost, prefill tiles
 #   OUT=$OUT bash tools/device_next.sh s23    -- fragment/replay GPU tests, eager launch cost with replays, decode
 #   OUT=$OUT bash tools/device_next.sh s22    -- general products on tensor cores: tests, attention prefill with/without
 #   OUT=$OUT bash tools/device_next.sh s21    -- narrow rows, decode defaults: tests, JSON, ncu of the dequantize
@@ -295,8 +296,22 @@ elif [ "$mode" = s23 ]; then
     "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -10 | tee -a "$log"
   timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 5 --ops softmax \
     --output "$logs/h200-model-ops-softmax-float16.json" 2>&1 | tail -3 | tee -a "$log"
+elif [ "$mode" = s24 ]; then
+  # the fused int4 prefill on warpgroup MMA (thread-dequantized K-major stage): its GPU
+  # tests, then the quantized benchmark (weights out of L2); fragments, replays, prefill
+  (cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 120 \
+     --junitxml="$out/junit.xml" "$repo/tests/test_quantized_op.py" -k "fused or prefill_candidates" \
+     "$repo/tests/test_dot_fragments.py" "$repo/tests/test_op_replay.py" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --output "$logs/h200-quantized-int4-float16-fused.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-replays.json" 2>&1 | tail -14 | tee -a "$log"
+  timeout 90 python3 tools/probes/attention_prefill_tiles.py --length 4096 \
+    "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -10 | tee -a "$log"
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
