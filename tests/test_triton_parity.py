@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import metile
+from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
 SIZES = (1, 7, 65, 1000)
 BLOCK = 128
@@ -385,7 +386,54 @@ def bad_loop_option(X, n):
 
 @metile.kernel
 def bitcast(X):
-    metile.store(X, metile.load(X).to(metile.int32, bitcast=True))  # MARK-bitcast
+    metile.store(X, metile.load(X).to(metile.int16, bitcast=True))  # MARK-bitcast
+
+
+@metile.kernel
+def bit_views(F, I, U, H, HU, B, BI, OF, OH, OB):
+    """Triton's same-width bitcasts each way: float32 -> int32 / uint32, float16 ->
+    uint16, bfloat16 -> int16, and back from the integers."""
+    r = metile.arange(0, 64)
+    f, h, b = metile.load(F + r), metile.load(H + r), metile.load(B + r)
+    metile.store(I + r, f.to(metile.int32, bitcast=True))
+    u = f.to(metile.uint32, bitcast=True)
+    metile.store(U + r, u)
+    metile.store(HU + r, h.to(metile.uint16, bitcast=True))
+    metile.store(BI + r, b.to(metile.int16, bitcast=True))
+    # back: the uint32 bits with the sign flipped (a float bit trick), and the 16-bit ones
+    metile.store(OF + r, (u ^ 0x80000000).to(metile.float32, bitcast=True))
+    metile.store(OH + r, h.to(metile.uint16, bitcast=True).to(metile.float16, bitcast=True))
+    metile.store(OB + r, b.to(metile.int16, bitcast=True).to(metile.bfloat16, bitcast=True))
+
+
+def bit_view_arrays(rng):
+    f = (rng.standard_normal(64) * 100).astype(np.float32)
+    return (mx.array(f), mx.zeros(64, mx.int32), mx.zeros(64, mx.uint32),
+            mx.array(f.astype(np.float16)), mx.zeros(64, mx.uint16),
+            mx.array(f).astype(mx.bfloat16), mx.zeros(64, mx.int16),
+            mx.zeros(64, mx.float32), mx.zeros(64, mx.float16), mx.zeros(64, mx.bfloat16))
+
+
+def test_same_width_bitcasts_read_the_bits(rng):
+    args = bit_view_arrays(rng)
+    i, u, hu, bi, of, oh, ob = bit_views[(1,)](*args)
+    f = np.array(args[0])
+    np.testing.assert_array_equal(np.array(i), f.view(np.int32))
+    np.testing.assert_array_equal(np.array(u), f.view(np.uint32))
+    np.testing.assert_array_equal(np.array(hu), np.array(args[3]).view(np.uint16))
+    bf_bits = np.array(args[5].view(mx.int16))
+    np.testing.assert_array_equal(np.array(bi), bf_bits)
+    np.testing.assert_array_equal(np.array(of), -f)
+    np.testing.assert_array_equal(np.array(oh), np.array(args[3]))
+    np.testing.assert_array_equal(np.array(ob.view(mx.int16)), bf_bits)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")
+def test_same_width_bitcasts_compile_for_cuda(rng):
+    d = bit_views[(1,)].prepare(*bit_view_arrays(rng), backend="cuda")
+    assert "metile_bitcast<float>(" in d.source
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log
 
 
 def test_compile_time_helpers_refuse_by_name():
@@ -397,8 +445,8 @@ def test_compile_time_helpers_refuse_by_name():
     _refused(bad_hint, r"multiple_of\(\) values must be positive constexpr ints, got int 0", x,
              BLOCK=8)
     _refused(bad_loop_option, r"range\(\) got an unexpected keyword argument 'num_warps'", x, 3)
-    _refused(bitcast, r"bitcast=True from float32 to int32: reinterpreting casts are built "
-                      r"between the 8-bit types", x)
+    _refused(bitcast, r"bitcast=True from float32 to int16: a reinterpreting cast needs two "
+                      r"non-bool types of one width \(float32 has 32 bits, int16 16\)", x)
 
 
 @pytest.mark.parametrize("expr,name", [

@@ -75,7 +75,10 @@ def dequantized(w, scales, biases, k, n, K, N, BITS, GROUP, TRANSPOSE):
         shift = ((n & (PER - 1)) * BITS)[None, :]
         group = k[:, None] * (N // GROUP) + (n // GROUP)[None, :]
     packed = metile.load(w + word, mask=inside, other=0)
-    q = ((packed >> shift) & ((1 << BITS) - 1)).to(metile.float32)
+    # q as a float without an integer conversion (a quarter-rate instruction on NVIDIA
+    # GPUs, once per weight element of every staged tile): the bits of 2^23 + q, less 2^23
+    q = ((packed >> shift) & ((1 << BITS) - 1) | 0x4B000000).to(metile.float32,
+                                                                bitcast=True) - 8388608.0
     s = metile.load(scales + group, mask=inside, other=0.0).to(metile.float32)
     b = metile.load(biases + group, mask=inside, other=0.0).to(metile.float32)
     return s * q + b

@@ -131,8 +131,10 @@ class CEmitter:
         if name == "unpack_half":
             return self.PACKED_PAIRS[rt.dtype.name][1].format(w=a[0], shift=16 * op.attrs["half"])
         if name == "cast":
-            if op.attrs.get("bitcast"):  # 8-bit only: fp8 is held as its byte already
-                return f"static_cast<{self.type(rt)}>({a[0]})"
+            if op.attrs.get("bitcast"):
+                if rt.dtype.bits == 8:   # fp8 is held as its byte already
+                    return f"static_cast<{self.type(rt)}>({a[0]})"
+                return self.bitcast(a[0], rt)
             return self.cast(a[0], op.operands[0].type, rt)
         if name == "where":
             return f"({a[0]} ? {a[1]} : {a[2]})"
@@ -363,6 +365,12 @@ class CEmitter:
             index = a[0] if first == 0 else f"{a[0]} + {first}"
             self.emit(statement.format(root=op.attrs["root"], index=index,
                                        values=", ".join(parts)), depth)
+
+    # A value's bits read as another type of its width: {type}, {x}.
+    BITCAST = "as_type<{type}>({x})"
+
+    def bitcast(self, x: str, rt) -> str:
+        return self.BITCAST.format(type=self.type(rt), x=x)
 
     def fragment_type(self, role: str, dtype, shape) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no matrix fragments")

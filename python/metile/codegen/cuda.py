@@ -314,6 +314,14 @@ def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
 # 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
 # per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
 # 2 (l % 4) + 1.  Private to these helpers, like the mma.sync layout above.
+_BITCAST = """\
+// the bits of x read as To (a register move once compiled; NVRTC has no memcpy builtin)
+template <typename To, typename From> __device__ __forceinline__ To metile_bitcast(From x) {
+  static_assert(sizeof(To) == sizeof(From), "a bitcast keeps the width");
+  return *reinterpret_cast<const To*>(&x);
+}
+"""
+
 _FRAG8 = """\
 template <typename T> struct metile_frag8 { T x[2]; };
 template <typename T, typename P> __device__ __forceinline__ void metile_frag_load(metile_frag8<T>& f, const P* p, int ld) {
@@ -454,7 +462,9 @@ class CUDAEmitter(CEmitter):
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
-    HELPERS = {"warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC, "z_async": _ASYNC,
+    BITCAST = "metile_bitcast<{type}>({x})"
+    HELPERS = {"bitcast": _BITCAST, "warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC,
+               "z_async": _ASYNC,
                "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW, "z_tma": _TMA,
                # bit arithmetic rather than __nv_fp8: the same bits as Metal and the CPU runtime
                "fp8": fp8.helpers("__device__ __forceinline__", "uint8_t", "uint32_t",
@@ -670,6 +680,10 @@ class CUDAEmitter(CEmitter):
         self.scalars = scalars
         self.products: dict[str, str] = {}
         self.dynamic_declared = False
+
+    def bitcast(self, x: str, rt) -> str:
+        self.helpers_used.add("bitcast")
+        return super().bitcast(x, rt)
 
     def expr(self, op: Op) -> str:
         # MLX's cuda_kernel passes 0-d inputs (runtime scalars) as pointers.

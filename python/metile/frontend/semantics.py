@@ -345,12 +345,12 @@ class Semantics:
             x = self.to_value(x)
         src = dtype_of(x.type)
         if bitcast:
-            # 8-bit only: fp8 bytes in and out of uint8 buffers is what needs it; wider
-            # reinterpretation (float32 <-> int32) is not built
-            if src.bits != dtype.bits or src.bits != 8 or src.is_bool or dtype.is_bool:
-                raise CompilationError(f"bitcast=True from {src} to {dtype}: reinterpreting casts "
-                                       f"are built between the 8-bit types int8, uint8, "
-                                       f"float8e4nv and float8e5")
+            # the same bits read as another type of the same width (Triton's bitcast):
+            # fp8 bytes in and out of uint8 buffers, float32 <-> (u)int32 bit tricks
+            if src.bits != dtype.bits or src.is_bool or dtype.is_bool:
+                raise CompilationError(f"bitcast=True from {src} to {dtype}: a reinterpreting "
+                                       f"cast needs two non-bool types of one width ({src} has "
+                                       f"{src.bits} bits, {dtype} {dtype.bits})")
         if src == dtype:
             return x
         attrs = {"bitcast": True} if bitcast else {}

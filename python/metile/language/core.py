@@ -83,8 +83,9 @@ _DOCS = {
     "clamp": "clamp(x, min, max, propagate_nan=PropagateNan.NONE) = minimum(maximum(x, min), "
              "max); ALL: a NaN x gives NaN.",
     "cast": "cast(x, dtype, fp_downcast_rounding=None, bitcast=False): explicit conversion "
-            "(mixed operands also promote as in Triton); bitcast=True reads the bits of an "
-            "8-bit value as another 8-bit type (fp8 bytes from and to uint8 buffers).",
+            "(mixed operands also promote as in Triton); bitcast=True reads the bits as another "
+            "type of the same width (fp8 bytes from and to uint8 buffers, float32 bit "
+            "tricks through (u)int32).",
     "sum": "sum(x, axis=None, keep_dims=False, dtype=None): reduction; None reduces every axis "
            "to a scalar; dtype= casts the input first (floats accumulate in float32).",
     "xor_sum": "xor_sum(x, axis=None, keep_dims=False): bitwise xor of integer (or bool) "
