@@ -225,3 +225,26 @@ def test_calls_routed_to_mlx_skip_routing_when_repeated(rng, routes, row_routes,
     monkeypatch.setenv("METILE_REPLAY_TEST_PROBE", "1")
     metile.ops.linear(x, w, bias, "relu")
     assert routes == ["linear", "linear"]
+
+
+@pytest.mark.parametrize("rows", [2, 40])   # the GEMV and the GEMM
+def test_quantized_matmul_replays(rng, rows, monkeypatch):
+    from metile import quantized_ops
+    seen = []
+    real = quantized_ops._route
+
+    def counted(*args, **kwargs):
+        seen.append(args[-1])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(quantized_ops, "_route", counted)
+    w = mx.array(rng.standard_normal((24, 128)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    for _ in range(3):
+        (x,) = arrays(rng, mx.float32, (rows, 128))
+        out = metile.ops.quantized_matmul(x, wq, s, b, backend="metile")
+        want = f64(x) @ f64(mx.dequantize(wq, s, b, group_size=64, bits=4)).T
+        np.testing.assert_allclose(f64(out), want, rtol=1e-4, atol=1e-4)
+    assert seen == ["metile"]
+    g = mx.grad(lambda x: metile.ops.quantized_matmul(x, wq, s, b, backend="metile").sum())(x)
+    ref = mx.grad(lambda x: mx.quantized_matmul(x, wq, s, b).sum())(x)
+    np.testing.assert_allclose(f64(g), f64(ref), rtol=1e-4, atol=1e-4)

@@ -305,6 +305,8 @@ elif [ "$mode" = s24 ]; then
      > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  (cd /tmp && timeout 60 python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_triton_parity.py" \
+     -k "same_width" 2>&1 | tail -2 | tee -a "$log")
   timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
     --output "$logs/h200-quantized-int4-float16-fused.json" 2>&1 | tail -4 | tee -a "$log"
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-replays.json" 2>&1 | tail -14 | tee -a "$log"

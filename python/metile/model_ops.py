@@ -520,7 +520,7 @@ def _remember(key, launches, at, vjp, given, rows_shape):
     """Record a row kernel's replay: the op's arrays `given` at kernel argument positions
     `at`, x reshaped to the kernel's rows and the result back."""
     if key is not None:
-        op_replay.remember(key, launches, at, vjp,
+        op_replay.remember(key, launches, at, given, vjp,
                            [None if rows_shape == given[0].shape else rows_shape] +
                            [None] * (len(given) - 1),
                            None if rows_shape == given[0].shape else given[0].shape)

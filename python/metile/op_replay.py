@@ -91,16 +91,24 @@ def recording():
         _recording = None
 
 
-def remember(key, launches, at, vjp, reshapes, out_shape=None, provisional=False) -> None:
+def remember(key, launches, at, given, vjp, reshapes, out_shape=None,
+             provisional=False) -> None:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
-    (the op's arrays, each as given or, with `reshapes[i]`, reshaped to that), `vjp(primals,
-    cotangent, output)` the op's backward for one output, `out_shape` the op's reshape of
-    the result; `provisional`: routed by the cost model.  Nothing is recorded when the
-    call does not fit a replay (module docstring)."""
+    (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
+    `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
+    op's reshape of the result; `provisional`: routed by the cost model.  Nothing is
+    recorded when the call does not fit a replay (module docstring), nor when an argument
+    at `at` is not an array of its primal's shape and dtype (a launch on something the op
+    computed from its arrays, such as a dequantized weight)."""
     if launches is None or len(launches) != 1:
         return
     kernel, grid, args, kwargs = launches[0]
+    for p, x, shape in zip(at, given, reshapes):
+        arg = args[p] if p < len(args) else None
+        if type(arg) is not mx.array or arg.dtype != x.dtype or \
+                tuple(arg.shape) != tuple(x.shape if shape is None else shape):
+            return
     d = kernel._launches.last
     if d is None or d._guard is None or d._direct is None or not d._plain or d.results != 1:
         return

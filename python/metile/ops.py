@@ -849,7 +849,7 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
             out = _fused_matmul(epilogue, negative_slope, route.block)(a2, rhs)
         if key is not None and layout == "a@b" and not route.block.get("TRANSPOSE_B"):
             # (the row-major layout only: a transposed view's kernel reads its source)
-            op_replay.remember(key, launches, MATMUL_ARRAYS,
+            op_replay.remember(key, launches, MATMUL_ARRAYS, (a, b),
                                _matmul_vjp(epilogue, negative_slope, route.block),
                                _reshapes((a, b), (a2, rhs)),
                                None if out.shape == p.out_shape else p.out_shape)
@@ -946,7 +946,7 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                 at = [LINEAR_ARRAYS[n] for n, a in zip(("x", "w", "bias", "residual"),
                                                        (x, weight, bias, residual)) if a is not None]
             shape = (*x.shape[:-1], weight.shape[0])
-            op_replay.remember(key, launches, at, vjp, _reshapes(given, primals),
+            op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),
                                None if out.shape == shape else shape)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

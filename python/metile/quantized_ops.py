@@ -43,6 +43,7 @@ import math
 
 import mlx.core as mx
 
+from . import op_replay
 from .runtime import routing
 from .op_routing import (
     config_name,
@@ -184,19 +185,21 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
     if kind == "dequantize+gemm":
         return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits)
     if kind == "matvec":
-        launcher = kernels.quantized_matvec[kernels.matvec_grid(m, n, params["BLOCK_N"])]
+        kernel, grid = kernels.quantized_matvec, kernels.matvec_grid(m, n, params["BLOCK_N"])
     elif kind == "matvec_runs":
-        launcher = kernels.quantized_matvec_runs[kernels.matvec_grid(m, n, 1)]
+        kernel, grid = kernels.quantized_matvec_runs, kernels.matvec_grid(m, n, 1)
     elif kind == "matvec_rows":
-        launcher = kernels.quantized_matvec_rows[kernels.matvec_grid(m, n, params["ROWS"])]
+        kernel, grid = kernels.quantized_matvec_rows, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":
-        launcher = kernels.quantized_matvec_n[kernels.matvec_grid(m, n, params["BLOCK_N"])]
+        kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
     else:
-        launcher = kernels.quantized_matmul[kernels.matmul_grid(m, n, params["BLOCK_M"],
-                                                                params["BLOCK_N"])]
+        kernel = kernels.quantized_matmul
+        grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
         meta["TRANSPOSE"] = transpose
     args = (x2, w, scales, biases, out, m, n, k)
-    return launcher.prepare(*args, **meta) if dispatch_only else launcher(*args, **meta)
+    if dispatch_only:
+        return kernel[grid].prepare(*args, **meta)
+    return op_replay.launch(kernel, grid, args, meta)
 
 
 # The dense products of the dequantize-then-GEMM candidate: metile.ops.linear and matmul
@@ -224,14 +227,23 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     return _DENSE["matmul"](x2, dense, backend="metile")
 
 
-def _differentiable(n, k, transpose, group_size, bits, config):
-    """The kernel as an mx.custom_function of (x2, w, scales, biases)."""
+@functools.lru_cache(maxsize=256)
+def _differentiable(n, k, transpose, group_size, bits, config: tuple):
+    """The kernel as an mx.custom_function of (x2, w, scales, biases) (`config` as items:
+    built once a signature, not on every eager call)."""
 
     @mx.custom_function
     def f(x2, w, scales, biases):
-        return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
+        return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, dict(config))
 
-    @f.vjp
+    f.vjp(_vjp(transpose, group_size, bits))
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def _vjp(transpose, group_size, bits):
+    """The backward of the product (also what its replays call: op_replay.py)."""
+
     def f_vjp(primals, cotangent, output):
         x2, w, scales, biases = primals
         dx = mx.quantized_matmul(cotangent, w, scales, biases, transpose=not transpose,
@@ -247,12 +259,12 @@ def _differentiable(n, k, transpose, group_size, bits, config):
         dbiases = grad.reshape(per_group).sum(axis=-1)
         return (dx.astype(x2.dtype), mx.zeros_like(w), dscales.astype(scales.dtype),
                 dbiases.astype(biases.dtype))
-
-    return f
+    return f_vjp
 
 
 def _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config):
-    return _differentiable(n, k, transpose, group_size, bits, config)(x2, w, scales, biases)
+    return _differentiable(n, k, transpose, group_size, bits, tuple(config.items()))(
+        x2, w, scales, biases)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -393,6 +405,18 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     MLX's signature and results (see the module docstring for the paths)."""
     group_size = 64 if group_size is None else group_size   # MLX's affine defaults
     bits = 4 if bits is None else bits
+    key = None
+    if all(type(a) is mx.array for a in (x, w, scales, biases)) and \
+            all(type(o) in (bool, int, str) for o in (transpose, group_size, bits, mode, backend)):
+        # (a repeated call: op_replay.py)
+        key = ("quantized_matmul", x.shape, x.dtype, w.shape, w.dtype, scales.shape,
+               scales.dtype, biases.shape, biases.dtype, transpose, group_size, bits, mode,
+               backend)
+        replay = op_replay.find(key)
+        if replay is not None:
+            out = replay(x, w, scales, biases)
+            if out is not None:
+                return out
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
@@ -407,11 +431,24 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     if rows == 0 or n == 0:
         return mx.zeros((*lead, n), out_dtype)
     x2 = x.reshape(rows, k).astype(out_dtype)
-    config, _ = _route(x2, scales, n, k, transpose, group_size, bits, backend)
+    config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
     if config is None:
+        if key is not None and backend == "auto":
+            op_replay.remember_composite(
+                key, lambda x, w, s, b: mx.quantized_matmul(
+                    x, w, s, b, transpose=transpose, group_size=group_size, bits=bits, mode=mode),
+                provisional=decision.source == "cost_model")
         return mlx_op()
-    return _metile(x2, w, scales, biases, n, k, transpose, group_size, bits,
-                   config).reshape(*lead, n)
+    with op_replay.recording() as launches:
+        out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
+    if key is not None and x.dtype == out_dtype and config["kernel"] != "dequantize+gemm":
+        # (one kernel: dequantize+gemm launches two); its arguments are x2, w, scales,
+        # biases first
+        op_replay.remember(key, launches, (0, 1, 2, 3), (x, w, scales, biases),
+                           _vjp(transpose, group_size, bits),
+                           [None if x2.shape == x.shape else x2.shape, None, None, None],
+                           None if x.ndim == 2 else (*lead, n))
+    return out.reshape(*lead, n)
 
 
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
