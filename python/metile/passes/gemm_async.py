@@ -397,6 +397,12 @@ class AsyncStaging:
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
 
+        self._slots(b, tid, n, count, body)
+
+    def _slots(self, b: Builder, tid: Value, n: int, count: int, body) -> None:
+        """`body(builder, lin)` for this thread's groups lin = tid, tid + count, ... < n,
+        unrolled: constant slot offsets let the compiler hoist the per-group address and
+        swizzle arithmetic out of the K loop; only the last slot may test lin < n."""
         for slot in range((n + count - 1) // count):
             lin = self._i(b, "add", tid, slot * count)
             if (slot + 1) * count <= n:
@@ -545,18 +551,7 @@ class AsyncStaging:
             # Too many slots to unroll (a few copying threads): a counted loop over them.
             self._for(b, tid, n, count, "g", body)
             return
-        # Unrolled over this thread's groups: constant slot offsets let the compiler hoist
-        # the per-group address and swizzle arithmetic out of the K loop.
-        for slot in range(slots):
-            lin = self._i(b, "add", tid, slot * count)
-            if (slot + 1) * count <= n:
-                body(b, lin)
-            else:
-                part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
-                            [_block(), _block()])
-                pb = Builder(part.regions[0])
-                pb.loc = b.loc
-                body(pb, lin)
+        self._slots(b, tid, n, count, body)
 
     def whole_group_copies(self, op: Op, b: Builder, lo: Value, step: Value):
         """A block-uniform bool under which every K tile's copies may be one zero-filling
