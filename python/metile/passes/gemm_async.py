@@ -397,9 +397,9 @@ class AsyncStaging:
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
 
-        self._slots(b, tid, n, count, body)
+        self._each_group(b, tid, n, count, body)
 
-    def _slots(self, b: Builder, tid: Value, n: int, count: int, body) -> None:
+    def _each_group(self, b: Builder, tid: Value, n: int, count: int, body) -> None:
         """`body(builder, lin)` for this thread's groups lin = tid, tid + count, ... < n,
         unrolled: constant slot offsets let the compiler hoist the per-group address and
         swizzle arithmetic out of the K loop; only the last slot may test lin < n."""
@@ -551,7 +551,7 @@ class AsyncStaging:
             # Too many slots to unroll (a few copying threads): a counted loop over them.
             self._for(b, tid, n, count, "g", body)
             return
-        self._slots(b, tid, n, count, body)
+        self._each_group(b, tid, n, count, body)
 
     def whole_group_copies(self, op: Op, b: Builder, lo: Value, step: Value):
         """A block-uniform bool under which every K tile's copies may be one zero-filling
