@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s25    -- GPU tests: replays, fragments, attention, fused int4 (ragged)
 #   OUT=$OUT bash tools/device_next.sh s24    -- fused int4 prefill (tests, benchmark), replays' launch cost, prefill tiles
 #   OUT=$OUT bash tools/device_next.sh s23    -- fragment/replay GPU tests, eager launch cost with replays, decode
 #   OUT=$OUT bash tools/device_next.sh s22    -- general products on tensor cores: tests, attention prefill with/without
@@ -312,8 +313,14 @@ elif [ "$mode" = s24 ]; then
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-replays.json" 2>&1 | tail -14 | tee -a "$log"
   timeout 90 python3 tools/probes/attention_prefill_tiles.py --length 4096 \
     "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -10 | tee -a "$log"
+elif [ "$mode" = s25 ]; then
+  # GPU tests only: op replays (the C++ CudaLaunch path), fragment products, attention
+  # after the coalesced key blocks (transposed fragment loads), the fused int4 GEMM ragged
+  gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
+  (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
+     "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
