@@ -240,6 +240,13 @@ def test_combines_agree(rng, splits, d, combine):
                                atol=1e-5)
 
 
+def test_an_unknown_combine_is_refused_by_name(rng):
+    q, k, v = operands(rng, 1, 3, 3, 1, 16, 64)
+    config = {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 2, "combine": "tree"}
+    with pytest.raises(ValueError, match="combine must be 'splits' or 'loop', got 'tree'"):
+        attention_ops._launch(q, k, v, None, 0.2, config)
+
+
 def test_rows_split_count(monkeypatch):
     # attention_decode's splits: ~2048 warps over the rows' programs, at most the one-shot
     # combine's 64, each split at least four key blocks

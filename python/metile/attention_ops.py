@@ -290,6 +290,8 @@ def _combine(kernels, partial, stats, rows, splits, d, dtype, config):
     loop over the splits; a configuration may name it (combine="loop"|"splits")."""
     out = mx.zeros((rows, d), dtype)
     how = config.get("combine") or ("splits" if splits <= COMBINE_SPLITS else "loop")
+    if how not in ("splits", "loop"):
+        raise _fail(ValueError, f"combine must be 'splits' or 'loop', got {how!r}")
     if how == "splits" and splits > COMBINE_SPLITS:
         raise _fail(ValueError, f"combine='splits' merges at most {COMBINE_SPLITS} splits, "
                                 f"got {splits}; use combine='loop'")

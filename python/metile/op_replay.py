@@ -33,6 +33,7 @@ launch it recorded until `forget()` or a routing decision).
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -46,7 +47,9 @@ _REPLAYS: dict = {}
 # measure (a tuning scope, METILE_OPS_TUNE) takes the full path instead
 _PROVISIONAL: dict = {}
 _MAX_REPLAYS = 512
-_recording: list | None = None   # (kernel, grid, args, kwargs) launched while recording
+# per thread: the (kernel, grid, args, kwargs) launched while a call is recorded (another
+# thread's launches must not land in this thread's recording)
+_local = threading.local()
 
 
 def find(key):
@@ -72,23 +75,23 @@ def launch(kernel, grid, args, kwargs):
     """kernel[grid](*args, **kwargs), as the ops launch their kernels: kept while a call
     is being recorded."""
     out = kernel[grid](*args, **kwargs)
-    if _recording is not None:
-        _recording.append((kernel, grid, args, kwargs))
+    launches = getattr(_local, "launches", None)
+    if launches is not None:
+        launches.append((kernel, grid, args, kwargs))
     return out
 
 
 @contextmanager
 def recording():
     """Collect the launches of one op call (nested recordings: the outer one only)."""
-    global _recording
-    if _recording is not None:
+    if getattr(_local, "launches", None) is not None:
         yield None
         return
-    _recording = launches = []
+    _local.launches = launches = []
     try:
         yield launches
     finally:
-        _recording = None
+        _local.launches = None
 
 
 def remember(key, launches, at, given, vjp, reshapes, out_shape=None,
