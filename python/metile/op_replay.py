@@ -42,10 +42,11 @@ from . import _ext, settings
 from .compiler.backend import device_type
 from .runtime import routing
 
+# signature -> (replay, provisional).  A provisional replay is one of a call routed by the
+# cost model (no decision recorded): a call that may measure takes the full path instead -
+# inside a tuning scope (checked per call), or under METILE_OPS_TUNE (none is recorded
+# while it is set, and setting it fails the settings check)
 _REPLAYS: dict = {}
-# replays of calls routed by the cost model (no decision recorded): a call that may
-# measure (a tuning scope, METILE_OPS_TUNE) takes the full path instead
-_PROVISIONAL: dict = {}
 _MAX_REPLAYS = 512
 # per thread: the (kernel, grid, args, kwargs) launched while a call is recorded (another
 # thread's launches must not land in this thread's recording)
@@ -55,17 +56,14 @@ _local = threading.local()
 def find(key):
     """The replay recorded for an op call signature, or None."""
     found = _REPLAYS.get(key)
-    if found is None:
-        found = _PROVISIONAL.get(key)
-        if found is not None and routing.measuring_requested():
-            return None
-    return found
+    if found is None or (found[1] and routing.in_tuning_scope()):
+        return None
+    return found[0]
 
 
 def forget() -> None:
     """Drop every recorded replay (routing decided again, a test changed the world)."""
     _REPLAYS.clear()
-    _PROVISIONAL.clear()
 
 
 routing.RECORD_LISTENERS.append(forget)
@@ -151,10 +149,11 @@ def remember_composite(key, run, provisional=False) -> None:
 
 
 def _keep(key, replay, provisional: bool) -> None:
-    kept = _PROVISIONAL if provisional else _REPLAYS
-    if len(kept) >= _MAX_REPLAYS:
-        kept.clear()
-    kept[key] = replay
+    if provisional and routing.measuring_requested():
+        return   # (the next eager call of the signature measures)
+    if len(_REPLAYS) >= _MAX_REPLAYS:
+        _REPLAYS.clear()
+    _REPLAYS[key] = (replay, provisional)
 
 
 def _settings_now():

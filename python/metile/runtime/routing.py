@@ -161,7 +161,11 @@ def from_entry(entry: dict, path: Path) -> Decision:
 
 # -- when measuring may run --------------------------------------------------------------------
 
-_tuning = threading.local()
+class _Tuning(threading.local):
+    scope = None   # (a class default: reading an unset thread-local raised and caught, ~1 us)
+
+
+_tuning = _Tuning()
 
 
 @contextmanager
@@ -180,7 +184,12 @@ def tuning_scope(budget_s: float | None = None, clock: Callable[[], float] | Non
 
 
 def measuring_requested() -> bool:
-    return getattr(_tuning, "scope", None) is not None or settings.flag("METILE_OPS_TUNE")
+    return in_tuning_scope() or settings.flag("METILE_OPS_TUNE")
+
+
+def in_tuning_scope() -> bool:
+    """Whether this thread is inside `tuning_scope` (a cheap test, unlike the setting)."""
+    return _tuning.scope is not None
 
 
 def budget() -> float:
