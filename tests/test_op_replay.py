@@ -248,3 +248,16 @@ def test_quantized_matmul_replays(rng, rows, monkeypatch):
     g = mx.grad(lambda x: metile.ops.quantized_matmul(x, wq, s, b, backend="metile").sum())(x)
     ref = mx.grad(lambda x: mx.quantized_matmul(x, wq, s, b).sum())(x)
     np.testing.assert_allclose(f64(g), f64(ref), rtol=1e-4, atol=1e-4)
+
+
+def test_one_array_twice_then_two_arrays(rng, routes):
+    # matmul(a, a) records both kernel operands from one object: each slot keeps its own
+    # position, so matmul(x, y) of the same signature multiplies x by y
+    (a,) = arrays(rng, mx.float32, (16, 16))
+    np.testing.assert_allclose(f64(metile.ops.matmul(a, a, backend="metile")), f64(a) @ f64(a),
+                               rtol=2e-5, atol=2e-5)
+    x, y = arrays(rng, mx.float32, (16, 16), (16, 16))
+    np.testing.assert_allclose(f64(metile.ops.matmul(x, y, backend="metile")), f64(x) @ f64(y),
+                               rtol=2e-5, atol=2e-5)
+    assert len(routes) == 1
+

@@ -48,6 +48,7 @@ from .runtime import routing
 # while it is set, and setting it fails the settings check)
 _REPLAYS: dict = {}
 _MAX_REPLAYS = 512
+_SLOT = mx.zeros((0,))   # what a replay's inputs hold where each call's arrays go
 # per thread: the (kernel, grid, args, kwargs) launched while a call is recorded (another
 # thread's launches must not land in this thread's recording)
 _local = threading.local()
@@ -125,15 +126,19 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None,
     for fixed, v in d._input_plan:
         if fixed:
             sources.append(-1)
-            continue
-        same = [j for j, p in enumerate(at) if args[p] is args[v]]
-        if not same:
-            return
-        sources.append(same[0])
+        elif v in at:   # (by position first: matmul(a, a) passes one object twice)
+            sources.append(at.index(v))
+        else:
+            same = [j for j, p in enumerate(at) if args[p] is args[v]]
+            if not same:
+                return
+            sources.append(same[0])
     check = _settings_now()
     if check is None:
         return
-    _keep(key, _ext.Replay(d._direct, list(inputs), sources,
+    # the recorded call's own arrays are not kept (a replay swaps every one of them)
+    kept = [_SLOT if j >= 0 else x for j, x in zip(sources, inputs)]
+    _keep(key, _ext.Replay(d._direct, kept, sources,
                            [None if r is None else list(r) for r in reshapes],
                            None if out_shape is None else list(out_shape), _backward(vjp),
                            check), provisional)
