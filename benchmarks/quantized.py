@@ -37,8 +37,9 @@ from metile import quantized_ops
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-def sides(n, k, group_size, bits, rows, dtype):
-    """Each side a compiled call of (x, w, wq, scales, biases)."""
+def sides(n, k, group_size, bits, rows, dtype, also=()):
+    """Each side a compiled call of (x, w, wq, scales, biases); `also`: configurations to
+    time beside the op's candidates (quantized_ops names, e.g. WGMMA_GEMM)."""
     def mlx(x, w, wq, scales, biases):
         return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group_size,
                                    bits=bits)
@@ -47,7 +48,8 @@ def sides(n, k, group_size, bits, rows, dtype):
         return x @ w.T
 
     fns = {}
-    for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True):
+    extra = [getattr(quantized_ops, name) for name in also]
+    for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True) + extra:
         def kernel(x, w, wq, scales, biases, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
                                          config)
@@ -71,7 +73,8 @@ def seconds_per_call(fn, x, launches, weights=None) -> float:
     return (time.perf_counter() - start) / launches
 
 
-def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=1) -> dict:
+def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=1,
+            also=()) -> dict:
     keys = mx.random.split(mx.random.key(0), 1 + copies)
     x = mx.random.normal((rows, k), key=keys[0]).astype(dtype)
     weights = []
@@ -80,7 +83,7 @@ def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=
         weights.append((w, *mx.quantize(w, group_size=group_size, bits=bits)))
         mx.eval(*weights[-1])
     mx.eval(x)
-    fns = sides(n, k, group_size, bits, rows, dtype)
+    fns = sides(n, k, group_size, bits, rows, dtype, also)
     for args in weights:
         reference = fns["mlx"](x, *args)
         for side, fn in fns.items():
@@ -120,8 +123,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, 2 launches, 2 rounds (the CPU runtime)")
+    parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG",
+                        help="prefill configurations to time beside the candidates "
+                             "(quantized_ops names: WGMMA_GEMM)")
+    parser.add_argument("--decode-off", action="store_true", help="time prefill only")
     parser.add_argument("--output")
     args = parser.parse_args()
+    for name in args.also:
+        if not isinstance(getattr(quantized_ops, name, None), dict):
+            parser.error(f"--also {name}: not a configuration in metile.quantized_ops")
     if args.weights < 1:
         parser.error(f"--weights must be at least 1, got {args.weights}")
     decode = args.decode or [[1, 4096, 11008]]
@@ -131,10 +141,10 @@ def main():
         args.launches, args.rounds = 2, 2
     dtype = DTYPES[args.dtype]
     results = []
-    for name, shapes in (("decode", decode), ("prefill", prefill)):
+    for name, shapes in (("decode", [] if args.decode_off else decode), ("prefill", prefill)):
         for rows, k, n in shapes:
             r = measure(name, rows, k, n, dtype, args.group_size, args.bits, args.launches,
-                        args.rounds, args.weights)
+                        args.rounds, args.weights, args.also if name == "prefill" else ())
             line = ", ".join(f"{s} {t:.1f} us" for s, t in r["us_per_call"].items())
             ratios = ", ".join(f"{s} {v:.2f}" for s, v in r["mlx_over"].items())
             print(f"{name} {rows}x{k}x{n} int{args.bits} g{args.group_size} {args.dtype} "
