@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill with group-invariant loads: benchmark, one ragged test
+#   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill (branch wip-group-invariant-loads): benchmark, one ragged test
 #   OUT=$OUT bash tools/device_next.sh s25    -- GPU tests: replays, fragments, attention, fused int4 (ragged)
 #   OUT=$OUT bash tools/device_next.sh s24    -- fused int4 prefill (tests, benchmark), replays' launch cost, prefill tiles
 #   OUT=$OUT bash tools/device_next.sh s23    -- fragment/replay GPU tests, eager launch cost with replays, decode
