@@ -261,3 +261,17 @@ def test_one_array_twice_then_two_arrays(rng, routes):
                                rtol=2e-5, atol=2e-5)
     assert len(routes) == 1
 
+
+
+def test_bad_options_are_refused_by_the_full_path_after_a_replay(rng):
+    # unhashable or mistyped options never key a replay: the op's own checks name them
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    for _ in range(2):
+        metile.ops.matmul(a, b, backend="metile")
+        metile.ops.softmax(a, axis=-1, backend="metile")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        metile.ops.matmul(a, b, epilogue=["relu"], backend="metile")
+    with pytest.raises(TypeError, match="axis must be None, an int or a sequence of ints"):
+        metile.ops.softmax(a, axis=(0, [1]), backend="metile")
+    with pytest.raises(TypeError, match="negative_slope must be a number"):
+        metile.ops.linear(a, b.T, negative_slope="0.1", backend="metile")

@@ -504,8 +504,9 @@ def _replay_key(op: str, arrays: tuple, options: tuple):
         else:
             return None
     for o in options:
-        if o is not None and type(o) not in (bool, int, float, str, tuple):
-            return None
+        if o is not None and type(o) not in (bool, int, float, str) and not (
+                type(o) is tuple and all(type(e) is int for e in o)):
+            return None   # (the full path names what it does not take)
         parts.append((type(o), o))   # (1 and 1.0 and True are one key otherwise)
     return tuple(parts)
 

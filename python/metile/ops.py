@@ -149,7 +149,7 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
 
 
 def _check_activation(activation, slope):
-    if activation not in ACTIVATIONS:
+    if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
         raise ValueError(f"[metile.ops] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
                          f"got {activation!r}")
     if isinstance(slope, bool) or not isinstance(slope, (int, float)):
@@ -825,7 +825,9 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
     a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
     key = None
-    if type(a) is mx.array and type(b) is mx.array:   # (a repeated call: op_replay.py)
+    if type(a) is mx.array and type(b) is mx.array and _plain_options(epilogue, negative_slope,
+                                                                        backend):
+        # (a repeated call: op_replay.py)
         key = ("matmul", a.shape, b.shape, a.dtype, b.dtype, epilogue, negative_slope, backend)
         replay = op_replay.find(key)
         if replay is not None:
@@ -856,6 +858,13 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     else:
         out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
     return out.reshape(p.out_shape)
+
+
+def _plain_options(activation, slope, backend) -> bool:
+    """The options can key a replay: hashable, and of the types the full path accepts (a
+    bad one takes the full path, which names it)."""
+    return (activation is None or type(activation) is str) and \
+        type(slope) in (int, float) and type(backend) is str
 
 
 def _reshapes(given, primals) -> list:
@@ -910,7 +919,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     are one fused epilogue."""
     key = None
     if type(x) is mx.array and type(weight) is mx.array and (bias is None or type(bias) is mx.array) \
-            and (residual is None or type(residual) is mx.array):   # (op_replay.py)
+            and (residual is None or type(residual) is mx.array) and \
+            _plain_options(activation, negative_slope, backend):   # (op_replay.py)
         key = ("linear", x.shape, weight.shape, x.dtype, weight.dtype,
                None if bias is None else (bias.shape, bias.dtype),
                None if residual is None else (residual.shape, residual.dtype),
