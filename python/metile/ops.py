@@ -918,8 +918,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
     key = None
-    if type(x) is mx.array and type(weight) is mx.array and (bias is None or type(bias) is mx.array) \
-            and (residual is None or type(residual) is mx.array) and \
+    arrays_given = all(a is None or type(a) is mx.array for a in (bias, residual))
+    if type(x) is mx.array and type(weight) is mx.array and arrays_given and \
             _plain_options(activation, negative_slope, backend):   # (op_replay.py)
         key = ("linear", x.shape, weight.shape, x.dtype, weight.dtype,
                None if bias is None else (bias.shape, bias.dtype),
@@ -954,7 +954,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                 vjp = _linear_vjp(activation, negative_slope, route.block, bias is not None,
                                   residual is not None)
                 at = [LINEAR_ARRAYS[n] for n, a in zip(("x", "w", "bias", "residual"),
-                                                       (x, weight, bias, residual)) if a is not None]
+                                                       (x, weight, bias, residual))
+                      if a is not None]
             shape = (*x.shape[:-1], weight.shape[0])
             op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),
                                None if out.shape == shape else shape)
