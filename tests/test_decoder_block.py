@@ -103,7 +103,8 @@ def kernel_calls(monkeypatch):
         # a repeated call replays its launch (op_replay.py) instead of taking the path
         # counted above: counted with it when a kernel's replay runs
         replay = find(key)
-        name = {"linear": "_linear_metile", "rms_norm": "_rms_fn"}.get(key[0])
+        name = {"linear": "_linear_metile", "rms_norm": "_rms_fn",
+                "gated_mlp": "_fused_gated"}.get(key[0])
         if not isinstance(replay, _ext.Replay) or name is None:
             return replay
 

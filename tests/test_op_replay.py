@@ -275,3 +275,24 @@ def test_bad_options_are_refused_by_the_full_path_after_a_replay(rng):
         metile.ops.softmax(a, axis=(0, [1]), backend="metile")
     with pytest.raises(TypeError, match="negative_slope must be a number"):
         metile.ops.linear(a, b.T, negative_slope="0.1", backend="metile")
+
+
+@pytest.mark.parametrize("backend", ["metile", "auto"])
+def test_gated_mlp_replays(rng, routes, backend):
+    def want(x, wg, wu):
+        g = f64(x) @ f64(wg).T
+        return g / (1 + np.exp(-g)) * (f64(x) @ f64(wu).T)
+
+    for _ in range(3):
+        x, wg, wu = arrays(rng, mx.float32, (2, 5, 32), (24, 32), (24, 32))
+        out = metile.ops.gated_mlp(x, wg, wu, "silu", backend=backend)
+        assert out.shape == (2, 5, 24)
+        np.testing.assert_allclose(f64(out), want(x, wg, wu), rtol=1e-4, atol=1e-4)
+    assert routes == ["gated_mlp"]
+
+    def loss(x, wg, wu, b):
+        return (metile.ops.gated_mlp(x, wg, wu, "silu", backend=b) ** 2).sum()
+    got = mx.grad(loss, argnums=(0, 1, 2))(x, wg, wu, backend)
+    ref = mx.grad(loss, argnums=(0, 1, 2))(x, wg, wu, "mlx")
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(f64(g), f64(r), rtol=1e-4, atol=1e-4)

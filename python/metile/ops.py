@@ -996,7 +996,14 @@ def _fused_gated(activation, block):
     def f(x2, w_gate, w_up):
         return _launch_gated(x2, w_gate, w_up, activation, block)
 
-    @f.vjp
+    f.vjp(_gated_vjp(activation))
+    return f
+
+
+@_reused
+def _gated_vjp(activation):
+    """_fused_gated's backward (also what its replays call: op_replay.py)."""
+
     def f_vjp(primals, cotangent, output):
         x2, w_gate, w_up = primals
         g = (x2 @ w_gate.T).astype(mx.float32)
@@ -1006,8 +1013,7 @@ def _fused_gated(activation, block):
         d_gate = (c * u * _activation_grad(g, activation, LEAKY_SLOPE)).astype(x2.dtype)
         d_up = (c * activate(g, activation)).astype(x2.dtype)
         return d_gate @ w_gate + d_up @ w_up, d_gate.T @ x2, d_up.T @ x2
-
-    return f
+    return f_vjp
 
 
 def _gated_args(x, w_gate, w_up, activation):
@@ -1034,13 +1040,37 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     the store); routed like `linear` (`backend=`).  Call it explicitly in a model's
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
     forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
+    key = None
+    if all(type(a) is mx.array for a in (x, w_gate, w_up)) and \
+            _plain_options(activation, LEAKY_SLOPE, backend):   # (op_replay.py)
+        key = ("gated_mlp", x.shape, x.dtype, w_gate.shape, w_gate.dtype, w_up.shape,
+               w_up.dtype, activation, backend)
+        replay = op_replay.find(key)
+        if replay is not None:
+            out = replay(x, w_gate, w_up)
+            if out is not None:
+                return out
+    given = (x, w_gate, w_up)
     x2, w_gate, w_up = _gated_args(x, w_gate, w_up, activation)
+    shape = (*x.shape[:-1], w_gate.shape[0])
     route = _route("gated_mlp", (x2, w_gate, w_up), activation, LEAKY_SLOPE, backend)
     if route.path == "mlx":
         out = _gated_mlx(x2, w_gate, w_up, activation)
+        if key is not None and backend == "auto":
+            rows = x2.shape   # (the shape, not the array: a replay keeps no call's arrays)
+            op_replay.remember_composite(
+                key, lambda x, w_gate, w_up: _gated_mlx(
+                    x.reshape(rows), w_gate, w_up, activation).reshape(shape),
+                provisional=route.decision.source == "cost_model")
     else:
-        out = _fused_gated(activation, route.block)(x2, w_gate, w_up)
-    return out.reshape(*x.shape[:-1], w_gate.shape[0])
+        with op_replay.recording() as launches:
+            out = _fused_gated(activation, route.block)(x2, w_gate, w_up)
+        if key is not None and route.block.get("TRANSPOSE_B"):
+            # (a TRANSPOSE_B kernel reads the weights as stored: x2, w_gate, w_up first)
+            op_replay.remember(key, launches, (0, 1, 2), given, _gated_vjp(activation),
+                               _reshapes(given, (x2, w_gate, w_up)),
+                               None if out.shape == shape else shape)
+    return out.reshape(shape)
 
 
 def tune_gated_mlp(x, w_gate, w_up, activation: str = "silu", *, budget_s: float | None = None,
