@@ -511,12 +511,6 @@ def _replay_key(op: str, arrays: tuple, options: tuple):
     return tuple(parts)
 
 
-def _replayed(key, arrays):
-    """The result of the replay recorded for `key`, else None (then the full path)."""
-    replay = None if key is None else op_replay.find(key)
-    return None if replay is None else replay(*arrays)
-
-
 def _remember(key, launches, at, vjp, given, rows_shape):
     """Record a row kernel's replay: the op's arrays `given` at kernel argument positions
     `at`, x reshaped to the kernel's rows and the result back."""
@@ -532,7 +526,7 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     x's last axis; weight (x.shape[-1],) or None."""
     key = _replay_key("rms_norm", (x, weight), (eps, backend))
     w = () if weight is None else (weight,)
-    out = _replayed(key, (x, *w))
+    out = op_replay.replayed(key, (x, *w))
     if out is not None:
         return out
     _check_x("rms_norm", x)
@@ -545,10 +539,8 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
                    lambda c: lambda a, *v: _rms_fn(eps, bool(v), _frozen(c))(a, *v),
                    [(rows, columns)] + [(columns,)] * len(w))
     if route.path == "mlx":
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(
-                key, lambda x, *w: mx.fast.rms_norm(x, w[0] if w else None, eps),
-                provisional=route.decision.source == "cost_model")
+        op_replay.remember_composite(
+            key, lambda x, *w: mx.fast.rms_norm(x, w[0] if w else None, eps), route.decision)
         return mx.fast.rms_norm(x, weight, eps)
     with op_replay.recording() as launches:
         out = _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w)
@@ -562,7 +554,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
     key = _replay_key("layer_norm", (x, weight, bias), (eps, backend))
     params = tuple(p for p in (weight, bias) if p is not None)
-    out = _replayed(key, (x, *params))
+    out = op_replay.replayed(key, (x, *params))
     if out is not None:
         return out
     _check_x("layer_norm", x)
@@ -581,9 +573,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
                    lambda c: lambda a, *v: _layer_fn(eps, has_w, has_b, _frozen(c))(a, *v),
                    [(rows, columns)] + [(columns,)] * len(params))
     if route.path == "mlx":
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(key, reference,
-                                         provisional=route.decision.source == "cost_model")
+        op_replay.remember_composite(key, reference, route.decision)
         return mx.fast.layer_norm(x, weight, bias, eps)
     with op_replay.recording() as launches:
         out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params)
@@ -652,7 +642,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     op is called with it as given.  Reducing axes other than the last ones moves them
     last with a transpose (and back)."""
     key = _replay_key("softmax", (x,), (axis, precise, backend))
-    out = _replayed(key, (x,))
+    out = op_replay.replayed(key, (x,))
     if out is not None:
         return out
     _check_x("softmax", x, min_ndim=0)
@@ -670,10 +660,8 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
                    lambda a: mx.softmax(a, axis=-1, precise=precise),
                    lambda c: _softmax_fn(_frozen(c)), [(rows, columns)])
     if route.path == "mlx":
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(
-                key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise),
-                provisional=route.decision.source == "cost_model")
+        op_replay.remember_composite(
+            key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise), route.decision)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     with op_replay.recording() as launches:
         y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns))

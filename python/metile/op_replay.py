@@ -62,6 +62,13 @@ def find(key):
     return found[0]
 
 
+def replayed(key, arrays):
+    """The result of the replay recorded for `key` on the op's `arrays`, else None (no key,
+    none recorded, or it declines: the op's full path runs)."""
+    replay = None if key is None else find(key)
+    return None if replay is None else replay(*arrays)
+
+
 def forget() -> None:
     """Drop every recorded replay (routing decided again, a test changed the world)."""
     _REPLAYS.clear()
@@ -93,14 +100,13 @@ def recording():
         _local.launches = None
 
 
-def remember(key, launches, at, given, vjp, reshapes, out_shape=None,
-             provisional=False) -> None:
+def remember(key, launches, at, given, vjp, reshapes, out_shape=None) -> None:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
     (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
     `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
-    op's reshape of the result; `provisional`: routed by the cost model.  Nothing is
-    recorded when the call does not fit a replay (module docstring), nor when an argument
+    op's reshape of the result.  Nothing is recorded when the call does not fit a replay
+    (module docstring), nor when an argument
     at `at` is not an array of its primal's shape and dtype (a launch on something the op
     computed from its arrays, such as a dequantized weight)."""
     if launches is None or len(launches) != 1:
@@ -141,16 +147,20 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None,
     _keep(key, _ext.Replay(d._direct, kept, sources,
                            [None if r is None else list(r) for r in reshapes],
                            None if out_shape is None else list(out_shape), _backward(vjp),
-                           check), provisional)
+                           check), False)
 
 
-def remember_composite(key, run, provisional=False) -> None:
+def remember_composite(key, run, decision) -> None:
     """Record that calls of this signature run MLX's composite `run(*arrays)` (routing
-    chose MLX): later calls skip the op's checks and routing while the device and the
-    settings are unchanged."""
+    chose MLX by `decision`): later calls skip the op's checks and routing while the
+    device and the settings are unchanged.  Nothing is recorded without a key or for a
+    requested route (backend="mlx"); a cost-model route's replay is provisional."""
+    if key is None or decision.source == "requested":
+        return
     check = _settings_now()
     if check is not None:
-        _keep(key, lambda *arrays: run(*arrays) if check() else None, provisional)
+        _keep(key, lambda *arrays: run(*arrays) if check() else None,
+              decision.source == "cost_model")
 
 
 def _keep(key, replay, provisional: bool) -> None:

@@ -829,11 +829,9 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
                                                                         backend):
         # (a repeated call: op_replay.py)
         key = ("matmul", a.shape, b.shape, a.dtype, b.dtype, epilogue, negative_slope, backend)
-        replay = op_replay.find(key)
-        if replay is not None:
-            out = replay(a, b)
-            if out is not None:
-                return out
+        out = op_replay.replayed(key, (a, b))
+        if out is not None:
+            return out
     p = _matmul_plan(a, b, epilogue, negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
         return _matmul_mlx(a, b, epilogue, negative_slope)
@@ -841,10 +839,8 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
         out = _matmul_mlx(a, b, epilogue, negative_slope)
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(
-                key, lambda a, b: _matmul_mlx(a, b, epilogue, negative_slope),
-                provisional=route.decision.source == "cost_model")
+        op_replay.remember_composite(
+            key, lambda a, b: _matmul_mlx(a, b, epilogue, negative_slope), route.decision)
     elif p.flattened:
         a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
         with op_replay.recording() as launches:
@@ -925,22 +921,19 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                None if bias is None else (bias.shape, bias.dtype),
                None if residual is None else (residual.shape, residual.dtype),
                activation, negative_slope, backend)
-        replay = op_replay.find(key)
-        if replay is not None:
-            given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
-            out = replay(*given)
-            if out is not None:
-                return out
+        out = op_replay.replayed(key, (x, weight) + tuple(a for a in (bias, residual)
+                                                          if a is not None))
+        if out is not None:
+            return out
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
         out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(
-                key, _linear_composite(x.shape, weight.shape[0], bias is not None,
-                                       residual is not None, activation, negative_slope),
-                provisional=route.decision.source == "cost_model")
+        op_replay.remember_composite(
+            key, _linear_composite(x.shape, weight.shape[0], bias is not None,
+                                   residual is not None, activation, negative_slope),
+            route.decision)
     else:
         with op_replay.recording() as launches:
             out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
@@ -1045,23 +1038,19 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
             _plain_options(activation, LEAKY_SLOPE, backend):   # (op_replay.py)
         key = ("gated_mlp", x.shape, x.dtype, w_gate.shape, w_gate.dtype, w_up.shape,
                w_up.dtype, activation, backend)
-        replay = op_replay.find(key)
-        if replay is not None:
-            out = replay(x, w_gate, w_up)
-            if out is not None:
-                return out
+        out = op_replay.replayed(key, (x, w_gate, w_up))
+        if out is not None:
+            return out
     given = (x, w_gate, w_up)
     x2, w_gate, w_up = _gated_args(x, w_gate, w_up, activation)
     shape = (*x.shape[:-1], w_gate.shape[0])
     route = _route("gated_mlp", (x2, w_gate, w_up), activation, LEAKY_SLOPE, backend)
     if route.path == "mlx":
         out = _gated_mlx(x2, w_gate, w_up, activation)
-        if key is not None and backend == "auto":
-            rows = x2.shape   # (the shape, not the array: a replay keeps no call's arrays)
-            op_replay.remember_composite(
-                key, lambda x, w_gate, w_up: _gated_mlx(
-                    x.reshape(rows), w_gate, w_up, activation).reshape(shape),
-                provisional=route.decision.source == "cost_model")
+        rows = x2.shape   # (the shape, not the array: a replay keeps no call's arrays)
+        op_replay.remember_composite(
+            key, lambda x, w_gate, w_up: _gated_mlx(
+                x.reshape(rows), w_gate, w_up, activation).reshape(shape), route.decision)
     else:
         with op_replay.recording() as launches:
             out = _fused_gated(activation, route.block)(x2, w_gate, w_up)

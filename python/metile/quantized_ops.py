@@ -415,11 +415,9 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
         key = ("quantized_matmul", x.shape, x.dtype, w.shape, w.dtype, scales.shape,
                scales.dtype, biases.shape, biases.dtype, transpose, group_size, bits, mode,
                backend)
-        replay = op_replay.find(key)
-        if replay is not None:
-            out = replay(x, w, scales, biases)
-            if out is not None:
-                return out
+        out = op_replay.replayed(key, (x, w, scales, biases))
+        if out is not None:
+            return out
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
@@ -436,11 +434,10 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     x2 = x.reshape(rows, k).astype(out_dtype)
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
     if config is None:
-        if key is not None and backend == "auto":
-            op_replay.remember_composite(
-                key, lambda x, w, s, b: mx.quantized_matmul(
-                    x, w, s, b, transpose=transpose, group_size=group_size, bits=bits, mode=mode),
-                provisional=decision.source == "cost_model")
+        op_replay.remember_composite(
+            key, lambda x, w, s, b: mx.quantized_matmul(
+                x, w, s, b, transpose=transpose, group_size=group_size, bits=bits, mode=mode),
+            decision)
         return mlx_op()
     with op_replay.recording() as launches:
         out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
