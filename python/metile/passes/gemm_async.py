@@ -381,8 +381,7 @@ class AsyncStaging:
         groups = along // group
         swz = self.swizzles.get(st.name)
         n = across * groups
-        count = self._copy_threads()
-        tid = self.copiers[0] if getattr(self, "copiers", None) else b.value("thread_id", [], I32)
+        tid, count = self._copiers(b)
 
         def body(lb: Builder, lin: Value) -> None:
             line = self._i(lb, "idiv", lin, groups)
@@ -481,8 +480,7 @@ class AsyncStaging:
                       {"root": st.name, "space": "threadgroup"})
 
         n = across * groups
-        count = self._copy_threads()
-        tid = self.copiers[0] if getattr(self, "copiers", None) else b.value("thread_id", [], I32)
+        tid, count = self._copiers(b)
         slots = (n + count - 1) // count
         if mode is not None:
             # an empty group's copy reads nothing at the buffer's start: aligned too
@@ -595,6 +593,11 @@ class AsyncStaging:
         coords = [self.const(b, 0) if s == 1 and t != 1 else x
                   for x, s, t in zip([row, col], v.type.shape, shape)]
         return self.elem(v, Ctx(self, b, v.type.shape, coords=coords, identity=False))
+
+    def _copiers(self, b: Builder) -> tuple[Value, int]:
+        """(this thread's index among the threads that copy, how many copy)."""
+        copiers = getattr(self, "copiers", None)
+        return copiers if copiers else (b.value("thread_id", [], I32), self.T)
 
     def _copy_threads(self) -> int:
         """How many threads share the staging copies (the producer warpgroup's under
