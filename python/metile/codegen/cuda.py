@@ -311,9 +311,6 @@ def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
     return name, text
 
 
-# 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
-# per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
-# 2 (l % 4) + 1.  Private to these helpers, like the mma.sync layout above.
 _BITCAST = """\
 // the bits of x read as To (a register move once compiled; NVRTC has no memcpy builtin)
 template <typename To, typename From> __device__ __forceinline__ To metile_bitcast(From x) {
@@ -322,6 +319,9 @@ template <typename To, typename From> __device__ __forceinline__ To metile_bitca
 }
 """
 
+# 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
+# per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
+# 2 (l % 4) + 1.  Private to these helpers, like the mma.sync layout above.
 _FRAG8 = """\
 template <typename T> struct metile_frag8 { T x[2]; };
 template <typename T, typename P> __device__ __forceinline__ void metile_frag_load(metile_frag8<T>& f, const P* p, int ld) {
