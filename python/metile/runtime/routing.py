@@ -88,12 +88,16 @@ _memory: dict[tuple, tuple[dict | None, Path]] = {}
 RECORD_LISTENERS: list[Callable[[], None]] = []
 
 
+def _notify() -> None:
+    for listener in RECORD_LISTENERS:
+        listener()
+
+
 def clear_memory() -> None:
     """Forget what this process read from the decision cache (tests edit the files)."""
     with _lock:
         _memory.clear()
-    for listener in RECORD_LISTENERS:
-        listener()
+    _notify()
 
 
 def _cache() -> tuning.TuningCache:
@@ -144,8 +148,7 @@ def record(key: str, entry: dict) -> Path:
     cache.store(key, entry)
     with _lock:
         _memory[_slot(key)] = (entry, cache.path(key))
-    for listener in RECORD_LISTENERS:
-        listener()
+    _notify()
     return cache.path(key)
 
 
@@ -175,7 +178,7 @@ def tuning_scope(budget_s: float | None = None, clock: Callable[[], float] | Non
                                  or not budget_s > 0):
         raise ValueError(f"[metile.ops.tuning] budget_s must be a positive number of seconds, "
                          f"got {budget_s!r}")
-    previous = getattr(_tuning, "scope", None)
+    previous = _tuning.scope
     _tuning.scope = (budget_s, clock)
     try:
         yield
@@ -193,7 +196,7 @@ def in_tuning_scope() -> bool:
 
 
 def budget() -> float:
-    scope = getattr(_tuning, "scope", None)
+    scope = _tuning.scope
     if scope is not None and scope[0] is not None:
         return float(scope[0])
     raw = os.environ.get("METILE_OPS_TUNE_BUDGET_S")
@@ -210,7 +213,7 @@ def budget() -> float:
 
 
 def scope_clock() -> Callable[[], float]:
-    scope = getattr(_tuning, "scope", None)
+    scope = _tuning.scope
     return scope[1] if scope is not None and scope[1] is not None else time.perf_counter
 
 
