@@ -551,24 +551,22 @@ using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vec
 
 // A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
 // device's stream at each call) as a C++ call; any other callable through Python.
+// `launch` called natively when it is an L (its default-device call), else nothing.
+template <typename L>
+std::optional<Bound> native_launch(const std::shared_ptr<nb::object>& launch) {
+  if (!nb::isinstance<L>(*launch)) return std::nullopt;
+  auto* l = nb::inst_ptr<L>(*launch);
+  return Bound([launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); });
+}
+
 Bound bound_launch(std::shared_ptr<nb::object> launch) {
-  nb::handle h = *launch;
 #ifdef METILE_HAVE_MSL_CPU
-  if (nb::isinstance<CpuLaunch>(h)) {
-    auto* l = nb::inst_ptr<CpuLaunch>(h);
-    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
-  }
+  if (auto bound = native_launch<CpuLaunch>(launch)) return *bound;
 #endif
 #ifdef METILE_HAVE_MLX_CUDA
-  if (nb::isinstance<CudaLaunch>(h)) {
-    auto* l = nb::inst_ptr<CudaLaunch>(h);
-    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
-  }
+  if (auto bound = native_launch<CudaLaunch>(launch)) return *bound;
 #endif
-  if (nb::isinstance<CudaSourceLaunch>(h)) {
-    auto* l = nb::inst_ptr<CudaSourceLaunch>(h);
-    return [launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); };
-  }
+  if (auto bound = native_launch<CudaSourceLaunch>(launch)) return *bound;
   return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
     nb::gil_scoped_acquire gil;
     nb::object outs = (*launch)(in);
