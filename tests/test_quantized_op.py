@@ -269,7 +269,7 @@ def test_prefill_candidates_include_dequantize_then_gemm(rng):
         check(y, x, wq, s, b, True, 64, 8, mx.float16)
 
 
-@pytest.mark.skipif(not quantized_ops._warpgroup(), reason="warpgroup MMA (an sm_90 GPU)")
+@pytest.mark.skipif(not ops._warpgroup_gemm(), reason="warpgroup MMA (an sm_90 GPU)")
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,bits,group_size", [(200, 300, 4096, 4, 64),
                                                    (130, 257, 320, 8, 32),

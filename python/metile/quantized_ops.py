@@ -311,14 +311,6 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     return [gemm, DEQUANTIZE_GEMM]
 
 
-def _warpgroup() -> bool:
-    """Whether GEMMs on this device may take warpgroup MMA (sm_90, METILE_CUDA_WGMMA)."""
-    from . import settings
-    from .compiler.backend import resolve_backend
-    return _on_cuda() and settings.wgmma_enabled() and \
-        any(u.warpgroup for u in resolve_backend().matrix_units)
-
-
 @functools.lru_cache(maxsize=1)
 def _fingerprints() -> dict:
     from metile_kernels import quantized as kernels
