@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill (branch wip-group-invariant-loads): benchmark, one ragged test
+#   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill with group-invariant loads: benchmark, one ragged test
 #   OUT=$OUT bash tools/device_next.sh s25    -- GPU tests: replays, fragments, attention, fused int4 (ragged)
 #   OUT=$OUT bash tools/device_next.sh s24    -- fused int4 prefill (tests, benchmark), replays' launch cost, prefill tiles
 #   OUT=$OUT bash tools/device_next.sh s23    -- fragment/replay GPU tests, eager launch cost with replays, decode
@@ -328,6 +328,8 @@ elif [ "$mode" = s26 ]; then
     --output "$logs/h200-quantized-int4-float16-fused-groups.json" 2>&1 | tail -3 | tee -a "$log"
   (cd /tmp && timeout 60 python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_quantized_op.py" \
      -k "fused_warpgroup and 200-300 and float16" 2>&1 | tail -2 | tee -a "$log")
+  # the replay's native_launch<CudaLaunch> binding since the review refactor
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
   echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26)" | tee -a "$log"
 fi

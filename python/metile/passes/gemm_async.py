@@ -186,6 +186,81 @@ def _unit_along(index: Value, axis: int) -> bool:
     return coeffs is not False and coeffs.get(axis) == 1
 
 
+class _GroupInvariant:
+    """Whether an index tile takes one value on every aligned group of `width` elements
+    along `axis` of the operand tile (a K-major group of 8 reads one packed word and one
+    scale): it does not move along the axis, or moves only through `x // c` with c a
+    multiple of the width and x a row counter along the axis starting at a multiple of it
+    (`start + arange`: the K loop's variable, from a multiple of the width in steps of
+    one, plus the tile's K index).  Elementwise functions of such values are such values."""
+
+    def __init__(self, axis: int, width: int, loop: Op):
+        self.axis, self.width, self.memo = axis, width, {}
+        lo, _, step = loop.operands[:3]
+        self.iv = loop.regions[0].args[0]
+        self.iv_aligned = all(isinstance(c, int) and c % width == 0
+                              for c in (_int_const(lo), _int_const(step)))
+
+    def __call__(self, v: Value) -> bool:
+        return self._invariant(v, self.axis)
+
+    def _invariant(self, v: Value, axis: int) -> bool:
+        key = (v.id, axis)
+        if key not in self.memo:
+            self.memo[key] = self._decide(v, axis)
+        return self.memo[key]
+
+    def _decide(self, v: Value, axis: int) -> bool:
+        if not isinstance(v.type, TileType) or axis not in _axes(v, {}):
+            return True
+        op = v.owner
+        if not isinstance(op, Op):
+            return False
+        if op.name == "expand_dims":   # result axis `axis` is source axis axis (- 1 past d)
+            d = op.attrs["axis"]
+            return axis == d or self._invariant(op.operands[0], axis if axis < d else axis - 1)
+        if op.name == "idiv":
+            c = _int_const(op.operands[1])
+            return c is not None and c > 0 and c % self.width == 0 and \
+                self._counter(op.operands[0], axis)
+        if op.name in ("add", "sub", "mul", "ptr_add", "and", "or", "xor", "broadcast",
+                       "splat"):
+            return all(self._invariant(o, axis) for o in op.operands)
+        return False
+
+    def _counter(self, v: Value, axis: int) -> bool:
+        """v is start + (the index along `axis`), start a multiple of the width."""
+        op = v.owner
+        if not isinstance(op, Op) or _axes(v, {}) != frozenset({axis}):
+            return False
+        if op.name == "arange":
+            return axis == 0 and op.attrs.get("start", 0) % self.width == 0
+        if op.name == "add":
+            a, b = op.operands
+            if axis in _axes(b, {}):
+                a, b = b, a
+            return axis not in _axes(b, {}) and self._multiple(b) and self._counter(a, axis)
+        return False
+
+    def _multiple(self, v: Value) -> bool:
+        """v (constant over the tile) is a multiple of the width in every program."""
+        c = _int_const(v)
+        if c is not None:
+            return c % self.width == 0
+        if v is self.iv:
+            return self.iv_aligned
+        op = v.owner
+        if not isinstance(op, Op):
+            return False
+        if op.name in ("splat", "broadcast", "expand_dims"):
+            return self._multiple(op.operands[0])
+        if op.name in ("add", "sub"):
+            return all(self._multiple(o) for o in op.operands)
+        if op.name == "mul":
+            return any(self._multiple(o) for o in op.operands)
+        return False
+
+
 def _loads_in(v: Value, seen: set) -> list:
     """The loads `v` is computed from (its defining ops, recursively)."""
     op = v.owner
@@ -383,15 +458,46 @@ class AsyncStaging:
         n = across * groups
         tid, count = self._copiers(b)
 
+        invariant = _GroupInvariant(axis, group, self.gemm.loop)
+
         def body(lb: Builder, lin: Value) -> None:
             line = self._i(lb, "idiv", lin, groups)
             start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
-            values = []
+            ctxs = []
             for e in range(group):
                 at = self._i(lb, "add", start, e)
                 row, col = (line, at) if axis == 1 else (at, line)
-                values.append(self.elem(value, Ctx(self, lb, shape, coords=[row, col],
-                                                   identity=False)))
+                ctxs.append(Ctx(self, lb, shape, coords=[row, col], identity=False))
+            loaded = {}
+
+            def group_load(op: Op, ctx: Ctx) -> Value:
+                # A load whose address is the same for every element of the group (a
+                # packed word, a group's scale) is issued once, under any element's mask;
+                # each element keeps its own mask and fill.
+                if not invariant(op.operands[0]):
+                    return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
+                masked = len(op.operands) > 1
+                if id(op) not in loaded:
+                    rest = []
+                    if masked:
+                        anyone = None
+                        for c in ctxs:
+                            m = self.elem(op.operands[1], c)
+                            anyone = m if anyone is None else lb.value("or", [anyone, m], BOOL)
+                        rest = [anyone, self.elem(op.operands[2], ctxs[0])]
+                    loaded[id(op)] = self.emit_load(
+                        lb, op, [self.elem(op.operands[0], ctxs[0]), *rest])
+                if not masked:
+                    return loaded[id(op)]
+                return ctx.b.value("where", [self.elem(op.operands[1], ctx), loaded[id(op)],
+                                             self.elem(op.operands[2], ctx)],
+                                   loaded[id(op)].type)
+
+            self.load_rewrite = group_load
+            try:
+                values = [self.elem(value, c) for c in ctxs]
+            finally:
+                self.load_rewrite = None
             row, col = (line, start) if axis == 1 else (start, line)
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
