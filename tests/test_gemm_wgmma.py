@@ -148,14 +148,14 @@ def test_schedule_asking_for_ordinary_loads_falls_back_to_warp_mma():
     assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("mma.sync")
 
 
-def linear_prepare(shape, dtype="float16"):
+def linear_prepare(shape, dtype="float16", tile=WG):
     # A [N, K] weight read as the (K, N) right operand: contiguous along K, not N
     m, n, k = shape
     d = getattr(mx, dtype)
     x, w = mx.zeros((m, k), dtype=d), mx.zeros((n, k), dtype=d)
-    return linear_epilogue[grid(m, n, 128, 256)].prepare(
+    return linear_epilogue[grid(m, n, tile["BLOCK_M"], tile["BLOCK_N"])].prepare(
         x, w, mx.zeros((m, n), dtype=d), mx.zeros((n,), dtype=d), mx.zeros((m, n), dtype=d),
-        m, n, k, **WG, TRANSPOSE_B=True, EPILOGUE="gelu_tanh", backend="cuda")
+        m, n, k, **tile, TRANSPOSE_B=True, EPILOGUE="gelu_tanh", backend="cuda")
 
 
 def test_transposed_right_operand_is_read_k_major():
@@ -189,6 +189,18 @@ def test_compiles_for_sm90a_and_not_for_sm90(dtype, kernel):
 def test_k_major_right_operand_compiles_for_sm90a(dtype):
     ok, log = nvrtc.compile_cuda(nvrtc.translation_unit(linear_prepare((1000, 1000, 1000), dtype)),
                                  "sm_90a")
+    assert ok, log
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("kernel", ["matmul", "linear"])
+def test_192_wide_tile_is_one_warpgroup_product_a_step(kernel):
+    # ops' 128x192x64 (waves over the SMs): m64n192k16 products, both operand layouts
+    tile = {**WG, "BLOCK_N": 192}
+    d = (prepare((1000, 1000, 1000), tile=tile) if kernel == "matmul"
+         else linear_prepare((1000, 1000, 1000), "float16", tile=tile))
+    assert d.variant.data["lowering"]["matmul"]["product"] == "m64n192k16"
+    ok, log = nvrtc.compile_cuda(nvrtc.translation_unit(d), "sm_90a")
     assert ok, log
 
 
@@ -373,6 +385,7 @@ def test_stage_counts_on_the_gpu(rng, stages):
 
 @on_gpu
 @pytest.mark.parametrize("tile", [dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64),
+                                  dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64),
                                   dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64),
                                   dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64),
                                   dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=128)])
@@ -433,19 +446,21 @@ def test_offset_view_operands_on_the_gpu(rng, variant, monkeypatch):
 
 @on_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("variant, epilogue", [("1", "none"), ("tma", "relu")])
-def test_linear_weight_layout_on_the_gpu(rng, dtype, variant, epilogue, monkeypatch):
+@pytest.mark.parametrize("variant, epilogue, width", [("1", "none", 256), ("tma", "relu", 256),
+                                                      ("tma", "relu", 192)])
+def test_linear_weight_layout_on_the_gpu(rng, dtype, variant, epilogue, width, monkeypatch):
     # bias (+ relu) epilogue, weight read as stored (N, K), ragged sizes; under tma one
-    # K-major box per stage
+    # K-major box per stage (192 rows: ops' tile for grids whose 256-wide waves run part full)
     monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     m, n, k = 300, 520, 200
     d = getattr(mx, dtype)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(d)
     w = mx.array(rng.standard_normal((n, k)).astype(np.float32)).astype(d)
     bias = mx.array(rng.standard_normal((n,)).astype(np.float32)).astype(d)
-    out = linear_epilogue[grid(m, n, 128, 256)](x, w, mx.zeros((m, n)), bias, x, m, n, k, **WG,
-                                                TRANSPOSE_B=True, BIAS="columns",
-                                                EPILOGUE=epilogue)
+    tile = {**WG, "BLOCK_N": width}
+    out = linear_epilogue[grid(m, n, 128, width)](x, w, mx.zeros((m, n)), bias, x, m, n, k,
+                                                  **tile, TRANSPOSE_B=True, BIAS="columns",
+                                                  EPILOGUE=epilogue)
     X, W, B = (np.array(t.astype(mx.float32)).astype(np.float64) for t in (x, w, bias))
     ref = X @ W.T + B
     check(out, np.maximum(ref, 0) if epilogue == "relu" else ref)

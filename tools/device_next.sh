@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s27    -- 128x192 warpgroup tiles: GPU tests, tiles timed, int4 prefill
 #   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill with group-invariant loads: benchmark, one ragged test
 #   OUT=$OUT bash tools/device_next.sh s25    -- GPU tests: replays, fragments, attention, fused int4 (ragged)
 #   OUT=$OUT bash tools/device_next.sh s24    -- fused int4 prefill (tests, benchmark), replays' launch cost, prefill tiles
@@ -320,6 +321,12 @@ elif [ "$mode" = s25 ]; then
   gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
+elif [ "$mode" = s27 ]; then
+  # warpgroup tiles by waves: the 128x192 tile's GPU tests, the tiles timed, int4 prefill cold
+  gpu_tests 150 test_gemm_wgmma
+  timeout 200 python3 tools/probes/wave_tiles.py "$logs/h200-wave-tiles.json" 2>&1 | tail -8 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --output "$logs/h200-quantized-int4-float16-prefill.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s26 ]; then
   # the fused int4 prefill with each group's word, scale and bias loaded once: timed beside
   # dequantize+gemm and MLX (validated against MLX first), then one ragged GPU test
@@ -331,7 +338,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
