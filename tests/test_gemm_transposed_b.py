@@ -210,10 +210,9 @@ def test_transposed_layouts_are_their_own_candidates(monkeypatch):
     # on sm_90 the two warpgroup tiles lead both halves
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
     hopper = ops.metile_configs(mx.float16, "a@b.T")
-    wgmma = [ops._wgmma_block(), ops._wgmma_block(ops.CUDA_WGMMA_MID_BLOCK),
-             ops._wgmma_block(ops.CUDA_WGMMA_SMALL_BLOCK)]
-    assert hopper[:3] == [{**c, "TRANSPOSE_B": True} for c in wgmma]
-    assert hopper[5:8] == wgmma and hopper[3:5] + hopper[8:] == cuda
+    wgmma = [ops._wgmma_block(), ops._wgmma_block(ops.CUDA_WGMMA_SMALL_BLOCK)]
+    assert hopper[:2] == [{**c, "TRANSPOSE_B": True} for c in wgmma]
+    assert hopper[4:6] == wgmma and hopper[2:4] + hopper[6:] == cuda
     keys = {ops._signature("matmul", mx.float16, 64, 128, 64, layout, None, False)[0]
             for layout in ("a@b", "a@b.T")}
     assert len(keys) == 2
@@ -239,14 +238,12 @@ def test_cuda_strided_b_falls_back_from_async_copies(dtype):
 
 
 def test_default_tiles_on_sm_90(monkeypatch):
-    # the measured tiles (ops.py): 128x256x64 where its grid fills the H200's SMs (or
-    # 128x192x64 where whole waves of it take less work), 128x128x64 below that for full 128-row tiles, split-K small tiles for few rows
+    # the measured tiles (ops.py): 128x256x64 where its grid fills the H200's SMs,
+    # 128x128x64 below that for full 128-row tiles, split-K small tiles for few rows
     monkeypatch.setattr(ops, "_on_cuda", lambda: True)
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
     assert ops._block(4096, 4096, mx.float16, k=4096) == ops.CUDA_WGMMA_BLOCK
-    assert ops._block(8192, 11008, mx.bfloat16, k=4096) == ops.CUDA_WGMMA_BLOCK
-    # 172 tiles of 128x256 (two waves, the second a third full) against 232 of 128x192
-    assert ops._block(512, 11008, mx.bfloat16, k=4096) == ops.CUDA_WGMMA_MID_BLOCK
+    assert ops._block(512, 11008, mx.bfloat16, k=4096) == ops.CUDA_WGMMA_BLOCK
     for m, n in ((1024, 1024), (2048, 2048), (300, 170)):
         assert ops._block(m, n, mx.float16, k=1024) == ops.CUDA_WGMMA_SMALL_BLOCK
     decode = ops._block(16, 4096, mx.float16, k=4096)

@@ -84,10 +84,9 @@ CUDA_WGMMA_BLOCK = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_simdgroups=8)
 # with metile's own CUDA launch it ran 1.44-1.53x mx.compile at 1024^3 and 1.14-1.24x at
 # 2048^3, float16 and bfloat16 (h200-gemm-*-own-launch-128x128x64-2026-12-01.json).
 CUDA_WGMMA_SMALL_BLOCK = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8)
-# ...and 128x192x64 where whole waves of it finish sooner than of 128x256: 512x4096x11008
-# (an MLP's up projection at prefill) is 172 tiles of 128x256 on 132 SMs, two waves with
-# the second a third full, against 232 tiles of 128x192 (two waves of 3/4 the work).
-CUDA_WGMMA_MID_BLOCK = dict(BLOCK_M=128, BLOCK_N=192, BLOCK_K=64, num_simdgroups=8)
+# (128x192x64, chosen where its whole waves over the SMs took less work than 128x256's,
+# was no faster on the H200: 512x4096x11008 93.0 us against 91.6, 2048x4096x11008 323.7
+# against 324.7, 512x4096x12288 99.8 against 94.9; h200-wave-tiles-s27-2026-12-02.json)
 CUDA_SMS = 132
 # Strict float32 on NVIDIA: 8x8 (64x64: 8x4) scalar-FMA micro-tiles per thread, operands
 # through the cp.async ring and read 16 bytes at a time (passes/lower_matmul.py).  At
@@ -276,9 +275,10 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
         # strict float32: scalar FMA micro-tiles from the cp.async ring (8x8 per thread)
         block = CUDA_F32_BLOCK if math.ceil(m / 128) * math.ceil(n / 64) * batch >= CUDA_SMS \
             else CUDA_F32_SMALL_BLOCK
-    elif _warpgroup_gemm() and (m >= 128 or math.ceil(m / 128) * math.ceil(n / 256) * batch
-                                >= CUDA_SMS):
-        block = _wgmma_block(_warpgroup_tile(m, n, batch))
+    elif _warpgroup_gemm() and math.ceil(m / 128) * math.ceil(n / 256) * batch >= CUDA_SMS:
+        block = _wgmma_block()
+    elif _warpgroup_gemm() and m >= 128:
+        block = _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)
     elif math.ceil(m / 128) * math.ceil(n / 128) * batch < CUDA_SMS:
         block = CUDA_SMALL_BLOCK
         splits = split_k_count(m, n, k, block) if batch == 1 and k else 1
@@ -287,27 +287,6 @@ def _block(m: int, n: int, dtype, transpose_b: bool = False, batch: int = 1,
     else:
         block = CUDA_BLOCK
     return _transposed(block) if transpose_b else block
-
-
-_WARPGROUP_TILES = (CUDA_WGMMA_BLOCK, CUDA_WGMMA_MID_BLOCK, CUDA_WGMMA_SMALL_BLOCK)
-# A tile's work per column relative to 128x256's (shorter tiles reread the left operand
-# more per product): wave estimates only, the router measures
-_WAVE_COST = ((CUDA_WGMMA_BLOCK, 1.0), (CUDA_WGMMA_MID_BLOCK, 1.03),
-              (CUDA_WGMMA_SMALL_BLOCK, 1.1))
-
-
-def _warpgroup_tile(m: int, n: int, batch: int = 1) -> dict:
-    """The warpgroup tile whose whole waves over the SMs take least work: per tile
-    BLOCK_N columns at its _WAVE_COST, times the waves its grid needs (the last wave
-    costs as much as a full one).  The first listed of equal estimates wins; 128x256 only
-    where its grid fills the SMs (below that 128x128 was measured faster)."""
-    def tiles(block):
-        return math.ceil(m / 128) * math.ceil(n / block["BLOCK_N"]) * batch
-
-    estimates = [(math.ceil(tiles(block) / CUDA_SMS) * block["BLOCK_N"] * cost, i, block)
-                 for i, (block, cost) in enumerate(_WAVE_COST)
-                 if block is not CUDA_WGMMA_BLOCK or tiles(block) >= CUDA_SMS]
-    return min(estimates)[2]
 
 
 def _transposed(block: dict) -> dict:
@@ -574,7 +553,7 @@ def metile_configs(dtype, layout: str = "a@b", shape=None) -> list[dict]:
     elif dtype == mx.float32:
         base = [CUDA_F32_BLOCK, CUDA_F32_SMALL_BLOCK]
     else:
-        base = ([_wgmma_block(b) for b in _WARPGROUP_TILES]
+        base = ([_wgmma_block(), _wgmma_block(CUDA_WGMMA_SMALL_BLOCK)]
                 if _warpgroup_gemm() else []) + [CUDA_BLOCK, CUDA_SMALL_BLOCK]
     if shape is not None:
         # (rows bucket, N, K) of an unbatched call: split-K variants of the tiles whose
@@ -651,22 +630,22 @@ def gated_configs(dtype) -> list[dict]:
 
 def _is_warpgroup_tile(block: dict) -> bool:
     core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
-    return core in _WARPGROUP_TILES or core in [_wgmma_block(b) for b in _WARPGROUP_TILES]
+    return core in (CUDA_WGMMA_BLOCK, CUDA_WGMMA_SMALL_BLOCK, _wgmma_block(),
+                    _wgmma_block(CUDA_WGMMA_SMALL_BLOCK))
 
 
 def _dual_block(block: dict) -> dict:
     """The tile a dual GEMM (gated_mlp with backend="metile") takes for `block`, without
-    SPLIT_K: a warpgroup tile 128 columns wide in place of a wider one (each product
+    SPLIT_K: a warpgroup tile 128 columns wide in place of the 256-wide one (each product
     keeps a 64x128 accumulator tile per warpgroup in registers: together one m64n256
     product's 128 floats per thread; passes/gemm_wgmma.py)."""
     block = _kernel_block(block)
     core = {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
     layout = {k: v for k, v in block.items() if k == "TRANSPOSE_B"}
-    for wide in (CUDA_WGMMA_BLOCK, CUDA_WGMMA_MID_BLOCK):
-        if core == wide:
-            return {**CUDA_WGMMA_SMALL_BLOCK, **layout}
-        if core == _wgmma_block(wide):
-            return {**_wgmma_block(CUDA_WGMMA_SMALL_BLOCK), **layout}
+    if core == CUDA_WGMMA_BLOCK:
+        return {**CUDA_WGMMA_SMALL_BLOCK, **layout}
+    if core == _wgmma_block():
+        return {**_wgmma_block(CUDA_WGMMA_SMALL_BLOCK), **layout}
     return block
 
 

@@ -89,7 +89,8 @@ DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
 # 11008 int4, weights out of L2) it took 486.7 us against 121.6 for dequantize+gemm and
 # MLX's 346.2 (3241 us for the mma.sync GEMM before it): each element of a staged tile is
 # evaluated on its own, its packed word, scale and bias loaded again for each of the 8
-# elements a 16-byte group holds.
+# elements a 16-byte group holds.  With each group's word, scale and bias loaded once
+# (gemm_async._GroupInvariant) 301.1 us against 126.3 (s26): still not a candidate.
 WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
               "num_simdgroups": 8}
 # 4096 columns a program on 8 warps: two runs of 8 (16 bytes of float16) a thread.  The
