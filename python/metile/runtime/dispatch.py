@@ -240,7 +240,10 @@ class Launcher:
             remember(kernel, d._key, d)
             if d._guard is not None:
                 launches.last = d
-        return d()
+        try:
+            return d()
+        finally:
+            d._release()
 
     def explain(self, *args, **kwargs) -> str:
         """`prepare(*args, **kwargs).explain()`: the plan and execution report of this
@@ -336,6 +339,7 @@ class Dispatch:
         self.scalars = scalars
         self.autodiff = None
         self._guarded = None
+        self._released = False
         # the launcher's C++ binding call (CudaKernel.bind, MetalKernel.bind), once bound
         self._direct, self._bound = None, {}
         if kernel.differentiable and not self.empty:
@@ -363,6 +367,18 @@ class Dispatch:
         self._guard = None if self._key is None else _make_guard(
             self.grid_arg, args, kwargs, self._key, self._input_plan, self._out_positions)
         kernel.last_dispatch = self
+
+    def _release(self) -> None:
+        """Let go of the arrays of the call this launch was resolved for, once it has run.
+        A launch kept for reuse (the kernel's launch cache, `last_dispatch`) takes each
+        later call's arrays; holding the first call's kept them alive as long as the kernel
+        (a model's activations, one set per launch signature).  The scalars' 0-d arrays and
+        the tensor-map templates stay: relaunches reuse them."""
+        if self.unlowered is not None or self._released:
+            return
+        self.inputs = [a if i in self._fixed_inputs else None for i, a in enumerate(self.inputs)]
+        self.call_kwargs["inputs"] = self.inputs
+        self.outputs, self.autodiff, self._released = None, None, True
 
     def _check_same(self, runtime: dict, consts: dict, threads) -> None:
         for name, value in runtime.items():
@@ -398,9 +414,12 @@ class Dispatch:
                                    self.kernel.loc)
         loaded, positions = self._loaded_buffers(outputs)
         call, kwargs = self.variant.callable(), self.call_kwargs
+        # this call's inputs, held by the graph's custom function for its vjp (the
+        # Dispatch lets go of its own after the launch: _release)
+        given = list(kwargs["inputs"])
 
         def launch(*arrays):
-            inputs = list(kwargs["inputs"])
+            inputs = list(given)
             for i, a in zip(positions, arrays):
                 inputs[i] = a
             return call(**{**kwargs, "inputs": inputs})[:len(outputs)]
@@ -416,9 +435,10 @@ class Dispatch:
         loaded, positions = self._loaded_buffers(outputs)
         call, kwargs, passed = self.variant.callable(), self.call_kwargs, list(self.outputs)
         tracked, k = self.tracked, len(outputs)
+        given = list(kwargs["inputs"])   # (as in _differentiable)
 
         def launch(*arrays):
-            inputs = list(kwargs["inputs"])
+            inputs = list(given)
             for i, a in zip(positions, arrays):
                 inputs[i] = a
             outs = list(call(**{**kwargs, "inputs": inputs}))
@@ -514,7 +534,10 @@ class Dispatch:
             # itself with this message, so it needs no mx.custom_function around each launch.
             owns = getattr(call, "owns_primitive", None)
             own = owns is not None and owns(**self.call_kwargs)
-            kwargs = {**self.call_kwargs, "no_vjp": message} if own else self.call_kwargs
+            # (without this call's arrays: the closure below outlives them, _release)
+            kwargs = {k: v for k, v in self.call_kwargs.items() if k != "inputs"}
+            if own:
+                kwargs["no_vjp"] = message
             bound = None   # not tried yet; False: the launcher cannot bind this launch
             found = self._bound   # (not self: the closure would make a reference cycle)
 
@@ -527,10 +550,10 @@ class Dispatch:
                 nonlocal bound
                 if bound:
                     return bound(inputs)
-                outs = call(**{**kwargs, "inputs": inputs})
+                outs = call(**kwargs, inputs=inputs)
                 if bound is None:
                     bind = getattr(call, "bind", None)
-                    bound = (bind(**kwargs) if bind is not None else None) or False
+                    bound = (bind(**kwargs, inputs=inputs) if bind is not None else None) or False
                     if own and bound:
                         found["direct"] = getattr(bound, "direct", None)
                 return outs
@@ -577,9 +600,17 @@ class Dispatch:
             if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
                 return self._relaunch(args)
             try:
-                return Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)()
+                d = Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)
             except CompilationError as e:
                 raise e.with_traceback(None) from None
+            try:
+                return d()
+            finally:
+                d._release()   # (it stays the kernel's last_dispatch)
+        if self._released:
+            raise LaunchError(f"kernel {self.kernel.fn.__name__!r}: this launch has run and let "
+                              "go of its arrays (kept launches do not keep them alive); call "
+                              "it with arrays, or prepare it again (kernel[grid].prepare(...))")
         if self.empty:
             outs = list(self.outputs)
         elif self.autodiff is not None:
