@@ -2,6 +2,7 @@
 //
 // Built with NB_DOMAIN mlx so nanobind shares MLX's type registry: functions
 // here take and return mx.array / mx.Stream / mx.Dtype directly.
+#include <algorithm>
 #include <functional>
 
 #include <nanobind/nanobind.h>
@@ -632,6 +633,15 @@ class Replay {
     for (std::size_t i = 0; i < reshapes_.size(); ++i) {
       auto& a = nb::cast<mx::array&>(arrays[i]);
       primals.push_back(reshapes_[i] ? mx::reshape(a, *reshapes_[i]) : a);
+    }
+    // A gradient reaches these outputs only through a primal a transform traces (mx.grad,
+    // vjp, jvp, vmap and compile mark their inputs, and what is computed from them, as
+    // tracers while they trace); with none the launch needs no custom vjp, about a
+    // microsecond less host time an eager call.
+    if (std::none_of(primals.begin(), primals.end(),
+                     [](const mx::array& a) { return a.is_tracer(); })) {
+      mx::array out = launch_->run(primals)[0];
+      return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
     }
     // (by value: MLX may keep the forward in its graph, beyond this replay's life)
     auto forward = [launch = launch_](const std::vector<mx::array>& xs) {

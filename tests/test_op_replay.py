@@ -76,6 +76,33 @@ def test_replayed_gradients_match_mlx(rng, routes):
             np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("wrap", ["grad", "grad of compile", "compile of grad"])
+def test_an_eager_replay_then_gradients_through_a_captured_weight(rng, routes, wrap):
+    # recorded and replayed eagerly (no tracer among its arrays: launched without a custom
+    # vjp), then differentiated where only x is traced and reaches the op through another
+    # op: the replay must take its vjp there
+    a, w = arrays(rng, mx.float32, (10, 16), (16, 6))
+    metile.ops.matmul(a, w, epilogue="silu", backend="metile")
+    eager = metile.ops.matmul(a * 2, w, epilogue="silu", backend="metile")
+    np.testing.assert_allclose(f64(eager), f64(metile.ops.matmul(a * 2, w, epilogue="silu",
+                                                                    backend="mlx")),
+                               rtol=2e-5, atol=2e-5)
+
+    def loss(backend):
+        return lambda x: (metile.ops.matmul(x * 2, w, epilogue="silu", backend=backend) ** 2).sum()
+
+    if wrap == "grad":
+        grad = mx.grad(loss("metile"))
+    elif wrap == "grad of compile":
+        grad = mx.grad(mx.compile(loss("metile")))
+    else:
+        grad = mx.compile(mx.grad(loss("metile")))
+    want = mx.grad(loss("mlx"))(a)
+    for _ in range(2):
+        np.testing.assert_allclose(np.array(grad(a)), np.array(want), rtol=1e-4, atol=1e-4)
+    assert len(routes) == 1
+
+
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
 def test_linear_with_bias_and_residual_replays_with_gradients(rng, routes, dtype):
     x, w, bias, res = arrays(rng, dtype, (3, 5, 24), (9, 24), (9,), (3, 5, 9))
