@@ -108,9 +108,12 @@ class CpuLaunch {
     mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
     if (s.device.type != mx::Device::cpu) return std::nullopt;
     if (contiguous_) {
-      // as MetalKernel's launch does: every input with a dimension, whatever its layout
+      // as MetalKernel's launch does, but not for an evaluated row-contiguous input, for
+      // which contiguous() would only add a node sharing its buffer (cuda_launch.cpp)
       for (auto& x : inputs) {
-        if (x.ndim() > 0) x = mx::contiguous(x, false, s);
+        if (x.ndim() > 0 && !(x.is_available() && x.flags().row_contiguous)) {
+          x = mx::contiguous(x, false, s);
+        }
       }
     }
     return launch(library_, spec_, inputs, shapes_, dtypes_, s);

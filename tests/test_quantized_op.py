@@ -176,11 +176,12 @@ def test_every_decode_candidate(rng, bits, group_size, dtype):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []
-    for config in quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS:
+    for config in (quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS
+                   + quantized_ops.MATVEC_WARPS):
         kinds.append(config["kernel"])
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
-    assert {"matvec_runs", "matvec_rows"} <= set(kinds)
+    assert {"matvec_runs", "matvec_rows", "matvec_warps"} <= set(kinds)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -395,7 +396,8 @@ def test_cuda_emission_compiles_with_nvrtc():
         launches = [kernels.dequantize[(1, 256 // per)].prepare(
             wq, s, b, mx.zeros((256, 4096), mx.float16), 256, 4096, BITS=bits, GROUP=group,
             BLOCK=4096, ROWS=per, num_warps=8, backend="cuda") for per in (1, 4)]
-        for config in quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS:
+        for config in (quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS
+                       + quantized_ops.MATVEC_WARPS):
             meta = {k: v for k, v in config.items() if k != "kernel"}
             kern = getattr(kernels, "quantized_" + config["kernel"])
             launches.append(kern[kernels.matvec_grid(1, 256, meta.get("ROWS", 1))].prepare(

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s28    -- replays/launch memory GPU tests, eager cost, int4 GEMV one output a warp (ncu)
 #   OUT=$OUT bash tools/device_next.sh s27    -- 128x192 warpgroup tiles: GPU tests, tiles timed, int4 prefill
 #   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill with group-invariant loads: benchmark, one ragged test
 #   OUT=$OUT bash tools/device_next.sh s25    -- GPU tests: replays, fragments, attention, fused int4 (ragged)
@@ -321,6 +322,22 @@ elif [ "$mode" = s25 ]; then
   gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
+elif [ "$mode" = s28 ]; then
+  # replays without a custom vjp outside transforms, kept launches without their arrays
+  # (C++ and dispatch), the eager cost after them; the int4 GEMV one output a warp
+  gpu_tests 150 test_launch_memory test_op_replay test_cuda_launch
+  (cd /tmp && timeout 100 python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_quantized_op.py" \
+     -k "every_decode_candidate" 2>&1 | tail -2 | tee -a "$log")
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -14 | tee -a "$log"
+  timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  timeout 90 python3 tools/probes/quantized_parts.py --decode-only --rounds 5 2>&1 | tail -3 | tee -a "$log"
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    --section LaunchStats -k "regex:matvec_runs|matvec_warps|qmv" --launch-count 4 \
+    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 1 > "$logs/ncu-gemv-sections.txt" 2>&1
+  grep -E "matvec|qmv|Duration|Throughput|Achieved Occupancy|Theoretical Occupancy|Block Limit|Issue|Registers" \
+    "$logs/ncu-gemv-sections.txt" | head -80 | tee -a "$log"
 elif [ "$mode" = s27 ]; then
   # warpgroup tiles by waves: the 128x192 tile's GPU tests, the tiles timed, int4 prefill cold
   gpu_tests 150 test_gemm_wgmma
@@ -338,7 +355,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -121,7 +121,10 @@ def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP
     packed = metile.load(w + row * words + word_at, mask=in_words, other=0)
     # k's low bits, not k % PER: equal for k >= 0, and a run's k is a multiple of PER
     # plus a constant, so the GPU compiler folds each element's shift to that constant
-    # (C's signed remainder it cannot fold: it computed the shift per element)
+    # (C's signed remainder it cannot fold: it computed the shift per element).  (q
+    # placed as the top mantissa bits of 1.0 instead of converted was tried for the GEMV:
+    # the scale and bias terms it needs, each element unpacking its run's packed pair,
+    # cost more than the conversion saved - 669 SASS instructions against 653)
     q = ((packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
     s = metile.load(scales + row * groups + group_at, mask=in_groups,
                     other=0.0).to(metile.float32)
@@ -230,6 +233,34 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     one = metile.arange(0, 1)
     n = n0 + lanes
     metile.store(out + (r + one)[:, None] * N + n[None, :], totals[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+
+
+@metile.kernel
+def quantized_matvec_warps(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                           GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 256,
+                           ROWS: metile.constexpr = 4):
+    """quantized_matvec_runs with ROWS outputs a program, one a warp (num_warps=ROWS and
+    BLOCK_K = 8 per lane x 32 lanes, so the (ROWS, BLOCK_K) tile lays a row on each warp
+    and its sum is the warp's shuffles).  A one-warp program is limited to 32 resident
+    programs an SM on the H200, so at most 32 warps keep loads in flight there; ROWS warps
+    a program lift that.  x is read through a pointer broadcast along the rows (each warp
+    its own 16-byte runs, from cache after the first), not a (BLOCK_K,) tile broadcast,
+    which would be exchanged through threadgroup memory."""
+    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
+    r = metile.program_id(1)
+    k = metile.arange(0, BLOCK_K)
+    live = n[:, None] < N
+    acc = metile.zeros((ROWS, BLOCK_K), dtype=metile.float32)
+    for start in range(0, K, BLOCK_K):
+        weights = weights_in_runs(w, scales, biases, n[:, None], start, k[None, :], K, live,
+                                  BITS, GROUP)
+        at = start + k[None, :] + 0 * n[:, None]
+        xk = metile.load(x + r * K + at, mask=at < K, other=0.0)
+        acc += weights * xk.to(metile.float32)
+    total = metile.sum(acc, axis=1)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))
 
 

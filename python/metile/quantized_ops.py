@@ -77,6 +77,11 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
+# One output a warp, ROWS warps a program (quantized_matvec_warps): past the 32 one-warp
+# programs an SM holds.  Not yet measured on the H200, so not a candidate.
+MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
+                {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
+                {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -195,6 +200,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec_runs, kernels.matvec_grid(m, n, 1)
     elif kind == "matvec_rows":
         kernel, grid = kernels.quantized_matvec_rows, kernels.matvec_grid(m, n, params["ROWS"])
+    elif kind == "matvec_warps":
+        kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":
         kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
     else:

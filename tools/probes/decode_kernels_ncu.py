@@ -30,10 +30,14 @@ ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
              {"path": "decode_rows", "BLOCK_N": 4, "num_warps": 1, "SPLITS": 64}]
 GEMV = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
-        {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1}]
+        {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
+        {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
+        {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
+        {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4},
+        {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 2, "num_warps": 2}]
 
 
-def run(repeat):
+def run(repeat, only=None):
     import mlx.core as mx
     from metile import attention_ops, quantized_ops
     keys = mx.random.split(mx.random.key(0), 3)
@@ -45,9 +49,11 @@ def run(repeat):
     wq, s, b = mx.quantize(w, group_size=64, bits=4)
     x = mx.random.normal((1, kk), key=mx.random.key(3)).astype(mx.float16)
     mx.eval(q, k, v, wq, s, b, x)
-    sides = [("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
-    sides += [(f"attention {c}", lambda c=c: attention_ops._launch(q, k, v, None, 128 ** -0.5, c))
-              for c in ATTENTION]
+    sides = [] if only == "gemv" else [
+        ("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
+    sides += [] if only == "gemv" else [
+        (f"attention {c}", lambda c=c: attention_ops._launch(q, k, v, None, 128 ** -0.5, c))
+        for c in ATTENTION]
     sides += [("mlx quantized_matmul", lambda: mx.quantized_matmul(x, wq, s, b))]
     sides += [(f"gemv {c}", lambda c=c: quantized_ops._metile(x, wq, s, b, n, kk, True, 64, 4, c))
               for c in GEMV]
@@ -86,5 +92,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--summarize")
+    parser.add_argument("--only", choices=["gemv"])
     args = parser.parse_args()
-    summarize(args.summarize) if args.summarize else run(args.repeat)
+    summarize(args.summarize) if args.summarize else run(args.repeat, args.only)

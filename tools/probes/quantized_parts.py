@@ -83,8 +83,8 @@ def decode(args, n, k, wq, s, b, out):
         cfg = {"kernel": "matvec_runs", "BLOCK_K": bk, "num_warps": warps}
         fns[f"runs {bk}/{warps}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
-    for cfg in quantized_ops.MATVEC_ROWS:
-        fns[f"rows {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
+    for cfg in quantized_ops.MATVEC_ROWS + quantized_ops.MATVEC_WARPS:
+        fns[f"{cfg['kernel']} {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     want = np.array(mx.quantized_matmul(xd, wq, s, b)).astype(np.float64)
     for name, fn in fns.items():
