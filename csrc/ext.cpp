@@ -579,6 +579,27 @@ Bound bound_launch(std::shared_ptr<nb::object> launch) {
   };
 }
 
+// The dtypes and shapes of an op call's arrays as one bytes object (an absent one, None: a
+// byte of its own), or None when an argument is neither: the array part of a replay key
+// (python/metile/op_replay.py), which Python built from .shape and .dtype at ~100 ns each
+// and hashed and compared through mx.Dtype's Python methods.
+nb::object array_signature(nb::args arrays) {
+  PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
+  std::string key;
+  for (nb::handle h : arrays) {
+    if (h.is_none()) {
+      key.push_back('\xff');
+      continue;
+    }
+    if (Py_TYPE(h.ptr()) != array_type) return nb::none();
+    auto* a = nb::inst_ptr<mx::array>(h);
+    key.push_back(static_cast<char>(a->dtype().val()));
+    key.push_back(static_cast<char>(a->ndim()));
+    for (auto d : a->shape()) key.append(reinterpret_cast<const char*>(&d), sizeof(d));
+  }
+  return nb::bytes(key.data(), key.size());
+}
+
 // One metile op call signature's kernel launch, replayed (python/metile/op_replay.py):
 // called with the op's arrays (its custom vjp's primals), it answers None when the
 // default device or a setting the call depended on has changed (the op's full path
@@ -673,6 +694,9 @@ class Replay {
 NB_MODULE(_ext, m) {
   m.doc() = "metile's C++ layer: MLX primitives and the MSL CPU runtime";
   m.attr("abi_version") = METILE_MSL_ABI_VERSION;
+  m.def("array_signature", &array_signature,
+        "The dtypes and shapes of arrays (None for an absent one) as bytes; None if an "
+        "argument is neither an array nor None.");
 
 #ifdef METILE_HAVE_MSL_CPU
   m.attr("has_msl_cpu") = true;

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import op_replay
+from . import _ext, op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _config_name,
@@ -495,14 +495,10 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
 def _replay_key(op: str, arrays: tuple, options: tuple):
     """The signature a repeated call replays under (op_replay.py): each array's (or None's)
     shape and dtype and the other arguments, or None where one is not plainly hashable."""
-    parts = [op]
-    for a in arrays:
-        if a is None:
-            parts.append(None)
-        elif type(a) is mx.array:
-            parts.append((a.shape, a.dtype))
-        else:
-            return None
+    signature = _ext.array_signature(*arrays)
+    if signature is None:
+        return None
+    parts = [op, signature]
     for o in options:
         if o is not None and type(o) not in (bool, int, float, str) and not (
                 type(o) is tuple and all(type(e) is int for e in o)):

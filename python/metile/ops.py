@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import lazy_graph, matmul_shapes, op_replay
+from . import _ext, lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _op_config_name,
@@ -828,10 +828,10 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
     a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
     key = None
-    if type(a) is mx.array and type(b) is mx.array and _plain_options(epilogue, negative_slope,
-                                                                        backend):
-        # (a repeated call: op_replay.py)
-        key = ("matmul", a.shape, b.shape, a.dtype, b.dtype, epilogue, negative_slope, backend)
+    arrays = _ext.array_signature(a, b)
+    if arrays is not None and a is not None and b is not None and \
+            _plain_options(epilogue, negative_slope, backend):   # (op_replay.py)
+        key = ("matmul", arrays, epilogue, negative_slope, backend)
         out = op_replay.replayed(key, (a, b))
         if out is not None:
             return out
@@ -917,13 +917,10 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
     key = None
-    arrays_given = all(a is None or type(a) is mx.array for a in (bias, residual))
-    if type(x) is mx.array and type(weight) is mx.array and arrays_given and \
+    arrays = _ext.array_signature(x, weight, bias, residual)
+    if arrays is not None and weight is not None and x is not None and \
             _plain_options(activation, negative_slope, backend):   # (op_replay.py)
-        key = ("linear", x.shape, weight.shape, x.dtype, weight.dtype,
-               None if bias is None else (bias.shape, bias.dtype),
-               None if residual is None else (residual.shape, residual.dtype),
-               activation, negative_slope, backend)
+        key = ("linear", arrays, activation, negative_slope, backend)
         out = op_replay.replayed(key, (x, weight) + tuple(a for a in (bias, residual)
                                                           if a is not None))
         if out is not None:
@@ -1037,10 +1034,10 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
     forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
     key = None
-    if all(type(a) is mx.array for a in (x, w_gate, w_up)) and \
+    arrays = _ext.array_signature(x, w_gate, w_up)
+    if arrays is not None and all(a is not None for a in (x, w_gate, w_up)) and \
             _plain_options(activation, LEAKY_SLOPE, backend):   # (op_replay.py)
-        key = ("gated_mlp", x.shape, x.dtype, w_gate.shape, w_gate.dtype, w_up.shape,
-               w_up.dtype, activation, backend)
+        key = ("gated_mlp", arrays, activation, backend)
         out = op_replay.replayed(key, (x, w_gate, w_up))
         if out is not None:
             return out

@@ -43,7 +43,7 @@ import math
 
 import mlx.core as mx
 
-from . import op_replay
+from . import _ext, op_replay
 from .runtime import routing
 from .op_routing import (
     config_name,
@@ -409,12 +409,11 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     group_size = 64 if group_size is None else group_size   # MLX's affine defaults
     bits = 4 if bits is None else bits
     key = None
-    if all(type(a) is mx.array for a in (x, w, scales, biases)) and \
+    arrays = _ext.array_signature(x, w, scales, biases)
+    if arrays is not None and all(a is not None for a in (x, w, scales, biases)) and \
             all(type(o) in (bool, int, str) for o in (transpose, group_size, bits, mode, backend)):
         # (a repeated call: op_replay.py)
-        key = ("quantized_matmul", x.shape, x.dtype, w.shape, w.dtype, scales.shape,
-               scales.dtype, biases.shape, biases.dtype, transpose, group_size, bits, mode,
-               backend)
+        key = ("quantized_matmul", arrays, transpose, group_size, bits, mode, backend)
         out = op_replay.replayed(key, (x, w, scales, biases))
         if out is not None:
             return out
