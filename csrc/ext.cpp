@@ -403,6 +403,34 @@ class EnvCheck {
   std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
 };
 
+using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vector<mx::array>&)>;
+
+// A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
+// device's stream at each call) as a C++ call; any other callable through Python.
+// `launch` called natively when it is an L (its default-device call), else nothing.
+template <typename L>
+std::optional<Bound> native_launch(const std::shared_ptr<nb::object>& launch) {
+  if (!nb::isinstance<L>(*launch)) return std::nullopt;
+  auto* l = nb::inst_ptr<L>(*launch);
+  return Bound([launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); });
+}
+
+Bound bound_launch(std::shared_ptr<nb::object> launch) {
+#ifdef METILE_HAVE_MSL_CPU
+  if (auto bound = native_launch<CpuLaunch>(launch)) return *bound;
+#endif
+#ifdef METILE_HAVE_MLX_CUDA
+  if (auto bound = native_launch<CudaLaunch>(launch)) return *bound;
+#endif
+  if (auto bound = native_launch<CudaSourceLaunch>(launch)) return *bound;
+  return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
+    nb::gil_scoped_acquire gil;
+    nb::object outs = (*launch)(in);
+    if (outs.is_none()) return std::nullopt;
+    return nb::cast<std::vector<mx::array>>(outs);
+  };
+}
+
 // The signature of the call a Dispatch was resolved for (runtime/dispatch.py): its grid,
 // each positional argument (an array's dtype and shape, a scalar's type and value), the
 // keyword options, the launch environment's raw values and the default device's type.
@@ -453,42 +481,49 @@ class LaunchGuard {
     }
   }
 
-  nb::object operator()(nb::handle grid, nb::handle args, nb::handle kwargs) const {
-    if (mx::default_device().type != device_ || !env_.same()) return nb::none();
-    if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr())) return nb::none();
+  // Whether a call matches the resolved signature (and its outputs alias nothing).
+  bool matches(nb::handle grid, nb::handle args, nb::handle kwargs) const {
+    if (mx::default_device().type != device_ || !env_.same()) return false;
+    if (!PyTuple_Check(args.ptr()) || !PyDict_Check(kwargs.ptr())) return false;
     PyObject* a = args.ptr();
-    if (PyTuple_GET_SIZE(a) != Py_ssize_t(args_.size())) return nb::none();
+    if (PyTuple_GET_SIZE(a) != Py_ssize_t(args_.size())) return false;
     for (std::size_t i = 0; i < args_.size(); ++i) {
       PyObject* x = PyTuple_GET_ITEM(a, i);
       const Arg& arg = args_[i];
-      if (Py_TYPE(x) != arg.type) return nb::none();
+      if (Py_TYPE(x) != arg.type) return false;
       if (arg.value.is_valid()) {
-        if (!same_value(x, arg.value.ptr())) return nb::none();
+        if (!same_value(x, arg.value.ptr())) return false;
       } else {
         auto* array = nb::inst_ptr<mx::array>(x);
-        if (array->dtype() != arg.dtype || array->shape() != arg.shape) return nb::none();
+        if (array->dtype() != arg.dtype || array->shape() != arg.shape) return false;
       }
     }
     PyObject* kw = kwargs.ptr();
-    if (PyDict_GET_SIZE(kw) != Py_ssize_t(options_.size())) return nb::none();
+    if (PyDict_GET_SIZE(kw) != Py_ssize_t(options_.size())) return false;
     for (auto& [key, value] : options_) {
       PyObject* now = PyDict_GetItemWithError(kw, key.ptr());
       if (now == nullptr) {
         PyErr_Clear();
-        return nb::none();
+        return false;
       }
-      if (!same_value(now, value.ptr())) return nb::none();
+      if (!same_value(now, value.ptr())) return false;
     }
-    if (grid.ptr() != grid_.ptr() && !same_grid(grid.ptr(), grid_.ptr())) return nb::none();
+    if (grid.ptr() != grid_.ptr() && !same_grid(grid.ptr(), grid_.ptr())) return false;
     for (std::size_t j = 0; j < outputs_.size(); ++j) {
       PyObject* out = PyTuple_GET_ITEM(a, outputs_[j]);
       for (int i : others_) {
-        if (PyTuple_GET_ITEM(a, i) == out) return nb::none();
+        if (PyTuple_GET_ITEM(a, i) == out) return false;
       }
       for (std::size_t k = 0; k < j; ++k) {
-        if (PyTuple_GET_ITEM(a, outputs_[k]) == out) return nb::none();
+        if (PyTuple_GET_ITEM(a, outputs_[k]) == out) return false;
       }
     }
+    return true;
+  }
+
+  nb::object operator()(nb::handle grid, nb::handle args, nb::handle kwargs) const {
+    if (!matches(grid, args, kwargs)) return nb::none();
+    PyObject* a = args.ptr();
     PyObject* inputs = PyList_New(Py_ssize_t(plan_.size()));
     if (inputs == nullptr) throw nb::python_error();
     for (std::size_t i = 0; i < plan_.size(); ++i) {
@@ -500,7 +535,48 @@ class LaunchGuard {
     return nb::steal(inputs);
   }
 
+  // The launch the Dispatch bound (its plain outputs: one array, or a tuple of `results`),
+  // which `launch` then runs itself: one C++ call for a repeated kernel[grid](...).
+  // Only a native launch (any other callable is the Dispatch's own to call): whether bound.
+  bool set_launch(nb::object launch, int results) {
+    auto held = std::make_shared<nb::object>(std::move(launch));
+    std::optional<Bound> bound;
+#ifdef METILE_HAVE_MSL_CPU
+    if (!bound) bound = native_launch<CpuLaunch>(held);
+#endif
+#ifdef METILE_HAVE_MLX_CUDA
+    if (!bound) bound = native_launch<CudaLaunch>(held);
+#endif
+    if (!bound) bound = native_launch<CudaSourceLaunch>(held);
+    if (!bound) return false;
+    bound_ = std::move(*bound);
+    results_ = results;
+    return true;
+  }
+
+  // The outputs of a call of the resolved signature launched through the bound launch;
+  // None when the call does not match, nothing is bound yet, or the launch declines (off
+  // its device): the caller's slower path decides.
+  nb::object launch(nb::handle grid, nb::handle args, nb::handle kwargs) const {
+    if (!bound_ || !matches(grid, args, kwargs)) return nb::none();
+    PyObject* a = args.ptr();
+    std::vector<mx::array> inputs;
+    inputs.reserve(plan_.size());
+    for (auto& [at, fixed] : plan_) {
+      inputs.push_back(nb::cast<mx::array>(at >= 0 ? nb::handle(PyTuple_GET_ITEM(a, at))
+                                                   : nb::handle(fixed)));
+    }
+    auto outs = bound_(inputs);
+    if (!outs) return nb::none();
+    if (results_ == 1) return nb::cast(outs->front());
+    nb::list kept;
+    for (int i = 0; i < results_; ++i) kept.append(nb::cast((*outs)[i]));
+    return nb::tuple(kept);
+  }
+
  private:
+  Bound bound_;
+  int results_ = 1;
   struct Arg {
     PyTypeObject* type = nullptr;
     nb::object value;  // a scalar's; unset for an array
@@ -550,34 +626,6 @@ class SettingsCheck {
   Py_ssize_t environ_size_;
   mx::Device::DeviceType device_;
 };
-
-using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vector<mx::array>&)>;
-
-// A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
-// device's stream at each call) as a C++ call; any other callable through Python.
-// `launch` called natively when it is an L (its default-device call), else nothing.
-template <typename L>
-std::optional<Bound> native_launch(const std::shared_ptr<nb::object>& launch) {
-  if (!nb::isinstance<L>(*launch)) return std::nullopt;
-  auto* l = nb::inst_ptr<L>(*launch);
-  return Bound([launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); });
-}
-
-Bound bound_launch(std::shared_ptr<nb::object> launch) {
-#ifdef METILE_HAVE_MSL_CPU
-  if (auto bound = native_launch<CpuLaunch>(launch)) return *bound;
-#endif
-#ifdef METILE_HAVE_MLX_CUDA
-  if (auto bound = native_launch<CudaLaunch>(launch)) return *bound;
-#endif
-  if (auto bound = native_launch<CudaSourceLaunch>(launch)) return *bound;
-  return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
-    nb::gil_scoped_acquire gil;
-    nb::object outs = (*launch)(in);
-    if (outs.is_none()) return std::nullopt;
-    return nb::cast<std::vector<mx::array>>(outs);
-  };
-}
 
 // The dtypes and shapes of an op call's arrays as one bytes object (an absent one, None: a
 // byte of its own), or None when an argument is neither: the array part of a replay key
@@ -836,7 +884,12 @@ NB_MODULE(_ext, m) {
            nb::arg("outputs"))
       .def("__call__", &LaunchGuard::operator(), nb::arg("grid").none(), nb::arg("args"),
            nb::arg("kwargs"),
-           "The kernel's inputs for a call of the resolved signature, else None.");
+           "The kernel's inputs for a call of the resolved signature, else None.")
+      .def("set_launch", &LaunchGuard::set_launch, nb::arg("launch"), nb::arg("results"),
+           "Bind the Dispatch's native launch (plain outputs) for `launch`; whether bound.")
+      .def("launch", &LaunchGuard::launch, nb::arg("grid").none(), nb::arg("args"),
+           nb::arg("kwargs"),
+           "The bound launch's outputs for a call of the resolved signature, else None.");
   nb::class_<SettingsCheck>(m, "SettingsCheck")
       .def(nb::init<nb::dict, nb::tuple, nb::tuple, Py_ssize_t, mx::Device::DeviceType>(),
            nb::arg("environ"), nb::arg("env_keys"), nb::arg("env_values"),

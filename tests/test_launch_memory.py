@@ -106,3 +106,22 @@ def test_ops_keep_no_arrays_of_their_calls(op):
     # the first call records the launch (and an op replay), the second replays it
     assert _left_after(call) < (1 << 16)
     assert _left_after(call) < (1 << 16)
+
+
+def test_a_repeated_launch_runs_from_its_guard():
+    # the kept launch's guard holds its bound launch: a call of the signature is one C++
+    # call (new arrays, correct numbers); any other call is the slower path's
+    x = mx.arange(64, dtype=mx.float32)
+    plus_one[(1,)](x, mx.zeros((64,)), 64, BLOCK=64)
+    plus_one[(1,)](x, mx.zeros((64,)), 64, BLOCK=64)
+    guard = plus_one._launches.last._guard
+    y = mx.arange(64, dtype=mx.float32) * 3
+    out = guard.launch((1,), (y, mx.zeros((64,)), 64), {"BLOCK": 64})
+    np.testing.assert_array_equal(np.array(out), np.arange(64) * 3 + 1)
+    assert guard.launch((1,), (y, mx.zeros((32,)), 64), {"BLOCK": 64}) is None   # shape
+    assert guard.launch((1,), (y, mx.zeros((64,)), 63), {"BLOCK": 64}) is None   # scalar
+    assert guard.launch((1,), (y, y, 64), {"BLOCK": 64}) is None                 # aliased
+    with pytest.raises(LaunchError, match="alias|same array|both"):
+        plus_one[(1,)](y, y, 64, BLOCK=64)
+    out = plus_one[(1,)](y, mx.zeros((64,)), 63, BLOCK=64)   # the slower path, masked
+    np.testing.assert_array_equal(np.array(out)[:63], np.arange(63) * 3 + 1)

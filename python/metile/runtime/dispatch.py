@@ -225,6 +225,9 @@ class Launcher:
         launches = kernel._launches
         last = launches.last
         if last is not None:
+            outs = last._guard.launch(self.grid, args, kwargs)
+            if outs is not None:
+                return outs
             inputs = last._guard(self.grid, args, kwargs)
             if inputs is not None:
                 return last._fast(inputs, args)
@@ -572,6 +575,9 @@ class Dispatch:
         outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
         if self._direct is None and self._bound:
             self._direct = self._bound.get("direct")
+            if self._direct is not None and self._plain and self._guard is not None:
+                # the guard then runs a repeated call of this signature by itself
+                self._guard.set_launch(self._direct, self.results)
         return outs
 
     def _finish(self, outs, passed):
