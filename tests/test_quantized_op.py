@@ -264,7 +264,8 @@ def test_prefill_candidates_include_dequantize_then_gemm(rng):
     wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 8)
     x = mx.array(rng.standard_normal((20, 128)).astype(np.float32)).astype(mx.float16)
     configs = quantized_ops.configs(32, mx.float16, True)
-    assert [c["kernel"] for c in configs] == ["gemm", "dequantize+gemm"]
+    assert [c["kernel"] for c in configs] == ["gemm", "dequantize+gemm", "dequantize+gemm"]
+    assert configs[2] == quantized_ops.DEQUANTIZE_MLX_GEMM
     for config in configs:
         y = quantized_ops._metile(x, wq, s, b, 40, 128, True, 64, 8, config)
         check(y, x, wq, s, b, True, 64, 8, mx.float16)

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s29    -- eager entry GPU tests and cost, fused int4 warp-specialized, decoder block
 #   OUT=$OUT bash tools/device_next.sh s28    -- replays/launch memory GPU tests, eager cost, int4 GEMV one output a warp (ncu)
 #   OUT=$OUT bash tools/device_next.sh s27    -- 128x192 warpgroup tiles: GPU tests, tiles timed, int4 prefill
 #   OUT=$OUT bash tools/device_next.sh s26    -- fused int4 prefill with group-invariant loads: benchmark, one ragged test
@@ -322,6 +323,20 @@ elif [ "$mode" = s25 ]; then
   gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
+elif [ "$mode" = s29 ]; then
+  # eager entry after the guard launch, array signatures and tracer-only custom vjps; the
+  # fused int4 prefill warp-specialized; the decoder block
+  gpu_tests 130 test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -14 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 \
+    --weights 4 --decode-off --also DEQUANTIZE_MLX_GEMM --rounds 5 \
+    --output "$logs/h200-quantized-int4-float16-dense-mlx.json" 2>&1 | tail -2 | tee -a "$log"
+  METILE_CUDA_WGMMA=ws timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 \
+    --group-size 64 --weights 4 --decode-off --also WGMMA_GEMM_WS --rounds 3 \
+    --output "$logs/h200-quantized-int4-float16-fused-ws.json" 2>&1 | tail -2 | tee -a "$log"
+  timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --variants auto --output "$logs/h200-decoder-block-float16.json" 2>&1 \
+    | tee "$logs/decoder-block.log" | tail -8 | tee -a "$log"
 elif [ "$mode" = s28 ]; then
   # replays without a custom vjp outside transforms, kept launches without their arrays
   # (C++ and dispatch), the eager cost after them; the int4 GEMV one output a warp
@@ -355,7 +370,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -88,6 +88,9 @@ GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
+# ...with MLX's own dense product (cuBLAS on CUDA) after metile's dequantize: on the H200
+# MLX's 512x4096x11008 float16 product took 84.6-89.9 us against ops.linear's 91.6 (s27)
+DEQUANTIZE_MLX_GEMM = {"kernel": "dequantize+gemm", "DENSE": "mlx"}
 # Hopper, 16-bit x, transpose=True: the fused GEMM on warpgroup MMA, its weight tile
 # dequantized by the threads into the K-major stage (gemm_async.computed_axis) while the
 # tensor cores multiply the previous tiles.  Not a candidate: on the H200 (s24, 512x4096x
@@ -98,6 +101,9 @@ DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
 # (gemm_async._GroupInvariant) 301.1 us against 126.3 (s26): still not a candidate.
 WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
               "num_simdgroups": 8}
+# ...its warp-specialized form (METILE_CUDA_WGMMA=ws): a producer warpgroup evaluates the
+# weight tiles while the two others multiply (the form above has every warp do both)
+WGMMA_GEMM_WS = {**WGMMA_GEMM, "num_simdgroups": 12}
 # 4096 columns a program on 8 warps: two runs of 8 (16 bytes of float16) a thread.  The
 # thread count must be named: traced from the arange it would be one element a thread,
 # no runs (387 us for a 4096x11008 int4 weight on the H200 against 98.8 for
@@ -193,7 +199,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
     meta = dict(BITS=bits, GROUP=group_size, **params)
     kind = config["kernel"]
     if kind == "dequantize+gemm":
-        return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits)
+        return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
+                                params.get("DENSE", "metile"))
     if kind == "matvec":
         kernel, grid = kernels.quantized_matvec, kernels.matvec_grid(m, n, params["BLOCK_N"])
     elif kind == "matvec_runs":
@@ -225,7 +232,8 @@ def _use_dense_products(linear, matmul) -> None:
     _DENSE["linear"], _DENSE["matmul"] = linear, matmul
 
 
-def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
+def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
+                     dense_backend="metile"):
     from metile_kernels import quantized as kernels
 
     rows, columns = (n, k) if transpose else (k, n)
@@ -235,8 +243,8 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits):
     # the dense product as metile.ops.matmul runs it (its tile for this shape: warpgroup
     # MMA on Hopper); transposed, the (N, K) dense weight is read as stored, no copy
     if transpose:
-        return _DENSE["linear"](x2, dense, backend="metile")
-    return _DENSE["matmul"](x2, dense, backend="metile")
+        return _DENSE["linear"](x2, dense, backend=dense_backend)
+    return _DENSE["matmul"](x2, dense, backend=dense_backend)
 
 
 @functools.lru_cache(maxsize=256)
@@ -316,7 +324,7 @@ def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
     if rows_bucket <= DECODE_ROWS:
         return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], gemm] if transpose else \
             [MATVEC_N, gemm]
-    return [gemm, DEQUANTIZE_GEMM]
+    return [gemm, DEQUANTIZE_GEMM, DEQUANTIZE_MLX_GEMM]
 
 
 @functools.lru_cache(maxsize=1)
