@@ -246,7 +246,9 @@ def quantized_matvec_warps(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     programs an SM on the H200, so at most 32 warps keep loads in flight there; ROWS warps
     a program lift that.  x is read through a pointer broadcast along the rows (each warp
     its own 16-byte runs, from cache after the first), not a (BLOCK_K,) tile broadcast,
-    which would be exchanged through threadgroup memory."""
+    which would be exchanged through threadgroup memory.  On the H200 (int4 group 64,
+    1x4096x11008 float16, ncu) 29.1-33.5 us against 22.5 for quantized_matvec_runs,
+    whose profile says why the occupancy was not its limit: SM throughput 65%, DRAM 24%."""
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)

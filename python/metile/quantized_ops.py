@@ -78,7 +78,8 @@ MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps":
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
 # One output a warp, ROWS warps a program (quantized_matvec_warps): past the 32 one-warp
-# programs an SM holds.  Not yet measured on the H200, so not a candidate.
+# programs an SM holds.  Not a candidate: slower on the H200 (s28, 1x4096x11008 int4,
+# ncu kernel time 29.1-33.5 us against 22.5 for MATVEC_RUNS[0] and MLX's 30.4).
 MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
                 {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
@@ -89,7 +90,9 @@ CUDA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32,
              "num_simdgroups": 8}
 DEQUANTIZE_GEMM = {"kernel": "dequantize+gemm"}
 # ...with MLX's own dense product (cuBLAS on CUDA) after metile's dequantize: on the H200
-# MLX's 512x4096x11008 float16 product took 84.6-89.9 us against ops.linear's 91.6 (s27)
+# (512x4096x11008 int4, weights from DRAM) 128.3-129.3 us against 152.1-167.0 with
+# metile's dense product and MLX's quantized_matmul 355-357 (s29; the metile form took
+# 126-129 on the hosts of s26/s27).  `auto` measures both.
 DEQUANTIZE_MLX_GEMM = {"kernel": "dequantize+gemm", "DENSE": "mlx"}
 # Hopper, 16-bit x, transpose=True: the fused GEMM on warpgroup MMA, its weight tile
 # dequantized by the threads into the K-major stage (gemm_async.computed_axis) while the
@@ -102,7 +105,8 @@ DEQUANTIZE_MLX_GEMM = {"kernel": "dequantize+gemm", "DENSE": "mlx"}
 WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
               "num_simdgroups": 8}
 # ...its warp-specialized form (METILE_CUDA_WGMMA=ws): a producer warpgroup evaluates the
-# weight tiles while the two others multiply (the form above has every warp do both)
+# weight tiles while the two others multiply (the form above has every warp do both);
+# slower still: 502.3 us (s29)
 WGMMA_GEMM_WS = {**WGMMA_GEMM, "num_simdgroups": 12}
 # 4096 columns a program on 8 warps: two runs of 8 (16 bytes of float16) a thread.  The
 # thread count must be named: traced from the arange it would be one element a thread,
@@ -240,8 +244,9 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
     dense = kernels.dequantize[(math.ceil(columns / DEQUANTIZE_BLOCK), rows)](
         w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
         GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK, num_warps=DEQUANTIZE_WARPS)
-    # the dense product as metile.ops.matmul runs it (its tile for this shape: warpgroup
-    # MMA on Hopper); transposed, the (N, K) dense weight is read as stored, no copy
+    # the dense product as metile.ops.matmul runs it with `dense_backend` (metile: its tile
+    # for this shape, warpgroup MMA on Hopper; mlx: MLX's own product); transposed, the
+    # (N, K) dense weight is read as stored, no copy
     if transpose:
         return _DENSE["linear"](x2, dense, backend=dense_backend)
     return _DENSE["matmul"](x2, dense, backend=dense_backend)
