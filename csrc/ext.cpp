@@ -415,14 +415,19 @@ std::optional<Bound> native_launch(const std::shared_ptr<nb::object>& launch) {
   return Bound([launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); });
 }
 
-Bound bound_launch(std::shared_ptr<nb::object> launch) {
+// `launch` called natively when it is one of the launchers' bound launches, else nothing.
+std::optional<Bound> native_bound(const std::shared_ptr<nb::object>& launch) {
 #ifdef METILE_HAVE_MSL_CPU
-  if (auto bound = native_launch<CpuLaunch>(launch)) return *bound;
+  if (auto bound = native_launch<CpuLaunch>(launch)) return bound;
 #endif
 #ifdef METILE_HAVE_MLX_CUDA
-  if (auto bound = native_launch<CudaLaunch>(launch)) return *bound;
+  if (auto bound = native_launch<CudaLaunch>(launch)) return bound;
 #endif
-  if (auto bound = native_launch<CudaSourceLaunch>(launch)) return *bound;
+  return native_launch<CudaSourceLaunch>(launch);
+}
+
+Bound bound_launch(std::shared_ptr<nb::object> launch) {
+  if (auto bound = native_bound(launch)) return *bound;
   return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
     nb::gil_scoped_acquire gil;
     nb::object outs = (*launch)(in);
@@ -539,15 +544,7 @@ class LaunchGuard {
   // which `launch` then runs itself: one C++ call for a repeated kernel[grid](...).
   // Only a native launch (any other callable is the Dispatch's own to call): whether bound.
   bool set_launch(nb::object launch, int results) {
-    auto held = std::make_shared<nb::object>(std::move(launch));
-    std::optional<Bound> bound;
-#ifdef METILE_HAVE_MSL_CPU
-    if (!bound) bound = native_launch<CpuLaunch>(held);
-#endif
-#ifdef METILE_HAVE_MLX_CUDA
-    if (!bound) bound = native_launch<CudaLaunch>(held);
-#endif
-    if (!bound) bound = native_launch<CudaSourceLaunch>(held);
+    auto bound = native_bound(std::make_shared<nb::object>(std::move(launch)));
     if (!bound) return false;
     bound_ = std::move(*bound);
     results_ = results;
