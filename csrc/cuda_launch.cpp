@@ -114,6 +114,11 @@ class CudaLaunch : public mx::Primitive {
     return mx::Primitive::vjp(primals, cotangents, argnums, outputs);
   }
 
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
+      const std::vector<mx::array>&, const std::vector<int>&) override {
+    throw metile::NoVjp(metile::no_vmap(fn_->name()));
+  }
+
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[metile] a CUDA kernel runs on the GPU stream only");
   }

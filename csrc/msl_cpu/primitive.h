@@ -10,6 +10,7 @@
 
 #include "mlx/array.h"
 #include "mlx/primitives.h"
+#include "no_vjp.h"
 #include "scheduler.h"
 
 namespace metile::msl_cpu {
@@ -52,6 +53,10 @@ class MslCpuKernel : public mx::Primitive {
                              const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>& outputs) override;
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
+      const std::vector<mx::array>&, const std::vector<int>&) override {
+    throw metile::NoVjp(metile::no_vmap(spec_.name));
+  }
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
