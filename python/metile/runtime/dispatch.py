@@ -599,6 +599,9 @@ class Dispatch:
         self._refuse_unlowered()
         if args or kwargs:
             if self._guard is not None:
+                outs = self._guard.launch(self.grid_arg, args, kwargs)
+                if outs is not None:
+                    return outs
                 inputs = self._guard(self.grid_arg, args, kwargs)
                 if inputs is not None:
                     return self._fast(inputs, args)
