@@ -17,21 +17,12 @@ sys.path.insert(0, ".")
 import mlx.core as mx   # noqa: E402
 import numpy as np      # noqa: E402
 
-from benchmarks.quantized import seconds_per_call   # noqa: E402
 from metile import ops, quantized_ops                # noqa: E402
 
+sys.path.insert(0, "tools/probes")
+from quantized_parts import timed                    # noqa: E402  (its timing, its rounds)
+
 SHAPES = ((512, 4096, 11008), (4096, 4096, 4096), (2048, 4096, 11008), (512, 4096, 12288))
-
-
-def timed(fns, x, rounds, launches=40):
-    times = {k: [] for k in fns}
-    for fn in fns.values():
-        seconds_per_call(fn, x, 2)
-    order = list(fns)
-    for r in range(rounds):
-        for side in (order if r % 2 == 0 else order[::-1]):
-            times[side].append(seconds_per_call(fns[side], x, launches))
-    return {k: round(float(np.median(v)) * 1e6, 1) for k, v in times.items()}
 
 
 def main():
