@@ -195,7 +195,8 @@ def test_k_major_right_operand_compiles_for_sm90a(dtype):
 @needs_nvrtc
 @pytest.mark.parametrize("kernel", ["matmul", "linear"])
 def test_192_wide_tile_is_one_warpgroup_product_a_step(kernel):
-    # ops' 128x192x64 (waves over the SMs): m64n192k16 products, both operand layouts
+    # a 128x192x64 tile (one a user may name; ops tried it for whole waves over the SMs):
+    # m64n192k16 products, both operand layouts
     tile = {**WG, "BLOCK_N": 192}
     d = (prepare((1000, 1000, 1000), tile=tile) if kernel == "matmul"
          else linear_prepare((1000, 1000, 1000), "float16", tile=tile))
@@ -450,7 +451,7 @@ def test_offset_view_operands_on_the_gpu(rng, variant, monkeypatch):
                                                       ("tma", "relu", 192)])
 def test_linear_weight_layout_on_the_gpu(rng, dtype, variant, epilogue, width, monkeypatch):
     # bias (+ relu) epilogue, weight read as stored (N, K), ragged sizes; under tma one
-    # K-major box per stage (192 rows: ops' tile for grids whose 256-wide waves run part full)
+    # K-major box per stage (also 192 rows: a box that is not a power of two)
     monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
     m, n, k = 300, 520, 200
     d = getattr(mx, dtype)
