@@ -101,10 +101,11 @@ CUfunction CudaFunction::function(int device) {
 class CudaLaunch : public mx::Primitive {
  public:
   CudaLaunch(mx::Stream stream, std::shared_ptr<CudaFunction> fn, Dims blocks, Dims threads,
-             std::vector<Scalar> scalars, bool ensure_row_contiguous, std::string no_vjp)
+             std::vector<Scalar> scalars, bool ensure_row_contiguous, std::string no_vjp,
+             std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes)
       : mx::Primitive(stream), fn_(std::move(fn)), blocks_(blocks), threads_(threads),
         scalars_(std::move(scalars)), ensure_row_contiguous_(ensure_row_contiguous),
-        no_vjp_(std::move(no_vjp)) {}
+        no_vjp_(std::move(no_vjp)), shapes_(std::move(shapes)), dtypes_(std::move(dtypes)) {}
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
@@ -115,8 +116,8 @@ class CudaLaunch : public mx::Primitive {
   }
 
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
-      const std::vector<mx::array>&, const std::vector<int>&) override {
-    throw metile::NoVjp(metile::no_vmap(fn_->name()));
+      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
+    return metile::refused_vmap(stream(), fn_->name(), inputs, axes, shapes_, dtypes_);
   }
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -169,6 +170,8 @@ class CudaLaunch : public mx::Primitive {
   std::vector<Scalar> scalars_;
   bool ensure_row_contiguous_;
   std::string no_vjp_;
+  std::vector<mx::Shape> shapes_;   // the outputs' (for vmap's stand-ins)
+  std::vector<mx::Dtype> dtypes_;
 };
 
 std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
@@ -200,7 +203,7 @@ std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::
   fn->function(stream.device.index);
   auto primitive = std::make_shared<CudaLaunch>(stream, std::move(fn), blocks, threads,
                                                 std::move(scalars), ensure_row_contiguous,
-                                                std::move(no_vjp));
+                                                std::move(no_vjp), output_shapes, output_dtypes);
   return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);
 }
 

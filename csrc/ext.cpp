@@ -675,8 +675,10 @@ class Replay {
  public:
   Replay(nb::object launch, std::vector<mx::array> inputs, std::vector<int> sources,
          std::vector<std::optional<std::vector<int>>> reshapes,
-         std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings)
-      : vjp_(kept(std::move(vjp))), settings_(settings) {
+         std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings,
+         nb::object vmap)
+      : vjp_(kept(std::move(vjp))), vmap_(vmap.is_none() ? nullptr : kept(std::move(vmap))),
+        settings_(settings) {
     if (sources.size() != inputs.size()) {
       throw std::invalid_argument("[metile] one source (a primal, or -1) per input");
     }
@@ -722,7 +724,33 @@ class Replay {
       nb::gil_scoped_acquire gil;
       return nb::cast<std::vector<mx::array>>((*vjp)(primals, cotangents, outputs));
     };
-    mx::array out = mx::custom_vjp(forward, backward)(primals)[0];
+    std::optional<VmapRule> batched;
+    if (vmap_) {
+      // the op's MLX composite under mx.vmap (op_replay.vmap_rule): one output and axis, or
+      // lists of them
+      batched = [vmap = vmap_](const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
+        nb::gil_scoped_acquire gil;
+        nb::list in_axes;
+        for (int a : axes) {
+          if (a < 0) {
+            in_axes.append(nb::none());
+          } else {
+            in_axes.append(nb::int_(a));
+          }
+        }
+        nb::tuple got = nb::cast<nb::tuple>((*vmap)(inputs, in_axes));
+        std::pair<std::vector<mx::array>, std::vector<int>> out;
+        if (nb::isinstance<mx::array>(got[0])) {
+          out.first.push_back(nb::cast<mx::array>(got[0]));
+          out.second.push_back(nb::cast<int>(got[1]));
+        } else {
+          out.first = nb::cast<std::vector<mx::array>>(got[0]);
+          out.second = nb::cast<std::vector<int>>(got[1]);
+        }
+        return out;
+      };
+    }
+    mx::array out = mx::custom_function(forward, backward, std::nullopt, batched)(primals)[0];
     return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
   }
 
@@ -730,7 +758,9 @@ class Replay {
   std::shared_ptr<const Launch> launch_;
   std::vector<std::optional<mx::Shape>> reshapes_;
   std::optional<mx::Shape> out_shape_;
-  std::shared_ptr<nb::object> vjp_;
+  using VmapRule = std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
+      const std::vector<mx::array>&, const std::vector<int>&)>;
+  std::shared_ptr<nb::object> vjp_, vmap_;
   SettingsCheck settings_;
 };
 
@@ -896,9 +926,10 @@ NB_MODULE(_ext, m) {
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
-                    nb::object, const SettingsCheck&>(),
+                    nb::object, const SettingsCheck&, nb::object>(),
            nb::arg("launch"), nb::arg("inputs"), nb::arg("sources"), nb::arg("reshapes"),
-           nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"))
+           nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"),
+           nb::arg("vmap").none() = nb::none())
       .def("__call__", &Replay::operator(),
            "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),

@@ -6,8 +6,14 @@
 #pragma once
 
 #include <cctype>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
 
 namespace metile {
 
@@ -33,6 +39,47 @@ inline std::string no_vmap(const std::string& symbol) {
   return "[metile] kernel '" + kernel + "' cannot be batched by mx.vmap (a metile launch "
          "has no vmap rule): launch it over the batched arrays with a grid that covers the "
          "batch, or, inside mx.vmap, call metile.ops with backend=\"mlx\"";
+}
+
+// What a metile launch gives mx.vmap: outputs of its batched shapes (batch first) whose
+// evaluation raises the refusal.  Inside an mx.custom_function with a vmap rule (the
+// metile ops' MLX composites) MLX still asks the kernel for a vmap, then uses the rule's
+// outputs, so these are never evaluated; a bare launch under mx.vmap fails by name there.
+class RefusedVmap : public mlx::core::Primitive {
+ public:
+  RefusedVmap(mlx::core::Stream stream, std::string message)
+      : mlx::core::Primitive(stream), message_(std::move(message)) {}
+  void eval_cpu(const std::vector<mlx::core::array>&, std::vector<mlx::core::array>&) override {
+    throw NoVjp(message_);
+  }
+  void eval_gpu(const std::vector<mlx::core::array>&, std::vector<mlx::core::array>&) override {
+    throw NoVjp(message_);
+  }
+  const char* name() const override { return "MetileRefusedVmap"; }
+
+ private:
+  std::string message_;
+};
+
+inline std::pair<std::vector<mlx::core::array>, std::vector<int>> refused_vmap(
+    mlx::core::Stream stream, const std::string& symbol, const std::vector<mlx::core::array>& inputs,
+    const std::vector<int>& axes, const std::vector<mlx::core::Shape>& shapes,
+    const std::vector<mlx::core::Dtype>& dtypes) {
+  int batch = 1;
+  for (std::size_t i = 0; i < inputs.size() && i < axes.size(); ++i) {
+    if (axes[i] >= 0) {
+      batch = inputs[i].shape(axes[i]);
+      break;
+    }
+  }
+  std::vector<mlx::core::Shape> batched;
+  for (auto shape : shapes) {
+    shape.insert(shape.begin(), batch);
+    batched.push_back(std::move(shape));
+  }
+  auto outs = mlx::core::array::make_arrays(
+      batched, dtypes, std::make_shared<RefusedVmap>(stream, no_vmap(symbol)), inputs);
+  return {outs, std::vector<int>(outs.size(), 0)};
 }
 
 }  // namespace metile

@@ -423,7 +423,8 @@ std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec
     throw std::invalid_argument("[metal_kernel] internal error: shape info count differs from inputs");
   }
   check_dispatch(spec.dispatch);
-  auto primitive = std::make_shared<MslCpuKernel>(stream, std::move(library), std::move(spec));
+  auto primitive = std::make_shared<MslCpuKernel>(stream, std::move(library), std::move(spec),
+                                                  output_shapes, output_dtypes);
   return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);
 }
 

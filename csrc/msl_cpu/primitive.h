@@ -43,8 +43,10 @@ struct LaunchSpec {
 
 class MslCpuKernel : public mx::Primitive {
  public:
-  MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library, LaunchSpec spec)
-      : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)) {}
+  MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library, LaunchSpec spec,
+               std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes)
+      : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)),
+        shapes_(std::move(shapes)), dtypes_(std::move(dtypes)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -54,14 +56,16 @@ class MslCpuKernel : public mx::Primitive {
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>& outputs) override;
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
-      const std::vector<mx::array>&, const std::vector<int>&) override {
-    throw metile::NoVjp(metile::no_vmap(spec_.name));
+      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
+    return metile::refused_vmap(stream(), spec_.name, inputs, axes, shapes_, dtypes_);
   }
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
   std::shared_ptr<KernelLibrary> library_;
   LaunchSpec spec_;
+  std::vector<mx::Shape> shapes_;   // the outputs' (for vmap's stand-ins)
+  std::vector<mx::Dtype> dtypes_;
 };
 
 std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,

@@ -279,7 +279,12 @@ def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
         return _launch_rms(arrays[0], arrays[1] if has_weight else None, eps, dict(cfg))
 
     f.vjp(_rms_vjp(eps, has_weight))
+    f.vmap(op_replay.vmap_rule(_rms_composite(eps, has_weight)))
     return f
+
+
+def _rms_composite(eps: float, has_weight: bool):
+    return lambda x2, *w: mx.fast.rms_norm(x2, w[0] if has_weight else None, eps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -304,7 +309,16 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
         return _launch_layer(arrays[0], w, b, eps, dict(cfg))
 
     f.vjp(_layer_vjp(eps, has_weight, has_bias))
+    f.vmap(op_replay.vmap_rule(_layer_composite(eps, has_weight, has_bias)))
     return f
+
+
+def _layer_composite(eps: float, has_weight: bool, has_bias: bool):
+    def composite(x2, *params):
+        rest = list(params)
+        w = rest.pop(0) if has_weight else None
+        return mx.fast.layer_norm(x2, w, rest.pop(0) if has_bias else None, eps)
+    return composite
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,6 +364,11 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
         return (total.astype(x.dtype), total.astype(res.dtype)) + \
             (() if w is None else (dw.astype(w.dtype),))
 
+    def composite(x, res, *w):
+        total = x + res
+        return total, mx.fast.rms_norm(total, w[0] if has_weight else None, eps)
+
+    f.vmap(op_replay.vmap_rule(composite))
     return f
 
 
@@ -360,7 +379,13 @@ def _softmax_fn(cfg: tuple):
         return _launch_softmax(x2, dict(cfg))
 
     f.vjp(_softmax_vjp)
+    f.vmap(op_replay.vmap_rule(_softmax_composite))
     return f
+
+
+def _softmax_composite(x2):
+    # (the kernel computes in float32 whatever `precise` says)
+    return mx.softmax(x2, axis=-1, precise=True)
 
 
 def _softmax_vjp(primals, cotangent, output):
@@ -507,14 +532,15 @@ def _replay_key(op: str, arrays: tuple, options: tuple):
     return tuple(parts)
 
 
-def _remember(key, launches, at, vjp, given, rows_shape):
+def _remember(key, launches, at, vjp, given, rows_shape, composite):
     """Record a row kernel's replay: the op's arrays `given` at kernel argument positions
-    `at`, x reshaped to the kernel's rows and the result back."""
+    `at`, x reshaped to the kernel's rows and the result back; `composite` MLX's
+    computation of the rows (the replay's vmap rule)."""
     if key is not None:
         op_replay.remember(key, launches, at, given, vjp,
                            [None if rows_shape == given[0].shape else rows_shape] +
                            [None] * (len(given) - 1),
-                           None if rows_shape == given[0].shape else given[0].shape)
+                           None if rows_shape == given[0].shape else given[0].shape, composite)
 
 
 def rms_norm(x, weight, eps, *, backend: str = "auto"):
@@ -541,7 +567,7 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     with op_replay.recording() as launches:
         out = _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w)
     _remember(key, launches, (0, 1)[:1 + len(w)], _rms_vjp(eps, weight is not None),
-              (x, *w), out.shape)
+              (x, *w), out.shape, _rms_composite(eps, weight is not None))
     return out.reshape(x.shape)
 
 
@@ -575,7 +601,8 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
         out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params)
     # (the kernel's arguments: x, weight, bias)
     _remember(key, launches, (0,) + ((1,) if has_w else ()) + ((2,) if has_b else ()),
-              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape)
+              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape,
+              _layer_composite(eps, has_w, has_b))
     return out.reshape(x.shape)
 
 
@@ -662,7 +689,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     with op_replay.recording() as launches:
         y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns))
     if moved is x:   # (the last axes: no transposes around the kernel)
-        _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape)
+        _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape, _softmax_composite)
     y = y.reshape(moved.shape)
     if moved is x:
         return y

@@ -100,12 +100,13 @@ def recording():
         _local.launches = None
 
 
-def remember(key, launches, at, given, vjp, reshapes, out_shape=None) -> None:
+def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=None) -> None:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
     (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
     `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
-    op's reshape of the result.  Nothing is recorded when the call does not fit a replay
+    op's reshape of the result, `composite` the op's MLX computation of the same primals
+    (its vmap rule: `vmap_rule`).  Nothing is recorded when the call does not fit a replay
     (module docstring), nor when an argument
     at `at` is not an array of its primal's shape and dtype (a launch on something the op
     computed from its arrays, such as a dequantized weight)."""
@@ -147,7 +148,7 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None) -> None:
     _keep(key, _ext.Replay(d._direct, kept, sources,
                            [None if r is None else list(r) for r in reshapes],
                            None if out_shape is None else list(out_shape), _backward(vjp),
-                           check), False)
+                           check, None if composite is None else vmap_rule(composite)), False)
 
 
 def remember_composite(key, run, decision) -> None:
@@ -181,6 +182,20 @@ def _settings_now():
     environ, encoded = source
     return _ext.SettingsCheck(environ, encoded, settings.raw_values(names), len(environ),
                               device_type())
+
+
+def vmap_rule(composite):
+    """An mx.custom_function vmap rule that computes an op's MLX `composite` (a function of
+    the custom function's arrays) under mx.vmap: a metile kernel has no batching rule of
+    its own, MLX's ops do.  Outputs batched along axis 0."""
+    def rule(inputs, axes):
+        if isinstance(inputs, mx.array):   # (a custom function of one array)
+            inputs, axes = (inputs,), (axes,)
+        out = mx.vmap(composite, in_axes=tuple(axes))(*inputs)
+        if isinstance(out, (tuple, list)):
+            return list(out), [0] * len(out)
+        return out, 0
+    return rule
 
 
 def _backward(vjp):

@@ -358,6 +358,9 @@ def _fused_matmul(activation, slope, block):
         return _launch(a2, b, activation, slope, block)
 
     f.vjp(_matmul_vjp(activation, slope, block))
+    transposed = bool(block.get("TRANSPOSE_B"))
+    f.vmap(op_replay.vmap_rule(
+        lambda a2, b: _matmul_mlx(a2, b.T if transposed else b, activation, slope)))
     return f
 
 
@@ -390,6 +393,8 @@ def _fused_bmm(activation, slope, block):
     @mx.custom_function
     def f(a3, b3):
         return _launch_batched(a3, b3, activation, slope, block)
+
+    f.vmap(op_replay.vmap_rule(lambda a3, b3: activate(a3 @ b3, activation, slope)))
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -478,7 +483,18 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
         return _launch_linear(x2, w, bias, residual, activation, slope, block)
 
     f.vjp(_linear_vjp(activation, slope, block, has_bias, has_residual))
+    f.vmap(op_replay.vmap_rule(_linear_rows(activation, slope, has_bias, has_residual,
+                                            bool(block.get("TRANSPOSE_B")))))
     return f
+
+
+def _linear_rows(activation, slope, has_bias, has_residual, transposed=True):
+    """MLX's computation of _fused_linear's arrays (its vmap rule, its replays')."""
+    def composite(*arrays):
+        x2, w, bias, residual = _linear_parts(arrays, has_bias, has_residual)
+        return _linear_mlx_residual(x2, w if transposed else w.T, bias, activation, slope,
+                                    residual)
+    return composite
 
 
 @_reused
@@ -853,7 +869,8 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
             op_replay.remember(key, launches, MATMUL_ARRAYS, (a, b),
                                _matmul_vjp(epilogue, negative_slope, route.block),
                                _reshapes((a, b), (a2, rhs)),
-                               None if out.shape == p.out_shape else p.out_shape)
+                               None if out.shape == p.out_shape else p.out_shape,
+                               lambda a2, b: _matmul_mlx(a2, b, epilogue, negative_slope))
     else:
         out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
     return out.reshape(p.out_shape)
@@ -941,6 +958,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
             # (a TRANSPOSE_B kernel reads the weight as stored; others read weight.T)
             given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
             primals = (x2, weight) + tuple(a for a in (bias, r2) if a is not None)
+            composite = _linear_rows(activation, negative_slope, bias is not None,
+                                     residual is not None)
             if bias is None and residual is None:
                 vjp, at = _matmul_vjp(activation, negative_slope, route.block), MATMUL_ARRAYS
             else:
@@ -951,7 +970,7 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                       if a is not None]
             shape = (*x.shape[:-1], weight.shape[0])
             op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),
-                               None if out.shape == shape else shape)
+                               None if out.shape == shape else shape, composite)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -990,6 +1009,7 @@ def _fused_gated(activation, block):
         return _launch_gated(x2, w_gate, w_up, activation, block)
 
     f.vjp(_gated_vjp(activation))
+    f.vmap(op_replay.vmap_rule(lambda x2, wg, wu: _gated_mlx(x2, wg, wu, activation)))
     return f
 
 
@@ -1058,7 +1078,8 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
             # (a TRANSPOSE_B kernel reads the weights as stored: x2, w_gate, w_up first)
             op_replay.remember(key, launches, (0, 1, 2), given, _gated_vjp(activation),
                                _reshapes(given, (x2, w_gate, w_up)),
-                               None if out.shape == shape else shape)
+                               None if out.shape == shape else shape,
+                               lambda x2, wg, wu: _gated_mlx(x2, wg, wu, activation))
     return out.reshape(shape)
 
 

@@ -262,7 +262,14 @@ def _differentiable(n, k, transpose, group_size, bits, config: tuple):
         return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, dict(config))
 
     f.vjp(_vjp(transpose, group_size, bits))
+    f.vmap(op_replay.vmap_rule(_composite(transpose, group_size, bits)))
     return f
+
+
+def _composite(transpose, group_size, bits):
+    """MLX's product of (x2, w, scales, biases) (the vmap rule of the kernel and replays)."""
+    return lambda x2, w, scales, biases: mx.quantized_matmul(
+        x2, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -459,7 +466,8 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
         op_replay.remember(key, launches, (0, 1, 2, 3), (x, w, scales, biases),
                            _vjp(transpose, group_size, bits),
                            [None if x2.shape == x.shape else x2.shape, None, None, None],
-                           None if x.ndim == 2 else (*lead, n))
+                           None if x.ndim == 2 else (*lead, n),
+                           _composite(transpose, group_size, bits))
     return out.reshape(*lead, n)
 
 
