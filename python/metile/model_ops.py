@@ -284,6 +284,7 @@ def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
 
 
 def _rms_composite(eps: float, has_weight: bool):
+    """mx.fast.rms_norm of (x[, weight]): the MLX route, the kernel's vmap rule, replays'."""
     return lambda x2, *w: mx.fast.rms_norm(x2, w[0] if has_weight else None, eps)
 
 
@@ -314,6 +315,7 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
 
 
 def _layer_composite(eps: float, has_weight: bool, has_bias: bool):
+    """mx.fast.layer_norm of (x[, weight][, bias]), as _rms_composite."""
     def composite(x2, *params):
         rest = list(params)
         w = rest.pop(0) if has_weight else None
@@ -555,19 +557,18 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     _check_vector("rms_norm", "weight", weight, x)
     eps = _check_eps("rms_norm", eps)
     rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
+    reference = _rms_composite(eps, weight is not None)
     route = _route("rms_norm", backend, (x, weight), rows, columns,
-                   (("weight", weight is not None),),
-                   lambda a, *v: mx.fast.rms_norm(a, v[0] if v else None, eps),
+                   (("weight", weight is not None),), reference,
                    lambda c: lambda a, *v: _rms_fn(eps, bool(v), _frozen(c))(a, *v),
                    [(rows, columns)] + [(columns,)] * len(w))
     if route.path == "mlx":
-        op_replay.remember_composite(
-            key, lambda x, *w: mx.fast.rms_norm(x, w[0] if w else None, eps), route.decision)
+        op_replay.remember_composite(key, reference, route.decision)
         return mx.fast.rms_norm(x, weight, eps)
     with op_replay.recording() as launches:
         out = _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w)
     _remember(key, launches, (0, 1)[:1 + len(w)], _rms_vjp(eps, weight is not None),
-              (x, *w), out.shape, _rms_composite(eps, weight is not None))
+              (x, *w), out.shape, reference)
     return out.reshape(x.shape)
 
 
@@ -585,11 +586,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     eps = _check_eps("layer_norm", eps)
     rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
     has_w, has_b = weight is not None, bias is not None
-
-    def reference(a, *v):
-        v = list(v)
-        return mx.fast.layer_norm(a, v.pop(0) if has_w else None, v.pop(0) if has_b else None, eps)
-
+    reference = _layer_composite(eps, has_w, has_b)
     route = _route("layer_norm", backend, (x, weight, bias), rows, columns,
                    (("weight", has_w), ("bias", has_b)), reference,
                    lambda c: lambda a, *v: _layer_fn(eps, has_w, has_b, _frozen(c))(a, *v),
@@ -601,8 +598,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
         out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params)
     # (the kernel's arguments: x, weight, bias)
     _remember(key, launches, (0,) + ((1,) if has_w else ()) + ((2,) if has_b else ()),
-              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape,
-              _layer_composite(eps, has_w, has_b))
+              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape, reference)
     return out.reshape(x.shape)
 
 

@@ -452,16 +452,15 @@ def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_onl
 
 
 def _linear_composite(shape, n, has_bias, has_residual, activation, slope):
-    """linear(x, weight[, bias][, residual]) on MLX's composite, as `linear` runs it."""
+    """linear(x, weight[, bias][, residual]) on MLX's composite, as `linear` runs it: the
+    rows' composite (_linear_rows) on x and the residual as rows."""
     rows = math.prod(shape[:-1])
+    on_rows = _linear_rows(activation, slope, has_bias, has_residual)
 
     def run(x, weight, *rest):
-        rest = list(rest)
-        bias = rest.pop(0) if has_bias else None
-        r2 = rest.pop(0).reshape(rows, n) if has_residual else None
-        out = _linear_mlx_residual(x.reshape(rows, shape[-1]), weight, bias, activation, slope,
-                                   r2)
-        return out.reshape(*shape[:-1], n)
+        if has_residual:
+            rest = (*rest[:-1], rest[-1].reshape(rows, n))
+        return on_rows(x.reshape(rows, shape[-1]), weight, *rest).reshape(*shape[:-1], n)
     return run
 
 
@@ -856,10 +855,10 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
         return _matmul_mlx(a, b, epilogue, negative_slope)
     arrays, layout = _matmul_operands(a, b, p, backend)
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
+    composite = functools.partial(_matmul_mlx, epilogue=epilogue, slope=negative_slope)
     if route.path == "mlx":
-        out = _matmul_mlx(a, b, epilogue, negative_slope)
-        op_replay.remember_composite(
-            key, lambda a, b: _matmul_mlx(a, b, epilogue, negative_slope), route.decision)
+        out = composite(a, b)
+        op_replay.remember_composite(key, composite, route.decision)
     elif p.flattened:
         a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
         with op_replay.recording() as launches:
@@ -869,8 +868,7 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
             op_replay.remember(key, launches, MATMUL_ARRAYS, (a, b),
                                _matmul_vjp(epilogue, negative_slope, route.block),
                                _reshapes((a, b), (a2, rhs)),
-                               None if out.shape == p.out_shape else p.out_shape,
-                               lambda a2, b: _matmul_mlx(a2, b, epilogue, negative_slope))
+                               None if out.shape == p.out_shape else p.out_shape, composite)
     else:
         out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
     return out.reshape(p.out_shape)
@@ -1009,7 +1007,7 @@ def _fused_gated(activation, block):
         return _launch_gated(x2, w_gate, w_up, activation, block)
 
     f.vjp(_gated_vjp(activation))
-    f.vmap(op_replay.vmap_rule(lambda x2, wg, wu: _gated_mlx(x2, wg, wu, activation)))
+    f.vmap(op_replay.vmap_rule(functools.partial(_gated_mlx, activation=activation)))
     return f
 
 
@@ -1079,7 +1077,7 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
             op_replay.remember(key, launches, (0, 1, 2), given, _gated_vjp(activation),
                                _reshapes(given, (x2, w_gate, w_up)),
                                None if out.shape == shape else shape,
-                               lambda x2, wg, wu: _gated_mlx(x2, wg, wu, activation))
+                               functools.partial(_gated_mlx, activation=activation))
     return out.reshape(shape)
 
 

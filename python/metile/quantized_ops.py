@@ -266,10 +266,11 @@ def _differentiable(n, k, transpose, group_size, bits, config: tuple):
     return f
 
 
-def _composite(transpose, group_size, bits):
-    """MLX's product of (x2, w, scales, biases) (the vmap rule of the kernel and replays)."""
-    return lambda x2, w, scales, biases: mx.quantized_matmul(
-        x2, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits)
+def _composite(transpose, group_size, bits, mode="affine"):
+    """MLX's product of (x, w, scales, biases): the MLX route's replay, the kernel's vmap
+    rule and its replays' (the kernels implement the affine mode only)."""
+    return lambda x, w, scales, biases: mx.quantized_matmul(
+        x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits, mode=mode)
 
 
 @functools.lru_cache(maxsize=None)
@@ -453,10 +454,8 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     x2 = x.reshape(rows, k).astype(out_dtype)
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
     if config is None:
-        op_replay.remember_composite(
-            key, lambda x, w, s, b: mx.quantized_matmul(
-                x, w, s, b, transpose=transpose, group_size=group_size, bits=bits, mode=mode),
-            decision)
+        op_replay.remember_composite(key, _composite(transpose, group_size, bits, mode),
+                                     decision)
         return mlx_op()
     with op_replay.recording() as launches:
         out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
