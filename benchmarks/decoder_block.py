@@ -14,7 +14,13 @@ Variants, all sharing the same weight arrays:
                nn.Linear, nn.RMSNorm, silu(gate(x)) * up(x), `+` residuals);
   auto         convert_all(model, "auto"): every op routed by measurement, measured
                once per signature (metile.ops.tuning) before compiling;
-  metile       convert_all(model, "metile"): every op forced onto its metile kernel.
+  metile       convert_all(model, "metile"): every op forced onto its metile kernel;
+  mlx-again    the unconverted model compiled a second time (a control: its speedup is
+               what this run's noise alone gives a variant that runs the same kernels,
+               the band a converted block routed to MLX falls in).
+
+--residual-add (a probe): the residual linears' MLX composite as `x @ w.T + r` instead
+of mx.addmm(r, x, w.T), for every variant of the run.
 
 "forward" is blocks(x); "forward+backward" is nn.value_and_grad of
 sum(blocks(x) * cotangent) over every parameter.  Each is mx.compile'd (the model
@@ -120,7 +126,8 @@ def run_case(cfg, tokens: int, variants, args) -> dict:
     for v in variants:
         m = db.Decoder(cfg)   # its random initialisation is lazy and replaced, never computed
         m.update(reference.parameters())        # the same arrays: no second copy
-        db.convert_all(m, v)
+        if v != "mlx-again":
+            db.convert_all(m, v)
         models[v] = m
     dtype = getattr(mx, cfg.dtype)
     keys = mx.random.split(mx.random.key(args.seed + tokens), 2)
@@ -178,7 +185,9 @@ def main():
     parser.add_argument("--tokens", nargs="*", type=int)
     parser.add_argument("--blocks", type=int, default=1)
     parser.add_argument("--variants", nargs="*", default=["auto", "metile"],
-                        choices=["auto", "metile"])
+                        choices=["auto", "metile", "mlx-again"])
+    parser.add_argument("--residual-add", action="store_true",
+                        help="probe: residual linears routed to MLX as matmul + add, not addmm")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-ms", type=float, default=60.0, help="wall time per sample")
@@ -190,6 +199,11 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run on CPU)")
     parser.add_argument("--output")
     args = parser.parse_args()
+    if args.residual_add:
+        from metile import ops
+        ops._linear_mlx_residual = lambda x2, w, bias, act, slope, residual=None: (
+            ops._linear_mlx(x2, w, bias, act, slope) if residual is None else
+            ops._linear_mlx(x2, w, bias, act, slope) + residual)
     sizes = QUICK if args.quick else FULL
     tokens = args.tokens or sizes["tokens"]
     cases = []
@@ -225,6 +239,7 @@ def main():
                           "dtypes": args.dtypes, "variants": args.variants,
                           "rounds": args.rounds, "seed": args.seed, "target_ms": args.target_ms,
                           "tune_budget_s": args.tune_budget_s, "quick": args.quick,
+                          "residual_add": args.residual_add,
                           "time_anyway": args.time_anyway},
         # tiny sizes on a CPU say nothing about the target (and auto keeps MLX's ops there)
         "targets": {"auto_never_slower": {"target": "speedup >= 1.0 in every case",

@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, "kernels")
 sys.path.insert(0, ".")
+sys.path.insert(0, "tools/probes")
 import mlx.core as mx   # noqa: E402
 import numpy as np      # noqa: E402
 
@@ -79,12 +80,10 @@ def decode(args, n, k, wq, s, b, out):
     fns = {"mlx": mx.compile(lambda x: mx.quantized_matmul(x, wq, s, b))}
     # (the 2026-12-01 sweep also tried a per-block running sum, SUM_EACH_BLOCK: no faster,
     # removed)
-    for bk, warps in ((256, 1), (512, 1)):
-        cfg = {"kernel": "matvec_runs", "BLOCK_K": bk, "num_warps": warps}
-        fns[f"runs {bk}/{warps}"] = mx.compile(
-            lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
-    for cfg in quantized_ops.MATVEC_ROWS + quantized_ops.MATVEC_WARPS:
-        fns[f"{cfg['kernel']} {cfg['ROWS']}x{cfg['BLOCK_K']}/{cfg['num_warps']}"] = mx.compile(
+    from decode_kernels_ncu import GEMV
+    for cfg in GEMV:
+        name = " ".join(f"{key}={v}" for key, v in cfg.items())
+        fns[name] = mx.compile(
             lambda x, cfg=cfg: quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, cfg))
     want = np.array(mx.quantized_matmul(xd, wq, s, b)).astype(np.float64)
     for name, fn in fns.items():
