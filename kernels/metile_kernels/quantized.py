@@ -225,7 +225,9 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     2-D tile (x read per row, row sums through threadgroup memory) took 39-43; the same
     tile with every read one K block ahead (held in registers across the block, the
     products summed once after the loop) 37-52 in s18 and 31.2 kernel time (ncu) against
-    28.7 for 4 rows here and 23.0 for quantized_matvec_runs: removed."""
+    28.7 for 4 rows here and 23.0 for quantized_matvec_runs: removed.  (Those timings
+    predate the clamped row below: with a mask term per row the generated code branched on
+    each row's liveness, so a row's loads waited for the previous row's sum.)"""
     n0 = metile.program_id(0) * ROWS
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
@@ -234,8 +236,10 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     for start in range(0, K, BLOCK_K):
         xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
         for i in metile.static_range(ROWS):
-            weights = weights_in_runs(w, scales, biases, n0 + i, start, k, K, n0 + i < N,
-                                      BITS, GROUP, MANTISSA)
+            # a row past N reads row N - 1 (its sum is not stored): no mask term that
+            # differs between rows, so the compiler keeps the rows' loads in one block
+            weights = weights_in_runs(w, scales, biases, metile.minimum(n0 + i, N - 1), start,
+                                      k, K, True, BITS, GROUP, MANTISSA)
             part = metile.sum(weights * xk.to(metile.float32))
             totals = metile.where(lanes == i, totals + part, totals)
     one = metile.arange(0, 1)
