@@ -14,6 +14,7 @@
 // used are repeated below, matched to MLX 0.32.4 (the version metile pins).
 #include "cuda_launch.h"
 #include "cubin_check.h"
+#include "input_layout.h"
 #include "no_vjp.h"
 
 #include <cuda.h>
@@ -193,11 +194,11 @@ std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::
     // MLX's custom kernels take the grid in threads (as precompiled_cuda_kernel does)
     blocks[i] = (grid[i] + threads[i] - 1) / threads[i];
   }
-  // Whether a lazy input will be row-contiguous is known only once it is evaluated:
+  // Whether most lazy inputs will be row-contiguous is known only once they are evaluated:
   // contiguous() is a no-op there when it is (it shares the buffer), a copy when not.
   if (ensure_row_contiguous) {
     for (auto& in : inputs) {
-      if (!(in.is_available() && in.flags().row_contiguous)) in = mx::contiguous(in, false, stream);
+      if (!metile::row_contiguous_when_evaluated(in)) in = mx::contiguous(in, false, stream);
     }
   }
   fn->function(stream.device.index);

@@ -15,6 +15,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "cubin_check.h"
+#include "input_layout.h"
 #include "no_vjp.h"
 #include "mlx/device.h"
 #include "mlx/fast.h"
@@ -111,7 +112,7 @@ class CpuLaunch {
       // as MetalKernel's launch does, but not for an evaluated row-contiguous input, for
       // which contiguous() would only add a node sharing its buffer (cuda_launch.cpp)
       for (auto& x : inputs) {
-        if (x.ndim() > 0 && !(x.is_available() && x.flags().row_contiguous)) {
+        if (x.ndim() > 0 && !metile::row_contiguous_when_evaluated(x)) {
           x = mx::contiguous(x, false, s);
         }
       }
