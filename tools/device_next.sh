@@ -328,7 +328,7 @@ elif [ "$mode" = s30 ]; then
   # the post-s29 changes on the GPU (vmap stand-ins, guard launches), the eager cost, the
   # GEMV sweep (mantissa conversion, the per-word factored form), the decoder block with
   # its A/A control and the residual-as-add probe
-  gpu_tests 200 test_ops_vmap test_launch_errors test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
+  gpu_tests 200 test_input_layout test_ops_vmap test_launch_errors test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -14 | tee -a "$log"
   timeout 90 python3 tools/probes/quantized_parts.py --decode-only --rounds 7 2>&1 | tail -3 | tee -a "$log"
   timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \

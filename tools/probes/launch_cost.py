@@ -9,6 +9,7 @@ launches per synchronization (the time per launch is then the host's, not the GP
   metile op      metile.ops.matmul of a 16x16x16 float16 product (the op layer's cost;
                  a repeated call replays its launch, metile/op_replay.py)
   mlx matmul     the same product through MLX
+  ... of lazy    both products of a lazy matmul's output (built each call)
   metile/mlx linear, rms_norm, softmax: metile.ops (backend="metile") against MLX's op or
                  composite on a 16x64 float16 row block (linear: a 64x64 weight and a bias)
 
@@ -56,6 +57,10 @@ def main():
         "metile": lambda: plus_one[(1,)](x, out),
         "metile op": lambda: metile.ops.matmul(a, a, backend="metile"),
         "mlx matmul": lambda: a @ a,
+        # the same product of a lazy matmul output (an eager model's launches take lazy
+        # arrays): both sides also build that MLX matmul
+        "metile op of lazy": lambda: metile.ops.matmul(a @ a, a, backend="metile"),
+        "mlx matmul of lazy": lambda: (a @ a) @ a,
         "metile linear": lambda: metile.ops.linear(rows, w, bias, backend="metile"),
         "mlx linear": lambda: mx.addmm(bias, rows, w.T),
         "metile rms_norm": lambda: metile.ops.rms_norm(rows, bias, 1e-5, backend="metile"),
@@ -67,6 +72,8 @@ def main():
         got = np.array(fn().astype(mx.float32))
         if key in ("metile op", "mlx matmul"):
             assert np.allclose(got, 16.0), key
+        elif key.endswith("of lazy"):
+            assert np.allclose(got, 256.0), key
         elif key.startswith(("metile ", "mlx ")) and key.split()[1] in PAIRS:
             want = np.array(ways["mlx " + key.split()[1]]().astype(mx.float32))
             assert np.allclose(got, want, rtol=1e-2, atol=1e-2), key
