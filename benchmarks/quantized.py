@@ -48,7 +48,10 @@ def sides(n, k, group_size, bits, rows, dtype, also=()):
         return x @ w.T
 
     fns = {}
-    extra = [getattr(quantized_ops, name) for name in also]
+    extra = []
+    for name in also:   # a configuration, or a list of them
+        value = getattr(quantized_ops, name)
+        extra += value if isinstance(value, list) else [value]
     for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True) + extra:
         def kernel(x, w, wq, scales, biases, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
@@ -126,12 +129,19 @@ def main():
     parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG",
                         help="prefill configurations to time beside the candidates "
                              "(quantized_ops names: WGMMA_GEMM)")
+    parser.add_argument("--also-decode", nargs="*", default=[], metavar="CONFIG",
+                        help="decode configurations (or lists of them) to time beside the "
+                             "candidates (quantized_ops names: MATVEC_EXPERIMENTS)")
     parser.add_argument("--decode-off", action="store_true", help="time prefill only")
+    parser.add_argument("--prefill-off", action="store_true", help="time decode only")
     parser.add_argument("--output")
     args = parser.parse_args()
-    for name in args.also:
-        if not isinstance(getattr(quantized_ops, name, None), dict):
-            parser.error(f"--also {name}: not a configuration in metile.quantized_ops")
+    for name in args.also + args.also_decode:
+        value = getattr(quantized_ops, name, None)
+        if not (isinstance(value, dict) or isinstance(value, list) and value
+                and all(isinstance(v, dict) for v in value)):
+            parser.error(f"--also {name}: not a configuration (or a list of them) in "
+                         f"metile.quantized_ops")
     if args.weights < 1:
         parser.error(f"--weights must be at least 1, got {args.weights}")
     decode = args.decode or [[1, 4096, 11008]]
@@ -141,10 +151,12 @@ def main():
         args.launches, args.rounds = 2, 2
     dtype = DTYPES[args.dtype]
     results = []
-    for name, shapes in (("decode", [] if args.decode_off else decode), ("prefill", prefill)):
+    for name, shapes in (("decode", [] if args.decode_off else decode),
+                         ("prefill", [] if args.prefill_off else prefill)):
         for rows, k, n in shapes:
             r = measure(name, rows, k, n, dtype, args.group_size, args.bits, args.launches,
-                        args.rounds, args.weights, args.also if name == "prefill" else ())
+                        args.rounds, args.weights,
+                        args.also if name == "prefill" else args.also_decode)
             line = ", ".join(f"{s} {t:.1f} us" for s, t in r["us_per_call"].items())
             ratios = ", ".join(f"{s} {v:.2f}" for s, v in r["mlx_over"].items())
             print(f"{name} {rows}x{k}x{n} int{args.bits} g{args.group_size} {args.dtype} "

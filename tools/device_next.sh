@@ -325,15 +325,17 @@ elif [ "$mode" = s25 ]; then
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
 elif [ "$mode" = s30 ]; then
-  # the post-s29 changes on the GPU (vmap stand-ins, guard launches), the eager cost, the
-  # GEMV sweep (mantissa conversion, the per-word factored form), the decoder block with
-  # its A/A control and the residual-as-add probe
-  gpu_tests 200 test_input_layout test_ops_vmap test_launch_errors test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -14 | tee -a "$log"
-  timeout 90 python3 tools/probes/quantized_parts.py --decode-only --rounds 7 2>&1 | tail -3 | tee -a "$log"
-  timeout 100 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+  # the post-s29 changes on the GPU (vmap stand-ins, guard launches, lazy inputs), the eager
+  # cost, the GEMV sweep (kernel time) and the decode benchmark with it, the decoder block
+  # with its A/A control, then the residual-as-add probe while time is left
+  gpu_tests 170 test_input_layout test_ops_vmap test_launch_errors test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
+  timeout 50 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  timeout 80 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
+    --weights 4 --rounds 7 --also-decode MATVEC_EXPERIMENTS MATVEC_ROWS \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
   timeout 110 python3 -m benchmarks.decoder_block --dtypes float16 --tokens 512 --rounds 9 \
     --variants auto mlx-again --output "$logs/h200-decoder-block-float16.json" 2>&1 \
     | tee "$logs/decoder-block.log" | tail -3 | tee -a "$log"
