@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s31    -- decoder block A/A at more launches and rounds, T 512/2048
 #   OUT=$OUT bash tools/device_next.sh s30    -- post-s29 GPU tests, eager cost, GEMV sweep, decoder block A/A
 #   OUT=$OUT bash tools/device_next.sh s29    -- eager entry GPU tests and cost, fused int4 warp-specialized, decoder block
 #   OUT=$OUT bash tools/device_next.sh s28    -- replays/launch memory GPU tests, eager cost, int4 GEMV one output a warp (ncu)
@@ -324,6 +325,17 @@ elif [ "$mode" = s25 ]; then
   gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
+elif [ "$mode" = s31 ]; then
+  # the decoder block against its A/A control at more launches per sample and rounds (s30's
+  # forward+backward control read 0.96-0.99: the band a same-kernels variant falls in)
+  timeout 230 python3 -m benchmarks.decoder_block --dtypes float16 --tokens 512 2048 --rounds 15 \
+    --target-ms 250 --max-launches 60 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -6 | tee -a "$log"
+  timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
+    --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
+    | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
 elif [ "$mode" = s30 ]; then
   # the post-s29 changes on the GPU (vmap stand-ins, guard launches, lazy inputs), the eager
   # cost, the GEMV sweep (kernel time) and the decode benchmark with it, the decoder block
@@ -390,7 +402,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
