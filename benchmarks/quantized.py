@@ -131,7 +131,7 @@ def main():
                              "(quantized_ops names: WGMMA_GEMM)")
     parser.add_argument("--also-decode", nargs="*", default=[], metavar="CONFIG",
                         help="decode configurations (or lists of them) to time beside the "
-                             "candidates (quantized_ops names: MATVEC_EXPERIMENTS)")
+                             "candidates (quantized_ops names: MATVEC_ROWS)")
     parser.add_argument("--decode-off", action="store_true", help="time prefill only")
     parser.add_argument("--prefill-off", action="store_true", help="time decode only")
     parser.add_argument("--output")

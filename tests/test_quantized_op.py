@@ -177,11 +177,11 @@ def test_every_decode_candidate(rng, bits, group_size, dtype):
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []
     for config in (quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS
-                   + quantized_ops.MATVEC_WARPS + quantized_ops.MATVEC_EXPERIMENTS):
+                   + quantized_ops.MATVEC_WARPS):
         kinds.append(config["kernel"])
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
-    assert {"matvec_runs", "matvec_rows", "matvec_warps", "matvec_words"} <= set(kinds)
+    assert {"matvec_runs", "matvec_rows", "matvec_warps"} <= set(kinds)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -394,19 +394,17 @@ def test_cuda_emission_compiles_with_nvrtc():
     # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
     for bits, group in ((4, 32), (8, 128)):
         wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)
-        launches = [(kernels.dequantize[(1, 256 // per)].prepare(
+        launches = [kernels.dequantize[(1, 256 // per)].prepare(
             wq, s, b, mx.zeros((256, 4096), mx.float16), 256, 4096, BITS=bits, GROUP=group,
-            BLOCK=4096, ROWS=per, num_warps=8, backend="cuda"), True) for per in (1, 4)]
+            BLOCK=4096, ROWS=per, num_warps=8, backend="cuda") for per in (1, 4)]
         for config in (quantized_ops.MATVEC_RUNS + quantized_ops.MATVEC_ROWS
-                       + quantized_ops.MATVEC_WARPS + quantized_ops.MATVEC_EXPERIMENTS):
+                       + quantized_ops.MATVEC_WARPS):
             meta = {k: v for k, v in config.items() if k != "kernel"}
             kern = getattr(kernels, "quantized_" + config["kernel"])
-            launches.append((kern[kernels.matvec_grid(1, 256, meta.get("ROWS", 1))].prepare(
+            launches.append(kern[kernels.matvec_grid(1, 256, meta.get("ROWS", 1))].prepare(
                 x[:1], wq, s, b, mx.zeros((1, 256), mx.float16), 1, 256, 4096, BITS=bits,
-                GROUP=group, backend="cuda", **meta),
-                # the per-word form's x rows are a word's elements: 8 bytes at 8 bits
-                config["kernel"] != "matvec_words" or bits == 4))
-        for d, in_runs in launches:
-            assert ("vectorize_rows" in d.execution_report.passes) == in_runs
+                GROUP=group, backend="cuda", **meta))
+        for d in launches:
+            assert "vectorize_rows" in d.execution_report.passes
             ok, log = compile_cuda(translation_unit(d), "sm_90")
             assert ok, log

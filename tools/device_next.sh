@@ -346,7 +346,7 @@ elif [ "$mode" = s30 ]; then
     python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
   timeout 80 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
-    --weights 4 --rounds 7 --also-decode MATVEC_EXPERIMENTS MATVEC_ROWS \
+    --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
   timeout 110 python3 -m benchmarks.decoder_block --dtypes float16 --tokens 512 --rounds 9 \
     --variants auto mlx-again --output "$logs/h200-decoder-block-float16.json" 2>&1 \

@@ -103,8 +103,7 @@ def row_sums(acc, ROWS, COLUMNS):
 
 
 @metile.inline
-def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP,
-                    MANTISSA=False):
+def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
     """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
     packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
     `live` (of the same form) whether it is a row of the matrix; True where the grid gives
@@ -126,12 +125,12 @@ def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP
     # placed as the top mantissa bits of 1.0 instead of converted was tried for the GEMV:
     # the scale and bias terms it needs, each element unpacking its run's packed pair,
     # cost more than the conversion saved - 669 SASS instructions against 653)
-    bits = (packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)
-    if MANTISSA:
-        # the integer conversion as dequantized() avoids it: the bits of 2^23 + q, less 2^23
-        q = (bits | 0x4B000000).to(metile.float32, bitcast=True) - 8388608.0
-    else:
-        q = bits.to(metile.float32)
+    # (q as the bits of 2^23 + q less 2^23, as dequantized() does, was timed on the H200:
+    # the GEMVs' kernel time went 22.5 -> 23.3 us and 46.6 -> 49.9 - I2FP is not their
+    # bound; nor was the per-word factored form, x converted once for several rows and the
+    # scale and bias applied once a word - 32.9-52.7 us, its row sums leaving the lanes
+    # through threadgroup memory: s30, benchmarks/results/ncu/h200-ncu-gemv-s30-*.csv)
+    q = ((packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
     s = metile.load(scales + row * groups + group_at, mask=in_groups,
                     other=0.0).to(metile.float32)
     b = metile.load(biases + row * groups + group_at, mask=in_groups,
@@ -187,8 +186,7 @@ def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constex
 
 @metile.kernel
 def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
-                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048,
-                          MANTISSA: metile.constexpr = False):
+                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048):
     """out[r, n] = sum_k x[r, k] * W[n, k], W (N, K) packed along K (TRANSPOSE=True), one
     output per program (n, r), K in blocks of BLOCK_K (a multiple of GROUP).
     Written along K so the compiler lays a block out in runs (passes/vectorize_rows.py):
@@ -201,8 +199,7 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     k = metile.arange(0, BLOCK_K)
     acc = metile.zeros((BLOCK_K,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        weights = weights_in_runs(w, scales, biases, n, start, k, K, True, BITS, GROUP,
-                                  MANTISSA)
+        weights = weights_in_runs(w, scales, biases, n, start, k, K, True, BITS, GROUP)
         xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
         acc += weights * xk.to(metile.float32)
     one = metile.arange(0, 1)
@@ -214,7 +211,7 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
 @metile.kernel
 def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                           GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 512,
-                          ROWS: metile.constexpr = 8, MANTISSA: metile.constexpr = False):
+                          ROWS: metile.constexpr = 8):
     """quantized_matvec_runs with ROWS outputs a program: each K block reads x once and
     the ROWS rows' words, scales and biases together (ROWS times the loads in flight of
     one output a program, whose K loop waited on DRAM once a block), each row's products
@@ -225,9 +222,12 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     2-D tile (x read per row, row sums through threadgroup memory) took 39-43; the same
     tile with every read one K block ahead (held in registers across the block, the
     products summed once after the loop) 37-52 in s18 and 31.2 kernel time (ncu) against
-    28.7 for 4 rows here and 23.0 for quantized_matvec_runs: removed.  (Those timings
+    28.7 for 4 rows here and 23.0 for quantized_matvec_runs: removed.  Those timings
     predate the clamped row below: with a mask term per row the generated code branched on
-    each row's liveness, so a row's loads waited for the previous row's sum.)"""
+    each row's liveness, so a row's loads waited for the previous row's sum.  Clamped
+    (s30, ncu kernel time, weights from DRAM): 4x512 24.0 us (28.4-28.7 before), 8x512
+    46.6, 16x256 58.8, quantized_matvec_runs 22.5, MLX 30.0; compiled calls in the decode
+    benchmark 4x512 29.6 us, 16x256 29.6, quantized_matvec_runs 33.6, MLX 34.2."""
     n0 = metile.program_id(0) * ROWS
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
@@ -239,7 +239,7 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
             # a row past N reads row N - 1 (its sum is not stored): no mask term that
             # differs between rows, so the compiler keeps the rows' loads in one block
             weights = weights_in_runs(w, scales, biases, metile.minimum(n0 + i, N - 1), start,
-                                      k, K, True, BITS, GROUP, MANTISSA)
+                                      k, K, True, BITS, GROUP)
             part = metile.sum(weights * xk.to(metile.float32))
             totals = metile.where(lanes == i, totals + part, totals)
     one = metile.arange(0, 1)
@@ -275,50 +275,6 @@ def quantized_matvec_warps(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     total = metile.sum(acc, axis=1)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
-
-
-@metile.kernel
-def quantized_matvec_words(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
-                           GROUP: metile.constexpr = 64, BLOCK_W: metile.constexpr = 64,
-                           ROWS: metile.constexpr = 4):
-    """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True), ROWS outputs a program, K a
-    block of BLOCK_W packed words at a time, the sum factored per word:
-        sum_e (s q_e + b) x_e = s * sum_e q_e x_e + b * sum_e x_e
-    x as a (BLOCK_W, PER) tile (a word's PER elements one 16-byte run of a lane) read and
-    converted once a block for all ROWS rows, with its per-word sums; per weight element
-    only the integer's extraction, conversion and one multiply-add remain (the runs GEMV
-    also scales, offsets and converts x per element)."""
-    PER = 32 // BITS
-    words = K // PER
-    groups = K // GROUP
-    n0 = metile.program_id(0) * ROWS
-    r = metile.program_id(1)
-    j = metile.arange(0, BLOCK_W)
-    e = metile.arange(0, PER)
-    lanes = metile.arange(0, ROWS)
-    totals = metile.zeros((ROWS,), dtype=metile.float32)
-    for start in range(0, words, BLOCK_W):
-        word = start + j
-        in_words = word < words
-        xv = metile.load(x + r * K + (word * PER)[:, None] + e[None, :],
-                         mask=in_words[:, None], other=0.0).to(metile.float32)
-        xs = metile.sum(xv, axis=1)
-        group = word // (GROUP // PER)
-        for i in metile.static_range(ROWS):
-            n = n0 + i
-            live = in_words & (n < N)
-            packed = metile.load(w + n * words + word[:, None] + 0 * e[None, :],
-                                 mask=live[:, None], other=0)
-            q = ((packed >> (e * BITS)[None, :]) & ((1 << BITS) - 1)).to(metile.float32)
-            qx = metile.sum(q * xv, axis=1)
-            s = metile.load(scales + n * groups + group, mask=live, other=0.0).to(metile.float32)
-            b = metile.load(biases + n * groups + group, mask=live, other=0.0).to(metile.float32)
-            part = metile.sum(s * qx + b * xs)
-            totals = metile.where(lanes == i, totals + part, totals)
-    one = metile.arange(0, 1)
-    n = n0 + lanes
-    metile.store(out + (r + one)[:, None] * N + n[None, :], totals[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))
 
 

@@ -74,8 +74,11 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 # 30.3, 4x1024 34.0; quantized_matvec_runs 512/1 32.0, MLX 35.2.  After the shifts were
 # folded (s16) the two kernels are level: 25.8 and 25.7 us in benchmarks.quantized
 # (MLX 38.1), 30.2 and 30.7 in the probe (16x256: 29.0).
-MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
-               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+# With each row's index clamped instead of masked (s30: quantized_matvec_rows says why)
+# 4x512 took 24.0 us of kernel time, 8x512 46.6, and 29.6 against 34.6 for 8x512 in the
+# decode benchmark's compiled calls (MLX 34.2): 4x512 is the candidate.
+MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
 # One output a warp, ROWS warps a program (quantized_matvec_warps): past the 32 one-warp
 # programs an SM holds.  Not a candidate: slower on the H200 (s28, 1x4096x11008 int4,
@@ -83,14 +86,6 @@ MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps":
 MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
                 {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
-# Decode forms under measurement (tools/probes/decode_kernels_ncu.py GEMV): the runs
-# kernels with q converted through its mantissa bits (no I2FP), and quantized_matvec_words
-# (the scale and bias applied once a word, x converted once a block for ROWS rows).
-MATVEC_EXPERIMENTS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1, "MANTISSA": True},
-                      {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1,
-                       "MANTISSA": True},
-                      {"kernel": "matvec_words", "BLOCK_W": 64, "ROWS": 4, "num_warps": 1},
-                      {"kernel": "matvec_words", "BLOCK_W": 32, "ROWS": 8, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -219,8 +214,6 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec_runs, kernels.matvec_grid(m, n, 1)
     elif kind == "matvec_rows":
         kernel, grid = kernels.quantized_matvec_rows, kernels.matvec_grid(m, n, params["ROWS"])
-    elif kind == "matvec_words":
-        kernel, grid = kernels.quantized_matvec_words, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_warps":
         kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":

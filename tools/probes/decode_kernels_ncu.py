@@ -29,20 +29,11 @@ ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
              {"path": "decode_rows", "BLOCK_N": 32, "num_warps": 8, "SPLITS": 32},
              {"path": "decode_rows", "BLOCK_N": 4, "num_warps": 1, "SPLITS": 64}]
 GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
-        {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1, "MANTISSA": True},
         {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
-        {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1, "MANTISSA": True},
-        {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4},
+        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
-        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1, "MANTISSA": True},
-        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1, "MANTISSA": True},
-        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 16, "num_warps": 1},
-        {"kernel": "matvec_rows", "BLOCK_K": 1024, "ROWS": 8, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1},
-        {"kernel": "matvec_words", "BLOCK_W": 64, "ROWS": 4, "num_warps": 1},
-        {"kernel": "matvec_words", "BLOCK_W": 64, "ROWS": 8, "num_warps": 1},
-        {"kernel": "matvec_words", "BLOCK_W": 32, "ROWS": 8, "num_warps": 1},
-        {"kernel": "matvec_words", "BLOCK_W": 128, "ROWS": 4, "num_warps": 2}]
+        {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
 
 
 def run(repeat, only=None):
