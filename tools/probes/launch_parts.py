@@ -1,0 +1,77 @@
+"""Where an eager launch's host time goes, part by part, on this machine's default device:
+a cached `kernel[grid](...)` of a one-element kernel against its pieces - the launcher
+object (`kernel[grid]`) made once, the resolved launch's C++ binding called on its input
+list (no Python checks), and MLX's own `x + 1`; a replayed `metile.ops.matmul` (16x16
+float16) against its C++ replay called directly and MLX's `a @ a`.  Best of 7 loops of
+4000 builds, no evaluation.
+
+    python3 tools/probes/launch_parts.py [out.json]
+"""
+import json
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+import metile
+from metile import op_replay
+
+
+@metile.kernel
+def plus_one(X, Y):
+    metile.store(Y, metile.load(X) + 1.0)
+
+
+def per_call(fn, n=4000):
+    fn()
+    best = 1e9
+    for _ in range(7):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t) / n * 1e6)
+    return round(best, 2)
+
+
+def main():
+    x, out = mx.array([1.0], dtype=mx.float32), mx.zeros((1,), dtype=mx.float32)
+    a = mx.array(np.ones((16, 16), np.float16))
+    mx.eval(x, out, a)
+    mx.eval(plus_one[(1,)](x, out))
+    mx.eval(plus_one[(1,)](x, out))
+    launcher = plus_one[(1,)]
+    d = plus_one._launches.last
+    direct = d._direct
+    # the binding's input list as the launch's guard assembles it: per kernel input, a
+    # value the launch keeps, or the call's argument at that position
+    args = (x, out)
+    inputs = [v if fixed else args[v] for fixed, v in d._input_plan] if direct else None
+    mx.eval(metile.ops.matmul(a, a, backend="metile"))
+    mx.eval(metile.ops.matmul(a, a, backend="metile"))
+    replay = next((r for k, (r, _) in op_replay._REPLAYS.items() if k[0] == "matmul"), None)
+    parts = {
+        "mlx x + 1": per_call(lambda: x + 1.0),
+        "mlx a @ a": per_call(lambda: a @ a),
+        "kernel[grid](x, out)": per_call(lambda: plus_one[(1,)](x, out)),
+        "launcher(x, out), launcher made once": per_call(lambda: launcher(x, out)),
+        "ops.matmul(a, a)": per_call(lambda: metile.ops.matmul(a, a, backend="metile")),
+    }
+    if direct is not None:
+        try:
+            direct(inputs)
+            parts["the launch's C++ binding on its inputs"] = per_call(lambda: direct(inputs))
+        except (TypeError, ValueError) as e:   # a binding that takes other arguments: say so
+            parts["the launch's C++ binding"] = f"not timed: {e}"
+    if replay is not None:
+        parts["ops.matmul's C++ replay on (a, a)"] = per_call(lambda: replay(a, a))
+    for k, v in parts.items():
+        print(f"{k:42s} {v}", flush=True)
+    if len(sys.argv) > 1:
+        json.dump({"mlx": mx.__version__, "device": str(mx.default_device()),
+                   "metric": "host us per eager build, best of 7 loops of 4000, no evaluation",
+                   "parts": parts}, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
