@@ -327,7 +327,9 @@ elif [ "$mode" = s25 ]; then
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
 elif [ "$mode" = s31 ]; then
   # the decoder block against its A/A control at more launches per sample and rounds (s30's
-  # forward+backward control read 0.96-0.99: the band a same-kernels variant falls in)
+  # forward+backward control read 0.96-0.99: the band a same-kernels variant falls in);
+  # an eager launch's host time part by part
+  timeout 40 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tail -8 | tee -a "$log"
   timeout 230 python3 -m benchmarks.decoder_block --dtypes float16 --tokens 512 2048 --rounds 15 \
     --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
