@@ -101,24 +101,21 @@ CUfunction CudaFunction::function(int device) {
 
 class CudaLaunch : public mx::Primitive {
  public:
-  CudaLaunch(mx::Stream stream, std::shared_ptr<CudaFunction> fn, Dims blocks, Dims threads,
-             std::vector<Scalar> scalars, bool ensure_row_contiguous, std::string no_vjp,
-             std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes)
-      : mx::Primitive(stream), fn_(std::move(fn)), blocks_(blocks), threads_(threads),
-        scalars_(std::move(scalars)), ensure_row_contiguous_(ensure_row_contiguous),
-        no_vjp_(std::move(no_vjp)), shapes_(std::move(shapes)), dtypes_(std::move(dtypes)) {}
+  CudaLaunch(mx::Stream stream, std::shared_ptr<const LaunchConfig> config)
+      : mx::Primitive(stream), config_(std::move(config)) {}
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>& outputs) override {
-    if (!no_vjp_.empty()) throw metile::NoVjp(no_vjp_);
+    if (!config_->no_vjp.empty()) throw metile::NoVjp(config_->no_vjp);
     return mx::Primitive::vjp(primals, cotangents, argnums, outputs);
   }
 
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    return metile::refused_vmap(stream(), fn_->name(), inputs, axes, shapes_, dtypes_);
+    return metile::refused_vmap(stream(), config_->fn->name(), inputs, axes, config_->shapes,
+                                config_->dtypes);
   }
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -126,6 +123,7 @@ class CudaLaunch : public mx::Primitive {
   }
 
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const LaunchConfig& c = *config_;
     auto& s = stream();
     auto& encoder = mx::cu::get_command_encoder(s);
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -134,8 +132,8 @@ class CudaLaunch : public mx::Primitive {
     std::deque<std::variant<void*, bool, int, float>> storage;
     std::vector<void*> params;
     for (const auto& in : inputs) {
-      if (ensure_row_contiguous_ && !in.flags().row_contiguous) {
-        throw std::runtime_error("[metile] kernel '" + fn_->name() +
+      if (c.ensure_row_contiguous && !in.flags().row_contiguous) {
+        throw std::runtime_error("[metile] kernel '" + c.fn->name() +
                                  "': an input reached the launch without row-contiguous "
                                  "layout (launch() makes such inputs contiguous)");
       }
@@ -144,68 +142,74 @@ class CudaLaunch : public mx::Primitive {
     for (const auto& out : outputs) {
       params.push_back(&std::get<void*>(storage.emplace_back(device_pointer(out))));
     }
-    for (const auto& v : scalars_) {
+    for (const auto& v : c.scalars) {
       auto& slot = storage.emplace_back();
       std::visit([&](auto x) { slot = x; }, v);
       params.push_back(std::visit([](auto& x) -> void* { return &x; }, slot));
     }
-    CUfunction fn = fn_->function(s.device.index);
+    CUfunction fn = c.fn->function(s.device.index);
     for (const auto& in : inputs) encoder.set_input_array(in);
     for (const auto& out : outputs) encoder.set_output_array(out);
-    encoder.add_kernel_node_raw(fn, dim3(blocks_[0], blocks_[1], blocks_[2]),
-                                dim3(threads_[0], threads_[1], threads_[2]), dim3(),
-                                static_cast<uint32_t>(fn_->shared_memory()), params.data());
+    encoder.add_kernel_node_raw(fn, dim3(c.blocks[0], c.blocks[1], c.blocks[2]),
+                                dim3(c.threads[0], c.threads[1], c.threads[2]), dim3(),
+                                static_cast<uint32_t>(c.fn->shared_memory()), params.data());
   }
 
   const char* name() const override { return "MetileCudaKernel"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CudaLaunch*>(&other);
-    return o && o->fn_ == fn_ && o->blocks_ == blocks_ && o->threads_ == threads_ &&
-           o->scalars_ == scalars_ && o->ensure_row_contiguous_ == ensure_row_contiguous_;
+    if (!o) return false;
+    const LaunchConfig &a = *o->config_, &b = *config_;
+    return a.fn == b.fn && a.blocks == b.blocks && a.threads == b.threads &&
+           a.scalars == b.scalars && a.ensure_row_contiguous == b.ensure_row_contiguous;
   }
 
  private:
-  std::shared_ptr<CudaFunction> fn_;
-  Dims blocks_, threads_;
-  std::vector<Scalar> scalars_;
-  bool ensure_row_contiguous_;
-  std::string no_vjp_;
-  std::vector<mx::Shape> shapes_;   // the outputs' (for vmap's stand-ins)
-  std::vector<mx::Dtype> dtypes_;
+  std::shared_ptr<const LaunchConfig> config_;
 };
 
-std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
-                              const std::vector<mx::Shape>& output_shapes,
-                              const std::vector<mx::Dtype>& output_dtypes, Dims grid, Dims threads,
-                              std::vector<Scalar> scalars, bool ensure_row_contiguous,
-                              mx::Stream stream, std::string no_vjp) {
-  if (stream.device.type != mx::Device::gpu) {
-    throw std::invalid_argument("[metile] a CUDA kernel needs a GPU stream");
-  }
+std::shared_ptr<const LaunchConfig> configure(std::shared_ptr<CudaFunction> fn,
+                                              std::vector<mx::Shape> output_shapes,
+                                              std::vector<mx::Dtype> output_dtypes, Dims grid,
+                                              Dims threads, std::vector<Scalar> scalars,
+                                              bool ensure_row_contiguous, std::string no_vjp) {
   if (output_shapes.empty() || output_shapes.size() != output_dtypes.size()) {
     throw std::invalid_argument("[metile] a launch needs one dtype per output, and an output");
   }
-  Dims blocks{};
+  auto config = std::make_shared<LaunchConfig>();
   for (int i = 0; i < 3; ++i) {
     if (threads[i] <= 0 || grid[i] <= 0) {
       throw std::invalid_argument("[metile] grid and threadgroup sizes must be positive");
     }
     // MLX's custom kernels take the grid in threads (as precompiled_cuda_kernel does)
-    blocks[i] = (grid[i] + threads[i] - 1) / threads[i];
+    config->blocks[i] = (grid[i] + threads[i] - 1) / threads[i];
+  }
+  config->fn = std::move(fn);
+  config->threads = threads;
+  config->scalars = std::move(scalars);
+  config->ensure_row_contiguous = ensure_row_contiguous;
+  config->no_vjp = std::move(no_vjp);
+  config->shapes = std::move(output_shapes);
+  config->dtypes = std::move(output_dtypes);
+  return config;
+}
+
+std::vector<mx::array> launch(const std::shared_ptr<const LaunchConfig>& config,
+                              std::vector<mx::array> inputs, mx::Stream stream) {
+  if (stream.device.type != mx::Device::gpu) {
+    throw std::invalid_argument("[metile] a CUDA kernel needs a GPU stream");
   }
   // Whether most lazy inputs will be row-contiguous is known only once they are evaluated:
   // contiguous() is a no-op there when it is (it shares the buffer), a copy when not.
-  if (ensure_row_contiguous) {
+  if (config->ensure_row_contiguous) {
     for (auto& in : inputs) {
       if (!metile::row_contiguous_when_evaluated(in)) in = mx::contiguous(in, false, stream);
     }
   }
-  fn->function(stream.device.index);
-  auto primitive = std::make_shared<CudaLaunch>(stream, std::move(fn), blocks, threads,
-                                                std::move(scalars), ensure_row_contiguous,
-                                                std::move(no_vjp), output_shapes, output_dtypes);
-  return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);
+  config->fn->function(stream.device.index);
+  return mx::array::make_arrays(config->shapes, config->dtypes,
+                                std::make_shared<CudaLaunch>(stream, config), inputs);
 }
 
 }  // namespace metile::cuda

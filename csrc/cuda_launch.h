@@ -39,14 +39,31 @@ class CudaFunction {
   std::unordered_map<int, CUfunction> loaded_;
 };
 
-// The outputs of launching `fn` over `grid` threads in blocks of `threads`: arguments
-// are each input's pointer, then each output's, then `scalars` by value (the order of
+// Everything about a launch but its arrays and stream, checked once (`configure`) and
+// shared by every launch of a bound signature and the primitives it makes: a launch then
+// copies no strings or vectors.
+struct LaunchConfig {
+  std::shared_ptr<CudaFunction> fn;
+  Dims blocks{}, threads{};
+  std::vector<Scalar> scalars;
+  bool ensure_row_contiguous = true;
+  std::string no_vjp;
+  std::vector<mx::Shape> shapes;   // the outputs'
+  std::vector<mx::Dtype> dtypes;
+};
+
+// A launch of `fn` over `grid` threads in blocks of `threads`: arguments are each input's
+// pointer, then each output's, then `scalars` by value (the order of
 // mx.fast.precompiled_cuda_kernel).  `no_vjp`: raised (metile::NoVjp) when a gradient
-// reaches the launch; empty: MLX's own refusal.
-std::vector<mx::array> launch(std::shared_ptr<CudaFunction> fn, std::vector<mx::array> inputs,
-                              const std::vector<mx::Shape>& output_shapes,
-                              const std::vector<mx::Dtype>& output_dtypes, Dims grid, Dims threads,
-                              std::vector<Scalar> scalars, bool ensure_row_contiguous,
-                              mx::Stream stream, std::string no_vjp);
+// reaches the launch; empty: MLX's own refusal.  Throws on sizes that cannot launch.
+std::shared_ptr<const LaunchConfig> configure(std::shared_ptr<CudaFunction> fn,
+                                              std::vector<mx::Shape> output_shapes,
+                                              std::vector<mx::Dtype> output_dtypes, Dims grid,
+                                              Dims threads, std::vector<Scalar> scalars,
+                                              bool ensure_row_contiguous, std::string no_vjp);
+
+// The outputs of the configured launch on `inputs`.
+std::vector<mx::array> launch(const std::shared_ptr<const LaunchConfig>& config,
+                              std::vector<mx::array> inputs, mx::Stream stream);
 
 }  // namespace metile::cuda

@@ -88,8 +88,9 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
                                   bool bounds_check, const std::vector<std::string>& buffer_names,
                                   mx::Stream stream, const std::string& no_vjp) {
   return launch(std::move(library),
-                cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order, race_check,
-                         race_compare, bounds_check, buffer_names, no_vjp),
+                std::make_shared<const LaunchSpec>(
+                    cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order,
+                             race_check, race_compare, bounds_check, buffer_names, no_vjp)),
                 inputs, to_shapes(output_shapes), output_dtypes, stream);
 }
 
@@ -101,7 +102,8 @@ class CpuLaunch {
  public:
   CpuLaunch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec, std::vector<mx::Shape> shapes,
             std::vector<mx::Dtype> dtypes, bool contiguous)
-      : library_(std::move(library)), spec_(std::move(spec)), shapes_(std::move(shapes)),
+      : library_(std::move(library)), spec_(std::make_shared<const LaunchSpec>(std::move(spec))),
+        shapes_(std::move(shapes)),
         dtypes_(std::move(dtypes)), contiguous_(contiguous) {}
 
   std::optional<std::vector<mx::array>> operator()(std::vector<mx::array> inputs,
@@ -122,7 +124,7 @@ class CpuLaunch {
 
  private:
   std::shared_ptr<KernelLibrary> library_;
-  LaunchSpec spec_;
+  std::shared_ptr<const LaunchSpec> spec_;
   std::vector<mx::Shape> shapes_;
   std::vector<mx::Dtype> dtypes_;
   bool contiguous_;
@@ -293,9 +295,11 @@ std::vector<mx::array> launch_cuda_function(
     mx::Stream stream, const std::string& no_vjp) {
   auto [gx, gy, gz] = grid;
   auto [tx, ty, tz] = threadgroup;
-  return metile::cuda::launch(std::move(fn), std::move(inputs), to_shapes(output_shapes),
-                              output_dtypes, {gx, gy, gz}, {tx, ty, tz}, to_scalars(scalars),
-                              ensure_row_contiguous, stream, no_vjp);
+  return metile::cuda::launch(
+      metile::cuda::configure(std::move(fn), to_shapes(output_shapes), output_dtypes,
+                              {gx, gy, gz}, {tx, ty, tz}, to_scalars(scalars),
+                              ensure_row_contiguous, no_vjp),
+      std::move(inputs), stream);
 }
 
 // launch_cuda_function with everything but the arrays converted once (CudaKernel.bind):
@@ -308,13 +312,13 @@ class CudaLaunch {
              const std::vector<std::vector<int>>& output_shapes, std::vector<mx::Dtype> output_dtypes,
              Dim3 grid, Dim3 threadgroup, const std::vector<nb::object>& scalars,
              bool ensure_row_contiguous, std::string no_vjp)
-      : fn_(std::move(fn)), kept_(std::move(kept)), shapes_(to_shapes(output_shapes)),
-        dtypes_(std::move(output_dtypes)), scalars_(to_scalars(scalars)),
-        contiguous_(ensure_row_contiguous), no_vjp_(std::move(no_vjp)) {
+      : kept_(std::move(kept)) {
     auto [gx, gy, gz] = grid;
     auto [tx, ty, tz] = threadgroup;
-    grid_ = {gx, gy, gz};
-    threads_ = {tx, ty, tz};
+    config_ = metile::cuda::configure(std::move(fn), to_shapes(output_shapes),
+                                      std::move(output_dtypes), {gx, gy, gz}, {tx, ty, tz},
+                                      to_scalars(scalars), ensure_row_contiguous,
+                                      std::move(no_vjp));
   }
 
   std::optional<std::vector<mx::array>> operator()(const std::vector<mx::array>& arrays,
@@ -324,19 +328,12 @@ class CudaLaunch {
     std::vector<mx::array> inputs;
     inputs.reserve(kept_.size());
     for (int i : kept_) inputs.push_back(arrays.at(i));
-    return metile::cuda::launch(fn_, std::move(inputs), shapes_, dtypes_, grid_, threads_,
-                                scalars_, contiguous_, s, no_vjp_);
+    return metile::cuda::launch(config_, std::move(inputs), s);
   }
 
  private:
-  std::shared_ptr<metile::cuda::CudaFunction> fn_;
   std::vector<int> kept_;
-  std::vector<mx::Shape> shapes_;
-  std::vector<mx::Dtype> dtypes_;
-  metile::cuda::Dims grid_{}, threads_{};
-  std::vector<metile::cuda::Scalar> scalars_;
-  bool contiguous_;
-  std::string no_vjp_;
+  std::shared_ptr<const metile::cuda::LaunchConfig> config_;
 };
 #endif
 

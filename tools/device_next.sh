@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s32    -- shared launch configurations: GPU tests, launch parts and cost
 #   OUT=$OUT bash tools/device_next.sh s31    -- decoder block A/A at more launches and rounds, T 512/2048
 #   OUT=$OUT bash tools/device_next.sh s30    -- post-s29 GPU tests, eager cost, GEMV sweep, decoder block A/A
 #   OUT=$OUT bash tools/device_next.sh s29    -- eager entry GPU tests and cost, fused int4 warp-specialized, decoder block
@@ -325,6 +326,12 @@ elif [ "$mode" = s25 ]; then
   gpu_tests $((budget - 60 - (SECONDS - t0))) test_op_replay test_dot_fragments test_attention_op
   (cd /tmp && timeout $((budget - 20 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
      "$repo/tests/test_quantized_op.py" -k "fused_warpgroup and float16" 2>&1 | tail -4 | tee -a "$log")
+elif [ "$mode" = s32 ]; then
+  # the launch configuration shared by a bound signature's launches (no per-launch copies):
+  # its GPU tests, then the eager launch's parts and cost
+  gpu_tests 150 test_cuda_launch test_launch_errors test_input_layout test_ops_vmap test_launch_memory test_op_replay
+  timeout 40 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tail -8 | tee -a "$log"
+  timeout 50 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 elif [ "$mode" = s31 ]; then
   # the decoder block against its A/A control at more launches per sample and rounds (s30's
   # forward+backward control read 0.96-0.99: the band a same-kernels variant falls in);
@@ -404,7 +411,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -385,7 +385,7 @@ void MslCpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   // Errors thrown here are stored by MLX's scheduler and re-raised at the
   // next eval/synchronize of this stream.
   encoder.dispatch([library = library_, spec = spec_, ins = std::move(ins), outs = std::move(outs)]() mutable {
-    run(*library, spec, ins, outs);
+    run(*library, *spec, ins, outs);
   });
 }
 
@@ -398,31 +398,32 @@ std::vector<mx::array> MslCpuKernel::vjp(const std::vector<mx::array>& primals,
                                          const std::vector<mx::array>& cotangents,
                                          const std::vector<int>& argnums,
                                          const std::vector<mx::array>& outputs) {
-  if (!spec_.no_vjp.empty()) throw metile::NoVjp(spec_.no_vjp);
+  if (!spec_->no_vjp.empty()) throw metile::NoVjp(spec_->no_vjp);
   return mx::Primitive::vjp(primals, cotangents, argnums, outputs);
 }
 
 bool MslCpuKernel::is_equivalent(const mx::Primitive& other) const {
   auto* o = dynamic_cast<const MslCpuKernel*>(&other);
-  return o && o->library_ == library_ && o->spec_.shape_infos == spec_.shape_infos &&
-         o->spec_.dispatch.grid == spec_.dispatch.grid &&
-         o->spec_.dispatch.threadgroup == spec_.dispatch.threadgroup &&
-         o->spec_.dispatch.order == spec_.dispatch.order && o->spec_.init_value == spec_.init_value &&
-         o->spec_.race_check == spec_.race_check && o->spec_.race_compare == spec_.race_compare &&
-         o->spec_.bounds_check == spec_.bounds_check;
+  if (!o || o->library_ != library_) return false;
+  const LaunchSpec &a = *o->spec_, &b = *spec_;
+  return a.shape_infos == b.shape_infos && a.dispatch.grid == b.dispatch.grid &&
+         a.dispatch.threadgroup == b.dispatch.threadgroup && a.dispatch.order == b.dispatch.order &&
+         a.init_value == b.init_value && a.race_check == b.race_check &&
+         a.race_compare == b.race_compare && a.bounds_check == b.bounds_check;
 }
 
-std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,
+std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library,
+                              std::shared_ptr<const LaunchSpec> spec,
                               const std::vector<mx::array>& inputs,
                               const std::vector<mx::Shape>& output_shapes,
                               const std::vector<mx::Dtype>& output_dtypes, mx::Stream stream) {
   if (stream.device != mx::Device::cpu) {
     throw std::invalid_argument("[metal_kernel] the MSL CPU runtime needs a CPU stream");
   }
-  if (spec.shape_infos.size() != inputs.size()) {
+  if (spec->shape_infos.size() != inputs.size()) {
     throw std::invalid_argument("[metal_kernel] internal error: shape info count differs from inputs");
   }
-  check_dispatch(spec.dispatch);
+  check_dispatch(spec->dispatch);
   auto primitive = std::make_shared<MslCpuKernel>(stream, std::move(library), std::move(spec),
                                                   output_shapes, output_dtypes);
   return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);

@@ -43,8 +43,9 @@ struct LaunchSpec {
 
 class MslCpuKernel : public mx::Primitive {
  public:
-  MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library, LaunchSpec spec,
-               std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes)
+  MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library,
+               std::shared_ptr<const LaunchSpec> spec, std::vector<mx::Shape> shapes,
+               std::vector<mx::Dtype> dtypes)
       : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)),
         shapes_(std::move(shapes)), dtypes_(std::move(dtypes)) {}
 
@@ -57,18 +58,21 @@ class MslCpuKernel : public mx::Primitive {
                              const std::vector<mx::array>& outputs) override;
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    return metile::refused_vmap(stream(), spec_.name, inputs, axes, shapes_, dtypes_);
+    return metile::refused_vmap(stream(), spec_->name, inputs, axes, shapes_, dtypes_);
   }
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:
   std::shared_ptr<KernelLibrary> library_;
-  LaunchSpec spec_;
+  // shared by every launch of a bound signature and the evaluations it queues: a launch
+  // copies no strings
+  std::shared_ptr<const LaunchSpec> spec_;
   std::vector<mx::Shape> shapes_;   // the outputs' (for vmap's stand-ins)
   std::vector<mx::Dtype> dtypes_;
 };
 
-std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec,
+std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library,
+                              std::shared_ptr<const LaunchSpec> spec,
                               const std::vector<mx::array>& inputs,
                               const std::vector<mx::Shape>& output_shapes,
                               const std::vector<mx::Dtype>& output_dtypes, mx::Stream stream);
