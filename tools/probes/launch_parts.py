@@ -2,7 +2,7 @@
 a cached `kernel[grid](...)` of a one-element kernel against its pieces - the launcher
 object (`kernel[grid]`) made once, the resolved launch's C++ binding called on its input
 list (no Python checks), and MLX's own `x + 1`; a replayed `metile.ops.matmul` (16x16
-float16) against its C++ replay called directly and MLX's `a @ a`.  Best of 7 loops of
+float16) against its C++ replay called directly and MLX's `a @ a`.  Best of 5 loops of
 4000 builds, no evaluation.
 
     python3 tools/probes/launch_parts.py [out.json]
@@ -17,21 +17,12 @@ import numpy as np
 import metile
 from metile import op_replay
 
+from eager_host_cost import per_call   # (this folder: best of five loops of many launches)
+
 
 @metile.kernel
 def plus_one(X, Y):
     metile.store(Y, metile.load(X) + 1.0)
-
-
-def per_call(fn, n=4000):
-    fn()
-    best = 1e9
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return round(best, 2)
 
 
 def main():
@@ -69,7 +60,7 @@ def main():
         print(f"{k:42s} {v}", flush=True)
     if len(sys.argv) > 1:
         json.dump({"mlx": mx.__version__, "device": str(mx.default_device()),
-                   "metric": "host us per eager build, best of 7 loops of 4000, no evaluation",
+                   "metric": "host us per eager build, best of 5 loops of 4000, no evaluation",
                    "parts": parts}, open(sys.argv[1], "w"), indent=1)
 
 
