@@ -75,7 +75,7 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 # folded (s16) the two kernels are level: 25.8 and 25.7 us in benchmarks.quantized
 # (MLX 38.1), 30.2 and 30.7 in the probe (16x256: 29.0).
 # With each row's index clamped instead of masked (s30: quantized_matvec_rows says why)
-# 4x512 took 24.0 us of kernel time, 8x512 46.6, and 29.6 against 34.6 for 8x512 in the
+# 4x512 took 24.0 us of kernel time, 8x512 46.6, and 29.6 against 34.8 for 8x512 in the
 # decode benchmark's compiled calls (MLX 34.2): 4x512 is the candidate.
 MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
                {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
