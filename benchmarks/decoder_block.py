@@ -201,9 +201,11 @@ def main():
     args = parser.parse_args()
     if args.residual_add:
         from metile import ops
-        ops._linear_mlx_residual = lambda x2, w, bias, act, slope, residual=None: (
-            ops._linear_mlx(x2, w, bias, act, slope) if residual is None else
-            ops._linear_mlx(x2, w, bias, act, slope) + residual)
+
+        def matmul_then_add(x2, w, bias, act, slope, residual=None):
+            z = ops._linear_mlx(x2, w, bias, act, slope)
+            return z if residual is None else z + residual
+        ops._linear_mlx_residual = matmul_then_add
     sizes = QUICK if args.quick else FULL
     tokens = args.tokens or sizes["tokens"]
     cases = []

@@ -87,11 +87,12 @@ std::vector<mx::array> launch_cpu(std::shared_ptr<KernelLibrary> library, const 
                                   const std::vector<std::tuple<bool, double, double>>& race_compare,
                                   bool bounds_check, const std::vector<std::string>& buffer_names,
                                   mx::Stream stream, const std::string& no_vjp) {
-  return launch(std::move(library),
-                std::make_shared<const LaunchSpec>(
-                    cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order,
-                             race_check, race_compare, bounds_check, buffer_names, no_vjp)),
-                inputs, to_shapes(output_shapes), output_dtypes, stream);
+  LaunchSpec spec = cpu_spec(name, shape_infos, grid, threadgroup, init_value, lane_order,
+                             race_check, race_compare, bounds_check, buffer_names, no_vjp);
+  spec.output_shapes = to_shapes(output_shapes);
+  spec.output_dtypes = output_dtypes;
+  return launch(std::move(library), std::make_shared<const LaunchSpec>(std::move(spec)), inputs,
+                stream);
 }
 
 // A CPU-runtime launch with everything but its arrays converted once (MetalKernel.bind):
@@ -102,31 +103,32 @@ class CpuLaunch {
  public:
   CpuLaunch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec, std::vector<mx::Shape> shapes,
             std::vector<mx::Dtype> dtypes, bool contiguous)
-      : library_(std::move(library)), spec_(std::make_shared<const LaunchSpec>(std::move(spec))),
-        shapes_(std::move(shapes)),
-        dtypes_(std::move(dtypes)), contiguous_(contiguous) {}
+      : library_(std::move(library)), contiguous_(contiguous) {
+    spec.output_shapes = std::move(shapes);
+    spec.output_dtypes = std::move(dtypes);
+    // shared by every launch and the evaluations they queue: a launch copies no strings
+    spec_ = std::make_shared<const LaunchSpec>(std::move(spec));
+  }
 
   std::optional<std::vector<mx::array>> operator()(std::vector<mx::array> inputs,
                                                    std::optional<mx::Stream> stream) const {
     mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
     if (s.device.type != mx::Device::cpu) return std::nullopt;
     if (contiguous_) {
-      // as MetalKernel's launch does, but not for an evaluated row-contiguous input, for
-      // which contiguous() would only add a node sharing its buffer (cuda_launch.cpp)
+      // as MetalKernel's launch does, but not for an input known to be row-contiguous, for
+      // which contiguous() would only add a node sharing its buffer (input_layout.h)
       for (auto& x : inputs) {
         if (x.ndim() > 0 && !metile::row_contiguous_when_evaluated(x)) {
           x = mx::contiguous(x, false, s);
         }
       }
     }
-    return launch(library_, spec_, inputs, shapes_, dtypes_, s);
+    return launch(library_, spec_, inputs, s);
   }
 
  private:
   std::shared_ptr<KernelLibrary> library_;
   std::shared_ptr<const LaunchSpec> spec_;
-  std::vector<mx::Shape> shapes_;
-  std::vector<mx::Dtype> dtypes_;
   bool contiguous_;
 };
 

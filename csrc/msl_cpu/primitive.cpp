@@ -414,9 +414,7 @@ bool MslCpuKernel::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library,
                               std::shared_ptr<const LaunchSpec> spec,
-                              const std::vector<mx::array>& inputs,
-                              const std::vector<mx::Shape>& output_shapes,
-                              const std::vector<mx::Dtype>& output_dtypes, mx::Stream stream) {
+                              const std::vector<mx::array>& inputs, mx::Stream stream) {
   if (stream.device != mx::Device::cpu) {
     throw std::invalid_argument("[metal_kernel] the MSL CPU runtime needs a CPU stream");
   }
@@ -424,9 +422,11 @@ std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library,
     throw std::invalid_argument("[metal_kernel] internal error: shape info count differs from inputs");
   }
   check_dispatch(spec->dispatch);
-  auto primitive = std::make_shared<MslCpuKernel>(stream, std::move(library), std::move(spec),
-                                                  output_shapes, output_dtypes);
-  return mx::array::make_arrays(output_shapes, output_dtypes, primitive, inputs);
+  const LaunchSpec& s = *spec;
+  return mx::array::make_arrays(s.output_shapes, s.output_dtypes,
+                                std::make_shared<MslCpuKernel>(stream, std::move(library),
+                                                               std::move(spec)),
+                                inputs);
 }
 
 }  // namespace metile::msl_cpu

@@ -39,15 +39,15 @@ struct LaunchSpec {
   std::vector<std::string> buffer_names;  // inputs, then outputs (for bounds-check messages)
   // Raised (metile::NoVjp) when a gradient reaches this launch; empty: MLX's own refusal.
   std::string no_vjp;
+  std::vector<mx::Shape> output_shapes;
+  std::vector<mx::Dtype> output_dtypes;
 };
 
 class MslCpuKernel : public mx::Primitive {
  public:
   MslCpuKernel(mx::Stream stream, std::shared_ptr<KernelLibrary> library,
-               std::shared_ptr<const LaunchSpec> spec, std::vector<mx::Shape> shapes,
-               std::vector<mx::Dtype> dtypes)
-      : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)),
-        shapes_(std::move(shapes)), dtypes_(std::move(dtypes)) {}
+               std::shared_ptr<const LaunchSpec> spec)
+      : mx::Primitive(stream), library_(std::move(library)), spec_(std::move(spec)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -58,7 +58,8 @@ class MslCpuKernel : public mx::Primitive {
                              const std::vector<mx::array>& outputs) override;
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
-    return metile::refused_vmap(stream(), spec_->name, inputs, axes, shapes_, dtypes_);
+    return metile::refused_vmap(stream(), spec_->name, inputs, axes, spec_->output_shapes,
+                                spec_->output_dtypes);
   }
   bool is_equivalent(const mx::Primitive& other) const override;
 
@@ -67,14 +68,11 @@ class MslCpuKernel : public mx::Primitive {
   // shared by every launch of a bound signature and the evaluations it queues: a launch
   // copies no strings
   std::shared_ptr<const LaunchSpec> spec_;
-  std::vector<mx::Shape> shapes_;   // the outputs' (for vmap's stand-ins)
-  std::vector<mx::Dtype> dtypes_;
 };
 
+// The outputs (spec's shapes and dtypes) of launching the kernel on `inputs`.
 std::vector<mx::array> launch(std::shared_ptr<KernelLibrary> library,
                               std::shared_ptr<const LaunchSpec> spec,
-                              const std::vector<mx::array>& inputs,
-                              const std::vector<mx::Shape>& output_shapes,
-                              const std::vector<mx::Dtype>& output_dtypes, mx::Stream stream);
+                              const std::vector<mx::array>& inputs, mx::Stream stream);
 
 }  // namespace metile::msl_cpu
