@@ -169,10 +169,12 @@ def test_auto_without_a_decision_is_mlx_then_measured(rng, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
-@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32), (4, 128)])
-def test_every_decode_candidate(rng, bits, group_size, dtype):
-    # K = 1280: over one 1024-block and into a second, partial one; N ragged; 3 rows
-    n, k = 13, 1280
+@pytest.mark.parametrize("bits,group_size,k", [(4, 64, 1280), (8, 32, 1280), (4, 128, 1280),
+                                               (4, 64, 1024), (8, 128, 1024)])
+def test_every_decode_candidate(rng, bits, group_size, k, dtype):
+    # K = 1280: over one 1024-block and into a second, partial one; K = 1024: every block
+    # of every candidate whole (the kernels' EVEN_K form, no load masked); N ragged; 3 rows
+    n = 13
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []

@@ -345,6 +345,24 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s33 ]; then
+  # the mask-free (EVEN_K) GEMVs: the decode candidates on the GPU, kernel time against the
+  # masked form and MLX, their profile (sections), the decode benchmark's compiled calls
+  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/junit.xml" \
+     "$repo/tests/test_quantized_op.py" -k "every_decode_candidate or runs_read or transposed_decode" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
+    --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
+  timeout 150 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \
+    --section Occupancy --section ComputeWorkloadAnalysis -k regex:"quantized_matvec|qmv" \
+    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 1 > "$logs/ncu-gemv-sections.txt" 2>&1
+  tail -3 "$logs/ncu-gemv-sections.txt" | tee -a "$log"
 elif [ "$mode" = s30 ]; then
   # the post-s29 changes on the GPU (vmap stand-ins, guard launches, lazy inputs), the eager
   # cost, the GEMV sweep (kernel time) and the decode benchmark with it, the decoder block
@@ -411,7 +429,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

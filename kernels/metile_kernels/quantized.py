@@ -103,7 +103,7 @@ def row_sums(acc, ROWS, COLUMNS):
 
 
 @metile.inline
-def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP):
+def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP, EVEN=False):
     """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
     packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
     `live` (of the same form) whether it is a row of the matrix; True where the grid gives
@@ -116,6 +116,14 @@ def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP
     groups = columns // GROUP
     word_at = start // PER + k // PER
     group_at = start // GROUP + k // GROUP
+    if EVEN:
+        # every block is whole and every row live (the caller's EVEN_K): no mask, so no
+        # predicate a load, and the loads of a block issue back to back
+        packed = metile.load(w + row * words + word_at)
+        s = metile.load(scales + row * groups + group_at).to(metile.float32)
+        b = metile.load(biases + row * groups + group_at).to(metile.float32)
+        q = ((packed >> ((k & (PER - 1)) * BITS)) & ((1 << BITS) - 1)).to(metile.float32)
+        return s * q + b
     in_words = live & (word_at < words)
     in_groups = live & (group_at < groups)
     packed = metile.load(w + row * words + word_at, mask=in_words, other=0)
@@ -186,21 +194,26 @@ def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constex
 
 @metile.kernel
 def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
-                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048):
+                          GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 2048,
+                          EVEN_K: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k], W (N, K) packed along K (TRANSPOSE=True), one
     output per program (n, r), K in blocks of BLOCK_K (a multiple of GROUP).
     Written along K so the compiler lays a block out in runs (passes/vectorize_rows.py):
     a thread's run of 8 (4 for 8-bit weights) consecutive k reads x as one 16-byte vector,
     and the packed word, scale and bias at `k // PER` and `k // GROUP` - one value along
     the run - once per run.  Indices use the block's own `k` (a multiple of the run at
-    every run start) plus the block offset divided out, so the compiler can prove that."""
+    every run start) plus the block offset divided out, so the compiler can prove that.
+    EVEN_K: K is a multiple of BLOCK_K (the caller checks), so no load needs a mask."""
     n = metile.program_id(0)
     r = metile.program_id(1)
     k = metile.arange(0, BLOCK_K)
     acc = metile.zeros((BLOCK_K,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        weights = weights_in_runs(w, scales, biases, n, start, k, K, True, BITS, GROUP)
-        xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
+        weights = weights_in_runs(w, scales, biases, n, start, k, K, True, BITS, GROUP, EVEN_K)
+        if EVEN_K:
+            xk = metile.load(x + r * K + start + k)
+        else:
+            xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
         acc += weights * xk.to(metile.float32)
     one = metile.arange(0, 1)
     total = metile.sum(acc) + metile.zeros((1,), dtype=metile.float32)
@@ -211,7 +224,7 @@ def quantized_matvec_runs(x, w, scales, biases, out, rows, N, K, BITS: metile.co
 @metile.kernel
 def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                           GROUP: metile.constexpr = 64, BLOCK_K: metile.constexpr = 512,
-                          ROWS: metile.constexpr = 8):
+                          ROWS: metile.constexpr = 8, EVEN_K: metile.constexpr = False):
     """quantized_matvec_runs with ROWS outputs a program: each K block reads x once and
     the ROWS rows' words, scales and biases together (ROWS times the loads in flight of
     one output a program, whose K loop waited on DRAM once a block), each row's products
@@ -234,12 +247,15 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     lanes = metile.arange(0, ROWS)
     totals = metile.zeros((ROWS,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
+        if EVEN_K:   # K a multiple of BLOCK_K: quantized_matvec_runs
+            xk = metile.load(x + r * K + start + k)
+        else:
+            xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
         for i in metile.static_range(ROWS):
             # a row past N reads row N - 1 (its sum is not stored): no mask term that
             # differs between rows, so the compiler keeps the rows' loads in one block
             weights = weights_in_runs(w, scales, biases, metile.minimum(n0 + i, N - 1), start,
-                                      k, K, True, BITS, GROUP)
+                                      k, K, True, BITS, GROUP, EVEN_K)
             part = metile.sum(weights * xk.to(metile.float32))
             totals = metile.where(lanes == i, totals + part, totals)
     one = metile.arange(0, 1)

@@ -212,8 +212,10 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec, kernels.matvec_grid(m, n, params["BLOCK_N"])
     elif kind == "matvec_runs":
         kernel, grid = kernels.quantized_matvec_runs, kernels.matvec_grid(m, n, 1)
+        meta["EVEN_K"] = params.get("EVEN_K", True) and k % params["BLOCK_K"] == 0
     elif kind == "matvec_rows":
         kernel, grid = kernels.quantized_matvec_rows, kernels.matvec_grid(m, n, params["ROWS"])
+        meta["EVEN_K"] = params.get("EVEN_K", True) and k % params["BLOCK_K"] == 0
     elif kind == "matvec_warps":
         kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":

@@ -28,12 +28,18 @@ ATTENTION = [{"path": "decode_rows", "BLOCK_N": 64},
              {"path": "decode_rows", "BLOCK_N": 16, "num_warps": 2, "SPLITS": 64},
              {"path": "decode_rows", "BLOCK_N": 32, "num_warps": 8, "SPLITS": 32},
              {"path": "decode_rows", "BLOCK_N": 4, "num_warps": 1, "SPLITS": 64}]
-GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
+# (EVEN_K False: the masked loads a K that is not a multiple of the block needs, for the
+# comparison with the mask-free form every 4096-deep candidate now runs)
+GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1, "EVEN_K": False},
+        {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
         {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
+        {"kernel": "matvec_runs", "BLOCK_K": 2048, "num_warps": 1},
+        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1, "EVEN_K": False},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+        {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 2, "num_warps": 1},
+        {"kernel": "matvec_rows", "BLOCK_K": 1024, "ROWS": 2, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
-        {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1},
-        {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
+        {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
 
 
 def run(repeat, only=None):
