@@ -3,9 +3,12 @@
 // Built with NB_DOMAIN mlx so nanobind shares MLX's type registry: functions
 // here take and return mx.array / mx.Stream / mx.Dtype directly.
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <map>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -331,6 +334,36 @@ class CudaLaunch {
     inputs.reserve(kept_.size());
     for (int i : kept_) inputs.push_back(arrays.at(i));
     return metile::cuda::launch(config_, std::move(inputs), s);
+  }
+
+  // Host nanoseconds a call of each part of this launch takes, over `n` calls each: where
+  // a bound launch's time goes on a GPU host, which no sampling profiler there can see
+  // (tools/probes/launch_parts.py).  The launches' outputs are dropped unevaluated.
+  std::map<std::string, double> time_parts(const std::vector<mx::array>& arrays, int n) const {
+    using clock = std::chrono::steady_clock;
+    auto per = [n](auto&& f) {
+      auto t = clock::now();
+      for (int i = 0; i < n; ++i) f();
+      return std::chrono::duration<double, std::nano>(clock::now() - t).count() / n;
+    };
+    volatile int sink = 0;
+    std::map<std::string, double> out;
+    out["default device's stream"] = per([&] {
+      sink = mx::default_stream(mx::default_device()).index;
+    });
+    mx::Stream s = mx::default_stream(mx::default_device());
+    out["inputs vector"] = per([&] {
+      std::vector<mx::array> in;
+      in.reserve(kept_.size());
+      for (int i : kept_) in.push_back(arrays.at(i));
+      sink = int(in.size());
+    });
+    out["loaded function lookup"] = per([&] { config_->fn->function(s.device.index); });
+    out["launch on a given stream"] = per([&] { sink = int((*this)(arrays, s)->size()); });
+    out["launch on the default stream"] = per([&] {
+      sink = int((*this)(arrays, std::nullopt)->size());
+    });
+    return out;
   }
 
  private:
@@ -899,7 +932,9 @@ NB_MODULE(_ext, m) {
            nb::arg("ensure_row_contiguous"), nb::arg("no_vjp"))
       .def("__call__", &CudaLaunch::operator(), nb::arg("arrays"), nb::arg("stream").none() = nb::none(),
            "launch_cuda_function's lazy outputs for `arrays`; None when the stream (default: "
-           "the default device's) is not a GPU's.");
+           "the default device's) is not a GPU's.")
+      .def("time_parts", &CudaLaunch::time_parts, nb::arg("arrays"), nb::arg("n"),
+           "Host ns per call of each part of this launch, over n calls (a probe).");
 #else
   m.attr("has_cuda_launch") = false;
 #endif

@@ -353,6 +353,7 @@ elif [ "$mode" = s33 ]; then
      > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
   timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
     python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"

@@ -48,12 +48,18 @@ def main():
         "launcher(x, out), launcher made once": per_call(lambda: launcher(x, out)),
         "ops.matmul(a, a)": per_call(lambda: metile.ops.matmul(a, a, backend="metile")),
     }
+    # the floor of any C++ call on these arrays from Python (nanobind's argument checks)
+    parts["nanobind floor: _ext.array_signature(x, out)"] = per_call(
+        lambda: metile._ext.array_signature(x, out))
     if direct is not None:
         try:
             direct(inputs)
             parts["the launch's C++ binding on its inputs"] = per_call(lambda: direct(inputs))
         except (TypeError, ValueError) as e:   # a binding that takes other arguments: say so
             parts["the launch's C++ binding"] = f"not timed: {e}"
+        if hasattr(direct, "time_parts"):   # CUDA: the binding's own parts, timed in C++
+            for name, ns in direct.time_parts(inputs, 20000).items():
+                parts[f"in C++: {name}"] = round(ns / 1000, 3)
     if replay is not None:
         parts["ops.matmul's C++ replay on (a, a)"] = per_call(lambda: replay(a, a))
     for k, v in parts.items():
