@@ -127,6 +127,31 @@ def test_other_kernels_are_precompiled_for_their_target(case, monkeypatch):
                     .variant.data["lowering"].get("launch") or {}).get("arch")
 
 
+@metile.kernel
+def plus_one(X, Y):
+    metile.store(Y, metile.load(X) + 1.0)
+
+
+def test_a_kernel_without_scalars_is_precompiled_too(monkeypatch):
+    # every kernel metile compiles runs on its own launch primitive under "value", not only
+    # those with a scalar to pass: MLX's cuda_kernel binding costs more host time a launch
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
+    x, y = mx.zeros((1,), dtype=mx.float32), mx.zeros((1,), dtype=mx.float32)
+    d = plus_one[(1,)].prepare(x, y, backend="cuda")
+    launch = d.variant.data["lowering"]["launch"]
+    assert launch["arch"] == "sm_90" and not launch.get("scalars_by_value")
+    kernel = d.variant.callable()
+    assert kernel.arch == "sm_90"
+    if nvrtc.TOOLKIT is not None:
+        name, source = kernel.translation_unit([x.dtype], d.call_kwargs["output_dtypes"],
+                                               d.call_kwargs["threadgroup"])
+        ok, log = nvrtc.compile_cuda(source, "sm_90")
+        assert ok, log
+    monkeypatch.setenv("METILE_CUDA_SCALARS", "array")   # MLX compiles it: no arch
+    d = plus_one[(1,)].prepare(x, y, backend="cuda")
+    assert not (d.variant.data["lowering"].get("launch") or {}).get("arch")
+
+
 def test_a_zero_d_array_scalar_is_read_on_the_host(monkeypatch):
     monkeypatch.setenv("METILE_CUDA_SCALARS", "value")
     m = n = k = 300

@@ -345,6 +345,19 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s34 ]; then
+  # every metile kernel on metile's own launch (scalar-less ones were MLX's cuda_kernel):
+  # the launch GPU tests, the eager cost; the 1024-deep GEMV in the decode benchmark, and
+  # every kernel a compiled decode call launches (its per-call time against its kernel's)
+  gpu_tests 200 test_cuda_scalars test_cuda_launch test_launch_errors test_dsl_kernels test_op_replay test_launch_memory test_input_layout
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
+    --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
+  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_compiled_kernels.py > "$logs/ncu-decode-compiled.csv" 2>> "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-decode-compiled.csv" 2>&1 | tee -a "$log"
 elif [ "$mode" = s33 ]; then
   # the mask-free (EVEN_K) GEMVs: the decode candidates on the GPU, kernel time against the
   # masked form and MLX, their profile (sections), the decode benchmark's compiled calls
@@ -430,7 +443,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

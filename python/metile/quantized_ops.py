@@ -65,10 +65,13 @@ MATVEC = {"kernel": "matvec", "BLOCK_N": 4, "BLOCK_W": 128}
 # word, scale and bias once per run; one output per program.  On the H200 (int4, group
 # 64, 1x4096x11008 float16; benchmarks/results/h200-quantized-parts-sweep-2026-12-01.txt)
 # 512/1 warp 29.6 us, 256/1 31.8, 1024/2 33.2, larger blocks 36-45 (a per-block running
-# sum instead of the held accumulator was no faster: 32-45); MLX 33.4.
-MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
-               {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1},
-               {"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 2}]
+# sum instead of the held accumulator was no faster: 32-45); MLX 33.4.  Without load masks
+# where K is a multiple of the block (EVEN_K, s33, ncu kernel time with caches flushed,
+# h200-ncu-gemv-s33-*.csv): 512/1 22.7 -> 20.5 us, 1024/1 19.0-19.5, 2048/1 23.5 (16%
+# occupancy); MLX 29.8-30.3.
+MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
+               {"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
+               {"kernel": "matvec_runs", "BLOCK_K": 256, "num_warps": 1}]
 # Several outputs a program on one warp (quantized_matvec_rows), on the H200
 # (h200-device-log-s15-2026-12-02.txt): 8x512 28.6 us, 4x512 29.2, 16x256 29.3, 2x512
 # 30.3, 4x1024 34.0; quantized_matvec_runs 512/1 32.0, MLX 35.2.  After the shifts were
@@ -76,13 +79,16 @@ MATVEC_RUNS = [{"kernel": "matvec_runs", "BLOCK_K": 512, "num_warps": 1},
 # (MLX 38.1), 30.2 and 30.7 in the probe (16x256: 29.0).
 # With each row's index clamped instead of masked (s30: quantized_matvec_rows says why)
 # 4x512 took 24.0 us of kernel time, 8x512 46.6, and 29.6 against 34.8 for 8x512 in the
-# decode benchmark's compiled calls (MLX 34.2): 4x512 is the candidate.
-MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
-               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1},
-               {"kernel": "matvec_rows", "BLOCK_K": 256, "ROWS": 16, "num_warps": 1}]
+# decode benchmark's compiled calls (MLX 34.2).  Without load masks (s33, ncu): 2x1024
+# 20.2-20.4, 2x512 20.7-20.9, 4x512 22.9 (as masked: 2752 one-warp programs hold 24% of
+# the SMs' warp slots), 8x512 36.7-37.0 and 16x256 74.9 (1376 and 688 programs: 16% and 8%
+# occupancy): 2x1024 is the candidate.
+MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 1024, "ROWS": 2, "num_warps": 1},
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 4, "num_warps": 1},
+               {"kernel": "matvec_rows", "BLOCK_K": 512, "ROWS": 8, "num_warps": 1}]
 # One output a warp, ROWS warps a program (quantized_matvec_warps): past the 32 one-warp
 # programs an SM holds.  Not a candidate: slower on the H200 (s28, 1x4096x11008 int4,
-# ncu kernel time 29.1-33.5 us against 22.5 for MATVEC_RUNS[0] and MLX's 30.4).
+# ncu kernel time 29.1-33.5 us against 22.5 for the 512/1 runs GEMV and MLX's 30.4).
 MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
                 {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
@@ -327,7 +333,8 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     dequantize then the dense GEMM (151 us against 3.2 ms for the fused GEMM), which holds a
     dense copy of the weight for the call (N * K elements of x's dtype, freed after it).
     Elsewhere (Metal, the CPU runtime, float32) nothing was measured: the GEMV and fused
-    GEMM."""
+    GEMM.  (The GEMV in runs is MATVEC_RUNS[0]: 1024 deep since s33, 19.0-19.5 us of kernel
+    time without load masks against MLX's 29.8-30.3.)"""
     measured = dtype != mx.float32 and _on_cuda()
     if rows <= DECODE_ROWS:
         if not transpose:

@@ -314,16 +314,19 @@ def _scalars_by_value(req, thread_fn: Function, buffers: dict) -> list[str]:
     scalars, in parameter order.
     MLX's own cuda_kernel passes arrays only, so such a kernel is compiled by metile and
     launched precompiled: one without an arch of its own (the warpgroup GEMM's sm_90a)
-    gets its target's (recorded in the launch record).  None for other settings."""
+    gets its target's (recorded in the launch record).  So does a kernel without such
+    scalars: under this setting every kernel is metile's to compile, and its launch is
+    metile's own primitive (csrc/cuda_launch.cpp), not MLX's cuda_kernel, whose launch
+    cost more host time - on the H200 (s33) a one-element kernel without scalars built in
+    3.26 us through MLX's cuda_kernel binding, an ops.matmul replay through metile's own
+    launch in 1.84.  None for other settings."""
     if req.backend.language != "cuda" or req.backend.scalars != "value":
         return []
-    names = [buffers[(n, "scalar")] for n, s in req.specs.items()
-             if s[0] == "scalar" and s[1].name in BY_VALUE_SCALARS]
-    if names:
-        launch = thread_fn.meta.setdefault("launch", {})
-        if launch.get("arch") is None:   # (a launch record may name it None)
-            launch["arch"] = req.backend.target.name
-    return names
+    launch = thread_fn.meta.setdefault("launch", {})
+    if launch.get("arch") is None:   # (a launch record may name it None)
+        launch["arch"] = req.backend.target.name
+    return [buffers[(n, "scalar")] for n, s in req.specs.items()
+            if s[0] == "scalar" and s[1].name in BY_VALUE_SCALARS]
 
 
 def _lowering_steps(thread_fn: Function) -> list[str]:
