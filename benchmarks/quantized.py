@@ -37,15 +37,22 @@ from metile import quantized_ops
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-def sides(n, k, group_size, bits, rows, dtype, also=()):
-    """Each side a compiled call of (x, w, wq, scales, biases); `also`: configurations to
-    time beside the op's candidates (quantized_ops names, e.g. WGMMA_GEMM)."""
+def sides(n, k, group_size, bits, rows, dtype, also=(), chain=1):
+    """Each side a compiled call of (x, w, wq, scales, biases) - with `chain` > 1 of x and
+    `chain` such weight tuples, the op applied to each (a decode step's layers in one
+    graph, so the call's host time is shared by `chain` products); `also`: configurations
+    to time beside the op's candidates (quantized_ops names, e.g. WGMMA_GEMM)."""
     def mlx(x, w, wq, scales, biases):
         return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group_size,
                                    bits=bits)
 
     def dense(x, w, wq, scales, biases):
         return x @ w.T
+
+    def chained(op):
+        if chain == 1:
+            return op
+        return lambda x, *weights: [op(x, *weights[4 * i:4 * i + 4]) for i in range(chain)]
 
     fns = {}
     extra = []
@@ -56,28 +63,32 @@ def sides(n, k, group_size, bits, rows, dtype, also=()):
         def kernel(x, w, wq, scales, biases, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
                                          config)
-        fns[quantized_ops.config_name(config)] = mx.compile(kernel)
-    fns["mlx"] = mx.compile(mlx)
-    fns["dense"] = mx.compile(dense)
+        fns[quantized_ops.config_name(config)] = mx.compile(chained(kernel))
+    fns["mlx"] = mx.compile(chained(mlx))
+    fns["dense"] = mx.compile(chained(dense))
     return fns
 
 
-def seconds_per_call(fn, x, launches, weights=None) -> float:
-    """Wall time per call of `launches` calls issued together and evaluated at once;
-    with `weights` (a list of argument tuples), call i passes weights[i % len(weights)]."""
+def seconds_per_call(fn, x, launches, weights=None, chain=1) -> float:
+    """Wall time per product of `launches` calls issued together and evaluated at once;
+    with `weights` (a list of argument tuples), call i passes weights[i % len(weights)] -
+    with `chain` > 1, `chain` tuples from there on (each call `chain` products)."""
     mx.synchronize()
     start = time.perf_counter()
     if weights is None:
         outs = [fn(x) for _ in range(launches)]
-    else:
+    elif chain == 1:
         outs = [fn(x, *weights[i % len(weights)]) for i in range(launches)]
+    else:
+        outs = [fn(x, *[a for j in range(chain) for a in weights[(i + j) % len(weights)]])
+                for i in range(launches)]
     mx.eval(*outs)
     mx.synchronize()
-    return (time.perf_counter() - start) / launches
+    return (time.perf_counter() - start) / (launches * chain)
 
 
 def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=1,
-            also=()) -> dict:
+            also=(), chain=1) -> dict:
     keys = mx.random.split(mx.random.key(0), 1 + copies)
     x = mx.random.normal((rows, k), key=keys[0]).astype(dtype)
     weights = []
@@ -86,26 +97,30 @@ def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=
         weights.append((w, *mx.quantize(w, group_size=group_size, bits=bits)))
         mx.eval(*weights[-1])
     mx.eval(x)
-    fns = sides(n, k, group_size, bits, rows, dtype, also)
-    for args in weights:
+    fns = sides(n, k, group_size, bits, rows, dtype, also, chain)
+    for i, args in enumerate(weights):
+        args = [a for j in range(chain) for a in weights[(i + j) % len(weights)]]
         reference = fns["mlx"](x, *args)
         for side, fn in fns.items():
             if side.startswith("metile"):
-                problem = quantized_ops._validate(fn(x, *args), reference)
-                if problem:
-                    raise SystemExit(f"{side} differs from MLX for {name}: {problem}")
+                got = fn(x, *args)
+                for g, want in (zip(got, reference) if chain > 1 else [(got, reference)]):
+                    problem = quantized_ops._validate(g, want)
+                    if problem:
+                        raise SystemExit(f"{side} differs from MLX for {name}: {problem}")
     for fn in fns.values():   # warm-up: compile, first launch
-        seconds_per_call(fn, x, 1, weights)
+        seconds_per_call(fn, x, 1, weights, chain)
     times = {side: [] for side in fns}
     order = list(fns)
     for r in range(rounds):
         for side in (order if r % 2 == 0 else order[::-1]):
-            times[side].append(seconds_per_call(fns[side], x, launches, weights))
+            times[side].append(seconds_per_call(fns[side], x, launches, weights, chain))
     us = {side: float(np.median(t)) * 1e6 for side, t in times.items()}
     _, wq, scales, biases = weights[0]
     weight_bytes = wq.nbytes + scales.nbytes + biases.nbytes
     return {"name": name, "rows": rows, "k": k, "n": n, "dtype": str(dtype).removeprefix("mlx.core."),
-            "bits": bits, "group_size": group_size, "weights": copies, "us_per_call": us,
+            "bits": bits, "group_size": group_size, "weights": copies, "chain": chain,
+            "us_per_call": us,
             "tflops": {s: 2 * rows * k * n / (t * 1e-6) / 1e12 for s, t in us.items()},
             "quantized_weight_tb_per_s": {s: weight_bytes / (t * 1e-6) / 1e12
                                           for s, t in us.items() if s != "dense"},
@@ -124,6 +139,9 @@ def main():
     parser.add_argument("--weights", type=int, default=1,
                         help="calls cycle through this many weights (>= 3: out of the L2)")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--chain", type=int, default=1,
+                        help="products a compiled call (each on the next weight): times per "
+                             "product with the call's host time shared, as in a model's step")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, 2 launches, 2 rounds (the CPU runtime)")
     parser.add_argument("--also", nargs="*", default=[], metavar="CONFIG",
@@ -144,6 +162,8 @@ def main():
                          f"metile.quantized_ops")
     if args.weights < 1:
         parser.error(f"--weights must be at least 1, got {args.weights}")
+    if args.chain < 1:
+        parser.error(f"--chain must be at least 1, got {args.chain}")
     decode = args.decode or [[1, 4096, 11008]]
     prefill = args.prefill or [[512, 4096, 11008]]
     if args.quick:
@@ -156,16 +176,16 @@ def main():
         for rows, k, n in shapes:
             r = measure(name, rows, k, n, dtype, args.group_size, args.bits, args.launches,
                         args.rounds, args.weights,
-                        args.also if name == "prefill" else args.also_decode)
+                        args.also if name == "prefill" else args.also_decode, args.chain)
             line = ", ".join(f"{s} {t:.1f} us" for s, t in r["us_per_call"].items())
             ratios = ", ".join(f"{s} {v:.2f}" for s, v in r["mlx_over"].items())
             print(f"{name} {rows}x{k}x{n} int{args.bits} g{args.group_size} {args.dtype} "
-                  f"weights {args.weights}: {line}"
+                  f"weights {args.weights} chain {args.chain}: {line}"
                   f"  | mlx/side: {ratios}")
             results.append(r)
     write_report(args.output, {"machine": machine(), "benchmark": "quantized_matmul",
                                "launches": args.launches, "rounds": args.rounds,
-                               "weights": args.weights,
+                               "weights": args.weights, "chain": args.chain,
                                "cases": results})
 
 
