@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <unordered_map>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
@@ -797,6 +798,151 @@ class Replay {
   SettingsCheck settings_;
 };
 
+// An op call's replay key (python/metile/op_replay.py): the op's name, each option (None,
+// bool, int, float, str, or a tuple of ints, each with its type: 1, 1.0 and True differ)
+// and each array's dtype and shape (an absent one, None, a byte of its own); nothing when
+// an option is of another type or an argument is neither an array nor None (such a call
+// takes the op's full path, which names what it does not take).
+std::optional<std::string> replay_key(const std::string& op, nb::handle options,
+                                      const nb::args& arrays) {
+  if (!PyTuple_Check(options.ptr())) return std::nullopt;
+  std::string key = op;
+  key.push_back('\0');
+  auto put = [&key](const void* p, std::size_t n) { key.append(static_cast<const char*>(p), n); };
+  auto integer = [&](PyObject* o) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return false;
+    }
+    put(&v, sizeof(v));
+    return true;
+  };
+  for (nb::handle h : nb::borrow<nb::tuple>(options)) {
+    PyObject* o = h.ptr();
+    if (o == Py_None) {
+      key.push_back('N');
+    } else if (PyBool_Check(o)) {
+      key.push_back(o == Py_True ? 'T' : 'F');
+    } else if (PyLong_CheckExact(o)) {
+      key.push_back('i');
+      if (!integer(o)) return std::nullopt;
+    } else if (PyFloat_CheckExact(o)) {
+      key.push_back('f');
+      double v = PyFloat_AS_DOUBLE(o);
+      put(&v, sizeof(v));
+    } else if (PyUnicode_CheckExact(o)) {
+      Py_ssize_t n = 0;
+      const char* text = PyUnicode_AsUTF8AndSize(o, &n);
+      if (!text) {
+        PyErr_Clear();
+        return std::nullopt;
+      }
+      key.push_back('s');
+      put(&n, sizeof(n));
+      put(text, std::size_t(n));
+    } else if (PyTuple_CheckExact(o)) {
+      Py_ssize_t n = PyTuple_GET_SIZE(o);
+      key.push_back('t');
+      put(&n, sizeof(n));
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* e = PyTuple_GET_ITEM(o, i);
+        if (!PyLong_CheckExact(e) || !integer(e)) return std::nullopt;
+      }
+    } else {
+      return std::nullopt;
+    }
+  }
+  key.push_back('|');
+  PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
+  for (nb::handle h : arrays) {
+    if (h.is_none()) {
+      key.push_back('\xff');
+      continue;
+    }
+    if (Py_TYPE(h.ptr()) != array_type) return std::nullopt;
+    auto* a = nb::inst_ptr<mx::array>(h);
+    key.push_back(static_cast<char>(a->dtype().val()));
+    key.push_back(static_cast<char>(a->ndim()));
+    for (auto d : a->shape()) put(&d, sizeof(d));
+  }
+  return key;
+}
+
+// The replays of op call signatures (python/metile/op_replay.py), looked up and run in one
+// C++ call: an eager op call that repeats a recorded signature pays for its key, one hash
+// lookup and its launch, where building the key and finding the replay in Python cost
+// about as much as the launch itself.  An entry is an _ext.Replay (run natively) or any
+// Python callable (an op routed to MLX's composite), each called with the call's arrays
+// that are not None; a provisional entry declines while `tuning_scope()` says a call may
+// measure.  `observer` (None unless a test sets it) is called with the op's name, and
+// whether the entry is a kernel's replay, on each call an entry answers.
+class ReplayTable {
+  struct Entry {
+    nb::object replay;
+    const Replay* native;
+    bool provisional;
+    std::string op;
+  };
+
+ public:
+  ReplayTable(nb::object tuning_scope, std::size_t capacity)
+      : tuning_scope_(std::move(tuning_scope)), capacity_(capacity) {}
+
+  nb::object call(const std::string& op, nb::handle options, const nb::args& arrays) const {
+    auto key = replay_key(op, options, arrays);
+    if (!key) return nb::none();
+    auto it = entries_.find(*key);
+    if (it == entries_.end()) return nb::none();
+    const Entry& e = it->second;
+    if (e.provisional && nb::cast<bool>(tuning_scope_())) return nb::none();
+    std::size_t given = 0;
+    for (nb::handle h : arrays) given += !h.is_none();
+    nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(given)));
+    Py_ssize_t i = 0;
+    for (nb::handle h : arrays) {
+      if (!h.is_none()) PyTuple_SET_ITEM(args.ptr(), i++, h.inc_ref().ptr());
+    }
+    nb::object out = e.native ? (*e.native)(nb::borrow<nb::args>(args))
+                              : e.replay(*args);
+    if (!out.is_none() && !observer_.is_none()) observer_(e.op, e.native != nullptr);
+    return out;
+  }
+
+  void put(nb::bytes key, nb::object replay, bool provisional) {
+    if (entries_.size() >= capacity_) entries_.clear();
+    std::string k(key.c_str(), key.size());
+    const Replay* native = nb::isinstance<Replay>(replay) ? nb::inst_ptr<Replay>(replay) : nullptr;
+    entries_[k] = Entry{std::move(replay), native, provisional, k.substr(0, k.find('\0'))};
+  }
+
+  // (replay, provisional) recorded under `key`, or None.
+  nb::object get(nb::bytes key) const {
+    auto it = entries_.find(std::string(key.c_str(), key.size()));
+    if (it == entries_.end()) return nb::none();
+    return nb::make_tuple(it->second.replay, it->second.provisional);
+  }
+
+  // The replays recorded for op `op` (probes).
+  std::vector<nb::object> replays(const std::string& op) const {
+    std::vector<nb::object> out;
+    for (auto& [k, e] : entries_) {
+      if (e.op == op) out.push_back(e.replay);
+    }
+    return out;
+  }
+
+  void clear() { entries_.clear(); }
+  std::size_t size() const { return entries_.size(); }
+  nb::object observer_ = nb::none();
+
+ private:
+  nb::object tuning_scope_;
+  std::size_t capacity_;
+  std::unordered_map<std::string, Entry> entries_;
+};
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -958,6 +1104,28 @@ NB_MODULE(_ext, m) {
            nb::arg("environ_size"), nb::arg("device"))
       .def("__call__", &SettingsCheck::operator(),
            "Whether the default device and the settings are still as recorded.");
+  m.def("replay_key",
+        [](const std::string& op, nb::handle options, nb::args arrays) -> nb::object {
+          auto key = replay_key(op, options, arrays);
+          if (!key) return nb::none();
+          return nb::bytes(key->data(), key->size());
+        },
+        "An op call's replay key as bytes (its name, options and arrays' dtypes and shapes), "
+        "or None where an option or argument cannot key one.");
+  nb::class_<ReplayTable>(m, "ReplayTable")
+      .def(nb::init<nb::object, std::size_t>(), nb::arg("tuning_scope"), nb::arg("capacity"))
+      .def("__call__", &ReplayTable::call,
+           "The recorded replay's result for this op call, or None (none recorded, or it "
+           "declines).")
+      .def("put", &ReplayTable::put, nb::arg("key"), nb::arg("replay"), nb::arg("provisional"))
+      .def("get", &ReplayTable::get, nb::arg("key"))
+      .def("replays", &ReplayTable::replays, nb::arg("op"))
+      .def("clear", &ReplayTable::clear)
+      .def("__len__", &ReplayTable::size)
+      .def_prop_rw(
+          "observer", [](const ReplayTable& t) { return t.observer_; },
+          [](ReplayTable& t, nb::object v) { t.observer_ = std::move(v); },
+          nb::for_setter(nb::arg("value").none()));
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,

@@ -323,3 +323,47 @@ def test_gated_mlp_replays(rng, routes, backend):
     ref = mx.grad(loss, argnums=(0, 1, 2))(x, wg, wu, "mlx")
     for g, r in zip(got, ref):
         np.testing.assert_allclose(f64(g), f64(r), rtol=1e-4, atol=1e-4)
+
+
+def test_replay_keys_tell_option_types_and_absent_arrays_apart():
+    x, y = mx.zeros((2, 3)), mx.zeros((3,), mx.float16)
+    key = op_replay.key
+    # 1, 1.0 and True are different options (a kernel specialized for one is not the other's)
+    keys = {key("op", (v,), x) for v in (1, 1.0, True, "1", None, (1,))}
+    assert len(keys) == 6 and None not in keys
+    # the arrays' dtypes and shapes, an absent one, and the op's name are in the key
+    assert key("op", (), x, y) != key("op", (), x, y.astype(mx.float32))
+    assert key("op", (), x, None) != key("op", (), x) != key("op", (), None, x)
+    assert key("op", (), x) != key("other", (), x)
+    # an option or argument that cannot key a replay: no key (the op's full path runs)
+    assert key("op", ([1],), x) is None and key("op", ((1.5,),), x) is None
+    assert key("op", (2 ** 70,), x) is None and key("op", (), np.zeros(3)) is None
+
+
+def test_a_changed_option_misses_and_a_provisional_replay_declines_while_tuning(rng, routes):
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=0.25, backend="metile")
+    metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=0.25, backend="metile")
+    assert len(routes) == 1
+    out = metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=0.5, backend="metile")
+    assert len(routes) == 2   # another slope: the full path, its own kernel
+    want = f64(a) @ f64(b)
+    np.testing.assert_allclose(f64(out), np.where(want > 0, want, 0.5 * want), rtol=2e-5,
+                               atol=2e-5)
+    k = op_replay.key("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+    replay, provisional = op_replay._REPLAYS.get(k)
+    assert not provisional
+    # a table whose tuning-scope predicate says a call may measure: a provisional replay
+    # (one routed by the cost model) declines, a decided one runs
+    table = metile._ext.ReplayTable(lambda: True, 2)
+    table.put(k, replay, True)
+    assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is None
+    table.put(k, replay, False)
+    got = table("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+    np.testing.assert_allclose(f64(got), np.where(want > 0, want, 0.25 * want), rtol=2e-5,
+                               atol=2e-5)
+    # full at its capacity: emptied before the next entry
+    table.put(op_replay.key("matmul", (None, 0.25, "metile"), a, b), replay, False)
+    assert len(table) == 2
+    table.put(op_replay.key("matmul", ("relu", 0.25, "metile"), a, b), replay, False)
+    assert len(table) == 1 and table.get(k) is None

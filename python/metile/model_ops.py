@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import _ext, op_replay
+from . import op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _config_name,
@@ -520,18 +520,9 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
 # -- public ops ---------------------------------------------------------------------------------
 
 def _replay_key(op: str, arrays: tuple, options: tuple):
-    """The signature a repeated call replays under (op_replay.py): each array's (or None's)
-    shape and dtype and the other arguments, or None where one is not plainly hashable."""
-    signature = _ext.array_signature(*arrays)
-    if signature is None:
-        return None
-    parts = [op, signature]
-    for o in options:
-        if o is not None and type(o) not in (bool, int, float, str) and not (
-                type(o) is tuple and all(type(e) is int for e in o)):
-            return None   # (the full path names what it does not take)
-        parts.append((type(o), o))   # (1 and 1.0 and True are one key otherwise)
-    return tuple(parts)
+    """The signature a repeated call replays under (op_replay.key): each array's (or
+    None's) shape and dtype and the other arguments, or None where one cannot key it."""
+    return op_replay.key(op, options, *arrays)
 
 
 def _remember(key, launches, at, vjp, given, rows_shape, composite):
@@ -548,11 +539,11 @@ def _remember(key, launches, at, vjp, given, rows_shape, composite):
 def rms_norm(x, weight, eps, *, backend: str = "auto"):
     """`mx.fast.rms_norm(x, weight, eps)`: x * rsqrt(mean(x^2, -1) + eps) * weight, over
     x's last axis; weight (x.shape[-1],) or None."""
-    key = _replay_key("rms_norm", (x, weight), (eps, backend))
-    w = () if weight is None else (weight,)
-    out = op_replay.replayed(key, (x, *w))
+    out = op_replay.replayed("rms_norm", (eps, backend), x, weight)   # (op_replay.py)
     if out is not None:
         return out
+    key = _replay_key("rms_norm", (x, weight), (eps, backend))
+    w = () if weight is None else (weight,)
     _check_x("rms_norm", x)
     _check_vector("rms_norm", "weight", weight, x)
     eps = _check_eps("rms_norm", eps)
@@ -575,11 +566,11 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
 def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     """`mx.fast.layer_norm(x, weight, bias, eps)`: (x - mean) * rsqrt(var + eps) * weight
     + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
-    key = _replay_key("layer_norm", (x, weight, bias), (eps, backend))
-    params = tuple(p for p in (weight, bias) if p is not None)
-    out = op_replay.replayed(key, (x, *params))
+    out = op_replay.replayed("layer_norm", (eps, backend), x, weight, bias)   # (op_replay.py)
     if out is not None:
         return out
+    key = _replay_key("layer_norm", (x, weight, bias), (eps, backend))
+    params = tuple(p for p in (weight, bias) if p is not None)
     _check_x("layer_norm", x)
     _check_vector("layer_norm", "weight", weight, x)
     _check_vector("layer_norm", "bias", bias, x)
@@ -660,10 +651,10 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     attention case).  The kernel computes in float32 whatever `precise` says; MLX's
     op is called with it as given.  Reducing axes other than the last ones moves them
     last with a transpose (and back)."""
-    key = _replay_key("softmax", (x,), (axis, precise, backend))
-    out = op_replay.replayed(key, (x,))
+    out = op_replay.replayed("softmax", (axis, precise, backend), x)   # (op_replay.py)
     if out is not None:
         return out
+    key = _replay_key("softmax", (x,), (axis, precise, backend))
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, int) else list(axis)

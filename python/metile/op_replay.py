@@ -42,31 +42,38 @@ from . import _ext, settings
 from .compiler.backend import device_type
 from .runtime import routing
 
-# signature -> (replay, provisional).  A provisional replay is one of a call routed by the
-# cost model (no decision recorded): a call that may measure takes the full path instead -
-# inside a tuning scope (checked per call), or under METILE_OPS_TUNE (none is recorded
-# while it is set, and setting it fails the settings check)
-_REPLAYS: dict = {}
+# signature (_ext.replay_key's bytes) -> (replay, provisional), looked up and run in C++
+# (_ext.ReplayTable: one call for a repeated op call).  A provisional replay is one of a
+# call routed by the cost model (no decision recorded): a call that may measure takes the
+# full path instead - inside a tuning scope (checked per call), or under METILE_OPS_TUNE
+# (none is recorded while it is set, and setting it fails the settings check)
 _MAX_REPLAYS = 512
+_REPLAYS = _ext.ReplayTable(routing.in_tuning_scope, _MAX_REPLAYS)
 _SLOT = mx.zeros((0,))   # what a replay's inputs hold where each call's arrays go
 # per thread: the (kernel, grid, args, kwargs) launched while a call is recorded (another
 # thread's launches must not land in this thread's recording)
 _local = threading.local()
 
 
+def key(op: str, options: tuple, *arrays):
+    """The replay key of a call of `op` (bytes: its name, options and arrays' dtypes and
+    shapes), or None where an option or argument cannot key one (the op's full path names
+    what it does not take)."""
+    return _ext.replay_key(op, options, *arrays)
+
+
 def find(key):
     """The replay recorded for an op call signature, or None."""
-    found = _REPLAYS.get(key)
+    found = None if key is None else _REPLAYS.get(key)
     if found is None or (found[1] and routing.in_tuning_scope()):
         return None
     return found[0]
 
 
-def replayed(key, arrays):
-    """The result of the replay recorded for `key` on the op's `arrays`, else None (no key,
-    none recorded, or it declines: the op's full path runs)."""
-    replay = None if key is None else find(key)
-    return None if replay is None else replay(*arrays)
+def replayed(op: str, options: tuple, *arrays):
+    """The result of the replay recorded for this call of `op` on its arrays (those that
+    are not None), else None (none recorded, or it declines: the op's full path runs)."""
+    return _REPLAYS(op, options, *arrays)
 
 
 def forget() -> None:
@@ -167,9 +174,7 @@ def remember_composite(key, run, decision) -> None:
 def _keep(key, replay, provisional: bool) -> None:
     if provisional and routing.measuring_requested():
         return   # (the next eager call of the signature measures)
-    if len(_REPLAYS) >= _MAX_REPLAYS:
-        _REPLAYS.clear()
-    _REPLAYS[key] = (replay, provisional)
+    _REPLAYS.put(key, replay, provisional)   # (full: cleared first)
 
 
 def _settings_now():

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import _ext, lazy_graph, matmul_shapes, op_replay
+from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _op_config_name,
@@ -842,14 +842,12 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     with broadcast batch dimensions, a 1-D operand promoted as NumPy does.  A `b` with
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
     a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
-    key = None
-    arrays = _ext.array_signature(a, b)
-    if arrays is not None and a is not None and b is not None and \
-            _plain_options(epilogue, negative_slope, backend):   # (op_replay.py)
-        key = ("matmul", arrays, epilogue, negative_slope, backend)
-        out = op_replay.replayed(key, (a, b))
-        if out is not None:
-            return out
+    options = (epilogue, negative_slope, backend)
+    out = op_replay.replayed("matmul", options, a, b)   # (a repeated call: op_replay.py)
+    if out is not None:
+        return out
+    key = op_replay.key("matmul", options, a, b) if a is not None and b is not None and \
+        _plain_options(*options) else None
     p = _matmul_plan(a, b, epilogue, negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
         return _matmul_mlx(a, b, epilogue, negative_slope)
@@ -931,15 +929,12 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
-    key = None
-    arrays = _ext.array_signature(x, weight, bias, residual)
-    if arrays is not None and weight is not None and x is not None and \
-            _plain_options(activation, negative_slope, backend):   # (op_replay.py)
-        key = ("linear", arrays, activation, negative_slope, backend)
-        out = op_replay.replayed(key, (x, weight) + tuple(a for a in (bias, residual)
-                                                          if a is not None))
-        if out is not None:
-            return out
+    options = (activation, negative_slope, backend)
+    out = op_replay.replayed("linear", options, x, weight, bias, residual)   # (op_replay.py)
+    if out is not None:
+        return out
+    key = op_replay.key("linear", options, x, weight, bias, residual) \
+        if weight is not None and x is not None and _plain_options(*options) else None
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
@@ -1051,14 +1046,12 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     the store); routed like `linear` (`backend=`).  Call it explicitly in a model's
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
     forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
-    key = None
-    arrays = _ext.array_signature(x, w_gate, w_up)
-    if arrays is not None and all(a is not None for a in (x, w_gate, w_up)) and \
-            _plain_options(activation, LEAKY_SLOPE, backend):   # (op_replay.py)
-        key = ("gated_mlp", arrays, activation, backend)
-        out = op_replay.replayed(key, (x, w_gate, w_up))
-        if out is not None:
-            return out
+    out = op_replay.replayed("gated_mlp", (activation, backend), x, w_gate, w_up)
+    if out is not None:   # (a repeated call: op_replay.py)
+        return out
+    key = op_replay.key("gated_mlp", (activation, backend), x, w_gate, w_up) \
+        if all(a is not None for a in (x, w_gate, w_up)) and \
+        _plain_options(activation, LEAKY_SLOPE, backend) else None
     given = (x, w_gate, w_up)
     x2, w_gate, w_up = _gated_args(x, w_gate, w_up, activation)
     shape = (*x.shape[:-1], w_gate.shape[0])

@@ -43,7 +43,7 @@ import math
 
 import mlx.core as mx
 
-from . import _ext, op_replay
+from . import op_replay
 from .runtime import routing
 from .op_routing import (
     config_name,
@@ -441,15 +441,13 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     MLX's signature and results (see the module docstring for the paths)."""
     group_size = 64 if group_size is None else group_size   # MLX's affine defaults
     bits = 4 if bits is None else bits
-    key = None
-    arrays = _ext.array_signature(x, w, scales, biases)
-    if arrays is not None and all(a is not None for a in (x, w, scales, biases)) and \
-            all(type(o) in (bool, int, str) for o in (transpose, group_size, bits, mode, backend)):
-        # (a repeated call: op_replay.py)
-        key = ("quantized_matmul", arrays, transpose, group_size, bits, mode, backend)
-        out = op_replay.replayed(key, (x, w, scales, biases))
-        if out is not None:
-            return out
+    options = (transpose, group_size, bits, mode, backend)
+    out = op_replay.replayed("quantized_matmul", options, x, w, scales, biases)
+    if out is not None:   # (a repeated call: op_replay.py)
+        return out
+    key = op_replay.key("quantized_matmul", options, x, w, scales, biases) \
+        if all(a is not None for a in (x, w, scales, biases)) and \
+        all(type(o) in (bool, int, str) for o in options) else None
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
