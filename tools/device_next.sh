@@ -345,6 +345,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s35 ]; then
+  # op replays looked up in C++ (ReplayTable): the replay/op GPU tests, the eager cost; the
+  # int4 decode with 8 products a compiled call (the call's host time shared, as in a step)
+  gpu_tests 220 test_op_replay test_decoder_block test_ops_vmap test_launch_memory test_model_ops_norms test_linear_fused_reads
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
+    --weights 4 --chain 8 --launches 20 --rounds 7 --also-decode MATVEC_ROWS \
+    --output "$logs/h200-quantized-int4-float16-decode-chain8.json" 2>&1 | tail -2 | tee -a "$log"
 elif [ "$mode" = s34 ]; then
   # every metile kernel on metile's own launch (scalar-less ones were MLX's cuda_kernel):
   # the launch GPU tests, the eager cost; the 1024-deep GEMV in the decode benchmark, and
@@ -443,7 +452,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34, s35)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
