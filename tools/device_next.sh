@@ -357,6 +357,12 @@ elif [ "$mode" = s35 ]; then
   timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active --csv \
     python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/decode_kernels_ncu.py --only dequantize --repeat 3 > "$logs/ncu-dequantize.csv" 2>> "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-dequantize.csv" 2>&1 | tee -a "$log"
+  timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 \
+    --group-size 64 --weights 4 --decode-off --also DEQUANTIZE_MLX_GEMM --rounds 5 \
+    --output "$logs/h200-quantized-int4-float16-prefill.json" 2>&1 | tail -2 | tee -a "$log"
 elif [ "$mode" = s34 ]; then
   # every metile kernel on metile's own launch (scalar-less ones were MLX's cuda_kernel):
   # the launch GPU tests, the eager cost; the 1024-deep GEMV in the decode benchmark, and

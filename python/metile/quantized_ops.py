@@ -254,7 +254,8 @@ def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
     rows, columns = (n, k) if transpose else (k, n)
     dense = kernels.dequantize[(math.ceil(columns / DEQUANTIZE_BLOCK), rows)](
         w, scales, biases, mx.zeros((rows, columns), x2.dtype), rows, columns, BITS=bits,
-        GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK, num_warps=DEQUANTIZE_WARPS)
+        GROUP=group_size, BLOCK=DEQUANTIZE_BLOCK, num_warps=DEQUANTIZE_WARPS,
+        EVEN=columns % DEQUANTIZE_BLOCK == 0)
     # the dense product as metile.ops.matmul runs it with `dense_backend` (metile: its tile
     # for this shape, warpgroup MMA on Hopper; mlx: MLX's own product); transposed, the
     # (N, K) dense weight is read as stored, no copy

@@ -44,6 +44,11 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 2048, "ROWS": 2, "num_warps": 2}]
 
 
+# The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS, EVEN)
+DEQUANTIZE = [(4096, 8, 1, False), (4096, 8, 1, True), (4096, 8, 2, True), (4096, 8, 4, True),
+              (2048, 4, 2, True), (1024, 4, 4, True)]
+
+
 def run(repeat, only=None):
     import mlx.core as mx
     from metile import attention_ops, quantized_ops
@@ -56,6 +61,22 @@ def run(repeat, only=None):
     wq, s, b = mx.quantize(w, group_size=64, bits=4)
     x = mx.random.normal((1, kk), key=mx.random.key(3)).astype(mx.float16)
     mx.eval(q, k, v, wq, s, b, x)
+    if only == "dequantize":
+        from metile_kernels import quantized as kernels
+        reference = mx.dequantize(wq, s, b, group_size=64, bits=4)
+        sides = [("mlx dequantize", lambda: mx.dequantize(wq, s, b, group_size=64, bits=4))]
+        sides += [(f"dequantize {c}", lambda c=c: kernels.dequantize[(kk // c[0], n // c[2])](
+            wq, s, b, mx.zeros((n, kk), mx.float16), n, kk, BITS=4, GROUP=64, BLOCK=c[0],
+            num_warps=c[1], ROWS=c[2], EVEN=c[3])) for c in DEQUANTIZE]
+        for name, fn in sides:
+            out = fn()
+            mx.eval(out)
+            error = mx.abs(out.astype(mx.float32) - reference.astype(mx.float32)).max().item()
+            print("side", name, f"WRONG: max error {error}" if error > 2e-2 else "", flush=True)
+            for _ in range(repeat):
+                mx.eval(fn())
+                mx.synchronize()
+        return
     sides = [] if only == "gemv" else [
         ("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
     sides += [] if only == "gemv" else [
@@ -106,6 +127,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--summarize")
-    parser.add_argument("--only", choices=["gemv"])
+    parser.add_argument("--only", choices=["gemv", "dequantize"])
     args = parser.parse_args()
     summarize(args.summarize) if args.summarize else run(args.repeat, args.only)
