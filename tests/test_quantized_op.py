@@ -247,20 +247,6 @@ def test_dequantize_kernel_ragged(rng):
                                    rtol=2.0 ** -11, atol=2.0 ** -25)
 
 
-def test_dequantize_kernel_whole_blocks(rng):
-    # EVEN: every block whole (columns a multiple of BLOCK, rows of ROWS), no mask at all
-    from metile_kernels import quantized as kernels
-    for bits, group_size, (rows, columns), per, block in ((4, 64, (6, 2048), 1, 1024),
-                                                          (8, 32, (4, 512), 2, 256),
-                                                          (4, 128, (8, 1024), 4, 512)):
-        wq, s, b = quantized(rng, (rows, columns), mx.float16, group_size, bits)
-        out = kernels.dequantize[(columns // block, rows // per)](
-            wq, s, b, mx.zeros((rows, columns), mx.float16), rows, columns, BITS=bits,
-            GROUP=group_size, BLOCK=block, ROWS=per, EVEN=True, num_warps=2)
-        np.testing.assert_allclose(f64(out), unpacked(wq, s, b, group_size, bits),
-                                   rtol=2.0 ** -11, atol=2.0 ** -25)
-
-
 def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
     # backend="metile" on CUDA with 16-bit x runs what measured fastest on the H200 (the
     # GEMV in runs; dequantize then the dense GEMM); float32 and other devices keep theirs
