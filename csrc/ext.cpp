@@ -437,7 +437,9 @@ class EnvCheck {
   std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
 };
 
-using Bound = std::function<std::optional<std::vector<mx::array>>(const std::vector<mx::array>&)>;
+// (the arrays by value: a caller done with its vector moves it in, and a launch that keeps
+// them all - the CPU runtime's - takes them without copying each again)
+using Bound = std::function<std::optional<std::vector<mx::array>>(std::vector<mx::array>)>;
 
 // A launch bound by a launcher (CudaLaunch, CudaSourceLaunch, CpuLaunch: the default
 // device's stream at each call) as a C++ call; any other callable through Python.
@@ -446,7 +448,9 @@ template <typename L>
 std::optional<Bound> native_launch(const std::shared_ptr<nb::object>& launch) {
   if (!nb::isinstance<L>(*launch)) return std::nullopt;
   auto* l = nb::inst_ptr<L>(*launch);
-  return Bound([launch, l](const std::vector<mx::array>& in) { return (*l)(in, std::nullopt); });
+  return Bound([launch, l](std::vector<mx::array> in) {
+    return (*l)(std::move(in), std::nullopt);
+  });
 }
 
 // `launch` called natively when it is one of the launchers' bound launches, else nothing.
@@ -462,7 +466,7 @@ std::optional<Bound> native_bound(const std::shared_ptr<nb::object>& launch) {
 
 Bound bound_launch(std::shared_ptr<nb::object> launch) {
   if (auto bound = native_bound(launch)) return *bound;
-  return [launch](const std::vector<mx::array>& in) -> std::optional<std::vector<mx::array>> {
+  return [launch](std::vector<mx::array> in) -> std::optional<std::vector<mx::array>> {
     nb::gil_scoped_acquire gil;
     nb::object outs = (*launch)(in);
     if (outs.is_none()) return std::nullopt;
@@ -597,7 +601,7 @@ class LaunchGuard {
       inputs.push_back(nb::cast<mx::array>(at >= 0 ? nb::handle(PyTuple_GET_ITEM(a, at))
                                                    : nb::handle(fixed)));
     }
-    auto outs = bound_(inputs);
+    auto outs = bound_(std::move(inputs));
     if (!outs) return nb::none();
     if (results_ == 1) return nb::cast(outs->front());
     nb::list kept;
@@ -696,11 +700,12 @@ class Replay {
     std::vector<int> sources;
 
     std::vector<mx::array> run(const std::vector<mx::array>& xs) const {
-      std::vector<mx::array> in = inputs;
+      std::vector<mx::array> in;
+      in.reserve(inputs.size());
       for (std::size_t i = 0; i < sources.size(); ++i) {
-        if (sources[i] >= 0) in[i] = xs[sources[i]];
+        in.push_back(sources[i] >= 0 ? xs[sources[i]] : inputs[i]);
       }
-      auto outs = bound(in);
+      auto outs = bound(std::move(in));
       if (!outs) throw std::runtime_error("[metile] a replayed launch left its device");
       return {outs->front()};   // (a plain launch: one output)
     }

@@ -70,10 +70,10 @@ def find(key):
     return found[0]
 
 
-def replayed(op: str, options: tuple, *arrays):
-    """The result of the replay recorded for this call of `op` on its arrays (those that
-    are not None), else None (none recorded, or it declines: the op's full path runs)."""
-    return _REPLAYS(op, options, *arrays)
+# replayed(op, options, *arrays): the result of the replay recorded for this call of `op`
+# on its arrays (those that are not None), else None (none recorded, or it declines: the
+# op's full path runs).  The table itself, called without a Python frame around it.
+replayed = _REPLAYS
 
 
 def forget() -> None:
