@@ -345,6 +345,20 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s36 ]; then
+  # replays without extra copies: eager parts (the row ops' replays too) and cost; the GPU
+  # tests of the changed GEMV/dequantize/replay code; the int4 prefill after the revert
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  (cd /tmp && timeout 230 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/junit.xml" \
+     "$repo/tests/test_cuda_scalars.py" "$repo/tests/test_op_replay.py" \
+     "$repo/tests/test_quantized_op.py" -k "not fused_warpgroup and not convert and not gradients and (not every_decode_candidate or float16)" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 \
+    --group-size 64 --weights 4 --decode-off --also DEQUANTIZE_MLX_GEMM --rounds 3 \
+    --output "$logs/h200-quantized-int4-float16-prefill.json" 2>&1 | tail -2 | tee -a "$log"
 elif [ "$mode" = s35 ]; then
   # op replays looked up in C++ (ReplayTable): the replay/op GPU tests, the eager cost; the
   # int4 decode with 8 products a compiled call (the call's host time shared, as in a step)
@@ -461,7 +475,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34, s35)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34, s35, s36)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .

@@ -62,6 +62,23 @@ def main():
                 parts[f"in C++: {name}"] = round(ns / 1000, 3)
     if replay is not None:
         parts["ops.matmul's C++ replay on (a, a)"] = per_call(lambda: replay(a, a))
+    # the row ops, 16x64 float16, as tools/probes/launch_cost.py builds them
+    rows = mx.array(np.ones((16, 64), np.float16))
+    weight = mx.array(np.ones((64,), np.float16))
+    mx.eval(rows, weight)
+    for name, op, given, mlx_op in (
+            ("rms_norm", lambda: metile.ops.rms_norm(rows, weight, 1e-5, backend="metile"),
+             (rows, weight), lambda: mx.fast.rms_norm(rows, weight, 1e-5)),
+            ("softmax", lambda: metile.ops.softmax(rows, backend="metile"), (rows,),
+             lambda: mx.softmax(rows, axis=-1))):
+        for _ in range(2):
+            mx.eval(op())
+        parts[f"mlx {name}"] = per_call(mlx_op)
+        parts[f"ops.{name}"] = per_call(op)
+        found = op_replay._REPLAYS.replays(name)
+        if found:
+            parts[f"ops.{name}'s replay ({type(found[0]).__name__})"] = per_call(
+                lambda r=found[0], g=given: r(*g))
     for k, v in parts.items():
         print(f"{k:42s} {v}", flush=True)
     if len(sys.argv) > 1:
