@@ -345,6 +345,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s37 ]; then
+  # the quantized op's GPU tests alone (s33 and s36 ran out of time before them): every
+  # decode candidate (float16) incl. the mask-free GEMVs, dequantize, prefill candidates
+  (cd /tmp && timeout $((budget - 25 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
+     --junitxml="$out/junit.xml" "$repo/tests/test_quantized_op.py" \
+     -k "not fused_warpgroup and not convert and (not every_decode_candidate or float16)" \
+     > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
 elif [ "$mode" = s36 ]; then
   # replays without extra copies: eager parts (the row ops' replays too) and cost; the GPU
   # tests of the changed GEMV/dequantize/replay code; the int4 prefill after the revert
@@ -475,7 +484,7 @@ elif [ "$mode" = s26 ]; then
   # the replay's native_launch<CudaLaunch> binding since the review refactor
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_quantized_op
 else
-  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34, s35, s36)" | tee -a "$log"
+  echo "unknown mode $mode (tests, ops17, block, s7, s8, s9, s11, s12, s13, s14, s15, s16, s17, s18, s19, s20, s21, s22, s23, s24, s25, s26, s27, s28, s29, s30, s31, s32, s33, s34, s35, s36, s37)" | tee -a "$log"
 fi
 cp "$log" "$logs/"
 tar -czf "$out/logs-$mode.tar.gz" -C "$logs" .
