@@ -107,7 +107,8 @@ def weights_in_runs(w, scales, biases, row, start, k, columns, live, BITS, GROUP
     """The float32 weights `scale * q + bias` at columns `start + k` of `row` of a matrix
     packed along its rows (`columns` elements a row): `row` a scalar or a (ROWS, 1) tile,
     `live` (of the same form) whether it is a row of the matrix; True where the grid gives
-    every program a row (a mask term of its own costs instructions in the loop).  `start`
+    every program a row (a mask term of its own costs instructions in the loop); `EVEN`:
+    every block whole and every row live, so no load is masked (`live` is not read).  `start`
     is a multiple of the block and `k` its arange, so the word index `start // PER + k //
     PER` and the group index keep their value along a run and the compiler reads each
     word, scale and bias once per run (passes/vectorize_rows.py, `runs_constant`)."""
@@ -247,7 +248,7 @@ def quantized_matvec_rows(x, w, scales, biases, out, rows, N, K, BITS: metile.co
     lanes = metile.arange(0, ROWS)
     totals = metile.zeros((ROWS,), dtype=metile.float32)
     for start in range(0, K, BLOCK_K):
-        if EVEN_K:   # K a multiple of BLOCK_K: quantized_matvec_runs
+        if EVEN_K:   # K a multiple of BLOCK_K, as in quantized_matvec_runs
             xk = metile.load(x + r * K + start + k)
         else:
             xk = metile.load(x + r * K + start + k, mask=start + k < K, other=0.0)
