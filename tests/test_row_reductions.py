@@ -6,6 +6,8 @@ threadgroup memory); CUDA emission compiled by NVRTC.
 
 Tolerances: float32 sums in another order, rtol 1e-5; max/min exact."""
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -112,3 +114,75 @@ def test_cuda_row_reductions_compile(dtype):
     assert "metile_lanes_sum<" in d.source
     ok, log = compile_cuda(translation_unit(d), "sm_90")
     assert ok, log
+
+
+@metile.kernel
+def run_rows(X, S, M, Y, rows, R: metile.constexpr, C: metile.constexpr):
+    """S = row sums, M = row maxima of X (rows, C), and Y = X less its row's mean: rows as
+    narrow as one run, so each row is one thread's (lower_reductions._rows_in_lanes for S
+    and M; the mean is read back along the row, so it takes threadgroup memory)."""
+    r = metile.program_id(0) * R + metile.arange(0, R)
+    c = metile.arange(0, C)
+    live = r[:, None] < rows
+    x = metile.load(X + r[:, None] * C + c[None, :], mask=live, other=0.0).to(metile.float32)
+    metile.store(S + r, metile.sum(x, axis=1), mask=r < rows)
+    metile.store(M + r, metile.max(x, axis=1), mask=r < rows)
+    mean = metile.sum(x, axis=1) / C
+    metile.store(Y + r[:, None] * C + c[None, :], (x - mean[:, None]).to(Y.dtype), mask=live)
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("rows,C,R,warps", [(100, 4, 64, 1), (70, 4, 128, 2), (37, 8, 64, 1)])
+def test_rows_one_run_wide_fold_in_their_thread(rng, dtype, rows, C, R, warps):
+    x = _data(rng, (rows, C), dtype)
+    s, m, y = run_rows[(metile.cdiv(rows, R),)](
+        x, mx.zeros((rows,), mx.float32), mx.zeros((rows,), mx.float32),
+        mx.zeros((rows, C), dtype), rows, R=R, C=C, num_warps=warps)
+    xs = np.array(x.astype(mx.float32)).astype(np.float64)
+    np.testing.assert_allclose(np.array(s), xs.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.array(m), xs.max(axis=1).astype(np.float32))
+    tol = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1e-2}[dtype]
+    np.testing.assert_allclose(np.array(y.astype(mx.float32)),
+                               xs - xs.mean(axis=1, keepdims=True), rtol=tol, atol=tol * 4)
+
+
+def test_rows_one_run_wide_keep_their_results_in_registers():
+    # Metal's runs of 4: a 4-wide row is one thread's run - summed there, the sum held in a
+    # register (no lanes combine, nothing in threadgroup memory for it); the mean read
+    # back along the row still takes threadgroup memory
+    x = mx.zeros((100, 4), mx.float32)
+    outs = (mx.zeros((100,), mx.float32), mx.zeros((100,), mx.float32), mx.zeros((100, 4)))
+    d = run_rows[(2,)].prepare(x, *outs, 100, R=64, C=4, num_warps=1, backend="msl")
+    assert "Lanes own runs of 4" in " ".join(d.execution_report.notes)
+    # S and M: two registers a thread (its two rows); the mean: one threadgroup array
+    assert len(re.findall(r"\bfloat _rowred\d+\[2\];", d.source)) == 2
+    assert len(re.findall(r"threadgroup float _rows\d+\[64\];", d.source)) == 1
+    assert "metile_lanes_sum<" not in d.source and "metile_lanes_max<" not in d.source
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")
+def test_cuda_rows_one_run_wide_fold_in_their_thread():
+    # float16 runs of 8 on CUDA: an 8-wide row is one thread's; a kernel of row sums alone
+    # then needs no threadgroup memory and no barrier
+    x = mx.zeros((100, 8), mx.float16)
+    d = row_sums_only[(2,)].prepare(x, mx.zeros((100,), mx.float32), 100, R=64, C=8,
+                                    num_warps=1, backend="cuda")
+    assert "_rowred" in d.source and "__shared__" not in d.source
+    assert "__syncthreads" not in d.source
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log
+
+
+@metile.kernel
+def row_sums_only(X, S, rows, R: metile.constexpr, C: metile.constexpr):
+    r = metile.program_id(0) * R + metile.arange(0, R)
+    c = metile.arange(0, C)
+    x = metile.load(X + r[:, None] * C + c[None, :], mask=r[:, None] < rows, other=0.0)
+    metile.store(S + r, metile.sum(x.to(metile.float32), axis=1), mask=r < rows)
+
+
+def test_row_sums_only_against_numpy(rng):
+    x = _data(rng, (100, 8), mx.float16)
+    s = row_sums_only[(2,)](x, mx.zeros((100,), mx.float32), 100, R=64, C=8, num_warps=1)
+    np.testing.assert_allclose(np.array(s), np.array(x.astype(mx.float32)).sum(axis=1),
+                               rtol=1e-5, atol=1e-5)

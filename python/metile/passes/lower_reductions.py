@@ -11,7 +11,10 @@
   group combines by `C / V`-lane shuffles, and the group's first lane writes the row's
   result to threadgroup memory; a row on several whole SIMD-groups combines each
   group's shuffled partial in a second fold, a row a thread.  The operand is read where it is
-  (registers or recomputed: placement does not force it into threadgroup memory).
+  (registers or recomputed: placement does not force it into threadgroup memory).  A row
+  that is one run (C = V) is one thread's: folded there and held in a register, where the
+  lane layout puts the result's element (`_rows_in_lanes`), unless a use reads the result
+  elsewhere.
   Where the layout does not allow that (rows wider than a SIMD-group's runs, a tile
   that does not fill whole slots), the operand is copied to threadgroup memory and each
   result element folds its row there.
@@ -167,6 +170,9 @@ class ReductionLowering:
                 (self.T * v) % columns:
             return self.axis_reduce_in_shared(op, b)
         rows = numel // columns
+        if lanes == 1 and self.runs_for(rows) == 1 and \
+                self.place.kind.get(result.id) != "shared":
+            return self._rows_in_lanes(op, b, v, slots)
         out = self.decl("shared", d, rows, "_rows")
         parts = self.decl("local", acc_d, slots, "_part")
         # a row wider than a SIMD-group's lanes: each SIMD-group of the row combines its
@@ -224,6 +230,35 @@ class ReductionLowering:
         if partials is not None:
             self._fold_partials(b, kind, acc_d, d, partials, groups, rows, out)
         self.storage[result.id] = Storage("shared", out, tuple(result.type.shape), d)
+
+    def _rows_in_lanes(self, op: Op, b: Builder, v: int, slots: int) -> None:
+        """rows_reduce where each row is one run of one thread (the last axis V wide): the
+        thread folds its run and keeps the result in a register.  Why it may: the run of row
+        r sits on thread r % T at run slot r // T, which is where the lane layout puts
+        element r of the (rows,) result - so no lanes combine, nothing goes through
+        threadgroup memory and no barrier is needed, provided the result is laid out one
+        element a lane (not in runs itself) and no use reads it elsewhere (placement)."""
+        (x,) = op.operands
+        kind, d = op.attrs["kind"], dtype_of(x.type)
+        acc_d = self._acc_dtype(d)
+        result = op.results[0]
+        held = self.decl("local", d, slots, "_rowred")
+
+        def fold(ctxs):
+            acc = None
+            for ctx in ctxs:
+                e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
+                acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
+            lb = ctxs[0].b
+            slot = ctxs[0].slot if v == 1 else lb.value("idiv", [ctxs[0].slot,
+                                                                 self.const(lb, v)], I32)
+            lb.op("local_set", [slot, self._cast(lb, acc, d)], [], {"name": held})
+
+        if v > 1:
+            self.run_lane_loop(b, x.type.shape, None, group=fold)
+        else:
+            self.lane_loop(b, x.type.shape, lambda ctx: fold([ctx]))
+        self.storage[result.id] = Storage("local", held, tuple(result.type.shape), d)
 
     def _fold_partials(self, b: Builder, kind: str, acc_d, d, partials: str, groups: int,
                        rows: int, out: str) -> None:
