@@ -183,20 +183,10 @@ class ReductionLowering:
         partials = self.decl("shared", acc_d, rows * groups, "_rowparts") if groups > 1 else None
 
         def fold(ctxs):
-            acc = None
-            for ctx in ctxs:
-                e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
-                acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
-            lb = ctxs[0].b
-            # a run's first element sits at register slot (its slot) * v
-            slot = ctxs[0].slot if v == 1 else lb.value("idiv", [ctxs[0].slot,
-                                                                 self.const(lb, v)], I32)
+            lb, slot, acc = self._fold_run(x, kind, acc_d, v, ctxs)
             lb.op("local_set", [slot, acc], [], {"name": parts})
 
-        if v > 1:
-            self.run_lane_loop(b, shape, None, group=fold)
-        else:
-            self.lane_loop(b, shape, lambda ctx: fold([ctx]))
+        self._each_run(b, shape, v, fold)
         if self.loop_depth:
             # the last iteration's readers of `out` must be done before it is rewritten
             self.barrier(b)
@@ -245,20 +235,32 @@ class ReductionLowering:
         held = self.decl("local", d, slots, "_rowred")
 
         def fold(ctxs):
-            acc = None
-            for ctx in ctxs:
-                e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
-                acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
-            lb = ctxs[0].b
-            slot = ctxs[0].slot if v == 1 else lb.value("idiv", [ctxs[0].slot,
-                                                                 self.const(lb, v)], I32)
+            lb, slot, acc = self._fold_run(x, kind, acc_d, v, ctxs)
             lb.op("local_set", [slot, self._cast(lb, acc, d)], [], {"name": held})
 
-        if v > 1:
-            self.run_lane_loop(b, x.type.shape, None, group=fold)
-        else:
-            self.lane_loop(b, x.type.shape, lambda ctx: fold([ctx]))
+        self._each_run(b, x.type.shape, v, fold)
         self.storage[result.id] = Storage("local", held, tuple(result.type.shape), d)
+
+    def _fold_run(self, x, kind: str, acc_d, v: int, ctxs):
+        """(builder, register slot of the run, fold) of `x` over one run's element contexts
+        (a run of v elements, or one element where v is 1)."""
+        acc = None
+        for ctx in ctxs:
+            e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
+            acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
+        lb = ctxs[0].b
+        # a run's first element sits at register slot (its slot) * v
+        slot = ctxs[0].slot if v == 1 else lb.value("idiv", [ctxs[0].slot,
+                                                             self.const(lb, v)], I32)
+        return lb, slot, acc
+
+    def _each_run(self, b: Builder, shape, v: int, fold) -> None:
+        """`fold(ctxs)` once per run of a tile of `shape` in runs of v (per element where v
+        is 1)."""
+        if v > 1:
+            self.run_lane_loop(b, shape, None, group=fold)
+        else:
+            self.lane_loop(b, shape, lambda ctx: fold([ctx]))
 
     def _fold_partials(self, b: Builder, kind: str, acc_d, d, partials: str, groups: int,
                        rows: int, out: str) -> None:
