@@ -331,10 +331,15 @@ class CudaLaunch {
                                                    std::optional<mx::Stream> stream) const {
     mx::Stream s = stream ? *stream : mx::default_stream(mx::default_device());
     if (s.device.type != mx::Device::gpu) return std::nullopt;
+    return metile::cuda::launch(config_, kept_inputs(arrays), s);
+  }
+
+  // The kernel's pointer inputs among the arrays the launch is called with.
+  std::vector<mx::array> kept_inputs(const std::vector<mx::array>& arrays) const {
     std::vector<mx::array> inputs;
     inputs.reserve(kept_.size());
     for (int i : kept_) inputs.push_back(arrays.at(i));
-    return metile::cuda::launch(config_, std::move(inputs), s);
+    return inputs;
   }
 
   // Host nanoseconds a call of each part of this launch takes, over `n` calls each: where
@@ -353,12 +358,7 @@ class CudaLaunch {
       sink = mx::default_stream(mx::default_device()).index;
     });
     mx::Stream s = mx::default_stream(mx::default_device());
-    out["inputs vector"] = per([&] {
-      std::vector<mx::array> in;
-      in.reserve(kept_.size());
-      for (int i : kept_) in.push_back(arrays.at(i));
-      sink = int(in.size());
-    });
+    out["inputs vector"] = per([&] { sink = int(kept_inputs(arrays).size()); });
     out["loaded function lookup"] = per([&] { config_->fn->function(s.device.index); });
     out["launch on a given stream"] = per([&] { sink = int((*this)(arrays, s)->size()); });
     out["launch on the default stream"] = per([&] {
@@ -662,24 +662,30 @@ class SettingsCheck {
   mx::Device::DeviceType device_;
 };
 
-// The dtypes and shapes of an op call's arrays as one bytes object (an absent one, None: a
-// byte of its own), or None when an argument is neither: the array part of a replay key
-// (python/metile/op_replay.py), which Python built from .shape and .dtype at ~100 ns each
-// and hashed and compared through mx.Dtype's Python methods.
-nb::object array_signature(nb::args arrays) {
+// Appends the dtypes and shapes of `arrays` to `key` (an absent one, None: a byte of its
+// own); false when an argument is neither an array nor None.  The array part of a replay
+// key (replay_key), which Python built from .shape and .dtype at ~100 ns each and hashed
+// and compared through mx.Dtype's Python methods.
+bool append_array_signature(std::string& key, const nb::args& arrays) {
   PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
-  std::string key;
   for (nb::handle h : arrays) {
     if (h.is_none()) {
       key.push_back('\xff');
       continue;
     }
-    if (Py_TYPE(h.ptr()) != array_type) return nb::none();
+    if (Py_TYPE(h.ptr()) != array_type) return false;
     auto* a = nb::inst_ptr<mx::array>(h);
     key.push_back(static_cast<char>(a->dtype().val()));
     key.push_back(static_cast<char>(a->ndim()));
     for (auto d : a->shape()) key.append(reinterpret_cast<const char*>(&d), sizeof(d));
   }
+  return true;
+}
+
+// append_array_signature as one bytes object, or None (probes: a C++ call's floor).
+nb::object array_signature(nb::args arrays) {
+  std::string key;
+  if (!append_array_signature(key, arrays)) return nb::none();
   return nb::bytes(key.data(), key.size());
 }
 
@@ -860,18 +866,7 @@ std::optional<std::string> replay_key(const std::string& op, nb::handle options,
     }
   }
   key.push_back('|');
-  PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
-  for (nb::handle h : arrays) {
-    if (h.is_none()) {
-      key.push_back('\xff');
-      continue;
-    }
-    if (Py_TYPE(h.ptr()) != array_type) return std::nullopt;
-    auto* a = nb::inst_ptr<mx::array>(h);
-    key.push_back(static_cast<char>(a->dtype().val()));
-    key.push_back(static_cast<char>(a->ndim()));
-    for (auto d : a->shape()) put(&d, sizeof(d));
-  }
+  if (!append_array_signature(key, arrays)) return std::nullopt;
   return key;
 }
 
