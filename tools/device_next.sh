@@ -54,13 +54,32 @@ echo "setup: $((SECONDS-t0)) s" | tee -a "$log"
 
 # gpu_tests SECONDS FILE...: the test files (names under tests/) on the GPU, the summary in
 # the log and the record in $out/device-run.json
+# (gpu_tests SECONDS -k EXPR FILE...: only the tests EXPR selects)
 gpu_tests() {
   local limit=$1; shift
+  local select=()
+  if [ "${1:-}" = -k ]; then select=(-k "$2"); shift 2; fi
   (cd /tmp && timeout "$limit" python3 -m pytest -q -p no:cacheprovider --timeout 90 \
-     --junitxml="$out/junit.xml" $(for f in "$@"; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
+     --junitxml="$out/junit.xml" "${select[@]}" \
+     $(for f in "$@"; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
      > "$logs/pytest.txt" 2>&1)
   grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
   python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+}
+
+# ncu_times SECONDS NAME SCRIPT [ARGS...]: ncu's kernel durations (and $NCU_METRICS' others)
+# of a python3 script in $logs/NAME.csv, the median a kernel in the log
+ncu_times() {
+  local limit=$1 name=$2; shift 2
+  timeout "$limit" ncu --clock-control none --metrics "${NCU_METRICS:-gpu__time_duration.sum}" \
+    --csv python3 "$@" > "$logs/$name.csv" 2>> "$log"
+  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/$name.csv" 2>&1 | tee -a "$log"
+}
+
+# eager_cost: the eager launch parts and cost probes, their JSON in $logs
+eager_cost() {
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
 if [ "$mode" = tests ]; then
@@ -348,23 +367,16 @@ elif [ "$mode" = s31 ]; then
 elif [ "$mode" = s37 ]; then
   # the quantized op's GPU tests alone (s33 and s36 ran out of time before them): every
   # decode candidate (float16) incl. the mask-free GEMVs, dequantize, prefill candidates
-  (cd /tmp && timeout $((budget - 25 - (SECONDS - t0))) python3 -m pytest -q -p no:cacheprovider \
-     --junitxml="$out/junit.xml" "$repo/tests/test_quantized_op.py" \
-     -k "not fused_warpgroup and not convert and (not every_decode_candidate or float16)" \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  gpu_tests $((budget - 25 - (SECONDS - t0))) \
+    -k "not fused_warpgroup and not convert and (not every_decode_candidate or float16)" \
+    test_quantized_op
 elif [ "$mode" = s36 ]; then
   # replays without extra copies: eager parts (the row ops' replays too) and cost; the GPU
   # tests of the changed GEMV/dequantize/replay code; the int4 prefill after the revert
-  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
-  (cd /tmp && timeout 230 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/junit.xml" \
-     "$repo/tests/test_cuda_scalars.py" "$repo/tests/test_op_replay.py" \
-     "$repo/tests/test_quantized_op.py" -k "not fused_warpgroup and not convert and not gradients and (not every_decode_candidate or float16)" \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  eager_cost
+  gpu_tests 230 \
+    -k "not fused_warpgroup and not convert and not gradients and (not every_decode_candidate or float16)" \
+    test_cuda_scalars test_op_replay test_quantized_op
   timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 \
     --group-size 64 --weights 4 --decode-off --also DEQUANTIZE_MLX_GEMM --rounds 3 \
     --output "$logs/h200-quantized-int4-float16-prefill.json" 2>&1 | tail -2 | tee -a "$log"
@@ -372,17 +384,13 @@ elif [ "$mode" = s35 ]; then
   # op replays looked up in C++ (ReplayTable): the replay/op GPU tests, the eager cost; the
   # int4 decode with 8 products a compiled call (the call's host time shared, as in a step)
   gpu_tests 150 test_op_replay test_decoder_block test_ops_vmap test_model_ops_norms
-  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  eager_cost
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
     --weights 4 --chain 8 --launches 20 --rounds 5 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode-chain8.json" 2>&1 | tail -2 | tee -a "$log"
-  timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active --csv \
-    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
-  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
-  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 tools/probes/decode_kernels_ncu.py --only dequantize --repeat 3 > "$logs/ncu-dequantize.csv" 2>> "$log"
-  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-dequantize.csv" 2>&1 | tee -a "$log"
+  NCU_METRICS=gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+    ncu_times 120 ncu-gemv tools/probes/decode_kernels_ncu.py --only gemv --repeat 3
+  ncu_times 90 ncu-dequantize tools/probes/decode_kernels_ncu.py --only dequantize --repeat 3
   timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 \
     --group-size 64 --weights 4 --decode-off --also DEQUANTIZE_MLX_GEMM --rounds 5 \
     --output "$logs/h200-quantized-int4-float16-prefill.json" 2>&1 | tail -2 | tee -a "$log"
@@ -391,26 +399,17 @@ elif [ "$mode" = s34 ]; then
   # the launch GPU tests, the eager cost; the 1024-deep GEMV in the decode benchmark, and
   # every kernel a compiled decode call launches (its per-call time against its kernel's)
   gpu_tests 200 test_cuda_scalars test_cuda_launch test_launch_errors test_dsl_kernels test_op_replay test_launch_memory test_input_layout
-  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  eager_cost
   timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
     --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
-  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 tools/probes/decode_compiled_kernels.py > "$logs/ncu-decode-compiled.csv" 2>> "$log"
-  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-decode-compiled.csv" 2>&1 | tee -a "$log"
+  ncu_times 90 ncu-decode-compiled tools/probes/decode_compiled_kernels.py
 elif [ "$mode" = s33 ]; then
   # the mask-free (EVEN_K) GEMVs: the decode candidates on the GPU, kernel time against the
   # masked form and MLX, their profile (sections), the decode benchmark's compiled calls
-  (cd /tmp && timeout 150 python3 -m pytest -q -p no:cacheprovider --junitxml="$out/junit.xml" \
-     "$repo/tests/test_quantized_op.py" -k "every_decode_candidate or runs_read or transposed_decode" \
-     > "$logs/pytest.txt" 2>&1)
-  grep -E "^(FAILED|ERROR)|passed|failed|Fatal" "$logs/pytest.txt" | tail -15 | tee -a "$log"
-  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+  gpu_tests 150 -k "every_decode_candidate or runs_read or transposed_decode" test_quantized_op
   timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
-  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  ncu_times 120 ncu-gemv tools/probes/decode_kernels_ncu.py --only gemv --repeat 3
   timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
     --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
@@ -424,9 +423,7 @@ elif [ "$mode" = s30 ]; then
   # with its A/A control, then the residual-as-add probe while time is left
   gpu_tests 170 test_input_layout test_ops_vmap test_launch_errors test_launch_memory test_op_replay test_cuda_launch test_dsl_kernels
   timeout 50 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
-  timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 tools/probes/decode_kernels_ncu.py --only gemv --repeat 3 > "$logs/ncu-gemv.csv" 2>> "$log"
-  python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/ncu-gemv.csv" 2>&1 | tee -a "$log"
+  ncu_times 90 ncu-gemv tools/probes/decode_kernels_ncu.py --only gemv --repeat 3
   timeout 80 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
     --weights 4 --rounds 7 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -2 | tee -a "$log"
