@@ -519,12 +519,6 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
 
 # -- public ops ---------------------------------------------------------------------------------
 
-def _replay_key(op: str, arrays: tuple, options: tuple):
-    """The signature a repeated call replays under (op_replay.key): each array's (or
-    None's) shape and dtype and the other arguments, or None where one cannot key it."""
-    return op_replay.key(op, options, *arrays)
-
-
 def _remember(key, launches, at, vjp, given, rows_shape, composite):
     """Record a row kernel's replay: the op's arrays `given` at kernel argument positions
     `at`, x reshaped to the kernel's rows and the result back; `composite` MLX's
@@ -542,7 +536,7 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     out = op_replay.replayed("rms_norm", (eps, backend), x, weight)   # (op_replay.py)
     if out is not None:
         return out
-    key = _replay_key("rms_norm", (x, weight), (eps, backend))
+    key = op_replay.key("rms_norm", (eps, backend), x, weight)
     w = () if weight is None else (weight,)
     _check_x("rms_norm", x)
     _check_vector("rms_norm", "weight", weight, x)
@@ -569,7 +563,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     out = op_replay.replayed("layer_norm", (eps, backend), x, weight, bias)   # (op_replay.py)
     if out is not None:
         return out
-    key = _replay_key("layer_norm", (x, weight, bias), (eps, backend))
+    key = op_replay.key("layer_norm", (eps, backend), x, weight, bias)
     params = tuple(p for p in (weight, bias) if p is not None)
     _check_x("layer_norm", x)
     _check_vector("layer_norm", "weight", weight, x)
@@ -654,7 +648,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     out = op_replay.replayed("softmax", (axis, precise, backend), x)   # (op_replay.py)
     if out is not None:
         return out
-    key = _replay_key("softmax", (x,), (axis, precise, backend))
+    key = op_replay.key("softmax", (axis, precise, backend), x)
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, int) else list(axis)

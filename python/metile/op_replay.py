@@ -62,14 +62,6 @@ def key(op: str, options: tuple, *arrays):
     return _ext.replay_key(op, options, *arrays)
 
 
-def find(key):
-    """The replay recorded for an op call signature, or None."""
-    found = None if key is None else _REPLAYS.get(key)
-    if found is None or (found[1] and routing.in_tuning_scope()):
-        return None
-    return found[0]
-
-
 # replayed(op, options, *arrays): the result of the replay recorded for this call of `op`
 # on its arrays (those that are not None), else None (none recorded, or it declines: the
 # op's full path runs).  The table itself, called without a Python frame around it.
