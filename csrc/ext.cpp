@@ -400,11 +400,54 @@ bool same_grid(PyObject* a, PyObject* b) {
   return true;
 }
 
+// A number that changes whenever a watched dict (os.environ's) is modified, or 0 where
+// none can be had: a check that passed at one epoch passes while it holds, with no
+// lookup.  Python 3.12 deprecated the dicts' version tags (PEP 509) for dict watchers,
+// so those count modifications there; before 3.12 the dict's own version tag is it.
+// (A check reads a dozen settings, each a dict lookup of ~25 ns, on every repeated
+// launch and op call.)
+#if PY_VERSION_HEX >= 0x030C0000
+std::uint64_t g_environ_epoch = 1;
+int g_environ_watcher = -2;   // -2: not registered yet, -1: none to be had
+
+int on_environ_change(PyDict_WatchEvent, PyObject*, PyObject*, PyObject*) {
+  ++g_environ_epoch;
+  return 0;
+}
+
+bool watch_environ(PyObject* dict) {
+  if (g_environ_watcher == -2) {
+    g_environ_watcher = PyDict_AddWatcher(on_environ_change);
+    if (g_environ_watcher < 0) {
+      PyErr_Clear();
+      g_environ_watcher = -1;
+    }
+  }
+  if (g_environ_watcher < 0) return false;
+  if (PyDict_Watch(g_environ_watcher, dict) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
+}
+
+std::uint64_t environ_epoch(PyObject*) { return g_environ_epoch; }
+#else
+bool watch_environ(PyObject*) { return true; }
+
+std::uint64_t environ_epoch(PyObject* dict) {
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+}
+#endif
+
 // The raw values some METILE_* settings had when a launch was resolved (settings.raw_source:
-// os.environ's dict and the encoded names), compared by identity first, then by value.
+// os.environ's dict and the encoded names), compared by identity first, then by value -
+// once per change of the dict (environ_epoch): a check that passed is not repeated until
+// the dict is modified.
 class EnvCheck {
  public:
-  EnvCheck(nb::dict environ, nb::tuple keys, nb::tuple values) : environ_(std::move(environ)) {
+  EnvCheck(nb::dict environ, nb::tuple keys, nb::tuple values)
+      : environ_(std::move(environ)), watched_(watch_environ(environ_.ptr())) {
     if (keys.size() != values.size()) {
       throw std::invalid_argument("[metile] one environment value per key");
     }
@@ -416,6 +459,19 @@ class EnvCheck {
 
   // Whether every setting still has its value (false too where the dict cannot be read).
   bool same() const {
+    if (!watched_) return compare();
+    std::uint64_t now = environ_epoch(environ_.ptr());
+    if (has_passed_ && now == passed_) return true;
+    if (!compare()) return false;
+    passed_ = now;
+    has_passed_ = true;
+    return true;
+  }
+
+  Py_ssize_t size() const { return PyDict_GET_SIZE(environ_.ptr()); }
+
+ private:
+  bool compare() const {
     PyObject* env = environ_.ptr();
     for (auto& [key, value] : env_) {
       PyObject* now = PyDict_GetItemWithError(env, key.ptr());
@@ -430,10 +486,10 @@ class EnvCheck {
     return true;
   }
 
-  Py_ssize_t size() const { return PyDict_GET_SIZE(environ_.ptr()); }
-
- private:
   nb::dict environ_;
+  bool watched_;
+  mutable bool has_passed_ = false;
+  mutable std::uint64_t passed_ = 0;   // the epoch of the last comparison that passed
   std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
 };
 
@@ -870,13 +926,18 @@ std::optional<std::string> replay_key(const std::string& op, nb::handle options,
   return key;
 }
 
+// How many routing.tuning_scope blocks this thread is inside (runtime/routing.py keeps it
+// with its own record): read by a replay table without calling into Python.
+thread_local int g_tuning_scopes = 0;
+
 // The replays of op call signatures (python/metile/op_replay.py), looked up and run in one
 // C++ call: an eager op call that repeats a recorded signature pays for its key, one hash
 // lookup and its launch, where building the key and finding the replay in Python cost
 // about as much as the launch itself.  An entry is an _ext.Replay (run natively) or any
 // Python callable (an op routed to MLX's composite), each called with the call's arrays
 // that are not None; a provisional entry declines while `tuning_scope()` says a call may
-// measure.  `observer` (None unless a test sets it) is called with the op's name, and
+// measure (`tuning_scope()`, or where it is None, routing.tuning_scope's count for this
+// thread).  `observer` (None unless a test sets it) is called with the op's name, and
 // whether the entry is a kernel's replay, on each call an entry answers.
 class ReplayTable {
   struct Entry {
@@ -890,13 +951,17 @@ class ReplayTable {
   ReplayTable(nb::object tuning_scope, std::size_t capacity)
       : tuning_scope_(std::move(tuning_scope)), capacity_(capacity) {}
 
+  bool in_tuning_scope() const {
+    return tuning_scope_.is_none() ? g_tuning_scopes > 0 : nb::cast<bool>(tuning_scope_());
+  }
+
   nb::object call(const std::string& op, nb::handle options, const nb::args& arrays) const {
     auto key = replay_key(op, options, arrays);
     if (!key) return nb::none();
     auto it = entries_.find(*key);
     if (it == entries_.end()) return nb::none();
     const Entry& e = it->second;
-    if (e.provisional && nb::cast<bool>(tuning_scope_())) return nb::none();
+    if (e.provisional && in_tuning_scope()) return nb::none();
     std::size_t given = 0;
     for (nb::handle h : arrays) given += !h.is_none();
     nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(given)));
@@ -1112,8 +1177,10 @@ NB_MODULE(_ext, m) {
         },
         "An op call's replay key as bytes (its name, options and arrays' dtypes and shapes), "
         "or None where an option or argument cannot key one.");
+  m.def("tuning_scopes", [](int change) { return g_tuning_scopes += change; }, nb::arg("change"),
+        "Add `change` to this thread's count of routing.tuning_scope blocks; the count.");
   nb::class_<ReplayTable>(m, "ReplayTable")
-      .def(nb::init<nb::object, std::size_t>(), nb::arg("tuning_scope"), nb::arg("capacity"))
+      .def(nb::init<nb::object, std::size_t>(), nb::arg("tuning_scope").none(), nb::arg("capacity"))
       .def("__call__", &ReplayTable::call,
            "The recorded replay's result for this op call, or None (none recorded, or it "
            "declines).")

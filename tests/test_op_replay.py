@@ -139,6 +139,29 @@ def test_a_changed_setting_takes_the_full_path(rng, routes, monkeypatch):
     np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
 
 
+def test_each_change_of_a_setting_is_noticed(rng, routes, monkeypatch):
+    # a check that passed is skipped until os.environ changes (csrc/ext.cpp, EnvCheck): each
+    # change - to a new value, back, or to another variable - is compared again
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    monkeypatch.setenv("METILE_MSL_TIMEOUT_S", "301")
+    for _ in range(3):
+        metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 1
+    monkeypatch.setenv("METILE_MSL_TIMEOUT_S", "302")
+    for _ in range(3):
+        metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 2   # (recorded again under 302, then replayed)
+    monkeypatch.setenv("METILE_MSL_TIMEOUT_S", "301")
+    metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 3
+    monkeypatch.setenv("UNRELATED_TEST_VARIABLE", "1")   # not a setting: one more variable
+    out = metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 4
+    out = metile.ops.matmul(a, b, backend="metile")
+    assert len(routes) == 4
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
+
+
 def test_a_routing_decision_forgets_the_replays(rng, routes, tmp_path, monkeypatch):
     monkeypatch.setattr(routing, "routing_dir", lambda: tmp_path / "routing")
     a, b = arrays(rng, mx.float32, (8, 16), (16, 8))

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import mlx.core as mx
 
-from .. import settings
+from .. import _ext, settings
 from . import tuning
 
 FORMAT = 1
@@ -180,9 +180,11 @@ def tuning_scope(budget_s: float | None = None, clock: Callable[[], float] | Non
                          f"got {budget_s!r}")
     previous = _tuning.scope
     _tuning.scope = (budget_s, clock)
+    _ext.tuning_scopes(1)   # (the count a replay table reads without calling Python)
     try:
         yield
     finally:
+        _ext.tuning_scopes(-1)
         _tuning.scope = previous
 
 
