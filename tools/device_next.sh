@@ -364,6 +364,16 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s38 ]; then
+  # settings checks skipped until os.environ changes (a dict watcher on this python): the
+  # eager parts and cost, the replay/launch GPU tests, the decoder block against its A/A
+  # control (not run since s31)
+  eager_cost
+  gpu_tests 150 test_op_replay test_eager_fast_path test_cuda_launch test_settings test_decoder_block
+  timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --rounds 10 --target-ms 250 --max-launches 60 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -8 | tee -a "$log"
 elif [ "$mode" = s37 ]; then
   # the quantized op's GPU tests alone (s33 and s36 ran out of time before them): every
   # decode candidate (float16) incl. the mask-free GEMVs, dequantize, prefill candidates
