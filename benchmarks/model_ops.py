@@ -98,8 +98,15 @@ def op_cases(op: str, shape, dtype, rng):
     elif op == "softmax":
         inputs = (arr(shape, 4.0),)
         mlx = lambda x: mx.softmax(x, axis=-1)
-        kernels = {name(c): (lambda c: lambda x: model_ops._softmax_fn(frozen(c))(x))(c)
+        # the op's default (precise=False, as MLX is called): the exponentials held in x's
+        # dtype, hold=True; and its default configuration with precise=True's path (each
+        # exponential computed again: the kernel before s39)
+        hold = dtype != mx.float32
+        kernels = {name(c): (lambda c: lambda x: model_ops._softmax_fn(frozen(c), True)(x))(c)
                    for c in cfgs}
+        if hold:
+            kernels[name(cfgs[0]) + " precise"] = \
+                lambda x: model_ops._softmax_fn(frozen(cfgs[0]), False)(x)
 
         def ref(x):
             e = np.exp(x - x.max(-1, keepdims=True))

@@ -134,6 +134,11 @@ def test_softmax(rng, dtype, shape):
     assert y.dtype == dtype
     close(y, np_softmax(f64(x)), dtype, "numpy")
     close(y, f64(mx.softmax(x, axis=-1, precise=True)), dtype, "mlx precise")
+    # precise: each output rounded once (the exponentials computed again, not held rounded)
+    yp = ops.softmax(x, axis=-1, precise=True, backend="metile")
+    close(yp, np_softmax(f64(x)), dtype, "numpy, precise")
+    if dtype == mx.float32:   # (held or computed again: the same float32 numbers)
+        np.testing.assert_array_equal(np.array(yp), np.array(y))
     if dtype == mx.float32:
         close(y, f64(mx.softmax(x, axis=-1)), dtype, "mlx")
     else:
@@ -216,8 +221,9 @@ def test_several_rows_a_program(rng, dtype, rows, columns, tile_rows, warps):
     summed = f64((x.astype(mx.float32) + r.astype(mx.float32)).astype(dtype))
     close(total, summed, dtype)
     close(y, rms(summed) * ws, dtype)
-    close(softmax.softmax[softmax.grid(rows, tile_rows)](x, out(), rows, columns, **meta),
-          np_softmax(xs), dtype)
+    for hold in (False, True):
+        close(softmax.softmax[softmax.grid(rows, tile_rows)](x, out(), rows, columns, HOLD=hold,
+                                                             **meta), np_softmax(xs), dtype)
 
 
 def test_narrow_rows_run_several_a_program(rng, monkeypatch):
@@ -441,7 +447,8 @@ def test_backends_each_run_and_auto_defaults_to_mlx(rng, routes):
 def test_auto_runs_the_kernel_a_recorded_measurement_chose(rng, routes):
     x, = arrays(rng, (17, 100), mx.float32, scale=2.0)
     rows, columns = 17, 100
-    key, parts = model_ops._signature("softmax", ("float32",), rows, columns, ())
+    # (softmax's flags: float32 exponentials held, model_ops.softmax)
+    key, parts = model_ops._signature("softmax", ("float32",), rows, columns, (("hold", True),))
     winner = model_ops._config_name(model_ops.configs("softmax", columns)[0])
     routing.record(key, {"format": routing.tuning.FORMAT, "key": key, "winner": winner,
                          "reason": "test", "timings": {"mlx": 2e-6, winner: 1e-6},

@@ -216,12 +216,13 @@ def _launch_add_rms(x2, r2, w, eps, cfg):
     return s, y
 
 
-def _launch_softmax(x2, cfg):
+def _launch_softmax(x2, cfg, hold):
     from metile_kernels import softmax as kernels
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
     return op_replay.launch(kernels.softmax, kernels.grid(rows, cfg.get("ROWS", 1)), (
-        x2, mx.zeros((rows, columns), x2.dtype), rows, columns), dict(BLOCK=_block(columns), **cfg))
+        x2, mx.zeros((rows, columns), x2.dtype), rows, columns),
+        dict(BLOCK=_block(columns), HOLD=hold, **cfg))
 
 
 @dataclass(frozen=True)
@@ -375,10 +376,10 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _softmax_fn(cfg: tuple):
+def _softmax_fn(cfg: tuple, hold: bool):
     @mx.custom_function
     def f(x2):
-        return _launch_softmax(x2, dict(cfg))
+        return _launch_softmax(x2, dict(cfg), hold)
 
     f.vjp(_softmax_vjp)
     f.vmap(op_replay.vmap_rule(_softmax_composite))
@@ -386,7 +387,8 @@ def _softmax_fn(cfg: tuple):
 
 
 def _softmax_composite(x2):
-    # (the kernel computes in float32 whatever `precise` says)
+    # (the kernel computes in float32; with `precise` False it rounds the exponentials once
+    # more, within 1.5 units in the last place)
     return mx.softmax(x2, axis=-1, precise=True)
 
 
@@ -642,9 +644,12 @@ def _softmax_axes(x, axis) -> tuple[int, ...]:
 
 def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     """`mx.softmax(x, axis, precise=precise)` (here axis defaults to the last one, the
-    attention case).  The kernel computes in float32 whatever `precise` says; MLX's
-    op is called with it as given.  Reducing axes other than the last ones moves them
-    last with a transpose (and back)."""
+    attention case).  The kernel computes in float32; with `precise` False (MLX's
+    default) a float16/bfloat16 row's exponentials are rounded to its dtype before they
+    are scaled by the sum (one rounding more: within 1.5 units in the last place; MLX's own
+    precise=False computes in the row's dtype), with `precise` True each output is
+    rounded once.  MLX's op is called with `precise` as given.  Reducing axes other
+    than the last ones moves them last with a transpose (and back)."""
     out = op_replay.replayed("softmax", (axis, precise, backend), x)   # (op_replay.py)
     if out is not None:
         return out
@@ -660,15 +665,18 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     moved = x if order == list(range(x.ndim)) else mx.transpose(x, order)
     columns = math.prod(x.shape[a] for a in axes)
     rows = math.prod(x.shape[a] for a in kept)
-    route = _route("softmax", backend, (x,), rows, columns, (),
+    # the exponentials held in x's dtype between the sum and the output (kernels' softmax.py,
+    # HOLD: half the exponentials, one rounding more) unless precise; float32 the same either way
+    hold = not precise or x.dtype == mx.float32
+    route = _route("softmax", backend, (x,), rows, columns, (("hold", hold),),
                    lambda a: mx.softmax(a, axis=-1, precise=precise),
-                   lambda c: _softmax_fn(_frozen(c)), [(rows, columns)])
+                   lambda c: _softmax_fn(_frozen(c), hold), [(rows, columns)])
     if route.path == "mlx":
         op_replay.remember_composite(
             key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise), route.decision)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     with op_replay.recording() as launches:
-        y = _softmax_fn(_frozen(route.config))(moved.reshape(rows, columns))
+        y = _softmax_fn(_frozen(route.config), hold)(moved.reshape(rows, columns))
     if moved is x:   # (the last axes: no transposes around the kernel)
         _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape, _softmax_composite)
     y = y.reshape(moved.shape)
