@@ -364,6 +364,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s39 ]; then
+  # softmax holding its exponentials (HOLD) and exp2 as one MUFU.EX2: the softmax benchmark
+  # (each configuration, and the default one computing them again: precise=True's path),
+  # decode attention (exp2 in its loop), and the GPU tests of both
+  timeout 150 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --ops softmax \
+    --output "$logs/h200-model-ops-softmax-float16.json" 2>&1 | grep -E "x8192|x4096" | tee -a "$log"
+  timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 --prefill-lengths \
+    --decode-lengths 1024 4096 16384 --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  gpu_tests $((budget - 15 - (SECONDS - t0))) test_model_ops_norms test_attention_op
 elif [ "$mode" = s38 ]; then
   # settings checks skipped until os.environ changes (a dict watcher on this python): the
   # eager parts and cost, the replay/launch GPU tests, the decoder block against its A/A
