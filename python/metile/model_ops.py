@@ -149,6 +149,11 @@ def configs(op: str, columns: int) -> list[dict]:
         # programs of the default left the rows at 0.4-0.7x of MLX's bandwidth
         # (benchmarks/results/h200-model-ops-float16.json), two programs per SM in flight.
         w = _row_warps(block)
+        if op == "softmax" and block >= 4096:
+            # 32 elements a thread: fewer programs' worth of reductions for softmax's two
+            # (H200, 16-bit rows with held exponentials, s39: 4096 columns 1.66x MLX on 4
+            # warps against 1.40 on 16; 8192 columns 1.80-1.83x on 8 or 4 against 0.98 on 32)
+            w = max(1, w // 4)
         out = [{"num_warps": w}] + [{"num_warps": v} for v in (w // 2, w * 2, w // 4, w // 8)
                                     if 1 <= v <= 32 and v * 32 <= max(block, 32)
                                     and block // (v * 32) <= 64]
