@@ -148,15 +148,16 @@ def test_rows_one_run_wide_fold_in_their_thread(rng, dtype, rows, C, R, warps):
 
 def test_rows_one_run_wide_keep_their_results_in_registers():
     # Metal's runs of 4: a 4-wide row is one thread's run - summed there, the sum held in a
-    # register (no lanes combine, nothing in threadgroup memory for it); the mean read
-    # back along the row still takes threadgroup memory
+    # register (no lanes combine, nothing in threadgroup memory for it); the mean, read
+    # back only along its row, is held in the same registers (placement.row_held)
     x = mx.zeros((100, 4), mx.float32)
     outs = (mx.zeros((100,), mx.float32), mx.zeros((100,), mx.float32), mx.zeros((100, 4)))
     d = run_rows[(2,)].prepare(x, *outs, 100, R=64, C=4, num_warps=1, backend="msl")
     assert "Lanes own runs of 4" in " ".join(d.execution_report.notes)
-    # S and M: two registers a thread (its two rows); the mean: one threadgroup array
+    # S and M: two registers a thread (its two rows); the mean: two more, no threadgroup array
     assert len(re.findall(r"\bfloat _rowred\d+\[2\];", d.source)) == 2
-    assert len(re.findall(r"threadgroup float _rows\d+\[64\];", d.source)) == 1
+    assert len(re.findall(r"\bfloat _rowheld\d+\[2\];", d.source)) == 1
+    assert not re.search(r"threadgroup (float|half|int)", d.source)
     assert "metile_lanes_sum<" not in d.source and "metile_lanes_max<" not in d.source
 
 
@@ -186,3 +187,58 @@ def test_row_sums_only_against_numpy(rng):
     s = row_sums_only[(2,)](x, mx.zeros((100,), mx.float32), 100, R=64, C=8, num_warps=1)
     np.testing.assert_allclose(np.array(s), np.array(x.astype(mx.float32)).sum(axis=1),
                                rtol=1e-5, atol=1e-5)
+
+
+@metile.kernel
+def rows_read_back(X, Y, Z, rows, cols, R: metile.constexpr, C: metile.constexpr):
+    """Y = (x - mean) * max|x - mean| per row, in a loop over blocks of R rows (the
+    statistics read back only along their rows: placement.row_held); Z = the row sums,
+    stored as a (R,) tile too (a use elsewhere: threadgroup memory, as before)."""
+    c = metile.arange(0, C)[None, :]
+    for start in range(0, rows, R):
+        r = start + metile.arange(0, R)[:, None]
+        inside = (r < rows) & (c < cols)
+        x = metile.load(X + r * cols + c, mask=inside, other=0.0).to(metile.float32)
+        y = x - metile.sum(x, axis=1)[:, None] * (1.0 / cols)
+        top = (metile.max(metile.where(inside, metile.abs(y), 0.0), axis=1) + 0.0)[:, None]
+        metile.store(Y + r * cols + c, (y * top).to(Y.dtype), mask=inside)
+        total = metile.sum(x, axis=1)
+        at = start + metile.arange(0, R)
+        metile.store(Z + at, total + metile.where(total > 0, 0.0, 0.0), mask=at < rows)
+
+
+# (rows, cols, R, C, warps): a row on 16 lanes (CUDA's runs of 8 over 128 columns), on 32,
+# on 4, one thread's run, and rows too wide for one SIMD-group's lanes (threadgroup memory)
+HELD = [(37, 128, 8, 128, 2), (20, 256, 4, 256, 2), (50, 30, 16, 32, 1), (70, 4, 64, 4, 1),
+        (9, 1000, 2, 1024, 4)]
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+@pytest.mark.parametrize("rows,cols,R,C,warps", HELD)
+def test_statistics_read_back_along_their_rows(rng, dtype, rows, cols, R, C, warps):
+    x = _data(rng, (rows, cols), dtype)
+    y, z = rows_read_back[(1,)](x, mx.zeros((rows, cols), dtype), mx.zeros((rows,), mx.float32),
+                                rows, cols, R=R, C=C, num_warps=warps)
+    xs = np.array(x.astype(mx.float32)).astype(np.float64)
+    c = xs - xs.mean(axis=1, keepdims=True)
+    want = c * np.abs(c).max(axis=1, keepdims=True)
+    tol = {mx.float32: 1e-5, mx.float16: 4e-3}[dtype]
+    np.testing.assert_allclose(np.array(y.astype(mx.float32)), want, rtol=tol, atol=tol * 8)
+    np.testing.assert_allclose(np.array(z), xs.sum(axis=1), rtol=1e-5, atol=1e-4)
+
+
+def test_statistics_read_back_along_their_rows_stay_in_registers():
+    # CUDA, 16-bit rows of 128 in runs of 8: a row on 16 lanes; the mean and the maximum
+    # are combined by 16-lane shuffles and kept there (no threadgroup array, no barrier for
+    # them); the sums stored as a (R,) tile go through threadgroup memory as before
+    x = mx.zeros((37, 128), mx.float16)
+    d = rows_read_back[(1,)].prepare(x, mx.zeros((37, 128), mx.float16),
+                                     mx.zeros((37,), mx.float32), 37, 128, R=8, C=128,
+                                     num_warps=2, backend="cuda")
+    body = d.variant.data["body"]
+    assert len(re.findall(r"\bfloat _rowheld\d+\[2\];", body)) == 2   # (two rows a thread)
+    assert len(re.findall(r"__shared__ float _rows\d+\[8\];", body)) == 1
+    assert "metile_lanes_sum<16>" in body and "metile_lanes_max<16>" in body
+    if TOOLKIT is not None:
+        ok, log = compile_cuda(translation_unit(d), "sm_90")
+        assert ok, log

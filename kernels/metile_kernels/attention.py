@@ -229,17 +229,22 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
     """attention_split for one query (of a few: q_len, each its own row) of one query
     head, without matrix products: a (BLOCK_N, BLOCK_D) block of keys times the query
     (held as a block of equal rows) summed along each key's row gives the scores - the
-    lanes holding a row combine it by shuffles (lower_reductions.rows_reduce) - and the
-    values, weighted by their probabilities, accumulate in a (BLOCK_N, BLOCK_D) block
-    summed over the keys once, after the loop.  Each key and value is read as 16-byte
-    runs, once per query.  (The split kernel's general products keep every operand in
-    threadgroup memory and fold each output on one thread: 159 us against MLX's 37 for
-    32 heads of 4096 keys on the H200.)  A causal query stops at its last visible key
-    (the split holding none leaves an empty chunk: m = -inf, l = 0); a query that sees
-    no key at all (q_len > kv_len) is not this kernel's (MLX averages every value there).
-    Program p (grid decode_grid: one axis, so the stores below are the one-row form the
-    launch proves covers its outputs, with no written-mask outputs and merge) takes
-    split p // rows_total of row p % rows_total = (batch * q_heads + head) * q_len +
+    lanes holding a row combine it by shuffles and keep it (lower_reductions._rows_held:
+    the scores are only read broadcast back over the block) - and the values, weighted by
+    their probabilities, accumulate in a (BLOCK_N, BLOCK_D) block.  Each row of the block
+    is a slot of its own online softmax (keys slot, slot + BLOCK_N, ...: its running
+    maximum and sum held as (BLOCK_N, BLOCK_D) tiles equal along the row), so no value
+    crosses rows inside the loop: no barrier there (with one maximum and sum for the
+    block, two block reductions a key block put eight barriers into each iteration of 8
+    keys on the H200, s39).  The slots merge once after the loop.  Each key and value is
+    read as 16-byte runs, once per query.  (The split kernel's general products keep every
+    operand in threadgroup memory and fold each output on one thread: 159 us against
+    MLX's 37 for 32 heads of 4096 keys on the H200.)  A causal query stops at its last
+    visible key (the split holding none leaves an empty chunk: m = -inf, l = 0); a query
+    that sees no key at all (q_len > kv_len) is not this kernel's (MLX averages every value
+    there).  Program p (grid decode_grid: one axis, so the stores below are the one-row
+    form the launch proves covers its outputs, with no written-mask outputs and merge)
+    takes split p // rows_total of row p % rows_total = (batch * q_heads + head) * q_len +
     query (programs: the grid's size), and writes Partial[p] and Stats[p] as
     attention_split writes its rows."""
     program = metile.program_id(0)
@@ -260,12 +265,11 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
     hi = metile.minimum(lo + chunk, kv_len)
     if MASK == "causal":
         hi = metile.minimum(hi, query + kv_len - q_len + 1)
-    m_i = -float("inf")
-    l_i = 0.0
+    m_i = metile.full((BLOCK_N, BLOCK_D), -float("inf"), dtype=metile.float32)
+    l_i = metile.zeros((BLOCK_N, BLOCK_D), dtype=metile.float32)
     acc = metile.zeros((BLOCK_N, BLOCK_D), dtype=metile.float32)
     # each block's keys and values are loaded one iteration ahead (held in registers
-    # across it), so their reads are in flight while the block before is reduced: the
-    # reductions' barriers would otherwise put two DRAM round trips in every iteration
+    # across it), so their reads are in flight while the block before is reduced
     inside = (lo + keys < hi) & d_in
     k = metile.load(K + kv_offset + (lo + keys) * HEAD_DIM + d, mask=inside, other=0.0)
     v = metile.load(V + kv_offset + (lo + keys) * HEAD_DIM + d, mask=inside, other=0.0)
@@ -275,34 +279,46 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
                              mask=ahead, other=0.0)
         v_next = metile.load(V + kv_offset + (start + BLOCK_N + keys) * HEAD_DIM + d,
                              mask=ahead, other=0.0)
-        s = metile.sum(q.to(metile.float32) * k.to(metile.float32), axis=1) * scale_log2
-        key = start + metile.arange(0, BLOCK_N)
-        key_in = key < hi
+        key = start + keys
+        key_in = (key < hi) & (d >= 0)
+        # each key's score at every element of its row
+        s = metile.where(key_in, metile.sum(q.to(metile.float32) * k.to(metile.float32),
+                                            axis=1)[:, None] * scale_log2, -float("inf"))
         if MASK == "bool" or MASK == "additive":
             entry = metile.load(Mask + batch * mask_stride_b + head * mask_stride_h
-                                + query * mask_stride_q + key * mask_stride_k, mask=key_in,
-                                other=0)
+                                + query * mask_stride_q + key * mask_stride_k,
+                                mask=key < hi, other=0)
             if MASK == "bool":
                 s = metile.where(entry != 0, s, REMOVED)
             else:
                 s = s + entry.to(metile.float32) * LOG2E
-        s = metile.where(key_in, s, -float("inf"))
-        m_new = metile.maximum(m_i, metile.max(s))
-        finite = m_new > -float("inf")
-        alpha = metile.where(finite, metile.exp2(m_i - m_new), 1.0)
-        p = metile.where(finite, metile.exp2(s - m_new), 0.0)
-        l_i = l_i * alpha + metile.sum(p)
-        acc = acc * alpha + p[:, None] * v.to(metile.float32)
-        m_i = m_new
+            s = metile.where(key_in, s, -float("inf"))
+        # one exponential a slot and key: of the new key against the slot's maximum, or of
+        # the old maximum against the new key where the key raises it (the other factor
+        # is 1); a key that is -inf adds nothing, also to a slot that has seen none (whose
+        # difference is NaN), and a NaN score stays NaN
+        up = s > m_i
+        t = metile.exp2(-metile.abs(s - m_i))
+        p = metile.where(up, 1.0, metile.where(s == -float("inf"), 0.0, t))
+        alpha = metile.where(up, t, 1.0)
+        l_i = l_i * alpha + p
+        acc = acc * alpha + p * v.to(metile.float32)
+        m_i = metile.where(up, s, m_i)
         k = k_next
         v = v_next
-    out = metile.sum(acc, axis=0)
+    # the slots merged: their maximum, each slot's sum and values scaled to it (the sums
+    # read in one column: a slot's is equal along its row; whole-block reductions, where
+    # an axis reduction would copy the block to threadgroup memory)
+    m_out = metile.max(m_i)
+    weight = metile.where(m_out > -float("inf"), metile.exp2(m_i - m_out), 0.0)
+    out = metile.sum(acc * weight, axis=0)
+    l_out = metile.sum(metile.where(d == 0, l_i * weight, 0.0))
     at = program + metile.arange(0, 1)
     cols = metile.program_id(1) * BLOCK_D + metile.arange(0, BLOCK_D)
     metile.store(Partial + at[:, None] * HEAD_DIM + cols[None, :], out[None, :],
                  mask=(at[:, None] < programs) & (cols[None, :] < HEAD_DIM))
     pair = metile.program_id(1) * 2 + metile.arange(0, 2)
-    stats = metile.where(pair == 0, m_i, l_i)
+    stats = metile.where(pair == 0, m_out, l_out)
     metile.store(Stats + at[:, None] * 2 + pair[None, :], stats[None, :],
                  mask=(at[:, None] < programs) & (pair[None, :] < 2))
 

@@ -20,8 +20,16 @@ BOOL = ScalarType(dt.bool_)
 
 
 class Storage:
-    def __init__(self, kind: str, name: str, shape: tuple, dtype: dt.DType):
+    """Where a tile is held: `local` registers in the lane layout, `shared` threadgroup
+    memory, or `rows`: a last-axis reduction's (rows,) result in the registers of the
+    threads holding each row of its (rows, columns) operand `parent` (laid out in runs of
+    `width`): register slot s of a thread is the row its run slot s holds
+    (lower_reductions._rows_held), read only by element code of a `parent`-shaped tile."""
+
+    def __init__(self, kind: str, name: str, shape: tuple, dtype: dt.DType,
+                 parent: tuple | None = None, width: int = 1):
         self.kind, self.name, self.shape, self.dtype = kind, name, shape, dtype
+        self.parent, self.width = parent, width
 
 
 def scalar_of(t) -> ScalarType:
@@ -42,6 +50,9 @@ class Ctx:
         # In a lane loop laid out in runs (vectorize_rows.py): the run's shared state and
         # which of its consecutive elements this context is.
         self.run, self.run_index = None, 0
+        # the lane-loop context this one was derived from (itself in a lane loop): whose
+        # register slot a `rows` tile is read at
+        self.origin = self if identity else None
 
     def coords(self) -> list[Value]:
         run = self.run
@@ -68,7 +79,9 @@ class Ctx:
         return self._coords
 
     def derived(self, shape, coords) -> "Ctx":
-        return Ctx(self.low, self.b, shape, coords=coords, identity=False)
+        out = Ctx(self.low, self.b, shape, coords=coords, identity=False)
+        out.origin = self.origin
+        return out
 
     def reshaped(self, shape) -> "Ctx":
         """The same element seen as one of a tile of `shape` with the same row-major order:
@@ -77,8 +90,11 @@ class Ctx:
             out = Ctx(self.low, self.b, shape, lin=self.lin, slot=self.slot)
             out.memo = self.memo  # a value read at the same linear element is the same
             out.run, out.run_index = self.run, self.run_index
+            out.origin = self.origin
             return out
-        return Ctx(self.low, self.b, shape, lin=self.linear(self.shape), identity=False)
+        out = Ctx(self.low, self.b, shape, lin=self.linear(self.shape), identity=False)
+        out.origin = self.origin
+        return out
 
     def linear(self, shape) -> Value:
         if self.identity and tuple(shape) == self.shape:

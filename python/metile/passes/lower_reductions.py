@@ -173,6 +173,8 @@ class ReductionLowering:
         if lanes == 1 and self.runs_for(rows) == 1 and \
                 self.place.kind.get(result.id) != "shared":
             return self._rows_in_lanes(op, b, v, slots)
+        if lanes <= 32 and result.id in self.place.row_held:
+            return self._rows_held(op, b, v, lanes, slots)
         out = self.decl("shared", d, rows, "_rows")
         parts = self.decl("local", acc_d, slots, "_part")
         # a row wider than a SIMD-group's lanes: each SIMD-group of the row combines its
@@ -240,6 +242,35 @@ class ReductionLowering:
 
         self._each_run(b, x.type.shape, v, fold)
         self.storage[result.id] = Storage("local", held, tuple(result.type.shape), d)
+
+    def _rows_held(self, op: Op, b: Builder, v: int, lanes: int, slots: int) -> None:
+        """rows_reduce whose result is read only broadcast back over its operand's shape
+        (placement.row_held: `sum(x, axis=-1)[:, None]` in an expression of x's shape), each
+        row on at most 32 lanes: every lane holding a run of a row folds it and the row's
+        lanes combine by butterfly shuffles, which leave the row's total on each of them -
+        in the register slot of that run (Storage kind `rows`), where the broadcast's
+        element code reads it.  No threadgroup memory and no barrier: a loop that reduces
+        each block's rows (decode attention's scores) keeps its lanes independent."""
+        (x,) = op.operands
+        kind, d = op.attrs["kind"], dtype_of(x.type)
+        acc_d = self._acc_dtype(d)
+        result = op.results[0]
+        parts = self.decl("local", acc_d, slots, "_part")
+        held = self.decl("local", d, slots, "_rowheld")
+
+        def fold(ctxs):
+            lb, slot, acc = self._fold_run(x, kind, acc_d, v, ctxs)
+            lb.op("local_set", [slot, acc], [], {"name": parts})
+
+        self._each_run(b, x.type.shape, v, fold)
+        # (outside the lane loop, as in rows_reduce: every lane reaches the shuffles)
+        for s in range(slots):
+            part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
+            if lanes > 1:
+                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
+            b.op("local_set", [self.const(b, s), self._cast(b, part, d)], [], {"name": held})
+        self.storage[result.id] = Storage("rows", held, tuple(result.type.shape), d,
+                                          parent=tuple(x.type.shape), width=v)
 
     def _fold_run(self, x, kind: str, acc_d, v: int, ctxs):
         """(builder, register slot of the run, fold) of `x` over one run's element contexts

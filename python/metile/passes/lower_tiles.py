@@ -185,6 +185,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         return out
 
     def read(self, st: Storage, ctx: Ctx) -> Value:
+        if st.kind == "rows":
+            o = ctx.origin
+            if o is None or o.shape != st.parent:
+                raise AssertionError("lower_tiles: a row-held reduction read outside its rows")
+            slot = o.slot if st.width == 1 else \
+                ctx.b.value("idiv", [o.slot, self.const(ctx.b, st.width)], I32)
+            return ctx.b.value("local_get", [slot], ScalarType(st.dtype), name=st.name)
         if st.kind == "local":
             if not (ctx.identity and ctx.shape == st.shape):
                 raise AssertionError("lower_tiles: register tile read at a foreign coordinate")

@@ -49,6 +49,8 @@ class Placement:
     kind: dict[int, str] = field(default_factory=dict)      # value id -> recompute|local|shared
     group: dict[int, int] = field(default_factory=dict)     # carried value id -> group id
     uses: dict[int, list] = field(default_factory=dict)     # value id -> [(op, operand index)]
+    # last-axis reductions read only broadcast back over their operand's shape (_row_held)
+    row_held: set[int] = field(default_factory=set)
 
 
 def _is_tile(v: Value) -> bool:
@@ -155,7 +157,59 @@ def analyze(fn: Function) -> Placement:
             p.group[v.id] = gid
     # A recompute value read remotely forces its stored operands into shared memory:
     # remote() already propagates through recompute consumers, so nothing more to do.
+    _row_held(fn, p, remote)
     return p
+
+
+def _row_held(fn: Function, p: Placement, remote) -> None:
+    """The last-axis float sum/max/min reductions of a (rows, columns) tile whose result
+    reaches its uses only broadcast back to (rows, columns): through elementwise ops with
+    scalars, one expand_dims to (rows, 1) and a broadcast (`sum(x, axis=1)[:, None] * c`
+    in an expression of x's shape), every value on the way evaluated where it is used and
+    the broadcast read at no other coordinate.  Each use then reads row r's value in an
+    element of row r of a tile laid out as the operand, so lower_reductions may hold the
+    result in the registers of the lanes holding each row (`_rows_held`) instead of in
+    threadgroup memory; the placement stays `shared` (what it lowers to where the lanes
+    cannot)."""
+    def scalar_like(v: Value) -> bool:
+        return not _is_tile(v) or getattr(v.owner, "name", None) == "splat"
+
+    def reaches(v: Value, shape: tuple, rows: int) -> bool:
+        uses = p.uses.get(v.id, [])
+        if not uses:
+            return False
+        for use, _ in uses:
+            out = use.results[0] if use.results else None
+            if out is None or not _is_tile(out):
+                return False
+            to = tuple(out.type.shape)
+            if use.name == "broadcast" and len(tuple(v.type.shape)) == 2:
+                if to != shape or p.kind.get(out.id) == "shared" or remote(out):
+                    return False
+                continue
+            if p.kind.get(out.id) != "recompute":
+                return False
+            if use.name == "expand_dims" and tuple(v.type.shape) == (rows,) and to == (rows, 1):
+                ok = reaches(out, shape, rows)
+            elif use.name in ELEMENTWISE and to == tuple(v.type.shape) and \
+                    all(o is v or scalar_like(o) for o in use.operands):
+                ok = reaches(out, shape, rows)
+            else:
+                ok = False
+            if not ok:
+                return False
+        return True
+
+    for op in walk(fn.body):
+        if op.name != "reduce" or op.attrs.get("kind") not in ("sum", "max", "min"):
+            continue
+        x = op.operands[0]
+        if not _is_tile(x) or len(x.type.shape) != 2 or not dtype_of(x.type).is_float or \
+                op.attrs.get("axis") != 1 or len(op.results) != 1:
+            continue
+        shape = tuple(x.type.shape)
+        if reaches(op.results[0], shape, shape[0]):
+            p.row_held.add(op.results[0].id)
 
 
 def _fuse_single_loads(fn: Function, p: Placement, defs: dict) -> None:
