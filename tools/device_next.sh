@@ -364,6 +364,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s40 ]; then
+  # decode attention with an online softmax per key slot (no barrier in its loop) on row
+  # reductions held in their lanes: the probe's configurations at 4096 and 16384 keys,
+  # the benchmark at 1024/4096/16384, the GPU tests of attention and row reductions
+  timeout 100 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
+  timeout 120 python3 tools/probes/decode_attention.py --keys 16384 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 --prefill-lengths \
+    --decode-lengths 1024 4096 16384 --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  gpu_tests $((budget - 15 - (SECONDS - t0))) test_attention_op test_row_reductions test_model_ops_norms
 elif [ "$mode" = s39 ]; then
   # softmax holding its exponentials (HOLD) and exp2 as one MUFU.EX2: the softmax benchmark
   # (each configuration, and the default one computing them again: precise=True's path),
