@@ -364,6 +364,10 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s41 ]; then
+  # decode attention's kernel times (ncu, caches flushed): MLX's op and attention_decode's
+  # configurations at 4096 and 16384 keys
+  ncu_times 200 ncu-decode-attention tools/probes/decode_attention_ncu.py --repeat 3
 elif [ "$mode" = s40 ]; then
   # decode attention with an online softmax per key slot (no barrier in its loop) on row
   # reductions held in their lanes: the probe's configurations at 4096 and 16384 keys,
