@@ -365,7 +365,10 @@ def configs(q, k, v, kind: str = "none") -> list[dict]:
     # a causal query sees no key (q_len > kv_len: MLX averages every value there)
     few = decode and q.shape[2] <= ROWS_QUERIES and not (kind == "causal"
                                                          and q.shape[2] > k.shape[2])
-    one_query = rows_tiles(q.shape[-1], _result_dtype(q, k, v).size)[:1] if few else []
+    # (the smallest and the largest key block: on the H200 with a softmax per key slot, s40,
+    # 8 keys a block on 2 warps led at 4096 keys, 64 on 8 warps at 16384)
+    blocks = rows_tiles(q.shape[-1], _result_dtype(q, k, v).size) if few else []
+    one_query = blocks[:1] + blocks[1:][-1:]
     try:
         split = tiles(q.shape[-1], _result_dtype(q, k, v).size, decode,
                       (q.shape[1] // k.shape[1]) * q.shape[2] if decode else DECODE_ROWS)
