@@ -364,6 +364,12 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s42 ]; then
+  # decode attention's key blocks, warps and splits (compiled calls) at 4096 and 16384 keys,
+  # and the benchmark, to choose the default (s41's ncu: 8 keys on 2 warps over 32 splits
+  # 76.9 + 4.5 us cold, 64 keys 70.4 + 3.5, MLX's cuDNN kernel 74.8 + 3.3: latency-bound)
+  timeout 150 python3 tools/probes/decode_attention.py 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
+  timeout 200 python3 tools/probes/decode_attention.py --keys 16384 2>&1 | grep -E "^decode_attention" | cut -c1-2500 | tee -a "$log"
 elif [ "$mode" = s41 ]; then
   # decode attention's kernel times (ncu, caches flushed): MLX's op and attention_decode's
   # configurations at 4096 and 16384 keys

@@ -41,9 +41,10 @@ def main():
             lambda q, cfg=cfg: attention_ops._launch(q, k, v, None, scale, cfg))
     # attention_decode (no matrix products): keys a block, warps, splits, combine
     for n, warps, splits, combine in ((64, None, None, None), (8, None, None, None),
-                                      (8, 2, 32, None), (8, 4, 32, None), (8, 1, 64, None),
-                                      (16, 4, 32, None), (16, 4, 64, None), (16, 2, 64, None),
-                                      (32, 8, 32, None), (4, 1, 64, None)):
+                                      (8, 2, 32, None), (8, 2, 64, None), (8, 2, 128, None),
+                                      (8, 4, 64, None), (16, 4, 64, None), (16, 4, 128, None),
+                                      (32, 8, 64, None), (64, 16, 16, None), (64, 16, 32, None),
+                                      (4, 1, 128, None)):
         cfg = {"path": "decode_rows", "BLOCK_N": n, "num_warps": warps, "SPLITS": splits,
                "combine": combine}
         fns[f"rows N{n} w{warps} s{splits} {combine or 'auto'}"] = mx.compile(
