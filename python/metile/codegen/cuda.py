@@ -311,8 +311,8 @@ def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
     return name, text
 
 
-# exp2 as the hardware computes it, one MUFU.EX2: a result below 2^-126 flushes to zero, as
-# on Apple GPUs (Metal's fast math).  exp2f keeps such results subnormal with a compare
+# exp2 as the hardware computes it, one MUFU.EX2: a result below 2^-126 flushes to zero (as
+# Metal's fast math may flush it).  exp2f keeps such results subnormal with a compare
 # and two conditional multiplies around it: four instructions where one does, which bound
 # softmax on the H200 (two exponentials an element, the SM at 81% of its issue rate).
 _EXP2 = r"""__device__ __forceinline__ float metile_exp2(float x) {
