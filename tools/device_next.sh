@@ -364,6 +364,10 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s43 ]; then
+  # decode attention before s40 against now, in one run: compiled calls, then ncu
+  timeout 90 python3 tools/probes/decode_attention_ab.py 2>&1 | grep -E "^decode_attention_ab [0-9]" | tee -a "$log"
+  ncu_times 90 ncu-decode-attention-ab tools/probes/decode_attention_ab.py --once
 elif [ "$mode" = s42 ]; then
   # decode attention's key blocks, warps and splits (compiled calls) at 4096 and 16384 keys,
   # and the benchmark, to choose the default (s41's ncu: 8 keys on 2 warps over 32 splits
