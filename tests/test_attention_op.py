@@ -398,3 +398,20 @@ def test_one_query_of_a_wide_head(rng):
     q, k, v = operands(rng, 1, 2, 1, 1, 40, 256, mx.float32)
     check(q, k, v, path="decode_rows")
     assert attention_ops.configs(q, k, v)[0]["path"] == "decode_rows"
+
+
+def test_decode_a_nan_key_poisons_its_head_only(rng):
+    # the per-slot softmax (attention_decode): a NaN score stays NaN through the slot merge,
+    # as in MLX's op; the other head is untouched
+    q, k, v = operands(rng, 1, 2, 2, 1, 300, 64)
+    kn = np.array(k)
+    kn[0, 0, 17, 3] = np.nan
+    k = mx.array(kn)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125)
+    for cfg in attention_ops.configs(q, k, v):
+        if cfg["path"] != "decode_rows":
+            continue
+        got = np.array(attention_ops._launch(q, k, v, None, 0.125, cfg))
+        assert np.isnan(got[0, 0]).all() and np.isnan(np.array(want)[0, 0]).all()
+        np.testing.assert_allclose(got[0, 1], reference(q, k, v, 0.125, None)[0, 1],
+                                   rtol=1e-4, atol=1e-5)
