@@ -14,7 +14,10 @@
   (registers or recomputed: placement does not force it into threadgroup memory).  A row
   that is one run (C = V) is one thread's: folded there and held in a register, where the
   lane layout puts the result's element (`_rows_in_lanes`), unless a use reads the result
-  elsewhere.
+  elsewhere.  A result read only broadcast back over its operand (`placement.row_held`,
+  `r[:, None]` in an expression of the operand's shape) on rows of at most 32 lanes stays
+  on the lanes that hold each row - the shuffles leave the total on all of them - in the
+  register slot of its run (`_rows_held`): no threadgroup memory, no barrier.
   Where the layout does not allow that (rows wider than a SIMD-group's runs, a tile
   that does not fill whole slots), the operand is copied to threadgroup memory and each
   result element folds its row there.

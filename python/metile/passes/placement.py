@@ -21,6 +21,10 @@ Every tile value gets one of three placements (consumed by `lower_tiles`):
   reduction): holding it there would keep a loop's accumulator, summed once after
   the loop, in threadgroup memory for the whole loop.
 
+`row_held` names the last-axis reductions whose result is read only broadcast back over
+their operand (lower_reductions may keep those in the registers of each row's lanes; their
+placement stays `shared`, what they lower to where it cannot).
+
 Reductions, scans, dot results and loop-carried / branch-result tiles are
 always stored, and so are loads, which must happen once, in program order
 relative to stores and barriers - except a load of a buffer the kernel never
