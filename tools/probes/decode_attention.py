@@ -60,15 +60,20 @@ def main():
         if err > 1e-2:
             print("decode_attention", name, "error", err, flush=True)
     fns = {k: f for k, f in fns.items() if f is not None}
+    print("decode_attention", json.dumps(alternating(fns, q, args.rounds, 50)), flush=True)
+
+
+def alternating(fns: dict, q, rounds: int, launches: int) -> dict:
+    """Median us per call of each compiled call `fns[name](q)`, `launches` a sync, the
+    order reversed every other round."""
     times = {k: [] for k in fns}
     for fn in fns.values():
         seconds_per_call(fn, q, 2)
     order = list(fns)
-    for r in range(args.rounds):
+    for r in range(rounds):
         for side in (order if r % 2 == 0 else order[::-1]):
-            times[side].append(seconds_per_call(fns[side], q, 50))
-    print("decode_attention", json.dumps({k: round(float(np.median(t)) * 1e6, 1)
-                                          for k, t in times.items()}), flush=True)
+            times[side].append(seconds_per_call(fns[side], q, launches))
+    return {k: round(float(np.median(t)) * 1e6, 1) for k, t in times.items()}
 
 
 if __name__ == "__main__":

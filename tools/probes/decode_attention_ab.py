@@ -15,11 +15,14 @@ import types
 
 sys.path.insert(0, "kernels")
 sys.path.insert(0, ".")
+sys.path.insert(0, "tools/probes")
 import mlx.core as mx   # noqa: E402
 import numpy as np      # noqa: E402
 
 import metile           # noqa: E402
-from benchmarks.quantized import seconds_per_call   # noqa: E402
+
+from decode_attention import alternating            # noqa: E402 (this folder)
+from decode_attention_ncu import operands            # noqa: E402
 from metile import attention_ops                     # noqa: E402
 from metile_kernels import attention as current      # noqa: E402
 from metile_kernels.attention import LOG2E, REMOVED  # noqa: E402,F401
@@ -122,11 +125,7 @@ def main():
                                       if not n.startswith("__")})
     before.attention_decode = attention_decode_before_s40
     for keys in (4096, 16384):
-        rk = mx.random.split(mx.random.key(keys), 3)
-        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-        k = mx.random.normal((1, 32, keys, 128), key=rk[1]).astype(mx.float16)
-        v = mx.random.normal((1, 32, keys, 128), key=rk[2]).astype(mx.float16)
-        mx.eval(q, k, v)
+        q, k, v = operands(keys)
         scale = 128 ** -0.5
         cfg = {"path": "decode_rows", "BLOCK_N": 8}
 
@@ -139,17 +138,9 @@ def main():
         for name, fn in fns.items():
             err = float(np.abs(np.array(fn(q).astype(mx.float32)) - want).max())
             print(f"decode_attention_ab keys {keys} {name}: max error {err:.2e}", flush=True)
-        if args.once:
-            continue
-        times = {n: [] for n in fns}
-        for fn in fns.values():
-            seconds_per_call(fn, q, 2)
-        order = list(fns)
-        for r in range(args.rounds):
-            for name in (order if r % 2 == 0 else order[::-1]):
-                times[name].append(seconds_per_call(fns[name], q, 100))
-        print("decode_attention_ab", keys, json.dumps(
-            {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}), flush=True)
+        if not args.once:
+            print("decode_attention_ab", keys,
+                  json.dumps(alternating(fns, q, args.rounds, 100)), flush=True)
 
 
 if __name__ == "__main__":

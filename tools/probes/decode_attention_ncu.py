@@ -19,16 +19,22 @@ from metile import attention_ops   # noqa: E402
 CONFIGS = [(8, 2, 32), (4, 1, 64), (8, 4, 32), (64, None, None)]
 
 
+def operands(keys: int):
+    """(q, k, v), evaluated: one float16 query of 32 heads over `keys` keys, head dim 128."""
+    rk = mx.random.split(mx.random.key(keys), 3)
+    q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
+    k = mx.random.normal((1, 32, keys, 128), key=rk[1]).astype(mx.float16)
+    v = mx.random.normal((1, 32, keys, 128), key=rk[2]).astype(mx.float16)
+    mx.eval(q, k, v)
+    return q, k, v
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     for keys in (4096, 16384):
-        rk = mx.random.split(mx.random.key(keys), 3)
-        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-        k = mx.random.normal((1, 32, keys, 128), key=rk[1]).astype(mx.float16)
-        v = mx.random.normal((1, 32, keys, 128), key=rk[2]).astype(mx.float16)
-        mx.eval(q, k, v)
+        q, k, v = operands(keys)
         scale = 128 ** -0.5
         want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
         mx.eval(want)
