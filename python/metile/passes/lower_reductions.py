@@ -179,19 +179,13 @@ class ReductionLowering:
         if lanes <= 32 and result.id in self.place.row_held:
             return self._rows_held(op, b, v, lanes, slots)
         out = self.decl("shared", d, rows, "_rows")
-        parts = self.decl("local", acc_d, slots, "_part")
+        parts = self._run_partials(b, x, kind, acc_d, v, slots)
         # a row wider than a SIMD-group's lanes: each SIMD-group of the row combines its
         # lanes, writes its partial, and a second fold combines the row's partials
         # (attention's 64-key score rows on 1024 threads folded each row serially in one
         # thread, all 32 lanes of a warp reading one bank)
         groups = max(1, lanes // 32)
         partials = self.decl("shared", acc_d, rows * groups, "_rowparts") if groups > 1 else None
-
-        def fold(ctxs):
-            lb, slot, acc = self._fold_run(x, kind, acc_d, v, ctxs)
-            lb.op("local_set", [slot, acc], [], {"name": parts})
-
-        self._each_run(b, shape, v, fold)
         if self.loop_depth:
             # the last iteration's readers of `out` must be done before it is rewritten
             self.barrier(b)
@@ -202,10 +196,7 @@ class ReductionLowering:
         first = b.value("eq", [b.value("mod", [tid, self.const(b, group_lanes)], I32),
                                self.const(b, 0)], BOOL)
         for s in range(slots):
-            part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
-            if lanes > 1:
-                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind,
-                               lanes=group_lanes)
+            part = self._lanes_total(b, parts, s, kind, acc_d, group_lanes)
             start = self.add(b, b.value("mul", [tid, self.const(b, v)], I32),
                              self.const(b, s * self.T * v))
             row = b.value("idiv", [start, self.const(b, columns)], I32)
@@ -258,22 +249,34 @@ class ReductionLowering:
         kind, d = op.attrs["kind"], dtype_of(x.type)
         acc_d = self._acc_dtype(d)
         result = op.results[0]
-        parts = self.decl("local", acc_d, slots, "_part")
+        parts = self._run_partials(b, x, kind, acc_d, v, slots)
         held = self.decl("local", d, slots, "_rowheld")
+        # (outside the lane loop, as in rows_reduce: every lane reaches the shuffles)
+        for s in range(slots):
+            part = self._lanes_total(b, parts, s, kind, acc_d, lanes)
+            b.op("local_set", [self.const(b, s), self._cast(b, part, d)], [], {"name": held})
+        self.storage[result.id] = Storage("rows", held, tuple(result.type.shape), d,
+                                          parent=tuple(x.type.shape), width=v)
+
+    def _run_partials(self, b: Builder, x, kind: str, acc_d, v: int, slots: int) -> str:
+        """The register array of each thread's folded runs of `x` (slot s: its run slot s),
+        for the lanes of each row to combine."""
+        parts = self.decl("local", acc_d, slots, "_part")
 
         def fold(ctxs):
             lb, slot, acc = self._fold_run(x, kind, acc_d, v, ctxs)
             lb.op("local_set", [slot, acc], [], {"name": parts})
 
         self._each_run(b, x.type.shape, v, fold)
-        # (outside the lane loop, as in rows_reduce: every lane reaches the shuffles)
-        for s in range(slots):
-            part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
-            if lanes > 1:
-                part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
-            b.op("local_set", [self.const(b, s), self._cast(b, part, d)], [], {"name": held})
-        self.storage[result.id] = Storage("rows", held, tuple(result.type.shape), d,
-                                          parent=tuple(x.type.shape), width=v)
+        return parts
+
+    def _lanes_total(self, b: Builder, parts: str, s: int, kind: str, acc_d, lanes: int):
+        """Slot `s` of `parts` combined over each aligned group of `lanes` lanes (on every
+        lane of the group: butterfly shuffles)."""
+        part = b.value("local_get", [self.const(b, s)], ScalarType(acc_d), name=parts)
+        if lanes > 1:
+            part = b.value("simd_reduce", [part], ScalarType(acc_d), kind=kind, lanes=lanes)
+        return part
 
     def _fold_run(self, x, kind: str, acc_d, v: int, ctxs):
         """(builder, register slot of the run, fold) of `x` over one run's element contexts
