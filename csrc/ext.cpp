@@ -935,10 +935,10 @@ thread_local int g_tuning_scopes = 0;
 // lookup and its launch, where building the key and finding the replay in Python cost
 // about as much as the launch itself.  An entry is an _ext.Replay (run natively) or any
 // Python callable (an op routed to MLX's composite), each called with the call's arrays
-// that are not None; a provisional entry declines while `tuning_scope()` says a call may
-// measure (`tuning_scope()`, or where it is None, routing.tuning_scope's count for this
-// thread).  `observer` (None unless a test sets it) is called with the op's name, and
-// whether the entry is a kernel's replay, on each call an entry answers.
+// that are not None; a provisional entry declines while this thread is inside a
+// routing.tuning_scope (a call there may measure).  `observer` (None unless a test sets
+// it) is called with the op's name, and whether the entry is a kernel's replay, on each
+// call an entry answers.
 class ReplayTable {
   struct Entry {
     nb::object replay;
@@ -948,12 +948,7 @@ class ReplayTable {
   };
 
  public:
-  ReplayTable(nb::object tuning_scope, std::size_t capacity)
-      : tuning_scope_(std::move(tuning_scope)), capacity_(capacity) {}
-
-  bool in_tuning_scope() const {
-    return tuning_scope_.is_none() ? g_tuning_scopes > 0 : nb::cast<bool>(tuning_scope_());
-  }
+  explicit ReplayTable(std::size_t capacity) : capacity_(capacity) {}
 
   nb::object call(const std::string& op, nb::handle options, const nb::args& arrays) const {
     auto key = replay_key(op, options, arrays);
@@ -961,7 +956,7 @@ class ReplayTable {
     auto it = entries_.find(*key);
     if (it == entries_.end()) return nb::none();
     const Entry& e = it->second;
-    if (e.provisional && in_tuning_scope()) return nb::none();
+    if (e.provisional && g_tuning_scopes > 0) return nb::none();
     std::size_t given = 0;
     for (nb::handle h : arrays) given += !h.is_none();
     nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(given)));
@@ -1003,7 +998,6 @@ class ReplayTable {
   nb::object observer_ = nb::none();
 
  private:
-  nb::object tuning_scope_;
   std::size_t capacity_;
   std::unordered_map<std::string, Entry> entries_;
 };
@@ -1180,7 +1174,7 @@ NB_MODULE(_ext, m) {
   m.def("tuning_scopes", [](int change) { return g_tuning_scopes += change; }, nb::arg("change"),
         "Add `change` to this thread's count of routing.tuning_scope blocks; the count.");
   nb::class_<ReplayTable>(m, "ReplayTable")
-      .def(nb::init<nb::object, std::size_t>(), nb::arg("tuning_scope").none(), nb::arg("capacity"))
+      .def(nb::init<std::size_t>(), nb::arg("capacity"))
       .def("__call__", &ReplayTable::call,
            "The recorded replay's result for this op call, or None (none recorded, or it "
            "declines).")

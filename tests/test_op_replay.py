@@ -376,13 +376,16 @@ def test_a_changed_option_misses_and_a_provisional_replay_declines_while_tuning(
     k = op_replay.key("matmul", ("leaky_relu", 0.25, "metile"), a, b)
     replay, provisional = op_replay._REPLAYS.get(k)
     assert not provisional
-    # a table whose tuning-scope predicate says a call may measure: a provisional replay
-    # (one routed by the cost model) declines, a decided one runs
-    table = metile._ext.ReplayTable(lambda: True, 2)
+    # inside a tuning scope (a call there may measure): a provisional replay (one routed by
+    # the cost model) declines, a decided one runs
+    table = metile._ext.ReplayTable(2)
     table.put(k, replay, True)
-    assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is None
-    table.put(k, replay, False)
-    got = table("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+    with routing.tuning_scope():
+        assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is None
+        table.put(k, replay, False)
+        got = table("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+    table.put(k, replay, True)   # (out of the scope a provisional replay runs)
+    assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is not None
     np.testing.assert_allclose(f64(got), np.where(want > 0, want, 0.25 * want), rtol=2e-5,
                                atol=2e-5)
     # full at its capacity: emptied before the next entry
