@@ -364,6 +364,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s44 ]; then
+  # attention prefill with its products and softmax in the accumulator layout
+  # (passes/mma_layout.py): GPU tests of attention and general products first, then the
+  # tiles and warps against MLX's causal SDPA at 4096 and 2048, then the op's benchmark
+  gpu_tests 170 test_attention_op test_dot_fragments
+  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
+  timeout 60 python3 tools/probes/attention_prefill_tiles.py --length 2048 2>&1 | tail -12 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
 elif [ "$mode" = s43 ]; then
   # decode attention before s40 against now, in one run: compiled calls, then ncu
   timeout 90 python3 tools/probes/decode_attention_ab.py 2>&1 | grep -E "^decode_attention_ab [0-9]" | tee -a "$log"

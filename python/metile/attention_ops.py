@@ -176,6 +176,19 @@ def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
     return 4 * block_n * block_d * (2 if wide else 1) + 8 * block_n + 64
 
 
+def forward_warps(block_m: int) -> int | None:
+    """attention_forward's warps: one 16-row slab of the query block each, where its
+    products and softmax stay in the matrix unit's accumulator layout (passes/mma_layout.py,
+    the default; on Metal's 8x8 unit each warp takes two 8-row slabs); None (the plan's own
+    count, a thread an element of the largest tile) where METILE_MMA_LAYOUT=0 or CUDA's
+    METILE_DOT_FRAGMENTS=0 leave the lane layout."""
+    from . import settings
+    if not settings.flag("METILE_MMA_LAYOUT", default=True) or \
+            (_on_cuda() and not settings.flag("METILE_DOT_FRAGMENTS", default=True)):
+        return None
+    return max(1, block_m // 16)
+
+
 def rows_tiles(d: int, itemsize: int) -> list[dict]:
     """attention_decode's key blocks that fit threadgroup memory: on CUDA the 8-key
     block first (two warps for a 128-wide head, many programs over many splits), elsewhere
@@ -244,9 +257,10 @@ def _launch(q, k, v, mask, scale, config):
     scale_log2 = float(scale) * LOG2E
     if config.get("path") != "decode":
         grid = kernels.forward_grid(q_len, q_heads, batch, config["BLOCK_M"])
+        warps = config.get("num_warps") or forward_warps(config["BLOCK_M"])
         return kernels.attention_forward[grid](
             q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-            *strides, **common)
+            *strides, **common, **({"num_warps": warps} if warps else {}))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
     chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
     splits = math.ceil(kv_len / chunk)       # no split without keys

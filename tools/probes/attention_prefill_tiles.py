@@ -17,8 +17,10 @@ import numpy as np
 sys.path.insert(0, "kernels")
 from metile_kernels import attention as kernels  # noqa: E402
 
-VARIANTS = [(64, 64, None), (64, 64, 4), (64, 64, 8), (64, 64, 16), (64, 32, 4), (128, 64, 8),
-            (32, 64, 4)]
+# (BLOCK_M, BLOCK_N, warps); BLOCK_M // 16 warps keep the products and the softmax in the
+# accumulator layout (passes/mma_layout.py), two 16-row slabs a warp at BLOCK_M // 32
+VARIANTS = [(64, 64, 4), (64, 32, 4), (128, 64, 8), (128, 32, 8), (128, 64, 4), (64, 128, 4),
+            (128, 128, 8), (32, 64, 2)]
 
 
 def chain(fn, q, launches=10):

@@ -387,6 +387,9 @@ class CEmitter:
                 fmt = self.FRAGMENT["store_t"]
         elif op.name == "frag_set":
             fields = {"frag": f"{at['name']}[{at['index']}]", "e": a[0], "value": a[1]}
+        elif op.name == "frag_set_pair":
+            fields = {"frag": f"{at['name']}[{at['index']}]", "i": at["pair"], "lo": a[0],
+                      "hi": a[1]}
         elif op.name == "frag_load":
             fields = {"frag": f"{at['name']}[{at['index']}]", "root": at["root"], "offset": a[0],
                       "ld": at["ld"]}

@@ -35,6 +35,19 @@ template <int L, typename T> __device__ __forceinline__ T metile_lanes_min(T v) 
   for (int o = L / 2; o > 0; o >>= 1) { T w = __shfl_xor_sync(0xffffffffu, v, o); v = w < v ? w : v; }
   return v;
 }
+// One butterfly step with the lane l ^ M (the lanes holding one row of an accumulator
+// fragment, passes/lower_mma_layout.py).
+template <typename T> __device__ __forceinline__ T metile_xor_sum(T v, int m) {
+  return v + __shfl_xor_sync(0xffffffffu, v, m);
+}
+template <typename T> __device__ __forceinline__ T metile_xor_max(T v, int m) {
+  T w = __shfl_xor_sync(0xffffffffu, v, m);
+  return w > v ? w : v;
+}
+template <typename T> __device__ __forceinline__ T metile_xor_min(T v, int m) {
+  T w = __shfl_xor_sync(0xffffffffu, v, m);
+  return w < v ? w : v;
+}
 template <typename T> __device__ __forceinline__ T metile_warp_sum(T v) { return metile_lanes_sum<32>(v); }
 template <typename T> __device__ __forceinline__ T metile_warp_max(T v) { return metile_lanes_max<32>(v); }
 template <typename T> __device__ __forceinline__ T metile_warp_min(T v) { return metile_lanes_min<32>(v); }
@@ -155,6 +168,12 @@ __device__ __forceinline__ void metile_frag_store(float* p, const metile_frag_ac
     p[(g + 8) * ld + n] = f.x[4 * h + 2];
     p[(g + 8) * ld + n + 1] = f.x[4 * h + 3];
   }
+}
+__device__ __forceinline__ unsigned metile_pair(__half lo, __half hi) {
+  return static_cast<unsigned>(__half_as_ushort(lo)) | (static_cast<unsigned>(__half_as_ushort(hi)) << 16);
+}
+__device__ __forceinline__ unsigned metile_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(lo)) | (static_cast<unsigned>(__bfloat16_as_ushort(hi)) << 16);
 }
 #define METILE_MMA_HALF(SHAPE, KIND)                                                        \
   for (int h = 0; h < 2; ++h) {                                                             \
@@ -492,6 +511,9 @@ class CUDAEmitter(CEmitter):
         "store_t": "metile_frag_store_t(&{root}[{offset}], {frag}, {ld});",
         "get": "{frag}.x[{e}]",
         "set": "{frag}.x[{e}] = {value};",
+        # a left operand from registers (passes/lower_mma_layout.py): its register i holds
+        # the elements 2i and 2i + 1 of the accumulator layout of the same 16x16 block
+        "set_pair": "{frag}.r[{i}] = metile_pair({lo}, {hi});",
     }
     SIMD_BARRIER = "__syncwarp();"
     DEBUG_OPS = CUDADebug()
@@ -704,6 +726,8 @@ class CUDAEmitter(CEmitter):
             if op.attrs.get("lanes"):
                 return (f"metile_lanes_{op.attrs['kind']}<{op.attrs['lanes']}>"
                         f"({self.ref(op.operands[0])})")
+            if op.attrs.get("xor"):
+                return _xor_reduce(op.attrs["kind"], op.attrs["xor"], self.ref(op.operands[0]))
         if op.name == "aligned16":
             address = f"&{op.attrs['root']}[{self.ref(op.operands[0])}]"
             size = op.attrs.get("bytes", 16)
@@ -732,3 +756,10 @@ def emit_cuda(fn: Function, scalars: set[str] = frozenset()) -> tuple[str, str]:
     """(header, body) of a thread-form function; `scalars` names the runtime
     scalar inputs (read through their pointer)."""
     return CUDAEmitter(fn, scalars).render()
+
+
+def _xor_reduce(kind: str, masks, value: str) -> str:
+    """`value` combined over the lanes l ^ m for each m of `masks` (butterfly steps)."""
+    for m in masks:
+        value = f"metile_xor_{kind}({value}, {m})"
+    return value

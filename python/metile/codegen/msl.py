@@ -84,6 +84,11 @@ inline void metile_atomic_init(device bool* state, device T* out, In in, int i) 
 # Combining within aligned groups of L lanes (a row of a tile on L lanes), as Metal has
 # no segmented simd_sum: a butterfly of simd_shuffle_xor, every lane taking part.
 _LANES = """\
+// One butterfly step with the lane l ^ m (the lanes holding one row of an accumulator
+// fragment, passes/lower_mma_layout.py).
+template <typename T> inline T metile_xor_sum(T v, ushort m) { return v + metal::simd_shuffle_xor(v, m); }
+template <typename T> inline T metile_xor_max(T v, ushort m) { return metal::max(v, metal::simd_shuffle_xor(v, m)); }
+template <typename T> inline T metile_xor_min(T v, ushort m) { return metal::min(v, metal::simd_shuffle_xor(v, m)); }
 template <ushort L, typename T> inline T metile_lanes_sum(T v) {
   for (ushort o = L / 2; o > 0; o >>= 1) v += metal::simd_shuffle_xor(v, o);
   return v;
@@ -185,6 +190,9 @@ class MSLEmitter(CEmitter):
         "store_t": "metal::simdgroup_store({frag}, &{root}[{offset}], {ld}, ulong2(0, 0), true);",
         "get": "{frag}.thread_elements()[{e}]",
         "set": "{frag}.thread_elements()[{e}] = {value};",
+        # a left operand from registers (passes/lower_mma_layout.py): elements 2i, 2i + 1
+        "set_pair": ("{frag}.thread_elements()[2 * {i}] = {lo}; "
+                     "{frag}.thread_elements()[2 * {i} + 1] = {hi};"),
     }
     SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
     DEBUG_OPS = MSLDebug()
@@ -220,6 +228,12 @@ class MSLEmitter(CEmitter):
             if op.attrs["axis"] == 0:
                 return f"((({lane} >> 2) & 4) + (({lane} >> 1) & 3))"
             return f"((({lane} >> 2) & 2) * 2 + ({lane} & 1) * 2 + {op.attrs['e']})"
+        if op.name == "simd_reduce" and op.attrs.get("xor"):
+            self.helpers_used.add("lanes")
+            value = self.ref(op.operands[0])
+            for m in op.attrs["xor"]:
+                value = f"metile_xor_{op.attrs['kind']}({value}, {m})"
+            return value
         if op.name == "simd_reduce" and op.attrs.get("lanes"):
             self.helpers_used.add("lanes")
             return f"metile_lanes_{op.attrs['kind']}<{op.attrs['lanes']}>({self.ref(op.operands[0])})"

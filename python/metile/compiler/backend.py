@@ -33,6 +33,9 @@ class Backend:
     # general products (a dot outside the GEMM lowering) on the matrix unit
     # (passes/lower_dot_fragments.py): MSL always; CUDA unless METILE_DOT_FRAGMENTS=0
     dot_fragments: bool = False
+    # products and the code around them in the matrix unit's accumulator layout
+    # (passes/mma_layout.py): where dot_fragments is, unless METILE_MMA_LAYOUT=0
+    mma_layout: bool = False
 
     @property
     def emitter(self):
@@ -111,7 +114,7 @@ def _fingerprint(kind: str) -> str:
 # units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
-                       "METILE_DOT_FRAGMENTS")
+                       "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT")
 
 
 def device_type():
@@ -173,11 +176,13 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
             # Mac or the CPU, MSL on an NVIDIA machine): plan for that language's
             # reference hardware.
             planned = target_for("cuda", None) if chosen == "cuda" else target_for("cpu")
+    # (the settings read, so a malformed value is refused, on every backend)
+    fragments = settings.flag("METILE_DOT_FRAGMENTS", default=True) or chosen == "msl"
+    mma = settings.flag("METILE_MMA_LAYOUT", default=True)
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name, settings.wgmma_variant()),
-                   _cuda_scalars() if chosen == "cuda" else "array",
-                   # (the setting read, so a malformed value is refused, on every backend)
-                   settings.flag("METILE_DOT_FRAGMENTS", default=True) or chosen == "msl")
+                   _cuda_scalars() if chosen == "cuda" else "array", fragments,
+                   fragments and mma)
 
 
 def _cuda_scalars() -> str:

@@ -49,9 +49,10 @@ Thread form (after passes.lower_tiles; every value is a scalar)
                                         atomic (compare for kind "cas"); with init/state the
                                         element is first copied in from buffer `init` once,
                                         marking byte `state`[index] (passes/buffer_usage.py)
-  simd_reduce(v){kind, lanes?} simd_lane simd_group barrier simd_barrier
+  simd_reduce(v){kind, lanes?, xor?} simd_lane simd_group barrier simd_barrier
                                         (lanes: aligned groups of that many lanes, a power
-                                        of two below 32, each combined on its own)
+                                        of two below 32, each combined on its own; xor: a
+                                        butterfly step with lane l ^ m for each m given)
   device_print(pid0, pid1, pid2, *index, *values){prefix, hex, index, rank}
   device_assert(cond, pid0, pid1, pid2, *index){head, msg, index, rank}
                                         passes/lower_debug.py: index "element" (the
@@ -97,7 +98,10 @@ TERMINATORS = frozenset({"yield", "condition"})
 # opaque fragment (frag_get(e){name,index} / frag_set(e, v){name,index}: element e of
 # the FRAGMENT_ELEMENTS a lane holds; which matrix element that is stays unknown).
 FRAGMENT_VIEW = frozenset({"frag_view_load", "frag_view_store"})
-FRAGMENT_ELEMS = frozenset({"frag_get", "frag_set"})
+# frag_set_pair(lo, hi){name, index, pair}: register `pair` of a left-operand fragment from
+# two elements of the accumulator layout (passes/lower_mma_layout.py: the lane-to-element
+# mapping is the emitter's acc_coord)
+FRAGMENT_ELEMS = frozenset({"frag_get", "frag_set", "frag_set_pair"})
 FRAGMENT_ELEMENTS = 2
 
 # 4-wide device loads of proven-aligned, in-bounds groups (passes/lower_matmul.py):

@@ -20,7 +20,8 @@ BOOL = ScalarType(dt.bool_)
 
 
 class Storage:
-    """Where a tile is held: `local` registers in the lane layout, `shared` threadgroup
+    """Where a tile is held: `local` registers in the lane layout (or, with `layout`, the
+    accumulator layout of lower_mma_layout.py), `shared` threadgroup
     memory, or `rows`: a last-axis reduction's (rows,) result in the registers of the
     threads holding each row of its (rows, columns) operand `parent` (laid out in runs of
     `width`): register slot s of a thread is the row its run slot s holds
@@ -30,6 +31,9 @@ class Storage:
                  parent: tuple | None = None, width: int = 1):
         self.kind, self.name, self.shape, self.dtype = kind, name, shape, dtype
         self.parent, self.width = parent, width
+        # "tiles" | "rows": a register array in the matrix unit's accumulator layout
+        # (passes/lower_mma_layout.py) instead of the lane layout
+        self.layout: str | None = None
 
 
 def scalar_of(t) -> ScalarType:

@@ -37,6 +37,8 @@ from .gemm import find_gemm
 from .lower_debug import lower_debug
 from .lower_dot_fragments import DotFragmentLowering
 from .lower_matmul import MatmulLowering, plan_gemm, relaxed_precision
+from .lower_mma_layout import FragCtx, MmaLayoutLowering
+from . import mma_layout
 from .lower_reductions import ReductionLowering, rows_reducible
 from .lower_sort import SortLowering
 from .vectorize_elementwise import ElementwiseVectorLowering
@@ -51,10 +53,10 @@ class SharedOverflow(CompilationError):
 
 
 class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVectorLowering,
-               RowVectorLowering, DotFragmentLowering):
+               RowVectorLowering, DotFragmentLowering, MmaLayoutLowering):
     def __init__(self, fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
-                 shared_optin: int = 0, language: str | None = None):
+                 shared_optin: int = 0, language: str | None = None, mma: bool = False):
         self.fn = fn
         self.shared_limit = shared_limit
         # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
@@ -77,12 +79,23 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.loop_depth = 0   # loops of the program around the op being lowered
         # simdgroup_inline kernels write their own fragment program (no GEMM pattern)
         self.gemm = None if fn.meta.get("fragments") else find_gemm(fn)
+        # products and their softmax held where the matrix unit leaves them (mma_layout.py)
+        self.mma = mma_layout.plan(fn, self.place, threads, self.matrix_units) \
+            if mma and self.gemm is None else None
+        if self.mma is not None:
+            for vid in self.mma.to_shared:
+                self.place.kind[vid] = "shared"
+            for vid in self.mma.tiles | self.mma.row_values:
+                if self.place.kind.get(vid) == "shared":
+                    self.place.kind[vid] = "local"
         # The planner's fragment plan (compiler/planning.py) when it made one; callers
         # without a plan (tests lowering IR directly) get the same rule applied here.
         self.gemm_plan = gemm_plan
         if self.gemm is not None and gemm_plan is None:
             self.gemm_plan = plan_gemm(self.gemm, matrix_units, relaxed_precision(fn), threads)
         self.prepare_gemm(plan, scalars)  # schedule plan + specialized scalars (lower_matmul)
+        if self.mma is not None:
+            self.lowering_passes.append("mma_layout")
         self.prepare_elementwise_vector(plan, scalars)
         self.prepare_row_runs(plan, language)  # vectorize_rows.py (None: plain lanes)
 
@@ -145,10 +158,12 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         gid = self.place.group.get(v.id)
         if gid is not None:
             if gid not in self.group_storage:
-                self.group_storage[gid] = self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
+                self.group_storage[gid] = self.mma_storage(v) or \
+                    self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
             st = self.group_storage[gid]
         else:
-            st = self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
+            st = self.mma_storage(v) or \
+                self.new_storage(self.place.kind[v.id], v.type.shape, v.type)
         self.storage[v.id] = st
         return st
 
@@ -185,6 +200,11 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         return out
 
     def read(self, st: Storage, ctx: Ctx) -> Value:
+        if st.layout is not None:
+            return self.mma_read(st, ctx)   # lower_mma_layout.py
+        if st.kind == "local" and isinstance(ctx.origin, FragCtx):
+            raise AssertionError("lower_tiles: a lane-layout register tile read in the "
+                                 "accumulator layout")
         if st.kind == "rows":
             o = ctx.origin
             if o is None or o.shape != st.parent:
@@ -200,6 +220,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                            root=st.name, space="threadgroup")
 
     def write(self, st: Storage, ctx: Ctx, value: Value) -> None:
+        if st.kind == "local" and (st.layout is not None) != isinstance(ctx, FragCtx):
+            raise AssertionError("lower_tiles: a register tile written from the other layout")
         if st.kind == "local" and ctx.run is not None and ctx.identity:
             # in runs (vectorize_rows.py) slots 2k and 2k+1 are one register word of a
             # 16-bit array: written together, two halves of a loaded word are that word
@@ -393,6 +415,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
 
     def materialize(self, v: Value, b: Builder) -> None:
         st = self.storage_for(v)
+        if st.layout is not None:
+            return self.mma_fill(b, st, lambda ctx: self.compute(v, ctx))
         if st.kind == "shared":
             self.barrier(b)
         self.lane_loop(b, v.type.shape, lambda ctx: self.write(st, ctx, self.compute(v, ctx)))
@@ -400,6 +424,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             self.barrier(b)
 
     def copy_into(self, b: Builder, st: Storage, v: Value) -> None:
+        if st.layout is not None:
+            return self.mma_fill(b, st, lambda ctx: self.elem(v, ctx))
         if st.kind == "shared":
             self.barrier(b)
         self.lane_loop(b, st.shape, lambda ctx: self.write(st, ctx, self.elem(v, ctx)))
@@ -417,6 +443,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
 
     def lower_op(self, op: Op, b: Builder) -> None:
         name = op.name
+        if self.mma is not None and self.lower_mma_op(op, b):
+            return   # lower_mma_layout.py
         g = self.gemm
         if g is not None:
             if op is g.loop:
@@ -534,9 +562,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         elif tiles:
             temps = []
             for st, v in tiles:
-                tmp = self.new_storage("local", st.shape, v.type)
-                self.lane_loop(b, st.shape, lambda ctx, tmp=tmp, v=v: self.write(tmp, ctx,
-                                                                                 self.elem(v, ctx)))
+                if st.layout is not None:
+                    tmp = self.mma_like(st, v.type)
+                    self.copy_into(b, tmp, v)
+                else:
+                    tmp = self.new_storage("local", st.shape, v.type)
+                    self.lane_loop(b, st.shape, lambda ctx, tmp=tmp, v=v: self.write(
+                        tmp, ctx, self.elem(v, ctx)))
                 temps.append(tmp)
             for (st, _), tmp in zip(tiles, temps):
                 self.copy_into(b, st, _Stored(tmp))
@@ -676,21 +708,22 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                 shared_optin: int = 0, language: str | None = None,
-                dot_fragments: bool = False) -> Function:
+                dot_fragments: bool = False, mma_layout: bool = False) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
     plain lane layout.  `dot_fragments` (the backend's) lets general products take the
-    matrix unit (lower_dot_fragments.py)."""
+    matrix unit (lower_dot_fragments.py); `mma_layout` lets them and the code around them
+    stay in its accumulator layout (mma_layout.py, lower_mma_layout.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
-    first = Lowering(*args)
+    first = Lowering(*args, mma=dot_fragments and mma_layout)
     first.dot_fragments_allowed = dot_fragments
     try:
         return first.run()
     except SharedOverflow:
-        if not first.dot_fragments_used:
+        if not first.dot_fragments_used and first.mma is None:
             raise
     # products on the matrix unit hold more in threadgroup memory (operand copies, a
     # scratch) than per-element products: where that passes the limit, the latter

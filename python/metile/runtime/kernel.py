@@ -113,6 +113,7 @@ class Specialization:
             "target": backend.target.name,
             "units": [u.name for u in backend.matrix_units],
             **({"dot_fragments": True} if backend.dot_fragments else {}),
+            **({"mma_layout": True} if backend.mma_layout else {}),
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),

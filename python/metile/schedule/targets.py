@@ -34,6 +34,12 @@ class MatrixUnit:
     convert: str | None = None     # operand conversion after loading (e.g. "tf32")
     async_copy: bool = False       # 16-byte asynchronous global->shared copies (gemm_async)
     lane_coords: bool = False      # the emitter can name each accumulator element's (row, column)
+    # With lane_coords, for general products held in the accumulator layout
+    # (passes/mma_layout.py): the xor lane masks joining the lanes that hold one row of a
+    # fragment, and for each accumulator element a lane holds, which of the lane's rows
+    # it lies in (0, 1, ...).  Empty: not offered to that layout.
+    row_xor: tuple[int, ...] = ()
+    acc_rows: tuple[int, ...] = ()
     # Warpgroup MMA (Hopper wgmma): 4 warps issue one m64nNk16 product from shared-memory
     # descriptors; N is the tile's width.  Only on the targets listed, compiled for `arch`.
     warpgroup: bool = False
@@ -88,7 +94,10 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
     # tensor_ops: one matmul2d per SIMD-group sub-tile; nax: the sub-tile decomposed into
     # 16x16x16 products (the NAX fragment MLX's nax.h multiplies).  The shape is the
     # granule a SIMD-group grid tiles into.
-    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16), lane_coords=True),
+    # simdgroup_matrix: lane l holds row (l/4 & 4) + (l/2) % 4, so lanes l ^ 1 and l ^ 8
+    # share its row (codegen/msl.py acc_coord)
+    "msl": (MatrixUnit("simdgroup_matrix 8x8", (8, 8, 8), (_F32, _F16, _BF16), lane_coords=True,
+                       row_xor=(1, 8), acc_rows=(0, 0)),
             MatrixUnit("matmul2d (tensor_ops: one product per SIMD-group sub-tile)", (16, 16, 16),
                        (_F32, _F16, _BF16), targets=("apple10",), path="tensor_ops"),
             MatrixUnit("matmul2d 16x16x16 (nax: NAX fragment products)", (16, 16, 16),
@@ -109,8 +118,11 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
              MatrixUnit("wgmma m64nNk16 (warpgroup, warp-specialized)", (64, 8, 16),
                         (_F16, _BF16), async_copy=True, lane_coords=True, warpgroup=True,
                         producer_threads=128, targets=("sm_90",), arch="sm_90a"),
+             # mma.sync: lane l holds rows l/4 and l/4 + 8 (elements 2, 3, 6, 7), shared
+             # with lanes l ^ 1, l ^ 2 (codegen/cuda.py acc_coord)
              MatrixUnit("mma.sync m16n8k16 (16x16x16 fragments)", (16, 16, 16), (_F16, _BF16),
-                        async_copy=True, lane_coords=True),
+                        async_copy=True, lane_coords=True, row_xor=(1, 2),
+                        acc_rows=(0, 0, 1, 1, 0, 0, 1, 1)),
              MatrixUnit("mma.sync m16n8k8 tf32 (16x16x8 fragments)", (16, 16, 8), (_F32,),
                         relaxed_only=True, convert="tf32")),
 }

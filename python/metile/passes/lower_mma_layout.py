@@ -1,0 +1,251 @@
+"""Tiles in the matrix unit's accumulator layout, for `lower_tiles` (a mixin of `Lowering`).
+
+`mma_layout.plan` chose the values (`tiles`, `rows`); here they are held and computed
+where the matrix unit leaves a product.  SIMD-group w owns row slabs w, w + W, ... of
+fm rows (fm x fn x fk: the unit's shape); a lane holds, of each fm x fn block of a
+layout tile, the `per_lane` elements `acc_coord` names.  Register slot of element e of
+block nb in slab r: (r * blocks + nb) * per_lane + e; of a row value: r * lane_rows +
+unit.acc_rows[e].  All of it is emitted unrolled, so every slot is a constant and the
+arrays stay in registers.
+
+* a planned `dot` runs fragment by fragment: the accumulator fragments are set from the
+  accumulator operand's elements (or filled with 0), the left operand is packed from
+  registers (a layout tile: its block kk is the fragment's k-step kk) or loaded from
+  threadgroup memory, the right one loaded from threadgroup memory (as its transpose
+  where it is `trans(t)`), and the results written to the slots of the result;
+* a last-axis reduction folds a lane's elements of each of its rows, then the lanes
+  holding the row (`unit.row_xor`) combine by shuffles: every lane ends with the row's
+  value, so no threadgroup memory and no barrier;
+* a `[:, None]` read of a row value in a layout element reads the slot of that element's
+  row (`FragCtx.rows_slot`);
+* a store of a layout tile stores each element from the lane holding it.
+
+Reading a register array from a context of the other layout is a compiler bug (raised
+as one, never a silent wrong value): `read` checks it.
+"""
+
+from __future__ import annotations
+
+from ..ir.core import Builder, Op, Value
+from ..ir.types import ScalarType
+from ..language import dtypes as dt
+from .lane_layout import I32, Ctx, Storage, scalar_of
+from .lower_dot_fragments import _untransposed
+from .mma_layout import MmaLayout, _zero_splat
+
+F32 = ScalarType(dt.float32)
+
+
+class FragCtx(Ctx):
+    """An element of a layout tile (or a row value) at a constant register slot."""
+
+    def __init__(self, low, b, shape, row, col, slot: int, rows_slot: int):
+        lin = row if col is None else low._i(b, "add", low._i(b, "mul", row, shape[1]), col)
+        coords = [row] if col is None else [row, col]
+        super().__init__(low, b, shape, lin, low.const(b, slot), coords)
+        self.slot_number, self.rows_slot = slot, rows_slot
+
+
+class MmaLayoutLowering:
+    mma: MmaLayout | None = None
+
+    # -- geometry -----------------------------------------------------------------------
+    def _mma_row0(self, b: Builder, r: int) -> Value:
+        fm = self.mma.unit.shape[0]
+        sg = b.value("simd_group", [], I32)
+        return self._i(b, "mul", self._i(b, "add", sg, r * self.mma.warps), fm)
+
+    def _mma_elements(self, b: Builder, shape):
+        """FragCtx of every element this lane holds of a layout tile of `shape`, in slot
+        order."""
+        lay = self.mma
+        fm, fn, _ = lay.unit.shape
+        blocks = shape[1] // fn
+        out = []
+        for r in range(lay.slabs):
+            row0 = self._mma_row0(b, r)
+            for nb in range(blocks):
+                for e in range(lay.per_lane):
+                    row = self._i(b, "add", row0, b.value("acc_coord", [], I32, e=e, axis=0))
+                    col = self._i(b, "add", b.value("acc_coord", [], I32, e=e, axis=1), nb * fn)
+                    out.append(FragCtx(self, b, shape, row, col,
+                                       (r * blocks + nb) * lay.per_lane + e,
+                                       r * lay.lane_rows + lay.unit.acc_rows[e]))
+        return out
+
+    def _mma_rows(self, b: Builder, shape):
+        """FragCtx of every row value slot this lane holds."""
+        lay = self.mma
+        out = []
+        for r in range(lay.slabs):
+            row0 = self._mma_row0(b, r)
+            for h in range(lay.lane_rows):
+                e = lay.unit.acc_rows.index(h)
+                row = self._i(b, "add", row0, b.value("acc_coord", [], I32, e=e, axis=0))
+                s = r * lay.lane_rows + h
+                out.append(FragCtx(self, b, shape, row, None, s, s))
+        return out
+
+    def mma_contexts(self, b: Builder, st: Storage):
+        return self._mma_elements(b, st.shape) if st.layout == "tiles" else \
+            self._mma_rows(b, st.shape)
+
+    # -- storage --------------------------------------------------------------------------
+    def mma_storage(self, v: Value) -> Storage | None:
+        lay = self.mma
+        if lay is None or (v.id not in lay.tiles and v.id not in lay.row_values):
+            return None
+        kind = "tiles" if v.id in lay.tiles else "rows"
+        if kind == "tiles":
+            size = lay.slabs * (v.type.shape[1] // lay.unit.shape[1]) * lay.per_lane
+        else:
+            size = lay.slabs * lay.lane_rows
+        dtype = scalar_of(v.type).dtype
+        st = Storage("local", self.decl("local", dtype, size, "_m"), tuple(v.type.shape), dtype)
+        st.layout = kind
+        return st
+
+    def mma_like(self, st: Storage, t) -> Storage:
+        """A register array of `st`'s layout and shape (a parallel assignment's temporary)."""
+        out = Storage("local", self.decl("local", st.dtype, self._mma_size(st), "_m"),
+                      st.shape, st.dtype)
+        out.layout = st.layout
+        return out
+
+    def _mma_size(self, st: Storage) -> int:
+        lay = self.mma
+        if st.layout == "tiles":
+            return lay.slabs * (st.shape[1] // lay.unit.shape[1]) * lay.per_lane
+        return lay.slabs * lay.lane_rows
+
+    def mma_read(self, st: Storage, ctx: Ctx) -> Value:
+        origin = ctx.origin
+        if not isinstance(origin, FragCtx):
+            raise AssertionError("lower_tiles: an accumulator-layout tile read outside its "
+                                 "layout")
+        if st.layout == "tiles":
+            if not (ctx.identity and ctx.shape == st.shape):
+                raise AssertionError("lower_tiles: an accumulator-layout tile read at a "
+                                     "foreign coordinate")
+            slot = origin.slot_number
+        else:
+            slot = origin.rows_slot
+        return ctx.b.value("local_get", [self.const(ctx.b, slot)], ScalarType(st.dtype),
+                           name=st.name)
+
+    def mma_fill(self, b: Builder, st: Storage, value) -> None:
+        """Every slot of `st` from `value(ctx)`."""
+        for ctx in self.mma_contexts(b, st):
+            ctx.b.op("local_set", [ctx.slot, value(ctx)], [], {"name": st.name})
+
+    # -- ops --------------------------------------------------------------------------------
+    def lower_mma_op(self, op: Op, b: Builder) -> bool:
+        """Lower `op` if the layout takes it (a product, a row reduction or a store of a
+        layout tile); False leaves it to the lane-layout lowering."""
+        lay = self.mma
+        if op.name == "dot" and id(op) in lay.dots:
+            if any(d is op for d, _ in lay.fused.values()):
+                return True     # computed at its add
+            self._mma_dot(op, b, op.operands[2], op.results[0])
+            return True
+        if op.name == "add" and id(op) in lay.fused:
+            d, x = lay.fused[id(op)]
+            self._mma_dot(d, b, x, op.results[0])
+            return True
+        if op.name == "reduce" and op.operands and op.operands[0].id in lay.tiles:
+            self._mma_reduce(op, b)
+            return True
+        if op.name == "store" and op.operands[1].id in lay.tiles | lay.row_values or \
+                op.name == "store" and self._mma_reaches(op.operands[1]):
+            for ctx in self._mma_elements(b, tuple(op.operands[0].type.shape)):
+                self.emit_store(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
+            return True
+        return False
+
+    def _mma_reaches(self, v: Value) -> bool:
+        lay = self.mma
+        if v.id in lay.tiles or v.id in lay.row_values:
+            return True
+        op = v.owner
+        return isinstance(op, Op) and self.place.kind.get(v.id) == "recompute" and \
+            any(getattr(o, "type", None) is not None and hasattr(o.type, "shape")
+                and self._mma_reaches(o) for o in op.operands)
+
+    def _mma_dot(self, op: Op, b: Builder, acc: Value, result: Value) -> None:
+        lay = self.mma
+        a, bm, _ = op.operands
+        (m, k), n = a.type.shape, bm.type.shape[1]
+        fm, fn, fk = lay.unit.shape
+        blocks, steps = n // fn, k // fk
+        out = self.storage_for(result)
+        in_regs = a.id in lay.tiles
+        st_a = None if in_regs else self.shared_copy(a, b)
+        source = _untransposed(bm)
+        st_b = self.shared_copy(source, b)
+        frag_a = self._fragment("a", a.type.elem.dtype, lay.unit)
+        frag_b = self._fragment("b", bm.type.elem.dtype, lay.unit)
+        frag_c = self.fresh("_dc")
+        self.decls.append(Op("decl", [], [], {"name": frag_c, "storage": "fragment",
+                                              "role": "acc", "dtype": dt.float32,
+                                              "size": blocks, "shape": lay.unit.shape}, []))
+        a_ctxs = self._mma_elements(b, (m, k)) if in_regs else None
+        per_slab_a = (k // fn) * lay.per_lane
+        zero = _zero_splat(acc)
+        out_ctxs = self._mma_elements(b, (m, n))
+        per_slab = blocks * lay.per_lane
+        for r in range(lay.slabs):
+            row0 = self._mma_row0(b, r)
+            for nb in range(blocks):
+                if zero:
+                    b.op("frag_fill", [], [], {"name": frag_c, "index": nb, "value": 0.0})
+                    continue
+                for e in range(lay.per_lane):
+                    ctx = out_ctxs[r * per_slab + nb * lay.per_lane + e]
+                    value = self._cast(b, self.elem(acc, ctx), dt.float32)
+                    b.op("frag_set", [self.const(b, e), value], [], {"name": frag_c, "index": nb})
+            for kk in range(steps):
+                if in_regs:
+                    base = r * per_slab_a + kk * lay.per_lane
+                    for i in range(lay.per_lane // 2):
+                        lo = self.elem(a, a_ctxs[base + 2 * i])
+                        hi = self.elem(a, a_ctxs[base + 2 * i + 1])
+                        b.op("frag_set_pair", [lo, hi], [], {"name": frag_a, "index": 0,
+                                                             "pair": i})
+                else:
+                    at = self._i(b, "add", self._i(b, "mul", row0, k), kk * fk)
+                    b.op("frag_load", [at], [], {"name": frag_a, "index": 0, "root": st_a.name,
+                                                 "ld": k, "convert": None})
+                for nb in range(blocks):
+                    if source is bm:
+                        at = self.const(b, kk * fk * n + nb * fn)
+                        b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
+                                                     "root": st_b.name, "ld": n, "convert": None})
+                    else:  # element (kk, nb) of bm is element (nb, kk) of the (n, k) source
+                        at = self.const(b, nb * fn * k + kk * fk)
+                        b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
+                                                     "root": st_b.name, "ld": k, "convert": None,
+                                                     "transpose": True})
+                    b.op("frag_mma", [], [], {"d": (frag_c, nb), "a": (frag_a, 0),
+                                              "b": (frag_b, 0), "c": (frag_c, nb)})
+            for nb in range(blocks):
+                for e in range(lay.per_lane):
+                    ctx = out_ctxs[r * per_slab + nb * lay.per_lane + e]
+                    got = b.value("frag_get", [self.const(b, e)], F32, name=frag_c, index=nb)
+                    self.write(out, ctx, self._cast(b, got, out.dtype))
+
+    def _mma_reduce(self, op: Op, b: Builder) -> None:
+        lay = self.mma
+        (x,) = op.operands
+        kind = op.attrs["kind"]
+        d = scalar_of(x.type).dtype
+        acc_d = self._acc_dtype(d)
+        out = self.storage_for(op.results[0])
+        folds: dict[int, Value] = {}
+        for ctx in self._mma_elements(b, tuple(x.type.shape)):
+            v = self._cast(b, self.elem(x, ctx), acc_d)
+            cur = folds.get(ctx.rows_slot)
+            folds[ctx.rows_slot] = v if cur is None else self._combine(b, kind, cur, v)
+        for ctx in self._mma_rows(b, tuple(op.results[0].type.shape)):
+            total = b.value("simd_reduce", [folds[ctx.rows_slot]], ScalarType(acc_d), kind=kind,
+                            xor=tuple(lay.unit.row_xor))
+            self.write(out, ctx, self._cast(b, total, out.dtype))
