@@ -151,8 +151,12 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         dtype = scalar_of(t).dtype
         n = prod(shape)
         size = n if kind == "shared" else ceil(n / self.T)
-        return Storage(kind, self.decl(kind, dtype, size, "_sh" if kind == "shared" else "_r"),
-                       tuple(shape), dtype)
+        # 16-byte aligned where runs may write it a vector at a time (write)
+        wide = kind == "shared" and self.row_runs is not None and self.language == "cuda"
+        st = Storage(kind, self.decl(kind, dtype, size, "_sh" if kind == "shared" else "_r",
+                                     align=16 if wide else 0), tuple(shape), dtype)
+        st.vector_runs = wide
+        return st
 
     def storage_for(self, v: Value) -> Storage:
         gid = self.place.group.get(v.id)
@@ -233,6 +237,23 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 ctx.b.op("local_set_pair", [slot, first, value], [], {"name": st.name})
         elif st.kind == "local":
             ctx.b.op("local_set", [ctx.slot, value], [], {"name": st.name})
+        elif getattr(st, "vector_runs", False) and ctx.run is not None and ctx.identity and \
+                ctx.shape == st.shape and st.shape[-1] % len(ctx.run.ctxs) == 0:
+            # a run's V elements are consecutive in the row-major array: one 16-byte store
+            # (a lane's 2-byte stores 16 bytes apart hit the same banks 8 lanes at a time)
+            pending = ctx.run.shared_pending
+            if ctx.run_index == 0:
+                pending[st.name] = (ctx.linear(st.shape), [value])
+            elif st.name in pending:
+                index, values = pending[st.name]
+                values.append(value)
+                if len(values) == len(ctx.run.ctxs):
+                    del pending[st.name]
+                    ctx.b.op("vec_store", [index, *values], [], {"root": st.name,
+                                                                 "space": "threadgroup"})
+            else:
+                ctx.b.op("mem_store", [ctx.linear(st.shape), value], [],
+                         {"root": st.name, "space": "threadgroup"})
         else:
             ctx.b.op("mem_store", [ctx.linear(st.shape), value], [], {"root": st.name,
                                                                       "space": "threadgroup"})

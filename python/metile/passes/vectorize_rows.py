@@ -197,11 +197,16 @@ class RowRuns:
     still: set = field(default_factory=set)
 
 
-def row_runs(fn: Function, threads: int, language: str, buffers: dict) -> RowRuns | str:
+def row_runs(fn: Function, threads: int, language: str, buffers: dict,
+             dots_elsewhere: bool = False) -> RowRuns | str:
     """The run width and the accesses read/written as vectors, or why the kernel keeps the
-    plain layout (a sentence)."""
+    plain layout (a sentence).  `dots_elsewhere`: every dot and the code around it is held in
+    the accumulator layout (mma_layout.py), which reads lane-layout tiles only from
+    threadgroup memory, by element - runs cannot change what it reads."""
     ops = list(walk(fn.body))
     for op in ops:
+        if op.name == "dot" and dots_elsewhere:
+            continue
         if op.name in _FORBIDDEN:
             return f"the kernel contains {_FORBIDDEN[op.name]}"
         if op.name == "store" and op.attrs.get("atomic"):
@@ -288,6 +293,9 @@ class _Run:
         self.loads: dict[int, list[Value]] = {}
         # register-tile writes of an even element awaiting the odd one (lower_tiles.write)
         self.pending: dict[str, tuple[Value, Value]] = {}
+        # threadgroup-tile writes of the run's first elements awaiting the rest (one vector
+        # store when the last arrives: lower_tiles.write)
+        self.shared_pending: dict[str, tuple[Value, list[Value]]] = {}
 
 
 class RowVectorLowering:
@@ -307,7 +315,8 @@ class RowVectorLowering:
         if plan is not None and plan.vector_width == 1:
             self.row_runs_reason = "vector_width=1 asked for scalar lanes"
             return
-        found = row_runs(self.fn, self.T, language, self.buffers)
+        found = row_runs(self.fn, self.T, language, self.buffers,
+                         dots_elsewhere=self.mma is not None)
         if isinstance(found, str):
             self.row_runs_reason = found
             return
@@ -459,6 +468,10 @@ class RowVectorLowering:
                     fn(ctx)
         finally:
             self.load_rewrite = outer
+        for name, (index, values) in state.shared_pending.items():
+            for e, value in enumerate(values):   # (a run not written whole: element stores)
+                inner.op("mem_store", [self.add(inner, index, self.const(inner, e)), value], [],
+                         {"root": name, "space": "threadgroup"})
         if state.pending:   # lower_tiles.write pairs a run's writes: none may be left over
             raise AssertionError(f"vectorize_rows: register writes of {sorted(state.pending)} "
                                  "were not paired within their run")
