@@ -34,6 +34,8 @@ class Storage:
         # "tiles" | "rows": a register array in the matrix unit's accumulator layout
         # (passes/lower_mma_layout.py) instead of the lane layout
         self.layout: str | None = None
+        # threadgroup tiles: elements between rows where padded (mma_layout.padded)
+        self.pitch: int | None = None
 
 
 def scalar_of(t) -> ScalarType:

@@ -91,6 +91,19 @@ class MmaLayoutLowering:
             self._mma_rows(b, st.shape)
 
     # -- storage --------------------------------------------------------------------------
+    def padded_storage(self, v: Value) -> Storage:
+        """A threadgroup tile for a product's operand with 16 bytes more a row: the unit's
+        fragment loads (ldmatrix, simdgroup_load) read 8 rows at one column, which a row of
+        a multiple of 128 bytes puts in the same banks (an 8-way conflict each)."""
+        rows, cols = v.type.shape
+        dtype = scalar_of(v.type).dtype
+        pitch = cols + 16 // dtype.itemsize
+        wide = self.row_runs is not None and self.language == "cuda"
+        st = Storage("shared", self.decl("shared", dtype, rows * pitch, "_sh",
+                                         align=16 if wide else 0), (rows, cols), dtype)
+        st.pitch, st.vector_runs = pitch, wide
+        return st
+
     def mma_storage(self, v: Value) -> Storage | None:
         lay = self.mma
         if lay is None or (v.id not in lay.tiles and v.id not in lay.row_values):
@@ -212,18 +225,21 @@ class MmaLayoutLowering:
                         b.op("frag_set_pair", [lo, hi], [], {"name": frag_a, "index": 0,
                                                              "pair": i})
                 else:
-                    at = self._i(b, "add", self._i(b, "mul", row0, k), kk * fk)
+                    lda = st_a.pitch or k
+                    at = self._i(b, "add", self._i(b, "mul", row0, lda), kk * fk)
                     b.op("frag_load", [at], [], {"name": frag_a, "index": 0, "root": st_a.name,
-                                                 "ld": k, "convert": None})
+                                                 "ld": lda, "convert": None})
                 for nb in range(blocks):
                     if source is bm:
-                        at = self.const(b, kk * fk * n + nb * fn)
+                        ldb = st_b.pitch or n
+                        at = self.const(b, kk * fk * ldb + nb * fn)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
-                                                     "root": st_b.name, "ld": n, "convert": None})
+                                                     "root": st_b.name, "ld": ldb, "convert": None})
                     else:  # element (kk, nb) of bm is element (nb, kk) of the (n, k) source
-                        at = self.const(b, nb * fn * k + kk * fk)
+                        ldb = st_b.pitch or k
+                        at = self.const(b, nb * fn * ldb + kk * fk)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
-                                                     "root": st_b.name, "ld": k, "convert": None,
+                                                     "root": st_b.name, "ld": ldb, "convert": None,
                                                      "transpose": True})
                     b.op("frag_mma", [], [], {"d": (frag_c, nb), "a": (frag_a, 0),
                                               "b": (frag_b, 0), "c": (frag_c, nb)})

@@ -159,6 +159,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         return st
 
     def storage_for(self, v: Value) -> Storage:
+        if self.mma is not None and v.id in self.mma.padded and \
+                self.place.kind.get(v.id) == "shared" and v.id not in self.place.group:
+            st = self.storage[v.id] = self.padded_storage(v)
+            return st
         gid = self.place.group.get(v.id)
         if gid is not None:
             if gid not in self.group_storage:
@@ -220,8 +224,16 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             if not (ctx.identity and ctx.shape == st.shape):
                 raise AssertionError("lower_tiles: register tile read at a foreign coordinate")
             return ctx.b.value("local_get", [ctx.slot], ScalarType(st.dtype), name=st.name)
-        return ctx.b.value("mem_load", [ctx.linear(st.shape)], ScalarType(st.dtype),
+        return ctx.b.value("mem_load", [self.shared_at(st, ctx)], ScalarType(st.dtype),
                            root=st.name, space="threadgroup")
+
+    def shared_at(self, st: Storage, ctx: Ctx) -> Value:
+        """The element of threadgroup tile `st` at ctx: row-major, rows `st.pitch` elements
+        apart where the tile's rows are padded (mma_layout.padded)."""
+        if st.pitch is None:
+            return ctx.linear(st.shape)
+        row, col = ctx.coords()
+        return self.add(ctx.b, self._i(ctx.b, "mul", row, st.pitch), col)
 
     def write(self, st: Storage, ctx: Ctx, value: Value) -> None:
         if st.kind == "local" and (st.layout is not None) != isinstance(ctx, FragCtx):
@@ -243,7 +255,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             # (a lane's 2-byte stores 16 bytes apart hit the same banks 8 lanes at a time)
             pending = ctx.run.shared_pending
             if ctx.run_index == 0:
-                pending[st.name] = (ctx.linear(st.shape), [value])
+                pending[st.name] = (self.shared_at(st, ctx), [value])
             elif st.name in pending:
                 index, values = pending[st.name]
                 values.append(value)
@@ -252,10 +264,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                     ctx.b.op("vec_store", [index, *values], [], {"root": st.name,
                                                                  "space": "threadgroup"})
             else:
-                ctx.b.op("mem_store", [ctx.linear(st.shape), value], [],
+                ctx.b.op("mem_store", [self.shared_at(st, ctx), value], [],
                          {"root": st.name, "space": "threadgroup"})
         else:
-            ctx.b.op("mem_store", [ctx.linear(st.shape), value], [], {"root": st.name,
+            ctx.b.op("mem_store", [self.shared_at(st, ctx), value], [], {"root": st.name,
                                                                       "space": "threadgroup"})
 
     def compute(self, v: Value, ctx: Ctx) -> Value:
@@ -423,7 +435,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         key = (v.id, id(b.block))
         copy = self.shared_copies.get(key)
         if copy is None:
-            copy = self.shared_copies[key] = self.new_storage("shared", v.type.shape, v.type)
+            copy = self.shared_copies[key] = self.padded_storage(v) if self.mma is not None \
+                and v.id in self.mma.padded else self.new_storage("shared", v.type.shape, v.type)
             self.copy_into(b, copy, v)
         return copy
 

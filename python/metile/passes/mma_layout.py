@@ -52,6 +52,8 @@ class MmaLayout:
     dots: set[int] = field(default_factory=set)          # id(op) of planned products
     fused: dict[int, tuple[Op, Value]] = field(default_factory=dict)  # id(add) -> (dot, x)
     to_shared: set[int] = field(default_factory=set)
+    # threadgroup operands read only by planned products: rows padded by 16 bytes
+    padded: set[int] = field(default_factory=set)
 
     @property
     def slabs(self) -> int:
@@ -236,6 +238,21 @@ def plan(fn: Function, place: Placement, threads: int, units) -> MmaLayout | Non
     for op in dots:
         if not held(op.operands[2]):
             leaves(op.operands[2])
+    # operands in threadgroup memory read by nothing but planned products (a `trans` of
+    # one feeding the right side): their rows may be padded
+    from .lower_dot_fragments import _untransposed
+    for op in dots:
+        a, bm, _ = op.operands
+        for v, ok_uses in ((a, {("dot", 0)}), (_untransposed(bm), {("dot", 1), ("permute", 0)})):
+            if held(v) or len(v.type.shape) != 2:
+                continue
+            uses = place.uses.get(v.id, [])
+            if uses and all((u.name, i) in ok_uses and (u.name != "dot" or id(u) in lay.dots)
+                            and (u.name != "permute" or all(
+                                w.name == "dot" and j == 1 and id(w) in lay.dots
+                                for w, j in place.uses.get(u.results[0].id, [])))
+                            for u, i in uses):
+                lay.padded.add(v.id)
     # x + dot(a, b): the product accumulates onto x
     for op in dots:
         r = op.results[0]
