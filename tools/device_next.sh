@@ -364,6 +364,14 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s45 ]; then
+  # attention prefill after padding its operand tiles' rows: GPU tests, the tiles at 4096,
+  # ncu's stall samples and bank conflicts of one 64x64 launch
+  gpu_tests 120 test_attention_op test_dot_fragments
+  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
+  NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$NCU_METRICS" \
+    python3 tools/probes/attention_prefill_once.py 64 64 4 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s44 ]; then
   # attention prefill with its products and softmax in the accumulator layout
   # (passes/mma_layout.py): GPU tests of attention and general products first, then the
