@@ -364,13 +364,19 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s46 ]; then
+  # attention prefill's CUDA tiles in the accumulator layout (128x64 on 8 warps first): GPU
+  # tests, the op's benchmark at 1024/4096/8192 against MLX
+  gpu_tests 120 test_attention_op test_dot_fragments
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
 elif [ "$mode" = s45 ]; then
   # attention prefill after padding its operand tiles' rows: GPU tests, the tiles at 4096,
   # ncu's stall samples and bank conflicts of one 64x64 launch
   gpu_tests 120 test_attention_op test_dot_fragments
   timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
-  NCU_METRICS=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
-    timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$NCU_METRICS" \
+  M=gpu__time_duration.sum,smsp__inst_executed.sum,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
     python3 tools/probes/attention_prefill_once.py 64 64 4 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s44 ]; then
   # attention prefill with its products and softmax in the accumulator layout
@@ -447,7 +453,7 @@ elif [ "$mode" = s35 ]; then
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --prefill-off \
     --weights 4 --chain 8 --launches 20 --rounds 5 --also-decode MATVEC_ROWS \
     --output "$logs/h200-quantized-int4-float16-decode-chain8.json" 2>&1 | tail -2 | tee -a "$log"
-  NCU_METRICS=gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+  M=gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
     ncu_times 120 ncu-gemv tools/probes/decode_kernels_ncu.py --only gemv --repeat 3
   ncu_times 90 ncu-dequantize tools/probes/decode_kernels_ncu.py --only dequantize --repeat 3
   timeout $((budget - 20 - (SECONDS - t0))) python3 -m benchmarks.quantized --dtype float16 --bits 4 \

@@ -141,6 +141,12 @@ def shared_bytes(block_m: int, block_n: int, block_d: int, itemsize: int) -> int
         + 16 * block_m
 
 
+def mma_shared_bytes(block_m: int, block_n: int, block_d: int, itemsize: int) -> int:
+    """Threadgroup memory of attention_forward in the accumulator layout: q, k and v in the
+    input dtype, each row 16 bytes longer (mma_layout.padded)."""
+    return itemsize * (block_m + 2 * block_n) * (block_d + 16 // itemsize)
+
+
 def _shared_limit() -> int:
     # Metal (and the CPU runtime that checks Metal's limit): 32 KiB; CUDA kernels past
     # 48 KiB take dynamic shared memory up to the opt-in limit
@@ -159,8 +165,15 @@ def tiles(d: int, itemsize: int, decode: bool, rows: int = DECODE_ROWS) -> list[
     16-row tile did 16 times the work)."""
     shapes = ([(_bucket(rows), n) for n in (64, 32, 16)] if decode else
               [(64, 64), (64, 32), (32, 32), (32, 16), (16, 16)])
+    size = shared_bytes
+    if not decode and _on_cuda() and forward_warps(128, itemsize):
+        # products and softmax in the accumulator layout (passes/mma_layout.py) hold only
+        # q, k and v there, rows padded by 16 bytes; H200 s45, 1x32x4096x4096x128 causal
+        # float16: 128x64 on 8 warps 2537 us, 128x128 2498, 64x64 on 4 warps 3517
+        shapes = [(128, 64), (128, 128), (64, 64), (64, 32), (32, 32), (16, 16)]
+        size = mma_shared_bytes
     fit = [{"path": "decode" if decode else "prefill", "BLOCK_M": m, "BLOCK_N": n}
-           for m, n in shapes if shared_bytes(m, n, _head_block(d), itemsize) <= _shared_limit()]
+           for m, n in shapes if size(m, n, _head_block(d), itemsize) <= _shared_limit()]
     if not fit:
         raise _fail(ValueError, f"head dimension {d} needs more threadgroup memory than the "
                                 f"smallest tile has")
@@ -176,15 +189,17 @@ def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
     return 4 * block_n * block_d * (2 if wide else 1) + 8 * block_n + 64
 
 
-def forward_warps(block_m: int) -> int | None:
+def forward_warps(block_m: int, itemsize: int = 2) -> int | None:
     """attention_forward's warps: one 16-row slab of the query block each, where its
     products and softmax stay in the matrix unit's accumulator layout (passes/mma_layout.py,
     the default; on Metal's 8x8 unit each warp takes two 8-row slabs); None (the plan's own
     count, a thread an element of the largest tile) where METILE_MMA_LAYOUT=0 or CUDA's
-    METILE_DOT_FRAGMENTS=0 leave the lane layout."""
+    METILE_DOT_FRAGMENTS=0 leave the lane layout, or CUDA has no unit for the operands
+    (strict float32)."""
     from . import settings
     if not settings.flag("METILE_MMA_LAYOUT", default=True) or \
-            (_on_cuda() and not settings.flag("METILE_DOT_FRAGMENTS", default=True)):
+            (_on_cuda() and (itemsize != 2
+                             or not settings.flag("METILE_DOT_FRAGMENTS", default=True))):
         return None
     return max(1, block_m // 16)
 
@@ -257,7 +272,7 @@ def _launch(q, k, v, mask, scale, config):
     scale_log2 = float(scale) * LOG2E
     if config.get("path") != "decode":
         grid = kernels.forward_grid(q_len, q_heads, batch, config["BLOCK_M"])
-        warps = config.get("num_warps") or forward_warps(config["BLOCK_M"])
+        warps = config.get("num_warps") or forward_warps(config["BLOCK_M"], q.dtype.size)
         return kernels.attention_forward[grid](
             q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
             *strides, **common, **({"num_warps": warps} if warps else {}))
