@@ -160,3 +160,90 @@ def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype, bk):
     want = rounded @ f[2] + ab
     np.testing.assert_allclose(np.array(d()), want, rtol=TOL[dtype] * 4,
                                atol=TOL[dtype] * 4 * np.abs(want).max())
+
+
+# -- the accumulator layout (passes/mma_layout.py) ---------------------------------------------
+
+def passes(dispatch) -> list:
+    return dispatch.variant.data["passes"]
+
+
+@pytest.mark.parametrize("warps", [1, 2])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,d,blocks", [(13, 27, 11, 20, (16, 32, 16, 32)),
+                                            (30, 16, 40, 9, (32, 16, 64, 16))])
+def test_products_and_softmax_in_the_accumulator_layout(rng, monkeypatch, dtype, m, n, k, d,
+                                                         blocks, warps):
+    # one warp an 8-row slab (Metal; CUDA's are 16 rows): the scores, their row max/sum and
+    # the second product's left operand stay in registers; every lane order compared
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    a, b, c = operands(rng, m, n, k, d, dtype)
+    bm, bn, bk, bd = blocks
+    dispatch = two_products[(1,)].prepare(a, b, c, mx.zeros((m, d), mx.float32), m, n, k, d,
+                                          BM=bm, BN=bn, BK=bk, BD=bd, num_warps=warps)
+    language = dispatch.spec.backend.language
+    if language == "msl" or (dtype != mx.float32 and bm % (16 * warps) == 0):
+        assert "mma_layout" in passes(dispatch)
+    np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+    monkeypatch.setenv("METILE_MMA_LAYOUT", "0")   # the lane layout: the same numbers
+    plain = two_products[(1,)].prepare(a, b, c, mx.zeros((m, d), mx.float32), m, n, k, d,
+                                       BM=bm, BN=bn, BK=bk, BD=bd, num_warps=warps)
+    assert "mma_layout" not in passes(plain)
+    np.testing.assert_allclose(np.array(plain()), reference(a, b, c), rtol=TOL[dtype],
+                               atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+def test_a_product_as_the_next_ones_accumulator_in_the_layout(rng, monkeypatch, dtype):
+    # ab is both the second product's left operand (rounded, from registers) and its
+    # accumulator; bt is read transposed
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    bt = mx.array(rng.standard_normal((32, 32)).astype(np.float32)).astype(dtype)
+    c = mx.array(rng.standard_normal((32, 32)).astype(np.float32)).astype(dtype)
+    a = mx.array(rng.standard_normal((16, 32)).astype(np.float32)).astype(dtype)
+    d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=32,
+                                             num_warps=1)
+    if d.spec.backend.language == "msl":
+        assert "mma_layout" in passes(d)
+    f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
+    ab = f[0] @ f[1].T
+    rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)
+    want = rounded @ f[2] + ab
+    np.testing.assert_allclose(np.array(d()), want, rtol=TOL[dtype] * 4,
+                               atol=TOL[dtype] * 4 * np.abs(want).max())
+
+
+@metile.kernel
+def product_read_transposed(A, B, Out, BM: metile.constexpr):
+    """Out = (A @ B)ᵀ: the product read at other coordinates (a transpose) keeps the lane
+    layout."""
+    r = metile.arange(0, BM)
+    a = metile.load(A + r[:, None] * BM + r[None, :])
+    b = metile.load(B + r[:, None] * BM + r[None, :])
+    metile.store(Out + r[:, None] * BM + r[None, :], metile.trans(metile.dot(a, b)))
+
+
+def test_a_product_read_transposed_keeps_the_lane_layout(rng):
+    a, b = (mx.array(rng.standard_normal((16, 16)).astype(np.float32)) for _ in range(2))
+    d = product_read_transposed[(1,)].prepare(a, b, mx.zeros((16, 16)), BM=16, num_warps=1)
+    assert "mma_layout" not in passes(d)
+    f = [np.array(x, np.float64) for x in (a, b)]
+    np.testing.assert_allclose(np.array(d()), (f[0] @ f[1]).T, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+def test_cuda_attention_prefill_in_the_accumulator_layout_compiles():
+    # the mma.sync spelling: P packed from registers, the rows' lanes combined by shuffles
+    import sys
+    sys.path.insert(0, "kernels")
+    from metile_kernels import attention as kernels
+    q = mx.zeros((1, 2, 256, 128), mx.float16)
+    d = kernels.attention_forward[kernels.forward_grid(256, 2, 1, 128)].prepare(
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 256, 256, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda")
+    assert "mma_layout" in passes(d)
+    source = translation_unit(d)
+    assert "metile_pair(" in source and "metile_xor_max(" in source
+    ok, log = compile_cuda(source, "sm_90")
+    assert ok, log
