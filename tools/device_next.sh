@@ -364,6 +364,13 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s47 ]; then
+  # attention prefill with its whole key blocks unmasked (a loop of their own), one -inf test
+  # a row, threadgroup arrays reused across loops: GPU tests, tiles at 4096, the op's benchmark
+  gpu_tests 150 test_attention_op test_dot_fragments
+  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
 elif [ "$mode" = s46 ]; then
   # attention prefill's CUDA tiles in the accumulator layout (128x64 on 8 warps first): GPU
   # tests, the op's benchmark at 1024/4096/8192 against MLX

@@ -98,14 +98,26 @@ def scores_block(q, k_ptrs, key, row_in, rows_head, rows_query, mask_base, kv_le
 @metile.inline
 def softmax_step(s, m_i, l_i, acc, v):
     """One online-softmax step: the new running maximum, sum and rescaled accumulator.
-    A row whose maximum is still -inf (every score so far -inf) adds nothing."""
+    A row whose maximum is still -inf (every score so far -inf) adds nothing: it subtracts
+    0 instead, so its exponentials are exp2(-inf) = 0 and its rescale exp2(-inf) = 0 of a
+    sum and accumulator that are 0 - one test a row, none an element."""
     m_new = metile.maximum(m_i, metile.max(s, axis=1))
-    finite = m_new > -float("inf")
-    alpha = metile.where(finite, metile.exp2(m_i - m_new), 1.0)
-    p = metile.where(finite[:, None], metile.exp2(s - m_new[:, None]), 0.0)
+    m_use = metile.where(m_new > -float("inf"), m_new, 0.0)
+    alpha = metile.exp2(m_i - m_use)
+    p = metile.exp2(s - m_use[:, None])
     l_new = l_i * alpha + metile.sum(p, axis=1)
     acc_new = acc * alpha[:, None] + metile.dot(p.to(v.dtype), v)
     return m_new, l_new, acc_new
+
+
+@metile.inline
+def whole_block(q, k_ptrs, v_ptrs, d_in, scale_log2, m_i, l_i, acc):
+    """softmax_step over a key block every row of the query block sees whole: no score
+    masks, no key past kv_len."""
+    k = metile.load(k_ptrs, mask=d_in[None, :], other=0.0)
+    s = metile.dot(q, metile.trans(k)) * scale_log2
+    v = metile.load(v_ptrs, mask=d_in[None, :], other=0.0)
+    return softmax_step(s, m_i, l_i, acc, v)
 
 
 @metile.kernel
@@ -144,7 +156,21 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     m_i = metile.full((BLOCK_M,), -float("inf"), dtype=metile.float32)
     l_i = metile.zeros((BLOCK_M,), dtype=metile.float32)
     acc = metile.zeros((BLOCK_M, BLOCK_D), dtype=metile.float32)
-    for start_n in metile.tile_range(0, hi, BLOCK_N):
+    # Key blocks [0, whole) every row sees whole (the block's first row sees the fewest
+    # causal keys) run without masks; the rest - the diagonal, the ragged end, every block
+    # of a bool or additive mask - with them.
+    whole = 0
+    if MASK == "none":
+        whole = kv_len // BLOCK_N * BLOCK_N
+    elif MASK == "causal":
+        whole = metile.maximum(metile.minimum(start_m + causal_shift + 1, kv_len), 0) \
+            // BLOCK_N * BLOCK_N
+    for start_n in metile.tile_range(0, whole, BLOCK_N):
+        key = start_n + metile.arange(0, BLOCK_N)
+        m_i, l_i, acc = whole_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :],
+                                    v_base + key[:, None] * HEAD_DIM + d[None, :], d_in,
+                                    scale_log2, m_i, l_i, acc)
+    for start_n in metile.tile_range(whole, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
         s = scores_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :], key, row_in, heads,
                          rows, mask_base, kv_len, causal_shift, scale_log2, mask_stride_h,

@@ -99,8 +99,8 @@ class MmaLayoutLowering:
         dtype = scalar_of(v.type).dtype
         pitch = cols + 16 // dtype.itemsize
         wide = self.row_runs is not None and self.language == "cuda"
-        st = Storage("shared", self.decl("shared", dtype, rows * pitch, "_sh",
-                                         align=16 if wide else 0), (rows, cols), dtype)
+        st = Storage("shared", self.shared_array(dtype, rows * pitch, "_sh", 16 if wide else 0,
+                                                 pitch), (rows, cols), dtype)
         st.pitch, st.vector_runs = pitch, wide
         return st
 

@@ -72,6 +72,12 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         # (value id, block id) -> its copy in threadgroup memory (shared_copy)
         self.shared_copies: dict[tuple[int, int], Storage] = {}
         self.group_storage: dict[int, Storage] = {}
+        # threadgroup arrays of tiles defined in a finished loop body (none is read after its
+        # loop: values leave a loop only through carried storage), by (dtype, size, pitch,
+        # align), for later tiles of the same size (`shared_array`); and the arrays each
+        # enclosing loop body allocated so far
+        self.shared_pool: dict[tuple, list[str]] = {}
+        self.loop_arrays: list[list[tuple]] = []
         self.counter = 0
         self.shared_bytes = 0
         self.geometry: dict[str, Value] = {}
@@ -122,6 +128,18 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if not (b.block.ops and b.block.ops[-1].name == "barrier"):
             b.op("barrier")
 
+    def shared_array(self, dtype: dt.DType, size: int, prefix: str, align: int = 0,
+                     pitch: int | None = None) -> str:
+        """A threadgroup array for a tile: one a finished loop body left free where one of
+        the same shape is (its every write is bracketed by barriers like any other), else a
+        new one."""
+        key = (dtype.name, size, pitch, align)
+        free = self.shared_pool.get(key)
+        name = free.pop() if free else self.decl("shared", dtype, size, prefix, align=align)
+        if self.loop_arrays:
+            self.loop_arrays[-1].append((key, name))
+        return name
+
     def decl(self, storage: str, dtype: dt.DType, size: int = 1, prefix="_t", align=0) -> str:
         name = self.fresh(prefix)
         if storage == "shared":
@@ -153,8 +171,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         size = n if kind == "shared" else ceil(n / self.T)
         # 16-byte aligned where runs may write it a vector at a time (write)
         wide = kind == "shared" and self.row_runs is not None and self.language == "cuda"
-        st = Storage(kind, self.decl(kind, dtype, size, "_sh" if kind == "shared" else "_r",
-                                     align=16 if wide else 0), tuple(shape), dtype)
+        name = self.shared_array(dtype, size, "_sh", 16 if wide else 0) if kind == "shared" \
+            else self.decl(kind, dtype, size, "_r")
+        st = Storage(kind, name, tuple(shape), dtype)
         st.vector_runs = wide
         return st
 
@@ -620,9 +639,12 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         inner = Builder(new_body)
         self._bind(body.args[1:], slots, inner)
         self.loop_depth += 1
+        self.loop_arrays.append([])
         ys = self.lower_block(body, inner)
         self.loop_depth -= 1
         self._assign(slots, ys, inner, body.args[1:])
+        for key, name in self.loop_arrays.pop():   # free once the loop is done
+            self.shared_pool.setdefault(key, []).append(name)
         b.op("for", [self.s(lb), self.s(ub), self.s(step)], [], dict(op.attrs), [new_body])
         for res, slot in zip(op.results, slots):
             if isinstance(slot, Storage):
