@@ -442,7 +442,8 @@ class CEmitter:
         if slots == 1:
             self.emit(f"{{ const int {s} = 0; const int {i} = {tid};", depth)
         else:
-            if op.attrs.get("run", 1) > 1 and slots <= MAX_UNROLLED_SLOTS:
+            if op.attrs.get("run", 1) > 1 and slots <= MAX_UNROLLED_SLOTS and \
+                    op.attrs.get("unroll", True):
                 # a register tile's slot must be a constant after unrolling, or the
                 # compiler moves the whole array to (local) memory
                 self.emit("#pragma unroll", depth)

@@ -472,7 +472,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             return self.mma_fill(b, st, lambda ctx: self.compute(v, ctx))
         if st.kind == "shared":
             self.barrier(b)
-        self.lane_loop(b, v.type.shape, lambda ctx: self.write(st, ctx, self.compute(v, ctx)))
+        if not self.async_run_copy(v, st, b):   # vectorize_rows.py
+            self.lane_loop(b, v.type.shape, lambda ctx: self.write(st, ctx,
+                                                                   self.compute(v, ctx)))
         if st.kind == "shared":
             self.barrier(b)
 

@@ -351,6 +351,76 @@ class RowVectorLowering:
                     "whole_run_tests": self.whole_run_tests}
         return None if self.language is None else {"refused": self.row_runs_reason}
 
+    def async_run_copy(self, v: Value, st, b: Builder) -> bool:
+        """Materialize load `v` into threadgroup tile `st` with 16-byte asynchronous copies
+        (CUDA cp.async, no registers on the way; the caller's barrier follows the wait):
+        each run whose V masks all hold, or all fail (zero-filled, nothing read), from an
+        address aligned to 16 bytes is one copy; any other run is read and written element
+        by element.  Only a unit-stride load of a buffer the kernel does not write, filling
+        masked elements with 0 (or unmasked), whose runs are 16 bytes; False otherwise
+        (nothing emitted)."""
+        op = v.owner
+        rr = self.row_runs
+        if self.language != "cuda" or rr is None or not isinstance(op, Op) or \
+                op.name != "load" or not rr.unit.get(id(op)) or st.kind != "shared" or \
+                not getattr(st, "vector_runs", False):
+            return False
+        shape = tuple(v.type.shape)
+        itemsize = scalar_of(v.type).dtype.itemsize
+        if prod(shape) not in rr.sizes or rr.width * itemsize != 16 or shape[-1] % rr.width:
+            return False
+        mask = op.operands[1] if len(op.operands) > 1 else None
+        if len(op.operands) > 2:
+            fill = op.operands[2].owner
+            const = fill.operands[0].owner if isinstance(fill, Op) and fill.name == "splat" \
+                else None
+            if not (isinstance(const, Op) and const.name == "const"
+                    and const.attrs.get("value") == 0):
+                return False
+        ptr: PointerType = elem_type(op.operands[0].type)
+        root = self.buffers[(ptr.root, "read")]
+        rtype = scalar_of(v.type)
+
+        def copy(ctxs):
+            cb = ctxs[0].b
+            index = self.elem(op.operands[0], ctxs[0])
+            dst = self.shared_at(st, ctxs[0])
+            ok = cb.value("aligned16", [index], BOOL, root=root)
+            if mask is None:
+                whole = none = None
+            else:
+                masks = [self.elem(mask, c) for c in ctxs]
+                whole, any_ = masks[0], masks[0]
+                for m in masks[1:]:
+                    whole = cb.value("and", [whole, m], BOOL)
+                    any_ = cb.value("or", [any_, m], BOOL)
+                none = cb.value("not", [any_], BOOL)
+                ok = cb.value("and", [ok, cb.value("or", [whole, none], BOOL)], BOOL)
+            then, other = Block(), Block()
+            tb, eb = Builder(then), Builder(other)
+            tb.loc = eb.loc = cb.loc
+            if whole is None:
+                tb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
+            else:
+                size = tb.value("where", [whole, self.const(tb, 16), self.const(tb, 0)], I32)
+                tb.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root,
+                                                           "bytes": 16})
+            for c in ctxs:
+                fc = self._fallback_ctx(c, eb)
+                value = self.emit_load(eb, op, [self.elem(o, fc) for o in op.operands])
+                eb.op("mem_store", [self.shared_at(st, fc), value], [],
+                      {"root": st.name, "space": "threadgroup"})
+            cb.op("if", [ok], [], {}, [then, other])
+        loop = self.run_lane_loop(b, shape, None, group=copy)
+        # copies in flight need no registers: unrolled, the loop only held more addresses
+        # (ptxas: 255 registers and a spill for attention's 128x64 block, 166 rolled)
+        loop.attrs["unroll"] = False
+        b.op("cp_async_commit", [], [], {})
+        b.op("cp_async_wait", [], [], {"pending": 0})
+        if "async_copy_runs" not in self.lowering_passes:
+            self.lowering_passes.append("async_copy_runs")
+        return True
+
     def runs_for(self, numel: int) -> int:
         rr = self.row_runs
         return rr.width if rr is not None and numel in rr.sizes else 1
