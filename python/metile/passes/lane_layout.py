@@ -36,6 +36,9 @@ class Storage:
         self.layout: str | None = None
         # threadgroup tiles: elements between rows where padded (mma_layout.padded)
         self.pitch: int | None = None
+        # threadgroup tiles: a run-time element offset into the array (a double buffer's
+        # half, lower_mma_layout.prefetch)
+        self.base = None
 
 
 def scalar_of(t) -> ScalarType:

@@ -26,10 +26,10 @@ as one, never a silent wrong value): `read` checks it.
 
 from __future__ import annotations
 
-from ..ir.core import Builder, Op, Value
+from ..ir.core import Block, Builder, Op, Value, walk as walk_ops
 from ..ir.types import ScalarType
 from ..language import dtypes as dt
-from .lane_layout import I32, Ctx, Storage, scalar_of
+from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .lower_dot_fragments import _untransposed
 from .mma_layout import MmaLayout, _zero_splat
 
@@ -227,17 +227,18 @@ class MmaLayoutLowering:
                 else:
                     lda = st_a.pitch or k
                     at = self._i(b, "add", self._i(b, "mul", row0, lda), kk * fk)
+                    at = at if st_a.base is None else self.add(b, at, st_a.base)
                     b.op("frag_load", [at], [], {"name": frag_a, "index": 0, "root": st_a.name,
                                                  "ld": lda, "convert": None})
                 for nb in range(blocks):
                     if source is bm:
                         ldb = st_b.pitch or n
-                        at = self.const(b, kk * fk * ldb + nb * fn)
+                        at = self._based(b, st_b, kk * fk * ldb + nb * fn)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
                                                      "root": st_b.name, "ld": ldb, "convert": None})
                     else:  # element (kk, nb) of bm is element (nb, kk) of the (n, k) source
                         ldb = st_b.pitch or k
-                        at = self.const(b, nb * fn * ldb + kk * fk)
+                        at = self._based(b, st_b, nb * fn * ldb + kk * fk)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
                                                      "root": st_b.name, "ld": ldb, "convert": None,
                                                      "transpose": True})
@@ -248,6 +249,113 @@ class MmaLayoutLowering:
                     ctx = out_ctxs[r * per_slab + nb * lay.per_lane + e]
                     got = b.value("frag_get", [self.const(b, e)], F32, name=frag_c, index=nb)
                     self.write(out, ctx, self._cast(b, got, out.dtype))
+
+    def _based(self, b: Builder, st: Storage, offset: int) -> Value:
+        at = self.const(b, offset)
+        return at if st.base is None else self.add(b, at, st.base)
+
+    # -- operand blocks one iteration ahead ---------------------------------------------------
+    def prefetch(self, loop: Op, b: Builder, inner: Builder, iv: Value):
+        """Copy the loop body's threadgroup operand loads (planned products' operands whose
+        address and mask are index arithmetic of the induction variable and of values from
+        outside the loop) one iteration ahead, into the other half of a double buffer:
+        before the loop the first iteration's copies; at the top of each iteration a barrier
+        (every warp is done with the half the copies are about to overwrite: the previous
+        iteration's), the next iteration's copies where there is one, then a wait for this
+        iteration's and a barrier.  The loads themselves are then free: their value is this
+        iteration's half.  None where no load qualifies (CUDA cp.async only)."""
+        body = loop.regions[0]
+        inside = {r.id for o in walk_ops(body) for r in o.results} | {a.id for a in body.args}
+        loads = [o.results[0] for o in body.ops if o.name == "load" and o.results
+                 and o.results[0].id in self.mma.padded
+                 and self.place.kind.get(o.results[0].id) == "shared"
+                 and self.async_copyable(o.results[0])
+                 and all(self._index_only(x, body.args[0], inside) for x in o.operands)]
+        if not loads:
+            return None
+        lb, ub, step = (self.s(x) for x in loop.operands[:3])
+        buffers = {}
+        for v in loads:
+            rows, cols = v.type.shape
+            dtype = scalar_of(v.type).dtype
+            pitch = cols + 16 // dtype.itemsize
+            name = self.shared_array(dtype, 2 * rows * pitch, "_sh", 16, pitch)
+            buffers[v.id] = (name, rows * pitch, pitch, dtype)
+
+        def half(bb: Builder, v: Value, base: Value) -> Storage:
+            name, _, pitch, dtype = buffers[v.id]
+            st = Storage("shared", name, tuple(v.type.shape), dtype)
+            st.pitch, st.vector_runs, st.base = pitch, True, base
+            return st
+
+        consts = [o for o in body.ops if o.name == "const"]
+
+        def copies(bb: Builder, at: Value, base) -> None:
+            """The loads' copies for the iteration at `at` into the half at `base(v)`; the
+            body's constants (not lowered yet) bound in `bb` for the while."""
+            saved = self.scalars[body.args[0].id]
+            self.scalars[body.args[0].id] = at
+            bound = []
+            for o in consts:
+                if o.results[0].id not in self.scalars:
+                    self.scalars[o.results[0].id] = bb.value(
+                        "const", [], scalar_of(o.results[0].type), **o.attrs)
+                    bound.append(o.results[0].id)
+            try:
+                for v in loads:
+                    self.async_copy(v, half(bb, v, base(bb, v)), bb)
+            finally:
+                self.scalars[body.args[0].id] = saved
+                for k in bound:
+                    del self.scalars[k]
+
+        # before the loop: the first iteration's blocks into half 0 (once every warp is done
+        # with the arrays: an earlier loop's last iteration may have read them)
+        self.barrier(b)
+        first = Block()
+        fb = Builder(first)
+        fb.loc = b.loc
+        copies(fb, lb, lambda bb, v: self.const(bb, 0))
+        b.op("if", [b.value("lt", [lb, ub], BOOL)], [], {}, [first, Block()])
+        b.op("cp_async_commit", [], [], {})
+        # each iteration: its half, and the next iteration's blocks into the other
+        n = inner.value("idiv", [inner.value("sub", [iv, lb], I32), step], I32)
+        parity = inner.value("and", [n, self.const(inner, 1)], I32)
+        self.barrier(inner)
+        nxt = inner.value("add", [iv, step], I32)
+        ahead = Block()
+        ab = Builder(ahead)
+        ab.loc = b.loc
+        copies(ab, nxt, lambda bb, v: bb.value(
+            "mul", [bb.value("sub", [self.const(bb, 1), parity], I32),
+                    self.const(bb, buffers[v.id][1])], I32))
+        inner.op("if", [inner.value("lt", [nxt, ub], BOOL)], [], {}, [ahead, Block()])
+        inner.op("cp_async_commit", [], [], {})
+        inner.op("cp_async_wait", [], [], {"pending": 1})
+        inner.op("barrier")
+        for v in loads:
+            base = inner.value("mul", [parity, self.const(inner, buffers[v.id][1])], I32)
+            self.prefetched[v.id] = half(inner, v, base)
+        if "prefetch_operands" not in self.lowering_passes:
+            self.lowering_passes.append("prefetch_operands")
+        return loads
+
+    def prefetch_done(self, loads, inner: Builder) -> None:
+        for v in loads:
+            self.prefetched.pop(v.id, None)
+
+    def _index_only(self, v: Value, iv: Value, inside: set) -> bool:
+        """v is index arithmetic of the induction variable and of values from outside the
+        loop body (no load, no held tile): evaluable for another iteration."""
+        if not hasattr(v.type, "shape"):
+            return v is iv or v.id not in inside or (
+                isinstance(v.owner, Op) and v.owner.name == "const")
+        op = v.owner
+        if not isinstance(op, Op) or op.name == "load" or v.id in self.storage:
+            return False
+        if self.place.kind.get(v.id) != "recompute":
+            return False
+        return all(self._index_only(o, iv, inside) for o in op.operands)
 
     def _mma_reduce(self, op: Op, b: Builder) -> None:
         lay = self.mma

@@ -77,6 +77,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         # align), for later tiles of the same size (`shared_array`); and the arrays each
         # enclosing loop body allocated so far
         self.shared_pool: dict[tuple, list[str]] = {}
+        # loads of a loop body copied one iteration ahead: value id -> its buffer this
+        # iteration (lower_mma_layout.prefetch)
+        self.prefetched: dict[int, Storage] = {}
         self.loop_arrays: list[list[tuple]] = []
         self.counter = 0
         self.shared_bytes = 0
@@ -250,9 +253,11 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         """The element of threadgroup tile `st` at ctx: row-major, rows `st.pitch` elements
         apart where the tile's rows are padded (mma_layout.padded)."""
         if st.pitch is None:
-            return ctx.linear(st.shape)
-        row, col = ctx.coords()
-        return self.add(ctx.b, self._i(ctx.b, "mul", row, st.pitch), col)
+            at = ctx.linear(st.shape)
+        else:
+            row, col = ctx.coords()
+            at = self.add(ctx.b, self._i(ctx.b, "mul", row, st.pitch), col)
+        return at if st.base is None else self.add(ctx.b, at, st.base)
 
     def write(self, st: Storage, ctx: Ctx, value: Value) -> None:
         if st.kind == "local" and (st.layout is not None) != isinstance(ctx, FragCtx):
@@ -467,6 +472,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         return prod(v.type.shape) * scalar_of(v.type).dtype.itemsize
 
     def materialize(self, v: Value, b: Builder) -> None:
+        if v.id in self.prefetched:   # copied ahead by lower_mma_layout.prefetch
+            self.storage[v.id] = self.prefetched[v.id]
+            return
         st = self.storage_for(v)
         if st.layout is not None:
             return self.mma_fill(b, st, lambda ctx: self.compute(v, ctx))
@@ -642,11 +650,15 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self._bind(body.args[1:], slots, inner)
         self.loop_depth += 1
         self.loop_arrays.append([])
+        # an accumulator-layout loop's operand blocks copied one iteration ahead
+        ahead = self.prefetch(op, b, inner, iv) if self.mma is not None else None
         ys = self.lower_block(body, inner)
         self.loop_depth -= 1
         self._assign(slots, ys, inner, body.args[1:])
         for key, name in self.loop_arrays.pop():   # free once the loop is done
             self.shared_pool.setdefault(key, []).append(name)
+        if ahead:
+            self.prefetch_done(ahead, inner)
         b.op("for", [self.s(lb), self.s(ub), self.s(step)], [], dict(op.attrs), [new_body])
         for res, slot in zip(op.results, slots):
             if isinstance(slot, Storage):

@@ -351,35 +351,36 @@ class RowVectorLowering:
                     "whole_run_tests": self.whole_run_tests}
         return None if self.language is None else {"refused": self.row_runs_reason}
 
-    def async_run_copy(self, v: Value, st, b: Builder) -> bool:
-        """Materialize load `v` into threadgroup tile `st` with 16-byte asynchronous copies
-        (CUDA cp.async, no registers on the way; the caller's barrier follows the wait):
-        each run whose V masks all hold, or all fail (zero-filled, nothing read), from an
-        address aligned to 16 bytes is one copy; any other run is read and written element
-        by element.  Only a unit-stride load of a buffer the kernel does not write, filling
-        masked elements with 0 (or unmasked), whose runs are 16 bytes; False otherwise
-        (nothing emitted)."""
+    def async_copyable(self, v: Value) -> bool:
+        """Whether load `v` may be copied into a threadgroup tile with `async_copy`: CUDA, a
+        unit-stride load in runs of 16 bytes from a buffer the kernel does not write,
+        masked elements filled with 0 (or no mask)."""
         op = v.owner
         rr = self.row_runs
         if self.language != "cuda" or rr is None or not isinstance(op, Op) or \
-                op.name != "load" or not rr.unit.get(id(op)) or st.kind != "shared" or \
-                not getattr(st, "vector_runs", False):
+                op.name != "load" or not rr.unit.get(id(op)):
             return False
         shape = tuple(v.type.shape)
-        itemsize = scalar_of(v.type).dtype.itemsize
-        if prod(shape) not in rr.sizes or rr.width * itemsize != 16 or shape[-1] % rr.width:
+        if prod(shape) not in rr.sizes or rr.width * scalar_of(v.type).dtype.itemsize != 16 \
+                or shape[-1] % rr.width:
             return False
-        mask = op.operands[1] if len(op.operands) > 1 else None
         if len(op.operands) > 2:
             fill = op.operands[2].owner
             const = fill.operands[0].owner if isinstance(fill, Op) and fill.name == "splat" \
                 else None
-            if not (isinstance(const, Op) and const.name == "const"
-                    and const.attrs.get("value") == 0):
-                return False
+            return isinstance(const, Op) and const.name == "const" and \
+                const.attrs.get("value") == 0
+        return True
+
+    def async_copy(self, v: Value, st, b: Builder) -> None:
+        """Load `v` into threadgroup tile `st` (at its `base`) by 16-byte asynchronous copies
+        (cp.async, no registers on the way), uncommitted: each run whose V masks all hold,
+        or all fail (zero-filled, nothing read), from an address aligned to 16 bytes is one
+        copy; any other run is read and written element by element."""
+        op = v.owner
+        mask = op.operands[1] if len(op.operands) > 1 else None
         ptr: PointerType = elem_type(op.operands[0].type)
         root = self.buffers[(ptr.root, "read")]
-        rtype = scalar_of(v.type)
 
         def copy(ctxs):
             cb = ctxs[0].b
@@ -387,7 +388,7 @@ class RowVectorLowering:
             dst = self.shared_at(st, ctxs[0])
             ok = cb.value("aligned16", [index], BOOL, root=root)
             if mask is None:
-                whole = none = None
+                whole = None
             else:
                 masks = [self.elem(mask, c) for c in ctxs]
                 whole, any_ = masks[0], masks[0]
@@ -411,14 +412,22 @@ class RowVectorLowering:
                 eb.op("mem_store", [self.shared_at(st, fc), value], [],
                       {"root": st.name, "space": "threadgroup"})
             cb.op("if", [ok], [], {}, [then, other])
-        loop = self.run_lane_loop(b, shape, None, group=copy)
+        loop = self.run_lane_loop(b, tuple(v.type.shape), None, group=copy)
         # copies in flight need no registers: unrolled, the loop only held more addresses
         # (ptxas: 255 registers and a spill for attention's 128x64 block, 166 rolled)
         loop.attrs["unroll"] = False
-        b.op("cp_async_commit", [], [], {})
-        b.op("cp_async_wait", [], [], {"pending": 0})
         if "async_copy_runs" not in self.lowering_passes:
             self.lowering_passes.append("async_copy_runs")
+
+    def async_run_copy(self, v: Value, st, b: Builder) -> bool:
+        """Materialize load `v` into threadgroup tile `st` by `async_copy`, waited for (the
+        caller's barrier follows); False (nothing emitted) where not `async_copyable`."""
+        if st.kind != "shared" or not getattr(st, "vector_runs", False) or \
+                not self.async_copyable(v):
+            return False
+        self.async_copy(v, st, b)
+        b.op("cp_async_commit", [], [], {})
+        b.op("cp_async_wait", [], [], {"pending": 0})
         return True
 
     def runs_for(self, numel: int) -> int:
