@@ -27,7 +27,7 @@ as one, never a silent wrong value): `read` checks it.
 from __future__ import annotations
 
 from ..ir.core import Block, Builder, Op, Value, walk as walk_ops
-from ..ir.types import ScalarType
+from ..ir.types import ScalarType, TileType
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
 from .lower_dot_fragments import _untransposed
@@ -168,8 +168,7 @@ class MmaLayoutLowering:
         if op.name == "reduce" and op.operands and op.operands[0].id in lay.tiles:
             self._mma_reduce(op, b)
             return True
-        if op.name == "store" and op.operands[1].id in lay.tiles | lay.row_values or \
-                op.name == "store" and self._mma_reaches(op.operands[1]):
+        if op.name == "store" and self._mma_reaches(op.operands[1]):
             for ctx in self._mma_elements(b, tuple(op.operands[0].type.shape)):
                 self.emit_store(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
             return True
@@ -181,8 +180,7 @@ class MmaLayoutLowering:
             return True
         op = v.owner
         return isinstance(op, Op) and self.place.kind.get(v.id) == "recompute" and \
-            any(getattr(o, "type", None) is not None and hasattr(o.type, "shape")
-                and self._mma_reaches(o) for o in op.operands)
+            any(isinstance(o.type, TileType) and self._mma_reaches(o) for o in op.operands)
 
     def _mma_dot(self, op: Op, b: Builder, acc: Value, result: Value) -> None:
         lay = self.mma
@@ -347,7 +345,7 @@ class MmaLayoutLowering:
     def _index_only(self, v: Value, iv: Value, inside: set) -> bool:
         """v is index arithmetic of the induction variable and of values from outside the
         loop body (no load, no held tile): evaluable for another iteration."""
-        if not hasattr(v.type, "shape"):
+        if not isinstance(v.type, TileType):
             return v is iv or v.id not in inside or (
                 isinstance(v.owner, Op) and v.owner.name == "const")
         op = v.owner
