@@ -248,6 +248,18 @@ class MmaLayoutLowering:
                     got = b.value("frag_get", [self.const(b, e)], F32, name=frag_c, index=nb)
                     self.write(out, ctx, self._cast(b, got, out.dtype))
 
+    def mma_occupancy(self) -> int:
+        """Blocks an SM for `__launch_bounds__` on CUDA (0: none): 16 warps' worth (128
+        registers a thread) where threadgroup memory holds that many.  ptxas left to itself
+        gave attention's 128x64 block 130 registers (one block an SM); bounded, 128 and no
+        spill for every prefill tile (sm_90, NVRTC)."""
+        if self.mma is None or self.language != "cuda":
+            return 0
+        per_block = self.shared_bytes + 1024          # (the driver's reserve a block)
+        fit = (self.shared_optin + 1024) // per_block if per_block else 16
+        return max(0, min(16 // self.mma.warps, fit)) if min(16 // self.mma.warps, fit) > 1 \
+            else 0
+
     def _based(self, b: Builder, st: Storage, offset: int) -> Value:
         at = self.const(b, offset)
         return at if st.base is None else self.add(b, at, st.base)

@@ -710,7 +710,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.remap_program_ids(b)  # grouped GEMM program order (lower_matmul.py)
         self.lower_block(self.fn.body, b)
         launch = self._dynamic_shared_layout() if self.dynamic_shared else None
-        occupancy = self.occupancy_hint()  # vectorize_rows.py
+        occupancy = self.occupancy_hint() or self.mma_occupancy()  # vectorize_rows.py
         if occupancy:
             launch = dict(launch or {}, min_blocks=occupancy)
         meta = dict(self.fn.meta, threads=self.T, shared_bytes=self.shared_bytes,
