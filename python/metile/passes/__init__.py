@@ -11,6 +11,8 @@ Checks and analyses on tile form:
                         and 4-aligned (interval proofs)
   shared_hazards        the shared-memory contract of simdgroup_inline kernels
   placement             recompute / registers / threadgroup memory for each tile
+  mma_layout            which tiles a kernel of general products holds in the matrix unit's
+                        accumulator layout (products, the softmax between them, row values)
 
 Lowering, tile form -> thread form:
   lower_tiles           lane loops, reductions and dot (mixins below); GEMM-shaped kernels
@@ -27,6 +29,12 @@ Lowering, tile form -> thread form:
     gemm_tensor_ops     Metal 4 tensor ops (matmul2d) on cooperative destinations (apple10)
     gemm_epilogue_reads bias / residual loads inside the fused epilogue
     lower_sort          bitonic sort of a tile's last axis in threadgroup memory
+    lower_dot_fragments a general product on matrix fragments through threadgroup memory
+    lower_mma_layout    mma_layout's tiles in registers: fragment products from registers,
+                        row reductions by lane shuffles, operand blocks copied one
+                        iteration ahead (CUDA cp.async)
+    vectorize_rows      runs of 16 bytes a lane; 16-byte asynchronous copies into
+                        threadgroup tiles (CUDA)
     lower_debug         device_print / device_assert per element
   lower_fragments       simdgroup_inline kernels: kernel-written 8x8 fragments
 
