@@ -371,6 +371,9 @@ elif [ "$mode" = s47 ]; then
   timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
   timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
     --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
+    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s46 ]; then
   # attention prefill's CUDA tiles in the accumulator layout (128x64 on 8 warps first): GPU
   # tests, the op's benchmark at 1024/4096/8192 against MLX
