@@ -74,6 +74,30 @@ def test_ragged_lengths(rng, lq, lk, mask):
     check(*operands(rng, 1, 2, 2, lq, lk, 16), mask=mask)
 
 
+@pytest.mark.parametrize("scale", [4.0, -4.0, 0.0])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_scale_signs(rng, scale, mask):
+    # a positive scale lets whole key blocks take row maxima before scaling
+    # (POSITIVE_SCALE); a negative or zero one must not (the maxima would be the minima;
+    # at |scale| 4 the exponentials pass float32's range unless the true maximum is
+    # subtracted, so taking the wrong one fails)
+    check(*operands(rng, 1, 2, 2, 70, 150, 32), mask=mask, scale=scale, path="prefill")
+
+
+def test_positive_scale_is_a_promise_the_kernel_default_does_not_make(rng):
+    # the library kernel called directly with a negative scale and the default
+    # POSITIVE_SCALE=False is right; the op passes True only for scale > 0
+    import sys
+    sys.path.insert(0, "kernels")
+    from metile_kernels import attention as kernels
+    q, k, v = operands(rng, 1, 2, 2, 64, 128, 32)
+    out = kernels.attention_forward[kernels.forward_grid(64, 2, 1, 32)](
+        q, k, v, q, mx.zeros(q.shape, q.dtype), 64, 128, 1, -4.0 * kernels.LOG2E, 0, 0, 0, 0,
+        HEAD_DIM=32, BLOCK_D=32, BLOCK_M=32, BLOCK_N=32)
+    np.testing.assert_allclose(np.array(out, np.float64), reference(q, k, v, -4.0),
+                               rtol=3e-4, atol=3e-5)
+
+
 @pytest.mark.parametrize("d", [64, 80])
 def test_head_dims(rng, d):
     check(*operands(rng, 1, 2, 1, 33, 40, d), mask="causal", path="prefill")

@@ -111,12 +111,23 @@ def softmax_step(s, m_i, l_i, acc, v):
 
 
 @metile.inline
-def whole_block(q, k_ptrs, v_ptrs, d_in, scale_log2, m_i, l_i, acc):
+def whole_block(q, k_ptrs, v_ptrs, d_in, scale_log2, m_i, l_i, acc, POSITIVE_SCALE):
     """softmax_step over a key block every row of the query block sees whole: no score
-    masks, no key past kv_len."""
+    masks, no key past kv_len.  POSITIVE_SCALE (scale_log2 > 0 promised): the row maximum
+    of the unscaled scores, scaled once a row, and each exponential's argument one fused
+    multiply-add (s * scale - m) instead of a multiply and a subtract."""
     k = metile.load(k_ptrs, mask=d_in[None, :], other=0.0)
-    s = metile.dot(q, metile.trans(k)) * scale_log2
     v = metile.load(v_ptrs, mask=d_in[None, :], other=0.0)
+    if POSITIVE_SCALE:
+        s = metile.dot(q, metile.trans(k))
+        m_new = metile.maximum(m_i, metile.max(s, axis=1) * scale_log2)
+        m_use = metile.where(m_new > -float("inf"), m_new, 0.0)
+        alpha = metile.exp2(m_i - m_use)
+        p = metile.exp2(s * scale_log2 - m_use[:, None])
+        l_new = l_i * alpha + metile.sum(p, axis=1)
+        acc_new = acc * alpha[:, None] + metile.dot(p.to(v.dtype), v)
+        return m_new, l_new, acc_new
+    s = metile.dot(q, metile.trans(k)) * scale_log2
     return softmax_step(s, m_i, l_i, acc, v)
 
 
@@ -125,11 +136,14 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
                       mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k,
                       HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                       BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
-                      MASK: metile.constexpr = "none"):
+                      MASK: metile.constexpr = "none",
+                      POSITIVE_SCALE: metile.constexpr = False):
     """Out = softmax(scale Q Kᵀ + mask) V for one block of BLOCK_M queries of one query
     head (program_id(1)) of one batch entry (program_id(2)).  BLOCK_D: HEAD_DIM rounded
     up to a power of two (the columns past HEAD_DIM are masked).  scale_log2 = scale *
-    log2(e).  Grid: forward_grid(q_len, q_heads, batch, BLOCK_M)."""
+    log2(e); POSITIVE_SCALE=True promises scale_log2 > 0 (whole key blocks then take row
+    maxima before scaling: a negative scale would pick the minima).  Grid:
+    forward_grid(q_len, q_heads, batch, BLOCK_M)."""
     head = metile.program_id(1)
     batch = metile.program_id(2)
     q_heads = metile.num_programs(1)
@@ -169,7 +183,7 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
         key = start_n + metile.arange(0, BLOCK_N)
         m_i, l_i, acc = whole_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :],
                                     v_base + key[:, None] * HEAD_DIM + d[None, :], d_in,
-                                    scale_log2, m_i, l_i, acc)
+                                    scale_log2, m_i, l_i, acc, POSITIVE_SCALE)
     for start_n in metile.tile_range(whole, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
         s = scores_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :], key, row_in, heads,

@@ -275,7 +275,8 @@ def _launch(q, k, v, mask, scale, config):
         warps = config.get("num_warps") or forward_warps(config["BLOCK_M"], q.dtype.size)
         return kernels.attention_forward[grid](
             q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-            *strides, **common, **({"num_warps": warps} if warps else {}))
+            *strides, **common, POSITIVE_SCALE=scale_log2 > 0,
+            **({"num_warps": warps} if warps else {}))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
     chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
     splits = math.ceil(kv_len / chunk)       # no split without keys

@@ -393,10 +393,13 @@ class CEmitter:
         elif op.name == "frag_load":
             fields = {"frag": f"{at['name']}[{at['index']}]", "root": at["root"], "offset": a[0],
                       "ld": at["ld"]}
+            kind = "load_t" if at.get("transpose") else "load"
             if at.get("convert"):
                 fmt = self.FRAGMENT[f"load_{at['convert']}"]
-            elif at.get("transpose"):
-                fmt = self.FRAGMENT["load_t"]
+            elif at.get("aligned") and f"{kind}_aligned" in self.FRAGMENT:
+                fmt = self.FRAGMENT[f"{kind}_aligned"]
+            else:
+                fmt = self.FRAGMENT[kind]
         else:
             fields = {"frag": f"{at['name']}[{at['index']}]", "value": self.literal(
                 at["value"], dt.float32)}

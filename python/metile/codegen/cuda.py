@@ -105,6 +105,14 @@ template <bool TRANS, typename T> __device__ __forceinline__ void metile_ldmatri
   metile_ldmatrix_at<TRANS>(r, static_cast<unsigned>(__cvta_generic_to_shared(
       p + ((l & 7) + ((l >> 3) & 1) * 8) * ld + (l >> 4) * 8)));
 }
+// The four matrices of a B operand stored transposed (N x K row-major at p), addressed in
+// mma's register order (n 0-7/k 0-7, n 0-7/k 8-15, n 8-15/k 0-7, n 8-15/k 8-15): no moves
+// between the load and the product.
+template <typename T> __device__ __forceinline__ void metile_ldmatrix_x4_nk(unsigned (&r)[4], const T* p, int ld) {
+  const int l = threadIdx.x & 31;
+  metile_ldmatrix_at<false>(r, static_cast<unsigned>(__cvta_generic_to_shared(
+      p + ((l & 7) + (l >> 4) * 8) * ld + ((l >> 3) & 1) * 8)));
+}
 // A: 16x16 row-major at p (leading dimension ld).
 template <typename T> __device__ __forceinline__ void metile_frag_load(metile_frag_a<T>& f, const T* p, int ld) {
   if (metile_ldmatrix_ok(p, ld)) { metile_ldmatrix_x4<false>(f.r, p, ld); return; }
@@ -128,18 +136,25 @@ template <typename T> __device__ __forceinline__ void metile_frag_load(metile_fr
 // at p (a key block stored a key a row, multiplied as keys^T): non-transposing ldmatrix,
 // the four 8x8 matrices in mma's order.
 template <typename T> __device__ __forceinline__ void metile_frag_load_t(metile_frag_b<T>& f, const T* p, int ld) {
-  if (metile_ldmatrix_ok(p, ld)) {
-    unsigned r[4];
-    metile_ldmatrix_x4<false>(r, p, ld);
-    f.r[0] = r[0]; f.r[1] = r[2]; f.r[2] = r[1]; f.r[3] = r[3];
-    return;
-  }
+  if (metile_ldmatrix_ok(p, ld)) { metile_ldmatrix_x4_nk(f.r, p, ld); return; }
   const int l = threadIdx.x & 31, g = l >> 2, t = l & 3;
   for (int h = 0; h < 2; ++h) {
     const int n = h * 8 + g;
     f.r[2 * h] = metile_pack2(p, n * ld + 2 * t, n * ld + 2 * t + 1);
     f.r[2 * h + 1] = metile_pack2(p, n * ld + 2 * t + 8, n * ld + 2 * t + 9);
   }
+}
+// The same three loads where the lowering proved the tile shared and every row 16-byte
+// aligned (lower_mma_layout: padded rows of a dynamic shared array): no runtime test, whose
+// two paths ptxas interleaves under predicates (~10 issued instructions a fragment).
+template <typename T> __device__ __forceinline__ void metile_frag_load_s(metile_frag_a<T>& f, const T* p, int ld) {
+  metile_ldmatrix_x4<false>(f.r, p, ld);
+}
+template <typename T> __device__ __forceinline__ void metile_frag_load_s(metile_frag_b<T>& f, const T* p, int ld) {
+  metile_ldmatrix_x4<true>(f.r, p, ld);
+}
+template <typename T> __device__ __forceinline__ void metile_frag_load_ts(metile_frag_b<T>& f, const T* p, int ld) {
+  metile_ldmatrix_x4_nk(f.r, p, ld);
 }
 // TF32 A: 16x8, B: 8x16, converted with round-to-nearest when loaded.
 __device__ __forceinline__ void metile_frag_load(metile_frag_a_tf32& f, const float* p, int ld) {
@@ -508,6 +523,9 @@ class CUDAEmitter(CEmitter):
         "mma": "metile_frag_mma({d}, {a}, {b}, {c});",
         # simdgroup_inline 8x8 fragments (metile_frag8)
         "load_t": "metile_frag_load_t({frag}, &{root}[{offset}], {ld});",
+        # ldmatrix without the alignment test (the lowering's proof: frag_load's "aligned")
+        "load_aligned": "metile_frag_load_s({frag}, &{root}[{offset}], {ld});",
+        "load_t_aligned": "metile_frag_load_ts({frag}, &{root}[{offset}], {ld});",
         "store_t": "metile_frag_store_t(&{root}[{offset}], {frag}, {ld});",
         "get": "{frag}.x[{e}]",
         "set": "{frag}.x[{e}] = {value};",
@@ -685,6 +703,13 @@ class CUDAEmitter(CEmitter):
                       f"&{at['root']}[{a[0]}], {a[1]}, {a[2]});", depth)
             return
         super().fragment_op(op, a, depth)
+
+    def minmax(self, name, a, rt) -> str:
+        # fmaxf/fminf have PropagateNan.NONE's rule (a NaN operand loses) in one FMNMX; the
+        # generic compare-and-select is three instructions (attention's row maxima)
+        if rt.dtype.name == "float32":
+            return f"{'fmaxf' if name == 'maximum' else 'fminf'}({a[0]}, {a[1]})"
+        return super().minmax(name, a, rt)
 
     def vector_load(self, op: Op, a: list[str], depth: int) -> None:
         self.helpers_used.add("vec")

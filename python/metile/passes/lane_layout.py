@@ -39,6 +39,9 @@ class Storage:
         # threadgroup tiles: a run-time element offset into the array (a double buffer's
         # half, lower_mma_layout.prefetch)
         self.base = None
+        # threadgroup tiles: the array 16-byte aligned and every row 16 bytes apart (what
+        # ldmatrix needs, proven when the tile is laid out: lower_mma_layout)
+        self.rows_aligned = False
 
 
 def scalar_of(t) -> ScalarType:
@@ -80,6 +83,12 @@ class Ctx:
                     out.append(rest)
                     out.extend(self.low.const(self.b, 0) for _ in range(axis))
                     break
+                elif extent & (extent - 1) == 0:
+                    # lin is an element index (never negative): a power-of-two extent is a
+                    # mask and a shift, not the signed division's correction for negatives
+                    out.append(self.b.value("and", [rest, self.low.const(self.b, extent - 1)], I32))
+                    rest = self.b.value("shr", [rest, self.low.const(self.b, extent.bit_length() - 1)],
+                                        I32)
                 else:
                     c = self.low.const(self.b, extent)
                     out.append(self.b.value("mod", [rest, c], I32))

@@ -36,6 +36,13 @@ from .mma_layout import MmaLayout, _zero_splat
 F32 = ScalarType(dt.float32)
 
 
+def _ldmatrix_aligned(st: Storage, step: int) -> bool:
+    """Whether every fragment a product reads from `st` starts 16 bytes aligned: the array
+    and its rows are (Storage.rows_aligned), and the column steps between fragments
+    (`step` elements; the row offsets are whole rows) keep it."""
+    return st.rows_aligned and step * st.dtype.itemsize % 16 == 0
+
+
 class FragCtx(Ctx):
     """An element of a layout tile (or a row value) at a constant register slot."""
 
@@ -99,9 +106,10 @@ class MmaLayoutLowering:
         dtype = scalar_of(v.type).dtype
         pitch = cols + 16 // dtype.itemsize
         wide = self.row_runs is not None and self.language == "cuda"
-        st = Storage("shared", self.shared_array(dtype, rows * pitch, "_sh", 16 if wide else 0,
-                                                 pitch), (rows, cols), dtype)
+        st = Storage("shared", self.shared_array(dtype, rows * pitch, "_sh", 16, pitch),
+                     (rows, cols), dtype)
         st.pitch, st.vector_runs = pitch, wide
+        st.rows_aligned = pitch * dtype.itemsize % 16 == 0
         return st
 
     def mma_storage(self, v: Value) -> Storage | None:
@@ -227,19 +235,22 @@ class MmaLayoutLowering:
                     at = self._i(b, "add", self._i(b, "mul", row0, lda), kk * fk)
                     at = at if st_a.base is None else self.add(b, at, st_a.base)
                     b.op("frag_load", [at], [], {"name": frag_a, "index": 0, "root": st_a.name,
-                                                 "ld": lda, "convert": None})
+                                                 "ld": lda, "convert": None,
+                                                 "aligned": _ldmatrix_aligned(st_a, fk)})
                 for nb in range(blocks):
                     if source is bm:
                         ldb = st_b.pitch or n
                         at = self._based(b, st_b, kk * fk * ldb + nb * fn)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
-                                                     "root": st_b.name, "ld": ldb, "convert": None})
+                                                     "root": st_b.name, "ld": ldb, "convert": None,
+                                                     "aligned": _ldmatrix_aligned(st_b, fn)})
                     else:  # element (kk, nb) of bm is element (nb, kk) of the (n, k) source
                         ldb = st_b.pitch or k
                         at = self._based(b, st_b, nb * fn * ldb + kk * fk)
                         b.op("frag_load", [at], [], {"name": frag_b, "index": 0,
                                                      "root": st_b.name, "ld": ldb, "convert": None,
-                                                     "transpose": True})
+                                                     "transpose": True,
+                                                     "aligned": _ldmatrix_aligned(st_b, fk)})
                     b.op("frag_mma", [], [], {"d": (frag_c, nb), "a": (frag_a, 0),
                                               "b": (frag_b, 0), "c": (frag_c, nb)})
             for nb in range(blocks):
@@ -296,6 +307,8 @@ class MmaLayoutLowering:
             name, _, pitch, dtype = buffers[v.id]
             st = Storage("shared", name, tuple(v.type.shape), dtype)
             st.pitch, st.vector_runs, st.base = pitch, True, base
+            # each half is rows * pitch elements from the aligned array's start
+            st.rows_aligned = pitch * dtype.itemsize % 16 == 0
             return st
 
         consts = [o for o in body.ops if o.name == "const"]
