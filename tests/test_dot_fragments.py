@@ -233,17 +233,32 @@ def test_a_product_read_transposed_keeps_the_lane_layout(rng):
 
 
 @pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
-def test_cuda_attention_prefill_in_the_accumulator_layout_compiles():
-    # the mma.sync spelling: P packed from registers, the rows' lanes combined by shuffles
+@pytest.mark.parametrize("wgmma", ["tma", "0"])
+def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, wgmma):
+    # P packed from registers, the rows' lanes combined by shuffles; on sm_90 the products
+    # are warpgroup MMA (Q and the key block by descriptors, P from registers, the value
+    # block N-major), for sm_90a; METILE_CUDA_WGMMA=0 keeps mma.sync
     import sys
     sys.path.insert(0, "kernels")
     from metile_kernels import attention as kernels
+    monkeypatch.setenv("METILE_CUDA_WGMMA", wgmma)
     q = mx.zeros((1, 2, 256, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(256, 2, 1, 128)].prepare(
         q, q, q, q, mx.zeros(q.shape, q.dtype), 256, 256, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
-        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda")
+        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
+        POSITIVE_SCALE=True)
     assert "mma_layout" in passes(d)
     source = translation_unit(d)
     assert "metile_pair(" in source and "metile_xor_max(" in source
-    ok, log = compile_cuda(source, "sm_90")
+    arch = d.variant.data["lowering"]["launch"]["arch"]
+    if wgmma == "0":
+        assert "metile_frag_mma(" in source and "metile_wgmma_m64" not in source
+        assert arch in (None, "sm_90")
+        arch = "sm_90"
+    else:
+        assert arch == "sm_90a" and "metile_frag_mma(" not in source.split("{", 1)[-1].split("__global__", 1)[-1]
+        assert source.count("metile_wgmma_m64n64k16_f16(") > 0          # S = Q K^T
+        assert source.count("metile_wgmma_m64n128k16_f16_ra_tb(") > 0   # O += P V
+        assert "metile_fence_proxy_async();" in source
+    ok, log = compile_cuda(source, arch)
     assert ok, log

@@ -14,5 +14,6 @@ n = int(sys.argv[4]) if len(sys.argv) > 4 else 4096
 q, k, v = (mx.random.normal((1, 32, n, 128)).astype(mx.float16) for _ in range(3))
 out = kernels.attention_forward[kernels.forward_grid(n, 32, 1, bm)](
     q, k, v, q, mx.zeros(q.shape, q.dtype), n, n, 1, 128 ** -0.5 * 1.4426950408889634,
-    0, 0, 0, 0, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, MASK="causal", num_warps=warps)
+    0, 0, 0, 0, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, MASK="causal", num_warps=warps,
+    POSITIVE_SCALE=True)
 mx.eval(out)

@@ -345,6 +345,26 @@ def wgmma_product(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
     return name, text
 
 
+def wgmma_product_ra(n: int, dtype: str, trans_b: int) -> tuple[str, str]:
+    """(name, definition) of the helper issuing one m64nNk16 product whose left operand
+    is in registers (four 32-bit words of 16-bit pairs a thread, mma.sync's A fragment
+    layout for the warp's 16 rows: passes/lower_mma_layout.py packs them)."""
+    kind = _WGMMA_KIND[dtype]
+    name = f"metile_wgmma_m64n{n}k16_{kind}_ra{'_tb' if trans_b else ''}"
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    text = (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const unsigned (&a)[4], "
+            f"unsigned long long db, int accumulate) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"\n'
+            f'               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} "\n'
+            f'               "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, {trans_b};\\n}}\\n"\n'
+            f'               : {outs}\n'
+            f'               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));\n}}')
+    return name, text
+
+
 # exp2 as the hardware computes it, one MUFU.EX2: a result below 2^-126 flushes to zero (as
 # Metal's fast math may flush it).  exp2f keeps such results subnormal with a compare
 # and two conditional multiplies around it: four instructions where one does, which bound
@@ -618,7 +638,13 @@ class CUDAEmitter(CEmitter):
 
     def wgmma_statement(self, op: Op, depth: int) -> None:
         at = op.attrs
-        if op.name == "wgmma":
+        if op.name == "wgmma" and at.get("a_frag"):   # the left operand from registers
+            fn, text = wgmma_product_ra(at["n"], at["dtype"], at["trans_b"])
+            self.products[fn] = text
+            b, accumulate = (self.ref(v) for v in op.operands)
+            self.emit(f"{fn}({at['acc']}, {at['a_frag']}[0].r, metile_wgmma_desc(&{at['b']}[{b}], "
+                      f"{at['b_lbo']}, {at['b_sbo']}), {accumulate});", depth)
+        elif op.name == "wgmma":
             fn, text = wgmma_product(at["n"], at["dtype"], at["trans_b"])
             self.products[fn] = text
             a, b = (self.ref(v) for v in op.operands[:2])

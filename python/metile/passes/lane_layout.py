@@ -42,6 +42,10 @@ class Storage:
         # threadgroup tiles: the array 16-byte aligned and every row 16 bytes apart (what
         # ldmatrix needs, proven when the tile is laid out: lower_mma_layout)
         self.rows_aligned = False
+        # threadgroup tiles of 16-bit elements in wgmma's 128-byte swizzle atoms (64 columns
+        # of every row, 16-byte chunks permuted by the row's low three bits): element (r, c)
+        # of an R-row tile at (c / 64) 64 R + 64 r + ((c % 64) / 8 ^ r % 8) 8 + c % 8
+        self.swizzled = False
 
 
 def scalar_of(t) -> ScalarType:

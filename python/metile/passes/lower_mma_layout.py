@@ -104,8 +104,13 @@ class MmaLayoutLowering:
         a multiple of 128 bytes puts in the same banks (an 8-way conflict each)."""
         rows, cols = v.type.shape
         dtype = scalar_of(v.type).dtype
-        pitch = cols + 16 // dtype.itemsize
         wide = self.row_runs is not None and self.language == "cuda"
+        if self.mma.warpgroup is not None:
+            st = Storage("shared", self.shared_array(dtype, rows * cols, "_sw", 1024),
+                         (rows, cols), dtype)
+            st.swizzled, st.vector_runs = True, wide
+            return st
+        pitch = cols + 16 // dtype.itemsize
         st = Storage("shared", self.shared_array(dtype, rows * pitch, "_sh", 16, pitch),
                      (rows, cols), dtype)
         st.pitch, st.vector_runs = pitch, wide
@@ -190,8 +195,77 @@ class MmaLayoutLowering:
         return isinstance(op, Op) and self.place.kind.get(v.id) == "recompute" and \
             any(isinstance(o.type, TileType) and self._mma_reaches(o) for o in op.operands)
 
+    def _wgmma_dot(self, op: Op, b: Builder, acc: Value, result: Value) -> None:
+        """A planned product as warpgroup MMA (MmaLayout.warpgroup): the warpgroup's 64 x N
+        accumulators (the layout's elements, element e of 16-wide block nb at nb * 8 + e)
+        set from `acc` (or overwritten by the first product), K/16 products issued - the
+        left operand packed from registers or read by descriptor from its swizzled tile,
+        the right one by descriptor (N-major, wgmma's transpose bit, where stored K x N) -
+        committed and waited for, then written to the result's slots."""
+        lay = self.mma
+        a, bm, _ = op.operands
+        (m, k), n = a.type.shape, bm.type.shape[1]
+        out = self.storage_for(result)
+        in_regs = a.id in lay.tiles
+        st_a = None if in_regs else self.shared_copy(a, b)
+        source = _untransposed(bm)
+        st_b = self.shared_copy(source, b)
+        dtype = a.type.elem.dtype
+        size = dtype.itemsize
+        wacc = self.decl("local", dt.float32, n // 2, "_wacc")
+        zero = _zero_splat(acc)
+        out_ctxs = self._mma_elements(b, (m, n))
+        per_block = lay.per_lane
+        if not zero:
+            for i, ctx in enumerate(out_ctxs):
+                b.op("local_set", [self.const(b, i), self._cast(b, self.elem(acc, ctx),
+                                                               dt.float32)], [], {"name": wacc})
+        # a left operand from registers: every k-step's fragment packed before the first
+        # product, each its own registers (a product in flight still reads its fragment:
+        # rewriting it before the wait is undefined, and ptxas serializes the products)
+        frags = []
+        if in_regs:
+            a_ctxs = self._mma_elements(b, (m, k))
+            for kk in range(k // 16):
+                frags.append(self._fragment("a", dtype, lay.unit))
+                for i in range(per_block // 2):
+                    lo = self.elem(a, a_ctxs[kk * per_block + 2 * i])
+                    hi = self.elem(a, a_ctxs[kk * per_block + 2 * i + 1])
+                    b.op("frag_set_pair", [lo, hi], [], {"name": frags[-1], "index": 0,
+                                                         "pair": i})
+        # the warpgroup's first row: warp q of warpgroup w holds rows 64w + 16q..
+        wg_row0 = self._i(b, "mul", self._i(b, "idiv", b.value("simd_group", [], I32), 4), 64)
+        b.op("wgmma_fence")
+        for kk in range(k // 16):
+            k0 = kk * 16
+            head = [self.const(b, 0 if zero and kk == 0 else 1)]
+            attrs = {"acc": wacc, "n": n, "dtype": dtype.name, "b": st_b.name}
+            if in_regs:
+                attrs["a_frag"] = frags[kk]
+                operands = []
+            else:
+                at = self.add(b, self._i(b, "mul", wg_row0, 64),
+                              self.const(b, (k0 // 64) * m * 64 + k0 % 64))
+                operands = [at if st_a.base is None else self.add(b, at, st_a.base)]
+                attrs.update(a=st_a.name, a_lbo=16, a_sbo=8 * 64 * size)
+            if source is bm:   # stored K x N: rows k0.. of every 64-column atom
+                off = k0 * 64
+                attrs.update(b_lbo=k * 64 * size, b_sbo=8 * 64 * size, trans_b=1)
+            else:              # stored N x K: columns k0.. of the atom holding them
+                off = (k0 // 64) * n * 64 + k0 % 64
+                attrs.update(b_lbo=16, b_sbo=8 * 64 * size, trans_b=0)
+            operands.append(self._based(b, st_b, off))
+            b.op("wgmma", operands + head, [], attrs)
+        b.op("wgmma_commit")
+        b.op("wgmma_wait", [], [], {"pending": 0, "acc": [wacc]})
+        for i, ctx in enumerate(out_ctxs):
+            got = b.value("local_get", [self.const(b, i)], F32, name=wacc)
+            self.write(out, ctx, self._cast(b, got, out.dtype))
+
     def _mma_dot(self, op: Op, b: Builder, acc: Value, result: Value) -> None:
         lay = self.mma
+        if lay.warpgroup is not None:
+            return self._wgmma_dot(op, b, acc, result)
         a, bm, _ = op.operands
         (m, k), n = a.type.shape, bm.type.shape[1]
         fm, fn, fk = lay.unit.shape
@@ -296,9 +370,14 @@ class MmaLayoutLowering:
             return None
         lb, ub, step = (self.s(x) for x in loop.operands[:3])
         buffers = {}
+        swizzled = self.mma.warpgroup is not None
         for v in loads:
             rows, cols = v.type.shape
             dtype = scalar_of(v.type).dtype
+            if swizzled:   # each half a whole number of 1024-byte swizzle periods
+                name = self.shared_array(dtype, 2 * rows * cols, "_sw", 1024)
+                buffers[v.id] = (name, rows * cols, None, dtype)
+                continue
             pitch = cols + 16 // dtype.itemsize
             name = self.shared_array(dtype, 2 * rows * pitch, "_sh", 16, pitch)
             buffers[v.id] = (name, rows * pitch, pitch, dtype)
@@ -307,8 +386,9 @@ class MmaLayoutLowering:
             name, _, pitch, dtype = buffers[v.id]
             st = Storage("shared", name, tuple(v.type.shape), dtype)
             st.pitch, st.vector_runs, st.base = pitch, True, base
+            st.swizzled = swizzled
             # each half is rows * pitch elements from the aligned array's start
-            st.rows_aligned = pitch * dtype.itemsize % 16 == 0
+            st.rows_aligned = pitch is not None and pitch * dtype.itemsize % 16 == 0
             return st
 
         consts = [o for o in body.ops if o.name == "const"]
@@ -355,7 +435,7 @@ class MmaLayoutLowering:
         inner.op("if", [inner.value("lt", [nxt, ub], BOOL)], [], {}, [ahead, Block()])
         inner.op("cp_async_commit", [], [], {})
         inner.op("cp_async_wait", [], [], {"pending": 1})
-        inner.op("barrier")
+        self.barrier(inner)
         for v in loads:
             base = inner.value("mul", [parity, self.const(inner, buffers[v.id][1])], I32)
             self.prefetched[v.id] = half(inner, v, base)

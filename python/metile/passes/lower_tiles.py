@@ -92,6 +92,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.mma = mma_layout.plan(fn, self.place, threads, self.matrix_units) \
             if mma and self.gemm is None else None
         if self.mma is not None:
+            # warpgroup MMA's swizzled operand tiles start 1024-byte aligned, and its
+            # instructions need the launch's sm_90a: the arrays go in the dynamic buffer,
+            # whose launch record names the architecture (_dynamic_shared_layout)
+            self.dynamic_shared = self.mma.warpgroup is not None
             for vid in self.mma.to_shared:
                 self.place.kind[vid] = "shared"
             for vid in self.mma.tiles | self.mma.row_values:
@@ -126,9 +130,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 return v if wide is None or v.type == wide else b.value("cast", [v], wide, to=dt.int64)
         return b.value("add", [x, y], wide or I32)
 
-    @staticmethod
-    def barrier(b: Builder) -> None:
+    def barrier(self, b: Builder) -> None:
         if not (b.block.ops and b.block.ops[-1].name == "barrier"):
+            if self.mma is not None and self.mma.warpgroup is not None:
+                # the threads' writes to threadgroup memory ordered before the async proxy's
+                # reads (warpgroup MMA reads its operands through it) - each writer fences
+                # before the barrier that publishes its writes
+                b.op("fence_proxy_async")
             b.op("barrier")
 
     def shared_array(self, dtype: dt.DType, size: int, prefix: str, align: int = 0,
@@ -252,7 +260,18 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
     def shared_at(self, st: Storage, ctx: Ctx) -> Value:
         """The element of threadgroup tile `st` at ctx: row-major, rows `st.pitch` elements
         apart where the tile's rows are padded (mma_layout.padded)."""
-        if st.pitch is None:
+        if st.swizzled:
+            row, col = ctx.coords()
+            b = ctx.b
+            chunk = b.value("xor", [b.value("and", [b.value("shr", [col, self.const(b, 3)], I32),
+                                                    self.const(b, 7)], I32),
+                                    b.value("and", [row, self.const(b, 7)], I32)], I32)
+            at = self.add(b, self._i(b, "mul", b.value("shr", [col, self.const(b, 6)], I32),
+                                     64 * st.shape[0]),
+                          self.add(b, self._i(b, "mul", row, 64),
+                                   self.add(b, self._i(b, "mul", chunk, 8),
+                                            b.value("and", [col, self.const(b, 7)], I32))))
+        elif st.pitch is None:
             at = ctx.linear(st.shape)
         else:
             row, col = ctx.coords()
@@ -743,7 +762,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             offset = -(-offset // align) * align
             d.attrs["offset"] = offset
             offset += d.attrs["size"] * d.attrs["dtype"].itemsize
-        unit = self.gemm_plan.unit if self.gemm is not None else None
+        unit = self.gemm_plan.unit if self.gemm is not None else \
+            (self.mma.warpgroup if self.mma is not None else None)
         return {"shared_memory": offset, "threads": self.T,
                 "arch": unit.arch if unit is not None else None}
 

@@ -52,8 +52,14 @@ class MmaLayout:
     dots: set[int] = field(default_factory=set)          # id(op) of planned products
     fused: dict[int, tuple[Op, Value]] = field(default_factory=dict)  # id(add) -> (dot, x)
     to_shared: set[int] = field(default_factory=set)
-    # threadgroup operands read only by planned products: rows padded by 16 bytes
+    # threadgroup operands read only by planned products: rows padded by 16 bytes (or, with
+    # `warpgroup`, laid out in 128-byte swizzle atoms for wgmma's descriptors)
     padded: set[int] = field(default_factory=set)
+    # Hopper: the products issued as warpgroup MMA (m64nNk16, 4 warps a product, the right
+    # operand - and a left one not in registers - read by shared-memory descriptors); the
+    # accumulator layout is the same (warp q of a warpgroup holds rows 16q.. as mma.sync's
+    # m16n8 fragments), so only the products and the operands' shared layout change
+    warpgroup: object = None
 
     @property
     def slabs(self) -> int:
@@ -253,6 +259,7 @@ def plan(fn: Function, place: Placement, threads: int, units) -> MmaLayout | Non
                                 for w, j in place.uses.get(u.results[0].id, [])))
                             for u, i in uses):
                 lay.padded.add(v.id)
+    lay.warpgroup = _warpgroup_unit(dots, lay, units)
     # x + dot(a, b): the product accumulates onto x
     for op in dots:
         r = op.results[0]
@@ -264,3 +271,33 @@ def plan(fn: Function, place: Placement, threads: int, units) -> MmaLayout | Non
                     other.owner is not op:
                 lay.fused[id(use)] = (op, other)
     return lay
+
+
+def _warpgroup_unit(dots, lay: MmaLayout, units):
+    """The warpgroup MMA unit the products can be issued as, or None: an sm_90 unit for
+    the operands' dtype, whole warpgroups each owning 64 rows (one 16-row slab a warp),
+    every product N <= 256 wide, and each operand read from threadgroup memory a padded
+    (products-only) tile of whole 64-element swizzle atoms along its contiguous axis
+    (K for the left operand and a transposed right one, N for a right one stored K x N)."""
+    from .lower_dot_fragments import _untransposed
+    if lay.warps % 4 or lay.unit.shape[0] != 16 or lay.slabs != 1:
+        return None
+    d = dtype_of(dots[0].operands[0].type)
+    wg = next((u for u in units if u.warpgroup and u.producer_threads == 0
+               and u.takes(d.name, False)), None)
+    if wg is None:
+        return None
+    for op in dots:
+        a, bm, _ = op.operands
+        (m, k), n = a.type.shape, bm.type.shape[1]
+        if n % 8 or n > 256 or k % 16:
+            return None
+        if a.id not in lay.tiles and (a.id not in lay.padded or k % 64 or m % 8):
+            return None
+        src = _untransposed(bm)
+        if src.id not in lay.padded or len(src.type.shape) != 2:
+            return None
+        rows, cols = src.type.shape
+        if cols % 64 or rows % 8:
+            return None
+    return wg
