@@ -265,6 +265,12 @@ __device__ __forceinline__ unsigned long long metile_wgmma_desc(const void* p, u
          (static_cast<unsigned long long>((lbo >> 4) & 0x3FFFu) << 16) |
          (static_cast<unsigned long long>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
+// A descriptor `add` 16-byte units further into its array: the start-address field (bits
+// 0-13, an address below 256 KiB) of a descriptor built once outside the loop, plus one add
+// (building each from its pointer cost six instructions, ~150 an attention iteration).
+__device__ __forceinline__ unsigned long long metile_wgmma_desc_add(unsigned long long d, unsigned add) {
+  return (d & 0xFFFFFFFF00000000ull) | static_cast<unsigned>(static_cast<unsigned>(d) + add);
+}
 __device__ __forceinline__ void metile_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void metile_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void metile_wgmma_wait() {
@@ -638,12 +644,22 @@ class CUDAEmitter(CEmitter):
 
     def wgmma_statement(self, op: Op, depth: int) -> None:
         at = op.attrs
-        if op.name == "wgmma" and at.get("a_frag"):   # the left operand from registers
-            fn, text = wgmma_product_ra(at["n"], at["dtype"], at["trans_b"])
+        if op.name == "wgmma" and at.get("desc_add"):   # passes/lower_mma_layout.py
+            # each operand's descriptor: its array's start (loop-invariant) plus the
+            # element offset in 16-byte units (offsets are multiples of 8 16-bit elements)
+            def desc(arr, off, lbo, sbo):
+                return (f"metile_wgmma_desc_add(metile_wgmma_desc({arr}, {lbo}, {sbo}), "
+                        f"static_cast<unsigned>({off}) >> 3)")
+            *offs, accumulate = (self.ref(v) for v in op.operands)
+            db = desc(at["b"], offs[-1], at["b_lbo"], at["b_sbo"])
+            if at.get("a_frag"):   # the left operand from registers
+                fn, text = wgmma_product_ra(at["n"], at["dtype"], at["trans_b"])
+                a = f"{at['a_frag']}[0].r"
+            else:
+                fn, text = wgmma_product(at["n"], at["dtype"], at["trans_b"])
+                a = desc(at["a"], offs[0], at["a_lbo"], at["a_sbo"])
             self.products[fn] = text
-            b, accumulate = (self.ref(v) for v in op.operands)
-            self.emit(f"{fn}({at['acc']}, {at['a_frag']}[0].r, metile_wgmma_desc(&{at['b']}[{b}], "
-                      f"{at['b_lbo']}, {at['b_sbo']}), {accumulate});", depth)
+            self.emit(f"{fn}({at['acc']}, {a}, {db}, {accumulate});", depth)
         elif op.name == "wgmma":
             fn, text = wgmma_product(at["n"], at["dtype"], at["trans_b"])
             self.products[fn] = text

@@ -239,7 +239,8 @@ class MmaLayoutLowering:
         for kk in range(k // 16):
             k0 = kk * 16
             head = [self.const(b, 0 if zero and kk == 0 else 1)]
-            attrs = {"acc": wacc, "n": n, "dtype": dtype.name, "b": st_b.name}
+            attrs = {"acc": wacc, "n": n, "dtype": dtype.name, "b": st_b.name,
+                     "desc_add": True}
             if in_regs:
                 attrs["a_frag"] = frags[kk]
                 operands = []
@@ -460,6 +461,18 @@ class MmaLayoutLowering:
             return False
         return all(self._index_only(o, iv, inside) for o in op.operands)
 
+    def _pairwise(self, b: Builder, kind: str, vs: list[Value], chains: int = 4) -> Value:
+        """vs combined as `chains` interleaved chains, then those pairwise: n / chains + 2
+        dependent steps with `chains` values live (a full tree kept 16 more registers live
+        and spilled under attention's 128-register bound)."""
+        parts = [vs[i] for i in range(min(chains, len(vs)))]
+        for i in range(len(parts), len(vs)):
+            parts[i % chains] = self._combine(b, kind, parts[i % chains], vs[i])
+        while len(parts) > 1:
+            parts = [self._combine(b, kind, parts[i], parts[i + 1]) if i + 1 < len(parts)
+                     else parts[i] for i in range(0, len(parts), 2)]
+        return parts[0]
+
     def _mma_reduce(self, op: Op, b: Builder) -> None:
         lay = self.mma
         (x,) = op.operands
@@ -467,11 +480,14 @@ class MmaLayoutLowering:
         d = scalar_of(x.type).dtype
         acc_d = self._acc_dtype(d)
         out = self.storage_for(op.results[0])
-        folds: dict[int, Value] = {}
+        terms: dict[int, list[Value]] = {}
         for ctx in self._mma_elements(b, tuple(x.type.shape)):
-            v = self._cast(b, self.elem(x, ctx), acc_d)
-            cur = folds.get(ctx.rows_slot)
-            folds[ctx.rows_slot] = v if cur is None else self._combine(b, kind, cur, v)
+            terms.setdefault(ctx.rows_slot, []).append(
+                self._cast(b, self.elem(x, ctx), acc_d))
+        # a lane's elements of a row in four chains (not one chain of 32 maxima and 32 sums
+        # a 64-wide score row: fixed-latency dependency stalls were ncu's first stall
+        # reason for attention on the H200)
+        folds = {slot: self._pairwise(b, kind, vs) for slot, vs in terms.items()}
         for ctx in self._mma_rows(b, tuple(op.results[0].type.shape)):
             total = b.value("simd_reduce", [folds[ctx.rows_slot]], ScalarType(acc_d), kind=kind,
                             xor=tuple(lay.unit.row_xor))
