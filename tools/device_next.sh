@@ -365,7 +365,7 @@ elif [ "$mode" = s31 ]; then
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
 elif [ "$mode" = s50 ] || [ "$mode" = s49 ]; then
-  # (s50: with descriptors built once and row statistics in four chains)
+  # (s50: with descriptors built once, row statistics in four chains, whole-chunk copies)
   # attention prefill's products as warpgroup MMA (sm_90a): attention and fragment GPU
   # tests, the tiles at 4096, the op's benchmark, ncu of 128x64 on 8 warps
   gpu_tests 150 test_attention_op test_dot_fragments

@@ -171,6 +171,21 @@ def _aligned(v: Value, axis: int, width: int, nonnegative: bool = False) -> bool
         (not nonnegative or all(c >= 0 for c in form.values()))
 
 
+def _under_views(c: Value, axis: int) -> tuple[Value, int]:
+    """The value under `c`'s broadcasts and expand_dims, and the axis of it that `axis`
+    of `c` is."""
+    op = c.owner
+    while isinstance(op, Op) and op.name in ("broadcast", "expand_dims"):
+        if op.name == "expand_dims":
+            d = op.attrs["axis"]
+            if axis == d:
+                break
+            axis -= axis > d
+        c = op.operands[0]
+        op = c.owner
+    return c, axis
+
+
 def _tightest(c: Value, axis: int, memo: dict) -> str | None:
     """Where along a run conjunct `c` is hardest to satisfy: "first", "last", or None
     when its form does not say (read it at every element)."""
@@ -412,12 +427,82 @@ class RowVectorLowering:
                 eb.op("mem_store", [self.shared_at(st, fc), value], [],
                       {"root": st.name, "space": "threadgroup"})
             cb.op("if", [ok], [], {}, [then, other])
-        loop = self.run_lane_loop(b, tuple(v.type.shape), None, group=copy)
+        def copy_whole(ctxs):
+            # the chunk test's proof: aligned, and whole or empty as its first element says
+            cb = ctxs[0].b
+            index = self.elem(op.operands[0], ctxs[0])
+            dst = self.shared_at(st, ctxs[0])
+            if mask is None:
+                cb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
+            else:
+                size = cb.value("where", [self.elem(mask, ctxs[0]), self.const(cb, 16),
+                                          self.const(cb, 0)], I32)
+                cb.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root,
+                                                           "bytes": 16})
+
+        shape = tuple(v.type.shape)
+        test = self._whole_chunks_test(v, b) if self.language == "cuda" else None
+        if test is not None:
+            fast, slow = Block(), Block()
+            fb, sb = Builder(fast), Builder(slow)
+            fb.loc = sb.loc = b.loc
+            # a copy a 16-byte chunk and nothing else: unrolled, its addresses are one add
+            # apart (a per-chunk test and element fallback cost ~30 instructions a chunk)
+            self._run_loop(fb, shape, None, group=copy_whole).attrs["unroll"] = True
+            b.op("if", [test], [], {}, [fast, slow])
+            b = sb
+        loop = self.run_lane_loop(b, shape, None, group=copy)
         # copies in flight need no registers: unrolled, the loop only held more addresses
         # (ptxas: 255 registers and a spill for attention's 128x64 block, 166 rolled)
         loop.attrs["unroll"] = False
         if "async_copy_runs" not in self.lowering_passes:
             self.lowering_passes.append("async_copy_runs")
+
+    def _whole_chunks_test(self, v: Value, b: Builder) -> Value | None:
+        """A per-thread bool under which every 16-byte chunk of load `v` this thread copies
+        is one aligned cp.async, whole or empty as its first element's mask says (None
+        where the form does not allow the proof).  Static half: a 2-D tile whose every
+        thread's chunks lie in one column (T * V a multiple of the columns), an address
+        rising by one element along the row and by a whole number of 16-byte units from
+        one of the thread's chunks to the next, each mask conjunct a function of the row
+        alone (one value along a chunk) or a monotone one of the column alone.  Run-time
+        half, at the thread's first chunk: the address 16-byte aligned, and each column
+        conjunct equal at the chunk's first and last element - the same column, so the
+        same at every chunk of the thread."""
+        op = v.owner
+        shape = tuple(v.type.shape)
+        width = self.row_runs.width if self.row_runs is not None else 1
+        if len(shape) != 2 or width * elem_type(op.operands[0].type).dtype.itemsize != 16 \
+                or (self.T * width) % shape[1] or prod(shape) % (self.T * width):
+            return None
+        ptr, mask = op.operands[0], (op.operands[1] if len(op.operands) > 1 else None)
+        memo = {}
+        itemsize = elem_type(ptr.type).dtype.itemsize
+        row_step = self.T * width // shape[1]
+        rows = stride(ptr, 0, memo)
+        if stride(ptr, 1, memo) != 1 or not self._index_math(ptr) or (
+                row_step * itemsize % 16 and (rows is None or row_step * rows * itemsize % 16)):
+            return None
+        columns = []
+        for c in ([] if mask is None else _conjuncts(mask)):
+            if not self._index_math(c):
+                return None
+            if stride(c, 1, memo) == 0:
+                continue                     # the row's: one value along a chunk
+            if stride(c, 0, memo) != 0 or _tightest(*_under_views(c, 1), memo) is None:
+                return None
+            columns.append(c)
+        tid = self.geom(b, "thread_id")
+        first = Ctx(self, b, shape, self._i(b, "mul", tid, width), self.const(b, 0))
+        last = Ctx(self, b, shape, self.add(b, self._i(b, "mul", tid, width),
+                                            self.const(b, width - 1)),
+                   self.const(b, width - 1))
+        root = self.buffers[(elem_type(ptr.type).root, "read")]
+        test = b.value("aligned16", [self.elem(ptr, first)], BOOL, root=root)
+        for c in columns:
+            same = b.value("eq", [self.elem(c, first), self.elem(c, last)], BOOL)
+            test = b.value("and", [test, same], BOOL)
+        return test
 
     def async_run_copy(self, v: Value, st, b: Builder) -> bool:
         """Materialize load `v` into threadgroup tile `st` by `async_copy`, waited for (the
