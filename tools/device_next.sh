@@ -364,6 +364,17 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s51 ]; then
+  # one barrier an attention iteration (the next blocks copied after it): GPU tests of
+  # attention, fragments and every kernel the chunk copies and the tile coordinates touch,
+  # the tiles at 4096, the op's benchmark, ncu of 128x64 on 8 warps
+  gpu_tests 300 test_attention_op test_dot_fragments test_vectorize_rows test_row_reductions test_model_ops_norms test_quantized_op
+  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,sm__warps_active.avg.pct_of_peak_sustained_active \
+    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s50 ] || [ "$mode" = s49 ]; then
   # (s50: with descriptors built once, row statistics in four chains, whole-chunk copies)
   # attention prefill's products as warpgroup MMA (sm_90a): attention and fragment GPU

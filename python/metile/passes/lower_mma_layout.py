@@ -355,11 +355,14 @@ class MmaLayoutLowering:
         """Copy the loop body's threadgroup operand loads (planned products' operands whose
         address and mask are index arithmetic of the induction variable and of values from
         outside the loop) one iteration ahead, into the other half of a double buffer:
-        before the loop the first iteration's copies; at the top of each iteration a barrier
-        (every warp is done with the half the copies are about to overwrite: the previous
-        iteration's), the next iteration's copies where there is one, then a wait for this
-        iteration's and a barrier.  The loads themselves are then free: their value is this
-        iteration's half.  None where no load qualifies (CUDA cp.async only)."""
+        before the loop the first iteration's copies; at the top of each iteration a wait
+        for this iteration's copies and one barrier - after it every thread's copies of this
+        iteration are visible, and every warp is done with the previous iteration, so with
+        the other half - then the next iteration's copies into that half, where there is one.
+        The loads themselves are then free: their value is this iteration's half.  (Two
+        barriers an iteration, one before the next copies and one after the wait, made the
+        barrier attention's first stall reason on the H200.)  None where no load qualifies
+        (CUDA cp.async only)."""
         body = loop.regions[0]
         inside = {r.id for o in walk_ops(body) for r in o.results} | {a.id for a in body.args}
         loads = [o.results[0] for o in body.ops if o.name == "load" and o.results
@@ -425,6 +428,7 @@ class MmaLayoutLowering:
         # each iteration: its half, and the next iteration's blocks into the other
         n = inner.value("idiv", [inner.value("sub", [iv, lb], I32), step], I32)
         parity = inner.value("and", [n, self.const(inner, 1)], I32)
+        inner.op("cp_async_wait", [], [], {"pending": 0})
         self.barrier(inner)
         nxt = inner.value("add", [iv, step], I32)
         ahead = Block()
@@ -435,8 +439,6 @@ class MmaLayoutLowering:
                     self.const(bb, buffers[v.id][1])], I32))
         inner.op("if", [inner.value("lt", [nxt, ub], BOOL)], [], {}, [ahead, Block()])
         inner.op("cp_async_commit", [], [], {})
-        inner.op("cp_async_wait", [], [], {"pending": 1})
-        self.barrier(inner)
         for v in loads:
             base = inner.value("mul", [parity, self.const(inner, buffers[v.id][1])], I32)
             self.prefetched[v.id] = half(inner, v, base)
