@@ -154,6 +154,12 @@ def test_transposed_operands_and_chained_products(rng, monkeypatch, dtype, bk):
     a = mx.array(rng.standard_normal((16, bk)).astype(np.float32)).astype(dtype)
     d = transposed_and_chained[(1,)].prepare(a, bt, c, mx.zeros((16, 32)), BM=16, BN=32, BK=bk)
     assert products(d) == on_fragments(d, dtype, (16, 32, bk), (16, 32, 32))
+    check_chained(d, a, bt, c, dtype)
+
+
+def check_chained(d, a, bt, c, dtype):
+    """transposed_and_chained's result against NumPy: round(a btᵀ) c + a btᵀ, the first
+    product rounded to the operands' dtype as the kernel's second product reads it."""
     f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
     ab = f[0] @ f[1].T
     rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)
@@ -206,12 +212,7 @@ def test_a_product_as_the_next_ones_accumulator_in_the_layout(rng, monkeypatch, 
                                              num_warps=1)
     if d.spec.backend.language == "msl":
         assert "mma_layout" in passes(d)
-    f = [np.array(x.astype(mx.float32), np.float64) for x in (a, bt, c)]
-    ab = f[0] @ f[1].T
-    rounded = np.array(mx.array(ab.astype(np.float32)).astype(dtype).astype(mx.float32), np.float64)
-    want = rounded @ f[2] + ab
-    np.testing.assert_allclose(np.array(d()), want, rtol=TOL[dtype] * 4,
-                               atol=TOL[dtype] * 4 * np.abs(want).max())
+    check_chained(d, a, bt, c, dtype)
 
 
 @metile.kernel

@@ -76,6 +76,21 @@ ncu_times() {
   python3 tools/probes/decode_kernels_ncu.py --summarize "$logs/$name.csv" 2>&1 | tee -a "$log"
 }
 
+# prefill_measure: causal attention prefill (1x32xLx128 float16): the tiles at 4096
+# (tools/probes/attention_prefill_tiles.py), the op's benchmark against MLX at 1024, 4096 and
+# 8192, then ncu's counters and stall samples of one 128x64 launch on 8 warps
+prefill_measure() {
+  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  local m=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+  for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle selected; do
+    m=$m,smsp__pcsamp_warps_issue_stalled_$r
+  done
+  timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$m" \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
+}
+
 # eager_cost: the eager launch parts and cost probes, their JSON in $logs
 eager_cost() {
   timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
@@ -367,46 +382,18 @@ elif [ "$mode" = s31 ]; then
 elif [ "$mode" = s51 ]; then
   # one barrier an attention iteration (the next blocks copied after it): GPU tests of
   # attention, fragments and every kernel the chunk copies and the tile coordinates touch,
-  # the tiles at 4096, the op's benchmark, ncu of 128x64 on 8 warps
+  # then prefill_measure
   gpu_tests 300 test_attention_op test_dot_fragments test_vectorize_rows test_row_reductions test_model_ops_norms test_quantized_op
-  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
-  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
-  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,sm__warps_active.avg.pct_of_peak_sustained_active \
-    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
-    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
-elif [ "$mode" = s50 ] || [ "$mode" = s49 ]; then
-  # (s50: with descriptors built once, row statistics in four chains, whole-chunk copies)
-  # attention prefill's products as warpgroup MMA (sm_90a): attention and fragment GPU
-  # tests, the tiles at 4096, the op's benchmark, ncu of 128x64 on 8 warps
+  prefill_measure
+elif [ "$mode" = s47 ] || [ "$mode" = s48 ] || [ "$mode" = s49 ] || [ "$mode" = s50 ]; then
+  # attention prefill, 2026-12-03: s47 whole key blocks unmasked, cp.async copies, one-ahead
+  # prefetch; s48 ldmatrix without run-time alignment tests, mask-and-shift coordinates,
+  # fmaxf (its tests also ran row reductions, norms, vectorized rows, the cp.async GEMM and
+  # int4); s49 the products as warpgroup MMA; s50 one-add descriptors, four-chain row
+  # statistics, whole-chunk copies.  The attention and fragment GPU tests, then
+  # prefill_measure
   gpu_tests 150 test_attention_op test_dot_fragments
-  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
-  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
-  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,smsp__pcsamp_warps_issue_stalled_membar,smsp__pcsamp_warps_issue_stalled_sleeping,smsp__pcsamp_warps_issue_stalled_misc,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
-    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
-    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
-elif [ "$mode" = s48 ]; then
-  # attention prefill after ldmatrix without the alignment test, key fragments in mma order,
-  # mask-and-shift tile coordinates, fmaxf: GPU tests (the coordinates change every kernel),
-  # the tiles at 4096, the op's benchmark, ncu of 128x64
-  gpu_tests 240 test_attention_op test_dot_fragments test_row_reductions test_model_ops_norms test_vectorize_rows test_gemm_async test_quantized_op
-  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
-  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
-  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
-    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
-    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
-elif [ "$mode" = s47 ]; then
-  # attention prefill with its whole key blocks unmasked (a loop of their own), one -inf test
-  # a row, threadgroup arrays reused across loops: GPU tests, tiles at 4096, the op's benchmark
-  gpu_tests 150 test_attention_op test_dot_fragments
-  timeout 150 python3 tools/probes/attention_prefill_tiles.py "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -12 | tee -a "$log"
-  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
-  M=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active \
-    && timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$M" \
-    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
+  prefill_measure
 elif [ "$mode" = s46 ]; then
   # attention prefill's CUDA tiles in the accumulator layout (128x64 on 8 warps first): GPU
   # tests, the op's benchmark at 1024/4096/8192 against MLX
