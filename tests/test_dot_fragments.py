@@ -5,6 +5,8 @@ loop, the fallback where fragments would pass the threadgroup-memory limit, and 
 spelling (mma.sync fragments, off under METILE_DOT_FRAGMENTS=0). On a GPU the tests run on
 its backend, and count that backend's fragment products (CUDA's are m16n16k16, 16-bit)."""
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -190,6 +192,8 @@ def test_products_and_softmax_in_the_accumulator_layout(rng, monkeypatch, dtype,
     language = dispatch.spec.backend.language
     if language == "msl" or (dtype != mx.float32 and bm % (16 * warps) == 0):
         assert "mma_layout" in passes(dispatch)
+        note = next(n for n in json.loads(dispatch.explain())["notes"] if "(mma_layout)" in n)
+        assert f"each SIMD-group owns {bm // warps} rows" in note, note
     np.testing.assert_allclose(np.array(dispatch()), reference(a, b, c), rtol=TOL[dtype],
                                atol=TOL[dtype])
     monkeypatch.setenv("METILE_MMA_LAYOUT", "0")   # the lane layout: the same numbers
@@ -252,6 +256,9 @@ def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, 
     source = translation_unit(d)
     assert "metile_pair(" in source and "metile_xor_max(" in source
     arch = d.variant.data["lowering"]["launch"]["arch"]
+    note = next(n for n in json.loads(d.explain())["notes"] if "(mma_layout)" in n)
+    assert ("wgmma m64nNk16, warpgroup MMA" in note) == (wgmma != "0"), note
+    assert ("128-byte swizzle" in note) == (wgmma != "0") and "one iteration ahead" in note
     if wgmma == "0":
         assert "metile_frag_mma(" in source and "metile_wgmma_m64" not in source
         assert arch in (None, "sm_90")

@@ -281,7 +281,8 @@ def make_report(plan: SchedulePlan, thread_fn: Function, passes: list[str],
         vectorized_loads=int(thread_fn.meta.get("vectorized_loads", 0)),
         epilogue_regions=int(meta.get("epilogue_regions", 0)),
         notes=((target.terms_note,) if target.terms_note else ()) + _read_notes(meta)
-        + _runs_notes(thread_fn.meta.get("row_runs")),
+        + _runs_notes(thread_fn.meta.get("row_runs"))
+        + _mma_notes(thread_fn.meta.get("mma_layout")),
         num_stages=meta.get("stages"))
     # Past the static limit the lowering lays shared arrays out in dynamic shared memory
     # (lower_tiles._fits_shared): a target's real limit is its opt-in one, where it has one.
@@ -327,6 +328,22 @@ def _runs_notes(runs: dict | None) -> tuple[str, ...]:
     if runs.get("min_blocks"):
         note += (f" __launch_bounds__ asks for {runs['min_blocks']} resident blocks per SM "
                  "(the registers its held tiles leave room for).")
+    return (note,)
+
+
+def _mma_notes(mma: dict | None) -> tuple[str, ...]:
+    """What passes/lower_mma_layout.py held in the matrix unit's accumulator layout."""
+    if not mma:
+        return ()
+    how = ("warpgroup MMA (4 warps a 64-row product, operands by shared-memory descriptors, "
+           "a left operand held in registers passed from them)" if mma["warpgroup"]
+           else "fragment products of one SIMD-group each")
+    note = (f"{mma['products']} product(s) and the code around them stay in the accumulator "
+            f"layout (mma_layout): {mma['unit']}, {how}; each SIMD-group owns "
+            f"{mma['rows_per_simdgroup']} rows; operand tiles in threadgroup memory as "
+            f"{mma['operand_layout']}.")
+    if mma["prefetched"]:
+        note += " A loop's operand blocks are copied one iteration ahead (double buffer)."
     return (note,)
 
 

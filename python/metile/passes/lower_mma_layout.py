@@ -13,6 +13,11 @@ arrays stay in registers.
   registers (a layout tile: its block kk is the fragment's k-step kk) or loaded from
   threadgroup memory, the right one loaded from threadgroup memory (as its transpose
   where it is `trans(t)`), and the results written to the slots of the result;
+* with `MmaLayout.warpgroup` (Hopper) the same dot is K/16 warpgroup MMAs into the 64 x N
+  accumulators of the thread's warpgroup - the same elements in the same slots - reading
+  operands by descriptor from tiles in 128-byte swizzle atoms (`shared_at`), a left
+  operand in registers packed a k-step a fragment before the first product; a proxy fence
+  precedes every barrier (threads' writes before the tensor cores' reads);
 * a last-axis reduction folds a lane's elements of each of its rows, then the lanes
   holding the row (`unit.row_xor`) combine by shuffles: every lane ends with the row's
   value, so no threadgroup memory and no barrier;
@@ -333,6 +338,19 @@ class MmaLayoutLowering:
                     ctx = out_ctxs[r * per_slab + nb * lay.per_lane + e]
                     got = b.value("frag_get", [self.const(b, e)], F32, name=frag_c, index=nb)
                     self.write(out, ctx, self._cast(b, got, out.dtype))
+
+    def mma_record(self) -> dict:
+        """What the execution report says of the accumulator layout: the instruction the
+        products run as, the rows a SIMD-group owns, the operand tiles' layout, and whether
+        a loop's operand blocks were copied one iteration ahead."""
+        lay = self.mma
+        # (the warpgroup unit's variants name the GEMM's copy forms, not this lowering's)
+        unit = lay.unit.name if lay.warpgroup is None else lay.warpgroup.name.split(" (")[0]
+        return {"unit": unit, "warpgroup": lay.warpgroup is not None,
+                "products": len(lay.dots), "rows_per_simdgroup": lay.unit.shape[0] * lay.slabs,
+                "operand_layout": "128-byte swizzle atoms" if lay.warpgroup is not None
+                else "rows padded by 16 bytes",
+                "prefetched": "prefetch_operands" in self.lowering_passes}
 
     def mma_occupancy(self) -> int:
         """Blocks an SM for `__launch_bounds__` on CUDA (0: none): 16 warps' worth (128

@@ -746,6 +746,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             meta["launch"] = launch
         meta.update(self.schedule_meta())
         meta["row_runs"] = self.row_runs_record(occupancy)  # vectorize_rows.py (or None)
+        if self.mma is not None:
+            meta["mma_layout"] = self.mma_record()      # lower_mma_layout.py
         return Function(self.fn.name, self.fn.params, Block(ops=self.decls + body.ops), "thread",
                         meta)
 
