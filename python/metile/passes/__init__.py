@@ -30,11 +30,13 @@ Lowering, tile form -> thread form:
     gemm_epilogue_reads bias / residual loads inside the fused epilogue
     lower_sort          bitonic sort of a tile's last axis in threadgroup memory
     lower_dot_fragments a general product on matrix fragments through threadgroup memory
-    lower_mma_layout    mma_layout's tiles in registers: fragment products from registers,
-                        row reductions by lane shuffles, operand blocks copied one
-                        iteration ahead (CUDA cp.async)
+    lower_mma_layout    mma_layout's tiles in registers: fragment products from registers
+                        (warpgroup MMA from swizzled tiles on sm_90), row reductions by
+                        lane shuffles, operand blocks copied one iteration ahead (CUDA
+                        cp.async, one barrier an iteration)
     vectorize_rows      runs of 16 bytes a lane; 16-byte asynchronous copies into
-                        threadgroup tiles (CUDA)
+                        threadgroup tiles (CUDA), bare where one test a thread proves its
+                        chunks aligned and whole
     lower_debug         device_print / device_assert per element
   lower_fragments       simdgroup_inline kernels: kernel-written 8x8 fragments
 
