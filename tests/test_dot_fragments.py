@@ -6,6 +6,7 @@ spelling (mma.sync fragments, off under METILE_DOT_FRAGMENTS=0). On a GPU the te
 its backend, and count that backend's fragment products (CUDA's are m16n16k16, 16-bit)."""
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -270,3 +271,32 @@ def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, 
         assert "metile_fence_proxy_async();" in source
     ok, log = compile_cuda(source, arch)
     assert ok, log
+
+
+@metile.kernel
+def product_of_a_triangle(A, B, Out, n, BM: metile.constexpr):
+    """tril(A) @ B for one (BM, BM) block: A's mask depends on the row and the column."""
+    r = metile.arange(0, BM)
+    a = metile.load(A + r[:, None] * n + r[None, :], mask=r[:, None] >= r[None, :], other=0.0)
+    b = metile.load(B + r[:, None] * n + r[None, :], mask=r[None, :] < n, other=0.0)
+    metile.store(Out + r[:, None] * n + r[None, :], metile.dot(a, b))
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+def test_bare_chunk_copies_only_where_proven():
+    # vectorize_rows._whole_chunks_test: a tile copy whose masks are the row's alone or a
+    # monotone one of the column gets a second, bare copy loop behind one test a thread
+    # (two cp.async call sites for its array); a mask of both coordinates keeps only the
+    # tested loop (one)
+    def sites(source):
+        calls = re.findall(r"metile_cp_async16(?:_fill)?\(&(\w+)\[", source.split("__global__")[-1])
+        return {name: calls.count(name) for name in set(calls)}
+
+    a = mx.zeros((64, 64), mx.float16)
+    d = two_products[(1,)].prepare(a, a, a, mx.zeros((64, 64), mx.float32), 64, 64, 64, 64,
+                                   BM=64, BN=64, BK=64, BD=64, num_warps=4, backend="cuda")
+    assert sorted(sites(translation_unit(d)).values()) == [2, 2, 2]
+    t = product_of_a_triangle[(1,)].prepare(a, a, mx.zeros((64, 64), mx.float32), 64, BM=64,
+                                            num_warps=4, backend="cuda")
+    assert "mma_layout" in passes(t)
+    assert sorted(sites(translation_unit(t)).values()) == [1, 2]
