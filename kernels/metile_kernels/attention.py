@@ -96,15 +96,24 @@ def scores_block(q, k_ptrs, key, row_in, rows_head, rows_query, mask_base, kv_le
 
 
 @metile.inline
-def softmax_step(s, m_i, l_i, acc, v):
+def softmax_step(s, m_i, l_i, acc, v, scale_log2, RAW):
     """One online-softmax step: the new running maximum, sum and rescaled accumulator.
     A row whose maximum is still -inf (every score so far -inf) adds nothing: it subtracts
     0 instead, so its exponentials are exp2(-inf) = 0 and its rescale exp2(-inf) = 0 of a
-    sum and accumulator that are 0 - one test a row, none an element."""
-    m_new = metile.maximum(m_i, metile.max(s, axis=1))
+    sum and accumulator that are 0 - one test a row, none an element.  RAW: `s` is not
+    scaled yet (scale_log2 > 0 promised): the row maximum is scaled once a row and each
+    exponential's argument is one fused multiply-add (s * scale - m); otherwise `s` is
+    the base-2 scores and scale_log2 is not read."""
+    m_blk = metile.max(s, axis=1)
+    if RAW:
+        m_blk = m_blk * scale_log2
+    m_new = metile.maximum(m_i, m_blk)
     m_use = metile.where(m_new > -float("inf"), m_new, 0.0)
     alpha = metile.exp2(m_i - m_use)
-    p = metile.exp2(s - m_use[:, None])
+    if RAW:
+        p = metile.exp2(s * scale_log2 - m_use[:, None])
+    else:
+        p = metile.exp2(s - m_use[:, None])
     l_new = l_i * alpha + metile.sum(p, axis=1)
     acc_new = acc * alpha[:, None] + metile.dot(p.to(v.dtype), v)
     return m_new, l_new, acc_new
@@ -113,22 +122,14 @@ def softmax_step(s, m_i, l_i, acc, v):
 @metile.inline
 def whole_block(q, k_ptrs, v_ptrs, d_in, scale_log2, m_i, l_i, acc, POSITIVE_SCALE):
     """softmax_step over a key block every row of the query block sees whole: no score
-    masks, no key past kv_len.  POSITIVE_SCALE (scale_log2 > 0 promised): the row maximum
-    of the unscaled scores, scaled once a row, and each exponential's argument one fused
-    multiply-add (s * scale - m) instead of a multiply and a subtract."""
+    masks, no key past kv_len.  POSITIVE_SCALE (scale_log2 > 0 promised): the scores go
+    to softmax_step unscaled (its RAW form)."""
     k = metile.load(k_ptrs, mask=d_in[None, :], other=0.0)
     v = metile.load(v_ptrs, mask=d_in[None, :], other=0.0)
-    if POSITIVE_SCALE:
-        s = metile.dot(q, metile.trans(k))
-        m_new = metile.maximum(m_i, metile.max(s, axis=1) * scale_log2)
-        m_use = metile.where(m_new > -float("inf"), m_new, 0.0)
-        alpha = metile.exp2(m_i - m_use)
-        p = metile.exp2(s * scale_log2 - m_use[:, None])
-        l_new = l_i * alpha + metile.sum(p, axis=1)
-        acc_new = acc * alpha[:, None] + metile.dot(p.to(v.dtype), v)
-        return m_new, l_new, acc_new
-    s = metile.dot(q, metile.trans(k)) * scale_log2
-    return softmax_step(s, m_i, l_i, acc, v)
+    s = metile.dot(q, metile.trans(k))
+    if not POSITIVE_SCALE:
+        s = s * scale_log2
+    return softmax_step(s, m_i, l_i, acc, v, scale_log2, POSITIVE_SCALE)
 
 
 @metile.kernel
@@ -191,7 +192,7 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(v_base + key[:, None] * HEAD_DIM + d[None, :],
                         mask=(key[:, None] < kv_len) & d_in[None, :], other=0.0)
-        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v)
+        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v, scale_log2, False)
     out = acc / l_i[:, None]
     metile.store(Out + (batch * q_heads + head) * q_len * HEAD_DIM + rows[:, None] * HEAD_DIM
                  + d[None, :], out.to(Out.dtype), mask=row_in[:, None] & d_in[None, :])
@@ -246,7 +247,7 @@ def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, 
                          mask_stride_q, mask_stride_k, d, HEAD_DIM, MASK)
         v = metile.load(V + kv_offset + key[:, None] * HEAD_DIM + d[None, :],
                         mask=(key[:, None] < hi) & d_in[None, :], other=0.0)
-        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v)
+        m_i, l_i, acc = softmax_step(s, m_i, l_i, acc, v, scale_log2, False)
     rows_total = metile.num_programs(2) * q_heads * q_len
     out_row = (batch * q_heads + heads) * q_len + queries
     metile.store(Partial + (split * rows_total + out_row)[:, None] * HEAD_DIM + d[None, :], acc,
