@@ -109,17 +109,29 @@ class MmaLayoutLowering:
         a multiple of 128 bytes puts in the same banks (an 8-way conflict each)."""
         rows, cols = v.type.shape
         dtype = scalar_of(v.type).dtype
-        wide = self.row_runs is not None and self.language == "cuda"
+        pitch, size, prefix, align = self._operand_layout(rows, cols, dtype)
+        return self._operand_tile(self.shared_array(dtype, size, prefix, align, pitch),
+                                  (rows, cols), dtype, pitch,
+                                  self.row_runs is not None and self.language == "cuda")
+
+    def _operand_layout(self, rows: int, cols: int, dtype) -> tuple:
+        """(pitch or None, elements, array prefix, alignment) of a products-only operand
+        tile: 128-byte swizzle atoms on warpgroup MMA (1024-byte aligned: the swizzle is a
+        function of the address), else rows padded by 16 bytes."""
         if self.mma.warpgroup is not None:
-            st = Storage("shared", self.shared_array(dtype, rows * cols, "_sw", 1024),
-                         (rows, cols), dtype)
-            st.swizzled, st.vector_runs = True, wide
-            return st
+            return None, rows * cols, "_sw", 1024
         pitch = cols + 16 // dtype.itemsize
-        st = Storage("shared", self.shared_array(dtype, rows * pitch, "_sh", 16, pitch),
-                     (rows, cols), dtype)
-        st.pitch, st.vector_runs = pitch, wide
-        st.rows_aligned = pitch * dtype.itemsize % 16 == 0
+        return pitch, rows * pitch, "_sh", 16
+
+    @staticmethod
+    def _operand_tile(name: str, shape, dtype, pitch, vector_runs: bool, base=None) -> Storage:
+        """The Storage of an operand tile laid out by `_operand_layout` (at element `base`
+        of its array)."""
+        st = Storage("shared", name, shape, dtype)
+        st.pitch, st.vector_runs, st.base = pitch, vector_runs, base
+        st.swizzled = pitch is None
+        # (a double buffer's halves are whole tiles from the aligned array's start)
+        st.rows_aligned = pitch is not None and pitch * dtype.itemsize % 16 == 0
         return st
 
     def mma_storage(self, v: Value) -> Storage | None:
@@ -392,26 +404,17 @@ class MmaLayoutLowering:
             return None
         lb, ub, step = (self.s(x) for x in loop.operands[:3])
         buffers = {}
-        swizzled = self.mma.warpgroup is not None
         for v in loads:
             rows, cols = v.type.shape
             dtype = scalar_of(v.type).dtype
-            if swizzled:   # each half a whole number of 1024-byte swizzle periods
-                name = self.shared_array(dtype, 2 * rows * cols, "_sw", 1024)
-                buffers[v.id] = (name, rows * cols, None, dtype)
-                continue
-            pitch = cols + 16 // dtype.itemsize
-            name = self.shared_array(dtype, 2 * rows * pitch, "_sh", 16, pitch)
-            buffers[v.id] = (name, rows * pitch, pitch, dtype)
+            pitch, size, prefix, align = self._operand_layout(rows, cols, dtype)
+            # (a swizzled half is a whole number of 1024-byte swizzle periods)
+            name = self.shared_array(dtype, 2 * size, prefix, align, pitch)
+            buffers[v.id] = (name, size, pitch, dtype)
 
         def half(bb: Builder, v: Value, base: Value) -> Storage:
             name, _, pitch, dtype = buffers[v.id]
-            st = Storage("shared", name, tuple(v.type.shape), dtype)
-            st.pitch, st.vector_runs, st.base = pitch, True, base
-            st.swizzled = swizzled
-            # each half is rows * pitch elements from the aligned array's start
-            st.rows_aligned = pitch is not None and pitch * dtype.itemsize % 16 == 0
-            return st
+            return self._operand_tile(name, tuple(v.type.shape), dtype, pitch, True, base)
 
         consts = [o for o in body.ops if o.name == "const"]
 

@@ -397,6 +397,15 @@ class RowVectorLowering:
         ptr: PointerType = elem_type(op.operands[0].type)
         root = self.buffers[(ptr.root, "read")]
 
+        def issue(cb: Builder, dst: Value, index: Value, whole: Value | None) -> None:
+            # one 16-byte copy; with `whole`, its 16 bytes where it holds, else zero fill
+            if whole is None:
+                cb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
+            else:
+                size = cb.value("where", [whole, self.const(cb, 16), self.const(cb, 0)], I32)
+                cb.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root,
+                                                           "bytes": 16})
+
         def copy(ctxs):
             cb = ctxs[0].b
             index = self.elem(op.operands[0], ctxs[0])
@@ -415,12 +424,7 @@ class RowVectorLowering:
             then, other = Block(), Block()
             tb, eb = Builder(then), Builder(other)
             tb.loc = eb.loc = cb.loc
-            if whole is None:
-                tb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
-            else:
-                size = tb.value("where", [whole, self.const(tb, 16), self.const(tb, 0)], I32)
-                tb.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root,
-                                                           "bytes": 16})
+            issue(tb, dst, index, whole)
             for c in ctxs:
                 fc = self._fallback_ctx(c, eb)
                 value = self.emit_load(eb, op, [self.elem(o, fc) for o in op.operands])
@@ -429,16 +433,9 @@ class RowVectorLowering:
             cb.op("if", [ok], [], {}, [then, other])
         def copy_whole(ctxs):
             # the chunk test's proof: aligned, and whole or empty as its first element says
-            cb = ctxs[0].b
             index = self.elem(op.operands[0], ctxs[0])
             dst = self.shared_at(st, ctxs[0])
-            if mask is None:
-                cb.op("cp_async", [dst, index], [], {"dst": st.name, "src": root, "bytes": 16})
-            else:
-                size = cb.value("where", [self.elem(mask, ctxs[0]), self.const(cb, 16),
-                                          self.const(cb, 0)], I32)
-                cb.op("cp_async", [dst, index, size], [], {"dst": st.name, "src": root,
-                                                           "bytes": 16})
+            issue(ctxs[0].b, dst, index, None if mask is None else self.elem(mask, ctxs[0]))
 
         shape = tuple(v.type.shape)
         test = self._whole_chunks_test(v, b) if self.language == "cuda" else None
