@@ -492,11 +492,14 @@ class WarpgroupGemm:
             self.emit_store(eb, self.gemm.store, [index, stored] + guard)
 
     def atom_offset(self, b: Builder, row: Value, col: Value, rows: int) -> Value:
-        """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout."""
-        chunk = self._i(b, "idiv", col, 8)
-        moved = self._i(b, "mul", b.value("xor", [self._i(b, "mod", chunk, 8),
-                                                  self._i(b, "mod", row, 8)], I32), 8)
-        atom = self._i(b, "mul", self._i(b, "idiv", chunk, 8), rows * ATOM)
+        """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout of
+        an R = `rows`-row tile: (col / 64) 64 R + 64 row + ((col / 8) % 8 ^ row % 8) 8.
+        Tile coordinates are never negative: the divisions and remainders by powers of two
+        are shifts and masks (signed division would add its correction for negatives)."""
+        chunk = self._i(b, "shr", col, 3)
+        moved = self._i(b, "mul", b.value("xor", [self._i(b, "and", chunk, 7),
+                                                  self._i(b, "and", row, 7)], I32), 8)
+        atom = self._i(b, "mul", self._i(b, "shr", chunk, 3), rows * ATOM)
         return self._i(b, "add", atom, self._i(b, "add", self._i(b, "mul", row, ATOM), moved))
 
     def _wgmma_epilogue(self, b: Builder) -> None:

@@ -260,17 +260,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
     def shared_at(self, st: Storage, ctx: Ctx) -> Value:
         """The element of threadgroup tile `st` at ctx: row-major, rows `st.pitch` elements
         apart where the tile's rows are padded (mma_layout.padded)."""
-        if st.swizzled:
+        if st.swizzled:   # gemm_wgmma's atoms; the element within its 16-byte chunk
             row, col = ctx.coords()
-            b = ctx.b
-            chunk = b.value("xor", [b.value("and", [b.value("shr", [col, self.const(b, 3)], I32),
-                                                    self.const(b, 7)], I32),
-                                    b.value("and", [row, self.const(b, 7)], I32)], I32)
-            at = self.add(b, self._i(b, "mul", b.value("shr", [col, self.const(b, 6)], I32),
-                                     64 * st.shape[0]),
-                          self.add(b, self._i(b, "mul", row, 64),
-                                   self.add(b, self._i(b, "mul", chunk, 8),
-                                            b.value("and", [col, self.const(b, 7)], I32))))
+            at = self.add(ctx.b, self.atom_offset(ctx.b, row, col, st.shape[0]),
+                          self._i(ctx.b, "and", col, 7))
         elif st.pitch is None:
             at = ctx.linear(st.shape)
         else:
