@@ -98,6 +98,34 @@ def test_positive_scale_is_a_promise_the_kernel_default_does_not_make(rng):
                                rtol=3e-4, atol=3e-5)
 
 
+@pytest.mark.parametrize("heads,hkv,group", [(3, 3, 2), (4, 2, 4), (3, 1, 1)])
+def test_causal_program_order(rng, heads, hkv, group):
+    # HEAD_GROUP hands programs out in runs of heads, longest query blocks first: every
+    # (head, block) is still computed once - a short last run (3 heads in runs of 2) and
+    # grouped-query heads included; two batch entries (the order is per entry)
+    import sys
+    sys.path.insert(0, "kernels")
+    from metile_kernels import attention as kernels
+    q, k, v = operands(rng, 2, heads, hkv, 70, 90, 16)
+    out = kernels.attention_forward[kernels.forward_grid(70, heads, 2, 16)](
+        q, k, v, q, mx.zeros(q.shape, q.dtype), 70, 90, heads // hkv,
+        0.25 * kernels.LOG2E, 0, 0, 0, 0, HEAD_DIM=16, BLOCK_D=16, BLOCK_M=16, BLOCK_N=16,
+        MASK="causal", HEAD_GROUP=group)
+    np.testing.assert_allclose(np.array(out, np.float64), reference(q, k, v, 0.25, "causal"),
+                               rtol=3e-4, atol=3e-5)
+
+
+def test_head_group_fits_the_l2_share():
+    # 32 heads of 4096 keys x 128 float16: 2 MiB of keys and values a head -> runs of 8;
+    # 8192 keys -> 4; grouped-query heads share theirs (4 query heads a key head -> 32);
+    # never more than the heads there are, never below one
+    assert attention_ops.head_group(32, 4096, 128, 2) == 8
+    assert attention_ops.head_group(32, 8192, 128, 2) == 4
+    assert attention_ops.head_group(32, 4096, 128, 2, group=4) == 32
+    assert attention_ops.head_group(6, 64, 64, 2) == 6
+    assert attention_ops.head_group(32, 1 << 22, 256, 4) == 1
+
+
 @pytest.mark.parametrize("d", [64, 80])
 def test_head_dims(rng, d):
     check(*operands(rng, 1, 2, 1, 33, 40, d), mask="causal", path="prefill")

@@ -379,6 +379,18 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s52 ]; then
+  # the GEMM GPU files after s51's compiler changes (mask-and-shift coordinates, fmaxf,
+  # whole-chunk copies, atom_offset's shifts) and attention's with the causal program order;
+  # then prefill's tiles, warps and program order (HEAD_GROUP) against MLX at 1024/4096/8192,
+  # with and without the two-blocks-an-SM register bound
+  gpu_tests 200 test_gemm_async test_gemm_wgmma test_gemm_tma test_attention_op
+  cp "$logs/pytest.txt" "$logs/pytest-tests.txt"
+  timeout 170 python3 tools/probes/attention_prefill_variants.py --rounds 5 \
+    "$logs/h200-attention-prefill-variants.json" 2>&1 | grep -v Warn | tee -a "$log"
+  timeout $((budget - 15 - (SECONDS - t0))) python3 tools/probes/attention_prefill_variants.py \
+    --rounds 5 --min-blocks-off "$logs/h200-attention-prefill-variants-unbounded.json" 2>&1 \
+    | grep -v Warn | tee -a "$log"
 elif [ "$mode" = s51 ]; then
   # one barrier an attention iteration (the next blocks copied after it): GPU tests of
   # attention, fragments and every kernel the chunk copies and the tile coordinates touch,

@@ -138,18 +138,34 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
                       HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                       BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
                       MASK: metile.constexpr = "none",
-                      POSITIVE_SCALE: metile.constexpr = False):
+                      POSITIVE_SCALE: metile.constexpr = False,
+                      HEAD_GROUP: metile.constexpr = 0):
     """Out = softmax(scale Q Kᵀ + mask) V for one block of BLOCK_M queries of one query
     head (program_id(1)) of one batch entry (program_id(2)).  BLOCK_D: HEAD_DIM rounded
     up to a power of two (the columns past HEAD_DIM are masked).  scale_log2 = scale *
     log2(e); POSITIVE_SCALE=True promises scale_log2 > 0 (whole key blocks then take row
     maxima before scaling: a negative scale would pick the minima).  Grid:
-    forward_grid(q_len, q_heads, batch, BLOCK_M)."""
+    forward_grid(q_len, q_heads, batch, BLOCK_M).
+
+    HEAD_GROUP (causal only; 0 keeps the grid's own order): programs are handed out in
+    runs of HEAD_GROUP heads, and within a run the query blocks with the most keys come
+    first - the GPU starts programs roughly in launch order, so the longest ones no longer
+    start last and leave SMs idle at the end, while the heads running at once still share
+    their keys and values in L2 (the group's size is the caller's L2 budget)."""
     head = metile.program_id(1)
     batch = metile.program_id(2)
     q_heads = metile.num_programs(1)
+    block_m = metile.program_id(0)
+    if MASK == "causal" and HEAD_GROUP > 0:
+        blocks = metile.num_programs(0)
+        order = head * blocks + block_m           # the launch order within a batch entry
+        first = order // (blocks * HEAD_GROUP) * HEAD_GROUP
+        size = metile.minimum(q_heads - first, HEAD_GROUP)   # (the last run may be short)
+        at = order - first * blocks
+        head = first + at % size
+        block_m = blocks - 1 - at // size
     kv_head = batch * (q_heads // group) + head // group
-    start_m = metile.program_id(0) * BLOCK_M
+    start_m = block_m * BLOCK_M
     rows = start_m + metile.arange(0, BLOCK_M)
     d = metile.arange(0, BLOCK_D)
     row_in = rows < q_len

@@ -189,6 +189,20 @@ def rows_shared_bytes(block_n: int, block_d: int, run: int) -> int:
     return 4 * block_n * block_d * (2 if wide else 1) + 8 * block_n + 64
 
 
+# Bytes of keys and values the heads running at once may share in L2 (half an H100/H200's
+# 50 MB): causal prefill hands programs out in runs of heads that fit it (head_group).
+L2_SHARE = 24 << 20
+
+
+def head_group(q_heads: int, kv_len: int, d: int, itemsize: int, group: int = 1) -> int:
+    """attention_forward's HEAD_GROUP for causal prefill: the most query heads (a power of
+    two, at most q_heads) whose keys and values fit L2_SHARE - `group` query heads share one
+    key/value head.  The kernel starts each run's longest query blocks first."""
+    per_head = 2 * kv_len * d * itemsize / max(1, group)
+    fit = max(1, int(L2_SHARE // max(1, per_head)))
+    return min(q_heads, 1 << (fit.bit_length() - 1))
+
+
 def forward_warps(block_m: int, itemsize: int = 2) -> int | None:
     """attention_forward's warps: one 16-row slab of the query block each, where its
     products and softmax stay in the matrix unit's accumulator layout (passes/mma_layout.py,
@@ -273,9 +287,11 @@ def _launch(q, k, v, mask, scale, config):
     if config.get("path") != "decode":
         grid = kernels.forward_grid(q_len, q_heads, batch, config["BLOCK_M"])
         warps = config.get("num_warps") or forward_warps(config["BLOCK_M"], q.dtype.size)
+        order = config.get("HEAD_GROUP", head_group(q_heads, kv_len, d, q.dtype.size, group)) \
+            if kind == "causal" else 0
         return kernels.attention_forward[grid](
             q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-            *strides, **common, POSITIVE_SCALE=scale_log2 > 0,
+            *strides, **common, POSITIVE_SCALE=scale_log2 > 0, HEAD_GROUP=order,
             **({"num_warps": warps} if warps else {}))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
     chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
