@@ -273,6 +273,38 @@ def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, 
     assert ok, log
 
 
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+@pytest.mark.parametrize("bm,bn,warps,left", [(128, 128, 8, True), (192, 64, 12, True),
+                                              (128, 64, 8, False)])
+def test_cuda_attention_value_product_left_in_flight(bm, bn, warps, left):
+    # lower_mma_layout.carried_products: without a two-blocks register bound the P.V
+    # product accumulates in the carried registers and is not waited for in its iteration
+    # (the next iteration's first wait holds them, a wait follows each loop); ptxas keeps
+    # the products asynchronous (no C7512 serialization).  Under 128 registers (128x64 on
+    # 8 warps, two blocks an SM) it is waited for where it is issued.
+    import sys
+    sys.path.insert(0, "kernels")
+    from nvrtc import cubin
+    from metile_kernels import attention as kernels
+    q = mx.zeros((1, 2, 512, 128), mx.float16)
+    d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, bm)].prepare(
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, MASK="causal", num_warps=warps, backend="cuda",
+        POSITIVE_SCALE=True)
+    source = translation_unit(d)
+    body = source.split("__global__", 1)[1]
+    value_products = re.findall(r"metile_wgmma_m64n128k16_f16_ra_tb\((\w+),", body)
+    assert len(value_products) == 2 * bn // 16      # its k-steps in each of the two loops
+    into_carried = all(acc.startswith("_m") for acc in value_products)
+    assert into_carried == left
+    # after each loop's closing brace: the wait and the hold of its carried registers
+    after_loops = re.findall(r"\n}\nmetile_wgmma_wait<0>\(\);\nmetile_wgmma_hold\((\w+)\);", body)
+    assert (sorted(after_loops) == sorted(set(value_products))) if left else not after_loops
+    _, log = cubin(source, d.variant.data["lowering"]["launch"]["arch"],
+                   extra=("--ptxas-options=-v",))
+    assert "C7512" not in log and "serialized" not in log, log
+
+
 @metile.kernel
 def product_of_a_triangle(A, B, Out, n, BM: metile.constexpr):
     """tril(A) @ B for one (BM, BM) block: A's mask depends on the row and the column."""

@@ -379,6 +379,16 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s53 ]; then
+  # the value product left in flight round the loop's back edge where no register bound
+  # applies (lower_mma_layout.carried_products): tiles and warps against MLX (each checked
+  # at a ragged length first), with and without the two-blocks bound; then the rest of
+  # the attention GPU tests s52 did not reach
+  timeout 170 python3 tools/probes/attention_prefill_variants.py --rounds 5 \
+    "$logs/h200-attention-prefill-variants.json" 2>&1 | grep -v Warn | tee -a "$log"
+  timeout 120 python3 tools/probes/attention_prefill_variants.py --rounds 5 --min-blocks-off \
+    "$logs/h200-attention-prefill-variants-unbounded.json" 2>&1 | grep -v Warn | tee -a "$log"
+  gpu_tests $((budget - 15 - (SECONDS - t0))) test_attention_op test_dot_fragments
 elif [ "$mode" = s52 ]; then
   # the GEMM GPU files after s51's compiler changes (mask-and-shift coordinates, fmaxf,
   # whole-chunk copies, atom_offset's shifts) and attention's with the causal program order;

@@ -60,6 +60,11 @@ class FragCtx(Ctx):
 
 class MmaLayoutLowering:
     mma: MmaLayout | None = None
+    # warpgroup products accumulating in place into a loop's carried tile (result id ->
+    # its Storage), and the accumulator arrays possibly still in flight: the next wait
+    # for every product holds them (see carried_products)
+    mma_inplace: dict | None = None
+    wgmma_pending: list | None = None
 
     # -- geometry -----------------------------------------------------------------------
     def _mma_row0(self, b: Builder, r: int) -> Value:
@@ -212,24 +217,85 @@ class MmaLayoutLowering:
         return isinstance(op, Op) and self.place.kind.get(v.id) == "recompute" and \
             any(isinstance(o.type, TileType) and self._mma_reaches(o) for o in op.operands)
 
+    # -- products left in flight across a loop's back edge -------------------------------
+    def carried_products(self, loop: Op, slots: list) -> list:
+        """Warpgroup products of `loop`'s body that accumulate in place into a carried
+        tile and are not waited for in their iteration: `acc = f(acc) + dot(p, v)` (f
+        elementwise, as attention's rescale) where the carried `acc` is read only by that
+        chain, the sum only yielded, and another planned product precedes it in the body.
+        The product's accumulators are then the carried registers themselves (set from
+        f(acc) element by element, in place); it is committed without a wait, so it runs
+        while the warpgroup goes round the loop - the next iteration's first product's wait
+        (which precedes every read of acc) and a wait after the loop complete it.  Sets
+        mma_inplace and returns the carried arrays that may be in flight at the body's
+        top.  Only where the kernel has no two-blocks-an-SM register bound (mma_occupancy,
+        the operand tiles already allocated by now): within 128 registers a thread ptxas
+        serializes every product instead (C7512 on attention's 128x64 block - the product's
+        accumulators and its P fragments stay live through the next iteration's top)."""
+        lay = self.mma
+        if lay is None or lay.warpgroup is None or self.mma_occupancy() > 1:
+            return []
+        body = loop.regions[0]
+        term = body.ops[-1] if body.ops else None
+        if term is None or term.name != "yield":
+            return []
+        uses = self.place.uses
+        order = {id(o): i for i, o in enumerate(body.ops)}
+        waited = [order[id(o)] for o in body.ops if o.name == "dot" and id(o) in lay.dots
+                  and not any(d is o for d, _ in lay.fused.values())]
+        names = []
+        for arg, slot, y in zip(body.args[1:], slots, term.operands):
+            add = y.owner
+            if not (isinstance(slot, Storage) and slot.layout == "tiles"
+                    and slot.dtype == dt.float32 and isinstance(add, Op)
+                    and id(add) in lay.fused and order.get(id(add)) is not None
+                    and any(w < order[id(add)] for w in waited)
+                    and [u for u, _ in uses.get(y.id, [])] == [term]
+                    and sum(t is y for t in term.operands) == 1):
+                continue
+            x = lay.fused[id(add)][1]
+            chain = [x]       # acc, or an elementwise op of it feeding only the add
+            if x is not arg:
+                users = [u for u, _ in uses.get(arg.id, [])]
+                if not (users == [x.owner] and [u for u, _ in uses.get(x.id, [])] == [add]
+                        and self.place.kind.get(x.id) == "recompute"):
+                    continue
+            elif [u for u, _ in uses.get(arg.id, [])] != [add]:
+                continue
+            self.mma_inplace = {**(self.mma_inplace or {}), y.id: slot}
+            names.append(slot.name)
+        return names
+
+    def wgmma_wait_all(self, b: Builder, accs: list) -> None:
+        """Wait for every product in flight; hold `accs` and any carried accumulators a
+        product left pending (their registers are read after this point only)."""
+        held = list(accs) + [n for n in (self.wgmma_pending or []) if n not in accs]
+        self.wgmma_pending = []
+        b.op("wgmma_wait", [], [], {"pending": 0, "acc": held})
+
     def _wgmma_dot(self, op: Op, b: Builder, acc: Value, result: Value) -> None:
         """A planned product as warpgroup MMA (MmaLayout.warpgroup): the warpgroup's 64 x N
         accumulators (the layout's elements, element e of 16-wide block nb at nb * 8 + e)
         set from `acc` (or overwritten by the first product), K/16 products issued - the
         left operand packed from registers or read by descriptor from its swizzled tile,
         the right one by descriptor (N-major, wgmma's transpose bit, where stored K x N) -
-        committed and waited for, then written to the result's slots."""
+        committed and waited for, then written to the result's slots.  A product
+        carried_products chose accumulates in the carried registers and is not waited for."""
         lay = self.mma
         a, bm, _ = op.operands
         (m, k), n = a.type.shape, bm.type.shape[1]
-        out = self.storage_for(result)
+        inplace = (self.mma_inplace or {}).get(result.id)
+        out = inplace or self.storage_for(result)
+        if inplace is not None:
+            self.storage[result.id] = inplace
         in_regs = a.id in lay.tiles
         st_a = None if in_regs else self.shared_copy(a, b)
         source = _untransposed(bm)
         st_b = self.shared_copy(source, b)
         dtype = a.type.elem.dtype
         size = dtype.itemsize
-        wacc = self.decl("local", dt.float32, n // 2, "_wacc")
+        wacc = inplace.name if inplace is not None else \
+            self.decl("local", dt.float32, n // 2, "_wacc")
         zero = _zero_splat(acc)
         out_ctxs = self._mma_elements(b, (m, n))
         per_block = lay.per_lane
@@ -275,7 +341,10 @@ class MmaLayoutLowering:
             operands.append(self._based(b, st_b, off))
             b.op("wgmma", operands + head, [], attrs)
         b.op("wgmma_commit")
-        b.op("wgmma_wait", [], [], {"pending": 0, "acc": [wacc]})
+        if inplace is not None:
+            self.wgmma_pending = (self.wgmma_pending or []) + [wacc]
+            return
+        self.wgmma_wait_all(b, [wacc])
         for i, ctx in enumerate(out_ctxs):
             got = b.value("local_get", [self.const(b, i)], F32, name=wacc)
             self.write(out, ctx, self._cast(b, got, out.dtype))

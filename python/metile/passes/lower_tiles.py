@@ -628,8 +628,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
 
     def _assign(self, slots: list, values: list[Value], b: Builder, carried=()) -> None:
         """Parallel assignment of yielded values into carried slots."""
+        # (a value already in its slot - a product accumulated in place - is not copied)
         pairs = [(s, v) for s, v, c in zip(slots, values, list(carried) + [None] * len(values))
-                 if v is not c]
+                 if v is not c and not (isinstance(s, Storage) and self.storage.get(v.id) is s)]
         tiles = [(s, v) for s, v in pairs if isinstance(s, Storage)]
         if len(tiles) == 1 and tiles[0][0].kind == "local" or not carried:
             for st, v in tiles:
@@ -662,8 +663,11 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self._bind(body.args[1:], slots, inner)
         self.loop_depth += 1
         self.loop_arrays.append([])
-        # an accumulator-layout loop's operand blocks copied one iteration ahead
+        # an accumulator-layout loop's operand blocks copied one iteration ahead, and its
+        # products left in flight round the back edge (lower_mma_layout.py)
         ahead = self.prefetch(op, b, inner, iv) if self.mma is not None else None
+        in_flight = self.carried_products(op, slots) if self.mma is not None else []
+        self.wgmma_pending = list(in_flight) if in_flight else self.wgmma_pending
         ys = self.lower_block(body, inner)
         self.loop_depth -= 1
         self._assign(slots, ys, inner, body.args[1:])
@@ -672,6 +676,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if ahead:
             self.prefetch_done(ahead, inner)
         b.op("for", [self.s(lb), self.s(ub), self.s(step)], [], dict(op.attrs), [new_body])
+        if in_flight:
+            self.wgmma_wait_all(b, [])
         for res, slot in zip(op.results, slots):
             if isinstance(slot, Storage):
                 self.storage[res.id] = slot
