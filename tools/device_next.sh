@@ -379,6 +379,20 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s54 ]; then
+  # the carried value product waited for before the next iteration's key product (so it
+  # fits the two-blocks bound): attention GPU tests, tiles against MLX, then prefill_measure
+  gpu_tests 120 test_attention_op test_dot_fragments
+  timeout 100 python3 tools/probes/attention_prefill_variants.py --rounds 5 \
+    "$logs/h200-attention-prefill-variants.json" 2>&1 | grep -v Warn | tee -a "$log"
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  m=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active
+  for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle selected; do
+    m=$m,smsp__pcsamp_warps_issue_stalled_$r
+  done
+  timeout 100 ncu --kernel-name regex:attention_forward --launch-count 1 --metrics "$m" \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s53 ]; then
   # the value product left in flight round the loop's back edge where no register bound
   # applies (lower_mma_layout.carried_products): tiles and warps against MLX (each checked

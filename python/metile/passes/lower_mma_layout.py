@@ -225,15 +225,12 @@ class MmaLayoutLowering:
         chain, the sum only yielded, and another planned product precedes it in the body.
         The product's accumulators are then the carried registers themselves (set from
         f(acc) element by element, in place); it is committed without a wait, so it runs
-        while the warpgroup goes round the loop - the next iteration's first product's wait
-        (which precedes every read of acc) and a wait after the loop complete it.  Sets
-        mma_inplace and returns the carried arrays that may be in flight at the body's
-        top.  Only where the kernel has no two-blocks-an-SM register bound (mma_occupancy,
-        the operand tiles already allocated by now): within 128 registers a thread ptxas
-        serializes every product instead (C7512 on attention's 128x64 block - the product's
-        accumulators and its P fragments stay live through the next iteration's top)."""
+        while the warpgroup goes round the loop (the copies' wait, the barrier, the next
+        blocks' copies) - a wait before the next iteration's first product (which precedes
+        every read of acc) and one after the loop complete it.  Sets mma_inplace and
+        returns the carried arrays that may be in flight at the body's top."""
         lay = self.mma
-        if lay is None or lay.warpgroup is None or self.mma_occupancy() > 1:
+        if lay is None or lay.warpgroup is None:
             return []
         body = loop.regions[0]
         term = body.ops[-1] if body.ops else None
@@ -284,6 +281,11 @@ class MmaLayoutLowering:
         lay = self.mma
         a, bm, _ = op.operands
         (m, k), n = a.type.shape, bm.type.shape[1]
+        if self.wgmma_pending:
+            # a carried product still in flight is waited for before this one's registers
+            # are set: its accumulators and P fragments are then dead before this product's
+            # are live (both at once passed 128 registers, and ptxas serialized)
+            self.wgmma_wait_all(b, [])
         inplace = (self.mma_inplace or {}).get(result.id)
         out = inplace or self.storage_for(result)
         if inplace is not None:
