@@ -308,6 +308,25 @@ def test_cuda_attention_value_product_left_in_flight(bm, bn, warps):
     assert "C7512" not in log and "serialized" not in log, log
 
 
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+def test_cuda_attention_value_product_waited_where_issued_on_request(monkeypatch):
+    # METILE_WGMMA_CARRY=0: the P.V product accumulates into its own registers and is
+    # waited for where it is issued (a launch resolved either way is its own cache entry)
+    import sys
+    sys.path.insert(0, "kernels")
+    from metile_kernels import attention as kernels
+    monkeypatch.setenv("METILE_WGMMA_CARRY", "0")
+    q = mx.zeros((1, 2, 512, 128), mx.float16)
+    d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, 128)].prepare(
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
+        POSITIVE_SCALE=True)
+    body = translation_unit(d).split("__global__", 1)[1]
+    products = re.findall(r"metile_wgmma_m64n128k16_f16_ra_tb\((\w+),", body)
+    assert products and all(acc.startswith("_wacc") for acc in products)
+    assert not re.search(r"metile_wgmma_hold\(_m\d+\);", body)
+
+
 @metile.kernel
 def product_of_a_triangle(A, B, Out, n, BM: metile.constexpr):
     """tril(A) @ B for one (BM, BM) block: A's mask depends on the row and the column."""

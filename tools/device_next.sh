@@ -379,6 +379,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s55 ]; then
+  # the carried value product against METILE_WGMMA_CARRY=0 in one run (tiles 128x64 and
+  # 128x128), then every kernel's duration (ncu) of the op and MLX's SDPA at 1024 and 4096
+  timeout 150 python3 tools/probes/attention_prefill_variants.py --rounds 7 \
+    "$logs/h200-attention-prefill-variants.json" 2>&1 | grep -v Warn | tee -a "$log"
+  for n in 1024 4096; do
+    ncu_times 90 ncu-attention-kernels-$n tools/probes/attention_kernels_ncu.py $n
+  done
+  gpu_tests $((budget - 15 - (SECONDS - t0))) -k "in_flight or on_request or prefill" test_dot_fragments
 elif [ "$mode" = s54 ]; then
   # the carried value product waited for before the next iteration's key product (so it
   # fits the two-blocks bound): attention GPU tests, tiles against MLX, then prefill_measure

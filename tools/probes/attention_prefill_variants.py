@@ -27,7 +27,10 @@ from metile import attention_ops  # noqa: E402
 # (BLOCK_M, BLOCK_N, warps, HEAD_GROUP); None: attention_ops.head_group's choice
 # (192-row blocks on 12 warps, three warpgroups, ran 4x slower than 128x64 at s53: not
 # pursued, see the results README)
-VARIANTS = [(128, 64, 8, None), (128, 128, 8, None), (128, 64, 8, 0)]
+VARIANTS = [(128, 64, 8, None), (128, 128, 8, None)]
+# each also compiled under these settings (traced under them, so each compiled call keeps
+# its own kernel)
+SETTINGS = [{}, {"METILE_WGMMA_CARRY": "0"}]
 
 
 def per_call(fn, q, k, v, launches):
@@ -90,13 +93,23 @@ def main():
         ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
         fns = {"mlx": mx.compile(lambda x, k, v: mx.fast.scaled_dot_product_attention(
             x, k, v, scale=scale, mask="causal"))}
-        for bm, bn, warps, order in VARIANTS:
+        for (bm, bn, warps, order), env in [(v, e) for v in VARIANTS for e in SETTINGS]:
             order = attention_ops.head_group(h, n, d, 2) if order is None else order
-            name = f"{bm}x{bn} w{warps} group={order}{tag}"
+            name = f"{bm}x{bn} w{warps} group={order}{tag}" + "".join(
+                f" {key}={value}" for key, value in env.items())
             try:
+                saved = {key: os.environ.get(key) for key in env}
+                os.environ.update(env)
                 fn = variant(n, h, d, bm, bn, warps, order)
-                err = float(mx.abs(fn(q, k, v).astype(mx.float32)
-                                   - ref.astype(mx.float32)).max())
+                try:
+                    err = float(mx.abs(fn(q, k, v).astype(mx.float32)
+                                       - ref.astype(mx.float32)).max())
+                finally:
+                    for key, value in saved.items():
+                        if value is None:
+                            os.environ.pop(key)
+                        else:
+                            os.environ[key] = value
                 if err < 2e-2:
                     fns[name] = fn
                 else:

@@ -36,6 +36,9 @@ class Backend:
     # products and the code around them in the matrix unit's accumulator layout
     # (passes/mma_layout.py): where dot_fragments is, unless METILE_MMA_LAYOUT=0
     mma_layout: bool = False
+    # a warpgroup product into a loop's carried tile left in flight round the back edge
+    # (lower_mma_layout.carried_products), unless METILE_WGMMA_CARRY=0
+    wgmma_carry: bool = True
 
     @property
     def emitter(self):
@@ -114,7 +117,7 @@ def _fingerprint(kind: str) -> str:
 # units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
-                       "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT")
+                       "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY")
 
 
 def device_type():
@@ -182,7 +185,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
-                   fragments and mma)
+                   fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True))
 
 
 def _cuda_scalars() -> str:

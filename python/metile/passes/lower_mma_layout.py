@@ -65,6 +65,7 @@ class MmaLayoutLowering:
     # for every product holds them (see carried_products)
     mma_inplace: dict | None = None
     wgmma_pending: list | None = None
+    wgmma_carry = True      # the backend's (METILE_WGMMA_CARRY)
 
     # -- geometry -----------------------------------------------------------------------
     def _mma_row0(self, b: Builder, r: int) -> Value:
@@ -228,9 +229,10 @@ class MmaLayoutLowering:
         while the warpgroup goes round the loop (the copies' wait, the barrier, the next
         blocks' copies) - a wait before the next iteration's first product (which precedes
         every read of acc) and one after the loop complete it.  Sets mma_inplace and
-        returns the carried arrays that may be in flight at the body's top."""
+        returns the carried arrays that may be in flight at the body's top.
+        METILE_WGMMA_CARRY=0 waits for every product where it is issued."""
         lay = self.mma
-        if lay is None or lay.warpgroup is None:
+        if lay is None or lay.warpgroup is None or not self.wgmma_carry:
             return []
         body = loop.regions[0]
         term = body.ops[-1] if body.ops else None

@@ -799,18 +799,21 @@ def choose_threads(fn: Function, requested: int | None = None) -> int:
 def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan=None,
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                 shared_optin: int = 0, language: str | None = None,
-                dot_fragments: bool = False, mma_layout: bool = False) -> Function:
+                dot_fragments: bool = False, mma_layout: bool = False,
+                wgmma_carry: bool = True) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
     plain lane layout.  `dot_fragments` (the backend's) lets general products take the
     matrix unit (lower_dot_fragments.py); `mma_layout` lets them and the code around them
-    stay in its accumulator layout (mma_layout.py, lower_mma_layout.py)."""
+    stay in its accumulator layout (mma_layout.py, lower_mma_layout.py); `wgmma_carry`
+    lets a warpgroup product there run round a loop's back edge (carried_products)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
     first = Lowering(*args, mma=dot_fragments and mma_layout)
     first.dot_fragments_allowed = dot_fragments
+    first.wgmma_carry = wgmma_carry
     try:
         return first.run()
     except SharedOverflow:

@@ -114,6 +114,7 @@ class Specialization:
             "units": [u.name for u in backend.matrix_units],
             **({"dot_fragments": True} if backend.dot_fragments else {}),
             **({"mma_layout": True} if backend.mma_layout else {}),
+            **({} if backend.wgmma_carry else {"wgmma_carry": False}),
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
