@@ -192,6 +192,55 @@ def test_full_coverage_proof_of_one_row_blocks():
     _doubling_covers(row_times_two, 7, (3, 7), (3, 6), 6, BN=16)
 
 
+@metile.kernel
+def heads_times_two(X, Y, L, D: metile.constexpr, BL: metile.constexpr, BD: metile.constexpr):
+    # (heads, L, D) blocks of BL rows, one head a program along axis 1, one batch entry a
+    # program along axis 2: attention's output store
+    head = metile.program_id(1) + metile.program_id(2) * metile.num_programs(1)
+    rows = metile.program_id(0) * BL + metile.arange(0, BL)
+    d = metile.arange(0, BD)
+    mask = (rows[:, None] < L) & (d[None, :] < D)
+    at = head * L * D + rows[:, None] * D + d[None, :]
+    metile.store(Y + at, metile.load(X + at, mask=mask) * 2.0, mask=mask)
+
+
+@metile.kernel
+def heads_overlapping(X, Y, L, D: metile.constexpr, BL: metile.constexpr):
+    # a head's coefficient one row: heads overlap, and the last rows of the output are
+    # never written
+    rows = metile.program_id(0) * BL + metile.arange(0, BL)
+    d = metile.arange(0, D)
+    mask = rows[:, None] < L
+    at = metile.program_id(1) * D + rows[:, None] * D + d[None, :]
+    metile.store(Y + at, metile.load(X + at, mask=mask) * 2.0, mask=mask)
+
+
+@pytest.mark.parametrize("grid,proven", [((3, 2, 2), True), ((2, 2, 2), False),
+                                         ((3, 1, 2), False), ((3, 2, 1), False)])
+def test_full_coverage_proof_of_batched_head_stores(grid, proven):
+    # buffer_usage.RadixCoverage: digits d (radix D, the columns past it masked), rows
+    # (radix L, the grid reaching it), head and batch (radix the grid) chain exactly on a
+    # full grid; a grid one block, one head or one batch entry short is not proven and
+    # keeps the passed values where nothing was written
+    x = mx.arange(2 * 2 * 10 * 6).reshape(2, 2, 10, 6).astype(mx.float32)
+    d = heads_times_two[grid].prepare(x, mx.full(x.shape, -1.0), 10, D=6, BL=4, BD=8)
+    assert (d.variant.data["outputs"] == ["Y"]) == proven
+    assert d.tracked == ([] if proven else [0])
+    want = np.full((4, 10, 6), -1.0, np.float32)      # (batch x head, rows, d)
+    rows, heads = min(10, grid[0] * 4), grid[1] * grid[2]
+    want[:heads, :rows] = np.array(x).reshape(4, 10, 6)[:heads, :rows] * 2
+    np.testing.assert_array_equal(np.array(d()), want.reshape(x.shape))
+
+
+def test_overlapping_digits_are_not_a_coverage_proof():
+    x = mx.arange(3 * 10 * 4).reshape(3, 10, 4).astype(mx.float32)
+    d = heads_overlapping[(3, 3)].prepare(x, mx.full(x.shape, -1.0), 10, D=4, BL=4)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"]
+    flat = np.full(x.size, -1.0, np.float32)
+    flat[:(10 + 2) * 4] = np.array(x).reshape(-1)[:(10 + 2) * 4] * 2
+    np.testing.assert_array_equal(np.array(d()).reshape(-1), flat)
+
+
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("METILE_DEBUG", "msl,tile_ir")
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))

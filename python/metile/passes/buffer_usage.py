@@ -96,9 +96,70 @@ class TileCoverage:
         return grid[ra] * bm >= m and grid[ca] * bn >= n and m * n >= size
 
 
+@dataclass(frozen=True)
+class RadixCoverage:
+    """A store whose offset is a sum of independent digits, each an index times a
+    coefficient: a program id (radix: the grid along its axis), an `arange(0, B)` (radix
+    B, or its bound where the mask says `arange < bound`) or a block index `program_id(a)
+    * B + arange(0, B)` masked by `index < bound` (radix the bound; the grid must reach
+    it).  Coefficients are products of constants, runtime int scalars and
+    `num_programs(axis)`.  At launch the digits, sorted by coefficient and leaving out
+    those of radix 1, must form a mixed-radix number - the first coefficient 1, each next
+    one the previous times its radix - reaching at least the output's size: then every
+    element in between is written exactly once per program set, e.g. attention's
+    `Out + (batch * heads + head) * L * D + rows[:, None] * D + d[None, :]` with
+    `rows < L`."""
+
+    digits: tuple   # (kind, coef, data): kind "pid" (axis,), "arange" (block, bound),
+                    # "block" (axis, block, bound); coef (int, (symbols...))
+
+    def to_json(self) -> list:
+        return ["radix", [[k, [c[0], list(c[1])], list(d)] for k, c, d in self.digits]]
+
+    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        def value(s):
+            if isinstance(s, int):
+                return s
+            if s.startswith("grid:"):
+                axis = int(s[5:])
+                return grid[axis] if axis < len(grid) else 1
+            v = args.get(s)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        chain = []
+        for kind, (const, syms), data in self.digits:
+            coef = const
+            for sym in syms:
+                v = value(sym)
+                if v is None:
+                    return False
+                coef *= v
+            if kind == "pid":
+                radix = value(f"grid:{data[0]}")
+            else:
+                extent = data[0] if kind == "arange" else value(f"grid:{data[0]}") * data[1]
+                bound = extent if data[-1] is None else value(data[-1])
+                if bound is None or bound > extent:
+                    return False
+                radix = bound
+            if radix <= 0:
+                return size == 0
+            if radix > 1:
+                chain.append((coef, radix))
+        chain.sort()
+        reach = 1
+        for coef, radix in chain:
+            if coef != reach:
+                return False
+            reach *= radix
+        return reach >= size
+
+
 def coverage_from_json(data: list):
     if data[0] == "first":
         return FirstElementCoverage()
+    if data[0] == "radix":
+        return RadixCoverage(tuple((k, (c[0], tuple(c[1])), tuple(d)) for k, c, d in data[1]))
     if data[0] == "2d":
         return TileCoverage(tuple(data[1]), tuple(data[2]), tuple(data[3]), data[4])
     return Coverage(*data[1:])
@@ -277,6 +338,119 @@ def _tile_coverage(offsets: list[Value], mask: Value | None, params: dict) -> Ti
     return TileCoverage((row[2], col[2]), (row[1], col[1]), (bounds[row], bounds[col]), stride)
 
 
+def _times(a: tuple, b: tuple) -> tuple:
+    return (a[0] * b[0], tuple(sorted(a[1] + b[1])))
+
+
+def _linear(v: Value, params: dict) -> dict | None:
+    """v (a scalar or tile of int32 index arithmetic) as {atom: coefficient}: atoms
+    ("pid", axis), ("arange", dim, block) (its tile dim after expand_dims), ("one",);
+    coefficients (int, (symbols...)) with runtime int scalars by name and num_programs
+    as "grid:axis".  None where v is anything else (a product of two indices, a
+    division, a load...)."""
+    if id(v) in params:
+        return {("one",): (1, (params[id(v)],))}
+    op = defining_op(v)
+    if op is None:
+        return None
+    name = op.name
+    if name in ("broadcast", "splat"):
+        return _linear(op.operands[0], params)
+    if name == "expand_dims":
+        inner = _linear(op.operands[0], params)
+        axis = op.attrs["axis"]
+        return None if inner is None else {
+            (a if a[0] != "arange" else ("arange", a[1] + (1 if axis <= a[1] else 0), a[2])): c
+            for a, c in inner.items()}
+    if name == "const":
+        value = op.attrs["value"]
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        return {} if value == 0 else {("one",): (value, ())}
+    if name == "program_id":
+        return {("pid", op.attrs["axis"]): (1, ())}
+    if name == "num_programs":
+        return {("one",): (1, (f"grid:{op.attrs['axis']}",))}
+    if name == "arange":
+        return {("arange", 0, op.attrs["end"]): (1, ())} if op.attrs["start"] == 0 else None
+    if name == "add":
+        a, b = (_linear(x, params) for x in op.operands)
+        if a is None or b is None or set(a) & set(b):
+            return None
+        return {**a, **b}
+    if name == "mul":
+        a, b = (_linear(x, params) for x in op.operands)
+        if a is None or b is None:
+            return None
+        for x, y in ((a, b), (b, a)):
+            if set(y) == {("one",)}:
+                return {atom: _times(c, y[("one",)]) for atom, c in x.items()}
+            if not y:
+                return {}
+    return None
+
+
+def _linear_bounds(mask: Value, params: dict) -> list | None:
+    """[(index as _linear, bound)] for mask == (index < bound) & ..., or None."""
+    op = defining_op(mask)
+    if op is None:
+        return None
+    if op.name == "broadcast":
+        return _linear_bounds(op.operands[0], params)
+    if op.name == "expand_dims":
+        inner = _linear_bounds(op.operands[0], params)
+        axis = op.attrs["axis"]
+        return None if inner is None else [
+            ({(a if a[0] != "arange" else ("arange", a[1] + (1 if axis <= a[1] else 0), a[2])): c
+              for a, c in index.items()}, bound) for index, bound in inner]
+    if op.name == "and":
+        parts = [_linear_bounds(x, params) for x in op.operands]
+        return None if None in parts else parts[0] + parts[1]
+    if op.name == "lt":
+        index, bound = _linear(op.operands[0], params), _scalar(op.operands[1], params)
+        return None if index is None or bound is None else [(index, bound)]
+    return None
+
+
+def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
+    """RadixCoverage of a store at the sum of `offsets` under `mask`, or None."""
+    total: dict = {}
+    for offs in offsets:
+        part = _linear(offs, params)
+        if part is None or set(part) & set(total):
+            return None
+        total.update(part)
+    if ("one",) in total:
+        return None
+    bounds = [] if mask is None else _linear_bounds(mask, params)
+    if bounds is None:
+        return None
+    digits = []
+    for index, bound in bounds:
+        ars = [a for a in index if a[0] == "arange"]
+        pids = [a for a in index if a[0] == "pid"]
+        if len(ars) != 1 or len(index) != 1 + len(pids) or len(pids) > 1 or \
+                index[ars[0]] != (1, ()) or ars[0] not in total:
+            return None
+        ar = ars[0]
+        coef = total.pop(ar)
+        if not pids:
+            digits.append(("arange", coef, (ar[2], bound)))
+            continue
+        pid = pids[0]
+        if index[pid] != (ar[2], ()) or total.get(pid) != _times(coef, (ar[2], ())):
+            return None
+        del total[pid]
+        digits.append(("block", coef, (pid[1], ar[2], bound)))
+    for atom, coef in total.items():
+        digits.append(("pid", coef, (atom[1],)) if atom[0] == "pid" else
+                      ("arange", coef, (atom[2], None)))
+    axes = [d[2][0] for d in digits if d[0] != "arange"]
+    if len(set(axes)) != len(axes):
+        return None
+    return RadixCoverage(tuple(digits))
+
+
 def atomic_roots(fn: Function) -> dict[str, Op]:
     """Device buffers whose atomics add from zero, each with its first atomic.
 
@@ -348,8 +522,9 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
             continue
         block = block_offsets(offs) if len(offsets) == 1 else None
         if block is None:
-            tile = _tile_coverage(offsets, store.operands[2] if len(store.operands) == 3 else None,
-                                  params)
+            mask = store.operands[2] if len(store.operands) == 3 else None
+            tile = _tile_coverage(offsets, mask, params) or \
+                _radix_coverage(offsets, mask, params)
             if tile is not None:
                 out[root] = tile
             continue
