@@ -241,6 +241,60 @@ def test_overlapping_digits_are_not_a_coverage_proof():
     np.testing.assert_array_equal(np.array(d()).reshape(-1), flat)
 
 
+@metile.kernel
+def swizzled_copy(X, Y, N, G: metile.constexpr, FORM: metile.constexpr):
+    # one element a program, at the program's (i, j) after Triton's swizzle2d
+    i, j = metile.swizzle2d(metile.program_id(0), metile.program_id(1),
+                            metile.num_programs(0), metile.num_programs(1), G)
+    if FORM == "reversed":
+        j = metile.num_programs(1) - 1 - j
+    elif FORM == "mixed":
+        j = metile.program_id(1)       # i beside the raw id of the other axis
+    at = i * N + j + metile.arange(0, 1)
+    metile.store(Y + at, metile.load(X + at) * 2.0)
+
+
+def _swizzle2d(i, j, size_i, size_j, size_g):
+    ij = i * size_j + j
+    off_i = ij // (size_g * size_j) * size_g
+    size_g = min(size_i - off_i, size_g)
+    ij %= size_g * size_j
+    return off_i + ij % size_g, ij // size_g
+
+
+@pytest.mark.parametrize("form,proven", [("plain", True), ("reversed", True), ("mixed", False)])
+def test_coverage_through_swizzled_program_ids(form, proven):
+    # swizzle2d of the program ids permutes the grid (and so does num_programs - 1 - j):
+    # a store addressed by its results is proven to cover the output; one of them beside
+    # the other axis' raw program id is not (here it leaves elements unwritten, which
+    # keep the passed values)
+    grid, n = (5, 4), 4
+    x = mx.arange(20).astype(mx.float32)
+    d = swizzled_copy[grid].prepare(x, mx.full((20,), -1.0), n, G=2, FORM=form)
+    assert (d.variant.data["outputs"] == ["Y"]) == proven
+    want = np.full(20, -1.0, np.float32)
+    for p0 in range(grid[0]):
+        for p1 in range(grid[1]):
+            i, j = _swizzle2d(p0, p1, *grid, 2)
+            j = grid[1] - 1 - j if form == "reversed" else p1 if form == "mixed" else j
+            want[i * n + j] = 2.0 * (i * n + j)
+    assert (want == -1.0).any() != proven
+    np.testing.assert_array_equal(np.array(d()), want)
+
+
+def test_swizzle2d_of_other_values_is_no_coverage_proof():
+    @metile.kernel
+    def halves(X, Y, N, G: metile.constexpr):
+        i, j = metile.swizzle2d(metile.program_id(0) // 2, metile.program_id(1),
+                                metile.num_programs(0), metile.num_programs(1), G)
+        at = i * N + j + metile.arange(0, 1)
+        metile.store(Y + at, metile.load(X + at) * 2.0)
+
+    x = mx.arange(20).astype(mx.float32)
+    d = halves[(5, 4)].prepare(x, mx.full((20,), -1.0), 4, G=2)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"]
+
+
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("METILE_DEBUG", "msl,tile_ir")
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))

@@ -157,13 +157,13 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     q_heads = metile.num_programs(1)
     block_m = metile.program_id(0)
     if MASK == "causal" and HEAD_GROUP > 0:
+        # the launch order within a batch entry (head * blocks + block) in runs of
+        # HEAD_GROUP heads (Triton's swizzle2d; the last run may be short), each run's
+        # blocks last to first - a permutation of the grid, so the output store is still
+        # proven to cover the output (passes/buffer_usage.py)
         blocks = metile.num_programs(0)
-        order = head * blocks + block_m           # the launch order within a batch entry
-        first = order // (blocks * HEAD_GROUP) * HEAD_GROUP
-        size = metile.minimum(q_heads - first, HEAD_GROUP)   # (the last run may be short)
-        at = order - first * blocks
-        head = first + at % size
-        block_m = blocks - 1 - at // size
+        head, slot = metile.swizzle2d(head, block_m, q_heads, blocks, HEAD_GROUP)
+        block_m = blocks - 1 - slot
     kv_head = batch * (q_heads // group) + head // group
     start_m = block_m * BLOCK_M
     rows = start_m + metile.arange(0, BLOCK_M)

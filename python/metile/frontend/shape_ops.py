@@ -120,6 +120,7 @@ def swizzle2d(gen, i, j, size_i, size_j, size_g):
         if not (is_const(v) and not isinstance(v, (bool, float))) and not (
                 isinstance(v, Value) and not is_pointer(v.type) and dtype_of(v.type).is_int):
             raise CompilationError(f"swizzle2d() {name} must be an integer, got {describe(v)}")
+    group = size_g
     ij = sem.binary("add", sem.binary("mul", i, size_j), j)
     size_gj = sem.binary("mul", size_g, size_j)
     group_id = sem.binary("idiv", ij, size_gj)
@@ -128,4 +129,24 @@ def swizzle2d(gen, i, j, size_i, size_j, size_g):
     ij = sem.binary("mod", ij, size_gj)
     new_i = sem.binary("add", off_i, sem.binary("mod", ij, size_g))
     new_j = sem.binary("idiv", ij, size_g)
+    _mark_program_order(i, j, size_i, size_j, group, new_i, new_j)
     return new_i, new_j
+
+
+def _mark_program_order(i, j, size_i, size_j, size_g, new_i, new_j) -> None:
+    """Tag swizzle2d's results when they permute the grid itself - i, j program ids of
+    two axes, the sizes their num_programs, size_g a positive constant: (new_i, new_j)
+    then take every (i, j) pair once, so a store addressed by them covers what one
+    addressed by the program ids would (passes/buffer_usage.py reads the tag)."""
+    def axis_of(v, name):
+        op = v.owner if isinstance(v, Value) else None
+        return op.attrs["axis"] if op is not None and op.name == name else None
+
+    a, b = axis_of(i, "program_id"), axis_of(j, "program_id")
+    if a is None or b is None or a == b or axis_of(size_i, "num_programs") != a or \
+            axis_of(size_j, "num_programs") != b or not is_const(size_g) or \
+            isinstance(size_g, bool) or not isinstance(size_g, int) or size_g < 1:
+        return
+    serial = id(new_i.owner)
+    new_i.owner.attrs["program_order"] = [a, b, 0, serial]
+    new_j.owner.attrs["program_order"] = [a, b, 1, serial]

@@ -344,16 +344,32 @@ def _times(a: tuple, b: tuple) -> tuple:
 
 def _linear(v: Value, params: dict) -> dict | None:
     """v (a scalar or tile of int32 index arithmetic) as {atom: coefficient}: atoms
-    ("pid", axis), ("arange", dim, block) (its tile dim after expand_dims), ("one",);
-    coefficients (int, (symbols...)) with runtime int scalars by name and num_programs
-    as "grid:axis".  None where v is anything else (a product of two indices, a
-    division, a load...)."""
+    ("pid", axis, order) (a program id, or with `order` one of swizzle2d's results that
+    permute the grid - frontend/shape_ops.py - or either reversed as `num_programs(axis) -
+    1 - it`: each takes every value in [0, grid[axis]) as the program id does),
+    ("arange", dim, block) (its tile dim after expand_dims), ("one",); coefficients (int,
+    (symbols...)) with runtime int scalars by name and num_programs as "grid:axis".  None
+    where v is anything else (a product of two indices, a division, a load...)."""
     if id(v) in params:
         return {("one",): (1, (params[id(v)],))}
     op = defining_op(v)
     if op is None:
         return None
     name = op.name
+    if op.attrs.get("program_order"):
+        a, b, k, serial = op.attrs["program_order"]
+        return {("pid", b if k else a, (a, b, serial)): (1, ())}
+    if name == "sub":
+        # num_programs(axis) - 1 - x for x a program index of that axis: the same range
+        top, x = op.operands
+        top_op, inner = defining_op(top), _linear(x, params)
+        if top_op is not None and top_op.name == "sub" and inner is not None and \
+                len(inner) == 1 and (atom := next(iter(inner)))[0] == "pid" and \
+                inner[atom] == (1, ()) and \
+                _linear(top_op.operands[0], params) == {("one",): (1, (f"grid:{atom[1]}",))} \
+                and _linear(top_op.operands[1], params) == {("one",): (1, ())}:
+            return inner
+        return None
     if name in ("broadcast", "splat"):
         return _linear(op.operands[0], params)
     if name == "expand_dims":
@@ -368,7 +384,7 @@ def _linear(v: Value, params: dict) -> dict | None:
             return None
         return {} if value == 0 else {("one",): (value, ())}
     if name == "program_id":
-        return {("pid", op.attrs["axis"]): (1, ())}
+        return {("pid", op.attrs["axis"], None): (1, ())}
     if name == "num_programs":
         return {("one",): (1, (f"grid:{op.attrs['axis']}",))}
     if name == "arange":
@@ -425,7 +441,7 @@ def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
     bounds = [] if mask is None else _linear_bounds(mask, params)
     if bounds is None:
         return None
-    digits = []
+    digits, used = [], []
     for index, bound in bounds:
         ars = [a for a in index if a[0] == "arange"]
         pids = [a for a in index if a[0] == "pid"]
@@ -442,11 +458,18 @@ def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
             return None
         del total[pid]
         digits.append(("block", coef, (pid[1], ar[2], bound)))
+        used.append(pid)
     for atom, coef in total.items():
         digits.append(("pid", coef, (atom[1],)) if atom[0] == "pid" else
                       ("arange", coef, (atom[2], None)))
-    axes = [d[2][0] for d in digits if d[0] != "arange"]
-    if len(set(axes)) != len(axes):
+        if atom[0] == "pid":
+            used.append(atom)
+    # each grid axis once; a swizzled pair's axes only through that pair's results (the
+    # pair permutes the grid; one of its results beside the other axis' program id does not)
+    axes = {atom[1]: atom[2] for atom in used}
+    if len(axes) != len(used) or any(
+            order is not None and any(axes.get(x, order) != order for x in order[:2])
+            for order in axes.values()):
         return None
     return RadixCoverage(tuple(digits))
 
