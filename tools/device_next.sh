@@ -379,6 +379,15 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s56 ]; then
+  # attention's output proven whole (no zero fill, written mask and merge a call): GPU
+  # tests of attention and the coverage proofs, the op against MLX, every kernel's time
+  gpu_tests 150 test_attention_op test_dsl_codegen
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  for n in 1024 4096; do
+    ncu_times 60 ncu-attention-kernels-$n tools/probes/attention_kernels_ncu.py $n
+  done
 elif [ "$mode" = s55 ]; then
   # the carried value product against METILE_WGMMA_CARRY=0 in one run (tiles 128x64 and
   # 128x128), then every kernel's duration (ncu) of the op and MLX's SDPA at 1024 and 4096
