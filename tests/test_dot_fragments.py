@@ -274,13 +274,13 @@ def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, 
 
 
 @pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
-@pytest.mark.parametrize("bm,bn,warps", [(128, 64, 8), (128, 128, 8)])
+@pytest.mark.parametrize("bm,bn,warps", [(128, 128, 8)])
 def test_cuda_attention_value_product_left_in_flight(bm, bn, warps):
-    # lower_mma_layout.carried_products: the P.V product accumulates in the carried
-    # registers and is not waited for in its iteration (a wait before the next
-    # iteration's first product holds them, a wait follows each loop); ptxas keeps the
-    # products asynchronous (no C7512 serialization) within 128 registers (128x64 on 8
-    # warps, two blocks an SM) and without a bound (128x128)
+    # lower_mma_layout.carried_products: without a two-blocks register bound (128x128 on
+    # 8 warps, one block an SM) the P.V product accumulates in the carried registers and
+    # is not waited for in its iteration (a wait before the next iteration's first
+    # product holds them, a wait follows each loop); ptxas keeps the products
+    # asynchronous (no C7512 serialization)
     import sys
     sys.path.insert(0, "kernels")
     from nvrtc import cubin
@@ -309,17 +309,19 @@ def test_cuda_attention_value_product_left_in_flight(bm, bn, warps):
 
 
 @pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
-def test_cuda_attention_value_product_waited_where_issued_on_request(monkeypatch):
-    # METILE_WGMMA_CARRY=0: the P.V product accumulates into its own registers and is
-    # waited for where it is issued (a launch resolved either way is its own cache entry)
+@pytest.mark.parametrize("bn,carry", [(128, "0"), (64, "1")])
+def test_cuda_attention_value_product_waited_where_issued(monkeypatch, bn, carry):
+    # the P.V product accumulates into its own registers and is waited for where it is
+    # issued under METILE_WGMMA_CARRY=0 (a launch resolved either way is its own cache
+    # entry), and under the two-blocks register bound (128x64 on 8 warps) by default
     import sys
     sys.path.insert(0, "kernels")
     from metile_kernels import attention as kernels
-    monkeypatch.setenv("METILE_WGMMA_CARRY", "0")
+    monkeypatch.setenv("METILE_WGMMA_CARRY", carry)
     q = mx.zeros((1, 2, 512, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, 128)].prepare(
         q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
-        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
+        BLOCK_D=128, BLOCK_M=128, BLOCK_N=bn, MASK="causal", num_warps=8, backend="cuda",
         POSITIVE_SCALE=True)
     body = translation_unit(d).split("__global__", 1)[1]
     products = re.findall(r"metile_wgmma_m64n128k16_f16_ra_tb\((\w+),", body)

@@ -230,9 +230,17 @@ class MmaLayoutLowering:
         blocks' copies) - a wait before the next iteration's first product (which precedes
         every read of acc) and one after the loop complete it.  Sets mma_inplace and
         returns the carried arrays that may be in flight at the body's top.
-        METILE_WGMMA_CARRY=0 waits for every product where it is issued."""
+        METILE_WGMMA_CARRY=0 waits for every product where it is issued.
+
+        Only where the kernel has no two-blocks-an-SM register bound (mma_occupancy; the
+        operand tiles are allocated by now): measured on the H200 in one run against
+        METILE_WGMMA_CARRY=0 (tools/probes/attention_prefill_variants.py, s55), causal
+        1x32xLx128 float16, attention's 128x64 block under the bound lost (4096: 506 us
+        against 498, 8192: 1656 against 1586) and its 128x128 block without one gained
+        (545 against 560, 1655 against 1703)."""
         lay = self.mma
-        if lay is None or lay.warpgroup is None or not self.wgmma_carry:
+        if lay is None or lay.warpgroup is None or not self.wgmma_carry or \
+                self.mma_occupancy() > 1:
             return []
         body = loop.regions[0]
         term = body.ops[-1] if body.ops else None
