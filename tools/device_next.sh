@@ -379,6 +379,21 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s57 ]; then
+  # a first call onto fresh memory (s56's ncu: the op's first call 2194 us, its second 363):
+  # the op, MLX's SDPA and x * 2, each 3 calls then 2 after mx.clear_cache(), every duration
+  timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+    python3 tools/probes/first_call_cost.py 4096 > "$logs/ncu-first-call.csv" 2>> "$log"
+  python3 - "$logs/ncu-first-call.csv" <<'PY' 2>&1 | tee -a "$log"
+import csv, io, sys
+text = open(sys.argv[1]).read()
+text = text[text.index('"ID"'):]
+for row in csv.DictReader(io.StringIO(text)):
+    name = row["Kernel Name"]
+    if any(s in name for s in ("attention", "sdpa", "Multiply", "copy")):
+        print(f"{name[:60]:60s} {row['Metric Value']}")
+PY
+  gpu_tests $((budget - 15 - (SECONDS - t0))) test_dsl_codegen test_gemm test_model_ops_norms
 elif [ "$mode" = s56 ]; then
   # attention's output proven whole (no zero fill, written mask and merge a call): GPU
   # tests of attention and the coverage proofs, the op against MLX, every kernel's time
