@@ -329,6 +329,30 @@ def test_cuda_attention_value_product_waited_where_issued(monkeypatch, bn, carry
     assert not re.search(r"metile_wgmma_hold\(_m\d+\);", body)
 
 
+@pytest.mark.skipif(TOOLKIT is None, reason="needs the NVRTC wheels")
+def test_attention_block_copies_are_one_add_apart():
+    # vectorize_rows.async_copy's proven path (copy_strided): a thread's chunks of a key
+    # block (64 x 128 float16, 256 threads: 16 rows apart) are its first chunk plus
+    # constants - 16 rows of 128 elements further in K, 16 rows of the 64-element swizzle
+    # atom further in the tile - not each computed from its coordinates
+    import sys
+    sys.path.insert(0, "kernels")
+    from metile_kernels import attention as kernels
+    q = mx.zeros((1, 2, 512, 128), mx.float16)
+    d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, 128)].prepare(
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
+        POSITIVE_SCALE=True)
+    body = translation_unit(d).split("__global__", 1)[1]
+    defs = dict(re.findall(r"const int32_t (_v\d+) = \((.*?)\);", body))
+    copies = re.findall(r"metile_cp_async16_fill\(&(_sw\d+)\[(_v\d+)\], &K\[(_v\d+)\]", body)
+    runs = [copies[i:i + 4] for i in range(len(copies) - 3)
+            if all(defs.get(copies[i + s][2]) == f"{copies[i][2]} + {2048 * s}" and
+                   defs.get(copies[i + s][1]) == f"{copies[i][1]} + {1024 * s}"
+                   for s in (1, 2, 3))]
+    assert len(runs) >= 2, copies     # the whole-block loop's and the masked loop's
+
+
 @metile.kernel
 def product_of_a_triangle(A, B, Out, n, BM: metile.constexpr):
     """tril(A) @ B for one (BM, BM) block: A's mask depends on the row and the column."""

@@ -536,6 +536,9 @@ class MmaLayoutLowering:
         ahead = Block()
         ab = Builder(ahead)
         ab.loc = b.loc
+        # (issued after the iteration's first warpgroup product instead, the copies'
+        # addresses and that product's accumulators were live at once: 324 bytes of spill
+        # loads for attention's 128x64 block under 128 registers)
         copies(ab, nxt, lambda bb, v: bb.value(
             "mul", [bb.value("sub", [self.const(bb, 1), parity], I32),
                     self.const(bb, buffers[v.id][1])], I32))

@@ -437,6 +437,34 @@ class RowVectorLowering:
             dst = self.shared_at(st, ctxs[0])
             issue(ctxs[0].b, dst, index, None if mask is None else self.elem(mask, ctxs[0]))
 
+        def copy_strided(fb: Builder) -> bool:
+            # chunk s of this thread is its chunk 0 moved s * row_step rows down (the chunks
+            # test: T * V a multiple of the columns): its source a constant number of
+            # elements further (the pointer's row stride, proven affine), its place in the
+            # tile too where the layout moves by whole rows (padded or plain rows; swizzle
+            # atoms when the step keeps the row's phase of 8) - one add each, the address
+            # arithmetic done once (from chunk coordinates it was ~15 instructions a chunk)
+            width = self.row_runs.width
+            slots = prod(shape) // (self.T * width)
+            row_step = self.T * width // shape[1]
+            rows = stride(op.operands[0], 0, {})
+            if not isinstance(rows, int) or slots > 16 or \
+                    (st.swizzled and row_step % 8):
+                return False
+            unit = 64 if st.swizzled else (st.pitch or shape[1])
+            lin = self._i(fb, "mul", self.geom(fb, "thread_id"), width)
+            ctxs = [Ctx(self, fb, shape, lin if s == 0 else
+                        self.add(fb, lin, self.const(fb, s * self.T * width)), self.const(fb, 0))
+                    for s in range(slots)]
+            index = self.elem(op.operands[0], ctxs[0])
+            dst = self.shared_at(st, ctxs[0])
+            for s, ctx in enumerate(ctxs):
+                at = index if s == 0 else self.add(fb, index,
+                                                   self.const(fb, s * row_step * rows))
+                to = dst if s == 0 else self.add(fb, dst, self.const(fb, s * row_step * unit))
+                issue(fb, to, at, None if mask is None else self.elem(mask, ctx))
+            return True
+
         shape = tuple(v.type.shape)
         test = self._whole_chunks_test(v, b) if self.language == "cuda" else None
         if test is not None:
@@ -445,7 +473,8 @@ class RowVectorLowering:
             fb.loc = sb.loc = b.loc
             # a copy a 16-byte chunk and nothing else: unrolled, its addresses are one add
             # apart (a per-chunk test and element fallback cost ~30 instructions a chunk)
-            self._run_loop(fb, shape, None, group=copy_whole).attrs["unroll"] = True
+            if not copy_strided(fb):
+                self._run_loop(fb, shape, None, group=copy_whole).attrs["unroll"] = True
             b.op("if", [test], [], {}, [fast, slow])
             b = sb
         loop = self.run_lane_loop(b, shape, None, group=copy)
