@@ -379,6 +379,12 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s58 ]; then
+  # the strided cp.async copies (short: the session's last device seconds): causal and
+  # prefill GPU tests of attention, then the op at 4096
+  gpu_tests 45 -k "causal or prefill or program_order" test_attention_op
+  timeout 40 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 4096 --decode-lengths --launches 20 --rounds 3 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s57 ]; then
   # a first call onto fresh memory (s56's ncu: the op's first call 2194 us, its second 363):
   # the op, MLX's SDPA and x * 2, each 3 calls then 2 after mx.clear_cache(), every duration
