@@ -389,7 +389,7 @@ elif [ "$mode" = s57 ]; then
   # a first call onto fresh memory (s56's ncu: the op's first call 2194 us, its second 363):
   # the op, MLX's SDPA and x * 2, each 3 calls then 2 after mx.clear_cache(), every duration
   timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-    python3 tools/probes/first_call_cost.py 4096 > "$logs/ncu-first-call.csv" 2>> "$log"
+    python3 tools/probes/attention_kernels_ncu.py 4096 --first-call > "$logs/ncu-first-call.csv" 2>> "$log"
   python3 - "$logs/ncu-first-call.csv" <<'PY' 2>&1 | tee -a "$log"
 import csv, io, sys
 text = open(sys.argv[1]).read()

@@ -16,13 +16,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import mlx.core as mx
 
 sys.path[:0] = ["kernels", "."]
 from metile_kernels import attention as kernels  # noqa: E402
 from metile import attention_ops  # noqa: E402
+from benchmarks.attention import seconds_per_call  # noqa: E402
 
 # (BLOCK_M, BLOCK_N, warps, HEAD_GROUP); None: attention_ops.head_group's choice
 # (192-row blocks on 12 warps, three warpgroups, ran 4x slower than 128x64 at s53: not
@@ -34,14 +34,7 @@ SETTINGS = [{}, {"METILE_WGMMA_CARRY": "0"}]
 
 
 def per_call(fn, q, k, v, launches):
-    mx.synchronize()
-    t = time.perf_counter()
-    out = q
-    for _ in range(launches):
-        out = fn(out, k, v)
-    mx.eval(out)
-    mx.synchronize()
-    return (time.perf_counter() - t) / launches * 1e6
+    return seconds_per_call(fn, q, k, v, launches) * 1e6
 
 
 def variant(n, h, d, bm, bn, warps, order):

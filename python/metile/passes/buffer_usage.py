@@ -342,6 +342,12 @@ def _times(a: tuple, b: tuple) -> tuple:
     return (a[0] * b[0], tuple(sorted(a[1] + b[1])))
 
 
+def _expanded(index: dict, axis: int) -> dict:
+    """A _linear form after expand_dims(axis): its aranges' tile dims move past the new one."""
+    return {(a if a[0] != "arange" else ("arange", a[1] + (1 if axis <= a[1] else 0), a[2])): c
+            for a, c in index.items()}
+
+
 def _linear(v: Value, params: dict) -> dict | None:
     """v (a scalar or tile of int32 index arithmetic) as {atom: coefficient}: atoms
     ("pid", axis, order) (a program id, or with `order` one of swizzle2d's results that
@@ -374,10 +380,7 @@ def _linear(v: Value, params: dict) -> dict | None:
         return _linear(op.operands[0], params)
     if name == "expand_dims":
         inner = _linear(op.operands[0], params)
-        axis = op.attrs["axis"]
-        return None if inner is None else {
-            (a if a[0] != "arange" else ("arange", a[1] + (1 if axis <= a[1] else 0), a[2])): c
-            for a, c in inner.items()}
+        return None if inner is None else _expanded(inner, op.attrs["axis"])
     if name == "const":
         value = op.attrs["value"]
         if not isinstance(value, int) or isinstance(value, bool):
@@ -415,10 +418,8 @@ def _linear_bounds(mask: Value, params: dict) -> list | None:
         return _linear_bounds(op.operands[0], params)
     if op.name == "expand_dims":
         inner = _linear_bounds(op.operands[0], params)
-        axis = op.attrs["axis"]
-        return None if inner is None else [
-            ({(a if a[0] != "arange" else ("arange", a[1] + (1 if axis <= a[1] else 0), a[2])): c
-              for a, c in index.items()}, bound) for index, bound in inner]
+        return None if inner is None else [(_expanded(index, op.attrs["axis"]), bound)
+                                           for index, bound in inner]
     if op.name == "and":
         parts = [_linear_bounds(x, params) for x in op.operands]
         return None if None in parts else parts[0] + parts[1]
