@@ -86,15 +86,17 @@ def test_shared_operand_is_not_copied_per_batch(rng):
     a3, b3 = matmul_shapes.batched(a, b, matmul_shapes.plan(a.shape, b.shape))
     assert a3.shape == (1, 7, 33) and b3.shape == (4, 33, 20)
     g = lazy_graph.graph(ops.matmul(a, b, backend="metile"))
-    # the one Broadcast is the output buffer's mx.zeros (a Broadcast filled by Full)
-    assert g.count("Broadcast") == g.feeding("Full", "Broadcast") == 1
+    # no Broadcast at all: none of a, and none for the output buffer (the kernel's batched
+    # store is proven to write all of it - passes/buffer_usage.py - so the passed mx.zeros is
+    # never read, never filled)
+    assert g.count("Broadcast") == 0 and g.count("Full") == 0
     # a batch broadcasting only in part is expanded to the full batch (documented copy)
     a, _ = arrays(rng, (2, 1, 7, 33))
     b, _ = arrays(rng, (1, 3, 33, 20))
     a3, b3 = matmul_shapes.batched(a, b, matmul_shapes.plan(a.shape, b.shape))
     assert a3.shape == (6, 7, 33) and b3.shape == (6, 33, 20)
     g = lazy_graph.graph(ops.matmul(a, b, backend="metile"))
-    assert g.count("Broadcast") == 3 and g.feeding("Full", "Broadcast") == 1
+    assert g.count("Broadcast") == 2 and g.count("Full") == 0
 
 
 def test_zero_sized_batches(rng):
