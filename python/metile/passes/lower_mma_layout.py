@@ -260,8 +260,7 @@ class MmaLayoutLowering:
                     and [u for u, _ in uses.get(y.id, [])] == [term]
                     and sum(t is y for t in term.operands) == 1):
                 continue
-            x = lay.fused[id(add)][1]
-            chain = [x]       # acc, or an elementwise op of it feeding only the add
+            x = lay.fused[id(add)][1]     # acc, or an elementwise op of it feeding only the add
             if x is not arg:
                 users = [u for u, _ in uses.get(arg.id, [])]
                 if not (users == [x.owner] and [u for u, _ in uses.get(x.id, [])] == [add]
@@ -294,7 +293,7 @@ class MmaLayoutLowering:
         if self.wgmma_pending:
             # a carried product still in flight is waited for before this one's registers
             # are set: its accumulators and P fragments are then dead before this product's
-            # are live (both at once passed 128 registers, and ptxas serialized)
+            # are live (left in flight through it, ptxas serialized every product, C7512)
             self.wgmma_wait_all(b, [])
         inplace = (self.mma_inplace or {}).get(result.id)
         out = inplace or self.storage_for(result)

@@ -667,7 +667,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         # products left in flight round the back edge (lower_mma_layout.py)
         ahead = self.prefetch(op, b, inner, iv) if self.mma is not None else None
         in_flight = self.carried_products(op, slots) if self.mma is not None else []
-        self.wgmma_pending = list(in_flight) if in_flight else self.wgmma_pending
+        if in_flight:   # (an enclosing loop's products in flight stay pending too)
+            self.wgmma_pending = (self.wgmma_pending or []) + in_flight
         ys = self.lower_block(body, inner)
         self.loop_depth -= 1
         self._assign(slots, ys, inner, body.args[1:])
