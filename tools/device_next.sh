@@ -380,11 +380,16 @@ elif [ "$mode" = s31 ]; then
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
 elif [ "$mode" = s58 ]; then
-  # the strided cp.async copies (short: the session's last device seconds): causal and
-  # prefill GPU tests of attention, then the op at 4096
-  gpu_tests 45 -k "causal or prefill or program_order" test_attention_op
-  timeout 40 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
-    --prefill-lengths 4096 --decode-lengths --launches 20 --rounds 3 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  # first call of the twentieth session: the strided cp.async copies (never run on a GPU
+  # yet) and the outputs the mixed-radix coverage proof now takes (batched matmul, attention,
+  # user kernels): their GPU tests, then the op against MLX and the loop's profile
+  gpu_tests 240 test_attention_op test_dot_fragments test_ops_batched test_dsl_codegen test_vectorize_rows
+  timeout 200 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -8 | tee -a "$log"
+  m=gpu__time_duration.sum,smsp__inst_executed.sum,launch__registers_per_thread
+  for r in long_scoreboard wait barrier selected; do m=$m,smsp__pcsamp_warps_issue_stalled_$r; done
+  timeout 100 ncu --kernel-name regex:attention_forward --launch-skip 1 --launch-count 1 --metrics "$m" \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 2>&1 | grep -E "^ +[a-z_]+__" | tee -a "$log"
 elif [ "$mode" = s57 ]; then
   # a first call onto fresh memory (s56's ncu: the op's first call 2194 us, its second 363):
   # the op, MLX's SDPA and x * 2, each 3 calls then 2 after mx.clear_cache(), every duration
