@@ -144,8 +144,7 @@ def _mark_program_order(i, j, size_i, size_j, size_g, new_i, new_j) -> None:
 
     a, b = axis_of(i, "program_id"), axis_of(j, "program_id")
     if a is None or b is None or a == b or axis_of(size_i, "num_programs") != a or \
-            axis_of(size_j, "num_programs") != b or not is_const(size_g) or \
-            isinstance(size_g, bool) or not isinstance(size_g, int) or size_g < 1:
+            axis_of(size_j, "num_programs") != b or type(size_g) is not int or size_g < 1:
         return
     serial = id(new_i.owner)
     new_i.owner.attrs["program_order"] = [a, b, 0, serial]

@@ -117,12 +117,14 @@ class RadixCoverage:
         return ["radix", [[k, [c[0], list(c[1])], list(d)] for k, c, d in self.digits]]
 
     def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        def programs(axis: int) -> int:
+            return grid[axis] if axis < len(grid) else 1
+
         def value(s):
             if isinstance(s, int):
                 return s
             if s.startswith("grid:"):
-                axis = int(s[5:])
-                return grid[axis] if axis < len(grid) else 1
+                return programs(int(s[5:]))
             v = args.get(s)
             return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -135,9 +137,9 @@ class RadixCoverage:
                     return False
                 coef *= v
             if kind == "pid":
-                radix = value(f"grid:{data[0]}")
+                radix = programs(data[0])
             else:
-                extent = data[0] if kind == "arange" else value(f"grid:{data[0]}") * data[1]
+                extent = data[0] if kind == "arange" else programs(data[0]) * data[1]
                 bound = extent if data[-1] is None else value(data[-1])
                 if bound is None or bound > extent:
                     return False

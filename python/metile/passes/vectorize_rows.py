@@ -437,17 +437,16 @@ class RowVectorLowering:
             dst = self.shared_at(st, ctxs[0])
             issue(ctxs[0].b, dst, index, None if mask is None else self.elem(mask, ctxs[0]))
 
-        def copy_strided(fb: Builder) -> bool:
+        def copy_strided(fb: Builder, rows) -> bool:
             # chunk s of this thread is its chunk 0 moved s * row_step rows down (the chunks
-            # test: T * V a multiple of the columns): its source a constant number of
-            # elements further (the pointer's row stride, proven affine), its place in the
+            # test: T * V a multiple of the columns): its source `rows` (the pointer's row
+            # stride, proven affine) times that many elements further, its place in the
             # tile too where the layout moves by whole rows (padded or plain rows; swizzle
             # atoms when the step keeps the row's phase of 8) - one add each, the address
             # arithmetic done once (from chunk coordinates it was ~15 instructions a chunk)
             width = self.row_runs.width
             slots = prod(shape) // (self.T * width)
             row_step = self.T * width // shape[1]
-            rows = stride(op.operands[0], 0, {})
             if not isinstance(rows, int) or slots > 16 or \
                     (st.swizzled and row_step % 8):
                 return False
@@ -466,14 +465,14 @@ class RowVectorLowering:
             return True
 
         shape = tuple(v.type.shape)
-        test = self._whole_chunks_test(v, b) if self.language == "cuda" else None
+        test, rows = self._whole_chunks_test(v, b) if self.language == "cuda" else (None, None)
         if test is not None:
             fast, slow = Block(), Block()
             fb, sb = Builder(fast), Builder(slow)
             fb.loc = sb.loc = b.loc
             # a copy a 16-byte chunk and nothing else: unrolled, its addresses are one add
             # apart (a per-chunk test and element fallback cost ~30 instructions a chunk)
-            if not copy_strided(fb):
+            if not copy_strided(fb, rows):
                 self._run_loop(fb, shape, None, group=copy_whole).attrs["unroll"] = True
             b.op("if", [test], [], {}, [fast, slow])
             b = sb
@@ -484,10 +483,11 @@ class RowVectorLowering:
         if "async_copy_runs" not in self.lowering_passes:
             self.lowering_passes.append("async_copy_runs")
 
-    def _whole_chunks_test(self, v: Value, b: Builder) -> Value | None:
-        """A per-thread bool under which every 16-byte chunk of load `v` this thread copies
-        is one aligned cp.async, whole or empty as its first element's mask says (None
-        where the form does not allow the proof).  Static half: a 2-D tile whose every
+    def _whole_chunks_test(self, v: Value, b: Builder) -> tuple:
+        """(test, row stride): a per-thread bool under which every 16-byte chunk of load `v`
+        this thread copies is one aligned cp.async, whole or empty as its first element's
+        mask says (None where the form does not allow the proof), and the pointer's
+        elements from one row to the next (an int, or None where not constant).  Static half: a 2-D tile whose every
         thread's chunks lie in one column (T * V a multiple of the columns), an address
         rising by one element along the row and by a whole number of 16-byte units from
         one of the thread's chunks to the next, each mask conjunct a function of the row
@@ -500,7 +500,7 @@ class RowVectorLowering:
         width = self.row_runs.width if self.row_runs is not None else 1
         if len(shape) != 2 or width * elem_type(op.operands[0].type).dtype.itemsize != 16 \
                 or (self.T * width) % shape[1] or prod(shape) % (self.T * width):
-            return None
+            return None, None
         ptr, mask = op.operands[0], (op.operands[1] if len(op.operands) > 1 else None)
         memo = {}
         itemsize = elem_type(ptr.type).dtype.itemsize
@@ -508,15 +508,15 @@ class RowVectorLowering:
         rows = stride(ptr, 0, memo)
         if stride(ptr, 1, memo) != 1 or not self._index_math(ptr) or (
                 row_step * itemsize % 16 and (rows is None or row_step * rows * itemsize % 16)):
-            return None
+            return None, None
         columns = []
         for c in ([] if mask is None else _conjuncts(mask)):
             if not self._index_math(c):
-                return None
+                return None, None
             if stride(c, 1, memo) == 0:
                 continue                     # the row's: one value along a chunk
             if stride(c, 0, memo) != 0 or _tightest(*_under_views(c, 1), memo) is None:
-                return None
+                return None, None
             columns.append(c)
         tid = self.geom(b, "thread_id")
         first = Ctx(self, b, shape, self._i(b, "mul", tid, width), self.const(b, 0))
@@ -528,7 +528,7 @@ class RowVectorLowering:
         for c in columns:
             same = b.value("eq", [self.elem(c, first), self.elem(c, last)], BOOL)
             test = b.value("and", [test, same], BOOL)
-        return test
+        return test, rows
 
     def async_run_copy(self, v: Value, st, b: Builder) -> bool:
         """Materialize load `v` into threadgroup tile `st` by `async_copy`, waited for (the
