@@ -379,6 +379,22 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s59 ]; then
+  # where the attention loop waits, per SASS instruction (warp-state samples of the second
+  # launch at 4096), the SM's pipes and occupancy, then Triton's causal forward on the same
+  # machine (its own python3 and process) as the compiler peer
+  timeout 150 ncu --kernel-name regex:attention_forward --launch-skip 1 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters --page source --print-source sass --csv \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 > "$logs/ncu-attention-sass.csv" 2>> "$log"
+  echo "ncu sass exit $?: $(wc -l < "$logs/ncu-attention-sass.csv") lines" | tee -a "$log"
+  timeout 150 ncu --kernel-name regex:attention_forward --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy \
+    --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+    python3 tools/probes/attention_prefill_once.py 128 64 8 > "$logs/ncu-attention-sections.txt" 2>> "$log"
+  grep -E "Duration|Throughput|Pipe|Occupancy|Warp Cycles|Active Warps|Stall|Registers|Block Limit|Issued" \
+    "$logs/ncu-attention-sections.txt" | head -60 | tee -a "$log"
+  timeout $((budget - 15 - (SECONDS - t0))) python3 tools/probes/triton_attention.py \
+    "$logs/h200-triton-attention.json" 2>&1 | tail -24 | tee -a "$log"
 elif [ "$mode" = s58 ]; then
   # first call of the twentieth session: the strided cp.async copies (never run on a GPU
   # yet) and the outputs the mixed-radix coverage proof now takes (batched matmul, attention,
