@@ -379,6 +379,16 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s60 ]; then
+  # the compiler peer: Triton's causal forward (each configuration in its own process,
+  # torch's SDPA beside it), then metile against MLX in the same session, and the tiles
+  # ranked again at 4096 after the strided copies
+  timeout 330 python3 tools/probes/triton_attention.py "$logs/h200-triton-attention.json" 2>&1 \
+    | grep -v Warn | tee -a "$log"
+  timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 8192 --decode-lengths --launches 20 --rounds 5 --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout $((budget - 15 - (SECONDS - t0))) python3 tools/probes/attention_prefill_tiles.py \
+    --length 4096 "$logs/h200-attention-prefill-tiles.json" 2>&1 | tail -10 | tee -a "$log"
 elif [ "$mode" = s59 ]; then
   # where the attention loop waits, per SASS instruction (warp-state samples of the second
   # launch at 4096), the SM's pipes and occupancy, then Triton's causal forward on the same
