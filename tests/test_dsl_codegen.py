@@ -295,6 +295,57 @@ def test_swizzle2d_of_other_values_is_no_coverage_proof():
     assert d.variant.data["outputs"] == ["Y", "Y_written"]
 
 
+@metile.kernel
+def ones_2d(Y, M, N, K, BM: metile.constexpr, BN: metile.constexpr, FORM: metile.constexpr):
+    # a (M, N) tile store of ones under a mask with one term more than its two bounds
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if FORM == "second_row_bound":
+        mask = (rows[:, None] < K) & mask
+    elif FORM == "gate":
+        gate = metile.program_id(2) + metile.arange(0, 1)
+        mask = mask & (gate[:, None] < K)
+    metile.store(Y + rows[:, None] * N + cols[None, :], 1.0 + rows[:, None] * 0.0, mask=mask)
+
+
+@pytest.mark.parametrize("form,k,rows_written", [("second_row_bound", 2, 2), ("gate", 0, 0),
+                                                 ("gate", 1, 6)])
+def test_mask_terms_beyond_the_tile_bounds_are_no_coverage_proof(form, k, rows_written):
+    # (found by a hostile test: the 2-D proof kept one of two bounds on the rows, and
+    # ignored a term on another index, and said the output was covered - its unwritten
+    # part came back uninitialised)
+    d = ones_2d[(2, 2, 1)].prepare(mx.full((6, 5), -7.0), 6, 5, k, BM=4, BN=4, FORM=form)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"] and d.tracked == [0]
+    want = np.full((6, 5), -7.0, np.float32)
+    want[:rows_written] = 1.0
+    np.testing.assert_array_equal(np.array(d()), want)
+
+
+def test_a_tile_store_under_negative_bounds_covers_nothing():
+    # M and N both negative: their product is positive, but the mask writes nothing
+    for m, n in ((-2, -3), (0, 6), (6, -1)):
+        y = ones_2d[(1, 1, 1)](mx.full((6,), -7.0), m, n, 0, BM=4, BN=4, FORM="plain")
+        np.testing.assert_array_equal(np.array(y), np.full(6, -7.0, np.float32))
+
+
+def test_a_mask_on_the_reversed_block_is_not_a_mask_on_the_block():
+    # the store at rows = pid * B + arange, the mask on (num_programs - 1 - pid) * B +
+    # arange: another index (the old proof took them as one and said 20 rows of 32 were
+    # the output; rows 0-7 and 12-15 are never written).  Prepared only: launched, this
+    # kernel writes past the output.
+    @metile.kernel
+    def reversed_mask(Y, n, B: metile.constexpr, D: metile.constexpr):
+        rows = metile.program_id(0) * B + metile.arange(0, B)
+        rev = (metile.num_programs(0) - 1 - metile.program_id(0)) * B + metile.arange(0, B)
+        d = metile.arange(0, D)
+        metile.store(Y + rows[:, None] * D + d[None, :], 1.0 + d[None, :] * 0.0,
+                     mask=rev[:, None] < n)
+
+    d = reversed_mask[(4,)].prepare(mx.full((40,), -7.0), 20, B=8, D=2)
+    assert d.variant.data["outputs"] == ["Y", "Y_written"] and d.tracked == [0]
+
+
 def test_debug_prints_msl_and_tile_ir(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("METILE_DEBUG", "msl,tile_ir")
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))

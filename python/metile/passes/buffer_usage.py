@@ -92,6 +92,8 @@ class TileCoverage:
         m, n, s = (_value(b, args) for b in (*self.bounds, self.row_stride))
         if not all(isinstance(x, int) for x in (m, n, s)) or s != n:
             return False
+        if m <= 0 or n <= 0:   # the mask writes nothing (two negatives multiply to > 0)
+            return size == 0
         (ra, ca), (bm, bn) = self.axes, self.blocks
         return grid[ra] * bm >= m and grid[ca] * bn >= n and m * n >= size
 
@@ -312,7 +314,11 @@ def _bounds(mask: Value, params: dict) -> dict | None:
                 for (dim, block, pid), bound in inner.items()}
     if op.name == "and":
         parts = [_bounds(x, params) for x in op.operands]
-        return None if None in parts else {**parts[0], **parts[1]}
+        # two bounds on one index: which is smaller is known only at launch, and a dict
+        # would keep one of them (the store writes below the smaller) - no proof
+        if None in parts or set(parts[0]) & set(parts[1]):
+            return None
+        return {**parts[0], **parts[1]}
     if op.name == "lt":
         idx, bound = _index(op.operands[0]), _scalar(op.operands[1], params)
         return None if idx is None or bound is None else {idx: bound}
@@ -335,7 +341,9 @@ def _tile_coverage(offsets: list[Value], mask: Value | None, params: dict) -> Ti
     if set(by_dim) != {0, 1} or bounds is None:
         return None
     (row, stride), (col, unit) = by_dim[0], by_dim[1]
-    if unit != 1 or row[2] == col[2] or row not in bounds or col not in bounds:
+    # exactly the row and the column bound: a conjunct on any other index (a gate, a
+    # program id of a third axis) turns stores off that the proof would count
+    if unit != 1 or row[2] == col[2] or set(bounds) != {row, col}:
         return None
     return TileCoverage((row[2], col[2]), (row[1], col[1]), (bounds[row], bounds[col]), stride)
 
@@ -352,9 +360,11 @@ def _expanded(index: dict, axis: int) -> dict:
 
 def _linear(v: Value, params: dict) -> dict | None:
     """v (a scalar or tile of int32 index arithmetic) as {atom: coefficient}: atoms
-    ("pid", axis, order) (a program id, or with `order` one of swizzle2d's results that
-    permute the grid - frontend/shape_ops.py - or either reversed as `num_programs(axis) -
-    1 - it`: each takes every value in [0, grid[axis]) as the program id does),
+    ("pid", axis, order, reversed) (a program id, or with `order` one of swizzle2d's
+    results that permute the grid - frontend/shape_ops.py - and `reversed` for either as
+    `num_programs(axis) - 1 - it`: each takes every value in [0, grid[axis]) as the program
+    id does, but a reversed index is another index - a mask on one bounds the other's
+    complement, not itself),
     ("arange", dim, block) (its tile dim after expand_dims), ("one",); coefficients (int,
     (symbols...)) with runtime int scalars by name and num_programs as "grid:axis".  None
     where v is anything else (a product of two indices, a division, a load...)."""
@@ -366,7 +376,7 @@ def _linear(v: Value, params: dict) -> dict | None:
     name = op.name
     if op.attrs.get("program_order"):
         a, b, k, serial = op.attrs["program_order"]
-        return {("pid", b if k else a, (a, b, serial)): (1, ())}
+        return {("pid", b if k else a, (a, b, serial), False): (1, ())}
     if name == "sub":
         # num_programs(axis) - 1 - x for x a program index of that axis: the same range
         top, x = op.operands
@@ -376,7 +386,7 @@ def _linear(v: Value, params: dict) -> dict | None:
                 inner[atom] == (1, ()) and \
                 _linear(top_op.operands[0], params) == {("one",): (1, (f"grid:{atom[1]}",))} \
                 and _linear(top_op.operands[1], params) == {("one",): (1, ())}:
-            return inner
+            return {(*atom[:3], not atom[3]): (1, ())}
         return None
     if name in ("broadcast", "splat"):
         return _linear(op.operands[0], params)
@@ -389,7 +399,7 @@ def _linear(v: Value, params: dict) -> dict | None:
             return None
         return {} if value == 0 else {("one",): (value, ())}
     if name == "program_id":
-        return {("pid", op.attrs["axis"], None): (1, ())}
+        return {("pid", op.attrs["axis"], None, False): (1, ())}
     if name == "num_programs":
         return {("one",): (1, (f"grid:{op.attrs['axis']}",))}
     if name == "arange":
