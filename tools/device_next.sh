@@ -380,9 +380,12 @@ elif [ "$mode" = s31 ]; then
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
 elif [ "$mode" = s60 ]; then
+  # the coverage proof's fixes on the GPU (an output proven whole is not pre-filled there);
   # the compiler peer: Triton's causal forward (each configuration in its own process,
   # torch's SDPA beside it), then metile against MLX in the same session, and the tiles
   # ranked again at 4096 after the strided copies
+  gpu_tests 100 -k "cover or proven or reversed or swizzle or negative_bounds or mask_terms" \
+    test_dsl_codegen test_ops_batched test_attention_op
   timeout 330 python3 tools/probes/triton_attention.py "$logs/h200-triton-attention.json" 2>&1 \
     | grep -v Warn | tee -a "$log"
   timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
