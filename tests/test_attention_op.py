@@ -386,7 +386,7 @@ def _bad(rng):
     (lambda q, k, v: (q, k[..., :8], v[..., :8], {}), ValueError, "head dimensions differ"),
     (lambda q, k, v: (q[:, :3], k, v, {}), ValueError,
      r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
-    (lambda q, k, v: (q, k, v[:, :, :4], {}), ValueError, "must have the same shape"),
+    (lambda q, k, v: (q, k, v[:, :, :4], {}), ValueError, "must agree in batch, heads and length"),
     (lambda q, k, v: (q[0], k, v, {}), ValueError, "q must have rank 4"),
     (lambda q, k, v: (q.astype(mx.int32), k, v, {}), TypeError, "q has dtype"),
     (lambda q, k, v: (q, k, v, {"mask": "upper"}), ValueError, "mask must be None, 'causal'"),
@@ -402,6 +402,23 @@ def test_bad_inputs(rng, change, error, message):
         q, k, v = (x.astype(mx.float16) for x in (q, k, v))
     with pytest.raises(error, match=message):
         sdpa(q, k, v, scale=0.25, **kw)
+
+
+@pytest.mark.parametrize("dv,dk", [(8, 16), (16, 160)])
+def test_what_the_kernels_do_not_take_runs_mlx_on_auto(rng, dv, dk):
+    # MLX's op takes a value head dimension of its own and heads wider than these kernels'
+    # threadgroup memory: "auto" (the default) runs it, "metile" names what it cannot do
+    q, k, _ = operands(rng, 1, 2, 2, 5, 9, dk)
+    v = mx.array(rng.standard_normal((1, 2, 9, dv)).astype(np.float32))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal")
+    for backend in ("auto", "mlx"):
+        got = sdpa(q, k, v, scale=0.25, mask="causal", backend=backend)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+    route = attention_ops.explain_attention(q, k, v, scale=0.25, mask="causal")
+    assert route["path"] == "mlx" and route["route"]["source"] == "unsupported"
+    with pytest.raises(ValueError, match="one head dimension" if dv != dk else
+                       "threadgroup memory"):
+        sdpa(q, k, v, scale=0.25, mask="causal", backend="metile")
 
 
 def test_int32_offsets_limit():

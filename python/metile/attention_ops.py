@@ -65,12 +65,12 @@ def _check(q, k, v, scale, mask):
         if x.dtype not in _DTYPES:
             raise _fail(TypeError, f"{name} has dtype {x.dtype}; supported: float32, float16, "
                                    f"bfloat16")
-    if q.shape[-1] != k.shape[-1] or v.shape[-1] != k.shape[-1]:
-        raise _fail(ValueError, f"head dimensions differ: q {q.shape[-1]}, k {k.shape[-1]}, "
-                                f"v {v.shape[-1]} (all three must be equal)")
-    if k.shape != v.shape:
-        raise _fail(ValueError, f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same "
-                                f"shape")
+    if q.shape[-1] != k.shape[-1]:
+        raise _fail(ValueError, f"head dimensions differ: q {q.shape[-1]}, k {k.shape[-1]} "
+                                f"(the scores' product needs them equal)")
+    if k.shape[:3] != v.shape[:3]:
+        raise _fail(ValueError, f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in "
+                                f"batch, heads and length")
     if q.shape[0] != k.shape[0]:
         raise _fail(ValueError, f"batch sizes differ: q {q.shape[0]}, k/v {k.shape[0]}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
@@ -464,7 +464,17 @@ def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
         raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
     if backend == "mlx":
         return None, routing.Decision("mlx", "requested", "backend='mlx' requested")
-    cfgs = configs(q, k, v, _mask_kind(mask))
+    # what MLX's op takes and these kernels do not: backend="metile" says so, "auto" runs
+    # MLX's op (a model with 256-wide heads must not break on the default path)
+    try:
+        if v.shape[-1] != k.shape[-1]:
+            raise _fail(ValueError, f"the kernels take one head dimension for q, k and v; v's "
+                                    f"is {v.shape[-1]}, q and k's {k.shape[-1]}")
+        cfgs = configs(q, k, v, _mask_kind(mask))
+    except ValueError as e:
+        if backend == "metile":
+            raise
+        return None, routing.Decision("mlx", "unsupported", str(e))
     if backend == "metile":
         return cfgs[0], routing.Decision(_config_name(cfgs[0]), "requested",
                                          "backend='metile' requested")

@@ -920,6 +920,11 @@ def _check_linear(x, weight, bias, activation, slope):
     if bias.shape != (weight.shape[0],):
         raise ValueError(f"[metile.ops] bias shape {bias.shape} does not match {weight.shape[0]} "
                          "output features")
+    if bias.dtype != x.dtype:
+        # as for x, weight and residual: one dtype (the fused epilogue would round a wider
+        # bias to x's dtype where MLX promotes the result)
+        raise TypeError(f"[metile.ops] bias has dtype {bias.dtype}; expected x's dtype "
+                        f"{x.dtype}")
 
 
 def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str = "auto",

@@ -58,7 +58,7 @@ class Candidate:
 @dataclass
 class Decision:
     winner: str
-    source: str             # "measured", "cache", "cost_model" or "requested"
+    source: str             # "measured", "cache", "cost_model", "requested" or "unsupported"
     reason: str
     key: str | None = None
     timings: dict = field(default_factory=dict)     # candidate -> seconds per call
