@@ -507,6 +507,12 @@ def test_bad_inputs_give_clear_errors():
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array([1, 2]))
     with pytest.raises(TypeError, match=r"offset must be an integer array"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array(1.5))
+    # a 64-bit offset array would wrap to int32 in the kernel, silently (found by a
+    # hostile test: 2**31 + 7 rotated by the wrong angle); an int offset is range-checked
+    with pytest.raises(TypeError, match=r"offset arrays are int32 positions here, got dtype "
+                                        r"mlx.core.int64"):
+        ops.rope(q, 8, traditional=False, base=1e4, scale=1.0,
+                 offset=mx.array([2**31 + 7], dtype=mx.int64))
 
 
 def test_too_wide_rows_fall_back_to_mlx_under_auto():

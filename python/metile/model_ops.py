@@ -705,6 +705,11 @@ def _rope_offset(x, offset):
     if not mx.issubdtype(offset.dtype, mx.integer):
         raise TypeError(f"[metile.ops.rope] offset must be an integer array, got dtype "
                         f"{offset.dtype}")
+    if offset.dtype in (mx.int64, mx.uint32, mx.uint64):
+        # the kernels' positions are int32 and an array's values are not known before it
+        # runs: a wider offset would wrap silently (an int offset is range-checked above)
+        raise TypeError(f"[metile.ops.rope] offset arrays are int32 positions here, got dtype "
+                        f"{offset.dtype}; pass offset.astype(mx.int32) (values below 2**31)")
     if offset.size == 1 and offset.ndim <= 1:
         return None, offset.reshape(1).astype(mx.int32), "array"
     if offset.ndim == 1 and offset.size == x.shape[0]:
