@@ -772,7 +772,7 @@ lang = [
     ("return-a-value", lambda: k_return_value[(1,)](zeros8()),
      r"a kernel cannot return a value; store results into an output buffer"),
     ("range-zero-step", lambda: k_zero_step[(1,)](zeros8()),
-     r"range\(\) step must be positive, got 0"),
+     r"range\(\) step must not be zero"),
     ("kernel-without-stores", lambda: k_no_store[(1,)](zeros8()),
      r"kernel 'k_no_store' stores to no buffer"),
     ("inline-recursion", lambda: k_recursion[(1,)](zeros8()),

@@ -673,3 +673,46 @@ def test_uniform_return_in_a_simdgroup_inline_kernel(rng, used):
                                           SCHEDULE=metile.Schedule(backend="simdgroup_inline")))
     ref = a.astype(np.float64) @ b if used else np.full((8, 8), SENTINEL)
     np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL)
+
+
+# -- range() with steps of either sign --------------------------------------------------------------
+
+@metile.kernel
+def range_sum(Z, lo, hi, step):
+    s = 0
+    c = 0
+    for i in range(lo, hi, step):
+        s += i
+        c += 1
+    metile.store(Z + 0, s)
+    metile.store(Z + 1, c)
+
+
+@metile.kernel
+def range_sum_const(Z, LO: metile.constexpr, HI: metile.constexpr, ST: metile.constexpr):
+    s = 0
+    for i in range(LO, HI, ST):
+        s += i * 3
+    metile.store(Z, s)
+
+
+@pytest.mark.parametrize("lo,hi,step", [(0, 7, 2), (5, 0, -1), (10, 1, -4), (0, 7, -1),
+                                        (7, 0, 3), (-3, 4, 7), (4, -9, -5), (2, 2, -1)])
+def test_a_runtime_step_of_either_sign_runs_pythons_iterations(lo, hi, step):
+    # (found by a hostile test: a negative step known at launch ran no iterations going
+    # down, or until the counter wrapped going up)
+    got = np.array(range_sum[(1,)](mx.zeros((2,), mx.int32), lo, hi, step))
+    r = range(lo, hi, step)
+    assert got.tolist() == [sum(r), len(r)]
+
+
+def test_a_zero_step_at_launch_runs_no_iteration():
+    # Python raises; a kernel cannot, and looping forever (as it did) hangs the caller
+    got = np.array(range_sum[(1,)](mx.zeros((2,), mx.int32), 0, 5, 0))
+    assert got.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("lo,hi,step", [(5, 0, -1), (9, -2, -4), (0, 3, -1)])
+def test_a_negative_constant_step(lo, hi, step):
+    got = np.array(range_sum_const[(1,)](mx.zeros((1,), mx.int32), LO=lo, HI=hi, ST=step))
+    assert got.tolist() == [3 * sum(range(lo, hi, step))]

@@ -223,8 +223,8 @@ class ControlFlow:
         if len(args) == 1:
             args = [0, args[0]]
         start, end, step = (args + [1])[:3]
-        if is_const(step) and step <= 0:
-            raise CompilationError(f"{kind}() step must be positive, got {step}")
+        if is_const(step) and step == 0:
+            raise CompilationError(f"{kind}() step must not be zero")
         if kind == "static_range":
             return self._unrolled(node, start, end, step)
         bounds = []
@@ -233,10 +233,25 @@ class ControlFlow:
             if v.type != ScalarType(dt.int32):
                 raise CompilationError(f"{kind}() bounds must be int32 scalars, got {v.type}")
             bounds.append(v)
+        runtime_step = None
+        if not is_const(step) or step < 0:
+            # a step known only at launch may be negative or zero (and a constant one may be
+            # negative): the loop runs Python's trip count (none for a zero step at launch,
+            # where Python raises and a kernel cannot)
+            # over t = 0, 1, ... with the variable start + t * step - a loop on the step as
+            # given ran zero times going down, or until its counter wrapped (or forever)
+            runtime_step = bounds
+            bounds = [self.sem.to_value(0, dt.int32), self._trips(*bounds),
+                      self.sem.to_value(1, dt.int32)]
         carried = self._carried(node.body, exclude=[node.target.id])
         body = Block()
         iv = body.add_arg(ScalarType(dt.int32), node.target.id)
         env = dict(self.env)
+        if runtime_step is not None:
+            bb = Builder(body)
+            bb.loc = self.b.loc
+            lo, _, st = runtime_step
+            iv = Semantics(bb).binary("add", lo, Semantics(bb).binary("mul", iv, st))
         env[node.target.id] = iv
         for n in carried:
             env[n] = self._block_args(body, n)
@@ -245,6 +260,16 @@ class ControlFlow:
         inits = self._carried_values(carried)
         op = self.b.op("for", bounds + inits, [v.type for v in inits], {"kind": kind}, [body])
         self._after_loop(env, carried, op.results, node)
+
+    def _trips(self, lo: Value, hi: Value, step: Value) -> Value:
+        """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step."""
+        sem = self.sem
+        up, down = sem.binary("gt", step, 0), sem.binary("lt", step, 0)
+        span = sem.where(up, sem.binary("sub", hi, lo),
+                         sem.where(down, sem.binary("sub", lo, hi), 0))
+        span = sem.binary("maximum", span, 0)
+        size = sem.where(up, step, sem.where(down, sem.binary("sub", 0, step), 1))
+        return sem.binary("idiv", sem.binary("sub", sem.binary("add", span, size), 1), size)
 
     def _unrolled(self, node, start, end, step):
         """static_range: the body once per value, the loop variable a compile-time int."""

@@ -365,6 +365,15 @@ class Semantics:
                                    f"{describe(cond)}")
         if dtype_of(cond.type) != dt.bool_:  # Triton's rule: nonzero selects `a`
             cond = self.binary("ne", cond, 0)
+        roots = {elem_type(x.type).root for x in (a, b)
+                 if isinstance(x, Value) and is_pointer(x.type)}
+        if len(roots) > 1:
+            # a pointer names its buffer in its type (loads and stores bind one buffer):
+            # choosing between two buffers element by element would read and write only one
+            raise CompilationError(f"where() between pointers into different buffers "
+                                   f"({', '.join(sorted(roots))}) is not supported: load from "
+                                   f"each and choose between the values (or store to each "
+                                   f"under complementary masks)")
         picks = [dtype_of(x.type) for x in (a, b) if isinstance(x, Value)]
         if len(picks) != 2 or picks[0] != picks[1]:  # choosing between two fp8 tiles is a copy
             no_fp8("where() mixing types", *picks)
