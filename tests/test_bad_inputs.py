@@ -414,6 +414,18 @@ def k_pointer_times_two(X):
 
 
 @metile.kernel
+def k_where_two_buffers(X, Y):
+    o = metile.arange(0, 8)
+    metile.store(X + o, metile.load(metile.where(o < 2, X + o, Y + o)))
+
+
+@metile.kernel
+def k_array_for_scalar(X, n):
+    o = metile.arange(0, 8)
+    metile.store(X + o, 1.0, mask=o < n)
+
+
+@metile.kernel
 def k_pointer_plus_pointer(X, Y):
     metile.store(X + Y, 1.0)
 
@@ -715,6 +727,12 @@ lang = [
      r"pointer offset must be an integer, got 0.5"),
     ("pointer-times-two", lambda: k_pointer_times_two[(1,)](zeros8()),
      r"\'\*\' is not defined on pointers: a pointer only takes \+ or - an int32 or int64 offset"),
+    ("where-between-buffers", lambda: k_where_two_buffers[(1,)](zeros8(), zeros8()),
+     r"where\(\) between pointers into different buffers \(X, Y\) is not supported: load from "
+     r"each and choose between the values"),
+    ("array-for-a-scalar", lambda: k_array_for_scalar[(1,)](zeros8(), mx.array([8])),
+     r"\'<\' is not defined on pointers: .* \(parameter \'n\' was passed an mx.array, so it is a "
+     r"buffer here; pass a Python number for a scalar, or read it with metile.load\(n\)\)"),
     ("pointer-plus-pointer", lambda: k_pointer_plus_pointer[(1,)](zeros8(), zeros8()),
      r"only pointer \+ integer offset is supported"),
     ("shared-size-zero", lambda: k_shared[(1,)](zeros8(), SIZE=0),

@@ -49,7 +49,8 @@ _PY_BINARY = {
 }
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": "%",
-           "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>"}
+           "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>", "lt": "<", "le": "<=",
+           "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 
@@ -58,6 +59,16 @@ def _article(word) -> str:
 
 def is_const(x) -> bool:
     return isinstance(x, (bool, int, float))
+
+
+def buffer_param_hint(*xs) -> str:
+    """A hint when a buffer parameter is used like a scalar (a launch passed an mx.array
+    where the kernel wants a number: `o < n` with n = mx.array([8]))."""
+    for x in xs:
+        if isinstance(x, Value) and x.owner is None and is_pointer(x.type) and x.hint:
+            return (f" (parameter {x.hint!r} was passed an mx.array, so it is a buffer here; "
+                    f"pass a Python number for a scalar, or read it with metile.load({x.hint}))")
+    return ""
 
 
 def param_hint(*xs) -> str:
@@ -246,7 +257,7 @@ class Semantics:
                 return self._pointer_arith(name, a, b)
             raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on pointers: "
                                    f"a pointer only takes + or - an int32 or int64 offset (load "
-                                   f"or store through it to get values)")
+                                   f"or store through it to get values){buffer_param_hint(a, b)}")
         no_fp8(f"'{_SYMBOL.get(name, name)}'", *(dtype_of(x.type) for x in (a, b)
                                                   if isinstance(x, Value)))
         if isinstance(a, Value) and isinstance(b, Value):
@@ -313,7 +324,7 @@ class Semantics:
                 raise CompilationError(f"cannot evaluate {name}({x!r}) at compile time: {e}") \
                     from None
         if is_pointer(x.type):
-            raise CompilationError(f"'{name}' is not defined on pointers")
+            raise CompilationError(f"'{name}' is not defined on pointers{buffer_param_hint(x)}")
         d = dtype_of(x.type)
         no_fp8(f"'{_SYMBOL.get(name, name)}'", d)
         if name == "not" and d.is_float:
