@@ -716,3 +716,18 @@ def test_a_zero_step_at_launch_runs_no_iteration():
 def test_a_negative_constant_step(lo, hi, step):
     got = np.array(range_sum_const[(1,)](mx.zeros((1,), mx.int32), LO=lo, HI=hi, ST=step))
     assert got.tolist() == [3 * sum(range(lo, hi, step))]
+
+
+def test_static_range_with_a_negative_step():
+    @metile.kernel
+    def unrolled_down(Z, LO: metile.constexpr, HI: metile.constexpr, ST: metile.constexpr):
+        s = 0
+        for i in metile.static_range(LO, HI, ST):
+            s = s * 10 + i
+        metile.store(Z, s)
+
+    got = np.array(unrolled_down[(1,)](mx.zeros((1,), mx.int32), LO=5, HI=0, ST=-2))
+    want = 0
+    for i in range(5, 0, -2):
+        want = want * 10 + i
+    assert got.tolist() == [want]
