@@ -379,6 +379,12 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s61 ]; then
+  # the hostile-test fixes on the GPU: loops with steps known at launch (either sign, zero),
+  # where() between buffers, the coverage proof, attention's routing of what the kernels do
+  # not take, linear's bias dtype, rope's offset dtype
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_control_flow test_dsl_codegen test_bad_inputs \
+    test_linear_fused_reads
 elif [ "$mode" = s60 ]; then
   # the coverage proof's fixes on the GPU (an output proven whole is not pre-filled there);
   # the compiler peer: Triton's causal forward (each configuration in its own process,
