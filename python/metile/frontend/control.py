@@ -235,11 +235,10 @@ class ControlFlow:
             bounds.append(v)
         runtime_step = None
         if not is_const(step) or step < 0:
-            # a step known only at launch may be negative or zero (and a constant one may be
-            # negative): the loop runs Python's trip count (none for a zero step at launch,
-            # where Python raises and a kernel cannot)
-            # over t = 0, 1, ... with the variable start + t * step - a loop on the step as
-            # given ran zero times going down, or until its counter wrapped (or forever)
+            # a step known only at launch may be negative or zero, a constant one negative:
+            # the loop counts t = 0, 1, ... up to Python's trip count (none for a zero step,
+            # where Python raises and a kernel cannot) with the variable start + t * step.
+            # (`i < end; i += step` ran no iteration going down, or until i wrapped)
             runtime_step = bounds
             bounds = [self.sem.to_value(0, dt.int32), self._trips(*bounds),
                       self.sem.to_value(1, dt.int32)]
