@@ -166,3 +166,91 @@ def test_bad_arguments():
         mnn.convert(nn.Linear(2, 2))
     layer = metile.nn.Linear.from_linear(nn.Linear(3, 2, bias=False), "relu")
     assert "bias" not in layer and layer.activation == "relu"
+
+
+# -- what a hostile test found (each left the converted model computing something else) ------
+
+class ClippedReLU(nn.ReLU):
+    def __call__(self, x):
+        return mx.minimum(nn.relu(x), 0.5)
+
+
+class ParallelSum(nn.Sequential):
+    """A Sequential subclass whose layers do not run one after another."""
+
+    def __call__(self, x):
+        return sum(layer(x) for layer in self.layers)
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = self.dec = nn.Linear(8, 8)
+        self.mlp = nn.Sequential(self.enc, nn.ReLU())
+
+    def __call__(self, x):
+        return self.dec(self.mlp(x)) + self.enc(x)
+
+
+def _twins(make, seed=3):
+    mx.random.seed(seed)
+    a = make()
+    b = make()
+    b.update(a.parameters())
+    return a, b
+
+
+@pytest.mark.parametrize("make,skipped", [
+    (lambda: nn.Sequential(nn.Linear(8, 8), ClippedReLU()), "ClippedReLU subclasses mlx.nn.ReLU"),
+    (lambda: ParallelSum(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8)), "not an mlx.nn.Linear"),
+])
+def test_only_what_runs_in_order_as_the_plain_activation_is_fused(rng, make, skipped):
+    ref, model = _twins(make)
+    report = mnn.convert(model)
+    assert not report.fused and skipped in str(report)
+    x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
+    np.testing.assert_allclose(np.array(model(x)), np.array(ref(x)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_module_held_twice_stays_one_layer(rng):
+    ref, model = _twins(Tied)
+    report = mnn.convert(model)
+    assert model.enc is model.dec is model.mlp.layers[0]
+    assert isinstance(model.enc, mnn.Linear) and model.enc.activation is None
+    assert not report.fused        # the Linear runs without the ReLU at the other paths
+    x = mx.array(rng.standard_normal((4, 8)).astype(np.float32))
+
+    def loss(m):
+        return (m(x) ** 2).mean()
+
+    for m in (ref, model):
+        opt = optim.Adam(learning_rate=0.05)
+        step = nn.value_and_grad(m, loss)
+        for _ in range(3):
+            value, grads = step(m)
+            opt.update(m, grads)
+        m.final = float(value)
+    assert model.final == pytest.approx(ref.final, rel=1e-5)
+    np.testing.assert_allclose(np.array(model.dec.weight), np.array(ref.dec.weight), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["auto", "metile"])
+def test_a_float32_input_into_a_float16_model_promotes_as_mlx(rng, backend):
+    ref, model = _twins(lambda: nn.Sequential(nn.Linear(8, 4), nn.SiLU()))
+    for m in (ref, model):
+        m.set_dtype(mx.float16)
+    mnn.convert(model, backend=backend)
+    x = mx.array(rng.standard_normal((2, 8)).astype(np.float32))
+    got, want = model(x), ref(x)
+    assert got.dtype == want.dtype == mx.float32
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-6)
+
+
+def test_layers_the_kernels_cannot_run_are_skipped():
+    model = nn.Sequential(nn.Linear(4, 0), nn.LayerNorm(4), nn.RMSNorm(4))
+    model.layers[1].set_dtype(mx.float64)
+    model.layers[2].set_dtype(mx.float64)
+    report = mnn.convert(model, backend="metile")
+    assert "weight shape (0, 4) has no elements" in report.skipped["layers.0"]
+    assert "float64" in report.skipped["layers.1"] and "float64" in report.skipped["layers.2"]

@@ -60,6 +60,13 @@ class Linear(mlx_nn.Linear):
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
+        if isinstance(x, mx.array) and x.dtype != self.weight.dtype:
+            # what mlx.nn.Linear (and the activation module after it) computes, promoting
+            # the dtypes as MLX does (a float32 input into a float16 model is common);
+            # metile's kernels take one dtype
+            b = self.get("bias")
+            y = x @ self.weight.T if b is None else mx.addmm(b, x, self.weight.T)
+            return _MLX_ACTIVATIONS[self.activation](y, self.negative_slope)
         return ops.linear(x, self.weight, self.get("bias"), self.activation, backend=self.backend,
                           negative_slope=self.negative_slope)
 
@@ -171,6 +178,11 @@ class ConversionReport:
         return "\n".join(lines)
 
 
+# the MLX modules a fused activation replaced, as functions (the mixed-dtype path)
+_MLX_ACTIVATIONS = {None: lambda y, slope: y, "relu": lambda y, slope: mlx_nn.relu(y),
+                    "silu": lambda y, slope: mlx_nn.silu(y),
+                    "gelu_tanh": lambda y, slope: mlx_nn.gelu_approx(y),
+                    "leaky_relu": lambda y, slope: mlx_nn.leaky_relu(y, slope)}
 _ACTIVATION_FUNCTIONS = {mlx_nn.relu: "relu", mlx_nn.silu: "silu", mlx_nn.gelu_approx: "gelu_tanh"}
 
 
@@ -178,6 +190,11 @@ def _activation_of(item):
     """(activation, slope, None) when `item` (a Sequential entry) is an activation the
     GEMM epilogue computes exactly, (None, None, why) for one it cannot, else None."""
     slope = ops.LEAKY_SLOPE
+    for base in (mlx_nn.ReLU, mlx_nn.SiLU, mlx_nn.GELU, mlx_nn.LeakyReLU):
+        if isinstance(item, base) and type(item) is not base:
+            # a subclass may compute something else in its own __call__
+            return None, None, (f"{type(item).__name__} subclasses mlx.nn.{base.__name__}; "
+                                f"it runs as its own module")
     if isinstance(item, mlx_nn.ReLU):
         return "relu", slope, None
     if isinstance(item, mlx_nn.SiLU):
@@ -217,6 +234,8 @@ def _why_not(path: str, module, predicate) -> str | None:
                 f"compute something else")
     if module.weight.dtype not in (mx.float32, mx.float16, mx.bfloat16):
         return f"weight dtype {module.weight.dtype} (metile's GEMM takes float32/float16/bfloat16)"
+    if 0 in module.weight.shape:
+        return f"weight shape {tuple(module.weight.shape)} has no elements"
     if "bias" in module and module.bias.dtype != module.weight.dtype:
         return f"bias dtype {module.bias.dtype} differs from the weight's {module.weight.dtype}"
     if predicate is not None and not predicate(path, module):
@@ -240,14 +259,32 @@ def _slots(container, prefix):
             yield from _slots(value, path)
 
 
-def _convert(container, prefix, backend, predicate, report):
+def _uses(container, counts: dict) -> dict:
+    """How many slots of the model hold each module object (id -> count): a module held
+    twice (tied layers, `enc = dec = lin`) must stay one object after conversion."""
+    for _, _, _, child in _slots(container, ""):
+        counts[id(child)] = counts.get(id(child), 0) + 1
+        if counts[id(child)] == 1:
+            _uses(child, counts)
+    return counts
+
+
+def _convert(container, prefix, backend, predicate, report, counts=None, done=None):
+    counts = _uses(container, {}) if counts is None else counts
+    done = {} if done is None else done        # id(original) -> its metile layer
     fusions = {}
-    if isinstance(container, mlx_nn.Sequential):
+    # only a plain Sequential runs its layers one after another (a subclass's __call__ may
+    # combine them otherwise); a Linear held elsewhere too keeps its own activation-free form
+    if type(container) is mlx_nn.Sequential:
         layers = container.layers
         for i in range(len(layers) - 1):
             path = f"{prefix}.layers.{i}" if prefix else f"layers.{i}"
             nxt = f"{prefix}.layers.{i + 1}" if prefix else f"layers.{i + 1}"
             if not isinstance(layers[i], mlx_nn.Module) or _why_not(path, layers[i], predicate):
+                continue
+            if counts.get(id(layers[i]), 0) > 1:
+                report.skipped.setdefault(nxt, f"{path} is held at more than one place; its "
+                                               f"activation runs as its own module")
                 continue
             found = _activation_of(layers[i + 1])
             if found is None:
@@ -258,13 +295,20 @@ def _convert(container, prefix, backend, predicate, report):
             else:
                 fusions[i] = (activation, slope, nxt)
     for path, parent, key, child in list(_slots(container, prefix)):
+        if id(child) in done:      # the same module seen at another path: the same layer
+            if done[id(child)] is not child:
+                parent[key] = done[id(child)]
+                report.converted[path] = f"the layer converted at another path ({parent[key]!r})"
+            continue
         if nn_norms.is_norm(child):
             nn_norms.swap_norm(parent, key, path, child, backend, predicate, report)
+            if parent[key] is not child:
+                done[id(child)] = parent[key]
             continue
         if isinstance(child, mlx_nn.QuantizedLinear):
             why = _why_not_quantized(path, child, predicate)
             if why is None:
-                parent[key] = QuantizedLinear.from_quantized(child, backend)
+                parent[key] = done[id(child)] = QuantizedLinear.from_quantized(child, backend)
                 report.converted[path] = repr(parent[key])
             elif path not in report.skipped:
                 report.skipped[path] = why
@@ -274,16 +318,18 @@ def _convert(container, prefix, backend, predicate, report):
             activation, slope, act_path = None, ops.LEAKY_SLOPE, None
             if parent is getattr(container, "layers", None) and key in fusions:
                 activation, slope, act_path = fusions[key]
-            parent[key] = Linear.from_linear(child, activation, backend, slope)
+            parent[key] = done[id(child)] = Linear.from_linear(child, activation, backend, slope)
             if act_path is not None:
                 parent[key + 1] = mlx_nn.Identity()
+                parent[key + 1].train(child.training)
                 report.fused[act_path] = path
             report.converted[path] = repr(parent[key])
         elif isinstance(child, (mlx_nn.Linear, mlx_nn.QuantizedLinear)) or not _has_modules(child):
             if path not in report.fused and path not in report.skipped:
                 report.skipped[path] = why
         else:
-            _convert(child, path, backend, predicate, report)
+            done[id(child)] = child   # a container: converted in place once
+            _convert(child, path, backend, predicate, report, counts, done)
 
 
 def convert(model: mlx_nn.Module, *, backend: str = "auto",

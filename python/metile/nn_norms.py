@@ -6,6 +6,7 @@ swaps them into an existing model (see `swap_norm`)."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import mlx.nn as mlx_nn
 
 from . import model_ops
@@ -97,6 +98,11 @@ def swap_norm(parent, key, path: str, module, backend: str, predicate, report) -
         return
     if predicate is not None and not predicate(path, module):
         report.skipped[path] = "class_predicate returned False"
+        return
+    weight = module.get("weight") if isinstance(module, dict) else None
+    if weight is not None and weight.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        report.skipped[path] = (f"weight dtype {weight.dtype} (metile's norm kernels take "
+                                f"float32/float16/bfloat16)")
         return
     parent[key] = metile_type.from_module(module, backend)
     report.converted[path] = repr(parent[key])
