@@ -77,3 +77,33 @@ def test_key_arguments_select_their_own_winner(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.array(out), np.full(100, 3.0))
     with pytest.raises(ValueError, match="key names unknown parameters"):
         metile.autotune(configs=[metile.Config(BLOCK=64)], key=["size"])(scaled_copy)
+
+
+# -- what a hostile test found -------------------------------------------------------------------
+
+@metile.kernel
+def doubled_first_block_only(X, Y, n, BLOCK: metile.constexpr):
+    # one program of BLOCK elements: right only where BLOCK covers n
+    offs = metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) * 2.0, mask=offs < n)
+
+
+def test_a_wrong_first_candidate_does_not_win(tmp_path, monkeypatch):
+    # (validated against the first candidate alone, a first config that computes something
+    # else made every right one "differ" and won with its wrong output)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=128), metile.Config(BLOCK=256),
+                                     metile.Config(BLOCK=512)], warmup=1, reps=2)(
+        doubled_first_block_only)
+    x = mx.arange(200).astype(mx.float32)
+    with pytest.warns(UserWarning, match=r"candidates compute different outputs - "
+                                         r"Config\(BLOCK=128\) differ"):
+        out = tuned[(1,)](x, mx.zeros((200,)), 200)
+    np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(200))
+    assert "outputs differ from the 2 of 3" in tuned.last_result.unusable["Config(BLOCK=128)"]
+
+
+def test_a_tuned_meta_parameter_at_the_call_is_an_error(tuned):
+    with pytest.raises(metile.LaunchError, match=r"conflicting meta-parameters BLOCK: the "
+                                                r"autotune configs set them"):
+        tuned[(2,)](mx.ones((1000,)), mx.zeros((1000,)), 1000, 2.0, BLOCK=512)

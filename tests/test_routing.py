@@ -232,6 +232,31 @@ def test_corrupt_decision_file_is_ignored_with_a_warning_and_measured_again(rng,
     assert again["source"] == "measured" and json.loads(path.read_text())["winner"] == "mlx"
 
 
+@pytest.mark.parametrize("damage", [b"\xeb\xff not utf-8", "unusable", "timings"])
+def test_a_damaged_decision_file_is_ignored_with_a_warning(rng, monkeypatch, damage):
+    # (found by a hostile test: bytes that are not UTF-8, an `unusable` list or a timing that
+    # is not a number made ops.linear / explain raise instead of measuring again)
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
+    x, w, b = operands(rng)
+    path = Path(ops.tune_linear(x, w, b, budget_s=0.01, clock=clock)["cache_file"])
+    if isinstance(damage, bytes):
+        path.write_bytes(damage)
+    else:
+        entry = json.loads(path.read_text())
+        entry[damage] = [1, 2] if damage == "unusable" else {"mlx": "x"}
+        path.write_text(json.dumps(entry))
+    routing.clear_memory()
+    with pytest.warns(UserWarning, match="ignoring (unreadable|corrupt|the malformed)"):
+        info = json.loads(ops.explain_linear(x, w, b))
+    assert info["route"]["source"] == "cost_model"
+    routing.clear_memory()
+    with pytest.warns(UserWarning):
+        out = ops.linear(x, w, b)
+    np.testing.assert_allclose(np.array(out), np.array(x) @ np.array(w).T + np.array(b),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_tuning_scope_measures_eager_calls_but_not_traced_ones(rng, monkeypatch, routing_cache):
     clock = FakeClock()
     price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
@@ -260,9 +285,11 @@ def test_environment_switch_measures_the_first_eager_call(rng, monkeypatch):
     routing.clear_memory()
     assert json.loads(ops.explain_matmul(x, w.T, epilogue="gelu_tanh"))["route"]["source"] == "cache"
     monkeypatch.setenv("METILE_OPS_TUNE", "1")
-    monkeypatch.setenv("METILE_OPS_TUNE_BUDGET_S", "soon")
-    with pytest.raises(SettingError, match="METILE_OPS_TUNE_BUDGET_S='soon' is not a positive"):
-        ops.matmul(x, w.T, epilogue="relu")
+    for raw in ("soon", "inf", "nan", "-1"):   # (inf passed the check, then overflowed)
+        monkeypatch.setenv("METILE_OPS_TUNE_BUDGET_S", raw)
+        with pytest.raises(SettingError, match=f"METILE_OPS_TUNE_BUDGET_S='{raw}' is not a "
+                                               f"positive, finite"):
+            ops.matmul(x, w.T, epilogue="relu")
 
 
 def test_recorded_kernel_route_inside_compile_and_grad(rng, monkeypatch):

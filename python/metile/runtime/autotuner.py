@@ -82,6 +82,7 @@ class _TunedLauncher:
 
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""
+        self._check_conflicts(kwargs)
         kernel = self.tuned.kernel
         bound = dict(zip(kernel.param_names, args))
         bound.update({k: v for k, v in kwargs.items() if k in kernel.param_names})
@@ -101,7 +102,18 @@ class _TunedLauncher:
         self.tuned.last_result = result
         return result.config
 
+    def _check_conflicts(self, kwargs) -> None:
+        """A meta-parameter given at the call that the configs also set would be overridden
+        by each config (the call sized its grid for its own value): an error, as in Triton."""
+        tuned = {k for c in self.tuned.configs for k in c.meta}
+        clash = sorted(tuned & set(kwargs))
+        if clash:
+            raise LaunchError(f"{self.tuned.kernel.fn.__name__}: conflicting meta-parameters "
+                              f"{', '.join(clash)}: the autotune configs set them; leave them "
+                              f"out of the call (or out of the configs)")
+
     def __call__(self, *args, **kwargs):
+        self._check_conflicts(kwargs)
         return self._launch(self.best(*args, **kwargs), args, kwargs)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+import warnings
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -119,7 +120,9 @@ def lookup(key: str) -> tuple[dict | None, Path]:
         return hit
     cache = _cache()
     entry = cache.load(key)
-    if entry is not None and not isinstance(entry.get("timings"), dict):
+    if entry is not None and not _well_formed(entry):
+        warnings.warn(f"metile: ignoring the malformed routing decision {cache.path(key)} "
+                      f"(timings must map names to seconds, unusable names to reasons)")
         entry = None
     with _lock:
         _memory[slot] = (entry, cache.path(key))
@@ -154,6 +157,14 @@ def record(key: str, entry: dict) -> Path:
 
 def decision_key(parts: dict) -> str:
     return tuning.tuning_key({**parts, "format": FORMAT, "kind": "routing"})
+
+
+def _well_formed(entry: dict) -> bool:
+    timings, unusable = entry.get("timings"), entry.get("unusable", {})
+    return (isinstance(timings, dict) and isinstance(unusable, dict)
+            and all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    for k, v in timings.items())
+            and all(isinstance(k, str) for k in unusable))
 
 
 def from_entry(entry: dict, path: Path) -> Decision:
@@ -208,9 +219,9 @@ def budget() -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise settings.SettingError(f"METILE_OPS_TUNE_BUDGET_S={raw!r} is not a positive number "
-                                    f"of seconds")
+    if not 0 < value < float("inf"):
+        raise settings.SettingError(f"METILE_OPS_TUNE_BUDGET_S={raw!r} is not a positive, finite "
+                                    f"number of seconds")
     return value
 
 

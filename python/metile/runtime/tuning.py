@@ -141,7 +141,7 @@ class TuningCache:
             text = path.read_text()
         except (FileNotFoundError, NotADirectoryError):  # the latter: store() warns about it
             return None
-        except OSError as e:
+        except (OSError, UnicodeDecodeError) as e:   # (bytes that are not UTF-8: damaged)
             warnings.warn(f"metile: ignoring unreadable tuning cache entry {path}: {e}")
             return None
         try:
@@ -228,8 +228,10 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
 
     A candidate raising one of `unusable` (ScheduleError by default; the kernel layer
     adds CompilationError) is skipped with its reason.  `validate(outputs, reference)`
-    compares each candidate's outputs with the first usable candidate's before it is
-    timed; raising or returning False makes it unusable.
+    compares candidates' outputs: they are grouped by agreement, and when they disagree
+    the largest group (ties: the earliest candidate's) is taken as right - the others
+    are unusable, with a warning naming both sides (checked against the first candidate
+    alone, a wrong first one made every right one "differ" and won).
     """
     if not candidates:
         raise ValueError("autotune needs at least one candidate Config")
@@ -244,22 +246,46 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
         return TuneResult(by_key[entry["winner"]], key, True, entry.get("timings", {}),
                           entry.get("unusable", {}))
 
-    timings, reasons, reference = {}, {}, None
+    timings, reasons, groups = {}, {}, []      # groups: [reference outputs, [names]]
     for config in candidates:
         name = config.key()
         try:
             outs = run_candidate(config)          # first launch: compiles
             mx.eval(*_outputs(outs))
             if validate is not None:
-                if reference is None:
-                    reference = outs
-                elif validate(outs, reference) is False:
-                    raise AssertionError("outputs differ from the first usable candidate")
-            timings[name] = measure(lambda: run_candidate(config), warmup, reps, launches, clock)
+                for group in groups:
+                    try:
+                        agrees = validate(outs, group[0]) is not False
+                    except AssertionError:
+                        agrees = False
+                    if agrees:
+                        group[1].append(name)
+                        break
+                else:
+                    groups.append([outs, [name]])
+            timings[name] = None                  # usable: timed below unless outvoted
         except unusable as e:
             reasons[name] = f"{type(e).__name__}: {e}"
         except AssertionError as e:
             reasons[name] = f"validation failed: {e}"
+    if len(groups) > 1:
+        right = max(groups, key=lambda g: len(g[1]))       # (max keeps the earliest on ties)
+        wrong = [n for g in groups if g is not right for n in g[1]]
+        for n in wrong:
+            del timings[n]
+            reasons[n] = (f"validation failed: outputs differ from the {len(right[1])} of "
+                          f"{sum(len(g[1]) for g in groups)} candidates that agree")
+        warnings.warn(f"metile autotune: candidates compute different outputs - {', '.join(wrong)} "
+                      f"differ from {', '.join(right[1])}; the majority is kept, but a config "
+                      f"that changes the result usually means the kernel depends on its tiling")
+    for config in candidates:
+        if config.key() in timings:
+            try:
+                timings[config.key()] = measure(lambda: run_candidate(config), warmup, reps,
+                                                launches, clock)
+            except unusable as e:
+                del timings[config.key()]
+                reasons[config.key()] = f"{type(e).__name__}: {e}"
     if not timings:
         raise TuningError("no usable candidate: " +
                           "; ".join(f"{k}: {v}" for k, v in reasons.items()))
