@@ -442,6 +442,32 @@ def test_corrupt_cache_entry_is_ignored(tmp_path, monkeypatch):
     assert make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source == d.source
 
 
+def test_a_damaged_cache_entry_is_generated_again(tmp_path, monkeypatch):
+    # (found by a hostile test: one flipped bit in a cached source - `* 3.0f` read as `* 2.0f`
+    # - compiled and ran; the entry now carries its contents' sha256)
+    import json
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    def make():
+        @metile.kernel
+        def tripled(X, Y, BLOCK: metile.constexpr):
+            o = metile.arange(0, BLOCK)
+            metile.store(Y + o, metile.load(X + o) * 3.0)
+        return tripled
+
+    x = mx.arange(8).astype(mx.float32)
+    np.testing.assert_array_equal(np.array(make()[(1,)](x, mx.zeros((8,)), BLOCK=8)),
+                                  3 * np.arange(8))
+    (f,) = (tmp_path / "dsl").glob("*.json")
+    text = f.read_text()
+    assert "3.0f" in text
+    f.write_text(text.replace("3.0f", "2.0f"))
+    with pytest.warns(UserWarning, match="ignoring the damaged kernel cache entry"):
+        y = make()[(1,)](x, mx.zeros((8,)), BLOCK=8)
+    np.testing.assert_array_equal(np.array(y), 3 * np.arange(8))
+    json.loads(f.read_text())   # written again, whole
+
+
 def test_specialization_by_dtype():
     f32 = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64,
                                    backend="msl")

@@ -100,15 +100,29 @@ def key_hash(parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _digest(data: dict) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
 def disk_load(key: str) -> dict | None:
+    """The generated kernel stored under `key`, or None (none, unreadable, or damaged: the
+    entry carries the sha256 of its contents, and a flipped bit in a cached source would
+    otherwise compile and run another kernel)."""
     if settings.flag("METILE_DISABLE_DISK_CACHE"):
         return None
     path = cache_dir() / f"{key}.json"
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):     # (UnicodeDecodeError is a ValueError)
         return None
-    return data if isinstance(data, dict) and data.get("key") == key else None
+    if not (isinstance(entry, dict) and entry.get("key") == key
+            and isinstance(entry.get("data"), dict)):
+        return None
+    if entry.get("sha256") != _digest(entry["data"]):
+        warnings.warn(f"metile: ignoring the damaged kernel cache entry {path} (its contents "
+                      f"do not match their checksum); generating the kernel again")
+        return None
+    return dict(entry["data"], key=key)
 
 
 def disk_store(key: str, data: dict) -> None:
@@ -118,8 +132,9 @@ def disk_store(key: str, data: dict) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        data = json.loads(json.dumps(data))     # what a load will see (tuples as lists)
         with os.fdopen(fd, "w") as f:
-            json.dump(dict(data, key=key), f)
+            json.dump({"key": key, "sha256": _digest(data), "data": data}, f)
         os.replace(tmp, d / f"{key}.json")
     except OSError as e:
         # A read-only or full cache directory only costs a recompile.
