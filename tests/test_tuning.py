@@ -162,13 +162,16 @@ def test_validate_hook_rejects_wrong_candidates_before_timing(cache):
         np.testing.assert_allclose(np.array(outputs), np.array(reference), rtol=3e-4, atol=3e-5)
 
     kernel = FakeKernel({64: 3e-3, 128: 1e-3, 256: 2e-3}, wrong={128})
-    result = tune(kernel, cache, validate=validate)
+    with pytest.warns(UserWarning, match=r"candidates compute different outputs - "
+                                         r"Config\(BLOCK=128,NUM_SG=4\) differ"):
+        result = tune(kernel, cache, validate=validate)
     assert result.config == CANDIDATES[2]
     assert result.unusable[CANDIDATES[1].key()].startswith("validation failed:")
     assert kernel.calls.count(128) == 1  # never timed
     assert len(seen) == 2  # every candidate after the reference
-    falsy = tune(FakeKernel({64: 3e-3, 128: 1e-3, 256: 2e-3}), TuningCache(cache.directory / "b"),
-                 validate=lambda out, ref: False)
+    with pytest.warns(UserWarning, match="candidates compute different outputs"):
+        falsy = tune(FakeKernel({64: 3e-3, 128: 1e-3, 256: 2e-3}),
+                     TuningCache(cache.directory / "b"), validate=lambda out, ref: False)
     assert falsy.config == CANDIDATES[0]
 
 
