@@ -379,6 +379,12 @@ elif [ "$mode" = s31 ]; then
     --tokens 512 --rounds 15 --target-ms 250 --max-launches 60 --variants auto mlx-again \
     --residual-add --output "$logs/h200-decoder-block-float16-residual-add.json" 2>&1 \
     | tee "$logs/decoder-block-residual-add.log" | tail -3 | tee -a "$log"
+elif [ "$mode" = s62 ]; then
+  # first call of the twenty-first session: the GPU tests of the twentieth's last fixes
+  # (nn.convert's tied / subclassed / mixed-dtype layers, autotune's agreement groups and
+  # conflicting meta-parameters, damaged routing decisions, the checksummed kernel cache)
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_convert test_autotune test_tuning test_routing \
+    test_dsl_codegen test_control_flow
 elif [ "$mode" = s61 ]; then
   # the hostile-test fixes on the GPU: loops with steps known at launch (either sign, zero),
   # where() between buffers, the coverage proof, attention's routing of what the kernels do
