@@ -475,3 +475,12 @@ def test_specialization_by_dtype():
                                    backend="msl")
     assert f32.spec is not f16.spec
     assert "half" in f16.source and "half" not in f32.source
+
+
+def test_explain_steps_takes_a_bool():
+    import json
+    d = vector_add[(1,)].prepare(mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64,
+                                 backend="msl")
+    assert "steps" in json.loads(d.explain(steps=True))
+    with pytest.raises(TypeError, match=r"explain\(steps=\) takes True or False, got 'yes'"):
+        d.explain(steps="yes")

@@ -654,6 +654,8 @@ class Dispatch:
         """The execution report as formatted JSON (the recorded format; its `passes`
         are the compile steps that ran).  `steps=True` adds "steps": each step with
         what it proved or produced."""
+        if not isinstance(steps, bool):    # ("yes" or "no" would both read as true)
+            raise TypeError(f"explain(steps=) takes True or False, got {steps!r}")
         report = self.execution_report.to_dict()
         if steps and self.unlowered is not None:
             details = self.spec.analysis.details
