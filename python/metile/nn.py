@@ -66,7 +66,7 @@ class Linear(mlx_nn.Linear):
             # metile's kernels take one dtype
             b = self.get("bias")
             y = x @ self.weight.T if b is None else mx.addmm(b, x, self.weight.T)
-            return _MLX_ACTIVATIONS[self.activation](y, self.negative_slope)
+            return ops.activate(y, self.activation, self.negative_slope)
         return ops.linear(x, self.weight, self.get("bias"), self.activation, backend=self.backend,
                           negative_slope=self.negative_slope)
 
@@ -178,11 +178,6 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-# the MLX modules a fused activation replaced, as functions (the mixed-dtype path)
-_MLX_ACTIVATIONS = {None: lambda y, slope: y, "relu": lambda y, slope: mlx_nn.relu(y),
-                    "silu": lambda y, slope: mlx_nn.silu(y),
-                    "gelu_tanh": lambda y, slope: mlx_nn.gelu_approx(y),
-                    "leaky_relu": lambda y, slope: mlx_nn.leaky_relu(y, slope)}
 _ACTIVATION_FUNCTIONS = {mlx_nn.relu: "relu", mlx_nn.silu: "silu", mlx_nn.gelu_approx: "gelu_tanh"}
 
 

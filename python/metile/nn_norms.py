@@ -6,7 +6,6 @@ swaps them into an existing model (see `swap_norm`)."""
 
 from __future__ import annotations
 
-import mlx.core as mx
 import mlx.nn as mlx_nn
 
 from . import model_ops
@@ -99,8 +98,8 @@ def swap_norm(parent, key, path: str, module, backend: str, predicate, report) -
     if predicate is not None and not predicate(path, module):
         report.skipped[path] = "class_predicate returned False"
         return
-    weight = module.get("weight") if isinstance(module, dict) else None
-    if weight is not None and weight.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+    weight = module.get("weight")
+    if weight is not None and weight.dtype not in model_ops._DTYPES:
         report.skipped[path] = (f"weight dtype {weight.dtype} (metile's norm kernels take "
                                 f"float32/float16/bfloat16)")
         return

@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import statistics
 import threading
-import warnings
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
