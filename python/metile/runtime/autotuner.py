@@ -113,7 +113,6 @@ class _TunedLauncher:
                               f"out of the call (or out of the configs)")
 
     def __call__(self, *args, **kwargs):
-        self._check_conflicts(kwargs)
         return self._launch(self.best(*args, **kwargs), args, kwargs)
 
 
