@@ -97,7 +97,37 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = tests ]; then
+if [ "$mode" = s63 ]; then
+  # twenty-first session, first call: the GPU tests of the twentieth's last fixes (s62's
+  # files), then issue 13's fused-GEMM benchmark at ops' default tiles for float16 and
+  # bfloat16 (128x128x64 below a wave of 128x256 tiles, 128x256x64 above), kept in
+  # /root/stash for s64's Triton merge
+  gpu_tests 200 test_convert test_autotune test_tuning test_routing test_dsl_codegen test_control_flow
+  mkdir -p /root/stash
+  for dt in float16 bfloat16; do
+    timeout 90 python3 -m benchmarks.compiler.schedule_fusion --dtype $dt --tile 128 128 64 \
+      --num-simdgroups 8 --sizes 1024 2048 --shapes 16x4096x4096 --rounds 5 --target-ms 20 \
+      --time-anyway --output "/root/stash/h200-gemm-$dt-small.json" 2>&1 | tail -6 | tee -a "$log"
+    timeout 120 python3 -m benchmarks.compiler.schedule_fusion --dtype $dt --tile 128 256 64 \
+      --num-simdgroups 8 --sizes 4096 8192 --shapes 512x4096x11008 --rounds 5 --target-ms 20 \
+      --time-anyway --output "/root/stash/h200-gemm-$dt-large.json" 2>&1 | tail -6 | tee -a "$log"
+  done
+  cp /root/stash/h200-gemm-*.json "$logs/"
+elif [ "$mode" = s64 ]; then
+  # issue 13, second call: strict float32 at ops' float32 tile (128x64x16 on 4 warps), then
+  # Triton's fused GEMM merged into every s63/s64 file
+  mkdir -p /root/stash
+  timeout 150 python3 -m benchmarks.compiler.schedule_fusion --dtype float32 --tile 128 64 16 \
+    --num-simdgroups 4 --sizes 1024 2048 4096 --shapes 16x4096x4096 512x4096x11008 --rounds 5 \
+    --target-ms 30 --time-anyway --output "/root/stash/h200-gemm-float32-strict.json" 2>&1 | tail -6 | tee -a "$log"
+  for f in /root/stash/h200-gemm-*.json; do
+    [ $((budget - 30 - (SECONDS - t0))) -gt 40 ] || break
+    timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.compiler.triton_peer --merge "$f" \
+      --time-anyway 2>&1 | tail -4 | tee -a "$log"
+    cp "$f" "$logs/"
+  done
+  cp /root/stash/h200-gemm-*.json "$logs/" 2>/dev/null
+elif [ "$mode" = tests ]; then
   files="test_gemm_async test_gemm test_gemm_precision test_dual_gemm test_epilogue test_epilogue_reads
          test_linear_fused_reads test_ops test_split_k test_gemm_transposed_b test_ops_batched
          test_launch_errors test_cuda_launch test_pointer_matmul test_autodiff test_decoder_block
