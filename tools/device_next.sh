@@ -97,7 +97,13 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s63 ]; then
+if [ "$mode" = s65 ]; then
+  # the int4 GEMV with K split over a program's warps and the scale and bias once a word
+  # (tools/probes/gemv_split_words.py): ncu kernel durations against MLX's qmv and runs
+  # 1024/1, then the routing and convert tests fixed after s63
+  ncu_times 240 ncu-gemv-split python3 tools/probes/gemv_split_words.py
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_routing test_convert
+elif [ "$mode" = s63 ]; then
   # twenty-first session, first call: the GPU tests of the twentieth's last fixes (s62's
   # files), then issue 13's fused-GEMM benchmark at ops' default tiles for float16 and
   # bfloat16 (128x128x64 below a wave of 128x256 tiles, 128x256x64 above), kept in
