@@ -11,6 +11,16 @@ of 2752 one-warp programs), issue slots 46% busy, DRAM 23%.
 
     ncu --metrics gpu__time_duration.sum --csv python3 tools/probes/gemv_split_words.py
     python3 tools/probes/decode_kernels_ncu.py --summarize ncu.csv
+
+Measured on the H200 (s65, `benchmarks/results/ncu/h200-ncu-gemv-split-s65-2026-12-03.csv`,
+caches flushed, every output within 1e-2 of float64): MLX's qmv 30.2 us, runs 1024/1 19.7,
+this kernel 20.4-27.5 (best 2048/2 and 4096/4 with 4 rows, 4096/4 with 2 rows: 20.4) - no
+faster.  Every form since s28 (one output a warp, rows a warp, K split, words a lane) lands
+at 19.5-25 us: about 6.7 SASS instructions a weight (shift, mask, I2FP, FFMA, x's
+conversion, address and reduction arithmetic; NVRTC sm_90), which at the ~50% issue rate
+these kernels reach is that time.  Past it needs fewer instructions a weight - two nibbles
+a LOP3 as a half2 (0x6400 | q, less 1024) multiplied in half2 (HFMA2), ~2.5 a weight -
+which the language cannot express yet (no packed 16-bit pairs).  Not a candidate.
 """
 
 import math
