@@ -97,12 +97,7 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s66 ]; then
-  # attention prefill: the software-pipelined whole-block loop against the plain loop
-  # (tools/probes/attention_pipeline_ab.py), 128x64 and 128x128 on 8 warps, and MLX
-  timeout 300 python3 tools/probes/attention_pipeline_ab.py --lengths 1024 4096 8192 --rounds 5 \
-    "$logs/h200-attention-pipeline-ab.json" 2>&1 | tail -24 | tee -a "$log"
-elif [ "$mode" = s65 ]; then
+if [ "$mode" = s65 ]; then
   # the int4 GEMV with K split over a program's warps and the scale and bias once a word
   # (tools/probes/gemv_split_words.py): ncu kernel durations against MLX's qmv and runs
   # 1024/1, then the routing and convert tests fixed after s63

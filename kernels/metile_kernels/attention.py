@@ -139,7 +139,7 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
                       BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
                       MASK: metile.constexpr = "none",
                       POSITIVE_SCALE: metile.constexpr = False,
-                      HEAD_GROUP: metile.constexpr = 0, PIPELINE: metile.constexpr = False):
+                      HEAD_GROUP: metile.constexpr = 0):
     """Out = softmax(scale Q Kᵀ + mask) V for one block of BLOCK_M queries of one query
     head (program_id(1)) of one batch entry (program_id(2)).  BLOCK_D: HEAD_DIM rounded
     up to a power of two (the columns past HEAD_DIM are masked).  scale_log2 = scale *
@@ -196,51 +196,11 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     elif MASK == "causal":
         whole = metile.maximum(metile.minimum(start_m + causal_shift + 1, kv_len), 0) \
             // BLOCK_N * BLOCK_N
-    if PIPELINE:
-        # software-pipelined whole blocks: iteration j issues block j's key product, then
-        # block j-1's value product (its probabilities and rescale carried from the last
-        # iteration), then block j's softmax, which does not read the accumulator - so
-        # the value product can run on the tensor cores while the softmax runs
-        # (lower_mma_layout.carried_products leaves it in flight where the plan allows).
-        # The first iteration's value product multiplies zeros; the last block's follows
-        # the loop.
-        p_prev = metile.zeros((BLOCK_M, BLOCK_N), dtype=V.dtype)
-        alpha_prev = metile.full((BLOCK_M,), 1.0, dtype=metile.float32)
-        key_prev = metile.arange(0, BLOCK_N)
-        for start_n in metile.tile_range(0, whole, BLOCK_N):
-            key = start_n + metile.arange(0, BLOCK_N)
-            k = metile.load(k_base + key[:, None] * HEAD_DIM + d[None, :], mask=d_in[None, :],
-                            other=0.0)
-            s = metile.dot(q, metile.trans(k))
-            if not POSITIVE_SCALE:
-                s = s * scale_log2
-            v_prev = metile.load(v_base + key_prev[:, None] * HEAD_DIM + d[None, :],
-                                 mask=(key_prev[:, None] < kv_len) & d_in[None, :], other=0.0)
-            acc = acc * alpha_prev[:, None] + metile.dot(p_prev, v_prev)
-            m_blk = metile.max(s, axis=1)
-            if POSITIVE_SCALE:
-                m_blk = m_blk * scale_log2
-            m_new = metile.maximum(m_i, m_blk)
-            m_use = metile.where(m_new > -float("inf"), m_new, 0.0)
-            alpha_prev = metile.exp2(m_i - m_use)
-            if POSITIVE_SCALE:
-                p = metile.exp2(s * scale_log2 - m_use[:, None])
-            else:
-                p = metile.exp2(s - m_use[:, None])
-            l_i = l_i * alpha_prev + metile.sum(p, axis=1)
-            m_i = m_new
-            p_prev = p.to(V.dtype)
-            key_prev = key
-        # (names of their own: a name the next loop assigns would be carried into it)
-        v_last = metile.load(v_base + key_prev[:, None] * HEAD_DIM + d[None, :],
-                             mask=(key_prev[:, None] < kv_len) & d_in[None, :], other=0.0)
-        acc = acc * alpha_prev[:, None] + metile.dot(p_prev, v_last)
-    else:
-        for start_n in metile.tile_range(0, whole, BLOCK_N):
-            key = start_n + metile.arange(0, BLOCK_N)
-            m_i, l_i, acc = whole_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :],
-                                        v_base + key[:, None] * HEAD_DIM + d[None, :], d_in,
-                                        scale_log2, m_i, l_i, acc, POSITIVE_SCALE)
+    for start_n in metile.tile_range(0, whole, BLOCK_N):
+        key = start_n + metile.arange(0, BLOCK_N)
+        m_i, l_i, acc = whole_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :],
+                                    v_base + key[:, None] * HEAD_DIM + d[None, :], d_in,
+                                    scale_log2, m_i, l_i, acc, POSITIVE_SCALE)
     for start_n in metile.tile_range(whole, hi, BLOCK_N):
         key = start_n + metile.arange(0, BLOCK_N)
         s = scores_block(q, k_base + key[:, None] * HEAD_DIM + d[None, :], key, row_in, heads,
