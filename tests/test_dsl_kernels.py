@@ -136,6 +136,32 @@ def test_vector_add_integers(rng, dtype):
     np.testing.assert_array_equal(np.array(z), np.array(x) + np.array(y))
 
 
+@metile.kernel
+def signed_overflow(A, Gt, Half, Neg, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    m = offs < n
+    a = metile.load(A + offs, mask=m)
+    metile.store(Gt + offs, ((a + 1) > a).to(metile.int32), mask=m)
+    metile.store(Half + offs, (a * 2) // 2, mask=m)
+    metile.store(Neg + offs, -a < 0, mask=m)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_signed_arithmetic_wraps(dtype):
+    # Triton's integer arithmetic wraps; C++'s signed overflow is undefined, and clang had
+    # folded `(a + 1) > a` to true for the largest value
+    info = np.iinfo(dtype)
+    a = np.array([info.max, info.min, info.max // 2 + 1, -5], dtype)
+    gt, half, neg = signed_overflow[(1,)](mx.array(a), mx.zeros(4, mx.int32),
+                                          mx.zeros(4, getattr(mx, dtype.__name__)),
+                                          mx.zeros(4, mx.int32), 4, BLOCK=4)
+    with np.errstate(over="ignore"):
+        twice = a * dtype(2)
+        np.testing.assert_array_equal(np.array(gt), (a + dtype(1) > a).astype(np.int32))
+        np.testing.assert_array_equal(np.array(half), np.trunc(twice / 2).astype(dtype))
+        np.testing.assert_array_equal(np.array(neg), (-a < 0).astype(np.int32))
+
+
 def test_thread_level_tensor_views(rng):
     a, ar = make(rng, (8, 8), "float32")
     out = view_copy[(1,)](a, mx.zeros((8, 8)))

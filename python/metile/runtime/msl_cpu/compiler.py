@@ -52,6 +52,9 @@ _FLAGS = [
     # would spin.  Keep such loops, so the METILE_MSL_TIMEOUT_S watchdog and
     # Ctrl-C see them.
     "-fno-finite-loops",
+    # Integer arithmetic wraps, as Triton's (LLVM's add/mul carry no `nsw`) and a GPU's;
+    # C++'s signed overflow is undefined, and clang folds `(x + 1) > x` to true.
+    "-fwrapv",
     # Round every half/bfloat operation like the GPU instead of keeping
     # float intermediates.
     "-Xclang",
