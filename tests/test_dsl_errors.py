@@ -138,6 +138,37 @@ def test_loop_carried_type_change():
 
 
 @metile.kernel
+def constant_int_operand(A, OP: metile.constexpr, C: metile.constexpr, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    a = metile.load(A + offs)
+    if OP == "//":
+        r = a // C  # MARK-//
+    elif OP == "%":
+        r = a % C  # MARK-%
+    elif OP == "<<":
+        r = a << C  # MARK-<<
+    else:
+        r = a >> C  # MARK->>
+    metile.store(A + offs, r)
+
+
+@pytest.mark.parametrize("op,c,dtype,message", [
+    ("//", 0, mx.int32, "integer '//' by the constant 0"),
+    ("%", 0, mx.uint32, "integer '%' by the constant 0"),
+    ("<<", 32, mx.int32, "'<<' by 32 on int32: a shift amount must be in [0, 32)"),
+    (">>", -1, mx.int64, "'>>' by -1 on int64: a shift amount must be in [0, 64)"),
+    ("<<", 8, mx.uint8, "'<<' by 8 on uint8: a shift amount must be in [0, 8)"),
+])
+def test_constant_divisor_zero_and_shift_out_of_range(op, c, dtype, message):
+    # clang folded these undefined operations to garbage (-1 from `a // 0`, where a zero
+    # divisor known only at launch is reported by the CPU runtime)
+    err = compile_error(lambda: constant_int_operand[(1,)](mx.zeros((4,), dtype), OP=op, C=c,
+                                                          BLOCK=4))
+    assert message in str(err)
+    assert_points_at(err, constant_int_operand, f"MARK-{op}", col=13)
+
+
+@metile.kernel
 def tile_condition(X, BLOCK: metile.constexpr):
     x = metile.load(X + metile.arange(0, BLOCK))
     if x > 0:  # MARK-tilecond

@@ -18,7 +18,8 @@ Rules (each violation is a CompilationError at the offending expression):
     pointer's element type, as an explicit cast would.
   * Shapes broadcast as in NumPy; a scalar meets a tile by splatting.
   * Integer `//` and `%` follow C (truncate toward zero), as on the GPU;
-    Python semantics apply only to compile-time constants.
+    Python semantics apply only to compile-time constants.  A constant zero divisor, or a
+    constant shift amount outside [0, bits of the operand type), is an error.
   * Pointers are a root buffer plus an int32 or int64 offset: `ptr + int` and
     `int + ptr` only.  An int64 offset keeps the whole address expression 64-bit.
 Compile-time values (Python numbers, constexprs) fold in Python.
@@ -271,6 +272,7 @@ class Semantics:
             d = dt.float32  # `/` is true division, also between integers
         (va, vb), shape = self.common(self.convert(a, d), self.convert(b, d))
         self._check_dtype(name, d)
+        self._check_constant_operand(name, vb, d)
         rtype = dt.bool_ if name in COMPARE else d
         return self.b.value(name, [va, vb], with_shape(ScalarType(rtype), shape))
 
@@ -289,6 +291,24 @@ class Semantics:
             raise CompilationError(f"'{_SYMBOL[name]}' needs bool or integer operands, got {d}")
         if d.is_bool and name not in ("and", "or", "xor", "eq", "ne", "not"):
             raise CompilationError(f"'{_SYMBOL.get(name, name)}' is not defined on bool values")
+
+    @staticmethod
+    def _check_constant_operand(name: str, b: Value, d: dt.DType) -> None:
+        """A constant divisor of zero or shift amount outside the type's width has no value on
+        any backend (Triton's is poison; C++'s is undefined, and clang folds it to garbage
+        where a runtime zero divisor would be reported), so it is refused here."""
+        while getattr(b.owner, "name", None) in ("splat", "broadcast", "expand_dims"):
+            b = b.owner.operands[0]
+        if getattr(b.owner, "name", None) != "const" or not d.is_int:
+            return
+        value = b.owner.attrs["value"]
+        if name in ("idiv", "mod") and value == 0:
+            raise CompilationError(f"integer '{_SYMBOL[name]}' by the constant 0: the result "
+                                   f"is undefined")
+        if name in ("shl", "shr") and not 0 <= value < d.bits:
+            raise CompilationError(f"'{_SYMBOL[name]}' by {value} on {d}: a shift amount must "
+                                   f"be in [0, {d.bits}) (larger or negative amounts are "
+                                   f"undefined)")
 
     def _pointer_arith(self, name: str, a, b):
         if isinstance(b, Value) and is_pointer(b.type):
