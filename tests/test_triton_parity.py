@@ -140,6 +140,33 @@ def test_store_converts_to_the_buffer_dtype(out, n):
 
 
 @metile.kernel
+def half_bfloat_convert(X, Y, Z, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs)
+    metile.store(Y + offs, x.to(Y.dtype.element_ty))
+    metile.store(Z + offs, x)  # the store's own conversion
+
+
+@pytest.mark.parametrize("src,dst", [(F16, BF16), (BF16, F16)], ids=["f16-bf16", "bf16-f16"])
+def test_half_bfloat_conversions(src, dst):
+    # clang has no half <-> bfloat conversion: the CPU runtime refused to compile these
+    x = mx.array(np.array([1.0009765625, 3.14159, 65504, 1e-7, -2.5, 7e4, 65520, -0.0],
+                          np.float32)).astype(src)
+    y, z = half_bfloat_convert[(1,)](x, mx.zeros(8, dst), mx.zeros(8, dst), BLOCK=8)
+    ref = np.array(x.astype(dst).astype(F32))
+    np.testing.assert_array_equal(np.array(y.astype(F32)), ref)
+    np.testing.assert_array_equal(np.array(z.astype(F32)), ref)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="needs NVRTC")
+def test_half_bfloat_conversions_compile_for_cuda():
+    launch = half_bfloat_convert[(1,)].prepare(mx.zeros(8, F16), mx.zeros(8, BF16),
+                                               mx.zeros(8, BF16), BLOCK=8, backend="cuda")
+    ok, log = compile_cuda(translation_unit(launch), "sm_90")
+    assert ok, log
+
+
+@metile.kernel
 def number_stores(Z, V: metile.constexpr):
     metile.store(Z + metile.arange(0, 4), V)
 

@@ -190,6 +190,10 @@ class CEmitter:
                 return x
         if dst.dtype.is_bool:
             return f"({x} != 0)"
+        if {src.dtype, dst.dtype} == {dt.float16, dt.bfloat16}:
+            # clang (the CPU runtime) has no half <-> bfloat conversion; through float, which
+            # holds both exactly, it rounds once
+            x = f"static_cast<float>({x})"
         return f"static_cast<{self.type(dst)}>({x})"
 
     # --- statements ------------------------------------------------------------------------
