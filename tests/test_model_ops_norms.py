@@ -163,6 +163,24 @@ def test_norms_without_weight_or_bias_and_other_eps(rng):
         close(y, np_rms(f64(h), None, eps), mx.float32)
 
 
+def test_numpy_scalar_eps_and_axis_as_mlx_takes_them(rng):
+    # MLX's ops take NumPy scalars (an eps read from a config); these were refused as "not
+    # a finite number" / "not an int", on every backend
+    x, = arrays(rng, (5, 16), mx.float32)
+    eps = np.float32(0.5)
+    for backend in ("metile", "mlx"):
+        close(ops.rms_norm(x, None, eps, backend=backend), np_rms(f64(x), None, 0.5),
+              mx.float32)
+        close(ops.layer_norm(x, None, None, eps, backend=backend),
+              np_layer(f64(x), None, None, 0.5), mx.float32)
+        close(ops.add_rms_norm(x, x, None, eps, backend=backend)[1],
+              np_rms(2 * f64(x), None, 0.5), mx.float32)
+        close(ops.softmax(x, axis=np.int64(0), backend=backend), np_softmax(f64(x), axis=0),
+              mx.float32)
+        close(ops.softmax(x, axis=[np.int64(0)], backend=backend),
+              np_softmax(f64(x), axis=0), mx.float32)
+
+
 def test_leading_dims_and_mixed_dtypes_follow_mlx(rng):
     x, = arrays(rng, (2, 3, 5, 64), mx.float16)
     w32, = arrays(rng, (64,), mx.float32)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -85,7 +86,8 @@ def _check_vector(op: str, name: str, v, x):
 
 
 def _check_eps(op: str, eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps):
+    # numbers.Real: MLX's ops take NumPy scalars too (an eps read from a config or checkpoint)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps):
         raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
     return float(eps)
 
@@ -631,13 +633,14 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
 def _softmax_axes(x, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    axes = (axis,) if isinstance(axis, int) and not isinstance(axis, bool) else axis
+    # numbers.Integral: MLX's softmax takes NumPy integers too
+    axes = (axis,) if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
     if not isinstance(axes, (tuple, list)) or not all(
-            isinstance(a, int) and not isinstance(a, bool) for a in axes):
+            isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in axes):
         raise TypeError(f"[metile.ops.softmax] axis must be None, an int or a sequence of ints, "
                         f"got {axis!r}")
     out = []
-    for a in axes:
+    for a in map(int, axes):
         if not -x.ndim <= a < x.ndim:
             raise ValueError(f"[metile.ops.softmax] axis {a} is out of range for x of shape "
                              f"{tuple(x.shape)}")
@@ -661,7 +664,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     key = op_replay.key("softmax", (axis, precise, backend), x)
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
-    mlx_axis = axis if axis is None or isinstance(axis, int) else list(axis)
+    mlx_axis = axis if axis is None or isinstance(axis, numbers.Integral) else list(axis)
     if backend == "mlx" or (x.ndim == 0 and backend != "metile"):
         _check_backend("softmax", backend)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
