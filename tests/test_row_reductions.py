@@ -242,3 +242,27 @@ def test_statistics_read_back_along_their_rows_stay_in_registers():
     if TOOLKIT is not None:
         ok, log = compile_cuda(translation_unit(d), "sm_90")
         assert ok, log
+
+
+@metile.kernel
+def nan_row_extremes(X, M, N, R: metile.constexpr, C: metile.constexpr):
+    r = metile.arange(0, R)
+    c = metile.arange(0, C)
+    x = metile.load(X + r[:, None] * C + c[None, :])
+    metile.store(M + r, metile.max(x, axis=1))
+    metile.store(N + r, metile.min(x, axis=1))
+
+
+@pytest.mark.parametrize("R,C", [(4, 32), (4, 8), (3, 5)])
+def test_an_all_nan_row_gives_the_fold_start_on_every_path(R, C):
+    # (from a hostile test: rows folded in their lanes' runs - (4, 32), (4, 8) - started
+    # from their first element and gave NaN for a row of NaN, other layouts -inf / +inf;
+    # the README promises the start, as fmax skips NaN)
+    x = np.arange(R * C, dtype=np.float32).reshape(R, C)
+    x[1] = np.nan
+    x[2, ::2] = np.nan
+    m, n = nan_row_extremes[(1,)](mx.array(x), mx.zeros((R,)), mx.zeros((R,)), R=R, C=C)
+    want_m, want_n = np.nanmax(np.where(np.isnan(x), -np.inf, x), axis=1), \
+        np.nanmin(np.where(np.isnan(x), np.inf, x), axis=1)
+    np.testing.assert_array_equal(np.array(m), want_m)
+    np.testing.assert_array_equal(np.array(n), want_n)

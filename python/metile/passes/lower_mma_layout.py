@@ -593,6 +593,8 @@ class MmaLayoutLowering:
         # a lane's elements of a row in four chains (not one chain of 32 maxima and 32 sums
         # a 64-wide score row: fixed-latency dependency stalls were ncu's first stall
         # reason for attention on the H200)
+        if self._skips_nan(kind, acc_d):   # (an all-NaN row gives -inf/+inf, as elsewhere)
+            terms = {slot: [self._identity(b, kind, acc_d)] + vs for slot, vs in terms.items()}
         folds = {slot: self._pairwise(b, kind, vs) for slot, vs in terms.items()}
         for ctx in self._mma_rows(b, tuple(op.results[0].type.shape)):
             total = b.value("simd_reduce", [folds[ctx.rows_slot]], ScalarType(acc_d), kind=kind,

@@ -72,6 +72,12 @@ class ReductionLowering:
             big = {"f": float("-inf"), "i": -2**(d.bits - 1), "u": 0}[d.kind]
         return self.const(b, big, d)
 
+    @staticmethod
+    def _skips_nan(kind: str, d: dt.DType) -> bool:
+        """A float max/min fold: its combine skips a NaN operand, so a fold that starts
+        from an element (not from the identity) would return NaN for an all-NaN line."""
+        return kind in ("max", "min") and d.is_float
+
     def _combine(self, b: Builder, kind: str, a: Value, x: Value) -> Value:
         name = {"sum": "add", "max": "maximum", "min": "minimum", "xor": "xor", "or": "or"}[kind]
         return b.value(name, [a, x], a.type)
@@ -281,7 +287,9 @@ class ReductionLowering:
     def _fold_run(self, x, kind: str, acc_d, v: int, ctxs):
         """(builder, register slot of the run, fold) of `x` over one run's element contexts
         (a run of v elements, or one element where v is 1)."""
-        acc = None
+        # float max/min start from the fold's -inf/+inf as the other paths do: a run of
+        # only NaN then gives that start, not NaN (README; fmax skips a NaN operand)
+        acc = self._identity(ctxs[0].b, kind, acc_d) if self._skips_nan(kind, acc_d) else None
         for ctx in ctxs:
             e = self._cast(ctx.b, self.elem(x, ctx), acc_d)
             acc = e if acc is None else self._combine(ctx.b, kind, acc, e)
