@@ -97,7 +97,23 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s65 ]; then
+if [ "$mode" = s67 ]; then
+  # the session's last call: the HBM ceiling for rms_norm's traffic (torch and MLX sides in
+  # their own processes), attention prefill after the -inf start of the accumulator rows'
+  # max fold, bfloat16 16x4096x4096 fused vs two launches in more rounds, then the GPU tests
+  # of this session's fixes (half/bfloat conversions, constant shift/divisor errors, norms'
+  # NumPy scalars, the fold starts)
+  timeout 60 python3 tools/probes/hbm_ceiling.py torch "$logs/h200-hbm-ceiling-torch.json" 2>&1 | tail -3 | tee -a "$log"
+  timeout 90 python3 tools/probes/hbm_ceiling.py mlx "$logs/h200-hbm-ceiling-mlx.json" 2>&1 | tail -3 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths 1024 4096 --decode-lengths --launches 20 --rounds 5 \
+    --output "$logs/h200-attention-prefill-float16.json" 2>&1 | tail -6 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.compiler.schedule_fusion --dtype bfloat16 --tile 128 128 64 \
+    --num-simdgroups 8 --sizes --shapes 16x4096x4096 --rounds 11 --target-ms 20 --time-anyway \
+    --output "$logs/h200-gemm-bfloat16-m16.json" 2>&1 | tail -3 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_triton_parity test_dsl_errors test_row_reductions \
+    test_model_ops_norms test_dot_fragments
+elif [ "$mode" = s65 ]; then
   # the int4 GEMV with K split over a program's warps and the scale and bias once a word
   # (tools/probes/gemv_split_words.py): ncu kernel durations against MLX's qmv and runs
   # 1024/1, then the routing and convert tests fixed after s63
