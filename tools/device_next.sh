@@ -97,7 +97,11 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s67 ]; then
+if [ "$mode" = s68 ]; then
+  # the FMA-contraction test fix and the helpers' language fixes on the GPU
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_triton_parity test_dsl_kernels test_small_ints \
+    test_int64
+elif [ "$mode" = s67 ]; then
   # the session's last call: the HBM ceiling for rms_norm's traffic (torch and MLX sides in
   # their own processes), attention prefill after the -inf start of the accumulator rows'
   # max fold, bfloat16 16x4096x4096 fused vs two launches in more rounds, then the GPU tests
