@@ -638,3 +638,20 @@ def test_rope_halves_partner_read_in_runs(rng):
             x2, x2, x2, mx.zeros_like(x2), 256, 64, 256, 160, 5, 1.0, math.log2(1e4), DIMS=128,
             BLOCK=256, ROWS=16, num_warps=16, backend=backend)
         assert "vectorize_rows" in d.execution_report.passes
+
+
+def test_numpy_scalars_for_rope_and_attention_as_mlx_takes_them(rng):
+    # (from a hostile test: rope's dims/base/scale/offset and attention's scale as NumPy
+    # scalars were refused on every backend; MLX's ops take them)
+    x, = arrays(rng, (1, 2, 6, 16), mx.float32)
+    want = mx.fast.rope(x, 16, traditional=False, base=10000.0, scale=0.5, offset=3)
+    got = [ops.rope(x, np.int64(16), traditional=False, base=np.float32(10000.0),
+                    scale=np.float64(0.5), offset=np.int64(3), backend=b)
+           for b in ("metile", "mlx")]
+    for y in got:
+        np.testing.assert_allclose(np.array(y), np.array(want), rtol=1e-5, atol=1e-5)
+    q, k, v = (arrays(rng, (1, 2, 5, 16), mx.float32)[0] for _ in range(3))
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25)
+    for b in ("metile", "mlx"):
+        y = ops.scaled_dot_product_attention(q, k, v, scale=np.float32(0.25), backend=b)
+        np.testing.assert_allclose(np.array(y), np.array(want), rtol=1e-5, atol=1e-5)

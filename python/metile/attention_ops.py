@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import mlx.core as mx
 
@@ -55,7 +56,9 @@ def _fail(kind, message):
     return kind(f"[metile.ops.scaled_dot_product_attention] {message}")
 
 
-def _check(q, k, v, scale, mask):
+def _check(q, k, v, scale, mask) -> float:
+    """Refuse what the op cannot take; return `scale` as a Python float (MLX's op takes a
+    NumPy scalar too)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, mx.array):
             raise _fail(TypeError, f"{name} must be an mx.array, got {type(x).__name__}")
@@ -76,7 +79,7 @@ def _check(q, k, v, scale, mask):
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise _fail(ValueError, f"query heads ({q.shape[1]}) must be a multiple of key/value "
                                 f"heads ({k.shape[1]})")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise _fail(TypeError, f"scale must be a number, got {type(scale).__name__} {scale!r}")
     if isinstance(mask, str):
         if mask != "causal":
@@ -95,6 +98,7 @@ def _check(q, k, v, scale, mask):
             if _promote(mask.dtype, out) != out:
                 raise _fail(TypeError, f"an additive mask's dtype must promote to the output "
                                        f"dtype {out}; got {mask.dtype}")
+    return float(scale)
 
 
 def _promote(a, b):
@@ -529,7 +533,7 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, backend: str = "a
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
     kernels (see the module docstring); differentiable in q, k, v (and an additive mask).
     Empty inputs, and with backend="auto" inputs of 2**31 elements or more, run MLX's op."""
-    _check(q, k, v, scale, mask)
+    scale = _check(q, k, v, scale, mask)
     if backend == "metile" and _too_large(q, k, mask):
         raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
                                 f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
@@ -541,7 +545,7 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, backend: str = "a
 
 def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clock=None) -> dict:
     """Measure (or, unless `force`, read the recorded) routing decision for this call."""
-    _check(q, k, v, scale, mask)
+    scale = _check(q, k, v, scale, mask)
     with routing.tuning_scope(budget_s, clock):
         _, decision = _route(q, k, v, scale, mask, "auto", measure=True, force=force)
     return decision.to_dict()
@@ -549,7 +553,7 @@ def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clo
 
 def explain_attention(q, k, v, *, scale, mask=None, backend: str = "auto") -> dict:
     """Which path a call takes and why (never measures)."""
-    _check(q, k, v, scale, mask)
+    scale = _check(q, k, v, scale, mask)
     config, decision = _route(q, k, v, scale, mask, backend, measure=False)
     return {"path": "mlx" if config is None else "metile", "config": config,
             "route": decision.to_dict()}

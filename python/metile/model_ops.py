@@ -698,10 +698,11 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
 
 def _rope_offset(x, offset):
     """(int offset or None, int32 offset array or None, kind)."""
-    if isinstance(offset, bool) or not isinstance(offset, (int, mx.array)):
+    if isinstance(offset, bool) or not isinstance(offset, (numbers.Integral, mx.array)):
         raise TypeError(f"[metile.ops.rope] offset must be an int or an integer mx.array, got "
                         f"{type(offset).__name__}")
-    if isinstance(offset, int):
+    if isinstance(offset, numbers.Integral):   # (a NumPy integer too, as MLX's op takes)
+        offset = int(offset)
         if not -2**31 <= offset < 2**31:
             raise ValueError(f"[metile.ops.rope] offset {offset} does not fit in int32")
         return offset, None, "scalar"
@@ -727,16 +728,19 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     (offset + t) * scale * base^(-2i/dims) (or / freqs[i]) in pairs (i, i + dims/2), or
     (2i, 2i+1) with `traditional`; offset an int, a scalar int array or B offsets."""
     _check_x("rope", x, min_ndim=3)
+    # NumPy scalars as MLX's op takes them (a config's values), as Python numbers
+    if isinstance(dims, numbers.Integral) and not isinstance(dims, bool):
+        dims = int(dims)
     if isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0 or dims % 2:
         raise ValueError(f"[metile.ops.rope] dims must be a positive even int, got {dims!r}")
     if dims > x.shape[-1]:
         raise ValueError(f"[metile.ops.rope] dims {dims} exceeds x's last axis {x.shape[-1]}")
     if (base is None) == (freqs is None):
         raise ValueError("[metile.ops.rope] exactly one of base and freqs must be given")
-    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float))
+    if base is not None and (isinstance(base, bool) or not isinstance(base, numbers.Real)
                              or not base > 0):
         raise ValueError(f"[metile.ops.rope] base must be a positive number, got {base!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"[metile.ops.rope] scale must be a number, got {scale!r}")
     if freqs is not None and (not isinstance(freqs, mx.array)
                               or tuple(freqs.shape) != (dims // 2,)):
