@@ -410,3 +410,16 @@ def test_cuda_emission_compiles_with_nvrtc():
             assert "vectorize_rows" in d.execution_report.passes
             ok, log = compile_cuda(translation_unit(d), "sm_90")
             assert ok, log
+
+
+@pytest.mark.parametrize("transpose", [True, False])
+def test_a_mismatched_x_is_named_for_its_layout(rng, transpose):
+    # (from a hostile test: with transpose=False the message asked for K a multiple of
+    # group_size, which that layout does not need - its K is the packed matrix's rows)
+    wq, s, b = quantized(rng, (8, 96), mx.float32, 32, 4)
+    k = 96 if transpose else 8
+    with pytest.raises(ValueError) as e:
+        ops.quantized_matmul(mx.zeros((2, k + 1)), wq, s, b, transpose=transpose,
+                             group_size=32, bits=4, backend="metile")
+    assert f"x's last dimension is {k + 1}, but the quantized matrix has K={k}" in str(e.value)
+    assert ("multiple of group_size" in str(e.value)) == transpose
