@@ -118,6 +118,12 @@ class CudaLaunch : public mx::Primitive {
                                 config_->dtypes);
   }
 
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>&, const std::vector<int>&) override {
+    return metile::refused_jvp(stream(), config_->fn->name(), primals, config_->shapes,
+                               config_->dtypes);
+  }
+
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[metile] a CUDA kernel runs on the GPU stream only");
   }

@@ -777,9 +777,9 @@ class Replay {
   Replay(nb::object launch, std::vector<mx::array> inputs, std::vector<int> sources,
          std::vector<std::optional<std::vector<int>>> reshapes,
          std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings,
-         nb::object vmap)
+         nb::object vmap, nb::object jvp)
       : vjp_(kept(std::move(vjp))), vmap_(vmap.is_none() ? nullptr : kept(std::move(vmap))),
-        settings_(settings) {
+        jvp_(jvp.is_none() ? nullptr : kept(std::move(jvp))), settings_(settings) {
     if (sources.size() != inputs.size()) {
       throw std::invalid_argument("[metile] one source (a primal, or -1) per input");
     }
@@ -851,7 +851,23 @@ class Replay {
         return out;
       };
     }
-    mx::array out = mx::custom_function(forward, backward, std::nullopt, batched)(primals)[0];
+    std::optional<JvpRule> tangent;
+    if (jvp_) {
+      // forward mode through the op's MLX composite (op_replay._forward_tangents): the
+      // primals, and a tangent per primal (None where MLX passes none: not in argnums)
+      tangent = [jvp = jvp_](const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) {
+        nb::gil_scoped_acquire gil;
+        nb::list aligned;
+        for (std::size_t i = 0; i < primals.size(); ++i) aligned.append(nb::none());
+        for (std::size_t j = 0; j < argnums.size(); ++j) {
+          aligned[argnums[j]] = nb::cast(tangents[j]);
+        }
+        return nb::cast<std::vector<mx::array>>((*jvp)(primals, aligned));
+      };
+    }
+    mx::array out = mx::custom_function(forward, backward, tangent, batched)(primals)[0];
     return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
   }
 
@@ -861,7 +877,9 @@ class Replay {
   std::optional<mx::Shape> out_shape_;
   using VmapRule = std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
       const std::vector<mx::array>&, const std::vector<int>&)>;
-  std::shared_ptr<nb::object> vjp_, vmap_;
+  using JvpRule = std::function<std::vector<mx::array>(
+      const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>;
+  std::shared_ptr<nb::object> vjp_, vmap_, jvp_;
   SettingsCheck settings_;
 };
 
@@ -1190,10 +1208,10 @@ NB_MODULE(_ext, m) {
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
-                    nb::object, const SettingsCheck&, nb::object>(),
+                    nb::object, const SettingsCheck&, nb::object, nb::object>(),
            nb::arg("launch"), nb::arg("inputs"), nb::arg("sources"), nb::arg("reshapes"),
            nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"),
-           nb::arg("vmap").none() = nb::none())
+           nb::arg("vmap").none() = nb::none(), nb::arg("jvp").none() = nb::none())
       .def("__call__", &Replay::operator(),
            "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),

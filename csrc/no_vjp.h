@@ -22,10 +22,8 @@ class NoVjp : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What mx.vmap meets in a metile launch: a kernel is compiled for its arrays' shapes and
-// launched over its grid, so it has no batching rule.
-inline std::string no_vmap(const std::string& symbol) {
-  // the kernel's Python name in its symbol, metile_<name>_<12 hex digits of its hash>_...
+// A kernel's Python name in its symbol, metile_<name>_<12 hex digits of its hash>_...
+inline std::string kernel_name(const std::string& symbol) {
   std::string kernel = symbol.rfind("metile_", 0) == 0 ? symbol.substr(7) : symbol;
   for (std::size_t at = kernel.find('_'); at != std::string::npos; at = kernel.find('_', at + 1)) {
     if (kernel.size() < at + 14 || kernel[at + 13] != '_') continue;
@@ -36,6 +34,13 @@ inline std::string no_vmap(const std::string& symbol) {
       break;
     }
   }
+  return kernel;
+}
+
+// What mx.vmap meets in a metile launch: a kernel is compiled for its arrays' shapes and
+// launched over its grid, so it has no batching rule.
+inline std::string no_vmap(const std::string& symbol) {
+  std::string kernel = kernel_name(symbol);
   return "[metile] kernel '" + kernel + "' cannot be batched by mx.vmap (a metile launch "
          "has no vmap rule): launch it over the batched arrays with a grid that covers the "
          "batch, or, inside mx.vmap, call metile.ops with backend=\"mlx\"";
@@ -80,6 +85,24 @@ inline std::pair<std::vector<mlx::core::array>, std::vector<int>> refused_vmap(
   auto outs = mlx::core::array::make_arrays(
       batched, dtypes, std::make_shared<RefusedVmap>(stream, no_vmap(symbol)), inputs);
   return {outs, std::vector<int>(outs.size(), 0)};
+}
+
+// What mx.jvp meets in a metile launch: a kernel has no forward-mode derivative.
+inline std::string no_jvp(const std::string& symbol) {
+  return "[metile] kernel '" + kernel_name(symbol) + "' has no forward-mode derivative "
+         "(mx.jvp): compute the tangent with MLX ops, or call metile.ops, whose jvp is "
+         "their MLX composite's";
+}
+
+// What a metile launch gives mx.jvp: output tangents whose evaluation raises the refusal.
+// Inside an mx.custom_function with a jvp rule (the metile ops' MLX composites) MLX walks
+// the forward's graph too and then takes the rule's tangents, so these are never
+// evaluated; a bare launch under mx.jvp fails by name.
+inline std::vector<mlx::core::array> refused_jvp(
+    mlx::core::Stream stream, const std::string& symbol, const std::vector<mlx::core::array>& primals,
+    const std::vector<mlx::core::Shape>& shapes, const std::vector<mlx::core::Dtype>& dtypes) {
+  return mlx::core::array::make_arrays(
+      shapes, dtypes, std::make_shared<RefusedVmap>(stream, no_jvp(symbol)), primals);
 }
 
 }  // namespace metile

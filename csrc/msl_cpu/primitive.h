@@ -61,6 +61,11 @@ class MslCpuKernel : public mx::Primitive {
     return metile::refused_vmap(stream(), spec_->name, inputs, axes, spec_->output_shapes,
                                 spec_->output_dtypes);
   }
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>&, const std::vector<int>&) override {
+    return metile::refused_jvp(stream(), spec_->name, primals, spec_->output_shapes,
+                               spec_->output_dtypes);
+  }
   bool is_equivalent(const mx::Primitive& other) const override;
 
  private:

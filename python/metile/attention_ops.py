@@ -35,6 +35,7 @@ import numbers
 
 import mlx.core as mx
 
+from . import op_replay
 from .runtime import routing
 from .op_routing import (
     config_name as _config_name,
@@ -384,6 +385,12 @@ def _differentiable(kind: str, scale: float, config: dict):
     def f(*primals):
         q, k, v, mask = unpack(primals)
         return _launch(q, k, v, mask, scale, config)
+
+    def composite(*primals):
+        q, k, v, mask = unpack(primals)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    op_replay.composite_rules(f, composite)   # mx.jvp and mx.vmap through MLX's op
 
     @f.vjp
     def f_vjp(primals, cotangent, output):

@@ -287,7 +287,7 @@ def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
         return _launch_rms(arrays[0], arrays[1] if has_weight else None, eps, dict(cfg))
 
     f.vjp(_rms_vjp(eps, has_weight))
-    f.vmap(op_replay.vmap_rule(_rms_composite(eps, has_weight)))
+    op_replay.composite_rules(f, _rms_composite(eps, has_weight))
     return f
 
 
@@ -318,7 +318,7 @@ def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
         return _launch_layer(arrays[0], w, b, eps, dict(cfg))
 
     f.vjp(_layer_vjp(eps, has_weight, has_bias))
-    f.vmap(op_replay.vmap_rule(_layer_composite(eps, has_weight, has_bias)))
+    op_replay.composite_rules(f, _layer_composite(eps, has_weight, has_bias))
     return f
 
 
@@ -378,7 +378,7 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
         total = x + res
         return total, mx.fast.rms_norm(total, w[0] if has_weight else None, eps)
 
-    f.vmap(op_replay.vmap_rule(composite))
+    op_replay.composite_rules(f, composite)
     return f
 
 
@@ -389,7 +389,7 @@ def _softmax_fn(cfg: tuple, hold: bool):
         return _launch_softmax(x2, dict(cfg), hold)
 
     f.vjp(_softmax_vjp)
-    f.vmap(op_replay.vmap_rule(_softmax_composite))
+    op_replay.composite_rules(f, _softmax_composite)
     return f
 
 
@@ -419,6 +419,11 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
     def f(*arrays):
         x2, offset, freqs = unpack(arrays)
         return _launch_rope(x2, spec, offset, freqs, dict(cfg))
+
+    @f.jvp
+    def f_jvp(primals, tangents):
+        raise NotImplementedError("[metile.ops.rope] has no forward-mode derivative (mx.jvp) "
+                                  "on the metile kernels yet: call it with backend='mlx'")
 
     @f.vjp
     def f_vjp(primals, cotangent, output):

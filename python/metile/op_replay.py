@@ -147,7 +147,8 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
     _keep(key, _ext.Replay(d._direct, kept, sources,
                            [None if r is None else list(r) for r in reshapes],
                            None if out_shape is None else list(out_shape), _backward(vjp),
-                           check, None if composite is None else vmap_rule(composite)), False)
+                           check, None if composite is None else vmap_rule(composite),
+                           None if composite is None else _forward_tangents(composite)), False)
 
 
 def remember_composite(key, run, decision) -> None:
@@ -193,6 +194,46 @@ def vmap_rule(composite):
             return list(out), [0] * len(out)
         return out, 0
     return rule
+
+
+def jvp_rule(composite):
+    """An mx.custom_function jvp rule that pushes the tangents through an op's MLX
+    `composite` (as vmap_rule does for batching): forward-mode derivatives of the op
+    without a tangent kernel.  Primals without a tangent (None: not differentiated, such as
+    a quantized weight's words) stay constants of the composite."""
+    def rule(primals, tangents):
+        if isinstance(primals, mx.array):   # (a custom function of one array)
+            primals, tangents = (primals,), (tangents,)
+        primals = list(primals)
+        moving = [i for i, t in enumerate(tangents) if t is not None]
+
+        def along(*xs):
+            args = list(primals)
+            for i, x in zip(moving, xs):
+                args[i] = x
+            out = composite(*args)
+            return list(out) if isinstance(out, (tuple, list)) else [out]
+        _, out = mx.jvp(along, [primals[i] for i in moving], [tangents[i] for i in moving])
+        return out[0] if len(out) == 1 else out
+    return rule
+
+
+def composite_rules(f, composite):
+    """Give the custom function `f` (an op's kernel launch) the vmap and jvp rules of its
+    MLX `composite` (a function of f's arrays computing the same values)."""
+    f.vmap(vmap_rule(composite))
+    f.jvp(jvp_rule(composite))
+
+
+def _forward_tangents(composite):
+    """The replay's jvp: (primals, tangents aligned with them, None where absent) -> a list
+    of output tangents, through jvp_rule."""
+    rule = jvp_rule(composite)
+
+    def forward(primals, tangents):
+        out = rule(list(primals), list(tangents))
+        return [out] if isinstance(out, mx.array) else list(out)
+    return forward
 
 
 def _backward(vjp):

@@ -359,8 +359,8 @@ def _fused_matmul(activation, slope, block):
 
     f.vjp(_matmul_vjp(activation, slope, block))
     transposed = bool(block.get("TRANSPOSE_B"))
-    f.vmap(op_replay.vmap_rule(
-        lambda a2, b: _matmul_mlx(a2, b.T if transposed else b, activation, slope)))
+    op_replay.composite_rules(
+        f, lambda a2, b: _matmul_mlx(a2, b.T if transposed else b, activation, slope))
     return f
 
 
@@ -394,7 +394,7 @@ def _fused_bmm(activation, slope, block):
     def f(a3, b3):
         return _launch_batched(a3, b3, activation, slope, block)
 
-    f.vmap(op_replay.vmap_rule(lambda a3, b3: activate(a3 @ b3, activation, slope)))
+    op_replay.composite_rules(f, lambda a3, b3: activate(a3 @ b3, activation, slope))
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
@@ -482,8 +482,8 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
         return _launch_linear(x2, w, bias, residual, activation, slope, block)
 
     f.vjp(_linear_vjp(activation, slope, block, has_bias, has_residual))
-    f.vmap(op_replay.vmap_rule(_linear_rows(activation, slope, has_bias, has_residual,
-                                            bool(block.get("TRANSPOSE_B")))))
+    op_replay.composite_rules(f, _linear_rows(activation, slope, has_bias, has_residual,
+                                              bool(block.get("TRANSPOSE_B"))))
     return f
 
 
@@ -1007,7 +1007,7 @@ def _fused_gated(activation, block):
         return _launch_gated(x2, w_gate, w_up, activation, block)
 
     f.vjp(_gated_vjp(activation))
-    f.vmap(op_replay.vmap_rule(functools.partial(_gated_mlx, activation=activation)))
+    op_replay.composite_rules(f, functools.partial(_gated_mlx, activation=activation))
     return f
 
 

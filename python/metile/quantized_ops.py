@@ -275,7 +275,7 @@ def _differentiable(n, k, transpose, group_size, bits, config: tuple):
         return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, dict(config))
 
     f.vjp(_vjp(transpose, group_size, bits))
-    f.vmap(op_replay.vmap_rule(_composite(transpose, group_size, bits)))
+    op_replay.composite_rules(f, _composite(transpose, group_size, bits))
     return f
 
 
