@@ -168,30 +168,7 @@ std::vector<mx::array> refusing_vjp(Launch launch, const std::vector<mx::array>&
                          const std::vector<mx::array>&) -> std::vector<mx::array> {
     throw metile::NoVjp(no_vjp);
   };
-  // mx.jvp walks the graph under an op's custom function too (then takes its rule's
-  // tangents): MLX's kernel primitive has no jvp, so answer with stand-in tangents that
-  // raise by name when evaluated, as metile's own primitives do (no_vjp.h).  The launch is
-  // made here, once: `launch` may hold references that do not outlive this call.
-  auto outs = launch(inputs);
-  std::vector<mx::Shape> shapes;
-  std::vector<mx::Dtype> dtypes;
-  for (auto& o : outs) {
-    shapes.push_back(o.shape());
-    dtypes.push_back(o.dtype());
-  }
-  // the kernel's name from the no-vjp message ("kernel 'name' has no vjp, ...")
-  auto open = no_vjp.find('\'');
-  auto close = open == std::string::npos ? open : no_vjp.find('\'', open + 1);
-  std::string name =
-      close == std::string::npos ? "launch" : no_vjp.substr(open + 1, close - open - 1);
-  auto stream = outs.front().primitive().stream();
-  auto standins = [stream, name, shapes, dtypes](const std::vector<mx::array>& primals,
-                                                 const std::vector<mx::array>&,
-                                                 const std::vector<int>&) {
-    return metile::refused_jvp(stream, name, primals, shapes, dtypes);
-  };
-  auto forward = [outs](const std::vector<mx::array>&) { return outs; };
-  return mx::custom_function(forward, std::move(refuse), std::move(standins))(inputs);
+  return mx::custom_vjp(std::move(launch), std::move(refuse))(inputs);
 }
 
 // NVIDIA devices: CUDA C++ through mlx::core::fast::cuda_kernel (MLX's

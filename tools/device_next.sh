@@ -97,11 +97,7 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s70 ]; then
-  # MLX's kernel primitive under mx.jvp: stand-in tangents from the launch's custom function
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_jvp test_launch_errors test_cuda_launch \
-    test_cuda_kernel
-elif [ "$mode" = s69 ]; then
+if [ "$mode" = s69 ]; then
   # the jvp rules (C++ replay and kernel primitives rebuilt), the NumPy-scalar fixes
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_jvp test_ops_vmap test_op_replay \
     test_triton_parity
