@@ -33,11 +33,17 @@ def _cases():
         "softmax": (lambda v, be: ops.softmax(v, backend=be), (5, 8)),
         "add_rms_norm": (lambda v, be: ops.add_rms_norm(v, v * 0.5, g, 1e-5, backend=be),
                          (5, 8)),
+        "attention": (lambda v, be: ops.scaled_dot_product_attention(
+            v, v * 0.5, v, scale=0.25, mask="causal", backend=be), (1, 2, 5, 16)),
     }
 
 
 @pytest.mark.parametrize("op", list(_cases()))
 def test_ops_batch_under_vmap_as_mlx_does(op):
+    if op == "attention" and mx.default_device() == mx.gpu and mx.cuda.is_available():
+        pytest.skip("not run on a GPU yet: attention's CUDA forward launches through MLX's "
+                    "cuda_kernel, which mx.jvp reached inside the op's custom function "
+                    "(tests/test_ops_jvp.py); vmap may meet it the same way")
     fn, shape = _cases()[op]
     xs = mx.random.normal((3, *shape), key=mx.random.key(9))
     want = mx.vmap(lambda v: fn(v, "mlx"))(xs)
