@@ -38,13 +38,14 @@ import mlx.core as mx
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
+    FLOAT_DTYPES,
     config_name as _config_name,
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
     cost_model)
 
-_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+_DTYPES = FLOAT_DTYPES
 LOG2E = 1.4426950408889634
 # Rows (query heads per key/value head x queries) that one split program holds: the
 # decode path's BLOCK_M.

@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as mlx_nn
 
 from . import nn_norms, ops
+from .op_routing import FLOAT_DTYPES
 from .nn_norms import LayerNorm, RMSNorm  # noqa: F401  (metile.nn.RMSNorm, metile.nn.LayerNorm)
 
 
@@ -227,7 +228,7 @@ def _why_not(path: str, module, predicate) -> str | None:
     if type(module) is not mlx_nn.Linear:
         return (f"{type(module).__name__} subclasses mlx.nn.Linear; its own __call__ may "
                 f"compute something else")
-    if module.weight.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+    if module.weight.dtype not in FLOAT_DTYPES:
         return f"weight dtype {module.weight.dtype} (metile's GEMM takes float32/float16/bfloat16)"
     if 0 in module.weight.shape:
         return f"weight shape {tuple(module.weight.shape)} has no elements"

@@ -13,6 +13,9 @@ import mlx.core as mx
 
 from .runtime import routing
 
+# The float dtypes the op kernels take (operands, weights, scales)
+FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
 # Tolerance of a candidate against MLX's result, relative to the largest value: the
 # rounding a different accumulation order gives in each dtype.
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
