@@ -484,3 +484,17 @@ def test_decode_a_nan_key_poisons_its_head_only(rng):
         assert np.isnan(got[0, 0]).all() and np.isnan(np.array(want)[0, 0]).all()
         np.testing.assert_allclose(got[0, 1], reference(q, k, v, 0.125, None)[0, 1],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_sinks_run_mlx_and_the_kernels_refuse_them(rng):
+    # (from a hostile test: MLX 0.32's `sinks` was an unexpected keyword here)
+    q, k, v = (mx.array(rng.standard_normal((1, 2, 3, 8)).astype(np.float32)) for _ in range(3))
+    sinks = mx.array([0.5, -1.0])
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal", sinks=sinks)
+    for backend in ("auto", "mlx"):
+        got = metile.ops.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal",
+                                                      sinks=sinks, backend=backend)
+        np.testing.assert_array_equal(np.array(got), np.array(want))
+    with pytest.raises(ValueError, match="the metile attention kernels have no attention sinks"):
+        metile.ops.scaled_dot_product_attention(q, k, v, scale=0.3, sinks=sinks,
+                                                backend="metile")

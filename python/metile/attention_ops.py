@@ -537,11 +537,21 @@ def _too_large(q, k, mask) -> bool:
     return any(x.size >= 2**31 for x in arrays)
 
 
-def scaled_dot_product_attention(q, k, v, *, scale, mask=None, backend: str = "auto"):
+def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
+                                 backend: str = "auto"):
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
     kernels (see the module docstring); differentiable in q, k, v (and an additive mask).
-    Empty inputs, and with backend="auto" inputs of 2**31 elements or more, run MLX's op."""
+    Empty inputs, and with backend="auto" inputs of 2**31 elements or more, run MLX's op;
+    so do attention sinks (`sinks`, one logit a query head: the kernels have none), which
+    backend="metile" refuses by name."""
     scale = _check(q, k, v, scale, mask)
+    if sinks is not None:
+        if backend not in ("auto", "mlx"):
+            _route(q, k, v, scale, mask, backend, measure=False)   # (an unknown backend's error)
+            raise _fail(ValueError, "sinks: the metile attention kernels have no attention "
+                                    "sinks; backend='auto' or 'mlx' runs MLX's op with them")
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                    sinks=sinks)
     if backend == "metile" and _too_large(q, k, mask):
         raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
                                 f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
