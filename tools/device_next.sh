@@ -97,7 +97,13 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s69 ]; then
+if [ "$mode" = s71 ]; then
+  # first call of the twenty-second session: the GPU tests of the twenty-first's last CPU-only
+  # changes (NumPy scalars in rope/attention, attention's sinks and vmap, quantized_matmul's
+  # message, the shared float dtype tuple)
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_model_ops_norms test_attention_op \
+    test_quantized_op test_ops_vmap test_ops_jvp test_convert
+elif [ "$mode" = s69 ]; then
   # the jvp rules (C++ replay and kernel primitives rebuilt), the NumPy-scalar fixes
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_jvp test_ops_vmap test_op_replay \
     test_triton_parity
