@@ -46,13 +46,13 @@ inline std::string no_vmap(const std::string& symbol) {
          "batch, or, inside mx.vmap, call metile.ops with backend=\"mlx\"";
 }
 
-// What a metile launch gives mx.vmap: outputs of its batched shapes (batch first) whose
-// evaluation raises the refusal.  Inside an mx.custom_function with a vmap rule (the
-// metile ops' MLX composites) MLX still asks the kernel for a vmap, then uses the rule's
-// outputs, so these are never evaluated; a bare launch under mx.vmap fails by name there.
-class RefusedVmap : public mlx::core::Primitive {
+// Stand-in outputs of a transform a metile launch has no rule for (refused_vmap,
+// refused_jvp): evaluating one raises the refusal.  Inside an mx.custom_function with a
+// rule (the metile ops' MLX composites) MLX still asks the kernel, then uses the rule's
+// outputs, so these are never evaluated; a bare launch under the transform fails by name.
+class RefusedTransform : public mlx::core::Primitive {
  public:
-  RefusedVmap(mlx::core::Stream stream, std::string message)
+  RefusedTransform(mlx::core::Stream stream, std::string message)
       : mlx::core::Primitive(stream), message_(std::move(message)) {}
   void eval_cpu(const std::vector<mlx::core::array>&, std::vector<mlx::core::array>&) override {
     throw NoVjp(message_);
@@ -60,7 +60,7 @@ class RefusedVmap : public mlx::core::Primitive {
   void eval_gpu(const std::vector<mlx::core::array>&, std::vector<mlx::core::array>&) override {
     throw NoVjp(message_);
   }
-  const char* name() const override { return "MetileRefusedVmap"; }
+  const char* name() const override { return "MetileRefusedTransform"; }
 
  private:
   std::string message_;
@@ -83,7 +83,7 @@ inline std::pair<std::vector<mlx::core::array>, std::vector<int>> refused_vmap(
     batched.push_back(std::move(shape));
   }
   auto outs = mlx::core::array::make_arrays(
-      batched, dtypes, std::make_shared<RefusedVmap>(stream, no_vmap(symbol)), inputs);
+      batched, dtypes, std::make_shared<RefusedTransform>(stream, no_vmap(symbol)), inputs);
   return {outs, std::vector<int>(outs.size(), 0)};
 }
 
@@ -102,7 +102,7 @@ inline std::vector<mlx::core::array> refused_jvp(
     mlx::core::Stream stream, const std::string& symbol, const std::vector<mlx::core::array>& primals,
     const std::vector<mlx::core::Shape>& shapes, const std::vector<mlx::core::Dtype>& dtypes) {
   return mlx::core::array::make_arrays(
-      shapes, dtypes, std::make_shared<RefusedVmap>(stream, no_jvp(symbol)), primals);
+      shapes, dtypes, std::make_shared<RefusedTransform>(stream, no_jvp(symbol)), primals);
 }
 
 }  // namespace metile

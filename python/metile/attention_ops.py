@@ -38,14 +38,13 @@ import mlx.core as mx
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
-    FLOAT_DTYPES,
+    FLOAT_DTYPES as _DTYPES,
     config_name as _config_name,
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
     cost_model)
 
-_DTYPES = FLOAT_DTYPES
 LOG2E = 1.4426950408889634
 # Rows (query heads per key/value head x queries) that one split program holds: the
 # decode path's BLOCK_M.
@@ -470,10 +469,14 @@ def _cost_model() -> routing.Decision:
                       "nothing measured on this machine says the kernels are faster; MLX's op")
 
 
-def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
-    """(config or None for MLX's op, routing.Decision)."""
+def _check_backend(backend) -> None:
     if backend not in ("auto", "metile", "mlx"):
         raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+
+
+def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
+    """(config or None for MLX's op, routing.Decision)."""
+    _check_backend(backend)
     if backend == "mlx":
         return None, routing.Decision("mlx", "requested", "backend='mlx' requested")
     # what MLX's op takes and these kernels do not: backend="metile" says so, "auto" runs
@@ -546,8 +549,8 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
     backend="metile" refuses by name."""
     scale = _check(q, k, v, scale, mask)
     if sinks is not None:
-        if backend not in ("auto", "mlx"):
-            _route(q, k, v, scale, mask, backend, measure=False)   # (an unknown backend's error)
+        _check_backend(backend)
+        if backend == "metile":
             raise _fail(ValueError, "sinks: the metile attention kernels have no attention "
                                     "sinks; backend='auto' or 'mlx' runs MLX's op with them")
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,

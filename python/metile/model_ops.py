@@ -43,7 +43,7 @@ import mlx.core as mx
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
-    FLOAT_DTYPES,
+    FLOAT_DTYPES as _DTYPES,
     config_name as _config_name,
     m_bucket,
     device_description as _device_description,
@@ -53,7 +53,6 @@ from .op_routing import (
     cost_model,
     TUNING)
 
-_DTYPES = FLOAT_DTYPES
 # The widest row the single-pass kernels hold in registers: 32 float32 values per
 # thread at 1024 threads.
 MAX_COLUMNS = 32768

@@ -58,7 +58,7 @@ import mlx.core as mx
 from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
-    FLOAT_DTYPES,
+    FLOAT_DTYPES as _DTYPES,
     config_name as _op_config_name,
     m_bucket,
     device_description as _device_description,
@@ -69,7 +69,6 @@ from .op_routing import (
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
                "leaky_relu": "affine_leaky"}
-_DTYPES = FLOAT_DTYPES
 BLOCK = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16)
 # NVIDIA, 16-bit operands: the cp.async / ldmatrix / register-epilogue GEMM (gemm_async).
 # Measured on the H200 (benchmarks/results/h200-gemm-*.json): 128x128x32 on 8 warps

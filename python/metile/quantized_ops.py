@@ -46,7 +46,7 @@ import mlx.core as mx
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
-    FLOAT_DTYPES,
+    FLOAT_DTYPES as _DTYPES,
     config_name,
     m_bucket,
     device_description as _device_description,
@@ -55,7 +55,6 @@ from .op_routing import (
     cost_model,
     TUNING)
 
-_DTYPES = FLOAT_DTYPES
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 # Up to this many rows run the GEMV kernels (rows are a grid axis there, each row
