@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.nn as mlx_nn
 
 from . import model_ops
+from .op_routing import FLOAT_DTYPES
 
 
 def _check_backend(layer: str, backend) -> None:
@@ -99,7 +100,7 @@ def swap_norm(parent, key, path: str, module, backend: str, predicate, report) -
         report.skipped[path] = "class_predicate returned False"
         return
     weight = module.get("weight")
-    if weight is not None and weight.dtype not in model_ops._DTYPES:
+    if weight is not None and weight.dtype not in FLOAT_DTYPES:
         report.skipped[path] = (f"weight dtype {weight.dtype} (metile's norm kernels take "
                                 f"float32/float16/bfloat16)")
         return
