@@ -393,3 +393,80 @@ def test_a_changed_option_misses_and_a_provisional_replay_declines_while_tuning(
     assert len(table) == 2
     table.put(op_replay.key("matmul", ("relu", 0.25, "metile"), a, b), replay, False)
     assert len(table) == 1 and table.get(k) is None
+
+
+# -- the ops' eager entries (op_replay.entry: a C function per op) ---------------------------
+
+def test_an_entry_binds_arguments_as_the_op_signature_does(rng, routes):
+    # positional or by keyword, a default given or left out: one signature, one replay
+    a, b = arrays(rng, mx.float32, (9, 12), (12, 5))
+    want = np.maximum(f64(a) @ f64(b), 0)
+    calls = [lambda: metile.ops.matmul(a, b, epilogue="relu", backend="metile"),
+             lambda: metile.ops.matmul(b=b, a=a, backend="metile", epilogue="relu"),
+             lambda: metile.ops.matmul(a, b=b, epilogue="relu", backend="metile",
+                                       negative_slope=ops.LEAKY_SLOPE)]
+    for call in calls * 2:
+        np.testing.assert_allclose(f64(call()), want, rtol=2e-5, atol=2e-5)
+    assert len(routes) == 1
+    x = arrays(rng, mx.float32, (4, 12))[0]
+    w = arrays(rng, mx.float32, (12,))[0]
+    for call in [lambda: metile.ops.rms_norm(x, w, 1e-5, backend="metile"),
+                 lambda: metile.ops.rms_norm(x, eps=1e-5, weight=w, backend="metile")] * 2:
+        got = call()
+        ref = f64(x) / np.sqrt((f64(x) ** 2).mean(-1, keepdims=True) + 1e-5) * f64(w)
+        np.testing.assert_allclose(f64(got), ref, rtol=2e-5, atol=2e-5)
+    assert len(op_replay._REPLAYS.replays("rms_norm")) == 1
+
+
+def test_an_entry_sends_calls_it_cannot_bind_to_the_op_which_names_them(rng):
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    for _ in range(2):   # (recorded: the entry has a replay for (a, b))
+        metile.ops.matmul(a, b, backend="metile")
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'b'"):
+        metile.ops.matmul(a)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'epilog'"):
+        metile.ops.matmul(a, b, epilog="relu")
+    with pytest.raises(TypeError, match="multiple values for argument 'b'"):
+        metile.ops.matmul(a, b, b=b)
+    with pytest.raises(TypeError, match="takes 2 positional arguments but 3 were given"):
+        metile.ops.matmul(a, b, "relu")
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'eps'"):
+        metile.ops.rms_norm(a, None)
+    with pytest.raises(ValueError, match="backend must be 'auto', 'metile' or 'mlx', got 'cuda'"):
+        metile.ops.matmul(a, b, backend="cuda")
+
+
+def test_an_entry_keeps_the_op_name_signature_and_docstring():
+    import inspect
+    from metile import model_ops, quantized_ops
+    for name, params in [("matmul", ["a", "b", "epilogue", "negative_slope", "backend"]),
+                         ("rms_norm", ["x", "weight", "eps", "backend"]),
+                         ("softmax", ["x", "axis", "precise", "backend"]),
+                         ("quantized_matmul", ["x", "w", "scales", "biases", "transpose",
+                                               "group_size", "bits", "mode", "backend"])]:
+        fn = getattr(metile.ops, name)
+        sig = inspect.signature(fn)
+        assert list(sig.parameters) == params
+        assert sig.parameters["backend"].default == "auto"
+        assert sig.parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert fn.__name__ == name and inspect.getdoc(fn)
+        assert fn.__module__ in ("metile.ops", model_ops.__name__, quantized_ops.__name__)
+    assert "MLX's signature" in metile.ops.quantized_matmul.__doc__
+
+
+def test_quantized_matmul_with_mlx_none_defaults_replays(rng, monkeypatch):
+    # group_size=None / bits=None (MLX's "the mode's default") key their own replay
+    from metile import quantized_ops
+    seen = []
+    real = quantized_ops._route
+    monkeypatch.setattr(quantized_ops, "_route",
+                        lambda *args, **kwargs: seen.append(1) or real(*args, **kwargs))
+    w = mx.array(rng.standard_normal((24, 128)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    want_w = f64(mx.dequantize(wq, s, b, group_size=64, bits=4))
+    for _ in range(3):
+        (x,) = arrays(rng, mx.float32, (2, 128))
+        out = metile.ops.quantized_matmul(x, wq, s, b, group_size=None, bits=None,
+                                          backend="metile")
+        np.testing.assert_allclose(f64(out), f64(x) @ want_w.T, rtol=1e-4, atol=1e-4)
+    assert len(seen) == 1

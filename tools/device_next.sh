@@ -97,7 +97,16 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s71 ]; then
+if [ "$mode" = s72 ]; then
+  # the ops' eager entries (a C function per op, no Python frame for a replayed call): the
+  # eager parts and cost, then the GPU tests of the entries and of what s71 did not reach
+  # (its test files ran past the call's limit)
+  eager_cost
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "test_op_replay or test_eager_fast_path or \
+test_ops_jvp or test_ops_vmap or test_convert or sinks or numpy_scalar or mismatched_x" \
+    test_op_replay test_eager_fast_path test_ops_jvp test_ops_vmap test_convert \
+    test_attention_op test_quantized_op test_model_ops_norms
+elif [ "$mode" = s71 ]; then
   # first call of the twenty-second session: the GPU tests of the twenty-first's last CPU-only
   # changes (NumPy scalars in rope/attention, attention's sinks and vmap, quantized_matmul's
   # message, the shared float dtype tuple)

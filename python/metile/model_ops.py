@@ -544,12 +544,10 @@ def _remember(key, launches, at, vjp, given, rows_shape, composite):
                            None if rows_shape == given[0].shape else given[0].shape, composite)
 
 
+@op_replay.entry(("x", "weight"), ("eps", "backend"))
 def rms_norm(x, weight, eps, *, backend: str = "auto"):
     """`mx.fast.rms_norm(x, weight, eps)`: x * rsqrt(mean(x^2, -1) + eps) * weight, over
     x's last axis; weight (x.shape[-1],) or None."""
-    out = op_replay.replayed("rms_norm", (eps, backend), x, weight)   # (op_replay.py)
-    if out is not None:
-        return out
     key = op_replay.key("rms_norm", (eps, backend), x, weight)
     w = () if weight is None else (weight,)
     _check_x("rms_norm", x)
@@ -571,12 +569,10 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     return out.reshape(x.shape)
 
 
+@op_replay.entry(("x", "weight", "bias"), ("eps", "backend"))
 def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
     """`mx.fast.layer_norm(x, weight, bias, eps)`: (x - mean) * rsqrt(var + eps) * weight
     + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
-    out = op_replay.replayed("layer_norm", (eps, backend), x, weight, bias)   # (op_replay.py)
-    if out is not None:
-        return out
     key = op_replay.key("layer_norm", (eps, backend), x, weight, bias)
     params = tuple(p for p in (weight, bias) if p is not None)
     _check_x("layer_norm", x)
@@ -655,6 +651,7 @@ def _softmax_axes(x, axis) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+@op_replay.entry(("x",), ("axis", "precise", "backend"))
 def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     """`mx.softmax(x, axis, precise=precise)` (here axis defaults to the last one, the
     attention case).  The kernel computes in float32; with `precise` False (MLX's
@@ -663,9 +660,6 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     precise=False computes in the row's dtype), with `precise` True each output is
     rounded once.  MLX's op is called with `precise` as given.  Reducing axes other
     than the last ones moves them last with a transpose (and back)."""
-    out = op_replay.replayed("softmax", (axis, precise, backend), x)   # (op_replay.py)
-    if out is not None:
-        return out
     key = op_replay.key("softmax", (axis, precise, backend), x)
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)

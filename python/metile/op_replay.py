@@ -32,6 +32,7 @@ launch it recorded until `forget()` or a routing decision).
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from contextlib import contextmanager
@@ -66,6 +67,35 @@ def key(op: str, options: tuple, *arrays):
 # on its arrays (those that are not None), else None (none recorded, or it declines: the
 # op's full path runs).  The table itself, called without a Python frame around it.
 replayed = _REPLAYS
+
+
+def entry(arrays: tuple, options: tuple):
+    """Decorator: the op `fn` as its eager entry (_ext.OpEntry), a C function that binds a
+    call's arguments to fn's parameters, keys it by the parameters named in `options` (in
+    that order: the tuple fn's own `key(...)` call passes) and `arrays`, and returns the
+    replay recorded for the key; any other call (nothing recorded, a replay that declines,
+    arguments that do not bind) is fn's, with its arguments as given.  A repeated eager
+    call then costs no Python frame.  fn's signature, name, module and docstring are the
+    entry's (`inspect.signature` and `help` read them)."""
+    def wrap(fn):
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        kinds = {p.kind for p in params}
+        if kinds - {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}:
+            raise TypeError(f"[metile] {fn.__name__}: an op entry binds named parameters only")
+        names = tuple(p.name for p in params)
+        positional = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+        defaults = tuple(_ext.REQUIRED if p.default is inspect.Parameter.empty else p.default
+                         for p in params)
+        plain = sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                        for p in params],
+                            return_annotation=inspect.Signature.empty)
+        doc = f"{fn.__name__}{plain}\n--\n\n{inspect.getdoc(fn) or ''}"
+        made = _ext.OpEntry(_REPLAYS, fn, fn.__name__, names, positional, defaults,
+                            [names.index(a) for a in arrays], [names.index(o) for o in options],
+                            doc, fn.__module__)
+        return made.function()
+    return wrap
 
 
 def forget() -> None:

@@ -836,16 +836,14 @@ def _matmul_operands(a, b, p: matmul_shapes.Plan, backend: str):
     return (a2, b2), (_layout(b2) if backend == "metile" else "a@b")
 
 
+@op_replay.entry(("a", "b"), ("epilogue", "negative_slope", "backend"))
 def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu", and the operands as MLX's matmul takes them: a (..., M, K) @ b (..., K, N)
     with broadcast batch dimensions, a 1-D operand promoted as NumPy does.  A `b` with
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
     a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
-    options = (epilogue, negative_slope, backend)
-    out = op_replay.replayed("matmul", options, a, b)   # (a repeated call: op_replay.py)
-    if out is not None:
-        return out
+    options = (epilogue, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("matmul", options, a, b) if a is not None and b is not None and \
         _plain_options(*options) else None
     p = _matmul_plan(a, b, epilogue, negative_slope)
@@ -927,6 +925,7 @@ def _check_linear(x, weight, bias, activation, slope):
                         f"{x.dtype}")
 
 
+@op_replay.entry(("x", "weight", "bias", "residual"), ("activation", "negative_slope", "backend"))
 def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str = "auto",
            negative_slope: float = LEAKY_SLOPE):
     """activation(x @ weight.T + bias) + residual, weight stored (out_features,
@@ -934,10 +933,7 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
-    options = (activation, negative_slope, backend)
-    out = op_replay.replayed("linear", options, x, weight, bias, residual)   # (op_replay.py)
-    if out is not None:
-        return out
+    options = (activation, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("linear", options, x, weight, bias, residual) \
         if weight is not None and x is not None and _plain_options(*options) else None
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
@@ -1042,6 +1038,7 @@ def _gated_args(x, w_gate, w_up, activation):
     return _rows(x), w_gate, w_up
 
 
+@op_replay.entry(("x", "w_gate", "w_up"), ("activation", "backend"))
 def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto"):
     """activation(x @ w_gate.T) * (x @ w_up.T): a gated MLP's (llama's SwiGLU, GeGLU) gate
     and up projections, weights stored (hidden, in_features) as in mlx.nn.Linear (no
@@ -1051,9 +1048,6 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     the store); routed like `linear` (`backend=`).  Call it explicitly in a model's
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
     forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
-    out = op_replay.replayed("gated_mlp", (activation, backend), x, w_gate, w_up)
-    if out is not None:   # (a repeated call: op_replay.py)
-        return out
     key = op_replay.key("gated_mlp", (activation, backend), x, w_gate, w_up) \
         if all(a is not None for a in (x, w_gate, w_up)) and \
         _plain_options(activation, LEAKY_SLOPE, backend) else None

@@ -436,20 +436,20 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
 
 # -- the op -------------------------------------------------------------------------------------
 
+@op_replay.entry(("x", "w", "scales", "biases"),
+                 ("transpose", "group_size", "bits", "mode", "backend"))
 def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
                      bits=4, mode: str = "affine", *, backend: str = "auto"):
     """x @ dequantize(w).T (transpose=True, mlx.nn.QuantizedLinear's layout) or
     x @ dequantize(w), with `w, scales, biases = mx.quantize(weight, group_size, bits)`;
     MLX's signature and results (see the module docstring for the paths)."""
-    group_size = 64 if group_size is None else group_size   # MLX's affine defaults
-    bits = 4 if bits is None else bits
+    # (a repeated call replays, keyed by the options as given: op_replay.py)
     options = (transpose, group_size, bits, mode, backend)
-    out = op_replay.replayed("quantized_matmul", options, x, w, scales, biases)
-    if out is not None:   # (a repeated call: op_replay.py)
-        return out
     key = op_replay.key("quantized_matmul", options, x, w, scales, biases) \
         if all(a is not None for a in (x, w, scales, biases)) and \
-        all(type(o) in (bool, int, str) for o in options) else None
+        all(o is None or type(o) in (bool, int, str) for o in options) else None
+    group_size = 64 if group_size is None else group_size   # MLX's affine defaults
+    bits = 4 if bits is None else bits
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
