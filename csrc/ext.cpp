@@ -3,7 +3,9 @@
 // Built with NB_DOMAIN mlx so nanobind shares MLX's type registry: functions
 // here take and return mx.array / mx.Stream / mx.Dtype directly.
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <unordered_map>
@@ -746,6 +748,34 @@ bool append_array_signature(std::string& key, const nb::args& arrays) {
   return append_array_signature(key, items(arrays), arrays.size());
 }
 
+// Whether `arrays` have the signature append_array_signature wrote as `signature`,
+// compared in place (no key built).
+bool same_array_signature(const std::string& signature, PyObject* const* arrays, std::size_t n) {
+  static PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
+  const char* p = signature.data();
+  const char* end = p + signature.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    PyObject* h = arrays[i];
+    if (h == Py_None) {
+      if (p == end || *p != '\xff') return false;
+      ++p;
+      continue;
+    }
+    if (Py_TYPE(h) != array_type) return false;
+    auto* a = nb::inst_ptr<mx::array>(h);
+    if (end - p < 2 || p[0] != static_cast<char>(a->dtype().val()) ||
+        p[1] != static_cast<char>(a->ndim())) {
+      return false;
+    }
+    p += 2;
+    for (auto d : a->shape()) {
+      if (std::size_t(end - p) < sizeof(d) || std::memcmp(p, &d, sizeof(d)) != 0) return false;
+      p += sizeof(d);
+    }
+  }
+  return p == end;
+}
+
 // append_array_signature as one bytes object, or None (probes: a C++ call's floor).
 nb::object array_signature(nb::args arrays) {
   std::string key;
@@ -762,6 +792,8 @@ nb::object array_signature(nb::args arrays) {
 // custom vjp that calls the op's backward `vjp(primals, cotangents, outputs)`.  A primal
 // with a shape in `reshapes` is reshaped to it first (an op's rows view), the result to
 // `out_shape` when one is given.
+constexpr std::size_t ReplayTable_kMaxArrays = 16;   // (an op's arrays: at most its parameters)
+
 class Replay {
   // the launch and its fixed inputs, shared with the forwards MLX keeps
   struct Launch {
@@ -770,14 +802,24 @@ class Replay {
     std::vector<int> sources;
 
     std::vector<mx::array> run(const std::vector<mx::array>& xs) const {
+      return {output([&xs](int p) -> const mx::array& { return xs[p]; })};
+    }
+
+    // The launch's output (a plain launch: one), with primal p's array primal(p).
+    template <typename Primal>
+    mx::array output(Primal&& primal) const {
       std::vector<mx::array> in;
       in.reserve(inputs.size());
       for (std::size_t i = 0; i < sources.size(); ++i) {
-        in.push_back(sources[i] >= 0 ? xs[sources[i]] : inputs[i]);
+        if (sources[i] >= 0) {
+          in.push_back(primal(sources[i]));
+        } else {
+          in.push_back(inputs[i]);
+        }
       }
       auto outs = bound(std::move(in));
       if (!outs) throw std::runtime_error("[metile] a replayed launch left its device");
-      return {outs->front()};   // (a plain launch: one output)
+      return std::move(outs->front());
     }
   };
 
@@ -807,24 +849,30 @@ class Replay {
 
   nb::object call(PyObject* const* arrays, std::size_t n) const {
     if (!settings_()) return nb::none();
-    if (n != reshapes_.size()) {
+    if (n != reshapes_.size() || n > ReplayTable_kMaxArrays) {
       throw std::invalid_argument("[metile] a replay takes its op's arrays");
-    }
-    std::vector<mx::array> primals;
-    primals.reserve(reshapes_.size());
-    for (std::size_t i = 0; i < reshapes_.size(); ++i) {
-      auto& a = nb::cast<mx::array&>(nb::handle(arrays[i]));
-      primals.push_back(reshapes_[i] ? mx::reshape(a, *reshapes_[i]) : a);
     }
     // A gradient reaches these outputs only through a primal a transform traces (mx.grad,
     // vjp, jvp, vmap and compile mark their inputs, and what is computed from them, as
     // tracers while they trace); with none the launch needs no custom vjp, about a
-    // microsecond less host time an eager call.
-    if (std::none_of(primals.begin(), primals.end(),
-                     [](const mx::array& a) { return a.is_tracer(); })) {
-      mx::array out = launch_->run(primals)[0];
-      return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
+    // microsecond less host time an eager call, and takes the arrays as they are.
+    mx::array* given[ReplayTable_kMaxArrays];
+    bool traced = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      given[i] = &nb::cast<mx::array&>(nb::handle(arrays[i]));
+      traced = traced || given[i]->is_tracer();
     }
+    if (!traced) {
+      bool reshaped = std::any_of(reshapes_.begin(), reshapes_.end(),
+                                  [](const auto& r) { return r.has_value(); });
+      mx::array out = reshaped
+          ? launch_->output([&](int p) { return primal(*given[p], p); })
+          : launch_->output([&](int p) -> const mx::array& { return *given[p]; });
+      return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : std::move(out));
+    }
+    std::vector<mx::array> primals;
+    primals.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) primals.push_back(primal(*given[i], int(i)));
     // (by value: MLX may keep the forward in its graph, beyond this replay's life)
     auto forward = [launch = launch_](const std::vector<mx::array>& xs) {
       return launch->run(xs);
@@ -882,6 +930,11 @@ class Replay {
   }
 
  private:
+  // Primal p as the launch takes it: the op's array, or its reshaped view.
+  mx::array primal(const mx::array& a, int p) const {
+    return reshapes_[p] ? mx::reshape(a, *reshapes_[p]) : a;
+  }
+
   std::shared_ptr<const Launch> launch_;
   std::vector<std::optional<mx::Shape>> reshapes_;
   std::optional<mx::Shape> out_shape_;
@@ -973,6 +1026,7 @@ thread_local int g_tuning_scopes = 0;
 // it) is called with the op's name, and whether the entry is a kernel's replay, on each
 // call an entry answers.
 class ReplayTable {
+ public:
   struct Entry {
     nb::object replay;
     const Replay* native;
@@ -980,7 +1034,6 @@ class ReplayTable {
     std::string op;
   };
 
- public:
   explicit ReplayTable(std::size_t capacity) : capacity_(capacity) {}
 
   nb::object call(const std::string& op, nb::handle options, const nb::args& arrays) const {
@@ -992,27 +1045,40 @@ class ReplayTable {
   // The result of the replay recorded under `key` for the call's arrays (those not None:
   // the replay's primals), or None (none recorded, or it declines).
   nb::object answer(const std::string& key, PyObject* const* arrays, std::size_t n) const {
+    const Entry* e = find(key);
+    return e ? run(*e, arrays, n) : nb::none();
+  }
+
+  const Entry* find(const std::string& key) const {
     auto it = entries_.find(key);
-    if (it == entries_.end()) return nb::none();
-    const Entry& e = it->second;
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+
+  // Entry `e`'s replay on the call's arrays, or None (it declines).
+  nb::object run(const Entry& e, PyObject* const* arrays, std::size_t n) const {
     if (e.provisional && g_tuning_scopes > 0) return nb::none();
-    std::vector<PyObject*> given;
-    given.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (arrays[i] != Py_None) given.push_back(arrays[i]);
+    PyObject* given[kMaxArrays];
+    std::size_t m = 0;
+    for (std::size_t i = 0; i < n && m < kMaxArrays; ++i) {
+      if (arrays[i] != Py_None) given[m++] = arrays[i];
     }
     nb::object out;
     if (e.native) {
-      out = e.native->call(given.data(), given.size());
+      out = e.native->call(given, m);
     } else {
-      out = nb::steal(PyObject_Vectorcall(e.replay.ptr(), given.data(), given.size(), nullptr));
+      out = nb::steal(PyObject_Vectorcall(e.replay.ptr(), given, m, nullptr));
       if (!out.is_valid()) throw nb::python_error();
     }
     if (!out.is_none() && !observer_.is_none()) observer_(e.op, e.native != nullptr);
     return out;
   }
 
+  // Changes whenever an entry is added, replaced or dropped (what a cached Entry pointer
+  // is checked against).
+  std::uint64_t generation() const { return generation_; }
+
   void put(nb::bytes key, nb::object replay, bool provisional) {
+    ++generation_;
     if (entries_.size() >= capacity_) entries_.clear();
     std::string k(key.c_str(), key.size());
     const Replay* native = nb::isinstance<Replay>(replay) ? nb::inst_ptr<Replay>(replay) : nullptr;
@@ -1035,12 +1101,17 @@ class ReplayTable {
     return out;
   }
 
-  void clear() { entries_.clear(); }
+  void clear() {
+    ++generation_;
+    entries_.clear();
+  }
   std::size_t size() const { return entries_.size(); }
   nb::object observer_ = nb::none();
+  static constexpr std::size_t kMaxArrays = ReplayTable_kMaxArrays;
 
  private:
   std::size_t capacity_;
+  std::uint64_t generation_ = 1;
   std::unordered_map<std::string, Entry> entries_;
 };
 
@@ -1139,15 +1210,32 @@ class OpEntry {
       if (defaults_[k].ptr() == absent) return nullptr;
       slots[k] = defaults_[k].ptr();
     }
+    PyObject* arrays[kMaxParams];
+    for (std::size_t i = 0; i < arrays_.size(); ++i) arrays[i] = slots[arrays_[i]];
+    std::uint64_t generation = table_->generation();
+    for (const Hit& h : hits_) {
+      if (h.generation == generation && h.matches(slots, options_, arrays, arrays_.size())) {
+        nb::object out = table_->run(*h.entry, arrays, arrays_.size());
+        return out.is_none() ? nullptr : out.release().ptr();
+      }
+    }
     std::string key = prefix_;
     for (int k : options_) {
       if (!append_option(key, slots[k])) return nullptr;
     }
     key.push_back('|');
-    PyObject* arrays[kMaxParams];
-    for (std::size_t i = 0; i < arrays_.size(); ++i) arrays[i] = slots[arrays_[i]];
+    std::size_t split = key.size();
     if (!append_array_signature(key, arrays, arrays_.size())) return nullptr;
-    nb::object out = table_->answer(key, arrays, arrays_.size());
+    const ReplayTable::Entry* e = table_->find(key);
+    if (e == nullptr) return nullptr;
+    Hit& h = hits_[next_hit_];
+    next_hit_ = (next_hit_ + 1) % kHits;
+    h.generation = generation;
+    h.options.clear();
+    for (int k : options_) h.options.push_back(nb::borrow(slots[k]));
+    h.arrays = key.substr(split);
+    h.entry = e;
+    nb::object out = table_->run(*e, arrays, arrays_.size());
     return out.is_none() ? nullptr : out.release().ptr();
   }
 
@@ -1178,6 +1266,28 @@ class OpEntry {
   std::vector<nb::object> names_, defaults_;
   std::vector<int> arrays_, options_;
   PyMethodDef def_{};
+
+  // The last few keys this op found in the table: the same option objects (by identity:
+  // a call site passes its constants, the same objects each time) and arrays of the same
+  // signature find their entry without building and hashing the key again, while the
+  // table has not changed since (its generation).
+  struct Hit {
+    std::uint64_t generation = 0;   // (0: empty; a table's generations start at 1)
+    std::vector<nb::object> options;
+    std::string arrays;             // the key's array part (append_array_signature)
+    const ReplayTable::Entry* entry = nullptr;
+
+    bool matches(PyObject* const* slots, const std::vector<int>& at, PyObject* const* given,
+                 std::size_t n) const {
+      for (std::size_t i = 0; i < at.size(); ++i) {
+        if (slots[at[i]] != options[i].ptr()) return false;
+      }
+      return same_array_signature(arrays, given, n);
+    }
+  };
+  static constexpr std::size_t kHits = 4;
+  mutable std::array<Hit, kHits> hits_;
+  mutable std::size_t next_hit_ = 0;
 };
 
 }  // namespace

@@ -470,3 +470,29 @@ def test_quantized_matmul_with_mlx_none_defaults_replays(rng, monkeypatch):
                                           backend="metile")
         np.testing.assert_allclose(f64(out), f64(x) @ want_w.T, rtol=1e-4, atol=1e-4)
     assert len(seen) == 1
+
+
+def test_an_entry_finds_its_replay_again_only_while_the_table_holds_it(rng, routes):
+    # the entry's recent hits (option objects by identity) stand for the table's entry
+    # only while the table is unchanged: forgetting the replays sends the call back to
+    # the op, and an equal option built anew still finds the replay through its key
+    a, b = arrays(rng, mx.float32, (6, 10), (10, 4))
+    want = f64(a) @ f64(b)
+    want = np.where(want > 0, want, 0.3 * want)
+    for _ in range(3):
+        out = metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=0.3, backend="metile")
+    assert len(routes) == 1
+    slope = float("0.3")   # another float object of the same value
+    np.testing.assert_allclose(f64(metile.ops.matmul(a, b, epilogue="leaky_relu",
+                                                     negative_slope=slope, backend="metile")),
+                               want, rtol=2e-5, atol=2e-5)
+    assert len(routes) == 1
+    op_replay.forget()
+    np.testing.assert_allclose(f64(metile.ops.matmul(a, b, epilogue="leaky_relu",
+                                                     negative_slope=0.3, backend="metile")),
+                               want, rtol=2e-5, atol=2e-5)
+    assert len(routes) == 2   # routed again, then recorded again
+    (c,) = arrays(rng, mx.float32, (7, 10))   # another shape, the same options: its own key
+    metile.ops.matmul(c, b, epilogue="leaky_relu", negative_slope=0.3, backend="metile")
+    assert len(routes) == 3
+    np.testing.assert_allclose(f64(out), want, rtol=2e-5, atol=2e-5)

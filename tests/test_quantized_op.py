@@ -344,6 +344,12 @@ def test_convert_swaps_quantized_linear(rng, backend):
     nn.quantize(model, group_size=64, bits=8, class_predicate=lambda p, m: p == "head")
     x = mx.array(rng.standard_normal((3, 5, 64)).astype(np.float32))
     expected = model(x)
+    try:
+        mx.eval(expected)
+    except RuntimeError as e:   # (MLX's op, before metile is involved)
+        if "Failed to compile kernel" not in str(e):
+            raise
+        pytest.skip(f"MLX's own quantized_matmul does not compile on this machine: {e}")
     report = mnn.convert(model, backend=backend)
     assert sorted(report.converted) == ["down", "head", "up"]
     assert isinstance(model.up, mnn.QuantizedLinear) and model.up.backend == backend

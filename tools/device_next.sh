@@ -97,7 +97,17 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s72 ]; then
+if [ "$mode" = s73 ]; then
+  # the entries' recent-hit cache and the replay's launch without a primals vector: the eager
+  # parts, the eager cost three times (separate processes: the ratio's spread on one host),
+  # then the entries' GPU tests and the quantized convert test's skip
+  timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
+  for r in 1 2 3; do
+    timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost-run$r.json" 2>&1 | tail -16 | tee -a "$log"
+  done
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "test_op_replay or test_eager_fast_path or \
+convert_swaps_quantized" test_op_replay test_eager_fast_path test_quantized_op
+elif [ "$mode" = s72 ]; then
   # the ops' eager entries (a C function per op, no Python frame for a replayed call): the
   # eager parts and cost, then the GPU tests of the entries and of what s71 did not reach
   # (its test files ran past the call's limit)

@@ -8,7 +8,9 @@ the settings and the default device; so the first call of a signature that launc
 metile kernel records that launch, and later calls of the signature replay it: one C++
 call (`_ext.Replay`) that checks the device and the settings are as recorded, puts the
 new arrays into the launch's inputs and launches through the binding the kernel's
-Dispatch bound, under a custom vjp that calls the op's own backward.
+Dispatch bound, under a custom vjp that calls the op's own backward.  Each op is its
+`entry` (`_ext.OpEntry`, a C function): it binds a call's arguments, finds the replay and
+runs it without a Python frame, and hands any other call to the op's Python function.
 
 What a replay assumes, and why it holds:
 - the op's decisions are functions of the signature: each op's key holds every argument
