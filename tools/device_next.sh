@@ -97,7 +97,16 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s73 ]; then
+if [ "$mode" = s74 ]; then
+  # issue 14's MLP forward after issue 13's GEMM tiles: benchmarks.model_layers (gated_mlp,
+  # the MLP forward with down_proj + residual, linear+bias+gelu) at the ops' default kernels,
+  # float16 and bfloat16, T 512/2048/4096; then every candidate tile of the float16 MLP at 2048
+  timeout 300 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 4096 \
+    --output "$logs/h200-model-layers.json" 2>&1 | grep -E "x\)|Error|error" | tee -a "$log"
+  timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.model_layers --dtypes float16 \
+    --tokens 2048 --layers mlp gated_mlp --configs --output "$logs/h200-model-layers-configs.json" 2>&1 \
+    | grep -E "x\)|Error|error" | tee -a "$log"
+elif [ "$mode" = s73 ]; then
   # the entries' recent-hit cache and the replay's launch without a primals vector: the eager
   # parts, the eager cost three times (separate processes: the ratio's spread on one host),
   # then the entries' GPU tests and the quantized convert test's skip
