@@ -97,7 +97,13 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s74 ]; then
+if [ "$mode" = s75 ]; then
+  # where the MLP forward's time goes (tools/probes/mlp_parts.py): the gate/up half as MLX's
+  # composite, the dual GEMM at its default and other tiles, two single GEMMs; the down
+  # projection with and without the residual against MLX's addmm; float16 T 512/2048
+  timeout $((budget - 30 - (SECONDS - t0))) python3 tools/probes/mlp_parts.py \
+    "$logs/h200-mlp-parts-float16.json" --tokens 512 2048 2>&1 | tee -a "$log"
+elif [ "$mode" = s74 ]; then
   # issue 14's MLP forward after issue 13's GEMM tiles: benchmarks.model_layers (gated_mlp,
   # the MLP forward with down_proj + residual, linear+bias+gelu) at the ops' default kernels,
   # float16 and bfloat16, T 512/2048/4096; then every candidate tile of the float16 MLP at 2048
