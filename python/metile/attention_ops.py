@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import mlx.core as mx
 
@@ -40,6 +39,7 @@ from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     config_name as _config_name,
+    is_real,
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
@@ -80,7 +80,7 @@ def _check(q, k, v, scale, mask) -> float:
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise _fail(ValueError, f"query heads ({q.shape[1]}) must be a multiple of key/value "
                                 f"heads ({k.shape[1]})")
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    if not is_real(scale):
         raise _fail(TypeError, f"scale must be a number, got {type(scale).__name__} {scale!r}")
     if isinstance(mask, str):
         if mask != "causal":

@@ -45,6 +45,8 @@ from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     config_name as _config_name,
+    is_integer,
+    is_real,
     m_bucket,
     device_description as _device_description,
     validate as _validate,
@@ -86,8 +88,8 @@ def _check_vector(op: str, name: str, v, x):
 
 
 def _check_eps(op: str, eps) -> float:
-    # numbers.Real: MLX's ops take NumPy scalars too (an eps read from a config or checkpoint)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps):
+    # (is_real: MLX's ops take NumPy scalars too, an eps read from a config or checkpoint)
+    if not is_real(eps) or not math.isfinite(eps):
         raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
     return float(eps)
 
@@ -634,10 +636,10 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
 def _softmax_axes(x, axis) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
-    # numbers.Integral: MLX's softmax takes NumPy integers too
-    axes = (axis,) if isinstance(axis, numbers.Integral) and not isinstance(axis, bool) else axis
+    # (is_integer: MLX's softmax takes NumPy integers too)
+    axes = (axis,) if is_integer(axis) else axis
     if not isinstance(axes, (tuple, list)) or not all(
-            isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in axes):
+            is_integer(a) for a in axes):
         raise TypeError(f"[metile.ops.softmax] axis must be None, an int or a sequence of ints, "
                         f"got {axis!r}")
     out = []
@@ -697,7 +699,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
 
 def _rope_offset(x, offset):
     """(int offset or None, int32 offset array or None, kind)."""
-    if isinstance(offset, bool) or not isinstance(offset, (numbers.Integral, mx.array)):
+    if not (is_integer(offset) or isinstance(offset, mx.array)):
         raise TypeError(f"[metile.ops.rope] offset must be an int or an integer mx.array, got "
                         f"{type(offset).__name__}")
     if isinstance(offset, numbers.Integral):   # (a NumPy integer too, as MLX's op takes)
@@ -728,18 +730,17 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     (2i, 2i+1) with `traditional`; offset an int, a scalar int array or B offsets."""
     _check_x("rope", x, min_ndim=3)
     # NumPy scalars as MLX's op takes them (a config's values), as Python numbers
-    if isinstance(dims, numbers.Integral) and not isinstance(dims, bool):
+    if is_integer(dims):
         dims = int(dims)
-    if isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0 or dims % 2:
+    if not is_integer(dims) or dims <= 0 or dims % 2:
         raise ValueError(f"[metile.ops.rope] dims must be a positive even int, got {dims!r}")
     if dims > x.shape[-1]:
         raise ValueError(f"[metile.ops.rope] dims {dims} exceeds x's last axis {x.shape[-1]}")
     if (base is None) == (freqs is None):
         raise ValueError("[metile.ops.rope] exactly one of base and freqs must be given")
-    if base is not None and (isinstance(base, bool) or not isinstance(base, numbers.Real)
-                             or not base > 0):
+    if base is not None and (not is_real(base) or not base > 0):
         raise ValueError(f"[metile.ops.rope] base must be a positive number, got {base!r}")
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+    if not is_real(scale):
         raise TypeError(f"[metile.ops.rope] scale must be a number, got {scale!r}")
     if freqs is not None and (not isinstance(freqs, mx.array)
                               or tuple(freqs.shape) != (dims // 2,)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import mlx.core as mx
 
@@ -15,6 +16,19 @@ from .runtime import routing
 
 # The float dtypes the op kernels take (operands, weights, scales)
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
+
+def is_real(value) -> bool:
+    """A real number as MLX's ops take one - a Python or NumPy scalar (a config's value) -
+    and not a bool (True is an int to Python, never an eps or a scale to a caller)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_integer(value) -> bool:
+    """An integer as MLX's ops take one (a Python or NumPy integer), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
 
 # Tolerance of a candidate against MLX's result, relative to the largest value: the
 # rounding a different accumulation order gives in each dtype.
