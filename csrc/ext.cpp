@@ -1168,6 +1168,9 @@ class OpEntry {
     return nb::steal(f);
   }
 
+  const std::string& name() const { return name_; }
+  const nb::object& module() const { return module_; }
+
   // The default of a parameter that has none (a required one); never released (a static
   // reference would be dropped after the interpreter finalizes).
   static nb::object required() {
@@ -1482,7 +1485,18 @@ NB_MODULE(_ext, m) {
            nb::arg("positional"), nb::arg("defaults"), nb::arg("arrays"), nb::arg("options"),
            nb::arg("doc"), nb::arg("module"))
       .def("function", [](nb::handle self) { return OpEntry::function(self); },
-           "The op as a function: replays a recorded call, else calls `full`.");
+           "The op as a function: replays a recorded call, else calls `full`.")
+      // Pickling the op (a builtin method of this entry: getattr(entry, name)) pickles
+      // the entry by the op's module and name and finds the function on it again.
+      .def("__reduce__",
+           [](const OpEntry& e) {
+             return nb::make_tuple(nb::module_::import_("metile.op_replay").attr("entry_of"),
+                                   nb::make_tuple(e.module(), e.name()));
+           })
+      .def("__getattr__", [](nb::handle self, const std::string& name) {
+        if (name != nb::inst_ptr<OpEntry>(self)->name()) throw nb::attribute_error(name.c_str());
+        return OpEntry::function(self);
+      });
   m.attr("REQUIRED") = OpEntry::required();
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,

@@ -496,3 +496,18 @@ def test_an_entry_finds_its_replay_again_only_while_the_table_holds_it(rng, rout
     metile.ops.matmul(c, b, epilogue="leaky_relu", negative_slope=0.3, backend="metile")
     assert len(routes) == 3
     np.testing.assert_allclose(f64(out), want, rtol=2e-5, atol=2e-5)
+
+
+def test_ops_pickle_by_reference_as_python_functions_do(rng):
+    # (multiprocessing hands workers functools.partial(op, ...)): an op's entry pickles by
+    # its module and name, and the unpickled op computes the same numbers
+    import functools
+    import pickle
+    (x,) = arrays(rng, mx.float32, (3, 8))
+    for name in ("matmul", "linear", "gated_mlp", "rms_norm", "layer_norm", "softmax",
+                 "quantized_matmul"):
+        assert pickle.loads(pickle.dumps(getattr(metile.ops, name))).__name__ == name
+    norm = pickle.loads(pickle.dumps(functools.partial(metile.ops.rms_norm, eps=1e-5,
+                                                       backend="metile")))
+    want = f64(x) / np.sqrt((f64(x) ** 2).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(f64(norm(x, None)), want, rtol=2e-5, atol=2e-5)

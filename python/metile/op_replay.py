@@ -100,6 +100,12 @@ def entry(arrays: tuple, options: tuple):
     return wrap
 
 
+def entry_of(module: str, name: str):
+    """The _ext.OpEntry behind op `name` of `module` (unpickling a pickled op)."""
+    import importlib
+    return getattr(importlib.import_module(module), name).__self__
+
+
 def forget() -> None:
     """Drop every recorded replay (routing decided again, a test changed the world)."""
     _REPLAYS.clear()
