@@ -98,9 +98,9 @@ eager_cost() {
 }
 
 if [ "$mode" = s76 ]; then
-  # the session's last call: the GPU tests of the final changes (ops pickled by reference,
-  # one is_real / is_integer check for the ops' scalars): op replays and entries, the
-  # NumPy-scalar tests of the norms, rope, softmax and attention
+  # the next session's first call (no device time was left for it): the GPU tests of the
+  # twenty-second session's last changes (ops pickled by reference, one is_real / is_integer
+  # check for the ops' scalars): op replays and entries, the NumPy-scalar tests
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "test_op_replay or numpy_scalar" \
     test_op_replay test_model_ops_norms test_attention_op
 elif [ "$mode" = s75 ]; then
