@@ -20,6 +20,7 @@ import metile
 import metile.ops as ops
 from conftest import requires_msl_device
 from metile.runtime import routing
+from metile.settings import SettingError
 from metile_kernels.gemm import gated_mlp, grid
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
@@ -231,11 +232,43 @@ def test_wgmma_dual_compiles_without_serialized_products(monkeypatch, transpose_
         "0 bytes spill", "")
 
 
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+@pytest.mark.parametrize("variant", ["tma", "1", "whole"])
+def test_joined_dual_products_compile_as_one_product(monkeypatch, variant):
+    # METILE_WGMMA_DUAL=joined: the two weights' tiles adjacent in one stage array and one
+    # m64n256 product over both per 64 rows and K step, the TMA and cp.async copies placing
+    # the up tile 128 rows after the gate's; ragged and whole tiles
+    monkeypatch.setenv("METILE_CUDA_WGMMA", variant)
+    monkeypatch.setenv("METILE_WGMMA_DUAL", "joined")
+    for shape in ((256, 256, 256), (200, 300, 100)):
+        d = _cuda_gated(128, 128, 64, 8, True, mx.float16, *shape)
+        assert "joined_dual_products" in d.variant.data["passes"]
+        allocations = d.execution_report.to_dict()["allocations"]
+        assert sum(a["name"].startswith("_sw") for a in allocations) == 2   # A, both Bs
+        source = translation_unit(d)
+        assert "m64n256k16" in source and "m64n128k16" not in source
+        ok, log = compile_cuda(source, "sm_90a")
+        assert ok, log
+        assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
+            "0 bytes spill", "")
+    # weights read as their transposes (N-major B), or a 64-deep K step missing: split
+    narrow = _cuda_gated(128, 128, 64, 8, False, mx.float16)
+    assert "joined_dual_products" not in narrow.variant.data["passes"]
+    assert "joined_dual_products" not in _cuda_gated(
+        128, 128, 32, 8, True, mx.float16).variant.data["passes"]
+    monkeypatch.setenv("METILE_WGMMA_DUAL", "merged")
+    with pytest.raises(SettingError, match="METILE_WGMMA_DUAL=.merged. is not "
+                                                         "one of split, joined"):
+        _cuda_gated(128, 128, 64, 8, True, mx.float16)
+
+
 @pytest.mark.skipif(not (mx.default_device().type == mx.gpu and mx.cuda.is_available()),
                     reason="the warpgroup MMA runs on an NVIDIA sm_90 GPU")
+@pytest.mark.parametrize("dual", ["split", "joined"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("transpose_b", [True, False])
-def test_wgmma_dual_on_the_gpu(rng, dtype, transpose_b):
+def test_wgmma_dual_on_the_gpu(rng, dtype, transpose_b, dual, monkeypatch):
+    monkeypatch.setenv("METILE_WGMMA_DUAL", dual)
     for m, n, k in [(200, 300, 100), (256, 384, 512), (1, 130, 64), (129, 128, 200)]:
         x, X = _rounded(rng, (m, k), dtype, 1 / np.sqrt(k))
         wg, WG = _rounded(rng, (n, k) if transpose_b else (k, n), dtype)

@@ -126,6 +126,18 @@ def cuda_launch() -> str:
     return choice("METILE_CUDA_LAUNCH", ("metile", "mlx"), "metile")
 
 
+def wgmma_dual() -> str:
+    """METILE_WGMMA_DUAL: how a dual GEMM (ops.gated_mlp's kernel) multiplies on Hopper's
+    warpgroup unit: "split" (the default: one m64nBN product per B tile, each re-reading
+    the A tile from shared memory) or "joined" (where both weights are read as stored,
+    (N, K), with BLOCK_K 64 and 2 BLOCK_N <= 256: the two B tiles adjacent in each stage,
+    one m64n(2 BLOCK_N) product over both, the up projection's accumulators the gate's
+    columns + BLOCK_N; passes/gemm_wgmma.py).  Off until the H200 measures it: the split
+    form ran 0.93x of MLX's gate/up composite at T=2048 where two single GEMMs of the
+    joined form's shape ran 0.96x each (benchmarks/results/h200-mlp-parts-*)."""
+    return choice("METILE_WGMMA_DUAL", ("split", "joined"), "split")
+
+
 def wgmma_enabled() -> bool:
     """Unless METILE_CUDA_WGMMA=0: GEMMs on sm_90 may take the warpgroup MMA path."""
     return wgmma_variant() is not None

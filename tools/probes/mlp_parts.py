@@ -1,5 +1,6 @@
 """Where the MLP forward's time goes against MLX (issue 14's 1.1x target): the gate/up half
-(MLX's composite, metile's dual GEMM at its default and other warpgroup tiles, two single
+(MLX's composite, metile's dual GEMM at its default and other warpgroup tiles, its default
+tile with METILE_WGMMA_DUAL=joined (one m64n256 product over both weights), two single
 metile GEMMs with the activation fused into the gate's) and the down projection with the
 residual add (MLX's addmm, metile's linear with and without the residual), each
 mx.compile'd, alternating, `launches` calls a synchronization, median of `rounds`.
@@ -9,6 +10,7 @@ mx.compile'd, alternating, `launches` calls a synchronization, median of `rounds
 """
 import argparse
 import json
+import os
 import sys
 
 import mlx.core as mx
@@ -67,6 +69,8 @@ def main():
             f"dual default {default}": lambda x, b=default: ops._launch_gated(
                 x, wg, wu, "silu", b),
         }
+        gate[f"dual default, METILE_WGMMA_DUAL=joined"] = lambda x, b=default: ops._launch_gated(
+            x, wg, wu, "silu", b)
         for name, tile in DUAL_TILES.items():
             gate[name] = lambda x, b={**tile, "TRANSPOSE_B": True}: ops._launch_gated(
                 x, wg, wu, "silu", b)
@@ -84,7 +88,12 @@ def main():
         for part, fns, arg, want in (("gate_up", gate, x, want_gate), ("down", down, h, want_down)):
             ok = {}
             for name, fn in fns.items():
+                # (a variant named with a setting is traced under it: the compiled graph
+                # keeps the kernel resolved then)
+                setting = name.split(", ")[-1] if "METILE_" in name else None
                 try:
+                    if setting:
+                        os.environ[setting.split("=")[0]] = setting.split("=")[1]
                     c = mx.compile(fn)
                     got = c(arg)
                     mx.eval(got)
@@ -94,6 +103,9 @@ def main():
                     ok[name] = c
                 except Exception as e:   # a tile the compiler refuses: say so, time the rest
                     case[part][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                finally:
+                    if setting:
+                        del os.environ[setting.split("=")[0]]
             first = next(iter(ok.values()))
             first_s = rotate({"probe": first}, arg, 3, 1)["probe"]
             launches = max(3, min(60, int(0.03 / max(first_s, 1e-6))))

@@ -39,6 +39,9 @@ class Backend:
     # a warpgroup product into a loop's carried tile left in flight round the back edge
     # (lower_mma_layout.carried_products), unless METILE_WGMMA_CARRY=0
     wgmma_carry: bool = True
+    # a dual GEMM's two products on the warpgroup unit: "split" (one m64nBN product each)
+    # or "joined" (one m64n(2BN) product over both B tiles; settings.wgmma_dual)
+    wgmma_dual: str = "split"
 
     @property
     def emitter(self):
@@ -117,7 +120,8 @@ def _fingerprint(kind: str) -> str:
 # units' METILE_CUDA_WGMMA, METILE_DOT_FRAGMENTS): a launch resolved under other values
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
-                       "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY")
+                       "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY",
+                       "METILE_WGMMA_DUAL")
 
 
 def device_type():
@@ -185,7 +189,8 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     return Backend(chosen, planned, _fingerprint(kind), chosen == device_language, label,
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
-                   fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True))
+                   fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True),
+                   settings.wgmma_dual())
 
 
 def _cuda_scalars() -> str:

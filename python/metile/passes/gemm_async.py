@@ -425,8 +425,7 @@ class AsyncStaging:
         ok = None
         for value, st, shape in self.operand_stages():   # A, then each product's B
             ld, checks, axis = self.async_entry(value)
-            base = (self._i(b, "mul", stage, prod(shape)) if isinstance(stage, Value)
-                    else self.const(b, stage * prod(shape)))
+            base = self.stage_base(b, st, shape, stage)
             if ld is None:
                 if mode != "check":   # (computed: nothing to prove about its groups)
                     self._computed_groups(b, value, st, shape, base, axis)
@@ -435,6 +434,18 @@ class AsyncStaging:
             if part is not None:
                 ok = part if ok is None else b.value("and", [ok, part], BOOL)
         return ok
+
+    def stage_base(self, b: Builder, st, shape, stage) -> Value:
+        """Where tile `stage` of an operand starts in its stage array `st`: stage times the
+        tile's size, or, in an array whose stages hold two operands' tiles (a joined dual
+        GEMM's B tiles, gemm_wgmma._joined_dual), stage times both and this operand's
+        offset inside them."""
+        size = getattr(st, "stage_size", None) or prod(shape)
+        offset = getattr(st, "stage_offset", 0)
+        if not isinstance(stage, Value):
+            return self.const(b, stage * size + offset)
+        base = self._i(b, "mul", stage, size)
+        return self._i(b, "add", base, offset) if offset else base
 
     def async_entry(self, value):
         """(load or None, its mask checks, group axis) of a staged operand tile: None for

@@ -68,6 +68,11 @@ class WarpgroupGemm:
     # The maps a bulk-tensor K loop takes ({"dtype", "box"} each; `_wgmma_tma_steps`),
     # listed in the launch record (lower_tiles); none for every other loop.
     tensor_maps: tuple = ()
+    # A dual GEMM's products: "split" or "joined" (the backend's, METILE_WGMMA_DUAL;
+    # `_joined_dual`)
+    wgmma_dual = "split"
+    # joined: the up projection's accumulator index past the gate's (BN/2), else None
+    wg_split = None
 
     def wgmma_loop(self, op: Op, b: Builder) -> None:
         g, plan = self.gemm, self.gemm_plan
@@ -92,17 +97,31 @@ class WarpgroupGemm:
                 op.loc)
         self.num_stages = stages
         self.stage_a = self._wg_storage(od, stages * bm * bk, (bm, bk))
-        # One stage array per product's B (a dual GEMM, a gated MLP's gate and up
-        # projections, has two sharing the A tile).
-        self.stage_bs = [self._wg_storage(od, stages * bk * bn, (bk, bn)) for _ in g.bs]
-        self.stage_b = self.stage_bs[0]
         # B as loaded: contiguous along N (N-major atoms of BK rows, imm-trans-b) or, a
         # right operand stored (N, K) such as a Linear's weight, along K (K-major atoms of
         # BN rows, read like A).
         self.b_k_majors = [self.async_entry(v)[2] == 0 for v in g.bs]
         self.b_k_major = self.b_k_majors[0]
+        joined = self._joined_dual(plan)
+        self.wg_split = bn // 2 if joined else None
+        if joined:
+            # both B tiles in one stage array, the up projection's rows after the gate's:
+            # one (2BN x BK) K-major tile, SW128 atoms of 2BN rows
+            shared = self._wg_storage(od, stages * bk * 2 * bn, (bk, 2 * bn))
+            self.stage_bs = []
+            for part in range(2):
+                view = Storage("shared", shared.name, (bk, bn), od)
+                view.stage_size, view.stage_offset = 2 * bk * bn, part * ATOM * bn
+                self.stage_bs.append(view)
+            self.lowering_passes.append("joined_dual_products")
+        else:
+            # One stage array per product's B (a dual GEMM, a gated MLP's gate and up
+            # projections, has two sharing the A tile).
+            self.stage_bs = [self._wg_storage(od, stages * bk * bn, (bk, bn)) for _ in g.bs]
+        self.stage_b = self.stage_bs[0]
+        rows = 2 * bn if joined else bn
         self.swizzles = {self.stage_a.name: ("atoms", bm), **{
-            st.name: ("atoms_t", bn) if k_major else ("atoms", bk)
+            st.name: ("atoms_t", rows) if k_major else ("atoms", bk)
             for st, k_major in zip(self.stage_bs, self.b_k_majors)}}
         self.lowering_passes.append("warpgroup_mma")
         self.k_body = op.regions[0]
@@ -111,9 +130,10 @@ class WarpgroupGemm:
         wg = self._i(b, "idiv", tid, 128)
         self.wg_row0 = self._i(b, "mul", wg, self.wg_rows)
         # per product, one accumulator array per 64-row slice; wg_acc: all of them (what
-        # the fences and waits name)
-        self.wg_accs = [[self.decl("local", dt.float32, bn // 2, "_wacc")
-                         for _ in range(self.wg_fr)] for _ in g.bs]
+        # the fences and waits name).  Joined: one product of 2BN columns.
+        self.wg_acc_size = bn if joined else bn // 2
+        self.wg_accs = [[self.decl("local", dt.float32, self.wg_acc_size, "_wacc")
+                         for _ in range(self.wg_fr)] for _ in (g.bs[:1] if joined else g.bs)]
         self.wg_acc = [acc for accs in self.wg_accs for acc in accs]
         self.wg_consumer = None
         if plan.unit.warp_specialized:
@@ -125,11 +145,26 @@ class WarpgroupGemm:
             return self._wgmma_specialized(op, b, tid, nwg)
         self._wgmma_pipeline(op, b)
 
+    def _joined_dual(self, plan) -> bool:
+        """Whether a dual GEMM's two products run as one (METILE_WGMMA_DUAL=joined): two
+        m64nBN products re-read the A tile from shared memory for each B tile, where one
+        m64n(2BN) product over both B tiles stored adjacent reads it once, as a single
+        GEMM of that width does.  Where both B tiles are K-major (weights read as stored)
+        with BK 64, the two BN-row tiles one after the other are one 2BN-row SW128 tile
+        (one atom column: no atom stride between them), so the copies only place the up
+        tile BN rows on; each thread then holds the up product's accumulator for a column
+        at the gate's index + BN/2 (m64n(2BN)'s register layout: column group j at 4j).
+        Not under warp specialization, nor for B tiles the threads compute."""
+        g = self.gemm
+        bn, bk = g.tile[1], g.tile[2]
+        return (self.wgmma_dual == "joined" and len(g.bs) == 2 and all(self.b_k_majors)
+                and bk == ATOM and 2 * bn <= 256 and not plan.unit.warp_specialized
+                and all(self.async_entry(v)[0] is not None for v in g.bs))
+
     def _zero_accumulators(self, b: Builder) -> None:
-        bn = self.gemm.tile[1]
         zero = self.const(b, 0.0, dt.float32)
         for acc in self.wg_acc:
-            self._for(b, 0, bn // 2, 1, "z", lambda lb, z, acc=acc: lb.op(
+            self._for(b, 0, self.wg_acc_size, 1, "z", lambda lb, z, acc=acc: lb.op(
                 "local_set", [z, zero], [], {"name": acc}), unroll=True)
 
     def _wgmma_specialized(self, op: Op, b: Builder, tid: Value, nwg: int) -> None:
@@ -358,11 +393,12 @@ class WarpgroupGemm:
             for i, m in enumerate(maps):
                 shape, axis = m["shape"], m["axis"]
                 d_inner, d_outer = m["d"]
-                base = self._i(tb, "mul", stage, prod(shape))
+                base = self.stage_base(tb, m["st"], shape, stage)
                 outer = self._i(tb, "mul", t, d_outer)
+                pitch = self.swizzles[m["st"].name][1]   # rows of an atom column
                 for j in range(shape[axis] // ATOM):
                     inner = self._i(tb, "add", self._i(tb, "mul", t, d_inner), j * ATOM)
-                    dst = self._i(tb, "add", base, j * ATOM * shape[1 - axis])
+                    dst = self._i(tb, "add", base, j * ATOM * pitch)
                     tb.op("tma_copy", [dst, inner, outer, stage], [],
                           {"dst": m["st"].name, "map": i, "smem": smem, "maps": count})
 
@@ -419,7 +455,10 @@ class WarpgroupGemm:
         bm, bn, bk = g.tile
         size = g.operand_dtype.itemsize
         a_stage = self._i(b, "mul", stage, bm * bk)
-        b_stage = self._i(b, "mul", stage, bk * bn)   # the same offset in every B's array
+        joined = self.wg_split is not None
+        width = 2 * bn if joined else bn   # one product's columns
+        b_stage = self._i(b, "mul", stage, bk * width)   # the same offset in every B's array
+        products = list(zip(self.stage_bs, self.b_k_majors, self.wg_accs))   # (joined: one)
         for kk in range(bk // 16):
             k0 = kk * 16
             a_offs = []
@@ -429,16 +468,16 @@ class WarpgroupGemm:
                 a_offs.append(self._i(b, "add", a_stage, self._i(
                     b, "add", self._i(b, "mul", a_row, ATOM), (k0 // ATOM) * bm * ATOM + k0 % ATOM)))
             first = accumulate if kk == 0 and accumulate is not None else None
-            for st_b, k_major, accs in zip(self.stage_bs, self.b_k_majors, self.wg_accs):
+            for st_b, k_major, accs in products:
                 if k_major:   # columns k0.. of the atom holding them, all BN rows
-                    b_off = self._i(b, "add", b_stage, (k0 // ATOM) * bn * ATOM + k0 % ATOM)
+                    b_off = self._i(b, "add", b_stage, (k0 // ATOM) * width * ATOM + k0 % ATOM)
                     b_desc = {"b_lbo": 16, "b_sbo": 8 * ATOM * size, "trans_b": 0}
                 else:         # rows k0.. of every N atom
                     b_off = self._i(b, "add", b_stage, k0 * ATOM)
                     b_desc = {"b_lbo": bk * ATOM * size, "b_sbo": 8 * ATOM * size, "trans_b": 1}
                 for a_off, acc in zip(a_offs, accs):
                     b.op("wgmma", [a_off, b_off] + ([first] if first is not None else []), [], {
-                        "acc": acc, "n": bn, "dtype": g.operand_dtype.name,
+                        "acc": acc, "n": width, "dtype": g.operand_dtype.name,
                         "a": self.stage_a.name, "b": st_b.name,
                         "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
 
@@ -522,20 +561,26 @@ class WarpgroupGemm:
         rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
         cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
         pairable = self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase)
-        dual = len(self.wg_accs) > 1
+        dual = len(self.wg_accs) > 1 or self.wg_split is not None
+        split = self.wg_split
         for i in range(self.wg_fr):
             row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
             accs = [per_product[i] for per_product in self.wg_accs]
 
             def per_pair(eb: Builder, p: Value, accs=accs, row0=row0) -> None:
                 # elements 2p, 2p+1: one row, columns c and c+1 (a dual GEMM's epilogue
-                # sees every product's accumulator there: the same register position)
+                # sees every product's accumulator there: the same register position, or,
+                # joined, the gate's position + BN/2 in the one array)
                 row = self._i(eb, "add", row0, self._i(eb, "mul", self._i(eb, "mod", p, 2), 8))
                 col = self._i(eb, "add", cbase, self._i(eb, "mul", self._i(eb, "idiv", p, 2), 8))
                 e = self._i(eb, "mul", p, 2)
                 values = []
                 for x in (e, self._i(eb, "add", e, 1)):
-                    got = [eb.value("local_get", [x], F32, name=acc) for acc in accs]
+                    if split is not None:
+                        got = [eb.value("local_get", [y], F32, name=accs[0])
+                               for y in (x, self._i(eb, "add", x, split))]
+                    else:
+                        got = [eb.value("local_get", [x], F32, name=acc) for acc in accs]
                     values.append(got if dual else got[0])
                 self._epilogue_pair(eb, row, col, values, pairable)
 

@@ -801,20 +801,22 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                 shared_optin: int = 0, language: str | None = None,
                 dot_fragments: bool = False, mma_layout: bool = False,
-                wgmma_carry: bool = True) -> Function:
+                wgmma_carry: bool = True, wgmma_dual: str = "split") -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
     plain lane layout.  `dot_fragments` (the backend's) lets general products take the
     matrix unit (lower_dot_fragments.py); `mma_layout` lets them and the code around them
     stay in its accumulator layout (mma_layout.py, lower_mma_layout.py); `wgmma_carry`
-    lets a warpgroup product there run round a loop's back edge (carried_products)."""
+    lets a warpgroup product there run round a loop's back edge (carried_products);
+    `wgmma_dual` is how a dual GEMM's products take the warpgroup unit (gemm_wgmma.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
     first = Lowering(*args, mma=dot_fragments and mma_layout)
     first.dot_fragments_allowed = dot_fragments
     first.wgmma_carry = wgmma_carry
+    first.wgmma_dual = wgmma_dual
     try:
         return first.run()
     except SharedOverflow:
@@ -824,4 +826,5 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     # scratch) than per-element products: where that passes the limit, the latter
     later = Lowering(*args)
     later.dot_fragments_allowed = False
+    later.wgmma_dual = wgmma_dual
     return later.run()

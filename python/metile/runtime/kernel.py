@@ -115,6 +115,7 @@ class Specialization:
             **({"dot_fragments": True} if backend.dot_fragments else {}),
             **({"mma_layout": True} if backend.mma_layout else {}),
             **({} if backend.wgmma_carry else {"wgmma_carry": False}),
+            **({} if backend.wgmma_dual == "split" else {"wgmma_dual": backend.wgmma_dual}),
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
