@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include <nanobind/nanobind.h>
@@ -448,8 +449,14 @@ std::uint64_t environ_epoch(PyObject* dict) {
 // the dict is modified.
 class EnvCheck {
  public:
-  EnvCheck(nb::dict environ, nb::tuple keys, nb::tuple values)
-      : environ_(std::move(environ)), watched_(watch_environ(environ_.ptr())) {
+  // With `counted` (names, or a name's start ending in '*'), the number of variables
+  // those match is part of the check too: a replay reads every METILE_* variable set when
+  // it was recorded, so one set since - even where another was removed and the count of
+  // all variables is unchanged - fails it.
+  EnvCheck(nb::dict environ, nb::tuple keys, nb::tuple values,
+           std::vector<std::string> counted = {})
+      : environ_(std::move(environ)), watched_(watch_environ(environ_.ptr())),
+        counted_(std::move(counted)) {
     if (keys.size() != values.size()) {
       throw std::invalid_argument("[metile] one environment value per key");
     }
@@ -457,6 +464,7 @@ class EnvCheck {
       nb::object v = nb::borrow(values[i]);
       env_.emplace_back(nb::borrow(keys[i]), v.is_none() ? nb::object() : v);
     }
+    if (!counted_.empty()) matching_ = count_matching();
   }
 
   // Whether every setting still has its value (false too where the dict cannot be read).
@@ -473,8 +481,42 @@ class EnvCheck {
   Py_ssize_t size() const { return PyDict_GET_SIZE(environ_.ptr()); }
 
  private:
+  // How many of the dict's keys (bytes on POSIX, str elsewhere) `counted_` matches; -1
+  // where a key cannot be read.
+  Py_ssize_t count_matching() const {
+    Py_ssize_t found = 0, pos = 0;
+    PyObject *key = nullptr, *value = nullptr;
+    while (PyDict_Next(environ_.ptr(), &pos, &key, &value)) {
+      const char* text = nullptr;
+      Py_ssize_t n = 0;
+      if (PyBytes_Check(key)) {
+        text = PyBytes_AS_STRING(key);
+        n = PyBytes_GET_SIZE(key);
+      } else if (PyUnicode_Check(key)) {
+        text = PyUnicode_AsUTF8AndSize(key, &n);
+        if (!text) {
+          PyErr_Clear();
+          return -1;
+        }
+      } else {
+        continue;
+      }
+      std::string_view name(text, std::size_t(n));
+      for (const auto& c : counted_) {
+        bool prefix = !c.empty() && c.back() == '*';
+        std::string_view want(c.data(), c.size() - (prefix ? 1 : 0));
+        if (prefix ? name.substr(0, want.size()) == want : name == want) {
+          ++found;
+          break;
+        }
+      }
+    }
+    return found;
+  }
+
   bool compare() const {
     PyObject* env = environ_.ptr();
+    if (!counted_.empty() && count_matching() != matching_) return false;
     for (auto& [key, value] : env_) {
       PyObject* now = PyDict_GetItemWithError(env, key.ptr());
       if (now == nullptr && PyErr_Occurred()) {
@@ -493,6 +535,8 @@ class EnvCheck {
   mutable bool has_passed_ = false;
   mutable std::uint64_t passed_ = 0;   // the epoch of the last comparison that passed
   std::vector<std::pair<nb::object, nb::object>> env_;  // (encoded name, raw value; unset: none)
+  std::vector<std::string> counted_;
+  Py_ssize_t matching_ = 0;   // how many variables counted_ matched when recorded
 };
 
 // (the arrays by value: a caller done with its vector moves it in, and a launch that keeps
@@ -707,8 +751,9 @@ std::shared_ptr<nb::object> kept(nb::object o) {
 class SettingsCheck {
  public:
   SettingsCheck(nb::dict environ, nb::tuple keys, nb::tuple values, Py_ssize_t environ_size,
-                mx::Device::DeviceType device)
-      : env_(std::move(environ), keys, values), environ_size_(environ_size), device_(device) {}
+                mx::Device::DeviceType device, std::vector<std::string> counted = {})
+      : env_(std::move(environ), keys, values, std::move(counted)), environ_size_(environ_size),
+        device_(device) {}
 
   bool operator()() const {
     return mx::default_device().type == device_ && env_.size() == environ_size_ && env_.same();
@@ -1162,6 +1207,9 @@ class OpEntry {
   // The op's Python-visible function, bound to `self` (this entry's Python object, which
   // holds the PyMethodDef it points to).
   static nb::object function(nb::handle self) {
+    if (!nb::isinstance<OpEntry>(self) || !nb::inst_ready(self)) {
+      throw nb::type_error("[metile] an OpEntry made without its arguments has no function");
+    }
     auto* e = nb::inst_ptr<OpEntry>(self);
     PyObject* f = PyCFunction_NewEx(&e->def_, self.ptr(), e->module_.ptr());
     if (f == nullptr) throw nb::python_error();
@@ -1448,10 +1496,20 @@ NB_MODULE(_ext, m) {
       .def("launch", &LaunchGuard::launch, nb::arg("grid").none(), nb::arg("args"),
            nb::arg("kwargs"),
            "The bound launch's outputs for a call of the resolved signature, else None.");
+  m.def("environ_epoch",
+        [](nb::dict environ) -> std::optional<std::uint64_t> {
+          if (!watch_environ(environ.ptr())) return std::nullopt;
+          return environ_epoch(environ.ptr());
+        },
+        nb::arg("environ"),
+        "A number that changes whenever `environ` (os.environ's dict) is modified, or None "
+        "where none can be had.");
   nb::class_<SettingsCheck>(m, "SettingsCheck")
-      .def(nb::init<nb::dict, nb::tuple, nb::tuple, Py_ssize_t, mx::Device::DeviceType>(),
+      .def(nb::init<nb::dict, nb::tuple, nb::tuple, Py_ssize_t, mx::Device::DeviceType,
+                    std::vector<std::string>>(),
            nb::arg("environ"), nb::arg("env_keys"), nb::arg("env_values"),
-           nb::arg("environ_size"), nb::arg("device"))
+           nb::arg("environ_size"), nb::arg("device"),
+           nb::arg("counted") = std::vector<std::string>{})
       .def("__call__", &SettingsCheck::operator(),
            "Whether the default device and the settings are still as recorded.");
   m.def("replay_key",
@@ -1494,7 +1552,9 @@ NB_MODULE(_ext, m) {
                                    nb::make_tuple(e.module(), e.name()));
            })
       .def("__getattr__", [](nb::handle self, const std::string& name) {
-        if (name != nb::inst_ptr<OpEntry>(self)->name()) throw nb::attribute_error(name.c_str());
+        if (!nb::inst_ready(self) || name != nb::inst_ptr<OpEntry>(self)->name()) {
+          throw nb::attribute_error(name.c_str());
+        }
         return OpEntry::function(self);
       });
   m.attr("REQUIRED") = OpEntry::required();

@@ -511,3 +511,47 @@ def test_ops_pickle_by_reference_as_python_functions_do(rng):
                                                        backend="metile")))
     want = f64(x) / np.sqrt((f64(x) ** 2).mean(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(f64(norm(x, None)), want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_setting_added_where_another_variable_went_sends_the_call_back(rng, monkeypatch):
+    # (a hostile test: the count of all variables was the only sign of a new METILE_*
+    # variable, so one removed and one added kept a replay - and routing's memo - as they
+    # were: an invalid setting went unreported, METILE_OPS_TUNE=1 measured nothing)
+    monkeypatch.setenv("METILE_TEST_UNRELATED", "1")
+    monkeypatch.delenv("METILE_OPS_TUNE", raising=False)
+    monkeypatch.setenv("SOME_UNRELATED_VARIABLE", "1")
+    (x,) = arrays(rng, mx.float32, (8, 16))
+    for _ in range(2):
+        metile.ops.rms_norm(x, None, 1e-5)
+    monkeypatch.delenv("SOME_UNRELATED_VARIABLE")
+    monkeypatch.setenv("METILE_OPS_TUNE", "yes please")
+    with pytest.raises(metile.settings.SettingError,
+                       match="METILE_OPS_TUNE='yes please' is not a boolean"):
+        metile.ops.rms_norm(x, None, 1e-5)
+    monkeypatch.setenv("METILE_OPS_TUNE", "0")
+    # routing's environment (part of every decision key) after the same kind of swap
+    monkeypatch.setenv("SOME_UNRELATED_VARIABLE", "1")
+    before = dict(routing.environment())
+    monkeypatch.delenv("SOME_UNRELATED_VARIABLE")
+    monkeypatch.setenv("METILE_TEST_SETTING", "2")
+    assert dict(routing.environment()) == {**before, "METILE_TEST_SETTING": "2"}
+
+
+def test_an_entry_made_without_its_arguments_refuses_by_name():
+    e = metile._ext.OpEntry.__new__(metile._ext.OpEntry)
+    with pytest.raises(TypeError, match="an OpEntry made without its arguments has no function"):
+        e.function()
+    with pytest.raises(AttributeError):
+        e.matmul
+
+
+@pytest.mark.parametrize("backend", ["metile", "auto", "mlx"])
+def test_option_values_mlx_refuses_or_mistypes_are_named_or_taken(rng, backend):
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    with pytest.raises(TypeError, match=r"\[metile.ops.softmax\] precise must be a bool, got "
+                                        r"int 1"):
+        metile.ops.softmax(a, precise=1, backend=backend)
+    # an int slope past int64 (MLX's scalar conversion raised std::bad_cast in the composite)
+    out = metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=10**30, backend=backend)
+    z = f64(a) @ f64(b)
+    np.testing.assert_allclose(f64(out), np.where(z > 0, z, 1e30 * z), rtol=1e-4)

@@ -663,6 +663,9 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     rounded once.  MLX's op is called with `precise` as given.  Reducing axes other
     than the last ones moves them last with a transpose (and back)."""
     key = op_replay.key("softmax", (axis, precise, backend), x)
+    if type(precise) is not bool:   # (MLX's op takes a bool only)
+        raise TypeError(f"[metile.ops.softmax] precise must be a bool, got "
+                        f"{type(precise).__name__} {precise!r}")
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, numbers.Integral) else list(axis)

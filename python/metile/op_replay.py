@@ -216,8 +216,10 @@ def _settings_now():
     if source is None:
         return None
     environ, encoded = source
+    # (every METILE_* variable counted: one set since, where another was removed, fails
+    # the check as the count of all variables would not)
     return _ext.SettingsCheck(environ, encoded, settings.raw_values(names), len(environ),
-                              device_type())
+                              device_type(), ["METILE_*", "MLX_ENABLE_TF32"])
 
 
 def vmap_rule(composite):

@@ -110,7 +110,7 @@ def activate(z, activation, slope=LEAKY_SLOPE):
     if activation == "relu":
         return mx.maximum(z, 0)
     if activation == "leaky_relu":
-        return mx.where(z > 0, z, slope * z)
+        return mx.where(z > 0, z, float(slope) * z)   # (float: an int past int64 is one)
     if activation == "silu":
         return z * mx.sigmoid(z)
     return _gelu_tanh(z)
@@ -123,7 +123,7 @@ def _activation_grad(z, activation, slope):
     if activation == "relu":
         return (z > 0).astype(z.dtype)
     if activation == "leaky_relu":
-        return mx.where(z > 0, 1.0, slope).astype(z.dtype)
+        return mx.where(z > 0, 1.0, float(slope)).astype(z.dtype)
     if activation == "silu":
         s = mx.sigmoid(z)
         return s * (1 + z * (1 - s))
@@ -145,7 +145,7 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
         return cotangent
     if output is not None and (activation == "relu" or
                                (activation == "leaky_relu" and slope > 0)):
-        d = mx.where(output > 0, 1.0, 0.0 if activation == "relu" else slope)
+        d = mx.where(output > 0, 1.0, 0.0 if activation == "relu" else float(slope))
     else:
         d = _activation_grad(pre_activation().astype(mx.float32), activation, slope)
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)

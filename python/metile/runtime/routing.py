@@ -133,10 +133,18 @@ _env_memo: list = [None, None]
 
 
 def environment() -> tuple:
-    """tuning.relevant_environment() as a tuple, rescanned only when the number of
-    variables or the value of one it found changes (a full scan of os.environ costs
-    tens of microseconds, too much for every call)."""
+    """tuning.relevant_environment() as a tuple, rescanned only when os.environ changes (a
+    full scan costs tens of microseconds, too much for every call): whenever its dict's
+    epoch does (_ext.environ_epoch); where there is none, when the number of variables or
+    the value of one it found does (which misses a METILE_* variable set where another
+    was removed)."""
     probe, value = _env_memo
+    epoch = None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
+    if epoch is not None:
+        if probe != ("epoch", epoch) or value is None:
+            value = tuple(tuning.relevant_environment().items())
+            _env_memo[:] = [("epoch", epoch), value]
+        return value
     names = ("MLX_ENABLE_TF32",) + (tuple(k for k, _ in value) if value is not None else ())
     now = (len(os.environ), tuple(os.environ.get(n) for n in names))
     if probe != now or value is None:
