@@ -373,7 +373,7 @@ def test_a_changed_option_misses_and_a_provisional_replay_declines_while_tuning(
     want = f64(a) @ f64(b)
     np.testing.assert_allclose(f64(out), np.where(want > 0, want, 0.5 * want), rtol=2e-5,
                                atol=2e-5)
-    k = op_replay.key("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+    k = op_replay.key("matmul", ("leaky_relu", 0.25, "metile", None), a, b)
     replay, provisional = op_replay._REPLAYS.get(k)
     assert not provisional
     # inside a tuning scope (a call there may measure): a provisional replay (one routed by
@@ -381,17 +381,17 @@ def test_a_changed_option_misses_and_a_provisional_replay_declines_while_tuning(
     table = metile._ext.ReplayTable(2)
     table.put(k, replay, True)
     with routing.tuning_scope():
-        assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is None
+        assert table("matmul", ("leaky_relu", 0.25, "metile", None), a, b) is None
         table.put(k, replay, False)
-        got = table("matmul", ("leaky_relu", 0.25, "metile"), a, b)
+        got = table("matmul", ("leaky_relu", 0.25, "metile", None), a, b)
     table.put(k, replay, True)   # (out of the scope a provisional replay runs)
-    assert table("matmul", ("leaky_relu", 0.25, "metile"), a, b) is not None
+    assert table("matmul", ("leaky_relu", 0.25, "metile", None), a, b) is not None
     np.testing.assert_allclose(f64(got), np.where(want > 0, want, 0.25 * want), rtol=2e-5,
                                atol=2e-5)
     # full at its capacity: emptied before the next entry
-    table.put(op_replay.key("matmul", (None, 0.25, "metile"), a, b), replay, False)
+    table.put(op_replay.key("matmul", (None, 0.25, "metile", None), a, b), replay, False)
     assert len(table) == 2
-    table.put(op_replay.key("matmul", ("relu", 0.25, "metile"), a, b), replay, False)
+    table.put(op_replay.key("matmul", ("relu", 0.25, "metile", None), a, b), replay, False)
     assert len(table) == 1 and table.get(k) is None
 
 
@@ -439,11 +439,13 @@ def test_an_entry_sends_calls_it_cannot_bind_to_the_op_which_names_them(rng):
 def test_an_entry_keeps_the_op_name_signature_and_docstring():
     import inspect
     from metile import model_ops, quantized_ops
-    for name, params in [("matmul", ["a", "b", "epilogue", "negative_slope", "backend"]),
-                         ("rms_norm", ["x", "weight", "eps", "backend"]),
-                         ("softmax", ["x", "axis", "precise", "backend"]),
+    for name, params in [("matmul", ["a", "b", "epilogue", "negative_slope", "backend",
+                                      "stream"]),
+                         ("rms_norm", ["x", "weight", "eps", "backend", "stream"]),
+                         ("softmax", ["x", "axis", "precise", "backend", "stream"]),
                          ("quantized_matmul", ["x", "w", "scales", "biases", "transpose",
-                                               "group_size", "bits", "mode", "backend"])]:
+                                               "group_size", "bits", "mode", "backend",
+                                               "stream"])]:
         fn = getattr(metile.ops, name)
         sig = inspect.signature(fn)
         assert list(sig.parameters) == params
@@ -555,3 +557,39 @@ def test_option_values_mlx_refuses_or_mistypes_are_named_or_taken(rng, backend):
     out = metile.ops.matmul(a, b, epilogue="leaky_relu", negative_slope=10**30, backend=backend)
     z = f64(a) @ f64(b)
     np.testing.assert_allclose(f64(out), np.where(z > 0, z, 1e30 * z), rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["metile", "auto", "mlx"])
+def test_mlx_stream_and_force_fused_arguments_are_taken(rng, backend):
+    # drop-ins take what MLX's ops take: `stream=` (a stream, a device or mx.cpu: the call
+    # runs with it as the default, a replayed call too) and attention's `force_fused=`
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    (w,) = arrays(rng, mx.float32, (16,))
+    (q,) = arrays(rng, mx.float32, (1, 2, 8, 16))
+    wq, s, z = mx.quantize(arrays(rng, mx.float32, (8, 64))[0], group_size=64, bits=4)
+    (x,) = arrays(rng, mx.float32, (3, 64))
+    for stream in (None, mx.cpu, mx.new_stream(mx.cpu), mx.Device(mx.cpu)):
+        for _ in range(2):
+            np.testing.assert_allclose(f64(metile.ops.matmul(a, b, backend=backend, stream=stream)),
+                                       f64(a) @ f64(b), rtol=1e-5, atol=1e-5)
+            for got, want in [
+                    (metile.ops.rms_norm(a, w, 1e-5, backend=backend, stream=stream),
+                     mx.fast.rms_norm(a, w, 1e-5)),
+                    (metile.ops.layer_norm(a, w, None, 1e-5, backend=backend, stream=stream),
+                     mx.fast.layer_norm(a, w, None, 1e-5)),
+                    (metile.ops.softmax(a, backend=backend, stream=stream), mx.softmax(a, axis=-1)),
+                    (metile.ops.quantized_matmul(x, wq, s, z, backend=backend, stream=stream),
+                     mx.quantized_matmul(x, wq, s, z)),
+                    (metile.ops.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3,
+                                     backend=backend, stream=stream),
+                     mx.fast.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3)),
+                    (metile.ops.scaled_dot_product_attention(
+                        q, q, q, scale=0.25, force_fused=False, backend=backend, stream=stream),
+                     mx.fast.scaled_dot_product_attention(q, q, q, scale=0.25))]:
+                np.testing.assert_allclose(f64(got), f64(want), rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match=r"\[metile.ops.matmul\] stream must be an mx.Stream or "
+                                        r"a device, got str"):
+        metile.ops.matmul(a, b, backend=backend, stream="cpu")
+    with pytest.raises(TypeError, match="force_fused must be a bool, got int 1"):
+        metile.ops.scaled_dot_product_attention(q, q, q, scale=0.25, force_fused=1,
+                                                backend=backend)

@@ -40,6 +40,7 @@ from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     config_name as _config_name,
     is_real,
+    on_stream,
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
@@ -541,12 +542,23 @@ def _too_large(q, k, mask) -> bool:
 
 
 def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
-                                 backend: str = "auto"):
+                                 force_fused: bool = False, backend: str = "auto", stream=None):
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
     kernels (see the module docstring); differentiable in q, k, v (and an additive mask).
     Empty inputs, and with backend="auto" inputs of 2**31 elements or more, run MLX's op;
     so do attention sinks (`sinks`, one logit a query head: the kernels have none), which
-    backend="metile" refuses by name."""
+    backend="metile" refuses by name.  `force_fused` and `stream` as MLX's op takes them:
+    the first is passed to MLX's op wherever that runs (metile's kernels are fused), the
+    second makes the call run with that stream or device as the default
+    (op_routing.on_stream)."""
+    if stream is not None:
+        return on_stream("scaled_dot_product_attention", stream,
+                         lambda: scaled_dot_product_attention(
+                             q, k, v, scale=scale, mask=mask, sinks=sinks,
+                             force_fused=force_fused, backend=backend))
+    if type(force_fused) is not bool:
+        raise _fail(TypeError, f"force_fused must be a bool, got {type(force_fused).__name__} "
+                               f"{force_fused!r}")
     scale = _check(q, k, v, scale, mask)
     if sinks is not None:
         _check_backend(backend)
@@ -554,13 +566,14 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
             raise _fail(ValueError, "sinks: the metile attention kernels have no attention "
                                     "sinks; backend='auto' or 'mlx' runs MLX's op with them")
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
-                                                    sinks=sinks)
+                                                    sinks=sinks, force_fused=force_fused)
     if backend == "metile" and _too_large(q, k, mask):
         raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
                                 f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
     config, _ = _route(q, k, v, scale, mask, backend)
     if config is None or 0 in q.shape or k.shape[2] == 0 or _too_large(q, k, mask):
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                    force_fused=force_fused)
     return _run(q, k, v, scale, mask, config)
 
 

@@ -48,6 +48,7 @@ from .op_routing import (
     is_integer,
     is_real,
     m_bucket,
+    on_stream,
     device_description as _device_description,
     validate as _validate,
     measurement_operands as _operands,
@@ -546,11 +547,13 @@ def _remember(key, launches, at, vjp, given, rows_shape, composite):
                            None if rows_shape == given[0].shape else given[0].shape, composite)
 
 
-@op_replay.entry(("x", "weight"), ("eps", "backend"))
-def rms_norm(x, weight, eps, *, backend: str = "auto"):
+@op_replay.entry(("x", "weight"), ("eps", "backend", "stream"))
+def rms_norm(x, weight, eps, *, backend: str = "auto", stream=None):
     """`mx.fast.rms_norm(x, weight, eps)`: x * rsqrt(mean(x^2, -1) + eps) * weight, over
     x's last axis; weight (x.shape[-1],) or None."""
-    key = op_replay.key("rms_norm", (eps, backend), x, weight)
+    if stream is not None:   # (MLX's StreamOrDevice: op_routing.on_stream)
+        return on_stream("rms_norm", stream, lambda: rms_norm(x, weight, eps, backend=backend))
+    key = op_replay.key("rms_norm", (eps, backend, None), x, weight)
     w = () if weight is None else (weight,)
     _check_x("rms_norm", x)
     _check_vector("rms_norm", "weight", weight, x)
@@ -571,11 +574,14 @@ def rms_norm(x, weight, eps, *, backend: str = "auto"):
     return out.reshape(x.shape)
 
 
-@op_replay.entry(("x", "weight", "bias"), ("eps", "backend"))
-def layer_norm(x, weight, bias, eps, *, backend: str = "auto"):
+@op_replay.entry(("x", "weight", "bias"), ("eps", "backend", "stream"))
+def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
     """`mx.fast.layer_norm(x, weight, bias, eps)`: (x - mean) * rsqrt(var + eps) * weight
     + bias over x's last axis; weight and bias (x.shape[-1],) or None."""
-    key = op_replay.key("layer_norm", (eps, backend), x, weight, bias)
+    if stream is not None:
+        return on_stream("layer_norm", stream,
+                         lambda: layer_norm(x, weight, bias, eps, backend=backend))
+    key = op_replay.key("layer_norm", (eps, backend, None), x, weight, bias)
     params = tuple(p for p in (weight, bias) if p is not None)
     _check_x("layer_norm", x)
     _check_vector("layer_norm", "weight", weight, x)
@@ -653,8 +659,8 @@ def _softmax_axes(x, axis) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-@op_replay.entry(("x",), ("axis", "precise", "backend"))
-def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
+@op_replay.entry(("x",), ("axis", "precise", "backend", "stream"))
+def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=None):
     """`mx.softmax(x, axis, precise=precise)` (here axis defaults to the last one, the
     attention case).  The kernel computes in float32; with `precise` False (MLX's
     default) a float16/bfloat16 row's exponentials are rounded to its dtype before they
@@ -662,7 +668,10 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto"):
     precise=False computes in the row's dtype), with `precise` True each output is
     rounded once.  MLX's op is called with `precise` as given.  Reducing axes other
     than the last ones moves them last with a transpose (and back)."""
-    key = op_replay.key("softmax", (axis, precise, backend), x)
+    if stream is not None:
+        return on_stream("softmax", stream,
+                         lambda: softmax(x, axis, precise=precise, backend=backend))
+    key = op_replay.key("softmax", (axis, precise, backend, None), x)
     if type(precise) is not bool:   # (MLX's op takes a bool only)
         raise TypeError(f"[metile.ops.softmax] precise must be a bool, got "
                         f"{type(precise).__name__} {precise!r}")
@@ -727,10 +736,14 @@ def _rope_offset(x, offset):
 
 
 def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=None,
-         backend: str = "auto"):
+         backend: str = "auto", stream=None):
     """`mx.fast.rope`: x (B, *, T, D); the first `dims` features of position t rotate by
     (offset + t) * scale * base^(-2i/dims) (or / freqs[i]) in pairs (i, i + dims/2), or
     (2i, 2i+1) with `traditional`; offset an int, a scalar int array or B offsets."""
+    if stream is not None:
+        return on_stream("rope", stream, lambda: rope(
+            x, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+            freqs=freqs, backend=backend))
     _check_x("rope", x, min_ndim=3)
     # NumPy scalars as MLX's op takes them (a config's values), as Python numbers
     if is_integer(dims):

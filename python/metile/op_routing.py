@@ -30,6 +30,17 @@ def is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def on_stream(op: str, stream, call):
+    """call() with `stream` (MLX's StreamOrDevice: an mx.Stream, mx.Device or mx.cpu) as the
+    default, as MLX's ops take `stream=`: the op's kernels launch there (a replay too:
+    its launch takes the default device's stream) and MLX's op runs there."""
+    if not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)):
+        raise TypeError(f"[metile.ops.{op}] stream must be an mx.Stream or a device, got "
+                        f"{type(stream).__name__}")
+    with mx.stream(stream):
+        return call()
+
+
 # Tolerance of a candidate against MLX's result, relative to the largest value: the
 # rounding a different accumulation order gives in each dtype.
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}

@@ -64,6 +64,7 @@ from .op_routing import (
     device_description as _device_description,
     validate as _validate,
     measurement_operands as _operands,
+    on_stream,
     CPU_REASON,
     cost_model)
 
@@ -836,16 +837,21 @@ def _matmul_operands(a, b, p: matmul_shapes.Plan, backend: str):
     return (a2, b2), (_layout(b2) if backend == "metile" else "a@b")
 
 
-@op_replay.entry(("a", "b"), ("epilogue", "negative_slope", "backend"))
-def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto"):
+@op_replay.entry(("a", "b"), ("epilogue", "negative_slope", "backend", "stream"))
+def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend: str = "auto",
+           stream=None):
     """epilogue(a @ b) with `epilogue` one of None, "relu", "leaky_relu", "gelu_tanh",
     "silu", and the operands as MLX's matmul takes them: a (..., M, K) @ b (..., K, N)
     with broadcast batch dimensions, a 1-D operand promoted as NumPy does.  A `b` with
     no batch (the (B, T, K) @ (K, N) of a model) runs as one GEMM over all of a's rows;
-    a batched `b` runs the batched kernel (matmul_shapes.py says what each costs)."""
+    a batched `b` runs the batched kernel (matmul_shapes.py says what each costs).
+    `stream`: as MLX's ops take it (op_routing.on_stream)."""
+    if stream is not None:
+        return on_stream("matmul", stream, lambda: matmul(
+            a, b, epilogue=epilogue, negative_slope=negative_slope, backend=backend))
     options = (epilogue, negative_slope, backend)   # (a repeated call replays: op_replay.py)
-    key = op_replay.key("matmul", options, a, b) if a is not None and b is not None and \
-        _plain_options(*options) else None
+    key = op_replay.key("matmul", (*options, None), a, b) if a is not None and \
+        b is not None and _plain_options(*options) else None
     p = _matmul_plan(a, b, epilogue, negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
         return _matmul_mlx(a, b, epilogue, negative_slope)

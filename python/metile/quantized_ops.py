@@ -51,6 +51,7 @@ from .op_routing import (
     m_bucket,
     device_description as _device_description,
     validate as _validate,
+    on_stream,
     CPU_REASON,
     cost_model,
     TUNING)
@@ -437,15 +438,18 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
 # -- the op -------------------------------------------------------------------------------------
 
 @op_replay.entry(("x", "w", "scales", "biases"),
-                 ("transpose", "group_size", "bits", "mode", "backend"))
+                 ("transpose", "group_size", "bits", "mode", "backend", "stream"))
 def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
-                     bits=4, mode: str = "affine", *, backend: str = "auto"):
+                     bits=4, mode: str = "affine", *, backend: str = "auto", stream=None):
     """x @ dequantize(w).T (transpose=True, mlx.nn.QuantizedLinear's layout) or
     x @ dequantize(w), with `w, scales, biases = mx.quantize(weight, group_size, bits)`;
     MLX's signature and results (see the module docstring for the paths)."""
+    if stream is not None:   # (MLX's StreamOrDevice: op_routing.on_stream)
+        return on_stream("quantized_matmul", stream, lambda: quantized_matmul(
+            x, w, scales, biases, transpose, group_size, bits, mode, backend=backend))
     # (a repeated call replays, keyed by the options as given: op_replay.py)
     options = (transpose, group_size, bits, mode, backend)
-    key = op_replay.key("quantized_matmul", options, x, w, scales, biases) \
+    key = op_replay.key("quantized_matmul", (*options, None), x, w, scales, biases) \
         if all(a is not None for a in (x, w, scales, biases)) and \
         all(o is None or type(o) in (bool, int, str) for o in options) else None
     group_size = 64 if group_size is None else group_size   # MLX's affine defaults
