@@ -509,6 +509,12 @@ def test_ops_pickle_by_reference_as_python_functions_do(rng):
     for name in ("matmul", "linear", "gated_mlp", "rms_norm", "layer_norm", "softmax",
                  "quantized_matmul"):
         assert pickle.loads(pickle.dumps(getattr(metile.ops, name))).__name__ == name
+    from unittest import mock
+    pickled = pickle.dumps(metile.ops.matmul)
+    with mock.patch("metile.ops.matmul"):   # replaced since it was pickled: said so
+        with pytest.raises(pickle.UnpicklingError, match="metile.ops.matmul is no longer "
+                                                         "metile's op"):
+            pickle.loads(pickled)
     norm = pickle.loads(pickle.dumps(functools.partial(metile.ops.rms_norm, eps=1e-5,
                                                        backend="metile")))
     want = f64(x) / np.sqrt((f64(x) ** 2).mean(-1, keepdims=True) + 1e-5)

@@ -103,7 +103,13 @@ def entry(arrays: tuple, options: tuple):
 def entry_of(module: str, name: str):
     """The _ext.OpEntry behind op `name` of `module` (unpickling a pickled op)."""
     import importlib
-    return getattr(importlib.import_module(module), name).__self__
+    import pickle
+    found = getattr(importlib.import_module(module), name)
+    owner = getattr(found, "__self__", None)
+    if not isinstance(owner, _ext.OpEntry):   # (replaced since: a mock, a user's wrapper)
+        raise pickle.UnpicklingError(f"[metile] {module}.{name} is no longer metile's op "
+                                     f"(it is {found!r}); cannot unpickle the op")
+    return owner
 
 
 def forget() -> None:
