@@ -34,10 +34,12 @@ def on_stream(op: str, stream, call):
     """call() with `stream` (MLX's StreamOrDevice: an mx.Stream, mx.Device or mx.cpu) as the
     default, as MLX's ops take `stream=`: the op's kernels launch there (a replay too:
     its launch takes the default device's stream) and MLX's op runs there."""
-    if not isinstance(stream, (mx.Stream, mx.Device, mx.DeviceType)):
+    try:   # (what mx.stream takes, as MLX's ops take it: their conversions too)
+        scope = mx.stream(stream)
+    except TypeError:
         raise TypeError(f"[metile.ops.{op}] stream must be an mx.Stream or a device, got "
-                        f"{type(stream).__name__}")
-    with mx.stream(stream):
+                        f"{type(stream).__name__}") from None
+    with scope:
         return call()
 
 
