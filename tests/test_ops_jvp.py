@@ -1,6 +1,6 @@
 """Forward-mode derivatives (mx.jvp) of metile.ops on the metile kernels: each op's jvp is
 its MLX composite's (op_replay.jvp_rule; replayed calls too), checked against MLX's own
-op's jvp; a bare kernel launch and rope refuse by name."""
+op's jvp; a bare kernel launch refuses by name."""
 
 import mlx.core as mx
 import numpy as np
@@ -61,11 +61,24 @@ def test_jvp_matches_mlx(rng, name):
         np.testing.assert_allclose(np.array(got_t[0]), np.array(want_t[0]), rtol=1e-4, atol=1e-4)
 
 
-def test_rope_and_a_bare_kernel_refuse_jvp_by_name(rng):
-    q = _a(rng, 1, 2, 5, 16)
-    with pytest.raises(NotImplementedError, match=r"metile.ops.rope\] has no forward-mode"):
-        mx.eval(mx.jvp(lambda a: ops.rope(a, 16, traditional=False, base=1e4, scale=1.0,
-                                          offset=0, backend="metile"), [q], [q]))
+@pytest.mark.parametrize("offset", ["int", "array", "per_batch"])
+@pytest.mark.parametrize("freqs", [False, True])
+def test_rope_jvp_matches_mlx(rng, offset, freqs):
+    # (refused by name before: rope's composite is MLX's op on the kernel's rows)
+    q = _a(rng, 2, 3, 5, 16)
+    t = _a(rng, 2, 3, 5, 16)
+    off = {"int": 3, "array": mx.array(3), "per_batch": mx.array([1, 4])}[offset]
+    kw = dict(traditional=False, base=None, scale=0.5, offset=off,
+              freqs=mx.array(np.linspace(1.0, 40.0, 6).astype(np.float32))) if freqs else \
+        dict(traditional=True, base=1e4, scale=0.5, offset=off)
+    want_y, want_t = mx.jvp(lambda a: mx.fast.rope(a, 12, **kw), [q], [t])
+    for _ in range(2):
+        y, got_t = mx.jvp(lambda a: ops.rope(a, 12, backend="metile", **kw), [q], [t])
+        np.testing.assert_allclose(np.array(y[0]), np.array(want_y[0]), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(np.array(got_t[0]), np.array(want_t[0]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_bare_kernel_refuses_jvp_by_name(rng):
 
     @metile.kernel
     def doubled(X, Y, n, BLOCK: metile.constexpr):

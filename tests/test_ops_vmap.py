@@ -35,6 +35,8 @@ def _cases():
                          (5, 8)),
         "attention": (lambda v, be: ops.scaled_dot_product_attention(
             v, v * 0.5, v, scale=0.25, mask="causal", backend=be), (1, 2, 5, 16)),
+        "rope": (lambda v, be: ops.rope(v, 12, traditional=False, base=1e4, scale=0.5,
+                                        offset=mx.array([2, 7]), backend=be), (2, 3, 5, 16)),
     }
 
 

@@ -423,10 +423,18 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
         x2, offset, freqs = unpack(arrays)
         return _launch_rope(x2, spec, offset, freqs, dict(cfg))
 
-    @f.jvp
-    def f_jvp(primals, tangents):
-        raise NotImplementedError("[metile.ops.rope] has no forward-mode derivative (mx.jvp) "
-                                  "on the metile kernels yet: call it with backend='mlx'")
+    def composite(*arrays):
+        # MLX's op on one call's rows: (batch, heads, T, D), the heads being every axis
+        # between the batch and T (rope treats them alike), offsets per batch entry
+        x2, offset, freqs = unpack(arrays)
+        x4 = x2.reshape(x2.shape[0] // spec.per_batch, spec.per_batch // spec.seq, spec.seq,
+                        x2.shape[1])
+        return mx.fast.rope(x4, spec.dims, traditional=spec.traditional, base=spec.base,
+                            scale=spec.scale, freqs=freqs,
+                            offset=spec.offset if offset is None else offset).reshape(x2.shape)
+
+    # mx.vmap and mx.jvp through that composite (the kernel has neither rule)
+    op_replay.composite_rules(f, composite)
 
     @f.vjp
     def f_vjp(primals, cotangent, output):
