@@ -100,10 +100,12 @@ eager_cost() {
 if [ "$mode" = s76 ]; then
   # the next session's first call (no device time was left for it in the twenty-second):
   # the GPU tests of its last changes - ops pickled by reference, one is_real / is_integer
-  # check, the joined dual GEMM (METILE_WGMMA_DUAL=joined, against NumPy on ragged shapes) -
+  # check, stream=, rope under vmap/jvp, the joined dual GEMM (METILE_WGMMA_DUAL=joined,
+  # against NumPy on ragged shapes) -
   # then the MLP's parts with the joined form beside the split one
-  gpu_tests 240 -k "test_op_replay or numpy_scalar or wgmma_dual_on_the_gpu or joined" \
-    test_op_replay test_model_ops_norms test_dual_gemm
+  gpu_tests 300 -k "test_op_replay or numpy_scalar or wgmma_dual_on_the_gpu or joined or \
+rope_jvp or test_ops_vmap" test_op_replay test_model_ops_norms test_dual_gemm test_ops_jvp \
+    test_ops_vmap
   timeout $((budget - 30 - (SECONDS - t0))) python3 tools/probes/mlp_parts.py \
     "$logs/h200-mlp-parts-joined-float16.json" --tokens 512 2048 2>&1 | tee -a "$log"
 elif [ "$mode" = s75 ]; then
