@@ -769,21 +769,34 @@ class SettingsCheck {
 // own); false when an argument is neither an array nor None.  The array part of a replay
 // key (replay_key), which Python built from .shape and .dtype at ~100 ns each and hashed
 // and compared through mx.Dtype's Python methods.
-bool append_array_signature(std::string& key, PyObject* const* arrays, std::size_t n) {
-  PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
+// `sink(bytes, size)` takes each piece in turn and answers whether to go on: appending
+// them writes a key, comparing them reads one back (same_array_signature).
+template <typename Sink>
+bool array_signature_pieces(PyObject* const* arrays, std::size_t n, Sink&& sink) {
+  static PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
   for (std::size_t i = 0; i < n; ++i) {
     PyObject* h = arrays[i];
     if (h == Py_None) {
-      key.push_back('\xff');
+      const char absent = '\xff';
+      if (!sink(&absent, 1)) return false;
       continue;
     }
     if (Py_TYPE(h) != array_type) return false;
     auto* a = nb::inst_ptr<mx::array>(h);
-    key.push_back(static_cast<char>(a->dtype().val()));
-    key.push_back(static_cast<char>(a->ndim()));
-    for (auto d : a->shape()) key.append(reinterpret_cast<const char*>(&d), sizeof(d));
+    const char head[2] = {static_cast<char>(a->dtype().val()), static_cast<char>(a->ndim())};
+    if (!sink(head, 2)) return false;
+    for (auto d : a->shape()) {
+      if (!sink(&d, sizeof(d))) return false;
+    }
   }
   return true;
+}
+
+bool append_array_signature(std::string& key, PyObject* const* arrays, std::size_t n) {
+  return array_signature_pieces(arrays, n, [&key](const void* p, std::size_t size) {
+    key.append(static_cast<const char*>(p), size);
+    return true;
+  });
 }
 
 // A tuple's items as the vector calls take them.
@@ -796,29 +809,15 @@ bool append_array_signature(std::string& key, const nb::args& arrays) {
 // Whether `arrays` have the signature append_array_signature wrote as `signature`,
 // compared in place (no key built).
 bool same_array_signature(const std::string& signature, PyObject* const* arrays, std::size_t n) {
-  static PyTypeObject* array_type = reinterpret_cast<PyTypeObject*>(nb::type<mx::array>().ptr());
-  const char* p = signature.data();
-  const char* end = p + signature.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    PyObject* h = arrays[i];
-    if (h == Py_None) {
-      if (p == end || *p != '\xff') return false;
-      ++p;
-      continue;
-    }
-    if (Py_TYPE(h) != array_type) return false;
-    auto* a = nb::inst_ptr<mx::array>(h);
-    if (end - p < 2 || p[0] != static_cast<char>(a->dtype().val()) ||
-        p[1] != static_cast<char>(a->ndim())) {
+  std::size_t at = 0;
+  bool same = array_signature_pieces(arrays, n, [&](const void* p, std::size_t size) {
+    if (signature.size() - at < size || std::memcmp(signature.data() + at, p, size) != 0) {
       return false;
     }
-    p += 2;
-    for (auto d : a->shape()) {
-      if (std::size_t(end - p) < sizeof(d) || std::memcmp(p, &d, sizeof(d)) != 0) return false;
-      p += sizeof(d);
-    }
-  }
-  return p == end;
+    at += size;
+    return true;
+  });
+  return same && at == signature.size();
 }
 
 // append_array_signature as one bytes object, or None (probes: a C++ call's floor).
@@ -888,6 +887,8 @@ class Replay {
                             : std::nullopt);
     }
     if (out_shape) out_shape_ = mx::Shape(out_shape->begin(), out_shape->end());
+    reshaped_ = std::any_of(reshapes_.begin(), reshapes_.end(),
+                            [](const auto& r) { return r.has_value(); });
   }
 
   nb::object operator()(nb::args arrays) const { return call(items(arrays), arrays.size()); }
@@ -908,9 +909,7 @@ class Replay {
       traced = traced || given[i]->is_tracer();
     }
     if (!traced) {
-      bool reshaped = std::any_of(reshapes_.begin(), reshapes_.end(),
-                                  [](const auto& r) { return r.has_value(); });
-      mx::array out = reshaped
+      mx::array out = reshaped_
           ? launch_->output([&](int p) { return primal(*given[p], p); })
           : launch_->output([&](int p) -> const mx::array& { return *given[p]; });
       return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : std::move(out));
@@ -982,6 +981,7 @@ class Replay {
 
   std::shared_ptr<const Launch> launch_;
   std::vector<std::optional<mx::Shape>> reshapes_;
+  bool reshaped_ = false;   // whether any primal is reshaped (else the arrays go as given)
   std::optional<mx::Shape> out_shape_;
   using VmapRule = std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
       const std::vector<mx::array>&, const std::vector<int>&)>;
@@ -1263,11 +1263,19 @@ class OpEntry {
     }
     PyObject* arrays[kMaxParams];
     for (std::size_t i = 0; i < arrays_.size(); ++i) arrays[i] = slots[arrays_[i]];
+    const ReplayTable::Entry* e = recorded(slots, arrays);
+    if (e == nullptr) return nullptr;
+    nb::object out = table_->run(*e, arrays, arrays_.size());
+    return out.is_none() ? nullptr : out.release().ptr();
+  }
+
+  // The table's entry for the call: one of the recent hits, else found by its key (and
+  // kept among the hits); nullptr where none is recorded or the call cannot key one.
+  const ReplayTable::Entry* recorded(PyObject* const* slots, PyObject* const* arrays) const {
     std::uint64_t generation = table_->generation();
     for (const Hit& h : hits_) {
       if (h.generation == generation && h.matches(slots, options_, arrays, arrays_.size())) {
-        nb::object out = table_->run(*h.entry, arrays, arrays_.size());
-        return out.is_none() ? nullptr : out.release().ptr();
+        return h.entry;
       }
     }
     std::string key = prefix_;
@@ -1286,8 +1294,7 @@ class OpEntry {
     for (int k : options_) h.options.push_back(nb::borrow(slots[k]));
     h.arrays = key.substr(split);
     h.entry = e;
-    nb::object out = table_->run(*e, arrays, arrays_.size());
-    return out.is_none() ? nullptr : out.release().ptr();
+    return e;
   }
 
   static PyObject* entry_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs,

@@ -38,6 +38,7 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    check_backend,
     config_name as _config_name,
     is_real,
     on_stream,
@@ -470,14 +471,9 @@ def _cost_model() -> routing.Decision:
                       "nothing measured on this machine says the kernels are faster; MLX's op")
 
 
-def _check_backend(backend) -> None:
-    if backend not in ("auto", "metile", "mlx"):
-        raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
-
-
 def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
     """(config or None for MLX's op, routing.Decision)."""
-    _check_backend(backend)
+    check_backend("metile.ops.scaled_dot_product_attention", backend)
     if backend == "mlx":
         return None, routing.Decision("mlx", "requested", "backend='mlx' requested")
     # what MLX's op takes and these kernels do not: backend="metile" says so, "auto" runs
@@ -561,7 +557,7 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
                                f"{force_fused!r}")
     scale = _check(q, k, v, scale, mask)
     if sinks is not None:
-        _check_backend(backend)
+        check_backend("metile.ops.scaled_dot_product_attention", backend)
         if backend == "metile":
             raise _fail(ValueError, "sinks: the metile attention kernels have no attention "
                                     "sinks; backend='auto' or 'mlx' runs MLX's op with them")

@@ -44,6 +44,7 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    check_backend,
     config_name as _config_name,
     is_integer,
     is_real,
@@ -93,12 +94,6 @@ def _check_eps(op: str, eps) -> float:
     if not is_real(eps) or not math.isfinite(eps):
         raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
     return float(eps)
-
-
-def _check_backend(op: str, backend):
-    if backend not in ("auto", "metile", "mlx"):
-        raise ValueError(f"[metile.ops.{op}] backend must be 'auto', 'metile' or 'mlx', "
-                         f"got {backend!r}")
 
 
 def _kernel_refusal(rows: int, columns: int, *arrays) -> str | None:
@@ -507,7 +502,7 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
     `kernel(cfg)(*operands)` the metile one, on operands of `shapes` (the call's
     arrays, measured on fresh random ones); `extra` are arrays the candidates close
     over (rope's offset and freqs), evaluated before a measurement."""
-    _check_backend(op, backend)
+    check_backend(f"metile.ops.{op}", backend)
     if backend == "mlx":
         return _Route("mlx", None, routing.Decision("mlx", "requested", "backend='mlx' requested"))
     refusal = _kernel_refusal(rows, columns, *arrays)
@@ -687,7 +682,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, numbers.Integral) else list(axis)
     if backend == "mlx" or (x.ndim == 0 and backend != "metile"):
-        _check_backend("softmax", backend)
+        check_backend("metile.ops.softmax", backend)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     kept = [a for a in range(x.ndim) if a not in axes]
     order = kept + list(axes)

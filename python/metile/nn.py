@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as mlx_nn
 
 from . import nn_norms, ops
-from .op_routing import FLOAT_DTYPES
+from .op_routing import FLOAT_DTYPES, check_backend
 from .nn_norms import LayerNorm, RMSNorm  # noqa: F401  (metile.nn.RMSNorm, metile.nn.LayerNorm)
 
 
@@ -34,9 +34,7 @@ class Linear(mlx_nn.Linear):
         for name, dims in (("input_dims", input_dims), ("output_dims", output_dims)):
             if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
                 raise ValueError(f"[metile.nn.Linear] {name} must be a positive int, got {dims!r}")
-        if backend not in ("auto", "metile", "mlx"):
-            raise ValueError(f"[metile.nn.Linear] backend must be 'auto', 'metile' or 'mlx', "
-                             f"got {backend!r}")
+        check_backend("metile.nn.Linear", backend)
         _check_activation("Linear", activation, negative_slope)
         super().__init__(input_dims, output_dims, bias=bias)
         self.activation = activation
@@ -106,9 +104,7 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
                  negative_slope: float = ops.LEAKY_SLOPE, backend: str = "auto"):
         super().__init__(input_dims, output_dims, bias, group_size, bits, mode=mode)
         _check_activation("QuantizedLinear", activation, negative_slope)
-        if backend not in ("auto", "metile", "mlx"):
-            raise ValueError(f"[metile.nn.QuantizedLinear] backend must be 'auto', 'metile' or "
-                             f"'mlx', got {backend!r}")
+        check_backend("metile.nn.QuantizedLinear", backend)
         self.activation = activation
         self.negative_slope = float(negative_slope)
         self.backend = backend
@@ -347,9 +343,7 @@ def convert(model: mlx_nn.Module, *, backend: str = "auto",
     if not isinstance(model, mlx_nn.Module):
         raise TypeError(f"[metile.nn.convert] model must be an mlx.nn.Module, got "
                         f"{type(model).__name__}")
-    if backend not in ("auto", "metile", "mlx"):
-        raise ValueError(f"[metile.nn.convert] backend must be 'auto', 'metile' or 'mlx', "
-                         f"got {backend!r}")
+    check_backend("metile.nn.convert", backend)
     if class_predicate is not None and not callable(class_predicate):
         raise TypeError("[metile.nn.convert] class_predicate must be callable (path, module) -> "
                         "bool")

@@ -9,13 +9,7 @@ from __future__ import annotations
 import mlx.nn as mlx_nn
 
 from . import model_ops
-from .op_routing import FLOAT_DTYPES
-
-
-def _check_backend(layer: str, backend) -> None:
-    if backend not in ("auto", "metile", "mlx"):
-        raise ValueError(f"[metile.nn.{layer}] backend must be 'auto', 'metile' or 'mlx', "
-                         f"got {backend!r}")
+from .op_routing import FLOAT_DTYPES, check_backend
 
 
 def _adopt(new, layer):
@@ -29,7 +23,7 @@ class RMSNorm(mlx_nn.RMSNorm):
     """x * rsqrt(mean(x^2) + eps) * weight over the last axis, as `mlx.nn.RMSNorm`."""
 
     def __init__(self, dims: int, eps: float = 1e-5, backend: str = "auto"):
-        _check_backend("RMSNorm", backend)
+        check_backend("metile.nn.RMSNorm", backend)
         super().__init__(dims, eps)
         self.backend = backend
 
@@ -53,7 +47,7 @@ class LayerNorm(mlx_nn.LayerNorm):
 
     def __init__(self, dims: int, eps: float = 1e-5, affine: bool = True, bias: bool = True,
                  backend: str = "auto"):
-        _check_backend("LayerNorm", backend)
+        check_backend("metile.nn.LayerNorm", backend)
         super().__init__(dims, eps, affine, bias)
         self.backend = backend
 

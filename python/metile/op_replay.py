@@ -65,12 +65,6 @@ def key(op: str, options: tuple, *arrays):
     return _ext.replay_key(op, options, *arrays)
 
 
-# replayed(op, options, *arrays): the result of the replay recorded for this call of `op`
-# on its arrays (those that are not None), else None (none recorded, or it declines: the
-# op's full path runs).  The table itself, called without a Python frame around it.
-replayed = _REPLAYS
-
-
 def entry(arrays: tuple, options: tuple):
     """Decorator: the op `fn` as its eager entry (_ext.OpEntry), a C function that binds a
     call's arguments to fn's parameters, keys it by the parameters named in `options` (in

@@ -16,7 +16,14 @@ from .runtime import routing
 
 # The float dtypes the op kernels take (operands, weights, scales)
 FLOAT_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+BACKENDS = ("auto", "metile", "mlx")
 
+
+def check_backend(where: str, backend) -> None:
+    """Refuse a `backend=` the ops and layers do not take; `where` names the caller in the
+    message ("metile.ops.rms_norm", "metile.nn.Linear", ...)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"[{where}] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
 
 
 def is_real(value) -> bool:

@@ -59,6 +59,7 @@ from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    check_backend,
     config_name as _op_config_name,
     m_bucket,
     device_description as _device_description,
@@ -755,8 +756,7 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     "a@b.T" a transposed view), or a batched matmul's (a3, b3) (matmul_shapes.batched);
     (x2, weight[, bias]) for linear; `residual` (rows, N) for linear's residual add.
     measure: None = when a tuning scope or METILE_OPS_TUNE asks."""
-    if backend not in ("auto", "metile", "mlx"):
-        raise ValueError(f"[metile.ops] backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+    check_backend("metile.ops", backend)
     a2, b = arrays[0], arrays[1]
     m, k = a2.shape[-2:]
     n = b.shape[-1] if op == "matmul" else b.shape[0]

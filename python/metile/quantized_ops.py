@@ -47,6 +47,7 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    check_backend,
     config_name,
     m_bucket,
     device_description as _device_description,
@@ -137,8 +138,7 @@ def _fail(kind, message):
 def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> tuple[int, int]:
     """(N, K) of the product, or a clear error; the checks MLX makes, plus the
     settings metile's kernels implement when `backend` asks for them."""
-    if backend not in ("auto", "metile", "mlx"):
-        raise _fail(ValueError, f"backend must be 'auto', 'metile' or 'mlx', got {backend!r}")
+    check_backend("metile.ops.quantized_matmul", backend)
     for name, a in (("x", x), ("w", w), ("scales", scales)):
         if not isinstance(a, mx.array):
             raise _fail(TypeError, f"{name} must be an mx.array, got {type(a).__name__}")

@@ -440,8 +440,7 @@ class AsyncStaging:
         tile's size, or, in an array whose stages hold two operands' tiles (a joined dual
         GEMM's B tiles, gemm_wgmma._joined_dual), stage times both and this operand's
         offset inside them."""
-        size = getattr(st, "stage_size", None) or prod(shape)
-        offset = getattr(st, "stage_offset", 0)
+        size, offset = st.stage_size or prod(shape), st.stage_offset
         if not isinstance(stage, Value):
             return self.const(b, stage * size + offset)
         base = self._i(b, "mul", stage, size)

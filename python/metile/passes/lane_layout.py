@@ -39,6 +39,11 @@ class Storage:
         # threadgroup tiles: a run-time element offset into the array (a double buffer's
         # half, lower_mma_layout.prefetch)
         self.base = None
+        # a GEMM's staged operand: elements a stage of the array holds (None: the tile's)
+        # and where this operand's tile starts in one (a joined dual GEMM's B tiles share
+        # stages: gemm_wgmma._joined_dual, gemm_async.stage_base)
+        self.stage_size: int | None = None
+        self.stage_offset = 0
         # threadgroup tiles: the array 16-byte aligned and every row 16 bytes apart (what
         # ldmatrix needs, proven when the tile is laid out: lower_mma_layout)
         self.rows_aligned = False
