@@ -574,18 +574,26 @@ def test_mlx_stream_and_force_fused_arguments_are_taken(rng, backend):
     (q,) = arrays(rng, mx.float32, (1, 2, 8, 16))
     wq, s, z = mx.quantize(arrays(rng, mx.float32, (8, 64))[0], group_size=64, bits=4)
     (x,) = arrays(rng, mx.float32, (3, 64))
+    want_q = mx.quantized_matmul(x, wq, s, z, stream=mx.cpu)
+    try:   # the H200 image's CUDA headers lack crt/mma.h, which MLX's float32 qmm includes
+        mx.eval(mx.quantized_matmul(x, wq, s, z))
+        default_qmm_compiles = True
+    except RuntimeError as e:   # (MLX's own op on the default device, metile not involved)
+        if "Failed to compile kernel" not in str(e):
+            raise
+        default_qmm_compiles = False
     for stream in (None, mx.cpu, mx.new_stream(mx.cpu), mx.Device(mx.cpu)):
         for _ in range(2):
             np.testing.assert_allclose(f64(metile.ops.matmul(a, b, backend=backend, stream=stream)),
                                        f64(a) @ f64(b), rtol=1e-5, atol=1e-5)
-            for got, want in [
+            quantized = [(metile.ops.quantized_matmul(x, wq, s, z, backend=backend, stream=stream),
+                          want_q)] if stream is not None or default_qmm_compiles else []
+            for got, want in quantized + [
                     (metile.ops.rms_norm(a, w, 1e-5, backend=backend, stream=stream),
                      mx.fast.rms_norm(a, w, 1e-5)),
                     (metile.ops.layer_norm(a, w, None, 1e-5, backend=backend, stream=stream),
                      mx.fast.layer_norm(a, w, None, 1e-5)),
                     (metile.ops.softmax(a, backend=backend, stream=stream), mx.softmax(a, axis=-1)),
-                    (metile.ops.quantized_matmul(x, wq, s, z, backend=backend, stream=stream),
-                     mx.quantized_matmul(x, wq, s, z)),
                     (metile.ops.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3,
                                      backend=backend, stream=stream),
                      mx.fast.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3)),
