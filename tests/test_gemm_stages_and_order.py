@@ -241,12 +241,12 @@ def test_explain_shows_stages_and_order(rng):
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [
-    (dict(num_stages=0), ValueError, "Schedule: num_stages must be from 1 through 5, got 0"),
-    (dict(num_stages=6), ValueError, "Schedule: num_stages must be from 1 through 5, got 6"),
+    (dict(num_stages=0), ValueError, "Schedule: num_stages must be from 1 through 8, got 0"),
+    (dict(num_stages=9), ValueError, "Schedule: num_stages must be from 1 through 8, got 9"),
     (dict(num_stages=2.0), TypeError,
-     "Schedule: num_stages must be an int from 1 through 5 or None, got float 2.0"),
+     "Schedule: num_stages must be an int from 1 through 8 or None, got float 2.0"),
     (dict(num_stages=True), TypeError,
-     "Schedule: num_stages must be an int from 1 through 5 or None, got bool True"),
+     "Schedule: num_stages must be an int from 1 through 8 or None, got bool True"),
     (dict(program_order="row"), ValueError,
      "Schedule: unknown program_order 'row'; expected one of auto, linear, grouped"),
     (dict(program_order=1), TypeError, "Schedule: program_order must be a string"),

@@ -59,7 +59,7 @@ def test_num_warps_is_num_simdgroups(warps):
     (dict(num_warps=2.0), "num_warps must be an int in 1..32, got 2.0"),
     (dict(num_stages=2, SCHEDULE=Schedule(num_stages=3)),
      "num_stages=2 contradicts the SCHEDULE's num_stages=3"),
-    (dict(num_stages=9), "num_stages=9: Schedule: num_stages must be from 1 through 5, got 9"),
+    (dict(num_stages=9), "num_stages=9: Schedule: num_stages must be from 1 through 8, got 9"),
     (dict(num_stages=2, SCHEDULE="fast"), "SCHEDULE must be a metile.Schedule, got str"),
 ])
 def test_launch_option_errors(options, message):
@@ -166,7 +166,7 @@ def test_launch_options_of_a_tuned_call_enter_the_tuning_key(tmp_path, monkeypat
     (dict(num_warps=64), "Config: num_warps must be an int from 1 through 32, got 64"),
     (dict(num_warps=4, num_simdgroups=8), "Config: num_warps=4 contradicts num_simdgroups=8"),
     (dict(num_warps=4, NUM_SG=2), "Config: num_warps=4 contradicts num_simdgroups=2"),
-    (dict(num_stages=0), "Config: num_stages must be an int from 1 through 5, got 0"),
+    (dict(num_stages=0), "Config: num_stages must be an int from 1 through 8, got 0"),
 ])
 def test_config_option_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

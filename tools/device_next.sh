@@ -97,7 +97,17 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s76 ]; then
+if [ "$mode" = s77 ]; then
+  # the residual epilogue reading 16 pairs before storing them and sigmoid on MUFU.EX2/RCP
+  # (mlp_parts: the MLP's parts against MLX), the MLP GEMMs at other tiles, stage counts and
+  # program orders (mlp_gemm_tiles), then the GPU tests those changes touch
+  timeout 150 python3 tools/probes/mlp_parts.py "$logs/h200-mlp-parts-float16.json" \
+    --tokens 512 2048 2>&1 | tee -a "$log"
+  timeout 170 python3 tools/probes/mlp_gemm_tiles.py "$logs/h200-mlp-gemm-tiles.json" 2>&1 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "gpu or silu or sigmoid or residual or stages \
+or gated or Residual" test_dual_gemm test_linear_fused_reads test_epilogue_reads \
+    test_gemm_stages_and_order test_epilogue
+elif [ "$mode" = s76 ]; then
   # the next session's first call (no device time was left for it in the twenty-second):
   # the GPU tests of its last changes - ops pickled by reference, one is_real / is_integer
   # check, stream=, rope under vmap/jvp, the joined dual GEMM (METILE_WGMMA_DUAL=joined,

@@ -37,7 +37,6 @@ from ..ir.types import TileType, elem_type
 from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx
 
-MAX_STAGES = 5
 # Unrolled copy slots per thread and tile (a 128x256x64 16-bit tile over the 128 threads
 # of gemm_wgmma's producer warpgroup is 8 + 16; over 256 threads 4 + 8).
 MAX_UNROLLED_SLOTS = 32

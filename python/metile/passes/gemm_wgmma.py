@@ -59,7 +59,7 @@ ATOM = 64          # 16-bit elements in one 128-byte swizzle row
 # quarter of the 4096^3 kernel's warp-stall samples (ncu, H200), against an eighth for
 # the hand-written loop's 4-byte stores (benchmarks/results/ncu/).
 PAIRED_STORE_DTYPES = ("float16", "bfloat16", "float32")
-MAX_STAGES = 5
+EPILOGUE_READ_PAIRS = 16
 
 
 class WarpgroupGemm:
@@ -507,16 +507,19 @@ class WarpgroupGemm:
                         BOOL, root=root, bytes=size)
         return b.value("and", [first, below], BOOL)
 
-    def _epilogue_pair(self, b: Builder, row: Value, col: Value, values: list,
-                       pairable: Value | None) -> None:
-        """The epilogue at (row, col) and (row, col + 1), stored as one vector where
-        `pairable` and both elements are in bounds, else element by element."""
+    def _epilogue_pair_values(self, b: Builder, row: Value, col: Value, values: list) -> list:
+        """(store index, value, guard) of the epilogue at (row, col) and (row, col + 1): its
+        reads (bias, residual) are loaded here."""
+        return [self._epilogue_value(b, row, self._i(b, "add", col, dc), v)
+                for dc, v in enumerate(values)]
+
+    def _epilogue_pair(self, b: Builder, parts: list, pairable: Value | None) -> None:
+        """Stores a pair's `_epilogue_pair_values`: as one vector where `pairable` and both
+        elements are in bounds, else element by element."""
         if pairable is None:
-            for dc, v in enumerate(values):
-                self._epilogue_store(b, row, self._i(b, "add", col, dc), v)
+            for index, stored, guard in parts:
+                self.emit_store(b, self.gemm.store, [index, stored] + guard)
             return
-        parts = [self._epilogue_value(b, row, self._i(b, "add", col, dc), v)
-                 for dc, v in enumerate(values)]
         ok = pairable
         for _, _, guard in parts:
             for m in guard:
@@ -563,11 +566,17 @@ class WarpgroupGemm:
         pairable = self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase)
         dual = len(self.wg_accs) > 1 or self.wg_split is not None
         split = self.wg_split
+        # An epilogue that reads (bias, residual) evaluates EPILOGUE_READ_PAIRS pairs before
+        # storing them: loads issued one pair at a time, each followed by its stores, left
+        # one memory latency per pair exposed after the K loop (ptxas keeps that order at
+        # ~250 registers)
+        chunk = EPILOGUE_READ_PAIRS if self.gemm.reads and (bn // 4) % EPILOGUE_READ_PAIRS == 0 \
+            else 1
         for i in range(self.wg_fr):
             row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
             accs = [per_product[i] for per_product in self.wg_accs]
 
-            def per_pair(eb: Builder, p: Value, accs=accs, row0=row0) -> None:
+            def pair_values(eb: Builder, p: Value, accs=accs, row0=row0) -> list:
                 # elements 2p, 2p+1: one row, columns c and c+1 (a dual GEMM's epilogue
                 # sees every product's accumulator there: the same register position, or,
                 # joined, the gate's position + BN/2 in the one array)
@@ -582,8 +591,15 @@ class WarpgroupGemm:
                     else:
                         got = [eb.value("local_get", [x], F32, name=acc) for acc in accs]
                     values.append(got if dual else got[0])
-                self._epilogue_pair(eb, row, col, values, pairable)
+                return self._epilogue_pair_values(eb, row, col, values)
+
+            def per_chunk(eb: Builder, p: Value) -> None:
+                # every pair's value (and read) of the chunk before any of its stores
+                parts = [pair_values(eb, p if j == 0 else self._i(eb, "add", p, j))
+                         for j in range(chunk)]
+                for pair in parts:
+                    self._epilogue_pair(eb, pair, pairable)
 
             # Unrolled so the accumulator array is indexed by constants (registers).
-            self._for(b, 0, bn // 4, 1, "e", per_pair, unroll=True)
+            self._for(b, 0, bn // 4, chunk, "e", per_chunk, unroll=True)
         self.report_loop("e", "epilogue", 1)

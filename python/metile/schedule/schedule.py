@@ -25,7 +25,7 @@ MAX_SIMDGROUPS = 32
 # Fields added after the first recorded format, with their defaults: keys and reprs
 # show them only when set.
 _LATER_DEFAULTS = {"num_stages": None, "program_order": "auto", "group_size": None}
-MAX_STAGES = 5
+MAX_STAGES = 8
 PROGRAM_ORDERS = ("auto", "linear", "grouped")
 # Large enough for any useful L2 group; small enough that group_size x programs along
 # axis 1 (at most 65535 on CUDA) stays far inside the int32 index math.
