@@ -1,8 +1,9 @@
 """The MLP's GEMMs at other tiles, stage counts and program orders than the ops' defaults,
 against MLX's product in the same run (issue 14: which change could move the MLP forward).
 
-Shapes (hidden 4096, MLP 11008): the gate projection x @ wg.T at T=2048 (2048x11008x4096:
-688 tiles of 128x256 are 5.2 waves of 132 SMs, 1376 of 128x128 are 10.4), the down
+Shapes (hidden 4096, MLP 11008; MxNxK): the gate projection x @ wg.T at T=2048
+(2048x11008x4096: 688 tiles of 128x256 are 5.2 waves of 132 SMs, 1376 of 128x128 are 10.4)
+and at T=512 (172 tiles of 128x256: 1.3 waves; the int4 prefill's dense product), the down
 projection h @ wd.T at T=512 (512x4096x11008: 128 tiles of 128x128, 172 K steps each) and
 at T=2048, and the dual GEMM at T=2048.  Each mx.compile'd, alternating, median of rounds;
 every variant checked against MLX's result first.
@@ -42,6 +43,10 @@ def cases(small: bool):
             "128x256 (default)": tile(128, 256), "128x256 grouped": tile(128, 256, grouped=True),
             "128x128": tile(128, 128), "128x128 6 stages": tile(128, 128, 6),
             "128x128 7 stages grouped": tile(128, 128, 7, True)}),
+        ("linear", 512, 11008, 4096, {   # the gate at T=512, int4 prefill's dense product
+            "128x256 (default)": tile(128, 256), "128x128": tile(128, 128),
+            "128x128 6 stages": tile(128, 128, 6), "128x128 7 stages": tile(128, 128, 7),
+            "128x192": tile(128, 192)}),
         ("linear", 512, 4096, 11008, {
             "128x128 (default)": tile(128, 128), "128x128 6 stages": tile(128, 128, 6),
             "128x128 7 stages": tile(128, 128, 7), "128x256": tile(128, 256),
