@@ -104,6 +104,11 @@ if [ "$mode" = s77 ]; then
   timeout 150 python3 tools/probes/mlp_parts.py "$logs/h200-mlp-parts-float16.json" \
     --tokens 512 2048 2>&1 | tee -a "$log"
   timeout 170 python3 tools/probes/mlp_gemm_tiles.py "$logs/h200-mlp-gemm-tiles.json" 2>&1 | tee -a "$log"
+  # Triton 3.6 (autotuned, fused leaky epilogue) and torch's cuBLAS at the MLP's shapes: how
+  # far from cuBLAS a compiler's GEMM gets there
+  timeout 120 python3 -m benchmarks.compiler.triton_peer --dtype float16 --time-anyway --rounds 5 \
+    --shapes 2048x11008x4096 512x11008x4096 512x4096x11008 2048x4096x11008 \
+    --output "$logs/h200-triton-mlp-shapes-float16.json" 2>&1 | tail -8 | tee -a "$log"
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "gpu or silu or sigmoid or residual or stages \
 or gated or Residual" test_dual_gemm test_linear_fused_reads test_epilogue_reads \
     test_gemm_stages_and_order test_epilogue
