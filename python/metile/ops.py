@@ -629,20 +629,23 @@ def _gated_fingerprint() -> str:
 
 
 def gated_configs(dtype) -> list[dict]:
-    """gated_mlp's candidate tiles for `auto`: linear's warp-MMA tiles (the weights read
-    as stored, and on NVIDIA also copied to row-major, which 16-byte asynchronous copies
-    take), never split-K (the two products meet in the epilogue).
+    """gated_mlp's candidate tiles for `auto`: on sm_90 the warpgroup dual tile that
+    `backend="metile"` runs (`_dual_block`: 128x128 with the weights read as stored), then
+    linear's warp-MMA tiles (the weights read as stored, and on NVIDIA also copied to
+    row-major, which 16-byte asynchronous copies take); never split-K (the two products
+    meet in the epilogue).
 
-    Not the warpgroup dual tile (`_dual_block`), which `backend="metile"` runs: measured
-    alone it beats MLX's composite (H200, float16/bfloat16, T=512-2048: 1.00-1.17x), and
-    the router measures it alone, but inside compiled graphs its time was bimodal (at
-    T=2048 0.62-0.65 ms where its input came from an op in the same graph, 2.5-3.3 ms
-    where the input was passed in; a converted decoder block's forward took 2.8x the
-    unconverted one with it) while the composite stayed 0.58-0.72 ms; the cause is not
-    found (benchmarks/results/h200-gated-in-graph-2026-12-01.txt), so auto, which must
-    never be slower, does not offer it."""
+    The warpgroup tile was left out from 2026-12-01 to 2026-12-03: its time inside compiled
+    graphs was bimodal then (T=2048: 0.62-0.65 ms where its input came from an op in the
+    same graph, 2.5-3.3 ms where it was passed in; benchmarks/results/
+    h200-gated-in-graph-2026-12-01.txt).  Since metile launches its kernels itself that
+    no longer shows (tools/probes/mlp_parts.py passes the input in: 630-642 us at T=2048,
+    s75/s76), and the router measures each candidate against MLX's composite."""
     # (no shape: metile_configs adds no SPLIT_K variants)
-    return [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
+    warp = [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
+    if _on_cuda() and dtype != mx.float32 and _warpgroup_gemm():
+        return [_transposed(_wgmma_block(CUDA_WGMMA_SMALL_BLOCK))] + warp
+    return warp
 
 
 def _is_warpgroup_tile(block: dict) -> bool:
