@@ -97,7 +97,17 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s77 ]; then
+if [ "$mode" = s78 ]; then
+  # the MLP layers at the ops' defaults after s77 (residual reads ahead of their stores, the
+  # MUFU sigmoid), then the decoder block with the warpgroup dual tile back among
+  # gated_mlp's auto candidates, against its A/A control
+  timeout 200 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 4096 \
+    --output "$logs/h200-model-layers.json" 2>&1 | grep -E "x\)|Error|error" | tee -a "$log"
+  timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --rounds 7 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -10 | tee -a "$log"
+elif [ "$mode" = s77 ]; then
   # the residual epilogue reading 16 pairs before storing them and sigmoid on MUFU.EX2/RCP
   # (mlp_parts: the MLP's parts against MLX), the MLP GEMMs at other tiles, stage counts and
   # program orders (mlp_gemm_tiles), then the GPU tests those changes touch
