@@ -60,6 +60,7 @@ ATOM = 64          # 16-bit elements in one 128-byte swizzle row
 # the hand-written loop's 4-byte stores (benchmarks/results/ncu/).
 PAIRED_STORE_DTYPES = ("float16", "bfloat16", "float32")
 EPILOGUE_READ_PAIRS = 16
+MAX_AUTO_STAGES = 8
 
 
 class WarpgroupGemm:
@@ -88,7 +89,11 @@ class WarpgroupGemm:
         stage_bytes = (bm * bk + products * bk * bn) * od.itemsize
         requested = getattr(self.schedule_plan, "num_stages", None)
         room = self.shared_limit - self.shared_bytes - 2048   # alignment of the two rings
-        stages = requested or max(2, min(4, room // stage_bytes))
+        # As many stages as fit: a 128x128x64 tile (32 KiB a stage) took 98.0 us for
+        # 512x4096x11008 with 4 stages, 83.3 with 6 and 82.5 with 7 (MLX 85.3; H200, s77,
+        # tools/probes/mlp_gemm_tiles.py): its K steps are too short for 3 copies in
+        # flight to cover the load latency.  48 KiB tiles (128x256, dual 128x128) fit 4.
+        stages = requested or max(2, min(MAX_AUTO_STAGES, room // stage_bytes))
         if stages * stage_bytes > room:
             raise CompilationError(
                 f"num_stages={stages}: {stages} stages of {bm}x{bk} and {products} {bk}x{bn} "
