@@ -457,16 +457,16 @@ def test_op_bad_inputs():
 def test_gated_tiles_on_sm_90(monkeypatch):
     # backend="metile" takes the 128-wide warpgroup tile in place of the 256-wide one (two
     # 64x256 accumulator tiles per warpgroup would be 256 floats per thread); auto's
-    # candidates are that tile first, then the warp-MMA tiles, never split-K
+    # candidates leave warpgroup tiles out (a converted block's forward+backward was slower
+    # with it, and its compiled float16 time bimodal, on the H200: ops.gated_configs) and
+    # are never split-K
     monkeypatch.setattr(ops, "_on_cuda", lambda: True)
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
 
     def core(block):
         return {k: v for k, v in block.items() if k != "TRANSPOSE_B"}
     configs = ops.gated_configs(mx.float16)
-    assert core(configs[0]) == ops.CUDA_WGMMA_SMALL_BLOCK and configs[0]["TRANSPOSE_B"]
-    assert configs[1:] and all(core(c) in (ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK)
-                               for c in configs[1:])
+    assert configs and all(core(c) in (ops.CUDA_BLOCK, ops.CUDA_SMALL_BLOCK) for c in configs)
     assert not any("SPLIT_K" in c for c in configs)
     assert len({ops._config_name(c) for c in configs}) == len(configs)
     x, w = mx.zeros((4096, 4096), mx.float16), mx.zeros((11008, 4096), mx.float16)

@@ -629,23 +629,23 @@ def _gated_fingerprint() -> str:
 
 
 def gated_configs(dtype) -> list[dict]:
-    """gated_mlp's candidate tiles for `auto`: on sm_90 the warpgroup dual tile that
-    `backend="metile"` runs (`_dual_block`: 128x128 with the weights read as stored), then
-    linear's warp-MMA tiles (the weights read as stored, and on NVIDIA also copied to
-    row-major, which 16-byte asynchronous copies take); never split-K (the two products
-    meet in the epilogue).
+    """gated_mlp's candidate tiles for `auto`: linear's warp-MMA tiles (the weights read
+    as stored, and on NVIDIA also copied to row-major, which 16-byte asynchronous copies
+    take), never split-K (the two products meet in the epilogue).
 
-    The warpgroup tile was left out from 2026-12-01 to 2026-12-03: its time inside compiled
-    graphs was bimodal then (T=2048: 0.62-0.65 ms where its input came from an op in the
-    same graph, 2.5-3.3 ms where it was passed in; benchmarks/results/
-    h200-gated-in-graph-2026-12-01.txt).  Since metile launches its kernels itself that
-    no longer shows (tools/probes/mlp_parts.py passes the input in: 630-642 us at T=2048,
-    s75/s76), and the router measures each candidate against MLX's composite."""
+    Not the warpgroup dual tile (`_dual_block`), which `backend="metile"` runs.  Measured
+    alone it beats MLX's composite (H200, float16, T 512/2048: 1.09x/1.04x, s77), but
+    offered to auto it made a converted decoder block slower: s78 (2026-12-03) routed
+    gated_mlp to it at T=2048 and the block's forward+backward took 5747 us against the
+    unconverted 4745 (0.83x; forward 0.99x) - its vjp recomputes both products, which
+    MLX's composite keeps from the forward, and the forward cannot tell whether a
+    gradient follows (mx.compile and mx.grad both trace).  Its compiled float16 time in
+    `benchmarks.model_layers` is also bimodal (s78: 245/826 us at T 512/2048 where
+    mlp_parts' compiled launches take 151/594; bfloat16 144.7/561.3: not found why;
+    earlier, benchmarks/results/h200-gated-in-graph-2026-12-01.txt).  Auto, which must
+    never be slower, does not offer it."""
     # (no shape: metile_configs adds no SPLIT_K variants)
-    warp = [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
-    if _on_cuda() and dtype != mx.float32 and _warpgroup_gemm():
-        return [_transposed(_wgmma_block(CUDA_WGMMA_SMALL_BLOCK))] + warp
-    return warp
+    return [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
 
 
 def _is_warpgroup_tile(block: dict) -> bool:
