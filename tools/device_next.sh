@@ -97,7 +97,18 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s78 ]; then
+if [ "$mode" = s79 ]; then
+  # the warpgroup GEMM with as many stages as fit (GPU tests), the MLP parts once more, then
+  # the decoder block with the dual tile out of auto's candidates again, against its control
+  gpu_tests 170 -k "not every_decode_candidate" test_gemm_wgmma test_gemm_stages_and_order \
+    test_linear_fused_reads
+  timeout 100 python3 tools/probes/mlp_parts.py "$logs/h200-mlp-parts-float16.json" \
+    --tokens 512 2048 2>&1 | tee -a "$log"
+  timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --rounds 7 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -10 | tee -a "$log"
+elif [ "$mode" = s78 ]; then
   # the MLP layers at the ops' defaults after s77 (residual reads ahead of their stores, the
   # MUFU sigmoid), then the decoder block with the warpgroup dual tile back among
   # gated_mlp's auto candidates, against its A/A control
