@@ -40,6 +40,15 @@ def sample(fn, x, launches: int) -> float:
     return (time.perf_counter() - start) / launches
 
 
+def rotate_sized(fns: dict, x, rounds: int, sample_s: float = 0.03) -> dict:
+    """`rotate` with `launches` chosen so a sample of the first function lasts ~sample_s
+    (3 to 60 launches)."""
+    first = next(iter(fns.values()))
+    first_s = rotate({"probe": first}, x, 3, 1)["probe"]
+    launches = max(3, min(60, int(sample_s / max(first_s, 1e-6))))
+    return rotate(fns, x, launches, rounds)
+
+
 def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
     """Median latency per name; the order rotates every round and reverses every other."""
     names, times = list(fns), {n: [] for n in fns}

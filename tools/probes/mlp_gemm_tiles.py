@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, ".")
 import metile  # noqa: E402
-from benchmarks.common import machine, rotate  # noqa: E402
+from benchmarks.common import machine, rotate_sized  # noqa: E402
 from metile import ops  # noqa: E402
 
 
@@ -103,10 +103,7 @@ def main():
                     ok[name] = c
             except Exception as e:   # a variant the compiler refuses: say so, time the rest
                 case["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        first = next(iter(ok.values()))
-        first_s = rotate({"probe": first}, x, 3, 1)["probe"]
-        launches = max(3, min(60, int(0.03 / max(first_s, 1e-6))))
-        times = rotate(ok, x, launches, args.rounds)
+        times = rotate_sized(ok, x, args.rounds)
         base = times[next(iter(ok))]
         for name, s in times.items():
             case["variants"][name].update(us=round(s * 1e6, 1), vs_mlx=round(base / s, 3))

@@ -18,7 +18,7 @@ import mlx.nn as nn
 import numpy as np
 
 sys.path.insert(0, ".")
-from benchmarks.common import machine, rotate  # noqa: E402
+from benchmarks.common import machine, rotate_sized  # noqa: E402
 from metile import ops  # noqa: E402
 
 DIMS, HIDDEN = 4096, 11008
@@ -106,10 +106,7 @@ def main():
                 finally:
                     if setting:
                         del os.environ[setting.split("=")[0]]
-            first = next(iter(ok.values()))
-            first_s = rotate({"probe": first}, arg, 3, 1)["probe"]
-            launches = max(3, min(60, int(0.03 / max(first_s, 1e-6))))
-            times = rotate(ok, arg, launches, args.rounds)
+            times = rotate_sized(ok, arg, args.rounds)
             base = times[next(iter(ok))]
             for name, s in times.items():
                 case[part][name].update(us=round(s * 1e6, 1), vs_mlx=round(base / s, 3))
