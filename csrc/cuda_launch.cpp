@@ -162,6 +162,9 @@ class CudaLaunch : public mx::Primitive {
   }
 
   const char* name() const override { return "MetileCudaKernel"; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+    metile::refuse_shapeless(config_->fn->name());
+  }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const CudaLaunch*>(&other);

@@ -105,4 +105,16 @@ inline std::vector<mlx::core::array> refused_jvp(
       shapes, dtypes, std::make_shared<RefusedTransform>(stream, no_jvp(symbol)), primals);
 }
 
+// What mx.compile(shapeless=True) asks a metile launch for (Primitive::output_shapes): a
+// kernel is built for the shapes it was traced with - its grid, its constants and often
+// its code follow from them - so rerunning it on other shapes would compute something
+// else.  Refused by name (MLX's default said only that the shapes cannot be inferred).
+[[noreturn]] inline void refuse_shapeless(const std::string& symbol) {
+  throw std::invalid_argument(
+      "[metile] kernel '" + kernel_name(symbol) + "' is built for the shapes it was traced "
+      "with, so mx.compile(shapeless=True) cannot run it on other shapes; compile without "
+      "shapeless=True (each new shape then traces its own kernel), or call metile.ops with "
+      "backend=\"mlx\" there");
+}
+
 }  // namespace metile

@@ -191,3 +191,24 @@ def test_vmap_over_a_launch_is_refused_by_name():
     with pytest.raises((LaunchError, RuntimeError),
                        match=r"kernel 'doubled' cannot be batched by mx.vmap"):
         mx.eval(out)
+
+
+@pytest.mark.skipif(mx.default_device() == mx.gpu and mx.metal.is_available(),
+                    reason="on Metal kernels launch through MLX's own metal_kernel primitive")
+def test_shapeless_compile_is_refused_by_name():
+    # a kernel is built for the shapes it was traced with (grid, constants): MLX's
+    # shapeless compile would rerun it on others, so the launch refuses by name
+    x = mx.ones((8,))
+    f = mx.compile(lambda a: double[(1,)](a, mx.zeros((8,)), 8, BLOCK=8), shapeless=True)
+    with pytest.raises(ValueError, match=r"kernel 'double' is built for the shapes it was "
+                                         r"traced with, so mx.compile\(shapeless=True\)"):
+        mx.eval(f(x))
+    w = mx.ones((8,))
+    g = mx.compile(lambda a: metile.ops.rms_norm(a, w, 1e-5, backend="metile"), shapeless=True)
+    with pytest.raises(ValueError, match=r"kernel 'rms_norm' is built for the shapes"):
+        mx.eval(g(mx.ones((4, 8))))
+    # MLX's ops (backend="mlx", and auto's MLX route) stay shapeless
+    h = mx.compile(lambda a: metile.ops.rms_norm(a, w, 1e-5, backend="mlx"), shapeless=True)
+    for rows in (4, 6):
+        np.testing.assert_allclose(np.array(h(mx.ones((rows, 8)))), np.ones((rows, 8)),
+                                   rtol=1e-5)

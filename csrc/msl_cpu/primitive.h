@@ -67,6 +67,9 @@ class MslCpuKernel : public mx::Primitive {
                                spec_->output_dtypes);
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+    metile::refuse_shapeless(spec_->name);
+  }
 
  private:
   std::shared_ptr<KernelLibrary> library_;
