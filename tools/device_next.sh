@@ -103,8 +103,10 @@ if [ "$mode" = s80 ]; then
 elif [ "$mode" = s79 ]; then
   # the warpgroup GEMM with as many stages as fit (GPU tests), the MLP parts once more, then
   # the decoder block with the dual tile out of auto's candidates again, against its control
+  # (the twenty-fourth session's first call: s79 lost its machine, s80 ran part of
+  # test_gemm_wgmma; the CUDA primitive's shapeless refusal is compiled here first)
   gpu_tests 170 -k "not every_decode_candidate" test_gemm_wgmma test_gemm_stages_and_order \
-    test_linear_fused_reads
+    test_linear_fused_reads test_launch_errors
   timeout 100 python3 tools/probes/mlp_parts.py "$logs/h200-mlp-parts-float16.json" \
     --tokens 512 2048 2>&1 | tee -a "$log"
   timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
