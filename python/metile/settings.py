@@ -132,9 +132,10 @@ def wgmma_dual() -> str:
     the A tile from shared memory) or "joined" (where both weights are read as stored,
     (N, K), with BLOCK_K 64 and 2 BLOCK_N <= 256: the two B tiles adjacent in each stage,
     one m64n(2 BLOCK_N) product over both, the up projection's accumulators the gate's
-    columns + BLOCK_N; passes/gemm_wgmma.py).  Off until the H200 measures it: the split
-    form ran 0.93x of MLX's gate/up composite at T=2048 where two single GEMMs of the
-    joined form's shape ran 0.96x each (benchmarks/results/h200-mlp-parts-*)."""
+    columns + BLOCK_N; passes/gemm_wgmma.py).  Off: measured on the H200 (float16,
+    tools/probes/mlp_parts.py) it is no faster than the split form - 150.5 against 151.0
+    us at T=512, 602.2 against 593.5 at T=2048 (s77; s76: 156.4/161.3, 630.2/641.6) -
+    since the two forms' K loops compile to the same HGMMA.64x256 sequence per K step."""
     return choice("METILE_WGMMA_DUAL", ("split", "joined"), "split")
 
 
