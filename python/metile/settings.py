@@ -134,8 +134,7 @@ def wgmma_dual() -> str:
     one m64n(2 BLOCK_N) product over both, the up projection's accumulators the gate's
     columns + BLOCK_N; passes/gemm_wgmma.py).  Off: measured on the H200 (float16,
     tools/probes/mlp_parts.py) it is no faster than the split form - 150.5 against 151.0
-    us at T=512, 602.2 against 593.5 at T=2048 (s77; s76: 156.4/161.3, 630.2/641.6) -
-    since the two forms' K loops compile to the same HGMMA.64x256 sequence per K step."""
+    us at T=512, 602.2 against 593.5 at T=2048 (s77; s76: 156.4/161.3, 630.2/641.6)."""
     return choice("METILE_WGMMA_DUAL", ("split", "joined"), "split")
 
 
