@@ -527,10 +527,25 @@ def test_bad_inputs_give_clear_errors():
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array(1.5))
     # a 64-bit offset array would wrap to int32 in the kernel, silently (found by a
     # hostile test: 2**31 + 7 rotated by the wrong angle); an int offset is range-checked
-    with pytest.raises(TypeError, match=r"offset arrays are int32 positions here, got dtype "
-                                        r"mlx.core.int64"):
+    with pytest.raises(TypeError, match=r"backend='metile' takes int32 offset arrays, got "
+                                        r"dtype mlx.core.int64"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0,
-                 offset=mx.array([2**31 + 7], dtype=mx.int64))
+                 offset=mx.array([2**31 + 7], dtype=mx.int64), backend="metile")
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint32"])
+def test_rope_wide_offset_arrays_take_mlx_op_under_auto(dtype):
+    # NumPy's positions are int64: a drop-in takes them as mx.fast.rope does (MLX's op
+    # runs them; the int32 kernels cannot range-check a lazy array)
+    x = mx.array(np.random.default_rng(3).standard_normal((2, 1, 5, 8)).astype(np.float32))
+    offset = mx.array(np.array([2**31 + 7 if dtype == "int64" else 9]), dtype=getattr(mx, dtype))
+    want = np.array(mx.fast.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset))
+    for backend in ("auto", "mlx"):
+        got = ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset,
+                       backend=backend)
+        np.testing.assert_array_equal(np.array(got), want)
+    with pytest.raises(ValueError, match=r"backend must be 'auto', 'metile' or 'mlx'"):
+        ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset, backend="fast")
 
 
 def test_too_wide_rows_fall_back_to_mlx_under_auto():

@@ -712,6 +712,9 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
     return mx.transpose(y, inverse)
 
 
+_WIDE_OFFSETS = (mx.int64, mx.uint32, mx.uint64)
+
+
 def _rope_offset(x, offset):
     """(int offset or None, int32 offset array or None, kind)."""
     if not (is_integer(offset) or isinstance(offset, mx.array)):
@@ -725,11 +728,12 @@ def _rope_offset(x, offset):
     if not mx.issubdtype(offset.dtype, mx.integer):
         raise TypeError(f"[metile.ops.rope] offset must be an integer array, got dtype "
                         f"{offset.dtype}")
-    if offset.dtype in (mx.int64, mx.uint32, mx.uint64):
+    if offset.dtype in _WIDE_OFFSETS:
         # the kernels' positions are int32 and an array's values are not known before it
         # runs: a wider offset would wrap silently (an int offset is range-checked above)
-        raise TypeError(f"[metile.ops.rope] offset arrays are int32 positions here, got dtype "
-                        f"{offset.dtype}; pass offset.astype(mx.int32) (values below 2**31)")
+        raise TypeError(f"[metile.ops.rope] backend='metile' takes int32 offset arrays, got "
+                        f"dtype {offset.dtype}; pass offset.astype(mx.int32) (values below "
+                        "2**31), or backend='auto' or 'mlx' (MLX's op takes it)")
     if offset.size == 1 and offset.ndim <= 1:
         return None, offset.reshape(1).astype(mx.int32), "array"
     if offset.ndim == 1 and offset.size == x.shape[0]:
@@ -765,6 +769,14 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
                               or tuple(freqs.shape) != (dims // 2,)):
         raise ValueError(f"[metile.ops.rope] freqs must be an mx.array of shape ({dims // 2},), "
                          f"got {getattr(freqs, 'shape', type(freqs).__name__)}")
+    if (backend != "metile" and isinstance(offset, mx.array)
+            and offset.dtype in _WIDE_OFFSETS):
+        # the kernels' positions are int32, and a lazy array's values cannot be
+        # range-checked before it runs: MLX's op takes the wide offsets (a drop-in keeps
+        # working with NumPy's int64 positions); backend="metile" refuses them
+        check_backend("metile.ops.rope", backend)
+        return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                            offset=offset, freqs=freqs)
     start, offset_array, kind = _rope_offset(x, offset)
     # the kernel reads float frequencies; MLX's op gets the array as given
     kernel_freqs = freqs if freqs is None or freqs.dtype in _DTYPES else freqs.astype(mx.float32)
