@@ -97,7 +97,20 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s80 ]; then
+if [ "$mode" = s81 ]; then
+  # (twenty-fourth session) s79's GPU tests (the shapeless refusal's first CUDA compile),
+  # the GEMM's time against its waves (tools/probes/gemm_waves.py), the MLP parts, then the
+  # decoder block with the dual tile out of auto's candidates against its control
+  gpu_tests 150 -k "not every_decode_candidate" test_gemm_wgmma test_gemm_stages_and_order \
+    test_linear_fused_reads test_launch_errors
+  timeout 120 python3 tools/probes/gemm_waves.py "$logs/h200-gemm-waves.json" 2>&1 | tee -a "$log"
+  timeout 90 python3 tools/probes/mlp_parts.py "$logs/h200-mlp-parts-float16.json" \
+    --tokens 512 2048 2>&1 | tee -a "$log"
+  timeout $((budget - 30 - (SECONDS - t0))) python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --rounds 7 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -10 | tee -a "$log"
+elif [ "$mode" = s80 ]; then
   # (s79 lost its machine) the warpgroup GEMM's GPU tests with as many stages as fit
   gpu_tests $((budget - 10 - (SECONDS - t0))) test_gemm_wgmma
 elif [ "$mode" = s79 ]; then
