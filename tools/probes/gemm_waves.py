@@ -49,7 +49,12 @@ def main():
         case = {"m": m, "variants": {}}
         ok = {}
         for name, fn in fns.items():
-            got = np.array(fn(x).astype(mx.float32), np.float64)
+            try:
+                got = np.array(fn(x).astype(mx.float32), np.float64)
+            except Exception as e:   # a tile the compiler refuses: say so, time the rest
+                case["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"{m:5d}x{n}x{k} {name:18s} {case['variants'][name]['error'][:150]}")
+                continue
             err = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
             case["variants"][name] = {"relative_error_vs_mlx": err}
             if err < 1e-2:
