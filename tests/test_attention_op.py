@@ -173,6 +173,32 @@ def test_removed_rows_follow_mlx(rng):
     check(*operands(rng, 1, 2, 1, 12, 5, 16), mask="causal")
 
 
+@pytest.mark.parametrize("lq,lk,path", [(40, 40, "prefill"), (6, 100, "decode"),
+                                         (3, 77, "decode_rows"), (1, 300, "decode_rows")])
+def test_additive_masks_of_the_lowest_float(rng, lq, lk, path):
+    """mlx.nn's additive causal mask holds float32's lowest value; in base 2 it overflows.
+    A row it masks everywhere averages the values (MLX's finite sum), not NaN; float32's
+    largest value keeps its key alone."""
+    q, k, v = operands(rng, 1, 2, 2, lq, lk, 32)
+    lowest, largest = np.finfo(np.float32).min, np.finfo(np.float32).max
+    additive = np.where(np.arange(lk) < lk // 3, lowest, 0.0).astype(np.float32)
+    additive = np.broadcast_to(additive, (lq, lk)).copy()
+    additive[0] = lowest
+    if lq > 1:
+        additive[1, 5] = largest
+    out = check(q, k, v, mask=mx.array(additive), path=path)
+    np.testing.assert_allclose(np.array(out)[0, :, 0], np.array(v)[0, :, :].mean(1), rtol=3e-4,
+                               atol=3e-5)
+    if lq > 1:
+        np.testing.assert_allclose(np.array(out)[0, :, 1], np.array(v)[0, :, 5], rtol=3e-4,
+                                   atol=3e-5)
+    # mlx.nn's causal mask plus a padding mask of the same lowest value
+    import mlx.nn as nn
+    mask = (nn.MultiHeadAttention.create_additive_causal_mask(lk)[-lq:]
+            + mx.where(mx.arange(lk) < 1, lowest, 0.0))
+    check(q, k, v, mask=mask, path=path)
+
+
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 def test_half_precision(rng, dtype):
     check(*operands(rng, 1, 4, 2, 33, 40, 64, dtype), mask="causal")

@@ -67,6 +67,20 @@ REMOVED = -3.0e38
 MASKS = ("none", "causal", "bool", "additive")
 
 
+@metile.inline
+def add_mask(s, entry):
+    """s + entry in base 2.  A finite entry whose base-2 value passes float32's range
+    (mlx.nn's additive masks use float32's lowest value, 2^128 * 1.44 overflows) is
+    clamped to REMOVED instead of becoming an infinity: MLX adds it in the natural base,
+    where it stays finite, so a row masked that way everywhere averages its values
+    instead of being 0/0."""
+    e = entry.to(metile.float32)
+    b = e * LOG2E
+    b = metile.where((b == -float("inf")) & (e > -float("inf")), REMOVED, b)
+    b = metile.where((b == float("inf")) & (e < float("inf")), -REMOVED, b)
+    return s + b
+
+
 def forward_grid(q_len: int, q_heads: int, batch: int, BLOCK_M: int) -> tuple[int, int, int]:
     return (metile.cdiv(q_len, BLOCK_M), q_heads, batch)
 
@@ -91,7 +105,7 @@ def scores_block(q, k_ptrs, key, row_in, rows_head, rows_query, mask_base, kv_le
         if MASK == "bool":
             s = metile.where(entry != 0, s, REMOVED)
         else:
-            s = s + entry.to(metile.float32) * LOG2E
+            s = add_mask(s, entry)
     return metile.where(key_in[None, :], s, -float("inf"))
 
 
@@ -348,7 +362,7 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
             if MASK == "bool":
                 s = metile.where(entry != 0, s, REMOVED)
             else:
-                s = s + entry.to(metile.float32) * LOG2E
+                s = add_mask(s, entry)
             s = metile.where(key_in, s, -float("inf"))
         # one exponential a slot and key: of the new key against the slot's maximum, or of
         # the old maximum against the new key where the key raises it (the other factor
