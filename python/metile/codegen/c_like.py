@@ -197,6 +197,19 @@ class CEmitter:
         return f"static_cast<{self.type(dst)}>({x})"
 
     # --- statements ------------------------------------------------------------------------
+    @staticmethod
+    def _step_may_pass_int32(op: Op) -> bool:
+        """Whether a loop's last `iv += step` can pass INT_MAX: a constant step above 1
+        with an upper bound that is not a constant at least a step below it.  (Steps known
+        only at launch, and negative ones, are lowered to a count from 0 by 1.)"""
+        def constant(v):
+            owner = v.owner
+            return owner.attrs["value"] if isinstance(owner, Op) and owner.name == "const" else None
+        step, hi = constant(op.operands[2]), constant(op.operands[1])
+        if step is None or step <= 1:
+            return False
+        return hi is None or hi > 2**31 - step
+
     def emit(self, line: str, depth: int) -> None:
         self.lines.append("  " * depth + line)
 
@@ -215,7 +228,15 @@ class CEmitter:
             if op.attrs.get("unroll"):
                 self.emit("#pragma unroll", depth)
             iv = self.bind(op.regions[0].args[0], "_k")
-            self.emit(f"for (int {iv} = {a[0]}; {iv} < {a[1]}; {iv} += {a[2]}) {{", depth)
+            if self._step_may_pass_int32(op):
+                # `iv += step` past INT_MAX is undefined and, wrapped, loops forever: the
+                # counter is 64-bit where an int32 bound within a step of it is possible
+                wide = f"{iv}_w"
+                self.emit(f"for ({self.TYPES['int64']} {wide} = {a[0]}; {wide} < {a[1]}; "
+                          f"{wide} += {a[2]}) {{", depth)
+                self.emit(f"const int {iv} = (int){wide};", depth + 1)
+            else:
+                self.emit(f"for (int {iv} = {a[0]}; {iv} < {a[1]}; {iv} += {a[2]}) {{", depth)
             self.block(op.regions[0], depth + 1)
             self.emit("}", depth)
         elif name == "if":

@@ -250,7 +250,10 @@ class ControlFlow:
             bb = Builder(body)
             bb.loc = self.b.loc
             lo, _, st = runtime_step
-            iv = Semantics(bb).binary("add", lo, Semantics(bb).binary("mul", iv, st))
+            # in 64 bits: lo + t * step lies in [lo, hi) but its int32 product may not
+            wide, bsem = dt.int64, Semantics(bb)
+            iv = bsem.cast(bsem.binary("add", bsem.cast(lo, wide), bsem.binary(
+                "mul", bsem.cast(iv, wide), bsem.cast(st, wide))), dt.int32)
         env[node.target.id] = iv
         for n in carried:
             env[n] = self._block_args(body, n)
@@ -261,14 +264,19 @@ class ControlFlow:
         self._after_loop(env, carried, op.results, node)
 
     def _trips(self, lo: Value, hi: Value, step: Value) -> Value:
-        """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step."""
+        """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step, counted in
+        64 bits (hi - lo of two int32 bounds needs 33).  The loop counter is int32, so a
+        range of more than 2**31 - 1 values stops after that many (no GPU thread runs that
+        long a loop)."""
         sem = self.sem
+        lo, hi, step = (sem.cast(v, dt.int64) for v in (lo, hi, step))
         up, down = sem.binary("gt", step, 0), sem.binary("lt", step, 0)
         span = sem.where(up, sem.binary("sub", hi, lo),
                          sem.where(down, sem.binary("sub", lo, hi), 0))
         span = sem.binary("maximum", span, 0)
         size = sem.where(up, step, sem.where(down, sem.binary("sub", 0, step), 1))
-        return sem.binary("idiv", sem.binary("sub", sem.binary("add", span, size), 1), size)
+        trips = sem.binary("idiv", sem.binary("sub", sem.binary("add", span, size), 1), size)
+        return sem.cast(sem.binary("minimum", trips, 2**31 - 1), dt.int32)
 
     def _unrolled(self, node, start, end, step):
         """static_range: the body once per value, the loop variable a compile-time int."""
