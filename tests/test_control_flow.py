@@ -776,3 +776,33 @@ def test_the_wide_counter_compiles_for_cuda():
     assert "_w = " in source
     ok, log = compile_cuda(source, "sm_90")
     assert ok, log
+
+
+@metile.kernel
+def number_or_tile(X, O, n, BLOCK: metile.constexpr):
+    c = metile.load(X + metile.arange(0, BLOCK))
+    v = 0.5
+    if n > 0:
+        v = c * 2.0
+    metile.store(O + metile.arange(0, BLOCK), v)
+
+
+@pytest.mark.parametrize("n", [1, 0])
+def test_a_number_on_one_branch_fills_the_tile_of_the_other(rng, n):
+    # (found by a hostile test: it crashed the frontend with an AttributeError)
+    x = _rows(rng, (8,))
+    got = np.array(number_or_tile[(1,)](mx.array(x), mx.zeros((8,)), n, BLOCK=8))
+    np.testing.assert_allclose(got, x * 2.0 if n else np.full(8, 0.5), rtol=RTOL, atol=ATOL)
+
+
+def test_a_scalar_value_and_a_tile_on_two_branches_is_an_error():
+    @metile.kernel
+    def scalar_or_tile(X, O, n, BLOCK: metile.constexpr):
+        v = metile.load(X)
+        if n > 0:
+            v = metile.load(X + metile.arange(0, BLOCK))
+        metile.store(O + metile.arange(0, BLOCK), v)
+
+    with pytest.raises(metile.CompilationError, match="is tile<8, float32> in one branch and "
+                                                      "float32 in the other"):
+        scalar_or_tile[(1,)](mx.ones((8,)), mx.zeros((8,)), 1, BLOCK=8)

@@ -304,3 +304,14 @@ def test_tile_op_under_thread_dependent_loop():
     err = compile_error(lambda: divergent_tile[(1,)](X, BLOCK=8))
     assert "tile operation under control flow that depends on thread_id()" in str(err)
     assert_points_at(err, divergent_tile, "MARK-divtile")
+
+
+@metile.kernel
+def full_of_a_float_as_int(O, BLOCK: metile.constexpr):
+    metile.store(O + metile.arange(0, BLOCK), metile.full((BLOCK,), 2.7, dtype=metile.int32))  # MARK-full
+
+
+def test_full_of_a_float_with_an_int_dtype_names_both():
+    err = compile_error(lambda: full_of_a_float_as_int[(1,)](mx.zeros((8,), mx.int32), BLOCK=8))
+    assert "full() value 2.7 is a float and dtype int32 is not" in str(err)
+    assert_points_at(err, full_of_a_float_as_int, "MARK-full")

@@ -576,3 +576,21 @@ def test_a_unit_axis_reads_registers_in_place(rng, dtype):
     y, z = unit_axes[(rows,)](x, *outs, rows, columns, BLOCK=256, num_warps=2, BROADCAST=False)
     np.testing.assert_allclose(f64(y), 2 * xs, **tol)
     np.testing.assert_allclose(f64(z), xs + 1, **tol)
+
+
+@metile.kernel
+def whole_block_reductions(X, O, BLOCK: metile.constexpr):
+    x = metile.load(X + metile.arange(0, BLOCK))
+    metile.store(O, metile.sum(x, axis=0))
+    metile.store(O + 1, metile.max(x, axis=0))
+    metile.store(O + 2, metile.argmax(x, axis=0))
+
+
+@pytest.mark.parametrize("block", [1024, 4096, 8192])
+def test_a_block_reduced_to_one_scalar_store(rng, block):
+    # (found by a hostile test: a scalar store beside a block the lanes read in runs
+    # crashed the lowering with an AttributeError from BLOCK 4096 up)
+    x = rng.standard_normal(block).astype(np.float32)
+    got = np.array(whole_block_reductions[(1,)](mx.array(x), mx.zeros((3,)), BLOCK=block))
+    np.testing.assert_allclose(got[:2], [x.sum(dtype=np.float64), x.max()], rtol=1e-5, atol=1e-4)
+    assert got[2] == x.argmax()

@@ -453,6 +453,9 @@ def zeros(gen, shape, dtype):
 @builtin("shape, value, dtype='float32'")
 def full(gen, shape, value, dtype):
     d = need_dtype(dtype, "full()")
+    if isinstance(value, float) and not d.is_float:
+        raise CompilationError(f"full() value {value!r} is a float and dtype {d} is not; pass "
+                               f"an int (e.g. int({value!r})) or a float dtype")
     v = gen.sem.to_value(value, d)
     if v.type != ScalarType(d):
         raise CompilationError(f"full() value has type {v.type}, expected a {d} scalar")

@@ -431,4 +431,7 @@ def merged_value(v, t, builder):
             return sem.const(0, t.dtype)
         raise CompilationError(f"a helper that returns a {t} under a runtime condition is not "
                                f"supported; return an offset or index instead")
+    if isinstance(t, TileType):
+        # a number on one path, a tile on the other: the number fills the tile
+        return sem.broadcast_to(sem.literal(v, t.elem.dtype), t.shape)
     return sem.literal(v, t.dtype)

@@ -797,8 +797,11 @@ class RowVectorLowering:
 
     def lower_run_store(self, op: Op, b: Builder) -> bool:
         """A unit-stride tile store in runs: V values, one vector store (module docstring).
-        False when the store is not one (the caller emits it element by element)."""
-        shape = op.operands[0].type.shape
+        False when the store is not one (the caller emits it element by element, a scalar
+        store to one address as it is)."""
+        shape = getattr(op.operands[0].type, "shape", None)
+        if shape is None:
+            return False
         if self.runs_for(prod(shape)) == 1 or not self.row_runs.unit.get(id(op)):
             return False
         ptr: PointerType = elem_type(op.operands[0].type)
