@@ -190,6 +190,12 @@ def test_leading_dims_and_mixed_dtypes_follow_mlx(rng):
     y = ops.layer_norm(x, w32, None, 1e-5, backend="metile")
     assert y.dtype == mx.float32
     close(y, np_layer(f64(x), f64(w32), None, 1e-5), mx.float32)
+    # without a weight MLX keeps x's dtype whatever the bias's (found by a hostile test:
+    # metile promoted to float32)
+    b32, = arrays(rng, (64,), mx.float32)
+    y = ops.layer_norm(x, None, b32, 1e-5, backend="metile")
+    assert y.dtype == mx.fast.layer_norm(x, None, b32, 1e-5).dtype == mx.float16
+    close(y, np_layer(f64(x), None, f64(b32), 1e-5), mx.float16)
     # a non-contiguous view is read as MLX gives it
     xt = mx.transpose(x, (0, 2, 1, 3))
     close(ops.rms_norm(xt, None, 1e-5, backend="metile"), np_rms(f64(xt), None, 1e-5), mx.float16)
@@ -523,6 +529,12 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match=r"a vector of 1 offsets \(one per batch entry\), got "
                                          r"shape \(2,\)"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array([1, 2]))
+    for backend in ("auto", "metile"):      # as MLX's op: a bool, not anything truthy
+        with pytest.raises(TypeError, match=r"\[metile.ops.rope\] traditional must be a bool, "
+                                            r"got int"):
+            ops.rope(q, 8, traditional=1, base=1e4, scale=1.0, offset=0, backend=backend)
+    with pytest.raises(ValueError, match=r"offset 2147483648 does not fit in int32"):
+        ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=2**31, backend="metile")
     with pytest.raises(TypeError, match=r"offset must be an integer array"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array(1.5))
     # a 64-bit offset array would wrap to int32 in the kernel, silently (found by a
@@ -546,6 +558,15 @@ def test_rope_wide_offset_arrays_take_mlx_op_under_auto(dtype):
         np.testing.assert_array_equal(np.array(got), want)
     with pytest.raises(ValueError, match=r"backend must be 'auto', 'metile' or 'mlx'"):
         ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset, backend="fast")
+
+
+def test_rope_an_int_offset_past_int32_takes_mlx_op_under_auto():
+    x = mx.array(np.random.default_rng(4).standard_normal((1, 2, 3, 8)).astype(np.float32))
+    want = np.array(mx.fast.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=2**31))
+    for backend in ("auto", "mlx"):
+        got = ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=2**31,
+                       backend=backend)
+        np.testing.assert_array_equal(np.array(got), want)
 
 
 def test_too_wide_rows_fall_back_to_mlx_under_auto():

@@ -203,7 +203,8 @@ def _launch_layer(x2, w, b, eps, cfg):
     from metile_kernels import norms
     rows, columns = x2.shape
     cfg = _fit_rows(cfg, rows, columns)
-    out = mx.zeros((rows, columns), _result_dtype(x2, w, b))
+    # MLX's rule: without a weight the output keeps x's dtype, whatever the bias's
+    out = mx.zeros((rows, columns), x2.dtype if w is None else _result_dtype(x2, w, b))
     return op_replay.launch(norms.layer_norm, norms.grid(rows, cfg.get("ROWS", 1)), (
         x2, x2 if w is None else w, x2 if b is None else b, out, rows, columns, eps), dict(
         BLOCK=_block(columns), HAS_WEIGHT=w is not None, HAS_BIAS=b is not None, **cfg))
@@ -769,11 +770,17 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
                               or tuple(freqs.shape) != (dims // 2,)):
         raise ValueError(f"[metile.ops.rope] freqs must be an mx.array of shape ({dims // 2},), "
                          f"got {getattr(freqs, 'shape', type(freqs).__name__)}")
-    if (backend != "metile" and isinstance(offset, mx.array)
-            and offset.dtype in _WIDE_OFFSETS):
+    if not isinstance(traditional, bool):   # as MLX's op (1 or "yes" would pass a bool())
+        raise TypeError(f"[metile.ops.rope] traditional must be a bool, got "
+                        f"{type(traditional).__name__}")
+    wide_int = (isinstance(offset, numbers.Integral) and not isinstance(offset, bool)
+                and not -2**31 <= int(offset) < 2**31)
+    if backend != "metile" and (wide_int or (isinstance(offset, mx.array)
+                                             and offset.dtype in _WIDE_OFFSETS)):
         # the kernels' positions are int32, and a lazy array's values cannot be
-        # range-checked before it runs: MLX's op takes the wide offsets (a drop-in keeps
-        # working with NumPy's int64 positions); backend="metile" refuses them
+        # range-checked before it runs: MLX's op takes the wide offsets, and an int past
+        # int32 (a drop-in keeps working with NumPy's int64 positions); backend="metile"
+        # refuses them
         check_backend("metile.ops.rope", backend)
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
                             offset=offset, freqs=freqs)
