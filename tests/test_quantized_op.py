@@ -316,6 +316,17 @@ def test_bad_inputs_are_refused_by_name(rng, change, error, message):
         ops.quantized_matmul(*args, **kw)
 
 
+@pytest.mark.parametrize("bits", [0, 7, -4])
+@pytest.mark.parametrize("backend", ["auto", "mlx"])
+def test_bits_mlx_does_not_take_are_refused_before_mlx_runs(rng, bits, backend):
+    # (found by a hostile test: bits=0 reached MLX's op, which divides by it - SIGFPE)
+    wq, s, b = quantized(rng, (8, 96), mx.float32, 32, 4)
+    with pytest.raises(ValueError, match=rf"bits={bits}: affine quantization takes bits "
+                                         r"\(1, 2, 3, 4, 5, 6, 8\)"):
+        ops.quantized_matmul(mx.zeros((2, 96)), wq, s, b, group_size=32, bits=bits,
+                             backend=backend)
+
+
 def test_settings_without_a_kernel_run_mlx_under_auto(rng):
     w = mx.array(rng.standard_normal((8, 96)).astype(np.float32))
     wq, s, b = mx.quantize(w, group_size=32, bits=3)

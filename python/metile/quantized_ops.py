@@ -59,6 +59,7 @@ from .op_routing import (
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+MLX_BITS = (1, 2, 3, 4, 5, 6, 8)   # what mx.quantize takes in affine mode
 # Up to this many rows run the GEMV kernels (rows are a grid axis there, each row
 # reading the weight again, from cache after the first).
 DECODE_ROWS = 8
@@ -166,6 +167,9 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
     if scales.dtype not in _DTYPES or biases.dtype != scales.dtype:
         raise _fail(TypeError, f"scales and biases must share a float dtype, got {scales.dtype} "
                                f"and {biases.dtype}")
+    if bits not in MLX_BITS:
+        # before MLX's op sees it: bits=0 divides by zero there (SIGFPE, the process dies)
+        raise _fail(ValueError, f"bits={bits}: affine quantization takes bits {MLX_BITS}")
     if bits not in BITS:
         if backend == "metile":
             raise _fail(ValueError, f"bits={bits}: metile's kernels take bits 4 and 8 (MLX's "
