@@ -162,6 +162,19 @@ def _check_activation(activation, slope):
                         f"{type(slope).__name__} {slope!r}")
 
 
+def _promoted(*arrays):
+    """The float operands in their common dtype, as MLX's matmul and addmm promote them
+    (float16 @ float32 is float32: MLX converts the narrower operand); anything else is
+    returned as given, for the checks to name."""
+    present = [a for a in arrays if isinstance(a, mx.array)]
+    if (len({a.dtype for a in present}) < 2
+            or any(a.dtype not in _DTYPES for a in present)):
+        return arrays
+    common = mx.result_type(*present)
+    return tuple(a.astype(common) if isinstance(a, mx.array) and a.dtype != common else a
+                 for a in arrays)
+
+
 def _check_arrays(a, b):
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, mx.array):
@@ -852,6 +865,7 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     if stream is not None:
         return on_stream("matmul", stream, lambda: matmul(
             a, b, epilogue=epilogue, negative_slope=negative_slope, backend=backend))
+    a, b = _promoted(a, b)
     options = (epilogue, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("matmul", (*options, None), a, b) if a is not None and \
         b is not None and _plain_options(*options) else None
@@ -942,6 +956,7 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
+    x, weight, bias, residual = _promoted(x, weight, bias, residual)
     options = (activation, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("linear", options, x, weight, bias, residual) \
         if weight is not None and x is not None and _plain_options(*options) else None
@@ -1051,12 +1066,14 @@ def _gated_args(x, w_gate, w_up, activation):
 def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto"):
     """activation(x @ w_gate.T) * (x @ w_up.T): a gated MLP's (llama's SwiGLU, GeGLU) gate
     and up projections, weights stored (hidden, in_features) as in mlx.nn.Linear (no
-    bias), x (..., in_features) of any rank >= 1, the result (..., hidden) in x's dtype.
+    bias), x (..., in_features) of any rank >= 1, the result (..., hidden) in their dtype.
     `activation`: "silu" (x * sigmoid(x)), "gelu_tanh" or "relu".  On the metile path
     it is one dual-GEMM kernel (both products from one read of x, the gate fused into
     the store); routed like `linear` (`backend=`).  Call it explicitly in a model's
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
-    forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight))."""
+    forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight)).
+    Operands of different float dtypes are promoted as MLX's matmul promotes them."""
+    x, w_gate, w_up = _promoted(x, w_gate, w_up)
     key = op_replay.key("gated_mlp", (activation, backend), x, w_gate, w_up) \
         if all(a is not None for a in (x, w_gate, w_up)) and \
         _plain_options(activation, LEAKY_SLOPE, backend) else None
@@ -1085,6 +1102,7 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
 def tune_gated_mlp(x, w_gate, w_up, activation: str = "silu", *, budget_s: float | None = None,
                    force: bool = False, clock=None) -> dict:
     """tune_linear for `gated_mlp`'s signature."""
+    x, w_gate, w_up = _promoted(x, w_gate, w_up)
     arrays = _gated_args(x, w_gate, w_up, activation)
     with routing.tuning_scope(budget_s, clock):
         route = _route("gated_mlp", arrays, activation, LEAKY_SLOPE, "auto", measure=True,
@@ -1095,6 +1113,7 @@ def tune_gated_mlp(x, w_gate, w_up, activation: str = "silu", *, budget_s: float
 def explain_gated_mlp(x, w_gate, w_up, activation: str = "silu", *,
                       backend: str = "auto") -> str:
     """Which path `gated_mlp` takes, why, and the kernel's report; never measures."""
+    x, w_gate, w_up = _promoted(x, w_gate, w_up)
     arrays = _gated_args(x, w_gate, w_up, activation)
     route = _route("gated_mlp", arrays, activation, LEAKY_SLOPE, backend, measure=False)
     d = route.decision
@@ -1123,6 +1142,7 @@ def tune_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
                 budget_s: float | None = None, force: bool = False, clock=None) -> dict:
     """Measure (or, unless `force`, read the recorded) routing decision for this call
     signature now; returns it as explain_matmul's "route" dict."""
+    a, b = _promoted(a, b)
     p = _matmul_plan(a, b, epilogue, negative_slope)
     arrays, layout = _matmul_operands(a, b, p, "auto")
     with routing.tuning_scope(budget_s, clock):
@@ -1135,6 +1155,7 @@ def tune_linear(x, weight, bias=None, activation=None, *, residual=None,
                 negative_slope: float = LEAKY_SLOPE, budget_s: float | None = None,
                 force: bool = False, clock=None) -> dict:
     """tune_matmul for `linear`'s signature."""
+    x, weight, bias, residual = _promoted(x, weight, bias, residual)
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     with routing.tuning_scope(budget_s, clock):
         route = _route("linear", arrays, activation, negative_slope, "auto", measure=True,
@@ -1174,6 +1195,7 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
     """Which path `matmul` takes for these arguments, why (the routing decision with
     its measured times per candidate, in microseconds), and the kernel's report.
     Never measures: a call with no recorded decision reports the cost model."""
+    a, b = _promoted(a, b)
     p = _matmul_plan(a, b, epilogue, negative_slope)
     arrays, layout = _matmul_operands(a, b, p, backend)
     info = _explain("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
@@ -1185,6 +1207,7 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
                    backend: str = "auto", negative_slope: float = LEAKY_SLOPE) -> str:
+    x, weight, bias, residual = _promoted(x, weight, bias, residual)
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
                       indent=2)
