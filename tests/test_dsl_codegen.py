@@ -94,7 +94,8 @@ def test_gemm_recurrence_lowers_to_fragments():
     src = d.source
     assert src.count("threadgroup float") == 2  # A and B stages (epilogue from registers)
     assert "metal::simdgroup_multiply_accumulate(" in src
-    assert re.search(r"for \(int _k\d+ = 0; _k\d+ < _v\d+; _k\d+ \+= 8\)", src)  # the K loop
+    # the K loop (its counter 64-bit: K is not known to lie a step below INT_MAX)
+    assert re.search(r"for \(long _k\d+_w = 0; _k\d+_w < _v\d+; _k\d+_w \+= 8\)", src)
     assert d.variant.data["lowering"]["matmul"]["fragment"] == "simdgroup_matrix 8x8"
 
 

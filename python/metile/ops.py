@@ -160,6 +160,10 @@ def _check_activation(activation, slope):
     if isinstance(slope, bool) or not isinstance(slope, (int, float)):
         raise TypeError(f"[metile.ops] negative_slope must be a number, got "
                         f"{type(slope).__name__} {slope!r}")
+    try:
+        float(slope)
+    except OverflowError:
+        raise ValueError(f"[metile.ops] negative_slope {slope} does not fit in a float") from None
 
 
 def _promoted(*arrays):
