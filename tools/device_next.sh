@@ -97,7 +97,29 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s81 ]; then
+if [ "$mode" = s82 ]; then
+  # (twenty-fifth session) GPU tests of the hostile-trial fixes (ranges at the int32 limits,
+  # lowest-float attention masks, mixed-dtype promotion, layer_norm's dtype, rope's checks),
+  # then what the 64-bit loop counters cost: the row ops and attention against MLX with
+  # them and without (tools/probes/narrow_loops.py), alternating
+  gpu_tests 170 test_control_flow test_attention_op test_ops test_model_ops_norms \
+    test_vectorize_rows
+  pass_=0
+  for form in wide narrow wide narrow; do
+    pass_=$((pass_ + 1))
+    run=(python3 -m); [ $form = narrow ] && run=(python3 tools/probes/narrow_loops.py)
+    for op in rms_norm layer_norm softmax; do
+      [ $((SECONDS - t0)) -gt $((budget - 90)) ] && break
+      timeout 60 "${run[@]}" benchmarks.model_ops --dtype float16 --rounds 2 --ops $op \
+        --shapes 16384x8192 --output "$logs/h200-model-ops-$op-$form-$pass_.json" 2>&1 \
+        | grep -E "16384x8192" | tail -6 | sed "s/^/$form /" | tee -a "$log"
+    done
+    [ $((SECONDS - t0)) -gt $((budget - 80)) ] && break
+    timeout 70 "${run[@]}" benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+      --prefill-lengths 4096 --decode-lengths 4096 --launches 20 --rounds 3 \
+      --output "$logs/h200-attention-$form-$pass_.json" 2>&1 | tail -4 | sed "s/^/$form /" | tee -a "$log"
+  done
+elif [ "$mode" = s81 ]; then
   # (twenty-fourth session) s79's GPU tests (the shapeless refusal's first CUDA compile),
   # the GEMM's time against its waves (tools/probes/gemm_waves.py), the MLP parts, then the
   # decoder block with the dual tile out of auto's candidates against its control
