@@ -358,3 +358,73 @@ def test_misuse_is_a_clear_error(case, message):
     with pytest.raises(CompilationError) as err:
         misuse[(1,)](mx.zeros((16,)), mx.zeros((16,), mx.int32), 4, CASE=case)
     assert message in str(err.value)
+
+
+# -- metile.tensor views: both bounds ------------------------------------------------------------
+
+@metile.kernel
+def view_put(V, O, r0, c0, B: metile.constexpr):
+    dst = metile.tensor(O, shape=(4, 4), strides=(4, 1), block_shape=(B, B), access="write")
+    src = metile.tensor(V, shape=(B, B), strides=(B, 1), block_shape=(B, B), access="read")
+    dst.store((r0, c0), src.load((0, 0)))
+
+
+@metile.kernel
+def view_get(X, O, r0, c0, B: metile.constexpr):
+    src = metile.tensor(X, shape=(4, 4), strides=(4, 1), block_shape=(B, B), access="read")
+    dst = metile.tensor(O, shape=(B, B), strides=(B, 1), block_shape=(B, B), access="write")
+    dst.store((0, 0), src.load((r0, c0)))
+
+
+def _window(x, r0, c0, b):
+    """x's (b, b) window at (r0, c0), zero outside x (NumPy)."""
+    out = np.zeros((b, b), x.dtype)
+    for i in range(b):
+        for j in range(b):
+            if 0 <= r0 + i < x.shape[0] and 0 <= c0 + j < x.shape[1]:
+                out[i, j] = x[r0 + i, c0 + j]
+    return out
+
+
+@pytest.mark.parametrize("r0,c0", [(1, -1), (-1, 0), (-2, -3), (3, 3), (-1, 3), (0, 0)])
+def test_view_positions_below_zero_are_masked(r0, c0):
+    # (found by a hostile test: only coord < extent was checked, so a negative origin
+    # stored into the row before and read memory before the buffer)
+    x = np.arange(16, dtype=np.float32).reshape(4, 4) + 1
+    got = np.array(view_get[(1,)](mx.array(x), mx.zeros((2, 2)), r0, c0, B=2))
+    np.testing.assert_array_equal(got, _window(x, r0, c0, 2))
+    v = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    got = np.array(view_put[(1,)](mx.array(v), mx.zeros((4, 4)), r0, c0, B=2))
+    want = np.zeros((4, 4), np.float32)
+    for i in range(2):
+        for j in range(2):
+            if 0 <= r0 + i < 4 and 0 <= c0 + j < 4:
+                want[r0 + i, c0 + j] = v[i, j]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_constant_negative_view_position_is_an_error():
+    @metile.kernel(num_simdgroups=1)
+    def scalar_view(X, O, I: metile.constexpr):
+        v = metile.tensor(X, shape=(4,), access="read")
+        if metile.thread_id() == 0:
+            metile.store(O + 0, v.load((I,)))
+
+    with pytest.raises(CompilationError, match=r"position \(-1,\) is outside the view's shape"):
+        scalar_view[(1,)](mx.zeros((8,)), mx.zeros((1,)), I=-1)
+
+
+def test_only_positions_not_proven_non_negative_get_a_lower_bound():
+    # program ids and loop counters from 0 need no lower-bound term (the GEMM lowerings
+    # read the masks of such views as the tensor's shape); a launch value does
+    import re
+    from metile_kernels.gemm import grid, matmul
+    lower = re.compile(r">= \(?0\)?[);]")
+    src = view_get[(1,)].prepare(mx.zeros((4, 4)), mx.zeros((2, 2)), 0, 0, B=2,
+                                 backend="msl").source
+    assert lower.search(src)
+    m = 40
+    src = matmul[grid(m, m, 16, 16)].prepare(mx.zeros((m, m)), mx.zeros((m, m)), mx.zeros((m, m)),
+                                             m, m, m, BLOCK_M=16, BLOCK_N=16, BLOCK_K=8,
+                                             backend="msl").source
+    assert not lower.search(src)

@@ -507,7 +507,7 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(TypeError, match=r"eps must be a finite number"):
         ops.rms_norm(x, None, "1e-5")
     with pytest.raises(TypeError, match=r"x has dtype mlx.core.int32; expected a floating"):
-        ops.rms_norm(x.astype(mx.int32), None, 1e-5)
+        ops.rms_norm(x.astype(mx.int32), None, 1e-5, backend="metile")
     with pytest.raises(ValueError, match=r"axis 2 is out of range for x of shape \(3, 8\)"):
         ops.softmax(x, axis=2)
     with pytest.raises(ValueError, match=r"axis \(1, -1\) repeats an axis"):
@@ -691,3 +691,46 @@ def test_numpy_scalars_for_rope_and_attention_as_mlx_takes_them(rng):
     for b in ("metile", "mlx"):
         y = ops.scaled_dot_product_attention(q, k, v, scale=np.float32(0.25), backend=b)
         np.testing.assert_allclose(np.array(y), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+def test_what_mlx_takes_and_the_kernels_do_not_runs_mlx_op_under_auto(rng):
+    # (found by a hostile test: integer inputs MLX promotes, and one-element arrays for
+    # eps, scale and base, were refused under the default backend)
+    x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
+    wi = mx.arange(1, 9)
+    for backend in ("auto", "mlx"):
+        np.testing.assert_array_equal(np.array(ops.rms_norm(x, wi, 1e-5, backend=backend)),
+                                      np.array(mx.fast.rms_norm(x, wi, 1e-5)))
+        np.testing.assert_array_equal(
+            np.array(ops.softmax(mx.array([[1, 2, 3]]), backend=backend)),
+            np.array(mx.softmax(mx.array([[1, 2, 3]]), axis=-1)))
+        with pytest.raises(ValueError, match=r"\[rms_norm\] Received unsupported type int32"):
+            ops.rms_norm(x.astype(mx.int32), None, 1e-5, backend=backend)   # MLX's own error
+    with pytest.raises(TypeError, match=r"weight has dtype mlx.core.int32"):
+        ops.rms_norm(x, wi, 1e-5, backend="metile")
+    for backend in ("auto", "metile"):
+        y = ops.rms_norm(x, None, mx.array(1e-5), backend=backend)
+        close(y, np_rms(f64(x), None, 1e-5), mx.float32)
+        y = ops.layer_norm(x, None, None, mx.array([1e-5]), backend=backend)
+        close(y, np_layer(f64(x), None, None, 1e-5), mx.float32)
+        q = mx.array(rng.standard_normal((1, 2, 3, 8)).astype(np.float32))
+        got = ops.rope(q, 8, traditional=False, base=mx.array(1e4), scale=mx.array(0.5),
+                       offset=2, backend=backend)
+        want = mx.fast.rope(q, 8, traditional=False, base=1e4, scale=0.5, offset=2)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rope_second_order_gradient_matches_mlx(rng, traditional):
+    # (found by a hostile test: the vjp launched the kernel outside a custom function, so a
+    # gradient of the gradient raised "kernel 'rope' has no vjp")
+    x = mx.array(rng.standard_normal((1, 2, 4, 16)).astype(np.float32))
+
+    def second(f):
+        return mx.grad(lambda q: mx.grad(lambda q: (f(q) ** 3).sum())(q).sum())(x)
+
+    got = second(lambda q: ops.rope(q, 16, traditional=traditional, base=1e4, scale=1.0,
+                                    offset=5, backend="metile"))
+    want = second(lambda q: mx.fast.rope(q, 16, traditional=traditional, base=1e4, scale=1.0,
+                                         offset=5))
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)

@@ -316,6 +316,17 @@ def test_bad_inputs_are_refused_by_name(rng, change, error, message):
         ops.quantized_matmul(*args, **kw)
 
 
+def test_numpy_integers_for_group_size_and_bits(rng):
+    # (found by a hostile test: np.int64(64), as a config gives it, was refused; MLX takes it)
+    wq, s, b = quantized(rng, (8, 96), mx.float32, 32, 4)
+    x = mx.array(rng.standard_normal((2, 96)).astype(np.float32))
+    want = np.array(mx.quantized_matmul(x, wq, s, b, group_size=32, bits=4))
+    for backend in ("auto", "metile", "mlx"):
+        got = ops.quantized_matmul(x, wq, s, b, group_size=np.int64(32), bits=np.int32(4),
+                                   backend=backend)
+        np.testing.assert_allclose(np.array(got), want, rtol=3e-4, atol=3e-5)
+
+
 @pytest.mark.parametrize("bits", [0, 7, -4])
 @pytest.mark.parametrize("backend", ["auto", "mlx"])
 def test_bits_mlx_does_not_take_are_refused_before_mlx_runs(rng, bits, backend):

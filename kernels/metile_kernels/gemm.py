@@ -263,7 +263,7 @@ def matmul_split_k(left, right, partial, rows, columns, inner, chunk,
                       strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
-    k_begin = split * chunk
+    k_begin = split * metile.maximum(chunk, 0)   # (>= 0 provably: its views need no lower-bound mask)
     k_end = metile.minimum(k_begin + chunk, inner)
     accumulator = tile_product(a, b, row_origin, column_origin, k_begin, k_end, BLOCK_M, BLOCK_N,
                                BLOCK_K)

@@ -38,6 +38,8 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    mlx_takes_it,
+    plain_number,
     check_backend,
     config_name as _config_name,
     is_real,
@@ -82,6 +84,7 @@ def _check(q, k, v, scale, mask) -> float:
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         raise _fail(ValueError, f"query heads ({q.shape[1]}) must be a multiple of key/value "
                                 f"heads ({k.shape[1]})")
+    scale = plain_number(scale)
     if not is_real(scale):
         raise _fail(TypeError, f"scale must be a number, got {type(scale).__name__} {scale!r}")
     if isinstance(mask, str):
@@ -279,7 +282,8 @@ def _launch(q, k, v, mask, scale, config):
     kind = _mask_kind(mask)
     if kind in ("bool", "additive"):
         strides = _mask_strides(mask)
-        mask_buffer = mask
+        # (a 0-d array would reach the kernel as a scalar argument: one element, all strides 0)
+        mask_buffer = mask.reshape(1) if mask.ndim == 0 else mask
     else:
         # (no mask to read: q stands in for the buffer - a fresh array would be one more
         # node, and on CUDA one more fill kernel, in every call's graph)
@@ -555,6 +559,10 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
     if type(force_fused) is not bool:
         raise _fail(TypeError, f"force_fused must be a bool, got {type(force_fused).__name__} "
                                f"{force_fused!r}")
+    if mlx_takes_it(backend, q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=plain_number(scale),
+                                                    mask=mask, sinks=sinks,
+                                                    force_fused=force_fused)
     scale = _check(q, k, v, scale, mask)
     if sinks is not None:
         check_backend("metile.ops.scaled_dot_product_attention", backend)

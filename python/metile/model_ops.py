@@ -33,6 +33,7 @@ kernel with the angle negated (the inverse rotation).  Integer offsets and rope'
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -44,6 +45,8 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    mlx_takes_it,
+    plain_number,
     check_backend,
     config_name as _config_name,
     is_integer,
@@ -90,7 +93,9 @@ def _check_vector(op: str, name: str, v, x):
 
 
 def _check_eps(op: str, eps) -> float:
-    # (is_real: MLX's ops take NumPy scalars too, an eps read from a config or checkpoint)
+    # (is_real: MLX's ops take NumPy scalars too, an eps read from a config or checkpoint,
+    # and one-element arrays)
+    eps = plain_number(eps)
     if not is_real(eps) or not math.isfinite(eps):
         raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
     return float(eps)
@@ -244,7 +249,7 @@ class _Rope:
     per_batch: int
 
 
-def _launch_rope(x2, spec: _Rope, offset_array, freqs, cfg, scale=None):
+def _launch_rope(x2, spec: _Rope, offset_array, freqs, cfg):
     from metile_kernels import rope as kernels
     rows, columns = x2.shape
     cfg = dict(_fit_rows(cfg, rows, columns))
@@ -253,7 +258,7 @@ def _launch_rope(x2, spec: _Rope, offset_array, freqs, cfg, scale=None):
     return kernels.rope[kernels.grid(rows, tile_rows)](
         x2, placeholder, x2 if freqs is None else freqs, mx.zeros((rows, columns), x2.dtype),
         rows, spec.seq, spec.per_batch, columns, 0 if spec.offset is None else spec.offset,
-        float(spec.scale if scale is None else scale),
+        float(spec.scale),
         0.0 if spec.base is None else math.log2(spec.base),
         DIMS=spec.dims, BLOCK=_block(columns), ROWS=tile_rows, TRADITIONAL=spec.traditional,
         OFFSET=spec.offset_kind, FREQS=freqs is not None, **cfg)
@@ -436,9 +441,11 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
     def f_vjp(primals, cotangent, output):
         primals = _primals(primals)
         x2, offset, freqs = unpack(primals)
-        # a rotation's transpose is the rotation by the negated angle
-        dx = _launch_rope(cotangent.astype(x2.dtype), spec, offset, freqs, dict(cfg),
-                          scale=-spec.scale)
+        # a rotation's transpose is the rotation by the negated angle: the op of the
+        # negated scale, itself differentiable (a second-order gradient goes through it)
+        inverse = _rope_fn(dataclasses.replace(spec, scale=-spec.scale), has_offset_array,
+                           has_freqs, cfg)
+        dx = inverse(cotangent.astype(x2.dtype), *primals[1:])
         return (dx,) + tuple(mx.zeros_like(a) for a in primals[1:])
 
     return f
@@ -557,6 +564,8 @@ def rms_norm(x, weight, eps, *, backend: str = "auto", stream=None):
     x's last axis; weight (x.shape[-1],) or None."""
     if stream is not None:   # (MLX's StreamOrDevice: op_routing.on_stream)
         return on_stream("rms_norm", stream, lambda: rms_norm(x, weight, eps, backend=backend))
+    if mlx_takes_it(backend, x, weight):
+        return mx.fast.rms_norm(x, weight, eps)
     key = op_replay.key("rms_norm", (eps, backend, None), x, weight)
     w = () if weight is None else (weight,)
     _check_x("rms_norm", x)
@@ -585,6 +594,8 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
     if stream is not None:
         return on_stream("layer_norm", stream,
                          lambda: layer_norm(x, weight, bias, eps, backend=backend))
+    if mlx_takes_it(backend, x, weight, bias):
+        return mx.fast.layer_norm(x, weight, bias, eps)
     key = op_replay.key("layer_norm", (eps, backend, None), x, weight, bias)
     params = tuple(p for p in (weight, bias) if p is not None)
     _check_x("layer_norm", x)
@@ -675,6 +686,8 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
     if stream is not None:
         return on_stream("softmax", stream,
                          lambda: softmax(x, axis, precise=precise, backend=backend))
+    if mlx_takes_it(backend, x):
+        return mx.softmax(x, axis=axis, precise=precise)
     key = op_replay.key("softmax", (axis, precise, backend, None), x)
     if type(precise) is not bool:   # (MLX's op takes a bool only)
         raise TypeError(f"[metile.ops.softmax] precise must be a bool, got "
@@ -762,6 +775,7 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
         raise ValueError(f"[metile.ops.rope] dims {dims} exceeds x's last axis {x.shape[-1]}")
     if (base is None) == (freqs is None):
         raise ValueError("[metile.ops.rope] exactly one of base and freqs must be given")
+    base, scale = plain_number(base), plain_number(scale)
     if base is not None and (not is_real(base) or not base > 0):
         raise ValueError(f"[metile.ops.rope] base must be a positive number, got {base!r}")
     if not is_real(scale):

@@ -32,6 +32,26 @@ def is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def plain_number(value):
+    """A one-element numeric mx.array as the Python number MLX's ops convert it to (they
+    take eps, scale and base through float(), which evaluates the array); anything else
+    as given, for the checks to take or name."""
+    if (isinstance(value, mx.array) and value.size == 1 and value.dtype != mx.bool_
+            and (mx.issubdtype(value.dtype, mx.floating)
+                 or mx.issubdtype(value.dtype, mx.integer))):
+        return value.item()
+    return value
+
+
+def mlx_takes_it(backend, *arrays) -> bool:
+    """Whether a drop-in op hands this call to MLX's own op before its checks: under
+    backend "auto" or "mlx", an array that is not floating (an int or bool x, weight or
+    query), which MLX promotes or refuses by itself and metile's kernels do not take.
+    backend="metile" keeps the op's own error naming the dtype."""
+    return backend in ("auto", "mlx") and any(
+        isinstance(a, mx.array) and not mx.issubdtype(a.dtype, mx.floating) for a in arrays)
+
+
 def is_integer(value) -> bool:
     """An integer as MLX's ops take one (a Python or NumPy integer), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 
 import mlx.core as mx
 
@@ -134,6 +135,12 @@ DEQUANTIZE_WARPS = 8
 
 def _fail(kind, message):
     return kind(f"[metile.ops.quantized_matmul] {message}")
+
+
+def _integer(value):
+    """A NumPy integer as the int MLX's op takes it as; anything else as given (checked)."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        else value
 
 
 def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> tuple[int, int]:
@@ -456,8 +463,8 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     key = op_replay.key("quantized_matmul", (*options, None), x, w, scales, biases) \
         if all(a is not None for a in (x, w, scales, biases)) and \
         all(o is None or type(o) in (bool, int, str) for o in options) else None
-    group_size = 64 if group_size is None else group_size   # MLX's affine defaults
-    bits = 4 if bits is None else bits
+    group_size = 64 if group_size is None else _integer(group_size)   # MLX's affine defaults
+    bits = 4 if bits is None else _integer(bits)
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
@@ -495,8 +502,8 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
                              backend: str = "auto") -> dict:
     """Which path `quantized_matmul` takes for these arguments and why (never
     measures), with the kernel's execution report on the metile path."""
-    group_size = 64 if group_size is None else group_size
-    bits = 4 if bits is None else bits
+    group_size = 64 if group_size is None else _integer(group_size)
+    bits = 4 if bits is None else _integer(bits)
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
     if n < 0:
         return {"path": "mlx", "reason": f"mode={mode!r}, bits={bits}: MLX's op"}
@@ -517,6 +524,7 @@ def tune_quantized_matmul(x, w, scales, biases=None, transpose: bool = True, gro
                           clock=None) -> dict:
     """Measure (or, unless `force`, read the recorded) routing decision for this call's
     signature now; returns it as a dict (winner, reason, timings in microseconds)."""
+    group_size, bits = _integer(group_size), _integer(bits)
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, "affine", "metile")
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     with routing.tuning_scope(budget_s, clock):

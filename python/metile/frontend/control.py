@@ -20,6 +20,7 @@ from ..ir.types import ScalarType, TileType, dtype_of
 from ..language import dtypes as dt
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
+from .views import nonnegative
 
 _MISSING = object()
 
@@ -245,6 +246,8 @@ class ControlFlow:
         carried = self._carried(node.body, exclude=[node.target.id])
         body = Block()
         iv = body.add_arg(ScalarType(dt.int32), node.target.id)
+        if runtime_step is None and nonnegative(bounds[0]):
+            body.nonnegative.add(iv.id)   # counts up (a constant step > 0) from lo >= 0
         env = dict(self.env)
         if runtime_step is not None:
             bb = Builder(body)

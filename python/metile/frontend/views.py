@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.core import Value
+from ..ir.core import Block, Op, Value
 from ..ir.types import PointerType, ScalarType
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -40,13 +40,19 @@ class TensorView:
             else:
                 coord = p
             offset = sem.binary("add", offset, sem.binary("mul", coord, stride))
-            inside = sem.binary("lt", coord, extent)
-            if is_const(inside) and not isinstance(inside, Value):
-                if not inside and self.block_shape is None:
-                    raise CompilationError(f"{verb}() position {position} is outside the view's "
-                                           f"shape {self.shape}")
-                continue
-            mask = inside if mask is True else sem.binary("and", mask, inside)
+            terms = [sem.binary("lt", coord, extent)]
+            if not nonnegative(p):
+                # a position that may be negative (a launch value, a runtime step) is
+                # masked below as above; one the frontend proves >= 0 (program ids, loop
+                # counters from 0) keeps the one bound the GEMM lowerings read as the shape
+                terms.append(sem.binary("ge", coord, 0))
+            for inside in terms:
+                if is_const(inside) and not isinstance(inside, Value):
+                    if not inside and self.block_shape is None:
+                        raise CompilationError(f"{verb}() position {position} is outside the "
+                                               f"view's shape {self.shape}")
+                    continue
+                mask = inside if mask is True else sem.binary("and", mask, inside)
         if is_const(offset):
             offset = sem.const(offset, _int32())
         ptr = sem.binary("add", self.base, offset)
@@ -123,3 +129,36 @@ def _int32():
 def _tile_i32(shape):
     from ..ir.types import ScalarType, TileType
     return TileType(shape, ScalarType(_int32()))
+
+
+_NONNEGATIVE_OPS = ("add", "mul", "maximum", "minimum", "idiv", "floordiv", "shr")
+
+
+def nonnegative(v, depth: int = 0) -> bool:
+    """Whether a scalar int position is provably >= 0 (as int32 arithmetic that does not
+    wrap): a non-negative constant, a program id or count, an unsigned value, a loop
+    counter the frontend marked, or +, *, //, >>, min, max of such values, or max with one.
+    False where nothing says so."""
+    if isinstance(v, bool) or depth > 16:
+        return False
+    if isinstance(v, int):
+        return v >= 0
+    if not isinstance(v, Value) or not isinstance(v.type, ScalarType):
+        return False
+    if v.type.dtype.is_int and v.type.dtype.kind == "u":
+        return True
+    owner = v.owner
+    if isinstance(owner, Block):
+        return v.id in owner.nonnegative
+    if not isinstance(owner, Op):
+        return False
+    if owner.name == "const":
+        return owner.attrs["value"] >= 0
+    if owner.name in ("program_id", "num_programs"):
+        return True
+    if owner.name == "maximum":
+        return any(nonnegative(o, depth + 1) for o in owner.operands)
+    if owner.name in _NONNEGATIVE_OPS:
+        return all(nonnegative(o, depth + 1) for o in owner.operands)
+    return False
+

@@ -46,6 +46,9 @@ class Value:
 class Block:
     args: list[Value] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
+    # ids of arguments the frontend proved >= 0 (a loop counter counting up from a
+    # non-negative start): a view's coordinate built from one needs no lower-bound mask
+    nonnegative: set = field(default_factory=set)
 
     def add_arg(self, type: Type, hint: str = "") -> Value:
         v = Value(type, self, hint)
