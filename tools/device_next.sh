@@ -97,7 +97,14 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s82 ]; then
+if [ "$mode" = s83 ]; then
+  # (twenty-fifth session, second round of hostile-trial fixes) MLX's own rope with a wide
+  # offset array (tools/probes/rope_wide_offset.py), then the GPU tests of views masked below
+  # zero (block pointers, split-K, GEMM), attention's 0-d mask, rope's second-order gradient
+  timeout 60 python3 tools/probes/rope_wide_offset.py 2>&1 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "not every_decode_candidate" test_block_pointers \
+    test_split_k test_model_ops_norms test_attention_op test_quantized_op test_gemm
+elif [ "$mode" = s82 ]; then
   # (twenty-fifth session) GPU tests of the hostile-trial fixes (ranges at the int32 limits,
   # lowest-float attention masks, mixed-dtype promotion, layer_norm's dtype, rope's checks),
   # then what the 64-bit loop counters cost: the row ops and attention against MLX with
