@@ -26,6 +26,7 @@ from mlx.utils import tree_flatten
 import metile.nn as mnn
 from metile import model_ops, op_replay, ops
 from metile.runtime import routing
+from conftest import default_is_cpu
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
 TOL = {mx.float32: (3e-4, 3e-5), mx.float16: (2e-3, 2e-3), mx.bfloat16: (1.6e-2, 1.6e-2)}
@@ -546,7 +547,14 @@ def test_bad_inputs_give_clear_errors():
 
 
 @pytest.mark.parametrize("dtype", ["int64", "uint32"])
-def test_rope_wide_offset_arrays_take_mlx_op_under_auto(dtype):
+def test_rope_wide_offset_arrays_take_mlx_op_under_auto(request, dtype):
+    if not default_is_cpu():
+        # MLX 0.32.4's CUDA rope with a one-element offset array gives batch entries past
+        # the first other values than its CPU op, and an int64 offset past int32 other
+        # values at the first (tools/probes/rope_wide_offset.py, H200 s83): MLX's bug,
+        # which routing to MLX's op inherits
+        request.applymarker(pytest.mark.xfail(reason="MLX's CUDA rope with offset arrays",
+                                              strict=False))
     # NumPy's positions are int64: a drop-in takes them as mx.fast.rope does (MLX's op
     # runs them; the int32 kernels cannot range-check a lazy array)
     x = mx.array(np.random.default_rng(3).standard_normal((2, 1, 5, 8)).astype(np.float32))
@@ -731,6 +739,8 @@ def test_rope_second_order_gradient_matches_mlx(rng, traditional):
 
     got = second(lambda q: ops.rope(q, 16, traditional=traditional, base=1e4, scale=1.0,
                                     offset=5, backend="metile"))
-    want = second(lambda q: mx.fast.rope(q, 16, traditional=traditional, base=1e4, scale=1.0,
-                                         offset=5))
+    with mx.stream(mx.cpu):   # (MLX 0.32.4's CUDA second-order rope gradient differs from
+        # its CPU one by ~14: tools/probes/rope_second_order.py, H200 s83; metile's matched)
+        want = second(lambda q: mx.fast.rope(q, 16, traditional=traditional, base=1e4,
+                                             scale=1.0, offset=5))
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
