@@ -327,6 +327,18 @@ def test_numpy_integers_for_group_size_and_bits(rng):
         np.testing.assert_allclose(np.array(got), want, rtol=3e-4, atol=3e-5)
 
 
+def test_scales_and_biases_of_two_dtypes_run_mlx_op_under_auto(rng):
+    wq, s, b = quantized(rng, (8, 96), mx.float16, 32, 4)
+    x = mx.array(rng.standard_normal((2, 96)).astype(np.float32))
+    b32 = b.astype(mx.float32)
+    want = np.array(mx.quantized_matmul(x, wq, s, b32, group_size=32, bits=4))
+    for backend in ("auto", "mlx"):
+        got = ops.quantized_matmul(x, wq, s, b32, group_size=32, bits=4, backend=backend)
+        np.testing.assert_array_equal(np.array(got), want)
+    with pytest.raises(TypeError, match="scales and biases must share a float dtype"):
+        ops.quantized_matmul(x, wq, s, b32, group_size=32, bits=4, backend="metile")
+
+
 @pytest.mark.parametrize("bits", [0, 7, -4])
 @pytest.mark.parametrize("backend", ["auto", "mlx"])
 def test_bits_mlx_does_not_take_are_refused_before_mlx_runs(rng, bits, backend):

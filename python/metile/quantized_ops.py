@@ -171,6 +171,9 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
     if w.dtype != mx.uint32 or w.ndim != 2:
         raise _fail(ValueError, f"w must be a 2-D uint32 array of packed values (mx.quantize's "
                                 f"first result), got shape {tuple(w.shape)} dtype {w.dtype}")
+    if (backend != "metile" and scales.dtype in _DTYPES and biases.dtype in _DTYPES
+            and biases.dtype != scales.dtype):
+        return -1, -1   # MLX's op takes scales and biases of two float dtypes; the kernels one
     if scales.dtype not in _DTYPES or biases.dtype != scales.dtype:
         raise _fail(TypeError, f"scales and biases must share a float dtype, got {scales.dtype} "
                                f"and {biases.dtype}")
