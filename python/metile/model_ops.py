@@ -787,8 +787,7 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     if not isinstance(traditional, bool):   # as MLX's op (1 or "yes" would pass a bool())
         raise TypeError(f"[metile.ops.rope] traditional must be a bool, got "
                         f"{type(traditional).__name__}")
-    wide_int = (isinstance(offset, numbers.Integral) and not isinstance(offset, bool)
-                and not -2**31 <= int(offset) < 2**31)
+    wide_int = is_integer(offset) and not -2**31 <= int(offset) < 2**31
     if backend != "metile" and (wide_int or (isinstance(offset, mx.array)
                                              and offset.dtype in _WIDE_OFFSETS)):
         # the kernels' positions are int32, and a lazy array's values cannot be

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 
 import mlx.core as mx
 
@@ -50,6 +49,7 @@ from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     check_backend,
     config_name,
+    is_integer,
     m_bucket,
     device_description as _device_description,
     validate as _validate,
@@ -139,8 +139,7 @@ def _fail(kind, message):
 
 def _integer(value):
     """A NumPy integer as the int MLX's op takes it as; anything else as given (checked)."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-        else value
+    return int(value) if is_integer(value) else value
 
 
 def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> tuple[int, int]:

@@ -131,7 +131,7 @@ def _tile_i32(shape):
     return TileType(shape, ScalarType(_int32()))
 
 
-_NONNEGATIVE_OPS = ("add", "mul", "maximum", "minimum", "idiv", "floordiv", "shr")
+_NONNEGATIVE_OPS = ("add", "mul", "minimum", "idiv", "shr")   # of non-negative operands
 
 
 def nonnegative(v, depth: int = 0) -> bool:
