@@ -179,12 +179,46 @@ def test_every_decode_candidate(rng, bits, group_size, k, dtype):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((3, k)).astype(np.float32)).astype(dtype)
     kinds = []
-    for config in (quantized_ops.configs(3, dtype, True) + quantized_ops.MATVEC_ROWS
+    for config in (quantized_ops.configs(3, dtype, True, bits) + quantized_ops.MATVEC_ROWS
                    + quantized_ops.MATVEC_WARPS):
         kinds.append(config["kernel"])
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
     assert {"matvec_runs", "matvec_rows", "matvec_warps"} <= set(kinds)
+    # the packed-pair GEMV is a candidate exactly where its unpacking is exact
+    pairs = (str(dtype).removeprefix("mlx.core."), bits) in (("float16", 4), ("float16", 8),
+                                                              ("bfloat16", 4))
+    assert ("matvec_pairs" in kinds) == pairs
+
+
+@pytest.mark.parametrize("dtype,bits", [(mx.float16, 4), (mx.float16, 8), (mx.bfloat16, 4)],
+                         ids=str)
+@pytest.mark.parametrize("rows,n,k,group_size,lanes", [
+    (1, 37, 2048, 64, 32),     # 32 groups: every loop step whole (no load masked)
+    (2, 13, 1344, 64, 32),     # 21 groups: a partial step
+    (3, 5, 4096, 128, 64),     # two warps a program, whole
+    (1, 9, 960, 32, 64),       # 30 groups on 64 lanes: most masked
+])
+def test_pair_gemv_ragged(rng, dtype, bits, rows, n, k, group_size, lanes):
+    wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
+    x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
+    for r in (1, 2, 4, 8):     # rows a lane: a program's last rows past N read row N - 1
+        config = {"kernel": "matvec_pairs", "ROWS": r, "CHUNK": 2, "LANES": lanes,
+                  "num_warps": lanes // 32}
+        y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
+        check(y, x, wq, s, b, True, group_size, bits, dtype)
+
+
+def test_pair_gemv_refuses_what_its_unpacking_cannot_hold(rng):
+    config = quantized_ops.MATVEC_PAIRS[0]
+    for dtype, bits, transpose in ((mx.bfloat16, 8, True), (mx.float32, 4, True),
+                                   (mx.float16, 4, False)):
+        wq, s, b = quantized(rng, (64, 128) if transpose else (128, 64), dtype, 64, bits)
+        x = mx.zeros((1, 128), dtype)
+        with pytest.raises(ValueError, match="matvec_pairs kernel takes float16"):
+            quantized_ops._metile(x, wq, s, b, 64, 128, transpose, 64, bits, config)
+        assert "matvec_pairs" not in {c["kernel"] for c in
+                                      quantized_ops.configs(1, dtype, transpose, bits)}
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -461,3 +495,24 @@ def test_a_mismatched_x_is_named_for_its_layout(rng, transpose):
                              group_size=32, bits=4, backend="metile")
     assert f"x's last dimension is {k + 1}, but the quantized matrix has K={k}" in str(e.value)
     assert ("multiple of group_size" in str(e.value)) == transpose
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+@pytest.mark.parametrize("dtype,bits", [(mx.float16, 4), (mx.float16, 8), (mx.bfloat16, 4)],
+                         ids=str)
+def test_pair_gemv_cuda_emission_compiles(dtype, bits):
+    # the packed pairs become __hfma2 calls, no threadgroup memory in the loop (x is read
+    # through a pointer broadcast over the rows, not a tile broadcast)
+    from metile_kernels import quantized as kernels
+    wq, s, b = mx.quantize(mx.zeros((256, 4096), dtype), group_size=64, bits=bits)
+    x = mx.zeros((1, 4096), dtype)
+    name = str(dtype).removeprefix("mlx.core.")
+    d = kernels.quantized_matvec_pairs[kernels.matvec_grid(1, 256, 4)].prepare(
+        x.view(mx.uint32), wq, s, b, mx.zeros((1, 256), dtype), 1, 256, 4096, BITS=bits,
+        GROUP=64, ROWS=4, CHUNK=2, DTYPE=getattr(metile, name), EVEN=True, num_warps=1,
+        backend="cuda", **kernels.pair_constants(name, bits))
+    assert "__hfma2" in d.source
+    loop = d.source[d.source.index("for ("):d.source.rindex("metile_lanes_sum")]
+    assert "__syncthreads" not in loop
+    ok, log = compile_cuda(translation_unit(d), "sm_90")
+    assert ok, log

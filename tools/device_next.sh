@@ -97,7 +97,17 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s83 ]; then
+if [ "$mode" = s85 ]; then
+  # (twenty-sixth session) the int4 GEMV in packed 16-bit pair arithmetic
+  # (quantized_matvec_pairs): its GPU tests, ncu kernel durations beside MLX's qmv and the
+  # float GEMVs (1x4096x11008 group 64), then the decode benchmark's compiled calls (8
+  # products a call, 4 weights cycled) with every candidate
+  gpu_tests 150 -k "pair" test_pair_fma test_quantized_op
+  ncu_times 150 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode-pairs.json" 2>&1 | tail -14 | tee -a "$log"
+elif [ "$mode" = s83 ]; then
   # (twenty-fifth session, second round of hostile-trial fixes) MLX's own rope with a wide
   # offset array (tools/probes/rope_wide_offset.py), then the GPU tests of views masked below
   # zero (block pointers, split-K, GEMM), attention's 0-d mask, rope's second-order gradient

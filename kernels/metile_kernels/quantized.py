@@ -373,3 +373,153 @@ def dequantize(w, scales, biases, out, rows, columns, BITS: metile.constexpr = 4
                                   live, BITS, GROUP)
         metile.store(out + r[:, None] * columns + (start + c)[None, :], weights.to(out.dtype),
                      mask=live & ((start + c)[None, :] < columns))
+
+
+def pair_constants(dtype_name: str, bits: int) -> dict:
+    """The 32-bit words `quantized_matvec_pairs` needs for 16-bit floats of `dtype_name`:
+    MAGIC, the bits of the float M whose last mantissa bits an OR of q makes M + q exactly
+    (float16 1024: 10 mantissa bits; bfloat16 128: 7 bits, so 4-bit weights only), ONE
+    (1.0) and SHIFT (-(M + C)), twice each, where C = 2^(bits - 1) centres q: the products
+    x (q - C) summed in 16 bits are about half the size of x q, and so is their rounding
+    (the bias becomes b + C s, applied in float32)."""
+    import numpy as np
+
+    if (dtype_name, bits) not in PAIR_FORMS:
+        raise ValueError(f"quantized_matvec_pairs takes {sorted(PAIR_FORMS)}, got "
+                         f"{(dtype_name, bits)}")
+    magic = {"float16": 1024.0, "bfloat16": 128.0}[dtype_name]
+    centre = float(1 << (bits - 1))
+
+    def bits16(v):
+        f = np.array(v, dtype=np.float32)
+        if dtype_name == "float16":
+            return int(f.astype(np.float16).view(np.uint16))
+        return int(f.view(np.uint32)) >> 16   # bfloat16: exact for these values
+
+    twice = lambda h: h | (h << 16)  # noqa: E731
+    # float16 4-bit: a nibble kept in place at bits 4-7 makes M + 16 q, exact too (10
+    # mantissa bits), which 1/16 and -(M / 16 + C) centre: one shift a word fewer
+    return {"MAGIC": twice(bits16(magic)), "ONE": twice(bits16(1.0)),
+            "SHIFT": twice(bits16(-(magic + centre))), "CENTRE": centre,
+            "ONE_HI": twice(bits16(1.0 / 16)), "SHIFT_HI": twice(bits16(-(magic / 16 + centre))),
+            "IN_PLACE": dtype_name == "float16" and bits == 4}
+
+
+# (dtype, bits) the magic-number unpacking is exact for: M + q must stay below 2M
+PAIR_FORMS = (("float16", 4), ("float16", 8), ("bfloat16", 4))
+
+
+@metile.inline
+def pair_halves(word, DTYPE):
+    """The two 16-bit floats of uint32 words, as float32: (low, high)."""
+    lo = (word & 0xFFFF).to(metile.uint16).to(DTYPE, bitcast=True).to(metile.float32)
+    hi = (word >> 16).to(metile.uint16).to(DTYPE, bitcast=True).to(metile.float32)
+    return lo, hi
+
+
+@metile.kernel
+def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+                           GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 4,
+                           LANES: metile.constexpr = 32, CHUNK: metile.constexpr = 2,
+                           DTYPE: metile.constexpr = metile.float16,
+                           MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
+                           SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
+                           ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
+                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
+    """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
+    two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
+    (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
+
+    `x` is the (rows, K / 2) uint32 view of the 16-bit activations (x[2i] low, x[2i+1] high).
+    Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its 16-bit
+    halves, so one AND and OR with MAGIC turn the pair into M + q, one pair_fma into q - C
+    exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped once
+    a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in 16
+    bits over CHUNK words, then in float32; each group's sums meet its scale and bias once:
+        sum_k (s q_k + b) x_k = s * sum_k x_k (q_k - C) + (b + C s) * sum_k x_k.
+    Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes, lane
+    l taking groups l, l + LANES, ...; a row past N reads row N - 1 (not stored), so no row
+    branches.  EVEN: the groups of a row are a multiple of LANES (no load is masked).
+    MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE: `pair_constants(DTYPE, BITS)`
+    (IN_PLACE: float16 4-bit, where pairs 1 and 3 are unpacked without a shift)."""
+    PER = 32 // BITS
+    P = PER // 2
+    WPG = GROUP // PER             # packed words a group
+    LOW = 0x000F000F if BITS == 4 else 0x00FF00FF
+    words = K // PER
+    groups = K // GROUP
+    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
+    nn = metile.minimum(n, N - 1)
+    r = metile.program_id(1)
+    lane = metile.arange(0, LANES)
+    # x through a pointer broadcast over the rows, not a (LANES,) tile broadcast (placed in
+    # threadgroup memory): lane l holds column l of every (ROWS, LANES) tile, so the ROWS
+    # loads of one address are one load to the GPU compiler
+    x_row = x + r * (K // 2) + (nn * 0)[:, None]
+    acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
+    for g0 in range(0, groups, LANES):
+        g = g0 + lane
+        live = g < groups
+        if EVEN:
+            s = metile.load(scales + nn[:, None] * groups + g[None, :]).to(metile.float32)
+            b = metile.load(biases + nn[:, None] * groups + g[None, :]).to(metile.float32)
+        else:
+            s = metile.load(scales + nn[:, None] * groups + g[None, :], mask=live[None, :],
+                            other=0.0).to(metile.float32)
+            b = metile.load(biases + nn[:, None] * groups + g[None, :], mask=live[None, :],
+                            other=0.0).to(metile.float32)
+        products = metile.zeros((ROWS, LANES), dtype=metile.float32)
+        x_sum = metile.zeros((ROWS, LANES), dtype=metile.float32)
+        for c in metile.static_range(WPG // CHUNK):
+            part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+            x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+            for i in metile.static_range(CHUNK):
+                word = g * WPG + (c * CHUNK + i)
+                if EVEN:
+                    packed = metile.load(w + nn[:, None] * words + word[None, :])
+                    x0 = metile.load(x_row + (word * P)[None, :])
+                    x1 = metile.load(x_row + (word * P + 1)[None, :])
+                else:
+                    packed = metile.load(w + nn[:, None] * words + word[None, :],
+                                         mask=live[None, :], other=0)
+                    x0 = metile.load(x_row + (word * P)[None, :], mask=live[None, :], other=0)
+                    x1 = metile.load(x_row + (word * P + 1)[None, :], mask=live[None, :],
+                                     other=0)
+                if BITS == 4:
+                    if EVEN:
+                        x2 = metile.load(x_row + (word * P + 2)[None, :])
+                        x3 = metile.load(x_row + (word * P + 3)[None, :])
+                    else:
+                        x2 = metile.load(x_row + (word * P + 2)[None, :], mask=live[None, :],
+                                         other=0)
+                        x3 = metile.load(x_row + (word * P + 3)[None, :], mask=live[None, :],
+                                         other=0)
+                    # pair j = (x_j, x_{j+4}): halves of x0..x3 regrouped
+                    pairs = ((x0 & 0xFFFF) | (x2 << 16), (x0 >> 16) | (x2 & 0xFFFF0000),
+                             (x1 & 0xFFFF) | (x3 << 16), (x1 >> 16) | (x3 & 0xFFFF0000))
+                else:
+                    pairs = ((x0 & 0xFFFF) | (x1 << 16), (x0 >> 16) | (x1 & 0xFFFF0000))
+                for j in metile.static_range(P):
+                    if IN_PLACE:
+                        # pairs 1 and 3 keep their nibbles at bits 4-7 (M + 16 q)
+                        half_word = packed >> (8 * (j // 2))
+                        if j % 2 == 0:
+                            q = (half_word & 0x000F000F) | MAGIC
+                            centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
+                        else:
+                            q = (half_word & 0x00F000F0) | MAGIC
+                            centred = metile.pair_fma(q, ONE_HI, SHIFT_HI, dtype=DTYPE)
+                    else:
+                        q = ((packed >> (BITS * j)) & LOW) | MAGIC
+                        centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
+                    part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
+                    x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
+            lo, hi = pair_halves(part, DTYPE)
+            products += lo + hi
+            x_lo, x_hi = pair_halves(x_part, DTYPE)
+            x_sum += x_lo + x_hi
+        acc += s * products + (b + CENTRE * s) * x_sum
+    total = metile.sum(acc, axis=1)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))

@@ -43,6 +43,8 @@ import math
 
 import mlx.core as mx
 
+import metile
+
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
@@ -96,6 +98,11 @@ MATVEC_ROWS = [{"kernel": "matvec_rows", "BLOCK_K": 1024, "ROWS": 2, "num_warps"
 MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps": 4},
                 {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
+# The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
+# instruction, x's pairs shared by ROWS rows a lane): float16 4/8-bit and bfloat16 4-bit
+# weights, transpose=True (kernels.PAIR_FORMS).
+MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "CHUNK": 2, "num_warps": 1},
+                {"kernel": "matvec_pairs", "ROWS": 2, "CHUNK": 2, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -242,6 +249,18 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":
         kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
+    elif kind == "matvec_pairs":
+        kernel, grid = kernels.quantized_matvec_pairs, kernels.matvec_grid(m, n, params["ROWS"])
+        name = _pair_dtype(x2.dtype, bits, transpose)
+        if name is None:
+            raise ValueError(f"quantized_matmul: the matvec_pairs kernel takes float16 (4 or "
+                             f"8 bits) or bfloat16 (4 bits) with transpose=True, got "
+                             f"{x2.dtype} with {bits} bits, transpose={transpose}")
+        lanes = params.get("LANES", 32)
+        meta.update(kernels.pair_constants(name, bits), DTYPE=getattr(metile, name),
+                    EVEN=(k // group_size) % lanes == 0)
+        # x's 16-bit pairs as 32-bit words (a view: no copy); K is a multiple of the group
+        x2 = x2.view(mx.uint32)
     else:
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
@@ -359,11 +378,19 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
-def configs(rows_bucket: int, dtype, transpose: bool) -> list[dict]:
+def _pair_dtype(dtype, bits: int, transpose: bool) -> str | None:
+    """The 16-bit float name quantized_matvec_pairs computes x of `dtype` in, or None."""
+    from metile_kernels import quantized as kernels
+    name = str(dtype).removeprefix("mlx.core.")
+    return name if transpose and (name, bits) in kernels.PAIR_FORMS else None
+
+
+def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4) -> list[dict]:
     """The metile candidates `auto` measures against MLX for a row bucket."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
-        return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], gemm] if transpose else \
+        pairs = MATVEC_PAIRS if _pair_dtype(dtype, bits, transpose) else []
+        return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], *pairs, gemm] if transpose else \
             [MATVEC_N, gemm]
     return [gemm, DEQUANTIZE_GEMM, DEQUANTIZE_MLX_GEMM]
 
@@ -377,7 +404,7 @@ def _fingerprints() -> dict:
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
         kernels.quantized_matvec, kernels.quantized_matvec_runs, kernels.quantized_matvec_rows,
-        kernels.quantized_matvec_n, kernels.quantized_matmul,
+        kernels.quantized_matvec_n, kernels.quantized_matvec_pairs, kernels.quantized_matmul,
         kernels.dequantize, matmul_epilogue))
     return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 
@@ -390,7 +417,8 @@ def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
              "n": n, "k": k, "transpose": transpose, "group_size": group_size, "bits": bits,
              "device": _device_description(device),
              "candidates": [routing.REFERENCE] + [config_name(c)
-                                                  for c in configs(bucket, dtype, transpose)],
+                                                  for c in configs(bucket, dtype, transpose,
+                                                                   bits)],
              "environment": dict(routing.environment()), "toolchain": routing.tuning.toolchain(),
              **_fingerprints()}
     return routing.decision_key(parts), parts
@@ -422,7 +450,7 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
                                         "backend='metile' requested")
     key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)
     entry, path = (None, None) if force else routing.lookup(key)
-    candidates = configs(parts["m_bucket"], dtype, transpose)
+    candidates = configs(parts["m_bucket"], dtype, transpose, bits)
     if entry is not None:
         decision = routing.from_entry(entry, path)
     elif routing.measuring_requested() and routing.can_evaluate(x2, scales):

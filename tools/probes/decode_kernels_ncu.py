@@ -42,6 +42,11 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
         {"kernel": "matvec_runs", "BLOCK_K": 4096, "num_warps": 8},
         {"kernel": "matvec_rows", "BLOCK_K": 1024, "ROWS": 2, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 2048, "ROWS": 2, "num_warps": 2}]
+# packed 16-bit pair arithmetic (quantized_matvec_pairs): rows a lane, words summed in 16
+# bits before float32, lanes (groups a loop step) on LANES / 32 warps
+PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "CHUNK": c, "LANES": lanes, "num_warps": lanes // 32}
+         for r, c, lanes in ((1, 2, 32), (2, 2, 32), (4, 2, 32), (8, 2, 32), (4, 4, 32),
+                             (4, 1, 32), (2, 2, 64), (4, 2, 64))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,
@@ -77,14 +82,15 @@ def run(repeat, only=None):
                 mx.eval(fn())
                 mx.synchronize()
         return
-    sides = [] if only == "gemv" else [
+    sides = [] if only in ("gemv", "pairs") else [
         ("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
-    sides += [] if only == "gemv" else [
+    sides += [] if only in ("gemv", "pairs") else [
         (f"attention {c}", lambda c=c: attention_ops._launch(q, k, v, None, 128 ** -0.5, c))
         for c in ATTENTION]
     sides += [("mlx quantized_matmul", lambda: mx.quantized_matmul(x, wq, s, b))]
+    gemv = GEMV[:1] + GEMV[-2:-1] + PAIRS if only == "pairs" else GEMV + PAIRS
     sides += [(f"gemv {c}", lambda c=c: quantized_ops._metile(x, wq, s, b, n, kk, True, 64, 4, c))
-              for c in GEMV]
+              for c in gemv]
     # float64 of the dequantized weight (MLX's CPU quantized_matmul is ~1% off in float16)
     reference = np.array(x.astype(mx.float32), np.float64) @ np.array(
         mx.dequantize(wq, s, b, group_size=64, bits=4).astype(mx.float32), np.float64).T
@@ -130,6 +136,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--summarize")
-    parser.add_argument("--only", choices=["gemv", "dequantize"])
+    parser.add_argument("--only", choices=["gemv", "pairs", "dequantize"])
     args = parser.parse_args()
     summarize(args.summarize) if args.summarize else run(args.repeat, args.only)

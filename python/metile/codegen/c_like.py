@@ -126,6 +126,9 @@ class CEmitter:
             return self.math(name, a[0], rt, a[1])
         if name == "umulhi":
             return self.umulhi(a, rt)
+        if name == "pair_fma":
+            self.helpers_used.add("pair_" + op.attrs["pair"])
+            return self.PAIR_FMA[op.attrs["pair"]].format(a=a[0], b=a[1], c=a[2])
         if name == "pack_pair":     # two 16-bit values as one word (vectorize_rows.py)
             return self.PACKED_PAIRS[op.operands[0].type.dtype.name][0].format(a=a[0], b=a[1])
         if name == "unpack_half":
@@ -438,6 +441,7 @@ class CEmitter:
     # as words): dtype name -> (word from {a} (low) and {b}; element at bit {shift} of
     # word {w}).  Emitters without them hold elements.
     PACKED_PAIRS: dict[str, tuple[str, str]] = {}
+    PAIR_FMA: dict[str, str] = {}   # pair dtype -> the call (HELPERS["pair_<dtype>"] defines it)
 
     # Register arrays of 16-bit elements held two to a 32-bit word: dtype name ->
     # (declaration over {name}, {words}; read over {name}, {s}; write over {name}, {s}, {v});

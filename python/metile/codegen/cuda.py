@@ -401,6 +401,22 @@ template <typename To, typename From> __device__ __forceinline__ To metile_bitca
 }
 """
 
+# pair_fma (ir/ops.py PAIR): a uint32 word read as two 16-bit floats, one HFMA2
+_PAIR_F16 = """\
+__device__ __forceinline__ unsigned metile_pair_fma_f16(unsigned a, unsigned b, unsigned c) {
+  const __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&a),
+                            *reinterpret_cast<const __half2*>(&b),
+                            *reinterpret_cast<const __half2*>(&c));
+  return *reinterpret_cast<const unsigned*>(&r);
+}"""
+_PAIR_BF16 = """\
+__device__ __forceinline__ unsigned metile_pair_fma_bf16(unsigned a, unsigned b, unsigned c) {
+  const __nv_bfloat162 r = __hfma2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&c));
+  return *reinterpret_cast<const unsigned*>(&r);
+}"""
+
 # 8x8 fragments of simdgroup_inline kernels (passes/lower_fragments.py), emulated
 # per warp with FFMA and shuffles: lane l holds row l / 4, columns 2 (l % 4) and
 # 2 (l % 4) + 1.  Private to these helpers, like the mma.sync layout above.
@@ -545,7 +561,10 @@ class CUDAEmitter(CEmitter):
     BARRIER = "__syncthreads();"
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     BITCAST = "metile_bitcast<{type}>({x})"
-    HELPERS = {"exp2": _EXP2, "sigmoid": _SIGMOID, "bitcast": _BITCAST, "warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC,
+    PAIR_FMA = {"float16": "metile_pair_fma_f16({a}, {b}, {c})",
+                "bfloat16": "metile_pair_fma_bf16({a}, {b}, {c})"}
+    HELPERS = {"exp2": _EXP2, "sigmoid": _SIGMOID, "bitcast": _BITCAST,
+               "pair_float16": _PAIR_F16, "pair_bfloat16": _PAIR_BF16, "warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC,
                "z_async": _ASYNC,
                "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW, "z_tma": _TMA,
                # bit arithmetic rather than __nv_fp8: the same bits as Metal and the CPU runtime

@@ -36,6 +36,18 @@ inline float metile_erf(float x) {
 # its first atomic: a byte of the written-mask goes 0 -> 2 (copying) -> 1 (ready) through a
 # compare-exchange on its aligned 32-bit word; the copying thread finishes inside the loop
 # iteration that won, so SIMD lockstep cannot starve it.
+# pair_fma (ir/ops.py PAIR): a uint word read as two 16-bit floats.  Metal's fma of bfloat
+# vectors is not declared on every version: bfloat16 computes in float32, then rounds.
+_PAIR_F16 = """\
+inline uint metile_pair_fma_f16(uint a, uint b, uint c) {
+  return as_type<uint>(metal::fma(as_type<half2>(a), as_type<half2>(b), as_type<half2>(c)));
+}"""
+_PAIR_BF16 = """\
+inline uint metile_pair_fma_bf16(uint a, uint b, uint c) {
+  return as_type<uint>(bfloat2(metal::fma(float2(as_type<bfloat2>(a)), float2(as_type<bfloat2>(b)),
+                                          float2(as_type<bfloat2>(c)))));
+}"""
+
 _ATOMICS = """#define METILE_RELAXED metal::memory_order_relaxed
 inline float metile_atomic_fmax(device float* p, float v) {
   return as_type<int>(v) >= 0
@@ -176,7 +188,10 @@ class MSLEmitter(CEmitter):
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
-    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "simd64": _SIMD64, "lanes": _LANES,
+    PAIR_FMA = {"float16": "metile_pair_fma_f16({a}, {b}, {c})",
+                "bfloat16": "metile_pair_fma_bf16({a}, {b}, {c})"}
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "pair_float16": _PAIR_F16,
+               "pair_bfloat16": _PAIR_BF16, "simd64": _SIMD64, "lanes": _LANES,
                "fp8": fp8.helpers("inline", "uchar", "uint", "as_type<uint>", "as_type<float>"),
                "tensor_ops": msl_tensor_ops.HEADER}
     FRAGMENT = {

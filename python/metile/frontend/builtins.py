@@ -254,6 +254,14 @@ def fma(gen, x, y, z):
     return gen.sem.binary("add", gen.sem.binary("mul", x, y), z)
 
 
+@builtin("a, b, c, dtype=None")
+def pair_fma(gen, a, b, c, dtype):
+    if dtype is None:
+        raise CompilationError("pair_fma() needs dtype= (metile.float16 or metile.bfloat16): "
+                               "the type of the two halves of each word")
+    return gen.sem.pair_fma(a, b, c, need_dtype(dtype, "pair_fma() dtype="))
+
+
 @builtin("x, min, max, propagate_nan=None")
 def clamp(gen, x, min, max, propagate_nan):
     r = gen.sem.binary("minimum", gen.sem.binary("maximum", x, min), max)

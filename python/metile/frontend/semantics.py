@@ -418,6 +418,30 @@ class Semantics:
         (c, va, vb), shape = self.common(cond, self.convert(a, d), self.convert(b, d))
         return self.b.value("where", [c, va, vb], va.type)
 
+    def pair_fma(self, a, b, c, pair: dt.DType):
+        """Both 16-bit halves of uint32 words a * b + c in `pair` (ir/ops.py PAIR)."""
+        if pair not in (dt.float16, dt.bfloat16):
+            raise CompilationError(f"pair_fma() dtype= must be float16 or bfloat16 (the halves "
+                                   f"of each 32-bit word), got {pair}")
+        words = []
+        for name, x in zip("abc", (a, b, c)):
+            if isinstance(x, Value):
+                if is_pointer(x.type) or dtype_of(x.type) != dt.uint32:
+                    got = "a pointer" if is_pointer(x.type) else dtype_of(x.type)
+                    raise CompilationError(
+                        f"pair_fma() operand {name} must be uint32 words holding two {pair} "
+                        f"values, got {got} (reinterpret 32-bit words with "
+                        f".to(metile.uint32, bitcast=True))")
+                words.append(x)
+            elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32:
+                words.append(self.const(x, dt.uint32))
+            else:
+                raise CompilationError(f"pair_fma() operand {name} must be a uint32 value or a "
+                                       f"32-bit word constant, got {describe(x)}")
+        ops, shape = self.common(*words)
+        return self.b.value("pair_fma", ops, with_shape(ScalarType(dt.uint32), shape),
+                            pair=pair.name)
+
     # -- memory -------------------------------------------------------------------
     def load(self, ptr, mask=None, other=None):
         if not (isinstance(ptr, Value) and is_pointer(ptr.type)):

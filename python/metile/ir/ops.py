@@ -84,7 +84,12 @@ UNARY = frozenset({"neg", "not", "abs"}) | MATH_UNARY
 FLOAT_ONLY = frozenset({"div"}) | MATH_UNARY | MATH_BINARY
 # umulhi: the high 32 bits of the unsigned 64-bit product (Triton's tl.umulhi)
 INT_ONLY = frozenset({"idiv", "mod", "shl", "shr", "umulhi"})
-ELEMENTWISE = BINARY | COMPARE | UNARY | {"cast", "where", "ptr_add"}
+# pair_fma(a, b, c){pair}: uint32 words each holding two 16-bit floats of dtype `pair`
+# (float16 | bfloat16, low half first); both halves a * b + c, each rounded once to `pair`
+# (CUDA's HFMA2, Metal's half2 fma): the packed arithmetic a dequantizing GEMV needs to
+# spend one instruction on two weights
+PAIR = frozenset({"pair_fma"})
+ELEMENTWISE = BINARY | COMPARE | UNARY | PAIR | {"cast", "where", "ptr_add"}
 SCALAR_SOURCES = frozenset({"const", "program_id", "num_programs", "thread_id", "num_threads"})
 TILE_ONLY = frozenset({"arange", "splat", "broadcast", "expand_dims", "permute", "reshape",
                        "scan", "dot", "sort", "join", "split", "flip", "cat"})

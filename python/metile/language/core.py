@@ -80,6 +80,10 @@ _DOCS = {
     "sqrt_rn": "sqrt_rn(x): sqrt(x) (the backend's square root)",
     "fdiv": "fdiv(x, y, ieee_rounding=False): x / y", "div_rn": "div_rn(x, y): x / y",
     "fma": "fma(x, y, z) = x * y + z, rounded after the multiply and after the add.",
+    "pair_fma": "pair_fma(a, b, c, dtype): uint32 words each holding two 16-bit floats of "
+                "dtype (float16 or bfloat16, low half first): both halves a * b + c, each "
+                "rounded once (CUDA's HFMA2, Metal's half2 fma); packed arithmetic for "
+                "kernels bound by instruction count (quantized_matvec_pairs).",
     "clamp": "clamp(x, min, max, propagate_nan=PropagateNan.NONE) = minimum(maximum(x, min), "
              "max); ALL: a NaN x gives NaN.",
     "cast": "cast(x, dtype, fp_downcast_rounding=None, bitcast=False): explicit conversion "
