@@ -203,7 +203,7 @@ def test_pair_gemv_ragged(rng, dtype, bits, rows, n, k, group_size, lanes):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
     for r in (1, 2, 4, 8):     # rows a lane: a program's last rows past N read row N - 1
-        config = {"kernel": "matvec_pairs", "ROWS": r, "CHUNK": 2, "LANES": lanes,
+        config = {"kernel": "matvec_pairs", "ROWS": r, "SPAN": 1, "LANES": lanes,
                   "num_warps": lanes // 32}
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
@@ -509,7 +509,7 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
     name = str(dtype).removeprefix("mlx.core.")
     d = kernels.quantized_matvec_pairs[kernels.matvec_grid(1, 256, 4)].prepare(
         x.view(mx.uint32), wq, s, b, mx.zeros((1, 256), dtype), 1, 256, 4096, BITS=bits,
-        GROUP=64, ROWS=4, CHUNK=2, DTYPE=getattr(metile, name), EVEN=True, num_warps=1,
+        GROUP=64, ROWS=4, SPAN=1, DTYPE=getattr(metile, name), EVEN=True, num_warps=1,
         backend="cuda", **kernels.pair_constants(name, bits))
     assert "__hfma2" in d.source
     loop = d.source[d.source.index("for ("):d.source.rindex("metile_lanes_sum")]

@@ -97,7 +97,14 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s85 ]; then
+if [ "$mode" = s86 ]; then
+  # the pair GEMV with coalesced lanes (a lane a word, SPAN words) and in runs along K
+  # (quantized_matvec_pair_runs): ncu kernel durations, then compiled calls (8 products a call)
+  ncu_times 200 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 --also-decode MATVEC_PAIR_RUNS \
+    --output "$logs/h200-quantized-int4-float16-decode-pairs.json" 2>&1 | tail -14 | tee -a "$log"
+elif [ "$mode" = s85 ]; then
   # (twenty-sixth session) the int4 GEMV in packed 16-bit pair arithmetic
   # (quantized_matvec_pairs): its GPU tests, ncu kernel durations beside MLX's qmv and the
   # float GEMVs (1x4096x11008 group 64), then the decode benchmark's compiled calls (8

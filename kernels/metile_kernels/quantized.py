@@ -399,7 +399,16 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
     twice = lambda h: h | (h << 16)  # noqa: E731
     # float16 4-bit: a nibble kept in place at bits 4-7 makes M + 16 q, exact too (10
     # mantissa bits), which 1/16 and -(M / 16 + C) centre: one shift a word fewer
-    return {"MAGIC": twice(bits16(magic)), "ONE": twice(bits16(1.0)),
+    if dtype_name == "float16" and bits == 4:
+        # quantized_matvec_pair_runs: the low nibble in the low half, the high nibble kept at
+        # bits 4-7 of the high half (M + 16 q: 10 mantissa bits hold it; bfloat16's 7 do not)
+        lohi_one, lohi_shift = bits16(1.0) | bits16(1.0 / 16) << 16, \
+            bits16(-magic) | bits16(-magic / 16) << 16
+    else:
+        lohi_one, lohi_shift = twice(bits16(1.0)), twice(bits16(-magic))
+    runs = {"LOHI_ONE": lohi_one, "LOHI_SHIFT": lohi_shift,
+            "HIGH_SHIFT": 16 if dtype_name == "float16" else 12}
+    return {**runs, "MAGIC": twice(bits16(magic)), "ONE": twice(bits16(1.0)),
             "SHIFT": twice(bits16(-(magic + centre))), "CENTRE": centre,
             "ONE_HI": twice(bits16(1.0 / 16)), "SHIFT_HI": twice(bits16(-(magic / 16 + centre))),
             "IN_PLACE": dtype_name == "float16" and bits == 4}
@@ -420,7 +429,7 @@ def pair_halves(word, DTYPE):
 @metile.kernel
 def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                            GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 4,
-                           LANES: metile.constexpr = 32, CHUNK: metile.constexpr = 2,
+                           LANES: metile.constexpr = 32, SPAN: metile.constexpr = 1,
                            DTYPE: metile.constexpr = metile.float16,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
@@ -435,16 +444,20 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     halves, so one AND and OR with MAGIC turn the pair into M + q, one pair_fma into q - C
     exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped once
     a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in 16
-    bits over CHUNK words, then in float32; each group's sums meet its scale and bias once:
+    bits over SPAN consecutive words of one group, then in float32 with the group's scale
+    and bias:
         sum_k (s q_k + b) x_k = s * sum_k x_k (q_k - C) + (b + C s) * sum_k x_k.
-    Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes, lane
-    l taking groups l, l + LANES, ...; a row past N reads row N - 1 (not stored), so no row
-    branches.  EVEN: the groups of a row are a multiple of LANES (no load is masked).
-    MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE: `pair_constants(DTYPE, BITS)`
-    (IN_PLACE: float16 4-bit, where pairs 1 and 3 are unpacked without a shift)."""
+    Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes; a
+    loop step covers LANES * SPAN consecutive packed words, lane l words l * SPAN and on, so
+    a warp's loads of a row's words and of x are contiguous (lanes taking whole groups read
+    x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  A row past N reads
+    row N - 1 (not stored), so no row branches.  EVEN: a row's words are a multiple of
+    LANES * SPAN (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
+    `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
+    a shift)."""
     PER = 32 // BITS
     P = PER // 2
-    WPG = GROUP // PER             # packed words a group
+    WPG = GROUP // PER             # packed words a group (a multiple of SPAN)
     LOW = 0x000F000F if BITS == 4 else 0x00FF00FF
     words = K // PER
     groups = K // GROUP
@@ -457,9 +470,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     # loads of one address are one load to the GPU compiler
     x_row = x + r * (K // 2) + (nn * 0)[:, None]
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    for g0 in range(0, groups, LANES):
-        g = g0 + lane
-        live = g < groups
+    for w0 in range(0, words, LANES * SPAN):
+        first = w0 + lane * SPAN
+        live = first < words
+        g = first // WPG
         if EVEN:
             s = metile.load(scales + nn[:, None] * groups + g[None, :]).to(metile.float32)
             b = metile.load(biases + nn[:, None] * groups + g[None, :]).to(metile.float32)
@@ -468,58 +482,123 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
                             other=0.0).to(metile.float32)
             b = metile.load(biases + nn[:, None] * groups + g[None, :], mask=live[None, :],
                             other=0.0).to(metile.float32)
-        products = metile.zeros((ROWS, LANES), dtype=metile.float32)
-        x_sum = metile.zeros((ROWS, LANES), dtype=metile.float32)
-        for c in metile.static_range(WPG // CHUNK):
-            part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-            x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-            for i in metile.static_range(CHUNK):
-                word = g * WPG + (c * CHUNK + i)
+        part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+        x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+        for i in metile.static_range(SPAN):
+            word = first + i
+            at = x_row + (word * P)[None, :]
+            if EVEN:
+                packed = metile.load(w + nn[:, None] * words + word[None, :])
+                x0 = metile.load(at)
+                x1 = metile.load(at + 1)
+            else:
+                packed = metile.load(w + nn[:, None] * words + word[None, :],
+                                     mask=live[None, :], other=0)
+                x0 = metile.load(at, mask=live[None, :], other=0)
+                x1 = metile.load(at + 1, mask=live[None, :], other=0)
+            if BITS == 4:
                 if EVEN:
-                    packed = metile.load(w + nn[:, None] * words + word[None, :])
-                    x0 = metile.load(x_row + (word * P)[None, :])
-                    x1 = metile.load(x_row + (word * P + 1)[None, :])
+                    x2 = metile.load(at + 2)
+                    x3 = metile.load(at + 3)
                 else:
-                    packed = metile.load(w + nn[:, None] * words + word[None, :],
-                                         mask=live[None, :], other=0)
-                    x0 = metile.load(x_row + (word * P)[None, :], mask=live[None, :], other=0)
-                    x1 = metile.load(x_row + (word * P + 1)[None, :], mask=live[None, :],
-                                     other=0)
-                if BITS == 4:
-                    if EVEN:
-                        x2 = metile.load(x_row + (word * P + 2)[None, :])
-                        x3 = metile.load(x_row + (word * P + 3)[None, :])
-                    else:
-                        x2 = metile.load(x_row + (word * P + 2)[None, :], mask=live[None, :],
-                                         other=0)
-                        x3 = metile.load(x_row + (word * P + 3)[None, :], mask=live[None, :],
-                                         other=0)
-                    # pair j = (x_j, x_{j+4}): halves of x0..x3 regrouped
-                    pairs = ((x0 & 0xFFFF) | (x2 << 16), (x0 >> 16) | (x2 & 0xFFFF0000),
-                             (x1 & 0xFFFF) | (x3 << 16), (x1 >> 16) | (x3 & 0xFFFF0000))
-                else:
-                    pairs = ((x0 & 0xFFFF) | (x1 << 16), (x0 >> 16) | (x1 & 0xFFFF0000))
-                for j in metile.static_range(P):
-                    if IN_PLACE:
-                        # pairs 1 and 3 keep their nibbles at bits 4-7 (M + 16 q)
-                        half_word = packed >> (8 * (j // 2))
-                        if j % 2 == 0:
-                            q = (half_word & 0x000F000F) | MAGIC
-                            centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
-                        else:
-                            q = (half_word & 0x00F000F0) | MAGIC
-                            centred = metile.pair_fma(q, ONE_HI, SHIFT_HI, dtype=DTYPE)
-                    else:
-                        q = ((packed >> (BITS * j)) & LOW) | MAGIC
+                    x2 = metile.load(at + 2, mask=live[None, :], other=0)
+                    x3 = metile.load(at + 3, mask=live[None, :], other=0)
+                # pair j = (x_j, x_{j+4}): halves of the word's four x pairs regrouped
+                pairs = ((x0 & 0xFFFF) | (x2 << 16), (x0 >> 16) | (x2 & 0xFFFF0000),
+                         (x1 & 0xFFFF) | (x3 << 16), (x1 >> 16) | (x3 & 0xFFFF0000))
+            else:
+                pairs = ((x0 & 0xFFFF) | (x1 << 16), (x0 >> 16) | (x1 & 0xFFFF0000))
+            for j in metile.static_range(P):
+                if IN_PLACE:
+                    # pairs 1 and 3 keep their nibbles at bits 4-7 (M + 16 q)
+                    half_word = packed >> (8 * (j // 2))
+                    if j % 2 == 0:
+                        q = (half_word & 0x000F000F) | MAGIC
                         centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
-                    part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
-                    x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
-            lo, hi = pair_halves(part, DTYPE)
-            products += lo + hi
-            x_lo, x_hi = pair_halves(x_part, DTYPE)
-            x_sum += x_lo + x_hi
-        acc += s * products + (b + CENTRE * s) * x_sum
+                    else:
+                        q = (half_word & 0x00F000F0) | MAGIC
+                        centred = metile.pair_fma(q, ONE_HI, SHIFT_HI, dtype=DTYPE)
+                else:
+                    q = ((packed >> (BITS * j)) & LOW) | MAGIC
+                    centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
+                part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
+                x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
+        lo, hi = pair_halves(part, DTYPE)
+        x_lo, x_hi = pair_halves(x_part, DTYPE)
+        acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
     total = metile.sum(acc, axis=1)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+
+
+@metile.kernel
+def quantized_matvec_pair_runs(x, w, scales, biases, out, rows, N, K,
+                               BITS: metile.constexpr = 4, GROUP: metile.constexpr = 64,
+                               ROWS: metile.constexpr = 2, BLOCK: metile.constexpr = 256,
+                               FLUSH: metile.constexpr = 4,
+                               DTYPE: metile.constexpr = metile.float16,
+                               MAGIC: metile.constexpr = 0, LOHI_ONE: metile.constexpr = 0,
+                               LOHI_SHIFT: metile.constexpr = 0, HIGH_SHIFT: metile.constexpr = 16,
+                               EVEN: metile.constexpr = False):
+    """quantized_matvec_pairs written along K in runs (passes/vectorize_rows.py): element j
+    of a (ROWS, BLOCK) tile is x's pair j (uint32 view, x[2j] low) and weights 2j, 2j+1 of
+    each row, so x is read as 16-byte vectors, shared by the rows, and a run's packed word,
+    scale and bias once per run.  The pair's two weights come out of their word in natural
+    order: the low nibble (byte) in place in the low half, the high nibble at bits 4-7 of the
+    high half (float16 M + 16 q) or the next byte there, then one pair_fma makes q exactly,
+    one more the weight s q + b (rounded to the 16-bit type, as MLX's dequantize rounds it),
+    a third multiplies it by x's pair and adds it to the pair's sum.  Sums are carried in
+    16 bits over FLUSH blocks, then added in float32.  Rows past N read row N - 1 (not
+    stored).  EVEN: K / 2 is a multiple of BLOCK * FLUSH (no load is masked)."""
+    XW = K // 2                     # x pairs a row
+    PW = 16 // BITS                 # x pairs a packed word
+    GW = GROUP // 2                 # x pairs a group
+    words = K * BITS // 32
+    groups = K // GROUP
+    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
+    nn = metile.minimum(n, N - 1)
+    r = metile.program_id(1)
+    i = metile.arange(0, BLOCK)
+    x_row = x + r * XW + (nn * 0)[:, None]
+    total = metile.zeros((ROWS, BLOCK), dtype=metile.float32)
+    for start in range(0, XW, BLOCK * FLUSH):
+        acc = metile.zeros((ROWS, BLOCK), dtype=metile.uint32)
+        for f in metile.static_range(FLUSH):
+            base = start + f * BLOCK
+            j = base + i
+            # the block's offset divided out on its own (a multiple of the run and of a
+            # group: BLOCK * FLUSH is), so the compiler proves the word and group constant
+            # along each run of i (weights_in_runs)
+            word_at = nn[:, None] * words + (base // PW + i // PW)[None, :]
+            group_at = nn[:, None] * groups + (base // GW + i // GW)[None, :]
+            if EVEN:
+                xp = metile.load(x_row + j[None, :])
+                packed = metile.load(w + word_at)
+                s = metile.load(scales + group_at)
+                b = metile.load(biases + group_at)
+            else:
+                live = (j < XW)[None, :] & (nn[:, None] >= 0)
+                xp = metile.load(x_row + j[None, :], mask=live, other=0)
+                packed = metile.load(w + word_at, mask=live, other=0)
+                s = metile.load(scales + group_at, mask=live, other=0.0)
+                b = metile.load(biases + group_at, mask=live, other=0.0)
+            # the scale and bias twice in a word (a 16-bit float of x's type: MLX's scales
+            # share x's dtype here, quantized_ops checks)
+            s2 = s.to(metile.uint16, bitcast=True).to(metile.uint32) * 0x10001
+            b2 = b.to(metile.uint16, bitcast=True).to(metile.uint32) * 0x10001
+            # j's low bits, not j % PW: equal for j >= 0, and constant per element of a run
+            t = packed >> ((i & (PW - 1)) * (2 * BITS))[None, :]
+            if BITS == 4:
+                q = (t & 0xF) | ((t << HIGH_SHIFT) & (0xF0 << HIGH_SHIFT)) | MAGIC
+            else:
+                q = ((t & 0xFF) | ((t << 8) & 0x00FF0000)) | MAGIC
+            exact = metile.pair_fma(q, LOHI_ONE, LOHI_SHIFT, dtype=DTYPE)
+            weight = metile.pair_fma(exact, s2, b2, dtype=DTYPE)
+            acc = metile.pair_fma(xp, weight, acc, dtype=DTYPE)
+        lo, hi = pair_halves(acc, DTYPE)
+        total += lo + hi
+    y = metile.sum(total, axis=1)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * N + n[None, :], y[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))

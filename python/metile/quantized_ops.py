@@ -39,6 +39,7 @@ custom_function's vjp cannot tell which inputs were asked for.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import mlx.core as mx
@@ -101,8 +102,13 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
 # instruction, x's pairs shared by ROWS rows a lane): float16 4/8-bit and bfloat16 4-bit
 # weights, transpose=True (kernels.PAIR_FORMS).
-MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "CHUNK": 2, "num_warps": 1},
-                {"kernel": "matvec_pairs", "ROWS": 2, "CHUNK": 2, "num_warps": 1}]
+MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 1, "num_warps": 1},
+                {"kernel": "matvec_pairs", "ROWS": 2, "SPAN": 1, "num_warps": 1}]
+# ...written along K in runs (quantized_matvec_pair_runs): x and the words as vectors
+MATVEC_PAIR_RUNS = [{"kernel": "matvec_pair_runs", "ROWS": 2, "BLOCK": 256, "FLUSH": 4,
+                     "num_warps": 1},
+                    {"kernel": "matvec_pair_runs", "ROWS": 1, "BLOCK": 1024, "FLUSH": 2,
+                     "num_warps": 2}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -249,16 +255,21 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":
         kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
-    elif kind == "matvec_pairs":
-        kernel, grid = kernels.quantized_matvec_pairs, kernels.matvec_grid(m, n, params["ROWS"])
+    elif kind in ("matvec_pairs", "matvec_pair_runs"):
+        kernel = getattr(kernels, "quantized_" + kind)
+        grid = kernels.matvec_grid(m, n, params["ROWS"])
         name = _pair_dtype(x2.dtype, bits, transpose)
         if name is None:
             raise ValueError(f"quantized_matmul: the matvec_pairs kernel takes float16 (4 or "
                              f"8 bits) or bfloat16 (4 bits) with transpose=True, got "
                              f"{x2.dtype} with {bits} bits, transpose={transpose}")
-        lanes = params.get("LANES", 32)
-        meta.update(kernels.pair_constants(name, bits), DTYPE=getattr(metile, name),
-                    EVEN=(k // group_size) % lanes == 0)
+        if kind == "matvec_pairs":
+            even = (k * bits // 32) % (params.get("LANES", 32) * params.get("SPAN", 1)) == 0
+        else:
+            even = (k // 2) % (params["BLOCK"] * params["FLUSH"]) == 0
+        taken = inspect.signature(kernel.fn).parameters
+        meta.update({key: v for key, v in kernels.pair_constants(name, bits).items()
+                     if key in taken}, DTYPE=getattr(metile, name), EVEN=even)
         # x's 16-bit pairs as 32-bit words (a view: no copy); K is a multiple of the group
         x2 = x2.view(mx.uint32)
     else:

@@ -216,7 +216,8 @@ class MSLEmitter(CEmitter):
     # and packed types keep it well-defined where a buffer's base is only element-aligned
     # (the CPU runtime's allocations).
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
-                    "bfloat16": ("bfloat4", "{v}.{c}")}
+                    "bfloat16": ("bfloat4", "{v}.{c}"), "uint32": ("uint4", "{v}.{c}"),
+                    "int32": ("int4", "{v}.{c}")}
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
     # Stores through the packed vector too (element alignment only).
