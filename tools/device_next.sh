@@ -97,7 +97,14 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s86 ]; then
+if [ "$mode" = s87 ]; then
+  # the pair GEMV with x as 64-bit words and the next step's loads ahead: ncu kernel
+  # durations, then compiled calls (8 products a call) with the pair candidates
+  ncu_times 200 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode-pairs.json" 2>&1 | tail -14 | tee -a "$log"
+elif [ "$mode" = s86 ]; then
   # the pair GEMV with coalesced lanes (a lane a word, SPAN words) and in runs along K
   # (quantized_matvec_pair_runs): ncu kernel durations, then compiled calls (8 products a call)
   ncu_times 200 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3

@@ -426,10 +426,87 @@ def pair_halves(word, DTYPE):
     return lo, hi
 
 
+@metile.inline
+def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN):
+    """What quantized_matvec_pairs reads for words first, first + 1 (SPAN 2) of rows nn:
+    the group's scale and bias (float32), the packed words and x's 64-bit words for them
+    (two a 4-bit word, one an 8-bit one; the second word's are the first's where SPAN
+    is 1)."""
+    live = (first < words)[None, :]
+    g = (first // WPG)[None, :]
+    at = nn[:, None] * words + first[None, :]
+    XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
+    xat = x_row + (first * XPW)[None, :]
+    if EVEN:
+        s = metile.load(scales + nn[:, None] * groups + g).to(metile.float32)
+        b = metile.load(biases + nn[:, None] * groups + g).to(metile.float32)
+        p0 = metile.load(w + at)
+        xa0 = metile.load(xat)
+        xb0 = metile.load(xat + (XPW - 1))
+    else:
+        s = metile.load(scales + nn[:, None] * groups + g, mask=live, other=0.0).to(
+            metile.float32)
+        b = metile.load(biases + nn[:, None] * groups + g, mask=live, other=0.0).to(
+            metile.float32)
+        p0 = metile.load(w + at, mask=live, other=0)
+        xa0 = metile.load(xat, mask=live, other=0)
+        xb0 = metile.load(xat + (XPW - 1), mask=live, other=0)
+    if SPAN == 2:                    # the group holds both words (WPG is even)
+        if EVEN:
+            p1 = metile.load(w + at + 1)
+            xa1 = metile.load(xat + XPW)
+            xb1 = metile.load(xat + (2 * XPW - 1))
+        else:
+            p1 = metile.load(w + at + 1, mask=live, other=0)
+            xa1 = metile.load(xat + XPW, mask=live, other=0)
+            xb1 = metile.load(xat + (2 * XPW - 1), mask=live, other=0)
+    else:
+        p1 = p0
+        xa1 = xa0
+        xb1 = xb0
+    return s, b, p0, p1, xa0, xb0, xa1, xb1
+
+
+@metile.inline
+def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_HI, SHIFT_HI,
+              IN_PLACE):
+    """One packed word's products with x added to the pair sums `part` and x's own pairs to
+    `x_part` (quantized_matvec_pairs)."""
+    P = 16 // BITS                   # pairs a word
+    LOW = 0x000F000F if BITS == 4 else 0x00FF00FF
+    x0 = (xa & 0xFFFFFFFF).to(metile.uint32)
+    x1 = (xa >> 32).to(metile.uint32)
+    if BITS == 4:
+        x2 = (xb & 0xFFFFFFFF).to(metile.uint32)
+        x3 = (xb >> 32).to(metile.uint32)
+        # pair j = (x_j, x_{j+4}): halves of the word's four x pairs regrouped
+        pairs = ((x0 & 0xFFFF) | (x2 << 16), (x0 >> 16) | (x2 & 0xFFFF0000),
+                 (x1 & 0xFFFF) | (x3 << 16), (x1 >> 16) | (x3 & 0xFFFF0000))
+    else:
+        pairs = ((x0 & 0xFFFF) | (x1 << 16), (x0 >> 16) | (x1 & 0xFFFF0000))
+    for j in metile.static_range(P):
+        if IN_PLACE:
+            # pairs 1 and 3 keep their nibbles at bits 4-7 (M + 16 q)
+            half_word = packed >> (8 * (j // 2))
+            if j % 2 == 0:
+                q = (half_word & 0x000F000F) | MAGIC
+                centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
+            else:
+                q = (half_word & 0x00F000F0) | MAGIC
+                centred = metile.pair_fma(q, ONE_HI, SHIFT_HI, dtype=DTYPE)
+        else:
+            q = ((packed >> (BITS * j)) & LOW) | MAGIC
+            centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
+        part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
+        x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
+    return part, x_part
+
+
 @metile.kernel
 def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
                            GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 4,
                            LANES: metile.constexpr = 32, SPAN: metile.constexpr = 1,
+                           PREFETCH: metile.constexpr = False,
                            DTYPE: metile.constexpr = metile.float16,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
@@ -439,26 +516,27 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
 
-    `x` is the (rows, K / 2) uint32 view of the 16-bit activations (x[2i] low, x[2i+1] high).
-    Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its 16-bit
-    halves, so one AND and OR with MAGIC turn the pair into M + q, one pair_fma into q - C
-    exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped once
-    a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in 16
-    bits over SPAN consecutive words of one group, then in float32 with the group's scale
-    and bias:
+    `x` is the (rows, K / 4) uint64 view of the 16-bit activations (four a word, the first
+    lowest).  Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its
+    16-bit halves, so one AND and OR with MAGIC turn the pair into M + q, one pair_fma into
+    q - C exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped
+    once a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in
+    16 bits over SPAN (1 or 2) consecutive words of one group, then in float32 with the
+    group's scale and bias:
         sum_k (s q_k + b) x_k = s * sum_k x_k (q_k - C) + (b + C s) * sum_k x_k.
     Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes; a
     loop step covers LANES * SPAN consecutive packed words, lane l words l * SPAN and on, so
     a warp's loads of a row's words and of x are contiguous (lanes taking whole groups read
-    x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  A row past N reads
+    x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  PREFETCH: the next
+    step's loads are issued before this step's arithmetic (a one-warp program runs its K
+    loop in series, its loads' latency exposed once a step otherwise).  A row past N reads
     row N - 1 (not stored), so no row branches.  EVEN: a row's words are a multiple of
     LANES * SPAN (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
     a shift)."""
     PER = 32 // BITS
-    P = PER // 2
     WPG = GROUP // PER             # packed words a group (a multiple of SPAN)
-    LOW = 0x000F000F if BITS == 4 else 0x00FF00FF
+    STEP = LANES * SPAN
     words = K // PER
     groups = K // GROUP
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
@@ -468,64 +546,41 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     # x through a pointer broadcast over the rows, not a (LANES,) tile broadcast (placed in
     # threadgroup memory): lane l holds column l of every (ROWS, LANES) tile, so the ROWS
     # loads of one address are one load to the GPU compiler
-    x_row = x + r * (K // 2) + (nn * 0)[:, None]
+    x_row = x + r * (K // 4) + (nn * 0)[:, None]
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    for w0 in range(0, words, LANES * SPAN):
-        first = w0 + lane * SPAN
-        live = first < words
-        g = first // WPG
-        if EVEN:
-            s = metile.load(scales + nn[:, None] * groups + g[None, :]).to(metile.float32)
-            b = metile.load(biases + nn[:, None] * groups + g[None, :]).to(metile.float32)
+    if PREFETCH:
+        s, b, p0, p1, xa0, xb0, xa1, xb1 = pair_fetch(w, x_row, scales, biases, nn, lane * SPAN,
+                                                      words, groups, WPG, BITS, SPAN, EVEN)
+    for w0 in range(0, words, STEP):
+        if PREFETCH:
+            # the next step's words (this step's again at the last: in bounds, unused)
+            ahead = metile.where(w0 + STEP < words, w0 + STEP, w0)
+            ns, nb, np0, np1, nxa0, nxb0, nxa1, nxb1 = pair_fetch(
+                w, x_row, scales, biases, nn, ahead + lane * SPAN, words, groups, WPG, BITS,
+                SPAN, EVEN)
         else:
-            s = metile.load(scales + nn[:, None] * groups + g[None, :], mask=live[None, :],
-                            other=0.0).to(metile.float32)
-            b = metile.load(biases + nn[:, None] * groups + g[None, :], mask=live[None, :],
-                            other=0.0).to(metile.float32)
+            s, b, p0, p1, xa0, xb0, xa1, xb1 = pair_fetch(
+                w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, WPG, BITS, SPAN,
+                EVEN)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        for i in metile.static_range(SPAN):
-            word = first + i
-            at = x_row + (word * P)[None, :]
-            if EVEN:
-                packed = metile.load(w + nn[:, None] * words + word[None, :])
-                x0 = metile.load(at)
-                x1 = metile.load(at + 1)
-            else:
-                packed = metile.load(w + nn[:, None] * words + word[None, :],
-                                     mask=live[None, :], other=0)
-                x0 = metile.load(at, mask=live[None, :], other=0)
-                x1 = metile.load(at + 1, mask=live[None, :], other=0)
-            if BITS == 4:
-                if EVEN:
-                    x2 = metile.load(at + 2)
-                    x3 = metile.load(at + 3)
-                else:
-                    x2 = metile.load(at + 2, mask=live[None, :], other=0)
-                    x3 = metile.load(at + 3, mask=live[None, :], other=0)
-                # pair j = (x_j, x_{j+4}): halves of the word's four x pairs regrouped
-                pairs = ((x0 & 0xFFFF) | (x2 << 16), (x0 >> 16) | (x2 & 0xFFFF0000),
-                         (x1 & 0xFFFF) | (x3 << 16), (x1 >> 16) | (x3 & 0xFFFF0000))
-            else:
-                pairs = ((x0 & 0xFFFF) | (x1 << 16), (x0 >> 16) | (x1 & 0xFFFF0000))
-            for j in metile.static_range(P):
-                if IN_PLACE:
-                    # pairs 1 and 3 keep their nibbles at bits 4-7 (M + 16 q)
-                    half_word = packed >> (8 * (j // 2))
-                    if j % 2 == 0:
-                        q = (half_word & 0x000F000F) | MAGIC
-                        centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
-                    else:
-                        q = (half_word & 0x00F000F0) | MAGIC
-                        centred = metile.pair_fma(q, ONE_HI, SHIFT_HI, dtype=DTYPE)
-                else:
-                    q = ((packed >> (BITS * j)) & LOW) | MAGIC
-                    centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
-                part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
-                x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
+        part, x_part = pair_word(p0, xa0, xb0, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT,
+                                 ONE_HI, SHIFT_HI, IN_PLACE)
+        if SPAN == 2:
+            part, x_part = pair_word(p1, xa1, xb1, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT,
+                                     ONE_HI, SHIFT_HI, IN_PLACE)
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
         acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
+        if PREFETCH:
+            s = ns
+            b = nb
+            p0 = np0
+            p1 = np1
+            xa0 = nxa0
+            xb0 = nxb0
+            xa1 = nxa1
+            xb1 = nxb1
     total = metile.sum(acc, axis=1)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),

@@ -102,8 +102,10 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
 # instruction, x's pairs shared by ROWS rows a lane): float16 4/8-bit and bfloat16 4-bit
 # weights, transpose=True (kernels.PAIR_FORMS).
-MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 1, "num_warps": 1},
-                {"kernel": "matvec_pairs", "ROWS": 2, "SPAN": 1, "num_warps": 1}]
+MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "PREFETCH": True,
+                 "num_warps": 1},
+                {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "LANES": 64, "PREFETCH": True,
+                 "num_warps": 2}]
 # ...written along K in runs (quantized_matvec_pair_runs): x and the words as vectors
 MATVEC_PAIR_RUNS = [{"kernel": "matvec_pair_runs", "ROWS": 2, "BLOCK": 256, "FLUSH": 4,
                      "num_warps": 1},
@@ -270,8 +272,9 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         taken = inspect.signature(kernel.fn).parameters
         meta.update({key: v for key, v in kernels.pair_constants(name, bits).items()
                      if key in taken}, DTYPE=getattr(metile, name), EVEN=even)
-        # x's 16-bit pairs as 32-bit words (a view: no copy); K is a multiple of the group
-        x2 = x2.view(mx.uint32)
+        # x's 16-bit values as 64-bit words (pair_runs: 32-bit pairs), a view, no copy: K is
+        # a multiple of the group
+        x2 = x2.view(mx.uint64 if kind == "matvec_pairs" else mx.uint32)
     else:
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])

@@ -44,13 +44,12 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 2048, "ROWS": 2, "num_warps": 2}]
 # packed 16-bit pair arithmetic (quantized_matvec_pairs): rows a lane, words summed in 16
 # bits before float32, lanes (groups a loop step) on LANES / 32 warps
-PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "num_warps": lanes // 32}
-         for r, c, lanes in ((1, 1, 32), (2, 1, 32), (4, 1, 32), (8, 1, 32), (2, 2, 32),
-                             (4, 2, 32), (4, 4, 32), (2, 1, 64), (4, 1, 64), (4, 2, 64))]
-# the same in runs along K (quantized_matvec_pair_runs): x and the words as 16-byte vectors
-PAIRS += [{"kernel": "matvec_pair_runs", "ROWS": r, "BLOCK": bl, "FLUSH": fl, "num_warps": wa}
-          for r, bl, fl, wa in ((1, 256, 4, 1), (2, 256, 4, 1), (4, 256, 4, 1), (2, 512, 2, 1),
-                                (2, 512, 4, 2), (1, 1024, 2, 2))]
+PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "PREFETCH": pf,
+          "num_warps": lanes // 32}
+         for r, c, lanes, pf in ((4, 2, 32, False), (4, 2, 32, True), (2, 2, 32, True),
+                                 (8, 2, 32, True), (4, 1, 32, True), (4, 2, 64, True),
+                                 (4, 2, 64, False), (2, 2, 64, True), (8, 2, 64, True),
+                                 (4, 2, 128, True), (2, 2, 128, True))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,
