@@ -97,7 +97,18 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s87 ]; then
+if [ "$mode" = s88 ]; then
+  # where the pair GEMV's time goes: ncu sections of one launch (ROWS 4, SPAN 2), then the
+  # kernels a compiled 8-product call launches (ncu) beside its wall time a product
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    -k regex:matvec_pairs --launch-skip 1 --launch-count 1 \
+    python3 tools/probes/decode_kernels_ncu.py --only pairs --repeat 2 > "$logs/ncu-pairs-sections.txt" 2>&1
+  grep -E "matvec_pairs|Duration|Throughput|Occupancy|Issue|Registers|Stall|Warp Cycles|Eligible|Active Warps|L1|L2|DRAM" \
+    "$logs/ncu-pairs-sections.txt" | head -70 | tee -a "$log"
+  timeout 60 python3 tools/probes/decode_chain_ncu.py --wall 2>&1 | tee -a "$log"
+  ncu_times 100 ncu-decode-chain tools/probes/decode_chain_ncu.py
+elif [ "$mode" = s87 ]; then
   # the pair GEMV with x as 64-bit words and the next step's loads ahead: ncu kernel
   # durations, then compiled calls (8 products a call) with the pair candidates
   ncu_times 200 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
