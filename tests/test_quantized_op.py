@@ -202,9 +202,11 @@ def test_every_decode_candidate(rng, bits, group_size, k, dtype):
 def test_pair_gemv_ragged(rng, dtype, bits, rows, n, k, group_size, lanes):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, bits)
     x = mx.array(rng.standard_normal((rows, k)).astype(np.float32)).astype(dtype)
-    for r in (1, 2, 4, 8):     # rows a lane: a program's last rows past N read row N - 1
-        config = {"kernel": "matvec_pairs", "ROWS": r, "SPAN": 1, "LANES": lanes,
-                  "num_warps": lanes // 32}
+    # rows a lane (a program's last rows past N read row N - 1), one or two words a lane,
+    # the next step's loads ahead or not
+    for r, span, ahead in ((1, 1, False), (2, 2, True), (4, 2, False), (8, 1, True)):
+        config = {"kernel": "matvec_pairs", "ROWS": r, "SPAN": span, "LANES": lanes,
+                  "PREFETCH": ahead, "num_warps": lanes // 32}
         y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, bits, config)
         check(y, x, wq, s, b, True, group_size, bits, dtype)
 
@@ -507,10 +509,12 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
     wq, s, b = mx.quantize(mx.zeros((256, 4096), dtype), group_size=64, bits=bits)
     x = mx.zeros((1, 4096), dtype)
     name = str(dtype).removeprefix("mlx.core.")
+    consts = kernels.pair_constants(name, bits)
+    taken = ("MAGIC", "ONE", "SHIFT", "CENTRE", "ONE_HI", "SHIFT_HI", "IN_PLACE")
     d = kernels.quantized_matvec_pairs[kernels.matvec_grid(1, 256, 4)].prepare(
-        x.view(mx.uint32), wq, s, b, mx.zeros((1, 256), dtype), 1, 256, 4096, BITS=bits,
-        GROUP=64, ROWS=4, SPAN=1, DTYPE=getattr(metile, name), EVEN=True, num_warps=1,
-        backend="cuda", **kernels.pair_constants(name, bits))
+        x.view(mx.uint64), wq, s, b, mx.zeros((1, 256), dtype), 1, 256, 4096, consts["MAGIC"],
+        BITS=bits, GROUP=64, ROWS=4, SPAN=2, DTYPE=getattr(metile, name), EVEN=True,
+        num_warps=1, backend="cuda", **{k: consts[k] for k in taken})
     assert "__hfma2" in d.source
     loop = d.source[d.source.index("for ("):d.source.rindex("metile_lanes_sum")]
     assert "__syncthreads" not in loop

@@ -97,7 +97,13 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s88 ]; then
+if [ "$mode" = s89 ]; then
+  # the pair GEMV with MAGIC in a register: its GPU tests, ncu kernel durations of SPAN 2-4,
+  # then the compiled 8-product call's wall time (tools/probes/decode_chain_ncu.py)
+  gpu_tests 150 -k "pair" test_pair_fma test_quantized_op
+  ncu_times 150 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
+  timeout 60 python3 tools/probes/decode_chain_ncu.py --wall 2>&1 | tee -a "$log"
+elif [ "$mode" = s88 ]; then
   # where the pair GEMV's time goes: ncu sections of one launch (ROWS 4, SPAN 2), then the
   # kernels a compiled 8-product call launches (ncu) beside its wall time a product
   timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \

@@ -503,7 +503,8 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
 
 
 @metile.kernel
-def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr = 4,
+def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
+                           BITS: metile.constexpr = 4,
                            GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 4,
                            LANES: metile.constexpr = 32, SPAN: metile.constexpr = 1,
                            PREFETCH: metile.constexpr = False,
@@ -518,7 +519,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
 
     `x` is the (rows, K / 4) uint64 view of the 16-bit activations (four a word, the first
     lowest).  Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its
-    16-bit halves, so one AND and OR with MAGIC turn the pair into M + q, one pair_fma into
+    16-bit halves, so one AND and OR with MAGIC (`magic`) turn the pair into M + q, one pair_fma into
     q - C exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped
     once a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in
     16 bits over SPAN (1 or 2) consecutive words of one group, then in float32 with the
@@ -547,6 +548,9 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
     # threadgroup memory): lane l holds column l of every (ROWS, LANES) tile, so the ROWS
     # loads of one address are one load to the GPU compiler
     x_row = x + r * (K // 4) + (nn * 0)[:, None]
+    # MAGIC as the launch passes it (`magic`, its value): a register the loop keeps, where
+    # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
+    m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     if PREFETCH:
         s, b, p0, p1, xa0, xb0, xa1, xb1 = pair_fetch(w, x_row, scales, biases, nn, lane * SPAN,
@@ -564,10 +568,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, BITS: metile.c
                 EVEN)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        part, x_part = pair_word(p0, xa0, xb0, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT,
+        part, x_part = pair_word(p0, xa0, xb0, part, x_part, BITS, DTYPE, m, ONE, SHIFT,
                                  ONE_HI, SHIFT_HI, IN_PLACE)
         if SPAN == 2:
-            part, x_part = pair_word(p1, xa1, xb1, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT,
+            part, x_part = pair_word(p1, xa1, xb1, part, x_part, BITS, DTYPE, m, ONE, SHIFT,
                                      ONE_HI, SHIFT_HI, IN_PLACE)
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)

@@ -280,6 +280,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
         meta["TRANSPOSE"] = transpose
     args = (x2, w, scales, biases, out, m, n, k)
+    if kind == "matvec_pairs":
+        args += (meta["MAGIC"],)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)
     return op_replay.launch(kernel, grid, args, meta)

@@ -46,10 +46,9 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
 # bits before float32, lanes (groups a loop step) on LANES / 32 warps
 PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "PREFETCH": pf,
           "num_warps": lanes // 32}
-         for r, c, lanes, pf in ((4, 2, 32, False), (4, 2, 32, True), (2, 2, 32, True),
-                                 (8, 2, 32, True), (4, 1, 32, True), (4, 2, 64, True),
-                                 (4, 2, 64, False), (2, 2, 64, True), (8, 2, 64, True),
-                                 (4, 2, 128, True), (2, 2, 128, True))]
+         for r, c, lanes, pf in ((4, 2, 32, False), (4, 2, 32, True), (4, 4, 32, False),
+                                 (2, 4, 32, False), (8, 4, 32, False), (2, 2, 32, False),
+                                 (4, 2, 64, False), (8, 2, 64, False), (4, 4, 64, False))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,
