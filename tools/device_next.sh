@@ -98,11 +98,15 @@ eager_cost() {
 }
 
 if [ "$mode" = s89 ]; then
-  # the pair GEMV with MAGIC in a register: its GPU tests, ncu kernel durations of SPAN 2-4,
-  # then the compiled 8-product call's wall time (tools/probes/decode_chain_ncu.py)
+  # the pair GEMV (16-bit sums scaled by x's magnitude): its GPU tests, ncu kernel durations
+  # of SPAN 2-8, the compiled 8-product call's wall time (tools/probes/decode_chain_ncu.py),
+  # then the decode benchmark (8 products a call, 4 weights cycled)
   gpu_tests 150 -k "pair" test_pair_fma test_quantized_op
   ncu_times 150 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
   timeout 60 python3 tools/probes/decode_chain_ncu.py --wall 2>&1 | tee -a "$log"
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode-pairs.json" 2>&1 | tail -4 | tee -a "$log"
 elif [ "$mode" = s88 ]; then
   # where the pair GEMV's time goes: ncu sections of one launch (ROWS 4, SPAN 2), then the
   # kernels a compiled 8-product call launches (ncu) beside its wall time a product

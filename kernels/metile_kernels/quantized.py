@@ -376,12 +376,20 @@ def dequantize(w, scales, biases, out, rows, columns, BITS: metile.constexpr = 4
 
 
 def pair_constants(dtype_name: str, bits: int) -> dict:
-    """The 32-bit words `quantized_matvec_pairs` needs for 16-bit floats of `dtype_name`:
-    MAGIC, the bits of the float M whose last mantissa bits an OR of q makes M + q exactly
-    (float16 1024: 10 mantissa bits; bfloat16 128: 7 bits, so 4-bit weights only), ONE
-    (1.0) and SHIFT (-(M + C)), twice each, where C = 2^(bits - 1) centres q: the products
-    x (q - C) summed in 16 bits are about half the size of x q, and so is their rounding
-    (the bias becomes b + C s, applied in float32)."""
+    """The constants `quantized_matvec_pairs` takes for 16-bit floats of `dtype_name`, each
+    16-bit one given twice, in both halves of a word:
+
+    MAGIC  the bits of the float M whose last mantissa bits an OR of q makes M + q exactly
+           (float16 1024: 10 mantissa bits; bfloat16 128: 7 bits, so 4-bit weights only);
+    ONE, SHIFT  1 and -(M + C), so that one pair_fma makes q - C exactly: C = 2^(bits - 1)
+           centres q (the products x (q - C) summed in 16 bits are about half the size of
+           x q, and so is their rounding; the bias becomes b + C s);
+    ONE_HI, SHIFT_HI  1/16 and -(M / 16 + C): the same for a nibble kept in place at bits
+           4-7 (float16 4-bit: M + 16 q, IN_PLACE);
+    HEAD   float16: the kernel scales these by 2^-s, s = e - HEAD for x's largest magnitude
+           in [2^e, 2^(e+1)), so that no 16-bit sum of 32 products can pass 2^15 (HEAD =
+           15 - 5 - bits - 1 + ... = 9 - bits) and small x stay clear of subnormals; S_MAX
+           keeps every scaled constant a normal float16."""
     import numpy as np
 
     if (dtype_name, bits) not in PAIR_FORMS:
@@ -390,28 +398,50 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
     magic = {"float16": 1024.0, "bfloat16": 128.0}[dtype_name]
     centre = float(1 << (bits - 1))
 
-    def bits16(v):
+    def twice(v):
         f = np.array(v, dtype=np.float32)
         if dtype_name == "float16":
-            return int(f.astype(np.float16).view(np.uint16))
-        return int(f.view(np.uint32)) >> 16   # bfloat16: exact for these values
+            h = f.astype(np.float16)
+            assert float(h) == v, v      # every constant here is exact
+            h = int(h.view(np.uint16))
+        else:
+            assert float(f) == v and int(f.view(np.uint32)) & 0xFFFF == 0, v
+            h = int(f.view(np.uint32)) >> 16
+        return h | (h << 16)
 
-    twice = lambda h: h | (h << 16)  # noqa: E731
-    # float16 4-bit: a nibble kept in place at bits 4-7 makes M + 16 q, exact too (10
-    # mantissa bits), which 1/16 and -(M / 16 + C) centre: one shift a word fewer
-    if dtype_name == "float16" and bits == 4:
-        # quantized_matvec_pair_runs: the low nibble in the low half, the high nibble kept at
-        # bits 4-7 of the high half (M + 16 q: 10 mantissa bits hold it; bfloat16's 7 do not)
-        lohi_one, lohi_shift = bits16(1.0) | bits16(1.0 / 16) << 16, \
-            bits16(-magic) | bits16(-magic / 16) << 16
-    else:
-        lohi_one, lohi_shift = twice(bits16(1.0)), twice(bits16(-magic))
-    runs = {"LOHI_ONE": lohi_one, "LOHI_SHIFT": lohi_shift,
-            "HIGH_SHIFT": 16 if dtype_name == "float16" else 12}
-    return {**runs, "MAGIC": twice(bits16(magic)), "ONE": twice(bits16(1.0)),
-            "SHIFT": twice(bits16(-(magic + centre))), "CENTRE": centre,
-            "ONE_HI": twice(bits16(1.0 / 16)), "SHIFT_HI": twice(bits16(-(magic / 16 + centre))),
-            "IN_PLACE": dtype_name == "float16" and bits == 4}
+    in_place = dtype_name == "float16" and bits == 4
+    return {"MAGIC": twice(magic), "ONE": twice(1.0), "SHIFT": twice(-(magic + centre)),
+            "ONE_HI": twice(1.0 / 16), "SHIFT_HI": twice(-(magic / 16 + centre)),
+            "CENTRE": centre, "IN_PLACE": in_place, "HEAD": 9 - bits,
+            "S_MAX": 10 if in_place else 14}
+
+
+@metile.inline
+def pair_scaled(word, shift):
+    """A word of two float16 constants times 2^-shift (`shift` a (ROWS, LANES) int32 tile;
+    the exponents stay normal: pair_constants' S_MAX): each exponent field less `shift`."""
+    half = (word & 0xFFFF) - shift * 1024
+    return half.to(metile.uint32) * 0x10001
+
+
+@metile.inline
+def pair_exponents(x_row, lane, K, LANES, ROWS):
+    """floor(log2) of the largest |x| of the row x_row points into (float16 in uint64 words,
+    the exponent field less 15: -14 for zero and subnormals, 16 for inf and NaN), as a
+    (ROWS, LANES) int32 tile, every element the same."""
+    XW = K // 4
+    top = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+    for k0 in range(0, XW, LANES):
+        at = k0 + lane
+        v = metile.load(x_row + at[None, :], mask=(at < XW)[None, :], other=0)
+        lo = (v & 0x7FFF7FFF).to(metile.uint32)
+        hi = ((v >> 32) & 0x7FFF7FFF).to(metile.uint32)
+        top = metile.maximum(top, metile.maximum(metile.maximum(lo & 0x7FFF, lo >> 16),
+                                                 metile.maximum(hi & 0x7FFF, hi >> 16)))
+    # every row of `top` is the same x: the whole tile's maximum (lanes combined by
+    # shuffles, a scalar every lane holds) is the row's
+    field = metile.maximum((metile.max(top) >> 10).to(metile.int32), 1)
+    return field - 15 + metile.zeros((ROWS, LANES), dtype=metile.int32)
 
 
 # (dtype, bits) the magic-number unpacking is exact for: M + q must stay below 2M
@@ -428,48 +458,40 @@ def pair_halves(word, DTYPE):
 
 @metile.inline
 def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN):
-    """What quantized_matvec_pairs reads for words first, first + 1 (SPAN 2) of rows nn:
-    the group's scale and bias (float32), the packed words and x's 64-bit words for them
-    (two a 4-bit word, one an 8-bit one; the second word's are the first's where SPAN
-    is 1)."""
+    """What quantized_matvec_pairs reads for words first .. first + SPAN - 1 of rows nn (one
+    group: SPAN divides WPG): the group's scale and bias (float32), the packed words and x's
+    64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples."""
     live = (first < words)[None, :]
     g = (first // WPG)[None, :]
-    at = nn[:, None] * words + first[None, :]
+    at = w + nn[:, None] * words + first[None, :]
     XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
     xat = x_row + (first * XPW)[None, :]
     if EVEN:
         s = metile.load(scales + nn[:, None] * groups + g).to(metile.float32)
         b = metile.load(biases + nn[:, None] * groups + g).to(metile.float32)
-        p0 = metile.load(w + at)
-        xa0 = metile.load(xat)
-        xb0 = metile.load(xat + (XPW - 1))
     else:
         s = metile.load(scales + nn[:, None] * groups + g, mask=live, other=0.0).to(
             metile.float32)
         b = metile.load(biases + nn[:, None] * groups + g, mask=live, other=0.0).to(
             metile.float32)
-        p0 = metile.load(w + at, mask=live, other=0)
-        xa0 = metile.load(xat, mask=live, other=0)
-        xb0 = metile.load(xat + (XPW - 1), mask=live, other=0)
-    if SPAN == 2:                    # the group holds both words (WPG is even)
+    packed = ()
+    xs = ()
+    for i in metile.static_range(SPAN):
         if EVEN:
-            p1 = metile.load(w + at + 1)
-            xa1 = metile.load(xat + XPW)
-            xb1 = metile.load(xat + (2 * XPW - 1))
+            packed = packed + (metile.load(at + i),)
         else:
-            p1 = metile.load(w + at + 1, mask=live, other=0)
-            xa1 = metile.load(xat + XPW, mask=live, other=0)
-            xb1 = metile.load(xat + (2 * XPW - 1), mask=live, other=0)
-    else:
-        p1 = p0
-        xa1 = xa0
-        xb1 = xb0
-    return s, b, p0, p1, xa0, xb0, xa1, xb1
+            packed = packed + (metile.load(at + i, mask=live, other=0),)
+        for e in metile.static_range(XPW):
+            if EVEN:
+                xs = xs + (metile.load(xat + (i * XPW + e)),)
+            else:
+                xs = xs + (metile.load(xat + (i * XPW + e), mask=live, other=0),)
+    return s, b, packed, xs
 
 
 @metile.inline
 def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_HI, SHIFT_HI,
-              IN_PLACE):
+              X_ONE, IN_PLACE):
     """One packed word's products with x added to the pair sums `part` and x's own pairs to
     `x_part` (quantized_matvec_pairs)."""
     P = 16 // BITS                   # pairs a word
@@ -498,7 +520,7 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
             q = ((packed >> (BITS * j)) & LOW) | MAGIC
             centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
         part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
-        x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
+        x_part = metile.pair_fma(pairs[j], X_ONE, x_part, dtype=DTYPE)
     return part, x_part
 
 
@@ -506,38 +528,42 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
 def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            BITS: metile.constexpr = 4,
                            GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 4,
-                           LANES: metile.constexpr = 32, SPAN: metile.constexpr = 1,
-                           PREFETCH: metile.constexpr = False,
+                           LANES: metile.constexpr = 32, SPAN: metile.constexpr = 4,
                            DTYPE: metile.constexpr = metile.float16,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
-                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
+                           IN_PLACE: metile.constexpr = False, HEAD: metile.constexpr = 5,
+                           S_MAX: metile.constexpr = 10, EVEN: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
 
     `x` is the (rows, K / 4) uint64 view of the 16-bit activations (four a word, the first
     lowest).  Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its
-    16-bit halves, so one AND and OR with MAGIC (`magic`) turn the pair into M + q, one pair_fma into
-    q - C exactly, and one pair_fma multiplies it by x's matching pair (x's halves regrouped
-    once a word, shared by the ROWS rows) and adds it to the pair sums.  Those are summed in
-    16 bits over SPAN (1 or 2) consecutive words of one group, then in float32 with the
-    group's scale and bias:
+    16-bit halves, so one AND and OR with MAGIC (`magic`) turn the pair into M + q, one
+    pair_fma into q - C exactly, and one pair_fma multiplies it by x's matching pair (x's
+    halves regrouped once a word, shared by the ROWS rows) and adds it to the pair sums.
+    Those are summed in 16 bits over SPAN consecutive words of one group (SPAN divides the
+    group's words), then in float32 with the group's scale and bias:
         sum_k (s q_k + b) x_k = s * sum_k x_k (q_k - C) + (b + C s) * sum_k x_k.
     Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes; a
     loop step covers LANES * SPAN consecutive packed words, lane l words l * SPAN and on, so
     a warp's loads of a row's words and of x are contiguous (lanes taking whole groups read
-    x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  PREFETCH: the next
-    step's loads are issued before this step's arithmetic (a one-warp program runs its K
-    loop in series, its loads' latency exposed once a step otherwise).  A row past N reads
-    row N - 1 (not stored), so no row branches.  EVEN: a row's words are a multiple of
-    LANES * SPAN (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
+    x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  On the H200 (1x4096
+    x11008 int4 group 64 float16, ncu kernel time, s89): ROWS 4 and SPAN 4 9.5 us, SPAN 2
+    13.6, SPAN 1 18.8; the runs GEMV 19.1 and MLX's qmv 30.  A row past N reads row N - 1
+    (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
+    (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE, HEAD, S_MAX:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
-    a shift)."""
+    a shift).  float16 first reads the row of x for its largest magnitude and scales the
+    16-bit sums by it (`pair_constants`: no overflow for any finite x)."""
     PER = 32 // BITS
     WPG = GROUP // PER             # packed words a group (a multiple of SPAN)
     STEP = LANES * SPAN
+    # at most 32 products a 16-bit sum (pair_constants' scale keeps those within |x|)
+    metile.static_assert(SPAN * PER // 2 <= 32 and WPG % SPAN == 0,
+                         "SPAN words must lie in one group, at most 32 products a sum")
     words = K // PER
     groups = K // GROUP
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
@@ -551,113 +577,39 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # MAGIC as the launch passes it (`magic`, its value): a register the loop keeps, where
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
+    if DTYPE == metile.float16:
+        # float16 sums scaled by the row's magnitude: no overflow for any finite x, small x
+        # kept out of subnormals (bfloat16 has float32's exponent range: no scale)
+        e = pair_exponents(x_row, lane, K, LANES, ROWS)
+        sh = metile.minimum(metile.maximum(e - HEAD, -5), S_MAX)      # (M + C) 2^-s < 2^16
+        tx = metile.minimum(metile.maximum(e - 9, -15), 14)            # x's 32-term sums
+        one = pair_scaled(ONE, sh)
+        shift = pair_scaled(SHIFT, sh)
+        one_hi = pair_scaled(ONE_HI, sh)
+        shift_hi = pair_scaled(SHIFT_HI, sh)
+        x_one = pair_scaled(ONE, tx)
+        part_scale = ((sh + 127) << 23).to(metile.float32, bitcast=True)
+        x_scale = ((tx + 127) << 23).to(metile.float32, bitcast=True)
+    else:
+        one, shift, one_hi, shift_hi, x_one = ONE, SHIFT, ONE_HI, SHIFT_HI, ONE
+        part_scale, x_scale = 1.0, 1.0
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    if PREFETCH:
-        s, b, p0, p1, xa0, xb0, xa1, xb1 = pair_fetch(w, x_row, scales, biases, nn, lane * SPAN,
-                                                      words, groups, WPG, BITS, SPAN, EVEN)
     for w0 in range(0, words, STEP):
-        if PREFETCH:
-            # the next step's words (this step's again at the last: in bounds, unused)
-            ahead = metile.where(w0 + STEP < words, w0 + STEP, w0)
-            ns, nb, np0, np1, nxa0, nxb0, nxa1, nxb1 = pair_fetch(
-                w, x_row, scales, biases, nn, ahead + lane * SPAN, words, groups, WPG, BITS,
-                SPAN, EVEN)
-        else:
-            s, b, p0, p1, xa0, xb0, xa1, xb1 = pair_fetch(
-                w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, WPG, BITS, SPAN,
-                EVEN)
+        s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
+                                      groups, WPG, BITS, SPAN, EVEN)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        part, x_part = pair_word(p0, xa0, xb0, part, x_part, BITS, DTYPE, m, ONE, SHIFT,
-                                 ONE_HI, SHIFT_HI, IN_PLACE)
-        if SPAN == 2:
-            part, x_part = pair_word(p1, xa1, xb1, part, x_part, BITS, DTYPE, m, ONE, SHIFT,
-                                     ONE_HI, SHIFT_HI, IN_PLACE)
+        for i in metile.static_range(SPAN):
+            if BITS == 4:
+                part, x_part = pair_word(packed[i], xs[2 * i], xs[2 * i + 1], part, x_part, BITS,
+                                         DTYPE, m, one, shift, one_hi, shift_hi, x_one, IN_PLACE)
+            else:
+                part, x_part = pair_word(packed[i], xs[i], xs[i], part, x_part, BITS, DTYPE, m,
+                                         one, shift, one_hi, shift_hi, x_one, IN_PLACE)
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
-        acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
-        if PREFETCH:
-            s = ns
-            b = nb
-            p0 = np0
-            p1 = np1
-            xa0 = nxa0
-            xb0 = nxb0
-            xa1 = nxa1
-            xb1 = nxb1
+        acc += (s * part_scale) * (lo + hi) + ((b + CENTRE * s) * x_scale) * (x_lo + x_hi)
     total = metile.sum(acc, axis=1)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
-
-
-@metile.kernel
-def quantized_matvec_pair_runs(x, w, scales, biases, out, rows, N, K,
-                               BITS: metile.constexpr = 4, GROUP: metile.constexpr = 64,
-                               ROWS: metile.constexpr = 2, BLOCK: metile.constexpr = 256,
-                               FLUSH: metile.constexpr = 4,
-                               DTYPE: metile.constexpr = metile.float16,
-                               MAGIC: metile.constexpr = 0, LOHI_ONE: metile.constexpr = 0,
-                               LOHI_SHIFT: metile.constexpr = 0, HIGH_SHIFT: metile.constexpr = 16,
-                               EVEN: metile.constexpr = False):
-    """quantized_matvec_pairs written along K in runs (passes/vectorize_rows.py): element j
-    of a (ROWS, BLOCK) tile is x's pair j (uint32 view, x[2j] low) and weights 2j, 2j+1 of
-    each row, so x is read as 16-byte vectors, shared by the rows, and a run's packed word,
-    scale and bias once per run.  The pair's two weights come out of their word in natural
-    order: the low nibble (byte) in place in the low half, the high nibble at bits 4-7 of the
-    high half (float16 M + 16 q) or the next byte there, then one pair_fma makes q exactly,
-    one more the weight s q + b (rounded to the 16-bit type, as MLX's dequantize rounds it),
-    a third multiplies it by x's pair and adds it to the pair's sum.  Sums are carried in
-    16 bits over FLUSH blocks, then added in float32.  Rows past N read row N - 1 (not
-    stored).  EVEN: K / 2 is a multiple of BLOCK * FLUSH (no load is masked)."""
-    XW = K // 2                     # x pairs a row
-    PW = 16 // BITS                 # x pairs a packed word
-    GW = GROUP // 2                 # x pairs a group
-    words = K * BITS // 32
-    groups = K // GROUP
-    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
-    nn = metile.minimum(n, N - 1)
-    r = metile.program_id(1)
-    i = metile.arange(0, BLOCK)
-    x_row = x + r * XW + (nn * 0)[:, None]
-    total = metile.zeros((ROWS, BLOCK), dtype=metile.float32)
-    for start in range(0, XW, BLOCK * FLUSH):
-        acc = metile.zeros((ROWS, BLOCK), dtype=metile.uint32)
-        for f in metile.static_range(FLUSH):
-            base = start + f * BLOCK
-            j = base + i
-            # the block's offset divided out on its own (a multiple of the run and of a
-            # group: BLOCK * FLUSH is), so the compiler proves the word and group constant
-            # along each run of i (weights_in_runs)
-            word_at = nn[:, None] * words + (base // PW + i // PW)[None, :]
-            group_at = nn[:, None] * groups + (base // GW + i // GW)[None, :]
-            if EVEN:
-                xp = metile.load(x_row + j[None, :])
-                packed = metile.load(w + word_at)
-                s = metile.load(scales + group_at)
-                b = metile.load(biases + group_at)
-            else:
-                live = (j < XW)[None, :] & (nn[:, None] >= 0)
-                xp = metile.load(x_row + j[None, :], mask=live, other=0)
-                packed = metile.load(w + word_at, mask=live, other=0)
-                s = metile.load(scales + group_at, mask=live, other=0.0)
-                b = metile.load(biases + group_at, mask=live, other=0.0)
-            # the scale and bias twice in a word (a 16-bit float of x's type: MLX's scales
-            # share x's dtype here, quantized_ops checks)
-            s2 = s.to(metile.uint16, bitcast=True).to(metile.uint32) * 0x10001
-            b2 = b.to(metile.uint16, bitcast=True).to(metile.uint32) * 0x10001
-            # j's low bits, not j % PW: equal for j >= 0, and constant per element of a run
-            t = packed >> ((i & (PW - 1)) * (2 * BITS))[None, :]
-            if BITS == 4:
-                q = (t & 0xF) | ((t << HIGH_SHIFT) & (0xF0 << HIGH_SHIFT)) | MAGIC
-            else:
-                q = ((t & 0xFF) | ((t << 8) & 0x00FF0000)) | MAGIC
-            exact = metile.pair_fma(q, LOHI_ONE, LOHI_SHIFT, dtype=DTYPE)
-            weight = metile.pair_fma(exact, s2, b2, dtype=DTYPE)
-            acc = metile.pair_fma(xp, weight, acc, dtype=DTYPE)
-        lo, hi = pair_halves(acc, DTYPE)
-        total += lo + hi
-    y = metile.sum(total, axis=1)
-    one = metile.arange(0, 1)
-    metile.store(out + (r + one)[:, None] * N + n[None, :], y[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))

@@ -39,7 +39,6 @@ custom_function's vjp cannot tell which inputs were asked for.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 
 import mlx.core as mx
@@ -102,15 +101,8 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
 # instruction, x's pairs shared by ROWS rows a lane): float16 4/8-bit and bfloat16 4-bit
 # weights, transpose=True (kernels.PAIR_FORMS).
-MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "PREFETCH": True,
-                 "num_warps": 1},
-                {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "LANES": 64, "PREFETCH": True,
-                 "num_warps": 2}]
-# ...written along K in runs (quantized_matvec_pair_runs): x and the words as vectors
-MATVEC_PAIR_RUNS = [{"kernel": "matvec_pair_runs", "ROWS": 2, "BLOCK": 256, "FLUSH": 4,
-                     "num_warps": 1},
-                    {"kernel": "matvec_pair_runs", "ROWS": 1, "BLOCK": 1024, "FLUSH": 2,
-                     "num_warps": 2}]
+MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 4, "num_warps": 1},
+                {"kernel": "matvec_pairs", "ROWS": 2, "SPAN": 4, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -257,24 +249,22 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel, grid = kernels.quantized_matvec_warps, kernels.matvec_grid(m, n, params["ROWS"])
     elif kind == "matvec_n":
         kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
-    elif kind in ("matvec_pairs", "matvec_pair_runs"):
-        kernel = getattr(kernels, "quantized_" + kind)
-        grid = kernels.matvec_grid(m, n, params["ROWS"])
+    elif kind == "matvec_pairs":
+        kernel, grid = kernels.quantized_matvec_pairs, kernels.matvec_grid(m, n, params["ROWS"])
         name = _pair_dtype(x2.dtype, bits, transpose)
         if name is None:
             raise ValueError(f"quantized_matmul: the matvec_pairs kernel takes float16 (4 or "
                              f"8 bits) or bfloat16 (4 bits) with transpose=True, got "
                              f"{x2.dtype} with {bits} bits, transpose={transpose}")
-        if kind == "matvec_pairs":
-            even = (k * bits // 32) % (params.get("LANES", 32) * params.get("SPAN", 1)) == 0
-        else:
-            even = (k // 2) % (params["BLOCK"] * params["FLUSH"]) == 0
-        taken = inspect.signature(kernel.fn).parameters
-        meta.update({key: v for key, v in kernels.pair_constants(name, bits).items()
-                     if key in taken}, DTYPE=getattr(metile, name), EVEN=even)
-        # x's 16-bit values as 64-bit words (pair_runs: 32-bit pairs), a view, no copy: K is
-        # a multiple of the group
-        x2 = x2.view(mx.uint64 if kind == "matvec_pairs" else mx.uint32)
+        span = params.get("SPAN", 4)
+        if group_size * bits // 32 % span:
+            raise ValueError(f"quantized_matmul: matvec_pairs with SPAN={span} needs groups of "
+                             f"a multiple of {span} packed words, got group_size={group_size} "
+                             f"at {bits} bits")
+        meta.update(kernels.pair_constants(name, bits), DTYPE=getattr(metile, name),
+                    EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
+        # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
+        x2 = x2.view(mx.uint64)
     else:
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])

@@ -44,11 +44,9 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 2048, "ROWS": 2, "num_warps": 2}]
 # packed 16-bit pair arithmetic (quantized_matvec_pairs): rows a lane, words summed in 16
 # bits before float32, lanes (groups a loop step) on LANES / 32 warps
-PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "PREFETCH": pf,
-          "num_warps": lanes // 32}
-         for r, c, lanes, pf in ((4, 2, 32, False), (4, 2, 32, True), (4, 4, 32, False),
-                                 (2, 4, 32, False), (8, 4, 32, False), (2, 2, 32, False),
-                                 (4, 2, 64, False), (8, 2, 64, False), (4, 4, 64, False))]
+PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "num_warps": lanes // 32}
+         for r, c, lanes in ((4, 4, 32), (4, 8, 32), (2, 8, 32), (8, 8, 32), (2, 4, 32),
+                             (8, 4, 32), (4, 4, 64), (4, 8, 64), (4, 2, 32))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,

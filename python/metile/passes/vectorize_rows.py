@@ -51,14 +51,6 @@ from .gemm_bounds import affine_form
 from .lane_layout import BOOL, I32, Ctx, scalar_of
 
 _FLOATS = {"float32", "float16", "bfloat16"}
-# 32-bit integer words are read as vectors too (packed 16-bit pairs: pair_fma kernels);
-# their stores stay element by element (the emitters' vector stores are float ones)
-_VECTOR_LOADS = _FLOATS | {"int32", "uint32"}
-
-
-def _vector_access(op: Op) -> bool:
-    d = elem_type(op.operands[0].type).dtype.name
-    return d in _FLOATS or op.name == "load" and d in _VECTOR_LOADS
 # Resident blocks per SM on sm_80 and sm_90 (a one-warp block cannot ask for 64).
 MAX_BLOCKS_PER_SM = 32
 # Tile ops a run test may evaluate ahead of its loop (`_index_math`).
@@ -244,7 +236,8 @@ def row_runs(fn: Function, threads: int, language: str, buffers: dict,
     for op in accesses:
         shape = op.operands[0].type.shape
         strides[id(op)] = stride(op.operands[0], len(shape) - 1, memo, breaks)
-    moving = [op for op in accesses if strides[id(op)] == 1 and _vector_access(op)]
+    moving = [op for op in accesses if strides[id(op)] == 1
+              and elem_type(op.operands[0].type).dtype.name in _FLOATS]
     if not moving:
         return "no tile load or store has unit stride along its last axis"
     if language == "cuda":
@@ -281,7 +274,8 @@ def _runs_of(accesses, strides, breaks, width, sizes, buffers) -> tuple[RowRuns 
             continue
         s = strides[id(op)]
         root = elem_type(op.operands[0].type).root
-        if s == 1 and shape[-1] % width == 0 and _vector_access(op):
+        if s == 1 and shape[-1] % width == 0 and \
+                elem_type(op.operands[0].type).dtype.name in _FLOATS:
             unit[id(op)] = buffers.get((root, "written")) is None
         elif op.name == "load" and buffers.get((root, "written")) is None and \
                 all(runs_constant(o, len(shape) - 1, width, constant)
@@ -292,9 +286,8 @@ def _runs_of(accesses, strides, breaks, width, sizes, buffers) -> tuple[RowRuns 
             still.add(id(op))
         elif s == 1:
             dtype = elem_type(op.operands[0].type).dtype.name
-            return (f"a unit-stride {dtype} {op.name} would be read element by element across "
-                    "a run (strided): only float32, float16 and bfloat16 runs (and 32-bit "
-                    "integer loads) are vectors"), False
+            return (f"a unit-stride {dtype} access would be read element by element across "
+                    "a run (strided): only float32, float16 and bfloat16 runs are vectors"), False
         elif s is None:
             narrower = width >= 8 and op.name == "load" and all(
                 runs_constant(o, len(shape) - 1, width // 2, {})
