@@ -211,6 +211,33 @@ def test_pair_gemv_ragged(rng, dtype, bits, rows, n, k, group_size, lanes):
         check(y, x, wq, s, b, True, group_size, bits, dtype)
 
 
+@pytest.mark.parametrize("dtype,bits", [(mx.float16, 4), (mx.float16, 8), (mx.bfloat16, 4)],
+                         ids=str)
+@pytest.mark.parametrize("size", ["outliers", "tiny"])
+def test_pair_gemv_any_magnitude_of_x(rng, dtype, bits, size):
+    # float16 sums of x (q - C) overflow once |x| reaches the hundreds: such a program's rows
+    # are computed again in float32 (without that, inf and NaN); tiny x stay exact enough
+    n, k = 12, 1024
+    wq, s, b = quantized(rng, (n, k), dtype, 64, bits)
+    xv = rng.standard_normal((2, k)).astype(np.float32)
+    if size == "outliers":
+        # runs of 16 values of 5000 of one sign: 16-bit sums of 5000 (q - C) pass float16's
+        # range (the outputs stay within it)
+        xv *= 100.0
+        for start in (128, 640):
+            xv[:, start:start + 16] = np.sign(xv[:, start:start + 1]) * 5000.0
+    else:
+        xv *= 1e-4
+    x = mx.array(xv).astype(dtype)
+    for config in quantized_ops.MATVEC_PAIRS:
+        y = quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, config)
+        assert np.isfinite(f64(y)).all()
+        w = f64(mx.dequantize(wq, s, b, group_size=64, bits=bits))
+        ref = f64(x) @ w.T
+        err = np.abs(f64(y) - ref).max() / np.abs(ref).max()
+        assert err <= TOL[dtype], err
+
+
 def test_pair_gemv_refuses_what_its_unpacking_cannot_hold(rng):
     config = quantized_ops.MATVEC_PAIRS[0]
     for dtype, bits, transpose in ((mx.bfloat16, 8, True), (mx.float32, 4, True),
@@ -516,7 +543,8 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
         BITS=bits, GROUP=64, ROWS=4, SPAN=2, DTYPE=getattr(metile, name), EVEN=True,
         num_warps=1, backend="cuda", **{k: consts[k] for k in taken})
     assert "__hfma2" in d.source
-    loop = d.source[d.source.index("for ("):d.source.rindex("metile_lanes_sum")]
+    # the K loop, up to the rows' sums after it
+    loop = d.source[d.source.index("for ("):d.source.index("metile_lanes_sum")]
     assert "__syncthreads" not in loop
     ok, log = compile_cuda(translation_unit(d), "sm_90")
     assert ok, log

@@ -385,11 +385,7 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
            centres q (the products x (q - C) summed in 16 bits are about half the size of
            x q, and so is their rounding; the bias becomes b + C s);
     ONE_HI, SHIFT_HI  1/16 and -(M / 16 + C): the same for a nibble kept in place at bits
-           4-7 (float16 4-bit: M + 16 q, IN_PLACE);
-    HEAD   float16: the kernel scales these by 2^-s, s = e - HEAD for x's largest magnitude
-           in [2^e, 2^(e+1)), so that no 16-bit sum of 32 products can pass 2^15 (HEAD =
-           15 - 5 - bits - 1 + ... = 9 - bits) and small x stay clear of subnormals; S_MAX
-           keeps every scaled constant a normal float16."""
+           4-7 (float16 4-bit: M + 16 q, IN_PLACE)."""
     import numpy as np
 
     if (dtype_name, bits) not in PAIR_FORMS:
@@ -409,39 +405,35 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
             h = int(f.view(np.uint32)) >> 16
         return h | (h << 16)
 
-    in_place = dtype_name == "float16" and bits == 4
     return {"MAGIC": twice(magic), "ONE": twice(1.0), "SHIFT": twice(-(magic + centre)),
             "ONE_HI": twice(1.0 / 16), "SHIFT_HI": twice(-(magic / 16 + centre)),
-            "CENTRE": centre, "IN_PLACE": in_place, "HEAD": 9 - bits,
-            "S_MAX": 10 if in_place else 14}
+            "CENTRE": centre, "IN_PLACE": dtype_name == "float16" and bits == 4}
 
 
 @metile.inline
-def pair_scaled(word, shift):
-    """A word of two float16 constants times 2^-shift (`shift` a (ROWS, LANES) int32 tile;
-    the exponents stay normal: pair_constants' S_MAX): each exponent field less `shift`."""
-    half = (word & 0xFFFF) - shift * 1024
-    return half.to(metile.uint32) * 0x10001
-
-
-@metile.inline
-def pair_exponents(x_row, lane, K, LANES, ROWS):
-    """floor(log2) of the largest |x| of the row x_row points into (float16 in uint64 words,
-    the exponent field less 15: -14 for zero and subnormals, 16 for inf and NaN), as a
-    (ROWS, LANES) int32 tile, every element the same."""
-    XW = K // 4
-    top = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-    for k0 in range(0, XW, LANES):
-        at = k0 + lane
-        v = metile.load(x_row + at[None, :], mask=(at < XW)[None, :], other=0)
-        lo = (v & 0x7FFF7FFF).to(metile.uint32)
-        hi = ((v >> 32) & 0x7FFF7FFF).to(metile.uint32)
-        top = metile.maximum(top, metile.maximum(metile.maximum(lo & 0x7FFF, lo >> 16),
-                                                 metile.maximum(hi & 0x7FFF, hi >> 16)))
-    # every row of `top` is the same x: the whole tile's maximum (lanes combined by
-    # shuffles, a scalar every lane holds) is the row's
-    field = metile.maximum((metile.max(top) >> 10).to(metile.int32), 1)
-    return field - 15 + metile.zeros((ROWS, LANES), dtype=metile.int32)
+def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES, ROWS,
+               DTYPE):
+    """sum_k x[k] (s q_k + b) of rows nn in float32, a packed word a lane a step: what
+    quantized_matvec_pairs computes where one of its 16-bit sums overflowed."""
+    XPW = 8 // BITS
+    acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
+    for w0 in range(0, words, LANES):
+        word = w0 + lane
+        live = (word < words)[None, :]
+        packed = metile.load(w + nn[:, None] * words + word[None, :], mask=live, other=0)
+        g = (word // WPG)[None, :]
+        s = metile.load(scales + nn[:, None] * groups + g, mask=live, other=0.0).to(
+            metile.float32)
+        b = metile.load(biases + nn[:, None] * groups + g, mask=live, other=0.0).to(
+            metile.float32)
+        for e in metile.static_range(XPW):
+            v = metile.load(x_row + (word * XPW + e)[None, :], mask=live, other=0)
+            for h in metile.static_range(4):
+                xh = ((v >> (16 * h)) & 0xFFFF).to(metile.uint16).to(DTYPE, bitcast=True).to(
+                    metile.float32)
+                q = ((packed >> (BITS * (4 * e + h))) & ((1 << BITS) - 1)).to(metile.float32)
+                acc += (s * q + b) * xh
+    return metile.sum(acc, axis=1)
 
 
 # (dtype, bits) the magic-number unpacking is exact for: M + q must stay below 2M
@@ -533,8 +525,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
-                           IN_PLACE: metile.constexpr = False, HEAD: metile.constexpr = 5,
-                           S_MAX: metile.constexpr = 10, EVEN: metile.constexpr = False):
+                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
@@ -554,10 +545,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     x11008 int4 group 64 float16, ncu kernel time, s89): ROWS 4 and SPAN 4 9.5 us, SPAN 2
     13.6, SPAN 1 18.8; the runs GEMV 19.1 and MLX's qmv 30.  A row past N reads row N - 1
     (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
-    (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE, HEAD, S_MAX:
+    (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
-    a shift).  float16 first reads the row of x for its largest magnitude and scales the
-    16-bit sums by it (`pair_constants`: no overflow for any finite x)."""
+    a shift).  A 16-bit sum can overflow where |x| reaches the hundreds: its row's total is
+    then not finite, and the program computes its rows again in float32 (`float_rows`)."""
     PER = 32 // BITS
     WPG = GROUP // PER             # packed words a group (a multiple of SPAN)
     STEP = LANES * SPAN
@@ -577,22 +568,6 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # MAGIC as the launch passes it (`magic`, its value): a register the loop keeps, where
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
-    if DTYPE == metile.float16:
-        # float16 sums scaled by the row's magnitude: no overflow for any finite x, small x
-        # kept out of subnormals (bfloat16 has float32's exponent range: no scale)
-        e = pair_exponents(x_row, lane, K, LANES, ROWS)
-        sh = metile.minimum(metile.maximum(e - HEAD, -5), S_MAX)      # (M + C) 2^-s < 2^16
-        tx = metile.minimum(metile.maximum(e - 9, -15), 14)            # x's 32-term sums
-        one = pair_scaled(ONE, sh)
-        shift = pair_scaled(SHIFT, sh)
-        one_hi = pair_scaled(ONE_HI, sh)
-        shift_hi = pair_scaled(SHIFT_HI, sh)
-        x_one = pair_scaled(ONE, tx)
-        part_scale = ((sh + 127) << 23).to(metile.float32, bitcast=True)
-        x_scale = ((tx + 127) << 23).to(metile.float32, bitcast=True)
-    else:
-        one, shift, one_hi, shift_hi, x_one = ONE, SHIFT, ONE_HI, SHIFT_HI, ONE
-        part_scale, x_scale = 1.0, 1.0
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, STEP):
         s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
@@ -602,14 +577,20 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
         for i in metile.static_range(SPAN):
             if BITS == 4:
                 part, x_part = pair_word(packed[i], xs[2 * i], xs[2 * i + 1], part, x_part, BITS,
-                                         DTYPE, m, one, shift, one_hi, shift_hi, x_one, IN_PLACE)
+                                         DTYPE, m, ONE, SHIFT, ONE_HI, SHIFT_HI, ONE, IN_PLACE)
             else:
                 part, x_part = pair_word(packed[i], xs[i], xs[i], part, x_part, BITS, DTYPE, m,
-                                         one, shift, one_hi, shift_hi, x_one, IN_PLACE)
+                                         ONE, SHIFT, ONE_HI, SHIFT_HI, ONE, IN_PLACE)
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
-        acc += (s * part_scale) * (lo + hi) + ((b + CENTRE * s) * x_scale) * (x_lo + x_hi)
+        acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
     total = metile.sum(acc, axis=1)
+    # a 16-bit sum that overflowed (|x| in the hundreds and more) left its row's total
+    # infinite or NaN: those programs compute their rows again in float32 (as does an x
+    # holding inf or NaN, whose result is that again)
+    if metile.sum(metile.where(total - total == 0, 0, 1)) > 0:
+        total = float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES,
+                           ROWS, DTYPE)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))
