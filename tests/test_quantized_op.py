@@ -313,9 +313,13 @@ def test_dequantize_kernel_ragged(rng):
 
 def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
     # backend="metile" on CUDA with 16-bit x runs what measured fastest on the H200 (the
-    # GEMV in runs; dequantize then the dense GEMM); float32 and other devices keep theirs
+    # GEMV in packed pairs, or in runs; dequantize then the dense GEMM); float32 and other
+    # devices keep theirs
     monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: True)
-    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC_RUNS[0]
+    # the GEMV in packed pairs where its unpacking is exact, else the GEMV in runs
+    assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC_PAIRS[0]
+    assert quantized_ops.default_config(4, mx.float16, True, 8) == quantized_ops.MATVEC_PAIRS[0]
+    assert quantized_ops.default_config(1, mx.bfloat16, True, 8) == quantized_ops.MATVEC_RUNS[0]
     assert quantized_ops.default_config(512, mx.bfloat16, True) == quantized_ops.DEQUANTIZE_GEMM
     assert quantized_ops.default_config(1, mx.float16, False) == quantized_ops.MATVEC_N
     assert quantized_ops.default_config(1, mx.float32, True) == quantized_ops.MATVEC

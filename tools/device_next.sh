@@ -97,7 +97,19 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s89 ]; then
+if [ "$mode" = s90 ]; then
+  # (twenty-sixth session) the pair GEMV as the decode default: the decode benchmark (8
+  # products a compiled call, 4 weights cycled) for float16 int4 / int8 and bfloat16 int4,
+  # the compiled call's wall time (decode_chain_ncu.py), then the quantized GPU tests whole
+  for spec in "float16 4" "bfloat16 4" "float16 8"; do
+    set -- $spec
+    timeout 110 python3 -m benchmarks.quantized --dtype $1 --bits $2 --group-size 64 --weights 4 \
+      --chain 8 --prefill-off --launches 20 --rounds 7 \
+      --output "$logs/h200-quantized-int$2-$1-decode-pairs.json" 2>&1 | tail -1 | tee -a "$log"
+  done
+  timeout 60 python3 tools/probes/decode_chain_ncu.py --wall 2>&1 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_pair_fma test_quantized_op
+elif [ "$mode" = s89 ]; then
   # the pair GEMV (16-bit sums scaled by x's magnitude): its GPU tests, ncu kernel durations
   # of SPAN 2-8, the compiled 8-product call's wall time (tools/probes/decode_chain_ncu.py),
   # then the decode benchmark (8 products a call, 4 weights cycled)

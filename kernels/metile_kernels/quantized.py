@@ -542,8 +542,9 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     loop step covers LANES * SPAN consecutive packed words, lane l words l * SPAN and on, so
     a warp's loads of a row's words and of x are contiguous (lanes taking whole groups read
     x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  On the H200 (1x4096
-    x11008 int4 group 64 float16, ncu kernel time, s89): ROWS 4 and SPAN 4 9.5 us, SPAN 2
-    13.6, SPAN 1 18.8; the runs GEMV 19.1 and MLX's qmv 30.  A row past N reads row N - 1
+    x11008 int4 group 64 float16, ncu kernel time, second s89 run): ROWS 8 SPAN 4 13.2 us,
+    ROWS 4 SPAN 2 13.9, ROWS 4 SPAN 4 14.8, SPAN 8 19.7-36.7; the runs GEMV 18.8 and MLX's
+    qmv ~30.  A row past N reads row N - 1
     (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
     (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without

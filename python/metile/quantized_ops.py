@@ -99,10 +99,14 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
                 {"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 8, "num_warps": 8},
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
-# instruction, x's pairs shared by ROWS rows a lane): float16 4/8-bit and bfloat16 4-bit
-# weights, transpose=True (kernels.PAIR_FORMS).
-MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 4, "num_warps": 1},
-                {"kernel": "matvec_pairs", "ROWS": 2, "SPAN": 4, "num_warps": 1}]
+# instruction, x's pairs shared by ROWS rows a lane, SPAN words a lane a step): float16 4/8-
+# bit and bfloat16 4-bit weights, transpose=True (kernels.PAIR_FORMS).  On the H200 (1x4096x
+# 11008 int4 group 64 float16, ncu kernel time, s89): 8 rows / 4 words 13.2 us, 4 / 2 13.9,
+# 4 / 4 14.8, against 18.8 for the runs GEMV and ~30 for MLX's qmv; 8 products a compiled
+# call: 20.0 us a product against 24.6 and MLX's 32.4.  (SPAN 4 needs groups of 4 words:
+# every mx.quantize group at 4 and 8 bits.)
+MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1},
+                {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -362,8 +366,10 @@ def _gemm(dtype) -> dict:
     return CUDA_GEMM if dtype != mx.float32 and _on_cuda() else GEMM
 
 
-def default_config(rows: int, dtype, transpose: bool) -> dict:
+def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
+    Since s89 the GEMV in packed pairs where it applies (MATVEC_PAIRS[0]: float16 4/8-bit,
+    bfloat16 4-bit; on the H200 13.2 us of kernel time against 18.8 for the runs GEMV).
     On CUDA with 16-bit x, the kernels measured faster on the H200
     (h200-quantized-int4-float16-runs-2026-12-01.json, h200-device-log-s15-2026-12-02.txt;
     int4 group 64, 4096 -> 11008): the GEMV in runs, one row a program - level with
@@ -380,6 +386,8 @@ def default_config(rows: int, dtype, transpose: bool) -> dict:
     if rows <= DECODE_ROWS:
         if not transpose:
             return MATVEC_N
+        if measured and _pair_dtype(dtype, bits, transpose):
+            return MATVEC_PAIRS[0]
         return MATVEC_RUNS[0] if measured else MATVEC
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
@@ -451,7 +459,7 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
     if backend == "mlx":
         return None, routing.Decision(routing.REFERENCE, "requested", "backend='mlx' requested")
     if backend == "metile":
-        config = default_config(m, dtype, transpose)
+        config = default_config(m, dtype, transpose, bits)
         return config, routing.Decision(config_name(config), "requested",
                                         "backend='metile' requested")
     key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)

@@ -20,7 +20,7 @@ import mlx.core as mx   # noqa: E402
 from benchmarks.quantized import seconds_per_call   # noqa: E402
 from metile import quantized_ops                    # noqa: E402
 
-PAIRS = {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 4, "num_warps": 1}
+PAIRS = quantized_ops.MATVEC_PAIRS[0]
 
 
 def sides(n=11008, k=4096, chain=8):
