@@ -97,7 +97,12 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s90 ]; then
+if [ "$mode" = s91 ]; then
+  # the pair GEMV with K split over 2-4 warps a program (more warps an SM than one wave of
+  # one-warp programs): ncu kernel durations
+  ncu_times 150 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
+  grep -h "WRONG" "$logs/ncu-gemv-pairs.csv" | tee -a "$log"
+elif [ "$mode" = s90 ]; then
   # (twenty-sixth session) the pair GEMV as the decode default: the decode benchmark (8
   # products a compiled call, 4 weights cycled) for float16 int4 / int8 and bfloat16 int4,
   # the compiled call's wall time (decode_chain_ncu.py), then the quantized GPU tests whole
