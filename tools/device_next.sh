@@ -97,7 +97,11 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s91 ]; then
+if [ "$mode" = s92 ]; then
+  # every decode candidate (the pair GEMV among them) and the defaults on the GPU
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "every_decode or defaults or any_magnitude" \
+    test_quantized_op
+elif [ "$mode" = s91 ]; then
   # the pair GEMV with K split over 2-4 warps a program (more warps an SM than one wave of
   # one-warp programs): ncu kernel durations
   ncu_times 150 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
