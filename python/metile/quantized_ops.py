@@ -43,9 +43,8 @@ import math
 
 import mlx.core as mx
 
-import metile
-
 from . import op_replay
+from .language import dtypes as dt
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
@@ -265,7 +264,7 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             raise ValueError(f"quantized_matmul: matvec_pairs with SPAN={span} needs groups of "
                              f"a multiple of {span} packed words, got group_size={group_size} "
                              f"at {bits} bits")
-        meta.update(kernels.pair_constants(name, bits), DTYPE=getattr(metile, name),
+        meta.update(kernels.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
                     EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         x2 = x2.view(mx.uint64)
