@@ -537,12 +537,13 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
     # the packed pairs become __hfma2 calls, no threadgroup memory in the loop (x is read
     # through a pointer broadcast over the rows, not a tile broadcast)
     from metile_kernels import quantized as kernels
+    from metile_kernels import quantized_pairs as pairs
     wq, s, b = mx.quantize(mx.zeros((256, 4096), dtype), group_size=64, bits=bits)
     x = mx.zeros((1, 4096), dtype)
     name = str(dtype).removeprefix("mlx.core.")
-    consts = kernels.pair_constants(name, bits)
+    consts = pairs.pair_constants(name, bits)
     taken = ("MAGIC", "ONE", "SHIFT", "CENTRE", "ONE_HI", "SHIFT_HI", "IN_PLACE")
-    d = kernels.quantized_matvec_pairs[kernels.matvec_grid(1, 256, 4)].prepare(
+    d = pairs.quantized_matvec_pairs[kernels.matvec_grid(1, 256, 4)].prepare(
         x.view(mx.uint64), wq, s, b, mx.zeros((1, 256), dtype), 1, 256, 4096, consts["MAGIC"],
         BITS=bits, GROUP=64, ROWS=4, SPAN=2, DTYPE=getattr(metile, name), EVEN=True,
         num_warps=1, backend="cuda", **{k: consts[k] for k in taken})

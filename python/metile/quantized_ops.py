@@ -11,8 +11,10 @@ runs, as MLX does.  The kernels (kernels/metile_kernels/quantized.py):
 * up to DECODE_ROWS rows (decode): a GEMV that reads every packed word once and
   dequantizes in registers (`quantized_matvec`; `quantized_matvec_n` for
   transpose=False), and candidates written along K in runs (`quantized_matvec_runs`,
-  and `quantized_matvec_rows`, several rows a warp: on the H200 the fastest, 1.27x and
-  1.22x MLX at 1x4096x11008 int4 in the s21 run, the first the faster from DRAM);
+  and `quantized_matvec_rows`, several rows a warp: 1.27x and 1.22x MLX at 1x4096x11008
+  int4 in the s21 run), and, for float16 4/8-bit and bfloat16 4-bit weights, the GEMV in
+  packed 16-bit pairs (kernels/metile_kernels/quantized_pairs.py: on the H200 the fastest
+  since 2026-12-04, 1.78x MLX a product in a compiled decode step);
 * more rows (prefill): a tiled GEMM that dequantizes the weight tile while staging
   it and multiplies on matrix units (`quantized_matmul`);
 * a routing candidate besides: `dequantize` into a temporary float weight, then
@@ -99,7 +101,7 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
 # instruction, x's pairs shared by ROWS rows a lane, SPAN words a lane a step): float16 4/8-
-# bit and bfloat16 4-bit weights, transpose=True (kernels.PAIR_FORMS).  On the H200 (1x4096x
+# bit and bfloat16 4-bit weights, transpose=True (metile_kernels.quantized_pairs.PAIR_FORMS).  On the H200 (1x4096x
 # 11008 int4 group 64 float16, ncu kernel time, s89): 8 rows / 4 words 13.2 us, 4 / 2 13.9,
 # 4 / 4 14.8, against 18.8 for the runs GEMV and ~30 for MLX's qmv; 8 products a compiled
 # call: 20.0 us a product against 24.6 and MLX's 32.4.  (SPAN 4 needs groups of 4 words:
@@ -253,7 +255,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
     elif kind == "matvec_n":
         kernel, grid = kernels.quantized_matvec_n, kernels.matvec_grid(m, n, params["BLOCK_N"])
     elif kind == "matvec_pairs":
-        kernel, grid = kernels.quantized_matvec_pairs, kernels.matvec_grid(m, n, params["ROWS"])
+        from metile_kernels import quantized_pairs as pairs
+        kernel, grid = pairs.quantized_matvec_pairs, kernels.matvec_grid(m, n, params["ROWS"])
         name = _pair_dtype(x2.dtype, bits, transpose)
         if name is None:
             raise ValueError(f"quantized_matmul: the matvec_pairs kernel takes float16 (4 or "
@@ -264,7 +267,7 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             raise ValueError(f"quantized_matmul: matvec_pairs with SPAN={span} needs groups of "
                              f"a multiple of {span} packed words, got group_size={group_size} "
                              f"at {bits} bits")
-        meta.update(kernels.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
+        meta.update(pairs.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
                     EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         x2 = x2.view(mx.uint64)
@@ -393,9 +396,9 @@ def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
 
 def _pair_dtype(dtype, bits: int, transpose: bool) -> str | None:
     """The 16-bit float name quantized_matvec_pairs computes x of `dtype` in, or None."""
-    from metile_kernels import quantized as kernels
+    from metile_kernels.quantized_pairs import PAIR_FORMS
     name = str(dtype).removeprefix("mlx.core.")
-    return name if transpose and (name, bits) in kernels.PAIR_FORMS else None
+    return name if transpose and (name, bits) in PAIR_FORMS else None
 
 
 def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4) -> list[dict]:
@@ -411,13 +414,14 @@ def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4) -> list[dic
 @functools.lru_cache(maxsize=1)
 def _fingerprints() -> dict:
     from metile_kernels import quantized as kernels
+    from metile_kernels import quantized_pairs as pairs
 
     from metile_kernels.gemm import matmul_epilogue
 
     from .runtime import cache
     own = "".join(cache.source_fingerprint(kern.fn) for kern in (
         kernels.quantized_matvec, kernels.quantized_matvec_runs, kernels.quantized_matvec_rows,
-        kernels.quantized_matvec_n, kernels.quantized_matvec_pairs, kernels.quantized_matmul,
+        kernels.quantized_matvec_n, pairs.quantized_matvec_pairs, kernels.quantized_matmul,
         kernels.dequantize, matmul_epilogue))
     return {"compiler": cache.compiler_fingerprint(), "kernels": own}
 
