@@ -97,11 +97,7 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s93 ]; then
-  # the pair GEMV with the next step's loads carried ahead (AHEAD): ncu kernel durations
-  ncu_times 100 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs --repeat 3
-  grep -h "WRONG" "$logs/ncu-gemv-pairs.csv" | tee -a "$log"
-elif [ "$mode" = s92 ]; then
+if [ "$mode" = s92 ]; then
   # every decode candidate (the pair GEMV among them) and the defaults on the GPU
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "every_decode or defaults or any_magnitude" \
     test_quantized_op

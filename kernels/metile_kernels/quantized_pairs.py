@@ -119,15 +119,6 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
 
 
 @metile.inline
-def pair_padded(values, n):
-    """The tuple `values` grown to n entries by repeating its first."""
-    out = values
-    for _ in metile.static_range(n - len(values)):
-        out = out + (values[0],)
-    return out
-
-
-@metile.inline
 def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_HI, SHIFT_HI,
               X_ONE, IN_PLACE):
     """One packed word's products with x added to the pair sums `part` and x's own pairs to
@@ -171,8 +162,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
-                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False,
-                           AHEAD: metile.constexpr = False):
+                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
@@ -196,8 +186,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
     a shift).  A 16-bit sum can overflow where |x| reaches the hundreds: its row's total is
-    then not finite, and the program computes its rows again in float32 (`float_rows`).
-    AHEAD: the next step's loads are issued before this step's arithmetic (SPAN <= 4)."""
+    then not finite, and the program computes its rows again in float32 (`float_rows`)."""
     PER = 32 // BITS
     WPG = GROUP // PER             # packed words a group (a multiple of SPAN)
     STEP = LANES * SPAN
@@ -218,24 +207,9 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    if AHEAD:
-        # the loop carries the next step's loads, named (a tuple cannot be carried):
-        # up to 4 words and 8 of x's 64-bit words, the unused ones repeating the first
-        s, b, first_words, first_xs = pair_fetch(w, x_row, scales, biases, nn, lane * SPAN,
-                                                 words, groups, WPG, BITS, SPAN, EVEN)
-        p0, p1, p2, p3 = pair_padded(first_words, 4)
-        x0, x1, x2, x3, x4, x5, x6, x7 = pair_padded(first_xs, 8)
     for w0 in range(0, words, STEP):
-        if AHEAD:
-            packed = (p0, p1, p2, p3)
-            xs = (x0, x1, x2, x3, x4, x5, x6, x7)
-            # the next step's words (this step's again at the last: in bounds, unused)
-            ahead = metile.where(w0 + STEP < words, w0 + STEP, w0)
-            ns, nb, npacked, nxs = pair_fetch(w, x_row, scales, biases, nn, ahead + lane * SPAN,
-                                              words, groups, WPG, BITS, SPAN, EVEN)
-        else:
-            s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN,
-                                          words, groups, WPG, BITS, SPAN, EVEN)
+        s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
+                                      groups, WPG, BITS, SPAN, EVEN)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         for i in metile.static_range(SPAN):
@@ -248,11 +222,6 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
         acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
-        if AHEAD:
-            s = ns
-            b = nb
-            p0, p1, p2, p3 = pair_padded(npacked, 4)
-            x0, x1, x2, x3, x4, x5, x6, x7 = pair_padded(nxs, 8)
     total = metile.sum(acc, axis=1)
     # a 16-bit sum that overflowed (|x| in the hundreds and more) left its row's total
     # infinite or NaN: those programs compute their rows again in float32 (as does an x

@@ -44,9 +44,9 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
         {"kernel": "matvec_rows", "BLOCK_K": 2048, "ROWS": 2, "num_warps": 2}]
 # packed 16-bit pair arithmetic (quantized_matvec_pairs): rows a lane, words summed in 16
 # bits before float32, lanes (groups a loop step) on LANES / 32 warps
-PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "AHEAD": a, "num_warps": 1}
-         for r, c, a in ((8, 4, False), (8, 4, True), (4, 4, True), (4, 2, True), (8, 2, True),
-                         (4, 2, False), (16, 4, True), (2, 4, True))]
+PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "num_warps": lanes // 32}
+         for r, c, lanes in ((8, 4, 32), (4, 2, 32), (8, 4, 64), (8, 4, 128), (16, 4, 64),
+                             (8, 2, 64), (8, 2, 128), (16, 2, 128), (4, 4, 128))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,
