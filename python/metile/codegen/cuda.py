@@ -600,8 +600,7 @@ class CUDAEmitter(CEmitter):
     VECTOR_LOAD = "const {vtype} {name} = metile_load_vec<{vtype}>(&{root}[{index}]);"
     # 16-bit elements are shifted out of the words: taking the vector's address to index
     # it would put it in local memory.
-    VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "uint32": ("uint4", "{v}.{c}"),
-                    "int32": ("int4", "{v}.{c}"),
+    VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"),
                     "float16": ("uint2", "__ushort_as_half(static_cast<unsigned short>({v}.{h} >> "
                                          "{shift}))"),
                     "bfloat16": ("uint2", "__ushort_as_bfloat16(static_cast<unsigned short>({v}.{h} "
@@ -631,7 +630,7 @@ class CUDAEmitter(CEmitter):
     # a plain load, 16 bytes per chunk (8 half words in a uint4, 4 floats in a float4).
     ALIGNED_VECTOR_LOAD = "const {vtype} {name} = *reinterpret_cast<const {vtype}*>(&{root}[{index}]);"
     VECTOR_CHUNKS = {(d, 8): ("uint4", 8, element) for d, (_, element) in VECTOR_TYPES.items()
-                     if d in ("float16", "bfloat16")}
+                     if d != "float32"}
     # 16-bit pairs packed into 32-bit words; floats by four.
     VECTOR_STORES = {
         **{("float32", w): ("*reinterpret_cast<float4*>(&{root}[{index}]) = make_float4({values});",

@@ -27,15 +27,6 @@ inline float metile_erf(float x) {
   return x >= 0.0f ? 1.0f - y : y - 1.0f;
 }"""
 
-
-# Atomics (codegen/c_like.py `atomic`).  Metal has relaxed device atomics on 32-bit words
-# only: float max/min order the bits as signed ints when the value's sign bit is clear and as
-# unsigned ints when it is set (IEEE order for non-NaN floats, -0.0 below +0.0); xchg and cas
-# act on the bits (cas compares bit patterns, as on CUDA); the weak compare-exchange retries
-# spurious failures.  metile_atomic_init copies element i in from the passed contents before
-# its first atomic: a byte of the written-mask goes 0 -> 2 (copying) -> 1 (ready) through a
-# compare-exchange on its aligned 32-bit word; the copying thread finishes inside the loop
-# iteration that won, so SIMD lockstep cannot starve it.
 # pair_fma (ir/ops.py PAIR): a uint word read as two 16-bit floats.  Metal's fma of bfloat
 # vectors is not declared on every version: bfloat16 computes in float32, then rounds.
 _PAIR_F16 = """\
@@ -48,6 +39,15 @@ inline uint metile_pair_fma_bf16(uint a, uint b, uint c) {
                                           float2(as_type<bfloat2>(c)))));
 }"""
 
+
+# Atomics (codegen/c_like.py `atomic`).  Metal has relaxed device atomics on 32-bit words
+# only: float max/min order the bits as signed ints when the value's sign bit is clear and as
+# unsigned ints when it is set (IEEE order for non-NaN floats, -0.0 below +0.0); xchg and cas
+# act on the bits (cas compares bit patterns, as on CUDA); the weak compare-exchange retries
+# spurious failures.  metile_atomic_init copies element i in from the passed contents before
+# its first atomic: a byte of the written-mask goes 0 -> 2 (copying) -> 1 (ready) through a
+# compare-exchange on its aligned 32-bit word; the copying thread finishes inside the loop
+# iteration that won, so SIMD lockstep cannot starve it.
 _ATOMICS = """#define METILE_RELAXED metal::memory_order_relaxed
 inline float metile_atomic_fmax(device float* p, float v) {
   return as_type<int>(v) >= 0
@@ -216,8 +216,7 @@ class MSLEmitter(CEmitter):
     # and packed types keep it well-defined where a buffer's base is only element-aligned
     # (the CPU runtime's allocations).
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
-                    "bfloat16": ("bfloat4", "{v}.{c}"), "uint32": ("uint4", "{v}.{c}"),
-                    "int32": ("int4", "{v}.{c}")}
+                    "bfloat16": ("bfloat4", "{v}.{c}")}
     VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
                    "(&{root}[{index}]);")
     # Stores through the packed vector too (element alignment only).
