@@ -315,3 +315,20 @@ def test_full_of_a_float_with_an_int_dtype_names_both():
     err = compile_error(lambda: full_of_a_float_as_int[(1,)](mx.zeros((8,), mx.int32), BLOCK=8))
     assert "full() value 2.7 is a float and dtype int32 is not" in str(err)
     assert_points_at(err, full_of_a_float_as_int, "MARK-full")
+
+
+@metile.kernel
+def too_much_shared(x, out, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    v = metile.load(x + i)
+    t = v[:, None] + v[None, :]
+    metile.store(out + i, metile.sum(t, axis=1))  # MARK-shared
+
+
+def test_shared_overflow_points_at_its_source_line():
+    # a 512x512 float tile read across lanes (the row sums) is held in threadgroup memory:
+    # past the limit, the error names the line whose tile pushed it over
+    err = compile_error(lambda: too_much_shared[(1,)](mx.zeros((512,)), mx.zeros((512,)),
+                                                      BLOCK=512))
+    assert "tiles held in threadgroup memory need" in str(err)
+    assert_points_at(err, too_much_shared, "MARK-shared")

@@ -58,6 +58,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                  scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                  shared_optin: int = 0, language: str | None = None, mma: bool = False):
         self.fn = fn
+        self.loc = None      # the source op being lowered (lower_block): errors point at it
         self.shared_limit = shared_limit
         # What a kernel laying out dynamic shared memory itself may use (gemm_wgmma).
         self.shared_optin = max(shared_optin, shared_limit)
@@ -156,9 +157,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if storage == "shared":
             self.shared_bytes += size * dtype.itemsize
             if not self._fits_shared():
+                # at the op whose tile passed the limit (the source line a user can shrink)
                 raise SharedOverflow(
                     f"tiles held in threadgroup memory need {self.shared_bytes} bytes, more than "
-                    f"the {self.shared_optin} a threadgroup has; use smaller blocks")
+                    f"the {self.shared_optin} a threadgroup has; use smaller blocks", self.loc)
         attrs = {"name": name, "storage": storage, "dtype": dtype, "size": size}
         if align:
             attrs["align"] = align
@@ -510,7 +512,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
     def lower_block(self, src: Block, b: Builder) -> list[Value] | None:
         """Lower `src` into `b`; returns the operands of its terminator, if any."""
         for op in src.ops:
-            b.loc = op.loc
+            b.loc = self.loc = op.loc
             if op.name in ("yield", "condition"):
                 return op.operands
             self.lower_op(op, b)
