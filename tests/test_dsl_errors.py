@@ -332,3 +332,20 @@ def test_shared_overflow_points_at_its_source_line():
                                                       BLOCK=512))
     assert "tiles held in threadgroup memory need" in str(err)
     assert_points_at(err, too_much_shared, "MARK-shared")
+
+
+@metile.kernel
+def pointer_per_branch(a, b, out, flag):
+    if flag > 0:  # MARK-pointers
+        p = a
+    else:
+        p = b
+    metile.store(out, metile.load(p))
+
+
+def test_pointers_into_two_buffers_across_an_if_are_named():
+    # (a helper finding: the message asked for a cast, which no pointer can take)
+    err = compile_error(lambda: pointer_per_branch[(1,)](X, X + 1, X + 2, 1))
+    assert "points into 'a' in one branch of a runtime if and into 'b' in the other" in str(err)
+    assert "cast" not in str(err)
+    assert_points_at(err, pointer_per_branch, "MARK-pointers")

@@ -16,7 +16,7 @@ import ast
 import builtins as py_builtins
 
 from ..ir.core import Block, Builder, Value
-from ..ir.types import ScalarType, TileType, dtype_of
+from ..ir.types import ScalarType, TileType, dtype_of, elem_type, is_pointer
 from ..language import dtypes as dt
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
@@ -151,6 +151,16 @@ class ControlFlow:
                 raise CompilationError(f"conditional shared-pointer selection is unsupported: "
                                        f"variable {n!r} points into a different shared "
                                        f"allocation in each branch; select an offset instead")
+            if ta and tb and ta != tb and is_pointer(ta) and is_pointer(tb):
+                # a pointer's type names its buffer: no cast turns one buffer into another
+                ra, rb = elem_type(ta).root, elem_type(tb).root
+                raise CompilationError(
+                    f"{_label(n)} points into {ra!r} in one branch of a runtime if and into "
+                    f"{rb!r} in the other ({ta} and {tb}); a pointer names its buffer, so "
+                    f"select an offset into one buffer, or load from (store to) each buffer "
+                    f"in its own branch" if ra != rb else
+                    f"{_label(n)} is {ta} in one branch and {tb} in the other; both must be "
+                    f"the same pointer type")
             if ta and tb and ta != tb:
                 raise CompilationError(f"{_label(n)} is {ta} in one branch and {tb} in the "
                                        f"other; cast so both agree")
