@@ -24,6 +24,7 @@ from .builtins import IMPLS, view_method
 from . import debug_ops, join_split, reduce_ops, scans, shape_ops  # noqa: F401  (register their builtins into IMPLS)
 from .block_pointers import BlockPointer, TensorDescriptor
 from ..errors import CompilationError
+from .tuples import KernelTuple
 from .semantics import Semantics, describe, is_const
 from .control import UNSET, ControlFlow, Undefined
 from .desugar_control import desugar
@@ -228,7 +229,7 @@ class Generator(ControlFlow):
         return self.lookup(node.id)
 
     def visit_Tuple(self, node):
-        return tuple(self.visit(e) for e in node.elts)
+        return KernelTuple(self.visit(e) for e in node.elts)
 
     visit_List = visit_Tuple
 

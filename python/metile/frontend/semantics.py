@@ -94,7 +94,8 @@ def describe(x) -> str:
     if isinstance(x, Value):
         kind = "tile" if isinstance(x.type, TileType) else "scalar"
         return f"a {x.type} {kind}" if kind == "tile" else f"a runtime {x.type} value"
-    return f"{type(x).__name__} {x!r}"
+    return f"{'tuple' if isinstance(x, tuple) else type(x).__name__} {tuple(x)!r}" \
+        if isinstance(x, tuple) else f"{type(x).__name__} {x!r}"
 
 
 def broadcast_shapes(a: tuple, b: tuple) -> tuple:
