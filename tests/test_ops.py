@@ -234,6 +234,25 @@ def test_quantize_keeps_the_activation(rng, activation):
                                rtol=3e-4, atol=3e-5)
 
 
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_quantize_keeps_the_backend(rng, backend, activation):
+    # (a helper finding: after convert(backend="metile") nn.quantize gave backend "auto")
+    model = nn.Sequential(metile.nn.Linear(64, 32, activation=activation, backend=backend))
+    nn.quantize(model, group_size=32, bits=4)
+    layer = model.layers[0]
+    assert isinstance(layer, nn.QuantizedLinear)
+    if activation is None and backend == "auto":
+        assert type(layer) is nn.QuantizedLinear      # MLX's own layer, as before
+    else:
+        assert isinstance(layer, metile.nn.QuantizedLinear) and layer.backend == backend
+    x, _ = arrays(rng, (3, 64), "float32")
+    q = mx.quantized_matmul(x, layer.weight, layer.scales, layer.biases, transpose=True,
+                            group_size=32, bits=4) + layer.bias
+    np.testing.assert_allclose(np.array(model(x)), np_act(np.array(q).astype(np.float64),
+                                                          activation), rtol=3e-4, atol=3e-5)
+
+
 def test_quantize_input_with_activation_is_refused():
     layer = metile.nn.Linear(64, 32, activation="relu")
     with pytest.raises(ValueError, match="quantize_input=True is not supported for a layer with "

@@ -75,9 +75,10 @@ class Linear(mlx_nn.Linear):
 
     def to_quantized(self, group_size=None, bits=None, mode: str = "affine",
                      quantize_input: bool = False):
-        """What `mlx.nn.quantize` calls: MLX's quantized layer, with this layer's
-        activation applied after it (MLX's own layers have none to keep)."""
-        if self.activation is None:
+        """What `mlx.nn.quantize` calls: MLX's quantized layer, or metile's where this
+        layer has an activation to keep (applied after it) or a backend other than "auto"
+        to keep (metile.nn.QuantizedLinear with that backend)."""
+        if self.activation is None and (self.backend == "auto" or quantize_input):
             return super().to_quantized(group_size, bits, mode, quantize_input)
         if quantize_input:
             raise ValueError(f"[metile.nn.Linear] quantize_input=True is not supported for a "
@@ -86,6 +87,7 @@ class Linear(mlx_nn.Linear):
                              f"with class_predicate")
         q = QuantizedLinear.from_linear(self, group_size, bits, mode)
         q.activation, q.negative_slope = self.activation, self.negative_slope
+        q.backend = self.backend
         return q
 
     def _extra_repr(self) -> str:
