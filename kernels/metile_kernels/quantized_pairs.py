@@ -12,6 +12,10 @@ instructions a weight at 8 rows and 4 words a lane.
 
 import metile
 
+# (dtype, bits) the magic-number unpacking is exact for: M + q must stay below 2M
+PAIR_FORMS = (("float16", 4), ("float16", 8), ("bfloat16", 4))
+
+
 def pair_constants(dtype_name: str, bits: int) -> dict:
     """The constants `quantized_matvec_pairs` takes for 16-bit floats of `dtype_name`, each
     16-bit one given twice, in both halves of a word:
@@ -71,10 +75,6 @@ def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LAN
                 q = ((packed >> (BITS * (4 * e + h))) & ((1 << BITS) - 1)).to(metile.float32)
                 acc += (s * q + b) * xh
     return metile.sum(acc, axis=1)
-
-
-# (dtype, bits) the magic-number unpacking is exact for: M + q must stay below 2M
-PAIR_FORMS = (("float16", 4), ("float16", 8), ("bfloat16", 4))
 
 
 @metile.inline
