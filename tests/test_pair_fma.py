@@ -37,7 +37,7 @@ def from_bf16(bits16):
     return (bits16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-@pytest.mark.parametrize("n", [1, 37, 256])
+@pytest.mark.parametrize("n", [1, 37, 256, 16384])
 def test_float16_pairs_match_numpy(rng, n):
     a, b, c = (rng.standard_normal(2 * n).astype(np.float16) for _ in range(3))
     out = pair_fma_kernel[(metile.cdiv(n, 64),)](words(a), words(b), words(c),
@@ -47,6 +47,15 @@ def test_float16_pairs_match_numpy(rng, n):
     # the product of two halves is exact in float64: one rounding, as a fused multiply-add
     want = (a.astype(np.float64) * b + c).astype(np.float16)
     np.testing.assert_array_equal(got, want)
+
+
+def test_float16_rounds_once():
+    # 3 * 683 + 2^-24 = 2049 + 2^-24: rounded once, 2050; through float32 first, 2049 (a
+    # tie) and then 2048 - the CPU runtime's half fma once did that
+    words_of = lambda v: words(np.array(v, np.float16))  # noqa: E731
+    out = pair_fma_kernel[(1,)](words_of([3, 1]), words_of([683, 1]), words_of([2.0 ** -24, 0]),
+                                mx.zeros((1,), mx.uint32), 1, BLOCK=16, DT=metile.float16)
+    assert np.array(out).view(np.float16)[0] == np.float16(2050.0)
 
 
 def test_bfloat16_pairs_match_numpy(rng):

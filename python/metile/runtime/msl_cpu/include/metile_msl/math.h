@@ -212,6 +212,23 @@ inline metile_rt::promote_t<A, B> nextafter(A a, B b) {
 template <metile_rt::Arith A, metile_rt::Arith B, metile_rt::Arith C>
 inline metile_rt::float_of<metile_rt::promote_t<A, B, C>> fma(A a, B b, C c) {
   using R = metile_rt::float_of<metile_rt::promote_t<A, B, C>>;
+  using E = metile_rt::elem_t<R>;
+  if constexpr (sizeof(E) == 2) {
+    // 16-bit floats rounded once, as Metal's half fma: in double (map3 would compute in
+    // float, whose rounding of 3 * 683 + 2^-24 to 2049 left a tie that half broke down)
+    const R x = metile_rt::convert<R>(a), y = metile_rt::convert<R>(b), z = metile_rt::convert<R>(c);
+    auto one = [](E p, E q, E r) {
+      return static_cast<E>(__builtin_fma(static_cast<double>(p), static_cast<double>(q),
+                                          static_cast<double>(r)));
+    };
+    if constexpr (metile_rt::is_vec<R>) {
+      R out;
+      for (int i = 0; i < metile_rt::vec_size<R>; ++i) out[i] = one(x[i], y[i], z[i]);
+      return out;
+    } else {
+      return one(x, y, z);
+    }
+  }
   return metile_rt::map3<R>(metile_rt::convert<R>(a), metile_rt::convert<R>(b), metile_rt::convert<R>(c),
                             [](auto x, auto y, auto z) {
                               if constexpr (sizeof(x) == 8)
