@@ -90,7 +90,7 @@ def bad_pair_fma(a, out, CASE: metile.constexpr):
     elif CASE == 1:
         y = metile.pair_fma(x, x, x)
     elif CASE == 2:
-        y = metile.pair_fma(x.to(metile.int32, bitcast=True), x, x, dtype=metile.float16)
+        y = metile.pair_fma(x.to(metile.float32, bitcast=True), x, x, dtype=metile.float16)
     elif CASE == 3:
         y = metile.pair_fma(x, 1.5, x, dtype=metile.float16)
     else:
@@ -101,7 +101,7 @@ def bad_pair_fma(a, out, CASE: metile.constexpr):
 @pytest.mark.parametrize("case,message", [
     (0, "dtype= must be float16 or bfloat16"),
     (1, "needs dtype="),
-    (2, "operand a must be uint32 words"),
+    (2, "operand a must be uint32 \\(or int32\\) words"),
     (3, "operand b must be a uint32 value"),
     (4, "operand c must be a uint32 value"),
 ])
@@ -119,3 +119,27 @@ def test_cuda_emission_is_one_packed_fma(dt):
     assert "__hfma2" in d.source
     ok, log = compile_cuda(translation_unit(d), "sm_90")
     assert ok, log
+
+
+@metile.kernel
+def words_per_branch(a, out, n):
+    i = metile.arange(0, 4)
+    w = metile.load(a + i)
+    t = (w, 0x3C003C00)                       # (x, 1.0 twice) carried through the loop
+    for s in range(n):
+        t = (metile.pair_fma(t[0], t[1], t[1], dtype=metile.float16), t[1])
+    if n > 1:                                 # a word constant per branch: 1.0 or -1.0
+        u = (t[0], 0x3C003C00)
+    else:
+        u = (t[0], 0xBC00BC00)
+    metile.store(out + i, metile.pair_fma(u[0], u[1], 0, dtype=metile.float16))
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_word_constants_carried_and_merged(n):
+    # numbers merged from two branches become int32 (or uint32 past it) values: pair_fma
+    # takes either as the same 32 bits (a hostile-trial finding: int32 was refused)
+    x = np.array([0.5, 1, 2, -3, 4, 5, 6, 7], np.float16)
+    out = words_per_branch[(1,)](mx.array(x.view(np.uint32)), mx.zeros((4,), mx.uint32), n)
+    want = (x.astype(np.float64) + n) * (1 if n > 1 else -1)
+    np.testing.assert_array_equal(np.array(out).view(np.float16), want.astype(np.float16))

@@ -91,8 +91,7 @@ class ControlFlow:
         names = [n for n in branches[0][1] if n in branches[1][1]
                  and branches[0][1][n] is not branches[1][1][n]]
         composites = {n: _split_parts(n, branches) for n in names
-                      if hasattr(branches[0][1][n], "loop_parts")
-                      and UNSET not in (branches[0][1][n], branches[1][1][n])}
+                      if any(hasattr(branches[i][1][n], "loop_parts") for i in (0, 1))}
         names = [m for n in names for m in composites.get(n, [n])
                  if branches[0][1][m] is not branches[1][1][m]]
         merged = self._merge(names, branches, node)
@@ -165,7 +164,7 @@ class ControlFlow:
                 raise CompilationError(f"{_label(n)} is {ta} in one branch and {tb} in the "
                                        f"other; cast so both agree")
             if t is None:
-                t = ScalarType(_const_dtype(a))
+                t = ScalarType(_const_dtype(a, b))
             merged.append((n, t))
         return merged
 
@@ -411,19 +410,36 @@ def _split_parts(n: str, branches) -> list[str]:
     """Put the parts of composite variable `n` (changed by a runtime if) in each branch's
     environment under names of their own, for `_merge`; returns those names."""
     a, b = branches[0][1][n], branches[1][1][n]
-    why = a.layout_differs(b)
+    # a helper's return slot is UNSET on a path that has not returned: each part of the
+    # other path's value (a tuple returned early) stands beside an UNSET part
+    like, other = (a, b) if hasattr(a, "loop_parts") else (b, a)
+    why = None if other is UNSET else like.layout_differs(other)
     if why:
-        raise CompilationError(f"variable {n!r} (a {a!r}) {why} in one branch of a runtime if")
-    names = [h for h, _ in _flat(n, a)]
+        raise CompilationError(f"variable {n!r} (a {like!r}) {why} in one branch of a runtime "
+                               f"if")
+    names = [h for h, _ in _flat(n, like)]
     for _, env in branches:
-        for h, v in _flat(n, env.pop(n)):
-            env[h] = v
-        env[n] = a  # the layout, rebuilt from the merged parts after the if
+        v = env.pop(n)
+        for h, part in zip(names, [UNSET] * len(names) if v is UNSET else [p for _, p in _flat(n, v)]):
+            env[h] = part
+        env[n] = like  # the layout, rebuilt from the merged parts after the if
     return names
 
 
-def _const_dtype(x):
-    return dt.bool_ if isinstance(x, bool) else dt.int32 if isinstance(x, int) else dt.float32
+def _const_dtype(*xs):
+    """The type two branches' numbers merge in: bool, int32, uint32 where an int passes
+    int32 and both fit 32 unsigned bits (words of bits: pair_fma's constants), int64 past
+    that, else float32."""
+    ints = [x for x in xs if isinstance(x, int) and not isinstance(x, bool)]
+    if all(isinstance(x, bool) for x in xs if x is not UNSET):
+        return dt.bool_
+    if any(isinstance(x, float) for x in xs):
+        return dt.float32
+    if all(-2 ** 31 <= x < 2 ** 31 for x in ints):
+        return dt.int32
+    if all(0 <= x < 2 ** 32 for x in ints):
+        return dt.uint32
+    return dt.int64
 
 
 def _exit_attrs(node) -> dict:

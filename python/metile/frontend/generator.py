@@ -154,7 +154,12 @@ class Generator(ControlFlow):
         if op is None:
             raise CompilationError(f"unsupported operator {type(node.op).__name__}")
         current = self.lookup(node.target.id)
-        self.env[node.target.id] = self.sem.binary(op, current, self.visit(node.value))
+        value = self.visit(node.value)
+        if isinstance(current, tuple) and op in ("add", "mul"):
+            # a tuple grows (t += (x,)) or repeats as in Python, at compile time
+            self.env[node.target.id] = current + value if op == "add" else current * value
+            return
+        self.env[node.target.id] = self.sem.binary(op, current, value)
 
     def assign(self, target, value) -> None:
         if isinstance(target, ast.Name):
@@ -372,7 +377,12 @@ class Generator(ControlFlow):
             raise CompilationError(f"cannot index {describe(obj)}: {e}") from None
 
     def visit_Slice(self, node):
-        raise CompilationError("slices are only supported as ':' in tile indexing")
+        # a compile-time slice (of a tuple; tiles take only ':' and None, visit_Subscript)
+        parts = [None if p is None else self.visit(p) for p in (node.lower, node.upper, node.step)]
+        if any(isinstance(p, Value) for p in parts):
+            raise CompilationError("slice bounds must be compile-time ints (tuples are sliced at "
+                                   "compile time)")
+        return slice(*parts)
 
     def visit_Call(self, node):
         func = self.visit(node.func)

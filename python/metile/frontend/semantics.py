@@ -426,12 +426,16 @@ class Semantics:
                                    f"of each 32-bit word), got {pair}")
         words = []
         for name, x in zip("abc", (a, b, c)):
+            if isinstance(x, Value) and not is_pointer(x.type) and dtype_of(x.type) == dt.int32:
+                # the same 32 bits (a word constant merged from two branches is an int32
+                # value where it fits: frontend/control.py)
+                x = self.cast(x, dt.uint32, bitcast=True)
             if isinstance(x, Value):
                 if is_pointer(x.type) or dtype_of(x.type) != dt.uint32:
                     got = "a pointer" if is_pointer(x.type) else dtype_of(x.type)
                     raise CompilationError(
-                        f"pair_fma() operand {name} must be uint32 words holding two {pair} "
-                        f"values, got {got} (reinterpret 32-bit words with "
+                        f"pair_fma() operand {name} must be uint32 (or int32) words holding two "
+                        f"{pair} values, got {got} (reinterpret 32-bit words with "
                         f".to(metile.uint32, bitcast=True))")
                 words.append(x)
             elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32:

@@ -1,6 +1,7 @@
 """Tuples a kernel builds, carried through runtime loops and ifs element by element.
 
-`(a, b)` displays, `return a, b` from an inline helper and `t + (c,)` give a KernelTuple.
+`(a, b)` displays, `return a, b` from an inline helper, `t + (c,)`, `t += (c,)`, `t * 2` and
+slices `t[1:]` give a KernelTuple.
 It follows the `loop_parts` protocol of frontend/control.py (as block pointers do), so a
 tuple of runtime values and numbers may be reassigned inside a `range` loop or differ
 between the branches of a runtime `if` (Triton carries tuples too): each element is a
@@ -24,6 +25,13 @@ class KernelTuple(tuple):
         if not isinstance(other, tuple):
             return NotImplemented
         return KernelTuple(tuple(other) + tuple(self))
+
+    def __mul__(self, n):
+        if not isinstance(n, int) or isinstance(n, bool):
+            return NotImplemented
+        return KernelTuple(tuple(self) * n)
+
+    __rmul__ = __mul__
 
     def __getitem__(self, i):
         item = tuple.__getitem__(self, i)
