@@ -120,7 +120,7 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
 
 @metile.inline
 def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_HI, SHIFT_HI,
-              X_ONE, IN_PLACE):
+              IN_PLACE):
     """One packed word's products with x added to the pair sums `part` and x's own pairs to
     `x_part` (quantized_matvec_pairs)."""
     P = 16 // BITS                   # pairs a word
@@ -149,7 +149,7 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
             q = ((packed >> (BITS * j)) & LOW) | MAGIC
             centred = metile.pair_fma(q, ONE, SHIFT, dtype=DTYPE)
         part = metile.pair_fma(pairs[j], centred, part, dtype=DTYPE)
-        x_part = metile.pair_fma(pairs[j], X_ONE, x_part, dtype=DTYPE)
+        x_part = metile.pair_fma(pairs[j], ONE, x_part, dtype=DTYPE)
     return part, x_part
 
 
@@ -215,10 +215,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
         for i in metile.static_range(SPAN):
             if BITS == 4:
                 part, x_part = pair_word(packed[i], xs[2 * i], xs[2 * i + 1], part, x_part, BITS,
-                                         DTYPE, m, ONE, SHIFT, ONE_HI, SHIFT_HI, ONE, IN_PLACE)
+                                         DTYPE, m, ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
             else:
                 part, x_part = pair_word(packed[i], xs[i], xs[i], part, x_part, BITS, DTYPE, m,
-                                         ONE, SHIFT, ONE_HI, SHIFT_HI, ONE, IN_PLACE)
+                                         ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
         acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)

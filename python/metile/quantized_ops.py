@@ -101,11 +101,11 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
                 {"kernel": "matvec_warps", "BLOCK_K": 512, "ROWS": 4, "num_warps": 4}]
 # The GEMV in packed 16-bit pair arithmetic (quantized_matvec_pairs: two weights an
 # instruction, x's pairs shared by ROWS rows a lane, SPAN words a lane a step): float16 4/8-
-# bit and bfloat16 4-bit weights, transpose=True (metile_kernels.quantized_pairs.PAIR_FORMS).  On the H200 (1x4096x
-# 11008 int4 group 64 float16, ncu kernel time, s89): 8 rows / 4 words 13.2 us, 4 / 2 13.9,
-# 4 / 4 14.8, against 18.8 for the runs GEMV and ~30 for MLX's qmv; 8 products a compiled
-# call: 20.0 us a product against 24.6 and MLX's 32.4.  (SPAN 4 needs groups of 4 words:
-# every mx.quantize group at 4 and 8 bits.)
+# bit and bfloat16 4-bit weights, transpose=True (metile_kernels.quantized_pairs.PAIR_FORMS).
+# On the H200 (1x4096x11008 int4 group 64 float16, ncu kernel time, s89): 8 rows / 4 words
+# 13.2 us, 4 / 2 13.9, 4 / 4 14.8, against 18.8 for the runs GEMV and ~30 for MLX's qmv; 8
+# products a compiled call: 20.0 us a product against 24.6 and MLX's 32.4.  (SPAN 4 needs
+# groups of 4 words: every mx.quantize group at 4 and 8 bits.)
 MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1},
                 {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "num_warps": 1}]
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}

@@ -150,16 +150,14 @@ class ControlFlow:
                 raise CompilationError(f"conditional shared-pointer selection is unsupported: "
                                        f"variable {n!r} points into a different shared "
                                        f"allocation in each branch; select an offset instead")
-            if ta and tb and ta != tb and is_pointer(ta) and is_pointer(tb):
+            if ta and tb and is_pointer(ta) and is_pointer(tb) and \
+                    elem_type(ta).root != elem_type(tb).root:
                 # a pointer's type names its buffer: no cast turns one buffer into another
-                ra, rb = elem_type(ta).root, elem_type(tb).root
                 raise CompilationError(
-                    f"{_label(n)} points into {ra!r} in one branch of a runtime if and into "
-                    f"{rb!r} in the other ({ta} and {tb}); a pointer names its buffer, so "
-                    f"select an offset into one buffer, or load from (store to) each buffer "
-                    f"in its own branch" if ra != rb else
-                    f"{_label(n)} is {ta} in one branch and {tb} in the other; both must be "
-                    f"the same pointer type")
+                    f"{_label(n)} points into {elem_type(ta).root!r} in one branch of a runtime "
+                    f"if and into {elem_type(tb).root!r} in the other ({ta} and {tb}); a pointer "
+                    f"names its buffer, so select an offset into one buffer, or load from (store "
+                    f"to) each buffer in its own branch")
             if ta and tb and ta != tb:
                 raise CompilationError(f"{_label(n)} is {ta} in one branch and {tb} in the "
                                        f"other; cast so both agree")
@@ -420,8 +418,8 @@ def _split_parts(n: str, branches) -> list[str]:
     names = [h for h, _ in _flat(n, like)]
     for _, env in branches:
         v = env.pop(n)
-        for h, part in zip(names, [UNSET] * len(names) if v is UNSET else [p for _, p in _flat(n, v)]):
-            env[h] = part
+        parts = [UNSET] * len(names) if v is UNSET else [p for _, p in _flat(n, v)]
+        env.update(zip(names, parts))
         env[n] = like  # the layout, rebuilt from the merged parts after the if
     return names
 

@@ -94,8 +94,9 @@ def describe(x) -> str:
     if isinstance(x, Value):
         kind = "tile" if isinstance(x.type, TileType) else "scalar"
         return f"a {x.type} {kind}" if kind == "tile" else f"a runtime {x.type} value"
-    return f"{'tuple' if isinstance(x, tuple) else type(x).__name__} {tuple(x)!r}" \
-        if isinstance(x, tuple) else f"{type(x).__name__} {x!r}"
+    if isinstance(x, tuple):   # frontend/tuples.py's KernelTuple too
+        return f"tuple {tuple(x)!r}"
+    return f"{type(x).__name__} {x!r}"
 
 
 def broadcast_shapes(a: tuple, b: tuple) -> tuple:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ..errors import CompilationError
 from ..ir.core import Value
+from .semantics import describe, is_const
 
 
 class KernelTuple(tuple):
@@ -40,9 +41,9 @@ class KernelTuple(tuple):
     # -- carried through loops and ifs (frontend/control.py) ------------------------------
     def loop_parts(self) -> tuple:
         for i, x in enumerate(self):
-            if not isinstance(x, (Value, bool, int, float)):
+            if not (isinstance(x, Value) or is_const(x)):
                 raise CompilationError(
-                    f"a tuple whose element {i} is {type(x).__name__} {x!r} cannot change "
+                    f"a tuple whose element {i} is {describe(x)} cannot change "
                     f"inside a runtime loop or if: only runtime values and numbers are carried")
         return tuple(self)
 
@@ -54,7 +55,7 @@ class KernelTuple(tuple):
 
     def layout_differs(self, other) -> str | None:
         if not isinstance(other, tuple):
-            return f"becomes {type(other).__name__} {other!r}"
+            return f"becomes {describe(other)}"
         if len(other) != len(self):
             return f"changes length from {len(self)} to {len(other)}"
         return None
