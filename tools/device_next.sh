@@ -97,7 +97,23 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s92 ]; then
+if [ "$mode" = s93 ]; then
+  # (twenty-seventh session) the pair GEMV's loads two words wide, one step ahead, rows over
+  # warps, 8 words a lane: ncu kernel durations; then the int4 prefill (512x4096x11008 and
+  # a smaller / larger row count) and attention (prefill and decode at 4096) re-measured
+  # after issue 13's tiles
+  ncu_times 170 ncu-gemv-pairs tools/probes/decode_kernels_ncu.py --only pairs93 --repeat 3
+  grep -h "WRONG\|Error" "$logs/ncu-gemv-pairs.csv" | tee -a "$log"
+  for dt in float16 bfloat16; do
+    timeout 100 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --prefill 512 4096 11008 --prefill 128 4096 11008 --prefill 2048 4096 11008 \
+      --launches 10 --rounds 5 \
+      --output "$logs/h200-quantized-int4-$dt-prefill.json" 2>&1 | tail -6 | tee -a "$log"
+  done
+  timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.attention --dtype float16 \
+    --heads 32 --head-dim 128 --prefill-lengths 4096 --decode-lengths 4096 --launches 50 \
+    --rounds 7 --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
+elif [ "$mode" = s92 ]; then
   # every decode candidate (the pair GEMV among them) and the defaults on the GPU
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "every_decode or defaults or any_magnitude" \
     test_quantized_op

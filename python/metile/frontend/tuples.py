@@ -5,8 +5,9 @@ slices `t[1:]` give a KernelTuple.
 It follows the `loop_parts` protocol of frontend/control.py (as block pointers do), so a
 tuple of runtime values and numbers may be reassigned inside a `range` loop or differ
 between the branches of a runtime `if` (Triton carries tuples too): each element is a
-carried slot.  Only its elements may change there, not its length; elements that are
-not values or numbers (nested tuples, views, dtypes) cannot be carried and say so.
+carried slot, and a nested tuple (or block pointer) is carried through its own parts.
+Only its elements may change there, not its length or nesting; elements that are not
+values, numbers or tuples of them (views, dtypes) cannot be carried and say so.
 """
 
 from __future__ import annotations
@@ -39,23 +40,59 @@ class KernelTuple(tuple):
         return KernelTuple(item) if isinstance(i, slice) else item
 
     # -- carried through loops and ifs (frontend/control.py) ------------------------------
+    # A nested tuple (or block pointer) element is carried through its own parts, so the
+    # slots are the leaves in order and the structure is rebuilt around them.
     def loop_parts(self) -> tuple:
+        parts = []
         for i, x in enumerate(self):
-            if not (isinstance(x, Value) or is_const(x)):
+            if isinstance(x, tuple):
+                parts += KernelTuple(x).loop_parts()
+            elif hasattr(x, "loop_parts"):
+                parts += x.loop_parts()
+            elif isinstance(x, Value) or is_const(x):
+                parts.append(x)
+            else:
                 raise CompilationError(
-                    f"a tuple whose element {i} is {describe(x)} cannot change "
-                    f"inside a runtime loop or if: only runtime values and numbers are carried")
-        return tuple(self)
+                    f"a tuple whose element {i} is {describe(x)} cannot change inside a "
+                    f"runtime loop or if: only runtime values, numbers and tuples of them "
+                    f"are carried")
+        return tuple(parts)
 
     def loop_part_names(self, name: str) -> list[str]:
-        return [f"{name}[{i}]" for i in range(len(self))]
+        names = []
+        for i, x in enumerate(self):
+            if isinstance(x, tuple):
+                names += KernelTuple(x).loop_part_names(f"{name}[{i}]")
+            elif hasattr(x, "loop_parts"):
+                names += x.loop_part_names(f"{name}[{i}]")
+            else:
+                names.append(f"{name}[{i}]")
+        return names
 
     def with_parts(self, parts) -> "KernelTuple":
-        return KernelTuple(parts)
+        parts = list(parts)
+        out = []
+        for x in self:
+            if isinstance(x, tuple) or hasattr(x, "loop_parts"):
+                inner = KernelTuple(x) if isinstance(x, tuple) else x
+                n = len(inner.loop_parts())
+                out.append(inner.with_parts(parts[:n]))
+                del parts[:n]
+            else:
+                out.append(parts.pop(0))
+        return KernelTuple(out)
 
     def layout_differs(self, other) -> str | None:
         if not isinstance(other, tuple):
             return f"becomes {describe(other)}"
         if len(other) != len(self):
             return f"changes length from {len(self)} to {len(other)}"
+        for i, (x, y) in enumerate(zip(self, other)):
+            if isinstance(x, tuple) or hasattr(x, "loop_parts"):
+                inner = KernelTuple(x) if isinstance(x, tuple) else x
+                why = inner.layout_differs(y)
+                if why:
+                    return f"has element {i} that {why}"
+            elif isinstance(y, tuple) or hasattr(y, "loop_parts"):
+                return f"has element {i} that becomes {describe(y)}"
         return None
