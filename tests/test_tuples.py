@@ -49,6 +49,40 @@ def test_a_tuple_is_carried_through_a_runtime_loop():
     np.testing.assert_array_equal(np.array(out), (blocks[:, 0] * 2 + blocks[:, 1]).sum(0))
 
 
+@metile.inline
+def fetch_pair(a, at, i):
+    return metile.load(a + at + i), (metile.load(a + at + 16 + i), at)
+
+
+@metile.kernel
+def nested_tuple_ahead(a, out, n):
+    # the next block's reads held as a nested tuple across the loop (a value, and a tuple of
+    # a value and a number), as a GEMV holds its next step's loads
+    i = metile.arange(0, 16)
+    ahead = fetch_pair(a, 0, i)
+    acc = metile.zeros((16,), dtype=metile.float32)
+    for s in range(0, n, 32):
+        x, (y, at) = ahead
+        ahead = fetch_pair(a, metile.minimum(s + 32, n - 32), i)
+        acc += x * 2.0 + y + (at * 0 + s - at).to(metile.float32)
+    metile.store(out + i, acc)
+
+
+def test_a_nested_tuple_is_carried_through_a_runtime_loop():
+    a = np.arange(128, dtype=np.float32)
+    out = nested_tuple_ahead[(1,)](mx.array(a), mx.zeros((16,)), 128)
+    blocks = a.reshape(4, 2, 16)
+    np.testing.assert_array_equal(np.array(out), (blocks[:, 0] * 2 + blocks[:, 1]).sum(0))
+
+
+@metile.kernel
+def tuple_nesting_changes(a, out, n):
+    t = (metile.load(a), (metile.load(a), 1.0))
+    for s in range(0, n):
+        t = (t[0], metile.load(a + s))
+    metile.store(out, t[0])
+
+
 @metile.kernel
 def growing_tuple(a, out, n):
     t = (metile.load(a),)
@@ -68,6 +102,7 @@ def tuple_of_a_dtype(a, out, n):
 @pytest.mark.parametrize("kernel,message", [
     (growing_tuple, "changes length from 1 to 2"),
     (tuple_of_a_dtype, "element 1 is"),
+    (tuple_nesting_changes, "has element 1 that becomes"),
 ])
 def test_what_a_loop_cannot_carry_is_named(kernel, message):
     with pytest.raises(metile.CompilationError, match=message):

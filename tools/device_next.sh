@@ -97,7 +97,28 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s93 ]; then
+if [ "$mode" = s94 ]; then
+  # s93's prefill ran 10 launches a sync and read every side 1.5-3x slower than before
+  # (dense 512x4096x11008 188.7 us against ~80): the same at the default 50 launches, the
+  # decode step (8 products a call) and decode attention at 100 launches, as in s90 / s42
+  for dt in float16 bfloat16; do
+    timeout 90 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --rounds 5 \
+      --output "$logs/h200-quantized-int4-$dt-prefill.json" 2>&1 | tail -2 | tee -a "$log"
+  done
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
+  timeout 60 python3 tools/probes/decode_chain_ncu.py --wall 2>&1 | tee -a "$log"
+  for dt in float16 bfloat16; do
+    timeout 100 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --prefill 128 4096 11008 --prefill 2048 4096 11008 --rounds 3 \
+      --output "$logs/h200-quantized-int4-$dt-prefill-sizes.json" 2>&1 | tail -3 | tee -a "$log"
+  done
+  timeout $((budget - 15 - (SECONDS - t0))) python3 -m benchmarks.attention --dtype float16 \
+    --heads 32 --head-dim 128 --prefill-lengths 4096 --decode-lengths 4096 --launches 100 \
+    --rounds 9 --output "$logs/h200-attention-float16.json" 2>&1 | tail -8 | tee -a "$log"
+elif [ "$mode" = s93 ]; then
   # (twenty-seventh session) the pair GEMV's loads two words wide, one step ahead, rows over
   # warps, 8 words a lane: ncu kernel durations; then the int4 prefill (512x4096x11008 and
   # a smaller / larger row count) and attention (prefill and decode at 4096) re-measured

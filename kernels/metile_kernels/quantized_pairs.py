@@ -53,21 +53,15 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
 
 @metile.inline
 def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES, ROWS,
-               DTYPE, WIDE):
+               DTYPE):
     """sum_k x[k] (s q_k + b) of rows nn in float32, a packed word a lane a step: what
-    quantized_matvec_pairs computes where one of its 16-bit sums overflowed (WIDE: `w` the
-    weight's uint64 view)."""
+    quantized_matvec_pairs computes where one of its 16-bit sums overflowed."""
     XPW = 8 // BITS
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, LANES):
         word = w0 + lane
         live = (word < words)[None, :]
-        if WIDE:
-            v = metile.load(w + nn[:, None] * (words // 2) + (word // 2)[None, :], mask=live,
-                            other=0)
-            packed = (v >> (32 * (word & 1))[None, :]).to(metile.uint32)
-        else:
-            packed = metile.load(w + nn[:, None] * words + word[None, :], mask=live, other=0)
+        packed = metile.load(w + nn[:, None] * words + word[None, :], mask=live, other=0)
         g = (word // WPG)[None, :]
         s = metile.load(scales + nn[:, None] * groups + g, mask=live, other=0.0).to(
             metile.float32)
@@ -92,15 +86,13 @@ def pair_halves(word, DTYPE):
 
 
 @metile.inline
-def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN,
-               WIDE):
+def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN):
     """What quantized_matvec_pairs reads for words first .. first + SPAN - 1 of rows nn (one
     group: SPAN divides WPG): the group's scale and bias (float32), the packed words and x's
-    64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples.  WIDE: `w` is the
-    weight's uint64 view and the words are read two a load (`first` and SPAN even)."""
+    64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples."""
     live = (first < words)[None, :]
     g = (first // WPG)[None, :]
-    at = w + nn[:, None] * words + first[None, :]     # (read where not WIDE)
+    at = w + nn[:, None] * words + first[None, :]
     XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
     xat = x_row + (first * XPW)[None, :]
     if EVEN:
@@ -113,22 +105,11 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
             metile.float32)
     packed = ()
     xs = ()
-    if WIDE:
-        # two packed words a 64-bit load: half the load instructions and their addresses,
-        # and a lane's 16 bytes in two requests instead of four
-        at2 = w + nn[:, None] * (words // 2) + (first // 2)[None, :]
-        for i in metile.static_range(SPAN // 2):
-            if EVEN:
-                v = metile.load(at2 + i)
-            else:
-                v = metile.load(at2 + i, mask=live, other=0)
-            packed = packed + ((v & 0xFFFFFFFF).to(metile.uint32), (v >> 32).to(metile.uint32))
     for i in metile.static_range(SPAN):
-        if not WIDE:
-            if EVEN:
-                packed = packed + (metile.load(at + i),)
-            else:
-                packed = packed + (metile.load(at + i, mask=live, other=0),)
+        if EVEN:
+            packed = packed + (metile.load(at + i),)
+        else:
+            packed = packed + (metile.load(at + i, mask=live, other=0),)
         for e in metile.static_range(XPW):
             if EVEN:
                 xs = xs + (metile.load(xat + (i * XPW + e)),)
@@ -181,8 +162,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
-                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False,
-                           WIDE: metile.constexpr = False, PREFETCH: metile.constexpr = False):
+                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
@@ -201,7 +181,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  On the H200 (1x4096
     x11008 int4 group 64 float16, ncu kernel time, second s89 run): ROWS 8 SPAN 4 13.2 us,
     ROWS 4 SPAN 2 13.9, ROWS 4 SPAN 4 14.8, SPAN 8 19.7-36.7; the runs GEMV 18.8 and MLX's
-    qmv ~30.  A row past N reads row N - 1
+    qmv ~30.  No faster (s93, same measure, 8/4 at 13.3 in that run): the packed words read
+    two a 64-bit load (14.0), that with the next step's reads issued a step ahead (12.9),
+    rows spread over 2-4 warps a program (13.7-14.7), 16 rows a warp (16.1), SPAN 8 with
+    64-bit loads (19.5-22.0) - removed.  A row past N reads row N - 1
     (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
     (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
@@ -213,7 +196,6 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # at most 32 products a 16-bit sum (a sum that overflows falls back: float_rows)
     metile.static_assert(SPAN * PER // 2 <= 32 and WPG % SPAN == 0,
                          "SPAN words must lie in one group, at most 32 products a sum")
-    metile.static_assert(not WIDE or SPAN % 2 == 0, "WIDE reads words two a load: SPAN even")
     words = K // PER
     groups = K // GROUP
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
@@ -228,21 +210,9 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    if PREFETCH:
-        ahead = pair_fetch(w, x_row, scales, biases, nn, lane * SPAN, words, groups, WPG, BITS,
-                           SPAN, EVEN, WIDE)
-    last = (words - 1) // STEP * STEP
     for w0 in range(0, words, STEP):
-        if PREFETCH:
-            # this step's reads were issued a step ago; the next step's go out before this
-            # one's arithmetic (the last step reads its own words again: in bounds, unused)
-            s, b, packed, xs = ahead
-            ahead = pair_fetch(w, x_row, scales, biases, nn,
-                               metile.minimum(w0 + STEP, last) + lane * SPAN, words, groups,
-                               WPG, BITS, SPAN, EVEN, WIDE)
-        else:
-            s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
-                                          groups, WPG, BITS, SPAN, EVEN, WIDE)
+        s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
+                                      groups, WPG, BITS, SPAN, EVEN)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         for i in metile.static_range(SPAN):
@@ -261,7 +231,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # holding inf or NaN, whose result is that again)
     if metile.sum(metile.where(total - total == 0, 0, 1)) > 0:
         total = float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES,
-                           ROWS, DTYPE, WIDE)
+                           ROWS, DTYPE)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))

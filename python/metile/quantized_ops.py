@@ -269,11 +269,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
                              f"at {bits} bits")
         meta.update(pairs.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
                     EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
-        # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group;
-        # WIDE reads the packed words as 64-bit pairs the same way (a row's words are even)
+        # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         x2 = x2.view(mx.uint64)
-        if params.get("WIDE"):
-            w = w.view(mx.uint64)
     else:
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])

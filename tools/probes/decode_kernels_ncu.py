@@ -47,17 +47,6 @@ GEMV = [{"kernel": "matvec_runs", "BLOCK_K": 1024, "num_warps": 1},
 PAIRS = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "LANES": lanes, "num_warps": lanes // 32}
          for r, c, lanes in ((8, 4, 32), (4, 2, 32), (8, 4, 64), (8, 4, 128), (16, 4, 64),
                              (8, 2, 64), (8, 2, 128), (16, 2, 128), (4, 4, 128))]
-# (s93) the packed words read two a 64-bit load (WIDE), the next step's reads issued before
-# this step's arithmetic (PREFETCH), rows spread over the warps of a program (LANES 32 on
-# num_warps > 1: ROWS / num_warps rows a warp, no sums across warps), and 8 words a lane
-PAIRS_S93 = [{"kernel": "matvec_pairs", "ROWS": r, "SPAN": c, "num_warps": nw, **extra}
-             for r, c, nw, extra in (
-                 (8, 4, 1, {}), (8, 4, 1, {"WIDE": True}),
-                 (8, 4, 1, {"WIDE": True, "PREFETCH": True}), (4, 2, 1, {"PREFETCH": True}),
-                 (32, 4, 4, {"WIDE": True}), (16, 4, 2, {"WIDE": True}),
-                 (16, 2, 4, {"WIDE": True}), (4, 4, 1, {"WIDE": True}),
-                 (8, 8, 1, {"WIDE": True}), (8, 8, 1, {"WIDE": True, "PREFETCH": True}),
-                 (16, 4, 1, {"WIDE": True}), (32, 4, 4, {"WIDE": True, "PREFETCH": True}))]
 
 
 # The prefill path's dequantize (4096x11008 int4 -> float16): (BLOCK, warps, ROWS).  s35,
@@ -93,14 +82,13 @@ def run(repeat, only=None):
                 mx.eval(fn())
                 mx.synchronize()
         return
-    sides = [] if only in ("gemv", "pairs", "pairs93") else [
+    sides = [] if only in ("gemv", "pairs") else [
         ("mlx sdpa", lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5))]
-    sides += [] if only in ("gemv", "pairs", "pairs93") else [
+    sides += [] if only in ("gemv", "pairs") else [
         (f"attention {c}", lambda c=c: attention_ops._launch(q, k, v, None, 128 ** -0.5, c))
         for c in ATTENTION]
     sides += [("mlx quantized_matmul", lambda: mx.quantized_matmul(x, wq, s, b))]
-    gemv = (GEMV[:1] + GEMV[-2:-1] + PAIRS if only == "pairs" else
-            GEMV[:1] + PAIRS_S93 if only == "pairs93" else GEMV + PAIRS)
+    gemv = GEMV[:1] + GEMV[-2:-1] + PAIRS if only == "pairs" else GEMV + PAIRS
     sides += [(f"gemv {c}", lambda c=c: quantized_ops._metile(x, wq, s, b, n, kk, True, 64, 4, c))
               for c in gemv]
     # float64 of the dequantized weight (MLX's CPU quantized_matmul is ~1% off in float16)
@@ -148,6 +136,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--summarize")
-    parser.add_argument("--only", choices=["gemv", "pairs", "pairs93", "dequantize"])
+    parser.add_argument("--only", choices=["gemv", "pairs", "dequantize"])
     args = parser.parse_args()
     summarize(args.summarize) if args.summarize else run(args.repeat, args.only)
