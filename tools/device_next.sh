@@ -97,7 +97,12 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s94 ]; then
+if [ "$mode" = s95 ]; then
+  # the GEMM's partial last wave split along K (tools/probes/wave_remainder.py), the nested
+  # tuples on the GPU
+  timeout 200 python3 tools/probes/wave_remainder.py "$logs/h200-wave-remainder.json" 2>&1 | tee -a "$log"
+  gpu_tests 120 test_tuples
+elif [ "$mode" = s94 ]; then
   # s93's prefill ran 10 launches a sync and read every side 1.5-3x slower than before
   # (dense 512x4096x11008 188.7 us against ~80): the same at the default 50 launches, the
   # decode step (8 products a call) and decode attention at 100 launches, as in s90 / s42
