@@ -47,7 +47,8 @@ from .op_routing import (
     device_description as _device_description,
     validate as _validate,
     CPU_REASON,
-    cost_model)
+    cost_model,
+    dtype_name)
 
 LOG2E = 1.4426950408889634
 # Rows (query heads per key/value head x queries) that one split program holds: the
@@ -460,7 +461,7 @@ def _fingerprints() -> dict:
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
     device_type = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     parts = {"op": "scaled_dot_product_attention",
-             "dtype": str(q.dtype).removeprefix("mlx.core."), "batch": q.shape[0],
+             "dtype": dtype_name(q.dtype), "batch": q.shape[0],
              "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_bucket": _bucket(q.shape[2]),
              "kv_bucket": _bucket(k.shape[2]), "head_dim": q.shape[3], "mask": kind,
              "device": _device_description(device_type),

@@ -58,7 +58,8 @@ from .op_routing import (
     measurement_operands as _operands,
     CPU_REASON,
     cost_model,
-    TUNING)
+    TUNING,
+    dtype_name)
 
 # The widest row the single-pass kernels hold in registers: 32 float32 values per
 # thread at 1024 threads.
@@ -522,7 +523,7 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
                                                       "backend='metile' requested"))
     if refusal is not None or rows == 0 or columns == 0:
         return _Route("mlx", None, _cost_model(refusal or "an empty array"))
-    dtypes = tuple(str(a.dtype).removeprefix("mlx.core.") if a is not None else "none"
+    dtypes = tuple(dtype_name(a.dtype) if a is not None else "none"
                    for a in arrays)
     key, parts = _signature(op, dtypes, rows, columns, flags)
     entry, path = routing.lookup(key)

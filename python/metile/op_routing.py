@@ -75,6 +75,12 @@ def on_stream(op: str, stream, call):
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
 
 
+def dtype_name(dtype) -> str:
+    """An MLX dtype's short name ("float16"), as routing keys, reports and kernel
+    constants spell it."""
+    return str(dtype).removeprefix("mlx.core.")
+
+
 def config_name(config: dict) -> str:
     """A kernel configuration's name in routing decisions and reports."""
     return "metile:" + ",".join(f"{k}={v}" for k, v in config.items())

@@ -67,7 +67,8 @@ from .op_routing import (
     measurement_operands as _operands,
     on_stream,
     CPU_REASON,
-    cost_model)
+    cost_model,
+    dtype_name)
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
                "leaky_relu": "affine_leaky"}
@@ -705,7 +706,7 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
         return hit
     cfgs = gated_configs(dtype) if op == "gated_mlp" else \
         metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
-    parts = {"op": op, "dtype": str(dtype).removeprefix("mlx.core."), "m_bucket": m_bucket(m),
+    parts = {"op": op, "dtype": dtype_name(dtype), "m_bucket": m_bucket(m),
              "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
              "device": _device_description(device_type),
              "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],

@@ -59,7 +59,8 @@ from .op_routing import (
     on_stream,
     CPU_REASON,
     cost_model,
-    TUNING)
+    TUNING,
+    dtype_name)
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
@@ -239,6 +240,7 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
     params = {key: v for key, v in config.items() if key != "kernel"}
     meta = dict(BITS=bits, GROUP=group_size, **params)
     kind = config["kernel"]
+    extra = ()                      # scalars some kernels take after (x, w, ..., m, n, k)
     if kind == "dequantize+gemm":
         return _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
                                 params.get("DENSE", "metile"))
@@ -271,13 +273,12 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
                     EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         x2 = x2.view(mx.uint64)
+        extra = (meta["MAGIC"],)
     else:
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
         meta["TRANSPOSE"] = transpose
-    args = (x2, w, scales, biases, out, m, n, k)
-    if kind == "matvec_pairs":
-        args += (meta["MAGIC"],)
+    args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)
     return op_replay.launch(kernel, grid, args, meta)
@@ -397,7 +398,7 @@ def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
 def _pair_dtype(dtype, bits: int, transpose: bool) -> str | None:
     """The 16-bit float name quantized_matvec_pairs computes x of `dtype` in, or None."""
     from metile_kernels.quantized_pairs import PAIR_FORMS
-    name = str(dtype).removeprefix("mlx.core.")
+    name = dtype_name(dtype)
     return name if transpose and (name, bits) in PAIR_FORMS else None
 
 
@@ -429,8 +430,8 @@ def _fingerprints() -> dict:
 def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
     device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     bucket = m_bucket(m)
-    parts = {"op": "quantized_matmul", "dtype": str(dtype).removeprefix("mlx.core."),
-             "scales_dtype": str(scales_dtype).removeprefix("mlx.core."), "m_bucket": bucket,
+    parts = {"op": "quantized_matmul", "dtype": dtype_name(dtype),
+             "scales_dtype": dtype_name(scales_dtype), "m_bucket": bucket,
              "n": n, "k": k, "transpose": transpose, "group_size": group_size, "bits": bits,
              "device": _device_description(device),
              "candidates": [routing.REFERENCE] + [config_name(c)
