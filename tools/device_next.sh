@@ -97,7 +97,14 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s95 ]; then
+if [ "$mode" = s96 ]; then
+  # split-K at a skinny shape (512x2560x4096: 40 tiles of 128x256) against MLX, then ncu's
+  # kernel durations of each side (the partial products and the summing epilogue); the
+  # quantized op's pair/default tests after the launch refactor
+  timeout 120 python3 tools/probes/split_k_parts.py "$logs/h200-split-k-parts.json" 2>&1 | tee -a "$log"
+  ncu_times 150 ncu-split-k tools/probes/split_k_parts.py --ncu
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "pair or defaults" test_quantized_op
+elif [ "$mode" = s95 ]; then
   # the GEMM's partial last wave split along K (tools/probes/wave_remainder.py), the nested
   # tuples on the GPU
   timeout 200 python3 tools/probes/wave_remainder.py "$logs/h200-wave-remainder.json" 2>&1 | tee -a "$log"
