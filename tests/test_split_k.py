@@ -11,7 +11,8 @@ import pytest
 
 import metile
 from metile import ops
-from metile_kernels.gemm import matmul_split_k, split_k_chunk, split_k_epilogue, split_k_grid
+from metile_kernels.gemm import (matmul_split_k, split_k_chunk, split_k_epilogue,
+                                 split_k_epilogue_grid, split_k_grid)
 from test_gemm import OUTPUT_TOL, operands
 
 TILE = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16)
@@ -23,9 +24,9 @@ def run_split(a, b, splits, bias=None, residual=None, epilogue="none", transpose
     chunk = split_k_chunk(k, splits, TILE["BLOCK_K"])
     partial = matmul_split_k[split_k_grid(splits, m, n, 32, 32)](
         a, b, mx.zeros((splits, m, n)), m, n, k, chunk, **TILE, TRANSPOSE_B=transpose_b)
-    return split_k_epilogue[(metile.cdiv(m * n, 256),)](
+    return split_k_epilogue[split_k_epilogue_grid(m, n, 32)](
         partial, mx.zeros((m, n), a.dtype), a if bias is None else bias,
-        a if residual is None else residual, m, n, splits, BLOCK=256,
+        a if residual is None else residual, m, n, splits, BLOCK=32,
         BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
         EPILOGUE=epilogue)
 
@@ -105,3 +106,16 @@ def test_split_kernel_compiles_for_cuda():
         num_simdgroups=4, backend="cuda")
     ok, log = nvrtc.compile_cuda(nvrtc.translation_unit(d), "sm_90")
     assert ok, log
+
+
+@pytest.mark.parametrize("backend", [None, "cuda"])
+def test_the_epilogue_store_covers_its_output(backend):
+    # each program's (row, columns) store is proven to cover the output, so the launch does
+    # not zero-fill it, write a mask of what was stored and merge (three extra passes over
+    # the output: 38 us at 512x2560 on the H200 before this form)
+    m, n, splits = 7, 70, 3
+    p = mx.zeros((splits, m, n))
+    kw = {} if backend is None else {"backend": backend}
+    d = split_k_epilogue[split_k_epilogue_grid(m, n, 32)].prepare(
+        p, mx.zeros((m, n), mx.float16), p, p, m, n, splits, BLOCK=32, **kw)
+    assert d.variant.data["outputs"] == ["output"] and not d.tracked

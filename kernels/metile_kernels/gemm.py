@@ -270,24 +270,38 @@ def matmul_split_k(left, right, partial, rows, columns, inner, chunk,
     c.store((row_origin, column_origin), accumulator)
 
 
+def split_k_epilogue_grid(rows: int, columns: int, BLOCK: int) -> tuple[int, int]:
+    return (rows, metile.cdiv(columns, BLOCK))
+
+
 @metile.kernel
 def split_k_epilogue(partial, output, bias, residual, rows, columns, splits,
                      BLOCK: metile.constexpr = 1024, BIAS: metile.constexpr = "none",
                      RESIDUAL: metile.constexpr = False, EPILOGUE: metile.constexpr = "none",
                      NEGATIVE_SLOPE: metile.constexpr = 0.1):
     """output = activation(sum over splits of partial + bias) (+ residual): the epilogue of
-    a split-K product, the same as linear_epilogue's (BIAS "columns", "rows" or "none")."""
+    a split-K product, the same as linear_epilogue's (BIAS "columns", "rows" or "none").
+    Program (r, j) (grid `split_k_epilogue_grid`) writes columns [j * BLOCK, (j + 1) *
+    BLOCK) of row r through the (row, columns) store form the launch proves covers
+    `output`.  (A flat index over rows * columns, the form before, was not proven: each
+    launch zero-filled the output, wrote a mask of the elements stored and merged the two
+    - 38 us of fills and selects beside an 11 us epilogue at 512x2560 on the H200, s96.)"""
+    r = metile.program_id(0)
+    c = metile.program_id(1) * BLOCK + metile.arange(0, BLOCK)
+    inside = c < columns
     n = rows * columns
-    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
-    inside = i < n
+    at = r * columns + c
     total = metile.zeros((BLOCK,), dtype=metile.float32)
     for s in range(0, splits):
-        total = total + metile.load(partial + s * n + i, mask=inside, other=0.0)
+        total = total + metile.load(partial + s * n + at, mask=inside, other=0.0)
     if BIAS == "columns":
-        total = total + metile.load(bias + i % columns, mask=inside, other=0.0).to(metile.float32)
+        total = total + metile.load(bias + c, mask=inside, other=0.0).to(metile.float32)
     elif BIAS == "rows":
-        total = total + metile.load(bias + i // columns, mask=inside, other=0.0).to(metile.float32)
+        total = total + metile.load(bias + r + c * 0, mask=inside, other=0.0).to(metile.float32)
     result = activation(total, EPILOGUE, NEGATIVE_SLOPE)
     if RESIDUAL:
-        result = result + metile.load(residual + i, mask=inside, other=0.0).to(metile.float32)
-    metile.store(output + i, result.to(output.dtype), mask=inside)
+        result = result + metile.load(residual + at, mask=inside, other=0.0).to(metile.float32)
+    one = metile.arange(0, 1)
+    metile.store(output + (r + one)[:, None] * columns + c[None, :],
+                 result[None, :].to(output.dtype),
+                 mask=((r + one)[:, None] < rows) & (c[None, :] < columns))

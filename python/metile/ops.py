@@ -234,7 +234,7 @@ def _launch_split_k(a2, b, bias, residual, activation, slope, block, dispatch_on
     """act(a2 @ b + bias) (+ residual) as SPLIT_K partial products over K, summed (with
     the epilogue) by a second kernel: for outputs too small to fill the GPU."""
     from metile_kernels.gemm import (matmul_split_k, split_k_chunk, split_k_epilogue,
-                                     split_k_grid)
+                                     split_k_epilogue_grid, split_k_grid)
 
     m, k = a2.shape
     n = _columns(b, block)
@@ -246,9 +246,10 @@ def _launch_split_k(a2, b, bias, residual, activation, slope, block, dispatch_on
     if dispatch_only:
         return product.prepare(*args, **kb)
     partial = product(*args, **kb)
-    epilogue = split_k_epilogue[(max(1, math.ceil(m * n / 1024)),)]
+    columns = min(1024, 1 << max(n - 1, 1).bit_length())
+    epilogue = split_k_epilogue[split_k_epilogue_grid(m, n, columns)]
     return epilogue(partial, mx.zeros((m, n), a2.dtype), a2 if bias is None else bias,
-                    a2 if residual is None else residual, m, n, splits, BLOCK=1024,
+                    a2 if residual is None else residual, m, n, splits, BLOCK=columns,
                     BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
                     EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope))
 
