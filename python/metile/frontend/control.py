@@ -20,6 +20,7 @@ from ..ir.types import ScalarType, TileType, dtype_of, elem_type, is_pointer
 from ..language import dtypes as dt
 from ..errors import CompilationError
 from .semantics import Semantics, describe, is_const
+from .tuples import KernelTuple
 from .views import nonnegative
 
 _MISSING = object()
@@ -43,11 +44,27 @@ def _label(name: str) -> str:
     return "the return value" if name == RETURN_VALUE else f"variable {name!r}"
 
 
+def _composite(v):
+    """`v` as a composite a loop or if carries part by part: a plain Python tuple (a
+    shape, a constexpr argument) as a KernelTuple; anything else as it is."""
+    return KernelTuple(v) if type(v) is tuple else v
+
+
+def _what(v) -> str:
+    """A composite named in a message: a tuple as describe() says it, else its repr."""
+    return describe(v) if isinstance(v, tuple) else f"a {v!r}"
+
+
+def _is_composite(v) -> bool:
+    return hasattr(_composite(v), "loop_parts")
+
+
 def _flat(name: str, v) -> list:
     """[(hint, value)] a loop or if carries for variable `name` holding `v`.  A composite
-    object (frontend/block_pointers.py) carries its `loop_parts()`; it rebuilds itself with
-    `with_parts(values)` and says with `layout_differs(other)` why another object cannot
-    take its slots (None when it can)."""
+    object (frontend/block_pointers.py, a tuple) carries its `loop_parts()`; it rebuilds
+    itself with `with_parts(values)` and says with `layout_differs(other)` why another
+    object cannot take its slots (None when it can)."""
+    v = _composite(v)
     if hasattr(v, "loop_parts"):
         return list(zip(v.loop_part_names(name), v.loop_parts()))
     return [(name, v)]
@@ -90,8 +107,10 @@ class ControlFlow:
             branches.append((block, env))
         names = [n for n in branches[0][1] if n in branches[1][1]
                  and branches[0][1][n] is not branches[1][1][n]]
+        # (a name left undefined by one branch stays undefined: no parts to merge)
         composites = {n: _split_parts(n, branches) for n in names
-                      if any(hasattr(branches[i][1][n], "loop_parts") for i in (0, 1))}
+                      if any(_is_composite(branches[i][1][n]) for i in (0, 1))
+                      and not any(isinstance(branches[i][1][n], Undefined) for i in (0, 1))}
         names = [m for n in names for m in composites.get(n, [n])
                  if branches[0][1][m] is not branches[1][1][m]]
         merged = self._merge(names, branches, node)
@@ -193,6 +212,7 @@ class ControlFlow:
             v = self.env[n]
             if isinstance(v, Undefined):
                 continue
+            v = _composite(v)
             if hasattr(v, "loop_parts"):
                 self.env[n] = v.with_parts([self.sem.to_value(p) for p in v.loop_parts()])
                 names.append(n)
@@ -322,7 +342,7 @@ class ControlFlow:
             if hasattr(entry, "loop_parts"):
                 why = entry.layout_differs(v)
                 if why:
-                    raise CompilationError(f"loop-carried variable {n!r} (a {entry!r}) {why} "
+                    raise CompilationError(f"loop-carried {_label(n)} ({_what(entry)}) {why} "
                                            f"inside the {what}")
             slots += _flat(n, v) if hasattr(entry, "loop_parts") else [(n, v)]
         args = block.args[len(block.args) - len(slots):]
@@ -410,11 +430,12 @@ def _split_parts(n: str, branches) -> list[str]:
     a, b = branches[0][1][n], branches[1][1][n]
     # a helper's return slot is UNSET on a path that has not returned: each part of the
     # other path's value (a tuple returned early) stands beside an UNSET part
+    a, b = _composite(a), _composite(b)
     like, other = (a, b) if hasattr(a, "loop_parts") else (b, a)
     why = None if other is UNSET else like.layout_differs(other)
     if why:
-        raise CompilationError(f"variable {n!r} (a {like!r}) {why} in one branch of a runtime "
-                               f"if")
+        raise CompilationError(f"{_label(n)} ({_what(like)}) {why} in one branch of a "
+                               f"runtime if")
     names = [h for h, _ in _flat(n, like)]
     for _, env in branches:
         v = env.pop(n)

@@ -165,9 +165,24 @@ class Generator(ControlFlow):
         if isinstance(target, ast.Name):
             self.env[target.id] = value
         elif isinstance(target, (ast.Tuple, ast.List)):
-            if not isinstance(value, tuple) or len(value) != len(target.elts):
-                raise CompilationError(f"cannot unpack {describe(value)} into {len(target.elts)} names")
-            for t, v in zip(target.elts, value):
+            starred = [i for i, t in enumerate(target.elts) if isinstance(t, ast.Starred)]
+            fixed = len(target.elts) - len(starred)
+            # (Python refuses two starred names before the kernel is parsed)
+            if not isinstance(value, tuple) or (len(value) < fixed if starred else
+                                                len(value) != fixed):
+                want = f"at least {fixed}" if starred else f"{fixed}"
+                raise CompilationError(f"cannot unpack {describe(value)} into {want} names")
+            if starred:
+                # `first, *rest = t`: rest takes the middle as a tuple (Python gives a list;
+                # a tuple keeps it a kernel tuple, carried and indexed the same way)
+                i, tail = starred[0], fixed - starred[0]
+                value = (*value[:i], KernelTuple(value[i:len(value) - tail]),
+                         *value[len(value) - tail:])
+                target_elts = [t.value if isinstance(t, ast.Starred) else t
+                               for t in target.elts]
+            else:
+                target_elts = target.elts
+            for t, v in zip(target_elts, value):
                 self.assign(t, v)
         elif isinstance(target, ast.Subscript):
             raise CompilationError("item assignment is not supported; use metile.store or a "

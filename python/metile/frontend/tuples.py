@@ -7,7 +7,9 @@ tuple of runtime values and numbers may be reassigned inside a `range` loop or d
 between the branches of a runtime `if` (Triton carries tuples too): each element is a
 carried slot, and a nested tuple (or block pointer) is carried through its own parts.
 Only its elements may change there, not its length or nesting; elements that are not
-values, numbers or tuples of them (views, dtypes) cannot be carried and say so.
+values, numbers or tuples of them (None, dtypes, tensor descriptors) are kept as they are
+and may not change.  Plain Python tuples (a shape, a constexpr argument) are carried the
+same way (frontend/control.py wraps them).
 """
 
 from __future__ import annotations
@@ -41,21 +43,18 @@ class KernelTuple(tuple):
 
     # -- carried through loops and ifs (frontend/control.py) ------------------------------
     # A nested tuple (or block pointer) element is carried through its own parts, so the
-    # slots are the leaves in order and the structure is rebuilt around them.
+    # slots are the leaves in order and the structure is rebuilt around them.  An element
+    # that is neither a value, a number nor a composite (None, a dtype, a tensor
+    # descriptor) is no slot: it stays as it is and must not change.
     def loop_parts(self) -> tuple:
         parts = []
-        for i, x in enumerate(self):
+        for x in self:
             if isinstance(x, tuple):
                 parts += KernelTuple(x).loop_parts()
             elif hasattr(x, "loop_parts"):
                 parts += x.loop_parts()
-            elif isinstance(x, Value) or is_const(x):
+            elif _slot(x):
                 parts.append(x)
-            else:
-                raise CompilationError(
-                    f"a tuple whose element {i} is {describe(x)} cannot change inside a "
-                    f"runtime loop or if: only runtime values, numbers and tuples of them "
-                    f"are carried")
         return tuple(parts)
 
     def loop_part_names(self, name: str) -> list[str]:
@@ -65,7 +64,7 @@ class KernelTuple(tuple):
                 names += KernelTuple(x).loop_part_names(f"{name}[{i}]")
             elif hasattr(x, "loop_parts"):
                 names += x.loop_part_names(f"{name}[{i}]")
-            else:
+            elif _slot(x):
                 names.append(f"{name}[{i}]")
         return names
 
@@ -78,8 +77,10 @@ class KernelTuple(tuple):
                 n = len(inner.loop_parts())
                 out.append(inner.with_parts(parts[:n]))
                 del parts[:n]
-            else:
+            elif _slot(x):
                 out.append(parts.pop(0))
+            else:
+                out.append(x)
         return KernelTuple(out)
 
     def layout_differs(self, other) -> str | None:
@@ -95,4 +96,18 @@ class KernelTuple(tuple):
                     return f"has element {i} that {why}"
             elif isinstance(y, tuple) or hasattr(y, "loop_parts"):
                 return f"has element {i} that becomes {describe(y)}"
+            elif not _slot(x) and not _same(x, y):
+                return (f"has element {i} that changes from {describe(x)} to {describe(y)} "
+                        f"(only runtime values, numbers and tuples of them are carried)")
+            elif _slot(x) and not _slot(y):
+                return f"has element {i} that becomes {describe(y)}"
         return None
+
+
+def _slot(x) -> bool:
+    """Whether a tuple element is carried as a slot (a runtime value or a number)."""
+    return isinstance(x, Value) or is_const(x)
+
+
+def _same(x, y) -> bool:
+    return x is y or (type(x) is type(y) and x == y)
