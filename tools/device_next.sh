@@ -97,7 +97,21 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s96 ]; then
+if [ "$mode" = s97 ]; then
+  # split-K after its epilogue's store was proven (no fills and merges): timed and ncu; then
+  # decode attention's kernel times (4096 / 16384 keys, MLX's beside) and ncu sections of
+  # the default attention_decode launch; the GPU tests of this session's changes
+  timeout 100 python3 tools/probes/split_k_parts.py "$logs/h200-split-k-parts.json" 2>&1 | tee -a "$log"
+  ncu_times 100 ncu-split-k tools/probes/split_k_parts.py --ncu
+  ncu_times 100 ncu-decode-attention tools/probes/decode_attention_ncu.py --repeat 3
+  timeout 100 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+    -k regex:attention_decode --launch-skip 1 --launch-count 1 \
+    python3 tools/probes/decode_attention_ncu.py --repeat 2 > "$logs/ncu-decode-attention-sections.txt" 2>&1
+  grep -E "attention_decode|Duration|Throughput|Occupancy|Registers|Warp Cycles|Active Warps|L1|L2|DRAM|Waves|Grid|Block Size|stalled|Stall" \
+    "$logs/ncu-decode-attention-sections.txt" | head -60 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "not gradients or split" test_split_k test_tuples
+elif [ "$mode" = s96 ]; then
   # split-K at a skinny shape (512x2560x4096: 40 tiles of 128x256) against MLX, then ncu's
   # kernel durations of each side (the partial products and the summing epilogue); the
   # quantized op's pair/default tests after the launch refactor
