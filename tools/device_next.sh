@@ -97,7 +97,18 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s97 ]; then
+if [ "$mode" = s98 ]; then
+  # decode attention at 12 and 16 programs an SM (launch bounds; 8 at its 128 registers):
+  # registers, duration and DRAM throughput (ncu), then chained compiled calls against MLX;
+  # split-K's epilogue on 4 columns a thread (split_k_parts)
+  timeout 120 ncu --clock-control none --section SpeedOfLight --section LaunchStats \
+    --section Occupancy -k regex:attention_decode --launch-skip 0 --launch-count 6 \
+    python3 tools/probes/decode_attention_occupancy.py --ncu > "$logs/ncu-decode-occupancy.txt" 2>&1
+  grep -E "attention_decode|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|min_blocks" \
+    "$logs/ncu-decode-occupancy.txt" | head -50 | tee -a "$log"
+  timeout 150 python3 tools/probes/decode_attention_occupancy.py "$logs/h200-decode-attention-occupancy.json" 2>&1 | tee -a "$log"
+  timeout 100 python3 tools/probes/split_k_parts.py "$logs/h200-split-k-parts.json" 2>&1 | tee -a "$log"
+elif [ "$mode" = s97 ]; then
   # split-K after its epilogue's store was proven (no fills and merges): timed and ncu; then
   # decode attention's kernel times (4096 / 16384 keys, MLX's beside) and ncu sections of
   # the default attention_decode launch; the GPU tests of this session's changes
