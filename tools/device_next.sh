@@ -97,7 +97,23 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s98 ]; then
+if [ "$mode" = s99 ]; then
+  # where the pair GEMV's warps wait: every stall reason's samples, issue and L1 request
+  # counters of one 8/4 launch and one 4/2 launch
+  m=gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
+  m=$m,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
+  m=$m,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum
+  m=$m,dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum
+  for r in long_scoreboard short_scoreboard wait barrier math_pipe_throttle mio_throttle \
+           lg_throttle no_instruction not_selected dispatch_stall drain selected tex_throttle \
+           branch_resolving imc_miss misc membar sleeping; do
+    m=$m,smsp__pcsamp_warps_issue_stalled_$r
+  done
+  timeout 200 ncu --clock-control none -k regex:matvec_pairs --launch-skip 0 --launch-count 2 \
+    --metrics "$m" python3 tools/probes/decode_kernels_ncu.py --only pairs --repeat 1 \
+    > "$logs/ncu-pairs-stalls.txt" 2>&1
+  grep -E "matvec_pairs|^ +[a-z_0-9]+__" "$logs/ncu-pairs-stalls.txt" | head -70 | tee -a "$log"
+elif [ "$mode" = s98 ]; then
   # decode attention at 12 and 16 programs an SM (launch bounds; 8 at its 128 registers):
   # registers, duration and DRAM throughput (ncu), then chained compiled calls against MLX;
   # split-K's epilogue on 4 columns a thread (split_k_parts)
