@@ -109,7 +109,7 @@ if [ "$mode" = s99 ]; then
            branch_resolving imc_miss misc membar sleeping; do
     m=$m,smsp__pcsamp_warps_issue_stalled_$r
   done
-  timeout 200 ncu --clock-control none -k regex:matvec_pairs --launch-skip 0 --launch-count 2 \
+  timeout 200 ncu --clock-control none -k regex:matvec_pairs --launch-skip 0 --launch-count 3 \
     --metrics "$m" python3 tools/probes/decode_kernels_ncu.py --only pairs --repeat 1 \
     > "$logs/ncu-pairs-stalls.txt" 2>&1
   grep -E "matvec_pairs|^ +[a-z_0-9]+__" "$logs/ncu-pairs-stalls.txt" | head -70 | tee -a "$log"
