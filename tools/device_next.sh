@@ -97,7 +97,18 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s99 ]; then
+if [ "$mode" = s100 ]; then
+  # the pair GEMV's DRAM rate in every probe form (one warp a row block, K over 2-4 warps:
+  # a row's 2 KB read at once by the warps of a program), to tell DRAM page locality from
+  # the SM side
+  m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  m=$m,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active
+  m=$m,smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_barrier
+  timeout 200 ncu --clock-control none -k regex:matvec_pairs --launch-skip 0 --launch-count 18 \
+    --metrics "$m" python3 tools/probes/decode_kernels_ncu.py --only pairs --repeat 1 \
+    > "$logs/ncu-pairs-dram.txt" 2>&1
+  grep -E "side|matvec_pairs|^ +[a-z_0-9]+__" "$logs/ncu-pairs-dram.txt" | head -200 | tee -a "$log"
+elif [ "$mode" = s99 ]; then
   # where the pair GEMV's warps wait: every stall reason's samples, issue and L1 request
   # counters of one 8/4 launch and one 4/2 launch
   m=gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active
