@@ -119,3 +119,14 @@ def test_the_epilogue_store_covers_its_output(backend):
     d = split_k_epilogue[split_k_epilogue_grid(m, n, 32)].prepare(
         p, mx.zeros((m, n), mx.float16), p, p, m, n, splits, BLOCK=32, **kw)
     assert d.variant.data["outputs"] == ["output"] and not d.tracked
+
+
+def test_epilogue_with_a_bias_per_row(rng):
+    # BIAS="rows": one bias a row (program r's), broadcast along its columns
+    m, n, splits = 9, 70, 3
+    partial = mx.array(rng.standard_normal((splits, m, n)).astype(np.float32))
+    bias = mx.array(rng.standard_normal((m,)).astype(np.float32))
+    out = split_k_epilogue[split_k_epilogue_grid(m, n, 32)](
+        partial, mx.zeros((m, n)), bias, partial, m, n, splits, BLOCK=32, BIAS="rows")
+    want = np.array(partial).astype(np.float64).sum(0) + np.array(bias)[:, None]
+    np.testing.assert_allclose(as64(out), want, rtol=1e-5, atol=1e-5)
