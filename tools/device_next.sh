@@ -97,7 +97,10 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s100 ]; then
+if [ "$mode" = s101 ]; then
+  # the session's last code on the GPU: split-K (its epilogue on 4 columns a thread), tuples
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_tuples
+elif [ "$mode" = s100 ]; then
   # the pair GEMV's DRAM rate in every probe form (one warp a row block, K over 2-4 warps:
   # a row's 2 KB read at once by the warps of a program), to tell DRAM page locality from
   # the SM side
