@@ -35,6 +35,7 @@ from benchmarks.common import machine, write_report
 from metile import quantized_ops
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
+SHORTEST_SAMPLE_MS = 4.0
 
 
 def sides(n, k, group_size, bits, rows, dtype, also=(), chain=1):
@@ -116,11 +117,19 @@ def measure(name, rows, k, n, dtype, group_size, bits, launches, rounds, copies=
         for side in (order if r % 2 == 0 else order[::-1]):
             times[side].append(seconds_per_call(fns[side], x, launches, weights, chain))
     us = {side: float(np.median(t)) * 1e6 for side, t in times.items()}
+    # a sample shorter than a few milliseconds is dominated by the synchronisation around
+    # it: on the H200, 10 launches a sync (1-2 ms) read every prefill side 1.5-3x slower
+    # than 50 did (s93 against s94)
+    sample_ms = min(us.values()) * launches * chain / 1e3
+    if sample_ms < SHORTEST_SAMPLE_MS:
+        print(f"warning: {name} {rows}x{k}x{n}: a sample lasts {sample_ms:.1f} ms (under "
+              f"{SHORTEST_SAMPLE_MS} ms); raise --launches for numbers that are not the "
+              f"synchronisation's", flush=True)
     _, wq, scales, biases = weights[0]
     weight_bytes = wq.nbytes + scales.nbytes + biases.nbytes
     return {"name": name, "rows": rows, "k": k, "n": n, "dtype": str(dtype).removeprefix("mlx.core."),
             "bits": bits, "group_size": group_size, "weights": copies, "chain": chain,
-            "us_per_call": us,
+            "us_per_call": us, "shortest_sample_ms": sample_ms,
             "tflops": {s: 2 * rows * k * n / (t * 1e-6) / 1e12 for s, t in us.items()},
             "quantized_weight_tb_per_s": {s: weight_bytes / (t * 1e-6) / 1e12
                                           for s, t in us.items() if s != "dense"},
