@@ -97,7 +97,14 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s101 ]; then
+if [ "$mode" = s102 ]; then
+  # persistent pair GEMV programs (tools/probes/gemv_stream.py): kernel time and DRAM rate
+  # beside the library's 8/4 form
+  timeout 200 ncu --clock-control none -k regex:matvec_pairs \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread \
+    python3 tools/probes/gemv_stream.py > "$logs/ncu-gemv-stream.txt" 2>&1
+  grep -E "side|matvec_pairs|^ +[a-z_0-9]+__" "$logs/ncu-gemv-stream.txt" | head -120 | tee -a "$log"
+elif [ "$mode" = s101 ]; then
   # the session's last code on the GPU: split-K (its epilogue on 4 columns a thread), tuples
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_tuples
 elif [ "$mode" = s100 ]; then
