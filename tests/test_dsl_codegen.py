@@ -69,6 +69,17 @@ def test_larger_blocks_loop_over_slots():
     assert "device packed_float4*" in d.source
 
 
+@pytest.mark.parametrize("n", [3, 7, 8])
+def test_runs_read_inputs_mlx_passes_as_constant_memory(n):
+    # MLX passes an input of fewer than 8 elements in Metal's `constant` address space; a
+    # run of 4 read through a `device` vector pointer then failed Metal's (the strict
+    # check's) compile - each run is built from its elements
+    x = np.arange(n, dtype=np.float32)
+    out = vector_add[(1,)](mx.array(x), mx.array(2 * x), mx.zeros((n,)), n, BLOCK=128,
+                           num_warps=1)
+    np.testing.assert_array_equal(np.array(out), 3 * x)
+
+
 def test_block_reduction_uses_simd_and_threadgroup_memory():
     src = prepared_source(softmax_rows[(2,)], mx.zeros((2, 8)), mx.zeros((2, 8)), 8, 8, BLOCK=256)
     assert "metal::simd_max" in src and "metal::simd_sum" in src

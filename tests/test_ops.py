@@ -220,6 +220,29 @@ def test_leaky_relu_slope_matches_mlx_and_is_a_parameter(rng):
         metile.nn.Linear(4, 4, activation="leaky_relu", negative_slope="0.1")
 
 
+def test_relu_keeps_nan_as_mlx_does(rng):
+    # MLX's relu is mx.maximum(x, 0): a NaN stays NaN (the epilogue's maximum, Triton's,
+    # gave 0 there)
+    x, _ = arrays(rng, (4, 16), "float32")
+    w, _ = arrays(rng, (6, 16), "float32")
+    x[1, 3] = float("nan")
+    want = np.array(nn.relu(x @ w.T))
+    x2, _ = arrays(rng, (4, 16), "float32")
+    wg, _ = arrays(rng, (6, 16), "float32")
+    wg[2, 5] = float("nan")
+    gated_want = np.array(nn.relu(x2 @ wg.T) * (x2 @ w.T))
+    for backend in ("metile", "mlx"):
+        np.testing.assert_allclose(np.array(ops.linear(x, w, activation="relu", backend=backend)),
+                                   want, rtol=3e-4, atol=3e-5)
+        np.testing.assert_allclose(np.array(ops.matmul(x, w.T, epilogue="relu",
+                                                       backend=backend)),
+                                   want, rtol=3e-4, atol=3e-5)
+        # a NaN in the gate's product only: relu must keep it for the up product to meet
+        got = np.array(ops.gated_mlp(x2, wg, w, activation="relu", backend=backend))
+        np.testing.assert_allclose(got, gated_want, rtol=3e-4, atol=3e-5)
+    assert np.isnan(want[1]).all() and np.isnan(gated_want[:, 2]).all()
+
+
 @pytest.mark.parametrize("activation", [None, "relu", "leaky_relu", "gelu_tanh", "silu"])
 def test_quantize_keeps_the_activation(rng, activation):
     model = nn.Sequential(metile.nn.Linear(64, 32, activation=activation, backend="mlx"))

@@ -88,7 +88,9 @@ def activation(x, EPILOGUE, NEGATIVE_SLOPE):
     if EPILOGUE == "affine_leaky":
         result = metile.where(x > 0, x, x * NEGATIVE_SLOPE)
     elif EPILOGUE == "relu":
-        result = metile.maximum(x, 0.0)
+        # NaN stays NaN, as in MLX's relu (mx.maximum); metile.maximum, Triton's, returns
+        # the number where one operand is NaN
+        result = metile.where(x < 0, 0.0, x)
     elif EPILOGUE == "gelu_tanh":
         result = gelu_tanh(x)
     elif EPILOGUE == "sigmoid_gated":
@@ -194,7 +196,7 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
     elif ACTIVATION == "gelu_tanh":
         gated = gelu_tanh(gate_acc)
     else:
-        gated = metile.maximum(gate_acc, 0.0)
+        gated = metile.where(gate_acc < 0, 0.0, gate_acc)     # relu, NaN kept (activation)
     c.store((row_origin, column_origin), (gated * up_acc).to(output.dtype))
 
 

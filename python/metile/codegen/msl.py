@@ -211,14 +211,14 @@ class MSLEmitter(CEmitter):
     }
     SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
     DEBUG_OPS = MSLDebug()
-    # A 4-wide load read through Metal's packed vector (element alignment) into the
-    # aligned vector type: the pass proved 4-element alignment relative to the buffer,
-    # and packed types keep it well-defined where a buffer's base is only element-aligned
-    # (the CPU runtime's allocations).
+    # A 4-wide load built from its four elements: MLX passes an input of fewer than 8
+    # elements in the `constant` address space, which no cast to a `device` vector pointer
+    # may read (Metal refuses it: a 3-element bias read 4 a thread failed to compile), and
+    # the body is shared by both; Metal's compiler joins adjacent element loads.
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
                     "bfloat16": ("bfloat4", "{v}.{c}")}
-    VECTOR_LOAD = ("const {vtype} {name} = *reinterpret_cast<const device packed_{vtype}*>"
-                   "(&{root}[{index}]);")
+    VECTOR_LOAD = ("const {vtype} {name} = {vtype}({root}[{index}], {root}[{index} + 1], "
+                   "{root}[{index} + 2], {root}[{index} + 3]);")
     # Stores through the packed vector too (element alignment only).
     VECTOR_STORES = {(d, 4): (f"*reinterpret_cast<device packed_{v}*>(&{{root}}[{{index}}]) = "
                               f"{v}({{values}});", 4, "{x}")
