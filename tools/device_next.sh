@@ -97,7 +97,11 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s102 ]; then
+if [ "$mode" = s103 ]; then
+  # relu keeping NaN in the GEMM epilogues and the dual GEMM, on the GPU
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "relu" test_ops test_epilogue test_dual_gemm \
+    test_split_k test_linear_fused_reads
+elif [ "$mode" = s102 ]; then
   # persistent pair GEMV programs (tools/probes/gemv_stream.py): kernel time and DRAM rate
   # beside the library's 8/4 form
   timeout 200 ncu --clock-control none -k regex:matvec_pairs \
