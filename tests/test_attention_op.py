@@ -549,3 +549,17 @@ def test_sinks_run_mlx_and_the_kernels_refuse_them(rng):
     with pytest.raises(ValueError, match="the metile attention kernels have no attention sinks"):
         metile.ops.scaled_dot_product_attention(q, k, v, scale=0.3, sinks=sinks,
                                                 backend="metile")
+
+
+def test_float64_runs_mlx_op_under_auto():
+    # MLX's op computes float64 (on the CPU); under "auto" the drop-in hands it over, as the
+    # norms do, and backend="metile" names the dtype its kernels take
+    q = mx.array(np.random.default_rng(5).standard_normal((1, 2, 3, 16)), mx.float64)
+    with mx.stream(mx.cpu):
+        want = np.array(mx.fast.scaled_dot_product_attention(q, q, q, scale=0.25))
+        for backend in ("auto", "mlx"):
+            got = metile.ops.scaled_dot_product_attention(q, q, q, scale=0.25, backend=backend)
+            assert got.dtype == mx.float64
+            np.testing.assert_array_equal(np.array(got), want)
+        with pytest.raises(TypeError, match=r"q has dtype mlx.core.float64; supported"):
+            metile.ops.scaled_dot_product_attention(q, q, q, scale=0.25, backend="metile")

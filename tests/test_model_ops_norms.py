@@ -409,6 +409,22 @@ def test_rope_gradient_matches_mlx(rng, traditional, kind):
                 [mx.grad(weighted(lambda a: mx.fast.rope(a, 48, **kw), cot))(x)])
 
 
+@pytest.mark.parametrize("offset", [3, "per_batch"])
+def test_rope_gradient_for_freqs_matches_mlx(rng, offset):
+    # the angle is position / freqs[i]: freqs get MLX's op's gradient (they got zeros)
+    x, cot = arrays(rng, (2, 3, 5, 16), mx.float32, count=2)
+    freqs = mx.array([1.0, 2.0, 5.0, 10.0, 20.0, 50.0])
+    off = mx.array([1, 4], mx.int32) if offset == "per_batch" else offset
+    kw = dict(traditional=False, base=None, scale=1.0, offset=off)
+
+    def loss(f, op):
+        return (op(x, 12, freqs=f, **kw) * cot).sum()
+    got = mx.grad(lambda f: loss(f, lambda *a, **k: ops.rope(*a, backend="metile", **k)))(freqs)
+    want = mx.grad(lambda f: loss(f, mx.fast.rope))(freqs)
+    assert np.abs(np.array(want)).max() > 1e-3
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+
+
 def test_ops_inside_compile(rng):
     x, r = arrays(rng, (3, 5, 64), mx.float32, count=2)
     w, = arrays(rng, (64,), mx.float32)
@@ -534,7 +550,8 @@ def test_bad_inputs_give_clear_errors():
         with pytest.raises(TypeError, match=r"\[metile.ops.rope\] traditional must be a bool, "
                                             r"got int"):
             ops.rope(q, 8, traditional=1, base=1e4, scale=1.0, offset=0, backend=backend)
-    with pytest.raises(ValueError, match=r"offset 2147483648 does not fit in int32"):
+    with pytest.raises(ValueError, match=r"positions 2147483648 to 2147483650 do not fit in "
+                                         r"int32"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=2**31, backend="metile")
     with pytest.raises(TypeError, match=r"offset must be an integer array"):
         ops.rope(q, 8, traditional=False, base=1e4, scale=1.0, offset=mx.array(1.5))
@@ -568,13 +585,17 @@ def test_rope_wide_offset_arrays_take_mlx_op_under_auto(request, dtype):
         ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset, backend="fast")
 
 
-def test_rope_an_int_offset_past_int32_takes_mlx_op_under_auto():
+@pytest.mark.parametrize("offset", [2**31, 2**31 - 2])
+def test_rope_an_int_offset_past_int32_takes_mlx_op_under_auto(offset):
+    # 2**31 - 2 fits int32, its last positions (+ 2) do not: they wrapped in the kernel
     x = mx.array(np.random.default_rng(4).standard_normal((1, 2, 3, 8)).astype(np.float32))
-    want = np.array(mx.fast.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=2**31))
+    want = np.array(mx.fast.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset))
     for backend in ("auto", "mlx"):
-        got = ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=2**31,
+        got = ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset,
                        backend=backend)
         np.testing.assert_array_equal(np.array(got), want)
+    with pytest.raises(ValueError, match=r"do not fit in int32"):
+        ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset, backend="metile")
 
 
 def test_too_wide_rows_fall_back_to_mlx_under_auto():

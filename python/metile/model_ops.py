@@ -27,8 +27,8 @@ thread counts (`configs`).
 
 Differentiable through `mx.custom_function`: the backward passes are MLX ops in
 float32 (the closed forms of each op's vjp), except rope's, which is the rope
-kernel with the angle negated (the inverse rotation).  Integer offsets and rope's
-`freqs` get zero gradients (MLX's rope has none for them either).
+kernel with the angle negated (the inverse rotation); rope's `freqs` get MLX's op's
+gradient for them, integer offsets none.
 """
 
 from __future__ import annotations
@@ -447,7 +447,13 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
         inverse = _rope_fn(dataclasses.replace(spec, scale=-spec.scale), has_offset_array,
                            has_freqs, cfg)
         dx = inverse(cotangent.astype(x2.dtype), *primals[1:])
-        return (dx,) + tuple(mx.zeros_like(a) for a in primals[1:])
+        grads = [mx.zeros_like(a) for a in primals[1:]]
+        if has_freqs:
+            # the angle is position / freqs[i]: its gradient through MLX's op (the composite)
+            rest = list(primals[1:-1])
+            _, (dfreqs,) = mx.vjp(lambda fr: composite(x2, *rest, fr), [freqs], [cotangent])
+            grads[-1] = dfreqs.astype(freqs.dtype)
+        return (dx, *grads)
 
     return f
 
@@ -735,11 +741,8 @@ def _rope_offset(x, offset):
     if not (is_integer(offset) or isinstance(offset, mx.array)):
         raise TypeError(f"[metile.ops.rope] offset must be an int or an integer mx.array, got "
                         f"{type(offset).__name__}")
-    if isinstance(offset, numbers.Integral):   # (a NumPy integer too, as MLX's op takes)
-        offset = int(offset)
-        if not -2**31 <= offset < 2**31:
-            raise ValueError(f"[metile.ops.rope] offset {offset} does not fit in int32")
-        return offset, None, "scalar"
+    if isinstance(offset, numbers.Integral):   # (a NumPy integer too, as MLX's op takes;
+        return int(offset), None, "scalar"     # its positions are range-checked in rope())
     if not mx.issubdtype(offset.dtype, mx.integer):
         raise TypeError(f"[metile.ops.rope] offset must be an integer array, got dtype "
                         f"{offset.dtype}")
@@ -788,7 +791,8 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     if not isinstance(traditional, bool):   # as MLX's op (1 or "yes" would pass a bool())
         raise TypeError(f"[metile.ops.rope] traditional must be a bool, got "
                         f"{type(traditional).__name__}")
-    wide_int = is_integer(offset) and not -2**31 <= int(offset) < 2**31
+    # positions offset .. offset + T - 1 must be int32: the kernels' type
+    wide_int = is_integer(offset) and not -2**31 <= int(offset) <= 2**31 - x.shape[-2]
     if backend != "metile" and (wide_int or (isinstance(offset, mx.array)
                                              and offset.dtype in _WIDE_OFFSETS)):
         # the kernels' positions are int32, and a lazy array's values cannot be
@@ -798,6 +802,10 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
         check_backend("metile.ops.rope", backend)
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
                             offset=offset, freqs=freqs)
+    if wide_int:
+        raise ValueError(f"[metile.ops.rope] positions {int(offset)} to "
+                         f"{int(offset) + x.shape[-2] - 1} do not fit in int32 (the kernels' "
+                         f"positions); backend='auto' or 'mlx' runs MLX's op")
     start, offset_array, kind = _rope_offset(x, offset)
     # the kernel reads float frequencies; MLX's op gets the array as given
     kernel_freqs = freqs if freqs is None or freqs.dtype in _DTYPES else freqs.astype(mx.float32)

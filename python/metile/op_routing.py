@@ -45,11 +45,11 @@ def plain_number(value):
 
 def mlx_takes_it(backend, *arrays) -> bool:
     """Whether a drop-in op hands this call to MLX's own op before its checks: under
-    backend "auto" or "mlx", an array that is not floating (an int or bool x, weight or
-    query), which MLX promotes or refuses by itself and metile's kernels do not take.
+    backend "auto" or "mlx", an array of a dtype metile's kernels do not take (an int or
+    bool x, weight or query; float64), which MLX promotes, computes or refuses by itself.
     backend="metile" keeps the op's own error naming the dtype."""
     return backend in ("auto", "mlx") and any(
-        isinstance(a, mx.array) and not mx.issubdtype(a.dtype, mx.floating) for a in arrays)
+        isinstance(a, mx.array) and a.dtype not in FLOAT_DTYPES for a in arrays)
 
 
 def is_integer(value) -> bool:
