@@ -175,8 +175,7 @@ def vector_loads(d, vector: str) -> int:
     if d.variant.backend == "cuda":
         v = _CUDA_VECTOR[vector]
         return len(re.findall(rf"const {v} \w+ = metile_load_vec<{v}>", d.source))
-    return len(re.findall(rf"const {vector} \w+ = \*reinterpret_cast<const device packed_{vector}\*>",
-                          d.source))
+    return len(re.findall(rf"const {vector} \w+ = metile_vload_{vector}\(", d.source))
 
 
 @pytest.mark.parametrize("dtype,vector", [("float32", "float4"), ("float16", "half4")])
@@ -279,7 +278,7 @@ def test_cuda_vector_loads(rng, dtype, pattern):
 
 def test_msl_bfloat_vector_loads(rng):
     d, _ = prepare(rng, *ALIGNED4, "bfloat16", Schedule(vector_width=4), backend="msl")
-    assert d.source.count("reinterpret_cast<const device packed_bfloat4*>") == 2
+    assert d.source.count("= metile_vload_bfloat4(") == 2
 
 
 # -- elementwise: width 4 with scalar masked tails, and bounds ------------------------------------

@@ -113,7 +113,7 @@ def test_runs_in_the_report_and_the_msl(rng):
     # lane loop twice: bare vectors where all of a thread's runs pass one test, and each
     # run tested on its own
     assert d.execution_report.vectorized_loads == 2
-    assert len(re.findall(r"device packed_half4\*", d.source)) == 6
+    assert len(re.findall(r"device packed_half4\*>\(&|= metile_vload_half4\(", d.source)) == 6
     lanes = [lp for lp in d.execution_report.loops if lp.induction_variable == "lane"]
     assert lanes and all(lp.elements_per_lane == 4 and lp.iteration_step == 4 * 64
                          for lp in lanes)
@@ -362,8 +362,8 @@ def test_a_mask_on_loaded_data_keeps_per_run_tests(rng):
                for note in d.execution_report.notes)
     msl = where_positive[(2,)].prepare(x, z, mx.zeros((n,), mx.float32), n, BLOCK=512,
                                        num_warps=2, backend="msl").source
-    assert len(re.findall(r"packed_float4\*>\(&X\[", msl)) == 2
-    assert len(re.findall(r"packed_float4\*>\(&Z\[", msl)) == 1
+    assert len(re.findall(r"metile_vload_float4\(&X\[", msl)) == 2
+    assert len(re.findall(r"metile_vload_float4\(&Z\[", msl)) == 1
 
 
 @metile.kernel
@@ -407,7 +407,7 @@ def test_piecewise_addresses_in_runs(rng, half, runs, spelling):
     # the MSL source whatever device runs the test (on a GPU `d` holds CUDA)
     msl = swap_halves[(3,)].prepare(x, mx.zeros((n,), mx.float32), n, HALF=half, BLOCK=block,
                                     num_warps=1, SPELLING=spelling, backend="msl").source
-    assert bool(re.search(r"packed_float4\*>\(&X\[", msl)) == runs
+    assert bool(re.search(r"metile_vload_float4\(&X\[", msl)) == runs
     if runs and TOOLKIT is not None:
         cuda = swap_halves[(3,)].prepare(x, mx.zeros((n,), mx.float32), n, HALF=half,
                                          BLOCK=block, num_warps=1, backend="cuda")

@@ -353,6 +353,8 @@ class CEmitter:
         vtype, per, element = self.vector_chunk(dname, width)
         form = self.SHARED_VECTOR_LOAD if op.attrs.get("space") == "threadgroup" \
             else self.ALIGNED_VECTOR_LOAD if op.attrs.get("aligned") else self.VECTOR_LOAD
+        if "metile_vload_" in form:   # MSL's device/constant overloads (its HELPERS)
+            self.helpers_used.add("vload")
         for first in range(0, width, per):
             self.count += 1
             name = f"_w{self.count}"

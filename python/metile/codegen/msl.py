@@ -40,6 +40,21 @@ inline uint metile_pair_fma_bf16(uint a, uint b, uint c) {
 }"""
 
 
+# 4-wide packed loads (CEmitter.vector_load) from either address space an input may have:
+# the CPU runtime's shim spells both as plain pointers (METILE_MSL_CPU_RUNTIME), so one
+# definition serves there.
+def _vload(vector: str, element: str) -> str:
+    def one(space: str) -> str:
+        return (f"inline {vector} metile_vload_{vector}(const {space}{element}* p) {{\n"
+                f"  return {vector}(*reinterpret_cast<const {space}packed_{vector}*>(p));\n}}")
+    return (f"#ifdef METILE_MSL_CPU_RUNTIME\n{one('')}\n#else\n{one('device ')}\n"
+            f"{one('constant ')}\n#endif")
+
+
+_VLOADS = "\n".join(_vload(v, e) for v, e in (("float4", "float"), ("half4", "half"),
+                                                ("bfloat4", "bfloat")))
+
+
 # Atomics (codegen/c_like.py `atomic`).  Metal has relaxed device atomics on 32-bit words
 # only: float max/min order the bits as signed ints when the value's sign bit is clear and as
 # unsigned ints when it is set (IEEE order for non-NaN floats, -0.0 below +0.0); xchg and cas
@@ -190,7 +205,7 @@ class MSLEmitter(CEmitter):
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
     PAIR_FMA = {"float16": "metile_pair_fma_f16({a}, {b}, {c})",
                 "bfloat16": "metile_pair_fma_bf16({a}, {b}, {c})"}
-    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "pair_float16": _PAIR_F16,
+    HELPERS = {"erf": _ERF, "atomics": _ATOMICS, "pair_float16": _PAIR_F16, "vload": _VLOADS,
                "pair_bfloat16": _PAIR_BF16, "simd64": _SIMD64, "lanes": _LANES,
                "fp8": fp8.helpers("inline", "uchar", "uint", "as_type<uint>", "as_type<float>"),
                "tensor_ops": msl_tensor_ops.HEADER}
@@ -211,14 +226,16 @@ class MSLEmitter(CEmitter):
     }
     SIMD_BARRIER = "metal::simdgroup_barrier(mem_flags::mem_threadgroup);"
     DEBUG_OPS = MSLDebug()
-    # A 4-wide load built from its four elements: MLX passes an input of fewer than 8
-    # elements in the `constant` address space, which no cast to a `device` vector pointer
-    # may read (Metal refuses it: a 3-element bias read 4 a thread failed to compile), and
-    # the body is shared by both; Metal's compiler joins adjacent element loads.
+    # A 4-wide load read through Metal's packed vector (element alignment) into the
+    # aligned vector type: the pass proved 4-element alignment relative to the buffer,
+    # and packed types keep it well-defined where a buffer's base is only element-aligned
+    # (the CPU runtime's allocations).  Through `metile_vload_<vector>`, overloaded on the
+    # address space: MLX passes an input of fewer than 8 elements as `constant` memory,
+    # which a cast to a `device` pointer may not read (Metal refused a 3-element bias read
+    # 4 a thread), and one body serves both.
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
                     "bfloat16": ("bfloat4", "{v}.{c}")}
-    VECTOR_LOAD = ("const {vtype} {name} = {vtype}({root}[{index}], {root}[{index} + 1], "
-                   "{root}[{index} + 2], {root}[{index} + 3]);")
+    VECTOR_LOAD = "const {vtype} {name} = metile_vload_{vtype}(&{root}[{index}]);"
     # Stores through the packed vector too (element alignment only).
     VECTOR_STORES = {(d, 4): (f"*reinterpret_cast<device packed_{v}*>(&{{root}}[{{index}}]) = "
                               f"{v}({{values}});", 4, "{x}")
