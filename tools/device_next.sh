@@ -97,7 +97,10 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s103 ]; then
+if [ "$mode" = s104 ]; then
+  # rope's freqs gradient and int32 positions, on the GPU
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "rope" test_model_ops_norms
+elif [ "$mode" = s103 ]; then
   # relu keeping NaN in the GEMM epilogues and the dual GEMM, on the GPU
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "relu" test_ops test_epilogue test_dual_gemm \
     test_split_k test_linear_fused_reads
