@@ -340,6 +340,8 @@ class CEmitter:
     SHARED_VECTOR_LOAD = VECTOR_LOAD
     # A device load whose address the kernel tested aligned first (vectorize_rows.py).
     ALIGNED_VECTOR_LOAD = VECTOR_LOAD
+    # The HELPERS entry VECTOR_LOAD calls, if any (MSL: its address-space overloads).
+    VECTOR_LOAD_HELPER: str | None = None
 
     def vector_chunk(self, dname: str, width: int) -> tuple[str, int, str]:
         chunk = self.VECTOR_CHUNKS.get((dname, width))
@@ -353,8 +355,8 @@ class CEmitter:
         vtype, per, element = self.vector_chunk(dname, width)
         form = self.SHARED_VECTOR_LOAD if op.attrs.get("space") == "threadgroup" \
             else self.ALIGNED_VECTOR_LOAD if op.attrs.get("aligned") else self.VECTOR_LOAD
-        if "metile_vload_" in form:   # MSL's device/constant overloads (its HELPERS)
-            self.helpers_used.add("vload")
+        if form is self.VECTOR_LOAD and self.VECTOR_LOAD_HELPER:
+            self.helpers_used.add(self.VECTOR_LOAD_HELPER)
         for first in range(0, width, per):
             self.count += 1
             name = f"_w{self.count}"

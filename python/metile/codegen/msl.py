@@ -236,6 +236,7 @@ class MSLEmitter(CEmitter):
     VECTOR_TYPES = {"float32": ("float4", "{v}.{c}"), "float16": ("half4", "{v}.{c}"),
                     "bfloat16": ("bfloat4", "{v}.{c}")}
     VECTOR_LOAD = "const {vtype} {name} = metile_vload_{vtype}(&{root}[{index}]);"
+    VECTOR_LOAD_HELPER = "vload"
     # Stores through the packed vector too (element alignment only).
     VECTOR_STORES = {(d, 4): (f"*reinterpret_cast<device packed_{v}*>(&{{root}}[{{index}}]) = "
                               f"{v}({{values}});", 4, "{x}")
