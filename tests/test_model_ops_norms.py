@@ -598,6 +598,17 @@ def test_rope_an_int_offset_past_int32_takes_mlx_op_under_auto(offset):
         ops.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=offset, backend="metile")
 
 
+def test_rope_offset_array_positions_past_int32_do_not_wrap():
+    # an int32 offset array whose last positions pass 2**31 - 1: the kernel adds in 64 bits
+    # (in int32 they wrapped, flipping the angle); compared on the lowest-frequency pair,
+    # where float32 still resolves the angle
+    x = mx.ones((1, 1, 5, 16))
+    kw = dict(traditional=False, base=10000.0, scale=1.0, offset=mx.array([2**31 - 3], mx.int32))
+    got = np.array(ops.rope(x, 16, backend="metile", **kw))[0, 0, :, 7]
+    want = np.array(mx.fast.rope(x, 16, **kw))[0, 0, :, 7]
+    np.testing.assert_allclose(got, want, atol=1e-3)
+
+
 def test_too_wide_rows_fall_back_to_mlx_under_auto():
     x = mx.ones((2, model_ops.MAX_COLUMNS + 1))
     np.testing.assert_allclose(np.array(ops.softmax(x)), 1 / (model_ops.MAX_COLUMNS + 1),

@@ -59,7 +59,9 @@ def rope(X, Offset, Freqs, Y, rows, seq, per_batch, columns, offset, scale, log2
         start = metile.load(Offset)
     else:
         start = metile.load(Offset + row // per_batch, mask=row < rows, other=0)
-    position = ((row % seq) + start).to(metile.float32) * scale
+    # in 64 bits: an int32 offset array's last positions may pass int32 (its values are
+    # not known to the launch, which range-checks an int offset)
+    position = ((row % seq).to(metile.int64) + start.to(metile.int64)).to(metile.float32) * scale
     if FREQS:
         inv_freq = 1.0 / metile.load(Freqs + pair, mask=rotated, other=1.0).to(metile.float32)
     else:
