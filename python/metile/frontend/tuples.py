@@ -49,10 +49,9 @@ class KernelTuple(tuple):
     def loop_parts(self) -> tuple:
         parts = []
         for x in self:
-            if isinstance(x, tuple):
-                parts += KernelTuple(x).loop_parts()
-            elif hasattr(x, "loop_parts"):
-                parts += x.loop_parts()
+            inner = _composite(x)
+            if inner is not None:
+                parts += inner.loop_parts()
             elif _slot(x):
                 parts.append(x)
         return tuple(parts)
@@ -60,10 +59,9 @@ class KernelTuple(tuple):
     def loop_part_names(self, name: str) -> list[str]:
         names = []
         for i, x in enumerate(self):
-            if isinstance(x, tuple):
-                names += KernelTuple(x).loop_part_names(f"{name}[{i}]")
-            elif hasattr(x, "loop_parts"):
-                names += x.loop_part_names(f"{name}[{i}]")
+            inner = _composite(x)
+            if inner is not None:
+                names += inner.loop_part_names(f"{name}[{i}]")
             elif _slot(x):
                 names.append(f"{name}[{i}]")
         return names
@@ -72,8 +70,8 @@ class KernelTuple(tuple):
         parts = list(parts)
         out = []
         for x in self:
-            if isinstance(x, tuple) or hasattr(x, "loop_parts"):
-                inner = KernelTuple(x) if isinstance(x, tuple) else x
+            inner = _composite(x)
+            if inner is not None:
                 n = len(inner.loop_parts())
                 out.append(inner.with_parts(parts[:n]))
                 del parts[:n]
@@ -89,12 +87,12 @@ class KernelTuple(tuple):
         if len(other) != len(self):
             return f"changes length from {len(self)} to {len(other)}"
         for i, (x, y) in enumerate(zip(self, other)):
-            if isinstance(x, tuple) or hasattr(x, "loop_parts"):
-                inner = KernelTuple(x) if isinstance(x, tuple) else x
+            inner = _composite(x)
+            if inner is not None:
                 why = inner.layout_differs(y)
                 if why:
                     return f"has element {i} that {why}"
-            elif isinstance(y, tuple) or hasattr(y, "loop_parts"):
+            elif _composite(y) is not None:
                 return f"has element {i} that becomes {describe(y)}"
             elif not _slot(x) and not _same(x, y):
                 return (f"has element {i} that changes from {describe(x)} to {describe(y)} "
@@ -102,6 +100,14 @@ class KernelTuple(tuple):
             elif _slot(x) and not _slot(y):
                 return f"has element {i} that becomes {describe(y)}"
         return None
+
+
+def _composite(x):
+    """A tuple element carried through its own parts (a tuple as a KernelTuple, a block
+    pointer as it is), or None."""
+    if isinstance(x, tuple):
+        return KernelTuple(x)
+    return x if hasattr(x, "loop_parts") else None
 
 
 def _slot(x) -> bool:
