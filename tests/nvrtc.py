@@ -45,7 +45,7 @@ def translation_unit(dispatch) -> str:
     return cuda_source.translation_unit(data["name"], data["header"], data["body"],
                                         [x for x in inputs if x[0] not in by_value], outputs,
                                         threads, [x for x in inputs if x[0] in by_value],
-                                        launch.get("min_blocks", 0), launch.get("cluster", 1))
+                                        launch.get("min_blocks", 0))
 
 
 def compile_cuda(source: str, arch: str) -> tuple[bool, str]:

@@ -14,7 +14,7 @@ from dsl_kernels import softmax_rows, vector_add
 
 PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape", "staging", "vector_width",
                "double_buffer", "reasons", "cooperative_layout", "outer_bounds_proven",
-               "num_stages", "program_order", "group_size", "cluster_size"]
+               "num_stages", "program_order", "group_size"]
 REPORT_FIELDS = ["plan", "passes", "loops", "allocations", "double_buffered", "vectorized_loads",
                  "epilogue_regions", "notes", "num_stages"]
 

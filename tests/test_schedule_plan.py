@@ -29,7 +29,7 @@ def test_m5_gemm_defaults_to_tensor_ops():
         "double_buffer": None, "reasons": list(p.reasons),
         "cooperative_layout": "native SDK cooperative_tensor (opaque lane ownership)",
         "outer_bounds_proven": True, "num_stages": None, "program_order": "linear",
-        "group_size": None, "cluster_size": 1}
+        "group_size": None}
     assert p.reasons[0] == ("Metal 4 tensor operations (matmul2d on cooperative tensors) accept "
                             "float32 operands, the 64x64x16 tile and the 2x2 SIMD-group grid.")
     assert any("lane owns" in r for r in p.reasons)
@@ -138,7 +138,7 @@ def test_elementwise_plan():
         "reasons": ["Lanes follow the geometry traced from the kernel (arange/BLOCK or "
                     "num_simdgroups)."],
         "cooperative_layout": "scalar lanes", "outer_bounds_proven": False,
-        "num_stages": None, "program_order": "linear", "group_size": None, "cluster_size": 1}
+        "num_stages": None, "program_order": "linear", "group_size": None}
     for target in TARGETS:
         assert plan(ELEMENTWISE, target, num_simdgroups=8).threadgroup_size == (256, 1, 1)
     wide = KernelTraits("elementwise", (1024,), lanes=256, extents_divisible=(True,),

@@ -17,7 +17,7 @@ SEED_PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape
 SEED_LOOP_FIELDS = ["induction_variable", "kind", "lanes", "elements_per_lane", "iteration_step"]
 # Fields added since (optional in REPORT_SCHEMA: recorded reports without them stay valid).
 ADDED_REPORT_FIELDS = ["num_stages"]
-ADDED_PLAN_FIELDS = ["num_stages", "program_order", "group_size", "cluster_size"]
+ADDED_PLAN_FIELDS = ["num_stages", "program_order", "group_size"]
 
 
 def gemm_report(**schedule):

@@ -12,7 +12,7 @@ butterflies, half/bfloat -> `__half`/`__nv_bfloat16` with math done in float.
 from __future__ import annotations
 
 from ..ir.core import Function, Op
-from ..ir.ops import CLUSTER, TMA, TMA_SLOTS, TMA_TEMPLATE
+from ..ir.ops import TMA, TMA_SLOTS, TMA_TEMPLATE
 from . import fp8
 from .c_like import CEmitter
 from .debug_ops import CUDADebug
@@ -331,49 +331,6 @@ __device__ __forceinline__ void metile_tma_load2d(void* dst, const unsigned char
                :: "r"(metile_smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(metile_smem_u32(bar)) : "memory");
 }"""
 
-# Thread-block clusters of two (passes/gemm_wgmma.py, cluster_size=2): the partner's
-# shared memory through its cluster address (mapa), the split cluster barrier, and the
-# bulk copy multicast to the blocks of a rank mask (each gets the box at the same offset
-# and a completion on its barrier at the same offset).
-_CLUSTER = """\
-__device__ __forceinline__ unsigned metile_cluster_rank() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void metile_cluster_put(unsigned long long* local, unsigned rank, long long v) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(metile_smem_u32(local)), "r"(rank));
-  asm volatile("st.shared::cluster.u64 [%0], %1;" :: "r"(remote), "l"(v) : "memory");
-}
-__device__ __forceinline__ void metile_cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-}
-__device__ __forceinline__ void metile_cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ void metile_mbar_init_count(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(metile_smem_u32(bar)), "r"(count) : "memory");
-}
-// One arrival on the barrier at this address in each block of a cluster of two, with the
-// default (CTA-scope) release, as CUTLASS's ClusterBarrier::arrive: .release.cluster made
-// every arrival a memory barrier, the clustered GEMM's top stall (ncu, H200, s107).
-__device__ __forceinline__ void metile_mbar_arrive_pair(unsigned long long* bar) {
-  const unsigned local = metile_smem_u32(bar);
-  for (unsigned rank = 0; rank < 2; ++rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-  }
-}
-__device__ __forceinline__ void metile_tma_load2d_multicast(void* dst, const unsigned char* map, int c0, int c1,
-                                                            unsigned long long* bar, unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1, {%2, %3}], [%4], %5;"
-               :: "r"(metile_smem_u32(dst)), "l"(map), "r"(c0), "r"(c1), "r"(metile_smem_u32(bar)), "h"(mask)
-               : "memory");
-}"""
-
 _WGMMA_KIND = {"float16": "f16", "bfloat16": "bf16"}
 
 
@@ -609,7 +566,7 @@ class CUDAEmitter(CEmitter):
     HELPERS = {"exp2": _EXP2, "sigmoid": _SIGMOID, "bitcast": _BITCAST,
                "pair_float16": _PAIR_F16, "pair_bfloat16": _PAIR_BF16, "warp": _WARP, "mma": _MMA, "frag8": _FRAG8, "vec": _VEC,
                "z_async": _ASYNC,
-               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW, "z_tma": _TMA, "zz_cluster": _CLUSTER,
+               "atomics": _ATOMICS, "wgmma": _WGMMA, "z_ldmatrix_sw": _LDMATRIX_SW, "z_tma": _TMA,
                # bit arithmetic rather than __nv_fp8: the same bits as Metal and the CPU runtime
                "fp8": fp8.helpers("__device__ __forceinline__", "uint8_t", "uint32_t",
                                   "__float_as_uint", "__uint_as_float")}
@@ -712,33 +669,7 @@ class CUDAEmitter(CEmitter):
             self.wgmma_statement(op, depth)
         elif name in TMA:
             self.helpers_used.add("z_tma")
-            if op.attrs.get("multicast"):
-                self.helpers_used.add("zz_cluster")
             self.tma_statement(op, depth)
-        elif name == "cluster_exchange":
-            self.helpers_used.update(("z_tma", "zz_cluster"))
-            smem = op.attrs["smem"]
-            self.emit("if (threadIdx.x == 0) {", depth)
-            self.emit("const unsigned metile_partner = metile_cluster_rank() ^ 1u;", depth + 1)
-            for i, v in enumerate(op.operands):
-                self.emit(f"metile_cluster_put(reinterpret_cast<unsigned long long*>(&{smem}[{i}]), "
-                          f"metile_partner, static_cast<long long>({self.ref(v)}));", depth + 1)
-            self.emit("}", depth)
-            self.emit("metile_cluster_arrive();", depth)
-            self.emit("metile_cluster_wait();", depth)
-        elif name in ("cluster_arrive", "cluster_wait"):
-            self.helpers_used.update(("z_tma", "zz_cluster"))
-            self.emit(f"metile_{name}();", depth)
-        elif name in ("tma_release", "tma_empty_wait"):
-            self.helpers_used.update(("z_tma", "zz_cluster"))
-            at = op.attrs
-            a = [self.ref(v) for v in op.operands]
-            bar = f"&{at['smem']}[{16 * at['maps'] + at['stages']} + {a[0]}]"
-            if name == "tma_empty_wait":
-                self.emit(f"metile_mbar_wait({bar}, {a[1]});", depth)
-            else:   # lane 0 once the warp's lanes are all here
-                self.emit("__syncwarp();", depth)
-                self.emit(f"if ((threadIdx.x & 31u) == 0) metile_mbar_arrive_pair({bar});", depth)
         else:
             super().statement(op, depth)
 
@@ -798,10 +729,6 @@ class CUDAEmitter(CEmitter):
                           f"static_cast<long long>({ld}) * {size});", depth + 2)
             self.emit(f"for (int s = 0; s < {at['stages']}; ++s) metile_mbar_init(&{smem}[{16 * n} + s]);",
                       depth + 2)
-            if at.get("empty"):
-                self.emit(f"for (int s = 0; s < {at['stages']}; ++s) metile_mbar_init_count("
-                          f"&{smem}[{16 * n + at['stages']} + s], {at['empty']});", depth + 2)
-                self.helpers_used.add("zz_cluster")
             # the barriers' initialization visible to the bulk copies' completions
             self.emit('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', depth + 2)
             self.emit("}", depth + 1)
@@ -817,10 +744,8 @@ class CUDAEmitter(CEmitter):
             self.emit(f"metile_mbar_expect(&{smem}[{16 * at['maps']} + {a[0]}], {at['bytes']});", depth)
         elif op.name == "tma_copy":
             slot = f"metile_tma_slot({TMA_SLOTS}, {128 * at['maps']})"
-            fn, mask = ("metile_tma_load2d_multicast", f", {at['multicast']}") \
-                if at.get("multicast") else ("metile_tma_load2d", "")
-            self.emit(f"{fn}(&{at['dst']}[{a[0]}], {slot} + {128 * at['map']}, {a[1]}, "
-                      f"{a[2]}, &{smem}[{16 * at['maps']} + {a[3]}]{mask});", depth)
+            self.emit(f"metile_tma_load2d(&{at['dst']}[{a[0]}], {slot} + {128 * at['map']}, {a[1]}, "
+                      f"{a[2]}, &{smem}[{16 * at['maps']} + {a[3]}]);", depth)
         else:
             self.emit(f"metile_mbar_wait(&{smem}[{16 * at['maps']} + {a[0]}], {a[1]});", depth)
 
@@ -908,12 +833,6 @@ class CUDAEmitter(CEmitter):
                 return f"((reinterpret_cast<unsigned long long>({address}) & {size - 1}ull) == 0)"
             self.helpers_used.add("z_async")
             return f"metile_aligned16({address})"
-        if op.name == "cluster_peer":
-            self.helpers_used.update(("z_tma", "zz_cluster"))
-            return f"static_cast<{self.TYPES[op.results[0].type.dtype.name]}>({op.attrs['smem']}[{op.attrs['index']}])"
-        if op.name == "cluster_rank":
-            self.helpers_used.update(("z_tma", "zz_cluster"))
-            return "static_cast<int>(metile_cluster_rank())"
         if op.name == "block_all":
             return f"(__syncthreads_and({self.ref(op.operands[0])}) != 0)"
         if op.name == "warp_uniform":

@@ -142,18 +142,6 @@ WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_
 # stage's barrier; tma_copy(dst_offset, inner, outer, stage){dst, map, smem, maps} copies
 # one box into `dst`; tma_wait(stage, parity){smem, maps} waits for the stage's phase.
 TMA = frozenset({"tma_prepare", "tma_expect", "tma_copy", "tma_wait"})
-# Thread-block clusters of two (passes/gemm_wgmma.py, cluster_size=2): cluster_exchange(v...)
-# {smem} writes this block's values (any scalars, as 64-bit integers) into its partner's
-# shared array `smem`, then every thread of both blocks meets at a cluster barrier;
-# cluster_peer{smem, index} -> the partner's value `index` (typed as the one sent);
-# cluster_rank -> this block's rank in its cluster; cluster_arrive / cluster_wait: the two
-# halves of a cluster barrier (release / acquire).  A tma_copy with attr multicast (a
-# mask of cluster ranks) lands in, and completes on the barrier of, each block of the mask.
-# With tma_prepare's attr empty (an arrival count), each stage also has an "empty" barrier:
-# tma_release(stage){smem, maps, stages} arrives there once a warp, in each block of the
-# cluster; tma_empty_wait(stage, parity){smem, maps, stages} waits for its phase.
-CLUSTER = frozenset({"cluster_exchange", "cluster_peer", "cluster_rank", "cluster_arrive",
-                     "cluster_wait", "tma_release", "tma_empty_wait"})
 # The names of the template input and scratch output a TMA kernel takes (after the rest).
 TMA_TEMPLATE, TMA_SLOTS = "metile_tmap_template", "metile_tmap_slots"
 
@@ -166,7 +154,7 @@ THREAD_FORM = (ELEMENTWISE | SCALAR_SOURCES | CONTROL | TERMINATORS
                | {"decl", "param", "lane_loop", "local_get", "local_set", "local_set_pair", "var_get", "var_set",
                   "pack_pair", "unpack_half",
                   "mem_load", "mem_store", "mem_atomic", "simd_reduce", "simd_lane", "simd_group", "barrier"}
-               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | TMA | CLUSTER | DEBUG)
+               | FRAGMENT | FRAGMENT_ELEMS | VECTOR | ASYNC | WGMMA | TMA | DEBUG)
 
 # Reductions: identity element per kind, by dtype kind.
 REDUCE_KINDS = ("sum", "max", "min", "argmax", "argmin", "xor", "or", "combine")

@@ -72,8 +72,6 @@ class WarpgroupGemm:
     # A dual GEMM's products: "split" or "joined" (the backend's, METILE_WGMMA_DUAL;
     # `_joined_dual`)
     wgmma_dual = "split"
-    # blocks per cluster (the plan's cluster_size, once `_cluster_loop_reached` holds)
-    cluster = 1
     # joined: the up projection's accumulator index past the gate's (BN/2), else None
     wg_split = None
 
@@ -249,25 +247,14 @@ class WarpgroupGemm:
         n, issue = self.k_tiles(op, b)
         lo, step = self.s(op.operands[0]), self.s(op.operands[2])
         rest = b   # where the cp.async loops go
-        clustered = getattr(self.schedule_plan, "cluster_size", 1) == 2
-        if clustered:
-            self._cluster_loop_reached(op)
         if self.gemm_plan.unit.bulk_tensor:
             form = self.bulk_tensor_form(b, lo, step)
-            if form is None and clustered:
-                raise CompilationError(
-                    "cluster_size=2: a cluster shares operand tiles through bulk tensor copies, "
-                    "and this K loop's operands are not proven 2-D tensors such copies read "
-                    "(each load's index affine with slope 1 along its contiguous axis, each mask "
-                    "a conjunction of `index < bound` per tile axis); use cluster_size=None",
-                    op.loc)
             if form is not None:
                 self.lowering_passes.append("bulk_tensor_copies")
-                shared = self._cluster_exchange(b, form, n) if clustered else None
                 branch = b.op("if", [form[0]], [], {}, [_block(), _block()])
                 tb, rest = Builder(branch.regions[0]), Builder(branch.regions[1])
                 tb.loc = rest.loc = b.loc
-                self._wgmma_tma_steps(tb, n, form[1], shared)
+                self._wgmma_tma_steps(tb, n, form[1])
         if self.gemm_plan.unit.whole_copies:
             self.steps_with_whole_copies(op, rest, n, issue, self._wgmma_steps)
         else:
@@ -379,133 +366,34 @@ class WarpgroupGemm:
             prepare.append((root, st.dtype.itemsize, [i0, inner0, outer0, stride]))
         return b.value("block_all", [ok], BOOL), (maps, prepare)
 
-    def _cluster_loop_reached(self, op: Op) -> None:
-        """Pairs the blocks at this K loop, where they meet at cluster barriers
-        (`_cluster_exchange`): a block that never came would leave its partner waiting.
-        The GEMM lowering takes only a K loop in the kernel's top-level block, which every
-        block reaches (an early `return` puts what follows it under an `if`,
-        frontend/desugar_control.py), and a cluster pairs the blocks at one loop."""
-        if op not in self.fn.body.ops:   # (lower_matmul refuses such a loop first)
-            raise CompilationError("cluster_size=2: the GEMM's K loop is not at the kernel's "
-                                   "top level", op.loc)
-        if "cluster_multicast" in self.lowering_passes:
-            raise CompilationError("cluster_size=2: the kernel has more than one GEMM K loop; "
-                                   "a cluster pairs the blocks at one", op.loc)
-        self.lowering_passes.append("cluster_multicast")
-        self.cluster = 2
-
-    def _cluster_exchange(self, b: Builder, form, n: Value) -> list:
-        """Per tensor map, a bool (the same in both blocks of the cluster): whether both
-        blocks read the same operand tile at every K step, so each copies half of it and
-        multicasts that half to both.  Each block sends its own maps' parameters to its
-        partner's shared memory (one cluster barrier, which every thread of both blocks
-        reaches: `_cluster_loop_reached`) and compares.  Equal parameters (origin index,
-        extents, row stride, their steps per tile) of one buffer mean equal tiles; both
-        blocks' bulk-copy proofs must hold and their K loops have one trip count.  The
-        comparison is symmetric, so the two blocks decide alike; a pair that differs
-        (tiles mapped to programs some other way) copies every tile on its own."""
-        ok, (maps, prepare) = form
-        values = [ok, n]
-        for m, (_, _, (i0, inner0, outer0, stride)) in zip(maps, prepare):
-            values += [i0, inner0, outer0, stride, *m["d"]]
-        smem = self.decl("shared", dt.int64, len(values), "_peer", align=8)
-        b.op("cluster_exchange", values, [], {"smem": smem})
-        peer = [b.value("cluster_peer", [], v.type, smem=smem, index=i)
-                for i, v in enumerate(values)]
-        both = b.value("and", [ok, peer[0]], BOOL)
-        both = b.value("and", [both, b.value("eq", [n, peer[1]], BOOL)], BOOL)
-        shared = []
-        for k in range(len(maps)):
-            same = both
-            for i in range(2 + 6 * k, 8 + 6 * k):
-                same = b.value("and", [same, b.value("eq", [values[i], peer[i]], BOOL)], BOOL)
-            shared.append(same)
-        return shared
-
-    def _wgmma_tma_steps(self, b: Builder, n: Value, form, shared=None) -> None:
+    def _wgmma_tma_steps(self, b: Builder, n: Value, form) -> None:
         """`_wgmma_steps` with bulk tensor copies: before the loop the block encodes its
         maps (tma_prepare: one thread, then a barrier) and thread 0 arms each stage's
         mbarrier with the tile's bytes and issues its boxes (one per 64-element atom
         along the contiguous axis; the box is the stage's SW128 atom layout).  Step t:
         wait for tile t's barrier phase (t / S) % 2, one barrier (every warpgroup has
         passed step t-1's wait: the stage of tile t+D-S <= t-1-W_p is free), refill it
-        with tile t+D, then the products as in `_wgmma_steps`.
-
-        In a cluster (`shared`: per map, whether the pair shares its tiles) every box is
-        half the tile along its outer axis.  A shared map's tile is two boxes, one from
-        each block (cluster rank r copies half r), each multicast into both blocks' stage
-        and completing on both blocks' barrier, which expects the whole tile's bytes as
-        before (a partner's bytes may land before this block arms it: the phase cannot
-        complete before its arrival); an unshared map's tile is both halves, copied
-        alone.  Where any map is shared, a stage is refilled only once both blocks have
-        finished its products: each stage has a second barrier ("empty", one arrival per
-        warp of both blocks), which every warp arrives at, in both blocks, once its wait
-        for products shows the stage's tile done (tile t-W_p at step t); thread 0 waits
-        for it before refilling the stage, in place of the step's block barrier.  A
-        cluster barrier before the first copies (both blocks' barriers initialized) and
-        one after the loop (no arrival still bound for a block that has left).  A cluster
-        barrier every step instead (arrive after the wait for products, wait before the
-        copies) exposed its latency each step: 110.6 against 81.1 us at 512x11008x4096
-        (H200, s105)."""
+        with tile t+D, then the products as in `_wgmma_steps`."""
         maps, prepare = form
         s = self.num_stages
         pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
         count = len(maps)
-        clustered = shared is not None
-        # per map 16 words (its encoded map), then each stage's barrier, then (in a
-        # cluster) each stage's empty barrier
-        smem = self.decl("shared", dt.uint64, 16 * count + (2 if clustered else 1) * s, "_tma",
-                         align=128)
-        self.tensor_maps = [{"dtype": m["dtype"], "box": (
-            [ATOM, m["box"][1] // 2] if clustered else m["box"])} for m in maps]
-        warps = self.T // 32
+        smem = self.decl("shared", dt.uint64, 16 * count + s, "_tma", align=128)
+        self.tensor_maps = [{"dtype": m["dtype"], "box": m["box"]} for m in maps]
         b.op("tma_prepare", [v for _, _, vs in prepare for v in vs], [],
              {"roots": [r for r, _, _ in prepare], "sizes": [z for _, z, _ in prepare],
-              "smem": smem, "stages": s, **({"empty": 2 * warps} if clustered else {})})
+              "smem": smem, "stages": s})
         b.op("barrier")
         tid = b.value("thread_id", [], I32)
         first = b.value("eq", [tid, self.const(b, 0)], BOOL)
         tile_bytes = sum(prod(m["shape"]) * m["st"].dtype.itemsize for m in maps)
-        multicast = rank = None
-        if clustered:
-            multicast = shared[0]
-            for x in shared[1:]:
-                multicast = b.value("or", [multicast, x], BOOL)
-            rank = b.value("cluster_rank", [], I32)
-            self._when(b, multicast, lambda cb: (cb.op("cluster_arrive"), cb.op("cluster_wait")))
 
-        def copy_halves(tb: Builder, i: int, dst: Value, inner: Value, outer: Value,
-                        stage: Value, half: int) -> None:
-            def alone(eb: Builder) -> None:
-                for h in range(2):
-                    eb.op("tma_copy", [self._i(eb, "add", dst, h * half * ATOM), inner,
-                                       self._i(eb, "add", outer, h * half), stage], [],
-                          {"dst": maps[i]["st"].name, "map": i, "smem": smem, "maps": count})
-
-            def mine(sb: Builder) -> None:
-                sb.op("tma_copy", [
-                    self._i(sb, "add", dst, self._i(sb, "mul", rank, half * ATOM)), inner,
-                    self._i(sb, "add", outer, self._i(sb, "mul", rank, half)), stage], [],
-                    {"dst": maps[i]["st"].name, "map": i, "smem": smem, "maps": count,
-                     "multicast": 3})
-            self._when(tb, shared[i], mine, alone)
-
-        def issue(lb: Builder, t: Value, stage: Value, refill: bool = True) -> None:
+        def issue(lb: Builder, t: Value, stage: Value) -> None:
             go = lb.value("and", [first, lb.value("lt", [t, n], BOOL)], BOOL)
             then = lb.op("if", [go], [], {}, [_block(), _block()])
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
-            if clustered and refill:
-                # the stage's last tile (t - S) released by every warp of both blocks:
-                # phase t / S - 1 of its empty barrier
-                def drained(eb: Builder) -> None:
-                    parity = self._i(eb, "mod", self._i(eb, "add", self._i(
-                        eb, "idiv", t, s), 1), 2)
-                    eb.op("tma_empty_wait", [stage, parity], [],
-                          {"smem": smem, "maps": count, "stages": s})
-                self._when(tb, tb.value("and", [multicast, tb.value(
-                    "ge", [t, self.const(tb, s)], BOOL)], BOOL), drained)
             tb.op("tma_expect", [stage], [], {"smem": smem, "maps": count, "bytes": tile_bytes})
             for i, m in enumerate(maps):
                 shape, axis = m["shape"], m["axis"]
@@ -516,62 +404,26 @@ class WarpgroupGemm:
                 for j in range(shape[axis] // ATOM):
                     inner = self._i(tb, "add", self._i(tb, "mul", t, d_inner), j * ATOM)
                     dst = self._i(tb, "add", base, j * ATOM * pitch)
-                    if clustered:
-                        copy_halves(tb, i, dst, inner, outer, stage, shape[1 - axis] // 2)
-                        continue
                     tb.op("tma_copy", [dst, inner, outer, stage], [],
                           {"dst": m["st"].name, "map": i, "smem": smem, "maps": count})
 
         for t in range(dist):
-            issue(b, self.const(b, t), self.const(b, t), refill=False)
-
-        def release(cb: Builder, t: Value) -> None:
-            done = self._i(cb, "sub", t, pending)   # the tile whose products are done
-            self._when(cb, cb.value("ge", [done, self.const(cb, 0)], BOOL), lambda rb: rb.op(
-                "tma_release", [self._i(rb, "mod", done, s)], [],
-                {"smem": smem, "maps": count, "stages": s}))
+            issue(b, self.const(b, t), self.const(b, t))
 
         def body(lb: Builder, t: Value) -> None:
             stage = self._i(lb, "mod", t, s)
             parity = self._i(lb, "mod", self._i(lb, "idiv", t, s), 2)
             lb.op("tma_wait", [stage, parity], [], {"smem": smem, "maps": count})
+            lb.op("barrier")
             nxt = self._i(lb, "add", t, dist)
-
-            def refill(rb: Builder) -> None:
-                issue(rb, nxt, self._i(rb, "mod", nxt, s))
-
-            def refill_after_barrier(rb: Builder) -> None:
-                rb.op("barrier")
-                refill(rb)
-
-            if clustered:   # shared: the empty barriers order the refill instead
-                self._when(lb, multicast, lambda cb: None, refill_after_barrier)
-            else:
-                refill_after_barrier(lb)
+            issue(lb, nxt, self._i(lb, "mod", nxt, s))
             lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
             self._wgmma_products(lb, stage, lb.value("ne", [t, self.const(lb, 0)], BOOL))
             lb.op("wgmma_commit")
-            if clustered:
-                # after this step's products are issued: thread 0's wait for the partner's
-                # release (one step old) then overlaps the tensor cores' work on tiles t-1, t
-                self._when(lb, multicast, refill)
             lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
-            if clustered:
-                self._when(lb, multicast, lambda cb: release(cb, t))
 
         self._for(b, 0, n, 1, "t", body)
         b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
-        if clustered:
-            self._when(b, multicast, lambda cb: (cb.op("cluster_arrive"), cb.op("cluster_wait")))
-
-    @staticmethod
-    def _when(b: Builder, cond: Value, then, otherwise=None) -> None:
-        branch = b.op("if", [cond], [], {}, [_block(), _block()])
-        tb, eb = Builder(branch.regions[0]), Builder(branch.regions[1])
-        tb.loc = eb.loc = b.loc
-        then(tb)
-        if otherwise is not None:
-            otherwise(eb)
 
     def _wgmma_steps(self, b: Builder, n: Value, issue) -> None:
         """The prologue, the K steps and the final waits of `_wgmma_pipeline`."""

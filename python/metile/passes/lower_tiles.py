@@ -745,8 +745,6 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if launch is not None:
             if self.tensor_maps:   # gemm_wgmma.bulk_tensor_form
                 launch["tensor_maps"] = self.tensor_maps
-            if self.cluster > 1:   # gemm_wgmma._cluster_loop_reached
-                launch["cluster"] = self.cluster
             meta["launch"] = launch
         meta.update(self.schedule_meta())
         meta["row_runs"] = self.row_runs_record(occupancy)  # vectorize_rows.py (or None)

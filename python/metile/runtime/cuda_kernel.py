@@ -41,7 +41,7 @@ class CudaKernel(SourceKernel):
     op = "cuda_kernel"
 
     def __init__(self, name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                 arch=None, value_inputs=(), min_blocks=0, cluster=1):
+                 arch=None, value_inputs=(), min_blocks=0):
         super().__init__(name, input_names, output_names, source, header, ensure_row_contiguous)
         # inputs passed by value (precompiled kernels only): their positions among the inputs
         unknown = [n for n in value_inputs if n not in self.input_names]
@@ -61,12 +61,6 @@ class CudaKernel(SourceKernel):
                                         f"__launch_bounds__ budgets registers for), got "
                                         f"{min_blocks!r}"))
         self.min_blocks = min_blocks
-        if not isinstance(cluster, int) or isinstance(cluster, bool) or not 1 <= cluster <= 8 \
-                or (cluster > 1 and arch is None):
-            raise ValueError(self.error(f"cluster must be an int from 1 to 8 (blocks per thread-"
-                                        f"block cluster along grid axis 0, with an arch), got "
-                                        f"{cluster!r} (arch={arch!r})"))
-        self.cluster = cluster
         self.arch = None if arch is None else nvrtc.check_arch(arch)
         if self.arch is not None:
             shape_info = [n for n in self.input_names
@@ -85,7 +79,6 @@ class CudaKernel(SourceKernel):
                  init_value=None, verbose=False, stream=None, scalars=None, no_vjp=""):
         inputs, grid, threadgroup, shapes = self.prepare_call(inputs, output_shapes, output_dtypes, grid, threadgroup)
         template, init_value = self.checked_extras(template, init_value)
-        self._check_cluster(grid, threadgroup)
         if self.arch is not None and template:
             raise ValueError(self.error(
                 f"kernel '{self.name}' has arch={self.arch!r}, whose precompiled launch takes no "
@@ -98,16 +91,6 @@ class CudaKernel(SourceKernel):
             )
         return self._binding(inputs, shapes, output_dtypes, grid, threadgroup, template,
                              init_value, scalars, no_vjp, verbose)(inputs, s)
-
-    def _check_cluster(self, grid, threadgroup) -> None:
-        """A cluster kernel (`__cluster_dims__`) cannot launch on a grid its clusters do not
-        tile: the driver would refuse it on the stream, after the graph is built."""
-        blocks = -(-grid[0] // threadgroup[0])
-        if blocks % self.cluster:
-            raise ValueError(self.error(
-                f"kernel '{self.name}' runs in clusters of {self.cluster} blocks along grid "
-                f"axis 0, so that axis needs a multiple of {self.cluster} blocks; this launch "
-                f"has {blocks}"))
 
     def _own_launch(self, init_value) -> bool:
         """Whether a launch runs as metile's own primitive (csrc/cuda_launch.cpp)."""
@@ -165,7 +148,6 @@ class CudaKernel(SourceKernel):
         not a GPU."""
         dtypes = list(output_dtypes)
         contiguous, smem = self.ensure_row_contiguous, self.shared_memory
-        self._check_cluster(grid, threadgroup)
         refusal = (no_vjp,) if no_vjp else ()   # (a direct call's arguments end as before)
         if self.arch is None:
             name, header = self.mlx_source(inputs, output_dtypes, template, threadgroup)
@@ -211,7 +193,7 @@ class CudaKernel(SourceKernel):
         header = self._headers.get(name)
         if header is None:
             header = self._headers[name] = self.header + launch_bounds_header(
-                mlx_kernel_symbol(name, template), threads, self.min_blocks, self.cluster)
+                mlx_kernel_symbol(name, template), threads, self.min_blocks)
         return name, header
 
 
@@ -242,7 +224,7 @@ class CudaKernel(SourceKernel):
             name, self.header, self.source,
             [x for i, x in enumerate(typed) if i not in self.value_positions],
             zip(self.output_names, output_dtypes), threads,
-            [typed[i] for i in self.value_positions], self.min_blocks, self.cluster)
+            [typed[i] for i in self.value_positions], self.min_blocks)
 
     def unique_name(self, inputs, output_dtypes, template, threads=None) -> str:
         """MLX's CUDA backend caches compiled modules by kernel name alone, so
@@ -260,7 +242,7 @@ class CudaKernel(SourceKernel):
             # memory limit once, when it first loads the module of that name.
             for part in (self.source, self.header, repr(list(described)), repr(list(output_dtypes)),
                          repr(template), str(self.ensure_row_contiguous), str(self.shared_memory),
-                         str(self.min_blocks), str(self.cluster),
+                         str(self.min_blocks),
                          str(self.arch), str(threads), repr(self.value_positions)):
                 h.update(part.encode())
                 h.update(b"\0")
@@ -295,7 +277,6 @@ def cuda_kernel(
     arch: str | None = None,
     value_inputs: Sequence[str] = (),
     min_blocks: int = 0,
-    cluster: int = 1,
 ) -> CudaKernel:
     """A custom CUDA kernel from a body of CUDA C++, like `mx.fast.cuda_kernel`.
 
@@ -306,8 +287,6 @@ def cuda_kernel(
     `value_inputs` (with `arch`): inputs passed as kernel parameters by value (int32,
     float32 or bool), declared after the outputs; the body reads them as values.
     `min_blocks` (> 1): the blocks per SM `__launch_bounds__` asks ptxas to leave room
-    for (it caps registers per thread at the register file / (threads x min_blocks)).
-    `cluster` (> 1, with `arch`): blocks per thread-block cluster along grid axis 0
-    (`__cluster_dims__`); a launch's blocks along that axis must be a multiple of it."""
+    for (it caps registers per thread at the register file / (threads x min_blocks))."""
     return CudaKernel(name, input_names, output_names, source, header, ensure_row_contiguous, shared_memory,
-                      arch, value_inputs, min_blocks, cluster)
+                      arch, value_inputs, min_blocks)

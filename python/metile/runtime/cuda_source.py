@@ -47,20 +47,17 @@ def cuda_type(dtype) -> str:
                          f"{', '.join(sorted(CUDA_TYPES))}") from None
 
 
-def bounds(threads: int | None, min_blocks: int = 0, cluster: int = 1) -> str:
+def bounds(threads: int | None, min_blocks: int = 0) -> str:
     """`__launch_bounds__` for a block of `threads` (and, given, `min_blocks` resident
-    blocks per SM, which caps the registers ptxas gives a thread); `__cluster_dims__` for
-    `cluster` (> 1) blocks a cluster along grid axis 0."""
-    dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
+    blocks per SM, which caps the registers ptxas gives a thread)."""
     if not threads:
-        return dims
-    return dims + f"__launch_bounds__({threads}{f', {min_blocks}' if min_blocks > 1 else ''}) "
+        return ""
+    return f"__launch_bounds__({threads}{f', {min_blocks}' if min_blocks > 1 else ''}) "
 
 
 def translation_unit(name: str, header: str, body: str, inputs: Sequence[tuple[str, object]],
                      outputs: Sequence[tuple[str, object]], threads: int | None = None,
-                     values: Sequence[tuple[str, object]] = (), min_blocks: int = 0,
-                     cluster: int = 1) -> str:
+                     values: Sequence[tuple[str, object]] = (), min_blocks: int = 0) -> str:
     """The source of kernel `name`; `inputs`/`outputs` are (argument name, dtype)
     pairs in launch order, `values` the scalars passed by value after them (MLX's
     precompiled_cuda_kernel appends its `scalars` there).  `threads`, the block size the
@@ -69,7 +66,7 @@ def translation_unit(name: str, header: str, body: str, inputs: Sequence[tuple[s
     params = [f"const {cuda_type(d)}* __restrict__ {n}" for n, d in inputs]
     params += [f"{cuda_type(d)}* __restrict__ {n}" for n, d in outputs]
     params += [f"{cuda_type(d)} {n}" for n, d in values]
-    return (PRELUDE + header + f'\nextern "C" __global__ void {bounds(threads, min_blocks, cluster)}{name}('
+    return (PRELUDE + header + f'\nextern "C" __global__ void {bounds(threads, min_blocks)}{name}('
             + ", ".join(params) + ") {\n" + body + "\n}\n")
 
 
@@ -101,10 +98,10 @@ def mlx_kernel_symbol(name: str, template=()) -> str:
     return MLX_KERNEL_PREFIX + name + suffix
 
 
-def launch_bounds_header(symbol: str, threads: int, min_blocks: int = 0, cluster: int = 1) -> str:
+def launch_bounds_header(symbol: str, threads: int, min_blocks: int = 0) -> str:
     """A header line giving kernel `symbol` `__launch_bounds__(threads)` inside
     MLX's signature `__global__ void <symbol>(...)`, which the header precedes.
     A function-like macro: MLX also hands NVRTC the name expression
     `mlx::core::cu::<symbol>` (no parentheses), which an object-like macro would
     rewrite into an invalid one.  The macro does not expand itself again."""
-    return f"\n#define {symbol}(...) {bounds(threads, min_blocks, cluster)}{symbol}(__VA_ARGS__)\n"
+    return f"\n#define {symbol}(...) {bounds(threads, min_blocks)}{symbol}(__VA_ARGS__)\n"

@@ -80,7 +80,7 @@ class Variant:
             # Kernels that lay out dynamic shared memory or need an arch-specific target
             # (the warpgroup GEMM: sm_90a) say so in their lowering record.
             launch = c.lowering.get("launch") or {}
-            extra = {k: launch[k] for k in ("shared_memory", "arch", "min_blocks", "cluster")
+            extra = {k: launch[k] for k in ("shared_memory", "arch", "min_blocks")
                      if launch.get(k)}
             if launch.get("scalars_by_value"):
                 extra["value_inputs"] = launch["scalars_by_value"]

@@ -120,7 +120,6 @@ class SchedulePlan:
     num_stages: int | None = None
     program_order: str = "linear"
     group_size: int | None = None
-    cluster_size: int = 1
 
     @property
     def num_simdgroups(self) -> int:
@@ -137,7 +136,7 @@ class SchedulePlan:
                 "reasons": list(self.reasons), "cooperative_layout": self.cooperative_layout,
                 "outer_bounds_proven": self.outer_bounds_proven,
                 "num_stages": self.num_stages, "program_order": self.program_order,
-                "group_size": self.group_size, "cluster_size": self.cluster_size}
+                "group_size": self.group_size}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SchedulePlan":
@@ -145,8 +144,7 @@ class SchedulePlan:
         return cls(d["backend"], tuple(d["threadgroup_size"]),
                    None if grid is None else tuple(grid), tuple(d["tile_shape"]), d["staging"], d["vector_width"], d["double_buffer"],
                    tuple(d["reasons"]), d["cooperative_layout"], d["outer_bounds_proven"],
-                   d.get("num_stages"), d.get("program_order", "linear"), d.get("group_size"),
-                   d.get("cluster_size", 1))
+                   d.get("num_stages"), d.get("program_order", "linear"), d.get("group_size"))
 
 
 def plan_schedule(traits: KernelTraits, target: Target, schedule: Schedule | None = None,
@@ -234,10 +232,6 @@ def _no_gemm_controls(s: Schedule, what: str) -> None:
             s.requirement("program_order")
         raise ScheduleError(named, f"{what} is not a GEMM; grouped program order remaps the "
                                    "output-tile grid of metile's GEMM lowering only")
-    if s.cluster_size == 2:
-        raise ScheduleError(s.requirement("cluster_size"),
-                            f"{what} is not a GEMM; clusters share the operand tiles of "
-                            "metile's warpgroup GEMM (CUDA sm_90) only")
 
 
 def _check_aligned(traits: KernelTraits) -> None:
@@ -346,7 +340,6 @@ def _scalar_matmul(traits: KernelTraits, target: Target, s: Schedule, skipped: l
     staging, vw, db, stages = _controllable(traits, target, s, reasons, Lowering(),
                                             scalar_fma=True)
     order, group = _program_order(s, reasons)
-    _cluster(s, target, None, reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     return SchedulePlan("elementwise", (threads, 1, 1), None, (bm, bn, bk), staging, vw, db,
                         tuple(reasons), "scalar FMA register micro-tiles", bounds, stages,
@@ -514,32 +507,10 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
         staging, vw, db, stages = _controllable(traits, staged_on, s, reasons, lowering,
                                                 scalar_fma, unit)
     order, group = _program_order(s, reasons)
-    cluster = _cluster(s, target, unit if not path.opaque and not scalar_fma else None,
-                       reasons)
     bounds = traits.divisible(0) is True and traits.divisible(1) is True
     layout = "scalar FMA register micro-tiles (per-thread)" if scalar_fma else path.layout
     return SchedulePlan(name, (threads, 1, 1), None if scalar_fma else grid, (bm, bn, bk), staging,
-                        vw, db, tuple(reasons), layout, bounds, stages, order, group, cluster)
-
-
-def _cluster(s: Schedule, target: Target, unit, reasons: list[str]) -> int:
-    """The plan's blocks per cluster: 2 only where required and the GEMM takes the
-    warpgroup unit with bulk tensor copies (the lowering, passes/gemm_wgmma.py, then
-    proves the rest: one K loop every block reaches, operands a tensor map can read)."""
-    if s.cluster_size != 2:
-        return 1
-    if unit is None or not getattr(unit, "warpgroup", False) or not unit.bulk_tensor \
-            or unit.warp_specialized:
-        what = f"the {unit.name} unit" if unit is not None else "this GEMM's path"
-        raise ScheduleError(s.requirement("cluster_size"),
-                            f"{what} on {target.name} has no thread-block clusters: a cluster "
-                            "shares operand tiles by multicast bulk tensor copies, which only "
-                            "the warpgroup GEMM with bulk tensor copies (CUDA sm_90, "
-                            "METILE_CUDA_WGMMA=tma, the default there) issues")
-    reasons.append("Clusters of 2 blocks (launch-adjacent along grid axis 0): an operand tile "
-                   "both blocks read at every K step (checked at run time, at the K loop) is "
-                   "copied half by each and multicast to both, so it crosses L2 once.")
-    return 2
+                        vw, db, tuple(reasons), layout, bounds, stages, order, group)
 
 
 DEFAULT_GROUP_SIZE = 8

@@ -114,8 +114,6 @@ def validate_report(report: ExecutionReport, threadgroup_memory_bytes: int | Non
     if plan.program_order == "grouped" and "grouped_program_order" not in report.passes:
         raise ScheduleError("program_order='grouped'",
                             "lowering did not remap the program ids")
-    if plan.cluster_size == 2 and "cluster_multicast" not in report.passes:
-        raise ScheduleError("cluster_size=2", "lowering did not pair the blocks in clusters")
     if plan.vector_width == 4 and report.vectorized_loads == 0:
         raise ScheduleError("vector_width=4", "lowering emitted no 4-wide loads")
     if plan.vector_width == 1 and report.vectorized_loads:
@@ -164,7 +162,6 @@ PLAN_SCHEMA = _obj({
     "num_stages": _STAGES,
     "program_order": {"enum": ["linear", "grouped"]},
     "group_size": {"type": ["integer", "null"], "minimum": 1},
-    "cluster_size": {"enum": [1, 2]},
 })
 REPORT_SCHEMA = _obj({
     "plan": PLAN_SCHEMA,

@@ -24,15 +24,12 @@ VECTOR_WIDTHS = (None, 1, 4)
 MAX_SIMDGROUPS = 32
 # Fields added after the first recorded format, with their defaults: keys and reprs
 # show them only when set.
-_LATER_DEFAULTS = {"num_stages": None, "program_order": "auto", "group_size": None,
-                   "cluster_size": None}
+_LATER_DEFAULTS = {"num_stages": None, "program_order": "auto", "group_size": None}
 MAX_STAGES = 8
 PROGRAM_ORDERS = ("auto", "linear", "grouped")
 # Large enough for any useful L2 group; small enough that group_size x programs along
 # axis 1 (at most 65535 on CUDA) stays far inside the int32 index math.
 MAX_GROUP_SIZE = 4096
-# Thread-block cluster sizes a GEMM may ask for (CUDA sm_90: two blocks share operand tiles)
-CLUSTER_SIZES = (None, 1, 2)
 
 
 def _is_int(value) -> bool:
@@ -77,11 +74,6 @@ class Schedule:
     # "auto" is "linear" today, or "grouped" when group_size is given.
     program_order: str = "auto"
     group_size: int | None = None
-    # Blocks per thread-block cluster of a GEMM (CUDA sm_90, the warpgroup GEMM with bulk
-    # tensor copies): 2 pairs launch-adjacent blocks along grid axis 0, and an operand tile
-    # both read at every K step (checked at run time) is copied once and multicast to both.
-    # None: the planner chooses (no cluster today).
-    cluster_size: int | None = None
 
     def __post_init__(self):
         for field, value, allowed in (("backend", self.backend, BACKENDS),
@@ -105,12 +97,6 @@ class Schedule:
                             f"got {type(self.double_buffer).__name__} {self.double_buffer!r}")
         _check_count(self.num_stages, "num_stages", MAX_STAGES)
         _check_count(self.group_size, "group_size", MAX_GROUP_SIZE)
-        cs = self.cluster_size
-        if cs is not None and not _is_int(cs):
-            raise TypeError(f"Schedule: cluster_size must be None, 1 or 2, "
-                            f"got {type(cs).__name__} {cs!r}")
-        if cs not in CLUSTER_SIZES:
-            raise ValueError(f"Schedule: cluster_size must be None, 1 or 2, got {cs}")
         if self.group_size is not None and self.program_order == "linear":
             raise ValueError(f"Schedule: group_size={self.group_size} contradicts "
                              "program_order='linear'; group_size applies to "
@@ -126,8 +112,7 @@ class Schedule:
         return {"backend": self.backend, "num_simdgroups": self.num_simdgroups,
                 "staging": self.staging, "vector_width": self.vector_width,
                 "double_buffer": self.double_buffer, "num_stages": self.num_stages,
-                "program_order": self.program_order, "group_size": self.group_size,
-                "cluster_size": self.cluster_size}
+                "program_order": self.program_order, "group_size": self.group_size}
 
     def key(self) -> str:
         """A stable text key for compile and tuning caches (independent of hash seeds).
