@@ -414,6 +414,13 @@ def _softmax_vjp(primals, cotangent, output):
 
 # bounded: an int offset is part of the spec, and a decoding loop moves it every step
 @functools.lru_cache(maxsize=512)
+def _freqs_grad_device():
+    """Where MLX's rope can differentiate its freqs: its CUDA backend's RoPE::vjp refuses
+    them, its CPU (and Metal) one takes them; CUDA arrays are readable from the CPU stream."""
+    gpu = mx.default_device().type == mx.gpu
+    return mx.cpu if gpu and mx.cuda.is_available() else mx.default_device()
+
+
 def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
     def unpack(arrays):
         rest = list(arrays[1:])
@@ -449,9 +456,12 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
         dx = inverse(cotangent.astype(x2.dtype), *primals[1:])
         grads = [mx.zeros_like(a) for a in primals[1:]]
         if has_freqs:
-            # the angle is position / freqs[i]: its gradient through MLX's op (the composite)
+            # the angle is position / freqs[i]: its gradient through MLX's op (the composite),
+            # on the CPU stream under MLX's CUDA backend, whose RoPE::vjp refuses freqs
+            # ("vjp for offset or frequencies not supported", MLX 0.32.4; H200, s108)
             rest = list(primals[1:-1])
-            _, (dfreqs,) = mx.vjp(lambda fr: composite(x2, *rest, fr), [freqs], [cotangent])
+            with mx.stream(_freqs_grad_device()):
+                _, (dfreqs,) = mx.vjp(lambda fr: composite(x2, *rest, fr), [freqs], [cotangent])
             grads[-1] = dfreqs.astype(freqs.dtype)
         return (dx, *grads)
 
