@@ -101,36 +101,6 @@ if [ "$mode" = s110 ]; then
   # rope on the GPU after its freqs gradient moved to the CPU stream (MLX's CUDA RoPE::vjp
   # refuses freqs, s108)
   gpu_tests 120 -k rope test_model_ops_norms
-elif [ "$mode" = s109 ]; then
-  # the cluster tests and the TMA / warpgroup GEMM tests on the GPU (s108's run of them was
-  # cut at its limit after one test's compile refusal)
-  gpu_tests 230 -k "gpu" test_gemm_cluster test_gemm_tma test_gemm_wgmma
-elif [ "$mode" = s108 ]; then
-  # clusters on the GPU: their tests, the wgmma/TMA files they touch, rope's (s104, not run),
-  # then every probe shape timed (empty barriers, the refill after the step's products)
-  gpu_tests 240 test_gemm_cluster test_gemm_tma test_gemm_wgmma
-  (cd /tmp && timeout 60 python3 -m pytest -q -p no:cacheprovider -k rope "$repo/tests/test_model_ops_norms.py" 2>&1 | tail -2 | tee -a "$log")
-  timeout $((budget - 30 - (SECONDS - t0))) python3 tools/probes/cluster_gemm.py "$logs/h200-cluster-gemm-s108.json" --rounds 3 2>&1 | grep " us " | tee -a "$log"
-elif [ "$mode" = s107 ]; then
-  # where the clustered GEMM loses: ncu counters and stall samples, without and with clusters
-  m=gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-  m=$m,lts__t_bytes.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
-  m=$m,launch__cluster_dim_x,launch__grid_size,sm__ctas_launched.sum,sm__cycles_active.avg
-  m=$m,launch__occupancy_cluster_pct,launch__cluster_max_active,launch__registers_per_thread
-  for r in long_scoreboard barrier membar wait sleeping branch_resolving math_pipe_throttle selected misc dispatch_stall no_instruction lg_throttle mio_throttle short_scoreboard; do
-    m=$m,smsp__pcsamp_warps_issue_stalled_$r
-  done
-  timeout 200 ncu --clock-control none -k regex:linear --metrics "$m" \
-    python3 tools/probes/cluster_gemm_once.py > "$logs/ncu-cluster-gemm.txt" 2>&1
-  grep -E "cluster|linear|^ +[a-z_0-9]+__" "$logs/ncu-cluster-gemm.txt" | head -150 | tee -a "$log"
-elif [ "$mode" = s106 ]; then
-  # clusters with per-stage empty barriers (no cluster barrier a step): the T=512 shapes
-  timeout 200 python3 tools/probes/cluster_gemm.py "$logs/h200-cluster-gemm-512-s106.json" --only 512 --rounds 3 2>&1 | tail -40 | tee -a "$log"
-elif [ "$mode" = s105 ]; then
-  # clusters of two blocks sharing operand tiles by multicast (Schedule(cluster_size=2)):
-  # each variant checked against MLX, then timed beside the unclustered tile and MLX
-  timeout 200 python3 tools/probes/cluster_gemm.py "$logs/h200-cluster-gemm-512.json" --only 512 2>&1 | tail -40 | tee -a "$log"
-  timeout $((budget - 40 - (SECONDS - t0))) python3 tools/probes/cluster_gemm.py "$logs/h200-cluster-gemm-rest.json" --rounds 3 2>&1 | grep -v " 512x" | tail -40 | tee -a "$log"
 elif [ "$mode" = s104 ]; then
   # rope's freqs gradient and int32 positions, on the GPU
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "rope" test_model_ops_norms
