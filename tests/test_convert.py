@@ -255,3 +255,65 @@ def test_layers_the_kernels_cannot_run_are_skipped():
     report = mnn.convert(model, backend="metile")
     assert "weight shape (0, 4) has no elements" in report.skipped["layers.0"]
     assert "float64" in report.skipped["layers.1"] and "float64" in report.skipped["layers.2"]
+
+
+# -- a second hostile test (twenty-eighth session) -----------------------------------------------
+
+def test_shapeless_compile_follows_the_input_shape(rng):
+    # the MLX path reshaped x to its rows and the result back: under
+    # mx.compile(shapeless=True) those reshapes kept the traced shape, so a converted model
+    # returned the first call's shape (same element count) or failed to reshape (another)
+    ref, model = _twins(lambda: nn.Sequential(nn.Linear(16, 8, bias=False)))
+    mnn.convert(model)
+    mx.eval(ref.parameters(), model.parameters())   # (shapeless: no lazy initialisers)
+    w, w2 = (mx.array(rng.standard_normal((8, 16)).astype(np.float32)) for _ in range(2))
+    fns = {"model": (mx.compile(model, shapeless=True), mx.compile(ref, shapeless=True)),
+           "gated_mlp": (mx.compile(lambda x: metile.ops.gated_mlp(x, w, w2), shapeless=True),
+                         mx.compile(lambda x: nn.silu(x @ w.T) * (x @ w2.T), shapeless=True)),
+           "matmul": (mx.compile(lambda x: metile.ops.matmul(x, w.T), shapeless=True),
+                      mx.compile(lambda x: x @ w.T, shapeless=True))}
+    for name, (ours, theirs) in fns.items():
+        for shape in [(2, 3, 16), (3, 2, 16), (1, 6, 16), (5, 7, 16)]:
+            x = mx.array(rng.standard_normal(shape).astype(np.float32))
+            got, want = ours(x), theirs(x)
+            assert got.shape == want.shape == (*shape[:-1], 8), (name, shape, got.shape)
+            np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-5)
+
+
+def test_layers_that_are_not_linears_are_refused_by_name():
+    with pytest.raises(TypeError, match="layer must be an mlx.nn.Linear, got QuantizedLinear; "
+                                        "use metile.nn.QuantizedLinear.from_quantized"):
+        mnn.Linear.from_linear(nn.QuantizedLinear(64, 32))
+    for model, use in ((nn.QuantizedLinear(64, 32), "QuantizedLinear.from_quantized"),
+                       (nn.RMSNorm(8), "RMSNorm.from_module"),
+                       (nn.LayerNorm(8), "LayerNorm.from_module")):
+        with pytest.raises(ValueError, match=f"is itself a {type(model).__name__} .*metile.nn.{use}"):
+            mnn.convert(model)
+
+
+@pytest.mark.parametrize("bits, mode", [(3, "affine"), (2, "affine"), (None, "mxfp4")])
+def test_quantizing_a_metile_model_keeps_mlx_op_where_the_kernels_cannot(rng, bits, mode):
+    # nn.quantize after convert(backend="metile") built layers that refused to run
+    ref, model = _twins(lambda: nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 64)))
+    mnn.convert(model, backend="metile")
+    kw = dict(group_size=32 if mode == "mxfp4" else 64, bits=bits, mode=mode)
+    nn.quantize(model, **kw)
+    nn.quantize(ref, **kw)
+    x = mx.array(rng.standard_normal((2, 128)).astype(np.float32))
+    np.testing.assert_allclose(np.array(model(x)), np.array(ref(x)), rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_numbers_and_array_slopes_are_taken(rng):
+    layer = mnn.Linear(np.int64(4), np.int32(3), activation="leaky_relu",
+                       negative_slope=np.float32(0.25))
+    assert (layer.weight.shape, layer.negative_slope) == ((3, 4), 0.25)
+    with pytest.raises(TypeError, match="input_dims must be an int, got float"):
+        mnn.Linear(4.0, 3)
+    with pytest.raises(ValueError, match="output_dims must be a positive int, got -3"):
+        mnn.Linear(4, -3)
+    for slope in (mx.array(0.2),):   # (MLX's own LeakyReLU cannot run a NumPy slope)
+        ref, model = _twins(lambda: nn.Sequential(nn.Linear(8, 8), nn.LeakyReLU(slope)))
+        report = mnn.convert(model)
+        assert len(report.fused) == 1, str(report)
+        x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
+        np.testing.assert_allclose(np.array(model(x)), np.array(ref(x)), rtol=1e-5, atol=1e-6)

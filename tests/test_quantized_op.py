@@ -369,6 +369,7 @@ def test_fused_warpgroup_prefill_ragged(rng, dtype, m, n, k, bits, group_size):
      "x's last dimension is 64, but the quantized matrix has K=96"),
     (lambda x, w, s, b: ((x, w, s, None), {}), ValueError, "biases must be provided"),
     (lambda x, w, s, b: ((x.astype(mx.int32), w, s, b), {}), TypeError, "x has dtype"),
+    (lambda x, w, s, b: ((x, w[None], s[None], b[None]), {}), ValueError, "2-D uint32"),
     (lambda x, w, s, b: ((x, w.astype(mx.int32), s, b), {}), ValueError, "2-D uint32"),
     (lambda x, w, s, b: ((x, w, s[:, :2], b[:, :2]), {}), ValueError,
      r"needs scales and biases of shape \(8, 3\)"),
@@ -415,6 +416,66 @@ def test_bits_mlx_does_not_take_are_refused_before_mlx_runs(rng, bits, backend):
                                          r"\(1, 2, 3, 4, 5, 6, 8\)"):
         ops.quantized_matmul(mx.zeros((2, 96)), wq, s, b, group_size=32, bits=bits,
                              backend=backend)
+
+
+@pytest.mark.parametrize("case", ["K=0", "0 rows, bits 2", "0 rows, mixed scale dtypes"])
+def test_empty_products_are_zeros_on_every_path(rng, case):
+    # (found by a hostile test: MLX 0.32.4's op divides by zero evaluating an empty product,
+    # SIGFPE, and "auto" handed it K=0 and every MLX-only setting with no rows)
+    if case == "K=0":
+        x, w, s, b = mx.zeros((3, 0)), mx.zeros((40, 0), mx.uint32), mx.zeros((40, 0)), \
+            mx.zeros((40, 0))
+        kw, backends = {}, ("auto", "metile", "mlx")
+    else:
+        w, s, b = mx.quantize(mx.array(rng.standard_normal((40, 128)).astype(np.float32)),
+                              group_size=64, bits=2 if "bits 2" in case else 4)
+        if "mixed" in case:
+            s = s.astype(mx.float16)
+        x = mx.zeros((0, 128))
+        kw = {"bits": 2} if "bits 2" in case else {}
+        backends = ("auto", "mlx")
+    for backend in backends:
+        got = ops.quantized_matmul(x, w, s, b, backend=backend, **kw)
+        mx.eval(got)
+        assert got.shape == (x.shape[0], 40) and got.dtype == mx.float32
+        assert not np.array(got).any()
+
+
+def test_what_mlx_takes_and_the_kernels_do_not_runs_mlx_op(rng):
+    # (found by a hostile test: batched weights and integer x, which MLX's op takes, were
+    # refused even under backend="mlx")
+    w, s, b = mx.quantize(mx.array(rng.standard_normal((40, 128)).astype(np.float32)),
+                          group_size=64, bits=4)
+    batched = (mx.array(rng.standard_normal((2, 3, 128)).astype(np.float32)),
+               mx.stack([w, w]), mx.stack([s, s]), mx.stack([b, b]))
+    integers = (mx.array(rng.integers(-3, 3, (3, 128)).astype(np.int32)), w, s, b)
+    for args in (batched, integers):
+        want = mx.quantized_matmul(*args)
+        for backend in ("auto", "mlx"):
+            assert mx.array_equal(ops.quantized_matmul(*args, backend=backend), want)
+        with pytest.raises((TypeError, ValueError), match="x has dtype|2-D uint32"):
+            ops.quantized_matmul(*args, backend="metile")
+
+
+def test_gemv_keeps_mlx_op_non_finite_pattern_and_range(rng):
+    # (found by a hostile test: the GEMV's factored s sum(q x) + b sum(x) made one inf in x
+    # NaN in every output and overflowed for |x| near 1e37, where the product is finite)
+    w = mx.array((rng.standard_normal((64, 128)) / 11.3).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    W = np.array(mx.dequantize(wq, s, b, group_size=64, bits=4)).astype(np.float64)
+    xs = rng.standard_normal((1, 128)).astype(np.float32)
+    xs[0, 5] = np.inf
+    x = mx.array(xs)
+    got = np.array(ops.quantized_matmul(x, wq, s, b, backend="metile"))
+    want = np.array(mx.quantized_matmul(x, wq, s, b))
+    assert (W[:, 5] == 0).any() and not np.isnan(want).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    big = mx.array((rng.standard_normal((1, 128)) * 1e37).astype(np.float32))
+    got = np.array(ops.quantized_matmul(big, wq, s, b, backend="metile")).astype(np.float64)
+    ref = np.array(big).astype(np.float64) @ W.T
+    assert np.isfinite(ref).all() and np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
 def test_settings_without_a_kernel_run_mlx_under_auto(rng):

@@ -181,14 +181,14 @@ def quantized_matvec(x, w, scales, biases, out, rows, N, K, BITS: metile.constex
         # x at each lane's own coordinates (a broadcast pointer, not a broadcast tile):
         # its element is shared by BLOCK_N lanes and read from cache after the first.
         x_at = x_row + zero_n[:, None] + (word * PER)[None, :]
-        qx = metile.zeros((BLOCK_N, BLOCK_W), dtype=metile.float32)
-        xs = metile.zeros((BLOCK_N, BLOCK_W), dtype=metile.float32)
+        # each weight dequantized (s q + b) before its product, as MLX's op computes: the
+        # factored s sum(q x) + b sum(x) turned an inf in x into NaN in every output (inf
+        # times a zero q, inf - inf) and overflowed float32 for |x| near 1e37, at the
+        # same instruction count (two FMAs an element)
         for e in metile.static_range(PER):
             xe = metile.load(x_at + e, mask=inside, other=0.0).to(metile.float32)
             q = ((packed >> (e * BITS)) & MASK).to(metile.float32)
-            qx += q * xe
-            xs += xe
-        acc += s * qx + b * xs
+            acc += (s * q + b) * xe
     y = row_sums(acc, BLOCK_N, BLOCK_W)
     # the 2-D store form (rows x columns) lets the launch skip preserving `out`
     r = row + metile.arange(0, 1)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 import mlx.nn as mlx_nn
 
 from . import nn_norms, ops
@@ -19,7 +20,7 @@ def _check_activation(layer: str, activation, negative_slope) -> None:
     if activation not in ops.ACTIVATIONS:
         raise ValueError(f"[metile.nn.{layer}] unknown activation {activation!r}; expected one of "
                          f"{sorted(map(str, ops.ACTIVATIONS))}")
-    if isinstance(negative_slope, bool) or not isinstance(negative_slope, (int, float)):
+    if ops.slope_value(negative_slope) is None:
         raise TypeError(f"[metile.nn.{layer}] negative_slope must be a number, got "
                         f"{type(negative_slope).__name__}")
 
@@ -32,13 +33,17 @@ class Linear(mlx_nn.Linear):
     def __init__(self, input_dims: int, output_dims: int, bias: bool = True, activation=None,
                  backend: str = "auto", negative_slope: float = ops.LEAKY_SLOPE):
         for name, dims in (("input_dims", input_dims), ("output_dims", output_dims)):
-            if isinstance(dims, bool) or not isinstance(dims, int) or dims < 1:
+            if isinstance(dims, (bool, np.bool_)) or not isinstance(dims, (int, np.integer)):
+                raise TypeError(f"[metile.nn.Linear] {name} must be an int, got "
+                                f"{type(dims).__name__} {dims!r}")
+            if dims < 1:
                 raise ValueError(f"[metile.nn.Linear] {name} must be a positive int, got {dims!r}")
+        input_dims, output_dims = int(input_dims), int(output_dims)
         check_backend("metile.nn.Linear", backend)
         _check_activation("Linear", activation, negative_slope)
         super().__init__(input_dims, output_dims, bias=bias)
         self.activation = activation
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = ops.slope_value(negative_slope)
         self.backend = backend
 
     @classmethod
@@ -46,6 +51,12 @@ class Linear(mlx_nn.Linear):
                     negative_slope: float = ops.LEAKY_SLOPE) -> "Linear":
         """A metile.nn.Linear holding `layer`'s own weight and bias arrays (no copy),
         its frozen parameters and its training mode."""
+        if not isinstance(layer, mlx_nn.Linear):
+            # (a QuantizedLinear's packed uint32 weight read as a matrix gave garbage)
+            raise TypeError(f"[metile.nn.Linear.from_linear] layer must be an mlx.nn.Linear, "
+                            f"got {type(layer).__name__}"
+                            + ("; use metile.nn.QuantizedLinear.from_quantized"
+                               if isinstance(layer, mlx_nn.QuantizedLinear) else ""))
         out_dims, in_dims = layer.weight.shape
         new = cls(in_dims, out_dims, bias="bias" in layer, activation=activation,
                   backend=backend, negative_slope=negative_slope)
@@ -77,8 +88,13 @@ class Linear(mlx_nn.Linear):
                      quantize_input: bool = False):
         """What `mlx.nn.quantize` calls: MLX's quantized layer, or metile's where this
         layer has an activation to keep (applied after it) or a backend other than "auto"
-        to keep (metile.nn.QuantizedLinear with that backend)."""
-        if self.activation is None and (self.backend == "auto" or quantize_input):
+        to keep (metile.nn.QuantizedLinear with that backend).  Settings metile's kernels
+        do not take (bits other than 4 and 8, modes other than "affine") keep MLX's op:
+        backend "metile" becomes "auto" there, as `convert` leaves such layers to MLX."""
+        backend = self.backend
+        if backend == "metile" and (mode != "affine" or (bits or 4) not in (4, 8)):
+            backend = "auto"
+        if self.activation is None and (backend == "auto" or quantize_input):
             return super().to_quantized(group_size, bits, mode, quantize_input)
         if quantize_input:
             raise ValueError(f"[metile.nn.Linear] quantize_input=True is not supported for a "
@@ -87,7 +103,7 @@ class Linear(mlx_nn.Linear):
                              f"with class_predicate")
         q = QuantizedLinear.from_linear(self, group_size, bits, mode)
         q.activation, q.negative_slope = self.activation, self.negative_slope
-        q.backend = self.backend
+        q.backend = backend
         return q
 
     def _extra_repr(self) -> str:
@@ -203,8 +219,9 @@ def _activation_of(item):
         slope = getattr(item, "_negative_slope", ops.LEAKY_SLOPE)
         # MLX computes max(slope * x, x), which equals the epilogue's
         # where(x > 0, x, slope * x) only for slopes in [0, 1].
-        if isinstance(slope, (int, float)) and not isinstance(slope, bool) and 0 <= slope <= 1:
-            return "leaky_relu", float(slope), None
+        value = ops.slope_value(slope)
+        if value is not None and 0 <= value <= 1:
+            return "leaky_relu", value, None
         return None, None, (f"LeakyReLU(negative_slope={slope!r}) is fused only for slopes in "
                             f"[0, 1]; it runs as its own module")
     if not isinstance(item, mlx_nn.Module) and callable(item):
@@ -352,6 +369,12 @@ def convert(model: mlx_nn.Module, *, backend: str = "auto",
     if isinstance(model, mlx_nn.Linear):
         raise ValueError("[metile.nn.convert] the model is itself a Linear and cannot be replaced "
                          "in place; use metile.nn.Linear.from_linear(layer)")
+    leaf = {mlx_nn.QuantizedLinear: "metile.nn.QuantizedLinear.from_quantized(layer)",
+            mlx_nn.RMSNorm: "metile.nn.RMSNorm.from_module(layer)",
+            mlx_nn.LayerNorm: "metile.nn.LayerNorm.from_module(layer)"}.get(type(model))
+    if leaf is not None:
+        raise ValueError(f"[metile.nn.convert] the model is itself a {type(model).__name__} and "
+                         f"cannot be replaced in place; use {leaf}")
     report = ConversionReport()
     _convert(model, "", backend, class_predicate, report)
     return report

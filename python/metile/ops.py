@@ -48,12 +48,15 @@ call takes, why, and the measured times behind the decision.
 
 from __future__ import annotations
 
+import numbers
+
 import functools
 import json
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
@@ -154,11 +157,24 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
 
 
+def slope_value(slope) -> float | None:
+    """A leaky slope as a float: Python and NumPy numbers, and 0-d arrays (what
+    mlx.nn.LeakyReLU may hold); None for anything else (bools included)."""
+    if isinstance(slope, (bool, np.bool_)):
+        return None
+    if isinstance(slope, numbers.Real):
+        return float(slope)
+    if isinstance(slope, mx.array) and slope.ndim == 0 and slope.dtype != mx.bool_ and \
+            not mx.issubdtype(slope.dtype, mx.complexfloating):
+        return float(slope.item())
+    return None
+
+
 def _check_activation(activation, slope):
     if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
         raise ValueError(f"[metile.ops] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
                          f"got {activation!r}")
-    if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+    if slope_value(slope) is None:
         raise TypeError(f"[metile.ops] negative_slope must be a number, got "
                         f"{type(slope).__name__} {slope!r}")
     try:
@@ -885,8 +901,10 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
     composite = functools.partial(_matmul_mlx, epilogue=epilogue, slope=negative_slope)
     if route.path == "mlx":
-        out = composite(a, b)
+        # (no reshape after it: under mx.compile(shapeless=True) a reshape keeps the traced
+        # shape, where MLX's own ops follow the input's)
         op_replay.remember_composite(key, composite, route.decision)
+        return composite(a, b)
     elif p.flattened:
         a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
         with op_replay.recording() as launches:
@@ -973,11 +991,14 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
-        out = _linear_mlx_residual(x2, weight, bias, activation, negative_slope, r2)
         op_replay.remember_composite(
             key, _linear_composite(x.shape, weight.shape[0], bias is not None,
                                    residual is not None, activation, negative_slope),
             route.decision)
+        # on x as given, not its rows, and not reshaped: under mx.compile(shapeless=True)
+        # a reshape keeps the traced shape (a converted model returned the first call's
+        # shape for every later input), where MLX's ops follow the input's
+        return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     else:
         with op_replay.recording() as launches:
             out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
@@ -1091,11 +1112,11 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     shape = (*x.shape[:-1], w_gate.shape[0])
     route = _route("gated_mlp", (x2, w_gate, w_up), activation, LEAKY_SLOPE, backend)
     if route.path == "mlx":
-        out = _gated_mlx(x2, w_gate, w_up, activation)
-        rows = x2.shape   # (the shape, not the array: a replay keeps no call's arrays)
         op_replay.remember_composite(
-            key, lambda x, w_gate, w_up: _gated_mlx(
-                x.reshape(rows), w_gate, w_up, activation).reshape(shape), route.decision)
+            key, lambda x, w_gate, w_up: _gated_mlx(x, w_gate, w_up, activation),
+            route.decision)
+        # on x as given and not reshaped (as in `linear`: shapeless compile)
+        return _gated_mlx(x, w_gate, w_up, activation)
     else:
         with op_replay.recording() as launches:
             out = _fused_gated(activation, route.block)(x2, w_gate, w_up)

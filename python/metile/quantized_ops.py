@@ -176,6 +176,9 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
         raise _fail(ValueError, "biases must be provided for affine quantization")
     if not isinstance(biases, mx.array):
         raise _fail(TypeError, f"biases must be an mx.array, got {type(biases).__name__}")
+    if backend != "metile" and (x.dtype not in _DTYPES or w.ndim != 2):
+        # MLX's op takes integer x and batched weights; the kernels do not
+        return -1, -1
     if x.dtype not in _DTYPES:
         raise _fail(TypeError, f"x has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if x.ndim < 1:
@@ -516,15 +519,20 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
-        return mx.quantized_matmul(x, w, scales, biases, transpose=transpose,
-                                   group_size=group_size, bits=bits, mode=mode)
+        out = mx.quantized_matmul(x, w, scales, biases, transpose=transpose,
+                                  group_size=group_size, bits=bits, mode=mode)
+        if x.size == 0 or w.size == 0 or out.size == 0:
+            # MLX 0.32.4's op divides by zero evaluating an empty product (SIGFPE: the
+            # process dies); its shape and dtype are right, and an empty sum is zero
+            return mx.zeros(out.shape, out.dtype)
+        return out
 
     if backend == "mlx" or n < 0:
         return mlx_op()
     out_dtype = _out_dtype(x, scales)
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
-    if rows == 0 or n == 0:
+    if rows == 0 or n == 0 or k == 0:
         return mx.zeros((*lead, n), out_dtype)
     x2 = x.reshape(rows, k).astype(out_dtype)
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
