@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -381,6 +382,11 @@ class CudaLaunch {
 bool same_value(PyObject* a, PyObject* b) {
   if (a == b) return true;
   if (Py_TYPE(a) != Py_TYPE(b)) return false;
+  if (PyFloat_CheckExact(a)) {
+    // -0.0 == 0.0, but a kernel dividing by one gives -inf where the other gives +inf
+    const double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+    return x == y && std::signbit(x) == std::signbit(y);
+  }
   int equal = PyObject_RichCompareBool(a, b, Py_EQ);
   if (equal < 0) {
     PyErr_Clear();

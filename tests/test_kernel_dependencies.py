@@ -115,3 +115,103 @@ def test_disk_cache_keyed_on_globals(tmp_path):
         assert r.returncode == 0, r.stderr
         outs.append(r.stdout.strip())
     assert outs == ["[1.0, 2.0, 3.0, 4.0]", "[100.0, 101.0, 102.0, 103.0]", "[1.0, 2.0, 3.0, 4.0]"]
+
+
+# -- a hostile test's findings (twenty-eighth session) ---------------------------------------
+
+PARAMS = {"scale": 2.0}
+
+
+class Settings:
+    SCALE = 2.0
+
+
+@metile.kernel
+def through_dict_and_class(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=m) * PARAMS["scale"] + Settings.SCALE,
+                 mask=m)
+
+
+def test_in_place_edits_and_class_attributes_are_used_by_the_next_launch(monkeypatch):
+    # an edited dict (the same object) and a class attribute went unnoticed: the first
+    # launch's code ran on
+    x = mx.arange(10, dtype=mx.float32)
+    xn = np.arange(10, dtype=np.float64)
+    np.testing.assert_allclose(_run(through_dict_and_class, x), xn * 2.0 + 2.0)
+    monkeypatch.setitem(PARAMS, "scale", 3.0)
+    np.testing.assert_allclose(_run(through_dict_and_class, x), xn * 3.0 + 2.0)
+    monkeypatch.setattr(Settings, "SCALE", -1.0)
+    np.testing.assert_allclose(_run(through_dict_and_class, x), xn * 3.0 - 1.0)
+
+
+def test_disk_cache_keyed_on_module_and_class_attributes(tmp_path):
+    # consts.SCALE, consts.helper and Cfg.S were keyed by the module's or class's name only:
+    # a second process read the first one's kernel
+    (tmp_path / "consts.py").write_text(textwrap.dedent("""
+        import metile
+        SCALE = {scale}
+        @metile.inline
+        def helper(v):
+            return v + {offset}
+    """))
+    script = textwrap.dedent("""
+        import sys, mlx.core as mx, numpy as np, metile
+        sys.path.insert(0, sys.argv[1])
+        import consts
+        class Cfg:
+            S = float(sys.argv[2])
+
+        @metile.kernel
+        def k(X, Y, BLOCK: metile.constexpr):
+            o = metile.arange(0, BLOCK)
+            metile.store(Y + o, consts.helper(metile.load(X + o)) * consts.SCALE + Cfg.S)
+
+        print(np.array(k[(1,)](mx.ones((4,)), mx.zeros((4,)), BLOCK=4)).tolist()[0])
+    """)
+    path = tmp_path / "k.py"
+    path.write_text(script)
+    template = (tmp_path / "consts.py").read_text()
+    import os
+    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for scale, offset, s in ((2.0, 0.0, 0.0), (5.0, 0.0, 0.0), (5.0, 1.0, 0.0), (5.0, 1.0, 3.0)):
+        (tmp_path / "consts.py").write_text(template.format(scale=scale, offset=offset))
+        r = subprocess.run([sys.executable, str(path), str(tmp_path), str(s)],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(float(r.stdout.strip()))
+    assert outs == [2.0, 5.0, 10.0, 13.0]
+
+
+n = 5   # a global named like the kernel's parameter: not something the kernel reads
+
+
+def test_a_parameter_named_like_a_global_is_not_a_dependency(monkeypatch):
+    # (such a global recompiled the kernel and wrote a disk entry for each of its values)
+    from metile.runtime import dependencies, cache
+    from metile.frontend.source import function_source
+    names = {a for a, _ in dependencies.names(function_source(scaled.fn).tree)}
+    assert "n" not in names and "SCALE" in names and "X" not in names and "offs" not in names
+    before = cache.source_fingerprint(scaled.fn)
+    monkeypatch.setitem(globals(), "n", 6)
+    assert cache.source_fingerprint(scaled.fn) == before
+
+
+@metile.kernel
+def reciprocal(X, Y, s, n, BLOCK: metile.constexpr, C: metile.constexpr = 1.0):
+    offs = metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, 1.0 / (metile.load(X + offs, mask=m) * s) / C, mask=m)
+
+
+def test_negative_zero_is_not_zero_to_the_launch_caches():
+    # -0.0 == 0.0: the launch after a 0.0 reused its scalar (and its constexpr's code)
+    x = mx.ones((4,))
+    for kw in ({"s": 1.0, "C": 0.0}, {"s": 1.0, "C": -0.0}, {"s": 0.0}, {"s": -0.0}):
+        s = kw.pop("s")
+        got = np.array(reciprocal[(1,)](x, mx.zeros((4,)), s, 4, BLOCK=4, **kw))
+        with np.errstate(divide="ignore"):
+            want = np.float32(1.0) / (np.float32(1.0) * np.float32(s)) / np.float32(kw.get("C", 1.0))
+        np.testing.assert_array_equal(got, np.full(4, want, np.float32))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import settings
 from ..language.dtypes import DType
+from . import dependencies
 
 _COMPILER_DIRS = ("compiler", "frontend", "ir", "passes", "codegen", "language", "schedule")
 _fingerprint: str | None = None
@@ -45,14 +46,6 @@ def compiler_fingerprint() -> str:
             h.update(f.read_bytes())
         _fingerprint = h.hexdigest()[:16]
     return _fingerprint
-
-
-def _global_names(tree: ast.AST) -> list[str]:
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            names.add(node.id)
-    return sorted(names)
 
 
 def _describe(value, seen: set) -> str:
@@ -86,9 +79,15 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
     src = function_source(fn)
     h = hashlib.sha256(src.text.encode())
     scope = {**fn.__globals__, **src.closure()}
-    for name in _global_names(src.tree):
-        if name in scope:
-            h.update(f"{name}={_describe(scope[name], seen)};".encode())
+    for name, attr in sorted(set(dependencies.names(src.tree)), key=lambda p: (p[0], p[1] or "")):
+        if name not in scope:
+            continue
+        value = scope[name]
+        if attr is None:
+            h.update(f"{name}={_describe(value, seen)};".encode())
+        elif dependencies.has_attributes(value) and hasattr(value, attr):
+            # consts.SCALE, Config.BLOCK: the value read, not only the module's name
+            h.update(f"{name}.{attr}={_describe(getattr(value, attr), seen)};".encode())
     return h.hexdigest()[:24]
 
 

@@ -39,14 +39,41 @@ def _repr(value) -> str | None:
         return None
 
 
-def _names(tree: ast.AST):
-    """Global names read, and `module.attr` chains (module attributes such as a
-    helper defined in another module) as (name, attr) pairs."""
+def _locals(tree: ast.AST) -> set:
+    """The function's parameters and the names it assigns: Python makes those local
+    throughout it (less any declared global or nonlocal), so they never read a global of
+    the same name, and a global's value must not key or invalidate the kernel."""
+    out, declared = set(), set()
+    if isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = tree.args
+        out.update(x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg)
+                   if x is not None)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            out.add(node.id)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared.update(node.names)
+    return out - declared
+
+
+def names(tree: ast.AST):
+    """Global names read, and `name.attr` chains (a module's or class's attributes, such
+    as a helper defined in another module or a setting on a class) as (name, attr) pairs;
+    never the function's own locals."""
+    local = _locals(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
+                node.id not in local:
             yield node.id, None
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id not in local:
             yield node.value.id, node.attr
+
+
+def has_attributes(value) -> bool:
+    """Whether `name.attr` reads of `value` are followed attribute by attribute: modules
+    and classes, whose repr does not show their attributes."""
+    return isinstance(value, (types.ModuleType, type))
 
 
 class Snapshot:
@@ -65,7 +92,7 @@ class Snapshot:
         src = function_source(fn)
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         glob = fn.__globals__
-        for name, attr in sorted(set(_names(src.tree)), key=lambda p: (p[0], p[1] or "")):
+        for name, attr in sorted(set(names(src.tree)), key=lambda p: (p[0], p[1] or "")):
             if name in cells:
                 get = _cell_getter(cells[name])
             elif name in glob:
@@ -75,13 +102,13 @@ class Snapshot:
                 get = _dict_getter(glob, name)
             value = get()
             if attr is not None:
-                if not isinstance(value, types.ModuleType):
+                if not has_attributes(value):
                     continue
                 get = _attr_getter(value, attr)
                 value = get()
             # Names that are not globals (locals, builtins), modules and metile's
             # own functions cannot change what a kernel means between launches.
-            if value is _MISSING or isinstance(value, types.ModuleType) or \
+            if value is _MISSING or has_attributes(value) or \
                     hasattr(value, "__metile_builtin__"):
                 continue
             text = None if _by_identity(value) else _repr(value)
@@ -94,7 +121,9 @@ class Snapshot:
     def changed(self) -> bool:
         for get, value, text in self._refs:
             now = get()
-            if now is not value and (text is None or _repr(now) != text):
+            # by identity, or (lists, dicts, namespaces) by repr: the same object edited
+            # in place is a change too
+            if (now is not value) if text is None else (_repr(now) != text):
                 return True
         return False
 

@@ -5,6 +5,8 @@ enqueues the kernel again when called."""
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import json
 import operator
@@ -113,6 +115,15 @@ _LAUNCH_CACHE_SIZE = 256
 _NOT_RUN = object()   # Dispatch._direct_call: the C++ binding did not run
 
 
+def value_key(v) -> tuple:
+    """(type, value) as a cache key holds a scalar: with its type (True == 1 and 1.0 == 1
+    must not share an entry) and, for a float zero, its sign (-0.0 == 0.0, but a kernel
+    dividing by one gives -inf where the other gives +inf)."""
+    if type(v) is float and not v:
+        return float, v, math.copysign(1.0, v)
+    return type(v), v
+
+
 def _launch_key(grid, args, kwargs):
     """What a repeated `kernel[grid](...)` call must share to reuse a resolved launch:
     the grid, each argument's type, dtype and shape (scalars by value: they take part
@@ -127,18 +138,18 @@ def _launch_key(grid, args, kwargs):
         t = type(a)
         if t is mx.array:
             parts.append((a.dtype, a.shape))
-        elif t is int or t is float or t is bool:
+        elif t is int or t is bool or (t is float and a):
             parts.append((t, a))
         elif isinstance(a, mx.array):
             parts.append((a.dtype, tuple(a.shape)))
         elif isinstance(a, (bool, int, float)):
-            parts.append((t, a))
+            parts.append(value_key(a))
         else:
             return None
     # with types: True == 1 and 1.0 == 1 must not share an entry.  In call order, not
     # sorted: one call site passes its options in one order (another order is only
     # another entry), and sorting was a measurable part of an eager launch.
-    options = tuple([(k, type(v), v) for k, v in kwargs.items()]) if kwargs else ()
+    options = tuple([(k, *value_key(v)) for k, v in kwargs.items()]) if kwargs else ()
     if options:
         try:
             hash(options)

@@ -41,7 +41,7 @@ from ..schedule import Schedule
 from . import cache
 from .arguments import arg_spec
 from .dependencies import Snapshot
-from .dispatch import LaunchCache, Launcher
+from .dispatch import LaunchCache, Launcher, value_key
 from .metal_kernel import RESERVED_NAMES
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ class Kernel:
         ints = {} if schedule is None else {
             n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
-               tuple((k, type(v).__name__, v) for k, v in consts.items()), threads, backend,
+               tuple((k, *value_key(v)) for k, v in consts.items()), threads, backend,
                None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug)
         spec = self._specs.get(key)
         if spec is None:
