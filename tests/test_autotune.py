@@ -107,3 +107,47 @@ def test_a_tuned_meta_parameter_at_the_call_is_an_error(tuned):
     with pytest.raises(metile.LaunchError, match=r"conflicting meta-parameters BLOCK: the "
                                                 r"autotune configs set them"):
         tuned[(2,)](mx.ones((1000,)), mx.zeros((1000,)), 1000, 2.0, BLOCK=512)
+
+
+# -- a second hostile test (twenty-eighth session) ---------------------------------------------
+
+@metile.kernel
+def add_rows(X, Y, n, BLOCK: metile.constexpr, ROWS: metile.constexpr = 2):
+    offs = metile.program_id(0) * BLOCK * ROWS + metile.arange(0, BLOCK * ROWS)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def test_grid_callables_see_defaults_and_int_grids_are_taken(tmp_path, monkeypatch):
+    # (a tuned launch's grid callable got no defaults - KeyError: 'ROWS' for every config -
+    # and an int grid, which plain launches take, raised "'int' object is not iterable")
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=32), metile.Config(BLOCK=64)],
+                            warmup=1, reps=1)(add_rows)
+    x = mx.arange(300).astype(mx.float32)
+    out = tuned[lambda m: (metile.cdiv(m["n"], m["BLOCK"] * m["ROWS"]),)](x, mx.zeros((300,)), 300)
+    np.testing.assert_array_equal(np.array(out), np.arange(300) + 1.0)
+    for g in (5, np.int64(5), mx.array(5)):
+        out = tuned[g](x, mx.zeros((300,)), 300)
+        np.testing.assert_array_equal(np.array(out), np.arange(300) + 1.0)
+
+
+def test_numpy_integer_keys_select_their_own_winner(tmp_path, monkeypatch):
+    # (a NumPy integer took the array branch of the key: its value was ignored)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128)],
+                            key=["n"], warmup=1, reps=1)(scaled_copy)
+    x = mx.ones((400,))
+    tuned[grid](x, mx.zeros((400,)), np.int64(40), 1.0)
+    assert not tuned.last_result.from_cache
+    tuned[grid](x, mx.zeros((400,)), np.int64(400), 1.0)
+    assert not tuned.last_result.from_cache
+    tuned[grid](x, mx.zeros((400,)), 40, 1.0)   # the same key as np.int64(40)
+    assert tuned.last_result.from_cache
+
+
+def test_warmup_and_reps_are_checked_where_written():
+    for kw, message in (({"reps": 0}, "reps must be an int >= 1, got 0"),
+                        ({"warmup": -1}, "warmup must be an int >= 0, got -1"),
+                        ({"reps": 1.5}, "reps must be an int >= 1, got 1.5")):
+        with pytest.raises(ValueError, match=message):
+            metile.autotune(configs=[metile.Config(BLOCK=64)], **kw)

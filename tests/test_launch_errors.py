@@ -212,3 +212,31 @@ def test_shapeless_compile_is_refused_by_name():
     for rows in (4, 6):
         np.testing.assert_allclose(np.array(h(mx.ones((rows, 8)))), np.ones((rows, 8)),
                                    rtol=1e-5)
+
+
+# -- a second hostile test (twenty-eighth session) -------------------------------------------
+
+@metile.kernel
+def named_like_metal_attributes(threadgroup_position_in_grid, grid_size, n,
+                                BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(grid_size + offs, metile.load(threadgroup_position_in_grid + offs, mask=m) * 3.0,
+                 mask=m)
+
+
+def test_parameters_named_like_metal_attributes_are_renamed():
+    # (MLX declares an attribute the body names as a parameter: the generated signature
+    # defined it twice, a raw Metal compile error)
+    out = named_like_metal_attributes[(2,)](mx.arange(100, dtype=mx.float32), mx.zeros((100,)),
+                                            100, BLOCK=64)
+    np.testing.assert_array_equal(np.array(out), 3.0 * np.arange(100))
+
+
+def test_num_simdgroups_true_and_array_grids_are_refused_by_name():
+    x = mx.zeros((4,))
+    with pytest.raises(metile.LaunchError, match="num_simdgroups must be an int in 1..32, got True"):
+        named_like_metal_attributes[(1,)](x, x, 4, BLOCK=4, num_simdgroups=True)
+    with pytest.raises(metile.LaunchError, match=r"grid must be 1 to 3 non-negative ints .* got "
+                                                 r"array\(\[1, 2\]"):
+        named_like_metal_attributes[lambda m: mx.array([1, 2])](x, x, 4, BLOCK=4)

@@ -75,8 +75,9 @@ class _TunedLauncher:
             options["num_simdgroups"] = config.num_simdgroups
         grid = self.grid
         if callable(grid):
-            names = self.tuned.kernel.param_names
-            bound = {**dict(zip(names, args)), **options}
+            kernel = self.tuned.kernel
+            # with the kernel's defaults, as a plain launch's grid callable sees them
+            bound = {**kernel.defaults, **dict(zip(kernel.param_names, args)), **options}
             grid = resolve_grid(grid, bound)
         return self.tuned.kernel[grid](*args, **options)
 
@@ -91,7 +92,9 @@ class _TunedLauncher:
                                   else None)
         parts = tuning.key_parts(
             operands={k: v for k, v in bound.items() if k not in overrides},
-            overrides=overrides, grid=None if callable(self.grid) else self.grid,
+            overrides=overrides, grid=None if callable(self.grid) else (
+                self.grid if isinstance(self.grid, (tuple, list))
+                else resolve_grid(self.grid, {})[:1]),   # an int grid, as launches take it
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
             target=f"{backend.device}:{backend.language}:{backend.target.name}",
             by_value=self.tuned.key)
@@ -118,4 +121,8 @@ class _TunedLauncher:
 
 def autotune(configs, key=(), *, warmup: int = 2, reps: int = 7):
     """Decorator over a @metile.kernel: launches use the fastest of `configs`."""
+    for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1)):
+        # (reps=0 was taken here and failed at the first launch, in the statistics)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"metile.autotune {name} must be an int >= {least}, got {value!r}")
     return lambda kernel: Autotuned(kernel, configs, key, warmup, reps)

@@ -35,12 +35,16 @@ def resolve_grid(grid, bound: dict) -> tuple[int, int, int]:
             raise LaunchError(f"the grid callable raised {type(e).__name__}: {e}; it receives a "
                               f"dict of the launch's arguments by name: "
                               f"{', '.join(map(repr, bound))}") from e
-    if not isinstance(grid, (tuple, list, bool, float)) and hasattr(grid, "__index__"):
-        grid = (operator.index(grid),)
-    if isinstance(grid, (tuple, list)):
-        # NumPy and other integer types are accepted as MLX accepts them.
-        grid = tuple(operator.index(g) if not isinstance(g, (bool, float)) and
-                     hasattr(g, "__index__") else g for g in grid)
+    try:
+        if not isinstance(grid, (tuple, list, bool, float)) and hasattr(grid, "__index__"):
+            grid = (operator.index(grid),)
+        if isinstance(grid, (tuple, list)):
+            # NumPy and other integer types are accepted as MLX accepts them.
+            grid = tuple(operator.index(g) if not isinstance(g, (bool, float)) and
+                         hasattr(g, "__index__") else g for g in grid)
+    except TypeError:   # (an array of several elements: MLX's own message named no grid)
+        raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got "
+                          f"{grid!r}") from None
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or \
             not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in grid):
         raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got {grid!r}")

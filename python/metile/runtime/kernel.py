@@ -47,11 +47,24 @@ from .metal_kernel import RESERVED_NAMES
 if TYPE_CHECKING:
     from .dispatch import Dispatch
 
+# The kernel-input attributes of MSL: MLX's metal_kernel declares one as a parameter of
+# the signature when the body names it, so a kernel parameter of that name was a
+# redefinition in the generated signature.
+METAL_ATTRIBUTES = frozenset({
+    "dispatch_quadgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup",
+    "dispatch_threads_per_threadgroup", "grid_origin", "grid_size",
+    "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
+    "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup", "thread_execution_width",
+    "thread_index_in_quadgroup", "thread_index_in_simdgroup", "thread_index_in_threadgroup",
+    "thread_position_in_grid", "thread_position_in_threadgroup",
+    "threadgroup_position_in_grid", "threadgroups_per_grid", "threads_per_grid",
+    "threads_per_simdgroup", "threads_per_threadgroup"})
+
 # Generated argument names avoid MSL/C++ keywords and the shim's type names; a
 # Python parameter that collides is renamed (arg_<name>), never refused.
 RESERVED = frozenset(RESERVED_NAMES | {
     "half", "float", "int", "uint", "bool", "char", "short", "long", "void", "bfloat",
-    "bfloat16_t", "float16_t", "vec", "main", TMA_TEMPLATE, TMA_SLOTS})
+    "bfloat16_t", "float16_t", "vec", "main", TMA_TEMPLATE, TMA_SLOTS} | METAL_ATTRIBUTES)
 
 
 class Variant:
@@ -327,7 +340,7 @@ class Kernel:
                 raise LaunchError(f"constexpr {n!r} must be a Python value, got an mx.array")
         threads = None
         if nsg is not None:
-            if not isinstance(nsg, int) or not 1 <= nsg <= 32:
+            if isinstance(nsg, bool) or not isinstance(nsg, int) or not 1 <= nsg <= 32:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
         return runtime, consts, threads, schedule, backend, debug

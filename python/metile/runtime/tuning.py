@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import mlx.core as mx
+import numpy as np
 from filelock import FileLock
 
 from ..errors import ScheduleError
@@ -72,7 +73,13 @@ def operand_signature(value, by_value: bool = False):
     Scalars enter by type; ints and bools also by value (they specialize shape
     proofs), floats by value only when `by_value` is set.
     """
+    if isinstance(value, np.generic):
+        # a NumPy scalar is its Python value to the launch (Kernel.bind): so here, or it
+        # took the array branch below and key=["n"] ignored its value
+        value = value.item()
     if isinstance(value, mx.array):
+        if by_value and value.ndim == 0:
+            return ["mx.array", str(value.dtype).removeprefix("mlx.core."), repr(value.item())]
         return ["mx.array", str(value.dtype).removeprefix("mlx.core."), list(value.shape),
                 _row_major_strides(value.shape)]
     if hasattr(value, "dtype") and hasattr(value, "strides") and hasattr(value, "shape"):
