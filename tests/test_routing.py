@@ -363,3 +363,69 @@ def test_numerics_environment_selects_its_own_decision(rng, monkeypatch):
     assert json.loads(ops.explain_matmul(x, w.T))["route"]["source"] == "cost_model"
     monkeypatch.delenv("MLX_ENABLE_TF32")
     assert json.loads(ops.explain_matmul(x, w.T))["route"]["source"] == "cache"
+
+
+# -- a second hostile test (twenty-eighth session) ---------------------------------------------
+
+def test_a_decision_naming_an_unknown_candidate_warns_and_is_measured_again(rng, monkeypatch):
+    # (a hand-edited or older file naming a tile this version lacks was ignored in silence,
+    # explain said "no measurement recorded", and tuning() never replaced it)
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
+    x, w, b = operands(rng)
+    path = Path(ops.tune_linear(x, w, b, budget_s=0.01, clock=clock)["cache_file"])
+    entry = json.loads(path.read_text())
+    entry["winner"] = "metile:BLOCK_M=3"
+    path.write_text(json.dumps(entry))
+    routing.clear_memory()
+    with pytest.warns(UserWarning, match=r"names 'metile:BLOCK_M=3', which is not one of this "
+                                         r"version's candidates; it is measured again"):
+        with routing.tuning_scope(0.01, clock):
+            mx.eval(ops.linear(x, w, b))
+    assert json.loads(path.read_text())["winner"] == "mlx"
+
+
+def test_an_unwritable_cache_names_no_file(rng, monkeypatch, tmp_path):
+    # (explain said source "cache" with a cache_file that did not exist)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setattr(routing, "routing_dir", lambda: blocker / "routing")
+    routing.clear_memory()
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
+    x, w, b = operands(rng)
+    with pytest.warns(RuntimeWarning, match="cannot write the cache directory"):
+        tuned = ops.tune_linear(x, w, b, budget_s=0.01, clock=clock)
+    assert tuned["cache_file"] is None
+    route = json.loads(ops.explain_linear(x, w, b))["route"]
+    assert route["cache_file"] is None and "unwritable" in route["source"]
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx"])
+def test_integer_and_float64_operands_run_mlx_composite(rng, backend):
+    # (refused even under backend="mlx", where MLX's addmm / matmul take them)
+    xi = mx.array(rng.integers(-3, 3, (4, 8)).astype(np.int32))
+    w = mx.array(rng.standard_normal((5, 8)).astype(np.float32))
+    b = mx.array(rng.standard_normal((5,)).astype(np.float32))
+    got = ops.linear(xi, w, b, "relu", backend=backend)
+    np.testing.assert_array_equal(np.array(got), np.array(mx.maximum(mx.addmm(b, xi, w.T), 0)))
+    a64 = mx.array(rng.standard_normal((4, 8)), mx.float64)
+    b64 = mx.array(rng.standard_normal((8, 5)), mx.float64)
+    with mx.stream(mx.cpu):
+        got = ops.matmul(a64, b64, backend=backend)
+        assert got.dtype == mx.float64
+        np.testing.assert_allclose(np.array(got), np.array(a64) @ np.array(b64), rtol=1e-12)
+        got = ops.gated_mlp(a64, b64.T, b64.T, backend=backend)
+        assert got.dtype == mx.float64
+    with pytest.raises(TypeError, match="has dtype mlx.core.int32"):
+        ops.linear(xi, w, b, backend="metile")
+
+
+def test_linear_layer_explains_what_it_runs_for_another_dtype(rng):
+    # (explain said the kernel runs where __call__ runs MLX's composite)
+    import metile.nn as mnn
+    layer = mnn.Linear(8, 4, activation="relu", backend="metile")
+    x16 = mx.array(rng.standard_normal((2, 8)).astype(np.float16))
+    info = json.loads(layer.explain(x16))
+    assert info["path"] == "mlx_composite" and "float16" in info["reason"]
+    assert json.loads(layer.explain(mx.ones((2, 8), mx.int32)))["path"] == "mlx_composite"

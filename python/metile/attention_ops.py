@@ -497,10 +497,8 @@ def _route(q, k, v, scale, mask, backend, *, measure=None, force=False):
                                          "backend='metile' requested")
     kind = _mask_kind(mask)
     key, parts = _signature(q, k, kind, cfgs)
-    entry, path = (None, None) if force else routing.lookup(key)
-    if entry is not None:
-        decision = routing.from_entry(entry, path)
-    else:
+    decision = routing.recorded(key, lambda: map(_config_name, cfgs), force)
+    if decision is None:
         measure = routing.measuring_requested() if measure is None else measure
         arrays = (q, k, v) + ((mask,) if kind in ("bool", "additive") else ())
         if measure and routing.can_evaluate(*arrays):

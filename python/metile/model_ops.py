@@ -542,17 +542,15 @@ def _route(op: str, backend: str, arrays: tuple, rows: int, columns: int, flags:
     dtypes = tuple(dtype_name(a.dtype) if a is not None else "none"
                    for a in arrays)
     key, parts = _signature(op, dtypes, rows, columns, flags)
-    entry, path = routing.lookup(key)
-    if entry is not None:
-        decision = routing.from_entry(entry, path)
-    elif routing.measuring_requested() and routing.can_evaluate(*(a for a in arrays if a is not None),
-                                                                *extra):
+    decision = routing.recorded(key, lambda: map(_config_name, configs(op, columns)))
+    if decision is None and routing.measuring_requested() and \
+            routing.can_evaluate(*(a for a in arrays if a is not None), *extra):
         operands = _operands(shapes, arrays[0].dtype)
         candidates = [routing.Candidate(routing.REFERENCE, reference)] + [
             routing.Candidate(_config_name(c), kernel(c)) for c in configs(op, columns)]
         decision = routing.measure(key, parts, candidates, operands, _validate,
                                    budget_s=routing.budget(), clock=routing.scope_clock())
-    else:
+    elif decision is None:
         decision = _cost_model()
     if decision.winner == routing.REFERENCE:
         return _Route("mlx", None, decision)

@@ -4,6 +4,7 @@ activation, when fused) runs as a metile kernel; see `metile.ops.linear`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -81,6 +82,15 @@ class Linear(mlx_nn.Linear):
                           negative_slope=self.negative_slope)
 
     def explain(self, x: mx.array) -> str:
+        if isinstance(x, mx.array) and x.dtype != self.weight.dtype:
+            # what __call__ does with it (explain_linear would promote and route, as
+            # ops.linear does)
+            reason = (f"x has dtype {x.dtype} and the layer's weights {self.weight.dtype}: "
+                      f"MLX's composite, promoting as mlx.nn.Linear does (metile's kernels "
+                      f"take one dtype; backend={self.backend!r} applies to inputs of the "
+                      f"weights' dtype)")
+            return json.dumps({"op": "linear", "path": "mlx_composite", "reason": reason,
+                               "epilogue": self.activation}, indent=2)
         return ops.explain_linear(x, self.weight, self.get("bias"), self.activation,
                                   backend=self.backend, negative_slope=self.negative_slope)
 

@@ -63,6 +63,7 @@ from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     check_backend,
+    mlx_takes_it,
     config_name as _op_config_name,
     m_bucket,
     device_description as _device_description,
@@ -820,10 +821,10 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
     shape = None if batch is not None or gated else (m_bucket(m), n, k)
     key, parts = _signature(op, a2.dtype, m, n, k, layout, activation, has_bias, has_residual,
                             batch)
-    entry, path = (None, None) if force else routing.lookup(key)
-    if entry is not None:
-        decision = routing.from_entry(entry, path)
-    else:
+    decision = routing.recorded(key, lambda: map(_config_name, gated_configs(a2.dtype) if gated
+                                                 else metile_configs(a2.dtype, layout, shape)),
+                                force)
+    if decision is None:
         measure = routing.measuring_requested() if measure is None else measure
         extra = (residual,) if has_residual else ()
         if measure and routing.can_evaluate(*arrays, *extra):
@@ -890,6 +891,9 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     if stream is not None:
         return on_stream("matmul", stream, lambda: matmul(
             a, b, epilogue=epilogue, negative_slope=negative_slope, backend=backend))
+    if mlx_takes_it(backend, a, b):   # an int or float64 operand: MLX's composite
+        _check_activation(epilogue, negative_slope)
+        return _matmul_mlx(a, b, epilogue, negative_slope)
     a, b = _promoted(a, b)
     options = (epilogue, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("matmul", (*options, None), a, b) if a is not None and \
@@ -983,6 +987,10 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     (..., out_features); `residual` (optional) has the output's shape and x's dtype
     (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
+    if mlx_takes_it(backend, x, weight, bias, residual):
+        # an int or float64 operand: MLX's composite, as mlx.nn.Linear computes it
+        _check_activation(activation, negative_slope)
+        return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     x, weight, bias, residual = _promoted(x, weight, bias, residual)
     options = (activation, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("linear", options, x, weight, bias, residual) \
@@ -1077,10 +1085,14 @@ def _gated_vjp(activation):
     return f_vjp
 
 
-def _gated_args(x, w_gate, w_up, activation):
+def _check_gated_activation(activation):
     if activation not in GATED_ACTIVATIONS:
         raise ValueError(f"[metile.ops] gated_mlp's activation must be one of "
                          f"{', '.join(GATED_ACTIVATIONS)}, got {activation!r}")
+
+
+def _gated_args(x, w_gate, w_up, activation):
+    _check_gated_activation(activation)
     for name, w in (("w_gate", w_gate), ("w_up", w_up)):
         if not isinstance(w, mx.array) or w.ndim != 2:
             raise ValueError(f"[metile.ops] {name} must be a 2-D mx.array (hidden, in_features)")
@@ -1103,6 +1115,9 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
     MLP (`nn.convert` cannot see a gated MLP in the module tree: the gating is in the
     forward code):  down_proj(metile.ops.gated_mlp(x, gate.weight, up.weight)).
     Operands of different float dtypes are promoted as MLX's matmul promotes them."""
+    if mlx_takes_it(backend, x, w_gate, w_up):   # an int or float64 operand: MLX's composite
+        _check_gated_activation(activation)
+        return _gated_mlx(x, w_gate, w_up, activation)
     x, w_gate, w_up = _promoted(x, w_gate, w_up)
     key = op_replay.key("gated_mlp", (activation, backend), x, w_gate, w_up) \
         if all(a is not None for a in (x, w_gate, w_up)) and \

@@ -470,11 +470,9 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
         return config, routing.Decision(config_name(config), "requested",
                                         "backend='metile' requested")
     key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)
-    entry, path = (None, None) if force else routing.lookup(key)
     candidates = configs(parts["m_bucket"], dtype, transpose, bits)
-    if entry is not None:
-        decision = routing.from_entry(entry, path)
-    elif routing.measuring_requested() and routing.can_evaluate(x2, scales):
+    decision = routing.recorded(key, lambda: map(config_name, candidates), force)
+    if decision is None and routing.measuring_requested() and routing.can_evaluate(x2, scales):
         operands = _measure_operands(m, n, k, dtype, scales.dtype, transpose, group_size, bits)
 
         def reference(x, w, s, b):
@@ -489,7 +487,7 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
             key, parts, [routing.Candidate(routing.REFERENCE, reference)]
             + [routing.Candidate(config_name(c), kernel(c)) for c in candidates],
             operands, _validate, budget_s=routing.budget(), clock=routing.scope_clock())
-    else:
+    elif decision is None:
         decision = _cost_model()
     by_name = {config_name(c): c for c in candidates}
     if decision.winner not in by_name:   # MLX, or a configuration this version lacks

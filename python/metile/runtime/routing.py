@@ -30,7 +30,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import mlx.core as mx
 
@@ -154,13 +154,15 @@ def environment() -> tuple:
     return value
 
 
-def record(key: str, entry: dict) -> Path:
+def record(key: str, entry: dict) -> Path | None:
+    """Keeps `entry` for this process and writes it to the cache: its file, or None where
+    the cache could not be written (then no report may name a file)."""
     cache = _cache()
-    cache.store(key, entry)
+    path = cache.path(key) if cache.store(key, entry) else None
     with _lock:
-        _memory[_slot(key)] = (entry, cache.path(key))
+        _memory[_slot(key)] = (entry, path)
     _notify()
-    return cache.path(key)
+    return path
 
 
 def decision_key(parts: dict) -> str:
@@ -175,10 +177,31 @@ def _well_formed(entry: dict) -> bool:
             and all(isinstance(k, str) for k in unusable))
 
 
-def from_entry(entry: dict, path: Path) -> Decision:
-    return Decision(entry["winner"], "cache", entry.get("reason", "recorded measurement"),
+def recorded(key: str, names: Callable[[], Iterable[str]], force: bool = False
+             ) -> Decision | None:
+    """The decision recorded for `key`; None where there is none, under `force`, or where
+    it names a winner that is neither the reference nor one of `names()` (this version's
+    candidates: a hand-edited file, or one an older version wrote), which warns once and
+    is then measured again like a missing one instead of being ignored for good."""
+    entry, path = (None, None) if force else lookup(key)
+    if entry is None:
+        return None
+    decision = from_entry(entry, path)
+    if decision.winner != REFERENCE and decision.winner not in set(names()):
+        warnings.warn(f"metile: the routing decision {path} names {decision.winner!r}, which "
+                      f"is not one of this version's candidates; it is measured again (MLX's "
+                      f"composite runs until then)")
+        return None
+    return decision
+
+
+def from_entry(entry: dict, path: Path | None) -> Decision:
+    """The decision `entry` records; `path` None: measured in this process and kept in
+    memory only (the cache could not be written)."""
+    source = "cache" if path is not None else "measured (this process: the cache is unwritable)"
+    return Decision(entry["winner"], source, entry.get("reason", "recorded measurement"),
                     entry["key"], dict(entry["timings"]), dict(entry.get("unusable", {})),
-                    str(path))
+                    None if path is None else str(path))
 
 
 # -- when measuring may run --------------------------------------------------------------------
@@ -312,4 +335,5 @@ def measure(key: str, parts: dict, candidates: Sequence[Candidate], operands: Se
              "timings": timings, "unusable": unusable, "parts": parts,
              "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     path = record(key, entry)
-    return Decision(winner, "measured", reason, key, timings, unusable, str(path))
+    return Decision(winner, "measured", reason, key, timings, unusable,
+                    None if path is None else str(path))

@@ -161,15 +161,18 @@ class TuningCache:
             return None
         return entry
 
-    def store(self, key: str, entry: dict) -> None:
+    def store(self, key: str, entry: dict) -> bool:
+        """Whether `entry` was written (an unwritable cache warns and keeps nothing)."""
         try:
             self._store(key, entry)
+            return True
         except OSError as e:
             # An unwritable cache only costs measuring again in the next process.
             from .cache import warn_unwritable
 
             warn_unwritable(self.directory, e, "autotuning results are not kept between runs, so "
                                                "each process measures them again")
+            return False
 
     def _store(self, key: str, entry: dict) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
