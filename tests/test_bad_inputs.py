@@ -1033,10 +1033,14 @@ W = mx.array(np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
 ops_cases = [
     ("matmul-numpy", lambda: metile.ops.matmul(np.ones((4, 3)), W.T), TypeError,
      r"\[metile.ops\] a must be an mx.array, got ndarray"),
-    ("matmul-int32", lambda: metile.ops.matmul(A.astype(mx.int32), W.T.astype(mx.int32)), TypeError,
+    # backend="metile": the kernels' own refusal; "auto" hands such dtypes to MLX's matmul
+    ("matmul-int32", lambda: metile.ops.matmul(A.astype(mx.int32), W.T.astype(mx.int32),
+                                               backend="metile"), TypeError,
      r"\[metile.ops\] a has dtype mlx.core.int32; supported: float32, float16, bfloat16"),
-    ("matmul-float64", lambda: metile.ops.matmul(A.astype(mx.float64), W.T), TypeError,
-     r"\[metile.ops\] a has dtype mlx.core.float64; supported"),
+    ("matmul-int32-auto", lambda: metile.ops.matmul(A.astype(mx.int32), W.T.astype(mx.int32)),
+     ValueError, r"\[matmul\] Only inexact types are supported"),
+    ("matmul-float64", lambda: metile.ops.matmul(A.astype(mx.float64), W.T, backend="metile"),
+     TypeError, r"\[metile.ops\] a has dtype mlx.core.float64; supported"),
     ("matmul-0d-a", lambda: metile.ops.matmul(mx.array(1.0), W.T), ValueError,
      r"\[metile.ops\] matmul operands need at least one dimension, got \(\) @ \(3, 5\)"),
     ("matmul-inner-mismatch", lambda: metile.ops.matmul(A, W), ValueError,
@@ -1061,7 +1065,8 @@ ops_cases = [
     ("linear-unknown-activation-with-bias", lambda: metile.ops.linear(A, W, mx.ones((5,)), "tanh"),
      ValueError, r"\[metile.ops\] activation must be one of .*got 'tanh'"),
     ("linear-wrong-in-features", lambda: metile.ops.linear(mx.ones((4, 4)), W), ValueError,
-     r"\[metile.ops\] inner dimensions differ"),
+     r"\[metile.ops\] x's last dimension is 4, but weight \(5, 3\) \(out_features, "
+     r"in_features\) takes 3 input features"),
     ("nn-linear-unknown-activation", lambda: metile.nn.Linear(3, 5, activation="tanh"), ValueError,
      r"\[metile.nn.Linear\] unknown activation 'tanh'"),
     ("nn-linear-slope-string", lambda: metile.nn.Linear(3, 5, activation="leaky_relu", negative_slope="a"),
@@ -1072,10 +1077,10 @@ ops_cases = [
      r"\[metile.nn.Linear\] input_dims must be a positive int, got -3"),
     ("nn-linear-zero-dims", lambda: metile.nn.Linear(3, 0), ValueError,
      r"\[metile.nn.Linear\] output_dims must be a positive int, got 0"),
-    ("nn-linear-float-dims", lambda: metile.nn.Linear(3, 2.5), ValueError,
-     r"\[metile.nn.Linear\] output_dims must be a positive int, got 2.5"),
+    ("nn-linear-float-dims", lambda: metile.nn.Linear(3, 2.5), TypeError,
+     r"\[metile.nn.Linear\] output_dims must be an int, got float 2.5"),
     ("nn-linear-wrong-input", lambda: metile.nn.Linear(3, 5)(mx.ones((2, 4))), ValueError,
-     r"\[metile.ops\] inner dimensions differ"),
+     r"\[metile.ops\] x's last dimension is 4, but weight \(5, 3\)"),
 ]
 for _id, _fn, _exc, _pattern in ops_cases:
     case(_id, _fn, error(_exc, _pattern))

@@ -164,7 +164,10 @@ def slope_value(slope) -> float | None:
     if isinstance(slope, (bool, np.bool_)):
         return None
     if isinstance(slope, numbers.Real):
-        return float(slope)
+        try:
+            return float(slope)
+        except OverflowError:   # (an int past float's range: _check_activation names it)
+            return math.inf
     if isinstance(slope, mx.array) and slope.ndim == 0 and slope.dtype != mx.bool_ and \
             not mx.issubdtype(slope.dtype, mx.complexfloating):
         return float(slope.item())
@@ -964,6 +967,11 @@ def _check_residual(x, weight, residual):
 def _check_linear(x, weight, bias, activation, slope):
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
+    if isinstance(x, mx.array) and x.ndim >= 1 and x.shape[-1] != weight.shape[1]:
+        # (named on the weight as given: the product's (K, N) operand is its transpose)
+        raise ValueError(f"[metile.ops] x's last dimension is {x.shape[-1]}, but weight "
+                         f"{tuple(weight.shape)} (out_features, in_features) takes "
+                         f"{weight.shape[1]} input features")
     _check(x, weight.T, activation, slope)
     if bias is None:
         return

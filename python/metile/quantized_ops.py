@@ -551,6 +551,20 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     return out.reshape(*lead, n)
 
 
+def _mlx_only(x, w, scales, biases, bits, mode) -> str:
+    """Why `_check` handed a call to MLX's op (what the kernels do not take)."""
+    if mode != "affine":
+        return f"mode={mode!r}: MLX's op (metile's kernels implement 'affine' quantization)"
+    if x.dtype not in _DTYPES:
+        return f"x has dtype {x.dtype}: MLX's op (the kernels take float32/float16/bfloat16 x)"
+    if w.ndim != 2:
+        return f"w has {w.ndim} dimensions: MLX's op (the kernels take one 2-D weight)"
+    if biases is not None and biases.dtype != scales.dtype:
+        return (f"scales ({scales.dtype}) and biases ({biases.dtype}) differ in dtype: MLX's "
+                f"op (the kernels take one)")
+    return f"bits={bits}: MLX's op (metile's kernels take bits 4 and 8)"
+
+
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
                              group_size: int = 64, bits: int = 4, mode: str = "affine", *,
                              backend: str = "auto") -> dict:
@@ -560,7 +574,7 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
     bits = 4 if bits is None else _integer(bits)
     n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
     if n < 0:
-        return {"path": "mlx", "reason": f"mode={mode!r}, bits={bits}: MLX's op"}
+        return {"path": "mlx", "reason": _mlx_only(x, w, scales, biases, bits, mode)}
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits,
                               backend)
