@@ -214,3 +214,25 @@ def test_bounds_check_keeps_correct_results(rng, monkeypatch):
         z = vector_add[(metile.cdiv(n, 256),)](mx.array(x), mx.array(x), mx.zeros((n,)), n,
                                                BLOCK=256)
         np.testing.assert_array_equal(np.array(z), 2 * x)
+
+
+# -- a hostile test (twenty-eighth session) -------------------------------------------------
+
+@cpu_runtime_only
+@pytest.mark.parametrize("body", ["if (inp[0] == 0.0f) throw 1; out[0] = 1;",
+                                  "try { out[0] = inp[0]; } catch (...) {}"])
+def test_exceptions_are_compile_errors_as_in_metal(body):
+    # (compiled with exceptions, an uncaught throw terminated the Python process)
+    k = metile.metal_kernel("throws", ["inp"], ["out"], body)
+    with pytest.raises(metile.MslCompileError, match="exceptions disabled"):
+        mx.eval(launch(k))
+    with pytest.raises(metile.MslCompileError):
+        k.check(inputs=[mx.zeros((8,))], output_dtypes=[mx.float32])
+    assert_runtime_still_works()
+
+
+def test_an_int_template_argument_past_int32_is_refused_by_name():
+    k = metile.metal_kernel("templated", ["inp"], ["out"], "out[0] = inp[0] * (float)N;")
+    with pytest.raises(ValueError, match=r"template argument N=2147483648 does not fit in the "
+                                         r"int \(32 bits\)"):
+        launch(k, template=[("N", 2**31)])

@@ -284,3 +284,13 @@ def test_quantize_input_with_activation_is_refused():
     with pytest.raises(ValueError, match="quantize_input=True is not supported for a layer with "
                                          "activation='relu'"):
         layer.to_quantized(mode="nvfp4", quantize_input=True)
+
+
+def test_an_array_slope_is_refused_not_detached(rng):
+    # (a 0-d mx.array slope became a float: silently no gradient where MLX's leaky_relu has
+    # one); metile.nn.convert still fuses LeakyReLU(mx.array(...)), whose slope is a constant
+    x, _ = arrays(rng, (5, 7), "float32")
+    w, _ = arrays(rng, (7, 6), "float32")
+    for backend in ("auto", "mlx", "metile"):
+        with pytest.raises(TypeError, match="an mx.array slope would get no gradient here"):
+            ops.matmul(x, w, epilogue="leaky_relu", negative_slope=mx.array(0.3), backend=backend)

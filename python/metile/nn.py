@@ -229,7 +229,7 @@ def _activation_of(item):
         slope = getattr(item, "_negative_slope", ops.LEAKY_SLOPE)
         # MLX computes max(slope * x, x), which equals the epilogue's
         # where(x > 0, x, slope * x) only for slopes in [0, 1].
-        value = ops.slope_value(slope)
+        value = ops.slope_value(slope, arrays=True)   # (LeakyReLU's slope is no parameter)
         if value is not None and 0 <= value <= 1:
             return "leaky_relu", value, None
         return None, None, (f"LeakyReLU(negative_slope={slope!r}) is fused only for slopes in "

@@ -158,9 +158,11 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
 
 
-def slope_value(slope) -> float | None:
-    """A leaky slope as a float: Python and NumPy numbers, and 0-d arrays (what
-    mlx.nn.LeakyReLU may hold); None for anything else (bools included)."""
+def slope_value(slope, arrays: bool = False) -> float | None:
+    """A leaky slope as a float: Python and NumPy numbers, and with `arrays` 0-d arrays
+    (what mlx.nn.LeakyReLU may hold, a constant to `convert`); None for anything else
+    (bools included).  The ops take no array slope: as a float it would leave the graph,
+    and its gradient would be zero where MLX's leaky_relu has one."""
     if isinstance(slope, (bool, np.bool_)):
         return None
     if isinstance(slope, numbers.Real):
@@ -168,8 +170,8 @@ def slope_value(slope) -> float | None:
             return float(slope)
         except OverflowError:   # (an int past float's range: _check_activation names it)
             return math.inf
-    if isinstance(slope, mx.array) and slope.ndim == 0 and slope.dtype != mx.bool_ and \
-            not mx.issubdtype(slope.dtype, mx.complexfloating):
+    if arrays and isinstance(slope, mx.array) and slope.ndim == 0 and \
+            slope.dtype != mx.bool_ and not mx.issubdtype(slope.dtype, mx.complexfloating):
         return float(slope.item())
     return None
 
@@ -179,8 +181,10 @@ def _check_activation(activation, slope):
         raise ValueError(f"[metile.ops] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
                          f"got {activation!r}")
     if slope_value(slope) is None:
+        why = (" (an mx.array slope would get no gradient here; pass float(slope), or use "
+               "mlx.nn.leaky_relu to differentiate it)" if isinstance(slope, mx.array) else "")
         raise TypeError(f"[metile.ops] negative_slope must be a number, got "
-                        f"{type(slope).__name__} {slope!r}")
+                        f"{type(slope).__name__} {slope!r}{why}")
     try:
         float(slope)
     except OverflowError:

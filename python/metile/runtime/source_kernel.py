@@ -125,6 +125,14 @@ class SourceKernel:
             if not isinstance(entry[0], str) or not entry[0].isidentifier():
                 raise TypeError(self.error(f"template entry {i} has name {entry[0]!r}; a template "
                                            f"parameter name must be an identifier string"))
+            value = entry[1]
+            if isinstance(value, int) and not isinstance(value, bool) and \
+                    not -2**31 <= value < 2**31:
+                # (the generated entry's template call failed with a message about
+                # metile's code, not the argument)
+                raise ValueError(self.error(f"template argument {entry[0]}={value} does not fit "
+                                            f"in the int (32 bits) an integer template "
+                                            f"parameter is"))
         if init_value is not None and (isinstance(init_value, bool) or
                                        not isinstance(init_value, (int, float))):
             raise TypeError(self.error(f"init_value must be a number (every output element starts "

@@ -47,6 +47,9 @@ _FLAGS = [
     "-fPIC",
     "-shared",
     "-fno-strict-aliasing",
+    # MSL has no exceptions: a kernel's `throw` (or try/catch) is a compile error, as
+    # Metal's; compiled in, an uncaught throw terminated the Python process.
+    "-fno-exceptions",
     # C++ lets the compiler assume every loop without side effects ends, so a
     # kernel's endless loop would be deleted and return garbage at once; a GPU
     # would spin.  Keep such loops, so the METILE_MSL_TIMEOUT_S watchdog and

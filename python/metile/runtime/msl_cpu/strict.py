@@ -44,6 +44,7 @@ _FLAGS = [
     "-Werror=c++23-extensions",
     "-Werror=c++2c-extensions",
     "-fsyntax-only",
+    "-fno-exceptions",   # MSL has none: throw and try are errors
     "-Xclang",
     "-ffloat16-excess-precision=none",
     "-Xclang",
