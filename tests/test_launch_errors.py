@@ -240,3 +240,12 @@ def test_num_simdgroups_true_and_array_grids_are_refused_by_name():
     with pytest.raises(metile.LaunchError, match=r"grid must be 1 to 3 non-negative ints .* got "
                                                  r"array\(\[1, 2\]"):
         named_like_metal_attributes[lambda m: mx.array([1, 2])](x, x, 4, BLOCK=4)
+
+
+def test_num_warps_against_the_schedule_names_both():
+    # (README: contradictions are errors naming both; planning blamed the kernel's lanes)
+    x = mx.zeros((4,))
+    with pytest.raises(LaunchError, match=r"num_warps=2 contradicts the SCHEDULE's "
+                                          r"num_simdgroups=4"):
+        named_like_metal_attributes[(1,)](x, x, 4, BLOCK=4, num_warps=2,
+                                          SCHEDULE=metile.Schedule(num_simdgroups=4))

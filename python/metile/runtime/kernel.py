@@ -366,6 +366,10 @@ class Kernel:
                 raise LaunchError(f"num_warps={warps!r} contradicts num_simdgroups={nsg!r}")
             if not isinstance(warps, int) or isinstance(warps, bool) or not 1 <= warps <= 32:
                 raise LaunchError(f"num_warps must be an int in 1..32, got {warps!r}")
+            if schedule is not None and schedule.num_simdgroups not in (None, warps):
+                # (planning then blamed the kernel's lane count and never named num_warps)
+                raise LaunchError(f"num_warps={warps!r} contradicts the SCHEDULE's "
+                                  f"num_simdgroups={schedule.num_simdgroups!r}")
             nsg = warps
         if "num_stages" in kwargs and "num_stages" not in self.param_names:
             stages = kwargs.pop("num_stages")
