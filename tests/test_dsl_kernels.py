@@ -378,3 +378,23 @@ def test_repeated_launches_reuse_the_resolved_dispatch(rng):
     out = np.array(short)
     np.testing.assert_allclose(out[:7], (xr + yr)[:7], rtol=3e-4, atol=3e-5)
     np.testing.assert_array_equal(out[7:], -1.0)
+
+
+# -- a hostile test (twenty-eighth session) ----------------------------------------------------
+
+@metile.kernel
+def erf_kernel(X, Y, n, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.erf(metile.load(X + i, mask=i < n)), mask=i < n)
+
+
+def test_erf_keeps_its_relative_accuracy_near_zero():
+    # (1 - erfc cancelled every digit near 0: erf(1e-7) was 0, erf(1e-6) 5% off, and
+    # tiny negatives and -0 came out +0; Triton's erf is libdevice's erff)
+    import math
+    xs = np.array([0.0, -0.0, 1e-38, 1e-20, 3e-8, 1e-7, -1e-7, 1e-6, 1e-4, 1e-2, 0.3, 0.49999,
+                   0.5, -0.5, 0.75, 1.0, -2.0, 3.5, 10.0, -10.0], np.float32)
+    got = np.array(erf_kernel[(1,)](mx.array(xs), mx.zeros(xs.shape), len(xs), BLOCK=32))
+    want = np.array([math.erf(float(x)) for x in xs])
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=0)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(xs))
