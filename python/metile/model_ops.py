@@ -412,8 +412,6 @@ def _softmax_vjp(primals, cotangent, output):
     return (y * (g - mx.sum(g * y, axis=-1, keepdims=True))).astype(x2.dtype)
 
 
-# bounded: an int offset is part of the spec, and a decoding loop moves it every step
-@functools.lru_cache(maxsize=512)
 def _freqs_grad_device():
     """Where MLX's rope can differentiate its freqs: its CUDA backend's RoPE::vjp refuses
     them, its CPU (and Metal) one takes them; CUDA arrays are readable from the CPU stream."""
@@ -421,6 +419,8 @@ def _freqs_grad_device():
     return mx.cpu if gpu and mx.cuda.is_available() else mx.default_device()
 
 
+# bounded: an int offset is part of the spec, and a decoding loop moves it every step
+@functools.lru_cache(maxsize=512)
 def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
     def unpack(arrays):
         rest = list(arrays[1:])
