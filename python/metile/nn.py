@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import mlx.core as mx
-import numpy as np
 import mlx.nn as mlx_nn
+import numpy as np
 
 from . import nn_norms, ops
 from .op_routing import FLOAT_DTYPES, check_backend

@@ -155,9 +155,11 @@ def _integer(value):
     return int(value) if is_integer(value) else value
 
 
-def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> tuple[int, int]:
-    """(N, K) of the product, or a clear error; the checks MLX makes, plus the
-    settings metile's kernels implement when `backend` asks for them."""
+def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend
+           ) -> tuple[int, int, str | None]:
+    """(N, K, None) of the product, or a clear error; the checks MLX makes, plus the
+    settings metile's kernels implement when `backend` asks for them.  A call only MLX's
+    op takes (under "auto" or "mlx") gives (-1, -1, why)."""
     check_backend("metile.ops.quantized_matmul", backend)
     for name, a in (("x", x), ("w", w), ("scales", scales)):
         if not isinstance(a, mx.array):
@@ -171,14 +173,16 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
         if backend == "metile":
             raise _fail(ValueError, f"mode={mode!r}: metile's kernels implement 'affine' "
                                     f"quantization only; use backend='mlx' or 'auto'")
-        return -1, -1
+        return -1, -1, f"mode={mode!r}: MLX's op (metile's kernels implement 'affine' quantization)"
     if biases is None:
         raise _fail(ValueError, "biases must be provided for affine quantization")
     if not isinstance(biases, mx.array):
         raise _fail(TypeError, f"biases must be an mx.array, got {type(biases).__name__}")
-    if backend != "metile" and (x.dtype not in _DTYPES or w.ndim != 2):
-        # MLX's op takes integer x and batched weights; the kernels do not
-        return -1, -1
+    if backend != "metile" and x.dtype not in _DTYPES:   # (MLX's op takes integer x)
+        return -1, -1, (f"x has dtype {x.dtype}: MLX's op (the kernels take float32, "
+                        f"float16 and bfloat16 x)")
+    if backend != "metile" and w.ndim != 2:   # (and batched weights)
+        return -1, -1, f"w has {w.ndim} dimensions: MLX's op (the kernels take one 2-D weight)"
     if x.dtype not in _DTYPES:
         raise _fail(TypeError, f"x has dtype {x.dtype}; supported: float32, float16, bfloat16")
     if x.ndim < 1:
@@ -188,7 +192,8 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
                                 f"first result), got shape {tuple(w.shape)} dtype {w.dtype}")
     if (backend != "metile" and scales.dtype in _DTYPES and biases.dtype in _DTYPES
             and biases.dtype != scales.dtype):
-        return -1, -1   # MLX's op takes scales and biases of two float dtypes; the kernels one
+        return -1, -1, (f"scales ({scales.dtype}) and biases ({biases.dtype}) differ in dtype: "
+                        f"MLX's op (the kernels take one)")
     if scales.dtype not in _DTYPES or biases.dtype != scales.dtype:
         raise _fail(TypeError, f"scales and biases must share a float dtype, got {scales.dtype} "
                                f"and {biases.dtype}")
@@ -199,7 +204,7 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
         if backend == "metile":
             raise _fail(ValueError, f"bits={bits}: metile's kernels take bits 4 and 8 (MLX's "
                                     f"op takes others: backend='mlx' or 'auto')")
-        return -1, -1   # MLX's op, which checks its own packings
+        return -1, -1, f"bits={bits}: MLX's op (metile's kernels take bits 4 and 8)"
     if group_size not in GROUP_SIZES:
         raise _fail(ValueError, f"group_size={group_size}: affine quantization takes group "
                                 f"sizes {GROUP_SIZES}")
@@ -223,7 +228,7 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> 
                                 f"has K={k} (w {tuple(w.shape)}, bits={bits}, transpose="
                                 f"{transpose})" + (f"; K must be a multiple of group_size="
                                                    f"{group_size}" if transpose else ""))
-    return n, k
+    return n, k, None
 
 
 def _out_dtype(x, scales):
@@ -514,7 +519,7 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
         all(o is None or type(o) in (bool, int, str) for o in options) else None
     group_size = 64 if group_size is None else _integer(group_size)   # MLX's affine defaults
     bits = 4 if bits is None else _integer(bits)
-    n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
+    n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
         out = mx.quantized_matmul(x, w, scales, biases, transpose=transpose,
@@ -525,7 +530,7 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
             return mx.zeros(out.shape, out.dtype)
         return out
 
-    if backend == "mlx" or n < 0:
+    if backend == "mlx" or mlx_only:
         return mlx_op()
     out_dtype = _out_dtype(x, scales)
     lead = tuple(x.shape[:-1])
@@ -551,20 +556,6 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     return out.reshape(*lead, n)
 
 
-def _mlx_only(x, w, scales, biases, bits, mode) -> str:
-    """Why `_check` handed a call to MLX's op (what the kernels do not take)."""
-    if mode != "affine":
-        return f"mode={mode!r}: MLX's op (metile's kernels implement 'affine' quantization)"
-    if x.dtype not in _DTYPES:
-        return f"x has dtype {x.dtype}: MLX's op (the kernels take float32/float16/bfloat16 x)"
-    if w.ndim != 2:
-        return f"w has {w.ndim} dimensions: MLX's op (the kernels take one 2-D weight)"
-    if biases is not None and biases.dtype != scales.dtype:
-        return (f"scales ({scales.dtype}) and biases ({biases.dtype}) differ in dtype: MLX's "
-                f"op (the kernels take one)")
-    return f"bits={bits}: MLX's op (metile's kernels take bits 4 and 8)"
-
-
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
                              group_size: int = 64, bits: int = 4, mode: str = "affine", *,
                              backend: str = "auto") -> dict:
@@ -572,9 +563,9 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
     measures), with the kernel's execution report on the metile path."""
     group_size = 64 if group_size is None else _integer(group_size)
     bits = 4 if bits is None else _integer(bits)
-    n, k = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
-    if n < 0:
-        return {"path": "mlx", "reason": _mlx_only(x, w, scales, biases, bits, mode)}
+    n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
+    if mlx_only:
+        return {"path": "mlx", "reason": mlx_only}
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits,
                               backend)
@@ -593,7 +584,7 @@ def tune_quantized_matmul(x, w, scales, biases=None, transpose: bool = True, gro
     """Measure (or, unless `force`, read the recorded) routing decision for this call's
     signature now; returns it as a dict (winner, reason, timings in microseconds)."""
     group_size, bits = _integer(group_size), _integer(bits)
-    n, k = _check(x, w, scales, biases, transpose, group_size, bits, "affine", "metile")
+    n, k, _ = _check(x, w, scales, biases, transpose, group_size, bits, "affine", "metile")
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     with routing.tuning_scope(budget_s, clock):
         _, decision = _route(x2, scales, n, k, transpose, group_size, bits, "auto", force)

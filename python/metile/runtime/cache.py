@@ -15,7 +15,6 @@ ignored and regenerated.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -79,7 +78,7 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
     src = function_source(fn)
     h = hashlib.sha256(src.text.encode())
     scope = {**fn.__globals__, **src.closure()}
-    for name, attr in sorted(set(dependencies.names(src.tree)), key=lambda p: (p[0], p[1] or "")):
+    for name, attr in dependencies.names(src.tree):
         if name not in scope:
             continue
         value = scope[name]

@@ -56,18 +56,21 @@ def _locals(tree: ast.AST) -> set:
     return out - declared
 
 
-def names(tree: ast.AST):
+def names(tree: ast.AST) -> list[tuple[str, str | None]]:
     """Global names read, and `name.attr` chains (a module's or class's attributes, such
-    as a helper defined in another module or a setting on a class) as (name, attr) pairs;
-    never the function's own locals."""
+    as a helper defined in another module or a setting on a class) as (name, attr) pairs,
+    once each in a stable order (the disk key hashes them in it); never the function's
+    own locals."""
     local = _locals(tree)
+    found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
                 node.id not in local:
-            yield node.id, None
+            found.add((node.id, None))
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
                 node.value.id not in local:
-            yield node.value.id, node.attr
+            found.add((node.value.id, node.attr))
+    return sorted(found, key=lambda p: (p[0], p[1] or ""))
 
 
 def has_attributes(value) -> bool:
@@ -92,7 +95,7 @@ class Snapshot:
         src = function_source(fn)
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         glob = fn.__globals__
-        for name, attr in sorted(set(names(src.tree)), key=lambda p: (p[0], p[1] or "")):
+        for name, attr in names(src.tree):
             if name in cells:
                 get = _cell_getter(cells[name])
             elif name in glob:

@@ -5,10 +5,9 @@ enqueues the kernel again when called."""
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import json
+import math
 import operator
 import warnings
 from typing import TYPE_CHECKING
