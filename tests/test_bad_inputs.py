@@ -1068,9 +1068,12 @@ ops_cases = [
      r"\[metile.ops\] x's last dimension is 4, but weight \(5, 3\) \(out_features, "
      r"in_features\) takes 3 input features"),
     ("nn-linear-unknown-activation", lambda: metile.nn.Linear(3, 5, activation="tanh"), ValueError,
-     r"\[metile.nn.Linear\] unknown activation 'tanh'"),
+     r"\[metile.nn.Linear\] activation must be one of .*got 'tanh'"),
     ("nn-linear-slope-string", lambda: metile.nn.Linear(3, 5, activation="leaky_relu", negative_slope="a"),
      TypeError, r"\[metile.nn.Linear\] negative_slope must be a number, got str"),
+    ("nn-linear-slope-overflow", lambda: metile.nn.Linear(3, 5, activation="leaky_relu",
+                                                          negative_slope=10**400), ValueError,
+     r"\[metile.nn.Linear\] negative_slope 1000.* does not fit in a float"),
     ("nn-linear-unknown-backend", lambda: metile.nn.Linear(3, 5, backend="cuda"), ValueError,
      r"\[metile.nn.Linear\] backend must be 'auto', 'metile' or 'mlx', got 'cuda'"),
     ("nn-linear-negative-dims", lambda: metile.nn.Linear(-3, 5), ValueError,

@@ -236,3 +236,35 @@ def test_an_int_template_argument_past_int32_is_refused_by_name():
     with pytest.raises(ValueError, match=r"template argument N=2147483648 does not fit in the "
                                          r"int \(32 bits\)"):
         launch(k, template=[("N", 2**31)])
+
+
+# -- a hostile test (twenty-ninth session) --------------------------------------------------
+
+@cpu_runtime_only
+@pytest.mark.parametrize("bounds_check", [False, True])
+@pytest.mark.parametrize("race_check", [False, True])
+def test_an_access_to_a_buffer_with_no_elements_raises(bounds_check, race_check, monkeypatch):
+    # (unchecked, the write went into the few bytes MLX allocates for an empty output and
+    # corrupted the heap: "free(): invalid next size", the process aborted)
+    monkeypatch.delenv("METILE_MSL_BOUNDS_CHECK", raising=False)
+    (out,) = launch(copy_kernel(name="empty"), n=0, inputs=[mx.zeros((0,))], grid=(4, 1, 1),
+                    threadgroup=(4, 1, 1), bounds_check=bounds_check, race_check=race_check)
+    where = (r"'inp' \(0 bytes\) accessed at byte offset 0, past its end" if bounds_check
+             else r"a buffer with no elements \('inp', 'out'\) accessed at byte offset 0")
+    with pytest.raises(RuntimeError, match=r"kernel 'empty': out-of-bounds access in threadgroup "
+                                           r"\(0, 0, 0\): " + where):
+        mx.eval(out)
+    assert_runtime_still_works()
+
+
+@cpu_runtime_only
+def test_a_kernel_that_does_not_touch_its_empty_buffers_runs(monkeypatch):
+    monkeypatch.delenv("METILE_MSL_BOUNDS_CHECK", raising=False)
+    k = metile.metal_kernel("guarded", ["inp", "n"], ["out", "flag"],
+                            "uint i = thread_position_in_grid.x; if (i < n) out[i] = inp[i]; "
+                            "if (i == 0) flag[0] = 7;")
+    out, flag = k(inputs=[mx.zeros((0,)), 0], grid=(4, 1, 1), threadgroup=(4, 1, 1),
+                  output_shapes=[(0,), (1,)], output_dtypes=[mx.float32, mx.int32],
+                  bounds_check=False)
+    mx.eval(out, flag)
+    assert out.shape == (0,) and flag.tolist() == [7]

@@ -114,6 +114,49 @@ void allocate_metal_aligned(mx::array& out) {
   }
 }
 
+std::string buffer_name(const LaunchSpec& spec, std::size_t i, std::size_t n_inputs);
+
+// A buffer with no elements is bound to the middle of two inaccessible pages
+// (Metal binds no memory behind it either), so any access through it faults and
+// is reported; writing through the few bytes MLX allocates for it corrupted the
+// heap and aborted the process.
+char* empty_buffer_address() {
+  static char* const address = [] {
+    std::size_t page = sysconf(_SC_PAGESIZE);
+    void* map = mmap(nullptr, 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map == MAP_FAILED) throw std::runtime_error("[metal_kernel] mmap of the empty-buffer page failed");
+    return static_cast<char*>(map) + page;
+  }();
+  return address;
+}
+
+// Rebinds the buffers of arrays with no elements to empty_buffer_address();
+// returns the names of those buffers, for the fault message.
+std::vector<std::string> bind_empty_buffers(const LaunchSpec& spec, const std::vector<mx::array>& arrays,
+                                            std::size_t first, std::size_t n_inputs, std::vector<void*>& data) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    if (arrays[i].size() != 0) continue;
+    data[i] = empty_buffer_address();
+    names.push_back(buffer_name(spec, first + i, n_inputs));
+  }
+  return names;
+}
+
+// Describes a fault on the empty-buffer pages, naming the buffers bound there.
+FaultDescriber describe_empty(std::vector<std::string> names) {
+  if (names.empty()) return {};
+  return [names = std::move(names)](const void* address) -> std::string {
+    std::size_t page = sysconf(_SC_PAGESIZE);
+    const char* a = static_cast<const char*>(address);
+    const char* e = empty_buffer_address();
+    if (a < e - page || a >= e + page) return "";
+    std::string which;
+    for (const auto& n : names) which += (which.empty() ? "'" : ", '") + n + "'";
+    return "a buffer with no elements (" + which + ") accessed at byte offset " + std::to_string(a - e);
+  };
+}
+
 // What the kernel signature receives for one launch: the arrays' data and,
 // per input, the shape/strides/ndim values MLX would bind as constants.
 struct Bindings {
@@ -323,11 +366,16 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
   Scratch scratch;
   std::vector<void*> input_data;
   if (!spec.bounds_check || spec.race_check) input_data = metal_aligned_inputs(inputs, scratch);
+  std::vector<std::string> empty;
+  if (!input_data.empty()) {
+    empty = bind_empty_buffers(spec, inputs, 0, inputs.size(), input_data);
+    for (auto& n : bind_empty_buffers(spec, outputs, inputs.size(), inputs.size(), data)) empty.push_back(n);
+  }
   if (spec.bounds_check) {
     run_bounds_checked(lib, spec, inputs, outputs);
   } else {
     Bindings b = bind_arguments(spec, inputs, input_data, data);
-    run_dispatch(lib, spec.dispatch, b.pointers.data());
+    run_dispatch(lib, spec.dispatch, b.pointers.data(), describe_empty(empty));
   }
   if (!spec.race_check) return;
 
@@ -340,11 +388,12 @@ void run(const KernelLibrary& lib, const LaunchSpec& spec, const std::vector<mx:
       scratch_data.push_back(scratch.allocate(out.nbytes()));
       initialise(scratch_data.back(), out, spec.init_value);
     }
+    bind_empty_buffers(spec, outputs, inputs.size(), inputs.size(), scratch_data);
     Bindings sb = bind_arguments(spec, inputs, input_data, scratch_data);
     Dispatch d = spec.dispatch;
     d.order = order;
     d.quiet = true;
-    run_dispatch(lib, d, sb.pointers.data());
+    run_dispatch(lib, d, sb.pointers.data(), describe_empty(empty));
     for (std::size_t o = 0; o < outputs.size(); ++o) {
       RaceCompare how = o < spec.race_compare.size() ? spec.race_compare[o] : RaceCompare{};
       if (!how.compare) continue;

@@ -17,15 +17,6 @@ from .op_routing import FLOAT_DTYPES, check_backend
 from .nn_norms import LayerNorm, RMSNorm  # noqa: F401  (metile.nn.RMSNorm, metile.nn.LayerNorm)
 
 
-def _check_activation(layer: str, activation, negative_slope) -> None:
-    if activation not in ops.ACTIVATIONS:
-        raise ValueError(f"[metile.nn.{layer}] unknown activation {activation!r}; expected one of "
-                         f"{sorted(map(str, ops.ACTIVATIONS))}")
-    if ops.slope_value(negative_slope) is None:
-        raise TypeError(f"[metile.nn.{layer}] negative_slope must be a number, got "
-                        f"{type(negative_slope).__name__}")
-
-
 class Linear(mlx_nn.Linear):
     """y = activation(x @ weight.T + bias), with the parameters and initialisation
     of `mlx.nn.Linear` (so existing weights load unchanged).  `leaky_relu` uses
@@ -41,7 +32,7 @@ class Linear(mlx_nn.Linear):
                 raise ValueError(f"[metile.nn.Linear] {name} must be a positive int, got {dims!r}")
         input_dims, output_dims = int(input_dims), int(output_dims)
         check_backend("metile.nn.Linear", backend)
-        _check_activation("Linear", activation, negative_slope)
+        ops._check_activation(activation, negative_slope, "metile.nn.Linear")
         super().__init__(input_dims, output_dims, bias=bias)
         self.activation = activation
         self.negative_slope = ops.slope_value(negative_slope)
@@ -131,7 +122,7 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
                  bits=None, mode: str = "affine", activation=None,
                  negative_slope: float = ops.LEAKY_SLOPE, backend: str = "auto"):
         super().__init__(input_dims, output_dims, bias, group_size, bits, mode=mode)
-        _check_activation("QuantizedLinear", activation, negative_slope)
+        ops._check_activation(activation, negative_slope, "metile.nn.QuantizedLinear")
         check_backend("metile.nn.QuantizedLinear", backend)
         self.activation = activation
         self.negative_slope = float(negative_slope)

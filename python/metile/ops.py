@@ -176,19 +176,21 @@ def slope_value(slope, arrays: bool = False) -> float | None:
     return None
 
 
-def _check_activation(activation, slope):
+def _check_activation(activation, slope, where: str = "metile.ops"):
+    """Refuses an activation metile has no kernel for and a slope that is not a finite-width
+    number; `where` names the caller in the message (nn's layers check with this too)."""
     if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
-        raise ValueError(f"[metile.ops] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
+        raise ValueError(f"[{where}] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
                          f"got {activation!r}")
     if slope_value(slope) is None:
         why = (" (an mx.array slope would get no gradient here; pass float(slope), or use "
                "mlx.nn.leaky_relu to differentiate it)" if isinstance(slope, mx.array) else "")
-        raise TypeError(f"[metile.ops] negative_slope must be a number, got "
+        raise TypeError(f"[{where}] negative_slope must be a number, got "
                         f"{type(slope).__name__} {slope!r}{why}")
     try:
         float(slope)
     except OverflowError:
-        raise ValueError(f"[metile.ops] negative_slope {slope} does not fit in a float") from None
+        raise ValueError(f"[{where}] negative_slope {slope} does not fit in a float") from None
 
 
 def _promoted(*arrays):
