@@ -268,3 +268,15 @@ def test_a_kernel_that_does_not_touch_its_empty_buffers_runs(monkeypatch):
                   bounds_check=False)
     mx.eval(out, flag)
     assert out.shape == (0,) and flag.tolist() == [7]
+
+
+@cpu_runtime_only
+@pytest.mark.parametrize("body,signal", [("if (inp[0] == 0.0f) __builtin_trap(); out[0] = 1;", "illegal instruction"),
+                                         ("__builtin_debugtrap(); out[0] = 1;", "trap")])
+def test_a_trap_in_a_kernel_is_a_kernel_error(body, signal):
+    # (SIGILL from __builtin_trap killed the Python process)
+    (out,) = launch(copy_kernel(body, name="traps"))
+    with pytest.raises(RuntimeError, match=rf"kernel 'traps': {signal} at .* in threadgroup \(0, 0, 0\): "
+                                           r"the kernel reached a trap \(__builtin_trap"):
+        mx.eval(out)
+    assert_runtime_still_works()

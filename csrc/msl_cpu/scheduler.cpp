@@ -391,7 +391,7 @@ void run_group(Worker& w, const Dispatch& d, const std::array<std::uint32_t, 3>&
 // Fault guard.  A kernel that dereferences a bad address (an index past its
 // buffer, a stack overflow into a fiber's guard page, a misaligned vector
 // move) or divides an integer by zero must not take the Python process down:
-// while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE jump back to the
+// while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE/SIGILL/SIGTRAP jump back to the
 // group's scheduler, which reports the fault as a kernel error.  Signals
 // raised outside kernel code go to the handler that was installed before.
 struct Fault {
@@ -402,7 +402,7 @@ struct Fault {
 thread_local sigjmp_buf* t_fault_jump = nullptr;
 thread_local volatile sig_atomic_t t_in_kernel = 0;
 thread_local Fault t_fault;
-struct sigaction g_previous_segv, g_previous_bus, g_previous_fpe;
+struct sigaction g_previous_segv, g_previous_bus, g_previous_fpe, g_previous_ill, g_previous_trap;
 
 void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* context) {
   if (previous.sa_flags & SA_SIGINFO) {
@@ -421,8 +421,12 @@ void fault_handler(int sig, siginfo_t* info, void* context) {
     t_fault = {sig, info->si_code, info->si_addr};
     siglongjmp(*t_fault_jump, sig);
   }
-  chain(sig == SIGSEGV ? g_previous_segv : sig == SIGBUS ? g_previous_bus : g_previous_fpe, sig, info,
-        context);
+  chain(sig == SIGSEGV ? g_previous_segv
+        : sig == SIGBUS ? g_previous_bus
+        : sig == SIGILL ? g_previous_ill
+        : sig == SIGTRAP ? g_previous_trap
+                         : g_previous_fpe,
+        sig, info, context);
 }
 
 // What went wrong, as precisely as the signal tells: the kernel error's text.
@@ -439,6 +443,13 @@ std::string fault_message(const Worker& w, const Fault& f, const std::string& wh
              "(guard the divisor of `/` and `%`)";
     }
     return "arithmetic fault (SIGFPE code " + std::to_string(f.code) + ") at " + address + " in " + where;
+  }
+  if (f.signal == SIGILL || f.signal == SIGTRAP) {
+    // clang compiles __builtin_trap, and a non-void function that ends without
+    // a return, to a trapping instruction; on a GPU the command buffer fails.
+    return std::string(f.signal == SIGILL ? "illegal instruction" : "trap") + " at " + address + " in " +
+           where + ": the kernel reached a trap (__builtin_trap, a non-void function that ended "
+           "without `return`, or inline assembly)";
   }
   if (std::string what = describe_fault ? describe_fault(f.address) : std::string(); !what.empty()) {
     return "out-of-bounds access in " + where + ": " + what;
@@ -483,6 +494,8 @@ void install_fault_guard() {
     sigaction(SIGSEGV, &action, &g_previous_segv);
     sigaction(SIGBUS, &action, &g_previous_bus);
     sigaction(SIGFPE, &action, &g_previous_fpe);
+    sigaction(SIGILL, &action, &g_previous_ill);
+    sigaction(SIGTRAP, &action, &g_previous_trap);
     struct sigaction watchdog {};
     watchdog.sa_sigaction = watchdog_handler;
     watchdog.sa_flags = SA_SIGINFO | SA_ONSTACK;
