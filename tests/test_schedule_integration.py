@@ -167,3 +167,38 @@ def test_a_stage_too_large_for_threadgroup_memory_is_refused_not_device_staged(r
     with pytest.raises(CompilationError, match="need 65536 bytes of (threadgroup|shared) memory"):
         matmul[grid(128, 128, 128, 128)].prepare(a, b, mx.zeros((128, 128)), 128, 128, 128,
                                                  BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+def test_a_prepared_launch_called_with_new_arrays_keeps_its_schedule():
+    # (the call dropped SCHEDULE=: it ran a 128-lane launch while explain() still reported
+    # the prepared 256-lane plan)
+    x, y, z, n = add_args(1024)
+    d = vector_add[(1,)].prepare(x, y, z, n, BLOCK=1024, num_simdgroups=8,
+                                 SCHEDULE=Schedule(vector_width=4))
+    out = d(x * 2, y, z, n)
+    np.testing.assert_array_equal(np.array(out), 2 * np.arange(1024) + 1.0)
+    ran = vector_add.last_dispatch
+    assert ran.schedule_plan.vector_width == 4 and ran.execution_report.vectorized_loads == 2
+    assert ran.schedule_plan.threadgroup_size == d.schedule_plan.threadgroup_size == (256, 1, 1)
+    # the same schedule on a ragged size is refused, as a fresh launch with it is
+    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably "
+                                               "misaligned"):
+        d(*add_args(1001))
+    # a call naming its own options gets them
+    d(x, y, z, n, SCHEDULE=Schedule())
+    assert vector_add.last_dispatch.schedule_plan.vector_width is None
+
+
+def test_a_prepared_launch_called_with_new_arrays_keeps_its_target():
+    from metile_kernels.gemm import grid, matmul_epilogue
+    m = n = k = 64
+    x, w = mx.random.normal((m, k)), mx.random.normal((k, n))
+    d = matmul_epilogue[grid(m, n)].prepare(x, w, mx.zeros((m, n)), m, n, k, 1.5, -0.25,
+                                            target="apple10")
+    x2 = mx.random.normal((m, k))
+    out = d(x2, w, mx.zeros((m, n)), m, n, k, 1.5, -0.25)
+    z = 1.5 * (np.array(x2, np.float64) @ np.array(w, np.float64)) - 0.25
+    np.testing.assert_allclose(np.array(out), np.where(z > 0, z, 0.1 * z), rtol=2e-3, atol=2e-3)
+    assert matmul_epilogue.last_dispatch.schedule_plan.backend == d.schedule_plan.backend

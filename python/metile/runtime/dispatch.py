@@ -290,6 +290,11 @@ class Dispatch:
         self.grid_arg, self.specs = grid, specs
         grid = resolve_grid(grid, {**runtime, **consts})
         self.kernel, self.spec = kernel, spec
+        # The call's keyword constexprs and launch options (SCHEDULE, target=, backend=,
+        # num_warps, ...): a call of this launch with new arrays keeps them unless it
+        # passes its own (without them it ran a different plan than explain() reported).
+        self._held = {k: v for k, v in kwargs.items()
+                      if k not in kernel.param_names or k in kernel.constexpr_names}
         self.unlowered = spec.unlowered
         if self.unlowered is not None:
             # Planned for a backend metile does not lower yet (an M5 tensor_ops plan):
@@ -609,9 +614,15 @@ class Dispatch:
         return outs[0] if self.single else tuple(outs)
 
     def __call__(self, *args, **kwargs):
-        """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs)."""
+        """Relaunch; with arguments, rebinds them (same dtypes, ranks and constexprs; the
+        keyword constexprs and launch options of the call this launch was made for apply
+        unless the call passes its own)."""
         self._refuse_unlowered()
         if args or kwargs:
+            if self._held:
+                positional = self.kernel.param_names[:len(args)]
+                kwargs = {**{k: v for k, v in self._held.items() if k not in positional},
+                          **kwargs}
             if self._guard is not None:
                 outs = self._guard.launch(self.grid_arg, args, kwargs)
                 if outs is not None:
