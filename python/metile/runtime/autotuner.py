@@ -29,7 +29,8 @@ from ..compiler.backend import resolve_backend
 from .kernel import Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
-POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE", "num_stages", "num_warps")
+POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE", "num_stages", "num_warps",
+                   "num_simdgroups")
 
 
 def _outputs_close(outs, reference) -> bool:
@@ -88,8 +89,11 @@ class _TunedLauncher:
         bound = dict(zip(kernel.param_names, args))
         bound.update({k: v for k, v in kwargs.items() if k in kernel.param_names})
         overrides = {k: v for k, v in kwargs.items() if k in POLICY_KEYWORDS}
-        backend = resolve_backend(kwargs.get("backend") if "backend" not in kernel.param_names
-                                  else None)
+        # (as the launch resolves it: target= picks the plan, so a winner measured for one
+        # target is not another's)
+        backend = resolve_backend(
+            kwargs.get("backend") if "backend" not in kernel.param_names else None,
+            target=kwargs.get("target") if "target" not in kernel.param_names else None)
         parts = tuning.key_parts(
             operands={k: v for k, v in bound.items() if k not in overrides},
             overrides=overrides, grid=None if callable(self.grid) else (
