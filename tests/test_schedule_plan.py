@@ -319,6 +319,24 @@ def test_auto_falls_back_to_scalar_fma_when_no_fragment_fits():
     assert any("not made of whole 8x8x8 simdgroup fragments" in r for r in plan.reasons)
 
 
+@pytest.mark.parametrize("relaxed", [False, True])
+def test_apple10_falls_back_to_scalar_fma_when_no_fragment_fits(relaxed):
+    # (strict float32: nax's dtype refusal kept the fallback from being taken, and the launch
+    # failed with "cannot honour backend='auto'", a requirement nobody gave)
+    plan = plan_schedule(gemm(tile=(32, 32, 4), relaxed_precision=relaxed), TARGETS["apple10"],
+                         Schedule())
+    assert plan.backend == "elementwise"
+    assert plan.cooperative_layout == "scalar FMA register micro-tiles"
+    why = ("not made of whole 16x16x16 nax fragments" if relaxed
+           else "nax computes float32 products at reduced precision")
+    assert any(why in r for r in plan.reasons)
+
+
+def test_a_dtype_no_path_takes_is_still_refused():
+    with pytest.raises(ScheduleError, match="has no int8 matrix operands"):
+        plan_schedule(gemm(tile=(32, 32, 4), dtype="int8"), TARGETS["apple10"], Schedule())
+
+
 def test_planning_against_what_metile_lowers():
     # Without a Lowering the planner describes the hardware (the M5 contract table);
     # with one it never plans a path the code generators neither lower nor plan ahead

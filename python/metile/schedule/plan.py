@@ -32,6 +32,10 @@ class FragmentShapeError(ScheduleError):
     """The tile is not made of whole fragments of a matrix path."""
 
 
+class OperandDtypeError(ScheduleError):
+    """A matrix path has no operands of the kernel's dtype (at its precision)."""
+
+
 def dtype_name(dtype) -> str:
     """"float32" for a metile DType, an mx.Dtype or an alias string."""
     name = str(getattr(dtype, "name", dtype))
@@ -318,7 +322,10 @@ def _plan_matmul(traits: KernelTraits, target: Target, s: Schedule,
             errors.append(e)
             continue
         return _with_reasons(plan, skipped + list(plan.reasons))
-    if errors and all(isinstance(e, FragmentShapeError) for e in errors):
+    # A path refusing the dtype does not stand in the way of the scalar fallback (apple10's
+    # nax refuses strict float32 where its tensor_ops and simdgroup paths refuse the tile)
+    if any(isinstance(e, FragmentShapeError) for e in errors) and \
+            all(isinstance(e, (FragmentShapeError, OperandDtypeError)) for e in errors):
         return _scalar_matmul(traits, target, s, skipped)
     raise errors[-1] if errors else _missing_backend("simdgroup", target)
 
@@ -373,13 +380,13 @@ def _check_dtype(path: MatrixPath, dtype: str, relaxed: bool, target: Target) ->
             else ""
         return f"Strict {dtype} operands use scalar FMA instead of the matrix unit{how}."
     if dtype in path.relaxed_dtypes:
-        raise ScheduleError(f"backend={path.backend!r}",
+        raise OperandDtypeError(f"backend={path.backend!r}",
                             f"{path.backend} computes {dtype} products at reduced precision on "
                             f"{target.name}; it needs RELAXED_PRECISION=True")
     allowed = ", ".join(path.dtypes + path.relaxed_dtypes)
-    raise ScheduleError(f"backend={path.backend!r}",
-                        f"{path.backend} on {target.name} has no {dtype} matrix operands "
-                        f"(supports {allowed})")
+    raise OperandDtypeError(f"backend={path.backend!r}",
+                            f"{path.backend} on {target.name} has no {dtype} matrix operands "
+                            f"(supports {allowed})")
 
 
 def _check_accumulator(traits: KernelTraits, backend: str) -> None:
