@@ -1,5 +1,7 @@
 """The MSL CPU runtime's source builder, compiler discovery and kernel cache."""
 
+import warnings
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -84,3 +86,20 @@ def test_kernels_compile_once_per_source(tmp_path, monkeypatch):
     assert libraries[0].stat().st_mtime_ns == stamp
     run(mx.float16)  # another dtype is another specialization
     assert len(list((tmp_path / "msl_cpu").glob("*.so"))) == 2
+
+
+@cpu_runtime_only
+def test_a_directory_where_the_library_goes_is_a_warning(tmp_path, monkeypatch):
+    # (os.replace onto it raised IsADirectoryError out of every launch of the kernel)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    text = 'extern "C" int metile_probe_directory() { return 7; }'
+    library = compiler.compile_library(text, "probe")
+    library.unlink()
+    library.mkdir()
+    with pytest.warns(RuntimeWarning, match=r"cannot keep the compiled kernel at .*\.so \(.*Is a "
+                                            r"directory"):
+        private = compiler.compile_library(text, "probe")
+    assert private != library and private.is_file()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compiler.compile_library(text, "probe") == private   # kept: no second compile

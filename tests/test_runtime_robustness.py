@@ -380,3 +380,14 @@ def test_out_of_bounds_and_stack_overflow_are_named():
     assert deep.endswith(
         " in threadgroup (0, 0, 0): fiber stack overflow (the thread's locals need more than "
         "METILE_MSL_STACK_KB=128 KiB; raise it)")
+
+
+def test_a_deeply_nested_source_cache_entry_is_a_miss(tmp_path, monkeypatch):
+    # (json's parser raised RecursionError, which took down every launch of the kernel)
+    from metile.runtime import cache
+
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("METILE_DISABLE_DISK_CACHE", raising=False)
+    cache.cache_dir().mkdir(parents=True, exist_ok=True)
+    (cache.cache_dir() / f"{'0' * 32}.json").write_text("[" * 100000)
+    assert cache.disk_load("0" * 32) is None

@@ -178,7 +178,8 @@ def test_validate_hook_rejects_wrong_candidates_before_timing(cache):
 def test_corrupt_entry_is_ignored_with_a_warning(cache):
     first = tune(FakeKernel({64: 3e-3, 128: 1e-3, 256: 2e-3}), cache)
     for garbage in ("{not json", json.dumps({"key": "other", "winner": "x", "format": 1}),
-                    json.dumps([1, 2])):
+                    json.dumps([1, 2]),
+                    "[" * 100000):   # (past the parser's depth: a RecursionError escaped)
         cache.path(first.key).write_text(garbage)
         kernel = FakeKernel({64: 1e-3, 128: 3e-3, 256: 2e-3})
         with pytest.warns(UserWarning, match="ignoring corrupt tuning cache entry"):

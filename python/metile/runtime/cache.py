@@ -111,8 +111,8 @@ def disk_load(key: str) -> dict | None:
     path = cache_dir() / f"{key}.json"
     try:
         entry = json.loads(path.read_text())
-    except (OSError, ValueError):     # (UnicodeDecodeError is a ValueError)
-        return None
+    except (OSError, ValueError, RecursionError):   # (UnicodeDecodeError is a ValueError;
+        return None                                 # RecursionError: nested past the parser)
     if not (isinstance(entry, dict) and entry.get("key") == key
             and isinstance(entry.get("data"), dict)):
         return None

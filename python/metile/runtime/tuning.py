@@ -156,8 +156,9 @@ class TuningCache:
             if not (isinstance(entry, dict) and entry.get("key") == key
                     and entry.get("format") == FORMAT and isinstance(entry.get("winner"), str)):
                 raise ValueError("not a tuning entry for this key")
-        except ValueError as e:
-            warnings.warn(f"metile: ignoring corrupt tuning cache entry {path}: {e}")
+        except (ValueError, RecursionError) as e:   # (nesting past the parser's depth)
+            warnings.warn(f"metile: ignoring corrupt tuning cache entry {path}: "
+                          f"{e if isinstance(e, ValueError) else 'nested too deeply'}")
             return None
         return entry
 

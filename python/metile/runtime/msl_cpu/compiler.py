@@ -214,6 +214,10 @@ def _run(args: list[str], label: str) -> None:
         raise MslCompileError(f"[metal_kernel] kernel '{label}' failed to compile:\n{_diagnostics(result.stderr)}")
 
 
+# libraries that could not be published where they belong (target -> private copy)
+_kept_privately: dict[Path, Path] = {}
+
+
 def compile_library(source: str, label: str) -> Path:
     """Path of the shared library for `source`, compiling it on a cache miss."""
     compiler, _ = find_compiler()
@@ -223,6 +227,8 @@ def compile_library(source: str, label: str) -> Path:
     target = directory / f"{key}.so"
     if _intact(target):
         return target
+    if target in _kept_privately and _intact(_kept_privately[target]):
+        return _kept_privately[target]
     with FileLock(str(target) + ".lock"):
         if _intact(target):
             return target
@@ -231,5 +237,15 @@ def compile_library(source: str, label: str) -> Path:
             src.write_text(source)
             out = Path(tmp) / f"{key}.so"
             _run([compiler, *flags, str(src), "-o", str(out)], label)
-            _publish(out, target)
+            try:
+                _publish(out, target)
+            except OSError as e:   # (a directory, say, where the library goes)
+                import warnings
+                private = _private_dir() / target.name
+                warnings.warn(f"metile: cannot keep the compiled kernel at {target} ({e}); "
+                              f"it is compiled again in each process", RuntimeWarning,
+                              stacklevel=2)
+                _publish(out, private)
+                _kept_privately[target] = private
+                return private
     return target
