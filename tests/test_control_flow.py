@@ -806,3 +806,82 @@ def test_a_scalar_value_and_a_tile_on_two_branches_is_an_error():
     with pytest.raises(metile.CompilationError, match="is tile<8, float32> in one branch and "
                                                       "float32 in the other"):
         scalar_or_tile[(1,)](mx.ones((8,)), mx.zeros((8,)), 1, BLOCK=8)
+
+
+# -- the loop variable after the loop (twenty-ninth session) ---------------------------------
+
+def _python_loops(n, step):
+    """What each loop kernel below computes, in Python."""
+    t = 100
+    for t in range(0, n):
+        pass
+    plain = t
+    v = 100
+    for v in range(0, n):
+        v = v + 1000
+    reassigned = v
+    t = -1
+    for t in range(0, n):
+        if t == 3:
+            break
+    broke = t
+    t, s = -1, 0
+    for t in range(0, n):
+        if t % 2 == 0:
+            continue
+        s += t
+    continued = t * 1000 + s
+    t = 77
+    for t in range(n, 0, step):
+        pass
+    return [plain, reassigned, broke, continued, t]
+
+
+@metile.kernel
+def loop_variables(Y, n, step):
+    t = 100
+    for t in range(0, n):
+        pass
+    metile.store(Y + 0, t)
+    v = 100
+    for v in range(0, n):
+        v = v + 1000
+    metile.store(Y + 1, v)
+    t = -1
+    for t in range(0, n):
+        if t == 3:
+            break
+    metile.store(Y + 2, t)
+    t = -1
+    s = 0
+    for t in range(0, n):
+        if t % 2 == 0:
+            continue
+        s += t
+    metile.store(Y + 3, t * 1000 + s)
+    t = 77
+    for t in range(n, 0, step):
+        pass
+    metile.store(Y + 4, t)
+
+
+@pytest.mark.parametrize("n", [0, 1, 6])
+@pytest.mark.parametrize("step", [-2, 3])
+def test_the_loop_variable_keeps_its_last_value_after_the_loop(n, step):
+    # (it kept its value from before the loop: 100 for range(0, 6) where Python gives 5; the
+    # body's reassignment made it "not defined here"; after a break it held the last value
+    # of the range, not the one at the break)
+    got = loop_variables[(1,)](mx.zeros((5,), dtype=mx.int32), n, step)
+    assert got.tolist() == _python_loops(n, step)
+
+
+def test_a_loop_variable_first_bound_by_the_loop_is_undefined_after_it():
+    @metile.kernel
+    def after(Y, n):
+        for i in range(0, n):
+            pass
+        metile.store(Y + 0, i)
+
+    with pytest.raises(metile.CompilationError, match="'i'.*first assigned by the loop, and a "
+                                                      "loop that runs no iteration leaves it unset"):
+        after[(1,)](mx.zeros((1,), dtype=mx.int32), 3)

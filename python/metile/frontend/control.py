@@ -204,9 +204,11 @@ class ControlFlow:
         finally:
             self.b, self.sem, self.env = saved_b, saved_sem, saved_env
 
-    def _carried(self, body_stmts, exclude=()) -> list[str]:
+    def _carried(self, body_stmts, include=()) -> list[str]:
+        """The variables a loop carries: those its body assigns (and `include`) that hold a
+        value before it."""
         names = []
-        for n in sorted(assigned_names(body_stmts) - set(exclude)):
+        for n in sorted(assigned_names(body_stmts) | set(include)):
             if n not in self.env:
                 continue
             v = self.env[n]
@@ -270,9 +272,13 @@ class ControlFlow:
             runtime_step = bounds
             bounds = [self.sem.to_value(0, dt.int32), self._trips(*bounds),
                       self.sem.to_value(1, dt.int32)]
-        carried = self._carried(node.body, exclude=[node.target.id])
+        # The loop variable is carried when it has a value before the loop: as in Python,
+        # after the loop it holds what it held at the end of the last iteration (its
+        # value before the loop when none ran).
+        target = node.target.id
+        carried = self._carried(node.body, include=[target])
         body = Block()
-        iv = body.add_arg(ScalarType(dt.int32), node.target.id)
+        iv = body.add_arg(ScalarType(dt.int32), target)
         if runtime_step is None and nonnegative(bounds[0]):
             body.nonnegative.add(iv.id)   # counts up (a constant step > 0) from lo >= 0
         env = dict(self.env)
@@ -284,14 +290,18 @@ class ControlFlow:
             wide, bsem = dt.int64, Semantics(bb)
             iv = bsem.cast(bsem.binary("add", bsem.cast(lo, wide), bsem.binary(
                 "mul", bsem.cast(iv, wide), bsem.cast(st, wide))), dt.int32)
-        env[node.target.id] = iv
         for n in carried:
             env[n] = self._block_args(body, n)
+        env[target] = iv
         env = self._in_block(body, node.body, env)
         self._yield(body, env, carried, "loop")
         inits = self._carried_values(carried)
         op = self.b.op("for", bounds + inits, [v.type for v in inits], {"kind": kind}, [body])
         self._after_loop(env, carried, op.results, node)
+        if target not in carried:
+            self.env[target] = Undefined(target, "it is first assigned by the loop, and a loop "
+                                                 "that runs no iteration leaves it unset; give "
+                                                 "it a value before the loop")
 
     def _trips(self, lo: Value, hi: Value, step: Value) -> Value:
         """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step, counted in

@@ -105,6 +105,7 @@ class _Loop:
     def __init__(self, index: int):
         self.broke = f"<broke {index}>"
         self.continued = f"<continued {index}>"
+        self.variable = f"<loop variable {index}>"
 
 
 class _Desugar:
@@ -224,10 +225,18 @@ class _Desugar:
         exit_stmt = _first_exit(s.body, ("return", "break"))
         before = [self.assign(loop.broke, False, s)] if loop.broke in stops else []
         if what == "for":
+            target = s.target
             if stops:
+                if isinstance(target, ast.Name):
+                    # the iterations after a break still count: the user's variable is
+                    # bound only in those that run, so after the loop it holds the value
+                    # it had at the break, as in Python
+                    body = [self.at(ast.Assign([ast.Name(target.id, ast.Store())],
+                                               ast.Name(loop.variable, ast.Load())), s)] + body
+                    target = self.at(ast.Name(loop.variable, ast.Store()), target)
                 guard = ast.If(self.none_of(stops, s), body, [])
                 body = [self.mark(self.at(guard, exit_stmt), s.body, ("return", "break"))]
-            new = ast.For(s.target, s.iter, prefix + body, [], getattr(s, "type_comment", None))
+            new = ast.For(target, s.iter, prefix + body, [], getattr(s, "type_comment", None))
         elif stops:
             run = ast.If(s.test, body, [self.assign(loop.broke, True, s)])
             new = ast.While(self.none_of(stops, s), prefix + [self.at(run, s)], [])
