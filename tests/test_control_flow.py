@@ -885,3 +885,42 @@ def test_a_loop_variable_first_bound_by_the_loop_is_undefined_after_it():
     with pytest.raises(metile.CompilationError, match="'i'.*first assigned by the loop, and a "
                                                       "loop that runs no iteration leaves it unset"):
         after[(1,)](mx.zeros((1,), dtype=mx.int32), 3)
+
+
+# -- `a if c else b` runs one side (twenty-ninth session) -------------------------------------
+
+@metile.kernel
+def guarded_sides(C, X, Y, n, d):
+    metile.store(Y + 0, metile.atomic_add(C, 1) if n > 3 else -1)
+    metile.store(Y + 1, n // d if d != 0 else -1)
+    metile.store(Y + 2, metile.load(X + n) * 2 + 1 if n >= 0 and n < 4 else -1)
+    pair = (n, 2) if n > 3 else (3, n)
+    metile.store(Y + 3, pair[0] * 10 + pair[1])
+    metile.store(Y + 4, (n % d if n > 2 else 7) if d != 0 else (1 if n < -5 else 2))
+
+
+def _guarded_sides(n, d):
+    trunc = lambda a, b: int(a / b)   # (runtime // and % truncate, as in Triton)
+    return [0 if n > 3 else -1, trunc(n, d) if d != 0 else -1,
+            2 * n + 1 if 0 <= n < 4 else -1, n * 10 + 2 if n > 3 else 30 + n,
+            ((n - trunc(n, d) * d) if n > 2 else 7) if d != 0 else (1 if n < -5 else 2)]
+
+
+@pytest.mark.parametrize("n,d", [(-7, 0), (1, 0), (2, 3), (5, -2), (6, 0)])
+def test_a_conditional_expression_runs_only_the_chosen_side(n, d, monkeypatch):
+    # (both sides ran: the atomic counted when n <= 3, n // 0 stopped the kernel with
+    # "guard the divisor", the load read out of bounds, and the tuple form was refused)
+    monkeypatch.setenv("METILE_MSL_BOUNDS_CHECK", "1")
+    counter, got = guarded_sides[(1,)](mx.zeros((1,), dtype=mx.int32), mx.arange(4, dtype=mx.int32),
+                                       mx.zeros((5,), dtype=mx.int32), n, d)
+    assert got.tolist() == _guarded_sides(n, d)
+    assert counter.tolist() == [1 if n > 3 else 0]
+
+
+def test_a_conditional_expression_on_a_tile_selects_elementwise():
+    @metile.kernel
+    def select(Y, n, BLOCK: metile.constexpr):
+        offs = metile.arange(0, BLOCK)
+        metile.store(Y + offs, offs * 2 if offs > n else offs + 100)
+
+    assert select[(1,)](mx.zeros((4,), dtype=mx.int32), 1, BLOCK=4).tolist() == [100, 101, 4, 6]

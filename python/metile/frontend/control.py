@@ -40,7 +40,13 @@ class _Unset:
 UNSET = _Unset()
 
 
+# the name a runtime `a if c else b` assigns in each branch of the `if` it becomes
+CHOSEN = "<chosen>"
+
+
 def _label(name: str) -> str:
+    if name == CHOSEN:
+        return "the value of `a if c else b`"
     return "the return value" if name == RETURN_VALUE else f"variable {name!r}"
 
 
@@ -98,10 +104,27 @@ class ControlFlow:
         if not isinstance(cond, Value):
             self.visit_body(node.body if cond else node.orelse)
             return
-        cond = self._scalar_condition(cond, "if")
+        self._runtime_if(self._scalar_condition(cond, "if"), node.body, node.orelse, node)
+
+    def conditional_expression(self, cond, node):
+        """`a if c else b` for a runtime scalar c: an `if` whose branches assign the value,
+        so only the chosen side runs (its loads, atomics, stores and divisions), as in
+        Python; values merge as an `if` statement's variables do (numbers of two kinds,
+        tuples part by part)."""
+        cond = self._scalar_condition(cond, "`a if c else b`")
+        chosen = [ast.copy_location(ast.Assign([ast.Name(CHOSEN, ast.Store())], side), node)
+                  for side in (node.body, node.orelse)]
+        saved = self.env.get(CHOSEN, _MISSING)
+        self._runtime_if(cond, chosen[:1], chosen[1:], node)
+        value = self.env.pop(CHOSEN)
+        if saved is not _MISSING:   # (a nested conditional inside a branch)
+            self.env[CHOSEN] = saved
+        return value
+
+    def _runtime_if(self, cond, body, orelse, node):
         before = dict(self.env)
         branches = []
-        for stmts in (node.body, node.orelse):
+        for stmts in (body, orelse):
             block = Block()
             env = self._in_block(block, stmts, dict(before))
             branches.append((block, env))

@@ -323,7 +323,13 @@ class Generator(ControlFlow):
         cond = self.visit(node.test)
         if not isinstance(cond, Value):
             return self.visit(node.body if cond else node.orelse)
-        return self.sem.where(cond, self.visit(node.body), self.visit(node.orelse))
+        if isinstance(cond.type, TileType):    # elementwise: both sides, as metile.where
+            return self.sem.where(cond, self.visit(node.body), self.visit(node.orelse))
+        if _plain_operands(node):   # both sides cost a select and cannot act or fault
+            a, b = self.visit(node.body), self.visit(node.orelse)
+            if all(isinstance(v, Value) or is_const(v) for v in (a, b)):
+                return self.sem.where(cond, a, b)
+        return self.conditional_expression(cond, node)   # (control.py: one side runs)
 
     def visit_Attribute(self, node):
         obj = self.visit(node.value)
@@ -503,6 +509,23 @@ _TILE_METHODS = frozenset({"trans", "permute", "reshape", "view", "expand_dims",
 class _Method:
     def __init__(self, fn):
         self.fn = fn
+
+
+_FAULTING = (ast.FloorDiv, ast.Mod)
+
+
+def _plain_operands(node: ast.IfExp) -> bool:
+    """Whether both sides of `a if c else b` are arithmetic on names and numbers that can
+    neither fault nor act (no call, no // or %), so computing both and selecting is the
+    same as computing one."""
+    for side in (node.body, node.orelse):
+        for n in ast.walk(side):
+            if isinstance(n, (ast.Call, ast.Tuple, ast.List, ast.Dict, ast.Set, ast.Lambda,
+                              ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
+                return False
+            if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, _FAULTING):
+                return False
+    return True
 
 
 def _dtype_arg(args, kwargs):
