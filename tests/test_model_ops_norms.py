@@ -778,3 +778,52 @@ def test_rope_second_order_gradient_matches_mlx(rng, traditional):
         want = second(lambda q: mx.fast.rope(q, 16, traditional=traditional, base=1e4,
                                              scale=1.0, offset=5))
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["auto", "mlx"])
+def test_scalars_the_kernels_refuse_go_to_mlx_op_under_auto_and_mlx(backend):
+    # (an infinite or bool eps, a zero base, a bool scale were refused under every backend,
+    # where MLX's op takes them)
+    rng = np.random.default_rng(5)
+    x2 = mx.array(rng.standard_normal((4, 16)).astype(np.float32))
+    x4 = mx.array(rng.standard_normal((2, 1, 4, 16)).astype(np.float32))
+    w = mx.ones((16,))
+    same = lambda a, b: np.testing.assert_array_equal(np.array(a), np.array(b))
+    for eps in (float("inf"), float("nan"), True):
+        same(ops.rms_norm(x2, w, eps, backend=backend), mx.fast.rms_norm(x2, w, eps))
+        same(ops.layer_norm(x2, w, w, eps, backend=backend), mx.fast.layer_norm(x2, w, w, eps))
+        h, y = ops.add_rms_norm(x2, x2, w, eps, backend=backend)
+        same(h, x2 + x2)
+        same(y, mx.fast.rms_norm(x2 + x2, w, eps))
+    for base, scale in ((0.0, 1.0), (1e4, True)):
+        same(ops.rope(x4, 16, traditional=False, base=base, scale=scale, offset=1, backend=backend),
+             mx.fast.rope(x4, 16, traditional=False, base=base, scale=scale, offset=1))
+    same(ops.scaled_dot_product_attention(x4, x4, x4, scale=True, backend=backend),
+         mx.fast.scaled_dot_product_attention(x4, x4, x4, scale=True))
+
+
+def test_scalars_the_kernels_refuse_are_errors_under_metile():
+    x2, w = mx.ones((4, 16)), mx.ones((16,))
+    x4 = mx.ones((2, 1, 4, 16))
+    with pytest.raises(TypeError, match=r"\[metile.ops.rms_norm\] eps must be a finite number, got inf"):
+        ops.rms_norm(x2, w, float("inf"), backend="metile")
+    with pytest.raises(TypeError, match=r"\[metile.ops.add_rms_norm\] eps must be a finite number"):
+        ops.add_rms_norm(x2, x2, w, True, backend="metile")
+    with pytest.raises(ValueError, match=r"\[metile.ops.rope\] base must be a positive number"):
+        ops.rope(x4, 16, traditional=False, base=0.0, scale=1.0, offset=1, backend="metile")
+    with pytest.raises(TypeError, match=r"scale must be a number, got bool True"):
+        ops.scaled_dot_product_attention(x4, x4, x4, scale=True, backend="metile")
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+def test_rope_takes_numpy_array_offsets_as_mlx_op_does(backend):
+    # (refused under every backend: "offset must be an int or an integer mx.array")
+    x = mx.array(np.random.default_rng(6).standard_normal((2, 1, 4, 16)).astype(np.float32))
+    for offset in (np.array(3, np.int32), np.array([3, 4], np.int32)):
+        got = ops.rope(x, 16, traditional=False, base=1e4, scale=1.0, offset=offset,
+                       backend=backend)
+        want = mx.fast.rope(x, 16, traditional=False, base=1e4, scale=1.0,
+                            offset=mx.array(offset))
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=3e-4, atol=3e-5)

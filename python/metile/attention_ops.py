@@ -39,6 +39,7 @@ from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     mlx_takes_it,
+    mlx_takes_values,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -558,7 +559,9 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
     if type(force_fused) is not bool:
         raise _fail(TypeError, f"force_fused must be a bool, got {type(force_fused).__name__} "
                                f"{force_fused!r}")
-    if mlx_takes_it(backend, q, k, v):
+    if mlx_takes_it(backend, q, k, v) or mlx_takes_values(
+            backend, (scale, is_real(plain_number(scale)))):
+        check_backend("metile.ops.scaled_dot_product_attention", backend)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=plain_number(scale),
                                                     mask=mask, sinks=sinks,
                                                     force_fused=force_fused)

@@ -40,12 +40,14 @@ import numbers
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     mlx_takes_it,
+    mlx_takes_values,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -93,11 +95,17 @@ def _check_vector(op: str, name: str, v, x):
         raise TypeError(f"[metile.ops.{op}] {name} has dtype {v.dtype}; expected a floating type")
 
 
+def _eps_taken(eps) -> bool:
+    """Whether the kernels take `eps` (MLX's op takes any number; see _check_eps)."""
+    eps = plain_number(eps)
+    return is_real(eps) and math.isfinite(eps)
+
+
 def _check_eps(op: str, eps) -> float:
     # (is_real: MLX's ops take NumPy scalars too, an eps read from a config or checkpoint,
     # and one-element arrays)
     eps = plain_number(eps)
-    if not is_real(eps) or not math.isfinite(eps):
+    if not _eps_taken(eps):
         raise TypeError(f"[metile.ops.{op}] eps must be a finite number, got {eps!r}")
     return float(eps)
 
@@ -579,7 +587,7 @@ def rms_norm(x, weight, eps, *, backend: str = "auto", stream=None):
     x's last axis; weight (x.shape[-1],) or None."""
     if stream is not None:   # (MLX's StreamOrDevice: op_routing.on_stream)
         return on_stream("rms_norm", stream, lambda: rms_norm(x, weight, eps, backend=backend))
-    if mlx_takes_it(backend, x, weight):
+    if mlx_takes_it(backend, x, weight) or mlx_takes_values(backend, (eps, _eps_taken(eps))):
         return mx.fast.rms_norm(x, weight, eps)
     key = op_replay.key("rms_norm", (eps, backend, None), x, weight)
     w = () if weight is None else (weight,)
@@ -609,7 +617,8 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
     if stream is not None:
         return on_stream("layer_norm", stream,
                          lambda: layer_norm(x, weight, bias, eps, backend=backend))
-    if mlx_takes_it(backend, x, weight, bias):
+    if mlx_takes_it(backend, x, weight, bias) or \
+            mlx_takes_values(backend, (eps, _eps_taken(eps))):
         return mx.fast.layer_norm(x, weight, bias, eps)
     key = op_replay.key("layer_norm", (eps, backend, None), x, weight, bias)
     params = tuple(p for p in (weight, bias) if p is not None)
@@ -650,6 +659,10 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
         raise TypeError(f"[metile.ops.add_rms_norm] residual has dtype {residual.dtype}; "
                         f"expected a floating type")
     _check_vector("add_rms_norm", "weight", weight, x)
+    if mlx_takes_values(backend, (eps, _eps_taken(eps))):
+        check_backend("metile.ops.add_rms_norm", backend)
+        h = x + residual
+        return h, mx.fast.rms_norm(h, weight, eps)
     eps = _check_eps("add_rms_norm", eps)
     rows, columns = math.prod(x.shape[:-1]), x.shape[-1]
     w = () if weight is None else (weight,)
@@ -788,6 +801,13 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     if (base is None) == (freqs is None):
         raise ValueError("[metile.ops.rope] exactly one of base and freqs must be given")
     base, scale = plain_number(base), plain_number(scale)
+    if isinstance(offset, np.ndarray):   # (as MLX's op converts it)
+        offset = mx.array(offset)
+    if mlx_takes_values(backend, (base, base is None or (is_real(base) and base > 0)),
+                        (scale, is_real(scale))):
+        check_backend("metile.ops.rope", backend)
+        return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                            offset=offset, freqs=freqs)
     if base is not None and (not is_real(base) or not base > 0):
         raise ValueError(f"[metile.ops.rope] base must be a positive number, got {base!r}")
     if not is_real(scale):

@@ -52,6 +52,17 @@ def mlx_takes_it(backend, *arrays) -> bool:
         isinstance(a, mx.array) and a.dtype not in FLOAT_DTYPES for a in arrays)
 
 
+def mlx_takes_values(backend, *values) -> bool:
+    """Whether a drop-in op hands this call to MLX's own op because a scalar argument is a
+    number its kernels do not take: `values` are (value, taken) pairs, and under backend
+    "auto" or "mlx" a number (bool included: MLX converts it) that is not `taken` (an
+    infinite eps, a bool scale, a zero base) goes to MLX's op, which computes with it;
+    anything else not taken (a string) keeps the op's own clearer error, as does
+    backend="metile"."""
+    return backend in ("auto", "mlx") and any(
+        isinstance(plain_number(v), numbers.Real) and not taken for v, taken in values)
+
+
 def is_integer(value) -> bool:
     """An integer as MLX's ops take one (a Python or NumPy integer), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
