@@ -97,7 +97,20 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s110 ]; then
+if [ "$mode" = s111 ]; then
+  # the twenty-ninth session's fixes on the GPU (conditional expressions that run one side,
+  # the loop variable after a loop, ops handing numbers the kernels refuse to MLX's op, a
+  # prepared launch keeping its schedule and target, autotune keyed by target) and rope
+  # (s110, not run); then add_rms_norm, last measured in s10 (1.18x, target 1.5x): the
+  # benchmark, ncu kernel durations of MLX's add + rms_norm against each fused
+  # configuration, and the copy's rate (hbm_ceiling) that bounds both
+  gpu_tests 200 -k "conditional_expression or loop_variable or refuse or numpy_array_offsets or prepared_launch_called or target_is_tuned or rope" \
+    test_control_flow test_model_ops_norms test_schedule_integration test_autotune
+  timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 3 --ops add_rms_norm \
+    --output "$logs/h200-model-ops-add_rms_norm-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -4 | tee -a "$log"
+  ncu_times 120 ncu-add-rms-vs-mlx tools/probes/row_kernels_vs_mlx.py add_rms_norm
+  timeout 60 python3 tools/probes/hbm_ceiling.py torch "$logs/h200-hbm-ceiling-torch.json" 2>&1 | tail -3 | tee -a "$log"
+elif [ "$mode" = s110 ]; then
   # rope on the GPU after its freqs gradient moved to the CPU stream (MLX's CUDA RoPE::vjp
   # refuses freqs, s108)
   gpu_tests 120 -k rope test_model_ops_norms

@@ -30,8 +30,22 @@ def main():
         "layer_norm": (lambda: mx.fast.layer_norm(x, w, w, EPS),
                        lambda: model_ops._layer_fn(EPS, True, True, layer)(x, w, w)),
     }
+    # add_rms_norm (issue 17: >= 1.5x against MLX's add followed by its rms_norm): MLX's
+    # two kernels, then each configuration `auto` measures; with the copy's time
+    # (tools/probes/hbm_ceiling.py) these bound what fusing the add can give
+    r = mx.random.normal(x.shape).astype(x.dtype)
+    mx.eval(r)
+
+    def mlx_pair():
+        h = x + r
+        return h, mx.fast.rms_norm(h, w, EPS)
+
+    cases["add_rms_norm"] = (mlx_pair,) + tuple(
+        (lambda c: lambda: model_ops._add_rms_fn(EPS, True, model_ops._frozen(c))(x, r, w))(c)
+        for c in model_ops.configs("add_rms_norm", x.shape[-1]))
     for op in sys.argv[1:] or list(cases):
-        for who, fn in zip(("mlx", "metile"), cases[op]):
+        names = ["mlx"] + ["metile"] + [f"metile-config{i}" for i in range(1, len(cases[op]) - 1)]
+        for who, fn in zip(names, cases[op]):
             for _ in range(4):
                 mx.eval(fn())
             mx.synchronize()
