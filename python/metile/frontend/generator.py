@@ -516,12 +516,12 @@ _FAULTING = (ast.FloorDiv, ast.Mod)
 
 def _plain_operands(node: ast.IfExp) -> bool:
     """Whether both sides of `a if c else b` are arithmetic on names and numbers that can
-    neither fault nor act (no call, no // or %), so computing both and selecting is the
-    same as computing one."""
+    neither fault nor act (no call, no // or %, no subscript: a view's is a load), so
+    computing both and selecting is the same as computing one."""
     for side in (node.body, node.orelse):
         for n in ast.walk(side):
-            if isinstance(n, (ast.Call, ast.Tuple, ast.List, ast.Dict, ast.Set, ast.Lambda,
-                              ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
+            if isinstance(n, (ast.Call, ast.Subscript, ast.Tuple, ast.List, ast.Dict, ast.Set,
+                              ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
                 return False
             if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, _FAULTING):
                 return False
