@@ -112,7 +112,8 @@ inline std::vector<mlx::core::array> refused_jvp(
 [[noreturn]] inline void refuse_shapeless(const std::string& symbol) {
   throw std::invalid_argument(
       "[metile] kernel '" + kernel_name(symbol) + "' is built for the shapes it was traced "
-      "with, so mx.compile(shapeless=True) cannot run it on other shapes; compile without "
+      "with, so mx.compile(shapeless=True) cannot take it (MLX asks a shapeless graph's "
+      "nodes for shapes they do not know, on the first call too); compile without "
       "shapeless=True (each new shape then traces its own kernel), or call metile.ops with "
       "backend=\"mlx\" there");
 }

@@ -17,7 +17,8 @@ def test_missing_compiler_names_the_fix(monkeypatch):
     monkeypatch.setenv("METILE_CXX", "/nonexistent/clang++")
     compiler.find_compiler.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"no suitable C\+\+ compiler found.*apt-get install clang-19 libclang-rt-19-dev"):
+        with pytest.raises(RuntimeError, match=r"METILE_CXX='/nonexistent/clang\+\+' is not a clang\+\+ 17 "
+                                               r"or later on PATH.*apt-get install clang-19 libclang-rt-19-dev"):
             compiler.find_compiler()
     finally:
         monkeypatch.delenv("METILE_CXX")

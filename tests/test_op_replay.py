@@ -589,6 +589,8 @@ def test_mlx_stream_and_force_fused_arguments_are_taken(rng, backend):
                     (metile.ops.layer_norm(a, w, None, 1e-5, backend=backend, stream=stream),
                      mx.fast.layer_norm(a, w, None, 1e-5)),
                     (metile.ops.softmax(a, backend=backend, stream=stream), mx.softmax(a, axis=-1)),
+                    (metile.ops.add_rms_norm(a, a, w, 1e-5, backend=backend, stream=stream)[1],
+                     mx.fast.rms_norm(a + a, w, 1e-5)),
                     (metile.ops.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3,
                                      backend=backend, stream=stream),
                      mx.fast.rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3)),

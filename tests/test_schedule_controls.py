@@ -128,3 +128,14 @@ def test_schedule_error_is_a_value_error_with_parts():
     assert isinstance(err, ValueError)
     assert (err.requirement, err.reason, str(err)) == \
         ("vector_width=4", "misaligned", "cannot honour vector_width=4: misaligned")
+
+
+def test_numpy_integer_counts_are_taken_as_ints():
+    # (a count read from a config as np.int64 was refused)
+    import numpy as np
+    s = Schedule(num_simdgroups=np.int64(4), num_stages=np.int32(2), group_size=np.int16(8))
+    assert (s.num_simdgroups, s.num_stages, s.group_size) == (4, 2, 8)
+    assert type(s.num_simdgroups) is int and s.key() == Schedule(num_simdgroups=4, num_stages=2,
+                                                                  group_size=8).key()
+    with pytest.raises(TypeError, match="num_simdgroups must be an int"):
+        Schedule(num_simdgroups=np.True_)

@@ -644,10 +644,14 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
     return out.reshape(x.shape)
 
 
-def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto"):
+def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None):
     """(h, rms_norm(h, weight, eps)) with h = x + residual: a transformer block's residual
     add and the next norm in one kernel (one read of x and residual, two writes).
-    residual has x's shape; the sum has MLX's dtype for `x + residual`."""
+    residual has x's shape; the sum has MLX's dtype for `x + residual`.  `stream` as the
+    other ops take it (op_routing.on_stream)."""
+    if stream is not None:
+        return on_stream("add_rms_norm", stream,
+                         lambda: add_rms_norm(x, residual, weight, eps, backend=backend))
     _check_x("add_rms_norm", x)
     if not isinstance(residual, mx.array):
         raise TypeError(f"[metile.ops.add_rms_norm] residual must be an mx.array, got "

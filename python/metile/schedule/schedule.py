@@ -14,6 +14,7 @@ older convention read as the NUM_SG constexpr.  Triton's `num_warps` and
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
@@ -76,6 +77,12 @@ class Schedule:
     group_size: int | None = None
 
     def __post_init__(self):
+        for field in ("num_simdgroups", "vector_width", "num_stages", "group_size"):
+            value = getattr(self, field)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                # a NumPy integer (a count read from a config) as the int it holds, so keys
+                # and reports print it as one
+                object.__setattr__(self, field, int(value))
         for field, value, allowed in (("backend", self.backend, BACKENDS),
                                       ("staging", self.staging, STAGINGS),
                                       ("program_order", self.program_order, PROGRAM_ORDERS)):

@@ -98,6 +98,10 @@ def find_compiler() -> tuple[str, str]:
         match = re.search(r"clang version (\d+)", banner)
         if match and int(match[1]) >= MIN_CLANG:
             return path, banner.splitlines()[0]
+    if os.environ.get("METILE_CXX"):
+        raise RuntimeError(f"[metal_kernel] METILE_CXX={os.environ['METILE_CXX']!r} is not a "
+                           f"clang++ {MIN_CLANG} or later on PATH; unset it to search for one, "
+                           f"or point it at one. {INSTALL_HINT}")
     raise RuntimeError(f"[metal_kernel] no suitable C++ compiler found. {INSTALL_HINT}")
 
 
