@@ -104,7 +104,8 @@ def _check(q, k, v, scale, mask) -> float:
         if mask.dtype != mx.bool_:
             out = _result_dtype(q, k, v)
             if _promote(mask.dtype, out) != out:
-                raise _fail(TypeError, f"an additive mask's dtype must promote to the output "
+                # (ValueError, as MLX's op raises it: code catching that catches this)
+                raise _fail(ValueError, f"an additive mask's dtype must promote to the output "
                                        f"dtype {out}; got {mask.dtype}")
     return float(scale)
 
