@@ -400,3 +400,18 @@ def test_grid_and_threadgroup_accept_numpy_integers(rng):
     with pytest.raises(ValueError, match=r"grid must be a tuple of three ints, got \(10.0, 1, 1\)"):
         kernel(inputs=[mx.array(x)], grid=(10.0, 1, 1), threadgroup=(8, 1, 1), output_shapes=[x.shape],
                output_dtypes=[mx.float32])
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+def test_a_python_int_past_int32_is_an_int64_scalar():
+    # (it was made int32 and wrapped: 2**40 arrived as 0)
+    k = metile.metal_kernel("wide_scalar", ["a", "b"], ["out"],
+                            "uint i = thread_position_in_grid.x; out[i] = float(a) + float(b);")
+    run = lambda a: k(inputs=[a, 1], output_shapes=[(2,)], output_dtypes=[mx.float32],
+                      grid=(2, 1, 1), threadgroup=(2, 1, 1))[0]
+    assert run(2**40).tolist() == [float(np.float32(2.0**40) + np.float32(1))] * 2
+    assert run(-2**31).tolist() == [-2.0**31 + 1] * 2
+    with pytest.raises(ValueError, match=r"input 'a' = 1180591620717411303424 does not fit in "
+                                         r"int64"):
+        run(2**70)

@@ -17,11 +17,16 @@ MAX_THREADS_PER_THREADGROUP = 1024
 def as_array(value, name: str, op: str) -> mx.array:
     if isinstance(value, mx.array):
         return value
-    # MLX's rule for scalar inputs: 0-d arrays of bool, int32 or float32.
+    # MLX's rule for scalar inputs: 0-d arrays of bool, int32 (int64 past it) or float32.
     if isinstance(value, bool):
         return mx.array(value, dtype=mx.bool_)
     if isinstance(value, int):
-        return mx.array(value, dtype=mx.int32)
+        # int32 where it fits, else int64, as MLX's own conversion (2**40 had wrapped to 0)
+        if -2**31 <= value < 2**31:
+            return mx.array(value, dtype=mx.int32)
+        if -2**63 <= value < 2**63:
+            return mx.array(value, dtype=mx.int64)
+        raise ValueError(f"[{op}] input '{name}' = {value} does not fit in int64")
     if isinstance(value, float):
         return mx.array(value, dtype=mx.float32)
     try:
