@@ -333,6 +333,11 @@ template <metile_rt::Arith A, metile_rt::Arith B, metile_rt::Arith C>
 inline auto fmedian3(A x, B y, C z) { return fmax(fmin(x, y), fmin(fmax(x, y), z)); }
 
 template <metile_rt::FloatArith T>
+inline T sincos(T x, thread T& cosval) {
+  cosval = cos(x);
+  return sin(x);
+}
+template <metile_rt::FloatArith T>
 inline T modf(T x, thread T& intpart) {
   intpart = trunc(x);
   return metile_rt::map2<T>(x, intpart, [](auto v, auto i) {
@@ -522,6 +527,90 @@ inline T mulhi(T x, T y) {
 template <metile_rt::Integer T>
 inline T absdiff(T x, T y) {
   return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) { return static_cast<decltype(a)>(a > b ? a - b : b - a); });
+}
+// Saturating and halving arithmetic, 24-bit products, bit fields (<metal_integer>): in a
+// wider type (or with overflow builtins for 64-bit elements), so no step overflows.
+template <metile_rt::Integer T>
+inline T addsat(T x, T y) {
+  return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    using E = decltype(a);
+    E r;
+    if (!__builtin_add_overflow(a, b, &r)) return r;
+    return (std::is_signed_v<E> && a < 0) ? std::numeric_limits<E>::min() : std::numeric_limits<E>::max();
+  });
+}
+template <metile_rt::Integer T>
+inline T subsat(T x, T y) {
+  return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    using E = decltype(a);
+    E r;
+    if (!__builtin_sub_overflow(a, b, &r)) return r;
+    return (!std::is_signed_v<E> || a < 0) ? std::numeric_limits<E>::min() : std::numeric_limits<E>::max();
+  });
+}
+template <metile_rt::Integer T>
+inline T hadd(T x, T y) {
+  return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    return static_cast<decltype(a)>((static_cast<__int128>(a) + static_cast<__int128>(b)) >> 1);
+  });
+}
+template <metile_rt::Integer T>
+inline T rhadd(T x, T y) {
+  return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    return static_cast<decltype(a)>((static_cast<__int128>(a) + static_cast<__int128>(b) + 1) >> 1);
+  });
+}
+template <metile_rt::Integer T>
+inline T mul24(T x, T y) {
+  // Metal defines the product for operands that fit in 24 bits; the full product wraps
+  return metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    using U = std::make_unsigned_t<decltype(a)>;
+    return static_cast<decltype(a)>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  });
+}
+template <metile_rt::Integer T>
+inline T mad24(T x, T y, T z) { return mul24(x, y) + z; }
+template <metile_rt::Integer T>
+inline T madhi(T x, T y, T z) { return mulhi(x, y) + z; }
+template <metile_rt::Integer T>
+inline T madsat(T x, T y, T z) {
+  T p = metile_rt::map_elem2<T>(x, y, [](auto a, auto b) {
+    using E = decltype(a);
+    E r;
+    if (!__builtin_mul_overflow(a, b, &r)) return r;
+    return (std::is_signed_v<E> && ((a < 0) != (b < 0))) ? std::numeric_limits<E>::min()
+                                                         : std::numeric_limits<E>::max();
+  });
+  // (a saturated product plus z, saturated again: Metal's madsat of an overflowing product)
+  return addsat(p, z);
+}
+template <metile_rt::Integer T>
+inline T extract_bits(T x, uint offset, uint bits) {
+  return metile_rt::map_elem<T>(x, [offset, bits](auto v) {
+    using E = decltype(v);
+    using U = std::make_unsigned_t<E>;
+    constexpr uint width = sizeof(E) * 8;
+    if (bits == 0 || offset >= width) return E(0);
+    uint n = bits > width - offset ? width - offset : bits;
+    U field = static_cast<U>(static_cast<U>(v) >> offset);
+    if (n < width) field &= static_cast<U>((U(1) << n) - 1);
+    if constexpr (std::is_signed_v<E>) {   // sign-extended from the field's top bit
+      if (n < width && (field >> (n - 1)) & 1) field |= static_cast<U>(~((U(1) << n) - 1));
+    }
+    return static_cast<E>(field);
+  });
+}
+template <metile_rt::Integer T>
+inline T insert_bits(T base, T insert, uint offset, uint bits) {
+  return metile_rt::map_elem2<T>(base, insert, [offset, bits](auto b, auto i) {
+    using E = decltype(b);
+    using U = std::make_unsigned_t<E>;
+    constexpr uint width = sizeof(E) * 8;
+    if (bits == 0 || offset >= width) return b;
+    uint n = bits > width - offset ? width - offset : bits;
+    U mask = n < width ? static_cast<U>(((U(1) << n) - 1) << offset) : static_cast<U>(~U(0));
+    return static_cast<E>((static_cast<U>(b) & ~mask) | ((static_cast<U>(i) << offset) & mask));
+  });
 }
 
 // Metal's fast:: and precise:: variants compute the same values here.
