@@ -611,7 +611,7 @@ class CUDAEmitter(CEmitter):
     # rows in flight).  Pairs share a word; with the slot a constant after unrolling, a
     # read is a shift (or a half-register operand) and a write one byte permute.
     PACKED_LOCALS = {
-        d: ("unsigned {name}[{words}];",
+        d: ("unsigned {name}[{words}] = {{}};",
             f"{cast}(static_cast<unsigned short>({{name}}[({{s}}) >> 1] >> ((({{s}}) & 1) * 16)))",
             f"{{name}}[({{s}}) >> 1] = __byte_perm({{name}}[({{s}}) >> 1], "
             f"static_cast<unsigned>({back}({{v}})), (({{s}}) & 1) ? 0x5410 : 0x3254);")
