@@ -317,3 +317,65 @@ def test_numpy_numbers_and_array_slopes_are_taken(rng):
         assert len(report.fused) == 1, str(report)
         x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
         np.testing.assert_allclose(np.array(model(x)), np.array(ref(x)), rtol=1e-5, atol=1e-6)
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+class TiedNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = self.b = nn.Linear(8, 8)
+        self.n1 = self.n2 = nn.RMSNorm(8)
+
+    def __call__(self, x):
+        return self.n2(self.b(nn.relu(self.a(self.n1(x)))))
+
+
+@pytest.mark.parametrize("refused,kept", [("a", True), ("b", False), ("n1", True)])
+def test_a_tied_layer_stays_one_object_when_the_predicate_refuses_one_path(rng, refused, kept):
+    # (a layer refused at its first path was judged again at its second and converted there:
+    # two objects, and training drifted from the unconverted model's)
+    ref, model = _twins(TiedNorm)
+    report = mnn.convert(model, class_predicate=lambda path, m: path != refused)
+    assert model.a is model.b and model.n1 is model.n2
+    if refused in ("a", "b"):
+        assert isinstance(model.a, mnn.Linear) is not kept
+        if kept:
+            assert report.skipped == {"a": "class_predicate returned False",
+                                      "b": "the same layer is kept at another path"}
+    else:
+        assert not isinstance(model.n1, mnn.RMSNorm)
+    x = mx.array(rng.standard_normal((4, 8)).astype(np.float32))
+    y = mx.array(rng.standard_normal((4, 8)).astype(np.float32))
+    losses = []
+    for m in (ref, model):
+        opt, step = optim.SGD(0.1), nn.value_and_grad(m, lambda m: nn.losses.mse_loss(m(x), y))
+        for _ in range(3):
+            value, grads = step(m)
+            opt.update(m, grads)
+            mx.eval(m.parameters())
+        losses.append(float(value))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_a_bias_that_is_not_a_vector_is_skipped(rng):
+    # (convert took a (1, N) bias MLX's addmm broadcasts, and the converted layer then raised)
+    model = nn.Sequential(nn.Linear(8, 4))
+    model.layers[0].bias = mx.ones((1, 4))
+    report = mnn.convert(model)
+    assert report.skipped == {"layers.0": "bias shape (1, 4) is not (4,), the output features"}
+    assert model(mx.ones((3, 8))).shape == (3, 4)
+
+
+def test_what_a_user_attached_to_a_linear_is_kept(tmp_path):
+    # (convert kept only weight and bias: an attached array left parameters() and
+    # load_weights refused the saved file)
+    model = nn.Sequential(nn.Linear(8, 8))
+    model.layers[0].scale = mx.ones((8,))
+    model.layers[0].name_tag = "projection"
+    model.save_weights(str(tmp_path / "w.safetensors"))
+    mnn.convert(model)
+    assert isinstance(model.layers[0], mnn.Linear) and model.layers[0].name_tag == "projection"
+    assert sorted(k for k, _ in tree_flatten(model.parameters())) == \
+        ["layers.0.bias", "layers.0.scale", "layers.0.weight"]
+    model.load_weights(str(tmp_path / "w.safetensors"))

@@ -589,6 +589,13 @@ def test_a_mismatched_x_is_named_for_its_layout(rng, transpose):
                              group_size=32, bits=4, backend="metile")
     assert f"x's last dimension is {k + 1}, but the quantized matrix has K={k}" in str(e.value)
     assert ("multiple of group_size" in str(e.value)) == transpose
+    # (the hint was added under transpose=True even where x's K is a whole number of groups,
+    # so only the mismatch was wrong)
+    with pytest.raises(ValueError) as e:
+        ops.quantized_matmul(mx.zeros((2, 64)), wq, s, b, transpose=True, group_size=32, bits=4,
+                             backend="metile")
+    assert "x's last dimension is 64, but the quantized matrix has K=96" in str(e.value)
+    assert "multiple of group_size" not in str(e.value)
 
 
 @pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")

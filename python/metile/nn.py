@@ -59,6 +59,7 @@ class Linear(mlx_nn.Linear):
             new.bias = layer.bias
         new._no_grad = set(layer._no_grad)
         new._training = layer._training
+        nn_norms.carry_attributes(layer, new)
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -142,6 +143,7 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
                 new[name] = layer[name]
         new._no_grad = set(layer._no_grad)
         new._training = layer._training
+        nn_norms.carry_attributes(layer, new)
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -250,6 +252,10 @@ def _why_not(path: str, module, predicate) -> str | None:
         return f"weight shape {tuple(module.weight.shape)} has no elements"
     if "bias" in module and module.bias.dtype != module.weight.dtype:
         return f"bias dtype {module.bias.dtype} differs from the weight's {module.weight.dtype}"
+    if "bias" in module and tuple(module.bias.shape) != module.weight.shape[:1]:
+        # (MLX's addmm broadcasts it; metile.ops.linear takes the bias vector only)
+        return (f"bias shape {tuple(module.bias.shape)} is not ({module.weight.shape[0]},), "
+                f"the output features")
     if predicate is not None and not predicate(path, module):
         return "class_predicate returned False"
     return None
@@ -307,23 +313,29 @@ def _convert(container, prefix, backend, predicate, report, counts=None, done=No
             else:
                 fusions[i] = (activation, slope, nxt)
     for path, parent, key, child in list(_slots(container, prefix)):
-        if id(child) in done:      # the same module seen at another path: the same layer
+        # The same module seen at another path is the same layer: the first path's
+        # decision holds for every path, converted or kept (kept, its other paths were
+        # judged on their own and converted, splitting a tied layer in two).
+        if id(child) in done:
             if done[id(child)] is not child:
                 parent[key] = done[id(child)]
                 report.converted[path] = f"the layer converted at another path ({parent[key]!r})"
+            elif not _has_modules(child) and path not in report.skipped \
+                    and path not in report.fused:
+                report.skipped[path] = "the same layer is kept at another path"
             continue
         if nn_norms.is_norm(child):
             nn_norms.swap_norm(parent, key, path, child, backend, predicate, report)
-            if parent[key] is not child:
-                done[id(child)] = parent[key]
+            done[id(child)] = parent[key]
             continue
         if isinstance(child, mlx_nn.QuantizedLinear):
             why = _why_not_quantized(path, child, predicate)
             if why is None:
-                parent[key] = done[id(child)] = QuantizedLinear.from_quantized(child, backend)
+                parent[key] = QuantizedLinear.from_quantized(child, backend)
                 report.converted[path] = repr(parent[key])
             elif path not in report.skipped:
                 report.skipped[path] = why
+            done[id(child)] = parent[key]
             continue
         why = _why_not(path, child, predicate)
         if why is None:
@@ -339,6 +351,7 @@ def _convert(container, prefix, backend, predicate, report, counts=None, done=No
         elif isinstance(child, (mlx_nn.Linear, mlx_nn.QuantizedLinear)) or not _has_modules(child):
             if path not in report.fused and path not in report.skipped:
                 report.skipped[path] = why
+            done[id(child)] = child
         else:
             done[id(child)] = child   # a container: converted in place once
             _convert(child, path, backend, predicate, report, counts, done)

@@ -12,10 +12,24 @@ from . import model_ops
 from .op_routing import FLOAT_DTYPES, check_backend
 
 
+def carry_attributes(old, new) -> None:
+    """What a user attached to `old` beyond its layer's own (an array `scale`, a name):
+    kept by the layer that replaces it, so parameters(), save_weights and load_weights
+    keep their keys."""
+    for key, value in old.items():
+        if key not in new:
+            new[key] = value
+    for key, value in vars(old).items():
+        if key not in vars(new):
+            setattr(new, key, value)
+
+
 def _adopt(new, layer):
-    """Give `new` the frozen parameters and training mode of the layer it replaces."""
+    """Give `new` the frozen parameters, training mode and attached attributes of the
+    layer it replaces."""
     new._no_grad = set(layer._no_grad)
     new._training = layer._training
+    carry_attributes(layer, new)
     return new
 
 

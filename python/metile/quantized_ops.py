@@ -226,8 +226,9 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend
     if x.shape[-1] != k:
         raise _fail(ValueError, f"x's last dimension is {x.shape[-1]}, but the quantized matrix "
                                 f"has K={k} (w {tuple(w.shape)}, bits={bits}, transpose="
-                                f"{transpose})" + (f"; K must be a multiple of group_size="
-                                                   f"{group_size}" if transpose else ""))
+                                f"{transpose})" + (
+                                    f"; K must be a multiple of group_size={group_size}"
+                                    if transpose and x.shape[-1] % group_size else ""))
     return n, k, None
 
 
