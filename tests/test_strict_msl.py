@@ -54,6 +54,12 @@ REJECTED = {
     "simd_sum_of_struct": (
         "struct P { float a; }; P p{in0[0]}; out[0] = simd_sum(p).a;", "no matching function for call to 'simd_sum'"),
     "double_math": ("out[0] = float(sqrt(2.0));", "no matching function for call to 'sqrt'"),
+    # (C++14 that clang took and Metal's language does not have: hostile tests, s29)
+    "double_variable": ("double d = in0[0]; out[0] = d;", "'double' is not a Metal type"),
+    "goto": ("goto done; done: out[0] = in0[0];", "'goto' is not in MSL"),
+    "new": ("float* p = new float(1); out[0] = *p;", "'new' is not in MSL"),
+    "static_local": ("static float s = 0; out[0] = in0[0] + s;",
+                     "a static local variable is not in MSL"),
 }
 
 
@@ -265,3 +271,15 @@ def test_damaged_precompiled_model_never_fails_a_valid_kernel(tmp_path, monkeypa
     pch.write_bytes(b"not a precompiled header")
     strict.check(source + "// again\n", "second")
     assert not pch.exists() or pch.read_bytes() != b"not a precompiled header"
+
+
+def test_virtual_functions_in_the_header_fail_the_check():
+    with pytest.raises(MslCompileError, match=r"strict_case \(header\):1: error: virtual functions "
+                                              r"are not in MSL"):
+        _check("out[0] = in0[0];", header="struct A { virtual float f() { return 1; } };")
+
+
+def test_the_words_in_comments_literals_and_deleted_functions_pass_the_check():
+    _check("out[0] = static_cast<float>(in0[0]); // double goto new static\n"
+           "static_assert(sizeof(float) == 4, \"new double\"); /* virtual */",
+           header="struct B { B() = default; B(const B&) = delete; };")

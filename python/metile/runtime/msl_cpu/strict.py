@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -119,9 +120,56 @@ def _precompiled_model(path: str) -> list[str]:
         return []
 
 
+# C++ that clang takes in C++14 but Metal's language does not have, found in the
+# kernel's own text (its header and body; metile's generated parts are not scanned):
+# (pattern, which segments, what Metal says).  Comments and literals are blanked first.
+_NOT_METAL = [
+    (re.compile(r"\bdouble\b"), ("header", "source"),
+     "'double' is not a Metal type (MSL has no 64-bit float; use float)"),
+    (re.compile(r"\bgoto\b"), ("header", "source"), "'goto' is not in MSL"),
+    (re.compile(r"\bnew\b"), ("header", "source"), "'new' is not in MSL (no dynamic allocation)"),
+    # (`= delete` declares a deleted function, which MSL has)
+    (re.compile(r"(?<![=\s])\s*\bdelete\b|^\s*delete\b"), ("header", "source"),
+     "'delete' is not in MSL (no dynamic allocation)"),
+    (re.compile(r"\bvirtual\b"), ("header", "source"), "virtual functions are not in MSL"),
+    (re.compile(r"\bstatic\b"), ("source",),
+     "a static local variable is not in MSL (a kernel's locals are its thread's)"),
+]
+_LITERALS = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+
+
+def _segments(source: str):
+    """(name, first line's text offset, text) of each `#line 1 "name"` segment."""
+    parts = re.split(r'^#line 1 "([^"\n]*)"\n', source, flags=re.M)
+    for i in range(1, len(parts) - 1, 2):
+        yield parts[i], parts[i + 1]
+
+
+def _refused_constructs(source: str) -> list[str]:
+    """clang-style diagnostics for what _NOT_METAL finds in the kernel's header and body."""
+    found = []
+    for name, text in _segments(source):
+        kind = "header" if name.endswith("(header)") else "source" if name.endswith("(source)") \
+            else None
+        if kind is None:
+            continue
+        # literals and comments blanked, their newlines kept, so lines stay where they were
+        plain = _LITERALS.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+        for number, line in enumerate(plain.splitlines(), 1):
+            for pattern, where, why in _NOT_METAL:
+                if kind in where and pattern.search(line):
+                    found.append(f"{name}:{number}: error: {why}")
+    return found
+
+
 def check(source: str, label: str) -> None:
     """Raises MslCompileError with clang's diagnostics if `source` is not valid
     against the strict Metal model."""
+    refused = _refused_constructs(source)
+    if refused:
+        raise compiler.MslCompileError(
+            f"[metal_kernel] kernel '{label}' failed to compile (strict Metal check, "
+            f"METILE_MSL_STRICT=1):\n" + "\n".join(refused[:20]))
     global _model_fingerprint
     if _model_fingerprint is None:
         _model_fingerprint = _fingerprint()
