@@ -430,8 +430,20 @@ void fault_handler(int sig, siginfo_t* info, void* context) {
 }
 
 // What went wrong, as precisely as the signal tells: the kernel error's text.
-std::string fault_message(const Worker& w, const Fault& f, const std::string& where,
+std::string fault_message(const Worker& w, const Fault& fault, const std::string& where,
                           const FaultDescriber& describe_fault) {
+  Fault f = fault;
+#if defined(__x86_64__)
+  // The CPU runtime compiles integer divisions with a zero check that traps with
+  // `ud1 3(%eax), %eax` (67 0F B9 40 03): the same error as the hardware's own #DE.
+  if (f.signal == SIGILL && f.address != nullptr) {
+    const auto* code = static_cast<const unsigned char*>(f.address);
+    if (code[0] == 0x67 && code[1] == 0x0F && code[2] == 0xB9 && code[3] == 0x40 && code[4] == 0x03) {
+      f.signal = SIGFPE;   // (reported as the hardware's trap is, below)
+      f.code = FPE_INTDIV;
+    }
+  }
+#endif
   char address[32];
   std::snprintf(address, sizeof address, "%p", f.address);
   if (f.signal == SIGFPE) {

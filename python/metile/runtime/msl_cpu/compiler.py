@@ -58,6 +58,14 @@ _FLAGS = [
     # Integer arithmetic wraps, as Triton's (LLVM's add/mul carry no `nsw`) and a GPU's;
     # C++'s signed overflow is undefined, and clang folds `(x + 1) > x` to true.
     "-fwrapv",
+    # A divisor the compiler can prove zero (`x / 0`, `x / (a - a)`) is C++'s undefined
+    # behaviour, and clang deleted the store it fed: no error, an unwritten output.  A
+    # checked division traps instead (x86: `ud1` with the check's kind, which the runtime
+    # reports as the division by zero it is), at a compare and branch a division.
+    "-fsanitize=integer-divide-by-zero",
+    "-fsanitize-trap=integer-divide-by-zero",
+    # Likewise a load through a pointer known to be null was deleted, not made.
+    "-fno-delete-null-pointer-checks",
     # Round every half/bfloat operation like the GPU instead of keeping
     # float intermediates.
     "-Xclang",
