@@ -460,3 +460,42 @@ def test_metal_integer_functions_and_sincos():
     got = np.array(out).reshape(xs.size, 15).tolist()
     assert got == [_integer_functions(a, b, t) for t, (a, b) in
                    enumerate(zip(xs.tolist(), ys.tolist()))]
+
+
+MATRICES = """
+float2x2 m = float2x2(float2(1, 2), float2(3, 4));
+float3x3 a = float3x3(2.0f);
+a[1][2] = 5.0f;
+float4x4 b = float4x4(float4(1, 0, 0, 0), float4(0, 2, 0, 0), float4(0, 0, 3, 0), float4(1, 1, 1, 4));
+float2x2 from_half = float2x2(half2x2(half2(1.0h, 2.0h), half2(0.5h, 1.0h)));
+float2x3 c = float2x3(float3(1, 2, 3), float3(4, 5, 6));
+float3x3 p = c * float3x2(float2(1, 0), float2(0, 1), float2(1, 1));
+float3 v = float3(1, 2, 3) * a;
+out[0] = (m * float2(1, 1)).y; out[1] = v.z; out[2] = determinant(m); out[3] = determinant(a);
+out[4] = determinant(b); out[5] = from_half[1][0]; out[6] = transpose(c)[2][1];
+out[7] = p[2][2]; out[8] = (m * m)[1][1]; out[9] = (2.0f * m + m - m)[0][1];
+"""
+
+
+def test_metal_matrix_types():
+    # (float2x2 ... half4x4 were unknown types to the strict check and the runtime)
+    k = metile.metal_kernel("matrices", ["x"], ["out"], MATRICES)
+    k.check(inputs=[mx.zeros((1,))], output_dtypes=[mx.float32])
+    (out,) = k(inputs=[mx.zeros((1,))], output_shapes=[(10,)], output_dtypes=[mx.float32],
+               grid=(1, 1, 1), threadgroup=(1, 1, 1))
+    m = np.array([[1.0, 3.0], [2.0, 4.0]])              # rows x columns (Metal's are columns)
+    a = 2 * np.eye(3)
+    a[2, 1] = 5.0
+    b = np.array([[1, 0, 0, 1], [0, 2, 0, 1], [0, 0, 3, 1], [0, 0, 0, 4.0]])
+    c = np.array([[1, 4], [2, 5], [3, 6.0]])
+    p = c @ np.array([[1, 0, 1], [0, 1, 1.0]])
+    want = [(m @ [1, 1])[1], (np.array([1, 2, 3]) @ a)[2], np.linalg.det(m), np.linalg.det(a),
+            np.linalg.det(b), 0.5, c.T[1, 2], p[2, 2], (m @ m)[1, 1], 2 * m[1, 0]]
+    np.testing.assert_allclose(np.array(out), want, rtol=1e-6)
+
+
+def test_a_matrix_from_a_list_of_scalars_is_refused_as_metal_refuses_it():
+    k = metile.metal_kernel("matrix_scalars", ["x"], ["out"],
+                            "float2x2 m = float2x2(1, 2, 3, 4); out[0] = m[0][0];")
+    with pytest.raises(metile.MslCompileError):
+        k.check(inputs=[mx.zeros((1,))], output_dtypes=[mx.float32])

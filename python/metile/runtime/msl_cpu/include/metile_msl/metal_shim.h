@@ -56,3 +56,4 @@
 #include "matrix.h"
 #include "mlx_utils.h"
 #include "vector_ctors.h"
+#include "matrix_types.h"

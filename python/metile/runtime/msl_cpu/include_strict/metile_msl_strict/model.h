@@ -139,6 +139,7 @@ METILE_STRICT_PACKED(bfloat, bfloat)
 #include "matrix.h"
 #include <metile_msl/mlx_utils.h>
 #include <metile_msl/vector_ctors.h>
+#include <metile_msl/matrix_types.h>
 
 // packed_float4(x, y, z, w) and friends: Metal's packed vectors construct like
 // the aligned ones (the result converts to the packed type).
