@@ -104,3 +104,115 @@ def test_an_op_the_backward_pass_cannot_replay_is_refused():
     with pytest.raises(metile.CompilationError, match="the backward pass cannot replay 'xor' as an MLX op"):
         mx.grad(lambda a: _bits[(1,)](a, mx.zeros((8,), mx.int32), 8, BLOCK=8).astype(mx.float32)
                 .sum())(mx.arange(8, dtype=mx.int32))
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+def _grad(kernel, *arrays, argnums=0, **kw):
+    return mx.grad(lambda *a: kernel[(1,)](*a, **kw).sum(), argnums=argnums)(*arrays)
+
+
+@metile.kernel(differentiable=True)
+def _masked_other(X, Y, n, m, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < m, other=0.5)
+    metile.store(Y + offs, x * x, mask=offs < n)
+
+
+def test_a_loads_own_mask_and_other_are_replayed():
+    # (the backward pass read the whole input for every load: gradient 2x past the load's
+    # bound, where the kernel squared `other`)
+    x = mx.arange(1, 11).astype(mx.float32)
+    out = _masked_other[(1,)](x, mx.zeros((10,)), 10, 5, BLOCK=16)
+    assert out.tolist() == [1, 4, 9, 16, 25] + [0.25] * 5
+    g = _grad(_masked_other, x, mx.zeros((10,)), 10, 5, BLOCK=16)
+    assert g.tolist() == [2, 4, 6, 8, 10, 0, 0, 0, 0, 0]
+
+
+@metile.kernel(differentiable=True)
+def _converts(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    metile.store(Y + offs, x.to(metile.float16).to(metile.float32) * 2.0, mask=offs < n)
+
+
+@metile.kernel(differentiable=True)
+def _integer_factors(X, I, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    i = metile.load(I + offs, mask=offs < n)
+    metile.store(Y + offs, x * (i // 2).to(metile.float32) + x * (i % 3).to(metile.float32),
+                 mask=offs < n)
+
+
+def test_conversions_and_truncating_integer_division_in_the_backward_pass():
+    # (every conversion crashed the backward pass: 'TileType' object has no attribute 'dtype';
+    # // and % were replayed with Python's floor rounding, the kernel's truncate)
+    assert _grad(_converts, mx.ones((4,)), mx.zeros((4,)), 4, BLOCK=4).tolist() == [2.0] * 4
+    i = mx.array([-7, 7, -8, 5], mx.int32)
+    trunc = [int(v / 2) + (v - int(v / 3) * 3) for v in (-7, 7, -8, 5)]
+    g = _grad(_integer_factors, mx.ones((4,)), i, mx.zeros((4,)), 4, BLOCK=4)
+    assert g.tolist() == trunc
+
+
+def test_an_input_larger_than_the_outputs_gets_zero_gradient_past_them(rng):
+    # (reshape error: the gradients, already the inputs' size, were padded once more)
+    @metile.kernel(differentiable=True)
+    def square(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n)
+        metile.store(Y + offs, x * x, mask=offs < n)
+
+    g = _grad(square, mx.arange(5).astype(mx.float32), mx.zeros((3,)), 3, BLOCK=4)
+    assert g.tolist() == [0, 2, 4, 0, 0]
+
+
+@metile.kernel(differentiable=True)
+def _larger(X, Y, Z, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    y = metile.load(Y + offs, mask=offs < n)
+    metile.store(Z + offs, metile.maximum(x, y) * 3.0, mask=offs < n)
+
+
+def test_maximum_with_a_nan_operand_differentiates_the_number_it_gives():
+    # (the replay used MLX's NaN-propagating maximum: the chosen operand got no gradient)
+    x, y = mx.array([2.0, float("nan"), 1.0]), mx.array([float("nan"), 5.0, 4.0])
+    gx, gy = _grad(_larger, x, y, mx.zeros((3,)), 3, argnums=(0, 1), BLOCK=4)
+    assert gx.tolist() == [3, 0, 0] and gy.tolist() == [0, 3, 3]
+
+
+def test_constant_outputs_and_refusals_that_name_the_cause():
+    @metile.kernel(differentiable=True)
+    def constant(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n)
+        metile.store(Y + offs, metile.full((BLOCK,), 2.0, metile.float32), mask=offs < n)
+
+    # (a constant output failed in the vjp: "Output shape () does not match cotangent shape")
+    x = mx.array([1.0, 2.0, 3.0, 4.0])
+    g = mx.grad(lambda x: (constant[(1,)](x, mx.zeros((4,)), 4, BLOCK=4) * x).sum())(x)
+    assert g.tolist() == [2.0] * 4
+
+    @metile.kernel(differentiable=True)
+    def positional(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n)
+        metile.store(Y + offs, metile.where(offs < 2, x * x, x), mask=offs < n)
+
+    # (passed the check, then a bare KeyError in the backward pass)
+    with pytest.raises(metile.CompilationError, match="the stored value depends on the "
+                                                      "element's position"):
+        _grad(positional, x, mx.zeros((4,)), 4, BLOCK=4)
+
+    @metile.kernel(differentiable=True)
+    def in_place(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n)
+        y = metile.load(Y + offs, mask=offs < n)
+        metile.store(Y + offs, x * y, mask=offs < n)
+
+    # (refused as a launch that does not write every output element, which it does)
+    with pytest.raises(metile.CompilationError, match=r"does not take an output the kernel "
+                                                      r"also loads \('Y': a read-modify-write\)"):
+        _grad(in_place, x, mx.ones((4,)), 4, BLOCK=4)

@@ -28,8 +28,6 @@ the elements the kernel wrote.
 
 from __future__ import annotations
 
-import math
-
 import mlx.core as mx
 
 from ..errors import CompilationError
@@ -37,10 +35,39 @@ from ..ir.core import Function, walk
 from ..ir.types import elem_type
 from ..passes.buffer_usage import block_offsets, defining_op, strip_broadcasts
 
+def _ignoring_nan(pick):
+    """metile's maximum/minimum (Triton's): a NaN operand gives the other one, where MLX's
+    propagates it (and the replay's gradient then missed the chosen operand)."""
+    def f(a, b):
+        a, b = (x if isinstance(x, mx.array) else mx.array(x) for x in (a, b))
+        return mx.where(mx.isnan(a), b, mx.where(mx.isnan(b), a, pick(a, b)))
+    return f
+
+
+def _truncating(op):
+    """Runtime integer // and % truncate toward zero in a kernel (C's, Triton's); MLX's
+    floor_divide and remainder are Python's."""
+    def f(a, b):
+        q, r = mx.floor_divide(a, b), mx.remainder(a, b)
+        q = q + ((r != 0) & ((mx.array(a) < 0) != (mx.array(b) < 0))).astype(q.dtype)
+        return q if op == "idiv" else a - q * b
+    return f
+
+
+def _bitwise_or_logical(bitwise, logical):
+    """`&` / `|` of the kernel: bitwise on integers, logical on bools (as in Triton)."""
+    def f(a, b):
+        ints = [x for x in (a, b) if isinstance(x, mx.array) and x.dtype != mx.bool_]
+        return bitwise(a, b) if ints else logical(a, b)
+    return f
+
+
 _MX = {
     "add": mx.add, "sub": mx.subtract, "mul": mx.multiply, "div": mx.divide,
-    "idiv": mx.floor_divide, "mod": mx.remainder, "maximum": mx.maximum, "minimum": mx.minimum,
-    "and": mx.logical_and, "or": mx.logical_or,
+    "idiv": _truncating("idiv"), "mod": _truncating("mod"),
+    "maximum": _ignoring_nan(mx.maximum), "minimum": _ignoring_nan(mx.minimum),
+    "and": _bitwise_or_logical(mx.bitwise_and, mx.logical_and),
+    "or": _bitwise_or_logical(mx.bitwise_or, mx.logical_or),
     "lt": mx.less, "le": mx.less_equal, "gt": mx.greater, "ge": mx.greater_equal,
     "eq": mx.equal, "ne": mx.not_equal,
     "neg": mx.negative, "not": mx.logical_not, "exp": mx.exp, "log": mx.log, "sqrt": mx.sqrt,
@@ -89,6 +116,39 @@ def check_pointwise(fn: Function) -> None:
                 mask = defining_op(op.operands[mask_index])
                 if mask is None or mask.name != "lt" or mask.operands[0] is not ptr.operands[1]:
                     raise _reject("masks must be `offs < n`", op)
+                if _scalar_bound(mask.operands[1], params) is None:
+                    raise _reject("a mask's bound must be a scalar argument or a constant "
+                                  "(`offs < n`)", op)
+    _check_position_free(fn)
+
+
+def _scalar_bound(value, params: set):
+    """The op or parameter a mask bound `offs < bound` reads, if a scalar one."""
+    root = strip_broadcasts(value)
+    op = defining_op(root)
+    if op is None:
+        return root if id(root) in params else None
+    return op if op.name == "const" else None
+
+
+def _check_position_free(fn: Function) -> None:
+    """The stored values must not read the element's position (program_id, arange): the
+    vjp replays them as maps over whole arrays, where no position exists."""
+    ops = list(walk(fn.body))
+    positional = set()
+    for op in ops:
+        if op.name in ("program_id", "arange"):
+            positional.update(id(r) for r in op.results)
+        elif op.name not in ("ptr_add", "load", "store") and \
+                any(id(v) in positional for v in op.operands):
+            positional.update(id(r) for r in op.results)
+    for op in ops:
+        if op.name == "store" and id(op.operands[1]) in positional:
+            raise _reject("the stored value depends on the element's position (program_id or "
+                          "arange), which the backward pass's replay over whole arrays does "
+                          "not have", op)
+        if op.name == "load" and len(op.operands) > 2 and id(op.operands[2]) in positional:
+            raise _reject("a load's `other=` depends on the element's position", op)
 
 
 def check_fragment_pointwise(fn: Function) -> None:
@@ -161,7 +221,13 @@ def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str
             continue  # an integer extent (check_fragment_pointwise), not part of the values
         elif name == "load":
             root = defining_op(op.operands[0]).operands[0]
-            env[id(op.results[0])] = loaded[_root_name(fn, root)]
+            value = loaded[_root_name(fn, root)]
+            if len(op.operands) > 1:   # `offs < bound` (check_pointwise), else `other`
+                bound = _bound_value(defining_op(op.operands[1]).operands[1], env)
+                other = env.get(id(op.operands[2]), 0) if len(op.operands) > 2 else 0
+                keep = mx.arange(value.size) < bound
+                value = mx.where(keep, value, mx.array(other, value.dtype))
+            env[id(op.results[0])] = value
         elif name == "store":
             root = defining_op(op.operands[0]).operands[0]
             out[_root_name(fn, root)] = env[id(op.operands[1])]
@@ -171,13 +237,28 @@ def replay(fn: Function, loaded: dict[str, mx.array], scalars: dict) -> dict[str
             out[_root_name(fn, op.operands[0])] = env[id(op.operands[5])]
         elif name == "cast":
             value = env[id(op.operands[0])]
-            target = _DTYPES[op.results[0].type.dtype.name]
+            target = _DTYPES[elem_type(op.results[0].type).dtype.name]
             env[id(op.results[0])] = value.astype(target) if isinstance(value, mx.array) else value
         elif name in _MX:
             if not all(id(v) in env for v in op.operands):
                 continue  # an index computation (mask, offsets): not part of the values
             env[id(op.results[0])] = _MX[name](*(env[id(v)] for v in op.operands))
     return out
+
+
+def _bound_value(value, env: dict):
+    """A mask bound's value in the replay: a scalar argument's, or a constant's."""
+    root = strip_broadcasts(value)
+    if id(root) in env:
+        return env[id(root)]
+    op = defining_op(root)
+    return op.attrs["value"]
+
+
+def loaded_buffers(fn: Function) -> set[str]:
+    """The buffer parameters a pointwise kernel (check_pointwise) loads from."""
+    return {_root_name(fn, defining_op(op.operands[0]).operands[0])
+            for op in walk(fn.body) if op.name == "load"}
 
 
 def _root_name(fn: Function, value) -> str:
@@ -203,13 +284,18 @@ def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_
         def expression(*arrays):
             flat = {k: a.reshape(-1)[:n] for k, a in zip(loaded_names, arrays)}
             values = replay(fn, flat, scalars)
-            return [values[k] for k in output_names]
+            # (an output the kernel fills with a constant: that value at every element)
+            return [mx.broadcast_to(values[k] if isinstance(values[k], mx.array)
+                                    else mx.array(values[k], o.dtype), (n,))
+                    for k, o in zip(output_names, outputs)]
 
         cots = [c.reshape(-1)[:n] for c in cotangents]
+        # The expression takes the whole arrays and reads their first n elements, so
+        # the gradients have the arrays' shapes, zero past n (where the kernel reads
+        # nothing); they were padded by size - n once more, a reshape error for an input
+        # larger than the outputs.
         _, grads = mx.vjp(expression, primals, cots)
-        # Elements past n are never read by the kernel: their gradient is zero.
-        return [mx.pad(g.reshape(-1), (0, math.prod(p.shape) - n)).reshape(p.shape)
-                for g, p in zip(grads, primals)]
+        return [g.reshape(p.shape) for g, p in zip(grads, primals)]
 
     return forward
 

@@ -430,6 +430,12 @@ class Dispatch:
             return self._differentiable_fragments(fn, runtime, outputs)
         autodiff.check_pointwise(fn)
         n = min(a.size for a in self.outputs)
+        read_back = [name for name in outputs if name in autodiff.loaded_buffers(fn)]
+        if read_back:
+            raise CompilationError(f"differentiable=True does not take an output the kernel "
+                                   f"also loads ({', '.join(map(repr, read_back))}: a "
+                                   f"read-modify-write); pass its old values as an input "
+                                   f"of their own", self.kernel.loc)
         if self.tracked or any(a.size != n for a in self.outputs):
             raise CompilationError("differentiable=True needs launches that write every output "
                                    "element (grid * BLOCK and n covering the outputs)",
