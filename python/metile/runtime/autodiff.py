@@ -8,7 +8,9 @@ elementwise map qualify (it proves that, or the launch is a CompilationError
 naming why):
 
   * every load and store addresses `program_id(0) * BLOCK + arange(0, BLOCK)`
-    (the canonical 1-D block), with no mask or the mask `offs < n`;
+    (the canonical 1-D block), with no mask or a mask `offs < bound` of a scalar
+    bound (a load's bound and `other=` are replayed), and no stored value reads the
+    position (arange, program_id) itself;
   * no control flow, reductions, matrix products, shared memory or barriers;
   * runtime scalars are constants of the derivative (no gradient flows to them).
 
