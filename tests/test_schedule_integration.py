@@ -202,3 +202,15 @@ def test_a_prepared_launch_called_with_new_arrays_keeps_its_target():
     z = 1.5 * (np.array(x2, np.float64) @ np.array(w, np.float64)) - 0.25
     np.testing.assert_allclose(np.array(out), np.where(z > 0, z, 0.1 * z), rtol=2e-3, atol=2e-3)
     assert matmul_epilogue.last_dispatch.schedule_plan.backend == d.schedule_plan.backend
+
+
+def test_kernel_explain_describes_the_launch_that_ran_last():
+    # (a reused launch did not become the kernel's last_dispatch: after BLOCK 256, 128, 256
+    # the kernel's explain() described the 128 launch)
+    x, y, z, n = add_args(1024)
+    for block in (256, 128, 256):
+        vector_add[(1024 // block,)](x, y, z, n, BLOCK=block)
+        assert json.loads(vector_add.explain())["plan"]["tile_shape"] == [block]
+    vector_add[(8,)].prepare(x, y, z, n, BLOCK=128)
+    vector_add[(4,)](x, y, z, n, BLOCK=256)   # a cached launch after a prepare()
+    assert vector_add.schedule_plan.tile_shape == (256,)

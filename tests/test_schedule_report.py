@@ -146,3 +146,27 @@ def test_debug_dump(tmp_path, monkeypatch, capsys):
     path = debug_dump("plan_only", report.plan)
     assert path.resolve().parent == (tmp_path / "debug_output" / "schedule").resolve()
     assert json.loads(path.read_text())["execution_report"] is None
+
+
+def test_debug_schedule_prints_for_a_kernel_from_the_disk_cache(tmp_path, monkeypatch, capsys):
+    # (a warm compile cache skipped the dump: METILE_DEBUG=schedule printed and saved nothing)
+    import subprocess
+    import sys
+    script = (
+        "import mlx.core as mx, metile\n"
+        "@metile.kernel\n"
+        "def twice(X, Y, n, BLOCK: metile.constexpr):\n"
+        "    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)\n"
+        "    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) * 2, mask=offs < n)\n"
+        "mx.eval(twice[(4,)](mx.ones((1000,)), mx.zeros((1000,)), 1000, BLOCK=256))\n")
+    env = {**__import__("os").environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("METILE_DISABLE_DISK_CACHE", None)
+    (tmp_path / "twice.py").write_text(script)   # (a kernel's source must be a file)
+    for run in ("cold", "warm"):
+        work = tmp_path / run
+        work.mkdir()
+        out = subprocess.run([sys.executable, str(tmp_path / "twice.py")], cwd=work,
+                             capture_output=True,
+                             text=True, env={**env, "METILE_DEBUG": "schedule"}, check=True).stdout
+        assert out.startswith("// metile schedule twice\n"), (run, out)
+        assert len(list((work / "debug_output" / "schedule").glob("twice-*.json"))) == 1, run

@@ -241,9 +241,13 @@ class Launcher:
         if last is not None:
             outs = last._guard.launch(self.grid, args, kwargs)
             if outs is not None:
+                # (what kernel.explain() describes: the launch that ran, which a prepare()
+                # or another signature's launch may have replaced there)
+                kernel.last_dispatch = last
                 return outs
             inputs = last._guard(self.grid, args, kwargs)
             if inputs is not None:
+                kernel.last_dispatch = last
                 return last._fast(inputs, args)
         key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
         if key is not None:
@@ -251,6 +255,7 @@ class Launcher:
             if template is not None:
                 if template._guard is not None:
                     launches.last = template
+                kernel.last_dispatch = template
                 return template._relaunch(args)
         d = self.prepare(*args, **kwargs)
         if d._key is not None:  # this call's key, when the launch can be reused
@@ -632,12 +637,15 @@ class Dispatch:
             if self._guard is not None:
                 outs = self._guard.launch(self.grid_arg, args, kwargs)
                 if outs is not None:
+                    self.kernel.last_dispatch = self
                     return outs
                 inputs = self._guard(self.grid_arg, args, kwargs)
                 if inputs is not None:
+                    self.kernel.last_dispatch = self
                     return self._fast(inputs, args)
             # (the guard also refuses an aliased output: the relaunch's check names it)
             if self._key is not None and _launch_key(self.grid_arg, args, kwargs) == self._key:
+                self.kernel.last_dispatch = self
                 return self._relaunch(args)
             try:
                 d = Dispatch(self.kernel, self.grid_arg, args, kwargs, like=self)

@@ -191,8 +191,13 @@ class Specialization:
             cache.disk_store(self.key, self.entry)
         else:
             compiled = pipeline.CompiledKernel.from_json(data)
+            # (the dumps a compile prints, printed for a kernel from the disk cache too:
+            # METILE_DEBUG=schedule printed nothing with a warm cache)
             if pipeline.dumps(f"emit_{self.backend.language}"):
                 print(compiled.source, file=sys.stdout)
+            if pipeline.dumps("plan_schedule"):
+                from ..compiler import planning
+                planning.dump(self.kernel.fn.__name__, self.plan, compiled.report)
         v = self.variants[proven] = Variant(compiled, self.backend)
         return v
 
