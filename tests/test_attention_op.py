@@ -563,3 +563,20 @@ def test_float64_runs_mlx_op_under_auto():
             np.testing.assert_array_equal(np.array(got), want)
         with pytest.raises(TypeError, match=r"q has dtype mlx.core.float64; supported"):
             metile.ops.scaled_dot_product_attention(q, q, q, scale=0.25, backend="metile")
+
+
+# -- a hostile test (twenty-ninth session) --------------------------------------------------
+
+def test_explain_follows_the_calls_that_run_mlx_op_before_routing(rng):
+    ops = metile.ops
+    # (explain_attention said 'metile' for an empty key length under backend="metile", and
+    # refused a bool scale and an int query, where the op runs MLX's op for all three)
+    q = mx.array(rng.standard_normal((1, 2, 8, 32)).astype(np.float32))
+    k = mx.array(rng.standard_normal((1, 2, 16, 32)).astype(np.float32))
+    empty = k[:, :, :0]
+    assert ops.explain_attention(q, empty, empty, scale=0.2, backend="metile")["path"] == "mlx"
+    for call in (dict(q=q, scale=True), dict(q=q.astype(mx.int32), scale=0.2)):
+        info = ops.explain_attention(call["q"], k, k, scale=call["scale"])
+        assert info["path"] == "mlx" and info["route"]["reason"].startswith("MLX's op: an argument")
+    got = ops.scaled_dot_product_attention(q, empty, empty, scale=0.2, backend="metile")
+    assert got.shape == (1, 2, 8, 32)

@@ -621,3 +621,11 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
     assert "__syncthreads" not in loop
     ok, log = compile_cuda(translation_unit(d), "sm_90")
     assert ok, log
+
+
+def test_explain_says_an_empty_product_is_zeros(rng):
+    # (it reported the GEMV kernel, which the op never launches for no rows)
+    wq, s, b = quantized(rng, (32, 64), mx.float32, 64, 4)
+    info = ops.explain_quantized_matmul(mx.zeros((0, 64)), wq, s, b, backend="metile")
+    assert info["path"] == "zeros"
+    assert ops.quantized_matmul(mx.zeros((0, 64)), wq, s, b, backend="metile").shape == (0, 32)

@@ -560,28 +560,43 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
     if type(force_fused) is not bool:
         raise _fail(TypeError, f"force_fused must be a bool, got {type(force_fused).__name__} "
                                f"{force_fused!r}")
+    why, scale = _before_routing(q, k, v, scale, mask, sinks, backend)
+    if why is not None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                    sinks=sinks, force_fused=force_fused)
+    config, _ = _route(q, k, v, scale, mask, backend)
+    if config is None:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                    force_fused=force_fused)
+    return _run(q, k, v, scale, mask, config)
+
+
+def _before_routing(q, k, v, scale, mask, sinks, backend):
+    """(why MLX's op takes the call before any routing, or None; the scale): what the op
+    and explain_attention decide alike (explain reported a metile kernel for calls that ran
+    MLX's op).  Refuses what backend="metile" cannot take."""
     if mlx_takes_it(backend, q, k, v) or mlx_takes_values(
             backend, (scale, is_real(plain_number(scale)))):
         check_backend("metile.ops.scaled_dot_product_attention", backend)
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=plain_number(scale),
-                                                    mask=mask, sinks=sinks,
-                                                    force_fused=force_fused)
+        return ("MLX's op: an argument the kernels do not take (a dtype other than float32, "
+                "float16, bfloat16, or a scale that is not a number)", plain_number(scale))
     scale = _check(q, k, v, scale, mask)
     if sinks is not None:
         check_backend("metile.ops.scaled_dot_product_attention", backend)
         if backend == "metile":
             raise _fail(ValueError, "sinks: the metile attention kernels have no attention "
                                     "sinks; backend='auto' or 'mlx' runs MLX's op with them")
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
-                                                    sinks=sinks, force_fused=force_fused)
-    if backend == "metile" and _too_large(q, k, mask):
-        raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
-                                f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
-    config, _ = _route(q, k, v, scale, mask, backend)
-    if config is None or 0 in q.shape or k.shape[2] == 0 or _too_large(q, k, mask):
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
-                                                    force_fused=force_fused)
-    return _run(q, k, v, scale, mask, config)
+        return "MLX's op: attention sinks (the kernels have none)", scale
+    if _too_large(q, k, mask):
+        if backend == "metile":
+            raise _fail(ValueError, f"the kernels index with int32 offsets; q {tuple(q.shape)}, "
+                                    f"k {tuple(k.shape)} or the mask has 2**31 elements or more")
+        check_backend("metile.ops.scaled_dot_product_attention", backend)
+        return "MLX's op: 2**31 elements or more (the kernels index with int32)", scale
+    if 0 in q.shape or k.shape[2] == 0:
+        check_backend("metile.ops.scaled_dot_product_attention", backend)
+        return "MLX's op: an empty input (nothing for a kernel to compute)", scale
+    return None, scale
 
 
 def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clock=None) -> dict:
@@ -592,9 +607,12 @@ def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clo
     return decision.to_dict()
 
 
-def explain_attention(q, k, v, *, scale, mask=None, backend: str = "auto") -> dict:
+def explain_attention(q, k, v, *, scale, mask=None, sinks=None, backend: str = "auto") -> dict:
     """Which path a call takes and why (never measures)."""
-    scale = _check(q, k, v, scale, mask)
+    why, scale = _before_routing(q, k, v, scale, mask, sinks, backend)
+    if why is not None:
+        return {"path": "mlx", "config": None,
+                "route": routing.Decision(routing.REFERENCE, "unsupported", why).to_dict()}
     config, decision = _route(q, k, v, scale, mask, backend, measure=False)
     return {"path": "mlx" if config is None else "metile", "config": config,
             "route": decision.to_dict()}

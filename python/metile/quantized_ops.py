@@ -567,6 +567,10 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
     n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
     if mlx_only:
         return {"path": "mlx", "reason": mlx_only}
+    if backend != "mlx" and 0 in (math.prod(x.shape[:-1]), n, k):
+        # (as the op: an empty product is zeros, no kernel; explain reported a kernel)
+        return {"path": "zeros", "reason": "an empty product: zeros of the output's shape, "
+                                           "no kernel"}
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits,
                               backend)
