@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, output_path
 from metile import attention_ops
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
@@ -88,15 +88,16 @@ def main():
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--kv-heads", type=int, default=None, help="default: --heads (MHA)")
     parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--prefill-lengths", type=int, nargs="*", default=[4096])
+    parser.add_argument("--prefill-lengths", type=positive_int, nargs="*", default=[4096])
     parser.add_argument("--decode-lengths", type=int, nargs="*", default=[4096])
     # (20 launches a sync read decode at 4096 keys anywhere from 0.88x to 1.24x of MLX between
     # runs on the H200, s40/s42; 100 a sync, 9 rounds: 0.94x and 1.02x)
-    parser.add_argument("--launches", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--launches", type=positive_int, default=100)
+    parser.add_argument("--rounds", type=positive_int, default=9)
     parser.add_argument("--quick", action="store_true",
-                        help="tiny shapes, 2 launches, 1 round (the CPU runtime)")
-    parser.add_argument("--output")
+                        help="tiny shapes, 2 launches, 2 rounds (the CPU runtime); replaces the shape, launch "
+                             "and round options")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     if args.quick:
         args.heads, args.head_dim = 2, 32

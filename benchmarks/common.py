@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import os
 import platform
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -25,10 +28,53 @@ def machine() -> dict:
     }
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (a count of rounds, launches, tokens, a size)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (a sample's target time)."""
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def output_path(text: str) -> str:
+    """argparse type: a file the report can be written to, checked before the run (an
+    unwritable path failed only after it)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; name a file")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the directory {parent} is not writable")
+    return text
+
+
+def _strict(value):
+    """`value` with NaN and infinities as null: strict JSON other tools can read (a failed
+    sample's NaN made the file invalid JSON)."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def write_report(path: str | None, report: dict) -> None:
     if path:
+        text = json.dumps(_strict(report), indent=2, allow_nan=False)
         with open(path, "w") as f:
-            json.dump(report, f, indent=2)
+            f.write(text)
 
 
 def sample(fn, x, launches: int) -> float:

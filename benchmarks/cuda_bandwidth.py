@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, output_path
 
 SCALE = 0.5
 
@@ -100,10 +100,10 @@ def host_seconds_per_launch(step, x, b, launches) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[16, 64, 256],
+    parser.add_argument("--sizes-mib", type=positive_int, nargs="+", default=[16, 64, 256],
                         help="size of one float32 vector")
-    parser.add_argument("--launches", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--launches", type=positive_int, default=50)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--blocks", type=int, nargs="+", default=[1024, 4096],
                         help="BLOCK values to measure (elements per program)")
     parser.add_argument("--vector-width", type=int, default=None, choices=[1, 4],
@@ -114,7 +114,7 @@ def main():
                         help="also time the same kernel hand-written through mx.fast.cuda_kernel "
                              "and metile.cuda_kernel (once per size, alternating with MLX)")
     parser.add_argument("--peak-gbs", type=float, default=4800.0)
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)

@@ -49,7 +49,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 import metile
-from benchmarks.common import machine, rotate, sample, write_report
+from benchmarks.common import (
+    machine, rotate, sample, write_report, positive_int, positive_float, output_path)
 from metile import attention_ops
 from metile.runtime import cache
 
@@ -182,22 +183,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"],
                         choices=sorted(TOLERANCE))
-    parser.add_argument("--tokens", nargs="*", type=int)
+    parser.add_argument("--tokens", nargs="*", type=positive_int)
     parser.add_argument("--blocks", type=int, default=1)
     parser.add_argument("--variants", nargs="*", default=["auto", "metile"],
                         choices=["auto", "metile", "mlx-again"])
     parser.add_argument("--residual-add", action="store_true",
                         help="probe: residual linears routed to MLX as matmul + add, not addmm")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-ms", type=float, default=60.0, help="wall time per sample")
-    parser.add_argument("--max-launches", type=int, default=50)
+    parser.add_argument("--target-ms", type=positive_float, default=60.0, help="wall time per sample")
+    parser.add_argument("--max-launches", type=positive_int, default=50)
     parser.add_argument("--tune-budget-s", type=float, default=None,
                         help="measurement budget per op signature for 'auto' (routing default)")
     parser.add_argument("--time-anyway", action="store_true",
                         help="time variants outside the tolerance too (marked in the JSON)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run on CPU)")
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     if args.residual_add:
         from metile import ops

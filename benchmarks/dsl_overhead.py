@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import metile  # noqa: E402
 from metile.frontend import source as frontend_source  # noqa: E402
 from dsl_kernels import layernorm, matmul, softmax_rows, vector_add  # noqa: E402
+from benchmarks.common import positive_int  # noqa: E402
 
 
 def cold_compile(reps: int) -> None:
@@ -95,8 +96,8 @@ def launch_overhead(calls: int, rounds: int = 5) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--calls", type=positive_int, default=2000)
+    p.add_argument("--reps", type=positive_int, default=5)
     a = p.parse_args()
     cold_compile(a.reps)
     launch_overhead(a.calls)

@@ -27,7 +27,8 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, rotate, sample, write_report
+from benchmarks.common import (
+    machine, rotate, sample, write_report, positive_int, positive_float, output_path)
 from metile import ops
 
 TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2}
@@ -142,17 +143,18 @@ def run_case(layer, dtype, tokens, sizes, args) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"])
-    parser.add_argument("--tokens", nargs="*", type=int)
+    parser.add_argument("--dtypes", nargs="*", default=["float16", "bfloat16"],
+                        choices=sorted(TOLERANCE))
+    parser.add_argument("--tokens", nargs="*", type=positive_int)
     parser.add_argument("--layers", nargs="*", default=["gated_mlp", "mlp", "linear_gelu"])
     parser.add_argument("--configs", action="store_true", help="every candidate tile too")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-ms", type=float, default=30.0, help="wall time per sample")
-    parser.add_argument("--max-launches", type=int, default=50)
+    parser.add_argument("--target-ms", type=positive_float, default=30.0, help="wall time per sample")
+    parser.add_argument("--max-launches", type=positive_int, default=50)
     parser.add_argument("--time-anyway", action="store_true")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args(argv)
     sizes = dict(QUICK if args.quick else FULL)
     tokens = args.tokens or sizes["tokens"]

@@ -35,7 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, positive_float, output_path
 from metile import model_ops
 from metile.runtime import cache
 
@@ -218,16 +218,16 @@ def main():
     parser.add_argument("--ops", nargs="*", default=list(TARGETS) + ["rope"],
                         choices=list(TARGETS) + ["rope"])
     parser.add_argument("--dtype", default="float16", choices=sorted(TOLERANCE))
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-ms", type=float, default=40.0, help="wall time per sample")
-    parser.add_argument("--max-launches", type=int, default=200)
+    parser.add_argument("--target-ms", type=positive_float, default=40.0, help="wall time per sample")
+    parser.add_argument("--max-launches", type=positive_int, default=200)
     parser.add_argument("--check-rows", type=int, default=64)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run on CPU)")
     parser.add_argument("--shapes", nargs="*", metavar="ROWSxCOLUMNS",
                         help="row-op shapes instead of the default ones (e.g. 131072x128: a "
                              "per-head norm)")
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     dtype = getattr(mx, args.dtype)
     rtol, atol = TOLERANCE[args.dtype]

@@ -18,7 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, output_path
 from metile_kernels.msl_reference import GEMM_SOURCE
 
 EXP_SOURCE = """
@@ -59,9 +59,9 @@ def compare(name, ours, theirs, repeats, work, unit):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--gemm-size", type=int, default=256)
-    parser.add_argument("--output")
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--gemm-size", type=positive_int, default=256)
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     mx.set_default_device(mx.cpu)
     rng = np.random.default_rng(0)

@@ -31,7 +31,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, output_path
 from metile import quantized_ops
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
@@ -144,10 +144,10 @@ def main():
     parser.add_argument("--decode", type=int, nargs=3, action="append", metavar=("ROWS", "K", "N"))
     parser.add_argument("--prefill", type=int, nargs=3, action="append",
                         metavar=("ROWS", "K", "N"))
-    parser.add_argument("--launches", type=int, default=50)
+    parser.add_argument("--launches", type=positive_int, default=50)
     parser.add_argument("--weights", type=int, default=1,
                         help="calls cycle through this many weights (>= 3: out of the L2)")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--chain", type=int, default=1,
                         help="products a compiled call (each on the next weight): times per "
                              "product with the call's host time shared, as in a model's step")
@@ -161,7 +161,7 @@ def main():
                              "candidates (quantized_ops names: MATVEC_ROWS)")
     parser.add_argument("--decode-off", action="store_true", help="time prefill only")
     parser.add_argument("--prefill-off", action="store_true", help="time decode only")
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     for name in args.also + args.also_decode:
         value = getattr(quantized_ops, name, None)

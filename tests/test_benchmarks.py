@@ -40,3 +40,25 @@ def test_schedule_fusion_refuses_tf32():
     run = subprocess.run([sys.executable, "-m", "benchmarks.compiler.schedule_fusion", "--sizes", "32"],
                          cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode != 0 and "set MLX_ENABLE_TF32=0 before starting Python" in run.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rounds", "0"], "argument --rounds: must be a positive int, got 0"),
+    (["--shapes", "8x8", "--output", "/nonexistent-dir/out.json"],
+     "argument --output: the directory /nonexistent-dir does not exist"),
+    (["--target-ms", "-1"], "argument --target-ms: must be a positive number, got -1"),
+])
+def test_bad_benchmark_arguments_are_refused_before_the_run(args, message):
+    # (--rounds 0 wrote NaN ratios and exited 0; an unwritable --output failed after the run)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.model_ops", *args], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_reports_are_strict_json(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import write_report
+    write_report(str(tmp_path / "r.json"), {"ratio": float("nan"), "times": [1.0, float("inf")]})
+    assert json.loads((tmp_path / "r.json").read_text(),
+                      parse_constant=lambda c: pytest.fail(c)) == {"ratio": None,
+                                                                   "times": [1.0, None]}

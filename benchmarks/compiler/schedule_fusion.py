@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 import metile
-from benchmarks.common import machine, write_report
+from benchmarks.common import machine, write_report, positive_int, positive_float, output_path
 from metile.runtime import cache
 from metile_kernels.gemm import grid, matmul, matmul_epilogue
 
@@ -125,14 +125,14 @@ def reports(shape, dtype, a, b, tile: dict) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[64, 256, 1024])
+    parser.add_argument("--sizes", type=positive_int, nargs="*", default=[64, 256, 1024])
     parser.add_argument("--shapes", nargs="*", default=[], metavar="MxNxK",
                         help="non-square problems, e.g. 16x4096x4096 512x4096x11008")
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-ms", type=float, default=50.0, help="wall time per sample")
-    parser.add_argument("--tile", type=int, nargs=3, default=[64, 64, 16], metavar=("BM", "BN", "BK"))
+    parser.add_argument("--target-ms", type=positive_float, default=50.0, help="wall time per sample")
+    parser.add_argument("--tile", type=positive_int, nargs=3, default=[64, 64, 16], metavar=("BM", "BN", "BK"))
     parser.add_argument("--num-simdgroups", type=int, default=None)
     parser.add_argument("--time-anyway", action="store_true",
                         help="also time variants that fail the tolerance gate (marked in the JSON)")
@@ -142,7 +142,7 @@ def main():
                         help="require Schedule(double_buffer=...) for the metile GEMMs")
     parser.add_argument("--num-stages", type=int, default=None,
                         help="require Schedule(num_stages=...) for the metile GEMMs")
-    parser.add_argument("--output")
+    parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
     if args.dtype == "float32" and os.environ.get("MLX_ENABLE_TF32") != "0":
         sys.exit("strict float32 comparison: set MLX_ENABLE_TF32=0 before starting Python "
