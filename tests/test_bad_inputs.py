@@ -1148,8 +1148,9 @@ for _var, _value, _accepted in (
     case(f"env-{_var}-{_value}", with_env(lambda: mk_call(), **{_var: _value}),
          error(ValueError, rf"\[metal_kernel\] invalid {_var}='{_value}': {_accepted}"))
 case("env-cxx-missing", with_env(fresh_kernel_call, METILE_CXX="/nonexistent/clang++"),
-     error(RuntimeError, r"\[metal_kernel\] no suitable C\+\+ compiler found.*set METILE_CXX to a "
-                         r"suitable clang\+\+"), isolate=True)  # the compiler is found once per process
+     error(RuntimeError, r"\[metal_kernel\] METILE_CXX='/nonexistent/clang\+\+' is not a clang\+\+ 17 "
+                         r"or later on PATH.*set METILE_CXX to a suitable clang\+\+"),
+     isolate=True)  # the compiler is found once per process
 case("env-cache-dir-is-a-file", with_env(fresh_kernel_call, METILE_CACHE_DIR=__file__ + "/cache"),
      warns(Warning, r"metile: cannot write the cache directory .*test_bad_inputs.py/cache.*"
                         r"Point METILE_CACHE_DIR at a writable directory", equal(TWICE)))

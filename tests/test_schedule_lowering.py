@@ -318,8 +318,9 @@ def test_elementwise_width_four_with_scalar_tails(rng, n):
     report = d.execution_report
     assert "vectorize_elementwise" in report.passes
     assert report.vectorized_loads == 2 == vector_loads(d, "float4")
-    assert [(lp.kind, lp.elements_per_lane) for lp in report.loops] == \
-        [("interior", 4), ("remainder", 4)]
+    # the remainder is the scalar lane loop: width 1, a step of the lane count
+    assert [(lp.kind, lp.elements_per_lane, lp.iteration_step) for lp in report.loops] == \
+        [("interior", 4, 512), ("remainder", 1, 128)]
 
 
 def test_elementwise_width_four_half(rng):

@@ -128,10 +128,12 @@ class ElementwiseVectorLowering:
         eb = Builder(other)
         eb.loc = b.loc
         shape = op.operands[0].type.shape
-        tail = self.lane_loop(eb, shape, lambda ctx: self.emit_store(
+        self.lane_loop(eb, shape, lambda ctx: self.emit_store(
             ctx.b, op, [self.elem(o, ctx) for o in op.operands]))
+        # (scalar: the report's elements_per_lane is the emitted width, as every other
+        # pass reports it; this said the lane's slot count, 4 for a loop of scalar steps)
         self.loops.append({"induction_variable": "i", "kind": "remainder", "lanes": self.T,
-                           "elements_per_lane": tail.attrs["slots"], "iteration_step": self.T})
+                           "elements_per_lane": 1, "iteration_step": self.T})
         pid = b.value("program_id", [], I32, axis=0)
         pred = b.value("le", [pid, self.const(b, ev.p_max)], BOOL)
         b.op("if", [pred], [], {}, [then, other])
