@@ -20,12 +20,22 @@ def device_name() -> str:
 
 
 def machine() -> dict:
-    return {
+    import metile
+    record = {
         "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "platform": platform.platform(),
         "device": device_name(),
         "mlx_version": mx.__version__,
+        "metile_version": metile.__version__,
     }
+    if mx.default_device() == mx.cpu:
+        # what the CPU runtime compiles kernels with (its numbers depend on it)
+        from metile.runtime.msl_cpu import compiler
+        try:
+            record["msl_cpu_compiler"] = compiler.find_compiler()[1]
+        except RuntimeError as e:
+            record["msl_cpu_compiler"] = f"none: {e}"
+    return record
 
 
 def positive_int(text: str) -> int:

@@ -12,6 +12,7 @@ CPU code it is, it is not a performance target.
 """
 
 import argparse
+import os
 import time
 
 import mlx.core as mx
@@ -63,6 +64,9 @@ def main():
     parser.add_argument("--gemm-size", type=positive_int, default=256)
     parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
+    if args.gemm_size % 64:
+        parser.error(f"--gemm-size must be a multiple of 64 (the kernel's tile), "
+                     f"got {args.gemm_size}")
     mx.set_default_device(mx.cpu)
     rng = np.random.default_rng(0)
 
@@ -85,7 +89,10 @@ def main():
                      output_shapes=[(s, s)], output_dtypes=[mx.float32])[0],
         lambda: a @ b, args.repeats, 2 * s**3, "flop_per_s"))
 
-    write_report(args.output, {**machine(), "cases": rows})
+    write_report(args.output, {
+        **machine(), "configuration": {"repeats": args.repeats, "gemm_size": args.gemm_size,
+                                       "METILE_MSL_THREADS": os.environ.get("METILE_MSL_THREADS")},
+        "cases": rows})
 
 
 if __name__ == "__main__":

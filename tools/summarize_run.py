@@ -43,4 +43,6 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tools/summarize_run.py JUNIT_XML")
     main(sys.argv[1])
