@@ -391,3 +391,19 @@ def test_a_deeply_nested_source_cache_entry_is_a_miss(tmp_path, monkeypatch):
     cache.cache_dir().mkdir(parents=True, exist_ok=True)
     (cache.cache_dir() / f"{'0' * 32}.json").write_text("[" * 100000)
     assert cache.disk_load("0" * 32) is None
+
+
+def test_cache_files_are_readable_as_ordinary_new_files(tmp_path, monkeypatch):
+    # (mkstemp made every entry 0600: a cache directory shared by users could not be read)
+    import stat
+    from metile.runtime import cache
+    from metile.runtime.tuning import TuningCache
+
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("METILE_DISABLE_DISK_CACHE", raising=False)
+    want = 0o666 & ~cache._UMASK
+    cache.disk_store("1" * 32, {"a": 1})
+    assert stat.S_IMODE((cache.cache_dir() / ("1" * 32 + ".json")).stat().st_mode) == want
+    tuning = TuningCache()
+    tuning.store("k", {"format": 1, "key": "k", "winner": "w", "timings": {}})
+    assert stat.S_IMODE(tuning.path("k").stat().st_mode) == want

@@ -123,6 +123,17 @@ def disk_load(key: str) -> dict | None:
     return dict(entry["data"], key=key)
 
 
+# The process's umask, read once (os.umask can only be read by setting it).
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def shareable(fd: int) -> None:
+    """Give a file made by tempfile.mkstemp (0600) the mode an ordinary new file gets
+    (0666 less the umask), so a cache directory shared by several users stays readable."""
+    os.fchmod(fd, 0o666 & ~_UMASK)
+
+
 def disk_store(key: str, data: dict) -> None:
     if settings.flag("METILE_DISABLE_DISK_CACHE"):
         return
@@ -130,6 +141,7 @@ def disk_store(key: str, data: dict) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        shareable(fd)
         data = json.loads(json.dumps(data))     # what a load will see (tuples as lists)
         with os.fdopen(fd, "w") as f:
             json.dump({"key": key, "sha256": _digest(data), "data": data}, f)

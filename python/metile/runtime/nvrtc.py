@@ -253,6 +253,8 @@ def _read(path: Path) -> bytes | None:
 
 
 def _write(path: Path, data: bytes) -> None:
+    from .cache import shareable
+
     directory = path.parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -262,6 +264,7 @@ def _write(path: Path, data: bytes) -> None:
                                 (path, data)):
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
             try:
+                shareable(fd)
                 with os.fdopen(fd, "wb") as f:
                     f.write(content)
                 os.replace(tmp, target)

@@ -181,6 +181,8 @@ class TuningCache:
         with FileLock(str(path) + ".lock"):
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
             try:
+                from .cache import shareable
+                shareable(fd)
                 with os.fdopen(fd, "w") as f:
                     json.dump(entry, f, indent=1, sort_keys=True)
                 os.replace(tmp, path)
