@@ -256,3 +256,13 @@ def test_autotune_argument_checks(cache):
         autotune([], FakeKernel({}), parts(), cache=cache)
     with pytest.raises(ValueError, match="duplicates"):
         autotune([CANDIDATES[0], Config(BLOCK=64, NUM_SG=2)], FakeKernel({}), parts(), cache=cache)
+
+
+def test_a_directory_at_an_entry_is_named_not_the_folder(cache):
+    # (the warning said the tuning folder could not be written, which it could)
+    entry = {"format": 1, "key": "k" * 40, "winner": CANDIDATES[0].key(), "timings": {}}
+    cache.directory.mkdir(parents=True, exist_ok=True)
+    cache.path("k" * 40).mkdir()
+    with pytest.warns(RuntimeWarning, match=r"cannot write the tuning cache entry .*: a "
+                                            r"directory is there"):
+        assert cache.store("k" * 40, entry) is False

@@ -171,6 +171,12 @@ class TuningCache:
             # An unwritable cache only costs measuring again in the next process.
             from .cache import warn_unwritable
 
+            path = self.path(key)
+            if path.is_dir():   # (the folder is fine: the entry's own path is taken)
+                warnings.warn(f"metile: cannot write the tuning cache entry {path}: a directory "
+                              f"is there; this result is measured again in each process",
+                              RuntimeWarning, stacklevel=2)
+                return False
             warn_unwritable(self.directory, e, "autotuning results are not kept between runs, so "
                                                "each process measures them again")
             return False
