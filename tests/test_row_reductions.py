@@ -266,3 +266,17 @@ def test_an_all_nan_row_gives_the_fold_start_on_every_path(R, C):
         np.nanmin(np.where(np.isnan(x), np.inf, x), axis=1)
     np.testing.assert_array_equal(np.array(m), want_m)
     np.testing.assert_array_equal(np.array(n), want_n)
+
+
+def test_the_sum_of_a_bool_tile_counts_its_true_elements():
+    # (refused: "sum() is not defined on tile<8, bool>", where Triton counts in int32 and
+    # metile's own cumsum takes bool tiles)
+    @metile.kernel
+    def count(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.arange(0, BLOCK)
+        x = metile.load(X + offs, mask=offs < n, other=0.0)
+        metile.store(Y + 0, metile.sum(x > 0.5, axis=0))
+
+    x = np.array([0.1, 0.9, 0.7, 0.2, 0.8], np.float32)
+    got = count[(1,)](mx.array(x), mx.zeros((1,), dtype=mx.int32), 5, BLOCK=8)
+    assert got.tolist() == [int((x > 0.5).sum())]

@@ -531,6 +531,9 @@ class Semantics:
         if not isinstance(x, Value) or not isinstance(x.type, TileType):
             raise CompilationError(f"{kind}() needs a tile, got {describe(x)}")
         d = dtype_of(x.type)
+        if d is not None and d.is_bool and kind == "sum":
+            # (Triton's: the count of true elements, in int32, as small ints accumulate)
+            x, d = self.cast(x, dt.int32), dt.int32
         if d is None or d.is_bool:
             raise CompilationError(f"{kind}() is not defined on {x.type}")
         no_fp8(f"{kind}()", d)
