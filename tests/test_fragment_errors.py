@@ -370,3 +370,37 @@ def test_barrier_needs_threadgroup_uniform_while():
     # SIMD-uniform is enough for matrix operations, not for a threadgroup barrier
     rejected(barrier_in_group_while, "# MARK", r"barrier\(\) under control flow that depends on "
              r"thread_id\(\).*every thread of the program must reach it")
+
+
+# -- hostile tests (twenty-ninth session) ---------------------------------------------------
+
+@metile.kernel
+def _lane_chain(A, Out, n, *, L: metile.constexpr, BLOCK: metile.constexpr = 32):
+    scratch = metile.tensor(metile.shared(BLOCK * 2, dtype="f32"), shape=(BLOCK // 4, 8))
+    src = metile.tensor(A, shape=(32, 8), strides=(8, 1), block_shape=(8, 8), access="read")
+    out = metile.tensor(Out, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="write")
+    v = (0,) * L
+    for it in metile.tile_range(0, n):
+        v = v[1:] + (metile.thread_id() % 4 * 8,)
+    out.store((0, 0), src.load((v[0], 0), scratch=scratch), scratch=scratch)
+
+
+@metile.kernel(num_simdgroups=2)
+def _thread_chain(C, n, L: metile.constexpr):
+    v = (0,) * L
+    for it in metile.tile_range(0, n):
+        v = v[1:] + (metile.thread_id(),)   # after L iterations v[0] == thread_id()
+    metile.atomic_add(C, v[0])
+
+
+@pytest.mark.parametrize("hops", [3, 12])
+def test_thread_dependence_many_loop_carried_hops_away_is_found(hops):
+    # (the fixed points stopped after 8 and 4 rounds: past them a lane-dependent matrix origin
+    # compiled and mixed rows, and a per-thread atomic ran once per program)
+    a = mx.arange(256, dtype=mx.float32).reshape(32, 8)
+    with pytest.raises(metile.CompilationError, match="matrix origins, extents and bases must be "
+                                                      "uniform within each SIMD-group"):
+        _lane_chain[(1,)](a, mx.zeros((8, 8)), hops, L=hops, STRICT_MATH=True,
+                          SCHEDULE=metile.Schedule(backend="simdgroup_inline"))
+    got = _thread_chain[(1,)](mx.zeros((1,), mx.int32), hops, L=hops)
+    assert got.tolist() == [sum(range(64))]

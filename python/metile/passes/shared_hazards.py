@@ -137,8 +137,11 @@ class Checker:
                 raise CompilationError("conditional shared-pointer selection is unsupported: "
                                        "shared pointers must resolve to one allocation through "
                                        "offsets only", op.loc)
-        for _ in range(4):  # loop-carried values: to a fixed point, then check
+        while True:  # loop-carried values: to a fixed point (the set only grows), then check
+            before = len(self.lane_divergent)
             self._divergence(self.fn.body)
+            if len(self.lane_divergent) == before:
+                break
         self.checking = True
         self._divergence(self.fn.body)
         reads, writes, matrix = set(), set(), set()
@@ -345,7 +348,7 @@ class Checker:
             if op.name == "for" or op.name == "while":
                 body = op.regions[-1]
                 head = pending
-                for _ in range(4):
+                while True:   # (to a fixed point: the pending set only grows)
                     if op.name == "while":
                         self.run(op.regions[0], head)
                     end = self.run(body, head)

@@ -36,8 +36,10 @@ def _is_tile_op(op: Op) -> bool:
 
 def check_uniformity(fn: Function) -> Function:
     divergent: set[int] = set()
-    # Loop-carried values feed back into their loops: iterate to a fixed point.
-    for _ in range(8):
+    # Loop-carried values feed back into their loops: iterate to a fixed point (the set
+    # only grows, so this ends; a cap of 8 rounds missed a value that became thread-dependent
+    # ten loop-carried hops away, and its barrier or per-thread atomic passed as uniform)
+    while True:
         before = len(divergent)
         _scan(fn.body, divergent, None, check=False)
         if len(divergent) == before:
