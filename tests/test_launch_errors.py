@@ -249,3 +249,29 @@ def test_num_warps_against_the_schedule_names_both():
                                           r"num_simdgroups=4"):
         named_like_metal_attributes[(1,)](x, x, 4, BLOCK=4, num_warps=2,
                                           SCHEDULE=metile.Schedule(num_simdgroups=4))
+
+
+# -- a hostile test (twenty-ninth session) --------------------------------------------------
+
+@metile.kernel
+def _fill_blocks(Z, BLOCK: metile.constexpr = 4):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Z + offs, 1.0)
+
+
+def test_a_grid_changed_in_place_launches_its_current_value():
+    # (the launch cache kept the grid object: a list changed in place, or an mx.array
+    # incremented, ran the first grid's programs again)
+    written = lambda launcher: int(np.array(launcher(mx.zeros((16,)))).sum())
+    grid = [1]
+    held = _fill_blocks[grid]
+    for n in (1, 2, 3):
+        grid[0] = n
+        assert written(_fill_blocks[grid]) == 4 * n and written(held) == 4 * n
+    g = mx.array(1)
+    for n in (1, 2, 3):
+        assert written(_fill_blocks[(g,)]) == 4 * n == written(_fill_blocks[g])
+        g += 1
+    assert written(_fill_blocks[np.array(2)]) == 8
+    with pytest.raises(LaunchError, match="grid must be 1 to 3 non-negative ints"):
+        written(_fill_blocks[{2}])   # (a set: "unhashable type" from the launch cache before)

@@ -221,10 +221,19 @@ def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
 
 
 class Launcher:
-    __slots__ = ("kernel", "grid")
+    __slots__ = ("kernel", "grid", "_plain")
 
     def __init__(self, kernel: "Kernel", grid):
         self.kernel, self.grid = kernel, grid
+        # ints (a tuple of them) and callables are read as they are; anything else (a list,
+        # an mx.array or NumPy value, a tuple holding one) can change after this call, so
+        # each launch reads its current value (a list changed in place, or an mx.array
+        # incremented, ran the first grid again from the launch cache)
+        self._plain = type(grid) is int or callable(grid) or (
+            type(grid) is tuple and all(type(g) is int for g in grid))
+
+    def _grid(self):
+        return self.grid if self._plain else resolve_grid(self.grid, {})
 
     def __call__(self, *args, **kwargs):
         # A repeated launch with the same signature reuses the resolved Dispatch
@@ -236,20 +245,21 @@ class Launcher:
             kernel.refresh()
         except CompilationError as e:
             raise e.with_traceback(None) from None
+        grid = self._grid()
         launches = kernel._launches
         last = launches.last
         if last is not None:
-            outs = last._guard.launch(self.grid, args, kwargs)
+            outs = last._guard.launch(grid, args, kwargs)
             if outs is not None:
                 # (what kernel.explain() describes: the launch that ran, which a prepare()
                 # or another signature's launch may have replaced there)
                 kernel.last_dispatch = last
                 return outs
-            inputs = last._guard(self.grid, args, kwargs)
+            inputs = last._guard(grid, args, kwargs)
             if inputs is not None:
                 kernel.last_dispatch = last
                 return last._fast(inputs, args)
-        key = None if kernel.differentiable else _launch_key(self.grid, args, kwargs)
+        key = None if kernel.differentiable else _launch_key(grid, args, kwargs)
         if key is not None:
             template = launches.get(key)
             if template is not None:
@@ -275,7 +285,7 @@ class Launcher:
     def prepare(self, *args, **kwargs) -> "Dispatch":
         try:
             self.kernel.refresh()
-            return Dispatch(self.kernel, self.grid, args, kwargs)
+            return Dispatch(self.kernel, self._grid(), args, kwargs)
         except CompilationError as e:
             raise e.with_traceback(None) from None  # hide compiler frames
 
