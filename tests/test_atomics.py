@@ -183,3 +183,21 @@ def test_atomic_add_old_value_counts_the_passed_contents():
     x, y = old_value[(1,)](mx.arange(8).astype(mx.float32), mx.zeros((8,)), BLOCK=8)
     np.testing.assert_array_equal(np.array(y), np.arange(8))
     np.testing.assert_array_equal(np.array(x), np.arange(8) + 1)
+
+
+# -- a hostile test (twenty-ninth session) --------------------------------------------------
+
+@pytest.mark.parametrize("order", ["forward", "reverse", "shuffle"])
+def test_a_program_wide_store_is_seen_by_the_threads_that_read_it_back(order, monkeypatch):
+    # (a store every thread makes alike runs once, by thread 0, and no barrier followed it:
+    # with other lane orders the others read the buffer before it was written)
+    monkeypatch.setenv("METILE_LANE_ORDER", order)
+
+    @metile.kernel(num_simdgroups=2)
+    def read_back(X, O):
+        tid = metile.thread_id()
+        metile.store(O, metile.load(X) + 1.0)
+        metile.store(O + 1 + tid, metile.load(O))
+
+    got = read_back[(1,)](mx.array([5.0]), mx.zeros((65,)))
+    assert got.tolist() == [6.0] * 65

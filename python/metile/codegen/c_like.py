@@ -35,6 +35,7 @@ class CEmitter:
     UMULHI = ""                         # high half of a uint32 product, over {x} {y}
     SIMD_REDUCE: dict[str, str] = {}    # reduce kind -> function
     BARRIER = ""
+    DEVICE_BARRIER = ""
     INFINITY = "INFINITY"
     NAN = "NAN"
     SHARED_DECL = "{type} {name}[{size}];"
@@ -257,7 +258,7 @@ class CEmitter:
         elif name == "condition":
             self.emit(f"if (!{a[0]}) break;", depth)
         elif name == "barrier":
-            self.emit(self.BARRIER, depth)
+            self.emit(self.DEVICE_BARRIER if op.attrs.get("device") else self.BARRIER, depth)
         elif name == "var_set":
             self.emit(f"{op.attrs['name']} = {a[0]};", depth)
         elif name == "local_set":

@@ -559,6 +559,7 @@ class CUDAEmitter(CEmitter):
     INFINITY = "cuda::std::numeric_limits<float>::infinity()"
     NAN = "cuda::std::numeric_limits<float>::quiet_NaN()"
     BARRIER = "__syncthreads();"
+    DEVICE_BARRIER = "__syncthreads();"   # (orders global memory within the block too)
     SHARED_DECL = "__shared__ {type} {name}[{size}];"
     BITCAST = "metile_bitcast<{type}>({x})"
     PAIR_FMA = {"float16": "metile_pair_fma_f16({a}, {b}, {c})",

@@ -210,6 +210,8 @@ class MSLEmitter(CEmitter):
     INFINITY = "metal::numeric_limits<float>::infinity()"
     NAN = "metal::numeric_limits<float>::quiet_NaN()"
     BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    # (a device-memory write by one thread ordered before the group's reads of it)
+    DEVICE_BARRIER = "threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);"
     SHARED_DECL = "threadgroup {type} {name}[{size}];"
     PAIR_FMA = {"float16": "metile_pair_fma_f16({a}, {b}, {c})",
                 "bfloat16": "metile_pair_fma_bf16({a}, {b}, {c})"}

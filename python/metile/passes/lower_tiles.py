@@ -69,6 +69,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.place = analyze(fn)
         self.decls: list[Op] = []
         self.scalars: dict[int, Value] = {}
+        self._loaded_roots: set | None = None   # buffers a load reads (once-per-program stores)
         self.storage: dict[int, Storage] = {}
         # (value id, block id) -> its copy in threadgroup memory (shared_copy)
         self.shared_copies: dict[tuple[int, int], Storage] = {}
@@ -572,6 +573,15 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 self.emit_store(tb, op, operands)
                 first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
                 b.op("if", [first], [], regions=[then, Block()])
+                if self._loaded_roots is None:
+                    from ..ir.core import walk
+                    self._loaded_roots = {elem_type(o.operands[0].type).root
+                                          for o in walk(self.fn.body) if o.name == "load"}
+                if elem_type(op.operands[0].type).root in self._loaded_roots:
+                    # the other threads read the buffer later: the one thread's write
+                    # ordered before their reads (every thread of the source wrote it, so
+                    # each would have read its own write; the reads raced the one store)
+                    b.op("barrier", [], [], {"device": True})
             else:
                 self.emit_store(b, op, [self.s(o) for o in op.operands])
             return
