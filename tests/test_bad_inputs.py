@@ -1054,6 +1054,11 @@ ops_cases = [
      r"\[metile.ops\] negative_slope 1000.* does not fit in a float"),
     ("matmul-slope-string", lambda: metile.ops.matmul(A, W.T, epilogue="leaky_relu", negative_slope="x"),
      TypeError, r"\[metile.ops\] negative_slope must be a number, got str 'x'"),
+    ("linear-numpy-x", lambda: metile.ops.linear(np.ones((4, 3), np.float32), W), TypeError,
+     r"\[metile.ops\] x must be an mx.array, got ndarray"),   # (it said "a")
+    ("linear-0d-x", lambda: metile.ops.linear(mx.array(1.0), W), ValueError,
+     r"\[metile.ops\] x must have at least one dimension \(\.\.\., in_features\), got shape "
+     r"\(\)"),   # (it named a and b, and the weight transposed)
     ("linear-1d-weight", lambda: metile.ops.linear(A, mx.ones((3,))), ValueError,
      r"\[metile.ops\] weight must be a 2-D mx.array \(out_features, in_features\)"),
     ("linear-numpy-weight", lambda: metile.ops.linear(A, np.ones((5, 3), np.float32)), ValueError,

@@ -206,8 +206,8 @@ def _promoted(*arrays):
                  for a in arrays)
 
 
-def _check_arrays(a, b):
-    for name, x in (("a", a), ("b", b)):
+def _check_arrays(a, b, names=("a", "b")):
+    for name, x in zip(names, (a, b)):
         if not isinstance(x, mx.array):
             raise TypeError(f"[metile.ops] {name} must be an mx.array, got {type(x).__name__}")
         if x.dtype not in _DTYPES:
@@ -216,10 +216,10 @@ def _check_arrays(a, b):
         raise TypeError(f"[metile.ops] operands must share a dtype, got {a.dtype} and {b.dtype}")
 
 
-def _check(a, b, activation, slope=LEAKY_SLOPE):
-    """linear's (..., K) @ (K, N)."""
+def _check(a, b, activation, slope=LEAKY_SLOPE, names=("a", "b")):
+    """linear's (..., K) @ (K, N); `names` as the caller's arguments are called."""
     _check_activation(activation, slope)
-    _check_arrays(a, b)
+    _check_arrays(a, b, names)
     if a.ndim < 1 or b.ndim != 2:
         raise ValueError(f"[metile.ops] expected a (..., K) and b (K, N), got {a.shape} and {b.shape}")
     if a.shape[-1] != b.shape[0]:
@@ -978,7 +978,11 @@ def _check_linear(x, weight, bias, activation, slope):
         raise ValueError(f"[metile.ops] x's last dimension is {x.shape[-1]}, but weight "
                          f"{tuple(weight.shape)} (out_features, in_features) takes "
                          f"{weight.shape[1]} input features")
-    _check(x, weight.T, activation, slope)
+    if isinstance(x, mx.array) and x.ndim < 1:
+        # (the product's message named a and b, and the weight transposed)
+        raise ValueError(f"[metile.ops] x must have at least one dimension (..., in_features), "
+                         f"got shape {tuple(x.shape)}")
+    _check(x, weight.T, activation, slope, names=("x", "weight"))
     if bias is None:
         return
     if not isinstance(bias, mx.array):
