@@ -404,3 +404,20 @@ def test_thread_dependence_many_loop_carried_hops_away_is_found(hops):
                           SCHEDULE=metile.Schedule(backend="simdgroup_inline"))
     got = _thread_chain[(1,)](mx.zeros((1,), mx.int32), hops, L=hops)
     assert got.tolist() == [sum(range(64))]
+
+
+def test_a_constant_index_outside_a_shared_array_is_refused():
+    # (it read the neighbouring shared array, which no bounds check fences)
+    @metile.kernel(num_simdgroups=1)
+    def outside(O):
+        s = metile.shared(32)
+        t = metile.shared(32)
+        tid = metile.thread_id()
+        metile.store(t + tid, 7.0)
+        metile.store(s + tid, 1.0)
+        metile.barrier()
+        metile.store(O + tid, metile.load(s + 40))
+
+    with pytest.raises(metile.CompilationError, match="load\\(\\) of element 40 of a shared array "
+                                                      "of 32 elements: outside it"):
+        outside[(1,)](mx.zeros((32,)))

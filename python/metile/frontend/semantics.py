@@ -32,7 +32,7 @@ import operator
 from dataclasses import replace
 from math import prod
 
-from ..ir.core import Builder, Value
+from ..ir.core import Builder, Op, Value
 from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
 from ..ir.types import (PointerType, ScalarType, TileType, dtype_of, elem_type, is_pointer,
                         shape_of, with_shape)
@@ -452,6 +452,8 @@ class Semantics:
     def load(self, ptr, mask=None, other=None):
         if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
             raise CompilationError(f"load() needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+        if mask is None:
+            _check_shared_index(ptr, "load()")
         pt: PointerType = elem_type(ptr.type)
         ops = [ptr]
         if mask is not None:
@@ -467,6 +469,8 @@ class Semantics:
         what = "store()"
         if not (isinstance(ptr, Value) and is_pointer(ptr.type)):
             raise CompilationError(f"{what} needs a pointer, got {describe(ptr)}{param_hint(ptr)}")
+        if mask is None:
+            _check_shared_index(ptr, what)
         pt: PointerType = elem_type(ptr.type)
         if isinstance(value, Value) and is_pointer(value.type):
             raise CompilationError(f"{what} of a pointer: MLX exposes no device addresses, so "
@@ -621,3 +625,25 @@ class Semantics:
         elif not isinstance(acc, Value) or acc.type != rtype:
             raise CompilationError(f"dot() accumulator must be a {rtype}, got {describe(acc)}")
         return self.b.value("dot", [a, b, acc], rtype)
+
+
+def _check_shared_index(ptr: Value, what: str) -> None:
+    """Refuses a scalar access at a constant element outside its shared array: it read or
+    wrote the neighbouring allocation, which no bounds check fences (device buffers are)."""
+    if isinstance(ptr.type, TileType):
+        return
+    offset, v = 0, ptr
+    while isinstance(v.owner, Op) and v.owner.name == "ptr_add":
+        step = v.owner.operands[1]
+        const = step.owner.attrs.get("value") if isinstance(step.owner, Op) and \
+            step.owner.name == "const" else None
+        if type(const) is not int:
+            return
+        offset, v = offset + const, v.owner.operands[0]
+    if isinstance(v.owner, Op) and v.owner.name == "shared_alloc":
+        size = v.owner.attrs.get("size")
+        if isinstance(size, int) and not 0 <= offset < size:
+            raise CompilationError(f"{what} of element {offset} of a shared array of {size} "
+                                   f"elements: outside it (threadgroup memory is not fenced, so "
+                                   f"it would {'read' if what.startswith('load') else 'write'} "
+                                   f"the neighbouring array)")
