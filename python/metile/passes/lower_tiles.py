@@ -28,7 +28,7 @@ from __future__ import annotations
 from math import ceil, prod
 
 from ..errors import CompilationError
-from ..ir.core import Block, Builder, Function, Op, Value
+from ..ir.core import Block, Builder, Function, Op, Value, walk
 from ..ir.ops import DEBUG, ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
 from ..language import dtypes as dt
@@ -574,7 +574,6 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
                 b.op("if", [first], [], regions=[then, Block()])
                 if self._loaded_roots is None:
-                    from ..ir.core import walk
                     self._loaded_roots = {elem_type(o.operands[0].type).root
                                           for o in walk(self.fn.body) if o.name == "load"}
                 if elem_type(op.operands[0].type).root in self._loaded_roots:
@@ -793,7 +792,6 @@ class _Stored:
 
 def largest_tile(fn: Function) -> int:
     """Elements of the kernel's largest tile value (0 without tiles)."""
-    from ..ir.core import walk
     return max((r.type.numel for op in walk(fn.body) for r in op.results
                 if isinstance(r.type, TileType)), default=0)
 
