@@ -32,10 +32,11 @@ import operator
 from dataclasses import replace
 from math import prod
 
-from ..ir.core import Builder, Op, Value
+from ..ir.core import Builder, Value
 from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
 from ..ir.types import (PointerType, ScalarType, TileType, dtype_of, elem_type, is_pointer,
                         shape_of, with_shape)
+from ..passes.shared_hazards import pointer_origin
 from ..language import dtypes as dt
 from ..errors import CompilationError
 
@@ -632,18 +633,12 @@ def _check_shared_index(ptr: Value, what: str) -> None:
     wrote the neighbouring allocation, which no bounds check fences (device buffers are)."""
     if isinstance(ptr.type, TileType):
         return
-    offset, v = 0, ptr
-    while isinstance(v.owner, Op) and v.owner.name == "ptr_add":
-        step = v.owner.operands[1]
-        const = step.owner.attrs.get("value") if isinstance(step.owner, Op) and \
-            step.owner.name == "const" else None
-        if type(const) is not int:
-            return
-        offset, v = offset + const, v.owner.operands[0]
-    if isinstance(v.owner, Op) and v.owner.name == "shared_alloc":
-        size = v.owner.attrs.get("size")
-        if isinstance(size, int) and not 0 <= offset < size:
-            raise CompilationError(f"{what} of element {offset} of a shared array of {size} "
-                                   f"elements: outside it (threadgroup memory is not fenced, so "
-                                   f"it would {'read' if what.startswith('load') else 'write'} "
-                                   f"the neighbouring array)")
+    alloc, offset = pointer_origin(ptr)
+    if alloc is None or offset is None:
+        return
+    size = alloc.attrs.get("size")
+    if isinstance(size, int) and not 0 <= offset < size:
+        raise CompilationError(f"{what} of element {offset} of a shared array of {size} "
+                               f"elements: outside it (threadgroup memory is not fenced, so "
+                               f"it would {'read' if what.startswith('load') else 'write'} "
+                               f"the neighbouring array)")

@@ -88,7 +88,7 @@ def constant_value(v: Value):
     return None
 
 
-def _pointer_origin(v: Value):
+def pointer_origin(v: Value):
     """(shared_alloc op, constant element offset or None) of a threadgroup pointer."""
     offset = 0
     while _def(v) is not None and v.owner.name == "ptr_add":
@@ -153,7 +153,7 @@ class Checker:
                     if op.name in MATRIX:
                         matrix.add(p.root)
                 else:
-                    alloc, _ = _pointer_origin(op.operands[0])
+                    alloc, _ = pointer_origin(op.operands[0])
                     if alloc is not None and alloc.attrs["root"] in self.scratch:
                         raise CompilationError(
                             "scratch misuse: the scratch allocation is owned by the compiler; "
@@ -283,7 +283,7 @@ class Checker:
         p = elem_type(base.type)
         if p.space != "threadgroup":
             return
-        alloc, offset = _pointer_origin(base)
+        alloc, offset = pointer_origin(base)
         s0, s1 = op.attrs["strides"]
         e0, e1 = op.attrs["extent"]
         size = alloc.attrs["size"]
@@ -312,7 +312,7 @@ class Checker:
         p = elem_type(op.operands[0].type)
         if p.space != "threadgroup" or p.root in self.scratch:
             return []
-        alloc, offset = _pointer_origin(op.operands[0])
+        alloc, offset = pointer_origin(op.operands[0])
         root = alloc.attrs["root"] if alloc else p.root
         lo = hi = None
         step = 0

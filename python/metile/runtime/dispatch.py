@@ -445,7 +445,8 @@ class Dispatch:
             return self._differentiable_fragments(fn, runtime, outputs)
         autodiff.check_pointwise(fn)
         n = min(a.size for a in self.outputs)
-        read_back = [name for name in outputs if name in autodiff.loaded_buffers(fn)]
+        loaded_by_kernel = autodiff.loaded_buffers(fn)
+        read_back = [name for name in outputs if name in loaded_by_kernel]
         if read_back:
             raise CompilationError(f"differentiable=True does not take an output the kernel "
                                    f"also loads ({', '.join(map(repr, read_back))}: a "
