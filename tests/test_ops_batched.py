@@ -295,9 +295,28 @@ def test_bad_dtypes_and_linear_ranks_fail_early():
         ops.linear(mx.array(1.0), mx.zeros((5, 3)))
     with pytest.raises(ValueError, match=r"x's last dimension is 4, but weight \(5, 3\)"):
         ops.linear(mx.zeros((2, 7, 4)), mx.zeros((5, 3)))
-    with pytest.raises(ValueError, match=r"residual shape \(7, 5\) does not match the output "
-                                         r"shape \(2, 7, 5\)"):
-        ops.linear(mx.zeros((2, 7, 3)), mx.zeros((5, 3)), residual=mx.zeros((7, 5)))
+    with pytest.raises(ValueError, match=r"residual shape \(7, 4\) does not broadcast to the "
+                                         r"output shape \(2, 7, 5\)"):
+        ops.linear(mx.zeros((2, 7, 3)), mx.zeros((5, 3)), residual=mx.zeros((7, 4)))
+    with pytest.raises(ValueError, match=r"residual shape \(3, 7, 5\) does not broadcast"):
+        ops.linear(mx.zeros((7, 3)), mx.zeros((5, 3)), residual=mx.zeros((3, 7, 5)))
+
+
+@pytest.mark.parametrize("shape", [(5,), (7, 5), (2, 1, 5), (7, 1)])
+@pytest.mark.parametrize("backend", ["metile", "auto"])
+def test_linear_residual_broadcasts_as_numpy_adds(shape, backend):
+    # x @ w.T + residual broadcasts the residual; so does the fused epilogue's (twice: the
+    # second call takes any replay the first recorded), and its gradient sums it back
+    rng = np.random.default_rng(3)
+    x, w, r = (rng.standard_normal(s).astype(np.float32) for s in ((2, 7, 3), (5, 3), shape))
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + r
+    for _ in range(2):
+        got = ops.linear(mx.array(x), mx.array(w), residual=mx.array(r), backend=backend)
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+    grad = mx.grad(lambda r: ops.linear(mx.array(x), mx.array(w), residual=r,
+                                        backend=backend).sum())(mx.array(r))
+    # (each residual element is added to 2*7*5 / its count of the output's elements)
+    np.testing.assert_array_equal(np.array(grad), np.full(shape, 70 / np.prod(shape)))
 
 
 # -- the batched kernel's CUDA source -----------------------------------------------------------

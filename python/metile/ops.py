@@ -949,25 +949,38 @@ def _linear_args(x, weight, bias, activation, negative_slope, residual):
     """`linear`'s arguments checked and flattened to rows: (arrays, residual as rows x N)."""
     _check_activation(activation, negative_slope)
     _check_linear(x, weight, bias, activation, negative_slope)
-    _check_residual(x, weight, residual)
+    residual = _check_residual(x, weight, residual)
     x2 = _rows(x)
     r2 = None if residual is None else residual.reshape(x2.shape[0], weight.shape[0])
     return ((x2, weight) if bias is None else (x2, weight, bias)), r2
 
 
 def _check_residual(x, weight, residual):
+    """The residual checked and broadcast to the output's shape (as `x @ w.T + residual`
+    broadcasts; MLX's autodiff sums the broadcast back for its gradient)."""
     if residual is None:
-        return
+        return None
     if not isinstance(residual, mx.array):
         raise TypeError(f"[metile.ops] residual must be an mx.array or None, got "
                         f"{type(residual).__name__}")
     want = (*x.shape[:-1], weight.shape[0])
     if tuple(residual.shape) != want:
-        raise ValueError(f"[metile.ops] residual shape {tuple(residual.shape)} does not match "
-                         f"the output shape {want}")
+        if not _broadcasts_to(tuple(residual.shape), want):
+            raise ValueError(f"[metile.ops] residual shape {tuple(residual.shape)} does not "
+                             f"broadcast to the output shape {want}")
+        residual = mx.broadcast_to(residual, want)
     if residual.dtype != x.dtype:
         raise TypeError(f"[metile.ops] residual has dtype {residual.dtype}; expected x's "
                         f"dtype {x.dtype}")
+    return residual
+
+
+def _broadcasts_to(shape, want) -> bool:
+    """Whether numpy broadcasting takes `shape` to exactly `want` (the output's rank and
+    sizes: a residual never widens the output)."""
+    if len(shape) > len(want):
+        return False
+    return all(s in (1, w) for s, w in zip(shape[::-1], want[::-1]))
 
 
 def _check_linear(x, weight, bias, activation, slope):
@@ -1002,8 +1015,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
            negative_slope: float = LEAKY_SLOPE):
     """activation(x @ weight.T + bias) + residual, weight stored (out_features,
     in_features) as in MLX; x is (..., in_features) of any rank >= 1, the result
-    (..., out_features); `residual` (optional) has the output's shape and x's dtype
-    (the transformer's residual add).  On the metile path bias, activation and residual
+    (..., out_features); `residual` (optional) has x's dtype and broadcasts to the
+    output's shape (the transformer's residual add).  On the metile path bias, activation and residual
     are one fused epilogue."""
     if mlx_takes_it(backend, x, weight, bias, residual):
         # an int or float64 operand: MLX's composite, as mlx.nn.Linear computes it
@@ -1014,6 +1027,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     key = op_replay.key("linear", options, x, weight, bias, residual) \
         if weight is not None and x is not None and _plain_options(*options) else None
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
+    if r2 is not None and residual.shape != (*x.shape[:-1], weight.shape[0]):
+        key = None   # a broadcast residual: replays reshape their arrays, never broadcast
     x2 = arrays[0]
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
