@@ -196,11 +196,18 @@ def convert_all(model: nn.Module, backend: str = "auto"):
     return report, switched
 
 
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="metile", choices=["auto", "metile", "mlx"])
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    parser.add_argument("--tokens", type=int, default=12)
+    parser.add_argument("--tokens", type=positive_int, default=12)
     args = parser.parse_args()
     cfg = Config(dtype=args.dtype)
     reference, model = build(cfg), build(cfg)   # same seed: the same weights

@@ -62,3 +62,29 @@ def test_reports_are_strict_json(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text(),
                       parse_constant=lambda c: pytest.fail(c)) == {"ratio": None,
                                                                    "times": [1.0, None]}
+
+
+@pytest.mark.parametrize("command,message", [
+    (["-m", "benchmarks.regression.paired_regression", "--baseline-root", "/nonexistent"],
+     "--baseline-root /nonexistent is not a metile source tree (no python/metile)"),
+    (["examples/decoder_block.py", "--tokens", "0"],
+     "argument --tokens: must be a positive integer, got 0"),
+])
+def test_tools_refuse_bad_arguments_with_a_message(command, message):
+    # (each ended in a traceback: a copy into the missing tree, a reshape of no tokens)
+    run = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr, \
+        run.stderr
+
+
+def test_triton_peer_without_torch_says_what_it_needs():
+    pytest.importorskip("mlx")
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed here")
+    except ImportError:
+        pass
+    run = subprocess.run([sys.executable, "-m", "benchmarks.compiler.triton_peer", "--shapes",
+                          "8x8x8"], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode != 0 and "triton_peer needs torch and Triton" in run.stderr \
+        and "Traceback" not in run.stderr, run.stderr

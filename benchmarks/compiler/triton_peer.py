@@ -187,7 +187,11 @@ def main(argv=None):
     shapes = resolve_arguments(args, merged)
 
     # torch and Triton only from here on, so this module imports without them
-    from benchmarks.compiler import triton_gemm
+    try:
+        from benchmarks.compiler import triton_gemm
+    except ImportError as e:
+        raise SystemExit(f"triton_peer needs torch and Triton (the H200 image's python3 has "
+                         f"both): {e}") from None
 
     section, versions = triton_gemm.measure(shapes, args)
     # Re-read so results written to the file meanwhile are kept.

@@ -102,6 +102,10 @@ def main():
     parser.add_argument("--output")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
+    for flag, root in (("--baseline-root", args.baseline_root), ("--current-root",
+                                                                   args.current_root)):
+        if not (root / "python" / "metile").is_dir():
+            raise SystemExit(f"{flag} {root} is not a metile source tree (no python/metile)")
     notes = [n for n in (_ensure_extension(args.baseline_root.resolve()),
                          _ensure_extension(args.current_root.resolve())) if n]
 
