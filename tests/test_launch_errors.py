@@ -207,6 +207,21 @@ def test_shapeless_compile_is_refused_by_name():
     g = mx.compile(lambda a: metile.ops.rms_norm(a, w, 1e-5, backend="metile"), shapeless=True)
     with pytest.raises(ValueError, match=r"kernel 'rms_norm' is built for the shapes"):
         mx.eval(g(mx.ones((4, 8))))
+    # every later shape too, for each row op: their rows were a reshape, which kept the
+    # traced shape and failed first ("[reshape] Cannot reshape array of size 224")
+    rows_ops = {"rms_norm": lambda a: metile.ops.rms_norm(a, mx.ones((16,)), 1e-5,
+                                                           backend="metile"),
+                "softmax": lambda a: metile.ops.softmax(a, backend="metile"),
+                "rope": lambda a: metile.ops.rope(a, 8, traditional=False, base=1e4,
+                                                  scale=1.0, offset=3, backend="metile"),
+                "linear": lambda a: metile.ops.linear(a, mx.ones((4, 16)), backend="metile")}
+    for name, op in rows_ops.items():
+        c = mx.compile(op, shapeless=True)
+        kernel = "matmul_epilogue" if name == "linear" else name
+        for t in (4, 7):
+            with pytest.raises(ValueError, match=rf"kernel '{kernel}' is built for the "
+                                                 r"shapes it was traced with"):
+                mx.eval(c(mx.ones((1, 2, t, 16))))
     # MLX's ops (backend="mlx", and auto's MLX route) stay shapeless
     h = mx.compile(lambda a: metile.ops.rms_norm(a, w, 1e-5, backend="mlx"), shapeless=True)
     for rows in (4, 6):

@@ -46,6 +46,7 @@ from . import op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    rows as _rows,
     mlx_takes_it,
     mlx_takes_values,
     plain_number,
@@ -121,10 +122,6 @@ def _kernel_refusal(rows: int, columns: int, *arrays) -> str | None:
     if rows * columns > MAX_ELEMENTS:
         return f"{rows * columns} elements pass the kernels' int32 indices"
     return None
-
-
-def _rows(x):
-    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 # -- kernel configurations ----------------------------------------------------------------------
@@ -706,6 +703,15 @@ def _softmax_axes(x, axis) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _axes_as_rows(moved, kept: int):
+    """`moved` (its `kept` leading axes, then the reduced ones) as (rows, columns) by
+    flattens (shapeless-compile safe, as op_routing.rows)."""
+    if moved.ndim == 0:
+        return moved.reshape(1, 1)
+    a = mx.flatten(moved, kept, -1) if moved.ndim - kept > 1 else moved
+    return _rows(a) if kept != 1 else a
+
+
 @op_replay.entry(("x",), ("axis", "precise", "backend", "stream"))
 def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=None):
     """`mx.softmax(x, axis, precise=precise)` (here axis defaults to the last one, the
@@ -746,7 +752,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
             key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise), route.decision)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     with op_replay.recording() as launches:
-        y = _softmax_fn(_frozen(route.config), hold)(moved.reshape(rows, columns))
+        y = _softmax_fn(_frozen(route.config), hold)(_axes_as_rows(moved, len(kept)))
     if moved is x:   # (the last axes: no transposes around the kernel)
         _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape, _softmax_composite)
     y = y.reshape(moved.shape)

@@ -86,6 +86,14 @@ def on_stream(op: str, stream, call):
 TOLERANCE = {mx.float32: 2e-3, mx.float16: 1e-2, mx.bfloat16: 5e-2}
 
 
+def rows(a):
+    """`a` (..., K) as rows (prod(...), K): by flatten, whose shape follows its input's,
+    where a reshape keeps the traced shape - under mx.compile(shapeless=True) a reshape
+    failed on the second shape before the kernel could say why it cannot go there; a 1-D
+    `a` is one row."""
+    return mx.flatten(a, 0, -2) if a.ndim > 1 else a[None]
+
+
 def dtype_name(dtype) -> str:
     """An MLX dtype's short name ("float16"), as routing keys, reports and kernel
     constants spell it."""

@@ -62,6 +62,7 @@ from . import lazy_graph, matmul_shapes, op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
+    rows as _rows,
     check_backend,
     mlx_takes_it,
     config_name as _op_config_name,
@@ -862,11 +863,6 @@ def _route(op, arrays, activation, slope, backend, *, measure=None, force=False,
 
 
 # -- public ops ---------------------------------------------------------------------------------
-
-def _rows(a):
-    # an explicit row count: reshape(-1, 0) cannot infer it when K is 0
-    return a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
-
 
 def _layout(b) -> str:
     """matmul's right-operand layout: "a@b.T" when `b` is, unevaluated, a transposed

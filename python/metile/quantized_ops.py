@@ -49,6 +49,7 @@ from . import op_replay
 from .language import dtypes as dt
 from .runtime import routing
 from .op_routing import (
+    rows as _rows,
     FLOAT_DTYPES as _DTYPES,
     check_backend,
     config_name,
@@ -538,7 +539,7 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     rows = math.prod(lead)
     if rows == 0 or n == 0 or k == 0:
         return mx.zeros((*lead, n), out_dtype)
-    x2 = x.reshape(rows, k).astype(out_dtype)
+    x2 = _rows(x).astype(out_dtype)
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
     if config is None:
         op_replay.remember_composite(key, _composite(transpose, group_size, bits, mode),
