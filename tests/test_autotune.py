@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import metile
+from conftest import requires_msl_device
 
 
 @metile.kernel
@@ -153,6 +154,7 @@ def test_warmup_and_reps_are_checked_where_written():
             metile.autotune(configs=[metile.Config(BLOCK=64)], **kw)
 
 
+@requires_msl_device   # (apple10's MSL runs on Metal or the CPU only)
 def test_a_target_is_tuned_on_its_own(tmp_path, monkeypatch):
     # (the key ignored target=: a winner measured for the CPU was replayed for apple10,
     # whose plans differ - with a tile apple10 could not take, a CompilationError in every

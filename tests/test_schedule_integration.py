@@ -11,6 +11,7 @@ import metile
 from metile.frontend.errors import CompilationError, LaunchError
 from metile.schedule import Schedule
 from dsl_kernels import softmax_rows, vector_add
+from conftest import requires_msl_device
 
 PLAN_FIELDS = ["backend", "threadgroup_size", "simdgroup_grid", "tile_shape", "staging", "vector_width",
                "double_buffer", "reasons", "cooperative_layout", "outer_bounds_proven",
@@ -191,6 +192,7 @@ def test_a_prepared_launch_called_with_new_arrays_keeps_its_schedule():
     assert vector_add.last_dispatch.schedule_plan.vector_width is None
 
 
+@requires_msl_device   # (apple10's MSL runs on Metal or the CPU only)
 def test_a_prepared_launch_called_with_new_arrays_keeps_its_target():
     from metile_kernels.gemm import grid, matmul_epilogue
     m = n = k = 64
