@@ -126,14 +126,47 @@ def test_other_variants_take_no_tensor_maps(monkeypatch):
 
 @needs_sass
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_sass_has_bulk_tensor_copies_and_keeps_a_product_group_in_flight(dtype):
+@pytest.mark.parametrize("refill", ["empty", "barrier"])
+def test_sass_has_bulk_tensor_copies_and_keeps_a_product_group_in_flight(dtype, refill,
+                                                                           monkeypatch):
+    monkeypatch.setenv("METILE_WGMMA_REFILL", refill)
     d = prepare(1000, 1000, 1000, dtype, matmul_epilogue, args=(1.5, 0.25), EPILOGUE="relu")
     cubin, log = nvrtc.cubin(nvrtc.translation_unit(d), "sm_90a", ["--ptxas-options=-v"])
     sass = nvrtc.disassemble(cubin)
     assert "UTMALDG.2D" in sass and "UTMACCTL" in sass      # the copies; the map's fence
-    # every loop (bulk tensor, whole groups, checked copies) keeps wait_group 1
-    assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 3
+    # every loop (bulk tensor, whole groups, checked copies) keeps wait_group 1 (with empty
+    # barriers the SASS holds two more of them: ptxas lays the bulk-tensor loop's wait out
+    # more than once)
+    assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == (3 if refill == "barrier" else 5)
     assert "C751" not in log and "0 bytes spill stores" in log
+
+
+@needs_sass
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_refills_by_empty_barriers(dtype, monkeypatch):
+    # the default (METILE_WGMMA_REFILL=empty): no block barrier in the loop; every warp
+    # releases the stage it finished and thread 0 waits for that before refilling it
+    monkeypatch.delenv("METILE_WGMMA_REFILL", raising=False)
+    d = prepare(1000, 1000, 1000, dtype)
+    assert "empty_barrier_refills" in d.execution_report.passes
+    loop = tma_branch(d.variant.data["body"])
+    loop = loop[loop.index("for (int _"):]   # the K loop
+    assert "__syncthreads()" not in loop
+    assert "metile_mbar_arrive(" in loop and loop.count("metile_mbar_wait(") == 2
+    assert "metile_mbar_init_count(" in d.variant.data["body"]
+    cubin, log = nvrtc.cubin(nvrtc.translation_unit(d), "sm_90a", ["--ptxas-options=-v"])
+    assert "0 bytes spill stores" in log
+    assert nvrtc.disassemble(cubin).count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1
+    # "barrier": a block barrier a K step orders the refills instead
+    monkeypatch.setenv("METILE_WGMMA_REFILL", "barrier")
+    d = prepare(1000, 1000, 1000, dtype)
+    loop = tma_branch(d.variant.data["body"])
+    loop = loop[loop.index("for (int _"):]
+    assert "empty_barrier_refills" not in d.execution_report.passes
+    assert "__syncthreads()" in loop and "metile_mbar_arrive(" not in loop
+    monkeypatch.setenv("METILE_WGMMA_REFILL", "fence")
+    with pytest.raises(ValueError, match="METILE_WGMMA_REFILL='fence' is not one of barrier, empty"):
+        prepare(1000, 1000, 1000, dtype)
 
 
 def test_prepared_off_the_gpu_the_template_is_zeros():

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s113   -- empty-barrier refills as the default: GPU tests, model layers A/B
 #   OUT=$OUT bash tools/device_next.sh s32    -- shared launch configurations: GPU tests, launch parts and cost
 #   OUT=$OUT bash tools/device_next.sh s31    -- decoder block A/A at more launches and rounds, T 512/2048
 #   OUT=$OUT bash tools/device_next.sh s30    -- post-s29 GPU tests, eager cost, GEMV sweep, decoder block A/A
@@ -97,7 +98,17 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s111 ]; then
+if [ "$mode" = s113 ]; then
+  # the TMA loop's refills by empty mbarriers as the default (s112 measured them): the GPU
+  # tests of the bulk-tensor loop and the dual GEMM, then issue 14's model layers (gated
+  # MLP, the MLP forward) with the default and, as the control, METILE_WGMMA_REFILL=barrier
+  gpu_tests 170 -k "gpu or dual" test_gemm_tma test_dual_gemm test_linear_fused_reads
+  for refill in empty barrier; do
+    METILE_WGMMA_REFILL=$refill timeout 150 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 \
+      --tokens 512 2048 --layers gated_mlp mlp --rounds 5 \
+      --output "$logs/h200-model-layers-refill-$refill.json" 2>&1 | grep -E "T=" | tail -12 | tee -a "$log"
+  done
+elif [ "$mode" = s111 ]; then
   # the twenty-ninth session's fixes on the GPU (conditional expressions that run one side,
   # the loop variable after a loop, ops handing numbers the kernels refuse to MLX's op, a
   # prepared launch keeping its schedule and target, autotune keyed by target) and rope
@@ -110,6 +121,11 @@ if [ "$mode" = s111 ]; then
     --output "$logs/h200-model-ops-add_rms_norm-float16.json" 2>&1 | grep -E "16384x8192|32768" | tail -4 | tee -a "$log"
   ncu_times 120 ncu-add-rms-vs-mlx tools/probes/row_kernels_vs_mlx.py add_rms_norm
   timeout 60 python3 tools/probes/hbm_ceiling.py torch "$logs/h200-hbm-ceiling-torch.json" 2>&1 | tail -3 | tee -a "$log"
+elif [ "$mode" = refill ]; then
+  # (branch exp/tma-empty-barriers) the bulk-tensor loop's refills by empty mbarriers: the
+  # GPU tests of the TMA loop in that setting, then the probe at every MLP shape
+  METILE_WGMMA_REFILL=empty gpu_tests 150 -k "gpu" test_gemm_tma test_gemm_wgmma
+  timeout 200 python3 tools/probes/refill_order.py "$logs/h200-refill-order.json" --rounds 3 2>&1 | grep " us " | tee -a "$log"
 elif [ "$mode" = s110 ]; then
   # rope on the GPU after its freqs gradient moved to the CPU stream (MLX's CUDA RoPE::vjp
   # refuses freqs, s108)

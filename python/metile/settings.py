@@ -126,6 +126,20 @@ def cuda_launch() -> str:
     return choice("METILE_CUDA_LAUNCH", ("metile", "mlx"), "metile")
 
 
+def wgmma_refill() -> str:
+    """METILE_WGMMA_REFILL: what orders a stage's refill after its products in the
+    warpgroup GEMM's bulk-tensor (TMA) loop (passes/gemm_wgmma.py): "empty" (the default:
+    each stage also has an "empty" mbarrier every warp arrives at once its wait for
+    products shows the stage's tile done; thread 0 waits on it, after issuing the step's
+    products, before refilling the stage; no block barrier in the loop) or "barrier" (a
+    block barrier every K step, after which thread 0 copies).  The step's block barrier was
+    the top stall of the 512x11008x4096 float16 product (ncu, H200, s107: 2,452 samples);
+    "empty" against it at the MLP's shapes (s112, tools/probes/refill_order.py): the dual
+    GEMM 152.8 -> 147.2 us at T=512 and 608.8 -> 599.6 at 2048, 2048x11008x4096
+    323.1 -> 314.1, the other products within 1%."""
+    return choice("METILE_WGMMA_REFILL", ("barrier", "empty"), "empty")
+
+
 def wgmma_dual() -> str:
     """METILE_WGMMA_DUAL: how a dual GEMM (ops.gated_mlp's kernel) multiplies on Hopper's
     warpgroup unit: "split" (the default: one m64nBN product per B tile, each re-reading

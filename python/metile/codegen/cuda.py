@@ -316,6 +316,12 @@ __device__ __forceinline__ void metile_tma_acquire(const unsigned char* slot) {
 __device__ __forceinline__ void metile_mbar_init(unsigned long long* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(metile_smem_u32(bar)) : "memory");
 }
+__device__ __forceinline__ void metile_mbar_init_count(unsigned long long* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(metile_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void metile_mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(metile_smem_u32(bar)) : "memory");
+}
 __device__ __forceinline__ void metile_mbar_expect(unsigned long long* bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(metile_smem_u32(bar)), "r"(bytes) : "memory");
 }
@@ -730,6 +736,9 @@ class CUDAEmitter(CEmitter):
                           f"static_cast<long long>({ld}) * {size});", depth + 2)
             self.emit(f"for (int s = 0; s < {at['stages']}; ++s) metile_mbar_init(&{smem}[{16 * n} + s]);",
                       depth + 2)
+            if at.get("empty"):
+                self.emit(f"for (int s = 0; s < {at['stages']}; ++s) metile_mbar_init_count("
+                          f"&{smem}[{16 * n + at['stages']} + s], {at['empty']});", depth + 2)
             # the barriers' initialization visible to the bulk copies' completions
             self.emit('asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");', depth + 2)
             self.emit("}", depth + 1)
@@ -741,6 +750,13 @@ class CUDAEmitter(CEmitter):
                 self.emit(f"metile_tma_acquire({slot} + {128 * i});", depth + 2)
             self.emit("}", depth + 1)
             self.emit("}", depth)
+        elif op.name in ("tma_release", "tma_empty_wait"):
+            bar = f"&{smem}[{16 * at['maps'] + at['stages']} + {a[0]}]"
+            if op.name == "tma_empty_wait":
+                self.emit(f"metile_mbar_wait({bar}, {a[1]});", depth)
+            else:   # lane 0 once the warp's lanes are all here
+                self.emit("__syncwarp();", depth)
+                self.emit(f"if ((threadIdx.x & 31u) == 0) metile_mbar_arrive({bar});", depth)
         elif op.name == "tma_expect":
             self.emit(f"metile_mbar_expect(&{smem}[{16 * at['maps']} + {a[0]}], {at['bytes']});", depth)
         elif op.name == "tma_copy":

@@ -42,6 +42,8 @@ class Backend:
     # a dual GEMM's two products on the warpgroup unit: "split" (one m64nBN product each)
     # or "joined" (one m64n(2BN) product over both B tiles; settings.wgmma_dual)
     wgmma_dual: str = "split"
+    # what orders a TMA stage's refill: "barrier" or "empty" mbarriers (settings.wgmma_refill)
+    wgmma_refill: str = "empty"
 
     @property
     def emitter(self):
@@ -121,7 +123,7 @@ def _fingerprint(kind: str) -> str:
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
                        "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY",
-                       "METILE_WGMMA_DUAL")
+                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL")
 
 
 def device_type():
@@ -190,7 +192,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
                    fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True),
-                   settings.wgmma_dual())
+                   settings.wgmma_dual(), settings.wgmma_refill())
 
 
 def _cuda_scalars() -> str:

@@ -141,7 +141,11 @@ WGMMA = frozenset({"wgmma", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_
 # the block's slot of the launch's scratch; tma_expect(stage){smem, maps, bytes} arms the
 # stage's barrier; tma_copy(dst_offset, inner, outer, stage){dst, map, smem, maps} copies
 # one box into `dst`; tma_wait(stage, parity){smem, maps} waits for the stage's phase.
-TMA = frozenset({"tma_prepare", "tma_expect", "tma_copy", "tma_wait"})
+# With tma_prepare's attr empty (an arrival count) each stage also has an "empty" barrier
+# after the stages' barriers: tma_release(stage){smem, maps, stages} arrives there once a
+# warp; tma_empty_wait(stage, parity){smem, maps, stages} waits for its phase.
+TMA = frozenset({"tma_prepare", "tma_expect", "tma_copy", "tma_wait", "tma_release",
+                 "tma_empty_wait"})
 # The names of the template input and scratch output a TMA kernel takes (after the rest).
 TMA_TEMPLATE, TMA_SLOTS = "metile_tmap_template", "metile_tmap_slots"
 

@@ -72,6 +72,8 @@ class WarpgroupGemm:
     # A dual GEMM's products: "split" or "joined" (the backend's, METILE_WGMMA_DUAL;
     # `_joined_dual`)
     wgmma_dual = "split"
+    # what orders the bulk-tensor loop's refills: "barrier" or "empty" (METILE_WGMMA_REFILL)
+    wgmma_refill = "empty"
     # joined: the up projection's accumulator index past the gate's (BN/2), else None
     wg_split = None
 
@@ -379,21 +381,37 @@ class WarpgroupGemm:
         pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
         count = len(maps)
-        smem = self.decl("shared", dt.uint64, 16 * count + s, "_tma", align=128)
+        empty = self.wgmma_refill == "empty"
+        if empty:
+            self.lowering_passes.append("empty_barrier_refills")
+        # 16 words a map (its encoded map), each stage's barrier, then (empty) each
+        # stage's empty barrier: one arrival a warp
+        smem = self.decl("shared", dt.uint64, 16 * count + (2 if empty else 1) * s, "_tma",
+                         align=128)
         self.tensor_maps = [{"dtype": m["dtype"], "box": m["box"]} for m in maps]
         b.op("tma_prepare", [v for _, _, vs in prepare for v in vs], [],
              {"roots": [r for r, _, _ in prepare], "sizes": [z for _, z, _ in prepare],
-              "smem": smem, "stages": s})
+              "smem": smem, "stages": s, **({"empty": self.T // 32} if empty else {})})
         b.op("barrier")
         tid = b.value("thread_id", [], I32)
         first = b.value("eq", [tid, self.const(b, 0)], BOOL)
         tile_bytes = sum(prod(m["shape"]) * m["st"].dtype.itemsize for m in maps)
 
-        def issue(lb: Builder, t: Value, stage: Value) -> None:
+        def issue(lb: Builder, t: Value, stage: Value, refill: bool = True) -> None:
             go = lb.value("and", [first, lb.value("lt", [t, n], BOOL)], BOOL)
             then = lb.op("if", [go], [], {}, [_block(), _block()])
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
+            if empty and refill:
+                # the stage's last tile (t - S) released by every warp: phase t / S - 1 of
+                # its empty barrier
+                drained = tb.op("if", [tb.value("ge", [t, self.const(tb, s)], BOOL)], [], {},
+                                [_block(), _block()])
+                db = Builder(drained.regions[0])
+                db.loc = lb.loc
+                parity = self._i(db, "mod", self._i(db, "add", self._i(db, "idiv", t, s), 1), 2)
+                db.op("tma_empty_wait", [stage, parity], [],
+                      {"smem": smem, "maps": count, "stages": s})
             tb.op("tma_expect", [stage], [], {"smem": smem, "maps": count, "bytes": tile_bytes})
             for i, m in enumerate(maps):
                 shape, axis = m["shape"], m["axis"]
@@ -408,19 +426,33 @@ class WarpgroupGemm:
                           {"dst": m["st"].name, "map": i, "smem": smem, "maps": count})
 
         for t in range(dist):
-            issue(b, self.const(b, t), self.const(b, t))
+            issue(b, self.const(b, t), self.const(b, t), refill=False)
 
         def body(lb: Builder, t: Value) -> None:
             stage = self._i(lb, "mod", t, s)
             parity = self._i(lb, "mod", self._i(lb, "idiv", t, s), 2)
             lb.op("tma_wait", [stage, parity], [], {"smem": smem, "maps": count})
-            lb.op("barrier")
             nxt = self._i(lb, "add", t, dist)
-            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            if not empty:
+                lb.op("barrier")
+                issue(lb, nxt, self._i(lb, "mod", nxt, s))
             lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
             self._wgmma_products(lb, stage, lb.value("ne", [t, self.const(lb, 0)], BOOL))
             lb.op("wgmma_commit")
+            if empty:
+                # after this step's products are issued: thread 0's wait for the stage's
+                # release (tile t-1-W_p, released at the end of step t-1) overlaps the
+                # tensor cores' work on the tiles in flight
+                issue(lb, nxt, self._i(lb, "mod", nxt, s))
             lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
+            if empty:   # this warp is done with tile t - W_p
+                done = self._i(lb, "sub", t, pending)
+                rel = lb.op("if", [lb.value("ge", [done, self.const(lb, 0)], BOOL)], [], {},
+                            [_block(), _block()])
+                rb = Builder(rel.regions[0])
+                rb.loc = lb.loc
+                rb.op("tma_release", [self._i(rb, "mod", done, s)], [],
+                      {"smem": smem, "maps": count, "stages": s})
 
         self._for(b, 0, n, 1, "t", body)
         b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})

@@ -811,7 +811,8 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
                 scalars=None, shared_limit: int = SHARED_BYTES, gemm_plan=None,
                 shared_optin: int = 0, language: str | None = None,
                 dot_fragments: bool = False, mma_layout: bool = False,
-                wgmma_carry: bool = True, wgmma_dual: str = "split") -> Function:
+                wgmma_carry: bool = True, wgmma_dual: str = "split",
+                wgmma_refill: str = "empty") -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
@@ -819,7 +820,8 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     matrix unit (lower_dot_fragments.py); `mma_layout` lets them and the code around them
     stay in its accumulator layout (mma_layout.py, lower_mma_layout.py); `wgmma_carry`
     lets a warpgroup product there run round a loop's back edge (carried_products);
-    `wgmma_dual` is how a dual GEMM's products take the warpgroup unit (gemm_wgmma.py)."""
+    `wgmma_dual` is how a dual GEMM's products take the warpgroup unit, `wgmma_refill`
+    what orders its bulk-tensor loop's refills (gemm_wgmma.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
@@ -827,6 +829,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     first.dot_fragments_allowed = dot_fragments
     first.wgmma_carry = wgmma_carry
     first.wgmma_dual = wgmma_dual
+    first.wgmma_refill = wgmma_refill
     try:
         return first.run()
     except SharedOverflow:
@@ -837,4 +840,5 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     later = Lowering(*args)
     later.dot_fragments_allowed = False
     later.wgmma_dual = wgmma_dual
+    later.wgmma_refill = wgmma_refill
     return later.run()
