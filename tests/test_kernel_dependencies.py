@@ -215,3 +215,116 @@ def test_negative_zero_is_not_zero_to_the_launch_caches():
         with np.errstate(divide="ignore"):
             want = np.float32(1.0) / (np.float32(1.0) * np.float32(s)) / np.float32(kw.get("C", 1.0))
         np.testing.assert_array_equal(got, np.full(4, want, np.float32))
+
+
+# -- attribute chains at any depth and on objects (thirtieth session) ------------------------
+
+class Outer:
+    class Nested:
+        VAL = 1.0
+
+
+class Holder:
+    pass
+
+
+CFG = Holder()
+CFG.inner = Holder()
+CFG.inner.VAL = 10.0
+
+
+@metile.kernel
+def through_chains(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) * Outer.Nested.VAL + CFG.inner.VAL,
+                 mask=mask)
+
+
+def test_chains_of_attributes_are_used_by_the_next_launch(monkeypatch):
+    # Outer.Nested.VAL and an object's attribute (CFG.inner.VAL) were not followed: the
+    # first launch's values ran on
+    x = mx.arange(10, dtype=mx.float32)
+    xn = np.arange(10, dtype=np.float64)
+    np.testing.assert_allclose(_run(through_chains, x), xn + 10.0)
+    monkeypatch.setattr(Outer.Nested, "VAL", 7.0)
+    np.testing.assert_allclose(_run(through_chains, x), xn * 7.0 + 10.0)
+    monkeypatch.setattr(CFG.inner, "VAL", -2.0)
+    np.testing.assert_allclose(_run(through_chains, x), xn * 7.0 - 2.0)
+    other = Holder()
+    other.VAL = 4.0
+    monkeypatch.setattr(CFG, "inner", other)     # an object of the chain rebound
+    np.testing.assert_allclose(_run(through_chains, x), xn * 7.0 + 4.0)
+
+
+def test_disk_cache_keyed_on_chains_into_packages_and_objects(tmp_path):
+    # pkg.consts.SCALE, pkg.consts.helper and cfg.V hashed only `pkg` (a module's name) or
+    # the object's repr: a second process read the first one's kernel
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("from . import consts\n")
+    template = textwrap.dedent("""
+        import metile
+        SCALE = {scale}
+        @metile.inline
+        def helper(v):
+            return v + {offset}
+    """)
+    script = textwrap.dedent("""
+        import sys, types, mlx.core as mx, numpy as np, metile
+        sys.path.insert(0, sys.argv[1])
+        import pkg
+        cfg = types.SimpleNamespace(V=float(sys.argv[2]))
+
+        @metile.kernel
+        def k(X, Y, BLOCK: metile.constexpr):
+            o = metile.arange(0, BLOCK)
+            metile.store(Y + o, pkg.consts.helper(metile.load(X + o)) * pkg.consts.SCALE + cfg.V)
+
+        print(np.array(k[(1,)](mx.ones((4,)), mx.zeros((4,)), BLOCK=4)).tolist()[0])
+    """)
+    path = tmp_path / "k.py"
+    path.write_text(script)
+    import os
+    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for scale, offset, v in ((2.0, 0.0, 0.0), (5.0, 0.0, 0.0), (5.0, 1.0, 0.0), (5.0, 1.0, 3.0)):
+        (tmp_path / "pkg" / "consts.py").write_text(template.format(scale=scale, offset=offset))
+        r = subprocess.run([sys.executable, str(path), str(tmp_path), str(v)],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(float(r.stdout.strip()))
+    assert outs == [2.0, 5.0, 10.0, 13.0]
+
+
+def test_the_source_is_read_when_the_kernel_is_defined(tmp_path):
+    # a file edited after its import (no reload) gave the kernel's first compile the text
+    # now at its lines: another kernel's body once lines were inserted above it
+    (tmp_path / "mod.py").write_text(textwrap.dedent("""
+        import metile
+
+        @metile.kernel
+        def kern(X, Y, BLOCK: metile.constexpr):
+            o = metile.arange(0, BLOCK)
+            metile.store(Y + o, metile.load(X + o) * 2.0)
+
+        @metile.kernel
+        def other(X, Y, BLOCK: metile.constexpr):
+            o = metile.arange(0, BLOCK)
+            metile.store(Y + o, metile.load(X + o) - 100.0)
+    """))
+    script = textwrap.dedent("""
+        import sys, mlx.core as mx, numpy as np
+        sys.path.insert(0, sys.argv[1])
+        import mod
+        path = sys.argv[1] + "/mod.py"
+        text = open(path).read()
+        open(path, "w").write("# a\\n# b\\n# c\\n# d\\n# e\\n" + text.replace("* 2.0", "* 5.0"))
+        print(np.array(mod.kern[(1,)](mx.ones((4,)), mx.zeros((4,)), BLOCK=4)).tolist()[0])
+    """)
+    (tmp_path / "run.py").write_text(script)
+    import os
+    env = {**os.environ, "METILE_DISABLE_DISK_CACHE": "1"}
+    r = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout.strip()) == 2.0

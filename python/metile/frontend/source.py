@@ -45,6 +45,20 @@ class FunctionSource:
 
 
 _cache: dict[object, FunctionSource] = {}
+# (lines, first line, file) of each kernel and helper, read when it was defined
+_captured: dict[object, tuple] = {}
+
+
+def capture(fn) -> None:
+    """Read `fn`'s source now, as its decorator runs, so that a file edited after the
+    import (no reload) cannot give the function another text - lines inserted above a
+    kernel made its first compile read the body of the function below it.  A function
+    with no readable source (exec'd) is left to function_source's error."""
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        _captured[fn] = (lines, first, inspect.getsourcefile(fn) or "<unknown>")
+    except (OSError, TypeError):
+        pass
 
 
 def function_source(fn) -> FunctionSource:
@@ -52,8 +66,8 @@ def function_source(fn) -> FunctionSource:
     if src is not None:
         return src
     try:
-        lines, first = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or "<unknown>"
+        lines, first, file = _captured.get(fn) or (*inspect.getsourcelines(fn),
+                                                  inspect.getsourcefile(fn) or "<unknown>")
     except (OSError, TypeError) as e:
         raise CompilationError(f"cannot read the source of {fn.__qualname__}: {e}") from None
     raw = "".join(lines)
@@ -71,6 +85,12 @@ def function_source(fn) -> FunctionSource:
                                Loc(file, first, indent))
     if isinstance(tree, ast.AsyncFunctionDef):
         raise CompilationError("async functions cannot be kernels", Loc(file, first, indent))
+    if tree.name != fn.__name__:
+        # (source read after its file changed: the lines now hold another function)
+        raise CompilationError(f"the source of {fn.__qualname__} in {file} at line {first} is "
+                               f"now the function {tree.name!r}: the file changed since it "
+                               f"was imported; reload the module",
+                               Loc(file, first, indent))
     src = FunctionSource(fn, file, first, indent, text, tree)
     _cache[fn] = src
     return src

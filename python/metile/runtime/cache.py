@@ -78,15 +78,14 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
     src = function_source(fn)
     h = hashlib.sha256(src.text.encode())
     scope = {**fn.__globals__, **src.closure()}
-    for name, attr in dependencies.names(src.tree):
+    for name, attrs in dependencies.names(src.tree):
         if name not in scope:
             continue
-        value = scope[name]
-        if attr is None:
-            h.update(f"{name}={_describe(value, seen)};".encode())
-        elif dependencies.has_attributes(value) and hasattr(value, attr):
-            # consts.SCALE, Config.BLOCK: the value read, not only the module's name
-            h.update(f"{name}.{attr}={_describe(getattr(value, attr), seen)};".encode())
+        value = dependencies.follow(scope[name], attrs)
+        if value is not dependencies.MISSING:
+            # consts.SCALE, pkg.consts.SCALE, cfg.VAL: the value read, not only the
+            # module's name or the object's repr
+            h.update(f"{'.'.join((name, *attrs))}={_describe(value, seen)};".encode())
     return h.hexdigest()[:24]
 
 

@@ -18,7 +18,7 @@ import types
 
 from ..language.dtypes import DType
 
-_MISSING = object()
+_MISSING = MISSING = object()
 # Values compared by identity: immutable, or replaced (not mutated) when a user
 # edits them.  Anything else (lists, dicts, arrays) is also compared by repr, so
 # an in-place edit counts as a change.
@@ -56,27 +56,46 @@ def _locals(tree: ast.AST) -> set:
     return out - declared
 
 
-def names(tree: ast.AST) -> list[tuple[str, str | None]]:
-    """Global names read, and `name.attr` chains (a module's or class's attributes, such
-    as a helper defined in another module or a setting on a class) as (name, attr) pairs,
-    once each in a stable order (the disk key hashes them in it); never the function's
-    own locals."""
+def names(tree: ast.AST) -> list[tuple[str, tuple[str, ...]]]:
+    """Global names read, as (name, ()), and attribute chains on them as (name, attrs):
+    `consts.SCALE`, `pkg.consts.SCALE`, `cfg.inner.VAL` (a module's, class's or object's
+    attributes, at any depth; every prefix of a chain is one too), once each in a stable
+    order (the disk key hashes them in it); never the function's own locals."""
     local = _locals(tree)
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
                 node.id not in local:
-            found.add((node.id, None))
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                node.value.id not in local:
-            found.add((node.value.id, node.attr))
-    return sorted(found, key=lambda p: (p[0], p[1] or ""))
+            found.add((node.id, ()))
+        elif isinstance(node, ast.Attribute):
+            attrs, base = [], node
+            while isinstance(base, ast.Attribute):
+                attrs.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id not in local:
+                found.add((base.id, tuple(reversed(attrs))))
+    return sorted(found)
 
 
 def has_attributes(value) -> bool:
-    """Whether `name.attr` reads of `value` are followed attribute by attribute: modules
-    and classes, whose repr does not show their attributes."""
+    """Whether `value` stands for its attributes rather than a value of its own: modules
+    and classes (their repr does not show their attributes), whose reads the chains that
+    name them follow."""
     return isinstance(value, (types.ModuleType, type))
+
+
+def follow(value, attrs: tuple):
+    """`value.a.b...` for attrs (a, b, ...), or _MISSING where one is absent (or its
+    property raises); metile's own functions end the chain (their attributes are not
+    what a kernel reads)."""
+    for attr in attrs:
+        if value is _MISSING or hasattr(value, "__metile_builtin__"):
+            return _MISSING
+        try:
+            value = getattr(value, attr)
+        except Exception:
+            return _MISSING
+    return value
 
 
 class Snapshot:
@@ -95,20 +114,28 @@ class Snapshot:
         src = function_source(fn)
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         glob = fn.__globals__
-        for name, attr in names(src.tree):
+        for name, attrs in names(src.tree):
             if name in cells:
                 get = _cell_getter(cells[name])
-            elif name in glob:
-                get = _dict_getter(glob, name)
             else:
-                # A builtin, a local, or a global defined later: record its absence.
+                # (a builtin, a local, or a global defined later: its absence is recorded)
                 get = _dict_getter(glob, name)
             value = get()
-            if attr is not None:
-                if not has_attributes(value):
-                    continue
-                get = _attr_getter(value, attr)
-                value = get()
+            for i, attr in enumerate(attrs):
+                if value is _MISSING or hasattr(value, "__metile_builtin__"):
+                    value = _MISSING
+                    break
+                if has_attributes(value):
+                    # a module's or class's attribute: read from that object (as bound
+                    # now) at each check, the cheap common case (consts.SCALE)
+                    get = _attr_getter(value, attr)
+                    value = get()
+                else:
+                    # an object's (cfg.inner.VAL): followed from the object's own name
+                    # each time, so rebinding `cfg` or `cfg.inner` is a change too
+                    get = _chain_getter(get, attrs[i:])
+                    value = get()
+                    break
             # Names that are not globals (locals, builtins), modules and metile's
             # own functions cannot change what a kernel means between launches.
             if value is _MISSING or has_attributes(value) or \
@@ -124,11 +151,26 @@ class Snapshot:
     def changed(self) -> bool:
         for get, value, text in self._refs:
             now = get()
+            if now is value and text is None:
+                continue
             # by identity, or (lists, dicts, namespaces) by repr: the same object edited
-            # in place is a change too
-            if (now is not value) if text is None else (_repr(now) != text):
+            # in place is a change too; an equal number or tuple made anew (an attribute
+            # such as an array's `.shape` builds one a read) is not
+            if text is not None:
+                if _repr(now) != text:
+                    return True
+            elif now is not value and not (type(now) is type(value) and _plain(value)
+                                           and repr(now) == repr(value)):
                 return True
         return False
+
+
+def _plain(value) -> bool:
+    """Numbers, strings and tuples of them: their repr is their value (-0.0 and NaN
+    included, which == would not keep)."""
+    if isinstance(value, tuple):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (int, float, bool, str, bytes, type(None)))
 
 
 def _dict_getter(d: dict, name: str):
@@ -144,5 +186,9 @@ def _cell_getter(cell):
     return get
 
 
-def _attr_getter(module, attr: str):
-    return lambda: getattr(module, attr, _MISSING)
+def _attr_getter(owner, attr: str):
+    return lambda: getattr(owner, attr, _MISSING)
+
+
+def _chain_getter(root, attrs: tuple):
+    return lambda: follow(root(), attrs)

@@ -35,6 +35,7 @@ from ..compiler.backend import Backend, resolve_backend
 from ..compiler.debug_support import warn_unchecked_asserts
 from ..errors import CompilationError, LaunchError
 from ..frontend import constexpr_params
+from ..frontend import source
 from ..ir.core import Loc
 from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..schedule import Schedule
@@ -214,6 +215,7 @@ class Kernel:
             raise TypeError(f"metile.kernel decorates a Python function written with def, got "
                             f"{type(fn).__name__} {fn!r}")
         self.fn = fn
+        source.capture(fn)
         self.differentiable = differentiable
         if debug is not None and not isinstance(debug, bool):
             raise TypeError(f"metile.kernel debug= must be True, False or None, got {debug!r}")
@@ -425,4 +427,5 @@ def inline(fn):
 
     stub.__metile_inline__ = True
     stub.__wrapped__ = fn
+    source.capture(fn)
     return stub
