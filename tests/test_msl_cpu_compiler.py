@@ -1,5 +1,6 @@
 """The MSL CPU runtime's source builder, compiler discovery and kernel cache."""
 
+import os
 import warnings
 
 import mlx.core as mx
@@ -104,3 +105,35 @@ def test_a_directory_where_the_library_goes_is_a_warning(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert compiler.compile_library(text, "probe") == private   # kept: no second compile
+
+
+@cpu_runtime_only
+def test_a_compile_lock_that_cannot_be_taken_is_a_warning(tmp_path, monkeypatch):
+    # (a directory at the lock's path - or another user's leftover lock in a shared cache -
+    # raised filelock's IsADirectoryError/PermissionError out of every launch)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    text = 'extern "C" int metile_probe_lock() { return 8; }'
+    library = compiler.cache_dir() / (compiler._key(text, compiler._FLAGS + [
+        f"-I{compiler.INCLUDE_DIR}"]) + ".so")
+    (library.parent / (library.name + ".lock")).mkdir(parents=True)
+    with pytest.warns(RuntimeWarning, match=r"cannot take the compile lock .*\.so\.lock \(.*Is a "
+                                            r"directory"):
+        private = compiler.compile_library(text, "probe")
+    assert private != library and private.is_file() and not library.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert compiler.compile_library(text, "probe") == private   # kept: no second compile
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_while_a_launch_is_being_built_does_not_hang_the_child():
+    # (a thread compiling held the library lock at the fork; the child's first new launch
+    # waited on its copy forever)
+    from metile.runtime import metal_kernel, routing
+    with metal_kernel._lock, routing._lock:
+        pid = os.fork()
+        if pid == 0:
+            ok = metal_kernel._lock.acquire(timeout=5) and routing._lock.acquire(timeout=5)
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -266,3 +266,17 @@ def test_a_directory_at_an_entry_is_named_not_the_folder(cache):
     with pytest.warns(RuntimeWarning, match=r"cannot write the tuning cache entry .*: a "
                                             r"directory is there"):
         assert cache.store("k" * 40, entry) is False
+
+
+def test_a_cache_folder_that_cannot_be_entered_only_warns(cache, monkeypatch):
+    # (a mode-000 folder, or another user's 0700 cache: the failed write's handler asked
+    # Path.is_dir, which raised PermissionError out of the tuning call)
+    import pathlib
+    entry = {"format": 1, "key": "k" * 40, "winner": CANDIDATES[0].key(), "timings": {}}
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(type(cache), "_store", lambda self, key, entry: denied())
+    monkeypatch.setattr(pathlib.Path, "is_dir", lambda self: denied())
+    with pytest.warns(RuntimeWarning, match=r"Permission denied"):
+        assert cache.store("k" * 40, entry) is False

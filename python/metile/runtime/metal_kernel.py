@@ -9,6 +9,7 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -24,6 +25,16 @@ LANE_ORDERS = ("forward", "reverse", "shuffle")
 _libraries: dict[str, _ext.KernelLibrary] = {}
 _checked: set[str] = set()
 _lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:
+    # a fork while another thread held the lock (compiling, say) left the child's copy
+    # held forever: its first launch waited on it
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 
 
 def route(device: mx.Device, name: str = "kernel") -> str:

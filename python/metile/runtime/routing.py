@@ -79,6 +79,16 @@ def routing_dir() -> Path:
 # -- decisions on disk, remembered per process ------------------------------------------------
 
 _lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:
+    # a fork while another thread held the lock (compiling, say) left the child's copy
+    # held forever: its first launch waited on it
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 # (where the cache root comes from, key) -> (entry or None, file).  Every `auto` call
 # looks here, so the hit path reads two variables instead of building the path.
 _memory: dict[tuple, tuple[dict | None, Path]] = {}

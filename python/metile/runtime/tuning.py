@@ -172,7 +172,7 @@ class TuningCache:
             from .cache import warn_unwritable
 
             path = self.path(key)
-            if path.is_dir():   # (the folder is fine: the entry's own path is taken)
+            if _is_dir(path):   # (the folder is fine: the entry's own path is taken)
                 warnings.warn(f"metile: cannot write the tuning cache entry {path}: a directory "
                               f"is there; this result is measured again in each process",
                               RuntimeWarning, stacklevel=2)
@@ -195,6 +195,14 @@ class TuningCache:
             except BaseException:
                 os.unlink(tmp)
                 raise
+
+
+def _is_dir(path) -> bool:
+    """Path.is_dir, False where the folder cannot be entered (is_dir raises then)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
 
 
 # -- measuring ------------------------------------------------------------------------------

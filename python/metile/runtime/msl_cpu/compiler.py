@@ -241,23 +241,46 @@ def compile_library(source: str, label: str) -> Path:
         return target
     if target in _kept_privately and _intact(_kept_privately[target]):
         return _kept_privately[target]
-    with FileLock(str(target) + ".lock"):
+    lock = FileLock(str(target) + ".lock")
+    try:
+        lock.acquire()
+    except OSError as e:
+        # (another user's lock left in a shared cache, or a directory where it goes): the
+        # cache stays usable for reading; this library is built and kept privately
+        import warnings
+        warnings.warn(f"metile: cannot take the compile lock {target}.lock ({e}); the kernel "
+                      f"is compiled in a private folder, again in each process",
+                      RuntimeWarning, stacklevel=2)
+        private = _private_dir() / target.name
+        if not _intact(private):
+            _build(source, key, label, compiler, flags, _private_dir(), private)
+        _kept_privately[target] = private
+        return private
+    try:
         if _intact(target):
             return target
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            src = Path(tmp) / f"{key}.cpp"
-            src.write_text(source)
-            out = Path(tmp) / f"{key}.so"
-            _run([compiler, *flags, str(src), "-o", str(out)], label)
-            try:
-                _publish(out, target)
-            except OSError as e:   # (a directory, say, where the library goes)
-                import warnings
-                private = _private_dir() / target.name
-                warnings.warn(f"metile: cannot keep the compiled kernel at {target} ({e}); "
-                              f"it is compiled again in each process", RuntimeWarning,
-                              stacklevel=2)
-                _publish(out, private)
-                _kept_privately[target] = private
-                return private
+        return _build(source, key, label, compiler, flags, directory, target)
+    finally:
+        lock.release()
+
+
+def _build(source, key, label, compiler, flags, directory: Path, target: Path) -> Path:
+    """Compile `source` in a temporary folder under `directory` and publish it at
+    `target` (or, where it cannot go, in the private folder)."""
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        src = Path(tmp) / f"{key}.cpp"
+        src.write_text(source)
+        out = Path(tmp) / f"{key}.so"
+        _run([compiler, *flags, str(src), "-o", str(out)], label)
+        try:
+            _publish(out, target)
+        except OSError as e:   # (a directory, say, where the library goes)
+            import warnings
+            private = _private_dir() / target.name
+            warnings.warn(f"metile: cannot keep the compiled kernel at {target} ({e}); "
+                          f"it is compiled again in each process", RuntimeWarning,
+                          stacklevel=2)
+            _publish(out, private)
+            _kept_privately[target] = private
+            return private
     return target
