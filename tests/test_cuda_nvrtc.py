@@ -262,3 +262,28 @@ def test_ffma_fallback_numbers_on_this_device(rng):
     out = matmul[grid(70, 50, 32, 32)](a, b, _z(70, 50), 70, 50, 37, BLOCK_M=32, BLOCK_N=32,
                                        BLOCK_K=4, SCHEDULE=metile.Schedule(double_buffer=True))
     np.testing.assert_allclose(np.array(out), np.array(a) @ np.array(b), rtol=3e-4, atol=3e-5)
+
+
+@metile.kernel
+def half_to_bool(X, Z, B):
+    o = metile.arange(0, 8)
+    x = metile.load(X + o)
+    metile.store(Z + o, x.to(metile.bool_))
+    metile.store(B + o, x)          # a store into a bool buffer converts as `!= 0` too
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_to_bool_compiles_and_is_nonzero(dtype):
+    # (CUDA's `__half != 0` is ambiguous between its overloads: NVRTC refused every
+    # float16/bfloat16 -> bool conversion)
+    from nvrtc import mlx_translation_unit
+    values = np.array([0.0, -0.0, 1.5, -2.0, np.nan, np.inf, 1e-3, 0.0], np.float32)
+    x = mx.array(values).astype(dtype)
+    args = (x, mx.zeros((8,), mx.bool_), mx.zeros((8,), mx.bool_))
+    d = half_to_bool[(1,)].prepare(*args, backend="cuda")
+    for source in (translation_unit(d), mlx_translation_unit(d)[1]):
+        ok, log = compile_cuda(source, "sm_90")
+        assert ok, log
+    want = values != 0
+    for got in half_to_bool[(1,)](*args):
+        np.testing.assert_array_equal(np.array(got), want)

@@ -193,6 +193,10 @@ class CEmitter:
             if dst.dtype == dt.float32:
                 return x
         if dst.dtype.is_bool:
+            if src.dtype in (dt.float16, dt.bfloat16):
+                # (CUDA's __half/__nv_bfloat16 != int is ambiguous between its overloads;
+                # through float, exact for both, -0.0 stays False and NaN True)
+                return f"(static_cast<float>({x}) != 0.0f)"
             return f"({x} != 0)"
         if {src.dtype, dst.dtype} == {dt.float16, dt.bfloat16}:
             # clang (the CPU runtime) has no half <-> bfloat conversion; through float, which
