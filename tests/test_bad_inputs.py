@@ -1129,9 +1129,13 @@ def fresh_kernel_call():
 case("env-backend-unknown", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=16), METILE_BACKEND="opencl"),
      error(LaunchError, r"METILE_BACKEND must be one of msl, cuda, got 'opencl'"))
 case("env-backend-cuda-on-cpu", with_env(lambda: launch_copy(X8, zeros8(), 8, BLOCK=16), METILE_BACKEND="cuda"),
-     error(LaunchError, r"kernel 'copy' was compiled to CUDA \(backend='cuda' or METILE_BACKEND=cuda\), "
+     error(LaunchError, r"kernel 'copy' was compiled to CUDA \(backend='cuda', METILE_BACKEND=cuda, "
+                        r"or a target= / METILE_TARGET of that language such as 'sm_90'\), "
                         r"which runs only on MLX's CUDA backend; the default device is Device\(cpu, 0\). "
-                        r"Leave the backend to the device"))
+                        r"Leave the backend and target to the device"))
+case("target-cuda-on-cpu", lambda: launch_copy(X8, zeros8(), 8, BLOCK=16, target="sm_90"),
+     error(LaunchError, r"kernel 'copy' was compiled to CUDA \(.*or a target= / METILE_TARGET of "
+                        r"that language such as 'sm_90'\)"))
 case("env-debug-unknown", with_env(lambda: metile.kernel(_plain)[(1,)](zeros8()), METILE_DEBUG="everything"),
      warns(UserWarning, r"METILE_DEBUG: unknown word\(s\) everything; known: uniformity, .*plan_schedule, "
                         r"lower_tiles, .*tile_ir, thread_ir, msl, cuda, schedule",

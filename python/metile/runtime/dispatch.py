@@ -566,10 +566,11 @@ class Dispatch:
                 raise LaunchError(
                     f"kernel {self.kernel.fn.__name__!r} was compiled to "
                     f"{'CUDA' if backend.language == 'cuda' else 'MSL'} (backend="
-                    f"{backend.language!r} or METILE_BACKEND={backend.language}), which runs only "
-                    f"on {runs_on}; the default device is {backend.device_label}. Leave the "
-                    f"backend to the device to run it here (a prepared launch's .source still "
-                    f"shows the code)")
+                    f"{backend.language!r}, METILE_BACKEND={backend.language}, or a target= / "
+                    f"METILE_TARGET of that language such as {backend.target.name!r}), which "
+                    f"runs only on {runs_on}; the default device is {backend.device_label}. "
+                    f"Leave the backend and target to the device to run it here (a prepared "
+                    f"launch's .source still shows the code)")
             call, name = self.variant.callable(), self.kernel.fn.__name__
             message = (f"kernel {name!r} has no vjp, so mx.grad/mx.vjp cannot differentiate "
                        f"through it: declare a pointwise kernel @metile.kernel(differentiable="
