@@ -291,6 +291,20 @@ def test_unwritable_source_cache_is_a_warning(tmp_path, monkeypatch):
     assert cache.disk_load("0" * 32) is None
 
 
+def test_a_directory_at_a_source_entry_is_named_not_the_folder(tmp_path, monkeypatch):
+    # (the warning said the dsl folder could not be written, which it could, and the
+    # temporary file stayed behind)
+    from metile.runtime import cache
+
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("METILE_DISABLE_DISK_CACHE", raising=False)
+    (tmp_path / "dsl" / ("1" * 32 + ".json")).mkdir(parents=True)
+    with pytest.warns(RuntimeWarning, match=r"metile: cannot write the cache entry .*dsl/1{32}"
+                                            r"\.json \(Is a directory\); .* Remove what is there"):
+        cache.disk_store("1" * 32, {"source": ""})
+    assert sorted(p.name for p in (tmp_path / "dsl").iterdir()) == ["1" * 32 + ".json"]
+
+
 def test_unwritable_tuning_cache_is_a_warning(tmp_path):
     from metile.runtime.tuning import TuningCache
 

@@ -137,6 +137,7 @@ def disk_store(key: str, data: dict) -> None:
     if settings.flag("METILE_DISABLE_DISK_CACHE"):
         return
     d = cache_dir()
+    tmp = None
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
@@ -146,6 +147,18 @@ def disk_store(key: str, data: dict) -> None:
             json.dump({"key": key, "sha256": _digest(data), "data": data}, f)
         os.replace(tmp, d / f"{key}.json")
     except OSError as e:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        entry = d / f"{key}.json"
+        if isinstance(e, IsADirectoryError) and str(e.filename2 or "") == str(entry):
+            # (the folder is fine: this entry's own path is taken)
+            warn_unwritable(entry, e, "this kernel's generated source is not kept between "
+                                      "runs, so each process generates it again",
+                            what="cache entry")
+            return
         # A read-only or full cache directory only costs a recompile.
         warn_unwritable(d, e, "generated kernel sources are not kept between runs, so each process "
                               "generates them again")
@@ -154,15 +167,18 @@ def disk_store(key: str, data: dict) -> None:
 _warned_dirs: set[str] = set()
 
 
-def warn_unwritable(directory: Path, error: OSError, consequence: str) -> None:
-    """Warn, once per directory, that a cache cannot be written, why, and what it costs."""
+def warn_unwritable(directory: Path, error: OSError, consequence: str,
+                    what: str = "cache directory") -> None:
+    """Warn, once per directory (or entry), that a cache cannot be written, why, and what
+    it costs."""
     if str(directory) in _warned_dirs:
         return
     _warned_dirs.add(str(directory))
     reason = error.strerror or str(error)
     warnings.warn(
-        f"metile: cannot write the cache directory {directory} ({reason}); {consequence}. "
-        "Point METILE_CACHE_DIR at a writable directory.",
+        f"metile: cannot write the {what} {directory} ({reason}); {consequence}. " +
+        ("Point METILE_CACHE_DIR at a writable directory." if what == "cache directory" else
+         "Remove what is there, or point METILE_CACHE_DIR elsewhere."),
         RuntimeWarning,
         stacklevel=3,
     )
