@@ -102,9 +102,11 @@ if [ "$mode" = s113 ]; then
   # the TMA loop's refills by empty mbarriers as the default (s112 measured them): the GPU
   # tests of the bulk-tensor loop and the dual GEMM, then issue 14's model layers (gated
   # MLP, the MLP forward) with the default and, as the control, METILE_WGMMA_REFILL=barrier
-  gpu_tests 120 -k "gpu or dual" test_gemm_tma test_dual_gemm
+  gpu_tests 90 -k "gpu" test_dual_gemm test_gemm_tma
+  timeout 50 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
   for refill in empty barrier; do
-    METILE_WGMMA_REFILL=$refill timeout 140 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 \
+    METILE_WGMMA_REFILL=$refill timeout 120 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 \
       --tokens 512 2048 --layers gated_mlp mlp --rounds 5 \
       --output "$logs/h200-model-layers-refill-$refill.json" 2>&1 | grep -E "T=" | tail -12 | tee -a "$log"
   done
