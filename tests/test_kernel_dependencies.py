@@ -146,17 +146,37 @@ def test_in_place_edits_and_class_attributes_are_used_by_the_next_launch(monkeyp
     np.testing.assert_allclose(_run(through_dict_and_class, x), xn * 3.0 - 1.0)
 
 
+CONSTS = textwrap.dedent("""
+    import metile
+    SCALE = {scale}
+    @metile.inline
+    def helper(v):
+        return v + {offset}
+""")
+
+
+def _outputs_over_edits(tmp_path, consts_file, script) -> list:
+    """The script's printed result, each in a fresh process sharing one cache, as SCALE,
+    helper's offset and the script's argument change: [2, 5, 10, 13] when the disk key
+    follows all three."""
+    import os
+    path = tmp_path / "k.py"
+    path.write_text(textwrap.dedent(script))
+    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for scale, offset, s in ((2.0, 0.0, 0.0), (5.0, 0.0, 0.0), (5.0, 1.0, 0.0), (5.0, 1.0, 3.0)):
+        consts_file.write_text(CONSTS.format(scale=scale, offset=offset))
+        r = subprocess.run([sys.executable, str(path), str(tmp_path), str(s)],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(float(r.stdout.strip()))
+    return outs
+
+
 def test_disk_cache_keyed_on_module_and_class_attributes(tmp_path):
     # consts.SCALE, consts.helper and Cfg.S were keyed by the module's or class's name only:
     # a second process read the first one's kernel
-    (tmp_path / "consts.py").write_text(textwrap.dedent("""
-        import metile
-        SCALE = {scale}
-        @metile.inline
-        def helper(v):
-            return v + {offset}
-    """))
-    script = textwrap.dedent("""
+    assert _outputs_over_edits(tmp_path, tmp_path / "consts.py", """
         import sys, mlx.core as mx, numpy as np, metile
         sys.path.insert(0, sys.argv[1])
         import consts
@@ -169,20 +189,7 @@ def test_disk_cache_keyed_on_module_and_class_attributes(tmp_path):
             metile.store(Y + o, consts.helper(metile.load(X + o)) * consts.SCALE + Cfg.S)
 
         print(np.array(k[(1,)](mx.ones((4,)), mx.zeros((4,)), BLOCK=4)).tolist()[0])
-    """)
-    path = tmp_path / "k.py"
-    path.write_text(script)
-    template = (tmp_path / "consts.py").read_text()
-    import os
-    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
-    outs = []
-    for scale, offset, s in ((2.0, 0.0, 0.0), (5.0, 0.0, 0.0), (5.0, 1.0, 0.0), (5.0, 1.0, 3.0)):
-        (tmp_path / "consts.py").write_text(template.format(scale=scale, offset=offset))
-        r = subprocess.run([sys.executable, str(path), str(tmp_path), str(s)],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr
-        outs.append(float(r.stdout.strip()))
-    assert outs == [2.0, 5.0, 10.0, 13.0]
+    """) == [2.0, 5.0, 10.0, 13.0]
 
 
 n = 5   # a global named like the kernel's parameter: not something the kernel reads
@@ -262,14 +269,7 @@ def test_disk_cache_keyed_on_chains_into_packages_and_objects(tmp_path):
     # the object's repr: a second process read the first one's kernel
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("from . import consts\n")
-    template = textwrap.dedent("""
-        import metile
-        SCALE = {scale}
-        @metile.inline
-        def helper(v):
-            return v + {offset}
-    """)
-    script = textwrap.dedent("""
+    assert _outputs_over_edits(tmp_path, tmp_path / "pkg" / "consts.py", """
         import sys, types, mlx.core as mx, numpy as np, metile
         sys.path.insert(0, sys.argv[1])
         import pkg
@@ -281,19 +281,7 @@ def test_disk_cache_keyed_on_chains_into_packages_and_objects(tmp_path):
             metile.store(Y + o, pkg.consts.helper(metile.load(X + o)) * pkg.consts.SCALE + cfg.V)
 
         print(np.array(k[(1,)](mx.ones((4,)), mx.zeros((4,)), BLOCK=4)).tolist()[0])
-    """)
-    path = tmp_path / "k.py"
-    path.write_text(script)
-    import os
-    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
-    outs = []
-    for scale, offset, v in ((2.0, 0.0, 0.0), (5.0, 0.0, 0.0), (5.0, 1.0, 0.0), (5.0, 1.0, 3.0)):
-        (tmp_path / "pkg" / "consts.py").write_text(template.format(scale=scale, offset=offset))
-        r = subprocess.run([sys.executable, str(path), str(tmp_path), str(v)],
-                           capture_output=True, text=True, timeout=300, env=env)
-        assert r.returncode == 0, r.stderr
-        outs.append(float(r.stdout.strip()))
-    assert outs == [2.0, 5.0, 10.0, 13.0]
+    """) == [2.0, 5.0, 10.0, 13.0]
 
 
 def test_the_source_is_read_when_the_kernel_is_defined(tmp_path):
