@@ -421,3 +421,15 @@ def test_cache_files_are_readable_as_ordinary_new_files(tmp_path, monkeypatch):
     tuning = TuningCache()
     tuning.store("k", {"format": 1, "key": "k", "winner": "w", "timings": {}})
     assert stat.S_IMODE(tuning.path("k").stat().st_mode) == want
+
+
+def test_every_setting_the_code_reads_is_in_the_readme():
+    # (METILE_WGMMA_REFILL became a default without a line in the settings table)
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    read = set()
+    for path in (root / "python" / "metile").rglob("*.py"):
+        read |= set(re.findall(r'"(METILE_[A-Z0-9_]+)"', path.read_text()))
+    readme = (root / "README.md").read_text()
+    assert sorted(n for n in read if n not in readme) == []
