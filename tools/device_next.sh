@@ -99,17 +99,22 @@ eager_cost() {
 }
 
 if [ "$mode" = s113 ]; then
-  # the TMA loop's refills by empty mbarriers as the default (s112 measured them): the GPU
-  # tests of the bulk-tensor loop and the dual GEMM, then issue 14's model layers (gated
-  # MLP, the MLP forward) with the default and, as the control, METILE_WGMMA_REFILL=barrier
-  gpu_tests 90 -k "gpu" test_dual_gemm test_gemm_tma
-  timeout 50 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
-    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  # the TMA loop's refills by empty mbarriers as the default (s112 measured them): issue 14's
+  # model layers (gated MLP, the MLP forward) with the default and, as the control,
+  # METILE_WGMMA_REFILL=barrier; decode attention; then the GPU tests of the bulk-tensor loop
+  # and the dual GEMM for what is left of BUDGET
   for refill in empty barrier; do
-    METILE_WGMMA_REFILL=$refill timeout 120 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 \
-      --tokens 512 2048 --layers gated_mlp mlp --rounds 5 \
+    left=$((budget - 30 - (SECONDS - t0)))
+    [ $left -gt 40 ] || break
+    METILE_WGMMA_REFILL=$refill timeout $((left < 120 ? left : 120)) python3 -m benchmarks.model_layers \
+      --dtypes float16 bfloat16 --tokens 512 2048 --layers gated_mlp mlp --rounds 5 \
       --output "$logs/h200-model-layers-refill-$refill.json" 2>&1 | grep -E "T=" | tail -12 | tee -a "$log"
   done
+  left=$((budget - 30 - (SECONDS - t0)))
+  [ $left -gt 30 ] && timeout 45 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  left=$((budget - 20 - (SECONDS - t0)))
+  [ $left -gt 30 ] && gpu_tests $left -k "gpu" test_dual_gemm test_gemm_tma
 elif [ "$mode" = s111 ]; then
   # the twenty-ninth session's fixes on the GPU (conditional expressions that run one side,
   # the loop variable after a loop, ops handing numbers the kernels refuse to MLX's op, a
