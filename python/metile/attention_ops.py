@@ -317,7 +317,7 @@ def _launch(q, k, v, mask, scale, config):
         q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
         mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
         *strides, **common, **warps)
-    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
+    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
 def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, config):
@@ -340,15 +340,16 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
         BLOCK_N=block_n,
         # (the last query sees every key: one query's causal mask removes nothing)
         MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps)
-    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config).reshape(q.shape)
+    return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
-def _combine(kernels, partial, stats, rows, splits, d, dtype, config):
-    """The (rows, d) output merged from the splits' partial outputs and statistics:
+def _combine(kernels, partial, stats, rows, splits, d, dtype, config, shape):
+    """The output (of `shape`: rows x d elements, row-major, which the kernels index flat -
+    no reshape node after them) merged from the splits' partial outputs and statistics:
     every split of a row at once (attention_combine_splits: a (splits, 32) block of
     columns a program) where there are at most COMBINE_SPLITS, else attention_combine's
     loop over the splits; a configuration may name it (combine="loop"|"splits")."""
-    out = mx.zeros((rows, d), dtype)
+    out = mx.zeros(shape, dtype)
     how = config.get("combine") or ("splits" if splits <= COMBINE_SPLITS else "loop")
     if how not in ("splits", "loop"):
         raise _fail(ValueError, f"combine must be 'splits' or 'loop', got {how!r}")
