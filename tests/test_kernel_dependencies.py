@@ -316,3 +316,31 @@ def test_the_source_is_read_when_the_kernel_is_defined(tmp_path):
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout.strip()) == 2.0
+
+
+EPS = np.float32(0.5)
+STEPS = np.int64(3)
+TABLE = np.zeros(5000, np.float32)
+
+
+@metile.kernel
+def through_numpy(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) * STEPS + EPS + TABLE[2500],
+                 mask=mask)
+
+
+def test_numpy_scalars_and_arrays_are_constants_that_key_the_caches(monkeypatch):
+    # a NumPy scalar was refused as an operand ("unsupported operand: ... np.float32(0.5)");
+    # an element of a large NumPy array changed in place went unseen (its repr elides it)
+    x = mx.arange(10, dtype=mx.float32)
+    xn = np.arange(10, dtype=np.float64)
+    np.testing.assert_allclose(_run(through_numpy, x), xn * 3 + 0.5)
+    try:
+        TABLE[2500] = 7.0
+        np.testing.assert_allclose(_run(through_numpy, x), xn * 3 + 7.5)
+        monkeypatch.setitem(globals(), "STEPS", np.int64(-1))
+        np.testing.assert_allclose(_run(through_numpy, x), -xn + 7.5)
+    finally:
+        TABLE[2500] = 0.0

@@ -57,6 +57,18 @@ if hasattr(ast, "Match"):
 _PY_FUNCS = {"min", "max", "abs", "int", "float", "bool", "len", "range"}
 
 
+def _plain_scalar(value):
+    """A NumPy scalar (`np.float32(1e-5)`, `np.int64(3)`, `np.bool_`) read from Python as
+    the Python number it holds, which the kernel language takes as a constant; anything
+    else as it is."""
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and \
+            hasattr(value, "item") and not hasattr(value, "__len__"):
+        item = value.item()
+        if isinstance(item, (bool, int, float)):
+            return item
+    return value
+
+
 def is_constexpr_annotation(ann) -> bool:
     if ann is constexpr or isinstance(ann, constexpr):
         return True
@@ -227,7 +239,7 @@ class Generator(ControlFlow):
             if name in scope:
                 value = scope[name]
                 self._record_global(name, value)
-                return value
+                return _plain_scalar(value)
         if name in _PY_FUNCS:
             return getattr(py_builtins, name)
         if name in ("True", "False", "None"):
@@ -359,7 +371,7 @@ class Generator(ControlFlow):
             return _Method(m) if callable(m) else m
         if isinstance(obj, types.ModuleType) or not isinstance(obj, (int, float)):
             try:
-                return getattr(obj, attr)
+                return _plain_scalar(getattr(obj, attr))
             except AttributeError:
                 name = getattr(obj, "__name__", "")
                 why = unsupported.reason(attr) if name in ("metile", "metile.language.math") \
@@ -393,7 +405,7 @@ class Generator(ControlFlow):
             return out
         key = self.visit(idx)
         try:
-            return obj[key]
+            return _plain_scalar(obj[key])
         except Exception as e:  # noqa: BLE001
             raise CompilationError(f"cannot index {describe(obj)}: {e}") from None
 

@@ -63,7 +63,7 @@ def _describe(value, seen: set) -> str:
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, types.FunctionType):
         return f"function:{value.__module__}.{value.__qualname__}"
-    return f"{type(value).__qualname__}:{value!r}"
+    return f"{type(value).__qualname__}:{dependencies.text(value)}"
 
 
 def source_fingerprint(fn, seen: set | None = None) -> str:
