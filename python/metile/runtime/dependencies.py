@@ -19,7 +19,7 @@ import types
 
 from ..language.dtypes import DType
 
-_MISSING = MISSING = object()
+MISSING = object()
 # Values compared by identity: immutable, or replaced (not mutated) when a user
 # edits them.  Anything else (lists, dicts, arrays) is also compared by repr, so
 # an in-place edit counts as a change.
@@ -33,7 +33,7 @@ def _by_identity(value) -> bool:
     return isinstance(value, _BY_IDENTITY) or callable(value)
 
 
-def _repr(value) -> str | None:
+def text(value) -> str | None:
     """What stands for `value`'s contents: its repr, or for a NumPy array (whose repr
     elides the middle of a large one, so an edit there would go unseen) its shape, dtype
     and a digest of its bytes."""
@@ -45,8 +45,6 @@ def _repr(value) -> str | None:
     except Exception:  # no usable repr: fall back to identity
         return None
 
-
-text = _repr
 
 
 def _locals(tree: ast.AST) -> set:
@@ -95,17 +93,22 @@ def has_attributes(value) -> bool:
 
 
 def follow(value, attrs: tuple):
-    """`value.a.b...` for attrs (a, b, ...), or _MISSING where one is absent (or its
+    """`value.a.b...` for attrs (a, b, ...), or MISSING where one is absent (or its
     property raises); metile's own functions end the chain (their attributes are not
     what a kernel reads)."""
     for attr in attrs:
-        if value is _MISSING or hasattr(value, "__metile_builtin__"):
-            return _MISSING
+        if _ends_chain(value):
+            return MISSING
         try:
             value = getattr(value, attr)
         except Exception:
-            return _MISSING
+            return MISSING
     return value
+
+
+def _ends_chain(value) -> bool:
+    """Whether no attribute of `value` is followed: absent, or one of metile's own."""
+    return value is MISSING or hasattr(value, "__metile_builtin__")
 
 
 class Snapshot:
@@ -132,8 +135,8 @@ class Snapshot:
                 get = _dict_getter(glob, name)
             value = get()
             for i, attr in enumerate(attrs):
-                if value is _MISSING or hasattr(value, "__metile_builtin__"):
-                    value = _MISSING
+                if _ends_chain(value):
+                    value = MISSING
                     break
                 if has_attributes(value):
                     # a module's or class's attribute: read from that object (as bound
@@ -148,26 +151,26 @@ class Snapshot:
                     break
             # Names that are not globals (locals, builtins), modules and metile's
             # own functions cannot change what a kernel means between launches.
-            if value is _MISSING or has_attributes(value) or \
+            if value is MISSING or has_attributes(value) or \
                     hasattr(value, "__metile_builtin__"):
                 continue
-            text = None if _by_identity(value) else _repr(value)
-            self._refs.append((get, value, text))
+            shown = None if _by_identity(value) else text(value)
+            self._refs.append((get, value, shown))
             if getattr(value, "__metile_inline__", False):
                 self._walk(value.__wrapped__, seen)
             elif getattr(value, "__metile_kernel__", False):
                 self._walk(value.fn, seen)  # called from this kernel: inlined
 
     def changed(self) -> bool:
-        for get, value, text in self._refs:
+        for get, value, shown in self._refs:
             now = get()
-            if now is value and text is None:
+            if now is value and shown is None:
                 continue
-            # by identity, or (lists, dicts, namespaces) by repr: the same object edited
-            # in place is a change too; an equal number or tuple made anew (an attribute
-            # such as an array's `.shape` builds one a read) is not
-            if text is not None:
-                if _repr(now) != text:
+            # by identity, or (lists, dicts, namespaces, arrays) by their text: the same
+            # object edited in place is a change too; an equal number or tuple made anew
+            # (an attribute such as an array's `.shape` builds one a read) is not
+            if shown is not None:
+                if text(now) != shown:
                     return True
             elif now is not value and not (type(now) is type(value) and _plain(value)
                                            and repr(now) == repr(value)):
@@ -184,7 +187,7 @@ def _plain(value) -> bool:
 
 
 def _dict_getter(d: dict, name: str):
-    return lambda: d.get(name, _MISSING)
+    return lambda: d.get(name, MISSING)
 
 
 def _cell_getter(cell):
@@ -192,12 +195,12 @@ def _cell_getter(cell):
         try:
             return cell.cell_contents
         except ValueError:
-            return _MISSING
+            return MISSING
     return get
 
 
 def _attr_getter(owner, attr: str):
-    return lambda: getattr(owner, attr, _MISSING)
+    return lambda: getattr(owner, attr, MISSING)
 
 
 def _chain_getter(root, attrs: tuple):

@@ -9,13 +9,13 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, Sequence
 
 import mlx.core as mx
 
 from .. import _ext, settings
+from . import forks
 from .msl_cpu import compiler, source as msl_source, strict
 from .msl_cpu.rewrite import rewrite_msl
 from .source_kernel import SourceKernel, as_array, resolve_stream
@@ -26,15 +26,7 @@ _libraries: dict[str, _ext.KernelLibrary] = {}
 _checked: set[str] = set()
 _lock = threading.Lock()
 
-
-def _unlock_in_child() -> None:
-    # a fork while another thread held the lock (compiling, say) left the child's copy
-    # held forever: its first launch waited on it
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlock_in_child)
+forks.renew_lock_after_fork(globals())
 
 
 def route(device: mx.Device, name: str = "kernel") -> str:

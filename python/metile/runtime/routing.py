@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 import mlx.core as mx
 
 from .. import _ext, settings
-from . import tuning
+from . import forks, tuning
 
 FORMAT = 1
 REFERENCE = "mlx"
@@ -80,15 +80,7 @@ def routing_dir() -> Path:
 
 _lock = threading.Lock()
 
-
-def _unlock_in_child() -> None:
-    # a fork while another thread held the lock (compiling, say) left the child's copy
-    # held forever: its first launch waited on it
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlock_in_child)
+forks.renew_lock_after_fork(globals())
 # (where the cache root comes from, key) -> (entry or None, file).  Every `auto` call
 # looks here, so the hit path reads two variables instead of building the path.
 _memory: dict[tuple, tuple[dict | None, Path]] = {}
