@@ -13,6 +13,7 @@ every variant checked against MLX's result first.
 """
 import argparse
 import json
+import os
 import sys
 
 import mlx.core as mx
@@ -60,36 +61,37 @@ def cases(small: bool):
     ]
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("output", nargs="?")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--small", action="store_true")
-    args = p.parse_args()
+def measure(cases, rounds: int, probe: str) -> dict:
+    """Each case's variants mx.compile'd, checked against the case's first function (MLX's
+    product), then timed alternating.  A variant is a tile dict, or (tile, settings): the
+    METILE_ settings in the environment while it is traced."""
     rng = np.random.default_rng(0)
     dtype = mx.float16
 
     def rand(*shape, scale=1.0):
         return mx.array((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
 
-    report = {**machine(), "probe": "tools/probes/mlp_gemm_tiles.py", "dtype": "float16",
+    report = {**machine(), "probe": probe, "dtype": "float16",
               "metric": "median us per mx.compile'd call, alternating, many calls a sync",
               "cases": []}
-    for kind, m, n, k, variants in cases(args.small):
+    for kind, m, n, k, variants in cases:
         x, w, w2 = rand(m, k), rand(n, k, scale=k ** -0.5), rand(n, k, scale=k ** -0.5)
         mx.eval(x, w, w2)
         if kind == "linear":
-            fns = {"mlx x @ w.T": lambda x: x @ w.T}
-            for name, block in variants.items():
-                fns[name] = lambda x, b=block: ops._launch_linear(x, w, None, None, None, 0.0, b)
+            fns = {"mlx x @ w.T": (lambda x: x @ w.T, {})}
+            launch = lambda x, b: ops._launch_linear(x, w, None, None, None, 0.0, b)  # noqa: E731
         else:
-            fns = {"mlx silu(x @ wg.T) * (x @ wu.T)": lambda x: nn.silu(x @ w.T) * (x @ w2.T)}
-            for name, block in variants.items():
-                fns[name] = lambda x, b=block: ops._launch_gated(x, w, w2, "silu", b)
+            fns = {"mlx silu(x @ wg.T) * (x @ wu.T)": (lambda x: nn.silu(x @ w.T) * (x @ w2.T), {})}
+            launch = lambda x, b: ops._launch_gated(x, w, w2, "silu", b)  # noqa: E731
+        for name, variant in variants.items():
+            block, settings = variant if isinstance(variant, tuple) else (variant, {})
+            fns[name] = (lambda x, b=block: launch(x, b), settings)
         case = {"kind": kind, "shape": [m, n, k], "variants": {}}
         ok = {}
         want = None
-        for name, fn in fns.items():
+        for name, (fn, settings) in fns.items():
+            saved = {key: os.environ.get(key) for key in settings}
+            os.environ.update(settings)
             try:
                 c = mx.compile(fn)
                 got = c(x).astype(mx.float32)
@@ -103,7 +105,13 @@ def main():
                     ok[name] = c
             except Exception as e:   # a variant the compiler refuses: say so, time the rest
                 case["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        times = rotate_sized(ok, x, args.rounds)
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+        times = rotate_sized(ok, x, rounds)
         base = times[next(iter(ok))]
         for name, s in times.items():
             case["variants"][name].update(us=round(s * 1e6, 1), vs_mlx=round(base / s, 3))
@@ -113,6 +121,16 @@ def main():
             if "error" in v:
                 print(f"{kind:6s} {m}x{n}x{k} {name:34s} {v['error'][:120]}", flush=True)
         report["cases"].append(case)
+    return report
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("output", nargs="?")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--small", action="store_true")
+    args = p.parse_args()
+    report = measure(cases(args.small), args.rounds, "tools/probes/mlp_gemm_tiles.py")
     if args.output:
         json.dump(report, open(args.output, "w"), indent=1)
 

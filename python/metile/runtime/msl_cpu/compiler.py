@@ -247,14 +247,9 @@ def compile_library(source: str, label: str) -> Path:
     except OSError as e:
         # (another user's lock left in a shared cache, or a directory where it goes): the
         # cache stays usable for reading; this library is built and kept privately
-        import warnings
-        warnings.warn(f"metile: cannot take the compile lock {target}.lock ({e}); the kernel "
-                      f"is compiled in a private folder, again in each process",
-                      RuntimeWarning, stacklevel=2)
-        private = _private_dir() / target.name
+        private = _keep_privately(target, f"cannot take the compile lock {target}.lock ({e})")
         if not _intact(private):
             _build(source, key, label, compiler, flags, _private_dir(), private)
-        _kept_privately[target] = private
         return private
     try:
         if _intact(target):
@@ -275,12 +270,17 @@ def _build(source, key, label, compiler, flags, directory: Path, target: Path) -
         try:
             _publish(out, target)
         except OSError as e:   # (a directory, say, where the library goes)
-            import warnings
-            private = _private_dir() / target.name
-            warnings.warn(f"metile: cannot keep the compiled kernel at {target} ({e}); "
-                          f"it is compiled again in each process", RuntimeWarning,
-                          stacklevel=2)
+            private = _keep_privately(target, f"cannot keep the compiled kernel at {target} ({e})")
             _publish(out, private)
-            _kept_privately[target] = private
             return private
     return target
+
+
+def _keep_privately(target: Path, why: str) -> Path:
+    """The private folder's path for `target`'s library, remembered for this process, with
+    a warning saying why the shared cache cannot hold it."""
+    import warnings
+    warnings.warn(f"metile: {why}; the kernel is compiled in a private folder, again in each "
+                  f"process", RuntimeWarning, stacklevel=3)
+    private = _kept_privately[target] = _private_dir() / target.name
+    return private
