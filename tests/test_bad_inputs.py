@@ -1064,7 +1064,11 @@ ops_cases = [
     ("linear-numpy-weight", lambda: metile.ops.linear(A, np.ones((5, 3), np.float32)), ValueError,
      r"\[metile.ops\] weight must be a 2-D mx.array"),
     ("linear-bias-shape", lambda: metile.ops.linear(A, W, mx.ones((4,))), ValueError,
-     r"\[metile.ops\] bias shape \(4,\) does not match 5 output features"),
+     r"\[metile.ops\] bias shape \(4,\) does not broadcast to the 5 output features"),
+    ("linear-bias-rows-under-metile",
+     lambda: metile.ops.linear(A, W, mx.ones((A.shape[0], 5)), backend="metile"), ValueError,
+     r"\[metile.ops\] bias shape \(\d+, 5\): metile's kernels add one bias vector of 5 "
+     r"output features to every row; pass a per-row bias as residual="),
     ("linear-bias-numpy", lambda: metile.ops.linear(A, W, np.ones((5,), np.float32)), TypeError,
      r"\[metile.ops\] bias must be an mx.array or None, got ndarray"),
     ("linear-unknown-activation-with-bias", lambda: metile.ops.linear(A, W, mx.ones((5,)), "tanh"),

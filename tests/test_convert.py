@@ -358,13 +358,30 @@ def test_a_tied_layer_stays_one_object_when_the_predicate_refuses_one_path(rng, 
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
 
 
-def test_a_bias_that_is_not_a_vector_is_skipped(rng):
-    # (convert took a (1, N) bias MLX's addmm broadcasts, and the converted layer then raised)
+def test_a_bias_of_rows_is_skipped_and_a_vector_bias_of_any_shape_converted(rng):
+    # (convert took a (3, N) bias MLX's addmm broadcasts, and the converted layer then raised)
     model = nn.Sequential(nn.Linear(8, 4))
-    model.layers[0].bias = mx.ones((1, 4))
-    report = mnn.convert(model)
-    assert report.skipped == {"layers.0": "bias shape (1, 4) is not (4,), the output features"}
-    assert model(mx.ones((3, 8))).shape == (3, 4)
+    model.layers[0].bias = mx.array(rng.standard_normal((3, 4)).astype(np.float32))
+    x = mx.array(rng.standard_normal((3, 8)).astype(np.float32))
+    want = np.asarray(model(x))
+    report = mnn.convert(model, backend="metile")
+    assert report.skipped == {"layers.0": "bias shape (3, 4) is not one vector of the 4 output "
+                                          "features"}
+    np.testing.assert_allclose(np.asarray(model(x)), want, rtol=1e-6)
+    for shape in ((1, 4), (), (1,), (1, 1)):
+        # (a (1, N) bias set after convert raised "does not match 4 output features")
+        model = nn.Sequential(nn.Linear(8, 4))
+        mnn.convert(model, backend="metile")
+        model.layers[0].bias = mx.array(rng.standard_normal(shape).astype(np.float32))
+        ref = nn.Linear(8, 4)
+        ref.update(model.layers[0].parameters())
+        np.testing.assert_allclose(np.asarray(model(x)), np.asarray(ref(x)), rtol=1e-5,
+                                   atol=1e-6)
+        grads = [mx.grad(lambda p, m=m: (m.update(p) or m)(x).sum())(m.trainable_parameters())
+                 for m in (model.layers[0], ref)]
+        np.testing.assert_allclose(np.asarray(grads[0]["bias"]), np.asarray(grads[1]["bias"]),
+                                   rtol=1e-5)
+        assert grads[0]["bias"].shape == shape
 
 
 def test_what_a_user_attached_to_a_linear_is_kept(tmp_path):
@@ -379,3 +396,35 @@ def test_what_a_user_attached_to_a_linear_is_kept(tmp_path):
     assert sorted(k for k, _ in tree_flatten(model.parameters())) == \
         ["layers.0.bias", "layers.0.scale", "layers.0.weight"]
     model.load_weights(str(tmp_path / "w.safetensors"))
+
+
+def test_convert_draws_nothing_from_the_global_random_key():
+    # (each converted layer was built by its class's __init__, which drew an initialisation
+    # and threw it away: after the same mx.random.seed, a converted model's dropout masks and
+    # every later draw differed from the unconverted model's)
+    def later_draw(convert):
+        mx.random.seed(1)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(64, 4))
+        quantized = nn.Sequential(nn.Linear(64, 64))
+        nn.quantize(quantized)
+        mx.random.seed(3)
+        if convert:
+            assert len(mnn.convert(model).converted) == 2
+            assert len(mnn.convert(quantized).converted) == 1
+        return np.array(mx.random.normal((4,)))
+    np.testing.assert_array_equal(later_draw(True), later_draw(False))
+
+
+def test_report_names_a_tied_layers_activation_only_where_one_follows():
+    # (a tied Linear followed by another Linear, or by Dropout, was reported as skipping
+    # that module as "its activation")
+    tied = nn.Linear(8, 8)
+    model = nn.Sequential(tied, nn.Linear(8, 8), nn.ReLU(), tied, nn.Dropout(0.1))
+    report = mnn.convert(model)
+    assert set(report.converted) == {"layers.0", "layers.1", "layers.3"}
+    assert report.fused == {"layers.2": "layers.1"}
+    assert report.skipped == {"layers.4": "not an mlx.nn.Linear (Dropout)"}
+    tied = nn.Linear(8, 8)
+    report = mnn.convert(nn.Sequential(tied, nn.ReLU(), tied))
+    assert report.skipped == {"layers.1": "layers.0 is held at more than one place; its "
+                                          "activation runs as its own module"}

@@ -92,6 +92,25 @@ def test_gradients_against_numpy(rng):
     np.testing.assert_allclose(np.array(dw), upstream.T @ xr, rtol=3e-4, atol=3e-5)
 
 
+@pytest.mark.parametrize("activation,slope", [("leaky_relu", 0.1), ("leaky_relu", 0.0),
+                                              ("relu", 0.0)])
+def test_gradient_at_a_zero_pre_activation_is_mlxs(activation, slope):
+    # MLX's leaky_relu is max(slope * z, z): its derivative at z = 0 is 1 (metile's was the
+    # slope, and 0 for a slope of 0); relu's is 0 there.  Rows of x that are zero give z = 0
+    # in a bias-free layer (padding rows).
+    x = mx.array(np.r_[np.zeros((2, 4)), np.ones((1, 4))].astype(np.float32))
+    w = mx.array(np.array([[1.0, -2.0, 0.5, 0.25], [-1.0, 0.5, 0.0, 1.0]], np.float32))
+    act = {"relu": nn.relu, "leaky_relu": lambda z: nn.leaky_relu(z, slope)}[activation]
+    want = mx.grad(lambda x: act(x @ w.T).sum())(x)
+    for backend in ("metile", "mlx"):
+        got = mx.grad(lambda x: ops.linear(x, w, None, activation, backend=backend,
+                                           negative_slope=slope).sum())(x)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, err_msg=backend)
+        got = mx.grad(lambda x: ops.linear(x, w, mx.zeros((2,)), activation, backend=backend,
+                                           negative_slope=slope).sum())(x)
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, err_msg=backend)
+
+
 def test_inside_compile_and_module(rng):
     layer = metile.nn.Linear(33, 20, activation="gelu_tanh", backend="metile")
     x, xr = arrays(rng, (4, 33), "float32")

@@ -17,6 +17,17 @@ from .op_routing import FLOAT_DTYPES, check_backend
 from .nn_norms import LayerNorm, RMSNorm  # noqa: F401  (metile.nn.RMSNorm, metile.nn.LayerNorm)
 
 
+def _bare(cls):
+    """An instance of `cls` (a layer class) with an empty Module and no parameters: a layer
+    built only to take another's arrays.  Its __init__ would draw an initialisation from
+    MLX's global random key and throw it away, moving every later seeded draw (a converted
+    model's dropout masks would differ from the unconverted one's after the same
+    mx.random.seed); MLX's key cannot be put back from Python."""
+    new = cls.__new__(cls)
+    mlx_nn.Module.__init__(new)
+    return new
+
+
 class Linear(mlx_nn.Linear):
     """y = activation(x @ weight.T + bias), with the parameters and initialisation
     of `mlx.nn.Linear` (so existing weights load unchanged).  `leaky_relu` uses
@@ -31,9 +42,16 @@ class Linear(mlx_nn.Linear):
             if dims < 1:
                 raise ValueError(f"[metile.nn.Linear] {name} must be a positive int, got {dims!r}")
         input_dims, output_dims = int(input_dims), int(output_dims)
+        self._check_options(activation, backend, negative_slope)
+        super().__init__(input_dims, output_dims, bias=bias)
+        self._set_options(activation, backend, negative_slope)
+
+    @staticmethod
+    def _check_options(activation, backend, negative_slope):
         check_backend("metile.nn.Linear", backend)
         ops._check_activation(activation, negative_slope, "metile.nn.Linear")
-        super().__init__(input_dims, output_dims, bias=bias)
+
+    def _set_options(self, activation, backend, negative_slope):
         self.activation = activation
         self.negative_slope = ops.slope_value(negative_slope)
         self.backend = backend
@@ -49,11 +67,9 @@ class Linear(mlx_nn.Linear):
                             f"got {type(layer).__name__}"
                             + ("; use metile.nn.QuantizedLinear.from_quantized"
                                if isinstance(layer, mlx_nn.QuantizedLinear) else ""))
-        out_dims, in_dims = layer.weight.shape
-        new = cls(in_dims, out_dims, bias="bias" in layer, activation=activation,
-                  backend=backend, negative_slope=negative_slope)
-        # The fresh layer's random initialisation is lazy and replaced here, so it is
-        # never computed.
+        cls._check_options(activation, backend, negative_slope)
+        new = _bare(cls)
+        new._set_options(activation, backend, negative_slope)
         new.weight = layer.weight
         if "bias" in layer:
             new.bias = layer.bias
@@ -134,10 +150,10 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
                        backend: str = "auto") -> "QuantizedLinear":
         """A metile.nn.QuantizedLinear holding `layer`'s own packed weight, scales,
         biases and bias (no copy), its frozen parameters and its training mode."""
-        out_dims, packed = layer.weight.shape
-        new = cls(packed * 32 // layer.bits, out_dims, bias="bias" in layer,
-                  group_size=layer.group_size, bits=layer.bits, mode=layer.mode, backend=backend)
-        # the fresh layer's lazy random weights are replaced here, so never computed
+        check_backend("metile.nn.QuantizedLinear", backend)
+        new = _bare(cls)
+        new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
+        new.activation, new.negative_slope, new.backend = None, ops.LEAKY_SLOPE, backend
         for name in ("weight", "scales", "biases", "bias"):
             if name in layer:
                 new[name] = layer[name]
@@ -252,13 +268,19 @@ def _why_not(path: str, module, predicate) -> str | None:
         return f"weight shape {tuple(module.weight.shape)} has no elements"
     if "bias" in module and module.bias.dtype != module.weight.dtype:
         return f"bias dtype {module.bias.dtype} differs from the weight's {module.weight.dtype}"
-    if "bias" in module and tuple(module.bias.shape) != module.weight.shape[:1]:
-        # (MLX's addmm broadcasts it; metile.ops.linear takes the bias vector only)
-        return (f"bias shape {tuple(module.bias.shape)} is not ({module.weight.shape[0]},), "
-                f"the output features")
+    if "bias" in module and not _vector_like(tuple(module.bias.shape), module.weight.shape[0]):
+        # (MLX's addmm broadcasts it; metile.ops.linear's kernels add one vector to every
+        # row, and take a (1, N) or one-element bias as that vector)
+        return (f"bias shape {tuple(module.bias.shape)} is not one vector of the "
+                f"{module.weight.shape[0]} output features")
     if predicate is not None and not predicate(path, module):
         return "class_predicate returned False"
     return None
+
+
+def _vector_like(shape: tuple, n: int) -> bool:
+    """Whether a bias of `shape` adds the same vector to every row of N outputs."""
+    return all(d == 1 for d in shape[:-1]) and (not shape or shape[-1] in (1, n))
 
 
 def _has_modules(module) -> bool:
@@ -300,15 +322,14 @@ def _convert(container, prefix, backend, predicate, report, counts=None, done=No
             nxt = f"{prefix}.layers.{i + 1}" if prefix else f"layers.{i + 1}"
             if not isinstance(layers[i], mlx_nn.Module) or _why_not(path, layers[i], predicate):
                 continue
-            if counts.get(id(layers[i]), 0) > 1:
-                report.skipped.setdefault(nxt, f"{path} is held at more than one place; its "
-                                               f"activation runs as its own module")
-                continue
             found = _activation_of(layers[i + 1])
             if found is None:
                 continue
             activation, slope, why = found
-            if why is not None:
+            if why is None and counts.get(id(layers[i]), 0) > 1:
+                report.skipped.setdefault(nxt, f"{path} is held at more than one place; its "
+                                               f"activation runs as its own module")
+            elif why is not None:
                 report.skipped[nxt] = why
             else:
                 fusions[i] = (activation, slope, nxt)

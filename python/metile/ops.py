@@ -118,7 +118,9 @@ def activate(z, activation, slope=LEAKY_SLOPE):
     if activation == "relu":
         return mx.maximum(z, 0)
     if activation == "leaky_relu":
-        return mx.where(z > 0, z, float(slope) * z)   # (float: an int past int64 is one)
+        # (>=: the same values, and autodiff's derivative at 0 is 1, as for MLX's
+        # max(slope * z, z); float: an int past int64 is one)
+        return mx.where(z >= 0, z, float(slope) * z)
     if activation == "silu":
         return z * mx.sigmoid(z)
     return _gelu_tanh(z)
@@ -131,7 +133,9 @@ def _activation_grad(z, activation, slope):
     if activation == "relu":
         return (z > 0).astype(z.dtype)
     if activation == "leaky_relu":
-        return mx.where(z > 0, 1.0, float(slope)).astype(z.dtype)
+        # 1 at z = 0, as MLX's max(slope * z, z) differentiates (its maximum's vjp takes
+        # the second argument on ties)
+        return mx.where(z >= 0, 1.0, float(slope)).astype(z.dtype)
     if activation == "silu":
         s = mx.sigmoid(z)
         return s * (1 + z * (1 - s))
@@ -153,7 +157,10 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
         return cotangent
     if output is not None and (activation == "relu" or
                                (activation == "leaky_relu" and slope > 0)):
-        d = mx.where(output > 0, 1.0, 0.0 if activation == "relu" else float(slope))
+        # (a positive slope keeps z's sign in the output: leaky_relu's derivative is 1
+        # where z >= 0, as MLX's; relu's is 0 at 0, as MLX's)
+        d = mx.where(output > 0, 1.0, 0.0) if activation == "relu" else \
+            mx.where(output >= 0, 1.0, float(slope))
     else:
         d = _activation_grad(pre_activation().astype(mx.float32), activation, slope)
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
@@ -979,6 +986,37 @@ def _broadcasts_to(shape, want) -> bool:
     return all(s in (1, w) for s, w in zip(shape[::-1], want[::-1]))
 
 
+def _bias_vector(x, weight, bias):
+    """`bias` as the (N,) vector the fused epilogue reads, where MLX's `x @ w.T + bias`
+    broadcasts it as one: a 0-d, (1,) or (1, ..., 1, N) bias (of no more dimensions than
+    the output) - a free reshape, or a broadcast_to whose gradient MLX sums back.  Any
+    other bias is returned as given (_check_linear names it)."""
+    if not (isinstance(bias, mx.array) and isinstance(weight, mx.array) and weight.ndim == 2
+            and isinstance(x, mx.array)) or bias.shape == (weight.shape[0],):
+        return bias
+    n = weight.shape[0]
+    shape = tuple(bias.shape)
+    if len(shape) > max(x.ndim, 1) or any(d != 1 for d in shape[:-1]) or \
+            (shape and shape[-1] not in (1, n)):
+        return bias
+    return mx.broadcast_to(bias.reshape(-1), (n,)) if not shape or shape[-1] == 1 \
+        else bias.reshape(n)
+
+
+def _bias_broadcasts(x, weight, bias) -> bool:
+    """Whether `bias` is no (N,) vector but broadcasts with the output as MLX's `+` does (a
+    (T, N) bias: each row its own; one of more dimensions than the output widens it) -
+    MLX's composite computes it."""
+    if not (isinstance(bias, mx.array) and isinstance(weight, mx.array) and weight.ndim == 2
+            and isinstance(x, mx.array) and x.ndim >= 1) or bias.shape == (weight.shape[0],):
+        return False
+    try:
+        np.broadcast_shapes(tuple(bias.shape), (*x.shape[:-1], weight.shape[0]))
+    except ValueError:
+        return False
+    return True
+
+
 def _check_linear(x, weight, bias, activation, slope):
     if not isinstance(weight, mx.array) or weight.ndim != 2:
         raise ValueError("[metile.ops] weight must be a 2-D mx.array (out_features, in_features)")
@@ -997,8 +1035,13 @@ def _check_linear(x, weight, bias, activation, slope):
     if not isinstance(bias, mx.array):
         raise TypeError(f"[metile.ops] bias must be an mx.array or None, got {type(bias).__name__}")
     if bias.shape != (weight.shape[0],):
-        raise ValueError(f"[metile.ops] bias shape {bias.shape} does not match {weight.shape[0]} "
-                         "output features")
+        if _bias_broadcasts(x, weight, bias):
+            raise ValueError(f"[metile.ops] bias shape {tuple(bias.shape)}: metile's kernels "
+                             f"add one bias vector of {weight.shape[0]} output features to "
+                             f"every row; pass a per-row bias as residual= (added after the "
+                             f"activation), or use backend='auto' or 'mlx'")
+        raise ValueError(f"[metile.ops] bias shape {tuple(bias.shape)} does not broadcast to "
+                         f"the {weight.shape[0]} output features")
     if bias.dtype != x.dtype:
         # as for x, weight and residual: one dtype (the fused epilogue would round a wider
         # bias to x's dtype where MLX promotes the result)
@@ -1019,6 +1062,11 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
         _check_activation(activation, negative_slope)
         return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     x, weight, bias, residual = _promoted(x, weight, bias, residual)
+    bias = _bias_vector(x, weight, bias)
+    if _bias_broadcasts(x, weight, bias) and backend in ("auto", "mlx"):
+        # a bias of more than one row ((T, N), say): MLX's composite, which broadcasts it
+        _check_activation(activation, negative_slope)
+        return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     options = (activation, negative_slope, backend)   # (a repeated call replays: op_replay.py)
     key = op_replay.key("linear", options, x, weight, bias, residual) \
         if weight is not None and x is not None and _plain_options(*options) else None
@@ -1282,6 +1330,11 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
                    backend: str = "auto", negative_slope: float = LEAKY_SLOPE) -> str:
     x, weight, bias, residual = _promoted(x, weight, bias, residual)
+    bias = _bias_vector(x, weight, bias)
+    if _bias_broadcasts(x, weight, bias) and backend in ("auto", "mlx"):
+        return json.dumps({"op": "linear", "path": "mlx_composite", "reason":
+                           f"bias of shape {tuple(bias.shape)} is no vector of the output "
+                           f"features: MLX's x @ w.T + bias broadcasts it"}, indent=2)
     arrays, r2 = _linear_args(x, weight, bias, activation, negative_slope, residual)
     return json.dumps(_explain("linear", arrays, activation, negative_slope, backend, r2),
                       indent=2)
