@@ -455,7 +455,7 @@ def test_bad_inputs(rng, change, error, message):
         sdpa(q, k, v, scale=0.25, **kw)
 
 
-@pytest.mark.parametrize("dv,dk", [(8, 16), (16, 160)])
+@pytest.mark.parametrize("dv,dk", [(8, 16), (16, 160), (160, 160)])
 def test_what_the_kernels_do_not_take_runs_mlx_on_auto(rng, dv, dk):
     # MLX's op takes a value head dimension of its own and heads wider than these kernels'
     # threadgroup memory: "auto" (the default) runs it, "metile" names what it cannot do
@@ -468,7 +468,8 @@ def test_what_the_kernels_do_not_take_runs_mlx_on_auto(rng, dv, dk):
     route = attention_ops.explain_attention(q, k, v, scale=0.25, mask="causal")
     assert route["path"] == "mlx" and route["route"]["source"] == "unsupported"
     with pytest.raises(ValueError, match="one head dimension" if dv != dk else
-                       "threadgroup memory"):
+                       r"head dimension 160 with 4-byte elements is not supported by metile's "
+                       r"kernels: .* threadgroup memory, .* use backend='auto' or 'mlx'"):
         sdpa(q, k, v, scale=0.25, mask="causal", backend="metile")
 
 

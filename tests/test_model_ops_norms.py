@@ -284,6 +284,32 @@ def test_softmax_other_axes(rng, axis):
           mx.float32)
 
 
+@pytest.mark.parametrize("shape", [(3, 17, 5), (5,)])
+def test_softmax_over_no_axes_is_mlxs_on_every_backend(rng, shape):
+    # axis=(): each element its own row of one (ones; NaN stays NaN).  The kernel path took
+    # the last axis as the row (a last-axis softmax, and its gradient), and raised "not enough
+    # values to unpack" on a vector.
+    x, = arrays(rng, shape, mx.float32, scale=3.0)
+    x = mx.where(mx.arange(x.size).reshape(shape) == 1, float("nan"), x)
+    want = mx.softmax(x, axis=[])
+    for backend in ("metile", "auto", "mlx"):
+        for axis in ((), []):
+            got = ops.softmax(x, axis=axis, backend=backend)
+            np.testing.assert_array_equal(np.array(got), np.array(want), err_msg=backend)
+    g = mx.grad(lambda x: (ops.softmax(x, axis=(), backend="metile") * x).sum())(x)
+    np.testing.assert_array_equal(np.array(g), np.array(mx.grad(
+        lambda x: (mx.softmax(x, axis=[]) * x).sum())(x)))
+
+
+def test_bool_options_name_a_numpy_bool():
+    # ("traditional must be a bool, got bool" for np.bool_: its type's bare name is bool)
+    q = mx.zeros((1, 2, 8))
+    with pytest.raises(TypeError, match=r"traditional must be a bool, got numpy\.bool"):
+        ops.rope(q, 8, traditional=np.bool_(True), base=1e4, scale=1.0, offset=0)
+    with pytest.raises(TypeError, match=r"precise must be a bool, got numpy\.bool"):
+        ops.softmax(q, precise=np.bool_(True))
+
+
 ROPE_CASES = [  # shape, dims, traditional, base, scale, offset kind
     ((2, 3, 5, 64), 64, False, 10000.0, 1.0, "int"),
     ((2, 3, 5, 64), 64, True, 10000.0, 1.0, "int"),

@@ -384,6 +384,25 @@ def test_bad_inputs_are_refused_by_name(rng, change, error, message):
         ops.quantized_matmul(*args, **kw)
 
 
+@pytest.mark.parametrize("mode", ["mxfp4", "mxfp8", "nvfp4", "affine"])
+def test_group_size_and_bits_default_to_the_modes_own(rng, mode):
+    # (None was affine's 64 and 4 for every mode, so an mxfp4 weight failed MLX's shape check
+    # under auto and mlx: "incompatible based on bits and group_size ... group_size=64")
+    w = mx.array(rng.standard_normal((64, 128)).astype(np.float32))
+    x = mx.array(rng.standard_normal((3, 128)).astype(np.float32))
+    wq, scales, *biases = mx.quantize(w, mode=mode)
+    b = biases[0] if biases else None
+    want = np.array(mx.quantized_matmul(x, wq, scales, b, mode=mode))
+    for backend in ("auto", "mlx") + (("metile",) if mode == "affine" else ()):
+        got = ops.quantized_matmul(x, wq, scales, b, mode=mode, backend=backend)
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5, err_msg=backend)
+        got = ops.quantized_matmul(x, wq, scales, b, group_size=None, bits=None, mode=mode,
+                                   backend=backend)
+        np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5, err_msg=backend)
+    assert ops.explain_quantized_matmul(x, wq, scales, b, mode=mode)["path"] in (
+        "mlx", "metile")
+
+
 def test_numpy_integers_for_group_size_and_bits(rng):
     # (found by a hostile test: np.int64(64), as a config gives it, was refused; MLX takes it)
     wq, s, b = quantized(rng, (8, 96), mx.float32, 32, 4)

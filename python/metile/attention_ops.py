@@ -40,6 +40,7 @@ from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
     mlx_takes_it,
     mlx_takes_values,
+    type_name,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -188,8 +189,12 @@ def tiles(d: int, itemsize: int, decode: bool, rows: int = DECODE_ROWS) -> list[
     fit = [{"path": "decode" if decode else "prefill", "BLOCK_M": m, "BLOCK_N": n}
            for m, n in shapes if size(m, n, _head_block(d), itemsize) <= _shared_limit()]
     if not fit:
-        raise _fail(ValueError, f"head dimension {d} needs more threadgroup memory than the "
-                                f"smallest tile has")
+        m, n = shapes[-1]
+        raise _fail(ValueError, f"head dimension {d} with {itemsize}-byte elements is not "
+                                f"supported by metile's kernels: their smallest tile ({m}x{n}) "
+                                f"needs {size(m, n, _head_block(d), itemsize)} bytes of "
+                                f"threadgroup memory, more than the {_shared_limit()} a "
+                                f"program has; use backend='auto' or 'mlx' (MLX's op)")
     return fit
 
 
@@ -559,7 +564,7 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
                              q, k, v, scale=scale, mask=mask, sinks=sinks,
                              force_fused=force_fused, backend=backend))
     if type(force_fused) is not bool:
-        raise _fail(TypeError, f"force_fused must be a bool, got {type(force_fused).__name__} "
+        raise _fail(TypeError, f"force_fused must be a bool, got {type_name(force_fused)} "
                                f"{force_fused!r}")
     why, scale = _before_routing(q, k, v, scale, mask, sinks, backend)
     if why is not None:

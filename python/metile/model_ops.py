@@ -49,6 +49,7 @@ from .op_routing import (
     rows as _rows,
     mlx_takes_it,
     mlx_takes_values,
+    type_name,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -729,11 +730,13 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
     key = op_replay.key("softmax", (axis, precise, backend, None), x)
     if type(precise) is not bool:   # (MLX's op takes a bool only)
         raise TypeError(f"[metile.ops.softmax] precise must be a bool, got "
-                        f"{type(precise).__name__} {precise!r}")
+                        f"{type_name(precise)} {precise!r}")
     _check_x("softmax", x, min_ndim=0)
     axes = _softmax_axes(x, axis)
     mlx_axis = axis if axis is None or isinstance(axis, numbers.Integral) else list(axis)
-    if backend == "mlx" or (x.ndim == 0 and backend != "metile"):
+    if backend == "mlx" or (x.ndim == 0 and backend != "metile") or (x.ndim and not axes):
+        # (axis=(): a softmax over no axes, each element its own row of one - MLX's op under
+        # every backend; the kernel path took the last axis as the row)
         check_backend("metile.ops.softmax", backend)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     kept = [a for a in range(x.ndim) if a not in axes]
@@ -828,7 +831,7 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
                          f"got {getattr(freqs, 'shape', type(freqs).__name__)}")
     if not isinstance(traditional, bool):   # as MLX's op (1 or "yes" would pass a bool())
         raise TypeError(f"[metile.ops.rope] traditional must be a bool, got "
-                        f"{type(traditional).__name__}")
+                        f"{type_name(traditional)}")
     # positions offset .. offset + T - 1 must be int32: the kernels' type
     wide_int = is_integer(offset) and not -2**31 <= int(offset) <= 2**31 - x.shape[-2]
     if backend != "metile" and (wide_int or (isinstance(offset, mx.array)

@@ -94,6 +94,13 @@ def rows(a):
     return mx.flatten(a, 0, -2) if a.ndim > 1 else a[None]
 
 
+def type_name(value) -> str:
+    """`value`'s type as a message names it: module-qualified unless a builtin (a NumPy
+    bool is `numpy.bool`, which a bare `bool` in "must be a bool, got bool" hid)."""
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
 def dtype_name(dtype) -> str:
     """An MLX dtype's short name ("float16"), as routing keys, reports and kernel
     constants spell it."""

@@ -504,10 +504,23 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
 
 # -- the op -------------------------------------------------------------------------------------
 
+# MLX's defaults of (group_size, bits) by mode, for a None of either (mx.quantize's too)
+_MODE_DEFAULTS = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
+
+
+def _settings(mode, group_size, bits) -> tuple[int, int]:
+    """(group_size, bits) as given, a None of either the mode's default as MLX's op takes
+    it (an unknown mode gets affine's here, and _check's error)."""
+    default_group, default_bits = _MODE_DEFAULTS.get(mode if isinstance(mode, str) else "",
+                                                     _MODE_DEFAULTS["affine"])
+    return (default_group if group_size is None else _integer(group_size),
+            default_bits if bits is None else _integer(bits))
+
+
 @op_replay.entry(("x", "w", "scales", "biases"),
                  ("transpose", "group_size", "bits", "mode", "backend", "stream"))
-def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
-                     bits=4, mode: str = "affine", *, backend: str = "auto", stream=None):
+def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=None,
+                     bits=None, mode: str = "affine", *, backend: str = "auto", stream=None):
     """x @ dequantize(w).T (transpose=True, mlx.nn.QuantizedLinear's layout) or
     x @ dequantize(w), with `w, scales, biases = mx.quantize(weight, group_size, bits)`;
     MLX's signature and results (see the module docstring for the paths)."""
@@ -519,8 +532,7 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     key = op_replay.key("quantized_matmul", (*options, None), x, w, scales, biases) \
         if all(a is not None for a in (x, w, scales, biases)) and \
         all(o is None or type(o) in (bool, int, str) for o in options) else None
-    group_size = 64 if group_size is None else _integer(group_size)   # MLX's affine defaults
-    bits = 4 if bits is None else _integer(bits)
+    group_size, bits = _settings(mode, group_size, bits)
     n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
 
     def mlx_op():
@@ -559,12 +571,12 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
 
 
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
-                             group_size: int = 64, bits: int = 4, mode: str = "affine", *,
+                             group_size: int | None = None, bits: int | None = None,
+                             mode: str = "affine", *,
                              backend: str = "auto") -> dict:
     """Which path `quantized_matmul` takes for these arguments and why (never
     measures), with the kernel's execution report on the metile path."""
-    group_size = 64 if group_size is None else _integer(group_size)
-    bits = 4 if bits is None else _integer(bits)
+    group_size, bits = _settings(mode, group_size, bits)
     n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
     if mlx_only:
         return {"path": "mlx", "reason": mlx_only}
@@ -584,12 +596,12 @@ def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
     return info
 
 
-def tune_quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=64,
-                          bits=4, *, budget_s: float | None = None, force: bool = False,
+def tune_quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_size=None,
+                          bits=None, *, budget_s: float | None = None, force: bool = False,
                           clock=None) -> dict:
     """Measure (or, unless `force`, read the recorded) routing decision for this call's
     signature now; returns it as a dict (winner, reason, timings in microseconds)."""
-    group_size, bits = _integer(group_size), _integer(bits)
+    group_size, bits = _settings("affine", group_size, bits)
     n, k, _ = _check(x, w, scales, biases, transpose, group_size, bits, "affine", "metile")
     x2 = x.reshape(math.prod(x.shape[:-1]), k).astype(_out_dtype(x, scales))
     with routing.tuning_scope(budget_s, clock):
