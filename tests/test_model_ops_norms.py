@@ -301,6 +301,22 @@ def test_softmax_over_no_axes_is_mlxs_on_every_backend(rng, shape):
         lambda x: (mx.softmax(x, axis=[]) * x).sum())(x)))
 
 
+def test_add_rms_norm_broadcasts_the_residual(rng):
+    # (a (1, D) residual was refused on every backend, where x + residual broadcasts it)
+    x, = arrays(rng, (3, 40), mx.float32)
+    r, = arrays(rng, (1, 40), mx.float32)
+    w, = arrays(rng, (40,), mx.float32)
+    h = f64(x) + f64(r)
+    for backend in ("metile", "auto", "mlx"):
+        s, y = ops.add_rms_norm(x, r, w, 1e-5, backend=backend)
+        close(s, h, mx.float32)
+        close(y, np_rms(h, f64(w), 1e-5), mx.float32)
+    g = mx.grad(lambda r: ops.add_rms_norm(x, r, w, 1e-5, backend="metile")[1].sum())(r)
+    want = mx.grad(lambda r: mx.fast.rms_norm(x + r, w, 1e-5).sum())(r)
+    assert g.shape == (1, 40)
+    np.testing.assert_allclose(np.array(g), np.array(want), rtol=1e-4, atol=1e-5)
+
+
 def test_bool_options_name_a_numpy_bool():
     # ("traditional must be a bool, got bool" for np.bool_: its type's bare name is bool)
     q = mx.zeros((1, 2, 8))
@@ -547,7 +563,8 @@ def test_bad_inputs_give_clear_errors():
         ops.rms_norm(x, mx.ones((4,)), 1e-5)
     with pytest.raises(ValueError, match=r"\[metile.ops.layer_norm\] bias has shape \(8, 1\)"):
         ops.layer_norm(x, None, mx.ones((8, 1)), 1e-5)
-    with pytest.raises(ValueError, match=r"residual has shape \(3, 4\); expected x's shape"):
+    with pytest.raises(ValueError, match=r"residual has shape \(3, 4\); expected x's shape "
+                                         r"\(3, 8\) or one broadcasting to it"):
         ops.add_rms_norm(x, mx.zeros((3, 4)), None, 1e-5)
     with pytest.raises(TypeError, match=r"eps must be a finite number"):
         ops.rms_norm(x, None, "1e-5")

@@ -645,7 +645,8 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
 def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None):
     """(h, rms_norm(h, weight, eps)) with h = x + residual: a transformer block's residual
     add and the next norm in one kernel (one read of x and residual, two writes).
-    residual has x's shape; the sum has MLX's dtype for `x + residual`.  `stream` as the
+    residual has x's shape or broadcasts to it (as `x + residual`); the sum has MLX's dtype
+    for `x + residual`.  `stream` as the
     other ops take it (op_routing.on_stream)."""
     if stream is not None:
         return on_stream("add_rms_norm", stream,
@@ -655,8 +656,13 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
         raise TypeError(f"[metile.ops.add_rms_norm] residual must be an mx.array, got "
                         f"{type(residual).__name__}")
     if tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"[metile.ops.add_rms_norm] residual has shape {tuple(residual.shape)}; "
-                         f"expected x's shape {tuple(x.shape)}")
+        shape, want = tuple(residual.shape), tuple(x.shape)
+        if len(shape) > len(want) or any(r not in (1, n) for r, n in zip(shape[::-1], want[::-1])):
+            raise ValueError(f"[metile.ops.add_rms_norm] residual has shape {shape}; expected "
+                             f"x's shape {want} or one broadcasting to it")
+        # (as x + residual broadcasts; the kernel reads the broadcast rows, MLX's autodiff
+        # sums the residual's gradient back)
+        residual = mx.broadcast_to(residual, want)
     if not mx.issubdtype(residual.dtype, mx.floating):
         raise TypeError(f"[metile.ops.add_rms_norm] residual has dtype {residual.dtype}; "
                         f"expected a floating type")
