@@ -110,6 +110,21 @@ def test_a_tuned_meta_parameter_at_the_call_is_an_error(tuned):
         tuned[(2,)](mx.ones((1000,)), mx.zeros((1000,)), 1000, 2.0, BLOCK=512)
 
 
+@pytest.mark.parametrize("given", [{"num_simdgroups": 4}, {"num_warps": 4}, {"NUM_SG": 4}])
+def test_a_tuned_simdgroup_count_at_the_call_is_an_error(given):
+    # (each config's num_simdgroups replaced the call's: num_simdgroups=4 ran on one
+    # SIMD-group, silently, where a direct launch refuses the contradiction)
+    from metile_kernels.gemm import matmul
+    tuned = metile.autotune(configs=[
+        metile.Config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, num_simdgroups=1),
+        metile.Config(BLOCK_M=32, BLOCK_N=32, BLOCK_K=8, num_simdgroups=1)])(matmul)
+    a = mx.ones((40, 40))
+    with pytest.raises(metile.LaunchError, match=r"conflicting meta-parameters "
+                                                r"(num_simdgroups|num_warps|NUM_SG): the "
+                                                r"autotune configs set them"):
+        tuned[(2, 2)](a, a, mx.zeros((40, 40)), 40, 40, 40, **given)
+
+
 # -- a second hostile test (twenty-eighth session) ---------------------------------------------
 
 @metile.kernel

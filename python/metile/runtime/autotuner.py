@@ -113,6 +113,9 @@ class _TunedLauncher:
         """A meta-parameter given at the call that the configs also set would be overridden
         by each config (the call sized its grid for its own value): an error, as in Triton."""
         tuned = {k for c in self.tuned.configs for k in c.meta}
+        if any(c.num_simdgroups is not None for c in self.tuned.configs):
+            # (each config's count replaced the call's: a call's num_simdgroups=4 ran on 1)
+            tuned |= {"num_simdgroups", "NUM_SG", "num_warps"}
         clash = sorted(tuned & set(kwargs))
         if clash:
             raise LaunchError(f"{self.tuned.kernel.fn.__name__}: conflicting meta-parameters "
