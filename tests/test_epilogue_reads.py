@@ -82,8 +82,41 @@ def test_residual_only_and_report(rng):
     info = d.variant.data["lowering"]["matmul"]
     assert [r["buffer"] for r in info["epilogue_reads"]] == ["residual"]
     assert info["epilogue_reads"][0]["kind"] == "matrix"
-    assert ("epilogue reads 'residual' (float16 matrix) at the store's coordinates, within the "
-            "store's bounds") in json.loads(d.explain())["notes"]
+    assert ("epilogue reads 'residual' (float16 matrix) per stored element: its load's "
+            "address and mask evaluated at the element's (row, column), only where the store "
+            "writes") in json.loads(d.explain())["notes"]
+
+
+@metile.kernel
+def plus_transposed(A, B, C, R, M, N, K, SHIFT: metile.constexpr, BM: metile.constexpr = 32,
+                    BN: metile.constexpr = 32, BK: metile.constexpr = 16):
+    rm = metile.program_id(0) * BM + metile.arange(0, BM)
+    rn = metile.program_id(1) * BN + metile.arange(0, BN)
+    acc = metile.zeros((BM, BN), dtype=metile.float32)
+    for k in metile.tile_range(0, K, BK):
+        rk = k + metile.arange(0, BK)
+        a = metile.load(A + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K))
+        b = metile.load(B + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N))
+        acc = metile.dot(a, b, acc)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    # R read transposed (and shifted by SHIFT elements): its own address, not the store's
+    r = metile.load(R + rn[None, :] * M + rm[:, None] + SHIFT, mask=mask, other=0.0)
+    metile.store(C + rm[:, None] * N + rn[None, :], acc + r, mask=mask)
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_a_read_at_its_own_address_and_its_note(rng, shift):
+    # (the note said the read was "at the store's coordinates" for a transposed or shifted
+    # read too, whose elements are at other addresses)
+    m, n, k = 40, 33, 20
+    a, b, acc = operands(rng, m, n, k, "float32")
+    flat, flat64 = _vec(rng, m * n + shift, "float32")
+    d = plus_transposed[grid(m, n, 32, 32)].prepare(a, b, mx.zeros((m, n)), flat, m, n, k,
+                                                   SHIFT=shift)
+    check(d(), acc + flat64[shift:].reshape(n, m).T)
+    assert ("epilogue reads 'R' (float32 matrix) per stored element: its load's address and "
+            "mask evaluated at the element's (row, column), only where the store writes") in \
+        json.loads(d.explain())["notes"]
 
 
 @metile.kernel

@@ -349,8 +349,12 @@ def _mma_notes(mma: dict | None) -> tuple[str, ...]:
 
 def _read_notes(matmul: dict) -> tuple[str, ...]:
     """One note per memory read fused into the GEMM epilogue (bias, residual)."""
-    return tuple(f"epilogue reads {r['buffer']!r} ({r['dtype']} {r['kind']}) at the store's "
-                 f"coordinates, within the store's bounds" for r in matmul.get("epilogue_reads", []))
+    # (the load's own address, not the store's: a transposed or shifted read is evaluated
+    # as written - "at the store's coordinates" read as if it were the store's offsets)
+    return tuple(f"epilogue reads {r['buffer']!r} ({r['dtype']} {r['kind']}) per stored "
+                 f"element: its load's address and mask evaluated at the element's (row, "
+                 f"column), only where the store writes"
+                 for r in matmul.get("epilogue_reads", []))
 
 
 def report_from_dict(data: dict) -> ExecutionReport:
