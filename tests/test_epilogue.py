@@ -226,12 +226,27 @@ def early_narrowing(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.cons
     metile.store(C + rm[:, None] * N + rn[None, :], half * 2.0, mask=mask)
 
 
+@metile.kernel
+def int_output(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.constexpr = 16,
+               BK: metile.constexpr = 8):
+    rm = metile.program_id(0) * BM + metile.arange(0, BM)
+    rn = metile.program_id(1) * BN + metile.arange(0, BN)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    metile.store(C + rm[:, None] * N + rn[None, :], acc * 10.0, mask=mask)  # REJECT
+
+
 REJECTED = [
     (reduction_epilogue, "a reduction of the accumulator is not a pointwise epilogue"),
     (control_flow_epilogue, "control flow in the epilogue"),
     (two_stores, "this kernel has several stores"),
     (dimension_leaf, "dimension parameter 'K' used in the epilogue"),
     (early_narrowing, "the epilogue computes in float32 until the final conversion"),
+    # (an int output was refused as "this cast produces int32 before the end", with no cast
+    # written: the store's own conversion is the last op)
+    (int_output, "a fused GEMM stores a float output (float32, float16 or bfloat16); "
+                 "converting its result to int32 (a cast, or the store's conversion to its "
+                 "buffer) is not fused"),
 ]
 
 
@@ -256,7 +271,8 @@ def _marked_line(kernel) -> int:
 def test_rejected_epilogues(kernel, message):
     m = n = k = 16
     args = [mx.zeros((m, k)), mx.zeros((k, n)),
-            mx.zeros((m, n), mx.float16 if kernel is early_narrowing else mx.float32)]
+            mx.zeros((m, n), {early_narrowing: mx.float16, int_output: mx.int32}.get(
+                kernel, mx.float32))]
     args += [m, n, k] + ([1] if kernel is control_flow_epilogue else [])
     with pytest.raises(metile.CompilationError) as err:
         kernel[(1, 1)].prepare(*args, backend="msl")

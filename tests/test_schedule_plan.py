@@ -250,7 +250,17 @@ REJECTIONS = [
      "geometry is 256 lanes"),
     ("elementwise staging mismatch", ELEMENTWISE, "cpu_msl", dict(staging="threadgroup"),
      "cannot honour staging='threadgroup': staging must match the kernel's memory operations; "
-     "this elementwise kernel uses no threadgroup memory"),
+     "this elementwise kernel allocates no threadgroup memory of its own"),
+    # (a kernel with dots was told it "contains no dot"; a reduction's block-reduction
+    # scratch was denied: "uses no threadgroup memory")
+    ("matrix backend on lanes with dots", KernelTraits("elementwise", (64,), lanes=32, dots=True),
+     "cpu_msl", dict(backend="simdgroup"),
+     "cannot honour backend='simdgroup': this elementwise kernel has dots, but no whole-tile "
+     "GEMM a matrix backend lowers (8x8 fragment products take backend 'simdgroup_inline')"),
+    ("reduction staging", KernelTraits("reduction", (64,), lanes=32), "cpu_msl",
+     dict(staging="threadgroup"),
+     "this reduction kernel allocates no threadgroup memory of its own (shared()) - its block "
+     "reductions' partials use threadgroup scratch whatever the staging"),
     ("elementwise double buffer", ELEMENTWISE, "cpu_msl", dict(double_buffer=True),
      "cannot honour double_buffer=True: this elementwise kernel has no staged K-loop"),
     ("elementwise width 4, one element per lane",

@@ -60,7 +60,7 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
     elif mask_bounds:
         divisible = (None,)
     return KernelTraits(kind, (largest,), threads, (), None, divisible, aligned, relaxed,
-                        bool(shared), shared_bytes, 0)
+                        bool(shared), shared_bytes, 0, dots="dot" in names)
 
 
 def _reject_unmaterialized(plan: SchedulePlan, fn: Function, scalars: dict) -> None:

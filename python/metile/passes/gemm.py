@@ -333,6 +333,11 @@ def _check_epilogue_op(op: Op, final: bool) -> None:
     if op.name not in EPILOGUE_OPS:
         raise _reject(f"'{op.name}' is not a supported epilogue operation", op)
     d = dtype_of(op.result.type)
+    if final and op.name == "cast" and not d.is_float:
+        # (an int output: the cast may be the store's own conversion, written nowhere)
+        raise _reject(f"a fused GEMM stores a float output (float32, float16 or bfloat16); "
+                      f"converting its result to {d} (a cast, or the store's conversion to its buffer) "
+                      f"is not fused - store to a float buffer and convert after", op)
     if d not in (dt.float32, dt.bool_) and not (final and op.name == "cast" and d.is_float):
         raise _reject(f"the epilogue computes in float32 until the final conversion; this "
                       f"{op.name} produces {d} before the end", op)

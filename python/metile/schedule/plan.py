@@ -77,6 +77,7 @@ class KernelTraits:
     shared_bytes: int = 0
     epilogue_stores: int = 0
     products: int = 1
+    dots: bool = False     # a lane kernel with matrix products that are no whole-tile GEMM
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -185,18 +186,26 @@ def _kernel_staging(traits: KernelTraits, s: Schedule) -> str:
     """Staging of kernels that manage their own memory: it must match what they declare."""
     actual = "threadgroup" if traits.uses_shared else "device"
     if s.staging not in ("auto", actual):
-        has = "allocates threadgroup memory" if traits.uses_shared else "uses no threadgroup memory"
+        has = ("allocates threadgroup memory (shared())" if traits.uses_shared else
+               "allocates no threadgroup memory of its own (shared())")
+        scratch = (" - its block reductions' partials use threadgroup scratch whatever the "
+                   "staging, which is not a staging of the kernel's data"
+                   if traits.kind == "reduction" and not traits.uses_shared else "")
         raise ScheduleError(s.requirement("staging"),
                             "staging must match the kernel's memory operations; "
-                            f"this {traits.kind} kernel {has}")
+                            f"this {traits.kind} kernel {has}{scratch}")
     return actual
 
 
 def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePlan:
     if s.backend not in ("auto", "elementwise"):
+        # (a kernel with dots was told it "contains no dot")
+        what = ("has dots, but no whole-tile GEMM a matrix backend lowers (8x8 fragment "
+                "products take backend 'simdgroup_inline')" if traits.dots else
+                "contains no dot for a matrix backend")
         raise ScheduleError(s.requirement("backend"),
-                            f"this {traits.kind} kernel contains no dot for a matrix backend; "
-                            "it runs on scalar lanes (backend 'elementwise')")
+                            f"this {traits.kind} kernel {what}; it runs on scalar lanes "
+                            "(backend 'elementwise')")
     tg = _lane_geometry(traits, target, s, "elementwise")
     staging = _kernel_staging(traits, s)
     if s.double_buffer:
@@ -204,6 +213,10 @@ def _plan_lanes(traits: KernelTraits, target: Target, s: Schedule) -> SchedulePl
                             f"this {traits.kind} kernel has no staged K-loop to double buffer")
     _no_gemm_controls(s, f"this {traits.kind} kernel")
     reasons = ["Lanes follow the geometry traced from the kernel (arange/BLOCK or num_simdgroups)."]
+    if traits.dots:
+        reasons.append("Its dots are no whole-tile GEMM: the lanes compute them "
+                       "(Schedule(backend='simdgroup_inline') puts 8x8 fragment products on "
+                       f"{target.group_word} matrices).")
     if traits.kind == "reduction":
         reasons.append(f"Block reductions combine per-{target.group_word} partials in "
                        f"{target.shared_word}.")
