@@ -78,9 +78,20 @@ def test_unsatisfiable_schedules_are_compile_errors_at_the_kernel(schedule, mess
     assert "dsl_kernels.py:" in text.splitlines()[0]
 
 
-def test_width_four_on_ragged_shapes_is_rejected():
-    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably misaligned"):
+def test_width_four_without_a_complete_block_is_rejected():
+    with pytest.raises(CompilationError, match="vector_width=4: no program's block is complete "
+                                               "for these sizes"):
         vector_add[(1,)].prepare(*add_args(1001), BLOCK=1024, num_simdgroups=8, SCHEDULE=Schedule(vector_width=4))
+
+
+def test_width_four_on_a_ragged_size_vectorizes_the_complete_blocks(monkeypatch):
+    # (n=1001 was refused as "provably misaligned": its complete blocks are aligned, and only
+    # the last is a scalar remainder)
+    monkeypatch.setenv("METILE_MSL_BOUNDS_CHECK", "1")
+    args = add_args(1001)
+    d = vector_add[(8,)].prepare(*args, BLOCK=128, SCHEDULE=Schedule(vector_width=4))
+    assert d.execution_report.vectorized_loads == 2
+    np.testing.assert_array_equal(np.array(d()), np.array(args[0]) + np.array(args[1]))
 
 
 def test_width_four_on_aligned_shapes_is_materialized():
@@ -184,8 +195,8 @@ def test_a_prepared_launch_called_with_new_arrays_keeps_its_schedule():
     assert ran.schedule_plan.vector_width == 4 and ran.execution_report.vectorized_loads == 2
     assert ran.schedule_plan.threadgroup_size == d.schedule_plan.threadgroup_size == (256, 1, 1)
     # the same schedule on a ragged size is refused, as a fresh launch with it is
-    with pytest.raises(CompilationError, match="vector_width=4: interior accesses are provably "
-                                               "misaligned"):
+    with pytest.raises(CompilationError, match="vector_width=4: no program's block is "
+                                               "complete"):
         d(*add_args(1001))
     # a call naming its own options gets them
     d(x, y, z, n, SCHEDULE=Schedule())

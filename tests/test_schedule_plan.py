@@ -226,7 +226,9 @@ REJECTIONS = [
      "cannot honour vector_width=4: alignment of the interior accesses is not provable"),
     ("width 4 misaligned", gemm(aligned=False), "cpu_msl",
      dict(backend="simdgroup", vector_width=4),
-     "cannot honour vector_width=4: interior accesses are provably misaligned"),
+     "cannot honour vector_width=4: an interior access cannot be an aligned 4-wide load "
+     "(misaligned, or not contiguous along its tile's inner axis, as a transposed operand is); "
+     "use vector_width=None"),
     ("device staging with double buffer", gemm(), "apple9",
      dict(staging="device", double_buffer=True),
      "cannot honour staging='device' with double_buffer=True: double_buffer=True acts on "

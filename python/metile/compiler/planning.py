@@ -54,9 +54,12 @@ def kernel_traits(fn: Function, threads: int, constexprs: dict, scalars: dict,
     divisible, aligned = (), None
     if mask_bounds and all(b in scalars for b in mask_bounds):
         divisible = (all(scalars[b] % largest == 0 for b in mask_bounds),)
-        # The canonical 1-D access (program_id * BLOCK + arange) over contiguous
-        # buffers is 4-aligned when BLOCK and every bound are multiples of 4.
-        aligned = largest % 4 == 0 and all(scalars[b] % 4 == 0 for b in mask_bounds)
+        # The canonical 1-D access (program_id * BLOCK + arange) over contiguous buffers is
+        # 4-aligned when BLOCK is a multiple of 4; a bound that is not only leaves the last
+        # block incomplete (its scalar remainder) - vectorizable() decides whether any block
+        # is complete.  (Requiring bounds of multiples of 4 refused n=1001 as "provably
+        # misaligned".)
+        aligned = largest % 4 == 0
     elif mask_bounds:
         divisible = (None,)
     return KernelTraits(kind, (largest,), threads, (), None, divisible, aligned, relaxed,
@@ -225,12 +228,21 @@ def make_plan(fn: Function, constexprs: dict, scalars: dict, schedule: Schedule 
     if g is not None:
         return _gemm_plan(fn, g, constexprs, scalars, schedule, target, units, threads_req,
                           tile_bounds)
-    threads = choose_threads(fn, threads_req)
-    if threads_req is None and schedule is not None and schedule.vector_width == 4 and \
-            schedule.num_simdgroups is None:
-        threads = _vector_lanes(fn, threads)
+    threads = traced = choose_threads(fn, threads_req)
+    if threads_req is None and schedule is not None and schedule.vector_width == 4:
+        # The launch left the lane count open: width 4 picks one whose lanes own whole groups
+        # of 4, or takes the Schedule's own count (Schedule(vector_width=4, num_simdgroups=1)
+        # was refused as not the default's 128 lanes, where vector_width=4 alone ran on 32).
+        threads = _vector_lanes(fn, threads) if schedule.num_simdgroups is None else \
+            schedule.num_simdgroups * target.simd_width
     traits = kernel_traits(fn, threads, constexprs, scalars, mask_bounds)
     plan = plan_schedule(traits, target, schedule, LOWERING)
+    if threads != traced:
+        plan = dataclasses.replace(plan, reasons=tuple(
+            f"Lanes: {threads}, each owning whole groups of 4 elements of the "
+            f"{largest_tile(fn)}-element tile (vector_width=4 with the launch's lane count left "
+            f"open; the traced default is {traced})." if r.startswith("Lanes follow") else r
+            for r in plan.reasons))
     check_legacy_geometry(constexprs, plan, schedule)
     _reject_unmaterialized(plan, fn, scalars)
     if plan.threadgroup_size[0] != threads:

@@ -252,13 +252,19 @@ def _no_gemm_controls(s: Schedule, what: str) -> None:
 
 
 def _check_aligned(traits: KernelTraits) -> None:
+    if traits.vector_aligned is False:
+        # (a transposed operand is contiguous along K, not along its tile's inner axis: no
+        # size makes it 4-wide, so the advice to pass multiples of 4 did not apply)
+        raise ScheduleError("vector_width=4", "an interior access cannot be an aligned 4-wide "
+                                              "load (misaligned, or not contiguous along its "
+                                              "tile's inner axis, as a transposed operand "
+                                              "is); use vector_width=None")
     if traits.vector_aligned is not True:
-        why = ("interior accesses are provably misaligned" if traits.vector_aligned is False
-               else "alignment of the interior accesses is not provable (ragged or "
-                    "unspecialized extents, strides or offsets)")
-        raise ScheduleError("vector_width=4", f"{why}; pass sizes that are multiples of 4 "
-                                              "with Schedule(...) so they specialize, or use "
-                                              "vector_width=None")
+        raise ScheduleError("vector_width=4", "alignment of the interior accesses is not "
+                                              "provable (ragged or unspecialized extents, "
+                                              "strides or offsets); pass sizes that are "
+                                              "multiples of 4 with Schedule(...) so they "
+                                              "specialize, or use vector_width=None")
 
 
 # -- kernel-written fragments (simdgroup_inline) --------------------------------------------
