@@ -498,7 +498,9 @@ def _matmul_with(path: MatrixPath, traits: KernelTraits, target: Target, s: Sche
                     f"{grid[0]}x{grid[1]} SIMD-group grid.",
                     "Operands go from device memory straight into register cooperative tensors.",
                     "The SDK does not expose which lane owns which element."]
-        vw, db, stages = None, None, None
+        # (an explicit double_buffer=False is honoured - there is no software double buffer -
+        # and recorded as asked; it was recorded as automatic, None)
+        vw, db, stages = None, (False if s.double_buffer is False else None), None
     else:
         g = target.group_word
         if not scalar_fma:
