@@ -227,3 +227,41 @@ def test_kernel_explain_describes_the_launch_that_ran_last():
     vector_add[(8,)].prepare(x, y, z, n, BLOCK=128)
     vector_add[(4,)](x, y, z, n, BLOCK=256)   # a cached launch after a prepare()
     assert vector_add.schedule_plan.tile_shape == (256,)
+
+
+def test_launch_options_contradicting_the_schedule_name_both_sides():
+    # (num_simdgroups=2 with Schedule(num_simdgroups=4) was refused as "the kernel fixes 64
+    # lanes", naming one side; num_warps already named both)
+    from metile_kernels.gemm import grid, matmul
+    a = mx.ones((40, 40))
+    args = (a, a, mx.zeros((40, 40)), 40, 40, 40)
+    for option in ({"num_simdgroups": 2}, {"NUM_SG": 2}, {"num_warps": 2}):
+        name = next(iter(option))
+        with pytest.raises(LaunchError, match=rf"{name}=2 contradicts the SCHEDULE's "
+                                              r"num_simdgroups=4"):
+            matmul[grid(40, 40, 32, 32)].prepare(*args, BLOCK_M=32, BLOCK_N=32, **option,
+                                                 SCHEDULE=Schedule(num_simdgroups=4))
+
+
+def test_a_tile_too_large_without_a_schedule_names_the_tile():
+    # (it said "cannot honour backend='simdgroup'" to a launch that named no backend)
+    from metile_kernels.gemm import grid, matmul
+    a = mx.ones((40, 40))
+    with pytest.raises(CompilationError, match=r"cannot honour the 128x128x64 tile: one "
+                                               r"128x64 \+ 64x128 operand stage"):
+        matmul[grid(40, 40, 128, 128)].prepare(a, a, mx.zeros((40, 40)), 40, 40, 40,
+                                              BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)
+
+
+def test_relaxed_precision_and_double_buffer_take_bools():
+    # (RELAXED_PRECISION=1 ran strict - the policy reads `is True` - and a backend needing it
+    # then asked for what was given; a NumPy bool was refused where NumPy ints are taken)
+    from metile_kernels.gemm import grid, matmul
+    a = mx.ones((40, 40))
+    for value in (1, "True"):
+        with pytest.raises(LaunchError, match=rf"RELAXED_PRECISION must be True or False, got "
+                                              rf"{value!r}"):
+            matmul[grid(40, 40, 32, 32)](a, a, mx.zeros((40, 40)), 40, 40, 40, BLOCK_M=32,
+                                         BLOCK_N=32, RELAXED_PRECISION=value)
+    assert Schedule(double_buffer=np.True_).double_buffer is True
+    assert Schedule(double_buffer=np.False_) == Schedule(double_buffer=False)

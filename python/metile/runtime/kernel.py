@@ -281,6 +281,7 @@ class Kernel:
         debug = self._debug(kwargs)
         launch_nsg = "num_simdgroups" in kwargs or (
             "NUM_SG" in kwargs and "NUM_SG" not in self.param_names)
+        nsg_name = "num_simdgroups" if "num_simdgroups" in kwargs else "NUM_SG"
         nsg = kwargs.pop("num_simdgroups", self.num_simdgroups)
         if "NUM_SG" in kwargs and "NUM_SG" not in self.param_names:
             # Legacy spelling (Config(num_simdgroups=...) passes NUM_SG).
@@ -291,6 +292,10 @@ class Kernel:
         schedule = None if "SCHEDULE" in self.param_names else kwargs.pop("SCHEDULE", None)
         if schedule is not None and not isinstance(schedule, Schedule):
             raise LaunchError(f"SCHEDULE must be a metile.Schedule, got {type(schedule).__name__}")
+        if launch_nsg and schedule is not None and schedule.num_simdgroups not in (None, nsg):
+            # (as for num_warps: planning blamed "the kernel's" lane count, naming one side)
+            raise LaunchError(f"{nsg_name}={nsg!r} contradicts the SCHEDULE's "
+                              f"num_simdgroups={schedule.num_simdgroups!r}")
         nsg, schedule = self._triton_options(kwargs, nsg, launch_nsg, schedule)
         # backend="msl"|"cuda" (or a compiler.Backend): compile for that language instead
         # of the default device's, e.g. to read the CUDA source on a Mac or the CPU.
@@ -332,6 +337,11 @@ class Kernel:
             raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
         runtime = {n: bound[n] for n in self.param_names if n not in self.constexpr_names}
         consts = {n: bound[n] for n in self.param_names if n in self.constexpr_names}
+        relaxed = consts.get("RELAXED_PRECISION", False)
+        if not isinstance(relaxed, bool):
+            # (the precision policy reads `is True`: 1 or "True" ran strict, and a backend that
+            # needs it then asked for RELAXED_PRECISION=True, which was given)
+            raise LaunchError(f"RELAXED_PRECISION must be True or False, got {relaxed!r}")
         if strict is not None:
             # A launch-level precision policy (strict is metile's default): a
             # specialization key like any constexpr; it contradicts RELAXED_PRECISION.

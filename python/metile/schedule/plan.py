@@ -675,8 +675,12 @@ def _controllable(traits, target, s, reasons, lowering=None, scalar_fma=False, u
             reasons.append(f"A {stage}-byte operand stage does not fit {target.name}'s "
                            f"{target.shared_word}; fragments load directly from device memory.")
     if staging == "threadgroup":
-        _check_capacity(stage + traits.shared_bytes, target,
-                        s.requirement("staging") if s.staging != "auto" else "backend='simdgroup'",
+        # (what was asked: the staging, a backend, or - asking for neither - the tile itself;
+        # "backend='simdgroup'" was named to a launch that named no backend)
+        bm, bn, bk = traits.tile_shape
+        asked = s.requirement("staging") if s.staging != "auto" else \
+            s.requirement("backend") if s.backend != "auto" else f"the {bm}x{bn}x{bk} tile"
+        _check_capacity(stage + traits.shared_bytes, target, asked,
                         f"one {tiles} operand stage and the kernel's allocations")
         into = "per-thread registers" if scalar_fma else f"{target.group_word} fragments"
         reasons.append(f"Operand tiles are staged through {target.shared_word} ({stage} bytes "

@@ -83,6 +83,10 @@ class Schedule:
                 # a NumPy integer (a count read from a config) as the int it holds, so keys
                 # and reports print it as one
                 object.__setattr__(self, field, int(value))
+        if type(self.double_buffer).__module__ == "numpy" and \
+                type(self.double_buffer).__name__ in ("bool", "bool_"):
+            # a NumPy bool as the bool it holds, as NumPy integers above
+            object.__setattr__(self, "double_buffer", bool(self.double_buffer))
         for field, value, allowed in (("backend", self.backend, BACKENDS),
                                       ("staging", self.staging, STAGINGS),
                                       ("program_order", self.program_order, PROGRAM_ORDERS)):
