@@ -258,7 +258,7 @@ def test_input_aliasing_output():
 
 def test_output_slot_must_be_array():
     err = compile_error(lambda: copy[(1,)](X, 3.0, 8))
-    assert "parameter 'Y' was passed a scalar; pass an mx.array if it is a buffer" in str(err)
+    assert "parameter 'Y' was passed a scalar - a number, or a 0-d mx.array, which a launch takes as a scalar value; pass an mx.array of one or more dimensions if it is a buffer" in str(err)
 
 
 def test_bad_grid():

@@ -332,3 +332,68 @@ def test_cdiv_and_next_power_of_2_on_the_host():
         [0, 1, 1, 2, 143]
     assert [metile.next_power_of_2(v) for v in (0, 1, 2, 3, 64, 65, 1000)] == \
         [1, 1, 2, 4, 64, 128, 1024]
+
+
+# -- Triton porting surface (a hostile port, thirty-first session) ------------------------------
+
+def test_config_takes_tritons_dict_form():
+    # (Config({"BLOCK": 32}, num_warps=1) was refused as "num_simdgroups must be an int")
+    c = metile.Config({"BLOCK": 32}, num_warps=1)
+    assert c == metile.Config(BLOCK=32, num_warps=1) and c.meta == {"BLOCK": 32, "num_warps": 1}
+    with pytest.raises(ValueError, match="Config: BLOCK given in the dict and as a keyword"):
+        metile.Config({"BLOCK": 32}, BLOCK=64)
+
+
+@metile.kernel
+def maybe_bias(X, B, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    x = metile.load(X + offs, mask=offs < n)
+    if B is not None:
+        x = x + metile.load(B + offs, mask=offs < n)
+    metile.store(Y + offs, x, mask=offs < n)
+
+
+def test_none_for_an_optional_pointer_is_a_constexpr_none():
+    # (None was refused: "expected an mx.array or a Python int/float/bool, got NoneType");
+    # Triton specializes a None argument as a constexpr, so `B is not None` folds
+    x = np.arange(100, dtype=np.float32)
+    b = np.linspace(-1, 1, 100).astype(np.float32)
+    for bias, want in ((None, x), (mx.array(b), x + b), (None, x)):
+        out = maybe_bias[(2,)](mx.array(x), bias, mx.zeros((100,)), 100, BLOCK=64)
+        np.testing.assert_array_equal(np.array(out), want)
+    d = maybe_bias[(2,)].prepare(mx.array(x), None, mx.zeros((100,)), 100, BLOCK=64)
+    assert d.spec.constexprs["B"] is None
+    np.testing.assert_array_equal(np.array(d(mx.array(2 * x), None, mx.zeros((100,)), 100)),
+                                  2 * x)
+    with pytest.raises(CompilationError, match=r"unsupported operand: NoneType None and a "
+                                               r"tile.*\(the constant is constexpr X=None\)"):
+        scaled_copy[(1,)](None, mx.zeros((8,)), 8, 2.0, BLOCK=8)
+
+
+@metile.heuristics(values={"EVEN": lambda a: a["n"] % a["BLOCK"] == 0})
+@metile.kernel
+def even_or_masked(X, Y, n, BLOCK: metile.constexpr, EVEN: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    if EVEN:
+        metile.store(Y + offs, metile.load(X + offs) * 2.0)
+    else:
+        metile.store(Y + offs, metile.load(X + offs, mask=offs < n) * 3.0, mask=offs < n)
+
+
+def test_heuristics_compute_meta_parameters_from_the_arguments():
+    # (metile.heuristics did not exist: ported @triton.heuristics(EVEN_K=...) kernels failed)
+    x = np.arange(128, dtype=np.float32)
+    for n, factor in ((128, 2.0), (100, 3.0)):
+        out = even_or_masked[(2,)](mx.array(x), mx.zeros((128,)), n, BLOCK=64)
+        np.testing.assert_array_equal(np.array(out)[:n], factor * x[:n])
+        assert even_or_masked.base.last_dispatch.spec.constexprs["EVEN"] is (factor == 2.0)
+    # under autotune the functions see each candidate's meta-parameters
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=32), metile.Config(BLOCK=64)],
+                            key=["n"], warmup=1, reps=1)(even_or_masked)
+    out = tuned[lambda m: (metile.cdiv(m["n"], m["BLOCK"]),)](mx.array(x), mx.zeros((128,)), 96)
+    np.testing.assert_array_equal(np.array(out)[:96], 2.0 * x[:96])
+    with pytest.raises(LaunchError, match="EVEN computed by metile.heuristics and also passed "
+                                          "at the call"):
+        even_or_masked[(2,)](mx.array(x), mx.zeros((128,)), 100, BLOCK=64, EVEN=True)
+    with pytest.raises(ValueError, match="has no parameter 'EVEN_K'"):
+        metile.heuristics(values={"EVEN_K": lambda a: True})(scaled_copy)

@@ -15,11 +15,12 @@ from .schedule import Config, ExecutionReport, Schedule, ScheduleError, Schedule
 from .version import __version__  # noqa: E402
 
 __all__ = ["metal_kernel", "MetalKernel", "cuda_kernel", "CudaKernel", "MslCompileError", "Schedule",
-           "Config", "ScheduleError", "SchedulePlan", "ExecutionReport", "autotune", "SettingError"]
+           "Config", "ScheduleError", "SchedulePlan", "ExecutionReport", "autotune", "heuristics", "SettingError"]
 
 from .dsl import *  # noqa: E402,F401,F403  (the kernel language: kernel, load, store, dot, ...)
 from .dsl import __all__ as _dsl_all  # noqa: E402
 from .runtime.autotuner import autotune  # noqa: E402
+from .runtime.heuristics import heuristics  # noqa: E402
 from . import nn, ops  # noqa: E402  (metile.nn.Linear, metile.ops.linear after `import metile`)
 from .settings import SettingError  # noqa: E402
 

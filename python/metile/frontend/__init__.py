@@ -47,7 +47,8 @@ def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False, de
     builder = Builder(body)
     params, env = [], {}
     for name in names:
-        if name in consts:
+        if name in consts or (name not in specs and constexprs.get(name, 0) is None):
+            # (a runtime parameter passed None: a constexpr None, as Triton specializes it)
             params.append(Param(name, "constexpr", constant=constexprs[name]))
             env[name] = constexprs[name]
             continue

@@ -322,6 +322,10 @@ class Generator(ControlFlow):
             raise CompilationError("chained comparisons are not supported")
         a, b = self.visit(node.left), self.visit(node.comparators[0])
         op = node.ops[0]
+        if isinstance(op, (ast.Is, ast.IsNot)) and (a is None or b is None):
+            # `B is not None` on a runtime value (a buffer or scalar is never None): known at
+            # compile time, as in Triton, where a None argument is a constexpr
+            return (a is b) if isinstance(op, ast.Is) else (a is not b)
         if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
             if isinstance(a, Value) or isinstance(b, Value):
                 raise CompilationError("is / in are only supported on compile-time values")

@@ -83,8 +83,10 @@ def param_hint(*xs) -> str:
             continue
         seen.add(x.id)
         if x.owner is None and isinstance(x.type, ScalarType) and x.hint:
-            return (f" (parameter {x.hint!r} was passed a scalar; pass an mx.array if it is a "
-                    f"buffer)")
+            # (a 0-d mx.array is a scalar too: "pass an mx.array" read as wrong advice then)
+            return (f" (parameter {x.hint!r} was passed a scalar - a number, or a 0-d mx.array, "
+                    f"which a launch takes as a scalar value; pass an mx.array of one or more "
+                    f"dimensions if it is a buffer, e.g. x.reshape(1))")
         owner = getattr(x, "owner", None)
         if owner is not None and hasattr(owner, "operands") and owner.name != "load":
             todo.extend(owner.operands)

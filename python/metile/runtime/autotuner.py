@@ -46,8 +46,10 @@ def _outputs_close(outs, reference) -> bool:
 
 class Autotuned:
     def __init__(self, kernel: Kernel, configs, key, warmup: int, reps: int):
-        if not isinstance(kernel, Kernel):
-            raise TypeError("metile.autotune decorates a @metile.kernel (put it above @metile.kernel)")
+        from .heuristics import Heuristics
+        if not isinstance(kernel, (Kernel, Heuristics)):
+            raise TypeError("metile.autotune decorates a @metile.kernel (put it above "
+                            "@metile.kernel and any @metile.heuristics)")
         configs = list(configs)
         if not configs or not all(isinstance(c, Config) for c in configs):
             raise TypeError("metile.autotune needs a non-empty list of metile.Config")
@@ -74,13 +76,16 @@ class _TunedLauncher:
         options = {**kwargs, **config.meta}
         if config.num_simdgroups is not None:
             options["num_simdgroups"] = config.num_simdgroups
+        kernel = self.tuned.kernel
+        complete = getattr(kernel, "complete", None)
+        if complete is not None:   # metile.heuristics below: computed from this candidate
+            options, kernel = complete(args, options), kernel.base
         grid = self.grid
         if callable(grid):
-            kernel = self.tuned.kernel
             # with the kernel's defaults, as a plain launch's grid callable sees them
             bound = {**kernel.defaults, **dict(zip(kernel.param_names, args)), **options}
             grid = resolve_grid(grid, bound)
-        return self.tuned.kernel[grid](*args, **options)
+        return kernel[grid](*args, **options)
 
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""

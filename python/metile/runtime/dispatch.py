@@ -147,6 +147,8 @@ def _launch_key(grid, args, kwargs):
             parts.append((a.dtype, tuple(a.shape)))
         elif isinstance(a, (bool, int, float)):
             parts.append(value_key(a))
+        elif a is None:   # (an optional pointer left out: a constexpr None)
+            parts.append(None)
         else:
             return None
     # with types: True == 1 and 1.0 == 1 must not share an entry.  In call order, not

@@ -335,8 +335,12 @@ class Kernel:
         missing = [n for n in self.param_names if n not in bound]
         if missing:
             raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
-        runtime = {n: bound[n] for n in self.param_names if n not in self.constexpr_names}
-        consts = {n: bound[n] for n in self.param_names if n in self.constexpr_names}
+        # A None for a runtime parameter (an optional pointer) is a constexpr None, as in
+        # Triton: `if B is not None:` folds, and the launch passes nothing for it.
+        runtime = {n: bound[n] for n in self.param_names
+                   if n not in self.constexpr_names and bound[n] is not None}
+        consts = {n: bound[n] for n in self.param_names
+                  if n in self.constexpr_names or bound[n] is None}
         relaxed = consts.get("RELAXED_PRECISION", False)
         if not isinstance(relaxed, bool):
             # (the precision policy reads `is True`: 1 or "True" ran strict, and a backend that

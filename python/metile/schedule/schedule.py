@@ -155,7 +155,17 @@ class Config:
 
     __slots__ = ("_nsg", "_meta")
 
-    def __init__(self, num_simdgroups: int | None = None, **meta):
+    def __init__(self, num_simdgroups: int | dict | None = None, **meta):
+        if isinstance(num_simdgroups, dict):
+            # Triton's form, Config({"BLOCK": 64}, num_warps=4): the meta-parameters as a dict
+            # (it was refused as a num_simdgroups that is no int)
+            clash = sorted(set(num_simdgroups) & set(meta))
+            if clash:
+                raise ValueError(f"Config: {', '.join(clash)} given in the dict and as a "
+                                 f"keyword")
+            if not all(isinstance(k, str) for k in num_simdgroups):
+                raise TypeError("Config: the meta-parameter dict's keys must be strings")
+            num_simdgroups, meta = None, {**num_simdgroups, **meta}
         check_num_simdgroups(num_simdgroups, "Config")
         if "NUM_SG" in meta:
             legacy = meta["NUM_SG"]
