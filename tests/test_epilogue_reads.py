@@ -92,12 +92,7 @@ def plus_transposed(A, B, C, R, M, N, K, SHIFT: metile.constexpr, BM: metile.con
                     BN: metile.constexpr = 32, BK: metile.constexpr = 16):
     rm = metile.program_id(0) * BM + metile.arange(0, BM)
     rn = metile.program_id(1) * BN + metile.arange(0, BN)
-    acc = metile.zeros((BM, BN), dtype=metile.float32)
-    for k in metile.tile_range(0, K, BK):
-        rk = k + metile.arange(0, BK)
-        a = metile.load(A + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K))
-        b = metile.load(B + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N))
-        acc = metile.dot(a, b, acc)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     # R read transposed (and shifted by SHIFT elements): its own address, not the store's
     r = metile.load(R + rn[None, :] * M + rm[:, None] + SHIFT, mask=mask, other=0.0)
