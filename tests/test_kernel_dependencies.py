@@ -206,6 +206,26 @@ def test_a_parameter_named_like_a_global_is_not_a_dependency(monkeypatch):
     assert cache.source_fingerprint(scaled.fn) == before
 
 
+DEFAULT_BLOCK = 8
+
+
+@metile.kernel
+def annotated(X, Y, BLOCK: metile.constexpr = DEFAULT_BLOCK):
+    offs = metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs) * SCALE)
+
+
+def test_decorators_defaults_and_annotations_are_no_dependencies():
+    # (they were evaluated at definition; `metile.kernel` in the decorator was a reference
+    # every launch compared, a sixth of a cached launch's host time)
+    from metile.runtime import dependencies
+    from metile.runtime.dependencies import Snapshot
+    from metile.frontend.source import function_source
+    names = {a for a, _ in dependencies.names(function_source(annotated.fn).tree)}
+    assert names == {"metile", "SCALE"}
+    assert [value for _, value, _ in Snapshot(annotated.fn)._refs] == [SCALE]
+
+
 @metile.kernel
 def reciprocal(X, Y, s, n, BLOCK: metile.constexpr, C: metile.constexpr = 1.0):
     offs = metile.arange(0, BLOCK)

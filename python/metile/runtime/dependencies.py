@@ -71,7 +71,11 @@ def names(tree: ast.AST) -> list[tuple[str, tuple[str, ...]]]:
     order (the disk key hashes them in it); never the function's own locals."""
     local = _locals(tree)
     found = set()
-    for node in ast.walk(tree):
+    # a function's body only: its decorators, defaults and annotations (`@metile.kernel`,
+    # `BLOCK: metile.constexpr`) were evaluated once, at definition, and are not read again
+    # (each was a reference every launch checked)
+    roots = tree.body if isinstance(tree, (ast.FunctionDef, ast.AsyncFunctionDef)) else [tree]
+    for node in (n for root in roots for n in ast.walk(root)):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and \
                 node.id not in local:
             found.add((node.id, ()))
