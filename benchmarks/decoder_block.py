@@ -110,7 +110,8 @@ def routes(model, x) -> dict:
         "gated_mlp": metile.ops.explain_gated_mlp(x, m.gate_proj.weight, m.up_proj.weight),
         "down_proj+residual": metile.ops.explain_linear(hidden, m.down_proj.weight,
                                                         residual=x),
-        "attention": attention_ops.explain_attention(q, k, k, scale=a.scale, mask="causal"),
+        "attention": json.loads(attention_ops.explain_attention(q, k, k, scale=a.scale,
+                                                                 mask="causal")),
     }
     out = {}
     for name, info in found.items():

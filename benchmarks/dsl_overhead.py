@@ -8,7 +8,7 @@
    the lazy MLX node, so this is the Python-side cost; one variant with
    `mx.eval` per call is shown for scale.  Variants alternate to share drift.
 
-    python benchmarks/dsl_overhead.py [--calls 2000]
+    python -m benchmarks.dsl_overhead [--calls 2000]
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def main():
     result = histogram.last_result
     print(f"{bins}-bin histogram of {n} values on {mx.default_device()}: matches NumPy")
     timings = ", ".join(f"{c}: {t * 1e6:.0f} us" for c, t in result.timings.items())
-    print(f"tuned config {result.config} ({'from cache' if result.from_cache else 'measured'}; "
+    print(f"tuned config {result.config.key()} ({'from cache' if result.from_cache else 'measured'}; "
           f"{timings or 'cached winner'})")
     print("OK")
 

@@ -13,6 +13,8 @@ values of order 1).  The CUDA emission of each kernel is compiled with NVRTC.
 """
 
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -53,8 +55,9 @@ def operands(rng, b, hq, hkv, lq, lk, d, dtype=mx.float32):
 def check(q, k, v, mask=None, scale=None, path=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if path is not None:
-        assert attention_ops.explain_attention(q, k, v, scale=scale, mask=mask,
-                                               backend="metile")["config"]["path"] == path
+        info = json.loads(attention_ops.explain_attention(q, k, v, scale=scale, mask=mask,
+                                                          backend="metile"))
+        assert info["config"]["path"] == path
     out = sdpa(q, k, v, scale=scale, mask=mask, backend="metile")
     assert out.shape == q.shape and out.dtype == q.dtype
     rtol, atol = TOL[q.dtype]
@@ -413,12 +416,12 @@ def test_auto_without_a_decision_is_mlx(rng, tmp_path, monkeypatch):
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
     routing.clear_memory()
     q, k, v = operands(rng, 1, 2, 1, 7, 9, 16)
-    info = attention_ops.explain_attention(q, k, v, scale=0.25)
+    info = json.loads(attention_ops.explain_attention(q, k, v, scale=0.25))
     assert info["path"] == "mlx" and info["route"]["source"] == "cost_model"
     decision = attention_ops.tune_attention(q, k, v, scale=0.25, budget_s=0.02)
     assert decision["source"] == "measured" and "mlx" in decision["timings_us"]
     assert not decision["unusable"], decision["unusable"]    # the kernels validated
-    again = attention_ops.explain_attention(q, k, v, scale=0.25)
+    again = json.loads(attention_ops.explain_attention(q, k, v, scale=0.25))
     assert again["route"]["source"] == "cache" and again["route"]["winner"] == decision["winner"]
     out = sdpa(q, k, v, scale=0.25)
     np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25), rtol=3e-4, atol=3e-5)
@@ -465,7 +468,7 @@ def test_what_the_kernels_do_not_take_runs_mlx_on_auto(rng, dv, dk):
     for backend in ("auto", "mlx"):
         got = sdpa(q, k, v, scale=0.25, mask="causal", backend=backend)
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
-    route = attention_ops.explain_attention(q, k, v, scale=0.25, mask="causal")
+    route = json.loads(attention_ops.explain_attention(q, k, v, scale=0.25, mask="causal"))
     assert route["path"] == "mlx" and route["route"]["source"] == "unsupported"
     with pytest.raises(ValueError, match="one head dimension" if dv != dk else
                        r"head dimension 160 with 4-byte elements is not supported by metile's "
@@ -575,9 +578,10 @@ def test_explain_follows_the_calls_that_run_mlx_op_before_routing(rng):
     q = mx.array(rng.standard_normal((1, 2, 8, 32)).astype(np.float32))
     k = mx.array(rng.standard_normal((1, 2, 16, 32)).astype(np.float32))
     empty = k[:, :, :0]
-    assert ops.explain_attention(q, empty, empty, scale=0.2, backend="metile")["path"] == "mlx"
+    info = json.loads(ops.explain_attention(q, empty, empty, scale=0.2, backend="metile"))
+    assert info["path"] == "mlx"
     for call in (dict(q=q, scale=True), dict(q=q.astype(mx.int32), scale=0.2)):
-        info = ops.explain_attention(call["q"], k, k, scale=call["scale"])
+        info = json.loads(ops.explain_attention(call["q"], k, k, scale=call["scale"]))
         assert info["path"] == "mlx" and info["route"]["reason"].startswith("MLX's op: an argument")
     got = ops.scaled_dot_product_attention(q, empty, empty, scale=0.2, backend="metile")
     assert got.shape == (1, 2, 8, 32)

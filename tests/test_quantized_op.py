@@ -14,6 +14,8 @@ of every kernel is compiled with NVRTC.
 
 import re
 
+import json
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -155,16 +157,16 @@ def test_auto_without_a_decision_is_mlx_then_measured(rng, tmp_path, monkeypatch
     routing.clear_memory()
     wq, s, b = quantized(rng, (40, 128), mx.float32, 64, 4)
     x = mx.array(rng.standard_normal((2, 128)).astype(np.float32))
-    info = quantized_ops.explain_quantized_matmul(x, wq, s, b)
+    info = json.loads(quantized_ops.explain_quantized_matmul(x, wq, s, b))
     assert info["path"] == "mlx" and info["route"]["source"] == "cost_model"
     assert mx.array_equal(ops.quantized_matmul(x, wq, s, b), mx.quantized_matmul(x, wq, s, b))
     decision = quantized_ops.tune_quantized_matmul(x, wq, s, b, budget_s=0.02)
     assert decision["source"] == "measured" and "mlx" in decision["timings_us"]
     assert not decision["unusable"], decision["unusable"]     # every kernel validated
-    again = quantized_ops.explain_quantized_matmul(x, wq, s, b)
+    again = json.loads(quantized_ops.explain_quantized_matmul(x, wq, s, b))
     assert again["route"]["source"] == "cache" and again["route"]["winner"] == decision["winner"]
     check(ops.quantized_matmul(x, wq, s, b), x, wq, s, b, True, 64, 4, mx.float32)
-    forced = quantized_ops.explain_quantized_matmul(x, wq, s, b, backend="metile")
+    forced = json.loads(quantized_ops.explain_quantized_matmul(x, wq, s, b, backend="metile"))
     assert forced["config"]["kernel"] == "matvec"
     routing.clear_memory()
 
@@ -399,7 +401,7 @@ def test_group_size_and_bits_default_to_the_modes_own(rng, mode):
         got = ops.quantized_matmul(x, wq, scales, b, group_size=None, bits=None, mode=mode,
                                    backend=backend)
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5, err_msg=backend)
-    assert ops.explain_quantized_matmul(x, wq, scales, b, mode=mode)["path"] in (
+    assert json.loads(ops.explain_quantized_matmul(x, wq, scales, b, mode=mode))["path"] in (
         "mlx", "metile")
 
 
@@ -645,6 +647,7 @@ def test_pair_gemv_cuda_emission_compiles(dtype, bits):
 def test_explain_says_an_empty_product_is_zeros(rng):
     # (it reported the GEMV kernel, which the op never launches for no rows)
     wq, s, b = quantized(rng, (32, 64), mx.float32, 64, 4)
-    info = ops.explain_quantized_matmul(mx.zeros((0, 64)), wq, s, b, backend="metile")
+    info = json.loads(ops.explain_quantized_matmul(mx.zeros((0, 64)), wq, s, b,
+                                                   backend="metile"))
     assert info["path"] == "zeros"
     assert ops.quantized_matmul(mx.zeros((0, 64)), wq, s, b, backend="metile").shape == (0, 32)

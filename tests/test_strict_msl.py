@@ -234,7 +234,7 @@ def test_width_four_kernels_pass_the_check_and_run(dtype, monkeypatch, rng):
 def test_invalid_setting_is_an_error(monkeypatch):
     monkeypatch.setenv("METILE_MSL_STRICT", "yes")
     from metile.runtime.msl_cpu import strict
-    with pytest.raises(ValueError, match="METILE_MSL_STRICT must be 0 or 1, got 'yes'"):
+    with pytest.raises(metile.SettingError, match="METILE_MSL_STRICT must be 0 or 1, got 'yes'"):
         strict.enabled()
 
 

@@ -29,6 +29,8 @@ MLX's op.
 
 from __future__ import annotations
 
+import json
+
 import functools
 import math
 
@@ -613,8 +615,13 @@ def tune_attention(q, k, v, *, scale, mask=None, budget_s=None, force=False, clo
     return decision.to_dict()
 
 
-def explain_attention(q, k, v, *, scale, mask=None, sinks=None, backend: str = "auto") -> dict:
-    """Which path a call takes and why (never measures)."""
+def explain_attention(q, k, v, *, scale, mask=None, sinks=None, backend: str = "auto") -> str:
+    """Which path a call takes and why (never measures), as JSON text like the other ops'
+    explain_* (it returned a dict): "path", "config", "route"."""
+    return json.dumps(_explained(q, k, v, scale, mask, sinks, backend), indent=2)
+
+
+def _explained(q, k, v, scale, mask, sinks, backend) -> dict:
     why, scale = _before_routing(q, k, v, scale, mask, sinks, backend)
     if why is not None:
         return {"path": "mlx", "config": None,

@@ -40,6 +40,8 @@ custom_function's vjp cannot tell which inputs were asked for.
 
 from __future__ import annotations
 
+import json
+
 import functools
 import math
 
@@ -573,9 +575,15 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,
                              group_size: int | None = None, bits: int | None = None,
                              mode: str = "affine", *,
-                             backend: str = "auto") -> dict:
+                             backend: str = "auto") -> str:
     """Which path `quantized_matmul` takes for these arguments and why (never
-    measures), with the kernel's execution report on the metile path."""
+    measures), with the kernel's execution report on the metile path: JSON text like the
+    other ops' explain_* (it returned a dict)."""
+    return json.dumps(_explained(x, w, scales, biases, transpose, group_size, bits, mode,
+                                 backend), indent=2)
+
+
+def _explained(x, w, scales, biases, transpose, group_size, bits, mode, backend) -> dict:
     group_size, bits = _settings(mode, group_size, bits)
     n, k, mlx_only = _check(x, w, scales, biases, transpose, group_size, bits, mode, backend)
     if mlx_only:

@@ -36,6 +36,7 @@ from ..ir.core import Builder, Op, Value
 from ..ir.types import TileType, elem_type
 from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx
+from ..schedule.targets import ffma_async_copies, ring_depth  # (the planner's too)
 
 # Unrolled copy slots per thread and tile (a 128x256x64 16-bit tile over the 128 threads
 # of gemm_wgmma's producer warpgroup is 8 + 16; over 256 threads 4 + 8).
@@ -140,26 +141,6 @@ def copy_axis(value, group: int, k_major_b: bool = False) -> int | None:
         if coeffs.get(axis) == 1 and shape[axis] % group == 0:
             return axis
     return None
-
-
-def ring_depth_limit(scalar_fma: bool) -> int:
-    """The most ring stages chosen automatically: 4; scalar FMA 3 (H200, strict float32
-    4096^3, 128x64x16 on 4 warps: 3128 us with 3 stages against 3336 with 4;
-    tools/probes/ffma_variants.py)."""
-    return 3 if scalar_fma else 4
-
-
-def ring_depth(room: int, stage_bytes: int, scalar_fma: bool) -> int:
-    """The automatic number of ring stages: as many as fit `room` bytes, from 2 up to
-    `ring_depth_limit`."""
-    return max(2, min(ring_depth_limit(scalar_fma), room // stage_bytes))
-
-
-def ffma_async_copies(units) -> bool:
-    """Whether a target with these matrix units stages scalar-FMA (float32) GEMM operands
-    through the cp.async ring: its warp MMA copies 16-byte groups asynchronously (CUDA,
-    sm_80+).  The copies do not depend on the unit that reads the stages."""
-    return any(u.async_copy and not u.warpgroup for u in units)
 
 
 def computed_axis(value, group: int) -> int | None:

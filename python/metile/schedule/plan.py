@@ -602,9 +602,8 @@ def _program_order(s: Schedule, reasons: list[str]) -> tuple[str, int | None]:
 
 def _ffma_async_copies(target: Target) -> bool:
     """Whether scalar-FMA float32 GEMMs on `target` stage through the cp.async ring
-    (passes/gemm_async.ffma_async_copies: the target's warp MMA copies asynchronously)."""
-    from ..passes.gemm_async import ffma_async_copies
-    from .targets import units_for
+    (targets.ffma_async_copies: the target's warp MMA copies asynchronously)."""
+    from .targets import ffma_async_copies, units_for
     return ffma_async_copies(units_for(target.language, target.name, None))
 
 
@@ -724,7 +723,7 @@ def _stage_count(traits, target, s, reasons, stage, staging, db, ring,
         n = 2 if db else 1
     if ring:
         if n is None:
-            from ..passes.gemm_async import ring_depth, ring_depth_limit
+            from .targets import ring_depth, ring_depth_limit
             room = target.threadgroup_memory_bytes - traits.shared_bytes
             auto = ring_depth(room, stage, scalar_fma)
             most = ring_depth_limit(scalar_fma)

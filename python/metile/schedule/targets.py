@@ -128,6 +128,28 @@ MATRIX_UNITS: dict[str, tuple[MatrixUnit, ...]] = {
 }
 
 
+def ring_depth_limit(scalar_fma: bool) -> int:
+    """The most ring stages chosen automatically: 4; scalar FMA 3 (H200, strict float32
+    4096^3, 128x64x16 on 4 warps: 3128 us with 3 stages against 3336 with 4;
+    tools/probes/ffma_variants.py)."""
+    return 3 if scalar_fma else 4
+
+
+def ring_depth(room: int, stage_bytes: int, scalar_fma: bool) -> int:
+    """The automatic number of ring stages: as many as fit `room` bytes, from 2 up to
+    `ring_depth_limit`."""
+    return max(2, min(ring_depth_limit(scalar_fma), room // stage_bytes))
+
+
+def ffma_async_copies(units) -> bool:
+    """Whether a target with these matrix units stages scalar-FMA (float32) GEMM operands
+    through the cp.async ring: its warp MMA copies 16-byte groups asynchronously (CUDA,
+    sm_80+).  The copies do not depend on the unit that reads the stages.  (These three
+    live with the units: the planner reports them and passes/gemm_async lowers with them;
+    the schedule package imports no compiler pass.)"""
+    return any(u.async_copy and not u.warpgroup for u in units)
+
+
 def units_for(language: str, target_name: str, warpgroup: "bool | str | None"
               ) -> tuple[MatrixUnit, ...]:
     """The units GEMMs lower to for a target: its language's entries of MATRIX_UNITS, less

@@ -64,7 +64,8 @@ def enabled() -> bool:
     """METILE_MSL_STRICT=1 (or the older METILE_MSL_CHECK_ADDRESS_SPACES=1)."""
     value = os.environ.get("METILE_MSL_STRICT") or os.environ.get("METILE_MSL_CHECK_ADDRESS_SPACES") or "0"
     if value not in ("0", "1"):
-        raise ValueError(f"METILE_MSL_STRICT must be 0 or 1, got {value!r}")
+        from ...settings import SettingError   # (a ValueError, as every setting's error)
+        raise SettingError(f"METILE_MSL_STRICT must be 0 or 1, got {value!r}")
     return value == "1"
 
 
