@@ -380,8 +380,13 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
         w = primals[2] if has_weight else None
         g_sum, g_norm = cotangents
         s = _f32(outputs[0])   # the rounded sum the kernel normalised
-        dx, dw = _rms_backward(s, None if w is None else _f32(w), _f32(g_norm), eps)
-        total = dx + _f32(g_sum)
+        g = _f32(g_norm)
+        # A row whose normalised cotangent is all zero (the loss uses only the sum) adds
+        # nothing: with eps=0 and a zero row its rsqrt is inf and 0 * inf made the sum's
+        # gradient NaN, where MLX's autodiff of the composite never visits rms_norm.
+        quiet = mx.all(g == 0, axis=-1, keepdims=True)
+        dx, dw = _rms_backward(mx.where(quiet, 1.0, s), None if w is None else _f32(w), g, eps)
+        total = mx.where(quiet, 0.0, dx) + _f32(g_sum)
         return (total.astype(x.dtype), total.astype(res.dtype)) + \
             (() if w is None else (dw.astype(w.dtype),))
 

@@ -257,6 +257,18 @@ def _bound_value(value, env: dict):
     return op.attrs["value"]
 
 
+def stored_twice(fn: Function) -> list[str]:
+    """The buffer parameters a pointwise kernel stores to more than once."""
+    seen, twice = set(), []
+    for op in walk(fn.body):
+        if op.name == "store":
+            name = _root_name(fn, defining_op(op.operands[0]).operands[0])
+            if name in seen and name not in twice:
+                twice.append(name)
+            seen.add(name)
+    return twice
+
+
 def loaded_buffers(fn: Function) -> set[str]:
     """The buffer parameters a pointwise kernel (check_pointwise) loads from."""
     return {_root_name(fn, defining_op(op.operands[0]).operands[0])
@@ -268,47 +280,85 @@ def _root_name(fn: Function, value) -> str:
     return next(p.name for p in fn.params if p.value is not None and id(p.value) == target)
 
 
+def _fit(a, m: int):
+    """`a` flattened to `m` elements: its first m, or zero-padded to m (an input shorter
+    than the outputs, read under a mask: its gradient is the pad's, cut back)."""
+    flat = a.reshape(-1)
+    return flat[:m] if flat.size >= m else mx.pad(flat, (0, m - flat.size))
+
+
+def _vjp_by_output(expression, primals: list, cots: list) -> list:
+    """The gradients of a pointwise `expression` (its outputs' element j depends on its
+    inputs' element j, the first n of each flattened) for `cots`, one output at a time, each
+    output's contribution zero where its cotangent is: an output the loss does not use
+    gets zero cotangents from MLX, and 0 times a singular derivative (sqrt at 0, log of a
+    negative) made every gradient NaN, where MLX's own autodiff never visits that output."""
+    grads = [None] * len(primals)
+    for i, cot in enumerate(cots):
+        _, g = mx.vjp(lambda *a, i=i: [expression(*a)[i]], primals, [cot])
+        unused = cot == 0
+        for j, gj in enumerate(g):
+            flat = gj.reshape(-1)
+            m = unused[:flat.size] if flat.size <= unused.size else \
+                mx.pad(unused, (0, flat.size - unused.size), constant_values=False)
+            gj = mx.where(m, mx.zeros((), flat.dtype), flat).reshape(gj.shape)
+            grads[j] = gj if grads[j] is None else grads[j] + gj
+    return grads
+
+
 def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_names: list[str],
                           scalars: dict, n: int):
     """`launch(*loaded_arrays) -> [outputs]` made differentiable: the vjp replays `fn`'s
-    expression on the first `n` elements (what the kernel reads and writes)."""
+    expression on the first `n` elements (what the kernel reads and writes).  A runtime
+    scalar passed as a 0-d float mx.array is a primal too (its gradient is the sum over the
+    elements; it was a constant, so mx.grad gave it zero, silently)."""
+    traced = [k for k, v in scalars.items()
+              if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating)]
+    nl = len(loaded_names)
 
     @mx.custom_function
     def forward(*arrays):
-        return launch(*arrays)
+        return launch(*arrays[:nl])
 
     @forward.vjp
     def backward(primals, cotangents, outputs):
         # MLX passes a lone primal as a bare array, not a one-element sequence.
         primals = [primals] if isinstance(primals, mx.array) else list(primals)
         cotangents = [cotangents] if isinstance(cotangents, mx.array) else cotangents
+        outputs = [outputs] if isinstance(outputs, mx.array) else outputs
+        # each scalar as n copies, so its contributions are elementwise like the buffers'
+        # (masked per output below) and summed after
+        expanded = [mx.broadcast_to(p, (n,)) for p in primals[nl:]]
 
         def expression(*arrays):
-            flat = {k: a.reshape(-1)[:n] for k, a in zip(loaded_names, arrays)}
-            values = replay(fn, flat, scalars)
+            # The expression takes the whole arrays and reads their first n elements, so
+            # the gradients have the arrays' shapes, zero past n (where the kernel reads
+            # nothing); an array shorter than n is padded (it was broadcast against the
+            # outputs, or failed to broadcast).
+            flat = {k: _fit(a, n) for k, a in zip(loaded_names, arrays[:nl])}
+            values = replay(fn, flat, {**scalars, **dict(zip(traced, arrays[nl:]))})
             # (an output the kernel fills with a constant: that value at every element)
             return [mx.broadcast_to(values[k] if isinstance(values[k], mx.array)
                                     else mx.array(values[k], o.dtype), (n,))
                     for k, o in zip(output_names, outputs)]
 
         cots = [c.reshape(-1)[:n] for c in cotangents]
-        # The expression takes the whole arrays and reads their first n elements, so
-        # the gradients have the arrays' shapes, zero past n (where the kernel reads
-        # nothing); they were padded by size - n once more, a reshape error for an input
-        # larger than the outputs.
-        _, grads = mx.vjp(expression, primals, cots)
-        return [g.reshape(p.shape) for g, p in zip(grads, primals)]
+        grads = _vjp_by_output(expression, primals[:nl] + expanded, cots)
+        return [g.reshape(p.shape) for g, p in zip(grads[:nl], primals)] + \
+            [g.sum().astype(p.dtype) for g, p in zip(grads[nl:], primals[nl:])]
 
-    return forward
+    return lambda *arrays: forward(*arrays, *(scalars[k] for k in traced))
 
 
 def fragment_differentiable_launch(fn: Function, launch, loaded_names: list[str],
                                    output_names: list[str], scalars: dict):
-    """`launch(*loaded_arrays) -> (outputs, written)` made differentiable for a
-    simdgroup_inline kernel that passed check_fragment_pointwise; `written` holds one
+    """`launch(*loaded_arrays, *passed_outputs) -> (outputs, written)` made differentiable
+    for a simdgroup_inline kernel that passed check_fragment_pointwise; `written` holds one
     float32 mask per output (1 where the kernel stored).  The vjp replays the stored
-    expression over the flattened arrays and keeps the written elements' cotangents."""
-    k = len(output_names)
+    expression over the flattened arrays and keeps the written elements' cotangents; the
+    passed output arrays are primals too, whose elements the kernel leaves unwritten reach
+    the result unchanged (their gradient was lost: the merge read them from outside)."""
+    k, nl = len(output_names), len(loaded_names)
 
     @mx.custom_function
     def forward(*arrays):
@@ -318,16 +368,13 @@ def fragment_differentiable_launch(fn: Function, launch, loaded_names: list[str]
     @forward.vjp
     def backward(primals, cotangents, outputs):
         primals = [primals] if isinstance(primals, mx.array) else list(primals)
+        loaded, passed = primals[:nl], primals[nl:]
         n = max(o.size for o in outputs[:k])
-        floats = [i for i, p in enumerate(primals) if mx.issubdtype(p.dtype, mx.floating)]
-
-        def fit(a, m):
-            flat = a.reshape(-1)
-            return flat[:m] if flat.size >= m else mx.pad(flat, (0, m - flat.size))
+        floats = [i for i, p in enumerate(loaded) if mx.issubdtype(p.dtype, mx.floating)]
 
         def expression(*arrays):
-            flat = {name: fit(a, n) for name, a in zip(loaded_names, primals)}
-            flat.update({loaded_names[i]: fit(a, n) for i, a in zip(floats, arrays)})
+            flat = {name: _fit(a, n) for name, a in zip(loaded_names, loaded)}
+            flat.update({loaded_names[i]: _fit(a, n) for i, a in zip(floats, arrays)})
             values = replay(fn, flat, scalars)
             return [mx.broadcast_to(mx.array(values[name]) if not isinstance(values[name],
                                                                               mx.array)
@@ -336,10 +383,13 @@ def fragment_differentiable_launch(fn: Function, launch, loaded_names: list[str]
 
         cots = [c.reshape(-1).astype(mx.float32) * m.reshape(-1)
                 for c, m in zip(cotangents[:k], outputs[k:])]
-        _, grads = mx.vjp(expression, [primals[i] for i in floats], cots)
+        grads = _vjp_by_output(expression, [loaded[i] for i in floats], cots)
         out = [mx.zeros_like(p) for p in primals]
         for i, g in zip(floats, grads):
-            out[i] = fit(g, primals[i].size).reshape(primals[i].shape).astype(primals[i].dtype)
+            out[i] = _fit(g, loaded[i].size).reshape(loaded[i].shape).astype(loaded[i].dtype)
+        for i, (p, c, m) in enumerate(zip(passed, cotangents[:k], outputs[k:])):
+            if mx.issubdtype(p.dtype, mx.floating):
+                out[nl + i] = (c.astype(mx.float32) * (1 - m)).reshape(p.shape).astype(p.dtype)
         return out
 
     return lambda *arrays: forward(*arrays)[:k]

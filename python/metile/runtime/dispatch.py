@@ -465,9 +465,13 @@ class Dispatch:
                                    f"read-modify-write); pass its old values as an input "
                                    f"of their own", self.kernel.loc)
         if self.tracked or any(a.size != n for a in self.outputs):
-            raise CompilationError("differentiable=True needs launches that write every output "
-                                   "element (grid * BLOCK and n covering the outputs)",
-                                   self.kernel.loc)
+            twice = autodiff.stored_twice(fn)
+            # (two stores to one output were reported as a launch not covering it)
+            why = (f"{', '.join(map(repr, twice))} is stored more than once; each output takes "
+                   f"one store" if twice else
+                   "grid * BLOCK and n covering the outputs, all of one size")
+            raise CompilationError(f"differentiable=True needs launches that write every output "
+                                   f"element exactly once ({why})", self.kernel.loc)
         loaded, positions = self._loaded_buffers(outputs)
         call, kwargs = self.variant.callable(), self.call_kwargs
         # this call's inputs, held by the graph's custom function for its vjp (the
@@ -497,16 +501,17 @@ class Dispatch:
             inputs = list(given)
             for i, a in zip(positions, arrays):
                 inputs[i] = a
+            kept = arrays[len(loaded):]   # the passed outputs: primals, for their gradient
             outs = list(call(**{**kwargs, "inputs": inputs}))
-            written = [mx.ones(a.shape, mx.float32) for a in passed]
+            written = [mx.ones(a.shape, mx.float32) for a in kept]
             for j, i in enumerate(tracked):
                 written[i] = outs[k + j].astype(mx.float32)
-                outs[i] = mx.where(outs[k + j], outs[i], passed[i])
+                outs[i] = mx.where(outs[k + j], outs[i], kept[i])
             return outs[:k], written
 
         forward = autodiff.fragment_differentiable_launch(fn, launch, loaded, outputs,
                                                           self.scalars)
-        return lambda: forward(*[runtime[name] for name in loaded])
+        return lambda: forward(*[runtime[name] for name in loaded], *passed)
 
     def _relaunch(self, args, trusted: bool = False):
         """This launch with new arrays of the same signature (see Launcher.__call__).
