@@ -9,6 +9,7 @@ import pytest
 
 import metile
 from metile.runtime.msl_cpu import compiler, source
+from metile.runtime.msl_cpu.compiler import MslCompileError
 from conftest import default_is_cpu
 
 cpu_runtime_only = pytest.mark.skipif(not default_is_cpu(), reason="exercises metile's MSL CPU runtime")
@@ -34,11 +35,39 @@ def test_threadgroup_declarations_become_group_storage():
         threadgroup_barrier(mem_flags::mem_threadgroup);
     """
     out = source.rewrite_threadgroup_declarations(body)
-    assert "threadgroup float (&tile)[32][33] = ::metile_rt::tg_storage<float[32][33]>(0);" in out
-    assert "threadgroup atomic_int& counter = ::metile_rt::tg_storage<atomic_int>(1);" in out
+    assert ("threadgroup ::metile_rt::ident<float[32][33]>& tile = "
+            "::metile_rt::tg_storage<float[32][33], 16>(0);") in out
+    assert ("threadgroup ::metile_rt::ident<atomic_int>& counter = "
+            "::metile_rt::tg_storage<atomic_int, 16>(1);") in out
     # pointers into threadgroup memory and barriers are left alone
     assert "threadgroup float* p = &tile[0][0];" in out
     assert "threadgroup_barrier(mem_flags::mem_threadgroup);" in out
+
+
+def test_threadgroup_declarations_of_every_form():
+    # (several names in one declaration, alignas/aligned, and vector arrays: the first two
+    # silently became per-thread locals, the last did not compile - `float4 (&tile)[32]`
+    # expanded the float4(...) macro)
+    out = source.rewrite_threadgroup_declarations(
+        "threadgroup float a[32], b[8][4];\n"
+        "threadgroup alignas(32) float c[64];\n"
+        "threadgroup half4 d[16] __attribute__((aligned(64)));\n"
+        "threadgroup float4 tile[32];\n")
+    assert ("threadgroup ::metile_rt::ident<float[32]>& a = "
+            "::metile_rt::tg_storage<float[32], 16>(0); "
+            "threadgroup ::metile_rt::ident<float[8][4]>& b = "
+            "::metile_rt::tg_storage<float[8][4], 16>(1);") in out
+    assert "::metile_rt::tg_storage<float[64], 32>(2);" in out
+    assert "::metile_rt::tg_storage<half4[16], 64>(3);" in out
+    assert "threadgroup ::metile_rt::ident<float4[32]>& tile" in out
+    for body, where in (("threadgroup float z = 1.0f;", "source"), ("", "header")):
+        with pytest.raises(MslCompileError, match=rf"\({where}, line 1\): `threadgroup float "
+                                                  rf"(z = 1.0f|sh\[32\]);` - a threadgroup "
+                                                  rf"variable is shared by the group only"):
+            source.build(name="k", inputs=[], output_names=["y"], output_dtypes=[mx.float32],
+                         source=body or "y[0] = 1;",
+                         header="" if body else "threadgroup float sh[32];\n",
+                         template=[], atomic_outputs=False, rewrite=lambda text: text)
 
 
 def test_signature_matches_mlx_rules():

@@ -15,9 +15,12 @@ the shim):
 2. ``static_cast<V>(x)`` and the parenthesised C-style cast ``(V)(x)``, where
    V is a vector type name (``float4``, ``bool2``, ``vec<T, N>``, ...),
    become ``::metile_rt::convert<V>(x)``: clang's own casts between vector
-   types reinterpret bits, Metal's convert element-wise.  A C-style cast
-   without parentheses around the operand, ``(float4)x``, is not rewritten
-   (it splats a scalar correctly but reinterprets a vector).
+   types reinterpret bits, Metal's convert element-wise.  So does a C-style
+   cast of an unparenthesised operand, ``(float4)iv``, ``(int2)-v.xy``,
+   ``(half4)a[i]`` (the operand is read as C reads a cast's: unary operators,
+   then a name, number or parenthesised group, then member, index and call
+   suffixes); one whose operand cannot be read so is an error (it summed to
+   1.4e-44 for ``(float4)int4(1, 2, 3, 4)``).
 3. bfloat literals ``1.5bf`` / ``2bf`` become ``((bfloat)1.5f)`` /
    ``((bfloat)2)``: clang cannot define a ``bf`` literal suffix.
 4. Attribute lists after ``template`` in explicit instantiations
@@ -44,7 +47,8 @@ _VECTOR_TYPE = rf"(?:(?:metal\s*::\s*)?\b{_VEC_NAME}\b|{_VEC_TEMPLATE})"
 
 _VEC_CTOR = re.compile(rf"(?<![\w:.])({_VEC_TEMPLATE})\s*\(")
 _STATIC_CAST = re.compile(rf"\bstatic_cast\s*<\s*({_VECTOR_TYPE})\s*>\s*\(")
-_C_CAST = re.compile(rf"\(\s*({_VECTOR_TYPE})\s*\)\s*\(")
+# (not a cast of a cast, `(float2)(int2)u`: the operand there is `(int2)u`, _bare_c_casts')
+_C_CAST = re.compile(rf"\(\s*({_VECTOR_TYPE})\s*\)\s*\((?!\s*{_VECTOR_TYPE}\s*\))")
 _BF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)bf\b")
 _INSTANTIATION_ATTRS = re.compile(r"\btemplate\s*((?:\[\[(?:[^\]]|\](?!\]))*\]\]\s*)+)(?=[^\s<])")
 
@@ -65,6 +69,92 @@ def _bf_literal(m: re.Match) -> str:
     return f"((bfloat){num}f)"
 
 
+_BARE_C_CAST = re.compile(rf"\(\s*({_VECTOR_TYPE})\s*\)(?!\s*\((?!\s*{_VECTOR_TYPE}\s*\)))")
+_CLOSING = {"(": ")", "[": "]"}
+
+
+def _group_end(text: str, i: int) -> int:
+    """The index after the bracket group opening at text[i] ('(' or '['), or -1."""
+    stack = []
+    for j in range(i, len(text)):
+        c = text[j]
+        if c in _CLOSING:
+            stack.append(_CLOSING[c])
+        elif c in ")]":
+            if not stack or stack.pop() != c:
+                return -1
+            if not stack:
+                return j + 1
+    return -1
+
+
+def _operand_end(text: str, i: int) -> int:
+    """The end of the cast operand starting at text[i] (a C unary expression), or -1."""
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if text.startswith(("++", "--"), i):
+        return _operand_end(text, i + 2)
+    if i < len(text) and text[i] in "-+!~*&":
+        return _operand_end(text, i + 1)
+    m = _BARE_C_CAST.match(text, i)
+    if m:   # a cast of a cast
+        return _operand_end(text, m.end())
+    if i < len(text) and text[i] == "(":
+        j = _group_end(text, i)
+    else:
+        m = re.compile(r"(?:::)?[A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*|"
+                       r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?[A-Za-z]*").match(text, i)
+        j = m.end() if m else -1
+        if m and m.group().startswith("::metile_rt::"):
+            # this module's own template calls (convert<int2>(u) of a cast of a cast); a
+            # user's `a < b` is never read as template arguments
+            t = re.compile(r"\s*<[^<>()]*>").match(text, j)
+            j = t.end() if t else j
+    while j > 0:   # member, index, call and increment suffixes
+        m = re.compile(r"\s*(?:\.|->)\s*[A-Za-z_]\w*|\s*(?:\+\+|--)").match(text, j)
+        if m:
+            j = m.end()
+            continue
+        k = j
+        while k < len(text) and text[k].isspace():
+            k += 1
+        if k < len(text) and text[k] in "([":
+            j = _group_end(text, k)
+            continue
+        break
+    return j
+
+
+def _bare_c_casts(text: str) -> str:
+    """``(V)operand`` -> ``::metile_rt::convert<V>(operand)`` for vector types V."""
+    out, pos = [], 0
+    for m in _BARE_C_CAST.finditer(text):
+        if m.start() < pos:
+            continue
+        before = text[:m.start()].rstrip()
+        word = re.search(r"[A-Za-z_]\w*$", before)
+        if (before.endswith((")", "]")) or (word and word.group() not in ("return", "case"))) \
+                or before.endswith(("<", ",")) and _in_template_args(before):
+            continue   # sizeof(float4), a call's parenthesised argument, a template argument
+        end = _operand_end(text, m.end())
+        if end < 0:
+            line = text.count("\n", 0, m.start()) + 1
+            raise ValueError(f"line {line}: the C-style vector cast {m.group().strip()} - "
+                             f"its operand could not be read; write {_strip_metal(m.group(1))}(...)"
+                             f" (clang's cast between vector types reinterprets bits, Metal's "
+                             f"converts each element)")
+        out.append(text[pos:m.start()])
+        out.append(f"::metile_rt::convert<{_strip_metal(m.group(1))}>("
+                   f"{_bare_c_casts(text[m.end():end])})")
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _in_template_args(before: str) -> bool:
+    return before.count("<") > before.count(">")
+
+
 def rewrite_msl(source: str) -> str:
     """Returns ``source`` with the rewrites listed in this module's docstring
     applied.  Idempotent: rewriting twice gives the same text."""
@@ -72,5 +162,6 @@ def rewrite_msl(source: str) -> str:
     out = _STATIC_CAST.sub(lambda m: f"::metile_rt::convert<{_strip_metal(m.group(1))}>(", out)
     out = _C_CAST.sub(lambda m: f"::metile_rt::convert<{_strip_metal(m.group(1))}>(", out)
     out = _VEC_CTOR.sub(_make_vec, out)
+    out = _bare_c_casts(out)   # (after make_vec: `(float4)vec<int, 4>(...)` reads whole)
     out = _BF_LITERAL.sub(_bf_literal, out)
     return out

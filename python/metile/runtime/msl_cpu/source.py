@@ -95,11 +95,26 @@ def template_value(value) -> str:
 
 
 # `threadgroup T name[A][B];` in a kernel body must name storage shared by the
-# whole group, which a C++ local cannot be; it becomes a reference to a slot
-# of the group's arena.  Pointers and initialised declarations do not match.
+# whole group, which a C++ local cannot be; it becomes a reference to a slot of the
+# group's arena.  Several names in one declaration (`threadgroup float a[32], b[32];`) take
+# a slot each; `alignas(N)` before the type or `__attribute__((aligned(N)))` after the
+# names align every slot to N (slots are 16-byte aligned anyway).  The type is named
+# through `ident<...>`: written `float4 (&tile)[32]` it expanded as the float4(...)
+# constructor macro (vector_ctors.h), an "undeclared identifier 'tile'".  Pointers and
+# references do not match; an initialised declaration is checked below.
+_DECLARATOR = r"[A-Za-z_]\w*\s*(?:\[[^\]\[;]+\]\s*)*"
 _THREADGROUP_DECL = re.compile(
-    r"\bthreadgroup\s+(?P<type>[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+(?P<name>[A-Za-z_]\w*)\s*"
-    r"(?P<dims>(?:\[[^\]\[;]+\]\s*)*);"
+    r"\bthreadgroup\s+(?:alignas\s*\(\s*(?P<a1>\d+)\s*\)\s*)?"
+    r"(?P<type>[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?)\s+"
+    rf"(?P<decls>{_DECLARATOR}(?:,\s*{_DECLARATOR})*)"
+    r"(?:__attribute__\s*\(\(\s*aligned\s*\(\s*(?P<a2>\d+)\s*\)\s*\)\)\s*)?;"
+)
+# What is left of a threadgroup object declaration once the body's are rewritten: one
+# with an initializer, or one in a helper function of the header (Metal takes neither;
+# here each silently became a per-thread local).
+_LEFT_THREADGROUP_OBJECT = re.compile(
+    r"\bthreadgroup\s+(?:const\s+)?(?:alignas\s*\([^)]*\)\s*)?"
+    r"[A-Za-z_][\w:]*(?:\s*<[^;{}()]*?>)?\s+[A-Za-z_]\w*\s*(?:\[|=|,|;|__attribute__)"
 )
 
 
@@ -108,13 +123,35 @@ def rewrite_threadgroup_declarations(body: str) -> str:
 
     def replace(match: re.Match) -> str:
         nonlocal slot
-        t, name, dims = match["type"], match["name"], re.sub(r"\s+", "", match["dims"])
-        slot += 1
-        if dims:
-            return f"threadgroup {t} (&{name}){dims} = ::metile_rt::tg_storage<{t}{dims}>({slot - 1});"
-        return f"threadgroup {t}& {name} = ::metile_rt::tg_storage<{t}>({slot - 1});"
+        t = match["type"]
+        align = max(16, int(match["a1"] or 0), int(match["a2"] or 0))
+        out = []
+        for decl in match["decls"].split(","):
+            name, dims = re.match(r"\s*([A-Za-z_]\w*)\s*(.*)", decl, re.S).groups()
+            dims = re.sub(r"\s+", "", dims)
+            slot += 1
+            out.append(f"threadgroup ::metile_rt::ident<{t}{dims}>& {name} = "
+                       f"::metile_rt::tg_storage<{t}{dims}, {align}>({slot - 1});")
+        return " ".join(out)
 
     return _THREADGROUP_DECL.sub(replace, body)
+
+
+def check_threadgroup_objects(text: str, where: str, label: str) -> None:
+    """Refuse a threadgroup object declaration the rewrite did not place in shared
+    storage, naming its line (`where`: "source" or "header")."""
+    m = _LEFT_THREADGROUP_OBJECT.search(text)
+    if m is None:
+        return
+    from .compiler import MslCompileError
+    line = text.count("\n", 0, m.start()) + 1
+    snippet = text[m.start():text.find(";", m.start()) + 1 or None].strip()
+    raise MslCompileError(
+        f"[metal_kernel] kernel '{label}' ({where}, line {line}): `{snippet}` - a "
+        f"threadgroup variable is shared by the group only when it is declared in the kernel "
+        f"body without an initializer (`threadgroup T name[N];`, several names, alignas); "
+        f"Metal takes threadgroup variables in kernel scope only, uninitialized, and here "
+        f"this one would be a per-thread local")
 
 
 def build(
@@ -175,6 +212,9 @@ def build(
         template_args = "<" + ", ".join(template_value(v) for _, v in template) + ">"
 
     label = name.replace('"', "")
+    body = rewrite_threadgroup_declarations(source)
+    check_threadgroup_objects(body, "source", label)
+    check_threadgroup_objects(header, "header", label)
     # #line directives make compiler diagnostics point into the user's header
     # and body rather than into this generated file.
     return "\n".join(
@@ -188,7 +228,7 @@ def build(
             template_decl + f"[[kernel]] void {func}(",
             ",\n".join(params) + ") {",
             f'#line 1 "{label} (source)"',
-            rewrite(rewrite_threadgroup_declarations(source)),
+            rewrite(body),
             "}",
             '#line 1 "metile generated entry"',
             "static inline uint3 _u3(const uint32_t* v) { return uint3{v[0], v[1], v[2]}; }",

@@ -50,6 +50,25 @@ METAL_FUNC IdxT elem_to_loc(uint3 elem, constant const int* shape, constant cons
   return offset;
 }
 
+// The fixed-rank forms MLX also offers kernels (a kernel reading a 1-, 2- or 3-D input
+// through its strides alone): position elem in a view of those strides, elem.x along the
+// last dimension.  (They were missing: a kernel calling them did not compile.)
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_1(uint elem, constant const int64_t& stride) {
+  return IdxT(elem) * IdxT(stride);
+}
+
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_2(uint2 elem, constant const int64_t* strides) {  // (MLX: strides[2])
+  return IdxT(elem.y) * IdxT(strides[0]) + IdxT(elem.x) * IdxT(strides[1]);
+}
+
+template <typename IdxT = int64_t>
+METAL_FUNC IdxT elem_to_loc_3(uint3 elem, constant const int64_t* strides) {  // (MLX: strides[3])
+  return IdxT(elem.z) * IdxT(strides[0]) + IdxT(elem.y) * IdxT(strides[1]) +
+         IdxT(elem.x) * IdxT(strides[2]);
+}
+
 // MLX's Limits<T>: for floating types max/min are the infinities and
 // finite_max/finite_min the largest finite magnitudes; for integers (and
 // bool) all four are the type's range.

@@ -53,20 +53,26 @@ inline char* append_str(char* p, const char* s) {
 }
 
 
+// A type named through a template argument: `ident<float4[32]>&` declares a reference to
+// an array of vectors without writing `float4 (&x)[32]`, which the float4(...) macro of
+// vector_ctors.h would expand.
+template <typename T>
+using ident = T;
+
 // The storage of the threadgroup variable numbered `slot` in the kernel
 // (the source generator numbers each `threadgroup T name...;` declaration):
 // the first lane of the group to get here allocates it from the group's
 // arena; the others find it in `slots`.  The runtime resets the arena between
 // groups and fills it with a poison pattern, so the memory starts out
-// garbage, as on the GPU.
-template <typename T>
+// garbage, as on the GPU.  `Align`: the declaration's alignas/aligned (at least 16).
+template <typename T, std::size_t Align = 16>
 inline T& tg_storage(unsigned slot) {
   Lane* me = current_lane;
   GroupShared* g = me->group;
   if (slot >= kMaxThreadgroupSlots) me->rt->fail(me, "too many threadgroup variables in one kernel (limit 256)");
   void* p = g->slots[slot];
   if (!p) {
-    constexpr std::size_t align = alignof(T) > 16 ? alignof(T) : 16;
+    constexpr std::size_t align = alignof(T) > Align ? alignof(T) : Align;
     std::size_t off = (g->used + align - 1) & ~(align - 1);
     if (off + sizeof(T) > kThreadgroupMemoryBytes) fail_tg_overflow(me, off + sizeof(T));
     p = g->arena + off;

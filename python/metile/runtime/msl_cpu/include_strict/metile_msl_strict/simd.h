@@ -4,8 +4,10 @@
 
 namespace metile_rt {
 extern thread_local Lane* current_lane;
-template <typename T>
+template <typename T, unsigned long Align = 16>
 threadgroup T& tg_storage(unsigned slot);
+template <typename T>
+using ident = T;   // (the runtime's: a declared type written as a template argument)
 }  // namespace metile_rt
 
 namespace metal {
