@@ -95,3 +95,12 @@ def test_metal_library_headers_under_the_strict_check(header, monkeypatch):
     out = run("uint i = thread_position_in_grid.x; y[i] = simd_sum(x[i]);", mx.ones((32,)),
               (32,), header=f"#include <{header}>\n")
     np.testing.assert_array_equal(out, np.full(32, 32.0))
+
+
+def test_a_float64_template_argument_is_refused():
+    # (it compiled as `double`, even under the strict check; Metal has none)
+    k = metile.metal_kernel(name="tdouble", input_names=["x"], output_names=["y"],
+                            source="y[0] = T(x[0]);")
+    with pytest.raises(TypeError, match="template argument float64: Metal has no double"):
+        k(inputs=[mx.ones((1,))], template=[("T", mx.float64)], grid=(1, 1, 1),
+          threadgroup=(1, 1, 1), output_shapes=[(1,)], output_dtypes=[mx.float32])

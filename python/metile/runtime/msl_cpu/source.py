@@ -90,6 +90,10 @@ def template_value(value) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, mx.Dtype):
+        if value == mx.float64:
+            # (it compiled here as `double`, even under the strict check)
+            raise TypeError("[metal_kernel] template argument float64: Metal has no double "
+                            "(a Metal GPU refuses the kernel); use float32")
         return type_name(value)
     raise TypeError(f"[metal_kernel] template argument {value!r} must be an int, bool or mx.Dtype")
 
