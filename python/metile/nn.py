@@ -165,9 +165,13 @@ class QuantizedLinear(mlx_nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         # mlx.nn.QuantizedLinear.__call__ with metile's op (routed: MLX's op unless a
         # measurement chose a kernel)
+        # (an integer x runs MLX's op whatever the backend, as metile.nn.Linear takes an x of
+        # another dtype than its weights: backend="metile" refused it with a TypeError)
+        backend = self.backend if not isinstance(x, mx.array) or x.dtype in FLOAT_DTYPES \
+            else "mlx"
         y = ops.quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
                                  transpose=True, group_size=self.group_size, bits=self.bits,
-                                 mode=self.mode, backend=self.backend)
+                                 mode=self.mode, backend=backend)
         if "bias" in self:
             y = y + self["bias"]
         if self.activation is None:
