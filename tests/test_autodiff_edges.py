@@ -148,14 +148,3 @@ def test_an_output_stored_twice_is_named():
         mx.grad(lambda x: stored_twice[(1,)](x, mx.zeros((8,)), 8, 4, BLOCK=8).sum())(
             mx.ones((8,)))
 
-
-def test_quantized_layer_takes_an_integer_x_under_every_backend():
-    # (metile.nn.Linear runs MLX's composite for an x of another dtype; the quantized layer
-    # under backend="metile" raised a TypeError for an int x, which MLX's layer takes)
-    import mlx.nn as nn
-    mx.random.seed(0)
-    q = nn.QuantizedLinear(64, 32)
-    x = mx.arange(128).reshape(2, 64).astype(mx.int32)
-    for backend in ("metile", "auto", "mlx"):
-        layer = metile.nn.QuantizedLinear.from_quantized(q, backend=backend)
-        np.testing.assert_array_equal(np.array(layer(x)), np.array(q(x)))

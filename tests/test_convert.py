@@ -428,3 +428,14 @@ def test_report_names_a_tied_layers_activation_only_where_one_follows():
     report = mnn.convert(nn.Sequential(tied, nn.ReLU(), tied))
     assert report.skipped == {"layers.1": "layers.0 is held at more than one place; its "
                                           "activation runs as its own module"}
+
+
+def test_quantized_layer_takes_an_integer_x_under_every_backend():
+    # (metile.nn.Linear runs MLX's composite for an x of another dtype; the quantized layer
+    # under backend="metile" raised a TypeError for an int x, which MLX's layer takes)
+    mx.random.seed(0)
+    q = nn.QuantizedLinear(64, 32)
+    x = mx.arange(128).reshape(2, 64).astype(mx.int32)
+    for backend in ("metile", "auto", "mlx"):
+        layer = mnn.QuantizedLinear.from_quantized(q, backend=backend)
+        np.testing.assert_array_equal(np.array(layer(x)), np.array(q(x)))
