@@ -201,3 +201,39 @@ def test_a_program_wide_store_is_seen_by_the_threads_that_read_it_back(order, mo
 
     got = read_back[(1,)](mx.array([5.0]), mx.zeros((65,)))
     assert got.tolist() == [6.0] * 65
+
+
+# -- the race check and atomics (a hostile trial, thirty-first session) -------------------------
+
+@metile.kernel(num_simdgroups=1)
+def float_pair_sums(X, S):
+    tid = metile.thread_id()
+    metile.atomic_add(S + tid % 2, metile.load(X + tid))
+
+
+@metile.kernel(num_simdgroups=1)
+def handed_out(X, M, Old):
+    tid = metile.thread_id()
+    o = metile.atomic_max(M + tid % 4, metile.load(X + tid))
+    metile.store(Old + tid, o)
+
+
+@metile.kernel(num_simdgroups=1)
+def colliding(X, Y):
+    tid = metile.thread_id()
+    metile.store(Y + (tid % 4), metile.load(X + tid))
+
+
+def test_the_race_check_knows_which_outputs_atomics_make_order_dependent(monkeypatch):
+    # (float atomics and stored old values raised "race detected ... declare it with
+    # order_dependent_outputs=", which a @metile.kernel launch cannot take; the compiler
+    # knows these outputs, and a real race is still found)
+    monkeypatch.setenv("METILE_RACE_CHECK", "1")
+    x = np.random.default_rng(0).standard_normal(32).astype(np.float32)
+    s = float_pair_sums[(1,)](mx.array(x), mx.zeros((2,)))
+    np.testing.assert_allclose(np.array(s), x.reshape(16, 2).sum(0), rtol=1e-5, atol=1e-6)
+    m, old = handed_out[(1,)](mx.array(x), mx.full((4,), -10.0), mx.zeros((32,)))
+    np.testing.assert_array_equal(np.array(m), x.reshape(8, 4).max(0))
+    assert set(np.array(old).tolist()) <= set(x.tolist()) | {-10.0}
+    with pytest.raises(RuntimeError, match="race detected in kernel .*colliding"):
+        mx.eval(colliding[(1,)](mx.array(x), mx.zeros((4,))))

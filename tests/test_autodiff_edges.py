@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import metile
+from test_fragments import INLINE, relu_epilogue
 
 
 def grads_close(got, want, rtol=1e-5, atol=1e-6):
@@ -82,23 +83,6 @@ def test_a_scalar_passed_as_a_0d_array_gets_its_gradient():
                 rtol=1e-5)
 
 
-INLINE = metile.Schedule(backend="simdgroup_inline")
-
-
-@metile.kernel(differentiable=True)
-def relu_rows(Source, Control, Output, *, BLOCK: metile.constexpr = 32):
-    scratch = metile.tensor(metile.shared(BLOCK * 2, dtype="f32"), shape=(BLOCK // 4, 8))
-    rows = metile.load(Control)
-    source = metile.tensor(Source, shape=(rows, 8), strides=(8, 1), block_shape=(8, 8),
-                           access="read")
-    output = metile.tensor(Output, shape=(rows, 8), strides=(8, 1), block_shape=(8, 8),
-                           access="write")
-    for row in metile.tile_range(0, rows, 8):
-        o = (row, 0)
-        output.store(o, metile.maximum(source.load(o, scratch=scratch) * 2.0, 0.0),
-                     scratch=scratch)
-
-
 def test_elements_a_fragment_kernel_leaves_unwritten_pass_their_gradient():
     # (the passed output's rows past `rows` reached the result unchanged, but their gradient
     # was zero: the merge read the passed array from outside the custom function)
@@ -108,7 +92,7 @@ def test_elements_a_fragment_kernel_leaves_unwritten_pass_their_gradient():
     control = mx.array([rows], mx.int32)
 
     def loss(s, t):
-        return (relu_rows[(1,)](s, control, t * 3.0, STRICT_MATH=True, SCHEDULE=INLINE) * w).sum()
+        return (relu_epilogue[(1,)](s, control, t * 3.0, STRICT_MATH=True, SCHEDULE=INLINE) * w).sum()
 
     keep = (mx.arange(cap) < rows)[:, None]
     ref = lambda s, t: (mx.where(keep, mx.maximum(s * 2.0, 0.0), t * 3.0) * w).sum()

@@ -398,3 +398,21 @@ def test_erf_keeps_its_relative_accuracy_near_zero():
     want = np.array([math.erf(float(x)) for x in xs])
     np.testing.assert_allclose(got, want, rtol=3e-7, atol=0)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(xs))
+
+
+@metile.kernel(num_simdgroups=1)
+def reversed_through_device(X, Y, Z):
+    tid = metile.thread_id()
+    metile.store(Y + tid, metile.load(X + tid))
+    metile.barrier()
+    metile.store(Z + tid, metile.load(Y + 31 - tid))
+
+
+def test_a_barrier_orders_device_memory_too():
+    # (barrier() emitted threadgroup_barrier(mem_threadgroup) alone: on an Apple GPU another
+    # thread's device store need not be visible after it; CUDA's __syncthreads orders both)
+    x = mx.arange(32).astype(mx.float32)
+    d = reversed_through_device[(1,)].prepare(x, mx.zeros((32,)), mx.zeros((32,)),
+                                              backend="msl")
+    assert "threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);" in d.source
+    np.testing.assert_array_equal(np.array(d()[1]), np.arange(31, -1, -1))

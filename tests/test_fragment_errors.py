@@ -421,3 +421,18 @@ def test_a_constant_index_outside_a_shared_array_is_refused():
     with pytest.raises(metile.CompilationError, match="load\\(\\) of element 40 of a shared array "
                                                       "of 32 elements: outside it"):
         outside[(1,)](mx.zeros((32,)))
+
+
+@metile.kernel
+def fragment_summed(A, O, BLOCK: metile.constexpr = 32):
+    f = metile.tensor(A, shape=(8, 8), strides=(8, 1), block_shape=(8, 8),  # REJECT
+                      access="read").load((0, 0))
+    metile.store(O, metile.sum(f))
+
+
+def test_a_fragment_reduced_as_a_tile_is_named():
+    # (an AssertionError without a line: "lower_tiles: cannot compute frag_view_load per
+    # element")
+    rejected(fragment_summed, "# REJECT", r"a matrix fragment \(a view's 8x8 block_shape "
+             r"load\) is opaque: it cannot be reduced, indexed or stored as a tile here",
+             M, mx.zeros((1,)))

@@ -29,7 +29,8 @@ from ..ir.core import Function, Loc, walk
 from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..ir.printer import format_function
 from ..ir.verifier import verify
-from ..passes.buffer_usage import atomic_roots, buffer_roles, coverage_from_json, store_coverage
+from ..passes.buffer_usage import (atomic_roots, buffer_roles, coverage_from_json,
+                                   order_dependent, store_coverage)
 from ..passes.lower_fragments import lower_fragments
 from ..passes.lower_matmul import GemmPlan
 from ..passes.lower_tiles import lower_tiles
@@ -93,20 +94,23 @@ class Analysis:
     # SIMD-group (or thread) grid, as planned; the lowering reads it.
     gemm: dict | None = None
     details: dict = field(default_factory=dict)   # step -> what it proved or decided
+    # outputs whose contents may depend on thread order (buffer_usage.order_dependent)
+    order_dependent: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"outputs": self.outputs, "atomic_outputs": self.atomic_outputs,
                 "loaded_outputs": self.loaded_outputs,
                 "coverage": {k: c.to_json() for k, c in self.coverage.items()},
                 "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps,
-                "gemm": self.gemm, "details": self.details}
+                "gemm": self.gemm, "details": self.details,
+                "order_dependent": self.order_dependent}
 
     @classmethod
     def from_json(cls, d: dict) -> "Analysis":
         return cls(d["outputs"], d["atomic_outputs"], d["loaded_outputs"],
                    {k: coverage_from_json(v) for k, v in d["coverage"].items()},
                    SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"], d["gemm"],
-                   d["details"])
+                   d["details"], d.get("order_dependent", {}))
 
     def gemm_plan(self, units) -> GemmPlan | None:
         if self.gemm is None:
@@ -232,7 +236,8 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
     if "device_assert" in fn.meta:
         details["device_assert"] = fn.meta["device_assert"]
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
-                    plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details)
+                    plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details,
+                    order_dependent(fn, outputs))
 
 
 def _name_constexprs(error: CompilationError, constexprs: dict) -> None:

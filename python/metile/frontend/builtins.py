@@ -526,7 +526,11 @@ def shared(gen, size, dtype):
 
 @builtin("")
 def barrier(gen):
-    gen.b.op("barrier")
+    # A kernel's barrier() orders its device-memory writes before the group's reads too, as
+    # CUDA's __syncthreads does: Metal's threadgroup_barrier(mem_threadgroup) alone does not
+    # make one thread's device store visible to another (a store to Y, then a read of
+    # another thread's Y element, passed on the CPU runtime and was unordered on an Apple GPU)
+    gen.b.op("barrier", [], [], {"device": True})
 
 
 IMPLS["debug_barrier"] = IMPLS["barrier"]

@@ -487,6 +487,32 @@ def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
     return RadixCoverage(tuple(digits))
 
 
+def order_dependent(fn: Function, outputs: list[str]) -> dict:
+    """The outputs whose contents may depend on the order a program's threads run in
+    (output -> None: the CPU runtime's race check skips them): float atomics' buffers
+    (each order rounds the sum another way) and every output storing a value derived from
+    an atomic's old value (each order hands the old values out differently)."""
+    ops = list(walk(fn.body))
+    derived = {r.id for op in ops if op.name == "store" and op.attrs.get("atomic")
+               for r in op.results}
+    for _ in range(2):   # (values carried through loops and branches, approximately)
+        for op in ops:
+            if any(o.id in derived for o in op.operands):
+                derived.update(r.id for r in op.results)
+                for region in op.regions:
+                    derived.update(a.id for a in region.args)
+    out = {}
+    for op in ops:
+        if op.name != "store" or len(op.operands) < 2:
+            continue
+        ptr = elem_type(op.operands[0].type)
+        root = getattr(ptr, "root", None)
+        if root in outputs and ((op.attrs.get("atomic") and ptr.dtype.is_float)
+                                or op.operands[1].id in derived):
+            out[root] = None
+    return out
+
+
 def atomic_roots(fn: Function) -> dict[str, Op]:
     """Device buffers whose atomics add from zero, each with its first atomic.
 

@@ -132,14 +132,20 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
                 return v if wide is None or v.type == wide else b.value("cast", [v], wide, to=dt.int64)
         return b.value("add", [x, y], wide or I32)
 
-    def barrier(self, b: Builder) -> None:
-        if not (b.block.ops and b.block.ops[-1].name == "barrier"):
-            if self.mma is not None and self.mma.warpgroup is not None:
-                # the threads' writes to threadgroup memory ordered before the async proxy's
-                # reads (warpgroup MMA reads its operands through it) - each writer fences
-                # before the barrier that publishes its writes
-                b.op("fence_proxy_async")
-            b.op("barrier")
+    def barrier(self, b: Builder, device: bool = False) -> None:
+        """A barrier (`device`: one that orders device memory too, a kernel's barrier());
+        one right after another adds nothing, or only its device ordering."""
+        last = b.block.ops[-1] if b.block.ops else None
+        if last is not None and last.name == "barrier":
+            if device:
+                last.attrs["device"] = True
+            return
+        if self.mma is not None and self.mma.warpgroup is not None:
+            # the threads' writes to threadgroup memory ordered before the async proxy's
+            # reads (warpgroup MMA reads its operands through it) - each writer fences
+            # before the barrier that publishes its writes
+            b.op("fence_proxy_async")
+        b.op("barrier", [], [], {"device": True} if device else {})
 
     def shared_array(self, dtype: dt.DType, size: int, prefix: str, align: int = 0,
                      pitch: int | None = None) -> str:
@@ -378,6 +384,13 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             return self.axis_reduce(op, ctx)
         if op.name == "dot":
             return self.dot(op, ctx)
+        if op.name.startswith("frag_"):
+            # (an AssertionError without a line: `sum(f)`, `max(f, axis=1)` or a plain store
+            # of an 8x8 fragment `f` in a simdgroup_inline kernel)
+            raise CompilationError(
+                "a matrix fragment (a view's 8x8 block_shape load) is opaque: it cannot be "
+                "reduced, indexed or stored as a tile here; store it through a block_shape "
+                "view (a scratch or output tensor) and load that as ordinary values", op.loc)
         raise AssertionError(f"lower_tiles: cannot compute {op.name} per element")
 
     def emit_load(self, b: Builder, op: Op, operands: list[Value]) -> Value:
@@ -538,7 +551,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if name == "while":
             return self.lower_while(op, b)
         if name == "barrier":
-            self.barrier(b)
+            self.barrier(b, device=bool(op.attrs.get("device")))
             return
         if name in DEBUG:
             return lower_debug(self, op, b)  # device_print / device_assert (lower_debug.py)

@@ -369,6 +369,11 @@ class Dispatch:
             output_shapes=[a.shape for a in out_arrays] + [out_arrays[i].shape for i in self.tracked],
             output_dtypes=[a.dtype for a in out_arrays] + [mx.bool_ for _ in self.tracked],
             init_value=0 if self.tracked or self.atomic else None)
+        if spec.backend.language == "msl" and spec.analysis.order_dependent:
+            # the CPU runtime's race check compares thread orders: tell it which outputs
+            # legitimately depend on them (it raised on float atomics and handed-out old
+            # values, and advised an order_dependent_outputs= that a launch cannot take)
+            self.call_kwargs["order_dependent_outputs"] = dict(spec.analysis.order_dependent)
         # what the caller sees of the kernel's outputs (not the tensor maps' scratch)
         self.results = len(out_arrays) + len(self.tracked)
         if maps:
