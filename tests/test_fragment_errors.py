@@ -46,6 +46,9 @@ def scalar_write_then_matrix_read(A, B, Out, *, BLOCK: metile.constexpr = 32):
 def test_missing_barrier_before_matrix_read():
     msg = rejected(scalar_write_then_matrix_read, "# MARK", "missing barrier")
     assert "publish the scalar write before the matrix read" in msg
+    # (the loop's write reaches the read through the loop's exit: it was reported
+    # "missing barrier() across the loop backedge")
+    assert "missing barrier(): publish" in msg and "backedge" not in msg
 
 
 @metile.kernel

@@ -357,7 +357,10 @@ class Checker:
                     if new == head:
                         break
                     head = new
-                pending = head
+                # after the loop its accesses reach the code below through the exit, not
+                # round the backedge (a write in the loop read after it was reported
+                # "missing barrier() across the loop backedge")
+                pending = frozenset(replace(a, backedge=False) for a in head)
             elif op.name == "if":
                 pending = frozenset().union(*(self.run(r, pending) for r in op.regions))
         return pending
