@@ -439,3 +439,20 @@ def test_a_fragment_reduced_as_a_tile_is_named():
     rejected(fragment_summed, "# REJECT", r"a matrix fragment \(a view's 8x8 block_shape "
              r"load\) is opaque: it cannot be reduced, indexed or stored as a tile here",
              M, mx.zeros((1,)))
+
+
+@metile.kernel
+def plain_tile_in_a_fragment_dot(A, B, O, BLOCK: metile.constexpr = 32):
+    f = metile.tensor(A, shape=(8, 8), strides=(8, 1), block_shape=(8, 8),
+                      access="read").load((0, 0))
+    r = metile.arange(0, 8)
+    p = metile.load(B + r[:, None] * 8 + r[None, :])  # REJECT
+    out = metile.tensor(O, shape=(8, 8), strides=(8, 1), block_shape=(8, 8), access="write")
+    out.store((0, 0), metile.dot(f, p, metile.zeros((8, 8))))
+
+
+def test_a_plain_tile_in_a_fragment_dot_is_named():
+    # (it said "load is not supported on matrix fragments", as if loads were refused)
+    rejected(plain_tile_in_a_fragment_dot, "# REJECT",
+             r"this 8x8 tile is used as a matrix fragment \(a dot operand or combined with "
+             r"one\), which must come from a block_shape view's load")

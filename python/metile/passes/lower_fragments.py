@@ -254,6 +254,14 @@ class FragmentLowering(Lowering):
             if name == "reduce":
                 raise CompilationError("row reductions of a fragment go through a shared-memory "
                                        "bridge: store it to a shared matrix view first", op.loc)
+            if name == "load":
+                # (a plain 8x8 load meeting a fragment in a dot: "load is not supported on
+                # matrix fragments" read as if the fragment's own load were refused)
+                raise CompilationError("this 8x8 tile is used as a matrix fragment (a dot "
+                                       "operand or combined with one), which must come from a "
+                                       "block_shape view's load: metile.tensor(..., "
+                                       "block_shape=(8, 8)).load(origin), not metile.load",
+                                       op.loc)
             raise CompilationError(f"{name} is not supported on matrix fragments", op.loc)
         return super().lower_op(op, b)
 
