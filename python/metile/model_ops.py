@@ -50,6 +50,7 @@ from .op_routing import (
     mlx_takes_it,
     mlx_takes_values,
     type_name,
+    broadcasts_to,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -662,7 +663,7 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
                         f"{type(residual).__name__}")
     if tuple(residual.shape) != tuple(x.shape):
         shape, want = tuple(residual.shape), tuple(x.shape)
-        if len(shape) > len(want) or any(r not in (1, n) for r, n in zip(shape[::-1], want[::-1])):
+        if not broadcasts_to(shape, want):
             raise ValueError(f"[metile.ops.add_rms_norm] residual has shape {shape}; expected "
                              f"x's shape {want} or one broadcasting to it")
         # (as x + residual broadcasts; the kernel reads the broadcast rows, MLX's autodiff

@@ -272,7 +272,7 @@ def _why_not(path: str, module, predicate) -> str | None:
         return f"weight shape {tuple(module.weight.shape)} has no elements"
     if "bias" in module and module.bias.dtype != module.weight.dtype:
         return f"bias dtype {module.bias.dtype} differs from the weight's {module.weight.dtype}"
-    if "bias" in module and not _vector_like(tuple(module.bias.shape), module.weight.shape[0]):
+    if "bias" in module and not ops.bias_is_vector(tuple(module.bias.shape), module.weight.shape[0]):
         # (MLX's addmm broadcasts it; metile.ops.linear's kernels add one vector to every
         # row, and take a (1, N) or one-element bias as that vector)
         return (f"bias shape {tuple(module.bias.shape)} is not one vector of the "
@@ -280,11 +280,6 @@ def _why_not(path: str, module, predicate) -> str | None:
     if predicate is not None and not predicate(path, module):
         return "class_predicate returned False"
     return None
-
-
-def _vector_like(shape: tuple, n: int) -> bool:
-    """Whether a bias of `shape` adds the same vector to every row of N outputs."""
-    return all(d == 1 for d in shape[:-1]) and (not shape or shape[-1] in (1, n))
 
 
 def _has_modules(module) -> bool:

@@ -94,6 +94,14 @@ def rows(a):
     return mx.flatten(a, 0, -2) if a.ndim > 1 else a[None]
 
 
+def broadcasts_to(shape, want) -> bool:
+    """Whether numpy broadcasting takes `shape` to exactly `want` (the output's rank and
+    sizes: a residual never widens the output)."""
+    if len(shape) > len(want):
+        return False
+    return all(s in (1, w) for s, w in zip(shape[::-1], want[::-1]))
+
+
 def type_name(value) -> str:
     """`value`'s type as a message names it: module-qualified unless a builtin (a NumPy
     bool is `numpy.bool`, which a bare `bool` in "must be a bool, got bool" hid)."""

@@ -73,6 +73,7 @@ from .op_routing import (
     on_stream,
     CPU_REASON,
     cost_model,
+    broadcasts_to,
     dtype_name)
 
 ACTIVATIONS = {None: "none", "relu": "relu", "gelu_tanh": "gelu_tanh", "silu": "sigmoid_gated",
@@ -968,7 +969,7 @@ def _check_residual(x, weight, residual):
                         f"{type(residual).__name__}")
     want = (*x.shape[:-1], weight.shape[0])
     if tuple(residual.shape) != want:
-        if not _broadcasts_to(tuple(residual.shape), want):
+        if not broadcasts_to(tuple(residual.shape), want):
             raise ValueError(f"[metile.ops] residual shape {tuple(residual.shape)} does not "
                              f"broadcast to the output shape {want}")
         residual = mx.broadcast_to(residual, want)
@@ -978,12 +979,10 @@ def _check_residual(x, weight, residual):
     return residual
 
 
-def _broadcasts_to(shape, want) -> bool:
-    """Whether numpy broadcasting takes `shape` to exactly `want` (the output's rank and
-    sizes: a residual never widens the output)."""
-    if len(shape) > len(want):
-        return False
-    return all(s in (1, w) for s, w in zip(shape[::-1], want[::-1]))
+def bias_is_vector(shape: tuple, n: int) -> bool:
+    """Whether a bias of `shape` adds one vector of `n` outputs to every row: 0-d, (1,),
+    (N,) or (1, ..., 1, N)."""
+    return all(d == 1 for d in shape[:-1]) and (not shape or shape[-1] in (1, n))
 
 
 def _bias_vector(x, weight, bias):
@@ -996,8 +995,7 @@ def _bias_vector(x, weight, bias):
         return bias
     n = weight.shape[0]
     shape = tuple(bias.shape)
-    if len(shape) > max(x.ndim, 1) or any(d != 1 for d in shape[:-1]) or \
-            (shape and shape[-1] not in (1, n)):
+    if len(shape) > max(x.ndim, 1) or not bias_is_vector(shape, n):
         return bias
     return mx.broadcast_to(bias.reshape(-1), (n,)) if not shape or shape[-1] == 1 \
         else bias.reshape(n)
