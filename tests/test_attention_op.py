@@ -585,3 +585,29 @@ def test_explain_follows_the_calls_that_run_mlx_op_before_routing(rng):
         assert info["path"] == "mlx" and info["route"]["reason"].startswith("MLX's op: an argument")
     got = ops.scaled_dot_product_attention(q, empty, empty, scale=0.2, backend="metile")
     assert got.shape == (1, 2, 8, 32)
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+@pytest.mark.parametrize("mask, lq", [(None, 1), ("causal", 4)])
+def test_a_repeated_call_replays_without_routing(rng, monkeypatch, backend, mask, lq):
+    # (eager decode calls the op with one signature every token: the checks and routing
+    # cost ~20x MLX's own call, so a repeated signature replays its path: op_replay.py)
+    routed = []
+    real = attention_ops._route
+    monkeypatch.setattr(attention_ops, "_route",
+                        lambda *a, **k: routed.append(1) or real(*a, **k))
+    for _ in range(3):
+        q, k, v = operands(rng, 1, 4, 2, lq, 40, 16)
+        out = sdpa(q, k, v, scale=0.3, mask=mask, backend=backend)
+        np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.3, mask),
+                                   rtol=3e-4, atol=3e-5)
+    assert routed == [1]
+    sdpa(q, k, v, scale=0.25, mask=mask, backend=backend)       # another option: routed
+    sdpa(q, k, v, scale=0.3, mask=mx.ones((lq, 40), mx.bool_),  # a mask array keys none
+         backend=backend)
+    sdpa(q, k, v, scale=0.3, mask=mx.ones((lq, 40), mx.bool_), backend=backend)
+    assert len(routed) == 4
+    grad = mx.grad(lambda q: sdpa(q, k, v, scale=0.3, mask=mask, backend=backend).sum())(q)
+    want = mx.grad(lambda q: mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=0.3, mask=mask).sum())(q)
+    np.testing.assert_allclose(np.array(grad), np.array(want), rtol=1e-4, atol=1e-5)

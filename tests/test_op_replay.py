@@ -278,6 +278,39 @@ def test_calls_routed_to_mlx_skip_routing_when_repeated(rng, routes, row_routes,
     assert routes == ["linear", "linear"]
 
 
+def test_calls_that_ask_for_mlx_replay_its_op(rng, monkeypatch):
+    # backend="mlx" asks for MLX's op: a repeated call runs it without the op's Python body
+    # (the full path cost 5-15x MLX's own eager call on the CPU)
+    from metile import model_ops, quantized_ops
+    entered = []
+    for module, name in ((ops, "_matmul_plan"), (ops, "_route"), (model_ops, "_route"),
+                         (model_ops, "_softmax_axes"), (quantized_ops, "_check")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **k:
+                            entered.append(_name) or _real(*a, **k))
+    w = mx.array(rng.standard_normal((24, 64)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=64, bits=4)
+    for _ in range(3):
+        x, a, bm, lw = arrays(rng, mx.float32, (5, 64), (5, 64), (64, 24), (24, 64))
+        np.testing.assert_allclose(f64(metile.ops.matmul(a, bm, epilogue="relu", backend="mlx")),
+                                   np.maximum(f64(a) @ f64(bm), 0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(f64(metile.ops.linear(x, lw, backend="mlx")),
+                                   f64(x) @ f64(lw).T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(f64(metile.ops.rms_norm(x, None, 1e-6, backend="mlx")),
+                                   rms(f64(x), None, 1e-6), rtol=1e-5, atol=1e-5)
+        e = np.exp(f64(x) - f64(x).max(-1, keepdims=True))
+        np.testing.assert_allclose(f64(metile.ops.softmax(x, backend="mlx")),
+                                   e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            f64(metile.ops.quantized_matmul(x, wq, s, b, backend="mlx")),
+            f64(x) @ f64(mx.dequantize(wq, s, b, group_size=64, bits=4)).T, rtol=1e-4, atol=1e-4)
+    assert sorted(entered) == sorted(["_matmul_plan", "_route", "_route", "_softmax_axes",
+                                      "_check"]), entered
+    monkeypatch.setenv("METILE_REPLAY_TEST_PROBE", "1")   # a new setting: the full path
+    metile.ops.softmax(x, backend="mlx")
+    assert entered.count("_softmax_axes") == 2
+
+
 @pytest.mark.parametrize("rows", [2, 40])   # the GEMV and the GEMM
 def test_quantized_matmul_replays(rng, rows, monkeypatch):
     from metile import quantized_ops

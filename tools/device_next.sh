@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s114   -- eager cost with attention's replays, GPU tests of s31-s32's files
 #   OUT=$OUT bash tools/device_next.sh s113   -- empty-barrier refills as the default: GPU tests, model layers A/B
 #   OUT=$OUT bash tools/device_next.sh s32    -- shared launch configurations: GPU tests, launch parts and cost
 #   OUT=$OUT bash tools/device_next.sh s31    -- decoder block A/A at more launches and rounds, T 512/2048
@@ -98,7 +99,16 @@ eager_cost() {
   timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
 }
 
-if [ "$mode" = s113 ]; then
+if [ "$mode" = s114 ]; then
+  # the thirty-second session: eager cost with attention's replays and backend="mlx" replays
+  # (launch_cost.py), then the GPU tests of the files sessions 31-32 changed
+  eager_cost
+  left=$((budget - 20 - (SECONDS - t0)))
+  [ $left -gt 30 ] && gpu_tests $left test_op_replay test_attention_op test_autodiff_edges \
+    test_model_ops_norms test_ops test_quantized_op test_convert test_atomics test_dsl_kernels \
+    test_fragment_errors test_triton_launch_and_calls test_epilogue_reads test_epilogue \
+    test_autotune test_schedule_integration
+elif [ "$mode" = s113 ]; then
   # the TMA loop's refills by empty mbarriers as the default (s112 measured them): issue 14's
   # model layers (gated MLP, the MLP forward) with the default and, as the control,
   # METILE_WGMMA_REFILL=barrier; decode attention; then the GPU tests of the bulk-tensor loop

@@ -113,8 +113,10 @@ def _check(q, k, v, scale, mask) -> float:
     return float(scale)
 
 
+@functools.lru_cache(maxsize=64)
 def _promote(a, b):
-    # MLX's promotion, read off a zero-size expression (lazy: nothing is computed)
+    # MLX's promotion, read off a zero-size expression (lazy: nothing is computed; 4 us
+    # of array building, once a pair of dtypes)
     return (mx.zeros((0,), a) + mx.zeros((0,), b)).dtype
 
 
@@ -538,8 +540,15 @@ def _run(q, k, v, scale, mask, config):
     dtype = _result_dtype(q, k, v)
     q, k, v = (x.astype(dtype) for x in (q, k, v))
     kind = _mask_kind(mask)
-    f = _differentiable(kind, float(scale), config)
+    f = _differentiable_for(kind, float(scale), tuple(sorted(config.items())))
     return f(q, k, v, mask) if kind in ("bool", "additive") else f(q, k, v)
+
+
+@functools.lru_cache(maxsize=256)
+def _differentiable_for(kind: str, scale: float, config: tuple):
+    """_differentiable, one custom function a (mask kind, scale, configuration): a decode
+    loop calls the op with the same ones every token."""
+    return _differentiable(kind, scale, dict(config))
 
 
 # -- public -------------------------------------------------------------------------------------
@@ -550,6 +559,7 @@ def _too_large(q, k, mask) -> bool:
     return any(x.size >= 2**31 for x in arrays)
 
 
+@op_replay.entry(("q", "k", "v"), ("scale", "mask", "sinks", "force_fused", "backend", "stream"))
 def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
                                  force_fused: bool = False, backend: str = "auto", stream=None):
     """mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask) on metile
@@ -568,15 +578,37 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
     if type(force_fused) is not bool:
         raise _fail(TypeError, f"force_fused must be a bool, got {type_name(force_fused)} "
                                f"{force_fused!r}")
+    # (a repeated call replays, keyed by the options as given: op_replay.py; a mask or sinks
+    # array, or a scale that is not a plain number, keys none)
+    key = op_replay.key("scaled_dot_product_attention",
+                        (scale, mask, sinks, force_fused, backend, None), q, k, v)
     why, scale = _before_routing(q, k, v, scale, mask, sinks, backend)
+    # (each path is recorded once it has run without an error)
     if why is not None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
-                                                    sinks=sinks, force_fused=force_fused)
-    config, _ = _route(q, k, v, scale, mask, backend)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                   sinks=sinks, force_fused=force_fused)
+        op_replay.remember_composite(key, _mlx_call(scale, mask, force_fused),
+                                     routing.Decision(routing.REFERENCE, "unsupported", why))
+        return out
+    config, decision = _route(q, k, v, scale, mask, backend)
     if config is None:
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
-                                                    force_fused=force_fused)
-    return _run(q, k, v, scale, mask, config)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
+                                                   force_fused=force_fused)
+        op_replay.remember_composite(key, _mlx_call(scale, mask, force_fused), decision)
+        return out
+    out = _run(q, k, v, scale, mask, config)
+    # (the kernels launched from Python: a decode call is two kernels, which a native
+    # replay does not take; the checks and routing are what this replay skips)
+    op_replay.remember_composite(key, lambda q, k, v: _run(q, k, v, scale, mask, config),
+                                 decision)
+    return out
+
+
+def _mlx_call(scale, mask, force_fused):
+    """MLX's op on (q, k, v) with these options (a call without sinks: one with a sinks
+    array has no replay key)."""
+    return lambda q, k, v: mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=scale, mask=mask, force_fused=force_fused)
 
 
 def _before_routing(q, k, v, scale, mask, sinks, backend):

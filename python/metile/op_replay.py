@@ -190,16 +190,26 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
 
 
 def remember_composite(key, run, decision) -> None:
-    """Record that calls of this signature run MLX's composite `run(*arrays)` (routing
-    chose MLX by `decision`): later calls skip the op's checks and routing while the
-    device and the settings are unchanged.  Nothing is recorded without a key or for a
-    requested route (backend="mlx"); a cost-model route's replay is provisional."""
-    if key is None or decision.source == "requested":
+    """Record that calls of this signature run `run(*arrays)` (MLX's composite, or a
+    Python launch of the kernels routing chose by `decision`): later calls skip the op's
+    checks and routing while the device and the settings are unchanged (a requested route, backend="mlx", too: it
+    depends on nothing else, and without a replay it costs several times MLX's own call).
+    Nothing is recorded without a key; a cost-model route's replay is provisional."""
+    if key is None:
         return
     check = _settings_now()
     if check is not None:
         _keep(key, lambda *arrays: run(*arrays) if check() else None,
               decision.source == "cost_model")
+
+
+_REQUESTED = routing.Decision("mlx", "requested", "backend='mlx' requested")
+
+
+def remember_requested(key, run) -> None:
+    """remember_composite for a call that asked for MLX's op (backend="mlx") before any
+    routing."""
+    remember_composite(key, run, _REQUESTED)
 
 
 def _keep(key, replay, provisional: bool) -> None:

@@ -912,11 +912,12 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     key = op_replay.key("matmul", (*options, None), a, b) if a is not None and \
         b is not None and _plain_options(*options) else None
     p = _matmul_plan(a, b, epilogue, negative_slope)
+    composite = functools.partial(_matmul_mlx, epilogue=epilogue, slope=negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
-        return _matmul_mlx(a, b, epilogue, negative_slope)
+        op_replay.remember_requested(key, composite)
+        return composite(a, b)
     arrays, layout = _matmul_operands(a, b, p, backend)
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
-    composite = functools.partial(_matmul_mlx, epilogue=epilogue, slope=negative_slope)
     if route.path == "mlx":
         # (no reshape after it: under mx.compile(shapeless=True) a reshape keeps the traced
         # shape, where MLX's own ops follow the input's)

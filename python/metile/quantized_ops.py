@@ -547,6 +547,8 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
         return out
 
     if backend == "mlx" or mlx_only:
+        if x.size and w.size and n:   # (not the empty product's stand-in)
+            op_replay.remember_requested(key, _composite(transpose, group_size, bits, mode))
         return mlx_op()
     out_dtype = _out_dtype(x, scales)
     lead = tuple(x.shape[:-1])

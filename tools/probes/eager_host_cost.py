@@ -3,9 +3,11 @@
 
   cpu runtime   kernel[grid](...) of a one-element kernel on the CPU runtime, its raw
                 _ext.launch_cpu call with the same arguments, metile.ops.matmul (a
-                repeated call: its replay, metile/op_replay.py), MLX's `x + 1` and `a @ a`
-  stand-in CUDA the same kernel[grid] and metile.ops.matmul(16x16 float16,
-                backend="metile") as on an H200, with the bindings replaced by stand-ins
+                repeated call: its replay, metile/op_replay.py; backend="mlx" too), MLX's
+                `x + 1` and `a @ a`, scaled_dot_product_attention's decode (auto: MLX's
+                op on the CPU; backend="metile": two kernels) against MLX's op
+  stand-in CUDA the same kernel[grid], metile.ops.matmul(16x16 float16,
+                backend="metile") and the decode attention as on an H200, with the bindings replaced by stand-ins
                 that only make the output arrays (MLX's device checks answered as on a
                 GPU): what metile's Python costs per launch there
 
@@ -64,12 +66,28 @@ def cpu_runtime() -> dict:
     mx.eval(add_one[(1,)](xs, ys, 256, BLOCK=256))
     a = mx.zeros((16, 16))
     mx.eval(metile.ops.matmul(a, a, backend="metile"))
+    q, k = _decode_operands()
+    sdpa = metile.ops.scaled_dot_product_attention
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
             "kernel[grid] masked block": per_call(lambda: add_one[(1,)](xs, ys, 256, BLOCK=256)),
             "raw launch_cpu": per_call(lambda: real(*seen["args"])),
             "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile")),
+            "ops.matmul backend=mlx": per_call(lambda: metile.ops.matmul(a, a, backend="mlx")),
             "mlx x + 1": per_call(lambda: x + 1),
-            "mlx a @ a": per_call(lambda: a @ a)}
+            "mlx a @ a": per_call(lambda: a @ a),
+            "ops.sdpa decode auto": per_call(lambda: sdpa(q, k, k, scale=0.125)),
+            "ops.sdpa decode metile": per_call(lambda: sdpa(q, k, k, scale=0.125,
+                                                            backend="metile"), 2000),
+            "mlx sdpa decode": per_call(
+                lambda: mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125))}
+
+
+def _decode_operands():
+    """One query of 8 heads over 256 keys, float16 (attention's decode path)."""
+    q = mx.zeros((1, 8, 1, 64), mx.float16)
+    k = mx.zeros((1, 8, 256, 64), mx.float16)
+    mx.eval(q, k)
+    return q, k
 
 
 def stand_in_cuda() -> dict:
@@ -114,9 +132,12 @@ def stand_in_cuda() -> dict:
     xs, ys = mx.ones((256,)), mx.zeros((256,))
     a = mx.zeros((16, 16), mx.float16)
     mx.eval(a)
+    q, k = _decode_operands()
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
             "kernel[grid] masked block": per_call(lambda: add_one[(1,)](xs, ys, 256, BLOCK=256)),
-            "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 2000)}
+            "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 2000),
+            "ops.sdpa decode metile": per_call(lambda: metile.ops.scaled_dot_product_attention(
+                q, k, k, scale=0.125, backend="metile"), 2000)}
 
 
 def main():

@@ -12,6 +12,8 @@ launches per synchronization (the time per launch is then the host's, not the GP
   ... of lazy    both products of a lazy matmul's output (built each call)
   metile/mlx linear, rms_norm, softmax: metile.ops (backend="metile") against MLX's op or
                  composite on a 16x64 float16 row block (linear: a 64x64 weight and a bias)
+  metile/mlx attention: decode (one query of 8 heads over 256 keys, float16), the op with
+                 backend="metile" (two kernels) and "mlx" against MLX's op
 
     python3 tools/probes/launch_cost.py [out.json]
 """
@@ -42,7 +44,9 @@ def main():
     rng = np.random.default_rng(0)
     rows, w, bias = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
                      ((16, 64), (64, 64), (64,)))
-    mx.eval(x, a, rows, w, bias)
+    q, kv = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
+             ((1, 8, 1, 64), (1, 8, 256, 64)))
+    mx.eval(x, a, rows, w, bias, q, kv)
     jit = mx.fast.cuda_kernel(name="plus_one_jit", input_names=["x"], output_names=["y"],
                               source="y[0] = x[0] + 1.0f;")
     cubin, _ = nvrtc.cubin(SOURCE, "sm_90a")
@@ -67,6 +71,12 @@ def main():
         "mlx rms_norm": lambda: mx.fast.rms_norm(rows, bias, 1e-5),
         "metile softmax": lambda: metile.ops.softmax(rows, backend="metile"),
         "mlx softmax": lambda: mx.softmax(rows, axis=-1),
+        # decode attention (one query of 8 heads over 256 keys): two kernels a call
+        "metile attention": lambda: metile.ops.scaled_dot_product_attention(
+            q, kv, kv, scale=0.125, backend="metile"),
+        "mlx attention": lambda: mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.125),
+        "metile attention mlx": lambda: metile.ops.scaled_dot_product_attention(
+            q, kv, kv, scale=0.125, backend="mlx"),
     }
     for key, fn in ways.items():
         got = np.array(fn().astype(mx.float32))
@@ -74,7 +84,7 @@ def main():
             assert np.allclose(got, 16.0), key
         elif key.endswith("of lazy"):
             assert np.allclose(got, 256.0), key
-        elif key.startswith(("metile ", "mlx ")) and key.split()[1] in PAIRS:
+        elif key.startswith(("metile ", "mlx ")) and key.split()[1] in PAIRS + ("attention",):
             want = np.array(ways["mlx " + key.split()[1]]().astype(mx.float32))
             assert np.allclose(got, want, rtol=1e-2, atol=1e-2), key
         else:
