@@ -833,61 +833,85 @@ nb::object array_signature(nb::args arrays) {
   return nb::bytes(key.data(), key.size());
 }
 
-// One metile op call signature's kernel launch, replayed (python/metile/op_replay.py):
+// One metile op call signature's kernel launches, replayed (python/metile/op_replay.py):
 // called with the op's arrays (its custom vjp's primals), it answers None when the
 // default device or a setting the call depended on has changed (the op's full path
-// decides again), else launches on them through the launch its Dispatch bound
-// (`launch(inputs)`: `inputs` with input i replaced by primal sources[i] where that is
-// not -1) under a
-// custom vjp that calls the op's backward `vjp(primals, cotangents, outputs)`.  A primal
-// with a shape in `reshapes` is reshaped to it first (an op's rows view), the result to
-// `out_shape` when one is given.
+// decides again), else runs its stages in order, each through the launch its Dispatch
+// bound (`launch(inputs)`: `inputs` with input i replaced, where sources[i] is p >= 0, by
+// primal p, and where it is -2 - j by the previous stage's output j - a split reduction
+// and its merge), under a custom vjp that calls the op's backward
+// `vjp(primals, cotangents, outputs)`.  The last stage's first output is the op's.  A
+// primal with a shape in `reshapes` is reshaped to it first (an op's rows view), the
+// result to `out_shape` when one is given.
 constexpr std::size_t ReplayTable_kMaxArrays = 16;   // (an op's arrays: at most its parameters)
 
 class Replay {
-  // the launch and its fixed inputs, shared with the forwards MLX keeps
-  struct Launch {
+  // one launch and its fixed inputs
+  struct Stage {
     Bound bound;
     std::vector<mx::array> inputs;
     std::vector<int> sources;
+  };
+  // the stages, shared with the forwards MLX keeps
+  struct Launch {
+    std::vector<Stage> stages;
 
     std::vector<mx::array> run(const std::vector<mx::array>& xs) const {
       return {output([&xs](int p) -> const mx::array& { return xs[p]; })};
     }
 
-    // The launch's output (a plain launch: one), with primal p's array primal(p).
+    // The last stage's first output, with primal p's array primal(p).
     template <typename Primal>
     mx::array output(Primal&& primal) const {
-      std::vector<mx::array> in;
-      in.reserve(inputs.size());
-      for (std::size_t i = 0; i < sources.size(); ++i) {
-        if (sources[i] >= 0) {
-          in.push_back(primal(sources[i]));
-        } else {
-          in.push_back(inputs[i]);
+      std::vector<mx::array> previous;
+      for (const Stage& stage : stages) {
+        std::vector<mx::array> in;
+        in.reserve(stage.inputs.size());
+        for (std::size_t i = 0; i < stage.sources.size(); ++i) {
+          int source = stage.sources[i];
+          if (source >= 0) {
+            in.push_back(primal(source));
+          } else if (source == -1) {
+            in.push_back(stage.inputs[i]);
+          } else {
+            in.push_back(previous.at(std::size_t(-2 - source)));
+          }
         }
+        auto outs = stage.bound(std::move(in));
+        if (!outs || outs->empty()) {
+          throw std::runtime_error("[metile] a replayed launch left its device");
+        }
+        previous = std::move(*outs);
       }
-      auto outs = bound(std::move(in));
-      if (!outs) throw std::runtime_error("[metile] a replayed launch left its device");
-      return std::move(outs->front());
+      return std::move(previous.front());
     }
   };
 
  public:
-  Replay(nb::object launch, std::vector<mx::array> inputs, std::vector<int> sources,
-         std::vector<std::optional<std::vector<int>>> reshapes,
+  using StageArgs = std::tuple<nb::object, std::vector<mx::array>, std::vector<int>>;
+
+  Replay(std::vector<StageArgs> stages, std::vector<std::optional<std::vector<int>>> reshapes,
          std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings,
          nb::object vmap, nb::object jvp)
       : vjp_(kept(std::move(vjp))), vmap_(vmap.is_none() ? nullptr : kept(std::move(vmap))),
         jvp_(jvp.is_none() ? nullptr : kept(std::move(jvp))), settings_(settings) {
-    if (sources.size() != inputs.size()) {
-      throw std::invalid_argument("[metile] one source (a primal, or -1) per input");
+    if (stages.empty()) throw std::invalid_argument("[metile] a replay launches something");
+    Launch launch;
+    for (auto& [bound, inputs, sources] : stages) {
+      if (sources.size() != inputs.size()) {
+        throw std::invalid_argument("[metile] one source (a primal, -1, or -2 - an output of "
+                                    "the previous stage) per input");
+      }
+      for (int p : sources) {
+        if (p >= int(reshapes.size())) throw std::invalid_argument("[metile] no such primal");
+        if (p < -1 && launch.stages.empty()) {
+          throw std::invalid_argument("[metile] the first stage has no previous outputs");
+        }
+      }
+      launch.stages.push_back(
+          Stage{bound_launch(kept(std::move(bound))), std::move(inputs), std::move(sources)});
     }
-    for (int p : sources) {
-      if (p >= int(reshapes.size())) throw std::invalid_argument("[metile] no such primal");
-    }
-    launch_ = std::make_shared<const Launch>(
-        Launch{bound_launch(kept(std::move(launch))), std::move(inputs), std::move(sources)});
+    launch_ = std::make_shared<const Launch>(std::move(launch));
     for (auto& r : reshapes) {
       reshapes_.push_back(r ? std::optional<mx::Shape>(mx::Shape(r->begin(), r->end()))
                             : std::nullopt);
@@ -1572,10 +1596,10 @@ NB_MODULE(_ext, m) {
       });
   m.attr("REQUIRED") = OpEntry::required();
   nb::class_<Replay>(m, "Replay")
-      .def(nb::init<nb::object, std::vector<mx::array>, std::vector<int>,
+      .def(nb::init<std::vector<Replay::StageArgs>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
                     nb::object, const SettingsCheck&, nb::object, nb::object>(),
-           nb::arg("launch"), nb::arg("inputs"), nb::arg("sources"), nb::arg("reshapes"),
+           nb::arg("stages"), nb::arg("reshapes"),
            nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"),
            nb::arg("vmap").none() = nb::none(), nb::arg("jvp").none() = nb::none())
       .def("__call__", &Replay::operator(),

@@ -588,20 +588,25 @@ def test_explain_follows_the_calls_that_run_mlx_op_before_routing(rng):
 
 
 @pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
-@pytest.mark.parametrize("mask, lq", [(None, 1), ("causal", 4)])
+@pytest.mark.parametrize("mask, lq", [(None, 1), ("causal", 4), ("causal", 40)])
 def test_a_repeated_call_replays_without_routing(rng, monkeypatch, backend, mask, lq):
     # (eager decode calls the op with one signature every token: the checks and routing
     # cost ~20x MLX's own call, so a repeated signature replays its path: op_replay.py)
-    routed = []
+    from metile import op_replay
+    routed, native = [], []
     real = attention_ops._route
     monkeypatch.setattr(attention_ops, "_route",
                         lambda *a, **k: routed.append(1) or real(*a, **k))
+    monkeypatch.setattr(op_replay._REPLAYS, "observer", lambda op, kernel: native.append(kernel))
     for _ in range(3):
         q, k, v = operands(rng, 1, 4, 2, lq, 40, 16)
         out = sdpa(q, k, v, scale=0.3, mask=mask, backend=backend)
         np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.3, mask),
                                    rtol=3e-4, atol=3e-5)
     assert routed == [1]
+    # the metile kernels' launches (a decode call's split kernel and merge, a prefill's
+    # forward) replay natively; MLX's op from Python
+    assert native == [backend == "metile"] * 2
     sdpa(q, k, v, scale=0.25, mask=mask, backend=backend)       # another option: routed
     sdpa(q, k, v, scale=0.3, mask=mx.ones((lq, 40), mx.bool_),  # a mask array keys none
          backend=backend)
@@ -611,3 +616,18 @@ def test_a_repeated_call_replays_without_routing(rng, monkeypatch, backend, mask
     want = mx.grad(lambda q: mx.fast.scaled_dot_product_attention(
         q, k, v, scale=0.3, mask=mask).sum())(q)
     np.testing.assert_allclose(np.array(grad), np.array(want), rtol=1e-4, atol=1e-5)
+
+
+def test_a_replay_of_mixed_dtypes_casts_as_the_first_call(rng, monkeypatch):
+    # q float32 with float16 k, v: the kernels take the promoted arrays (casts the op
+    # makes), so the replay is the op's Python path without its checks and routing
+    from metile import op_replay
+    native = []
+    monkeypatch.setattr(op_replay._REPLAYS, "observer", lambda op, kernel: native.append(kernel))
+    for _ in range(3):
+        q, k, v = operands(rng, 1, 4, 4, 1, 33, 16)
+        k, v = k.astype(mx.float16), v.astype(mx.float16)
+        out = sdpa(q, k, v, scale=0.25, backend="metile")
+        assert out.dtype == mx.float32
+        np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25), rtol=3e-4, atol=3e-5)
+    assert native == [False, False]

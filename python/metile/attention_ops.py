@@ -312,20 +312,23 @@ def _launch(q, k, v, mask, scale, config):
         warps = config.get("num_warps") or forward_warps(config["BLOCK_M"], q.dtype.size)
         order = config.get("HEAD_GROUP", head_group(q_heads, kv_len, d, q.dtype.size, group)) \
             if kind == "causal" else 0
-        return kernels.attention_forward[grid](
-            q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-            *strides, **common, POSITIVE_SCALE=scale_log2 > 0, HEAD_GROUP=order,
-            **({"num_warps": warps} if warps else {}))
+        return op_replay.launch(
+            kernels.attention_forward, grid,
+            (q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
+             *strides),
+            dict(common, POSITIVE_SCALE=scale_log2 > 0, HEAD_GROUP=order,
+                 **({"num_warps": warps} if warps else {})))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
     chunk = kernels.split_chunk(kv_len, splits, config["BLOCK_N"])
     splits = math.ceil(kv_len / chunk)       # no split without keys
     rows = batch * q_heads * q_len
     # (a configuration may name the split kernel's warps; else the plan's own count)
     warps = {"num_warps": config["num_warps"]} if config.get("num_warps") else {}
-    partial, stats = kernels.attention_split[kernels.split_grid(splits, kv_heads, batch)](
-        q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
-        mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
-        *strides, **common, **warps)
+    partial, stats = op_replay.launch(
+        kernels.attention_split, kernels.split_grid(splits, kv_heads, batch),
+        (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+         mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
+         *strides), dict(common, **warps))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
@@ -342,13 +345,14 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     splits = config.get("SPLITS") or rows_split_count(rows, kv_len, block_n, warps)
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
-    partial, stats = kernels.attention_decode[kernels.decode_grid(splits, rows)](
-        q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
-        mx.zeros((splits, rows, 2), mx.float32), kv_len, q_len, q_heads, q_heads // kv_heads,
-        chunk, scale_log2, rows, splits * rows, *strides, HEAD_DIM=d, BLOCK_D=_head_block(d),
-        BLOCK_N=block_n,
-        # (the last query sees every key: one query's causal mask removes nothing)
-        MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps)
+    partial, stats = op_replay.launch(
+        kernels.attention_decode, kernels.decode_grid(splits, rows),
+        (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+         mx.zeros((splits, rows, 2), mx.float32), kv_len, q_len, q_heads, q_heads // kv_heads,
+         chunk, scale_log2, rows, splits * rows, *strides),
+        dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_N=block_n,
+             # (the last query sees every key: one query's causal mask removes nothing)
+             MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
@@ -368,10 +372,12 @@ def _combine(kernels, partial, stats, rows, splits, d, dtype, config, shape):
     if how == "splits":
         block_s = 1 << max(0, (splits - 1).bit_length())
         block_d = min(32, _head_block(d))
-        return kernels.attention_combine_splits[kernels.combine_grid(rows, d, block_d)](
-            partial, stats, out, rows, splits, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s)
-    return kernels.attention_combine[(math.ceil(rows / 8),)](
-        partial, stats, out, rows, splits, HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_R=8)
+        return op_replay.launch(
+            kernels.attention_combine_splits, kernels.combine_grid(rows, d, block_d),
+            (partial, stats, out, rows, splits), dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s))
+    return op_replay.launch(kernels.attention_combine, (math.ceil(rows / 8),),
+                            (partial, stats, out, rows, splits),
+                            dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_R=8))
 
 
 def reference(q, k, v, scale, mask):
@@ -410,10 +416,17 @@ def _differentiable(kind: str, scale: float, config: dict):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
     op_replay.composite_rules(f, composite)   # mx.jvp and mx.vmap through MLX's op
+    f.vjp(_backward(kind, scale))
+    return f
 
-    @f.vjp
+
+def _backward(kind: str, scale: float):
+    """The op's vjp over (q, k, v[, mask]): MLX's differentiation of `reference` in
+    float32 (a boolean mask gets zeros)."""
     def f_vjp(primals, cotangent, output):
-        q, k, v, mask = unpack(primals)
+        q, k, v = primals[:3]
+        mask = primals[3] if kind in ("bool", "additive") else \
+            "causal" if kind == "causal" else None
         f32 = [x.astype(mx.float32) for x in (q, k, v)]
         if kind == "additive":
             _, grads = mx.vjp(lambda a, b, c, m: reference(a, b, c, scale, m),
@@ -425,8 +438,7 @@ def _differentiable(kind: str, scale: float, config: dict):
         if kind == "bool":
             out = out + (mx.zeros_like(primals[3]),)
         return out
-
-    return f
+    return f_vjp
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -596,11 +608,16 @@ def scaled_dot_product_attention(q, k, v, *, scale, mask=None, sinks=None,
                                                    force_fused=force_fused)
         op_replay.remember_composite(key, _mlx_call(scale, mask, force_fused), decision)
         return out
-    out = _run(q, k, v, scale, mask, config)
-    # (the kernels launched from Python: a decode call is two kernels, which a native
-    # replay does not take; the checks and routing are what this replay skips)
-    op_replay.remember_composite(key, lambda q, k, v: _run(q, k, v, scale, mask, config),
-                                 decision)
+    with op_replay.recording() as launches:
+        out = _run(q, k, v, scale, mask, config)
+    # (a decode call's split kernel and its merge replay as one: op_replay.remember; a
+    # call whose launches cannot - q, k, v of mixed dtypes cast first - replays from Python,
+    # skipping the checks and routing)
+    if not op_replay.remember(key, launches, (0, 1, 2), (q, k, v),
+                              _backward(_mask_kind(mask), float(scale)), [None] * 3, None,
+                              _mlx_call(scale, mask, False)):
+        op_replay.remember_composite(key, lambda q, k, v: _run(q, k, v, scale, mask, config),
+                                     decision)
     return out
 
 

@@ -4,11 +4,11 @@ A `metile.ops` call checks its arguments, plans its operands, routes, and launch
 an `mx.custom_function` that gives the kernel its backward: ~20 us of Python a call
 (tools/probes/eager_host_cost.py), where MLX's own op costs one or two.  All of it
 depends only on the call's signature (the arrays' shapes and dtypes and the options),
-the settings and the default device; so the first call of a signature that launched one
-metile kernel records that launch, and later calls of the signature replay it: one C++
-call (`_ext.Replay`) that checks the device and the settings are as recorded, puts the
-new arrays into the launch's inputs and launches through the binding the kernel's
-Dispatch bound, under a custom vjp that calls the op's own backward.  Each op is its
+the settings and the default device; so the first call of a signature that launched
+metile kernels records those launches, and later calls of the signature replay them: one
+C++ call (`_ext.Replay`) that checks the device and the settings are as recorded, puts the
+new arrays into the launches' inputs and launches through the bindings the kernels'
+Dispatches bound, under a custom vjp that calls the op's own backward.  Each op is its
 `entry` (`_ext.OpEntry`, a C function): it binds a call's arguments, finds the replay and
 runs it without a Python frame, and hands any other call to the op's Python function.
 
@@ -24,8 +24,10 @@ What a replay assumes, and why it holds:
   it was recorded (what routing reads), and the number of environment variables (one
   set since), as routing.environment() does;
 - routing decisions: recording a decision (routing.record) forgets every replay;
-- the launch is plain: one output, nothing merged afterwards (no written mask, no
-  atomic outputs), bound to its device by the launcher (Dispatch._direct).
+- each launch is plain: nothing merged afterwards (no written mask, no atomic outputs),
+  bound to its device by the launcher (Dispatch._direct); a launch after the first reads
+  the op's arrays, arrays the Dispatch keeps, or the previous launch's outputs (a split
+  reduction, then its merge), and the last one's single output is the op's.
 
 Not replayed: calls inside a recording (an op built from other ops), kernels edited
 while the process runs (the full path's Kernel.refresh notices; a replay keeps the
@@ -120,7 +122,7 @@ def launch(kernel, grid, args, kwargs):
     out = kernel[grid](*args, **kwargs)
     launches = getattr(_local, "launches", None)
     if launches is not None:
-        launches.append((kernel, grid, args, kwargs))
+        launches.append((kernel, grid, args, kwargs, out))
     return out
 
 
@@ -137,35 +139,60 @@ def recording():
         _local.launches = None
 
 
-def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=None) -> None:
+def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=None) -> bool:
     """Record the replay of an op call signature whose call launched `launches` (from
-    `recording`): its custom vjp's primals are the kernel's arguments at positions `at`
-    (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
+    `recording`): its custom vjp's primals are the first launch's arguments at positions
+    `at` (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
     `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
     op's reshape of the result, `composite` the op's MLX computation of the same primals
-    (its vmap rule: `vmap_rule`).  Nothing is recorded when the call does not fit a replay
-    (module docstring), nor when an argument
-    at `at` is not an array of its primal's shape and dtype (a launch on something the op
-    computed from its arrays, such as a dequantized weight)."""
-    if launches is None or len(launches) != 1:
-        return
-    kernel, grid, args, kwargs = launches[0]
+    (its vmap rule: `vmap_rule`).  A later launch may read the previous one's outputs (a
+    split reduction's partial results, then its merge); the last one's output is the op's.
+    Nothing is recorded when the call does not fit a replay (module docstring), nor when
+    an argument at `at` is not an array of its primal's shape and dtype (a launch on
+    something the op computed from its arrays, such as a dequantized weight).  Whether a
+    replay was kept."""
+    if key is None or not launches:
+        return False
+    first_args = launches[0][2]
     for p, x, shape in zip(at, given, reshapes):
-        arg = args[p] if p < len(args) else None
+        arg = first_args[p] if p < len(first_args) else None
         if type(arg) is not mx.array or arg.dtype != x.dtype or \
                 tuple(arg.shape) != tuple(x.shape if shape is None else shape):
-            return
+            return False
+    primals = [first_args[p] for p in at]
+    stages, previous = [], ()
+    for n, (kernel, grid, args, kwargs, out) in enumerate(launches):
+        stage = _stage(kernel, grid, args, kwargs, at if n == 0 else (), primals, previous,
+                       last=n == len(launches) - 1)
+        if stage is None:
+            return False
+        stages.append(stage)
+        previous = out if isinstance(out, tuple) else (out,)
+    check = _settings_now()
+    if check is None:
+        return False
+    return _keep(key, _ext.Replay(stages, [None if r is None else list(r) for r in reshapes],
+                           None if out_shape is None else list(out_shape), _backward(vjp),
+                           check, None if composite is None else vmap_rule(composite),
+                           None if composite is None else _forward_tangents(composite)), False)
+
+
+def _stage(kernel, grid, args, kwargs, at, primals, previous, last):
+    """One launch of a replay: (its bound launch, the inputs it keeps, per input its
+    source - a primal's index, -1 for an array the Dispatch keeps, -2 - j for output j of
+    the previous launch), or None where it cannot be replayed."""
     d = kernel._launches.last
-    if d is None or d._guard is None or d._direct is None or not d._plain or d.results != 1:
-        return
+    if d is None or d._guard is None or d._direct is None or not d._plain or \
+            (last and d.results != 1):
+        return None
     inputs = d._guard(grid, args, kwargs)
     if inputs is None:   # the kernel's last launch is not this call's
-        return
-    # Per kernel input, the primal it takes (-1: an array the Dispatch keeps, a scalar's):
-    # an argument that is one of the op's arrays (a custom function hands its forward new
-    # Python objects for them, so the op names their positions), or the same object as
-    # one (an absent operand's slot filled with another); a call with any other array
-    # among the kernel's inputs is not replayed (that array would be kept, stale).
+        return None
+    # Per kernel input, where it comes from: an argument that is one of the op's arrays (a
+    # custom function hands its forward new Python objects for them, so the op names their
+    # positions), or the same object as one (an absent operand's slot filled with another),
+    # or an output of the previous launch; a call with any other array among the kernel's
+    # inputs is not replayed (that array would be kept, stale).
     sources = []
     for fixed, v in d._input_plan:
         if fixed:
@@ -173,20 +200,17 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
         elif v in at:   # (by position first: matmul(a, a) passes one object twice)
             sources.append(at.index(v))
         else:
-            same = [j for j, p in enumerate(at) if args[p] is args[v]]
-            if not same:
-                return
-            sources.append(same[0])
-    check = _settings_now()
-    if check is None:
-        return
+            same = [j for j, x in enumerate(primals) if args[v] is x]
+            made = [j for j, x in enumerate(previous) if args[v] is x]
+            if same:
+                sources.append(same[0])
+            elif made:
+                sources.append(-2 - made[0])
+            else:
+                return None
     # the recorded call's own arrays are not kept (a replay swaps every one of them)
-    kept = [_SLOT if j >= 0 else x for j, x in zip(sources, inputs)]
-    _keep(key, _ext.Replay(d._direct, kept, sources,
-                           [None if r is None else list(r) for r in reshapes],
-                           None if out_shape is None else list(out_shape), _backward(vjp),
-                           check, None if composite is None else vmap_rule(composite),
-                           None if composite is None else _forward_tangents(composite)), False)
+    kept = [_SLOT if j != -1 else x for j, x in zip(sources, inputs)]
+    return d._direct, kept, sources
 
 
 def remember_composite(key, run, decision) -> None:
@@ -212,10 +236,11 @@ def remember_requested(key, run) -> None:
     remember_composite(key, run, _REQUESTED)
 
 
-def _keep(key, replay, provisional: bool) -> None:
+def _keep(key, replay, provisional: bool) -> bool:
     if provisional and routing.measuring_requested():
-        return   # (the next eager call of the signature measures)
+        return False   # (the next eager call of the signature measures)
     _REPLAYS.put(key, replay, provisional)   # (full: cleared first)
+    return True
 
 
 def _settings_now():
