@@ -1479,6 +1479,16 @@ NB_MODULE(_ext, m) {
       PyErr_SetString(error.ptr(), e.what());
     }
   });
+  m.def("refused_array",
+        [](std::vector<int> shape, mx::Dtype dtype, std::string message) {
+          auto stream = mx::default_stream(mx::default_device());
+          return mx::array(mx::Shape(shape.begin(), shape.end()), dtype,
+                           std::make_shared<metile::RefusedTransform>(stream, std::move(message)),
+                           {});
+        },
+        nb::arg("shape"), nb::arg("dtype"), nb::arg("message"),
+        "An array whose evaluation raises LaunchError(message): a gradient an op cannot give "
+        "(its custom vjp cannot tell which primals were asked for), refused only where used.");
   m.def("primitive_name", [](const mx::array& a) -> std::optional<std::string> {
           if (!a.has_primitive()) return std::nullopt;
           return std::string(a.primitive().name());

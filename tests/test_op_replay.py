@@ -140,6 +140,22 @@ def test_a_changed_setting_takes_the_full_path(rng, routes, monkeypatch):
     np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("variable", ["XDG_CACHE_HOME", "HOME"])
+def test_another_cache_folder_takes_the_full_path(rng, routes, monkeypatch, tmp_path, variable):
+    # routing reads its recorded decisions below settings.cache_root(): a replay made with
+    # one folder replayed the route it had found there under another
+    monkeypatch.delenv("METILE_CACHE_DIR", raising=False)
+    monkeypatch.setenv(variable, str(tmp_path / "a"))
+    a, b = arrays(rng, mx.float32, (8, 16), (16, 8))
+    for _ in range(2):
+        metile.ops.matmul(a, b)
+    assert len(routes) == 1
+    monkeypatch.setenv(variable, str(tmp_path / "b"))
+    out = metile.ops.matmul(a, b)
+    assert len(routes) == 2
+    np.testing.assert_allclose(f64(out), f64(a) @ f64(b), rtol=2e-5, atol=2e-5)
+
+
 def test_each_change_of_a_setting_is_noticed(rng, routes, monkeypatch):
     # a check that passed is skipped until os.environ changes (csrc/ext.cpp, EnvCheck): each
     # change - to a new value, back, or to another variable - is compared again
@@ -637,3 +653,43 @@ def test_mlx_stream_and_force_fused_arguments_are_taken(rng, backend):
     with pytest.raises(TypeError, match="force_fused must be a bool, got int 1"):
         metile.ops.scaled_dot_product_attention(q, q, q, scale=0.25, force_fused=1,
                                                 backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx"])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_an_mlx_replay_follows_a_shapeless_compile_to_new_shapes(rng, backend, with_residual):
+    # a replay of linear's MLX route reshaped x to the recorded call's rows: after eager
+    # calls, mx.compile(shapeless=True) returned the first shape for every later input
+    (w,) = arrays(rng, mx.float32, (6, 8))
+
+    def fn(x, r=None):
+        return metile.ops.linear(x, w, residual=r, backend=backend)
+
+    def want(x, r=None):
+        out = f64(x) @ f64(w).T
+        return out if r is None else out + f64(r)
+    first = arrays(rng, mx.float32, (2, 3, 8), (2, 3, 6))
+    for _ in range(2):
+        fn(first[0], first[1] if with_residual else None)
+    f = mx.compile(fn, shapeless=True)
+    for shape in ((2, 3), (3, 2), (5, 4)):
+        x, r = arrays(rng, mx.float32, (*shape, 8), (*shape, 6))
+        r = r if with_residual else None
+        out = f(x, r) if with_residual else f(x)
+        assert out.shape == (*shape, 6)
+        np.testing.assert_allclose(f64(out), want(x, r), rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_that_raises_leaves_no_replay(rng):
+    # quantized_matmul's MLX routes recorded their replay before MLX's op ran (an mxfp4
+    # call with affine scales raised, and its signature was kept)
+    op_replay.forget()
+    w = mx.array(rng.standard_normal((24, 64)).astype(np.float32))
+    wq, s, b = mx.quantize(w, group_size=32, bits=4)
+    (x,) = arrays(rng, mx.float32, (2, 64))
+    for backend in ("auto", "mlx"):
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                metile.ops.quantized_matmul(x, wq, s, b, group_size=32, mode="mxfp4",
+                                            backend=backend)
+    assert len(op_replay._REPLAYS) == 0

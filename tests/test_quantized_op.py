@@ -143,6 +143,26 @@ def test_gradients_match_mlx(rng, rows):
                                rtol=3e-4, atol=3e-5)
 
 
+@pytest.mark.parametrize("rows", [2, 17])   # the GEMV and the GEMM (and their replays)
+def test_the_packed_weight_gradient_is_refused_where_it_is_used(rng, rows):
+    # MLX's op refuses d/dw; the kernel path gave zeros, which Adam or weight decay turned
+    # into float32 words (an unfrozen quantized layer corrupted by one step)
+    from metile.errors import LaunchError
+    wq, s, b = quantized(rng, (24, 64), mx.float32, 32, 4)
+    x = mx.array(rng.standard_normal((rows, 64)).astype(np.float32))
+    for _ in range(2):
+        gx, gw, gs = mx.grad(lambda x, w, s: ops.quantized_matmul(x, w, s, b, True, 32, 4,
+                                                                  backend="metile").sum(),
+                             argnums=(0, 1, 2))(x, wq, s)
+        want = mx.grad(lambda x: mx.quantized_matmul(x, wq, s, b, True, 32, 4).sum())(x)
+        np.testing.assert_allclose(np.array(gx), np.array(want), rtol=3e-4, atol=3e-4)
+        mx.eval(gs)
+        with pytest.raises(LaunchError, match="no gradient with respect to the quantized weight"):
+            mx.eval(wq - 0.1 * gw)
+    with pytest.raises(RuntimeError, match="no gradient wrt the quantized weights"):
+        mx.eval(mx.grad(lambda w: mx.quantized_matmul(x, w, s, b, True, 32, 4).sum())(wq))
+
+
 def test_inside_compile(rng):
     wq, s, b = quantized(rng, (40, 128), mx.float16, 64, 4)
     x = mx.array(rng.standard_normal((3, 128)).astype(np.float32)).astype(mx.float16)

@@ -750,9 +750,10 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
         # (axis=(): a softmax over no axes, each element its own row of one - MLX's op under
         # every backend; the kernel path took the last axis as the row)
         check_backend("metile.ops.softmax", backend)
+        out = mx.softmax(x, axis=mlx_axis, precise=precise)
         op_replay.remember_requested(
             key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise))
-        return mx.softmax(x, axis=mlx_axis, precise=precise)
+        return out
     kept = [a for a in range(x.ndim) if a not in axes]
     order = kept + list(axes)
     moved = x if order == list(range(x.ndim)) else mx.transpose(x, order)

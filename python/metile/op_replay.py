@@ -321,8 +321,10 @@ def _backward(vjp):
 
 
 def _replay_variables() -> tuple:
-    """The settings a replay compares: the launch's, and every METILE_* variable (and
-    MLX_ENABLE_TF32) set now, which routing reads."""
+    """The settings a replay compares: the launch's, every METILE_* variable (and
+    MLX_ENABLE_TF32) set now, which routing reads, and where the decisions it reads are
+    kept (settings.cache_root: XDG_CACHE_HOME, HOME)."""
     from .runtime.dispatch import _LAUNCH_VARIABLES
     present = sorted(k for k in os.environ if k.startswith("METILE_") or k == "MLX_ENABLE_TF32")
-    return tuple(dict.fromkeys((*_LAUNCH_VARIABLES, "MLX_ENABLE_TF32", *present)))
+    return tuple(dict.fromkeys((*_LAUNCH_VARIABLES, "MLX_ENABLE_TF32", "XDG_CACHE_HOME", "HOME",
+                                *present)))

@@ -510,16 +510,15 @@ def _launch_linear(x2, w, bias, residual, activation, slope, block, dispatch_onl
                 dispatch_only)
 
 
-def _linear_composite(shape, n, has_bias, has_residual, activation, slope):
-    """linear(x, weight[, bias][, residual]) on MLX's composite, as `linear` runs it: the
-    rows' composite (_linear_rows) on x and the residual as rows."""
-    rows = math.prod(shape[:-1])
-    on_rows = _linear_rows(activation, slope, has_bias, has_residual)
-
+def _linear_composite(has_bias, has_residual, activation, slope):
+    """linear(x, weight[, bias][, residual]) on MLX's composite, as `linear` runs it: on x
+    as given, never reshaped (under mx.compile(shapeless=True) a reshape keeps the traced
+    shape: a replay that reshaped to its recorded rows returned the first call's shape for
+    every later input)."""
     def run(x, weight, *rest):
-        if has_residual:
-            rest = (*rest[:-1], rest[-1].reshape(rows, n))
-        return on_rows(x.reshape(rows, shape[-1]), weight, *rest).reshape(*shape[:-1], n)
+        bias = rest[0] if has_bias else None
+        residual = rest[-1] if has_residual else None
+        return _linear_mlx_residual(x, weight, bias, activation, slope, residual)
     return run
 
 
@@ -914,8 +913,9 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     p = _matmul_plan(a, b, epilogue, negative_slope)
     composite = functools.partial(_matmul_mlx, epilogue=epilogue, slope=negative_slope)
     if backend == "mlx":   # the operands as given: MLX broadcasts without copies
+        out = composite(a, b)
         op_replay.remember_requested(key, composite)
-        return composite(a, b)
+        return out
     arrays, layout = _matmul_operands(a, b, p, backend)
     route = _route("matmul", arrays, epilogue, negative_slope, backend, layout=layout)
     if route.path == "mlx":
@@ -1076,8 +1076,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
     route = _route("linear", arrays, activation, negative_slope, backend, residual=r2)
     if route.path == "mlx":
         op_replay.remember_composite(
-            key, _linear_composite(x.shape, weight.shape[0], bias is not None,
-                                   residual is not None, activation, negative_slope),
+            key, _linear_composite(bias is not None, residual is not None, activation,
+                                   negative_slope),
             route.decision)
         # on x as given, not its rows, and not reshaped: under mx.compile(shapeless=True)
         # a reshape keeps the traced shape (a converted model returned the first call's

@@ -361,9 +361,22 @@ def _vjp(transpose, group_size, bits):
         per_group = (rows, columns // group_size, group_size)
         dscales = (grad * q).reshape(per_group).sum(axis=-1)
         dbiases = grad.reshape(per_group).sum(axis=-1)
-        return (dx.astype(x2.dtype), mx.zeros_like(w), dscales.astype(scales.dtype),
+        return (dx.astype(x2.dtype), _no_weight_gradient(w), dscales.astype(scales.dtype),
                 dbiases.astype(biases.dtype))
     return f_vjp
+
+
+def _no_weight_gradient(w):
+    """The packed weight's gradient: MLX's op refuses it; this vjp returns every primal's
+    (it cannot tell which were asked for), so it is an array whose evaluation raises - an
+    unfrozen quantized layer's optimizer step fails by name instead of rounding the packed
+    words through float32 (a zero gradient did that under Adam or weight decay)."""
+    from . import _ext
+    return _ext.refused_array(list(w.shape), w.dtype, (
+        "[metile.ops.quantized_matmul] no gradient with respect to the quantized weight w "
+        "(MLX's QuantizedMatmul::vjp refuses it too): differentiate x, scales and biases "
+        "only - freeze the quantized layers (model.freeze(), then unfreeze what you train, "
+        "as QLoRA does)"))
 
 
 def _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config):
@@ -547,9 +560,10 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
         return out
 
     if backend == "mlx" or mlx_only:
+        out = mlx_op()   # (recorded once it has run without an error)
         if x.size and w.size and n:   # (not the empty product's stand-in)
             op_replay.remember_requested(key, _composite(transpose, group_size, bits, mode))
-        return mlx_op()
+        return out
     out_dtype = _out_dtype(x, scales)
     lead = tuple(x.shape[:-1])
     rows = math.prod(lead)
@@ -558,9 +572,10 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
     x2 = _rows(x).astype(out_dtype)
     config, decision = _route(x2, scales, n, k, transpose, group_size, bits, backend)
     if config is None:
+        out = mlx_op()
         op_replay.remember_composite(key, _composite(transpose, group_size, bits, mode),
                                      decision)
-        return mlx_op()
+        return out
     with op_replay.recording() as launches:
         out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
     if key is not None and x.dtype == out_dtype and config["kernel"] != "dequantize+gemm":
