@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s115   -- model layers, eager cost, decode attention, GPU tests (one call)
 #   OUT=$OUT bash tools/device_next.sh s114   -- eager cost with attention's replays, GPU tests of s31-s32's files
 #   OUT=$OUT bash tools/device_next.sh s113   -- empty-barrier refills as the default: GPU tests, model layers A/B
 #   OUT=$OUT bash tools/device_next.sh s32    -- shared launch configurations: GPU tests, launch parts and cost
@@ -96,10 +97,24 @@ prefill_measure() {
 # eager_cost: the eager launch parts and cost probes, their JSON in $logs
 eager_cost() {
   timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -16 | tee -a "$log"
+  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -20 | tee -a "$log"
 }
 
-if [ "$mode" = s114 ]; then
+if [ "$mode" = s115 ]; then
+  # one call for the thirty-second session's short budget: issue 14's model layers with the
+  # default (empty-barrier) refills, eager cost with attention's native replays, decode
+  # attention, then the GPU tests of the files sessions 31-32 changed
+  timeout 130 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 \
+    --layers gated_mlp mlp --rounds 5 --output "$logs/h200-model-layers.json" 2>&1 \
+    | grep -E "T=" | tail -12 | tee -a "$log"
+  eager_cost
+  timeout 45 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  left=$((budget - 20 - (SECONDS - t0)))
+  [ $left -gt 30 ] && gpu_tests $left test_op_replay test_attention_op test_quantized_op \
+    test_autodiff_edges test_model_ops_norms test_ops test_convert test_atomics \
+    test_dsl_kernels test_fragment_errors test_epilogue_reads
+elif [ "$mode" = s114 ]; then
   # the thirty-second session: eager cost with attention's replays and backend="mlx" replays
   # (launch_cost.py), then the GPU tests of the files sessions 31-32 changed
   eager_cost
