@@ -130,3 +130,39 @@ def test_epilogue_with_a_bias_per_row(rng):
         partial, mx.zeros((m, n)), bias, partial, m, n, splits, BLOCK=32, BIAS="rows")
     want = np.array(partial).astype(np.float64).sum(0) + np.array(bias)[:, None]
     np.testing.assert_allclose(as64(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["matmul", "linear", "linear_bias_residual"])
+def test_a_repeated_split_call_replays_its_two_launches(rng, monkeypatch, op):
+    # (decode-sized products on the H200 split K: the split product and its merge replay
+    # as one chain, the merge reading the bias and residual: op_replay.remember)
+    from metile import op_replay
+    real = ops._block
+    monkeypatch.setattr(ops, "_block", lambda *a, **kw: {**real(*a, **kw), "SPLIT_K": 3})
+    native = []
+    monkeypatch.setattr(op_replay._REPLAYS, "observer", lambda name, kernel: native.append(kernel))
+    m, n, k = 3, 40, 200
+    for _ in range(3):
+        x, w_t, ref = operands(rng, m, n, k, "float32")
+        w = mx.array(np.array(w_t).T.copy())
+        bias = mx.array(rng.standard_normal((n,)).astype(np.float32))
+        residual = mx.array(rng.standard_normal((m, n)).astype(np.float32))
+        if op == "matmul":
+            out = ops.matmul(x, w_t, epilogue="relu", backend="metile")
+            want = np.maximum(ref, 0)
+        elif op == "linear":
+            out = ops.linear(x, w, None, "gelu_tanh", backend="metile")
+            want = as64(ops._linear_mlx(x, w, None, "gelu_tanh", 0.0))
+        else:
+            out = ops.linear(x, w, bias, "relu", residual=residual, backend="metile")
+            want = np.maximum(ref + as64(bias), 0) + as64(residual)
+        np.testing.assert_allclose(as64(out), want, rtol=3e-4, atol=3e-4)
+    assert native == [True, True]
+    if op == "linear_bias_residual":
+        got = mx.grad(lambda x, b: (ops.linear(x, w, b, "relu", residual=residual,
+                                               backend="metile") ** 2).sum(),
+                      argnums=(0, 1))(x, bias)
+        want = mx.grad(lambda x, b: ((mx.maximum(x @ w.T + b, 0) + residual) ** 2).sum(),
+                       argnums=(0, 1))(x, bias)
+        for g, h in zip(got, want):
+            np.testing.assert_allclose(as64(g), as64(h), rtol=1e-3, atol=1e-3)

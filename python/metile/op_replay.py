@@ -142,7 +142,8 @@ def recording():
 def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=None) -> bool:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the first launch's arguments at positions
-    `at` (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
+    `at` (or, for a pair (n, p) in `at`, launch n's argument p: an operand only a later
+    launch reads, such as a split-K merge's bias) (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
     `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
     op's reshape of the result, `composite` the op's MLX computation of the same primals
     (its vmap rule: `vmap_rule`).  A later launch may read the previous one's outputs (a
@@ -153,16 +154,20 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
     replay was kept."""
     if key is None or not launches:
         return False
-    first_args = launches[0][2]
-    for p, x, shape in zip(at, given, reshapes):
-        arg = first_args[p] if p < len(first_args) else None
+    # (a position p is the first launch's argument p; (n, p) launch n's)
+    places = [p if isinstance(p, tuple) else (0, p) for p in at]
+    primals = []
+    for (n, p), x, shape in zip(places, given, reshapes):
+        args = launches[n][2] if n < len(launches) else ()
+        arg = args[p] if p < len(args) else None
         if type(arg) is not mx.array or arg.dtype != x.dtype or \
                 tuple(arg.shape) != tuple(x.shape if shape is None else shape):
             return False
-    primals = [first_args[p] for p in at]
+        primals.append(arg)
     stages, previous = [], ()
     for n, (kernel, grid, args, kwargs, out) in enumerate(launches):
-        stage = _stage(kernel, grid, args, kwargs, at if n == 0 else (), primals, previous,
+        here = [p if m == n else None for m, p in places]
+        stage = _stage(kernel, grid, args, kwargs, here, primals, previous,
                        last=n == len(launches) - 1)
         if stage is None:
             return False
@@ -198,7 +203,7 @@ def _stage(kernel, grid, args, kwargs, at, primals, previous, last):
         if fixed:
             sources.append(-1)
         elif v in at:   # (by position first: matmul(a, a) passes one object twice)
-            sources.append(at.index(v))
+            sources.append(at.index(v))   # (`at`: this launch's position of each primal)
         else:
             same = [j for j, x in enumerate(primals) if args[v] is x]
             made = [j for j, x in enumerate(previous) if args[v] is x]

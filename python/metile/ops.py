@@ -276,20 +276,21 @@ def _launch_split_k(a2, b, bias, residual, activation, slope, block, dispatch_on
     splits = block["SPLIT_K"]
     kb = _kernel_block(block)
     chunk = split_k_chunk(k, splits, kb["BLOCK_K"])
-    product = matmul_split_k[split_k_grid(splits, m, n, kb["BLOCK_M"], kb["BLOCK_N"])]
+    product = split_k_grid(splits, m, n, kb["BLOCK_M"], kb["BLOCK_N"])
     args = (a2, b, mx.zeros((splits, m, n), mx.float32), m, n, k, chunk)
     if dispatch_only:
-        return product.prepare(*args, **kb)
-    partial = product(*args, **kb)
+        return matmul_split_k[product].prepare(*args, **kb)
+    partial = op_replay.launch(matmul_split_k, product, args, kb)
     # a row's columns a program, 4 of them a thread (16-byte reads of the float32
     # partials; one a thread, 1024 threads a program, read 1 TB/s on the H200, s97)
     columns = min(1024, 1 << max(n - 1, 1).bit_length())
-    epilogue = split_k_epilogue[split_k_epilogue_grid(m, n, columns)]
-    return epilogue(partial, mx.zeros((m, n), a2.dtype), a2 if bias is None else bias,
-                    a2 if residual is None else residual, m, n, splits, BLOCK=columns,
-                    num_warps=max(1, columns // 128),
-                    BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
-                    EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope))
+    return op_replay.launch(
+        split_k_epilogue, split_k_epilogue_grid(m, n, columns),
+        (partial, mx.zeros((m, n), a2.dtype), a2 if bias is None else bias,
+         a2 if residual is None else residual, m, n, splits),
+        dict(BLOCK=columns, num_warps=max(1, columns // 128),
+             BIAS="none" if bias is None else "columns", RESIDUAL=residual is not None,
+             EPILOGUE=ACTIVATIONS[activation], NEGATIVE_SLOPE=float(slope)))
 
 
 def _run(kernel, grid_, args, kw, dispatch_only):
@@ -307,6 +308,9 @@ def _run(kernel, grid_, args, kw, dispatch_only):
 # (what a replay of the op swaps: op_replay.remember).
 MATMUL_ARRAYS = (0, 1)
 LINEAR_ARRAYS = {"x": 0, "w": 1, "bias": 3, "residual": 4}
+# ... and where _launch_split_k puts them: (launch, position), the merge reading bias and
+# residual
+SPLIT_K_ARRAYS = {"x": (0, 0), "w": (0, 1), "bias": (1, 2), "residual": (1, 3)}
 
 
 def _launch(a2, b, activation, slope, block, dispatch_only=False):
@@ -1097,8 +1101,9 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
             else:
                 vjp = _linear_vjp(activation, negative_slope, route.block, bias is not None,
                                   residual is not None)
-                at = [LINEAR_ARRAYS[n] for n, a in zip(("x", "w", "bias", "residual"),
-                                                       (x, weight, bias, residual))
+                places = SPLIT_K_ARRAYS if route.block.get("SPLIT_K", 1) > 1 else LINEAR_ARRAYS
+                at = [places[n] for n, a in zip(("x", "w", "bias", "residual"),
+                                                (x, weight, bias, residual))
                       if a is not None]
             shape = (*x.shape[:-1], weight.shape[0])
             op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),

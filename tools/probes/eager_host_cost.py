@@ -133,11 +133,27 @@ def stand_in_cuda() -> dict:
     a = mx.zeros((16, 16), mx.float16)
     mx.eval(a)
     q, k = _decode_operands()
+    token, weight, bias = (mx.zeros(s, mx.float16) for s in ((1, 4096), (4096, 4096), (4096,)))
+    mx.eval(token, weight, bias)
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
             "kernel[grid] masked block": per_call(lambda: add_one[(1,)](xs, ys, 256, BLOCK=256)),
             "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 2000),
             "ops.sdpa decode metile": per_call(lambda: metile.ops.scaled_dot_product_attention(
-                q, k, k, scale=0.125, backend="metile"), 2000)}
+                q, k, k, scale=0.125, backend="metile"), 2000),
+            "ops.linear decode split-K": _split_linear(token, weight, bias)}
+
+
+def _split_linear(token, weight, bias) -> float:
+    """One token through a 4096x4096 Linear with a bias, as the H200 runs it: the small
+    CUDA tile, K split in `split_k_count` parts (a product, then the merge with the bias)."""
+    from metile import ops
+    real = ops._block
+    splits = ops.split_k_count(1, 4096, 4096, ops.CUDA_SMALL_BLOCK)
+    ops._block = lambda *a, **kw: {**real(*a, **kw), "SPLIT_K": splits}
+    try:
+        return per_call(lambda: metile.ops.linear(token, weight, bias, backend="metile"), 2000)
+    finally:
+        ops._block = real
 
 
 def main():
