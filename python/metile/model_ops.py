@@ -648,6 +648,7 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
     return out.reshape(x.shape)
 
 
+@op_replay.entry(("x", "residual", "weight"), ("eps", "backend", "stream"))
 def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None):
     """(h, rms_norm(h, weight, eps)) with h = x + residual: a transformer block's residual
     add and the next norm in one kernel (one read of x and residual, two writes).
@@ -657,6 +658,9 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
     if stream is not None:
         return on_stream("add_rms_norm", stream,
                          lambda: add_rms_norm(x, residual, weight, eps, backend=backend))
+    # (a repeated call replays its path from Python, skipping the checks and routing: its
+    # two outputs are more than a native replay returns)
+    key = op_replay.key("add_rms_norm", (eps, backend, None), x, residual, weight)
     _check_x("add_rms_norm", x)
     if not isinstance(residual, mx.array):
         raise TypeError(f"[metile.ops.add_rms_norm] residual must be an mx.array, got "
@@ -690,10 +694,20 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
                    lambda c: lambda a, r, *v: tuple(_add_rms_fn(eps, bool(v), _frozen(c))(a, r, *v)),
                    [(rows, columns), (rows, columns)] + [(columns,)] * len(w))
     if route.path == "mlx":
-        return reference(x, residual, *w)
-    s, y = _add_rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), _rows(residual),
-                                                                       *w)
-    return s.reshape(x.shape), y.reshape(x.shape)
+        out = reference(x, residual, *w)
+        op_replay.remember_composite(key, reference, route.decision)
+        return out
+    fused = _add_rms_fn(eps, weight is not None, _frozen(route.config))
+    shape = x.shape
+
+    def run(x, residual, *w):
+        if tuple(residual.shape) != tuple(shape):
+            residual = mx.broadcast_to(residual, shape)
+        s, y = fused(_rows(x), _rows(residual), *w)
+        return s.reshape(shape), y.reshape(shape)
+    out = run(x, residual, *w)
+    op_replay.remember_composite(key, run, route.decision)
+    return out
 
 
 def _softmax_axes(x, axis) -> tuple[int, ...]:
