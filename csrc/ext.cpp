@@ -1129,14 +1129,19 @@ class ReplayTable {
     return it == entries_.end() ? nullptr : &it->second;
   }
 
-  // Entry `e`'s replay on the call's arrays, or None (it declines).
-  nb::object run(const Entry& e, PyObject* const* arrays, std::size_t n) const {
+  // Entry `e`'s replay on the call's arrays, or None (it declines).  `values` (an op's
+  // per-call numbers, such as rope's offset: not part of the key) follow the arrays, for a
+  // Python replay only.
+  nb::object run(const Entry& e, PyObject* const* arrays, std::size_t n,
+                 PyObject* const* values = nullptr, std::size_t nv = 0) const {
     if (e.provisional && g_tuning_scopes > 0) return nb::none();
+    if (e.native && nv) return nb::none();
     PyObject* given[kMaxArrays];
     std::size_t m = 0;
     for (std::size_t i = 0; i < n && m < kMaxArrays; ++i) {
       if (arrays[i] != Py_None) given[m++] = arrays[i];
     }
+    for (std::size_t i = 0; i < nv && m < kMaxArrays; ++i) given[m++] = values[i];
     nb::object out;
     if (e.native) {
       out = e.native->call(given, m);
@@ -1206,10 +1211,10 @@ class OpEntry {
 
   OpEntry(nb::object table, nb::object full, const std::string& op, nb::tuple names,
           Py_ssize_t positional, nb::tuple defaults, std::vector<int> arrays,
-          std::vector<int> options, std::string doc, nb::object module)
+          std::vector<int> options, std::string doc, nb::object module, std::vector<int> values)
       : table_ref_(std::move(table)), full_(std::move(full)), name_(op), doc_(std::move(doc)),
         module_(std::move(module)), positional_(positional), arrays_(std::move(arrays)),
-        options_(std::move(options)) {
+        options_(std::move(options)), values_(std::move(values)) {
     if (!nb::isinstance<ReplayTable>(table_ref_)) {
       throw std::invalid_argument("[metile] an op entry answers from a ReplayTable");
     }
@@ -1228,6 +1233,10 @@ class OpEntry {
     }
     for (int i : arrays_) check_index(i);
     for (int i : options_) check_index(i);
+    for (int i : values_) check_index(i);
+    if (arrays_.size() + values_.size() > ReplayTable_kMaxArrays) {
+      throw std::invalid_argument("[metile] an op entry's arrays and values");
+    }
     prefix_ = op;
     prefix_.push_back('\0');
     def_ = PyMethodDef{name_.c_str(), reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry_call)),
@@ -1293,9 +1302,15 @@ class OpEntry {
     }
     PyObject* arrays[kMaxParams];
     for (std::size_t i = 0; i < arrays_.size(); ++i) arrays[i] = slots[arrays_[i]];
+    // a value is keyed by its kind only: a plain int (anything else takes the full path)
+    PyObject* values[kMaxParams];
+    for (std::size_t i = 0; i < values_.size(); ++i) {
+      values[i] = slots[values_[i]];
+      if (!PyLong_CheckExact(values[i])) return nullptr;
+    }
     const ReplayTable::Entry* e = recorded(slots, arrays);
     if (e == nullptr) return nullptr;
-    nb::object out = table_->run(*e, arrays, arrays_.size());
+    nb::object out = table_->run(*e, arrays, arrays_.size(), values, values_.size());
     return out.is_none() ? nullptr : out.release().ptr();
   }
 
@@ -1352,7 +1367,7 @@ class OpEntry {
   nb::object module_;
   Py_ssize_t positional_;
   std::vector<nb::object> names_, defaults_;
-  std::vector<int> arrays_, options_;
+  std::vector<int> arrays_, options_, values_;
   PyMethodDef def_{};
 
   // The last few keys this op found in the table: the same option objects (by identity:
@@ -1585,10 +1600,11 @@ NB_MODULE(_ext, m) {
           nb::for_setter(nb::arg("value").none()));
   nb::class_<OpEntry>(m, "OpEntry")
       .def(nb::init<nb::object, nb::object, const std::string&, nb::tuple, Py_ssize_t, nb::tuple,
-                    std::vector<int>, std::vector<int>, std::string, nb::object>(),
+                    std::vector<int>, std::vector<int>, std::string, nb::object,
+                    std::vector<int>>(),
            nb::arg("table"), nb::arg("full"), nb::arg("op"), nb::arg("names"),
            nb::arg("positional"), nb::arg("defaults"), nb::arg("arrays"), nb::arg("options"),
-           nb::arg("doc"), nb::arg("module"))
+           nb::arg("doc"), nb::arg("module"), nb::arg("values") = std::vector<int>{})
       .def("function", [](nb::handle self) { return OpEntry::function(self); },
            "The op as a function: replays a recorded call, else calls `full`.")
       // Pickling the op (a builtin method of this entry: getattr(entry, name)) pickles

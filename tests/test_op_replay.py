@@ -719,3 +719,42 @@ def test_add_rms_norm_replays_with_gradients(rng, row_routes, backend, residual_
                    argnums=(0, 1, 2))(x, r, w)
     for g, e in zip(got, want):
         np.testing.assert_allclose(f64(g), f64(e), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+@pytest.mark.parametrize("with_freqs", [False, True])
+def test_rope_replays_at_each_call_offset(rng, row_routes, backend, with_freqs):
+    # a decoding loop moves the int offset every token: a replay keyed without its value
+    # (op_replay.entry's `values`), the kernel taking it as an array - where each offset
+    # had taken the full path and a new launch (~250 us a token on this CPU)
+    from metile import model_ops
+    freqs = mx.array(rng.uniform(1.0, 50.0, 8).astype(np.float32)) if with_freqs else None
+    base = None if with_freqs else 10000.0
+    functions = []
+    # (offsets where float32 angles still agree to 1e-4: far positions differ between any
+    # two float32 implementations, the full path's too)
+    for offset in [0, 1, 2, 37, 300]:
+        (x,) = arrays(rng, mx.float32, (2, 3, 1, 20))
+        out = metile.ops.rope(x, 16, traditional=False, base=base, scale=0.5, offset=offset,
+                              freqs=freqs, backend=backend)
+        want = mx.fast.rope(x, 16, traditional=False, base=base, scale=0.5, offset=offset,
+                            freqs=freqs)
+        np.testing.assert_allclose(f64(out), f64(want), rtol=1e-4, atol=1e-4)
+        functions.append(model_ops._rope_fn.cache_info().currsize)
+    assert row_routes == ([] if backend == "mlx" else ["rope"])
+    if backend == "metile":   # one custom function for every replayed offset
+        assert len(set(functions[1:])) == 1, functions
+    # numbers other than a plain int take the full path, which names what it refuses
+    out = metile.ops.rope(x, 16, traditional=False, base=base, scale=0.5,
+                          offset=np.int64(9), freqs=freqs, backend=backend)
+    want = mx.fast.rope(x, 16, traditional=False, base=base, scale=0.5, offset=9, freqs=freqs)
+    np.testing.assert_allclose(f64(out), f64(want), rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="offset must be an int"):
+        metile.ops.rope(x, 16, traditional=False, base=base, scale=0.5, offset=2.0,
+                        freqs=freqs, backend=backend)
+    g = mx.grad(lambda x: (metile.ops.rope(x, 16, traditional=False, base=base, scale=0.5,
+                                           offset=5, freqs=freqs, backend=backend)
+                           * mx.arange(20)).sum())(x)
+    e = mx.grad(lambda x: (mx.fast.rope(x, 16, traditional=False, base=base, scale=0.5,
+                                        offset=5, freqs=freqs) * mx.arange(20)).sum())(x)
+    np.testing.assert_allclose(f64(g), f64(e), rtol=1e-4, atol=1e-4)

@@ -823,6 +823,8 @@ def _rope_offset(x, offset):
                      f"offsets (one per batch entry), got shape {tuple(offset.shape)}")
 
 
+@op_replay.entry(("x", "freqs"), ("dims", "traditional", "base", "scale", "backend", "stream"),
+                 values=("offset",))
 def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=None,
          backend: str = "auto", stream=None):
     """`mx.fast.rope`: x (B, *, T, D); the first `dims` features of position t rotate by
@@ -832,6 +834,10 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
         return on_stream("rope", stream, lambda: rope(
             x, dims, traditional=traditional, base=base, scale=scale, offset=offset,
             freqs=freqs, backend=backend))
+    # (a repeated call with an int offset replays its path from Python with the call's
+    # offset - a decoding loop moves it every token - skipping the checks and routing)
+    key = op_replay.key("rope", (dims, traditional, base, scale, backend, None), x, freqs) \
+        if type(offset) is int else None
     _check_x("rope", x, min_ndim=3)
     # NumPy scalars as MLX's op takes them (a config's values), as Python numbers
     if is_integer(dims):
@@ -898,6 +904,44 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     route = _route("rope", backend, (x,), rows, columns, flags, reference, kernel,
                    [(rows, columns)], extra)
     if route.path == "mlx":
+        out = mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
+                           offset=offset, freqs=freqs)
+        if kind == "scalar":
+            op_replay.remember_composite(key, _rope_mlx_replay(
+                dims, traditional, base, scale, freqs is not None), route.decision)
+        return out
+    out = kernel(route.config)(_rows(x)).reshape(x.shape)
+    if kind == "scalar":
+        op_replay.remember_composite(key, _rope_kernel_replay(spec, freqs is not None,
+                                                              _frozen(route.config)),
+                                     route.decision)
+    return out
+
+
+def _rope_mlx_replay(dims, traditional, base, scale, has_freqs):
+    """rope's MLX route replayed: (x[, freqs], offset) -> MLX's op."""
+    def run(x, *rest):
         return mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
-                            offset=offset, freqs=freqs)
-    return kernel(route.config)(_rows(x)).reshape(x.shape)
+                            offset=rest[-1], freqs=rest[0] if has_freqs else None)
+    return run
+
+
+def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
+    """rope's kernel route replayed: (x[, freqs], offset) -> the kernel at that offset, or
+    None (the full path) where its positions do not fit in int32.  The offset goes to the
+    kernel as a one-element array (the "array" offset kind: the same positions), so every
+    offset shares one custom function and one launch - a launch keys its int scalars by
+    value (they take part in coverage proofs), and a new one cost ~250 us a token on this
+    CPU."""
+    shared = _rope_fn(dataclasses.replace(spec, offset=None, offset_kind="array"), True,
+                      has_freqs, cfg)
+
+    def run(x, *rest):
+        offset = rest[-1]
+        if not -2**31 <= offset <= 2**31 - spec.seq:
+            return None
+        freqs = rest[0] if has_freqs else None
+        extra = () if freqs is None else (
+            freqs if freqs.dtype in _DTYPES else freqs.astype(mx.float32),)
+        return shared(_rows(x), mx.array([offset], mx.int32), *extra).reshape(x.shape)
+    return run

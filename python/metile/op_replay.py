@@ -67,14 +67,16 @@ def key(op: str, options: tuple, *arrays):
     return _ext.replay_key(op, options, *arrays)
 
 
-def entry(arrays: tuple, options: tuple):
+def entry(arrays: tuple, options: tuple, values: tuple = ()):
     """Decorator: the op `fn` as its eager entry (_ext.OpEntry), a C function that binds a
     call's arguments to fn's parameters, keys it by the parameters named in `options` (in
     that order: the tuple fn's own `key(...)` call passes) and `arrays`, and returns the
     replay recorded for the key; any other call (nothing recorded, a replay that declines,
     arguments that do not bind) is fn's, with its arguments as given.  A repeated eager
-    call then costs no Python frame.  fn's signature, name, module and docstring are the
-    entry's (`inspect.signature` and `help` read them)."""
+    call then costs no Python frame.  `values` name parameters passed to a Python replay
+    after the arrays and keyed by their kind only (a plain int: rope's offset, which a
+    decoding loop moves every call; any other value takes the full path).  fn's signature,
+    name, module and docstring are the entry's (`inspect.signature` and `help` read them)."""
     def wrap(fn):
         sig = inspect.signature(fn)
         params = list(sig.parameters.values())
@@ -91,7 +93,7 @@ def entry(arrays: tuple, options: tuple):
         doc = f"{fn.__name__}{plain}\n--\n\n{inspect.getdoc(fn) or ''}"
         made = _ext.OpEntry(_REPLAYS, fn, fn.__name__, names, positional, defaults,
                             [names.index(a) for a in arrays], [names.index(o) for o in options],
-                            doc, fn.__module__)
+                            doc, fn.__module__, [names.index(v) for v in values])
         return made.function()
     return wrap
 
