@@ -280,3 +280,33 @@ def test_the_sum_of_a_bool_tile_counts_its_true_elements():
     x = np.array([0.1, 0.9, 0.7, 0.2, 0.8], np.float32)
     got = count[(1,)](mx.array(x), mx.zeros((1,), dtype=mx.int32), 5, BLOCK=8)
     assert got.tolist() == [int((x > 0.5).sum())]
+
+
+@metile.kernel
+def reshaped_after_row_stats(X, O, V: metile.constexpr):
+    r = metile.arange(0, 4)
+    c = metile.arange(0, 8)
+    x = metile.load(X + r[:, None] * 8 + c[None, :])
+    s = metile.sum(x, 1)
+    if V == 0:
+        y = metile.reshape(metile.broadcast_to(s[:, None], (4, 8)), (32,))
+    elif V == 1:
+        y = metile.reshape(s[:, None] * x, (32,))
+    elif V == 2:
+        y = metile.reshape(x - metile.max(x, 1)[:, None], (32,))
+    else:
+        y = metile.reshape(metile.cumsum(x, 1) + s[:, None], (32,))
+    metile.store(O + metile.arange(0, 32), y)
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+def test_a_row_statistic_read_through_a_reshape(variant):
+    # a statistic broadcast back over its rows and then reshaped is read at the reshaped
+    # tile's coordinates, outside the lanes holding its rows: it was held there anyway
+    # (placement.row_held) and the compiler failed an assertion
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) + 1
+    s = x.sum(1, keepdims=True)
+    want = {0: np.broadcast_to(s, (4, 8)), 1: s * x, 2: x - x.max(1, keepdims=True),
+            3: np.cumsum(x, 1) + s}[variant].ravel()
+    out = reshaped_after_row_stats[(1,)](mx.array(x.ravel()), mx.zeros((32,)), V=variant)
+    np.testing.assert_allclose(np.array(out), want, rtol=1e-6)

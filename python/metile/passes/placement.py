@@ -178,6 +178,23 @@ def _row_held(fn: Function, p: Placement, remote) -> None:
     def scalar_like(v: Value) -> bool:
         return not _is_tile(v) or getattr(v.owner, "name", None) == "splat"
 
+    def stays(v: Value, shape: tuple) -> bool:
+        """Every element of `v` is read where an element of a `shape` tile is evaluated at
+        the same coordinate: by stores, reductions, and same-shape elementwise ops (whose
+        recomputed results stay so in turn) - not by a reshape, transpose or join, which
+        read it at another tile's coordinates (a row-held value read there is out of its
+        rows: the compiler failed an assertion)."""
+        for use, _ in p.uses.get(v.id, []):
+            if not use.results or use.name == "reduce":
+                continue
+            out = use.results[0]
+            if use.name not in ELEMENTWISE or not _is_tile(out) or \
+                    tuple(out.type.shape) != shape:
+                return False
+            if p.kind.get(out.id) == "recompute" and not stays(out, shape):
+                return False
+        return True
+
     def reaches(v: Value, shape: tuple, rows: int) -> bool:
         uses = p.uses.get(v.id, [])
         if not uses:
@@ -188,7 +205,8 @@ def _row_held(fn: Function, p: Placement, remote) -> None:
                 return False
             to = tuple(out.type.shape)
             if use.name == "broadcast" and len(tuple(v.type.shape)) == 2:
-                if to != shape or p.kind.get(out.id) == "shared" or remote(out):
+                if to != shape or p.kind.get(out.id) == "shared" or remote(out) or \
+                        not stays(out, shape):
                     return False
                 continue
             if p.kind.get(out.id) != "recompute":
