@@ -88,10 +88,9 @@ def test_true_division_of_integers_is_float32(xd, n):
     (x, xn), (y, yn) = _values(n, xd, 3), _values(n, I32, 4)
     y = mx.where(y == 0, 7, y).astype(I32)
     yn = np.where(yn == 0, 7, yn)
-    out = F16 if xd == F16 else F32
+    out = F32   # (float16 / int32 too: Triton divides 16-bit floats in float32)
     z = binary[_grid(n)](x, y, mx.zeros((n,), out), n, OP="div", OUT=_MT[out], BLOCK=BLOCK)
-    tol = 1e-3 if out == F16 else 1e-6
-    np.testing.assert_allclose(np.array(z).astype(np.float64), xn / yn, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.array(z).astype(np.float64), xn / yn, rtol=1e-6, atol=1e-6)
 
 
 @metile.kernel
@@ -540,3 +539,71 @@ def bad_broadcast(X):
 def test_broadcast_to_a_smaller_shape_is_refused():
     _refused(bad_broadcast, r"broadcast_to\(\): a tile of shape \(4,\) does not broadcast to "
                             r"\(2,\)", mx.zeros((4,), I32))
+
+
+@metile.kernel
+def divided(X, Y, Z, OUT: metile.constexpr):
+    o = metile.arange(0, 4)
+    q = metile.load(X + o) / metile.load(Y + o)
+    assert q.dtype == OUT
+    metile.store(Z + o, q)
+
+
+@pytest.mark.parametrize("xd,yd", [(F16, F16), (BF16, BF16), (I32, F16), (F16, BF16)],
+                         ids=lambda d: str(d).split(".")[-1])
+def test_division_of_16_bit_floats_is_float32_as_in_triton(xd, yd):
+    # Triton computes `/` of a float16 or bfloat16 operand in float32 (PTX has no 16-bit
+    # division) with a float32 result; metile divided in 16 bits: int32 100000 / float16 4
+    # was inf, 1 / 3 had three digits
+    x = mx.array([100000, 1, 7, 3]).astype(xd) if xd == I32 else \
+        mx.array([1.0, 2.0, 7.0, 3.0]).astype(xd)
+    y = mx.array([4.0, 3.0, 9.0, 0.5]).astype(yd)
+    z = divided[(1,)](x, y, mx.zeros((4,), F32), OUT=metile.float32)
+    want = np.array(x.astype(F32), np.float64) / np.array(y.astype(F32), np.float64)
+    np.testing.assert_allclose(np.array(z), want.astype(np.float32), rtol=1e-7)
+
+
+@metile.kernel
+def scaled_by(X, Z, V: metile.constexpr):
+    o = metile.arange(0, 4)
+    metile.store(Z + o, metile.load(X + o) * V)
+
+
+@pytest.mark.parametrize("value", [1 + 2**-24, 1 + 3 * 2**-24, 0.5 + 2**-25, 16777217.0,
+                                   3.4028235677973366e38, -3.4028235677973366e38])
+def test_a_float_constant_rounds_once_as_the_same_runtime_number(value):
+    # a constant halfway between two float32 values was written as its double's decimal
+    # and rounded by the compiler the other way (1 + 2**-24 gave 1.0000001; the largest
+    # double below float32's overflow threshold gave FLT_MAX, not inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.full(4, np.float32(value))
+    constant = scaled_by[(1,)](mx.ones((4,)), mx.zeros((4,)), V=value)
+    np.testing.assert_array_equal(np.array(constant), want)
+
+
+@metile.kernel
+def folded(Z):
+    o = metile.arange(0, 16)
+    nan = float("nan")
+    v = metile.where(o == 0, metile.maximum(nan, 1.0),
+        metile.where(o == 1, metile.minimum(nan, 1.0),
+        metile.where(o == 2, metile.clamp(nan, 0.0, 10.0),
+        metile.where(o == 3, metile.exp(1000.0),
+        metile.where(o == 4, metile.log(0.0),
+        metile.where(o == 5, metile.sqrt(-1.0),
+        metile.where(o == 6, metile.sigmoid(-1000.0),
+        metile.where(o == 7, metile.rsqrt(0.0),
+        metile.where(o == 8, metile.math.pow(0.0, -1.0),
+        metile.where(o == 9, metile.maximum(nan, 1.0, propagate_nan=metile.PropagateNan.ALL),
+        metile.where(o == 10, o * metile.floor(2.5) / 4, 0.0)))))))))))
+    metile.store(Z + o, v)
+
+
+def test_compile_time_math_folds_as_the_run_time_functions():
+    # constants folded with Python's max/min (a NaN first came out), floor/ceil as ints
+    # (`i * floor(2.5)` was an int tile) and math's exceptions (exp(1000.) was a compile
+    # error, Triton gives inf)
+    z = np.array(folded[(1,)](mx.zeros((16,))))
+    want = [1.0, 1.0, 0.0, np.inf, -np.inf, np.nan, 0.0, np.inf, np.inf, np.nan, 10 * 2.0 / 4]
+    np.testing.assert_array_equal(z[:11], np.array(want, np.float32))

@@ -10,6 +10,7 @@ what `decl` ops declare.
 from __future__ import annotations
 
 import math
+import struct
 
 from ..ir.core import Block, Function, Op, Value
 from ..ir.types import ScalarType
@@ -81,6 +82,14 @@ class CEmitter:
             if d.kind == "i" and value == -2**(d.bits - 1):  # its magnitude has no literal
                 return f"({value + 1}{suffix} - 1)"
             return f"({value}{suffix})" if value < 0 else f"{int(value)}{suffix}"
+        if not math.isnan(value) and d.bits <= 32:
+            # rounded to float32 here, once: the compiler rounding the double's shortest
+            # decimal to float rounded a value halfway between two floats (1 + 2**-24) the
+            # other way than the run-time conversion of the same number does
+            try:
+                value = struct.unpack("f", struct.pack("f", value))[0]
+            except OverflowError:   # (beyond the largest float32 once rounded)
+                value = math.copysign(math.inf, value)
         if math.isinf(value):
             text = self.INFINITY if value > 0 else f"(-{self.INFINITY})"
         elif math.isnan(value):

@@ -9,6 +9,7 @@ axes, dtypes) are checked here with `need_constexpr`.
 from __future__ import annotations
 
 import inspect
+import math
 
 from ..ir.core import Value
 from ..ir.types import PointerType, ScalarType, TileType, dtype_of
@@ -191,7 +192,9 @@ def _propagate_nan(value, what: str) -> bool:
 
 def _nan_or(gen, r, *xs):
     """`r`, except NaN where an operand of `xs` is NaN (float operands only)."""
-    if not isinstance(r, Value) or not dtype_of(r.type).is_float:
+    if not isinstance(r, Value):   # (folded: constant operands)
+        return math.nan if any(isinstance(x, float) and x != x for x in xs) else r
+    if not dtype_of(r.type).is_float:
         return r
     for x in reversed(xs):
         if isinstance(x, Value):

@@ -32,6 +32,8 @@ import operator
 from dataclasses import replace
 from math import prod
 
+import numpy as np
+
 from ..ir.core import Builder, Value
 from ..ir.ops import COMPARE, FLOAT_ONLY, INT_ONLY
 from ..ir.types import (PointerType, ScalarType, TileType, dtype_of, elem_type, is_pointer,
@@ -45,8 +47,13 @@ _PY_BINARY = {
     "idiv": operator.floordiv, "mod": operator.mod, "and": operator.and_, "or": operator.or_,
     "xor": operator.xor, "shl": operator.lshift, "shr": operator.rshift,
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
-    "eq": operator.eq, "ne": operator.ne, "maximum": max, "minimum": min,
-    "pow": lambda a, b: math.pow(a, b), "atan2": lambda a, b: math.atan2(a, b),
+    "eq": operator.eq, "ne": operator.ne,
+    # as the run-time ops (fmax, fmin): a NaN operand gives the other (Python's max and
+    # min gave the NaN when it came first)
+    "maximum": lambda a, b: b if a != a else a if b != b else max(a, b),
+    "minimum": lambda a, b: b if a != a else a if b != b else min(a, b),
+    "pow": lambda a, b: _ieee(np.power, float(a), float(b)),
+    "atan2": lambda a, b: math.atan2(a, b),
     "umulhi": lambda a, b: ((a % 2**32) * (b % 2**32)) >> 32,
 }
 
@@ -54,6 +61,13 @@ _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "idiv": "//", "mod": 
            "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>", "lt": "<", "le": "<=",
            "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
+
+
+def _ieee(fn, *xs) -> float:
+    """fn (a NumPy ufunc on float64) at compile time, with IEEE results where Python's math
+    raises (overflow to inf, a domain error to NaN, a pole to inf)."""
+    with np.errstate(all="ignore"):
+        return float(fn(*(np.float64(x) for x in xs)))
 
 
 def _article(word) -> str:
@@ -273,8 +287,11 @@ class Semantics:
             if not is_const(x):
                 raise CompilationError(f"expected a number or a runtime value, got {describe(x)}")
             d = with_number(dtype_of(v.type), x)
-        if name == "div" and not d.is_float:
-            d = dt.float32  # `/` is true division, also between integers
+        if name == "div" and (not d.is_float or d.bits == 16):
+            # `/` is true division, also between integers; and as Triton computes it (PTX
+            # has no 16-bit division), in float32 for float16/bfloat16 operands, a float32
+            # result (int32 100000 / float16 4 gave inf, 1/3 three digits)
+            d = dt.float32
         (va, vb), shape = self.common(self.convert(a, d), self.convert(b, d))
         self._check_dtype(name, d)
         self._check_constant_operand(name, vb, d)
@@ -339,10 +356,22 @@ class Semantics:
 
     def unary(self, name: str, x):
         if is_const(x):
+            # float math as the run-time functions compute it, IEEE special values included
+            # (exp(1000.) is inf, log(0.) -inf, sqrt(-1.) NaN: compile errors before), floor
+            # and ceil of a float a float (Python's gave an int: `i * floor(2.5)` was int32)
             fold = {"neg": operator.neg, "not": operator.not_, "abs": abs,
-                    "exp2": lambda v: 2.0 ** v, "rsqrt": lambda v: 1 / math.sqrt(v),
-                    "sigmoid": lambda v: 1 / (1 + math.exp(-v))}
-            fn = fold.get(name) or getattr(math, name)
+                    "exp2": lambda v: _ieee(np.exp2, float(v)),
+                    "rsqrt": lambda v: _ieee(lambda u: 1 / np.sqrt(u), float(v)),
+                    "sigmoid": lambda v: _ieee(lambda u: 1 / (1 + np.exp(-u)), float(v)),
+                    "floor": lambda v: float(math.floor(v)) if isinstance(v, float) else
+                    math.floor(v),
+                    "ceil": lambda v: float(math.ceil(v)) if isinstance(v, float) else
+                    math.ceil(v)}
+            ieee = getattr(np, {"asin": "arcsin", "acos": "arccos", "atan": "arctan"}.get(
+                name, name), None)
+            fn = fold.get(name) or (
+                (lambda v, f=ieee: _ieee(f, float(v))) if isinstance(ieee, np.ufunc)
+                else getattr(math, name))
             try:
                 return fn(x)
             except (ArithmeticError, ValueError) as e:
