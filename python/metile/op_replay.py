@@ -327,11 +327,22 @@ def _backward(vjp):
     return backward
 
 
+_variables_memo: list = [None, None]
+
+
 def _replay_variables() -> tuple:
     """The settings a replay compares: the launch's, every METILE_* variable (and
     MLX_ENABLE_TF32) set now, which routing reads, and where the decisions it reads are
-    kept (settings.cache_root: XDG_CACHE_HOME, HOME)."""
+    kept (settings.cache_root: XDG_CACHE_HOME, HOME).  Scanned again only when os.environ
+    changes (its epoch, where there is one): every recorded call asked, and a scan of the
+    environment cost ~15 us - each call of a new signature (a decode step over a grown
+    cache) records one."""
+    epoch = None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
+    if epoch is not None and _variables_memo[0] == epoch:
+        return _variables_memo[1]
     from .runtime.dispatch import _LAUNCH_VARIABLES
     present = sorted(k for k in os.environ if k.startswith("METILE_") or k == "MLX_ENABLE_TF32")
-    return tuple(dict.fromkeys((*_LAUNCH_VARIABLES, "MLX_ENABLE_TF32", "XDG_CACHE_HOME", "HOME",
-                                *present)))
+    names = tuple(dict.fromkeys((*_LAUNCH_VARIABLES, "MLX_ENABLE_TF32", "XDG_CACHE_HOME", "HOME",
+                                 *present)))
+    _variables_memo[:] = [epoch, names]
+    return names
