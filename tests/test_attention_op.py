@@ -468,6 +468,12 @@ def test_what_the_kernels_do_not_take_runs_mlx_on_auto(rng, dv, dk):
     for backend in ("auto", "mlx"):
         got = sdpa(q, k, v, scale=0.25, mask="causal", backend=backend)
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+    if dv == dk:
+        try:   # (the H200's shared memory takes 160-wide float32 heads; Metal's 32 KiB not)
+            attention_ops.configs(q, k, v, "causal")
+            pytest.skip("this device's kernels take 160-wide float32 heads")
+        except ValueError:
+            pass
     route = json.loads(attention_ops.explain_attention(q, k, v, scale=0.25, mask="causal"))
     assert route["path"] == "mlx" and route["route"]["source"] == "unsupported"
     with pytest.raises(ValueError, match="one head dimension" if dv != dk else

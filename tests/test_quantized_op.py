@@ -309,7 +309,8 @@ def test_runs_read_each_packed_word_once_per_run(bits):
             assert "not provably affine" in notes, notes
         else:
             assert f"Lanes own runs of {width} consecutive elements" in notes, notes
-        np.testing.assert_array_equal(np.array(d()), xs + xs[np.arange(256) // divisor])
+        if mx.default_device().type == mx.cpu or mx.metal.is_available():   # (MSL runs there)
+            np.testing.assert_array_equal(np.array(d()), xs + xs[np.arange(256) // divisor])
 
 
 @metile.kernel
