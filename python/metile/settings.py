@@ -60,13 +60,29 @@ def _encoded(names: tuple[str, ...]) -> tuple:
     return found
 
 
+_ONE: dict = {}
+
+
+def _get(name: str, default: str | None = None) -> str | None:
+    """os.environ.get(name), read from os.environ's own dict where there is one (a
+    launch of new arguments reads a dozen settings; os.environ.get encodes each name and
+    goes through the mapping's Python methods)."""
+    if _ENVIRON_DATA is None:
+        return os.environ.get(name, default)
+    key = _ONE.get(name)
+    if key is None:
+        key = _ONE[name] = os.fsencode(name)
+    raw = _ENVIRON_DATA.get(key)
+    return default if raw is None else os.fsdecode(raw)
+
+
 class SettingError(ValueError):
     """An environment variable metile reads holds a value it does not accept."""
 
 
 def flag(name: str, default: bool = False) -> bool:
     """A boolean setting: empty, 0/false/no/off or 1/true/yes/on; unset is `default`."""
-    raw = os.environ.get(name)
+    raw = _get(name)
     if raw is None:
         return default
     value = raw.strip().lower()
@@ -158,7 +174,7 @@ def wgmma_enabled() -> bool:
 
 
 def choice(name: str, allowed: tuple[str, ...], default: str | None = None) -> str | None:
-    raw = os.environ.get(name)
+    raw = _get(name)
     if raw is None or raw == "":
         return default
     if raw not in allowed:
@@ -171,7 +187,7 @@ def target(known) -> str | None:
     and run an M5 plan on this machine), or None for the device's own.  A name not
     in `known` (schedule.targets.TARGETS, passed in: this module imports nothing of
     metile's) is an error listing the known ones."""
-    raw = os.environ.get("METILE_TARGET")
+    raw = _get("METILE_TARGET")
     if raw is None or raw.strip() == "":
         return None
     name = raw.strip()
@@ -184,10 +200,10 @@ def target(known) -> str | None:
 def cache_root() -> Path:
     """Where metile keeps what it compiles and measures: $METILE_CACHE_DIR, else
     $XDG_CACHE_HOME/metile, else ~/.cache/metile.  Each cache is a folder below."""
-    explicit = os.environ.get("METILE_CACHE_DIR")
+    explicit = _get("METILE_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "metile"
+    return Path(_get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "metile"
 
 
 _warned: set[str] = set()
@@ -195,7 +211,7 @@ _warned: set[str] = set()
 
 def debug_flags() -> set[str]:
     """The words of METILE_DEBUG; an unknown word warns once."""
-    words = {w.strip() for w in os.environ.get("METILE_DEBUG", "").split(",") if w.strip()}
+    words = {w.strip() for w in _get("METILE_DEBUG", "").split(",") if w.strip()}
     unknown = sorted(words.difference(DEBUG_WORDS))
     if unknown and ",".join(unknown) not in _warned:
         _warned.add(",".join(unknown))

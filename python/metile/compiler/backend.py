@@ -154,7 +154,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
 
     if language is not None and language not in LANGUAGES:
         raise LaunchError(f"backend must be one of {', '.join(LANGUAGES)}, got {language!r}")
-    forced = os.environ.get("METILE_BACKEND") or None
+    forced = settings._get("METILE_BACKEND") or None
     if forced is not None and forced not in LANGUAGES:
         raise LaunchError(f"METILE_BACKEND must be one of {', '.join(LANGUAGES)}, got {forced!r}")
     chosen = language or forced
