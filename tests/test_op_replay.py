@@ -771,3 +771,17 @@ def test_rope_replays_at_each_call_offset(rng, row_routes, backend, with_freqs):
     e = mx.grad(lambda x: (mx.fast.rope(x, 16, traditional=False, base=base, scale=0.5,
                                         offset=5, freqs=freqs) * mx.arange(20)).sum())(x)
     np.testing.assert_allclose(f64(g), f64(e), rtol=1e-4, atol=1e-4)
+
+
+def test_a_reloaded_module_keeps_the_table_the_ops_answer_from(rng):
+    # the op entries hold the table they were made with; a reload made a new one, which
+    # forget() and routing's decisions cleared while the ops kept replaying the old
+    import importlib
+    (a,) = arrays(rng, mx.float32, (4, 4))
+    table = op_replay._REPLAYS
+    importlib.reload(op_replay)
+    assert op_replay._REPLAYS is table
+    metile.ops.matmul(a, a)
+    assert len(table) == 1
+    op_replay.forget()
+    assert len(table) == 0

@@ -53,7 +53,11 @@ from .runtime import routing
 # full path instead - inside a tuning scope (checked per call), or under METILE_OPS_TUNE
 # (none is recorded while it is set, and setting it fails the settings check)
 _MAX_REPLAYS = 512
-_REPLAYS = _ext.ReplayTable(_MAX_REPLAYS)
+# (kept across importlib.reload: the ops' entries hold the table they were made with, which
+# forget() and routing's listeners must clear)
+_REPLAYS = globals().get("_REPLAYS")
+if _REPLAYS is None:
+    _REPLAYS = _ext.ReplayTable(_MAX_REPLAYS)
 _SLOT = mx.zeros((0,))   # what a replay's inputs hold where each call's arrays go
 # per thread: the (kernel, grid, args, kwargs) launched while a call is recorded (another
 # thread's launches must not land in this thread's recording)
