@@ -106,7 +106,7 @@ def _uses(names: set[str]) -> dict[str, set[str]]:
             if isinstance(node, ast.Attribute) and node.attr in names:
                 found.add(node.attr)
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("get", "getenv", "__getitem__") and node.args and \
+                    node.func.attr in ("get", "getenv", "__getitem__", "_get") and node.args and \
                     isinstance(node.args[0], ast.Constant) and node.args[0].value in names:
                 found.add(node.args[0].value)
         if found:
