@@ -607,3 +607,23 @@ def test_compile_time_math_folds_as_the_run_time_functions():
     z = np.array(folded[(1,)](mx.zeros((16,))))
     want = [1.0, 1.0, 0.0, np.inf, -np.inf, np.nan, 0.0, np.inf, np.inf, np.nan, 10 * 2.0 / 4]
     np.testing.assert_array_equal(z[:11], np.array(want, np.float32))
+
+
+@metile.kernel
+def mixed_signedness(X, Y, Z, OP: metile.constexpr):
+    o = metile.arange(0, 4)
+    x, y = metile.load(X + o), metile.load(Y + o)
+    metile.store(Z + o, x // y if OP == "idiv" else x % y)
+
+
+@pytest.mark.parametrize("op", ["idiv", "mod"])
+def test_division_of_mixed_signedness_is_refused_as_in_triton(op):
+    # int32 // uint32 divided as unsigned: -7 // 2 gave 2147483644 (Triton refuses it)
+    x = mx.array([-7, 7, 9, -1], mx.int32)
+    y = mx.array([2, 2, 4, 3], mx.uint32)
+    with pytest.raises(metile.CompilationError, match="different signedness"):
+        mixed_signedness[(1,)](x, y, mx.zeros((4,), mx.int32), OP=op)
+    z = mixed_signedness[(1,)](x, y.astype(mx.int32), mx.zeros((4,), mx.int32), OP=op)
+    want = np.fmod(np.array(x), np.array(y).astype(np.int32)) if op == "mod" else \
+        np.trunc(np.array(x) / np.array(y).astype(np.int32)).astype(np.int32)
+    np.testing.assert_array_equal(np.array(z), want)

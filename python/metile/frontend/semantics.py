@@ -281,7 +281,15 @@ class Semantics:
         no_fp8(f"'{_SYMBOL.get(name, name)}'", *(dtype_of(x.type) for x in (a, b)
                                                   if isinstance(x, Value)))
         if isinstance(a, Value) and isinstance(b, Value):
-            d = promote(dtype_of(a.type), dtype_of(b.type))
+            da, db = dtype_of(a.type), dtype_of(b.type)
+            if name in ("idiv", "mod") and da.is_int and db.is_int and \
+                    (da.kind == "u") != (db.kind == "u"):
+                # as Triton refuses it: promoted to unsigned, -7 // 2u is 2147483644
+                raise CompilationError(
+                    f"'{_SYMBOL[name]}' of {da} and {db}: operands of different signedness "
+                    f"would divide as unsigned; cast one (x.to(metile.{da.name}) or "
+                    f"y.to(metile.{db.name}))")
+            d = promote(da, db)
         else:
             v, x = (a, b) if isinstance(a, Value) else (b, a)
             if not is_const(x):
