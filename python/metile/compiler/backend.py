@@ -148,32 +148,9 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     """
     if isinstance(language, Backend):
         return language
-    from .. import _ext, settings
+    import os
 
-    # Resolved once per (arguments, environment, device): a launch of new arguments asked
-    # again each time (~20 us of settings and device queries on the CPU runtime).  Keyed
-    # also by the helpers it calls, which tests and probes replace.
-    epoch = None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
-    memo = None
-    if epoch is not None:
-        import mlx.core as mx
-        memo = (language, target, epoch, str(mx.default_device()), _device_target, target_for,
-                units_for, _cuda_scalars, mx.cuda.is_available, mx.metal.is_available)
-        found = _RESOLVED.get(memo)
-        if found is not None:
-            return found
-    resolved = _resolve(language, target, settings)
-    if memo is not None:
-        if len(_RESOLVED) >= 64:
-            _RESOLVED.clear()
-        _RESOLVED[memo] = resolved
-    return resolved
-
-
-_RESOLVED: dict = {}
-
-
-def _resolve(language, target, settings) -> Backend:
+    from .. import settings
 
     if language is not None and language not in LANGUAGES:
         raise LaunchError(f"backend must be one of {', '.join(LANGUAGES)}, got {language!r}")
