@@ -148,8 +148,6 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
     """
     if isinstance(language, Backend):
         return language
-    import os
-
     from .. import settings
 
     if language is not None and language not in LANGUAGES:
