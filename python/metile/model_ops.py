@@ -906,12 +906,12 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
     if route.path == "mlx":
         out = mx.fast.rope(x, dims, traditional=traditional, base=base, scale=scale,
                            offset=offset, freqs=freqs)
-        if kind == "scalar":
+        if key is not None:   # (an int offset)
             op_replay.remember_composite(key, _rope_mlx_replay(
                 dims, traditional, base, scale, freqs is not None), route.decision)
         return out
     out = kernel(route.config)(_rows(x)).reshape(x.shape)
-    if kind == "scalar":
+    if key is not None:
         op_replay.remember_composite(key, _rope_kernel_replay(spec, freqs is not None,
                                                               _frozen(route.config)),
                                      route.decision)
@@ -933,12 +933,12 @@ def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
     offset shares one custom function and one launch - a launch keys its int scalars by
     value (they take part in coverage proofs), and a new one cost ~250 us a token on this
     CPU."""
-    shared = _rope_fn(dataclasses.replace(spec, offset=None, offset_kind="array"), True,
-                      has_freqs, cfg)
-    # On the GPU it gave wrong rotations in the H200's test run (s32: every replayed
-    # offset, where the full path's array offsets pass there), not understood yet: there a
-    # replay launches the scalar kernel at each offset, as the full path does
+    # On the GPU the array form gave wrong rotations in the H200's test run (s32: every
+    # replayed offset, where the full path's array offsets pass there), not understood yet:
+    # there a replay launches the scalar kernel at each offset, as the full path does
     as_array = mx.default_device().type == mx.cpu
+    shared = _rope_fn(dataclasses.replace(spec, offset=None, offset_kind="array"), True,
+                      has_freqs, cfg) if as_array else None
 
     def run(x, *rest):
         offset = rest[-1]

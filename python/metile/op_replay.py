@@ -148,9 +148,9 @@ def recording():
 def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=None) -> bool:
     """Record the replay of an op call signature whose call launched `launches` (from
     `recording`): its custom vjp's primals are the first launch's arguments at positions
-    `at` (or, for a pair (n, p) in `at`, launch n's argument p: an operand only a later
-    launch reads, such as a split-K merge's bias) (the op's arrays `given`, each as given or, with `reshapes[i]`, reshaped to that),
-    `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
+    `at` - or, for a pair (n, p) in `at`, launch n's argument p: an operand only a later
+    launch reads, such as a split-K merge's bias - (the op's arrays `given`, each as given
+    or, with `reshapes[i]`, reshaped to that), `vjp(primals, cotangent, output)` the op's backward for one output, `out_shape` the
     op's reshape of the result, `composite` the op's MLX computation of the same primals
     (its vmap rule: `vmap_rule`).  A later launch may read the previous one's outputs (a
     split reduction's partial results, then its merge); the last one's output is the op's.
@@ -183,9 +183,11 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
     if check is None:
         return False
     return _keep(key, _ext.Replay(stages, [None if r is None else list(r) for r in reshapes],
-                           None if out_shape is None else list(out_shape), _backward(vjp),
-                           check, None if composite is None else vmap_rule(composite),
-                           None if composite is None else _forward_tangents(composite)), False)
+                                  None if out_shape is None else list(out_shape),
+                                  _backward(vjp), check,
+                                  None if composite is None else vmap_rule(composite),
+                                  None if composite is None else _forward_tangents(composite)),
+                 False)
 
 
 def _stage(kernel, grid, args, kwargs, at, primals, previous, last):
@@ -227,8 +229,9 @@ def _stage(kernel, grid, args, kwargs, at, primals, previous, last):
 def remember_composite(key, run, decision) -> None:
     """Record that calls of this signature run `run(*arrays)` (MLX's composite, or a
     Python launch of the kernels routing chose by `decision`): later calls skip the op's
-    checks and routing while the device and the settings are unchanged (a requested route, backend="mlx", too: it
-    depends on nothing else, and without a replay it costs several times MLX's own call).
+    checks and routing while the device and the settings are unchanged (a requested route,
+    backend="mlx", too: it depends on nothing else, and without a replay it costs several
+    times MLX's own call).
     Nothing is recorded without a key; a cost-model route's replay is provisional."""
     if key is None:
         return
@@ -341,7 +344,7 @@ def _replay_variables() -> tuple:
     changes (its epoch, where there is one): every recorded call asked, and a scan of the
     environment cost ~15 us - each call of a new signature (a decode step over a grown
     cache) records one."""
-    epoch = None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
+    epoch = routing.environ_epoch()
     if epoch is not None and _variables_memo[0] == epoch:
         return _variables_memo[1]
     from .runtime.dispatch import _LAUNCH_VARIABLES

@@ -60,19 +60,13 @@ def _encoded(names: tuple[str, ...]) -> tuple:
     return found
 
 
-_ONE: dict = {}
-
-
 def _get(name: str, default: str | None = None) -> str | None:
     """os.environ.get(name), read from os.environ's own dict where there is one (a
     launch of new arguments reads a dozen settings; os.environ.get encodes each name and
     goes through the mapping's Python methods)."""
     if _ENVIRON_DATA is None:
         return os.environ.get(name, default)
-    key = _ONE.get(name)
-    if key is None:
-        key = _ONE[name] = os.fsencode(name)
-    raw = _ENVIRON_DATA.get(key)
+    raw = _ENVIRON_DATA.get(_encoded((name,))[0])
     return default if raw is None else os.fsdecode(raw)
 
 

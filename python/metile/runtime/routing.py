@@ -134,6 +134,12 @@ def lookup(key: str) -> tuple[dict | None, Path]:
 _env_memo: list = [None, None]
 
 
+def environ_epoch() -> int | None:
+    """A number that changes whenever os.environ does (_ext.environ_epoch), or None where
+    os.environ keeps no dict of its own to watch."""
+    return None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
+
+
 def environment() -> tuple:
     """tuning.relevant_environment() as a tuple, rescanned only when os.environ changes (a
     full scan costs tens of microseconds, too much for every call): whenever its dict's
@@ -141,7 +147,7 @@ def environment() -> tuple:
     the value of one it found does (which misses a METILE_* variable set where another
     was removed)."""
     probe, value = _env_memo
-    epoch = None if settings._ENVIRON_DATA is None else _ext.environ_epoch(settings._ENVIRON_DATA)
+    epoch = environ_epoch()
     if epoch is not None:
         if probe != ("epoch", epoch) or value is None:
             value = tuple(tuning.relevant_environment().items())
