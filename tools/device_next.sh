@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s116   -- rope array-offset probe, eager cost with new shapes, decode attention, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s115   -- model layers, eager cost, decode attention, GPU tests (one call)
 #   OUT=$OUT bash tools/device_next.sh s114   -- eager cost with attention's replays, GPU tests of s31-s32's files
 #   OUT=$OUT bash tools/device_next.sh s113   -- empty-barrier refills as the default: GPU tests, model layers A/B
@@ -97,10 +98,23 @@ prefill_measure() {
 # eager_cost: the eager launch parts and cost probes, their JSON in $logs
 eager_cost() {
   timeout 60 python3 tools/probes/launch_parts.py "$logs/h200-launch-parts.json" 2>&1 | tee -a "$log"
-  timeout 60 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -20 | tee -a "$log"
+  timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s115 ]; then
+if [ "$mode" = s116 ]; then
+  # the thirty-third session: which offset rope's kernel applies when it takes the offset
+  # as a one-element array on CUDA (the replay form that rotated wrongly in s115), eager
+  # cost with launches of new shapes (Dispatch._resized; first launches through their
+  # binding), decode attention, then the GPU tests of the files sessions 32-33 changed
+  timeout 60 python3 tools/probes/rope_array_replay.py 2>&1 | tee -a "$log"
+  eager_cost
+  timeout 45 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  left=$((budget - 20 - (SECONDS - t0)))
+  [ $left -gt 30 ] && gpu_tests $left test_eager_fast_path test_launch_errors test_cuda_launch \
+    test_cuda_scalars test_op_replay test_attention_op test_split_k test_triton_parity \
+    test_row_reductions test_model_ops_norms test_quantized_op
+elif [ "$mode" = s115 ]; then
   # one call for the thirty-second session's short budget: issue 14's model layers with the
   # default (empty-barrier) refills, eager cost with attention's native replays, decode
   # attention, then the GPU tests of the files sessions 31-32 changed

@@ -38,6 +38,31 @@ def add_one(X, Y, n, BLOCK: metile.constexpr):
     metile.store(Y + offs, metile.load(X + offs, mask=mask) + 1.0, mask=mask)
 
 
+def cycling(fn, items):
+    """fn of the next item at each call: a new shape every call where the items have more
+    distinct shapes than a kernel's launch cache keeps (256), as an eager decoding loop
+    over a growing cache meets them."""
+    at = [0]
+
+    def call():
+        item = items[at[0] % len(items)]
+        at[0] += 1
+        return fn(item)
+    return call
+
+
+def _new_shapes():
+    """600 vectors of 200..799 elements, 600 float16 caches of 256..855 keys (8 heads, 64)."""
+    longer = [mx.ones((n,)) for n in range(200, 800)]
+    caches = [mx.zeros((1, 8, n, 64), mx.float16) for n in range(256, 856)]
+    mx.eval(*longer, *caches)
+    return longer, caches
+
+
+def _new_block(v):
+    return add_one[(-(-v.shape[0] // 256),)](v, mx.zeros(v.shape, v.dtype), v.shape[0], BLOCK=256)
+
+
 def per_call(fn, n=4000):
     fn()
     best = 1e9
@@ -68,6 +93,7 @@ def cpu_runtime() -> dict:
     mx.eval(metile.ops.matmul(a, a, backend="metile"))
     q, k = _decode_operands()
     sdpa = metile.ops.scaled_dot_product_attention
+    longer, caches = _new_shapes()
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
             "kernel[grid] masked block": per_call(lambda: add_one[(1,)](xs, ys, 256, BLOCK=256)),
             "raw launch_cpu": per_call(lambda: real(*seen["args"])),
@@ -79,7 +105,15 @@ def cpu_runtime() -> dict:
             "ops.sdpa decode metile": per_call(lambda: sdpa(q, k, k, scale=0.125,
                                                             backend="metile"), 2000),
             "mlx sdpa decode": per_call(
-                lambda: mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125))}
+                lambda: mx.fast.scaled_dot_product_attention(q, k, k, scale=0.125)),
+            # a new shape every call (Dispatch._resized)
+            "kernel[grid] new shape": per_call(cycling(_new_block, longer), 1000),
+            "mlx x + 1 new shape": per_call(cycling(lambda v: v + 1, longer), 1000),
+            "ops.sdpa metile new shape": per_call(cycling(
+                lambda c: sdpa(q, c, c, scale=0.125, backend="metile"), caches), 600),
+            "mlx sdpa new shape": per_call(cycling(
+                lambda c: mx.fast.scaled_dot_product_attention(q, c, c, scale=0.125), caches),
+                600)}
 
 
 def _decode_operands():
@@ -133,6 +167,7 @@ def stand_in_cuda() -> dict:
     a = mx.zeros((16, 16), mx.float16)
     mx.eval(a)
     q, k = _decode_operands()
+    longer, caches = _new_shapes()
     token, weight, bias = (mx.zeros(s, mx.float16) for s in ((1, 4096), (4096, 4096), (4096,)))
     mx.eval(token, weight, bias)
     return {"kernel[grid]": per_call(lambda: plus_one[(1,)](x, out)),
@@ -140,7 +175,11 @@ def stand_in_cuda() -> dict:
             "ops.matmul 16x16x16": per_call(lambda: metile.ops.matmul(a, a, backend="metile"), 2000),
             "ops.sdpa decode metile": per_call(lambda: metile.ops.scaled_dot_product_attention(
                 q, k, k, scale=0.125, backend="metile"), 2000),
-            "ops.linear decode split-K": _split_linear(token, weight, bias)}
+            "ops.linear decode split-K": _split_linear(token, weight, bias),
+            "kernel[grid] new shape": per_call(cycling(_new_block, longer), 1000),
+            "ops.sdpa metile new shape": per_call(cycling(
+                lambda c: metile.ops.scaled_dot_product_attention(
+                    q, c, c, scale=0.125, backend="metile"), caches), 600)}
 
 
 def _split_linear(token, weight, bias) -> float:

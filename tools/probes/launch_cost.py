@@ -38,6 +38,25 @@ def plus_one(X, Y):
     metile.store(Y, metile.load(X) + 1.0)
 
 
+@metile.kernel
+def add_one(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 1.0, mask=offs < n)
+
+
+def cycling(fn, items):
+    """fn of the next item at each call: a new shape every call where the items have more
+    distinct shapes than a kernel's launch cache keeps (256), as an eager decoding loop
+    over a growing cache meets them."""
+    at = [0]
+
+    def call():
+        item = items[at[0] % len(items)]
+        at[0] += 1
+        return fn(item)
+    return call
+
+
 def main():
     x = mx.array([1.0], dtype=mx.float32)
     a = mx.array(np.ones((16, 16), np.float16))
@@ -47,6 +66,11 @@ def main():
     q, kv = (mx.array(rng.standard_normal(s).astype(np.float16)) for s in
              ((1, 8, 1, 64), (1, 8, 256, 64)))
     mx.eval(x, a, rows, w, bias, q, kv)
+    # new shapes: 600 lengths, and 600 key/value caches of 256..855 keys
+    longer = [mx.array(np.ones(n, np.float32)) for n in range(200, 800)]
+    caches = [mx.array(rng.standard_normal((1, 8, n, 64)).astype(np.float16))
+              for n in range(256, 856)]
+    mx.eval(*longer, *caches)
     jit = mx.fast.cuda_kernel(name="plus_one_jit", input_names=["x"], output_names=["y"],
                               source="y[0] = x[0] + 1.0f;")
     cubin, _ = nvrtc.cubin(SOURCE, "sm_90a")
@@ -77,9 +101,23 @@ def main():
         "mlx attention": lambda: mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.125),
         "metile attention mlx": lambda: metile.ops.scaled_dot_product_attention(
             q, kv, kv, scale=0.125, backend="mlx"),
+        # a new shape every call: kernel[grid] of a masked block against x + 1.0, and
+        # decode attention over a cache one key longer each call
+        "metile new shape": cycling(lambda v: add_one[(-(-v.shape[0] // 256),)](
+            v, mx.zeros(v.shape, v.dtype), v.shape[0], BLOCK=256), longer),
+        "mlx new shape": cycling(lambda v: v + 1.0, longer),
+        "metile attention new shape": cycling(lambda c: metile.ops.scaled_dot_product_attention(
+            q, c, c, scale=0.125, backend="metile"), caches),
+        "mlx attention new shape": cycling(lambda c: mx.fast.scaled_dot_product_attention(
+            q, c, c, scale=0.125), caches),
     }
     for key, fn in ways.items():
         got = np.array(fn().astype(mx.float32))
+        if key.endswith("new shape"):
+            if key.startswith("metile"):   # (each cycle's first item on both sides)
+                want = np.array(ways[key.replace("metile", "mlx")]().astype(mx.float32))
+                assert np.allclose(got, want, rtol=1e-2, atol=1e-2), key
+            continue
         if key in ("metile op", "mlx matmul"):
             assert np.allclose(got, 16.0), key
         elif key.endswith("of lazy"):

@@ -20,7 +20,7 @@ from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .. import _ext
 from ..settings import raw_source, raw_values
 from . import tensor_maps
-from .arguments import arg_spec, check_buffer_sizes, scalar_array
+from .arguments import arg_spec, check_buffer_sizes, int_scalar_dtype, scalar_array
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -83,6 +83,16 @@ def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError)
                   f"is pipelined): {error.message}", stacklevel=4)
     rest = dataclasses.replace(schedule, num_stages=None)
     return None if rest == Schedule() else rest
+
+
+def _scalar_input(value, name: str, kept: dict):
+    """A runtime scalar's 0-d input array: the one a launch of the same family made for
+    this value (`kept`, by name and value_key), else a new one."""
+    if not isinstance(value, mx.array):
+        a = kept.get((name, *value_key(value)))
+        if a is not None:
+            return a
+    return scalar_array(value, name)
 
 
 def _host_value(value, name: str):
@@ -167,6 +177,46 @@ def _launch_key(grid, args, kwargs):
     return (grid_key, tuple(parts), options, raw_values(_LAUNCH_VARIABLES), device_type())
 
 
+def _family_key(kernel: "Kernel", grid, args, kwargs):
+    """What a call must share with a resolved launch to take its specialization with
+    other shapes and scalar values (Dispatch._resized): the grid's rank, each array's
+    dtype and rank, each scalar's type (an int's by the dtype it binds as), constexprs
+    passed positionally by value, the keyword options (by value) and the launch
+    environment.  None when a call has no family (a callable grid, another argument
+    type); computed only after a launch-key miss."""
+    if type(grid) is tuple:
+        grid_key = len(grid)
+    elif type(grid) is int:
+        grid_key = 0
+    else:
+        return None
+    consts = kernel.constexpr_names
+    parts = []
+    for name, a in zip(kernel.param_names, args):
+        t = type(a)
+        if name in consts:
+            if t is mx.array:
+                return None
+            parts.append(value_key(a))
+        elif t is mx.array:
+            parts.append((a.dtype, a.ndim))
+        elif t is int:
+            parts.append((int, -2**31 <= a < 2**31 or int_scalar_dtype(name, a)))
+        elif t is float or t is bool:
+            parts.append(t)
+        elif a is None:
+            parts.append(None)
+        else:
+            return None
+    options = tuple([(k, *value_key(v)) for k, v in kwargs.items()]) if kwargs else ()
+    try:
+        hash(options)
+    except TypeError:
+        return None
+    return (grid_key, len(args), tuple(parts), options, raw_values(_LAUNCH_VARIABLES),
+            device_type())
+
+
 # What a resolved launch also depends on: the backend selection (compiler/backend.py,
 # SELECTION_VARIABLES), METILE_DEBUG=asserts, how a precompiled kernel takes its scalars,
 # which binding launches a cubin, and the CPU runtime's lane order and checks (a Dispatch
@@ -187,19 +237,23 @@ def launch_environment() -> tuple:
 
 
 class LaunchCache(dict):
-    """A kernel's resolved launches by launch key, and `last`: the one its most recent
-    cached launch reused, whose LaunchGuard a repeated call tries before building a key.
-    Clearing the cache (Kernel.refresh, a full cache, a test) forgets `last` with it."""
+    """A kernel's resolved launches by launch key; `last`: the one its most recent
+    cached launch reused, whose LaunchGuard a repeated call tries before building a key;
+    `families`: by _family_key, the latest launch of each family, whose specialization a
+    call of new shapes or scalar values takes.  Clearing the cache (Kernel.refresh, a
+    full cache, a test) forgets `last` and the families with it."""
 
-    __slots__ = ("last",)
+    __slots__ = ("last", "families")
 
     def __init__(self):
         super().__init__()
         self.last = None
+        self.families = {}
 
     def clear(self) -> None:
         super().clear()
         self.last = None
+        self.families.clear()
 
 
 def _make_guard(grid, args, kwargs, key, plan, out_positions):
@@ -278,11 +332,20 @@ class Launcher:
                     launches.last = template
                 kernel.last_dispatch = template
                 return template._relaunch(args)
-        d = self.prepare(*args, **kwargs)
+        d = None
+        family = None if key is None else _family_key(kernel, grid, args, kwargs)
+        if family is not None:
+            like = launches.families.get(family)
+            if like is not None:
+                d = like._resized(grid, args, kwargs, key)
+        if d is None:
+            d = self.prepare(*args, **kwargs)
         if d._key is not None:  # this call's key, when the launch can be reused
             remember(kernel, d._key, d)
             if d._guard is not None:
                 launches.last = d
+            if family is not None and d._family:
+                launches.families[family] = d
         try:
             return d()
         finally:
@@ -328,8 +391,23 @@ class Dispatch:
             # the plan and a plan-only report can be inspected; calling it refuses.
             self.variant, self._key, self._input_plan = None, None, None
             self._guard = self._direct = None
+            self._family = None
             kernel.last_dispatch = self
             return
+        self._set_launch(runtime, grid, args, kwargs, None, None)
+        # the runtime values not passed positionally (keyword scalars, defaults), which
+        # a call of the same family passes alike (its arrays are all positional)
+        passed = set(kernel.param_names[:len(args)])
+        self._rest = {n: v for n, v in runtime.items() if n not in passed} \
+            if self._family else None
+
+    def _set_launch(self, runtime: dict, grid: tuple, args, kwargs, key, like) -> None:
+        """Everything of a launch that depends on its argument values for an already chosen
+        specialization: coverage proof and variant, buffer-size check, scalar inputs,
+        output shapes, launch key and guard.  `key`: the call's launch key where the
+        caller has it; `like`: a launch of the same family whose scalar arrays of equal
+        value are reused."""
+        kernel, spec, specs = self.kernel, self.spec, self.specs
         outputs = spec.outputs
         for name in outputs:
             if specs[name][0] != "buffer":
@@ -354,8 +432,9 @@ class Dispatch:
         launch = d.lowering.get("launch") or {}
         maps = launch.get("tensor_maps")
         # (the driver encodes the templates: only where the kernel can run)
+        kept = {} if like is None else like._scalar_arrays
         self.inputs = [tensor_maps.templates(maps, spec.backend.native) if role == "tensor_maps"
-                       else scalar_array(runtime[name], name) for role, name in d.input_roles]
+                       else _scalar_input(runtime[name], name, kept) for role, name in d.input_roles]
         # reused as they are by a relaunch: scalars' arrays and the tensor-map templates
         self._fixed_inputs = {i: a for i, ((role, name), a) in enumerate(zip(d.input_roles,
                                                                               self.inputs))
@@ -404,7 +483,7 @@ class Dispatch:
         positional = all(name in passed for role, name in d.input_roles if role == "in") and \
             all(name in passed for name in outputs)
         self._key = None if kernel.differentiable or not positional or not reusable else \
-            _launch_key(self.grid_arg, args, kwargs)
+            (key or _launch_key(self.grid_arg, args, kwargs))
         # Where a relaunch finds its arrays among the positional arguments: each output's
         # position, and per kernel input its position or the array kept from this launch.
         where = {name: i for i, name in enumerate(kernel.param_names[:len(args)])}
@@ -420,7 +499,38 @@ class Dispatch:
             self._key = None   # a relaunch takes every array positionally
         self._guard = None if self._key is None else _make_guard(
             self.grid_arg, args, kwargs, self._key, self._input_plan, self._out_positions)
+        # scalar values -> their 0-d input arrays, for a launch of the same family
+        self._scalar_arrays = {(name, *value_key(runtime[name])): self.inputs[i]
+                               for i, (role, name) in enumerate(d.input_roles)
+                               if i in self._fixed_inputs and role != "tensor_maps"}
+        # new argument values of this signature's family may take this specialization
+        # (no tensor maps: their templates are encoded for one launch's shapes; no
+        # int-specialized schedule: its proofs hold for one launch's values)
+        self._family = self._key is not None and not maps and not spec.int_values
         kernel.last_dispatch = self
+
+    def _resized(self, grid, args, kwargs, key) -> "Dispatch | None":
+        """This launch's specialization for a call of its family (_family_key: the same
+        dtypes, ranks, constexprs and options) with other shapes or scalar values: only
+        what depends on the values is resolved again (_set_launch).  Binding and
+        specializing cost most of a new signature's launch (~130 us of ~290 on a 2-core
+        CPU for attention's decode kernel), and an eager decoding loop meets a new
+        signature every token (its cache grows).  None where the arguments bind otherwise
+        (the caller then prepares a launch in full)."""
+        kernel = self.kernel
+        names, consts = kernel.param_names, kernel.constexpr_names
+        runtime = dict(self._rest)
+        for name, value in zip(names, args):
+            if value is not None and name not in consts:
+                runtime[name] = value
+        d = Dispatch.__new__(Dispatch)
+        d.kernel, d.spec, d.specs, d.grid_arg = kernel, self.spec, self.specs, grid
+        d._held, d.unlowered, d._rest = self._held, None, self._rest
+        try:
+            d._set_launch(runtime, resolve_grid(grid, {}), args, kwargs, key, self)
+        except CompilationError as e:
+            raise e.with_traceback(None) from None
+        return d
 
     def _release(self) -> None:
         """Let go of the arrays of the call this launch was resolved for, once it has run.
@@ -609,21 +719,24 @@ class Dispatch:
             found = self._bound   # (not self: the closure would make a reference cycle)
 
             def run(inputs):
-                # The first launch goes through the launcher's checks; a launcher that can
-                # (CudaKernel.bind, MetalKernel.bind on the CPU runtime) then hands back its
-                # binding call with this launch's fixed arguments, for the relaunches (same
-                # dtypes and shapes; the settings it read are in the launch key).  Its
-                # `direct`, a C++ call answering None off its device, serves _fast.
+                # The first launch binds: a launcher that can (CudaKernel.bind,
+                # MetalKernel.bind on the CPU runtime) makes its binding call with this
+                # launch's fixed arguments, running the checks of a full call once, and
+                # the launch runs through it, as do the relaunches (same dtypes and
+                # shapes; the settings it read are in the launch key).  Its `direct`, a
+                # C++ call answering None off its device, serves _fast.  A launcher
+                # without one (Metal) takes the full call each time.  (The first launch
+                # made the full call and then bound: every check twice, ~35 us each for
+                # a launch of a new shape on a 2-core CPU.)
                 nonlocal bound
-                if bound:
-                    return bound(inputs)
-                outs = call(**kwargs, inputs=inputs)
                 if bound is None:
                     bind = getattr(call, "bind", None)
                     bound = (bind(**kwargs, inputs=inputs) if bind is not None else None) or False
                     if own and bound:
                         found["direct"] = getattr(bound, "direct", None)
-                return outs
+                if bound:
+                    return bound(inputs)
+                return call(**kwargs, inputs=inputs)
 
             self._guarded = self._unguarded = run
             if not own:
