@@ -238,3 +238,50 @@ def test_clearing_the_cache_forgets_the_last_launch(made):
     got = add_c[(1,)](mx.array(x), mx.zeros((16,)), 16, 1.0, BLOCK=16)
     np.testing.assert_array_equal(np.array(got), x + 1.0)
     assert len(made) == 2
+
+
+def test_new_shapes_take_the_family_launch_and_stay_right(made):
+    # an eager loop over a growing buffer: each step a new shape and n, and grids whose
+    # coverage of the output is proven or not (a written mask then keeps Y's values)
+    for n in range(1, 70, 3):
+        size = n + (n % 5)      # (some outputs longer than n: elements past n keep Y's)
+        blocks = -(-n // 16) - (1 if n % 7 == 0 and n > 16 else 0)   # some grids short
+        x, y = _x(size, seed=n), _x(size, seed=n + 100)
+        got = add_c[(blocks,)](mx.array(x), mx.array(y), n, 0.5 * n, BLOCK=16)
+        np.testing.assert_allclose(np.array(got), _expect(x, y, n, 0.5 * n, blocks * 16),
+                                   rtol=1e-6)
+    assert len(made) == 1   # every later launch resolved from the family's specialization
+    kept = add_c._launches
+    assert len(kept) > 20 and len(kept.families) == 1
+
+
+def test_the_family_launch_refuses_an_aliased_output(made):
+    x, y = mx.array(_x(40)), mx.array(_x(40, seed=1))
+    add_c[(3,)](x, y, 40, 1.5, BLOCK=16)
+    z = mx.array(_x(24))
+    with pytest.raises(LaunchError, match="argument 'X' is the same array as output 'Y'"):
+        add_c[(2,)](z, z, 24, 1.5, BLOCK=16)
+
+
+def test_an_int_past_int32_is_another_family(made):
+    # the scalar binds as int64 there: another specialization, not the int32 one's
+    # (one block of 8 over 8 elements: n only bounds the mask, every store stays inside)
+    x, y = _x(8), _x(8, seed=1)
+    add_c[(1,)](mx.array(x), mx.array(y), 8, 1.0, BLOCK=8)
+    got = add_c[(1,)](mx.array(x), mx.array(y), 2**31 + 8, 1.0, BLOCK=8)
+    np.testing.assert_array_equal(np.array(got), x + np.float32(1.0))
+    assert len(made) == 2 and made[1].specs["n"][1].name == "int64"
+
+
+def test_a_changed_global_reaches_new_shapes(made):
+    # Kernel.refresh forgets the launches and their families when a global changes
+    global SCALE
+    try:
+        for size, scale in ((20, 2.0), (24, 2.0), (28, 3.0), (32, 3.0)):
+            SCALE = scale
+            x = _x(size)
+            got = scaled[(2,)](mx.array(x), mx.zeros((size,)), size, BLOCK=16)
+            np.testing.assert_array_equal(np.array(got), x * np.float32(scale))
+    finally:
+        SCALE = 2.0
+    assert len(made) == 2
