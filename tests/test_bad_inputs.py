@@ -259,6 +259,9 @@ case("prepared-other-rank", lambda: _prepared()(mx.zeros((2, 4)), zeros8(), 8),
      error(LaunchError, r"argument 'X': prepared for rank 1, got rank 2"))
 case("prepared-other-constexpr", lambda: _prepared()(X8, zeros8(), 8, BLOCK=32),
      error(LaunchError, r"constexpr arguments differ from the prepared launch; prepare again"))
+case("prepared-other-warps", lambda: _prepared()(X8, zeros8(), 8, num_warps=4),
+     error(LaunchError, r"num_warps/num_simdgroups differ from the prepared launch \(the "
+                        r"kernel's default, got 4 warps\); prepare again"))
 case("prepared-scalar-for-buffer", lambda: _prepared()(1.0, zeros8(), 8),
      error(LaunchError, r"argument 'X': prepared for a float32 buffer, got a float32 scalar"))
 

@@ -552,8 +552,16 @@ class Dispatch:
                 raise LaunchError(f"argument {name!r}: prepared for a {pd} {pk}, got a {d} {kind}")
             if ndim != pn:
                 raise LaunchError(f"argument {name!r}: prepared for rank {pn}, got rank {ndim}")
-        if consts != self.spec.constexprs or threads != self.spec.threads_req:
+        if consts != self.spec.constexprs:
             raise LaunchError("constexpr arguments differ from the prepared launch; prepare again")
+        if threads != self.spec.threads_req:
+            # (the constexprs' message named the wrong thing for a new num_warps)
+            lanes = "the kernel's default" if self.spec.threads_req is None else \
+                f"{self.spec.threads_req // 32} warps"
+            got = "the kernel's default" if threads is None else f"{threads // 32} warps"
+            raise LaunchError(f"num_warps/num_simdgroups differ from the prepared launch ({lanes}, "
+                              f"got {got}); prepare again (kernel[grid](...) resolves a new "
+                              f"launch by itself)")
 
     def _loaded_buffers(self, outputs: list[str]) -> tuple[list[str], list[int]]:
         """(names, input positions) of the buffers the kernel reads and does not write: the
