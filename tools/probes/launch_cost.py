@@ -28,6 +28,7 @@ sys.path.insert(0, "tests")
 import nvrtc  # noqa: E402
 
 import metile  # noqa: E402
+from eager_host_cost import cycling  # noqa: E402  (this folder: sys.path[0] when run)
 
 PAIRS = ("linear", "rms_norm", "softmax")
 SOURCE = 'extern "C" __global__ void plus_one(const float* x, float* y) { y[0] = x[0] + 1.0f; }'
@@ -42,19 +43,6 @@ def plus_one(X, Y):
 def add_one(X, Y, n, BLOCK: metile.constexpr):
     offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
     metile.store(Y + offs, metile.load(X + offs, mask=offs < n) + 1.0, mask=offs < n)
-
-
-def cycling(fn, items):
-    """fn of the next item at each call: a new shape every call where the items have more
-    distinct shapes than a kernel's launch cache keeps (256), as an eager decoding loop
-    over a growing cache meets them."""
-    at = [0]
-
-    def call():
-        item = items[at[0] % len(items)]
-        at[0] += 1
-        return fn(item)
-    return call
 
 
 def main():
