@@ -495,7 +495,7 @@ def routes(monkeypatch, tmp_path):
     """The routing decisions taken, with a fresh decision cache."""
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
     routing.clear_memory()
-    model_ops._keys.clear()
+    routing._signature_keys.clear()
     taken = []
     original = model_ops._route
 
@@ -507,7 +507,7 @@ def routes(monkeypatch, tmp_path):
     monkeypatch.setattr(model_ops, "_route", spy)
     yield taken
     routing.clear_memory()
-    model_ops._keys.clear()
+    routing._signature_keys.clear()
 
 
 def test_backends_each_run_and_auto_defaults_to_mlx(rng, routes):

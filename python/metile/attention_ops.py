@@ -482,32 +482,21 @@ def _fingerprints() -> dict:
                 kernels.attention_combine, kernels.attention_combine_splits))}
 
 
-# the routing keys of recent signatures (building one encodes JSON: ~30 us, at every call
-# of a new signature - each step of an eager decode over a grown cache), as model_ops does
-_keys: dict = {}
-
-
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
     device_type = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     env = routing.environment()
-    memo = (q.dtype, q.shape[0], q.shape[1], k.shape[1], _bucket(q.shape[2]),
-            _bucket(k.shape[2]), q.shape[3], kind, tuple(_config_name(c) for c in cfgs),
-            device_type, env)
-    hit = _keys.get(memo)
-    if hit is not None:
-        return hit
-    if len(_keys) >= 1024:
-        _keys.clear()
-    parts = {"op": "scaled_dot_product_attention",
-             "dtype": dtype_name(q.dtype), "batch": q.shape[0],
-             "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_bucket": _bucket(q.shape[2]),
-             "kv_bucket": _bucket(k.shape[2]), "head_dim": q.shape[3], "mask": kind,
-             "device": _device_description(device_type),
-             "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
-             "environment": dict(env), "toolchain": routing.tuning.toolchain(),
-             **_fingerprints()}
-    hit = _keys[memo] = (routing.decision_key(parts), parts)
-    return hit
+    names = tuple(_config_name(c) for c in cfgs)
+    memo = ("scaled_dot_product_attention", q.dtype, q.shape[0], q.shape[1], k.shape[1],
+            _bucket(q.shape[2]), _bucket(k.shape[2]), q.shape[3], kind, names, device_type, env)
+    return routing.signature_key(memo, lambda: {
+        "op": "scaled_dot_product_attention",
+        "dtype": dtype_name(q.dtype), "batch": q.shape[0],
+        "q_heads": q.shape[1], "kv_heads": k.shape[1], "q_bucket": _bucket(q.shape[2]),
+        "kv_bucket": _bucket(k.shape[2]), "head_dim": q.shape[3], "mask": kind,
+        "device": _device_description(device_type),
+        "candidates": [routing.REFERENCE, *names],
+        "environment": dict(env), "toolchain": routing.tuning.toolchain(),
+        **_fingerprints()})
 
 
 def _cost_model() -> routing.Decision:

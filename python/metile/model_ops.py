@@ -489,9 +489,6 @@ class _Route:
     decision: routing.Decision
 
 
-_keys: dict[tuple, tuple[str, dict]] = {}
-
-
 @functools.lru_cache(maxsize=None)
 def _kernel_fingerprint(op: str) -> str:
     from metile_kernels import norms, rope, softmax
@@ -512,16 +509,12 @@ def _signature(op: str, dtypes: tuple, rows: int, columns: int, flags: tuple):
     device = "gpu" if mx.default_device().type == mx.gpu else "cpu"
     env = routing.environment()
     memo = (op, dtypes, m_bucket(rows), columns, flags, device, env)
-    hit = _keys.get(memo)
-    if hit is not None:
-        return hit
-    parts = {"op": op, "dtypes": list(dtypes), "m_bucket": m_bucket(rows), "columns": columns,
-             "flags": [list(f) for f in flags], "device": _device_description(device),
-             "candidates": [routing.REFERENCE] + [_config_name(c) for c in configs(op, columns)],
-             "environment": dict(env), "toolchain": routing.tuning.toolchain(),
-             "compiler": _compiler_fingerprint(), "kernel": _kernel_fingerprint(op)}
-    hit = _keys[memo] = (routing.decision_key(parts), parts)
-    return hit
+    return routing.signature_key(memo, lambda: {
+        "op": op, "dtypes": list(dtypes), "m_bucket": m_bucket(rows), "columns": columns,
+        "flags": [list(f) for f in flags], "device": _device_description(device),
+        "candidates": [routing.REFERENCE] + [_config_name(c) for c in configs(op, columns)],
+        "environment": dict(env), "toolchain": routing.tuning.toolchain(),
+        "compiler": _compiler_fingerprint(), "kernel": _kernel_fingerprint(op)})
 
 
 def _cost_model(why: str | None = None) -> routing.Decision:

@@ -729,9 +729,6 @@ def _dual_block(block: dict) -> dict:
     return block
 
 
-_keys: dict[tuple, tuple[str, dict]] = {}
-
-
 def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
                has_residual=False, batch=None) -> tuple[str, dict]:
     """(decision key, key parts) of a call; memoised, since every auto call needs it.
@@ -743,28 +740,28 @@ def _signature(op, dtype, m, n, k, layout, epilogue, has_bias,
     batch_parts = None if batch is None else (m_bucket(batch[0]), batch[1])
     memo = (op, str(dtype), m_bucket(m), n, k, layout, epilogue, has_bias, has_residual,
             device_type, env, batch_parts)
-    hit = _keys.get(memo)
-    if hit is not None:
-        return hit
-    cfgs = gated_configs(dtype) if op == "gated_mlp" else \
-        metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
-    parts = {"op": op, "dtype": dtype_name(dtype), "m_bucket": m_bucket(m),
-             "n": n, "k": k, "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
-             "device": _device_description(device_type),
-             "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
-             "environment": dict(env), "toolchain": routing.tuning.toolchain(), **_fingerprints()}
-    if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
-        parts["residual"] = has_residual
-        parts["linear_kernel"] = _linear_fingerprint()
-    if op == "gated_mlp":   # these run the dual-GEMM kernel
-        parts["gated_kernel"] = _gated_fingerprint()
-    if any("SPLIT_K" in c for c in cfgs):   # candidates that run the split-K kernels
-        parts["split_k_kernels"] = _split_k_fingerprint()
-    if batch_parts is not None:   # these run batched_matmul_epilogue, one GEMM per batch index
-        parts["batch_bucket"], parts["batch_shared"] = batch_parts
-        parts["batched_kernel"] = _batched_fingerprint()
-    hit = _keys[memo] = (routing.decision_key(parts), parts)
-    return hit
+
+    def parts() -> dict:
+        cfgs = gated_configs(dtype) if op == "gated_mlp" else \
+            metile_configs(dtype, layout, None if batch is not None else (m_bucket(m), n, k))
+        made = {"op": op, "dtype": dtype_name(dtype), "m_bucket": m_bucket(m), "n": n, "k": k,
+                "layout": layout, "epilogue": epilogue or "none", "bias": has_bias,
+                "device": _device_description(device_type),
+                "candidates": [routing.REFERENCE] + [_config_name(c) for c in cfgs],
+                "environment": dict(env), "toolchain": routing.tuning.toolchain(),
+                **_fingerprints()}
+        if has_bias or has_residual:   # these calls run linear_epilogue (epilogue reads)
+            made["residual"] = has_residual
+            made["linear_kernel"] = _linear_fingerprint()
+        if op == "gated_mlp":   # these run the dual-GEMM kernel
+            made["gated_kernel"] = _gated_fingerprint()
+        if any("SPLIT_K" in c for c in cfgs):   # candidates that run the split-K kernels
+            made["split_k_kernels"] = _split_k_fingerprint()
+        if batch_parts is not None:   # these run batched_matmul_epilogue, one GEMM a batch index
+            made["batch_bucket"], made["batch_shared"] = batch_parts
+            made["batched_kernel"] = _batched_fingerprint()
+        return made
+    return routing.signature_key(memo, parts)
 
 
 def _cost_model() -> routing.Decision:

@@ -177,6 +177,24 @@ def decision_key(parts: dict) -> str:
     return tuning.tuning_key({**parts, "format": FORMAT, "kind": "routing"})
 
 
+# the decision keys of recent signatures, by each op's memo tuple: building one encodes
+# JSON (~30 us), at every call of a new signature - each step of an eager decode over a
+# grown cache - where the memo (its dtypes, buckets, flags, device, environment) repeats
+_signature_keys: dict[tuple, tuple[str, dict]] = {}
+
+
+def signature_key(memo: tuple, parts: Callable[[], dict]) -> tuple[str, dict]:
+    """(decision_key(parts()), parts()) of a signature, kept by `memo` (a tuple holding
+    everything `parts` reads, the op's name first); bounded, cleared when full."""
+    hit = _signature_keys.get(memo)
+    if hit is None:
+        if len(_signature_keys) >= 4096:
+            _signature_keys.clear()
+        made = parts()
+        hit = _signature_keys[memo] = (decision_key(made), made)
+    return hit
+
+
 def _well_formed(entry: dict) -> bool:
     timings, unusable = entry.get("timings"), entry.get("unusable", {})
     return (isinstance(timings, dict) and isinstance(unusable, dict)
