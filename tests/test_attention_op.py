@@ -294,11 +294,15 @@ def test_a_few_queries_each_their_own_row(rng, lq, lk, mask):
     elif mask == "additive":
         mask = mx.array(rng.standard_normal((4, lq, lk)).astype(np.float32))
     check(q, k, v, mask=mask, path="decode_rows")
-    for splits in (1, 3):
+    for splits, ahead in ((1, 1), (3, 1), (1, 2), (3, 2)):
+        # (AHEAD=2: two key blocks loaded ahead of the one reduced)
         got = attention_ops._launch(q, k, v, mask, 0.125, {"path": "decode_rows", "BLOCK_N": 8,
-                                                           "SPLITS": splits})
+                                                           "SPLITS": splits, "AHEAD": ahead})
         np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.125, mask), rtol=1e-4,
                                    atol=1e-5)
+    with pytest.raises(ValueError, match="AHEAD .* must be 1 or 2, got 3"):
+        attention_ops._launch(q, k, v, mask, 0.125, {"path": "decode_rows", "BLOCK_N": 8,
+                                                     "AHEAD": 3})
 
 
 def test_queries_that_see_no_key_take_the_split_kernel(rng):

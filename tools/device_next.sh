@@ -110,6 +110,8 @@ if [ "$mode" = s116 ]; then
   eager_cost
   timeout 45 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 \
     --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -3 | tee -a "$log"
+  # decode attention with two key blocks loaded ahead (AHEAD=2) against one and MLX
+  timeout 90 python3 tools/probes/decode_ahead.py "$logs/h200-decode-ahead.json" 2>&1 | tail -4 | tee -a "$log"
   left=$((budget - 20 - (SECONDS - t0)))
   [ $left -gt 30 ] && gpu_tests $left test_eager_fast_path test_launch_errors test_cuda_launch \
     test_cuda_scalars test_op_replay test_attention_op test_split_k test_triton_parity \

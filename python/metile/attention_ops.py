@@ -342,6 +342,9 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     # (1024 threads, the plan's own count for a 64x128 block, would leave runs of a
     # 32-key block unfilled)
     warps = config.get("num_warps") or rows_warps(block_n, d)
+    if config.get("AHEAD", 1) not in (1, 2):
+        raise _fail(ValueError, f"AHEAD (key blocks loaded ahead) must be 1 or 2, got "
+                                f"{config['AHEAD']!r}")
     splits = config.get("SPLITS") or rows_split_count(rows, kv_len, block_n, warps)
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
@@ -352,7 +355,8 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
          chunk, scale_log2, rows, splits * rows, *strides),
         dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_N=block_n,
              # (the last query sees every key: one query's causal mask removes nothing)
-             MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps))
+             MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps,
+             **({"AHEAD": config["AHEAD"]} if config.get("AHEAD", 1) != 1 else {})))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 

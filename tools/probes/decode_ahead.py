@@ -1,0 +1,53 @@
+"""Decode attention with one or two key blocks loaded ahead (attention_decode's AHEAD):
+the s97 profile read the default launch (8 keys on 2 warps, 32 splits, 1x32x4096x128
+float16) as latency-bound at 64% of DRAM, ~31 KB in flight an SM with one block ahead.
+Compiled calls of the op's kernels with each configuration against MLX's op, chained
+(each output the next query), 100 a sync, alternating, median of 9 rounds; validated
+against MLX's op first.
+
+    python3 tools/probes/decode_ahead.py [out.json]
+"""
+import json
+import platform
+import sys
+
+sys.path.insert(0, "tools/probes")
+import mlx.core as mx   # noqa: E402
+
+from decode_attention import alternating      # noqa: E402 (this folder)
+from decode_attention_ncu import operands     # noqa: E402
+from metile import attention_ops              # noqa: E402
+
+CONFIGS = {"ahead1": {"path": "decode_rows", "BLOCK_N": 8},
+           "ahead2": {"path": "decode_rows", "BLOCK_N": 8, "AHEAD": 2},
+           "ahead2_16keys": {"path": "decode_rows", "BLOCK_N": 16, "AHEAD": 2}}
+
+
+def main():
+    scale = 128 ** -0.5
+    report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
+                          "device": str(mx.default_device())},
+              "metric": "us per compiled call, 100 chained calls a sync, median of 9 "
+                        "alternating rounds", "cases": []}
+    for keys in (4096, 16384):
+        q, k, v = operands(keys)
+        fns = {name: mx.compile(lambda q, c=c: attention_ops._run(q, k, v, scale, None, c))
+               for name, c in CONFIGS.items()}
+        fns["mlx"] = mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale))
+        want = fns["mlx"](q)
+        for name in CONFIGS:
+            err = float(mx.abs(fns[name](q).astype(mx.float32) - want.astype(mx.float32)).max())
+            assert err < 2e-2, (keys, name, err)
+        us = alternating(fns, q, 9, 100)
+        moved = 2 * 32 * keys * 128 * 2
+        case = {"keys": keys, "us_per_call": us,
+                "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in CONFIGS},
+                "tb_per_s": {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}}
+        print(json.dumps(case), flush=True)
+        report["cases"].append(case)
+    if len(sys.argv) > 1:
+        json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
