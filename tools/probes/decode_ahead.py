@@ -20,7 +20,11 @@ from metile import attention_ops              # noqa: E402
 
 CONFIGS = {"ahead1": {"path": "decode_rows", "BLOCK_N": 8},
            "ahead2": {"path": "decode_rows", "BLOCK_N": 8, "AHEAD": 2},
-           "ahead2_16keys": {"path": "decode_rows", "BLOCK_N": 16, "AHEAD": 2}}
+           "ahead2_16keys": {"path": "decode_rows", "BLOCK_N": 16, "AHEAD": 2},
+           # 4 warps on 8 keys: one 16-byte run a thread, half the registers' tiles (the
+           # split count follows the warps: 16 splits at 32 heads)
+           "ahead1_4warps": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4},
+           "ahead2_4warps": {"path": "decode_rows", "BLOCK_N": 8, "AHEAD": 2, "num_warps": 4}}
 
 
 def main():
