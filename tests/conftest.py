@@ -85,3 +85,23 @@ def stand_in_gpu(monkeypatch):
     monkeypatch.setattr(cuda_kernel_module, "resolve_stream", lambda stream, op: StandInGpuStream)
     monkeypatch.setattr(mx, "default_stream", lambda device: StandInGpuStream)
     return StandInGpuStream
+
+
+def np_rope(x, dims, traditional, base, scale, offset, freqs=None):
+    """mx.fast.rope in float64 NumPy: x (B, *, T, D), offset an int or B offsets."""
+    b, t = x.shape[0], x.shape[-2]
+    off = np.broadcast_to(np.asarray(offset, np.float64).reshape(-1), (b,))
+    inv = 1.0 / np.asarray(freqs, np.float64) if freqs is not None else \
+        base ** (-np.arange(0, dims, 2) / dims)
+    pos = off.reshape((b,) + (1,) * (x.ndim - 2)) + np.arange(t).reshape((1,) * (x.ndim - 2) + (t,))
+    angle = (pos * scale)[..., None] * inv
+    c, s = np.cos(angle), np.sin(angle)
+    out = x.copy()
+    if traditional:
+        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
+        out[..., 0:dims:2], out[..., 1:dims:2] = x1 * c - x2 * s, x1 * s + x2 * c
+    else:
+        h = dims // 2
+        x1, x2 = x[..., :h], x[..., h:dims]
+        out[..., :h], out[..., h:dims] = x1 * c - x2 * s, x1 * s + x2 * c
+    return out

@@ -26,7 +26,7 @@ from mlx.utils import tree_flatten
 import metile.nn as mnn
 from metile import model_ops, op_replay, ops
 from metile.runtime import routing
-from conftest import default_is_cpu
+from conftest import default_is_cpu, np_rope
 from nvrtc import TOOLKIT, compile_cuda, translation_unit
 
 TOL = {mx.float32: (3e-4, 3e-5), mx.float16: (2e-3, 2e-3), mx.bfloat16: (1.6e-2, 1.6e-2)}
@@ -69,25 +69,6 @@ def np_softmax(x, axis=-1):
     with np.errstate(invalid="ignore"):
         e = np.exp(x - x.max(axis=axis, keepdims=True))
         return e / e.sum(axis=axis, keepdims=True)
-
-
-def np_rope(x, dims, traditional, base, scale, offset, freqs=None):
-    b, t = x.shape[0], x.shape[-2]
-    off = np.broadcast_to(np.asarray(offset, np.float64).reshape(-1), (b,))
-    inv = 1.0 / np.asarray(freqs, np.float64) if freqs is not None else \
-        base ** (-np.arange(0, dims, 2) / dims)
-    pos = off.reshape((b,) + (1,) * (x.ndim - 2)) + np.arange(t).reshape((1,) * (x.ndim - 2) + (t,))
-    angle = (pos * scale)[..., None] * inv
-    c, s = np.cos(angle), np.sin(angle)
-    out = x.copy()
-    if traditional:
-        x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
-        out[..., 0:dims:2], out[..., 1:dims:2] = x1 * c - x2 * s, x1 * s + x2 * c
-    else:
-        h = dims // 2
-        x1, x2 = x[..., :h], x[..., h:dims]
-        out[..., :h], out[..., h:dims] = x1 * c - x2 * s, x1 * s + x2 * c
-    return out
 
 
 # -- forward: NumPy and MLX ----------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s118   -- rope gradients vs the transpose, decode with 8 splits, tests
 #   OUT=$OUT bash tools/device_next.sh s117   -- s116's first test files by name, decode warps/splits
 #   OUT=$OUT bash tools/device_next.sh s116   -- rope array-offset probe, eager cost with new shapes, decode attention, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s115   -- model layers, eager cost, decode attention, GPU tests (one call)
@@ -102,7 +103,19 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s117 ]; then
+if [ "$mode" = s118 ]; then
+  # rope's gradient (MLX's and metile's) against the rotation's transpose; decode attention
+  # with 8 splits as the default (ROWS_TARGET_WARPS 512); the rope and attention GPU tests
+  timeout 60 python3 tools/probes/rope_grad_mlx.py 2>&1 | tee -a "$log"
+  timeout 60 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 16384 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  left=$((budget - 20 - (SECONDS - t0)))
+  (cd /tmp && timeout $left python3 -m pytest -q -p no:cacheprovider --timeout 90 -rf --tb=short \
+     --junitxml="$out/junit.xml" "$repo/tests/test_attention_op.py" "$repo/tests/test_op_replay.py" \
+     "$repo/tests/test_model_ops_norms.py" > "$logs/pytest.txt" 2>&1)
+  grep -E "^(FAILED|ERROR)|passed|failed" "$logs/pytest.txt" | head -30 | tee -a "$log"
+  python3 tools/summarize_run.py "$out/junit.xml" > "$out/device-run.json" 2>>"$log"
+elif [ "$mode" = s117 ]; then
   # the GPU tests s116 ran out of time in (two failures among the first files, unnamed), then
   # decode attention's warp and split counts around the 4-warp form
   (cd /tmp && timeout 200 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rf --tb=short \

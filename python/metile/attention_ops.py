@@ -257,9 +257,12 @@ def rows_tiles(d: int, itemsize: int) -> list[dict]:
 ROWS_QUERIES = 4
 # splits attention_combine_splits reads at once; more go through attention_combine's loop
 COMBINE_SPLITS = 64
-# warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps (s20: 40.0 us a
-# compiled call against 42.5 with 64 splits)
-ROWS_TARGET_WARPS = 2048
+# warps attention_decode's splits aim for: 8 splits of 32 heads on 2 warps, 256 programs of
+# 512 keys (H100, s117, 1x32xLx128 float16, compiled chained calls: 4096 keys 21.7 us
+# against 30.9 with 32 splits and MLX's 32.9-33.6; 16384 keys 68.0 against 98.1 and MLX's
+# 110.2 - the 32 splits of 128 keys each spent their short loop's prologue and epilogue;
+# s20 had compared 32 splits with 64 only)
+ROWS_TARGET_WARPS = 512
 
 
 def rows_warps(block_n: int, d: int) -> int:

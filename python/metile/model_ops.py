@@ -925,13 +925,13 @@ def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
     kernel as a one-element array (the "array" offset kind: the same positions), so every
     offset shares one custom function and one launch - a launch keys its int scalars by
     value (they take part in coverage proofs), and a new one cost ~250 us a token on this
-    CPU."""
-    # On the GPU the array form gave wrong rotations in the H200's test run (s32: every
-    # replayed offset, where the full path's array offsets pass there), not understood yet:
-    # there a replay launches the scalar kernel at each offset, as the full path does
-    as_array = mx.default_device().type == mx.cpu
+    CPU.  (The thirty-second session launched the scalar kernel at each offset off the CPU
+    runtime, reading a failed GPU test as this form rotating wrongly on CUDA; the failing
+    assertion was the test's gradient against MLX's own, whose CUDA vjp with an offset is
+    not the rotation's transpose (MLX 0.32.4), and this form matches MLX's op at every offset
+    on the H100, s116.)"""
     shared = _rope_fn(dataclasses.replace(spec, offset=None, offset_kind="array"), True,
-                      has_freqs, cfg) if as_array else None
+                      has_freqs, cfg)
 
     def run(x, *rest):
         offset = rest[-1]
@@ -940,8 +940,5 @@ def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
         freqs = rest[0] if has_freqs else None
         extra = () if freqs is None else (
             freqs if freqs.dtype in _DTYPES else freqs.astype(mx.float32),)
-        if not as_array:
-            f = _rope_fn(dataclasses.replace(spec, offset=offset), False, has_freqs, cfg)
-            return f(_rows(x), *extra).reshape(x.shape)
         return shared(_rows(x), mx.array([offset], mx.int32), *extra).reshape(x.shape)
     return run
