@@ -27,7 +27,7 @@ def main():
                 kw = dict(traditional=traditional, base=1e4, scale=0.5, offset=offset)
                 want = np_rope(np.array(w, np.float64), 16, traditional, 1e4, -0.5, offset)
                 for name, op in (("mlx", mx.fast.rope),
-                                 ("metile", lambda a, **k: metile.ops.rope(a, backend="metile", **k))):
+                                 ("metile", lambda a, dims, **k: metile.ops.rope(a, dims, backend="metile", **k))):
                     g = mx.grad(lambda a: (op(a, 16, **kw) * w).sum())(x)
                     err = float(np.abs(np.array(g, np.float64) - want).max())
                     print(f"T={t} traditional={traditional} offset={offset} {name:6s} "
