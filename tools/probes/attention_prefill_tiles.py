@@ -79,7 +79,7 @@ def main():
               f"mlx/metile {rows['mlx'] / rows[name]:.3f}", flush=True)
     print("mlx", f"{rows['mlx']:.1f} us {flops / rows['mlx'] / 1e6:.1f} TFLOP/s")
     if args.output:
-        json.dump({"machine": "H200", "mlx": mx.__version__, "shape": [b, h, n, d],
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__, "shape": [b, h, n, d],
                    "dtype": "float16", "mask": "causal", "us_per_call": rows},
                   open(args.output, "w"), indent=1)
 

@@ -101,7 +101,7 @@ def main():
         results[key] = entry
         print(key, {k: v for k, v in entry.items() if k != "passes"}, flush=True)
     if paths:
-        json.dump({"machine": "H200", "size": n, "dtype": "float32 (strict)",
+        json.dump({"machine": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "size": n, "dtype": "float32 (strict)",
                    "cupy": cp.__version__, "results": results}, open(paths[0], "w"), indent=1)
 
 

@@ -158,7 +158,7 @@ def main():
     for k, v in rows.items():
         print(f"{k:24s} {v[0]:8.2f} {v[1]:8.2f} {v[2]:8.2f}")
     if paths:
-        json.dump({"machine": "H200", "mlx": mx.__version__, "shape": [N, N, N], "tile": TILE,
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__, "shape": [N, N, N], "tile": TILE,
                    "launch": {"grid": grid, "block": tg, "shared_memory": smem,
                               "outputs": [list(s) for s in oshapes], "cubin_bytes": len(cubin)},
                    "columns": ["build us", "eval us", "total us"], "rows": rows},

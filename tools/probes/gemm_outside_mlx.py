@@ -143,7 +143,7 @@ def main():
     for k, v in rows.items():
         print(f"  {k:10s} {v:8.2f}")
     if len(sys.argv) > 1:
-        json.dump({"machine": "H200", "cupy": cp.__version__, "mlx": mx.__version__,
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "cupy": cp.__version__, "mlx": mx.__version__,
                    "kernel": name, "blocks": blocks, "threads": tg, "shared_memory": smem,
                    "metric": f"CUDA events around {LAUNCHES} back-to-back launches, best of 5x2",
                    "us_per_launch": rows}, open(sys.argv[1], "w"), indent=1)

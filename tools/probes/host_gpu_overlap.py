@@ -66,7 +66,7 @@ def main():
     for k, v in rows.items():
         print(f"{k:40s} {v[0]:9.2f} {v[1]:9.2f}")
     if len(sys.argv) > 1:
-        json.dump({"machine": "H200", "mlx": mx.__version__,
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__,
                    "columns": ["mx.compile us per call", "eager us per call"], "rows": rows},
                   open(sys.argv[1], "w"), indent=1)
 

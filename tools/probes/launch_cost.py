@@ -134,7 +134,7 @@ def main():
     for k, v in results.items():
         print(f"{k:12s} {v}", flush=True)
     if len(sys.argv) > 1:
-        json.dump({"machine": "H200", "mlx": mx.__version__,
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__,
                    "metric": "eager, 2000 launches per synchronization, best of 4 "
                              "alternating: build_us = host time to build the lazy op, "
                              "per_launch_us = build + evaluation + GPU, per launch",

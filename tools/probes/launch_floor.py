@@ -144,7 +144,7 @@ def main():
         for k, v in rows.items():
             print(f"  {k:36s} {v}")
     if len(sys.argv) > 1:
-        json.dump({"machine": "H200", "mlx": mx.__version__, "results": results},
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__, "results": results},
                   open(sys.argv[1], "w"), indent=1)
 
 

@@ -150,7 +150,7 @@ def main():
     for k, v in rows.items():
         print(f"{k:28s} {v[0]:8.2f} {v[1] if v[1] is not None else '':>8}")
     if len(sys.argv) > 1:
-        json.dump({"machine": "H200", "mlx": mx.__version__, "cupy": cp.__version__,
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__, "cupy": cp.__version__,
                    "columns": ["mx.compile us per call", "CuPy us per launch"], "rows": rows},
                   open(sys.argv[1], "w"), indent=1)
 

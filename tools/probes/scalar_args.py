@@ -107,7 +107,7 @@ def main():
         results[n] = {k: round(min(v), 2) for k, v in times.items()}
         print(n, results[n], flush=True)
     if path:
-        json.dump({"machine": "H200", "mlx": mx.__version__, "kernel": "metile matmul 128x256x64 "
+        json.dump({"machine": mx.device_info().get("device_name", str(mx.default_device())), "mlx": mx.__version__, "kernel": "metile matmul 128x256x64 "
                    "float16, METILE_CUDA_WGMMA default", "metric": "wall us per launch, many "
                    "launches per sync, best of 3 alternating", "results": results},
                   open(path, "w"), indent=1)

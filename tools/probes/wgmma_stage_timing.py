@@ -153,7 +153,7 @@ def main():
                 (a, b, c, *scalars, tmpl, scratch))
 
     if paths and not only:
-        json.dump({"machine": "H200", "shape": [M, N, K], "dtype": "float16",
+        json.dump({"machine": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "shape": [M, N, K], "dtype": "float16",
                    "cupy": cp.__version__, "results": results}, open(paths[0], "w"), indent=1)
 
 
