@@ -509,14 +509,15 @@ class Dispatch:
         self._family = self._key is not None and not maps and not spec.int_values
         kernel.last_dispatch = self
 
-    def _resized(self, grid, args, kwargs, key) -> "Dispatch | None":
+    def _resized(self, grid, args, kwargs, key) -> "Dispatch":
         """This launch's specialization for a call of its family (_family_key: the same
         dtypes, ranks, constexprs and options) with other shapes or scalar values: only
         what depends on the values is resolved again (_set_launch).  Binding and
         specializing cost most of a new signature's launch (~130 us of ~290 on a 2-core
         CPU for attention's decode kernel), and an eager decoding loop meets a new
-        signature every token (its cache grows).  None where the arguments bind otherwise
-        (the caller then prepares a launch in full)."""
+        signature every token (its cache grows).  What a full resolution refuses for these
+        values (an aliased output, a buffer past the kernel's offsets, a grid past the
+        limits) is refused here too."""
         kernel = self.kernel
         names, consts = kernel.param_names, kernel.constexpr_names
         runtime = dict(self._rest)
