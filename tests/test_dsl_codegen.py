@@ -392,7 +392,7 @@ def test_disk_cache_skips_the_frontend(monkeypatch, tmp_path):
     src2 = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source
     assert calls == [1] and src1 == src2
     assert list((tmp_path / "dsl").glob("*.json"))
-    make()[(1,)].prepare(mx.zeros((8,)), BLOCK=16, backend="msl")  # a new constexpr value compiles
+    make()[(1,)].prepare(mx.zeros((16,)), BLOCK=16, backend="msl")  # a new constexpr value compiles
     assert calls == [1, 1]
 
 

@@ -292,3 +292,51 @@ def test_a_grid_changed_in_place_launches_its_current_value():
     assert written(_fill_blocks[np.array(2)]) == 8
     with pytest.raises(LaunchError, match="grid must be 1 to 3 non-negative ints"):
         written(_fill_blocks[{2}])   # (a set: "unhashable type" from the launch cache before)
+
+
+@metile.kernel
+def doubled_unmasked(X, Y, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs, metile.load(X + offs) * 2.0)
+
+
+@metile.kernel
+def tile_copy(X, Y, M, N, S, BM: metile.constexpr, BN: metile.constexpr):
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    metile.store(Y + rows[:, None] * S + cols[None, :],
+                 metile.load(X + rows[:, None] * S + cols[None, :], mask=inside), mask=inside)
+
+
+def test_a_store_past_its_output_is_refused_before_it_runs():
+    # a bound larger than the output (or no mask and a grid past its end) would write out
+    # of bounds: on the CPU runtime that corrupted the process's heap (an abort at exit)
+    x = mx.arange(8).astype(mx.float32)
+    with pytest.raises(LaunchError, match=r"kernel 'double' would store to element 15 of 'Y', "
+                                          r"which has 8 elements: .* at grid \(1, 1, 1\) and "
+                                          r"n=32"):
+        double[(1,)](x, mx.zeros((8,)), 32, BLOCK=16)
+    with pytest.raises(LaunchError, match=r"'doubled_unmasked' would store to element 15 of "
+                                          r"'Y', which has 8 elements"):
+        doubled_unmasked[(1,)](x, mx.zeros((8,)), BLOCK=16)
+    # a 3x5 tile store (row stride 5) into 14 elements: its last element is 14
+    t = mx.arange(15).astype(mx.float32)
+    with pytest.raises(LaunchError, match=r"'tile_copy' would store to element 14 of 'Y', "
+                                          r"which has 14 elements"):
+        tile_copy[(1, 1)](t, mx.zeros((14,)), 3, 5, 5, BM=4, BN=8)
+    # in bounds: the same launches run and are right
+    np.testing.assert_array_equal(np.array(double[(1,)](x, mx.zeros((8,)), 8, BLOCK=16)),
+                                  np.arange(8) * 2.0)
+    np.testing.assert_array_equal(np.array(doubled_unmasked[(1,)](x, mx.zeros((8,)), BLOCK=8)),
+                                  np.arange(8) * 2.0)
+    np.testing.assert_array_equal(np.array(tile_copy[(1, 1)](t, mx.zeros((15,)), 3, 5, 5,
+                                                             BM=4, BN=8)), np.arange(15.0))
+    # a new bound of the same launch family is checked too
+    for n in (4, 8, 9):
+        if n > 8:
+            with pytest.raises(LaunchError, match="would store to element 8 of 'Y'"):
+                double[(1,)](x, mx.zeros((8,)), n, BLOCK=16)
+        else:
+            got = np.array(double[(1,)](x, mx.zeros((8,)), n, BLOCK=16))
+            np.testing.assert_array_equal(got[:n], np.arange(n) * 2.0)

@@ -56,6 +56,19 @@ class Coverage:
             return self.bound_const >= size
         return True
 
+    def last_index(self, grid: tuple, args: dict) -> int | None:
+        """The highest element the store writes at this launch (None: none, or a bound
+        whose value the launch does not know)."""
+        end = grid[0] * self.block
+        if self.bound is not None:
+            n = args.get(self.bound)
+            if not isinstance(n, int) or isinstance(n, bool):
+                return None
+            end = min(end, n)
+        elif self.bound_const is not None:
+            end = min(end, self.bound_const)
+        return end - 1 if end > 0 else None
+
 
 @dataclass(frozen=True)
 class FirstElementCoverage:
@@ -67,6 +80,9 @@ class FirstElementCoverage:
 
     def covers(self, grid: tuple, size: int, args: dict) -> bool:
         return size <= 1 and all(g >= 1 for g in grid)
+
+    def last_index(self, grid: tuple, args: dict) -> int | None:
+        return 0 if all(g >= 1 for g in grid) else None
 
 
 Scalar = "int | str"  # a constant, or the name of a runtime scalar parameter
@@ -97,6 +113,16 @@ class TileCoverage:
         (ra, ca), (bm, bn) = self.axes, self.blocks
         return grid[ra] * bm >= m and grid[ca] * bn >= n and m * n >= size
 
+    def last_index(self, grid: tuple, args: dict) -> int | None:
+        m, n, s = (_value(b, args) for b in (*self.bounds, self.row_stride))
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (m, n, s)):
+            return None
+        (ra, ca), (bm, bn) = self.axes, self.blocks
+        rows, cols = min(m, grid[ra] * bm), min(n, grid[ca] * bn)
+        if rows <= 0 or cols <= 0 or s < 0:
+            return None
+        return (rows - 1) * s + cols - 1
+
 
 @dataclass(frozen=True)
 class RadixCoverage:
@@ -118,7 +144,10 @@ class RadixCoverage:
     def to_json(self) -> list:
         return ["radix", [[k, [c[0], list(c[1])], list(d)] for k, c, d in self.digits]]
 
-    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+    def _digits(self, grid: tuple, args: dict) -> list | None:
+        """Per digit (coefficient, extent, bound) at these launch values - the extent the
+        index spans, the bound its mask keeps it under (the extent where unmasked); None
+        where a value is not a known int."""
         def programs(axis: int) -> int:
             return grid[axis] if axis < len(grid) else 1
 
@@ -130,22 +159,33 @@ class RadixCoverage:
             v = args.get(s)
             return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-        chain = []
+        out = []
         for kind, (const, syms), data in self.digits:
             coef = const
             for sym in syms:
                 v = value(sym)
                 if v is None:
-                    return False
+                    return None
                 coef *= v
             if kind == "pid":
-                radix = programs(data[0])
+                extent = bound = programs(data[0])
             else:
                 extent = data[0] if kind == "arange" else programs(data[0]) * data[1]
                 bound = extent if data[-1] is None else value(data[-1])
-                if bound is None or bound > extent:
-                    return False
-                radix = bound
+                if bound is None:
+                    return None
+            out.append((coef, extent, bound))
+        return out
+
+    def covers(self, grid: tuple, size: int, args: dict) -> bool:
+        digits = self._digits(grid, args)
+        if digits is None:
+            return False
+        chain = []
+        for coef, extent, bound in digits:
+            if bound > extent:
+                return False
+            radix = bound
             if radix <= 0:
                 return size == 0
             if radix > 1:
@@ -157,6 +197,20 @@ class RadixCoverage:
                 return False
             reach *= radix
         return reach >= size
+
+    def last_index(self, grid: tuple, args: dict) -> int | None:
+        digits = self._digits(grid, args)
+        if digits is None:
+            return None
+        last = 0
+        for coef, extent, bound in digits:
+            count = min(extent, bound)
+            if count <= 0:
+                return None      # nothing written
+            if coef < 0:
+                return None      # (not a form the analysis proves anything of)
+            last += coef * (count - 1)
+        return last
 
 
 def coverage_from_json(data: list):

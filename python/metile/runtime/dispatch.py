@@ -95,6 +95,23 @@ def _scalar_input(value, name: str, kept: dict):
     return scalar_array(value, name)
 
 
+def _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars) -> None:
+    """A LaunchError where a store whose pattern the coverage analysis knows (the 1-D
+    block store, the 2-D tile store, one element) would write past its output at these
+    argument values - a bound `n` larger than the output, or no mask with a grid past its
+    end: an out-of-bounds write, which on the CPU runtime corrupted the process's heap."""
+    for name, out in zip(outputs, out_arrays):
+        rule = spec.coverage.get(name)
+        last = None if rule is None else rule.last_index(grid, scalars)
+        if last is not None and last >= out.size:
+            ints = ", ".join(f"{k}={v}" for k, v in scalars.items() if type(v) is int)
+            raise LaunchError(
+                f"kernel {kernel.fn.__name__!r} would store to element {last} of {name!r}, "
+                f"which has {out.size} elements: its store writes [0, {last + 1}) at grid "
+                f"{tuple(grid)}{f' and {ints}' if ints else ''}; pass bounds no larger than "
+                f"the output, a smaller grid or a mask (or a larger output)")
+
+
 def _host_value(value, name: str):
     """A scalar argument's Python value (a 0-d array's read on the host)."""
     if not isinstance(value, mx.array):
@@ -421,6 +438,8 @@ class Dispatch:
             n in spec.atomic_outputs or
             (n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars))
             for n in outputs)
+        if not any(a.size == 0 for a in out_arrays):   # (an empty launch runs nothing)
+            _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars)
         self.variant = spec.variant(proven)
         d = self.variant.compiled
         check_buffer_sizes(kernel.fn.__name__, runtime,
