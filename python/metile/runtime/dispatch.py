@@ -97,9 +97,10 @@ def _scalar_input(value, name: str, kept: dict):
 
 def _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars) -> None:
     """A LaunchError where a store whose pattern the coverage analysis knows (the 1-D
-    block store, the 2-D tile store, one element) would write past its output at these
-    argument values - a bound `n` larger than the output, or no mask with a grid past its
-    end: an out-of-bounds write, which on the CPU runtime corrupted the process's heap."""
+    block store, the 2-D tile store, the mixed-radix form, one element) would write past
+    its output at these argument values - a bound `n` larger than the output, or no mask
+    with a grid past its end: an out-of-bounds write, which on the CPU runtime corrupted
+    the process's heap."""
     for name, out in zip(outputs, out_arrays):
         rule = spec.coverage.get(name)
         last = None if rule is None else rule.last_index(grid, scalars)
@@ -194,13 +195,13 @@ def _launch_key(grid, args, kwargs):
     return (grid_key, tuple(parts), options, raw_values(_LAUNCH_VARIABLES), device_type())
 
 
-def _family_key(kernel: "Kernel", grid, args, kwargs):
+def _family_key(kernel: "Kernel", grid, args, key):
     """What a call must share with a resolved launch to take its specialization with
     other shapes and scalar values (Dispatch._resized): the grid's rank, each array's
     dtype and rank, each scalar's type (an int's by the dtype it binds as), constexprs
-    passed positionally by value, the keyword options (by value) and the launch
-    environment.  None when a call has no family (a callable grid, another argument
-    type); computed only after a launch-key miss."""
+    passed positionally by value, and its launch key's options and environment (`key`,
+    the call's _launch_key).  None when a call has no family (a callable grid, another
+    argument type); computed only after a launch-key miss."""
     if type(grid) is tuple:
         grid_key = len(grid)
     elif type(grid) is int:
@@ -225,13 +226,7 @@ def _family_key(kernel: "Kernel", grid, args, kwargs):
             parts.append(None)
         else:
             return None
-    options = tuple([(k, *value_key(v)) for k, v in kwargs.items()]) if kwargs else ()
-    try:
-        hash(options)
-    except TypeError:
-        return None
-    return (grid_key, len(args), tuple(parts), options, raw_values(_LAUNCH_VARIABLES),
-            device_type())
+    return (grid_key, len(args), tuple(parts), *key[2:])
 
 
 # What a resolved launch also depends on: the backend selection (compiler/backend.py,
@@ -350,7 +345,7 @@ class Launcher:
                 kernel.last_dispatch = template
                 return template._relaunch(args)
         d = None
-        family = None if key is None else _family_key(kernel, grid, args, kwargs)
+        family = None if key is None else _family_key(kernel, grid, args, key)
         if family is not None:
             like = launches.families.get(family)
             if like is not None:
@@ -438,14 +433,14 @@ class Dispatch:
             n in spec.atomic_outputs or
             (n in spec.coverage and spec.coverage[n].covers(grid, runtime[n].size, scalars))
             for n in outputs)
-        if not any(a.size == 0 for a in out_arrays):   # (an empty launch runs nothing)
+        self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
+        if not self.empty:   # (an empty launch runs nothing)
             _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars)
         self.variant = spec.variant(proven)
         d = self.variant.compiled
         check_buffer_sizes(kernel.fn.__name__, runtime,
                            self.variant.data["lowering"].get("wide_offsets"))
         self.outputs = out_arrays
-        self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         # Scalars are part of the launch key by value, so a relaunch can reuse their
         # 0-d arrays instead of building them again (arguments.scalar_array).
         launch = d.lowering.get("launch") or {}
