@@ -340,3 +340,40 @@ def test_a_store_past_its_output_is_refused_before_it_runs():
         else:
             got = np.array(double[(1,)](x, mx.zeros((8,)), n, BLOCK=16))
             np.testing.assert_array_equal(got[:n], np.arange(n) * 2.0)
+
+
+@metile.kernel
+def guarded_copy(X, Y, n, BLOCK: metile.constexpr):
+    pid = metile.program_id(0)
+    offs = pid * BLOCK + metile.arange(0, BLOCK)
+    if pid * BLOCK < n:
+        metile.store(Y + offs, metile.load(X + offs))
+
+
+def test_a_load_past_its_input_is_refused_before_it_runs():
+    # the same analysis bounds top-level loads: a bound past the input read another
+    # buffer's bytes (or faulted) on a GPU and returned them as a result
+    x = mx.arange(8).astype(mx.float32)
+    with pytest.raises(LaunchError, match=r"kernel 'double' would load from element 15 of "
+                                          r"'X', which has 8 elements: .* and n=16"):
+        double[(1,)](x, mx.zeros((16,)), 16, BLOCK=16)
+    with pytest.raises(LaunchError, match=r"'doubled_unmasked' would load from element 15 of "
+                                          r"'X', which has 8 elements"):
+        doubled_unmasked[(2,)](x, mx.zeros((16,)), BLOCK=8)
+    t = mx.arange(14).astype(mx.float32)
+    with pytest.raises(LaunchError, match=r"'tile_copy' would load from element 14 of 'X', "
+                                          r"which has 14 elements"):
+        tile_copy[(1, 1)](t, mx.zeros((15,)), 3, 5, 5, BM=4, BN=8)
+    # new values of the same launch family are checked too, and in-bounds ones run
+    for n in (8, 9):
+        y = mx.zeros((16,))
+        if n > 8:
+            with pytest.raises(LaunchError, match="would load from element 8 of 'X'"):
+                double[(1,)](x, y, n, BLOCK=16)
+        else:
+            np.testing.assert_array_equal(np.array(double[(1,)](x, y, n, BLOCK=16))[:8],
+                                          np.arange(8) * 2.0)
+    # a load under a branch is not bounded by the analysis (its guard may keep it inside):
+    # the second program's block lies past X, and the guard skips it
+    got = np.array(guarded_copy[(2,)](x, mx.full((16,), -1.0), 8, BLOCK=8))
+    np.testing.assert_array_equal(got, np.r_[np.arange(8.0), np.full(8, -1.0)])

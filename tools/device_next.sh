@@ -23,6 +23,9 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s121   -- decode attention's splits against MLX and a read of k and v, the decode benchmark
+#   OUT=$OUT bash tools/device_next.sh s120   -- where the decode benchmark's time goes (op vs kernels, arguments vs captured), then s119
+#   OUT=$OUT bash tools/device_next.sh s119   -- eager launch cost, then the GPU tests s116 left unrun and the load bounds
 #   OUT=$OUT bash tools/device_next.sh s118   -- rope gradients vs the transpose, decode with 8 splits, tests
 #   OUT=$OUT bash tools/device_next.sh s117   -- s116's first test files by name, decode warps/splits
 #   OUT=$OUT bash tools/device_next.sh s116   -- rope array-offset probe, eager cost with new shapes, decode attention, GPU tests
@@ -103,7 +106,30 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s118 ]; then
+if [ "$mode" = s121 ]; then
+  # issue 17's decode target on whatever card is lent: the kernels at 8/16/32 splits, MLX's
+  # op and the bytes they must move read once by MLX's reduction, in one alternation; then
+  # the op's benchmark
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit --format=csv | tee -a "$log"
+  DECODE_SET=splits timeout 150 python3 tools/probes/decode_op_gap.py "$logs/h200-decode-splits.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 16384 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw --format=csv | tee -a "$log"
+elif [ "$mode" = s120 ]; then
+  # benchmarks.attention's decode (the op compiled with k, v as arguments) took 62.6 us at
+  # 4096 keys where decode_ahead.py's compiled kernels took 21.7 (H100, s118): which of the
+  # two differences costs it, then s119's eager cost and GPU tests
+  timeout 150 python3 tools/probes/decode_op_gap.py "$logs/h200-decode-op-gap.json" 2>&1 | tail -4 | tee -a "$log"
+  eager_cost
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_launch_errors test_row_reductions \
+    test_split_k test_quantized_op test_triton_parity
+elif [ "$mode" = s119 ]; then
+  # the thirty-fourth session: eager launch cost (issue 14's <= 2x MLX), then the GPU tests
+  # s116's list did not reach, with the launch-time load bounds first
+  eager_cost
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_launch_errors test_row_reductions \
+    test_split_k test_quantized_op test_triton_parity
+elif [ "$mode" = s118 ]; then
   # rope's gradient (MLX's and metile's) against the rotation's transpose; decode attention
   # with 8 splits as the default (ROWS_TARGET_WARPS 512); the rope and attention GPU tests
   timeout 60 python3 tools/probes/rope_grad_mlx.py 2>&1 | tee -a "$log"

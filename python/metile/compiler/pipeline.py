@@ -30,7 +30,7 @@ from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..ir.printer import format_function
 from ..ir.verifier import verify
 from ..passes.buffer_usage import (atomic_roots, buffer_roles, coverage_from_json,
-                                   order_dependent, store_coverage)
+                                   load_extents, order_dependent, store_coverage)
 from ..passes.lower_fragments import lower_fragments
 from ..passes.lower_matmul import GemmPlan
 from ..passes.lower_tiles import lower_tiles
@@ -96,6 +96,8 @@ class Analysis:
     details: dict = field(default_factory=dict)   # step -> what it proved or decided
     # outputs whose contents may depend on thread order (buffer_usage.order_dependent)
     order_dependent: dict = field(default_factory=dict)
+    # input name -> rules bounding what its top-level loads read (buffer_usage.load_extents)
+    reads: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"outputs": self.outputs, "atomic_outputs": self.atomic_outputs,
@@ -103,14 +105,17 @@ class Analysis:
                 "coverage": {k: c.to_json() for k, c in self.coverage.items()},
                 "plan": self.plan.to_dict(), "threads": self.threads, "steps": self.steps,
                 "gemm": self.gemm, "details": self.details,
-                "order_dependent": self.order_dependent}
+                "order_dependent": self.order_dependent,
+                "reads": {k: [r.to_json() for r in rules] for k, rules in self.reads.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Analysis":
         return cls(d["outputs"], d["atomic_outputs"], d["loaded_outputs"],
                    {k: coverage_from_json(v) for k, v in d["coverage"].items()},
                    SchedulePlan.from_dict(d["plan"]), d["threads"], d["steps"], d["gemm"],
-                   d["details"], d.get("order_dependent", {}))
+                   d["details"], d.get("order_dependent", {}),
+                   {k: [coverage_from_json(r) for r in rules]
+                    for k, rules in d.get("reads", {}).items()})
 
     def gemm_plan(self, units) -> GemmPlan | None:
         if self.gemm is None:
@@ -237,7 +242,7 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
         details["device_assert"] = fn.meta["device_assert"]
     return Analysis(outputs, [n for n in outputs if n in atomic], sorted(loaded & stored), cov,
                     plan, threads, steps + ["buffer_usage", "plan_schedule"], gemm_json, details,
-                    order_dependent(fn, outputs))
+                    order_dependent(fn, outputs), load_extents(fn))
 
 
 def _name_constexprs(error: CompilationError, constexprs: dict) -> None:

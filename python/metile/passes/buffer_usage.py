@@ -609,6 +609,43 @@ def atomic_init_roots(fn: Function) -> set[str]:
     return roots - set(atomic_roots(fn))
 
 
+def _access_rule(ptr_value: Value, mask: Value | None, params: dict):
+    """The rule (Coverage, TileCoverage, RadixCoverage or FirstElementCoverage) giving the
+    elements an access at `ptr_value` under `mask` addresses, or None where its pattern is
+    not one of the module docstring's."""
+    if id(ptr_value) in params and mask is None:
+        return FirstElementCoverage()
+    ptr = defining_op(ptr_value)
+    if ptr is None or ptr.name != "ptr_add":
+        return None
+    base, offs = ptr.operands
+    offsets = [offs]
+    base = strip_broadcasts(base)
+    while (inner := defining_op(base)) is not None and inner.name == "ptr_add":
+        offsets.append(inner.operands[1])
+        base = strip_broadcasts(inner.operands[0])
+    if id(base) not in params:
+        return None
+    block = block_offsets(offs) if len(offsets) == 1 else None
+    if block is None:
+        return _tile_coverage(offsets, mask, params) or _radix_coverage(offsets, mask, params)
+    if mask is None:
+        return Coverage(block, None)
+    m = defining_op(mask)
+    if m is None or m.name != "lt" or m.operands[0] is not offs:
+        return None
+    n = strip_broadcasts(m.operands[1])
+    if id(n) in params:
+        return Coverage(block, params[id(n)])
+    if (c := defining_op(n)) is not None and c.name == "const":
+        return Coverage(block, None, c.attrs["value"])
+    return None
+
+
+def _params(fn: Function) -> dict:
+    return {id(p.value): p.name for p in fn.params if p.value is not None}
+
+
 def store_coverage(fn: Function, loaded: set[str]) -> dict:
     stores: dict[str, list[Op]] = {}
     for op in walk(fn.body):
@@ -616,43 +653,38 @@ def store_coverage(fn: Function, loaded: set[str]) -> dict:
                 (p := _root(op.operands[0])) and p.space == "device":
             stores.setdefault(p.root, []).append(op)
     top = {id(op) for op in fn.body.ops}
-    params = {id(p.value): p.name for p in fn.params if p.value is not None}
+    params = _params(fn)
     out: dict = {}   # root -> Coverage | TileCoverage | FirstElementCoverage
     for root, ops in stores.items():
         if root in loaded or len(ops) != 1 or id(ops[0]) not in top:
             continue
         store = ops[0]
-        if id(store.operands[0]) in params and len(store.operands) == 2:
-            out[root] = FirstElementCoverage()
-            continue
-        ptr = defining_op(store.operands[0])
-        if ptr is None or ptr.name != "ptr_add":
-            continue
-        base, offs = ptr.operands
-        offsets = [offs]
-        base = strip_broadcasts(base)
-        while (inner := defining_op(base)) is not None and inner.name == "ptr_add":
-            offsets.append(inner.operands[1])
-            base = strip_broadcasts(inner.operands[0])
-        if id(base) not in params:
-            continue
-        block = block_offsets(offs) if len(offsets) == 1 else None
-        if block is None:
-            mask = store.operands[2] if len(store.operands) == 3 else None
-            tile = _tile_coverage(offsets, mask, params) or \
-                _radix_coverage(offsets, mask, params)
-            if tile is not None:
-                out[root] = tile
-            continue
-        if len(store.operands) == 2:
-            out[root] = Coverage(block, None)
-            continue
-        mask = defining_op(store.operands[2])
-        if mask is None or mask.name != "lt" or mask.operands[0] is not offs:
-            continue
-        n = strip_broadcasts(mask.operands[1])
-        if id(n) in params:
-            out[root] = Coverage(block, params[id(n)])
-        elif (c := defining_op(n)) is not None and c.name == "const":
-            out[root] = Coverage(block, None, c.attrs["value"])
+        rule = _access_rule(store.operands[0], store.operands[2] if len(store.operands) == 3
+                            else None, params)
+        if rule is not None:
+            out[root] = rule
     return out
+
+
+def load_extents(fn: Function) -> dict:
+    """{buffer: [rule, ...]}: for each load at the kernel's top level (which every program
+    runs, so a load past its buffer there is a read out of bounds whatever the data) whose
+    pattern is one of the module docstring's, the rule whose `last_index` bounds the
+    elements it reads.  The launch refuses a bound or grid that reaches past the input
+    (runtime/dispatch.py), as it does for stores.  Loads under a branch or in a loop, or of
+    another pattern, are not recorded (a guard may keep them in bounds); nor, in a kernel
+    with a matrix product, is an unmasked load: a fused GEMM epilogue reads it under the
+    store's mask (passes/gemm_epilogue_reads.py), so `C0 + rows * N + cols` unmasked reads
+    only what the store writes."""
+    params = _params(fn)
+    products = any(op.name == "dot" for op in walk(fn.body))
+    out: dict = {}
+    for op in fn.body.ops:
+        if op.name != "load" or not (p := _root(op.operands[0])) or p.space != "device" \
+                or (products and len(op.operands) == 1):
+            continue
+        rule = _access_rule(op.operands[0], op.operands[1] if len(op.operands) == 3 else None,
+                            params)
+        if rule is not None and rule not in out.setdefault(p.root, []):
+            out[p.root].append(rule)
+    return {k: v for k, v in out.items() if v}

@@ -95,22 +95,33 @@ def _scalar_input(value, name: str, kept: dict):
     return scalar_array(value, name)
 
 
-def _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars) -> None:
-    """A LaunchError where a store whose pattern the coverage analysis knows (the 1-D
-    block store, the 2-D tile store, the mixed-radix form, one element) would write past
-    its output at these argument values - a bound `n` larger than the output, or no mask
-    with a grid past its end: an out-of-bounds write, which on the CPU runtime corrupted
-    the process's heap."""
+def _refuse_overruns(kernel, spec, outputs, out_arrays, runtime, grid, scalars) -> None:
+    """A LaunchError where an access whose pattern the coverage analysis knows (the 1-D
+    block, the 2-D tile, the mixed-radix form, one element) would reach past its buffer at
+    these argument values - a bound `n` larger than the array, or no mask with a grid past
+    its end: a store there wrote out of bounds (on the CPU runtime it corrupted the
+    process's heap), a load read another buffer's bytes into the result."""
+    def refuse(verb, name, last, size):
+        ints = ", ".join(f"{k}={v}" for k, v in scalars.items() if type(v) is int)
+        raise LaunchError(
+            f"kernel {kernel.fn.__name__!r} would {verb} element {last} of {name!r}, which "
+            f"has {size} elements: its {verb} reaches [0, {last + 1}) at grid {tuple(grid)}"
+            f"{f' and {ints}' if ints else ''}; pass bounds no larger than the array, a "
+            f"smaller grid or a mask (or a larger array)")
+
     for name, out in zip(outputs, out_arrays):
         rule = spec.coverage.get(name)
         last = None if rule is None else rule.last_index(grid, scalars)
         if last is not None and last >= out.size:
-            ints = ", ".join(f"{k}={v}" for k, v in scalars.items() if type(v) is int)
-            raise LaunchError(
-                f"kernel {kernel.fn.__name__!r} would store to element {last} of {name!r}, "
-                f"which has {out.size} elements: its store writes [0, {last + 1}) at grid "
-                f"{tuple(grid)}{f' and {ints}' if ints else ''}; pass bounds no larger than "
-                f"the output, a smaller grid or a mask (or a larger output)")
+            refuse("store to", name, last, out.size)
+    for name, rules in spec.reads.items():
+        size = getattr(runtime.get(name), "size", None)
+        if size is None:
+            continue
+        for rule in rules:
+            last = rule.last_index(grid, scalars)
+            if last is not None and last >= size:
+                refuse("load from", name, last, size)
 
 
 def _host_value(value, name: str):
@@ -435,7 +446,7 @@ class Dispatch:
             for n in outputs)
         self.empty = grid[0] * grid[1] * grid[2] == 0 or any(a.size == 0 for a in out_arrays)
         if not self.empty:   # (an empty launch runs nothing)
-            _refuse_overruns(kernel, spec, outputs, out_arrays, grid, scalars)
+            _refuse_overruns(kernel, spec, outputs, out_arrays, runtime, grid, scalars)
         self.variant = spec.variant(proven)
         d = self.variant.compiled
         check_buffer_sizes(kernel.fn.__name__, runtime,

@@ -152,6 +152,7 @@ class Specialization:
         self.outputs: list[str] = self.analysis.outputs
         self.atomic_outputs: list[str] = self.analysis.atomic_outputs
         self.coverage = self.analysis.coverage
+        self.reads = self.analysis.reads
         self.threads: int = self.analysis.threads
         self.plan = self.analysis.plan
         self.variants: dict[tuple, Variant] = {}

@@ -1,0 +1,127 @@
+"""Where the decode benchmark's time goes: `benchmarks.attention` measured the op at
+62.6 us (4096 keys) where `decode_ahead.py` measured its kernels at 21.7 (H100, s118).
+The two differ in how they call: the benchmark compiles the op with k and v as the
+compiled function's arguments, the probe compiles `attention_ops._run` with k and v
+captured.  Each combination, and MLX's op both ways, chained (each output the next
+query), 100 calls a sync, alternating, median of 9 rounds; then the compiled graphs'
+primitives of the two forms.
+
+    python3 tools/probes/decode_op_gap.py [out.json]
+    DECODE_SET=splits python3 tools/probes/decode_op_gap.py [out.json]   (split_variants)
+"""
+import io
+import os
+import json
+import platform
+import re
+import sys
+import time
+
+sys.path.insert(0, "tools/probes")
+import mlx.core as mx   # noqa: E402
+import numpy as np      # noqa: E402
+
+import metile                                 # noqa: E402
+from decode_attention_ncu import operands     # noqa: E402
+from metile import attention_ops              # noqa: E402
+
+SCALE = 128 ** -0.5
+KEYS = tuple(int(x) for x in __import__("os").environ.get("KEYS", "4096 16384").split())
+CONFIG = {"path": "decode_rows", "BLOCK_N": 8}
+
+
+def split_variants(k, v):
+    """DECODE_SET=splits: the kernels at 8 (the default at 32 heads), 16 and 32 splits,
+    MLX's op, and a read of k and v once (`sum` over the keys: the bytes the kernels must
+    move, at MLX's reduction's bandwidth) - all with k and v captured."""
+    out = {}
+    for splits in (8, 16, 32):
+        cfg = {**CONFIG, "SPLITS": splits}
+        out[f"splits{splits}"] = (mx.compile(
+            lambda q, c=cfg: attention_ops._run(q, k, v, SCALE, None, c)), False)
+    out["mlx"] = (mx.compile(lambda q: mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=SCALE)), False)
+    # (q's shape out, so it chains: the sums' first 128 features of each head)
+    out["read_kv"] = (mx.compile(lambda q: q + (k.sum(axis=2, keepdims=True)
+                                                + v.sum(axis=2, keepdims=True)) * 0), False)
+    return out
+
+
+def variants(k, v):
+    op = lambda q, k, v: metile.ops.scaled_dot_product_attention(q, k, v, scale=SCALE,
+                                                                  backend="metile")
+    run = lambda q, k, v: attention_ops._run(q, k, v, SCALE, None, CONFIG)
+    ref = lambda q, k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)
+    out = {}
+    for name, f in (("op", op), ("run", run), ("mlx", ref)):
+        out[f"{name}_args"] = (mx.compile(f), True)
+        out[f"{name}_captured"] = (mx.compile(lambda q, f=f: f(q, k, v)), False)
+    out["op_eager"] = (op, True)
+    return out
+
+
+def per_call(fn, takes_kv, q, k, v, launches):
+    mx.synchronize()
+    start = time.perf_counter()
+    out = q
+    for _ in range(launches):
+        out = fn(out, k, v) if takes_kv else fn(out)
+    mx.eval(out)
+    mx.synchronize()
+    return (time.perf_counter() - start) / launches
+
+
+def labels(fn, takes_kv, q, k, v):
+    out = fn(q, k, v) if takes_kv else fn(q)
+    buf = io.StringIO()
+    mx.export_to_dot(buf, out)
+    return re.findall(r'label ="([^"]+)", shape=rectangle', buf.getvalue())
+
+
+def main():
+    report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
+                          "device": str(mx.default_device())},
+              "metric": "us per call, 100 chained calls a sync, median of 9 alternating rounds",
+              "cases": []}
+    try:
+        import subprocess
+        report["machine"]["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True).stdout.strip()
+    except Exception:
+        pass
+    for keys in KEYS:
+        q, k, v = operands(keys)
+        splits = os.environ.get("DECODE_SET") == "splits"
+        fns = split_variants(k, v) if splits else variants(k, v)
+        want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)
+                        .astype(mx.float32))
+        for name, (fn, takes) in fns.items():
+            if name == "read_kv":
+                per_call(fn, takes, q, k, v, 2)
+                continue
+            got = np.array((fn(q, k, v) if takes else fn(q)).astype(mx.float32))
+            # (relative to the output's own size: a decode output over many keys is small)
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err < 1e-2, (keys, name, err)
+            per_call(fn, takes, q, k, v, 2)
+        times = {n: [] for n in fns}
+        order = list(fns)
+        for r in range(9):
+            for n in (order if r % 2 == 0 else order[::-1]):
+                times[n].append(per_call(*fns[n], q, k, v, 100))
+        us = {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
+        case = {"keys": keys, "us_per_call": us,
+                "tb_per_s": {n: round(2 * 32 * keys * 128 * 2 / (t * 1e-6) / 1e12, 3)
+                             for n, t in us.items()}}
+        if not splits:
+            case["graphs"] = {n: labels(*fns[n], q, k, v)[-12:]
+                              for n in ("op_args", "run_args", "run_captured")}
+        print(json.dumps(case), flush=True)
+        report["cases"].append(case)
+    if len(sys.argv) > 1:
+        json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
