@@ -360,12 +360,15 @@ def test_an_unknown_combine_is_refused_by_name(rng):
 
 
 def test_rows_split_count(monkeypatch):
-    # attention_decode's splits: ~512 warps over the rows' programs, at most the one-shot
-    # combine's 64, each split at least four key blocks
-    assert attention_ops.rows_split_count(32, 4096, 8, 2) == 8
-    assert attention_ops.rows_split_count(8, 4096, 8, 2) == 32
-    assert attention_ops.rows_split_count(2, 4096, 8, 2) == 64
-    assert attention_ops.rows_split_count(256, 4096, 8, 2) == 1
+    # attention_decode's splits: ~2048 warps over the rows' programs, or splits of 256 keys
+    # up to 4x the warps; at most the one-shot combine's 64, each split at least four key
+    # blocks
+    assert attention_ops.rows_split_count(32, 4096, 8, 2) == 32
+    assert attention_ops.rows_split_count(32, 16384, 8, 2) == 64
+    assert attention_ops.rows_split_count(8, 4096, 8, 2) == 64
+    assert attention_ops.rows_split_count(256, 4096, 8, 2) == 16
+    assert attention_ops.rows_split_count(256, 1024, 8, 2) == 4
+    assert attention_ops.rows_split_count(4096, 16384, 8, 2) == 1
     assert attention_ops.rows_split_count(1, 100, 8, 2) == 4
     assert attention_ops.rows_split_count(4096, 4096, 64, 16) == 1
     assert attention_ops.rows_warps(8, 128) == 2 and attention_ops.rows_warps(64, 128) == 16

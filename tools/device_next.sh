@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s122   -- decode splits by length (32 / 64 at 32 heads) at 4096-32768 keys, decode GPU tests
 #   OUT=$OUT bash tools/device_next.sh s121   -- decode attention's splits against MLX and a read of k and v, the decode benchmark
 #   OUT=$OUT bash tools/device_next.sh s120   -- where the decode benchmark's time goes (op vs kernels, arguments vs captured), then s119
 #   OUT=$OUT bash tools/device_next.sh s119   -- eager launch cost, then the GPU tests s116 left unrun and the load bounds
@@ -106,7 +107,16 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s121 ]; then
+if [ "$mode" = s122 ]; then
+  # the split rule after s121 (32 splits at 32 heads, 64 from 16384 keys): splits 16/32/64
+  # and MLX at 4096-32768 keys, the op's benchmark there, then the decode GPU tests
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  KEYS="4096 8192 16384 32768" DECODE_SET=splits timeout 100 python3 tools/probes/decode_op_gap.py \
+    "$logs/h200-decode-splits.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 4096 8192 16384 32768 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or split or rows" test_attention_op
+elif [ "$mode" = s121 ]; then
   # issue 17's decode target on whatever card is lent: the kernels at 8/16/32 splits, MLX's
   # op and the bytes they must move read once by MLX's reduction, in one alternation; then
   # the op's benchmark

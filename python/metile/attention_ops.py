@@ -257,12 +257,14 @@ def rows_tiles(d: int, itemsize: int) -> list[dict]:
 ROWS_QUERIES = 4
 # splits attention_combine_splits reads at once; more go through attention_combine's loop
 COMBINE_SPLITS = 64
-# warps attention_decode's splits aim for: 8 splits of 32 heads on 2 warps, 256 programs of
-# 512 keys (H100, s117, 1x32xLx128 float16, compiled chained calls: 4096 keys 21.7 us
-# against 30.9 with 32 splits and MLX's 32.9-33.6; 16384 keys 68.0 against 98.1 and MLX's
-# 110.2 - the 32 splits of 128 keys each spent their short loop's prologue and epilogue;
-# s20 had compared 32 splits with 64 only)
-ROWS_TARGET_WARPS = 512
+# warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps.  H200 (s121,
+# 1x32xLx128 float16, compiled chained calls): 4096 keys 35.0 us at 32 splits against 55.3
+# at 8 and 36.8 at 64.  (s117's H100 run had ranked 8 splits first - 21.7 us against 30.9;
+# two H100s and the H200 of s118-s121 ranked them last, so that run is not used.)
+ROWS_TARGET_WARPS = 2048
+# and keys a split covers at most, up to 4x the warps: 16384 keys 83.1 us at 64 splits of
+# 256 keys against 89.8 at 32 (H200, s121)
+ROWS_SPLIT_KEYS = 256
 
 
 def rows_warps(block_n: int, d: int) -> int:
@@ -273,9 +275,12 @@ def rows_warps(block_n: int, d: int) -> int:
 
 def rows_split_count(rows: int, kv_len: int, block_n: int, warps: int) -> int:
     """Key splits for attention_decode: ROWS_TARGET_WARPS warps over the rows' programs,
-    at most COMBINE_SPLITS (merged in one read) and each split at least four key blocks."""
+    or splits of ROWS_SPLIT_KEYS keys where that is more (up to 4x the warps); at most
+    COMBINE_SPLITS (merged in one read) and each split at least four key blocks."""
     most = max(1, math.ceil(kv_len / (4 * block_n)))
-    want = math.ceil(ROWS_TARGET_WARPS / max(1, rows * warps))
+    per_split = max(1, rows * warps)
+    want = max(math.ceil(ROWS_TARGET_WARPS / per_split),
+               min(math.ceil(kv_len / ROWS_SPLIT_KEYS), math.ceil(4 * ROWS_TARGET_WARPS / per_split)))
     return max(1, min(most, want, COMBINE_SPLITS))
 
 

@@ -35,7 +35,7 @@ def split_variants(k, v):
     MLX's op, and a read of k and v once (`sum` over the keys: the bytes the kernels must
     move, at MLX's reduction's bandwidth) - all with k and v captured."""
     out = {}
-    for splits in (8, 16, 32):
+    for splits in (16, 32, 64):
         cfg = {**CONFIG, "SPLITS": splits}
         out[f"splits{splits}"] = (mx.compile(
             lambda q, c=cfg: attention_ops._run(q, k, v, SCALE, None, c)), False)
