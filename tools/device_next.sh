@@ -107,7 +107,10 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s122 ]; then
+if [ "$mode" = s123 ]; then
+  # the GPU test files s116 and s120 ran out of time before
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_quantized_op test_triton_parity
+elif [ "$mode" = s122 ]; then
   # the split rule after s121 (32 splits at 32 heads, 64 from 16384 keys): splits 16/32/64
   # and MLX at 4096-32768 keys, the op's benchmark there, then the decode GPU tests
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
