@@ -8,7 +8,8 @@ Cases (B x Hq x Lq x D over B x Hkv x Lk x D): causal prefill 1x32x4096x128 (and
 Both sides are `mx.compile`d calls of the op (backend="metile" forced, backend="mlx"
 is MLX's op); each measurement chains `--launches` dependent calls (the output, which
 has q's shape, is the next call's q) and synchronises once, so the ~80 us eval round
-trip is amortised.  metile and MLX alternate, the first of each round swapping; each
+trip is amortised; `--chain N` puts N attentions in each compiled call, each over its
+own k and v (a decode step's layers), so the call's host time is shared by N ops.  metile and MLX alternate, the first of each round swapping; each
 number is the median over `--rounds`.  Before timing, the metile output is checked
 against MLX's (the op's routing validation tolerance).  Reports microseconds per call,
 TFLOP/s for prefill (4 B Hq Lq Lk D, halved for causal) and TB/s for decode (q, k, v
@@ -30,49 +31,64 @@ from metile import attention_ops
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-def steps(scale, mask):
+def steps(scale, mask, chain=1):
+    """The two sides as compiled calls of (q, k0, v0, k1, v1, ...): `chain` attentions one
+    after another, each output the next query and each over its own cache (a decode step's
+    layers in one graph, so the call's host time is shared by `chain` ops)."""
+    def chained(op):
+        def step(q, *kv):
+            out = q
+            for i in range(chain):
+                out = op(out, kv[2 * i], kv[2 * i + 1])
+            return out
+        return step
+
     def ours(q, k, v):
         return metile.ops.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask,
                                                        backend="metile")
 
     def theirs(q, k, v):
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-    return {"metile": mx.compile(ours), "mlx": mx.compile(theirs)}
+    return {"metile": mx.compile(chained(ours)), "mlx": mx.compile(chained(theirs))}
 
 
-def seconds_per_call(step, q, k, v, launches) -> float:
+def seconds_per_call(step, q, kv, launches, chain=1) -> float:
+    """Seconds per attention of `launches` dependent calls of `step` synchronised once."""
     mx.synchronize()
     start = time.perf_counter()
     out = q
     for _ in range(launches):
-        out = step(out, k, v)
+        out = step(out, *kv)
     mx.eval(out)
     mx.synchronize()
-    return (time.perf_counter() - start) / launches
+    return (time.perf_counter() - start) / (launches * chain)
 
 
-def measure(case, dtype, launches, rounds) -> dict:
+def measure(case, dtype, launches, rounds, chain=1) -> dict:
     b, hq, hkv, lq, lk, d, mask = (case[n] for n in ("b", "hq", "hkv", "lq", "lk", "d", "mask"))
-    keys = mx.random.split(mx.random.key(0), 3)
+    keys = mx.random.split(mx.random.key(0), 1 + 2 * chain)
     q = mx.random.normal((b, hq, lq, d), key=keys[0]).astype(dtype)
-    k = mx.random.normal((b, hkv, lk, d), key=keys[1]).astype(dtype)
-    v = mx.random.normal((b, hkv, lk, d), key=keys[2]).astype(dtype)
+    kv = [mx.random.normal((b, hkv, lk, d), key=keys[1 + i]).astype(dtype)
+          for i in range(2 * chain)]
+    k, v = kv[:2]
+    mx.eval(q, *kv)
     scale = d ** -0.5
-    fns = steps(scale, mask)
-    problem = attention_ops._validate(fns["metile"](q, k, v), fns["mlx"](q, k, v))
+    single = steps(scale, mask)
+    problem = attention_ops._validate(single["metile"](q, k, v), single["mlx"](q, k, v))
     if problem:
         raise SystemExit(f"metile's output differs from MLX's for {case}: {problem}")
+    fns = steps(scale, mask, chain) if chain > 1 else single
     config, _ = attention_ops._route(q, k, v, scale, mask, "metile")
     for fn in fns.values():                     # warm-up: compile, first launch
-        seconds_per_call(fn, q, k, v, 1)
+        seconds_per_call(fn, q, kv, 1, chain)
     times = {name: [] for name in fns}
     order = list(fns)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
-            times[name].append(seconds_per_call(fns[name], q, k, v, launches))
+            times[name].append(seconds_per_call(fns[name], q, kv, launches, chain))
     us = {name: float(np.median(t)) * 1e6 for name, t in times.items()}
     result = {**case, "dtype": str(dtype).removeprefix("mlx.core."), "config": config,
-              "us_per_call": us, "mlx_over_metile": us["mlx"] / us["metile"]}
+              "chain": chain, "us_per_call": us, "mlx_over_metile": us["mlx"] / us["metile"]}
     flops = 4 * b * hq * lq * lk * d * (0.5 if mask == "causal" and lq == lk else 1.0)
     moved = (2 * b * hq * lq * d + 2 * b * hkv * lk * d) * dtype.size
     if lq > 16:
@@ -94,6 +110,11 @@ def main():
     # runs on the H200, s40/s42; 100 a sync, 9 rounds: 0.94x and 1.02x)
     parser.add_argument("--launches", type=positive_int, default=100)
     parser.add_argument("--rounds", type=positive_int, default=9)
+    # (one op a compiled call puts its host time beside a 20-40 us decode kernel; a model's
+    # step runs its layers in one graph)
+    parser.add_argument("--chain", type=positive_int, default=1,
+                        help="attentions a compiled call, each over its own k and v (per-op "
+                             "times are the call's divided by it)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, 2 launches, 2 rounds (the CPU runtime); replaces the shape, launch "
                              "and round options")
@@ -111,7 +132,7 @@ def main():
                    mask=None) for n in args.decode_lengths]
     results = []
     for case in cases:
-        r = measure(case, dtype, args.launches, args.rounds)
+        r = measure(case, dtype, args.launches, args.rounds, args.chain)
         rate = (f"{r['tflops']['metile']:.1f} vs {r['tflops']['mlx']:.1f} TFLOP/s"
                 if "tflops" in r else
                 f"{r['tb_per_s']['metile']:.3f} vs {r['tb_per_s']['mlx']:.3f} TB/s")
@@ -122,6 +143,7 @@ def main():
         results.append(r)
     write_report(args.output, {"machine": machine(), "benchmark": "attention",
                                "launches": args.launches, "rounds": args.rounds,
+                               "chain": args.chain,
                                "cases": results})
 
 

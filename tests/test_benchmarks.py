@@ -88,3 +88,17 @@ def test_triton_peer_without_torch_says_what_it_needs():
                           "8x8x8"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode != 0 and "triton_peer needs torch and Triton" in run.stderr \
         and "Traceback" not in run.stderr, run.stderr
+
+
+def test_attention_benchmark_chains_ops_over_their_own_caches(tmp_path):
+    # --chain N: N attentions a compiled call, each over its own k and v, per-op times
+    # (a lone decode op a call measured host time beside its 20-40 us kernel)
+    out = tmp_path / "attention.json"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.attention", "--quick", "--chain", "2",
+                          "--output", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert report["chain"] == 2
+    assert [c["name"] for c in report["cases"]] == ["prefill_causal", "decode"]
+    for case in report["cases"]:
+        assert case["chain"] == 2 and all(t > 0 for t in case["us_per_call"].values())

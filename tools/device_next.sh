@@ -23,6 +23,8 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
+#   OUT=$OUT bash tools/device_next.sh s123   -- the GPU test files s116/s120 ran out of time before
 #   OUT=$OUT bash tools/device_next.sh s122   -- decode splits by length (32 / 64 at 32 heads) at 4096-32768 keys, decode GPU tests
 #   OUT=$OUT bash tools/device_next.sh s121   -- decode attention's splits against MLX and a read of k and v, the decode benchmark
 #   OUT=$OUT bash tools/device_next.sh s120   -- where the decode benchmark's time goes (op vs kernels, arguments vs captured), then s119
@@ -107,7 +109,17 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s123 ]; then
+if [ "$mode" = s124 ]; then
+  # issue 17's decode target with the call's host time shared by 8 attentions (a decode
+  # step's layers in one graph, each over its own cache), beside one a call; then the GPU
+  # test files s116/s120/s123 did not finish
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 150 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 1024 4096 16384 32768 \
+    --chain 8 --output "$logs/h200-attention-decode-chain8-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 1024 4096 16384 32768 \
+    --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_quantized_op test_triton_parity
+elif [ "$mode" = s123 ]; then
   # the GPU test files s116 and s120 ran out of time before
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_quantized_op test_triton_parity
 elif [ "$mode" = s122 ]; then
