@@ -6,6 +6,10 @@ Compiled calls of the op's kernels with each configuration against MLX's op, cha
 against MLX's op first.
 
     python3 tools/probes/decode_ahead.py [out.json]
+
+k and v are captured in the compiled calls: on the H200 (s121/s122) MLX's op ran 1.2-1.75x
+slower that way than with them as arguments (`benchmarks.attention`'s form), so this probe's
+ratios against MLX overstate metile - compare its configurations with each other only.
 """
 import json
 import os
@@ -51,8 +55,9 @@ def main():
         fns["mlx"] = mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale))
         want = fns["mlx"](q)
         for name in configs:
-            err = float(mx.abs(fns[name](q).astype(mx.float32) - want.astype(mx.float32)).max())
-            assert err < 2e-2, (keys, name, err)
+            err = float(mx.abs(fns[name](q).astype(mx.float32) - want.astype(mx.float32)).max()
+                        / mx.abs(want.astype(mx.float32)).max())
+            assert err < 1e-2, (keys, name, err)   # (relative: a decode output is small)
         us = alternating(fns, q, 9, 100)
         moved = 2 * 32 * keys * 128 * 2
         case = {"keys": keys, "us_per_call": us,

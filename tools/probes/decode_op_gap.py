@@ -31,9 +31,11 @@ CONFIG = {"path": "decode_rows", "BLOCK_N": 8}
 
 
 def split_variants(k, v):
-    """DECODE_SET=splits: the kernels at 8 (the default at 32 heads), 16 and 32 splits,
-    MLX's op, and a read of k and v once (`sum` over the keys: the bytes the kernels must
-    move, at MLX's reduction's bandwidth) - all with k and v captured."""
+    """DECODE_SET=splits: the kernels at 16, 32 (the default at 32 heads) and 64 splits,
+    MLX's op, and a read of k and v once (`sum` over the keys) - all with k and v captured,
+    a form in which MLX's ops ran 1.2-1.75x slower on the H200 than with k and v as
+    arguments (s121/s122): compare the split counts with each other, and metile with MLX
+    in `benchmarks.attention`."""
     out = {}
     for splits in (16, 32, 64):
         cfg = {**CONFIG, "SPLITS": splits}
