@@ -105,7 +105,8 @@ def _refuse_overruns(kernel, spec, outputs, out_arrays, runtime, grid, scalars) 
         ints = ", ".join(f"{k}={v}" for k, v in scalars.items() if type(v) is int)
         raise LaunchError(
             f"kernel {kernel.fn.__name__!r} would {verb} element {last} of {name!r}, which "
-            f"has {size} elements: its {verb} reaches [0, {last + 1}) at grid {tuple(grid)}"
+            f"has {size} elements: its {verb.split()[0]} reaches [0, {last + 1}) at grid "
+            f"{tuple(grid)}"
             f"{f' and {ints}' if ints else ''}; pass bounds no larger than the array, a "
             f"smaller grid or a mask (or a larger array)")
 
