@@ -377,3 +377,27 @@ def test_a_load_past_its_input_is_refused_before_it_runs():
     # the second program's block lies past X, and the guard skips it
     got = np.array(guarded_copy[(2,)](x, mx.full((16,), -1.0), 8, BLOCK=8))
     np.testing.assert_array_equal(got, np.r_[np.arange(8.0), np.full(8, -1.0)])
+
+
+@metile.kernel
+def copy_wide(X, Y, n, BLOCK: metile.constexpr):
+    pid = metile.program_id(0).to(metile.int64)
+    offs = pid * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=m), mask=m)
+
+
+def test_int64_offsets_are_bounded_and_proven_as_int32_ones():
+    # the README's int64 form (`program_id(0).to(int64) * BLOCK + arange`) indexes what the
+    # int32 form does: its loads and stores are bounded at launch (a load past X returned
+    # the bytes after it), and its store covers the output (no written mask)
+    x = mx.arange(10).astype(mx.float32)
+    got = copy_wide[(1,)](x, mx.full((10,), -1.0), 10, BLOCK=16)
+    np.testing.assert_array_equal(np.array(got), np.arange(10.0))
+    assert type(copy_wide.last_dispatch.spec.coverage["Y"]).__name__ == "RadixCoverage"
+    with pytest.raises(LaunchError, match=r"'copy_wide' would load from element 15 of 'X', "
+                                          r"which has 10 elements: .* and n=16"):
+        copy_wide[(1,)](x, mx.zeros((16,)), 16, BLOCK=16)
+    with pytest.raises(LaunchError, match=r"'copy_wide' would store to element 15 of 'Y', "
+                                          r"which has 10 elements"):
+        copy_wide[(1,)](mx.arange(16).astype(mx.float32), mx.zeros((10,)), 16, BLOCK=16)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..ir.core import Function, Op, Value, walk
 from ..errors import CompilationError
-from ..ir.types import PointerType, elem_type
+from ..ir.types import PointerType, dtype_of, elem_type
 
 
 @dataclass(frozen=True)
@@ -317,8 +317,28 @@ def _index(v: Value) -> tuple[int, int, int] | None:
     return None
 
 
+def _widening(op: Op | None) -> bool:
+    """A cast that keeps every integer's value (int32 -> int64, uint32 -> int64, ...):
+    `program_id(0).to(int64) * BLOCK + arange(0, BLOCK)` indexes what its int32 form does."""
+    if op is None or op.name != "cast" or op.attrs.get("bitcast"):
+        return False
+    src, dst = dtype_of(op.operands[0].type), op.attrs.get("to")
+    if src is None or dst is None or not (src.is_int and dst.is_int):
+        return False
+    return dst.bits >= src.bits if src.kind == dst.kind else \
+        (src.kind == "u" and dst.kind == "i" and dst.bits > src.bits)
+
+
+def _uncast(v: Value) -> Value:
+    """v with broadcasts and value-keeping integer casts looked through."""
+    while (op := defining_op(v)) is not None and \
+            (op.name in ("splat", "broadcast") or _widening(op)):
+        v = op.operands[0]
+    return v
+
+
 def _scalar(v: Value, params: dict):
-    v = strip_broadcasts(v)
+    v = _uncast(v)
     if id(v) in params:
         return params[id(v)]
     op = defining_op(v)
@@ -422,6 +442,8 @@ def _linear(v: Value, params: dict) -> dict | None:
     ("arange", dim, block) (its tile dim after expand_dims), ("one",); coefficients (int,
     (symbols...)) with runtime int scalars by name and num_programs as "grid:axis".  None
     where v is anything else (a product of two indices, a division, a load...)."""
+    if _widening(defining_op(v)):
+        return _linear(defining_op(v).operands[0], params)
     if id(v) in params:
         return {("one",): (1, (params[id(v)],))}
     op = defining_op(v)
