@@ -401,3 +401,57 @@ def test_int64_offsets_are_bounded_and_proven_as_int32_ones():
     with pytest.raises(LaunchError, match=r"'copy_wide' would store to element 15 of 'Y', "
                                           r"which has 10 elements"):
         copy_wide[(1,)](mx.arange(16).astype(mx.float32), mx.zeros((10,)), 16, BLOCK=16)
+
+
+@metile.kernel
+def residual_on_columns(A, B, R, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
+                        BK: metile.constexpr):
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    ks = metile.arange(0, BK)
+    acc = metile.zeros((BM, BN), dtype=metile.float32)
+    for k in range(0, K, BK):
+        a = metile.load(A + rows[:, None] * K + (k + ks)[None, :],
+                        mask=(rows[:, None] < M) & ((k + ks)[None, :] < K))
+        b = metile.load(B + (k + ks)[:, None] * N + cols[None, :],
+                        mask=((k + ks)[:, None] < K) & (cols[None, :] < N))
+        acc += metile.dot(a, b)
+    # rows left to the store's mask: the fused epilogue reads R only where C is stored
+    r = metile.load(R + rows[:, None] * N + cols[None, :], mask=cols[None, :] < N)
+    metile.store(C + rows[:, None] * N + cols[None, :], acc + r,
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def test_an_epilogue_read_masked_on_one_axis_is_not_refused():
+    # (a hostile trial: the load check bounded it by its own mask, past R's 30 elements,
+    # while the epilogue evaluates it only at stored elements)
+    rng = np.random.default_rng(0)
+    a, b, r = (rng.standard_normal(s).astype(np.float32) for s in ((5, 7), (7, 6), (5, 6)))
+    got = residual_on_columns[(1, 1)](mx.array(a), mx.array(b), mx.array(r), mx.zeros((5, 6)),
+                                      5, 6, 7, BM=16, BN=16, BK=16)
+    np.testing.assert_allclose(np.array(got), a @ b + r, rtol=1e-5, atol=1e-5)
+
+
+@metile.kernel
+def one_tile_product(A, B, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
+                     BK: metile.constexpr):
+    rows = metile.program_id(0) * BM + metile.arange(0, BM)
+    cols = metile.program_id(1) * BN + metile.arange(0, BN)
+    ks = metile.arange(0, BK)
+    a = metile.load(A + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K))
+    b = metile.load(B + ks[:, None] * N + cols[None, :], mask=(ks[:, None] < K) & (cols[None, :] < N))
+    metile.store(C + rows[:, None] * N + cols[None, :], metile.dot(a, b),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def test_a_product_operand_past_its_input_is_refused():
+    # a product's operands are loaded as tiles under their own masks: still bounded
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 6)).astype(np.float32)
+    with pytest.raises(LaunchError, match=r"'one_tile_product' would load from element 55 of 'A', "
+                                          r"which has 35 elements"):
+        one_tile_product[(1, 1)](mx.array(a), mx.array(b), mx.zeros((8, 6)), 8, 6, 7,
+                                 BM=16, BN=16, BK=16)
+    got = one_tile_product[(1, 1)](mx.array(a), mx.array(b), mx.zeros((5, 6)), 5, 6, 7,
+                                   BM=16, BN=16, BK=16)
+    np.testing.assert_allclose(np.array(got), a @ b, rtol=1e-5, atol=1e-5)

@@ -695,15 +695,24 @@ def load_extents(fn: Function) -> dict:
     elements it reads.  The launch refuses a bound or grid that reaches past the input
     (runtime/dispatch.py), as it does for stores.  Loads under a branch or in a loop, or of
     another pattern, are not recorded (a guard may keep them in bounds); nor, in a kernel
-    with a matrix product, is an unmasked load: a fused GEMM epilogue reads it under the
-    store's mask (passes/gemm_epilogue_reads.py), so `C0 + rows * N + cols` unmasked reads
-    only what the store writes."""
+    with a matrix product, is a load that is not a product's operand: a fused GEMM epilogue
+    reads it under the store's mask as well as its own (passes/gemm_epilogue_reads.py), so
+    `C0 + rows * N + cols`, unmasked or masked on one axis, reads only what the store
+    writes."""
     params = _params(fn)
-    products = any(op.name == "dot" for op in walk(fn.body))
+    ops = list(walk(fn.body))
+    operands = None
+    if any(op.name == "dot" for op in ops):
+        # values a product multiplies, through the unary ops that pass a tile on
+        operands = {v.id for op in ops if op.name == "dot" for v in op.operands[:2]}
+        for op in reversed(ops):
+            if op.name in ("cast", "trans", "broadcast", "expand_dims", "reshape") and \
+                    op.results and op.results[0].id in operands:
+                operands.add(op.operands[0].id)
     out: dict = {}
     for op in fn.body.ops:
         if op.name != "load" or not (p := _root(op.operands[0])) or p.space != "device" \
-                or (products and len(op.operands) == 1):
+                or (operands is not None and op.results[0].id not in operands):
             continue
         rule = _access_rule(op.operands[0], op.operands[1] if len(op.operands) == 3 else None,
                             params)
