@@ -118,6 +118,9 @@ if [ "$mode" = s124 ]; then
     --chain 8 --output "$logs/h200-attention-decode-chain8-float16.json" 2>&1 | tail -4 | tee -a "$log"
   timeout 90 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 1024 4096 16384 32768 \
     --output "$logs/h200-attention-decode-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  # warps and key blocks at the new split rule (metile's configurations against each other:
+  # the probe's captured k and v slow MLX's op)
+  DECODE_SET=warps timeout 120 python3 tools/probes/decode_ahead.py "$logs/h200-decode-warps.json" 2>&1 | tail -4 | tee -a "$log"
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_quantized_op test_triton_parity
 elif [ "$mode" = s123 ]; then
   # the GPU test files s116 and s120 ran out of time before
