@@ -444,8 +444,14 @@ def test_op_bad_inputs():
         ops.gated_mlp(x, w, w, "tanh")
     with pytest.raises(ValueError, match=r"w_gate \(5, 8\) and w_up \(6, 8\) differ"):
         ops.gated_mlp(x, w, mx.zeros((6, 8)))
-    with pytest.raises(ValueError, match="inner dimensions differ"):
+    # (named on the weights as given: it read "(3, 7) @ (8, 5)", the product's transpose)
+    with pytest.raises(ValueError, match=r"x's last dimension is 7, but w_gate and w_up \(5, 8\) "
+                                         r"\(hidden, in_features\) take 8 input features"):
         ops.gated_mlp(mx.zeros((3, 7)), w, w)
+    with pytest.raises(TypeError, match=r"x has dtype mlx.core.int32"):
+        ops.gated_mlp(x.astype(mx.int32), w, w, backend="metile")
+    with pytest.raises(ValueError, match=r"x must have at least one dimension"):
+        ops.gated_mlp(mx.zeros(()), w, w, backend="metile")
     with pytest.raises(ValueError, match="w_up must be a 2-D mx.array"):
         ops.gated_mlp(x, w, mx.zeros((8,)))
     with pytest.raises(ValueError, match="backend must be 'auto', 'metile' or 'mlx'"):

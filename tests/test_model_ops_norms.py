@@ -298,6 +298,32 @@ def test_add_rms_norm_broadcasts_the_residual(rng):
     np.testing.assert_allclose(np.array(g), np.array(want), rtol=1e-4, atol=1e-5)
 
 
+def test_add_rms_norm_broadcasts_as_the_sum_does(rng):
+    # (a hostile trial: x smaller than residual was refused, where x + residual broadcasts
+    # either operand; an int weight under auto was refused where MLX's composite takes it)
+    x, = arrays(rng, (1, 40), mx.float32)
+    r, = arrays(rng, (3, 40), mx.float32)
+    c, = arrays(rng, (3, 1), mx.float32)
+    w, = arrays(rng, (40,), mx.float32)
+    for a, b in ((x, r), (x, c)):
+        h = f64(a) + f64(b)
+        for backend in ("metile", "auto"):
+            s, y = ops.add_rms_norm(a, b, w, 1e-5, backend=backend)
+            assert s.shape == y.shape == (3, 40)
+            close(s, h, mx.float32)
+            close(y, np_rms(h, f64(w), 1e-5), mx.float32)
+    g = mx.grad(lambda x: ops.add_rms_norm(x, r, w, 1e-5, backend="metile")[1].sum())(x)
+    want = mx.grad(lambda x: mx.fast.rms_norm(x + r, w, 1e-5).sum())(x)
+    assert g.shape == (1, 40)
+    np.testing.assert_allclose(np.array(g), np.array(want), rtol=1e-4, atol=1e-5)
+    wi = mx.arange(40)
+    s, y = ops.add_rms_norm(r, r, wi, 1e-5)
+    np.testing.assert_allclose(np.array(y), np.array(mx.fast.rms_norm(r + r, wi, 1e-5)),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(TypeError, match=r"weight has dtype mlx.core.int32; expected a floating"):
+        ops.add_rms_norm(r, r, wi, 1e-5, backend="metile")
+
+
 def test_bool_options_name_a_numpy_bool():
     # ("traditional must be a bool, got bool" for np.bool_: its type's bare name is bool)
     q = mx.zeros((1, 2, 8))
@@ -544,8 +570,8 @@ def test_bad_inputs_give_clear_errors():
         ops.rms_norm(x, mx.ones((4,)), 1e-5)
     with pytest.raises(ValueError, match=r"\[metile.ops.layer_norm\] bias has shape \(8, 1\)"):
         ops.layer_norm(x, None, mx.ones((8, 1)), 1e-5)
-    with pytest.raises(ValueError, match=r"residual has shape \(3, 4\); expected x's shape "
-                                         r"\(3, 8\) or one broadcasting to it"):
+    with pytest.raises(ValueError, match=r"x \(3, 8\) and residual \(3, 4\) do not broadcast "
+                                         r"together \(as x \+ residual\)"):
         ops.add_rms_norm(x, mx.zeros((3, 4)), None, 1e-5)
     with pytest.raises(TypeError, match=r"eps must be a finite number"):
         ops.rms_norm(x, None, "1e-5")
@@ -553,6 +579,8 @@ def test_bad_inputs_give_clear_errors():
         ops.rms_norm(x.astype(mx.int32), None, 1e-5, backend="metile")
     with pytest.raises(ValueError, match=r"axis 2 is out of range for x of shape \(3, 8\)"):
         ops.softmax(x, axis=2)
+    with pytest.raises(IndexError):   # (as mx.softmax raises it)
+        ops.softmax(x, axis=-3)
     with pytest.raises(ValueError, match=r"axis \(1, -1\) repeats an axis"):
         ops.softmax(x, axis=(1, -1))
     with pytest.raises(ValueError, match=r"backend must be 'auto', 'metile' or 'mlx'"):

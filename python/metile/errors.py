@@ -45,6 +45,11 @@ class LaunchError(ValueError):
     Raised before anything is compiled or enqueued."""
 
 
+class AxisError(ValueError, IndexError):
+    """An axis out of range for an op's input: an IndexError as MLX's ops raise it (code
+    written against `mx.softmax` catches that) and a ValueError, as NumPy's AxisError is."""
+
+
 class ScheduleError(ValueError):
     """A schedule requirement the compiler cannot honour for this kernel and target.
     `requirement` names the control (e.g. "vector_width=4"), `reason` says why."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .errors import AxisError
 from . import op_replay
 from .runtime import routing
 from .op_routing import (
@@ -50,7 +51,6 @@ from .op_routing import (
     mlx_takes_it,
     mlx_takes_values,
     type_name,
-    broadcasts_to,
     plain_number,
     check_backend,
     config_name as _config_name,
@@ -654,18 +654,26 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
     # (a repeated call replays its path from Python, skipping the checks and routing: its
     # two outputs are more than a native replay returns)
     key = op_replay.key("add_rms_norm", (eps, backend, None), x, residual, weight)
+    if isinstance(x, mx.array) and isinstance(residual, mx.array) and \
+            tuple(residual.shape) != tuple(x.shape):
+        try:
+            want = tuple(mx.broadcast_shapes(x.shape, residual.shape))
+        except ValueError:
+            raise ValueError(f"[metile.ops.add_rms_norm] x {tuple(x.shape)} and residual "
+                             f"{tuple(residual.shape)} do not broadcast together (as "
+                             f"x + residual)") from None
+        # (as x + residual broadcasts, either way; the kernel reads the broadcast rows,
+        # MLX's autodiff sums each operand's gradient back)
+        x, residual = mx.broadcast_to(x, want), mx.broadcast_to(residual, want)
+    if mlx_takes_it(backend, x, residual, weight):
+        # (an int or bool operand or weight, float64: MLX's add and rms_norm promote,
+        # compute or refuse it, as the composite this op replaces does)
+        h = x + residual
+        return h, mx.fast.rms_norm(h, weight, eps)
     _check_x("add_rms_norm", x)
     if not isinstance(residual, mx.array):
         raise TypeError(f"[metile.ops.add_rms_norm] residual must be an mx.array, got "
                         f"{type(residual).__name__}")
-    if tuple(residual.shape) != tuple(x.shape):
-        shape, want = tuple(residual.shape), tuple(x.shape)
-        if not broadcasts_to(shape, want):
-            raise ValueError(f"[metile.ops.add_rms_norm] residual has shape {shape}; expected "
-                             f"x's shape {want} or one broadcasting to it")
-        # (as x + residual broadcasts; the kernel reads the broadcast rows, MLX's autodiff
-        # sums the residual's gradient back)
-        residual = mx.broadcast_to(residual, want)
     if not mx.issubdtype(residual.dtype, mx.floating):
         raise TypeError(f"[metile.ops.add_rms_norm] residual has dtype {residual.dtype}; "
                         f"expected a floating type")
@@ -694,8 +702,9 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
     shape = x.shape
 
     def run(x, residual, *w):
-        if tuple(residual.shape) != tuple(shape):
-            residual = mx.broadcast_to(residual, shape)
+        # (a replay passes the call's arrays as given: either may broadcast)
+        x, residual = (a if tuple(a.shape) == tuple(shape) else mx.broadcast_to(a, shape)
+                       for a in (x, residual))
         s, y = fused(_rows(x), _rows(residual), *w)
         return s.reshape(shape), y.reshape(shape)
     out = run(x, residual, *w)
@@ -715,7 +724,7 @@ def _softmax_axes(x, axis) -> tuple[int, ...]:
     out = []
     for a in map(int, axes):
         if not -x.ndim <= a < x.ndim:
-            raise ValueError(f"[metile.ops.softmax] axis {a} is out of range for x of shape "
+            raise AxisError(f"[metile.ops.softmax] axis {a} is out of range for x of shape "
                              f"{tuple(x.shape)}")
         out.append(a % x.ndim)
     if len(set(out)) != len(out):
