@@ -97,7 +97,9 @@ def test_integer_division_faults_are_reported_not_fatal():
         assert line == (
             f"{name} -> [metal_kernel] kernel '{name}': integer division by zero (or INT_MIN / -1) in "
             "threadgroup (0, 0, 0): Metal leaves the result unspecified, so metile's CPU runtime "
-            "stops the kernel (guard the divisor of `/` and `%`)"
+            "stops the kernel (guard the divisor of `/` and `%`; a masked load's off lanes "
+            "hold its `other`, 0 unless given, and are computed too: load the divisor with "
+            "other=1, or divide by where(d != 0, d, 1))"
         ), out
     assert "still works" in out
 

@@ -452,7 +452,9 @@ std::string fault_message(const Worker& w, const Fault& fault, const std::string
       // is the one behaviour that cannot silently differ from the GPU's.
       return "integer division by zero (or INT_MIN / -1) in " + where +
              ": Metal leaves the result unspecified, so metile's CPU runtime stops the kernel "
-             "(guard the divisor of `/` and `%`)";
+             "(guard the divisor of `/` and `%`; a masked load's off lanes hold its `other`, 0 "
+             "unless given, and are computed too: load the divisor with other=1, or divide by "
+             "where(d != 0, d, 1))";
     }
     return "arithmetic fault (SIGFPE code " + std::to_string(f.code) + ") at " + address + " in " + where;
   }
