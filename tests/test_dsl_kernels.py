@@ -416,3 +416,25 @@ def test_a_barrier_orders_device_memory_too():
                                               backend="msl")
     assert "threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);" in d.source
     np.testing.assert_array_equal(np.array(d()[1]), np.arange(31, -1, -1))
+
+
+@metile.kernel
+def scaled_by_length(X, Y, BLOCK: metile.constexpr):
+    x = metile.load(X + metile.arange(0, BLOCK)[:, None] * 3 + metile.arange(0, 3)[None, :])
+    metile.store(Y + metile.arange(0, BLOCK)[:, None] * 3 + metile.arange(0, 3)[None, :],
+                 x * len(x) + len(metile.trans(x)) * 0.5)
+
+
+@metile.kernel
+def length_of_a_scalar(X, Y):
+    metile.store(Y, len(metile.load(X)))
+
+
+def test_len_of_a_tile_is_its_first_dimension():
+    # (a hostile trial: "len() of a runtime value; use metile.cast" - a tile's length is
+    # static, as a NumPy array's)
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = scaled_by_length[(1,)](mx.array(x), mx.zeros((4, 3)), BLOCK=4)
+    np.testing.assert_array_equal(np.array(got), x * 4 + 1.5)
+    with pytest.raises(metile.CompilationError, match=r"len\(\) of a scalar .*only a tile has a length"):
+        length_of_a_scalar[(1,)](mx.ones((1,)), mx.zeros((1,)))

@@ -453,6 +453,14 @@ class Generator(ControlFlow):
             return func(*args)
         if func is py_builtins.abs:
             return self.sem.unary("abs", *args)
+        if func is py_builtins.len and len(args) == 1 and not kwargs and \
+                isinstance(args[0], Value):
+            # a tile's length is static, as a NumPy array's: its first dimension
+            shape = shape_of(args[0].type)
+            if not shape:
+                raise CompilationError(f"len() of a scalar ({describe(args[0])}): only a tile "
+                                       f"has a length")
+            return shape[0]
         if func in (py_builtins.int, py_builtins.float, py_builtins.bool, py_builtins.len):
             if any(isinstance(a, Value) for a in args):
                 raise CompilationError(f"{func.__name__}() of a runtime value; use metile.cast")
