@@ -491,7 +491,10 @@ def _fingerprints() -> dict:
     return {"compiler": cache.compiler_fingerprint(),
             "kernel": "".join(cache.source_fingerprint(f.fn) for f in (
                 kernels.attention_forward, kernels.attention_split, kernels.attention_decode,
-                kernels.attention_combine, kernels.attention_combine_splits))}
+                kernels.attention_combine, kernels.attention_combine_splits)),
+            # how the decode launches split the keys: a decision measured under another
+            # rule (s33's 8 splits ran 1.5x slower on the H200) is not this one's
+            "splits": [ROWS_TARGET_WARPS, ROWS_SPLIT_KEYS, COMBINE_SPLITS, ROWS_QUERIES]}
 
 
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
