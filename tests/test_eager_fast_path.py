@@ -255,6 +255,21 @@ def test_new_shapes_take_the_family_launch_and_stay_right(made):
     assert len(kept) > 20 and len(kept.families) == 1
 
 
+def test_a_full_launch_cache_drops_its_oldest_launch_and_keeps_the_family(made, monkeypatch):
+    # (clearing the whole cache every 256 new shapes cost ~0.7 ms and sent the next new
+    # shape through a full resolution)
+    from metile.runtime import dispatch
+    monkeypatch.setattr(dispatch, "_LAUNCH_CACHE_SIZE", 4)
+    kept, first = add_c._launches, None
+    for n in range(20, 27):
+        x, y = _x(n, seed=n), _x(n, seed=n + 1)
+        got = add_c[(2,)](mx.array(x), mx.array(y), n, 1.5, BLOCK=16)
+        np.testing.assert_allclose(np.array(got), _expect(x, y, n, 1.5, 32), rtol=1e-6)
+        first = first or add_c.last_dispatch
+    assert len(kept) == 4 and first not in kept.values() and add_c.last_dispatch in kept.values()
+    assert len(made) == 1 and len(kept.families) == 1
+
+
 def test_the_family_launch_refuses_an_aliased_output(made):
     x, y = mx.array(_x(40)), mx.array(_x(40, seed=1))
     add_c[(3,)](x, y, 40, 1.5, BLOCK=16)

@@ -294,10 +294,13 @@ def _make_guard(grid, args, kwargs, key, plan, out_positions):
 
 
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
-    """Keep `d` as the kernel's launch for `key` (a bounded cache: cleared when full)."""
-    if len(kernel._launches) >= _LAUNCH_CACHE_SIZE:
-        kernel._launches.clear()
-    kernel._launches[key] = d
+    """Keep `d` as the kernel's launch for `key` (a bounded cache: the oldest goes when it
+    is full).  Clearing it whole when full cost ~0.7 ms every 256 new shapes of an eager
+    loop over a growing cache, and forgot the families the next new shape resolves from."""
+    launches = kernel._launches
+    if len(launches) >= _LAUNCH_CACHE_SIZE:
+        del launches[next(iter(launches))]   # (a dict keeps insertion order)
+    launches[key] = d
 
 
 def _is_plain(grid) -> bool:
