@@ -25,9 +25,7 @@ def grid(meta):
 def tuned(tmp_path, monkeypatch):
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
     return metile.autotune(
-        configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=256, num_simdgroups=8),
-                 # the kernel has no WIDTH parameter: unusable, skipped with the reason
-                 metile.Config(BLOCK=128, WIDTH=4)],
+        configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=256, num_simdgroups=8)],
         warmup=1, reps=2)(scaled_copy)
 
 
@@ -38,9 +36,20 @@ def test_winner_is_correct_and_cached(tuned):
     first = tuned.last_result
     assert not first.from_cache
     assert set(first.timings) == {"Config(BLOCK=64)", "Config(BLOCK=256,NUM_SG=8)"}
-    assert "unexpected argument 'WIDTH'" in first.unusable["Config(BLOCK=128,WIDTH=4)"]
     tuned[grid](x, mx.zeros((1000,)), 1000, 3.0)  # same key: floats enter by type
     assert tuned.last_result.from_cache and tuned.last_result.config == first.config
+
+
+def test_a_config_setting_an_argument_the_kernel_lacks_is_an_error(tmp_path, monkeypatch):
+    # the caller's typo, as Triton raises it (it was skipped as unusable: a silently
+    # smaller search, the reason only in last_result)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128, WIDTH=4)],
+                            warmup=1, reps=2)(scaled_copy)
+    with pytest.raises(metile.LaunchError, match=r"scaled_copy\(\) got an unexpected argument "
+                                                 r"'WIDTH' \(from autotune Config\(BLOCK=128, "
+                                                 r"WIDTH=4\)\)"):
+        tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
 
 
 def test_other_dtype_is_tuned_again(tuned):

@@ -1049,7 +1049,8 @@ ops_cases = [
     ("matmul-inner-mismatch", lambda: metile.ops.matmul(A, W), ValueError,
      r"\[metile.ops\] inner dimensions differ: \(4, 3\) @ \(5, 3\)"),
     ("matmul-unknown-epilogue", lambda: metile.ops.matmul(A, W.T, epilogue="tanh"), ValueError,
-     r"\[metile.ops\] activation must be one of .*got 'tanh'"),
+     r"\[metile.ops\] epilogue must be one of None, 'gelu_tanh', 'leaky_relu', 'relu', "
+     r"'silu', got 'tanh'"),
     ("matmul-unknown-backend", lambda: metile.ops.matmul(A, W.T, backend="gpu"), ValueError,
      r"\[metile.ops\] backend must be 'auto', 'metile' or 'mlx', got 'gpu'"),
     ("matmul-slope-overflow", lambda: metile.ops.matmul(A, W.T, epilogue="leaky_relu",

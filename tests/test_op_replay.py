@@ -372,7 +372,7 @@ def test_bad_options_are_refused_by_the_full_path_after_a_replay(rng):
     for _ in range(2):
         metile.ops.matmul(a, b, backend="metile")
         metile.ops.softmax(a, axis=-1, backend="metile")
-    with pytest.raises(ValueError, match="activation must be one of"):
+    with pytest.raises(ValueError, match="epilogue must be one of"):
         metile.ops.matmul(a, b, epilogue=["relu"], backend="metile")
     with pytest.raises(TypeError, match="axis must be None, an int or a sequence of ints"):
         metile.ops.softmax(a, axis=(0, [1]), backend="metile")

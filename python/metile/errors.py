@@ -45,6 +45,11 @@ class LaunchError(ValueError):
     Raised before anything is compiled or enqueued."""
 
 
+class ArgumentError(LaunchError):
+    """A launch's arguments do not fit the kernel's signature (an unexpected or repeated
+    argument, too many): the caller's mistake, never a candidate autotune may skip."""
+
+
 class AxisError(ValueError, IndexError):
     """An axis out of range for an op's input: an IndexError as MLX's ops raise it (code
     written against `mx.softmax` catches that) and a ValueError, as NumPy's AxisError is."""

@@ -185,12 +185,13 @@ def slope_value(slope, arrays: bool = False) -> float | None:
     return None
 
 
-def _check_activation(activation, slope, where: str = "metile.ops"):
+def _check_activation(activation, slope, where: str = "metile.ops", name: str = "activation"):
     """Refuses an activation metile has no kernel for and a slope that is not a finite-width
-    number; `where` names the caller in the message (nn's layers check with this too)."""
+    number; `where` names the caller in the message (nn's layers check with this too),
+    `name` the argument (matmul's is `epilogue`)."""
     if not (activation is None or isinstance(activation, str)) or activation not in ACTIVATIONS:
-        raise ValueError(f"[{where}] activation must be one of {sorted(map(str, ACTIVATIONS))}, "
-                         f"got {activation!r}")
+        choices = ", ".join(["None"] + sorted(repr(a) for a in ACTIVATIONS if a is not None))
+        raise ValueError(f"[{where}] {name} must be one of {choices}, got {activation!r}")
     if slope_value(slope) is None:
         why = (" (an mx.array slope would get no gradient here; pass float(slope), or use "
                "mlx.nn.leaky_relu to differentiate it)" if isinstance(slope, mx.array) else "")
@@ -904,8 +905,8 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     if stream is not None:
         return on_stream("matmul", stream, lambda: matmul(
             a, b, epilogue=epilogue, negative_slope=negative_slope, backend=backend))
+    _check_activation(epilogue, negative_slope, name="epilogue")
     if mlx_takes_it(backend, a, b):   # an int or float64 operand: MLX's composite
-        _check_activation(epilogue, negative_slope)
         return _matmul_mlx(a, b, epilogue, negative_slope)
     a, b = _promoted(a, b)
     options = (epilogue, negative_slope, backend)   # (a repeated call replays: op_replay.py)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..errors import CompilationError, LaunchError, ScheduleError
+from ..errors import ArgumentError, CompilationError, LaunchError, ScheduleError
 from ..schedule import Config
 from . import cache, tuning
 from .dispatch import resolve_grid
@@ -85,7 +85,11 @@ class _TunedLauncher:
             # with the kernel's defaults, as a plain launch's grid callable sees them
             bound = {**kernel.defaults, **dict(zip(kernel.param_names, args)), **options}
             grid = resolve_grid(grid, bound)
-        return kernel[grid](*args, **options)
+        try:
+            return kernel[grid](*args, **options)
+        except ArgumentError as e:
+            # (Triton raises it too: a typo in a Config is not a candidate to skip)
+            raise ArgumentError(f"{e} (from autotune {config})") from None
 
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""
@@ -110,7 +114,7 @@ class _TunedLauncher:
         result = tuning.autotune(
             self.tuned.configs, lambda c: self._launch(c, args, kwargs), parts,
             warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,
-            unusable=(ScheduleError, CompilationError, LaunchError))
+            unusable=(ScheduleError, CompilationError, LaunchError), fatal=(ArgumentError,))
         self.tuned.last_result = result
         return result.config
 

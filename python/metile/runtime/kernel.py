@@ -33,7 +33,7 @@ from .. import settings
 from ..compiler import pipeline
 from ..compiler.backend import Backend, resolve_backend
 from ..compiler.debug_support import warn_unchecked_asserts
-from ..errors import CompilationError, LaunchError
+from ..errors import ArgumentError, CompilationError, LaunchError
 from ..frontend import constexpr_params
 from ..frontend import source
 from ..ir.core import Loc
@@ -319,14 +319,14 @@ class Kernel:
         if strict is not None and not isinstance(strict, bool):
             raise LaunchError(f"STRICT_MATH must be True or False, got {strict!r}")
         if len(args) > len(self.param_names):
-            raise LaunchError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
-                              f"got {len(args)}")
+            raise ArgumentError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
+                                f"got {len(args)}")
         bound = dict(zip(self.param_names, args))
         for k, v in kwargs.items():
             if k not in self.param_names:
-                raise LaunchError(f"{self.fn.__name__}() got an unexpected argument {k!r}")
+                raise ArgumentError(f"{self.fn.__name__}() got an unexpected argument {k!r}")
             if k in bound:
-                raise LaunchError(f"{self.fn.__name__}() got multiple values for {k!r}")
+                raise ArgumentError(f"{self.fn.__name__}() got multiple values for {k!r}")
             bound[k] = v
         for k, v in self.defaults.items():
             bound.setdefault(k, v)

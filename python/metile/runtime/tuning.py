@@ -248,13 +248,16 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
              key_parts: dict, *, warmup: int = 3, reps: int = 15, launches: int = 10,
              validate: Callable[[object, object], object] | None = None,
              unusable: tuple[type[BaseException], ...] = (ScheduleError,),
+             fatal: tuple[type[BaseException], ...] = (),
              cache: TuningCache | None = None, clock: Callable[[], float] = time.perf_counter
              ) -> TuneResult:
     """The fastest of `candidates`, measured with `run_candidate(config)` (which launches
     the kernel and returns its mx.array outputs), or the cached winner for the same key.
 
     A candidate raising one of `unusable` (ScheduleError by default; the kernel layer
-    adds CompilationError) is skipped with its reason.  `validate(outputs, reference)`
+    adds CompilationError) is skipped with its reason; one raising one of `fatal` (a
+    subclass of them that is the caller's mistake, e.g. a Config setting an argument the
+    kernel does not take) stops the tuning with its error.  `validate(outputs, reference)`
     compares candidates' outputs: they are grouped by agreement, and when they disagree
     the largest group (ties: the earliest candidate's) is taken as right - the others
     are unusable, with a warning naming both sides (checked against the first candidate
@@ -291,6 +294,8 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
                 else:
                     groups.append([outs, [name]])
             timings[name] = None                  # usable: timed below unless outvoted
+        except fatal:
+            raise
         except unusable as e:
             reasons[name] = f"{type(e).__name__}: {e}"
         except AssertionError as e:
