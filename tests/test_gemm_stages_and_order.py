@@ -416,3 +416,36 @@ def test_msl_grouped_order_source(rng):
     assert re.search(r"metal::min\(_v\d+, 2\)", body)
     assert body.count("threadgroup_position_in_grid.x") == 1
     assert body.count("threadgroup_position_in_grid.y") == 1
+
+
+@metile.kernel
+def trip_count_matmul(A, B, C, M, N, K, BLOCK_M: metile.constexpr, BLOCK_N: metile.constexpr,
+                      BLOCK_K: metile.constexpr):
+    rm = metile.program_id(0) * BLOCK_M + metile.arange(0, BLOCK_M)
+    rn = metile.program_id(1) * BLOCK_N + metile.arange(0, BLOCK_N)
+    rk = metile.arange(0, BLOCK_K)
+    a_ptrs, b_ptrs = A + rm[:, None] * K + rk[None, :], B + rk[:, None] * N + rn[None, :]
+    acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in range(0, metile.cdiv(K, BLOCK_K)):     # Triton's tutorial loop: a trip count
+        a = metile.load(a_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < K - k * BLOCK_K), other=0.0)
+        b = metile.load(b_ptrs, mask=(rk[:, None] < K - k * BLOCK_K) & (rn[None, :] < N), other=0.0)
+        acc = metile.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * N
+    metile.store(C + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def test_a_trip_count_k_loop_names_the_loop_form_double_buffering_takes():
+    # (a hostile trial: the refusal said "start, end and step are not known integers" of a
+    # loop whose every value was known under the explicit Schedule - the step, 1, is not
+    # BLOCK_K); without a schedule the same kernel runs and is right
+    m, n, k = RAGGED
+    a, b, want = operands(np.random.default_rng(3), m, n, k, "float32")
+    with pytest.raises(CompilationError, match=r"cannot honour double_buffer=True: the K loop is "
+                                               r"not one the bounds proofs take - `for k in "
+                                               r"range\(0, K, BLOCK_K\)`.*a loop over the trip "
+                                               r"count, `range\(0, cdiv\(K, BLOCK_K\)\)`, is not"):
+        trip_count_matmul[grid(m, n, 32, 32)](a, b, mx.zeros((m, n)), m, n, k, **TILE,
+                                              SCHEDULE=Schedule(double_buffer=True))
+    check(trip_count_matmul[grid(m, n, 32, 32)](a, b, mx.zeros((m, n)), m, n, k, **TILE),
+          want, "float32")

@@ -102,9 +102,12 @@ def _gemm_plan(fn: Function, g, constexprs: dict, scalars: dict, schedule, targe
     if plan.double_buffer and bounds is None:
         named = "double_buffer=True" if schedule is None or schedule.num_stages is None else \
             schedule.requirement("num_stages")
-        raise ScheduleError(named, "the K loop's start, end and step are not known "
-                                   "integers, so its tiles cannot be scheduled over "
-                                   "two stages")
+        raise ScheduleError(named, "the K loop is not one the bounds proofs take - `for k "
+                                   "in range(0, K, BLOCK_K)`, stepping by BLOCK_K between "
+                                   "integers known at launch (an explicit Schedule "
+                                   "specializes the int arguments); a loop over the trip "
+                                   "count, `range(0, cdiv(K, BLOCK_K))`, is not - so its "
+                                   "tiles cannot be scheduled over two stages")
     if plan.vector_width == 4 and bounds is not None and \
             not (bounds.any_interior_tile and bounds.n_full):
         what = "output tile" if not bounds.any_interior_tile else "K step"
