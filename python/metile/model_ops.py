@@ -936,9 +936,10 @@ def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
     value (they take part in coverage proofs), and a new one cost ~250 us a token on this
     CPU.  (The thirty-second session launched the scalar kernel at each offset off the CPU
     runtime, reading a failed GPU test as this form rotating wrongly on CUDA; the failing
-    assertion was the test's gradient against MLX's own, whose CUDA vjp with an offset is
-    not the rotation's transpose (MLX 0.32.4), and this form matches MLX's op at every offset
-    on the H100, s116.)"""
+    assertion was the test's gradient against MLX's own, which differed there after the
+    test's calls at other offsets - in a fresh process MLX's and metile's gradients are both
+    the rotation's transpose, H100 s118 - and this form matches MLX's op at every offset on
+    the H100, s116.)"""
     shared = _rope_fn(dataclasses.replace(spec, offset=None, offset_kind="array"), True,
                       has_freqs, cfg)
 

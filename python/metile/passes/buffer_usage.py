@@ -57,8 +57,8 @@ class Coverage:
         return True
 
     def last_index(self, grid: tuple, args: dict) -> int | None:
-        """The highest element the store writes at this launch (None: none, or a bound
-        whose value the launch does not know)."""
+        """The highest element the access (a store, or a load: load_extents) reaches at
+        this launch (None: none, or a bound whose value the launch does not know)."""
         end = grid[0] * self.block
         if self.bound is not None:
             n = args.get(self.bound)
@@ -656,12 +656,10 @@ def _access_rule(ptr_value: Value, mask: Value | None, params: dict):
     m = defining_op(mask)
     if m is None or m.name != "lt" or m.operands[0] is not offs:
         return None
-    n = strip_broadcasts(m.operands[1])
-    if id(n) in params:
-        return Coverage(block, params[id(n)])
-    if (c := defining_op(n)) is not None and c.name == "const":
-        return Coverage(block, None, c.attrs["value"])
-    return None
+    bound = _scalar(m.operands[1], params)   # a scalar parameter's name, or an int constant
+    if bound is None:
+        return None
+    return Coverage(block, bound) if isinstance(bound, str) else Coverage(block, None, bound)
 
 
 def _params(fn: Function) -> dict:
