@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
 #   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
 #   OUT=$OUT bash tools/device_next.sh s123   -- the GPU test files s116/s120 ran out of time before
 #   OUT=$OUT bash tools/device_next.sh s122   -- decode splits by length (32 / 64 at 32 heads) at 4096-32768 keys, decode GPU tests
@@ -71,7 +72,7 @@ gpu_tests() {
   local limit=$1; shift
   local select=()
   if [ "${1:-}" = -k ]; then select=(-k "$2"); shift 2; fi
-  (cd /tmp && timeout "$limit" python3 -m pytest -q -p no:cacheprovider --timeout 90 \
+  (cd /tmp && timeout "$limit" python3 -m pytest -v -p no:cacheprovider --timeout 90 \
      --junitxml="$out/junit.xml" "${select[@]}" \
      $(for f in "$@"; do [ -f "$repo/tests/$f.py" ] && echo "$repo/tests/$f.py"; done) \
      > "$logs/pytest.txt" 2>&1)
@@ -109,7 +110,16 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s124 ]; then
+if [ "$mode" = s125 ]; then
+  # are s124's 8 splits on 4 warps (3.3 TB/s on an H100, reading one cache again and again)
+  # as fast when no cache is read twice? 8 caches a compiled call, then one
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  CHAIN=8 KEYS="4096 16384 32768" timeout 150 python3 tools/probes/decode_chain_configs.py \
+    "$logs/h200-decode-chain8-configs.json" 2>&1 | tail -4 | tee -a "$log"
+  CHAIN=1 KEYS="4096 16384" timeout 100 python3 tools/probes/decode_chain_configs.py \
+    "$logs/h200-decode-chain1-configs.json" 2>&1 | tail -4 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_split_k test_quantized_op test_triton_parity
+elif [ "$mode" = s124 ]; then
   # issue 17's decode target with the call's host time shared by 8 attentions (a decode
   # step's layers in one graph, each over its own cache), beside one a call; then the GPU
   # test files s116/s120/s123 did not finish

@@ -1,0 +1,95 @@
+"""Decode attention's launch configurations against each other and MLX's op with no cache
+reused: CHAIN attentions a compiled call, each over its own k and v (a decode step's
+layers), the output the next query, 20 calls a sync, alternating, median of 7 rounds.
+
+decode_ahead.py reads one cache again and again, so at 4096 keys (67 MB of k and v) part of
+it may stay in the 50 MB L2 between calls, and its H100 runs (s117, s124) read 8 splits on
+4 warps at 3.3-3.95 TB/s, at or past an H100's HBM.  This form cannot reuse the cache.
+
+    CHAIN=8 KEYS="4096 16384" python3 tools/probes/decode_chain_configs.py [out.json]
+"""
+import json
+import os
+import platform
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from metile import attention_ops
+
+CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
+           "w4": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4},
+           "w4_s8": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 8},
+           "w4_s16": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 16},
+           "w2_s8": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 8},
+           "w2_s16": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 16}}
+
+
+def chained(op, chain):
+    def step(q, *kv):
+        out = q
+        for i in range(chain):
+            out = op(out, kv[2 * i], kv[2 * i + 1])
+        return out
+    return mx.compile(step)
+
+
+def per_attention(fn, q, kv, launches, chain) -> float:
+    mx.synchronize()
+    start = time.perf_counter()
+    out = q
+    for _ in range(launches):
+        out = fn(out, *kv)
+    mx.eval(out)
+    mx.synchronize()
+    return (time.perf_counter() - start) / (launches * chain)
+
+
+def main():
+    chain = int(os.environ.get("CHAIN", "8"))
+    lengths = [int(n) for n in os.environ.get("KEYS", "4096 16384").split()]
+    scale = 128 ** -0.5
+    report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
+                          "device": str(mx.default_device())},
+              "metric": f"us per attention, {chain} a compiled call each over its own cache, "
+                        "20 calls a sync, median of 7 alternating rounds", "cases": []}
+    for keys in lengths:
+        rk = mx.random.split(mx.random.key(keys), 1 + 2 * chain)
+        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
+        kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
+              for i in range(2 * chain)]
+        mx.eval(q, *kv)
+
+        def mlx_op(a, b, c):
+            return mx.fast.scaled_dot_product_attention(a, b, c, scale=scale)
+        ops = {n: (lambda a, b, c, cfg=cfg: attention_ops._run(a, b, c, scale, None, cfg))
+               for n, cfg in CONFIGS.items()}
+        ops["mlx"] = mlx_op
+        want = mlx_op(q, kv[0], kv[1]).astype(mx.float32)
+        for name, op in ops.items():
+            got = op(q, kv[0], kv[1]).astype(mx.float32)
+            err = float(mx.abs(got - want).max() / mx.abs(want).max())
+            assert err < 1e-2, (keys, name, err)   # (relative: a decode output is small)
+        fns = {n: chained(op, chain) for n, op in ops.items()}
+        for fn in fns.values():
+            per_attention(fn, q, kv, 2, chain)
+        times = {n: [] for n in fns}
+        order = list(fns)
+        for r in range(7):
+            for n in (order if r % 2 == 0 else order[::-1]):
+                times[n].append(per_attention(fns[n], q, kv, 20, chain))
+        us = {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
+        moved = 2 * 32 * keys * 128 * 2
+        case = {"keys": keys, "chain": chain, "us_per_attention": us,
+                "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in CONFIGS},
+                "tb_per_s": {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}}
+        print(json.dumps(case), flush=True)
+        report["cases"].append(case)
+    if len(sys.argv) > 1:
+        json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
