@@ -259,8 +259,10 @@ ROWS_QUERIES = 4
 COMBINE_SPLITS = 64
 # warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps.  H200 (s121,
 # 1x32xLx128 float16, compiled chained calls): 4096 keys 35.0 us at 32 splits against 55.3
-# at 8 and 36.8 at 64.  (s117's H100 run had ranked 8 splits first - 21.7 us against 30.9;
-# two H100s and the H200 of s118-s121 ranked them last, so that run is not used.)
+# at 8 and 36.8 at 64.  (H100 runs that read one cache again and again ranked 8 splits
+# first, s117 and s124, at 3.3-3.95 TB/s - past the HBM, so partly from L2.  With eight
+# caches a call, none read twice (s125, H100): 8 splits 0.65-0.73x of MLX's op, this rule
+# 1.00-1.02x at 4096-32768 keys.)
 ROWS_TARGET_WARPS = 2048
 # and keys a split covers at most, up to 4x the warps: 16384 keys 83.1 us at 64 splits of
 # 256 keys against 89.8 at 32 (H200, s121)

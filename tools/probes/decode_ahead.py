@@ -10,6 +10,9 @@ against MLX's op first.
 k and v are captured in the compiled calls: on the H200 (s121/s122) MLX's op ran 1.2-1.75x
 slower that way than with them as arguments (`benchmarks.attention`'s form), so this probe's
 ratios against MLX overstate metile - compare its configurations with each other only.
+Even that misleads for few splits: reading the one cache again and again, 8 splits on 4
+warps ran at 3.3 TB/s on an H100 (s124), past its HBM; decode_chain_configs.py (eight
+caches a call, none read twice) ranks them last (s125).
 """
 import json
 import os

@@ -11,6 +11,7 @@ it may stay in the 50 MB L2 between calls, and its H100 runs (s117, s124) read 8
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -25,6 +26,14 @@ CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4_s16": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 16},
            "w2_s8": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 8},
            "w2_s16": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 16}}
+
+
+def card() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor()
 
 
 def chained(op, chain):
@@ -52,7 +61,7 @@ def main():
     lengths = [int(n) for n in os.environ.get("KEYS", "4096 16384").split()]
     scale = 128 ** -0.5
     report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
-                          "device": str(mx.default_device())},
+                          "device": str(mx.default_device()), "card": card()},
               "metric": f"us per attention, {chain} a compiled call each over its own cache, "
                         "20 calls a sync, median of 7 alternating rounds", "cases": []}
     for keys in lengths:
