@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
 #   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
 #   OUT=$OUT bash tools/device_next.sh s123   -- the GPU test files s116/s120 ran out of time before
@@ -110,7 +111,15 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s125 ]; then
+if [ "$mode" = s126 ]; then
+  # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
+  # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  which nsys ncu 2>&1 | tee -a "$log"
+  timeout 120 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
+  NCU=1 KEYS="1024 4096" ncu_times 150 decode-fixed-cost-ncu tools/probes/decode_fixed_cost.py
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_triton_parity
+elif [ "$mode" = s125 ]; then
   # are s124's 8 splits on 4 warps (3.3 TB/s on an H100, reading one cache again and again)
   # as fast when no cache is read twice? 8 caches a compiled call, then one
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"

@@ -1,0 +1,93 @@
+"""Where decode attention's fixed cost goes.  s125 (H100, 8 attentions a compiled call,
+each over its own cache): metile's and MLX's op both take ~5.3 ns a key plus ~18 us an
+attention - at 4096 keys the fixed part is 45% of the call.  Is it the GPU (two kernels'
+launch, ramp and tail) or the host's work per graph node?
+
+* decode attention, 8 a compiled call, at 64 to 4096 keys: the fixed part directly;
+* a tiny op that is one kernel either way (rms_norm of 1x4096 float16: MLX's primitive,
+  metile's custom kernel), 16 a compiled call: the cost of one node when the GPU has
+  nothing to do.
+
+20 calls a sync, median of 7 alternating rounds.  Under ncu (NCU=1: 2 calls of each, no
+timing) the kernels' own durations come out to set beside the times.
+
+    python3 tools/probes/decode_fixed_cost.py [out.json]
+"""
+import json
+import os
+import platform
+import sys
+
+sys.path.insert(0, "tools/probes")
+import mlx.core as mx   # noqa: E402
+
+import metile   # noqa: E402
+from decode_chain_configs import card, chained, per_attention   # noqa: E402 (this folder)
+from metile import attention_ops   # noqa: E402
+
+import numpy as np   # noqa: E402
+
+CHAIN = 8
+NODES = 16
+DEFAULT = {"path": "decode_rows", "BLOCK_N": 8}
+
+
+def timed(fns, x, args, per):
+    if os.environ.get("NCU"):
+        for fn in fns.values():
+            per_attention(fn, x, args, 2, per)
+        return {}
+    for fn in fns.values():
+        per_attention(fn, x, args, 2, per)
+    times = {n: [] for n in fns}
+    order = list(fns)
+    for r in range(7):
+        for n in (order if r % 2 == 0 else order[::-1]):
+            times[n].append(per_attention(fns[n], x, args, 20, per))
+    return {n: round(float(np.median(t)) * 1e6, 2) for n, t in times.items()}
+
+
+def main():
+    scale = 128 ** -0.5
+    report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
+                          "device": str(mx.default_device()), "card": card()},
+              "metric": "us an op: decode attention 8 a compiled call (each its own cache), "
+                        "rms_norm 16 a call; 20 calls a sync, median of 7 alternating rounds",
+              "attention": [], "nodes": {}}
+    for keys in [int(n) for n in os.environ.get("KEYS", "64 256 1024 4096").split()]:
+        rk = mx.random.split(mx.random.key(keys), 1 + 2 * CHAIN)
+        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
+        kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
+              for i in range(2 * CHAIN)]
+        mx.eval(q, *kv)
+        fns = {"metile": chained(lambda a, b, c: attention_ops._run(a, b, c, scale, None,
+                                                                     DEFAULT), CHAIN),
+               "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
+                   a, b, c, scale=scale), CHAIN)}
+        us = timed(fns, q, kv, CHAIN)
+        case = {"keys": keys, "us_per_attention": us}
+        print(json.dumps(case), flush=True)
+        report["attention"].append(case)
+
+    x = mx.random.normal((1, 4096)).astype(mx.float16)
+    w = mx.ones((4096,), mx.float16)
+    mx.eval(x, w)
+
+    def nodes(op):
+        def step(a, weight):
+            for _ in range(NODES):
+                a = op(a, weight)
+            return a
+        return mx.compile(step)
+    fns = {"metile_rms_norm": nodes(lambda a, b: metile.ops.rms_norm(a, b, 1e-5,
+                                                                      backend="metile")),
+           "mlx_rms_norm": nodes(lambda a, b: mx.fast.rms_norm(a, b, 1e-5))}
+    us = timed(fns, x, [w], NODES)
+    report["nodes"] = {"us_per_node": us, "nodes_a_call": NODES}
+    print(json.dumps(report["nodes"]), flush=True)
+    if len(sys.argv) > 1:
+        json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
