@@ -17,12 +17,30 @@ namespace metile {
 // row-contiguous, a copy when not).  An eager model feeds most launches lazy arrays, and
 // the node costs as much host time as an MLX op.  Should a listed primitive ever produce
 // another layout, the launch's eval refuses the input with an error naming the kernel.
-inline bool row_contiguous_when_evaluated(const mx::array& x) {
+//
+// Also through the two nodes mx.custom_function puts after the function it wraps, which
+// take their outputs' buffers, strides and flags from their inputs (copy_shared_buffer):
+// StopGradient (its one input) and CustomTransforms (output i, the function's output i:
+// the last outputs().size() inputs).  So the output of a metile op under a transform
+// (compile, grad), when it is a metile kernel's, feeds the next launch without a node.
+inline bool row_contiguous_when_evaluated(const mx::array& x, int depth = 0) {
   if (x.is_available()) return x.flags().row_contiguous;
-  if (!x.has_primitive()) return false;
+  if (!x.has_primitive() || depth > 8) return false;
   const char* name = x.primitive().name();
   for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "Matmul"}) {
     if (std::strcmp(name, known) == 0) return true;
+  }
+  const auto& inputs = x.inputs();
+  if (std::strcmp(name, "StopGradient") == 0 && inputs.size() == 1) {
+    return row_contiguous_when_evaluated(inputs[0], depth + 1);
+  }
+  if (std::strcmp(name, "CustomTransforms") == 0) {
+    auto outputs = x.outputs();
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].id() != x.id()) continue;
+      if (inputs.size() < outputs.size()) return false;
+      return row_contiguous_when_evaluated(inputs[inputs.size() - outputs.size() + i], depth + 1);
+    }
   }
   return false;
 }

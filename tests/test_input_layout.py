@@ -65,3 +65,90 @@ def test_other_lazy_inputs_are_made_contiguous_and_read_correctly(make):
     rhs = b[: lhs.shape[1]]
     out = ops.matmul(make(a, b), rhs, backend="metile")
     np.testing.assert_allclose(np.array(out), want @ np.array(rhs), rtol=1e-4, atol=1e-4)
+
+
+def test_an_op_output_under_a_transform_feeds_the_next_launch_without_a_node():
+    # under mx.compile (and grad) an op's output is mx.custom_function's CustomTransforms
+    # of a StopGradient of its kernel's: both share the kernel's buffer, so the next
+    # launch reads it as it is (s126: each node costs the host ~1 us on an H100)
+    x = mx.array(_rng().standard_normal((4, 256)).astype(np.float16))
+    w = mx.array(_rng().standard_normal(256).astype(np.float16))
+    counted = {}
+
+    def step(a, weight):
+        first = ops.rms_norm(a, weight, 1e-5, backend="metile")
+        second = ops.rms_norm(first, weight, 1e-5, backend="metile")
+        counted["first"] = _nodes(first, "Contiguous")
+        counted["both"] = _nodes(second, "Contiguous")
+        return second
+    out = mx.compile(step)(x, w)
+    # (the compiled call's own arguments stay unknown until a call: one node each a launch)
+    assert counted["first"] == 2 and counted["both"] == 3, counted
+    want = mx.fast.rms_norm(mx.fast.rms_norm(x.astype(mx.float32), w.astype(mx.float32), 1e-5),
+                            w.astype(mx.float32), 1e-5)
+    np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(want),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_a_custom_function_returning_a_view_is_still_made_contiguous():
+    # what CustomTransforms shares is its function's output: a transposed view stays a view
+    @mx.custom_function
+    def transposed(a):
+        return a.T
+
+    @transposed.vjp
+    def _(primals, cotangent, output):
+        return cotangent.T
+
+    a = mx.array(_rng().standard_normal((24, 16)).astype(np.float32))
+    b = mx.array(_rng().standard_normal((24, 8)).astype(np.float32))
+    mx.eval(a, b)
+
+    def step(lhs, rhs):
+        return ops.matmul(transposed(lhs), rhs, backend="metile")
+    for fn in (step, mx.compile(step)):
+        out = fn(a, b)
+        np.testing.assert_allclose(np.array(out), np.array(a).T @ np.array(b), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_a_custom_function_returning_a_view_feeds_an_op_correctly():
+    # (through an op's recorded launch, which reads the layout rule; the kernel test above
+    # takes the launch's own contiguous())
+    @mx.custom_function
+    def transposed(a):
+        return a.T
+
+    @transposed.vjp   # (without a rule MLX's custom_function adds no nodes)
+    def _(primals, cotangent, output):
+        return cotangent.T
+
+    x = mx.array(_rng().standard_normal((64, 4)).astype(np.float32))
+    w = mx.array(_rng().standard_normal(64).astype(np.float32))
+    mx.eval(x, w)
+    xt = np.array(x).T
+    want = xt / np.sqrt((xt * xt).mean(axis=-1, keepdims=True) + 1e-5) * np.array(w)
+
+    def step(a, weight):
+        return ops.rms_norm(transposed(a), weight, 1e-5, backend="metile")
+    for fn in (step, step, mx.compile(step), mx.compile(step)):
+        np.testing.assert_allclose(np.array(fn(x, w)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_custom_function_returning_a_strided_view_feeds_a_kernel_correctly():
+    @mx.custom_function
+    def every_other(a):
+        return a[::2]
+
+    @every_other.vjp
+    def _(primals, cotangent, output):
+        return mx.zeros_like(primals)
+
+    x = mx.array(_rng().standard_normal(600).astype(np.float32))
+    zeros = mx.zeros((300,))
+    mx.eval(x, zeros)
+
+    def step(a, z):
+        return plus_one[(3,)](every_other(a), z, 300, BLOCK=128)
+    for fn in (step, step, mx.compile(step)):
+        np.testing.assert_allclose(np.array(fn(x, zeros)), np.array(x)[::2] + 1.0, rtol=1e-6)
