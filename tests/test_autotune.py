@@ -199,3 +199,110 @@ def test_a_target_is_tuned_on_its_own(tmp_path, monkeypatch):
     assert not apple10.from_cache and apple10.key != cpu.key
     z = 1.5 * (np.array(x, np.float64) @ np.array(w, np.float64)) - 0.25
     np.testing.assert_allclose(np.array(out), np.where(z > 0, z, 0.1 * z), rtol=2e-3, atol=2e-3)
+
+
+# -- Triton's options: prune_configs_by, reset_to_zero, restore_value ---------------------------
+
+CANDIDATES = [metile.Config(BLOCK=32), metile.Config(BLOCK=64),
+              metile.Config(BLOCK=128, num_warps=4), metile.Config(BLOCK=256, num_simdgroups=8)]
+
+
+def test_early_config_prune_narrows_the_candidates_once_a_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def early(configs, named_args, **kwargs):
+        calls.append((len(configs), named_args["n"], sorted(kwargs)))
+        return [c for c in configs if c.meta["BLOCK"] <= named_args["n"] // 4]
+
+    tuned = metile.autotune(configs=CANDIDATES, warmup=1, reps=2,
+                            prune_configs_by={"early_config_prune": early})(scaled_copy)
+    x = mx.arange(300).astype(mx.float32)
+    out = tuned[grid](x, mx.zeros((300,)), 300, 2.0)
+    np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(300))
+    assert set(tuned.last_result.timings) == {"Config(BLOCK=32)", "Config(BLOCK=64)"}
+    tuned[grid](x, mx.zeros((300,)), 300, 3.0)        # same key: not pruned again
+    assert calls == [(4, 300, [])]
+    out = tuned[grid](mx.ones((1000,)), mx.zeros((1000,)), 1000, 1.0)    # a new key
+    assert len(calls) == 2 and len(tuned.last_result.timings) == 3
+    np.testing.assert_array_equal(np.array(out), np.ones(1000))
+
+
+def test_a_perf_model_keeps_the_top_k_it_ranks_fastest(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    seen = []
+
+    def model(**kw):
+        seen.append(kw)
+        return abs(kw["BLOCK"] - 100)          # 128 and 64 rank first
+
+    for top_k, want in ((2, {"Config(BLOCK=128,num_warps=4)", "Config(BLOCK=64)"}),
+                        (0.25, {"Config(BLOCK=128,num_warps=4)"})):
+        tuned = metile.autotune(configs=CANDIDATES, warmup=1, reps=2,
+                                prune_configs_by={"perf_model": model, "top_k": top_k})(scaled_copy)
+        out = tuned[grid](mx.arange(500).astype(mx.float32), mx.zeros((500,)), 500, 2.0)
+        np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(500))
+        assert set(tuned.last_result.timings) == want
+    # Triton's perf_model call: the arguments by name and each candidate's keywords
+    assert seen[0]["n"] == 500 and seen[0]["alpha"] == 2.0 and "X" in seen[0]
+    assert {s.get("num_warps") for s in seen} == {None, 4, 8}
+
+
+@pytest.mark.parametrize("prune,error,message", [
+    ({"top_k": 0}, TypeError, r"top_k'\] must be an int >= 1 \(a count\) or a float in \(0, 1\]"),
+    ({"top_k": 1.5}, TypeError, r"top_k'\] must be an int >= 1"),
+    ({"perf_model": 3}, TypeError, r"prune_configs_by\['perf_model'\] must be callable"),
+    ({"prune_num_stages_by": len}, ValueError, r"unknown fields \['prune_num_stages_by'\]"),
+    ([len], TypeError, r"prune_configs_by must be a dict"),
+])
+def test_bad_prune_options_are_named_at_the_decorator(prune, error, message):
+    with pytest.raises(error, match=message):
+        metile.autotune(configs=CANDIDATES, prune_configs_by=prune)
+
+
+def test_a_prune_that_keeps_nothing_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=CANDIDATES,
+                            prune_configs_by={"early_config_prune": lambda c, a, **k: []})(scaled_copy)
+    with pytest.raises(metile.LaunchError, match="early_config_prune left no config"):
+        tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
+
+
+@metile.kernel
+def block_sums_into(X, Total, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.atomic_add(Total, metile.sum(metile.load(X + offs, mask=offs < n, other=0.0)))
+
+
+def test_reset_to_zero_holds_for_an_accumulating_kernel(tmp_path, monkeypatch):
+    # Triton zeroes Total before each candidate: four candidates adding into one buffer
+    # would give four sums.  A metile launch never writes the caller's array, so each
+    # candidate and the launch after start from the zeros passed.
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=CANDIDATES, reset_to_zero=["Total"], restore_value="X",
+                            warmup=2, reps=3)(block_sums_into)
+    x = mx.array(np.random.default_rng(1).standard_normal(1000).astype(np.float32))
+    total = mx.zeros((1,))
+    for _ in range(2):
+        out = tuned[grid](x, total, 1000)
+        np.testing.assert_allclose(np.array(out), [np.array(x).sum()], rtol=1e-4, atol=1e-4)
+    assert len(tuned.last_result.timings) == 4
+    np.testing.assert_array_equal(np.array(total), [0.0])
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("reset_to_zero", ["Totl"], r"reset_to_zero names unknown parameters \['Totl'\]"),
+    ("restore_value", [3], r"restore_value must be a parameter name or a list of them"),
+])
+def test_reset_and_restore_names_are_checked(option, value, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        metile.autotune(configs=CANDIDATES, **{option: value})(block_sums_into)
+
+
+@pytest.mark.parametrize("option", ["do_bench", "pre_hook", "post_hook", "rep", "use_cuda_graph",
+                                    "cache_results"])
+def test_triton_options_metile_does_not_take_say_why(option):
+    with pytest.raises(TypeError, match=rf"metile.autotune does not take {option}=: "):
+        metile.autotune(configs=CANDIDATES, **{option: None})
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'prune'"):
+        metile.autotune(configs=CANDIDATES, prune={})

@@ -10,7 +10,17 @@ measuring them, once per tuning key (see `runtime.tuning`).
 
 Arrays enter the tuning key by type, dtype, shape and strides and integer
 scalars by value; `key` names further arguments (e.g. floats) whose values
-should select their own winner.  The grid may depend on the candidate's meta-parameters (a callable of the
+should select their own winner.
+
+Triton's options: `prune_configs_by={"early_config_prune": f, "perf_model": g,
+"top_k": k}` narrows the candidates before any is measured, with Triton's calls
+(`f(configs, named_args, **kwargs)`, `g(**named_args, **kwargs, **config's
+keywords)`, `k` a count or a fraction <= 1.0); once per tuning key.
+`reset_to_zero=` / `restore_value=` name array arguments a candidate would
+otherwise find changed by an earlier one: a metile launch never writes the
+caller's arrays (its outputs are new arrays), so every candidate, and the
+launch after, reads them as passed - what those options arrange in Triton.
+The names are checked.  The grid may depend on the candidate's meta-parameters (a callable of the
 bound arguments).  Candidates that cannot compile or that the schedule rejects
 are skipped with their reason; each candidate's outputs are checked against
 the first usable one before it is timed.
@@ -44,8 +54,59 @@ def _outputs_close(outs, reference) -> bool:
     return True
 
 
+PRUNE_FIELDS = ("early_config_prune", "perf_model", "top_k")
+
+
+def _named_arrays(kernel, names, option: str) -> tuple:
+    """`names` (reset_to_zero / restore_value) checked as the kernel's parameter names."""
+    if names is None:
+        return ()
+    if isinstance(names, str):
+        names = [names]    # (Triton takes one name or a list)
+    names = list(names)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"metile.autotune {option} must be a parameter name or a list of them, "
+                        f"got {names!r}")
+    unknown = [n for n in names if n not in kernel.param_names]
+    if unknown:
+        raise ValueError(f"metile.autotune {option} names unknown parameters {unknown}; "
+                         f"{kernel.fn.__name__} has {kernel.param_names}")
+    return tuple(names)
+
+
+def _prune_options(prune) -> dict:
+    if prune is None:
+        return {}
+    if not isinstance(prune, dict):
+        raise TypeError(f"metile.autotune prune_configs_by must be a dict with "
+                        f"{', '.join(PRUNE_FIELDS)}, got {type(prune).__name__}")
+    unknown = sorted(set(prune) - set(PRUNE_FIELDS))
+    if unknown:
+        raise ValueError(f"metile.autotune prune_configs_by: unknown fields {unknown}; it takes "
+                         f"{', '.join(PRUNE_FIELDS)}")
+    for name in ("early_config_prune", "perf_model"):
+        if prune.get(name) is not None and not callable(prune[name]):
+            raise TypeError(f"metile.autotune prune_configs_by[{name!r}] must be callable")
+    top_k = prune.get("top_k", 1.0)
+    if isinstance(top_k, bool) or not (isinstance(top_k, int) and top_k >= 1 or
+                                       isinstance(top_k, float) and 0.0 < top_k <= 1.0):
+        raise TypeError(f"metile.autotune prune_configs_by['top_k'] must be an int >= 1 (a "
+                        f"count) or a float in (0, 1] (a fraction), got {top_k!r}")
+    return {**prune, "top_k": top_k}
+
+
+def config_keywords(config: Config) -> dict:
+    """A candidate's keywords as Triton's Config.all_kwargs() gives a perf_model: its
+    meta-parameters, and num_warps for its SIMD-groups."""
+    out = config.meta
+    if config.num_simdgroups is not None:
+        out.setdefault("num_warps", config.num_simdgroups)
+    return out
+
+
 class Autotuned:
-    def __init__(self, kernel: Kernel, configs, key, warmup: int, reps: int):
+    def __init__(self, kernel: Kernel, configs, key, warmup: int, reps: int, prune=None,
+                 reset_to_zero=None, restore_value=None):
         from .heuristics import Heuristics
         if not isinstance(kernel, (Kernel, Heuristics)):
             raise TypeError("metile.autotune decorates a @metile.kernel (put it above "
@@ -62,7 +123,40 @@ class Autotuned:
                              f"{kernel.fn.__name__} has {kernel.param_names}")
         self.kernel, self.configs, self.warmup, self.reps = kernel, configs, warmup, reps
         self.key = tuple(key)
+        self.prune = _prune_options(prune)
+        self.reset_to_zero = _named_arrays(kernel, reset_to_zero, "reset_to_zero")
+        self.restore_value = _named_arrays(kernel, restore_value, "restore_value")
+        self._pruned: dict[str, list] = {}      # tuning key -> the candidates pruning kept
         self.last_result: tuning.TuneResult | None = None
+
+    def pruned(self, parts: dict, named: dict, kwargs: dict) -> list:
+        """The candidates left by prune_configs_by for this call, worked out once per tuning
+        key (as Triton prunes once per key)."""
+        if not self.prune:
+            return self.configs
+        memo = tuning.tuning_key(parts)
+        kept = self._pruned.get(memo)
+        if kept is not None:
+            return kept
+        kept = self.configs
+        early = self.prune.get("early_config_prune")
+        if early is not None:
+            kept = list(early(list(kept), dict(named), **kwargs))
+            if not kept:
+                raise LaunchError(f"{self.kernel.fn.__name__}: prune_configs_by's "
+                                  f"early_config_prune left no config; it must return at least one")
+            if not all(isinstance(c, Config) for c in kept):
+                raise TypeError(f"{self.kernel.fn.__name__}: early_config_prune must return "
+                                f"metile.Config candidates, got {kept!r}")
+            kept = list(dict.fromkeys(kept))    # (a duplicate would be measured twice)
+        model, top_k = self.prune.get("perf_model"), self.prune["top_k"]
+        if model is not None:
+            count = top_k if isinstance(top_k, int) else max(1, int(len(kept) * top_k))
+            if len(kept) > count:
+                estimate = {c: model(**named, **kwargs, **config_keywords(c)) for c in kept}
+                kept = sorted(kept, key=lambda c: estimate[c])[:count]
+        self._pruned[memo] = kept
+        return kept
 
     def __getitem__(self, grid):
         return _TunedLauncher(self, grid)
@@ -111,8 +205,10 @@ class _TunedLauncher:
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
             target=f"{backend.device}:{backend.language}:{backend.target.name}",
             by_value=self.tuned.key)
+        named = dict(zip(kernel.param_names, args))
+        candidates = self.tuned.pruned(parts, named, kwargs)
         result = tuning.autotune(
-            self.tuned.configs, lambda c: self._launch(c, args, kwargs), parts,
+            candidates, lambda c: self._launch(c, args, kwargs), parts,
             warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,
             unusable=(ScheduleError, CompilationError, LaunchError), fatal=(ArgumentError,))
         self.tuned.last_result = result
@@ -135,10 +231,31 @@ class _TunedLauncher:
         return self._launch(self.best(*args, **kwargs), args, kwargs)
 
 
-def autotune(configs, key=(), *, warmup: int = 2, reps: int = 7):
+# Triton's autotune options metile does not take, and why
+_REFUSED = {
+    "pre_hook": "hooks run around each candidate to change its arrays; a metile launch never "
+                "writes the caller's arrays, so there is nothing to reset or restore",
+    "post_hook": "hooks run around each candidate to change its arrays; a metile launch never "
+                 "writes the caller's arrays, so there is nothing to reset or restore",
+    "do_bench": "metile times candidates itself (many launches a sync, alternating); its counts "
+                "are warmup= and reps=",
+    "rep": "Triton's rep is milliseconds of timing; metile's reps= counts timed rounds",
+    "use_cuda_graph": "metile times candidates itself (many launches a sync, alternating)",
+    "cache_results": "metile always keeps winners in its persistent tuning cache",
+}
+
+
+def autotune(configs, key=(), *, prune_configs_by=None, reset_to_zero=None,
+             restore_value=None, warmup: int = 2, reps: int = 7, **triton_options):
     """Decorator over a @metile.kernel: launches use the fastest of `configs`."""
+    for name in triton_options:
+        if name in _REFUSED:
+            raise TypeError(f"metile.autotune does not take {name}=: {_REFUSED[name]}")
+        raise TypeError(f"metile.autotune() got an unexpected keyword argument {name!r}")
     for name, value, least in (("warmup", warmup, 0), ("reps", reps, 1)):
         # (reps=0 was taken here and failed at the first launch, in the statistics)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"metile.autotune {name} must be an int >= {least}, got {value!r}")
-    return lambda kernel: Autotuned(kernel, configs, key, warmup, reps)
+    _prune_options(prune_configs_by)   # (checked at the decorator, before any kernel)
+    return lambda kernel: Autotuned(kernel, configs, key, warmup, reps, prune_configs_by,
+                                    reset_to_zero, restore_value)
