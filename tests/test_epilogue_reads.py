@@ -66,7 +66,7 @@ def test_bias_broadcast_along_each_axis(rng, axis):
         check(d(), _relu(ref))
     (read,) = d.variant.data["lowering"]["matmul"]["epilogue_reads"]
     kind = "per-column vector" if axis == "columns" else "per-row vector"
-    assert read == {"buffer": "bias", "dtype": "float32", "shape": [32], "kind": kind,
+    assert read == {"buffer": "bias", "dtype": "float32", "tile_shape": [32], "kind": kind,
                     "broadcast": "over rows" if axis == "columns" else "over columns",
                     "masked": True}
 

@@ -53,7 +53,9 @@ class EpilogueRead:
     def describe(self) -> dict:
         ptr = elem_type(self.load.operands[0].type)
         return {"buffer": self.buffer, "dtype": ptr.dtype.name,
-                "shape": list(self.load.results[0].type.shape), "kind": self.kind,
+                # (what one program loads, not the buffer: a per-column bias of N values
+                # reads a (BLOCK_N,) tile)
+                "tile_shape": list(self.load.results[0].type.shape), "kind": self.kind,
                 "broadcast": {"matrix": None, "per-column vector": "over rows",
                               "per-row vector": "over columns"}[self.kind],
                 "masked": len(self.load.operands) > 1}
