@@ -1178,16 +1178,16 @@ def _gated_args(x, w_gate, w_up, activation):
     if w_gate.shape != w_up.shape:
         raise ValueError(f"[metile.ops] w_gate {w_gate.shape} and w_up {w_up.shape} differ in "
                          "shape")
-    if isinstance(x, mx.array) and x.ndim < 1:
+    _check_arrays(x, w_gate, ("x", "w_gate"))
+    _check_arrays(x, w_up, ("x", "w_up"))
+    if x.ndim < 1:
         raise ValueError("[metile.ops] x must have at least one dimension (..., in_features), "
                          "got a 0-d array")
-    if isinstance(x, mx.array) and x.shape[-1] != w_gate.shape[1]:
+    if x.shape[-1] != w_gate.shape[1]:
         # (named on the weights as given, as linear does: the product takes their transpose)
         raise ValueError(f"[metile.ops] x's last dimension is {x.shape[-1]}, but w_gate and "
                          f"w_up {tuple(w_gate.shape)} (hidden, in_features) take "
                          f"{w_gate.shape[1]} input features")
-    _check(x, w_gate.T, None, names=("x", "w_gate"))
-    _check_arrays(x, w_up, ("x", "w_up"))
     return _rows(x), w_gate, w_up
 
 
