@@ -1510,6 +1510,26 @@ NB_MODULE(_ext, m) {
         }, nb::arg("array"),
         "The name of the primitive that computes an unevaluated array; None for an evaluated one "
         "(MLX detaches the graph) or a leaf.");
+  m.def("slice_source", [](const mx::array& a) -> nb::object {
+          if (a.is_available() || !a.has_primitive() ||
+              std::strcmp(a.primitive().name(), "Slice") != 0 || a.inputs().size() != 1) {
+            return nb::none();
+          }
+          // (named "Slice", so MLX's Slice, whose type info libmlx does not export for a
+          // dynamic_cast; its state() is inline in the pinned MLX's header)
+          const auto& slice = static_cast<const mx::Slice&>(a.primitive());
+          auto [start, end, strides] = slice.state();
+          auto ints = [](const mx::Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); };
+          return nb::make_tuple(a.inputs()[0], ints(start), ints(end), ints(strides));
+        }, nb::arg("array"),
+        "(source, start, end, strides) of an unevaluated basic slice: an op that can index "
+        "the source reads it in place of the slice's copy (attention over a cache's prefix); "
+        "None for anything else.");
+  m.def("row_contiguous_when_evaluated", [](const mx::array& a) {
+          return metile::row_contiguous_when_evaluated(a);
+        }, nb::arg("array"),
+        "Whether the array is, or once evaluated will be, row-contiguous (input_layout.h: "
+        "False where that is not known before evaluation).");
   m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {
           metile::cuda::check_image(name, image_of(image));
         }, nb::arg("name"), nb::arg("image"),

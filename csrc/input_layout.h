@@ -31,6 +31,11 @@ inline bool row_contiguous_when_evaluated(const mx::array& x, int depth = 0) {
     if (std::strcmp(name, known) == 0) return true;
   }
   const auto& inputs = x.inputs();
+  // SliceUpdate writes into a copy of its input that keeps the input's layout (or a
+  // row-contiguous one), as a KV cache's update does
+  if (std::strcmp(name, "SliceUpdate") == 0 && !inputs.empty()) {
+    return row_contiguous_when_evaluated(inputs[0], depth + 1);
+  }
   if (std::strcmp(name, "StopGradient") == 0 && inputs.size() == 1) {
     return row_contiguous_when_evaluated(inputs[0], depth + 1);
   }

@@ -328,7 +328,8 @@ def test_one_query_combines_rows_on_lanes(rng, d, dtype):
         # candidate may be one only CUDA's 48 KB fits)
         dispatch = kernels.attention_decode[kernels.decode_grid(3, 4)].prepare(
             q, k, v, mx.zeros((1,), mx.float32), mx.zeros((3, 4, d), mx.float32),
-            mx.zeros((3, 4, 2), mx.float32), 300, 1, 4, 2, 128, 0.1, 4, 12, 0, 0, 0, 0, HEAD_DIM=d,
+            mx.zeros((3, 4, 2), mx.float32), 300, 1, 4, 2, 128, 0.1, 4, 12, 0, 0, 0, 0, 0, 0,
+            HEAD_DIM=d,
             BLOCK_D=attention_ops._head_block(d), BLOCK_N=32, num_warps=8, backend=backend)
         assert "metile_lanes_sum<" in dispatch.source, backend
         # its outputs proven covered: no written-mask outputs (and no merge after)
@@ -520,7 +521,7 @@ def test_cuda_emission_compiles_with_nvrtc(mask):
             HEAD_DIM=128, BLOCK_D=128, backend="cuda"),
         kernels.attention_decode[kernels.decode_grid(4, 8)].prepare(
             q[:, :, :2], k, k, m, mx.zeros((4, 8, 128)), mx.zeros((4, 8, 2)), 64, 2, 4, 2, 16,
-            0.1, 8, 32, *strides, BLOCK_N=8, num_warps=2, backend="cuda", **shape),
+            0.1, 8, 32, *strides, 0, 0, BLOCK_N=8, num_warps=2, backend="cuda", **shape),
         kernels.attention_combine_splits[kernels.combine_grid(8, 128, 32)].prepare(
             mx.zeros((4, 8, 128)), mx.zeros((4, 8, 2)), mx.zeros((8, 128), mx.float16), 8, 4,
             HEAD_DIM=128, BLOCK_D=32, BLOCK_S=4, backend="cuda"),
@@ -645,3 +646,71 @@ def test_a_replay_of_mixed_dtypes_casts_as_the_first_call(rng, monkeypatch):
         assert out.dtype == mx.float32
         np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25), rtol=3e-4, atol=3e-5)
     assert native == [False, False]
+
+
+# -- decode over a KV cache allocated ahead ------------------------------------------------------
+
+def _nodes(out, label):
+    import io
+    dot = io.StringIO()
+    mx.export_to_dot(dot, out)
+    return dot.getvalue().count(f'label ="{label}"')
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("window", [(0, 100), (37, 251), (0, 300)])
+def test_decode_reads_a_cache_prefix_in_place(rng, dtype, window):
+    # a cache allocated ahead hands attention its prefix, buffer[..., a:b, :] (mlx_lm's
+    # caches): a slice that is not row-contiguous, which the launch copied - every key and
+    # value of every layer at every step.  The decode kernel now reads the buffer
+    b, hq, hkv, alloc, d = 2, 8, 4, 300, 64
+    a, end = window
+    cache_k, cache_v, q = (mx.array(rng.standard_normal(s).astype(np.float32)).astype(dtype)
+                           for s in ((b, hkv, alloc, d), (b, hkv, alloc, d), (b, hq, 1, d)))
+    mx.eval(cache_k, cache_v, q)     # (a lazy q would take its own contiguous())
+    step = mx.array(rng.standard_normal((b, hkv, 1, d)).astype(np.float32)).astype(dtype)
+    cache_k[..., a:a + 1, :] = step       # this step's key and value, as a cache writes them
+    cache_v[..., a:a + 1, :] = 2 * step
+    k, v = cache_k[..., a:end, :], cache_v[..., a:end, :]
+    lazy = sdpa(q, k, v, scale=d ** -0.5, backend="metile")
+    assert _nodes(lazy, "Contiguous") == 0 and _nodes(lazy, "SliceUpdate") == 2, \
+        (_nodes(lazy, "Contiguous"), _nodes(lazy, "SliceUpdate"))
+    out = check(q, k, v, path="decode_rows")
+    np.testing.assert_array_equal(np.array(lazy), np.array(out))
+    np.testing.assert_array_equal(np.array(out), np.array(
+        sdpa(q, mx.array(np.array(k)), mx.array(np.array(v)), scale=d ** -0.5, backend="metile")))
+
+
+@pytest.mark.parametrize("make", [
+    lambda ck, cv: (ck[..., 5:90, :], cv[..., 6:91, :]),           # k and v at other keys
+    lambda ck, cv: (ck[..., 0:170:2, :], cv[..., 0:170:2, :]),     # a strided slice
+    lambda ck, cv: (ck[:, :2, :85, :], cv[:, :2, :85, :]),          # a slice of the heads too
+    lambda ck, cv: (ck[..., :85, :], mx.array(np.array(cv[..., :85, :]))),   # v not a slice
+    lambda ck, cv: (ck.swapaxes(2, 2)[..., :85, :32], cv[..., :85, :32]),   # a slice of d
+])
+def test_decode_over_other_views_copies_them_and_is_right(rng, make):
+    cache_k, cache_v = (mx.array(rng.standard_normal((1, 4, 200, 64)).astype(np.float32))
+                        for _ in range(2))
+    mx.eval(cache_k, cache_v)
+    k, v = make(cache_k, cache_v)
+    q = mx.array(rng.standard_normal((1, 4, 1, k.shape[-1])).astype(np.float32))
+    check(q, k, v, path="decode_rows")
+
+
+def test_decode_over_a_cache_prefix_differentiates_and_compiles(rng):
+    cache_k, cache_v = (mx.array(rng.standard_normal((1, 4, 128, 32)).astype(np.float32))
+                        for _ in range(2))
+    q = mx.array(rng.standard_normal((1, 4, 1, 32)).astype(np.float32))
+    mx.eval(cache_k, cache_v, q)
+
+    def loss(attend):
+        def f(q, ck, cv):
+            return (attend(q, ck[..., :77, :], cv[..., :77, :]) ** 2).sum()
+        return f
+    ours = loss(lambda q, k, v: sdpa(q, k, v, scale=0.2, backend="metile"))
+    theirs = loss(lambda q, k, v: mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2))
+    for got, want in zip(mx.grad(ours, argnums=(0, 1, 2))(q, cache_k, cache_v),
+                         mx.grad(theirs, argnums=(0, 1, 2))(q, cache_k, cache_v)):
+        np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.array(mx.compile(ours)(q, cache_k, cache_v)),
+                               np.array(theirs(q, cache_k, cache_v)), rtol=1e-5)

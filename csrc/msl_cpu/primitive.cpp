@@ -427,7 +427,16 @@ void MslCpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     allocate_metal_aligned(out);
     encoder.set_output_array(out);
   }
-  for (auto& in : inputs) encoder.set_input_array(in);
+  for (auto& in : inputs) {
+    // as the CUDA launch refuses one (cuda_launch.cpp): the launch made every input it could
+    // not prove row-contiguous so (input_layout.h); a kernel indexing a view by the
+    // row-major layout would read the wrong elements silently
+    if (in.ndim() > 0 && in.size() > 0 && !in.flags().row_contiguous) {
+      throw std::runtime_error("[metile] kernel '" + spec_->name +
+                               "': an input reached the launch without row-contiguous layout");
+    }
+    encoder.set_input_array(in);
+  }
   std::vector<mx::array> ins, outs;
   for (auto& in : inputs) ins.push_back(mx::array::unsafe_weak_copy(in));
   for (auto& out : outputs) outs.push_back(mx::array::unsafe_weak_copy(out));

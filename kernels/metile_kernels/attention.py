@@ -294,7 +294,7 @@ def decode_grid(splits: int, rows_total: int) -> tuple[int, int]:
 @metile.kernel
 def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, group, chunk,
                      scale_log2, rows_total, programs, mask_stride_b, mask_stride_h,
-                     mask_stride_q, mask_stride_k,
+                     mask_stride_q, mask_stride_k, kv_pad, kv_start,
                      HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                      BLOCK_N: metile.constexpr = 64, MASK: metile.constexpr = "none",
                      AHEAD: metile.constexpr = 1):
@@ -320,7 +320,9 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
     query (programs: the grid's size), and writes Partial[p] and Stats[p] as
     attention_split writes its rows.  AHEAD (1 or 2): how many key blocks are loaded ahead
     of the one being reduced (2: twice the bytes in flight, 16 more registers a thread at
-    8 keys on 2 warps)."""
+    8 keys on 2 warps).  K and V may be a cache's buffer with the keys at kv_start ..
+    kv_start + kv_len of kv_len + kv_pad a head (a KV cache allocated ahead, read in place
+    of a copy of its prefix)."""
     metile.static_assert(AHEAD == 1 or AHEAD == 2, "AHEAD must be 1 or 2")
     program = metile.program_id(0)
     split = program // rows_total
@@ -335,7 +337,7 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
     d_in = d < HEAD_DIM
     # the query at every key's row (a broadcast pointer): read once, held as the block
     q = metile.load(Q + row * HEAD_DIM + d + keys * 0, mask=d_in & (keys >= 0), other=0.0)
-    kv_offset = (batch * kv_heads + kv_head) * kv_len * HEAD_DIM
+    kv_offset = ((batch * kv_heads + kv_head) * (kv_len + kv_pad) + kv_start) * HEAD_DIM
     lo = split * chunk
     hi = metile.minimum(lo + chunk, kv_len)
     if MASK == "causal":

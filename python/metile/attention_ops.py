@@ -36,7 +36,7 @@ import math
 
 import mlx.core as mx
 
-from . import op_replay
+from . import _ext, op_replay
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
@@ -358,16 +358,47 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     splits = config.get("SPLITS") or rows_split_count(rows, kv_len, block_n, warps)
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
+    k, v, cache = _cache_buffers(k, v)
     partial, stats = op_replay.launch(
         kernels.attention_decode, kernels.decode_grid(splits, rows),
         (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
          mx.zeros((splits, rows, 2), mx.float32), kv_len, q_len, q_heads, q_heads // kv_heads,
-         chunk, scale_log2, rows, splits * rows, *strides),
+         chunk, scale_log2, rows, splits * rows, *strides, *cache),
         dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_N=block_n,
              # (the last query sees every key: one query's causal mask removes nothing)
              MASK="none" if kind == "causal" and q_len == 1 else kind, num_warps=warps,
              **({"AHEAD": config["AHEAD"]} if config.get("AHEAD", 1) != 1 else {})))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
+
+
+def _cache_view(x):
+    """(buffer, pad, start) where `x` is an unevaluated slice x = buffer[:, :, start:start +
+    L, :] of a row-contiguous (B, H, L + pad, D) buffer, as a KV cache allocated ahead
+    hands attention its prefix (mlx_lm's caches do); else None.  attention_decode reads
+    such a buffer in place: the launch would otherwise copy the prefix first, every key
+    and value of every layer at every step, more bytes than the kernel reads."""
+    found = _ext.slice_source(x)
+    if found is None:
+        return None
+    buffer, start, end, steps = found
+    if buffer.ndim != 4 or any(s != 1 for s in steps) or \
+            not _ext.row_contiguous_when_evaluated(buffer):
+        return None
+    whole = all(start[a] == 0 and end[a] == buffer.shape[a] for a in (0, 1, 3))
+    if not whole or buffer.dtype != x.dtype:
+        return None
+    return buffer, buffer.shape[2] - (end[2] - start[2]), start[2]
+
+
+def _cache_buffers(k, v):
+    """k and v as attention_decode reads them, and its (kv_pad, kv_start): the caches'
+    buffers in place where both are such slices of one layout (_cache_view), else the
+    arrays as given (the launch makes them row-contiguous)."""
+    views = [_cache_view(x) for x in (k, v)]
+    if None in views or views[0][1:] != views[1][1:]:
+        return k, v, (0, 0)
+    (kb, pad, start), (vb, _, _) = views
+    return kb, vb, (pad, start)
 
 
 def _combine(kernels, partial, stats, rows, splits, d, dtype, config, shape):
