@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s127   -- decode over caches allocated ahead (eager, mlx_lm's form), fixed cost again, attention GPU tests
 #   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
 #   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
@@ -111,7 +112,17 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s126 ]; then
+if [ "$mode" = s127 ]; then
+  # s35's two host-side changes: attention_decode reading a cache's prefix in place (eager,
+  # as mlx_lm calls it: metile, metile with the prefix copied as before, MLX), and an op's
+  # output under compile feeding the next launch without a contiguous() node (the fixed
+  # cost probe of s126 again); then the attention GPU tests (the kernel's signature changed)
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  KEYS="1024 4096 16384" timeout 150 python3 tools/probes/decode_cache_ahead.py \
+    "$logs/h200-decode-cache-ahead.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 120 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay" test_attention_op test_input_layout
+elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
   # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
