@@ -890,11 +890,23 @@ class Replay {
  public:
   using StageArgs = std::tuple<nb::object, std::vector<mx::array>, std::vector<int>>;
 
+  // A primal the recorded launches read through its slice's source (a KV cache's buffer
+  // for the cache's prefix, attention_ops._cache_view): the slice's start, end and steps
+  // and the source's shape, which a later call's slice must repeat.
+  using SliceSpec = std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>,
+                               std::vector<int64_t>>;
+
   Replay(std::vector<StageArgs> stages, std::vector<std::optional<std::vector<int>>> reshapes,
          std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings,
-         nb::object vmap, nb::object jvp)
+         nb::object vmap, nb::object jvp, std::vector<std::optional<SliceSpec>> slices)
       : vjp_(kept(std::move(vjp))), vmap_(vmap.is_none() ? nullptr : kept(std::move(vmap))),
-        jvp_(jvp.is_none() ? nullptr : kept(std::move(jvp))), settings_(settings) {
+        jvp_(jvp.is_none() ? nullptr : kept(std::move(jvp))), settings_(settings),
+        slices_(std::move(slices)) {
+    if (!slices_.empty() && slices_.size() != reshapes.size()) {
+      throw std::invalid_argument("[metile] one slice (or None) per primal");
+    }
+    sliced_ = std::any_of(slices_.begin(), slices_.end(),
+                          [](const auto& s) { return s.has_value(); });
     if (stages.empty()) throw std::invalid_argument("[metile] a replay launches something");
     Launch launch;
     for (auto& [bound, inputs, sources] : stages) {
@@ -938,8 +950,20 @@ class Replay {
       given[i] = &nb::cast<mx::array&>(nb::handle(arrays[i]));
       traced = traced || given[i]->is_tracer();
     }
+    // a sliced primal's buffer, where this call's slice is the recorded one (else the op's
+    // Python path decides: another slice, or an array that is none)
+    std::optional<mx::array> buffers[ReplayTable_kMaxArrays];
+    if (sliced_) {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!slices_[i]) continue;
+        buffers[i] = slice_buffer(*given[i], *slices_[i]);
+        if (!buffers[i]) return nb::none();
+      }
+    }
     if (!traced) {
-      mx::array out = reshaped_
+      mx::array out = sliced_
+          ? launch_->output([&](int p) { return buffers[p] ? *buffers[p] : primal(*given[p], p); })
+          : reshaped_
           ? launch_->output([&](int p) { return primal(*given[p], p); })
           : launch_->output([&](int p) -> const mx::array& { return *given[p]; });
       return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : std::move(out));
@@ -948,8 +972,16 @@ class Replay {
     primals.reserve(n);
     for (std::size_t i = 0; i < n; ++i) primals.push_back(primal(*given[i], int(i)));
     // (by value: MLX may keep the forward in its graph, beyond this replay's life)
-    auto forward = [launch = launch_](const std::vector<mx::array>& xs) {
-      return launch->run(xs);
+    auto forward = [launch = launch_, slices = slices_](const std::vector<mx::array>& xs) {
+      if (slices.empty()) return launch->run(xs);
+      std::vector<mx::array> read(xs);
+      for (std::size_t i = 0; i < slices.size(); ++i) {
+        if (!slices[i]) continue;
+        auto buffer = slice_buffer(xs[i], *slices[i]);
+        if (!buffer) throw std::runtime_error("[metile] a replayed launch lost its slice's source");
+        read[i] = *buffer;
+      }
+      return launch->run(read);
     };
     auto backward = [vjp = vjp_](const std::vector<mx::array>& primals,
                                  const std::vector<mx::array>& cotangents,
@@ -1019,6 +1051,29 @@ class Replay {
       const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>;
   std::shared_ptr<nb::object> vjp_, vmap_, jvp_;
   SettingsCheck settings_;
+  std::vector<std::optional<SliceSpec>> slices_;
+  bool sliced_ = false;
+
+  // x's source, where x is an unevaluated slice with the recorded start, end and steps of
+  // a source of the recorded shape that is row-contiguous once evaluated.
+  static std::optional<mx::array> slice_buffer(const mx::array& x, const SliceSpec& spec) {
+    if (x.is_available() || !x.has_primitive() || x.inputs().size() != 1 ||
+        std::strcmp(x.primitive().name(), "Slice") != 0) {
+      return std::nullopt;
+    }
+    // (named "Slice": MLX's, whose type info libmlx does not export for a dynamic_cast)
+    auto [start, end, steps] = static_cast<const mx::Slice&>(x.primitive()).state();
+    const auto& [start0, end0, steps0, shape0] = spec;
+    auto same = [](const mx::Shape& a, const std::vector<int64_t>& b) {
+      return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+    };
+    const mx::array& source = x.inputs()[0];
+    if (!same(start, start0) || !same(end, end0) || !same(steps, steps0) ||
+        !same(source.shape(), shape0) || !metile::row_contiguous_when_evaluated(source)) {
+      return std::nullopt;
+    }
+    return source;
+  }
 };
 
 // Appends one option of a replay key (None, bool, int, float, str, or a tuple of ints, each
@@ -1530,6 +1585,8 @@ NB_MODULE(_ext, m) {
         }, nb::arg("array"),
         "Whether the array is, or once evaluated will be, row-contiguous (input_layout.h: "
         "False where that is not known before evaluation).");
+  m.def("same_array", [](const mx::array& a, const mx::array& b) { return a.id() == b.id(); },
+        nb::arg("a"), nb::arg("b"), "Whether two mx.array objects hold one array.");
   m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {
           metile::cuda::check_image(name, image_of(image));
         }, nb::arg("name"), nb::arg("image"),
@@ -1644,10 +1701,12 @@ NB_MODULE(_ext, m) {
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<std::vector<Replay::StageArgs>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
-                    nb::object, const SettingsCheck&, nb::object, nb::object>(),
+                    nb::object, const SettingsCheck&, nb::object, nb::object,
+                    std::vector<std::optional<Replay::SliceSpec>>>(),
            nb::arg("stages"), nb::arg("reshapes"),
            nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"),
-           nb::arg("vmap").none() = nb::none(), nb::arg("jvp").none() = nb::none())
+           nb::arg("vmap").none() = nb::none(), nb::arg("jvp").none() = nb::none(),
+           nb::arg("slices") = std::vector<std::optional<Replay::SliceSpec>>{})
       .def("__call__", &Replay::operator(),
            "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),

@@ -714,3 +714,54 @@ def test_decode_over_a_cache_prefix_differentiates_and_compiles(rng):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.array(mx.compile(ours)(q, cache_k, cache_v)),
                                np.array(theirs(q, cache_k, cache_v)), rtol=1e-5)
+
+
+def test_repeated_decode_over_a_cache_prefix_replays_natively(rng, monkeypatch):
+    # (an eager decode loop calls the op with the cache's prefix every layer: the replay
+    # reads the buffer of each call's slice, and only of the slice it recorded)
+    from metile import op_replay
+    native = []
+    monkeypatch.setattr(op_replay._REPLAYS, "observer", lambda op, kernel: native.append(kernel))
+    cache_k, cache_v = (mx.array(rng.standard_normal((1, 4, 256, 32)).astype(np.float32))
+                        for _ in range(2))
+    q = mx.array(rng.standard_normal((1, 4, 1, 32)).astype(np.float32))
+    mx.eval(cache_k, cache_v, q)
+    calls = [(0, 100)] * 3 + [(20, 120)] * 2 + [(0, 100)]
+    for a, b in calls:
+        k, v = cache_k[..., a:b, :], cache_v[..., a:b, :]
+        out = sdpa(q, k, v, scale=0.3, backend="metile")
+        assert _nodes(out, "Contiguous") == 0
+        np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.3), rtol=3e-4, atol=3e-5)
+    # replayed natively: the second and third calls, and the second of the other slice
+    # (its first call took the op's path and recorded it; the last call, a slice the replay
+    # no longer holds, took the op's path again)
+    assert native == [True, True, True]
+    # an array that is no slice takes the op's path (a copy of the buffer would be stale)
+    k = mx.array(np.array(cache_k[..., :100, :]))
+    out = sdpa(q, k, cache_v[..., :100, :], scale=0.3, backend="metile")
+    np.testing.assert_allclose(np.array(out), reference(q, k, cache_v[..., :100, :], 0.3),
+                               rtol=3e-4, atol=3e-5)
+
+
+def test_a_replayed_cache_prefix_of_another_buffer_is_read_right(rng):
+    # the replay recorded a slice of a 256-key buffer; the same slice of a 300-key buffer
+    # (same shapes for the op) or of a buffer whose layout is not row-contiguous must not
+    # reuse its offsets
+    q = mx.array(rng.standard_normal((1, 4, 1, 32)).astype(np.float32))
+    buffers = [mx.array(rng.standard_normal(s).astype(np.float32))
+               for s in ((1, 4, 256, 32), (1, 4, 256, 32), (1, 4, 300, 32), (1, 4, 300, 32),
+                         (4, 1, 256, 32), (4, 1, 256, 32))]
+    mx.eval(q, *buffers)
+    pairs = [(buffers[0], buffers[1])] * 2 + [(buffers[2], buffers[3])] + \
+        [(buffers[4].swapaxes(0, 1), buffers[5].swapaxes(0, 1))]
+    for ck, cv in pairs:
+        k, v = ck[..., 3:103, :], cv[..., 3:103, :]
+        out = sdpa(q, k, v, scale=0.3, backend="metile")
+        np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.3), rtol=3e-4, atol=3e-5)
+    # a gradient through the replay (its custom vjp's forward reads the buffers too)
+    for _ in range(2):
+        grad = mx.grad(lambda ck: sdpa(q, ck[..., 3:103, :], buffers[1][..., 3:103, :],
+                                       scale=0.3, backend="metile").sum())(buffers[0])
+        want = mx.grad(lambda ck: mx.fast.scaled_dot_product_attention(
+            q, ck[..., 3:103, :], buffers[1][..., 3:103, :], scale=0.3).sum())(buffers[0])
+        np.testing.assert_allclose(np.array(grad), np.array(want), rtol=1e-4, atol=1e-5)

@@ -162,11 +162,17 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
         return False
     # (a position p is the first launch's argument p; (n, p) launch n's)
     places = [p if isinstance(p, tuple) else (0, p) for p in at]
-    primals = []
-    for (n, p), x, shape in zip(places, given, reshapes):
+    primals, slices = [], [None] * len(given)
+    for i, ((n, p), x, shape) in enumerate(zip(places, given, reshapes)):
         args = launches[n][2] if n < len(launches) else ()
         arg = args[p] if p < len(args) else None
-        if type(arg) is not mx.array or arg.dtype != x.dtype or \
+        view = _ext.slice_source(x) if type(arg) is mx.array and shape is None and \
+            tuple(arg.shape) != tuple(x.shape) else None
+        if view is not None and _ext.same_array(view[0], arg):
+            # the launch read the source of the op's slice (a KV cache's buffer for its
+            # prefix): a later call replays only with the same slice of such a source
+            slices[i] = (view[1], view[2], view[3], list(arg.shape))
+        elif type(arg) is not mx.array or arg.dtype != x.dtype or \
                 tuple(arg.shape) != tuple(x.shape if shape is None else shape):
             return False
         primals.append(arg)
@@ -186,7 +192,8 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
                                   None if out_shape is None else list(out_shape),
                                   _backward(vjp), check,
                                   None if composite is None else vmap_rule(composite),
-                                  None if composite is None else _forward_tangents(composite)),
+                                  None if composite is None else _forward_tangents(composite),
+                                  slices if any(slices) else []),
                  False)
 
 
