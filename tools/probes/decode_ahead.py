@@ -14,7 +14,6 @@ Even that misleads for few splits: reading the one cache again and again, 8 spli
 warps ran at 3.3 TB/s on an H100 (s124), past its HBM; decode_chain_configs.py (eight
 caches a call, none read twice) ranks them last (s125).
 """
-import json
 import os
 import platform
 import sys
@@ -25,6 +24,7 @@ import mlx.core as mx   # noqa: E402
 from decode_attention import alternating      # noqa: E402 (this folder)
 from decode_attention_ncu import operands     # noqa: E402
 from metile import attention_ops              # noqa: E402
+from probe_report import add_case, kv_bandwidth, save   # noqa: E402
 
 # DECODE_SET=warps: the warp and split counts around the 4-warp form (the first run, on
 # an H100, s116: 4 warps 30.6 us against 2 warps' 40.3 and MLX's 36.5 at 4096 keys)
@@ -62,14 +62,10 @@ def main():
                         / mx.abs(want.astype(mx.float32)).max())
             assert err < 1e-2, (keys, name, err)   # (relative: a decode output is small)
         us = alternating(fns, q, 9, 100)
-        moved = 2 * 32 * keys * 128 * 2
-        case = {"keys": keys, "us_per_call": us,
-                "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in configs},
-                "tb_per_s": {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}}
-        print(json.dumps(case), flush=True)
-        report["cases"].append(case)
-    if len(sys.argv) > 1:
-        json.dump(report, open(sys.argv[1], "w"), indent=1)
+        add_case(report, {"keys": keys, "us_per_call": us,
+                          "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in configs},
+                          "tb_per_s": kv_bandwidth(us, keys)})
+    save(report)
 
 
 if __name__ == "__main__":

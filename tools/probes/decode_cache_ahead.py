@@ -8,19 +8,18 @@ buffer in place).
 
     KEYS="4096 16384" python3 tools/probes/decode_cache_ahead.py [out.json]
 """
-import json
 import os
 import platform
 import sys
 import time
 
 import mlx.core as mx
-import numpy as np
 
 import metile
 
 sys.path.insert(0, "tools/probes")
 from decode_chain_configs import card   # noqa: E402 (this folder)
+from probe_report import add_case, alternating_us, kv_bandwidth, save   # noqa: E402
 
 LAYERS = 8
 STEP = 256
@@ -78,18 +77,11 @@ def main():
 
         for attend in sides.values():
             timed(attend)
-        times = {n: [] for n in sides}
-        order = list(sides)
-        for r in range(7):
-            for n in (order if r % 2 == 0 else order[::-1]):
-                times[n].append(timed(sides[n]))
-        us = {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
-        case = {"keys": keys, "allocated": alloc, "us_per_attention": us,
-                "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in sides}}
-        print(json.dumps(case), flush=True)
-        report["cases"].append(case)
-    if len(sys.argv) > 1:
-        json.dump(report, open(sys.argv[1], "w"), indent=1)
+        us = alternating_us(sides, lambda n: timed(sides[n]), 7)
+        add_case(report, {"keys": keys, "allocated": alloc, "us_per_attention": us,
+                          "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in sides},
+                          "tb_per_s": kv_bandwidth(us, keys)})
+    save(report)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,18 @@ it may stay in the 50 MB L2 between calls, and its H100 runs (s117, s124) read 8
 
     CHAIN=8 KEYS="4096 16384" python3 tools/probes/decode_chain_configs.py [out.json]
 """
-import json
 import os
 import platform
 import subprocess
 import sys
-import time
 
 import mlx.core as mx
-import numpy as np
 
 from metile import attention_ops
+
+sys.path[:0] = ["tools/probes", "."]
+from benchmarks.attention import seconds_per_call as per_attention   # noqa: E402
+from probe_report import add_case, alternating_us, kv_bandwidth, save   # noqa: E402
 
 CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4},
@@ -43,17 +44,6 @@ def chained(op, chain):
             out = op(out, kv[2 * i], kv[2 * i + 1])
         return out
     return mx.compile(step)
-
-
-def per_attention(fn, q, kv, launches, chain) -> float:
-    mx.synchronize()
-    start = time.perf_counter()
-    out = q
-    for _ in range(launches):
-        out = fn(out, *kv)
-    mx.eval(out)
-    mx.synchronize()
-    return (time.perf_counter() - start) / (launches * chain)
 
 
 def main():
@@ -84,20 +74,11 @@ def main():
         fns = {n: chained(op, chain) for n, op in ops.items()}
         for fn in fns.values():
             per_attention(fn, q, kv, 2, chain)
-        times = {n: [] for n in fns}
-        order = list(fns)
-        for r in range(7):
-            for n in (order if r % 2 == 0 else order[::-1]):
-                times[n].append(per_attention(fns[n], q, kv, 20, chain))
-        us = {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
-        moved = 2 * 32 * keys * 128 * 2
-        case = {"keys": keys, "chain": chain, "us_per_attention": us,
-                "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in CONFIGS},
-                "tb_per_s": {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}}
-        print(json.dumps(case), flush=True)
-        report["cases"].append(case)
-    if len(sys.argv) > 1:
-        json.dump(report, open(sys.argv[1], "w"), indent=1)
+        us = alternating_us(fns, lambda n: per_attention(fns[n], q, kv, 20, chain), 7)
+        add_case(report, {"keys": keys, "chain": chain, "us_per_attention": us,
+                          "mlx_over": {n: round(us["mlx"] / us[n], 3) for n in CONFIGS},
+                          "tb_per_s": kv_bandwidth(us, keys)})
+    save(report)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ import mlx.core as mx   # noqa: E402
 import metile   # noqa: E402
 from decode_chain_configs import card, chained, per_attention   # noqa: E402 (this folder)
 from metile import attention_ops   # noqa: E402
-
-import numpy as np   # noqa: E402
+from probe_report import alternating_us   # noqa: E402
 
 CHAIN = 8
 NODES = 16
@@ -39,12 +38,7 @@ def timed(fns, x, args, per):
         return {}
     for fn in fns.values():
         per_attention(fn, x, args, 2, per)
-    times = {n: [] for n in fns}
-    order = list(fns)
-    for r in range(7):
-        for n in (order if r % 2 == 0 else order[::-1]):
-            times[n].append(per_attention(fns[n], x, args, 20, per))
-    return {n: round(float(np.median(t)) * 1e6, 2) for n, t in times.items()}
+    return alternating_us(fns, lambda n: per_attention(fns[n], x, args, 20, per), 7)
 
 
 def main():

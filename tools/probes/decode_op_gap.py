@@ -11,7 +11,6 @@ primitives of the two forms.
 """
 import io
 import os
-import json
 import platform
 import re
 import sys
@@ -24,6 +23,7 @@ import numpy as np      # noqa: E402
 import metile                                 # noqa: E402
 from decode_attention_ncu import operands     # noqa: E402
 from metile import attention_ops              # noqa: E402
+from probe_report import add_case, alternating_us, kv_bandwidth, save   # noqa: E402
 
 SCALE = 128 ** -0.5
 KEYS = tuple(int(x) for x in __import__("os").environ.get("KEYS", "4096 16384").split())
@@ -107,22 +107,13 @@ def main():
             err = np.abs(got - want).max() / np.abs(want).max()
             assert err < 1e-2, (keys, name, err)
             per_call(fn, takes, q, k, v, 2)
-        times = {n: [] for n in fns}
-        order = list(fns)
-        for r in range(9):
-            for n in (order if r % 2 == 0 else order[::-1]):
-                times[n].append(per_call(*fns[n], q, k, v, 100))
-        us = {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
-        case = {"keys": keys, "us_per_call": us,
-                "tb_per_s": {n: round(2 * 32 * keys * 128 * 2 / (t * 1e-6) / 1e12, 3)
-                             for n, t in us.items()}}
+        us = alternating_us(fns, lambda n: per_call(*fns[n], q, k, v, 100), 9)
+        case = {"keys": keys, "us_per_call": us, "tb_per_s": kv_bandwidth(us, keys)}
         if not splits:
             case["graphs"] = {n: labels(*fns[n], q, k, v)[-12:]
                               for n in ("op_args", "run_args", "run_captured")}
-        print(json.dumps(case), flush=True)
-        report["cases"].append(case)
-    if len(sys.argv) > 1:
-        json.dump(report, open(sys.argv[1], "w"), indent=1)
+        add_case(report, case)
+    save(report)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,10 @@ def _named_arrays(kernel, names, option: str) -> tuple:
     if not all(isinstance(n, str) for n in names):
         raise TypeError(f"metile.autotune {option} must be a parameter name or a list of them, "
                         f"got {names!r}")
+    return _known(kernel, names, option)
+
+
+def _known(kernel, names: list, option: str) -> tuple:
     unknown = [n for n in names if n not in kernel.param_names]
     if unknown:
         raise ValueError(f"metile.autotune {option} names unknown parameters {unknown}; "
@@ -117,12 +121,8 @@ class Autotuned:
         if isinstance(key, str) or not all(isinstance(k, str) for k in key):
             raise TypeError(f"metile.autotune key must be a list of parameter names, e.g. "
                             f"key=['n'], got {key!r}")
-        unknown = [k for k in key if k not in kernel.param_names]
-        if unknown:
-            raise ValueError(f"metile.autotune key names unknown parameters {unknown}; "
-                             f"{kernel.fn.__name__} has {kernel.param_names}")
+        self.key = _known(kernel, list(key), "key")
         self.kernel, self.configs, self.warmup, self.reps = kernel, configs, warmup, reps
-        self.key = tuple(key)
         self.prune = _prune_options(prune)
         self.reset_to_zero = _named_arrays(kernel, reset_to_zero, "reset_to_zero")
         self.restore_value = _named_arrays(kernel, restore_value, "restore_value")

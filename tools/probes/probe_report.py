@@ -1,0 +1,33 @@
+"""What the decode probes share: timing their sides in alternating order and writing the
+report (one JSON line a case, the whole report to argv[1])."""
+import json
+import sys
+
+import numpy as np
+
+
+def alternating_us(names, measure, rounds: int) -> dict:
+    """Median microseconds of `measure(name)` (seconds) per name over `rounds` rounds, the
+    order reversed every other round."""
+    times = {n: [] for n in names}
+    order = list(names)
+    for r in range(rounds):
+        for n in (order if r % 2 == 0 else order[::-1]):
+            times[n].append(measure(n))
+    return {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
+
+
+def kv_bandwidth(us: dict, keys: int, heads: int = 32, d: int = 128, itemsize: int = 2) -> dict:
+    """TB/s each side's time gives reading k and v (heads x keys x d each) once."""
+    moved = 2 * heads * keys * d * itemsize
+    return {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}
+
+
+def add_case(report: dict, case: dict) -> None:
+    print(json.dumps(case), flush=True)
+    report["cases"].append(case)
+
+
+def save(report: dict) -> None:
+    if len(sys.argv) > 1:
+        json.dump(report, open(sys.argv[1], "w"), indent=1)
