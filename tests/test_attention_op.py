@@ -675,6 +675,13 @@ def test_decode_reads_a_cache_prefix_in_place(rng, dtype, window):
     lazy = sdpa(q, k, v, scale=d ** -0.5, backend="metile")
     assert _nodes(lazy, "Contiguous") == 0 and _nodes(lazy, "SliceUpdate") == 2, \
         (_nodes(lazy, "Contiguous"), _nodes(lazy, "SliceUpdate"))
+    info = json.loads(attention_ops.explain_attention(q, k, v, scale=d ** -0.5,
+                                                      backend="metile"))
+    if (a, end) == (0, alloc):     # (MLX's whole-axis slice is the buffer itself)
+        assert info["kv"]["read"] == "as given"
+    else:
+        assert info["kv"] == {"read": "cache buffer in place", "kv_pad": alloc - (end - a),
+                              "kv_start": a}
     out = check(q, k, v, path="decode_rows")
     np.testing.assert_array_equal(np.array(lazy), np.array(out))
     np.testing.assert_array_equal(np.array(out), np.array(
@@ -694,6 +701,8 @@ def test_decode_over_other_views_copies_them_and_is_right(rng, make):
     mx.eval(cache_k, cache_v)
     k, v = make(cache_k, cache_v)
     q = mx.array(rng.standard_normal((1, 4, 1, k.shape[-1])).astype(np.float32))
+    info = json.loads(attention_ops.explain_attention(q, k, v, scale=0.2, backend="metile"))
+    assert info["kv"]["read"] == "as given"
     check(q, k, v, path="decode_rows")
 
 

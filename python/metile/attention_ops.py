@@ -728,5 +728,14 @@ def _explained(q, k, v, scale, mask, sinks, backend) -> dict:
         return {"path": "mlx", "config": None,
                 "route": routing.Decision(routing.REFERENCE, "unsupported", why).to_dict()}
     config, decision = _route(q, k, v, scale, mask, backend, measure=False)
-    return {"path": "mlx" if config is None else "metile", "config": config,
-            "route": decision.to_dict()}
+    out = {"path": "mlx" if config is None else "metile", "config": config,
+           "route": decision.to_dict()}
+    if config is not None:
+        # how the kernels get k and v: a cache's buffer read in place, or the arrays (a
+        # launch copies one it cannot prove row-contiguous)
+        views = [_cache_view(x) for x in (k, v)] if config.get("path") == "decode_rows" else []
+        in_place = bool(views) and None not in views and views[0][1:] == views[1][1:]
+        out["kv"] = ({"read": "cache buffer in place", "kv_pad": views[0][1],
+                      "kv_start": views[0][2]} if in_place else
+                     {"read": "as given", "copied_unless_row_contiguous": True})
+    return out
