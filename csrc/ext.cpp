@@ -112,6 +112,7 @@ class CpuLaunch {
   CpuLaunch(std::shared_ptr<KernelLibrary> library, LaunchSpec spec, std::vector<mx::Shape> shapes,
             std::vector<mx::Dtype> dtypes, bool contiguous)
       : library_(std::move(library)), contiguous_(contiguous) {
+    spec.require_row_contiguous = contiguous;
     spec.output_shapes = std::move(shapes);
     spec.output_dtypes = std::move(dtypes);
     // shared by every launch and the evaluations they queue: a launch copies no strings
@@ -1585,6 +1586,13 @@ NB_MODULE(_ext, m) {
         }, nb::arg("array"),
         "Whether the array is, or once evaluated will be, row-contiguous (input_layout.h: "
         "False where that is not known before evaluation).");
+  m.def("row_contiguity", [](const mx::array& a) -> std::optional<bool> {
+          if (a.is_available()) return a.flags().row_contiguous;
+          if (metile::row_contiguous_when_evaluated(a)) return true;
+          return std::nullopt;
+        }, nb::arg("array"),
+        "True or False where the array's layout is known (evaluated, or from a primitive that "
+        "writes row-contiguous outputs), None where it is known only once evaluated.");
   m.def("same_array", [](const mx::array& a, const mx::array& b) { return a.id() == b.id(); },
         nb::arg("a"), nb::arg("b"), "Whether two mx.array objects hold one array.");
   m.def("check_cubin", [](const std::string& name, const nb::bytes& image) {

@@ -774,3 +774,30 @@ def test_a_replayed_cache_prefix_of_another_buffer_is_read_right(rng):
         want = mx.grad(lambda ck: mx.fast.scaled_dot_product_attention(
             q, ck[..., 3:103, :], buffers[1][..., 3:103, :], scale=0.3).sum())(buffers[0])
         np.testing.assert_allclose(np.array(grad), np.array(want), rtol=1e-4, atol=1e-5)
+
+
+def test_decode_in_a_compiled_call_reads_its_arguments_cache_in_place(rng):
+    # a compiled call's argument is laid out as each call passes it: the kernels read the
+    # buffer through the launch's contiguous() (a share when row-contiguous, a copy else)
+    base = mx.array(rng.standard_normal((1, 4, 128, 32)).astype(np.float32))
+    strided = mx.array(rng.standard_normal((1, 128, 4, 32)).astype(np.float32)).swapaxes(1, 2)
+    values = mx.array(rng.standard_normal((1, 4, 128, 32)).astype(np.float32))
+    q = mx.array(rng.standard_normal((1, 4, 1, 32)).astype(np.float32))
+    mx.eval(base, strided, values, q)
+    seen = {"traced": [], "eager": []}
+
+    def step(q, ck, cv, how="traced"):
+        k, v = ck[..., 5:82, :], cv[..., 5:82, :]
+        seen[how].append(json.loads(attention_ops.explain_attention(
+            q, k, v, scale=0.2, backend="metile"))["kv"]["read"])
+        return sdpa(q, k, v, scale=0.2, backend="metile")
+    compiled = mx.compile(step)
+    for ck in (base, strided, base):
+        want = reference(q, ck[..., 5:82, :], values[..., 5:82, :], 0.2)
+        np.testing.assert_allclose(np.array(compiled(q, ck, values)), want, rtol=3e-4, atol=3e-5)
+        np.testing.assert_allclose(np.array(step(q, ck, values, "eager")), want, rtol=3e-4,
+                                   atol=3e-5)
+    # traced (the compiled call's arguments: layout unknown): in place; eager, the
+    # evaluated strided buffer is known not row-contiguous: its slice is copied
+    assert set(seen["traced"]) == {"cache buffer in place"}
+    assert seen["eager"] == ["cache buffer in place", "as given", "cache buffer in place"]

@@ -431,7 +431,8 @@ void MslCpuKernel::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     // as the CUDA launch refuses one (cuda_launch.cpp): the launch made every input it could
     // not prove row-contiguous so (input_layout.h); a kernel indexing a view by the
     // row-major layout would read the wrong elements silently
-    if (in.ndim() > 0 && in.size() > 0 && !in.flags().row_contiguous) {
+    if (spec_->require_row_contiguous && in.ndim() > 0 && in.size() > 0 &&
+        !in.flags().row_contiguous) {
       throw std::runtime_error("[metile] kernel '" + spec_->name +
                                "': an input reached the launch without row-contiguous layout");
     }

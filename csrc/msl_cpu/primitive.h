@@ -41,6 +41,9 @@ struct LaunchSpec {
   std::string no_vjp;
   std::vector<mx::Shape> output_shapes;
   std::vector<mx::Dtype> output_dtypes;
+  // Every input of rank > 0 must arrive row-contiguous: the launch made contiguous each one
+  // it could not prove so (input_layout.h), so one that is not means that rule was wrong.
+  bool require_row_contiguous = false;
 };
 
 class MslCpuKernel : public mx::Primitive {

@@ -373,16 +373,18 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
 
 def _cache_view(x):
     """(buffer, pad, start) where `x` is an unevaluated slice x = buffer[:, :, start:start +
-    L, :] of a row-contiguous (B, H, L + pad, D) buffer, as a KV cache allocated ahead
-    hands attention its prefix (mlx_lm's caches do); else None.  attention_decode reads
-    such a buffer in place: the launch would otherwise copy the prefix first, every key
-    and value of every layer at every step, more bytes than the kernel reads."""
+    L, :] of a (B, H, L + pad, D) buffer that is not known to be laid out otherwise than
+    row-contiguous, as a KV cache allocated ahead hands attention its prefix (mlx_lm's
+    caches do); else None.  attention_decode reads such a buffer in place: the launch
+    would otherwise copy the prefix first, every key and value of every layer at every
+    step, more bytes than the kernel reads.  (A buffer whose layout is known only once
+    evaluated - a compiled call's argument - goes through the launch's contiguous(),
+    which shares a row-contiguous buffer and copies any other.)"""
     found = _ext.slice_source(x)
     if found is None:
         return None
     buffer, start, end, steps = found
-    if buffer.ndim != 4 or any(s != 1 for s in steps) or \
-            not _ext.row_contiguous_when_evaluated(buffer):
+    if buffer.ndim != 4 or any(s != 1 for s in steps) or _ext.row_contiguity(buffer) is False:
         return None
     whole = all(start[a] == 0 and end[a] == buffer.shape[a] for a in (0, 1, 3))
     if not whole or buffer.dtype != x.dtype:
