@@ -31,15 +31,20 @@ from metile import attention_ops
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 
 
-def steps(scale, mask, chain=1):
+def steps(scale, mask, chain=1, keys=None):
     """The two sides as compiled calls of (q, k0, v0, k1, v1, ...): `chain` attentions one
     after another, each output the next query and each over its own cache (a decode step's
-    layers in one graph, so the call's host time is shared by `chain` ops)."""
+    layers in one graph, so the call's host time is shared by `chain` ops).  With `keys`,
+    each k and v is a cache allocated ahead and the attention reads its first `keys`
+    (`buffer[..., :keys, :]`, as mlx_lm hands a cache's prefix)."""
     def chained(op):
         def step(q, *kv):
             out = q
             for i in range(chain):
-                out = op(out, kv[2 * i], kv[2 * i + 1])
+                k, v = kv[2 * i], kv[2 * i + 1]
+                if keys is not None:
+                    k, v = k[..., :keys, :], v[..., :keys, :]
+                out = op(out, k, v)
             return out
         return step
 
@@ -64,20 +69,22 @@ def seconds_per_call(step, q, kv, launches, chain=1) -> float:
     return (time.perf_counter() - start) / (launches * chain)
 
 
-def measure(case, dtype, launches, rounds, chain=1) -> dict:
+def measure(case, dtype, launches, rounds, chain=1, pad=0) -> dict:
     b, hq, hkv, lq, lk, d, mask = (case[n] for n in ("b", "hq", "hkv", "lq", "lk", "d", "mask"))
     keys = mx.random.split(mx.random.key(0), 1 + 2 * chain)
     q = mx.random.normal((b, hq, lq, d), key=keys[0]).astype(dtype)
-    kv = [mx.random.normal((b, hkv, lk, d), key=keys[1 + i]).astype(dtype)
+    kv = [mx.random.normal((b, hkv, lk + pad, d), key=keys[1 + i]).astype(dtype)
           for i in range(2 * chain)]
     k, v = kv[:2]
     mx.eval(q, *kv)
     scale = d ** -0.5
-    single = steps(scale, mask)
+    prefix = lk if pad else None
+    single = steps(scale, mask, keys=prefix)
     problem = attention_ops._validate(single["metile"](q, k, v), single["mlx"](q, k, v))
     if problem:
         raise SystemExit(f"metile's output differs from MLX's for {case}: {problem}")
-    fns = steps(scale, mask, chain) if chain > 1 else single
+    fns = steps(scale, mask, chain, prefix) if chain > 1 else single
+    k, v = (k[..., :lk, :], v[..., :lk, :]) if pad else (k, v)
     config, _ = attention_ops._route(q, k, v, scale, mask, "metile")
     for fn in fns.values():                     # warm-up: compile, first launch
         seconds_per_call(fn, q, kv, 1, chain)
@@ -88,7 +95,7 @@ def measure(case, dtype, launches, rounds, chain=1) -> dict:
             times[name].append(seconds_per_call(fns[name], q, kv, launches, chain))
     us = {name: float(np.median(t)) * 1e6 for name, t in times.items()}
     result = {**case, "dtype": str(dtype).removeprefix("mlx.core."), "config": config,
-              "chain": chain, "us_per_call": us, "mlx_over_metile": us["mlx"] / us["metile"]}
+              "chain": chain, "cache_pad": pad, "us_per_call": us, "mlx_over_metile": us["mlx"] / us["metile"]}
     flops = 4 * b * hq * lq * lk * d * (0.5 if mask == "causal" and lq == lk else 1.0)
     moved = (2 * b * hq * lq * d + 2 * b * hkv * lk * d) * dtype.size
     if lq > 16:
@@ -115,11 +122,16 @@ def main():
     parser.add_argument("--chain", type=positive_int, default=1,
                         help="attentions a compiled call, each over its own k and v (per-op "
                              "times are the call's divided by it)")
+    parser.add_argument("--cache-pad", type=int, default=0,
+                        help="keys each k and v buffer holds past the attended ones: the "
+                             "attention reads buffer[..., :L, :], a cache allocated ahead")
     parser.add_argument("--quick", action="store_true",
                         help="tiny shapes, 2 launches, 2 rounds (the CPU runtime); replaces the shape, launch "
                              "and round options")
     parser.add_argument("--output", type=output_path)
     args = parser.parse_args()
+    if args.cache_pad < 0:
+        parser.error(f"--cache-pad must be >= 0, got {args.cache_pad}")
     if args.quick:
         args.heads, args.head_dim = 2, 32
         args.prefill_lengths, args.decode_lengths = [64], [256]
@@ -132,7 +144,7 @@ def main():
                    mask=None) for n in args.decode_lengths]
     results = []
     for case in cases:
-        r = measure(case, dtype, args.launches, args.rounds, args.chain)
+        r = measure(case, dtype, args.launches, args.rounds, args.chain, args.cache_pad)
         rate = (f"{r['tflops']['metile']:.1f} vs {r['tflops']['mlx']:.1f} TFLOP/s"
                 if "tflops" in r else
                 f"{r['tb_per_s']['metile']:.3f} vs {r['tb_per_s']['mlx']:.3f} TB/s")
@@ -143,7 +155,7 @@ def main():
         results.append(r)
     write_report(args.output, {"machine": machine(), "benchmark": "attention",
                                "launches": args.launches, "rounds": args.rounds,
-                               "chain": args.chain,
+                               "chain": args.chain, "cache_pad": args.cache_pad,
                                "cases": results})
 
 

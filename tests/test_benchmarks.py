@@ -94,11 +94,16 @@ def test_attention_benchmark_chains_ops_over_their_own_caches(tmp_path):
     # --chain N: N attentions a compiled call, each over its own k and v, per-op times
     # (a lone decode op a call measured host time beside its 20-40 us kernel)
     out = tmp_path / "attention.json"
+    # --cache-pad P: each k and v a cache allocated P keys ahead, its prefix attended
     run = subprocess.run([sys.executable, "-m", "benchmarks.attention", "--quick", "--chain", "2",
-                          "--output", str(out)], cwd=ROOT, capture_output=True, text=True)
+                          "--cache-pad", "24", "--output", str(out)], cwd=ROOT,
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     report = json.loads(out.read_text())
-    assert report["chain"] == 2
+    assert report["chain"] == 2 and report["cache_pad"] == 24
     assert [c["name"] for c in report["cases"]] == ["prefill_causal", "decode"]
     for case in report["cases"]:
         assert case["chain"] == 2 and all(t > 0 for t in case["us_per_call"].values())
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.attention", "--quick",
+                          "--cache-pad", "-1"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--cache-pad must be >= 0, got -1" in bad.stderr
