@@ -359,6 +359,7 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
     k, v, cache = _cache_buffers(k, v)
+    cache = cache or (0, 0)
     partial, stats = op_replay.launch(
         kernels.attention_decode, kernels.decode_grid(splits, rows),
         (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
@@ -398,7 +399,7 @@ def _cache_buffers(k, v):
     arrays as given (the launch makes them row-contiguous)."""
     views = [_cache_view(x) for x in (k, v)]
     if None in views or views[0][1:] != views[1][1:]:
-        return k, v, (0, 0)
+        return k, v, None
     (kb, pad, start), (vb, _, _) = views
     return kb, vb, (pad, start)
 
@@ -735,9 +736,7 @@ def _explained(q, k, v, scale, mask, sinks, backend) -> dict:
     if config is not None:
         # how the kernels get k and v: a cache's buffer read in place, or the arrays (a
         # launch copies one it cannot prove row-contiguous)
-        views = [_cache_view(x) for x in (k, v)] if config.get("path") == "decode_rows" else []
-        in_place = bool(views) and None not in views and views[0][1:] == views[1][1:]
-        out["kv"] = ({"read": "cache buffer in place", "kv_pad": views[0][1],
-                      "kv_start": views[0][2]} if in_place else
-                     {"read": "as given", "copied_unless_row_contiguous": True})
+        cache = _cache_buffers(k, v)[2] if config.get("path") == "decode_rows" else None
+        out["kv"] = ({"read": "cache buffer in place", "kv_pad": cache[0], "kv_start": cache[1]}
+                     if cache else {"read": "as given", "copied_unless_row_contiguous": True})
     return out
