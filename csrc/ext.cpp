@@ -1058,22 +1058,18 @@ class Replay {
   // x's source, where x is an unevaluated slice with the recorded start, end and steps of
   // a source of the recorded shape that is row-contiguous once evaluated.
   static std::optional<mx::array> slice_buffer(const mx::array& x, const SliceSpec& spec) {
-    if (x.is_available() || !x.has_primitive() || x.inputs().size() != 1 ||
-        std::strcmp(x.primitive().name(), "Slice") != 0) {
-      return std::nullopt;
-    }
-    // (named "Slice": MLX's, whose type info libmlx does not export for a dynamic_cast)
-    auto [start, end, steps] = static_cast<const mx::Slice&>(x.primitive()).state();
+    auto slice = metile::lazy_slice(x);
+    if (!slice) return std::nullopt;
     const auto& [start0, end0, steps0, shape0] = spec;
     auto same = [](const mx::Shape& a, const std::vector<int64_t>& b) {
       return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
     };
-    const mx::array& source = x.inputs()[0];
-    if (!same(start, start0) || !same(end, end0) || !same(steps, steps0) ||
-        !same(source.shape(), shape0) || !metile::row_contiguous_when_evaluated(source)) {
+    if (!same(slice->start, start0) || !same(slice->end, end0) || !same(slice->steps, steps0) ||
+        !same(slice->source.shape(), shape0) ||
+        !metile::row_contiguous_when_evaluated(slice->source)) {
       return std::nullopt;
     }
-    return source;
+    return slice->source;
   }
 };
 
@@ -1567,25 +1563,15 @@ NB_MODULE(_ext, m) {
         "The name of the primitive that computes an unevaluated array; None for an evaluated one "
         "(MLX detaches the graph) or a leaf.");
   m.def("slice_source", [](const mx::array& a) -> nb::object {
-          if (a.is_available() || !a.has_primitive() ||
-              std::strcmp(a.primitive().name(), "Slice") != 0 || a.inputs().size() != 1) {
-            return nb::none();
-          }
-          // (named "Slice", so MLX's Slice, whose type info libmlx does not export for a
-          // dynamic_cast; its state() is inline in the pinned MLX's header)
-          const auto& slice = static_cast<const mx::Slice&>(a.primitive());
-          auto [start, end, strides] = slice.state();
+          auto slice = metile::lazy_slice(a);
+          if (!slice) return nb::none();
           auto ints = [](const mx::Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); };
-          return nb::make_tuple(a.inputs()[0], ints(start), ints(end), ints(strides));
+          return nb::make_tuple(slice->source, ints(slice->start), ints(slice->end),
+                                ints(slice->steps));
         }, nb::arg("array"),
         "(source, start, end, strides) of an unevaluated basic slice: an op that can index "
         "the source reads it in place of the slice's copy (attention over a cache's prefix); "
         "None for anything else.");
-  m.def("row_contiguous_when_evaluated", [](const mx::array& a) {
-          return metile::row_contiguous_when_evaluated(a);
-        }, nb::arg("array"),
-        "Whether the array is, or once evaluated will be, row-contiguous (input_layout.h: "
-        "False where that is not known before evaluation).");
   m.def("row_contiguity", [](const mx::array& a) -> std::optional<bool> {
           if (a.is_available()) return a.flags().row_contiguous;
           if (metile::row_contiguous_when_evaluated(a)) return true;
