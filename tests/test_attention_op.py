@@ -801,3 +801,26 @@ def test_decode_in_a_compiled_call_reads_its_arguments_cache_in_place(rng):
     # evaluated strided buffer is known not row-contiguous: its slice is copied
     assert set(seen["traced"]) == {"cache buffer in place"}
     assert seen["eager"] == ["cache buffer in place", "as given", "cache buffer in place"]
+
+
+@pytest.mark.parametrize("mask", [None, "causal", "bool", "additive"])
+def test_a_cache_prefix_in_place_with_masks_gqa_and_batches(rng, mask):
+    # three queries of six heads over two key heads, two batch entries, keys 17..150 of
+    # 200: the masks index keys as the prefix's, not the buffer's
+    cache_k, cache_v = (mx.array(rng.standard_normal((2, 2, 200, 48)).astype(np.float32))
+                        for _ in range(2))
+    q = mx.array(rng.standard_normal((2, 6, 3, 48)).astype(np.float32))
+    mx.eval(cache_k, cache_v, q)
+    if mask == "bool":
+        mask = mx.array(rng.random((3, 133)) > 0.3)
+    elif mask == "additive":
+        mask = mx.array(rng.standard_normal((2, 6, 3, 133)).astype(np.float32))
+    k, v = cache_k[..., 17:150, :], cache_v[..., 17:150, :]
+    info = json.loads(attention_ops.explain_attention(q, k, v, scale=0.3, mask=mask,
+                                                      backend="metile"))
+    assert info["config"]["path"] == "decode_rows"
+    assert info["kv"] == {"read": "cache buffer in place", "kv_pad": 67, "kv_start": 17}
+    out = sdpa(q, k, v, scale=0.3, mask=mask, backend="metile")
+    np.testing.assert_allclose(np.array(out), reference(q, cache_k[..., 17:150, :],
+                                                        cache_v[..., 17:150, :], 0.3, mask),
+                               rtol=3e-4, atol=3e-5)
