@@ -96,7 +96,7 @@ def test_positive_scale_is_a_promise_the_kernel_default_does_not_make(rng):
     q, k, v = operands(rng, 1, 2, 2, 64, 128, 32)
     out = kernels.attention_forward[kernels.forward_grid(64, 2, 1, 32)](
         q, k, v, q, mx.zeros(q.shape, q.dtype), 64, 128, 1, -4.0 * kernels.LOG2E, 0, 0, 0, 0,
-        HEAD_DIM=32, BLOCK_D=32, BLOCK_M=32, BLOCK_N=32)
+        0, 0, HEAD_DIM=32, BLOCK_D=32, BLOCK_M=32, BLOCK_N=32)
     np.testing.assert_allclose(np.array(out, np.float64), reference(q, k, v, -4.0),
                                rtol=3e-4, atol=3e-5)
 
@@ -112,7 +112,7 @@ def test_causal_program_order(rng, heads, hkv, group):
     q, k, v = operands(rng, 2, heads, hkv, 70, 90, 16)
     out = kernels.attention_forward[kernels.forward_grid(70, heads, 2, 16)](
         q, k, v, q, mx.zeros(q.shape, q.dtype), 70, 90, heads // hkv,
-        0.25 * kernels.LOG2E, 0, 0, 0, 0, HEAD_DIM=16, BLOCK_D=16, BLOCK_M=16, BLOCK_N=16,
+        0.25 * kernels.LOG2E, 0, 0, 0, 0, 0, 0, HEAD_DIM=16, BLOCK_D=16, BLOCK_M=16, BLOCK_N=16,
         MASK="causal", HEAD_GROUP=group)
     np.testing.assert_allclose(np.array(out, np.float64), reference(q, k, v, 0.25, "causal"),
                                rtol=3e-4, atol=3e-5)
@@ -511,11 +511,11 @@ def test_cuda_emission_compiles_with_nvrtc(mask):
     strides = (0, 0, 64, 1)
     dispatches = [
         kernels.attention_forward[(2, 4, 1)].prepare(
-            q, k, k, m, mx.zeros(q.shape, mx.float16), 64, 64, 2, 0.1, *strides,
+            q, k, k, m, mx.zeros(q.shape, mx.float16), 64, 64, 2, 0.1, *strides, 0, 0,
             BLOCK_M=64, BLOCK_N=64, backend="cuda", **shape),
         kernels.attention_split[(4, 2, 1)].prepare(
             q[:, :, :1], k, k, m, mx.zeros((4, 4, 128)), mx.zeros((4, 4, 2)), 1, 64, 2, 16,
-            0.1, *strides, BLOCK_M=16, BLOCK_N=16, backend="cuda", **shape),
+            0.1, *strides, 0, 0, BLOCK_M=16, BLOCK_N=16, backend="cuda", **shape),
         kernels.attention_combine[(1,)].prepare(
             mx.zeros((4, 4, 128)), mx.zeros((4, 4, 2)), mx.zeros((4, 128), mx.float16), 4, 4,
             HEAD_DIM=128, BLOCK_D=128, backend="cuda"),
@@ -823,4 +823,30 @@ def test_a_cache_prefix_in_place_with_masks_gqa_and_batches(rng, mask):
     out = sdpa(q, k, v, scale=0.3, mask=mask, backend="metile")
     np.testing.assert_allclose(np.array(out), reference(q, cache_k[..., 17:150, :],
                                                         cache_v[..., 17:150, :], 0.3, mask),
+                               rtol=3e-4, atol=3e-5)
+
+
+@pytest.mark.parametrize("path,lq", [("prefill", 24), ("decode", 2)])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_prefill_and_split_kernels_read_a_cache_prefix_in_place(rng, path, lq, mask):
+    # queries over keys 9..129 of a 160-key cache (a chunk of a prefill, or a speculative
+    # step on the split-K kernel): the flash forward and the split kernel read the buffer
+    cache_k, cache_v = (mx.array(rng.standard_normal((2, 2, 160, 32)).astype(np.float32))
+                        for _ in range(2))
+    q = mx.array(rng.standard_normal((2, 4, lq, 32)).astype(np.float32))
+    mx.eval(cache_k, cache_v, q)
+    k, v = cache_k[..., 9:129, :], cache_v[..., 9:129, :]
+    config = next(c for c in attention_ops.configs(q, k, v, "causal" if mask else "none")
+                  if c["path"] == path)
+    lazy = attention_ops._run(q, k, v, 0.3, mask, config)
+    # (the split path's own buffers take theirs: no more than with evaluated k and v)
+    copies = (mx.array(np.array(cache_k[..., 9:129, :])),
+              mx.array(np.array(cache_v[..., 9:129, :])))
+    assert _nodes(lazy, "Contiguous") == _nodes(
+        attention_ops._run(q, *copies, 0.3, mask, config), "Contiguous")
+    info = json.loads(attention_ops.explain_attention(q, k, v, scale=0.3, mask=mask,
+                                                      backend="metile"))
+    assert info["kv"] == {"read": "cache buffer in place", "kv_pad": 40, "kv_start": 9}
+    np.testing.assert_allclose(np.array(lazy), reference(q, cache_k[..., 9:129, :],
+                                                         cache_v[..., 9:129, :], 0.3, mask),
                                rtol=3e-4, atol=3e-5)

@@ -57,7 +57,7 @@ def forward(d, dtype, tile, length=4096, heads=32, mask="causal"):
     warps = attention_ops.forward_warps(m, dt.size)
     return kernels.attention_forward[kernels.forward_grid(length, heads, 1, m)].prepare(
         q, q, q, mx.zeros((1,), mx.float32), mx.zeros(q.shape, dt), length, length, 1, 0.125,
-        0, 0, 0, 0, HEAD_DIM=d, BLOCK_D=attention_ops._head_block(d), MASK=mask,
+        0, 0, 0, 0, 0, 0, HEAD_DIM=d, BLOCK_D=attention_ops._head_block(d), MASK=mask,
         BLOCK_M=m, BLOCK_N=n, backend="cuda", **({"num_warps": warps} if warps else {}))
 
 
@@ -95,7 +95,7 @@ def test_decode_kernels_fit(monkeypatch):
     splits = 16
     split = kernels.attention_split[kernels.split_grid(splits, 8, 1)].prepare(
         q, k, k, mx.zeros((1,), mx.float32), mx.zeros((splits, 32, d), mx.float32),
-        mx.zeros((splits, 32, 2), mx.float32), 1, 4096, 4, 256, 0.125, 0, 0, 0, 0,
+        mx.zeros((splits, 32, 2), mx.float32), 1, 4096, 4, 256, 0.125, 0, 0, 0, 0, 0, 0,
         HEAD_DIM=d, BLOCK_D=d, MASK="none", BLOCK_M=m, BLOCK_N=n, backend="cuda")
     combine = kernels.attention_combine[(4,)].prepare(
         mx.zeros((splits, 32, d), mx.float32), mx.zeros((splits, 32, 2), mx.float32),

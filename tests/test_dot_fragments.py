@@ -250,7 +250,7 @@ def test_cuda_attention_prefill_in_the_accumulator_layout_compiles(monkeypatch, 
     monkeypatch.setenv("METILE_CUDA_WGMMA", wgmma)
     q = mx.zeros((1, 2, 256, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(256, 2, 1, 128)].prepare(
-        q, q, q, q, mx.zeros(q.shape, q.dtype), 256, 256, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 256, 256, 1, 0.1, 0, 0, 0, 0, 0, 0, HEAD_DIM=128,
         BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
         POSITIVE_SCALE=True)
     assert "mma_layout" in passes(d)
@@ -287,7 +287,7 @@ def test_cuda_attention_value_product_left_in_flight(bm, bn, warps):
     from metile_kernels import attention as kernels
     q = mx.zeros((1, 2, 512, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, bm)].prepare(
-        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, 0, 0, HEAD_DIM=128,
         BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, MASK="causal", num_warps=warps, backend="cuda",
         POSITIVE_SCALE=True)
     source = translation_unit(d)
@@ -320,7 +320,7 @@ def test_cuda_attention_value_product_waited_where_issued(monkeypatch, bn, carry
     monkeypatch.setenv("METILE_WGMMA_CARRY", carry)
     q = mx.zeros((1, 2, 512, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, 128)].prepare(
-        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, 0, 0, HEAD_DIM=128,
         BLOCK_D=128, BLOCK_M=128, BLOCK_N=bn, MASK="causal", num_warps=8, backend="cuda",
         POSITIVE_SCALE=True)
     body = translation_unit(d).split("__global__", 1)[1]
@@ -340,7 +340,7 @@ def test_attention_block_copies_are_one_add_apart():
     from metile_kernels import attention as kernels
     q = mx.zeros((1, 2, 512, 128), mx.float16)
     d = kernels.attention_forward[kernels.forward_grid(512, 2, 1, 128)].prepare(
-        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, HEAD_DIM=128,
+        q, q, q, q, mx.zeros(q.shape, q.dtype), 512, 512, 1, 0.1, 0, 0, 0, 0, 0, 0, HEAD_DIM=128,
         BLOCK_D=128, BLOCK_M=128, BLOCK_N=64, MASK="causal", num_warps=8, backend="cuda",
         POSITIVE_SCALE=True)
     body = translation_unit(d).split("__global__", 1)[1]

@@ -148,7 +148,7 @@ def whole_block(q, k_ptrs, v_ptrs, d_in, scale_log2, m_i, l_i, acc, POSITIVE_SCA
 
 @metile.kernel
 def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
-                      mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k,
+                      mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k, kv_pad, kv_start,
                       HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                       BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
                       MASK: metile.constexpr = "none",
@@ -165,7 +165,10 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     runs of HEAD_GROUP heads, and within a run the query blocks with the most keys come
     first - the GPU starts programs roughly in launch order, so the longest ones no longer
     start last and leave SMs idle at the end, while the heads running at once still share
-    their keys and values in L2 (the group's size is the caller's L2 budget)."""
+    their keys and values in L2 (the group's size is the caller's L2 budget).
+
+    K and V may be a cache's buffer with the keys at kv_start .. kv_start + kv_len of
+    kv_len + kv_pad a head (attention_decode's form)."""
     head = metile.program_id(1)
     batch = metile.program_id(2)
     q_heads = metile.num_programs(1)
@@ -187,8 +190,8 @@ def attention_forward(Q, K, V, Mask, Out, q_len, kv_len, group, scale_log2,
     q_base = Q + (batch * q_heads + head) * q_len * HEAD_DIM
     q = metile.load(q_base + rows[:, None] * HEAD_DIM + d[None, :],
                     mask=row_in[:, None] & d_in[None, :], other=0.0)
-    k_base = K + kv_head * kv_len * HEAD_DIM
-    v_base = V + kv_head * kv_len * HEAD_DIM
+    k_base = K + (kv_head * (kv_len + kv_pad) + kv_start) * HEAD_DIM
+    v_base = V + (kv_head * (kv_len + kv_pad) + kv_start) * HEAD_DIM
     mask_base = Mask + batch * mask_stride_b
     heads = metile.zeros((BLOCK_M,), dtype=metile.int32) + head
     causal_shift = kv_len - q_len
@@ -239,7 +242,7 @@ def split_chunk(kv_len: int, splits: int, BLOCK_N: int) -> int:
 
 @metile.kernel
 def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, scale_log2,
-                    mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k,
+                    mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_k, kv_pad, kv_start,
                     HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                     BLOCK_M: metile.constexpr = 16, BLOCK_N: metile.constexpr = 64,
                     MASK: metile.constexpr = "none"):
@@ -247,7 +250,7 @@ def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, 
     group x q_len rows (query head, query) that share key/value head program_id(1) of
     batch entry program_id(2); rows <= BLOCK_M.  Writes Partial[s, b, h, i, :] (the
     unnormalised float32 output) and Stats[s, b, h, i, 0:2] (running maximum, sum).
-    Grid: split_grid(splits, kv_heads, batch)."""
+    Grid: split_grid(splits, kv_heads, batch).  K and V as attention_forward takes them."""
     split = metile.program_id(0)
     kv_head = metile.program_id(1)
     batch = metile.program_id(2)
@@ -263,7 +266,7 @@ def attention_split(Q, K, V, Mask, Partial, Stats, q_len, kv_len, group, chunk, 
     row_offset = ((batch * q_heads + heads) * q_len + queries) * HEAD_DIM
     q = metile.load(Q + row_offset[:, None] + d[None, :], mask=row_in[:, None] & d_in[None, :],
                     other=0.0)
-    kv_offset = (batch * kv_heads + kv_head) * kv_len * HEAD_DIM
+    kv_offset = ((batch * kv_heads + kv_head) * (kv_len + kv_pad) + kv_start) * HEAD_DIM
     mask_base = Mask + batch * mask_stride_b
     lo = split * chunk
     hi = metile.minimum(lo + chunk, kv_len)

@@ -315,6 +315,8 @@ def _launch(q, k, v, mask, scale, config):
                             float(scale) * LOG2E, config)
     common = dict(HEAD_DIM=d, BLOCK_D=_head_block(d), MASK=kind,
                   BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
+    k, v, cache = _cache_buffers(k, v)
+    cache = cache or (0, 0)
     group = q_heads // kv_heads
     scale_log2 = float(scale) * LOG2E
     if config.get("path") != "decode":
@@ -325,7 +327,7 @@ def _launch(q, k, v, mask, scale, config):
         return op_replay.launch(
             kernels.attention_forward, grid,
             (q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-             *strides),
+             *strides, *cache),
             dict(common, POSITIVE_SCALE=scale_log2 > 0, HEAD_GROUP=order,
                  **({"num_warps": warps} if warps else {})))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
@@ -338,7 +340,7 @@ def _launch(q, k, v, mask, scale, config):
         kernels.attention_split, kernels.split_grid(splits, kv_heads, batch),
         (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
          mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
-         *strides), dict(common, **warps))
+         *strides, *cache), dict(common, **warps))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
@@ -376,7 +378,7 @@ def _cache_view(x):
     """(buffer, pad, start) where `x` is an unevaluated slice x = buffer[:, :, start:start +
     L, :] of a (B, H, L + pad, D) buffer that is not known to be laid out otherwise than
     row-contiguous, as a KV cache allocated ahead hands attention its prefix (mlx_lm's
-    caches do); else None.  attention_decode reads such a buffer in place: the launch
+    caches do); else None.  The attention kernels read such a buffer in place: the launch
     would otherwise copy the prefix first, every key and value of every layer at every
     step, more bytes than the kernel reads.  (A buffer whose layout is known only once
     evaluated - a compiled call's argument - goes through the launch's contiguous(),
@@ -736,7 +738,7 @@ def _explained(q, k, v, scale, mask, sinks, backend) -> dict:
     if config is not None:
         # how the kernels get k and v: a cache's buffer read in place, or the arrays (a
         # launch copies one it cannot prove row-contiguous)
-        cache = _cache_buffers(k, v)[2] if config.get("path") == "decode_rows" else None
+        cache = _cache_buffers(k, v)[2]
         out["kv"] = ({"read": "cache buffer in place", "kv_pad": cache[0], "kv_start": cache[1]}
                      if cache else {"read": "as given", "copied_unless_row_contiguous": True})
     return out

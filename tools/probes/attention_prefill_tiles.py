@@ -51,7 +51,7 @@ def main():
         def run(x):
             return kernels.attention_forward[kernels.forward_grid(n, h, b, bm)](
                 x, k, v, x, mx.zeros(x.shape, x.dtype), n, n, 1, scale * 1.4426950408889634,
-                0, 0, 0, 0, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=bn, MASK="causal",
+                0, 0, 0, 0, 0, 0, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=bn, MASK="causal",
                 POSITIVE_SCALE=True,
                 **extra)
         return run

@@ -42,7 +42,7 @@ def variant(n, h, d, bm, bn, warps, order):
 
     def run(x, k, v):
         return kernels.attention_forward[kernels.forward_grid(n, h, 1, bm)](
-            x, k, v, x, mx.zeros(x.shape, x.dtype), n, n, 1, scale_log2, 0, 0, 0, 0,
+            x, k, v, x, mx.zeros(x.shape, x.dtype), n, n, 1, scale_log2, 0, 0, 0, 0, 0, 0,
             HEAD_DIM=d, BLOCK_D=d, BLOCK_M=bm, BLOCK_N=bn, MASK="causal", POSITIVE_SCALE=True,
             HEAD_GROUP=order, num_warps=warps)
     return mx.compile(run)
