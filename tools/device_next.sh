@@ -120,10 +120,10 @@ if [ "$mode" = s127 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   KEYS="1024 4096 16384" timeout 150 python3 tools/probes/decode_cache_ahead.py \
     "$logs/h200-decode-cache-ahead.json" 2>&1 | tail -4 | tee -a "$log"
-  timeout 150 python3 -m benchmarks.attention --prefill-lengths --decode-lengths 1024 4096 16384 \
-    --chain 8 --cache-pad 256 --output "$logs/h200-attention-decode-cache-pad-float16.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 180 python3 -m benchmarks.attention --prefill-lengths 4096 --decode-lengths 1024 4096 16384 \
+    --chain 8 --cache-pad 256 --output "$logs/h200-attention-cache-pad-float16.json" 2>&1 | tail -5 | tee -a "$log"
   timeout 120 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay" test_attention_op test_input_layout
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay or prefill" test_attention_op test_input_layout
 elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
   # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls
