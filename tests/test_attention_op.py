@@ -850,3 +850,16 @@ def test_prefill_and_split_kernels_read_a_cache_prefix_in_place(rng, path, lq, m
     np.testing.assert_allclose(np.array(lazy), reference(q, cache_k[..., 9:129, :],
                                                          cache_v[..., 9:129, :], 0.3, mask),
                                rtol=3e-4, atol=3e-5)
+
+
+def test_a_cache_past_32_bit_offsets_is_read_through_its_prefix(monkeypatch):
+    # (the kernels address a buffer with 32-bit offsets: a buffer larger than a launch
+    # takes goes as the prefix's copy, which may still fit)
+    from metile import attention_ops as ops_module
+    monkeypatch.setattr(ops_module, "MAX_BUFFER_ELEMENTS", 4 * 160 * 32 - 1)
+    cache_k, cache_v = (mx.zeros((1, 4, 160, 32)) for _ in range(2))
+    q = mx.zeros((1, 4, 1, 32))
+    mx.eval(cache_k, cache_v, q)
+    assert ops_module._cache_buffers(cache_k[..., :100, :], cache_v[..., :100, :])[2] is None
+    monkeypatch.setattr(ops_module, "MAX_BUFFER_ELEMENTS", 4 * 160 * 32)
+    assert ops_module._cache_buffers(cache_k[..., :100, :], cache_v[..., :100, :])[2] == (60, 0)

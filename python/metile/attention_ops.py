@@ -37,6 +37,7 @@ import math
 import mlx.core as mx
 
 from . import _ext, op_replay
+from .runtime.arguments import MAX_BUFFER_ELEMENTS
 from .runtime import routing
 from .op_routing import (
     FLOAT_DTYPES as _DTYPES,
@@ -390,7 +391,9 @@ def _cache_view(x):
     if buffer.ndim != 4 or any(s != 1 for s in steps) or _ext.row_contiguity(buffer) is False:
         return None
     whole = all(start[a] == 0 and end[a] == buffer.shape[a] for a in (0, 1, 3))
-    if not whole or buffer.dtype != x.dtype:
+    # (the kernels address a buffer with 32-bit offsets: a larger one than the launch takes
+    # is read through the prefix's copy, as before)
+    if not whole or buffer.dtype != x.dtype or buffer.size > MAX_BUFFER_ELEMENTS:
         return None
     return buffer, buffer.shape[2] - (end[2] - start[2]), start[2]
 
