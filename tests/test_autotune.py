@@ -234,7 +234,7 @@ def test_a_perf_model_keeps_the_top_k_it_ranks_fastest(tmp_path, monkeypatch):
 
     def model(**kw):
         seen.append(kw)
-        return abs(kw["BLOCK"] - 100)          # 128 and 64 rank first
+        return np.float32(abs(kw["BLOCK"] - 100))     # 128 and 64 rank first (a NumPy number)
 
     for top_k, want in ((2, {"Config(BLOCK=128,num_warps=4)", "Config(BLOCK=64)"}),
                         (0.25, {"Config(BLOCK=128,num_warps=4)"})):
@@ -258,6 +258,15 @@ def test_a_perf_model_keeps_the_top_k_it_ranks_fastest(tmp_path, monkeypatch):
 def test_bad_prune_options_are_named_at_the_decorator(prune, error, message):
     with pytest.raises(error, match=message):
         metile.autotune(configs=CANDIDATES, prune_configs_by=prune)
+
+
+def test_a_perf_model_that_returns_no_number_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=CANDIDATES, prune_configs_by={
+        "perf_model": lambda **kw: None, "top_k": 2})(scaled_copy)
+    with pytest.raises(TypeError, match=r"scaled_copy: prune_configs_by's perf_model must "
+                                        r"return a number \(an estimated time\), got None"):
+        tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
 
 
 def test_a_prune_that_keeps_nothing_is_an_error(tmp_path, monkeypatch):

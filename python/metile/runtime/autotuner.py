@@ -28,6 +28,8 @@ the first usable one before it is timed.
 
 from __future__ import annotations
 
+import numbers
+
 import mlx.core as mx
 import numpy as np
 
@@ -154,6 +156,12 @@ class Autotuned:
             count = top_k if isinstance(top_k, int) else max(1, int(len(kept) * top_k))
             if len(kept) > count:
                 estimate = {c: model(**named, **kwargs, **config_keywords(c)) for c in kept}
+                bad = {c: t for c, t in estimate.items()
+                       if isinstance(t, bool) or not isinstance(t, numbers.Real)}
+                if bad:
+                    raise TypeError(f"{self.kernel.fn.__name__}: prune_configs_by's perf_model "
+                                    f"must return a number (an estimated time), got "
+                                    f"{next(iter(bad.values()))!r} for {next(iter(bad))}")
                 kept = sorted(kept, key=lambda c: estimate[c])[:count]
         self._pruned[memo] = kept
         return kept
