@@ -311,13 +311,14 @@ def _launch(q, k, v, mask, scale, config):
         # (no mask to read: q stands in for the buffer - a fresh array would be one more
         # node, and on CUDA one more fill kernel, in every call's graph)
         strides, mask_buffer = [0, 0, 0, 0], q
+    # what the kernels read for k and v: a cache's buffers, or the arrays (kv_pad, kv_start 0)
+    read_k, read_v, cache = _cache_buffers(k, v)
+    cache = cache or (0, 0)
     if config.get("path") == "decode_rows":
-        return _launch_rows(kernels, q, k, v, mask_buffer, kind, strides,
-                            float(scale) * LOG2E, config)
+        return _launch_rows(kernels, q, k, (read_k, read_v, *cache), mask_buffer, kind,
+                            strides, float(scale) * LOG2E, config)
     common = dict(HEAD_DIM=d, BLOCK_D=_head_block(d), MASK=kind,
                   BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
-    k, v, cache = _cache_buffers(k, v)
-    cache = cache or (0, 0)
     group = q_heads // kv_heads
     scale_log2 = float(scale) * LOG2E
     if config.get("path") != "decode":
@@ -327,8 +328,8 @@ def _launch(q, k, v, mask, scale, config):
             if kind == "causal" else 0
         return op_replay.launch(
             kernels.attention_forward, grid,
-            (q, k, v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group, scale_log2,
-             *strides, *cache),
+            (q, read_k, read_v, mask_buffer, mx.zeros(q.shape, q.dtype), q_len, kv_len, group,
+             scale_log2, *strides, *cache),
             dict(common, POSITIVE_SCALE=scale_log2 > 0, HEAD_GROUP=order,
                  **({"num_warps": warps} if warps else {})))
     splits = config.get("SPLITS") or split_count(batch, kv_heads, kv_len, config["BLOCK_N"])
@@ -339,15 +340,16 @@ def _launch(q, k, v, mask, scale, config):
     warps = {"num_warps": config["num_warps"]} if config.get("num_warps") else {}
     partial, stats = op_replay.launch(
         kernels.attention_split, kernels.split_grid(splits, kv_heads, batch),
-        (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+        (q, read_k, read_v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
          mx.zeros((splits, rows, 2), mx.float32), q_len, kv_len, group, chunk, scale_log2,
          *strides, *cache), dict(common, **warps))
     return _combine(kernels, partial, stats, rows, splits, d, q.dtype, config, q.shape)
 
 
-def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, config):
+def _launch_rows(kernels, q, k, read, mask_buffer, kind, strides, scale_log2, config):
     """attention_decode (each query of each head its own row) over key splits, then the
-    combine."""
+    combine; `read` the k and v arrays it reads and their kv_pad, kv_start (_cache_buffers),
+    k the keys as attended."""
     batch, q_heads, q_len, d = q.shape
     kv_heads, kv_len = k.shape[1], k.shape[2]
     block_n = config["BLOCK_N"]
@@ -361,11 +363,10 @@ def _launch_rows(kernels, q, k, v, mask_buffer, kind, strides, scale_log2, confi
     splits = config.get("SPLITS") or rows_split_count(rows, kv_len, block_n, warps)
     chunk = kernels.split_chunk(kv_len, splits, block_n)
     splits = math.ceil(kv_len / chunk)
-    k, v, cache = _cache_buffers(k, v)
-    cache = cache or (0, 0)
+    read_k, read_v, *cache = read
     partial, stats = op_replay.launch(
         kernels.attention_decode, kernels.decode_grid(splits, rows),
-        (q, k, v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
+        (q, read_k, read_v, mask_buffer, mx.zeros((splits, rows, d), mx.float32),
          mx.zeros((splits, rows, 2), mx.float32), kv_len, q_len, q_heads, q_heads // kv_heads,
          chunk, scale_log2, rows, splits * rows, *strides, *cache),
         dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_N=block_n,
@@ -393,7 +394,7 @@ def _cache_view(x):
     whole = all(start[a] == 0 and end[a] == buffer.shape[a] for a in (0, 1, 3))
     # (the kernels address a buffer with 32-bit offsets: a larger one than the launch takes
     # is read through the prefix's copy, as before)
-    if not whole or buffer.dtype != x.dtype or buffer.size > MAX_BUFFER_ELEMENTS:
+    if not whole or buffer.size > MAX_BUFFER_ELEMENTS:
         return None
     return buffer, buffer.shape[2] - (end[2] - start[2]), start[2]
 

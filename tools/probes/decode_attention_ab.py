@@ -28,10 +28,12 @@ from metile_kernels import attention as current      # noqa: E402
 from metile_kernels.attention import LOG2E, REMOVED  # noqa: E402,F401
 
 
+# (kv_pad and kv_start are taken and not read: the op's launch passes them since s35, and
+# this probe's k and v are whole arrays, both 0)
 @metile.kernel
 def attention_decode_before_s40(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, group, chunk,
                      scale_log2, rows_total, programs, mask_stride_b, mask_stride_h,
-                     mask_stride_q, mask_stride_k,
+                     mask_stride_q, mask_stride_k, kv_pad, kv_start,
                      HEAD_DIM: metile.constexpr, BLOCK_D: metile.constexpr,
                      BLOCK_N: metile.constexpr = 64, MASK: metile.constexpr = "none"):
     """attention_split for one query (of a few: q_len, each its own row) of one query
@@ -130,7 +132,8 @@ def main():
         cfg = {"path": "decode_rows", "BLOCK_N": 8}
 
         def rows(kernels):
-            return lambda q: attention_ops._launch_rows(kernels, q, k, v, q, "none", [0, 0, 0, 0],
+            return lambda q: attention_ops._launch_rows(kernels, q, k, (k, v, 0, 0), q, "none",
+                                                        [0, 0, 0, 0],
                                                         scale * LOG2E, cfg)
         fns = {"mlx": mx.compile(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)),
                "before s40": mx.compile(rows(before)), "now": mx.compile(rows(current))}

@@ -49,7 +49,7 @@ def variant(blocks: int, q, k, v, scale):
         return original(self)
 
     def step(q, k, v):
-        out = attention_ops._launch_rows(ns, q, k, v, q, "none", [0, 0, 0, 0],
+        out = attention_ops._launch_rows(ns, q, k, (k, v, 0, 0), q, "none", [0, 0, 0, 0],
                                          scale * math.log2(math.e), CONFIG)
         return out.astype(q.dtype)
 

@@ -17,6 +17,19 @@ def alternating_us(names, measure, rounds: int) -> dict:
     return {n: round(float(np.median(t)) * 1e6, 1) for n, t in times.items()}
 
 
+def check_close(got, want, *label) -> None:
+    """A side's output against the reference's, relative to the reference's largest value
+    (a decode output over many keys is small): within 1e-2."""
+    got, want = (np.array(x, np.float32) for x in (got, want))
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert err < 1e-2, (*label, err)
+
+
+def mlx_over(us: dict, names) -> dict:
+    """MLX's time over each side's: above 1, the side is the faster."""
+    return {n: round(us["mlx"] / us[n], 3) for n in names}
+
+
 def kv_bandwidth(us: dict, keys: int, heads: int = 32, d: int = 128, itemsize: int = 2) -> dict:
     """TB/s each side's time gives reading k and v (heads x keys x d each) once."""
     moved = 2 * heads * keys * d * itemsize

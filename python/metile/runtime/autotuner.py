@@ -197,8 +197,8 @@ class _TunedLauncher:
         """The winning Config for these arguments (measured or from the tuning cache)."""
         self._check_conflicts(kwargs)
         kernel = self.tuned.kernel
-        bound = dict(zip(kernel.param_names, args))
-        bound.update({k: v for k, v in kwargs.items() if k in kernel.param_names})
+        named = dict(zip(kernel.param_names, args))   # (Triton's named_args: the positional ones)
+        bound = {**named, **{k: v for k, v in kwargs.items() if k in kernel.param_names}}
         overrides = {k: v for k, v in kwargs.items() if k in POLICY_KEYWORDS}
         # (as the launch resolves it: target= picks the plan, so a winner measured for one
         # target is not another's)
@@ -213,7 +213,6 @@ class _TunedLauncher:
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
             target=f"{backend.device}:{backend.language}:{backend.target.name}",
             by_value=self.tuned.key)
-        named = dict(zip(kernel.param_names, args))
         candidates = self.tuned.pruned(parts, named, kwargs)
         result = tuning.autotune(
             candidates, lambda c: self._launch(c, args, kwargs), parts,
