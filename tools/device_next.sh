@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s127   -- decode over caches allocated ahead (eager, mlx_lm's form), fixed cost again, attention GPU tests
+#   OUT=$OUT bash tools/device_next.sh s127   -- decode over caches allocated ahead (eager, mlx_lm's form), fixed cost again, the kernels' timeline, attention GPU tests
 #   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
 #   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
@@ -123,6 +123,7 @@ if [ "$mode" = s127 ]; then
   timeout 180 python3 -m benchmarks.attention --prefill-lengths 4096 --decode-lengths 1024 4096 16384 \
     --chain 8 --cache-pad 256 --output "$logs/h200-attention-cache-pad-float16.json" 2>&1 | tail -5 | tee -a "$log"
   timeout 120 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
+  timeout 120 python3 tools/probes/kernel_timeline.py "$logs/h200-kernel-timeline.json" 2>&1 | tail -8 | tee -a "$log"
   gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay or prefill" test_attention_op test_input_layout
 elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
