@@ -1,10 +1,11 @@
 """The GPU's timeline of decode attention in a compiled call: is the time an op takes beyond
-its kernels (s126: metile 8.6 us an attention at 4096 keys, MLX none) the GPU idling
-between kernels, or kernels running longer than ncu's serialized, cold-cache durations?
+its kernels (s126: metile 8.6 us an attention at 4096 keys, MLX none; the int4 decode GEMV
+17.3 us launched directly where ncu gives 13.2, s94) the GPU idling between kernels, or
+kernels running longer than ncu's serialized, cold-cache durations?
 
 The device image has no nsys; torch's profiler (Kineto, CUPTI activity records) records
 every kernel the process launches, MLX's included.  For each side (metile's decode, MLX's
-SDPA; rms_norm 16 a call as the one-kernel op): 20 compiled calls of 8 attentions in one
+SDPA; int4 decode products; rms_norm 16 a call as the one-kernel op): 20 compiled calls of 8 attentions in one
 graph, synchronised once, under the profiler, then from the trace the kernels' time an
 op, the idle time between kernels an op (gaps), the median gap and the largest.
 
@@ -112,6 +113,28 @@ def main():
                     **profiled(fn, [q, *kv], CHAIN, torch)}
             print(json.dumps(case), flush=True)
             report["cases"].append(case)
+
+    # int4 decode GEMV (1x4096 @ 11008x4096, group 64): 8 products of one x a call, each its
+    # own weight (200 MB, more than L2); a call's output the first product's first 4096
+    # columns, so calls chain
+    rk = mx.random.split(mx.random.key(7), CHAIN + 1)
+    xq = mx.random.normal((1, 4096), key=rk[0]).astype(mx.float16)
+    quantized = []
+    for i in range(CHAIN):
+        wq = (mx.random.normal((11008, 4096), key=rk[1 + i]) * 0.02).astype(mx.float16)
+        quantized.extend(mx.quantize(wq, group_size=64, bits=4))
+    mx.eval(xq, *quantized)
+    for side, op in {"metile": lambda a, w, s, b: metile.ops.quantized_matmul(
+                         a, w, s, b, group_size=64, bits=4, backend="metile"),
+                     "mlx": lambda a, w, s, b: mx.quantized_matmul(
+                         a, w, s, b, group_size=64, bits=4)}.items():
+        def products(a, *ws, op=op):
+            outs = [op(a, *ws[3 * i:3 * i + 3]) for i in range(CHAIN)]
+            return sum(o[:, :4096] for o in outs)
+        case = {"op": "int4_decode_1x4096x11008", "side": side,
+                **profiled(mx.compile(products), [xq, *quantized], CHAIN, torch)}
+        print(json.dumps(case), flush=True)
+        report["cases"].append(case)
 
     x = mx.random.normal((1, 4096)).astype(mx.float16)
     w = mx.ones((4096,), mx.float16)
