@@ -25,6 +25,7 @@
 #include "cubin_check.h"
 #include "input_layout.h"
 #include "no_vjp.h"
+#include "op_node.h"
 #include "mlx/device.h"
 #include "mlx/fast.h"
 #include "mlx/ops.h"
@@ -752,6 +753,79 @@ std::shared_ptr<nb::object> kept(nb::object o) {
   });
 }
 
+// An op's rules (op_node.h) calling Python: `vjp(primals, cotangents, outputs)` -> a list
+// of gradients, one a primal (op_replay._backward); `jvp(primals, tangents)` with a
+// tangent (None where absent) a primal -> a list, one an output (op_replay's
+// _forward_tangents); `vmap(inputs, axes)` with None for an unbatched input -> (output,
+// axis) or (outputs, axes) (op_replay.vmap_rule).  jvp and vmap may be None.
+std::shared_ptr<metile::OpRules> op_rules(nb::object vjp_fn, nb::object jvp_fn,
+                                                nb::object vmap_fn, std::string name) {
+  auto rules = std::make_shared<metile::OpRules>();
+  rules->name = std::move(name);
+  rules->vjp = [vjp = kept(std::move(vjp_fn))](const std::vector<mx::array>& primals,
+                                               const std::vector<mx::array>& cotangents,
+                                               const std::vector<mx::array>& outputs) {
+    nb::gil_scoped_acquire gil;
+    return nb::cast<std::vector<mx::array>>((*vjp)(primals, cotangents, outputs));
+  };
+  if (!vmap_fn.is_none()) {
+    rules->vmap = [vmap = kept(std::move(vmap_fn))](const std::vector<mx::array>& inputs,
+                                                    const std::vector<int>& axes) {
+      nb::gil_scoped_acquire gil;
+      nb::list in_axes;
+      for (int a : axes) {
+        if (a < 0) {
+          in_axes.append(nb::none());
+        } else {
+          in_axes.append(nb::int_(a));
+        }
+      }
+      nb::tuple got = nb::cast<nb::tuple>((*vmap)(inputs, in_axes));
+      std::pair<std::vector<mx::array>, std::vector<int>> out;
+      if (nb::isinstance<mx::array>(got[0])) {
+        out.first.push_back(nb::cast<mx::array>(got[0]));
+        out.second.push_back(nb::cast<int>(got[1]));
+      } else {
+        out.first = nb::cast<std::vector<mx::array>>(got[0]);
+        out.second = nb::cast<std::vector<int>>(got[1]);
+      }
+      return out;
+    };
+  }
+  if (!jvp_fn.is_none()) {
+    rules->jvp = [jvp = kept(std::move(jvp_fn))](const std::vector<mx::array>& primals,
+                                                 const std::vector<mx::array>& tangents,
+                                                 const std::vector<int>& argnums) {
+      nb::gil_scoped_acquire gil;
+      nb::list aligned;
+      for (std::size_t i = 0; i < primals.size(); ++i) aligned.append(nb::none());
+      for (std::size_t j = 0; j < argnums.size(); ++j) aligned[argnums[j]] = nb::cast(tangents[j]);
+      return nb::cast<std::vector<mx::array>>((*jvp)(primals, aligned));
+    };
+  }
+  return rules;
+}
+
+// `outputs`, computed from `primals` by an op's forward, given the op's rules: one OpNode
+// (op_node.h) where the forward's nodes allow it, else mx.custom_function's two nodes an
+// output around them.
+std::vector<mx::array> op_node(const std::vector<mx::array>& primals,
+                               const std::vector<mx::array>& outputs,
+                               std::shared_ptr<metile::OpRules> rules) {
+  if (auto fused = metile::fuse_op(primals, outputs, rules)) return std::move(*fused);
+  std::optional<std::function<std::vector<mx::array>(
+      const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>>
+      tangent;
+  if (rules->jvp) tangent = rules->jvp;
+  std::optional<std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
+      const std::vector<mx::array>&, const std::vector<int>&)>>
+      batched;
+  if (rules->vmap) batched = rules->vmap;
+  // (the forward already ran: the function hands back its outputs)
+  return mx::custom_function([outputs](const std::vector<mx::array>&) { return outputs; },
+                             rules->vjp, tangent, batched)(primals);
+}
+
 // The default device and the settings a decision was made under (EnvCheck's, and how
 // many environment variables there were: one added since is a setting routing may read),
 // for what a later call reuses without deciding again (python/metile/op_replay.py).
@@ -899,10 +973,10 @@ class Replay {
 
   Replay(std::vector<StageArgs> stages, std::vector<std::optional<std::vector<int>>> reshapes,
          std::optional<std::vector<int>> out_shape, nb::object vjp, const SettingsCheck& settings,
-         nb::object vmap, nb::object jvp, std::vector<std::optional<SliceSpec>> slices)
-      : vjp_(kept(std::move(vjp))), vmap_(vmap.is_none() ? nullptr : kept(std::move(vmap))),
-        jvp_(jvp.is_none() ? nullptr : kept(std::move(jvp))), settings_(settings),
-        slices_(std::move(slices)) {
+         nb::object vmap, nb::object jvp, std::vector<std::optional<SliceSpec>> slices,
+         std::string name)
+      : rules_(op_rules(std::move(vjp), std::move(jvp), std::move(vmap), std::move(name))),
+        settings_(settings), slices_(std::move(slices)) {
     if (!slices_.empty() && slices_.size() != reshapes.size()) {
       throw std::invalid_argument("[metile] one slice (or None) per primal");
     }
@@ -984,55 +1058,7 @@ class Replay {
       }
       return launch->run(read);
     };
-    auto backward = [vjp = vjp_](const std::vector<mx::array>& primals,
-                                 const std::vector<mx::array>& cotangents,
-                                 const std::vector<mx::array>& outputs) {
-      nb::gil_scoped_acquire gil;
-      return nb::cast<std::vector<mx::array>>((*vjp)(primals, cotangents, outputs));
-    };
-    std::optional<VmapRule> batched;
-    if (vmap_) {
-      // the op's MLX composite under mx.vmap (op_replay.vmap_rule): one output and axis, or
-      // lists of them
-      batched = [vmap = vmap_](const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
-        nb::gil_scoped_acquire gil;
-        nb::list in_axes;
-        for (int a : axes) {
-          if (a < 0) {
-            in_axes.append(nb::none());
-          } else {
-            in_axes.append(nb::int_(a));
-          }
-        }
-        nb::tuple got = nb::cast<nb::tuple>((*vmap)(inputs, in_axes));
-        std::pair<std::vector<mx::array>, std::vector<int>> out;
-        if (nb::isinstance<mx::array>(got[0])) {
-          out.first.push_back(nb::cast<mx::array>(got[0]));
-          out.second.push_back(nb::cast<int>(got[1]));
-        } else {
-          out.first = nb::cast<std::vector<mx::array>>(got[0]);
-          out.second = nb::cast<std::vector<int>>(got[1]);
-        }
-        return out;
-      };
-    }
-    std::optional<JvpRule> tangent;
-    if (jvp_) {
-      // forward mode through the op's MLX composite (op_replay._forward_tangents): the
-      // primals, and a tangent per primal (None where MLX passes none: not in argnums)
-      tangent = [jvp = jvp_](const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) {
-        nb::gil_scoped_acquire gil;
-        nb::list aligned;
-        for (std::size_t i = 0; i < primals.size(); ++i) aligned.append(nb::none());
-        for (std::size_t j = 0; j < argnums.size(); ++j) {
-          aligned[argnums[j]] = nb::cast(tangents[j]);
-        }
-        return nb::cast<std::vector<mx::array>>((*jvp)(primals, aligned));
-      };
-    }
-    mx::array out = mx::custom_function(forward, backward, tangent, batched)(primals)[0];
+    mx::array out = op_node(primals, forward(primals), rules_)[0];
     return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
   }
 
@@ -1046,11 +1072,7 @@ class Replay {
   std::vector<std::optional<mx::Shape>> reshapes_;
   bool reshaped_ = false;   // whether any primal is reshaped (else the arrays go as given)
   std::optional<mx::Shape> out_shape_;
-  using VmapRule = std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
-      const std::vector<mx::array>&, const std::vector<int>&)>;
-  using JvpRule = std::function<std::vector<mx::array>(
-      const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>;
-  std::shared_ptr<nb::object> vjp_, vmap_, jvp_;
+  std::shared_ptr<metile::OpRules> rules_;
   SettingsCheck settings_;
   std::vector<std::optional<SliceSpec>> slices_;
   bool sliced_ = false;
@@ -1692,15 +1714,34 @@ NB_MODULE(_ext, m) {
         return OpEntry::function(self);
       });
   m.attr("REQUIRED") = OpEntry::required();
+  nb::class_<metile::OpRules>(m, "OpRules",
+                              "An op's vjp, jvp and vmap rules for op_node (jvp and vmap may "
+                              "be None).");
+  m.def("op_rules", &op_rules, nb::arg("vjp"), nb::arg("jvp").none(), nb::arg("vmap").none(),
+        nb::arg("name"));
+  m.def("op_node", &op_node, nb::arg("primals"), nb::arg("outputs"), nb::arg("rules"),
+        "outputs (an op's forward of primals) as one node carrying the op's rules, or under "
+        "mx.custom_function's nodes where the forward cannot be one node.");
+  m.def("any_tracer", [](const nb::args& arrays) {
+    for (nb::handle h : arrays) {
+      if (nb::isinstance<mx::array>(h) && nb::cast<const mx::array&>(h).is_tracer()) return true;
+    }
+    return false;
+  }, "Whether a transform traces any of the arrays (None and other values are skipped).");
+  m.def("primitive_name", [](const mx::array& a) -> nb::object {
+    if (!a.has_primitive()) return nb::none();
+    return nb::str(a.primitive().name());
+  }, "The name of the primitive computing an array (None when it has none).");
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<std::vector<Replay::StageArgs>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,
                     nb::object, const SettingsCheck&, nb::object, nb::object,
-                    std::vector<std::optional<Replay::SliceSpec>>>(),
+                    std::vector<std::optional<Replay::SliceSpec>>, std::string>(),
            nb::arg("stages"), nb::arg("reshapes"),
            nb::arg("out_shape").none(), nb::arg("vjp"), nb::arg("settings"),
            nb::arg("vmap").none() = nb::none(), nb::arg("jvp").none() = nb::none(),
-           nb::arg("slices") = std::vector<std::optional<Replay::SliceSpec>>{})
+           nb::arg("slices") = std::vector<std::optional<Replay::SliceSpec>>{},
+           nb::arg("name") = "a metile op")
       .def("__call__", &Replay::operator(),
            "The op's result for these arrays, or None when the device or a setting changed.");
   m.def("launch_precompiled_cuda", &launch_precompiled_cuda, nb::arg("name"), nb::arg("compiled"),

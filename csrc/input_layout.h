@@ -6,6 +6,7 @@
 
 #include "mlx/array.h"
 #include "mlx/primitives.h"
+#include "op_node.h"
 
 namespace mx = mlx::core;
 
@@ -39,6 +40,15 @@ inline bool row_contiguous_when_evaluated(const mx::array& x, int depth = 0) {
   }
   if (std::strcmp(name, "StopGradient") == 0 && inputs.size() == 1) {
     return row_contiguous_when_evaluated(inputs[0], depth + 1);
+  }
+  // a metile op under a transform (op_node.h): its output when a launch writes it
+  if (std::strcmp(name, "MetileOp") == 0) {
+    const auto& node = static_cast<const OpNode&>(x.primitive());
+    auto outputs = x.outputs();
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].id() == x.id()) return node.row_contiguous_output(i);
+    }
+    return false;
   }
   if (std::strcmp(name, "CustomTransforms") == 0) {
     auto outputs = x.outputs();

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import metile
-from metile import ops
+from metile import _ext, ops
 
 
 @metile.kernel
@@ -68,22 +68,24 @@ def test_other_lazy_inputs_are_made_contiguous_and_read_correctly(make):
 
 
 def test_an_op_output_under_a_transform_feeds_the_next_launch_without_a_node():
-    # under mx.compile (and grad) an op's output is mx.custom_function's CustomTransforms
-    # of a StopGradient of its kernel's: both share the kernel's buffer, so the next
-    # launch reads it as it is (s126: each node costs the host ~1 us on an H100)
+    # under mx.compile (and grad) an op is one MetileOp node (op_node.h) whose output a
+    # launch writes row-contiguous: the next op reads it as it is, and neither takes
+    # mx.custom_function's StopGradient and CustomTransforms (s126: each node costs the
+    # host ~1 us on an H100)
     x = mx.array(_rng().standard_normal((4, 256)).astype(np.float16))
     w = mx.array(_rng().standard_normal(256).astype(np.float16))
     counted = {}
 
     def step(a, weight):
         first = ops.rms_norm(a, weight, 1e-5, backend="metile")
+        counted["layout"] = _ext.row_contiguity(first)
         second = ops.rms_norm(first, weight, 1e-5, backend="metile")
-        counted["first"] = _nodes(first, "Contiguous")
-        counted["both"] = _nodes(second, "Contiguous")
+        for label in ("MetileOp", "Contiguous", "StopGradient", "CustomTransforms"):
+            counted[label] = _nodes(second, label)
         return second
     out = mx.compile(step)(x, w)
-    # (the compiled call's own arguments stay unknown until a call: one node each a launch)
-    assert counted["first"] == 2 and counted["both"] == 3, counted
+    assert counted == {"layout": True, "MetileOp": 2, "Contiguous": 0, "StopGradient": 0,
+                       "CustomTransforms": 0}, counted
     want = mx.fast.rms_norm(mx.fast.rms_norm(x.astype(mx.float32), w.astype(mx.float32), 1e-5),
                             w.astype(mx.float32), 1e-5)
     np.testing.assert_allclose(np.array(out.astype(mx.float32)), np.array(want),

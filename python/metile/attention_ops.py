@@ -460,7 +460,7 @@ def _differentiable(kind: str, scale: float, config: dict):
         return q, k, v, (primals[3] if kind in ("bool", "additive") else
                          "causal" if kind == "causal" else None)
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(*primals):
         q, k, v, mask = unpack(primals)
         return _launch(q, k, v, mask, scale, config)

@@ -294,7 +294,7 @@ def _rms_backward(x, w, g, eps):
 
 @functools.lru_cache(maxsize=None)
 def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
-    @mx.custom_function
+    @op_replay.op_function
     def f(*arrays):
         return _launch_rms(arrays[0], arrays[1] if has_weight else None, eps, dict(cfg))
 
@@ -322,7 +322,7 @@ def _rms_vjp(eps: float, has_weight: bool):
 
 @functools.lru_cache(maxsize=None)
 def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
-    @mx.custom_function
+    @op_replay.op_function
     def f(*arrays):
         rest = list(arrays[1:])
         w = rest.pop(0) if has_weight else None
@@ -370,7 +370,7 @@ def _layer_vjp(eps: float, has_weight: bool, has_bias: bool):
 
 @functools.lru_cache(maxsize=None)
 def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
-    @mx.custom_function
+    @op_replay.op_function
     def f(*arrays):
         return _launch_add_rms(arrays[0], arrays[1], arrays[2] if has_weight else None, eps,
                                dict(cfg))
@@ -401,7 +401,7 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
 
 @functools.lru_cache(maxsize=None)
 def _softmax_fn(cfg: tuple, hold: bool):
-    @mx.custom_function
+    @op_replay.op_function
     def f(x2):
         return _launch_softmax(x2, dict(cfg), hold)
 
@@ -439,7 +439,7 @@ def _rope_fn(spec: _Rope, has_offset_array: bool, has_freqs: bool, cfg: tuple):
         offset = rest.pop(0) if has_offset_array else None
         return arrays[0], offset, (rest.pop(0) if has_freqs else None)
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(*arrays):
         x2, offset, freqs = unpack(arrays)
         return _launch_rope(x2, spec, offset, freqs, dict(cfg))

@@ -315,10 +315,79 @@ def jvp_rule(composite):
 
 
 def composite_rules(f, composite):
-    """Give the custom function `f` (an op's kernel launch) the vmap and jvp rules of its
-    MLX `composite` (a function of f's arrays computing the same values)."""
+    """Give the custom function `f` (an op's kernel launch: an OpFunction or an
+    mx.custom_function) the vmap and jvp rules of its MLX `composite` (a function of f's
+    arrays computing the same values)."""
+    if isinstance(f, OpFunction):
+        f.composite(composite)
+        return
     f.vmap(vmap_rule(composite))
     f.jvp(jvp_rule(composite))
+
+
+class OpFunction:
+    """An op's forward with its derivatives, used as mx.custom_function is (`f.vjp(rule)`,
+    composite_rules) but without its nodes: called on arrays no transform traces, the
+    forward's own nodes (no derivative can be asked of them); on traced arrays (mx.compile,
+    grad, vjp, jvp, vmap), the forward's nodes as one node carrying the op's vjp and its
+    MLX composite's jvp and vmap (_ext.op_node; mx.custom_function's nodes around them where
+    the forward holds a node that one cannot run).  Under mx.compile an op is then one
+    node where mx.custom_function made it three (each costs host time at every call).
+    The vjp takes what an mx.custom_function's does: the primals as a tuple, the cotangent
+    and output (tuples where the forward returns several)."""
+
+    def __init__(self, forward):
+        self._forward = forward
+        self._vjp = None
+        self._composite = None
+        self._rules = None
+        self.__name__ = getattr(forward, "__name__", "op")
+        self.__doc__ = forward.__doc__
+
+    def vjp(self, fn):
+        self._vjp = fn
+        self._rules = None
+        return fn
+
+    def composite(self, composite):
+        self._composite = composite
+        self._rules = None
+
+    def _made_rules(self):
+        if self._vjp is None:
+            raise TypeError(f"[metile] op function {self.__name__!r} has no vjp")
+        composite = self._composite
+        self._rules = _ext.op_rules(
+            _node_backward(self._vjp),
+            None if composite is None else _forward_tangents(composite),
+            None if composite is None else vmap_rule(composite), self.__name__)
+        return self._rules
+
+    def __call__(self, *arrays):
+        out = self._forward(*arrays)
+        if not _ext.any_tracer(*arrays):
+            return out
+        rules = self._rules or self._made_rules()
+        if isinstance(out, mx.array):
+            return _ext.op_node(list(arrays), [out], rules)[0]
+        return type(out)(_ext.op_node(list(arrays), list(out), rules))
+
+
+def op_function(forward):
+    """Decorator: `forward` as an OpFunction (an op's kernel launch with its rules)."""
+    return OpFunction(forward)
+
+
+def _node_backward(vjp):
+    """_ext.op_node's vjp (lists of arrays) calling an op's vjp in mx.custom_function's
+    convention; a None gradient (an array not differentiated) is zeros."""
+    def backward(primals, cotangents, outputs):
+        one = len(outputs) == 1
+        grads = vjp(tuple(primals), cotangents[0] if one else tuple(cotangents),
+                    outputs[0] if one else tuple(outputs))
+        grads = [grads] if isinstance(grads, mx.array) else list(grads)
+        return [mx.zeros_like(p) if g is None else g for p, g in zip(primals, grads)]
+    return backward
 
 
 def _forward_tangents(composite):

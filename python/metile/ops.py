@@ -417,7 +417,7 @@ def _fused_matmul(activation, slope, block):
     """A differentiable act(a @ b) whose forward is one metile kernel; with a
     TRANSPOSE_B block, `b` is (N, K) and the kernel computes act(a @ b.T)."""
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(a2, b):
         return _launch(a2, b, activation, slope, block)
 
@@ -454,7 +454,7 @@ def _fused_bmm(activation, slope, block):
     kernel; an operand of batch extent 1 is shared by every batch index (its gradient
     sums over the batch)."""
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(a3, b3):
         return _launch_batched(a3, b3, activation, slope, block)
 
@@ -539,7 +539,7 @@ def _fused_linear(activation, slope, block, has_bias, has_residual):
     """A differentiable act(x2 @ w.T + bias) + residual whose forward is one metile
     kernel; `w` is the stored (N, K) weight with a TRANSPOSE_B block, else (K, N)."""
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(*arrays):
         x2, w, bias, residual = _linear_parts(arrays, has_bias, has_residual)
         return _launch_linear(x2, w, bias, residual, activation, slope, block)
@@ -1139,7 +1139,7 @@ def _fused_gated(activation, block):
     kernel; the backward pass is MLX's, recomputing both products (GEMMs in the operand
     dtype, the elementwise part in float32)."""
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(x2, w_gate, w_up):
         return _launch_gated(x2, w_gate, w_up, activation, block)
 

@@ -328,7 +328,7 @@ def _differentiable(n, k, transpose, group_size, bits, config: tuple):
     """The kernel as an mx.custom_function of (x2, w, scales, biases) (`config` as items:
     built once a signature, not on every eager call)."""
 
-    @mx.custom_function
+    @op_replay.op_function
     def f(x2, w, scales, biases):
         return _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, dict(config))
 

@@ -1,0 +1,280 @@
+// One MLX node for a metile op under a transform (mx.compile, grad, vjp, jvp, vmap).
+//
+// An op's forward is a few nodes - its kernel launches, and the reshapes and contiguous()
+// copies feeding them - and its derivatives and batching come from MLX (the op's vjp, its
+// MLX composite's jvp and vmap).  mx.custom_function gives it those with two more nodes an
+// output (StopGradient, CustomTransforms); each node an MLX graph holds costs host time at
+// every evaluation of a compiled call (s126, H100: a one-kernel op 8.0 us a node in a
+// compiled chain against MLX's own 4.7).  OpNode is the whole forward as one primitive: its
+// inputs are the op's arrays (then any array the forward reads that does not depend on
+// them), its eval runs the forward's nodes in order by calling their own eval_cpu/eval_gpu,
+// and it carries the op's rules.  The forward's intermediate arrays are the node's extra
+// outputs, so MLX keeps their buffers alive until the GPU is done with them, as it does an
+// evaluated node's siblings.
+//
+// Only nodes whose evaluation needs nothing from MLX's evaluation loop beyond
+// eval_cpu/eval_gpu are taken in (metile's launches and MLX's layout primitives); a
+// forward with anything else keeps mx.custom_function (fuse_op answers nullopt).
+#pragma once
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "no_vjp.h"
+
+namespace metile {
+
+namespace mx = mlx::core;
+
+// The op's rules, over its own arrays (the node's first inputs) and visible outputs.
+struct OpRules {
+  // (primals, cotangents, outputs) -> one cotangent a primal
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&,
+                                       const std::vector<mx::array>&,
+                                       const std::vector<mx::array>&)>
+      vjp;
+  // (primals, tangents, argnums: the primals the tangents are of) -> one tangent an output
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&,
+                                       const std::vector<mx::array>&, const std::vector<int>&)>
+      jvp;
+  // (inputs, axes: -1 where unbatched) -> (outputs, their axes)
+  std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
+      const std::vector<mx::array>&, const std::vector<int>&)>
+      vmap;
+  std::string name;  // the op's name, for refusals
+};
+
+// Primitives an OpNode runs itself: metile's launches (eval allocates and encodes) and
+// MLX's primitives that only share, view or copy a buffer.
+inline bool fusable_primitive(const char* name) {
+  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "Reshape", "Contiguous",
+                            "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze", "Transpose",
+                            "Slice", "View", "Flatten", "Unflatten"}) {
+    if (std::strcmp(name, known) == 0) return true;
+  }
+  return false;
+}
+
+class OpNode : public mx::Primitive {
+ public:
+  // One of the forward's nodes: its primitive, where each input comes from (>= 0: the
+  // OpNode's input; < 0: its output -1 - i, written by an earlier step) and which of the
+  // OpNode's outputs it writes.
+  struct Step {
+    std::shared_ptr<mx::Primitive> primitive;
+    std::vector<int> in;
+    std::vector<int> out;
+  };
+
+  OpNode(mx::Stream stream, std::vector<Step> steps, int primals, int visible,
+         std::vector<bool> contiguous_out, std::shared_ptr<const OpRules> rules)
+      : mx::Primitive(stream), steps_(std::move(steps)), primals_(primals), visible_(visible),
+        contiguous_out_(std::move(contiguous_out)), rules_(std::move(rules)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    run(inputs, outputs, false);
+  }
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    run(inputs, outputs, true);
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override {
+    std::vector<mx::array> ps(primals.begin(), primals.begin() + primals_);
+    std::vector<mx::array> cots(cotangents.begin(), cotangents.begin() + visible_);
+    std::vector<mx::array> outs(outputs.begin(), outputs.begin() + visible_);
+    auto grads = rules_->vjp(ps, cots, outs);
+    if (grads.size() != std::size_t(primals_)) {
+      throw std::runtime_error("[metile] " + rules_->name + "'s vjp gave " +
+                               std::to_string(grads.size()) + " gradients for " +
+                               std::to_string(primals_) + " arrays");
+    }
+    std::vector<mx::array> out;
+    for (int a : argnums) {
+      // (the other inputs depend on no traced array: fuse_op checked)
+      out.push_back(a < primals_ ? grads[a] : mx::zeros_like(primals[a]));
+    }
+    return out;
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override {
+    if (!rules_->jvp) {
+      throw std::invalid_argument("[metile] " + rules_->name + " has no forward-mode derivative");
+    }
+    std::vector<mx::array> ps(primals.begin(), primals.begin() + primals_);
+    std::vector<mx::array> ts;
+    std::vector<int> at;
+    for (std::size_t j = 0; j < argnums.size(); ++j) {
+      if (argnums[j] < primals_) {
+        ts.push_back(tangents[j]);
+        at.push_back(argnums[j]);
+      }
+    }
+    return rules_->jvp(ps, ts, at);
+  }
+
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
+      const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
+    if (!rules_->vmap) {
+      throw std::invalid_argument("[metile] " + rules_->name + " cannot be batched by mx.vmap");
+    }
+    for (std::size_t i = primals_; i < axes.size(); ++i) {
+      if (axes[i] >= 0) {
+        throw std::invalid_argument("[metile] " + rules_->name + ": mx.vmap batched an array "
+                                    "the op reads but was not given");
+      }
+    }
+    return rules_->vmap(std::vector<mx::array>(inputs.begin(), inputs.begin() + primals_),
+                        std::vector<int>(axes.begin(), axes.begin() + primals_));
+  }
+
+  const char* name() const override { return "MetileOp"; }
+  bool is_equivalent(const mx::Primitive& other) const override { return this == &other; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+    metile::refuse_shapeless(rules_->name);
+  }
+
+  // Whether output i is written by a launch that allocates it row-contiguous.
+  bool row_contiguous_output(std::size_t i) const {
+    return i < contiguous_out_.size() && contiguous_out_[i];
+  }
+
+ private:
+  void run(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool gpu) {
+    for (const Step& step : steps_) {
+      std::vector<mx::array> in;
+      in.reserve(step.in.size());
+      for (int r : step.in) in.push_back(r >= 0 ? inputs[r] : outputs[-1 - r]);
+      // (copies of the handles: the step's eval sets the data of the OpNode's outputs)
+      std::vector<mx::array> out;
+      out.reserve(step.out.size());
+      for (int o : step.out) out.push_back(outputs[o]);
+      if (gpu) {
+        step.primitive->eval_gpu(in, out);
+      } else {
+        step.primitive->eval_cpu(in, out);
+      }
+    }
+  }
+
+  std::vector<Step> steps_;
+  int primals_, visible_;
+  std::vector<bool> contiguous_out_;
+  std::shared_ptr<const OpRules> rules_;
+};
+
+// `outputs` (computed lazily from `primals` by an op's forward) as the visible outputs of
+// one OpNode over `primals` carrying `rules`; nullopt where the forward cannot be one
+// (a node OpNode does not run, nodes on more than one stream, an output that is a primal
+// or computed from none, an array read that a transform traces but is not a primal).
+inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array>& primals,
+                                                     const std::vector<mx::array>& outputs,
+                                                     std::shared_ptr<const OpRules> rules) {
+  if (outputs.empty()) return std::nullopt;
+  std::unordered_map<std::uintptr_t, int> input_of;  // array id -> OpNode input
+  std::vector<mx::array> inputs(primals);
+  for (std::size_t i = 0; i < primals.size(); ++i) input_of.emplace(primals[i].id(), int(i));
+  // depends[id]: whether the array is computed from a primal (memo of the walk)
+  std::unordered_map<std::uintptr_t, bool> depends;
+  std::function<bool(const mx::array&)> reaches = [&](const mx::array& a) -> bool {
+    if (input_of.count(a.id()) && input_of[a.id()] < int(primals.size())) return true;
+    if (auto it = depends.find(a.id()); it != depends.end()) return it->second;
+    bool found = false;
+    if (a.has_primitive() && !a.is_available()) {
+      for (const auto& in : a.inputs()) found = reaches(in) || found;
+    }
+    depends[a.id()] = found;
+    return found;
+  };
+  // the forward's nodes in evaluation order (producers first), each once
+  std::vector<mx::array> order;
+  std::unordered_map<const mx::Primitive*, bool> seen;
+  bool ok = true;
+  std::function<void(const mx::array&)> visit = [&](const mx::array& a) {
+    if (!ok || input_of.count(a.id()) || !reaches(a)) return;
+    const mx::Primitive* p = &a.primitive();
+    if (seen.count(p)) return;
+    seen[p] = true;
+    if (!fusable_primitive(p->name()) || !(a.primitive().stream() == outputs[0].primitive().stream())) {
+      ok = false;
+      return;
+    }
+    for (const auto& in : a.inputs()) visit(in);
+    order.push_back(a);
+  };
+  for (const auto& o : outputs) {
+    if (!o.has_primitive() || o.is_available() || input_of.count(o.id()) || !reaches(o)) {
+      return std::nullopt;
+    }
+    visit(o);
+  }
+  if (!ok) return std::nullopt;
+
+  // outputs: the op's first, then every other array the nodes write
+  std::unordered_map<std::uintptr_t, int> output_of;
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  std::vector<bool> contiguous;
+  auto add_output = [&](const mx::array& a, bool written_fresh) {
+    output_of.emplace(a.id(), int(shapes.size()));
+    shapes.push_back(a.shape());
+    dtypes.push_back(a.dtype());
+    contiguous.push_back(written_fresh);
+  };
+  auto launches = [](const mx::array& a) {
+    const char* n = a.primitive().name();
+    return std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0;
+  };
+  for (const auto& o : outputs) {
+    if (output_of.count(o.id())) return std::nullopt;   // (one array returned twice)
+    add_output(o, launches(o));
+  }
+  for (const auto& a : order) {
+    for (const auto& s : a.outputs()) {
+      if (!output_of.count(s.id())) add_output(s, launches(s));
+    }
+  }
+  std::vector<OpNode::Step> steps;
+  for (const auto& a : order) {
+    OpNode::Step step{a.primitive_ptr(), {}, {}};
+    for (const auto& in : a.inputs()) {
+      if (auto it = output_of.find(in.id()); it != output_of.end()) {
+        step.in.push_back(-1 - it->second);
+        continue;
+      }
+      auto it = input_of.find(in.id());
+      if (it == input_of.end()) {
+        // read, not computed from a primal: an OpNode input of its own, which no transform
+        // may be tracing (its derivative would be lost)
+        if (in.is_tracer()) return std::nullopt;
+        it = input_of.emplace(in.id(), int(inputs.size())).first;
+        inputs.push_back(in);
+      }
+      step.in.push_back(it->second);
+    }
+    for (const auto& s : a.outputs()) step.out.push_back(output_of.at(s.id()));
+    steps.push_back(std::move(step));
+  }
+  auto node = std::make_shared<OpNode>(outputs[0].primitive().stream(), std::move(steps),
+                                       int(primals.size()), int(outputs.size()),
+                                       std::move(contiguous), std::move(rules));
+  auto made = mx::array::make_arrays(std::move(shapes), std::move(dtypes), node, std::move(inputs));
+  made.erase(made.begin() + outputs.size(), made.end());
+  return made;
+}
+
+}  // namespace metile
