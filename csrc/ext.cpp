@@ -1722,6 +1722,13 @@ NB_MODULE(_ext, m) {
   m.def("op_node", &op_node, nb::arg("primals"), nb::arg("outputs"), nb::arg("rules"),
         "outputs (an op's forward of primals) as one node carrying the op's rules, or under "
         "mx.custom_function's nodes where the forward cannot be one node.");
+  m.def("fuse_ops", [](bool on) {
+    bool was = metile::fusing_ops();
+    metile::fusing_ops() = on;
+    return was;
+  }, nb::arg("on"), "Whether ops under a transform become one node from now on (True, the "
+     "default) or keep mx.custom_function's nodes (to measure the difference); the previous "
+     "setting.");
   m.def("any_tracer", [](const nb::args& arrays) {
     for (nb::handle h : arrays) {
       if (nb::isinstance<mx::array>(h) && nb::cast<const mx::array&>(h).is_tracer()) return true;

@@ -177,6 +177,13 @@ class OpNode : public mx::Primitive {
   std::shared_ptr<const OpRules> rules_;
 };
 
+// Whether fuse_op makes OpNodes (else every op keeps mx.custom_function's nodes): off only
+// to measure what the OpNode saves (_ext.fuse_ops, tools/probes/decode_fixed_cost.py).
+inline bool& fusing_ops() {
+  static bool on = true;
+  return on;
+}
+
 // `outputs` (computed lazily from `primals` by an op's forward) as the visible outputs of
 // one OpNode over `primals` carrying `rules`; nullopt where the forward cannot be one
 // (a node OpNode does not run, nodes on more than one stream, an output that is a primal
@@ -184,7 +191,7 @@ class OpNode : public mx::Primitive {
 inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array>& primals,
                                                      const std::vector<mx::array>& outputs,
                                                      std::shared_ptr<const OpRules> rules) {
-  if (outputs.empty()) return std::nullopt;
+  if (outputs.empty() || !fusing_ops()) return std::nullopt;
   std::unordered_map<std::uintptr_t, int> input_of;  // array id -> OpNode input
   std::vector<mx::array> inputs(primals);
   for (std::size_t i = 0; i < primals.size(); ++i) input_of.emplace(primals[i].id(), int(i));

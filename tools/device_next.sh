@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s127   -- decode over caches allocated ahead (eager, mlx_lm's form), fixed cost again, the kernels' timeline, attention GPU tests
+#   OUT=$OUT bash tools/device_next.sh s127   -- ops as one MetileOp node vs custom_function, timeline, int4 decode, cache in place, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
 #   OUT=$OUT bash tools/device_next.sh s124   -- decode attention 8 a compiled call (--chain 8) and 1, then s123's tests
@@ -113,18 +113,18 @@ eager_cost() {
 }
 
 if [ "$mode" = s127 ]; then
-  # s35's two host-side changes: attention_decode reading a cache's prefix in place (eager,
-  # as mlx_lm calls it: metile, metile with the prefix copied as before, MLX), and an op's
-  # output under compile feeding the next launch without a contiguous() node (the fixed
-  # cost probe of s126 again); then the attention GPU tests (the kernel's signature changed)
+  # s36: ops under mx.compile as one MetileOp node (against mx.custom_function's nodes in
+  # the same run: decode_fixed_cost), the GPU's timeline of both, the int4 decode step; then
+  # s35's cache read in place (eager, mlx_lm's form) and the attention GPU tests
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  KEYS="1024 4096 16384" timeout 150 python3 tools/probes/decode_cache_ahead.py \
+  timeout 150 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
+  KEYS="4096" timeout 100 python3 tools/probes/kernel_timeline.py "$logs/h200-kernel-timeline.json" 2>&1 | tail -8 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
+  KEYS="1024 4096 16384" timeout 120 python3 tools/probes/decode_cache_ahead.py \
     "$logs/h200-decode-cache-ahead.json" 2>&1 | tail -4 | tee -a "$log"
-  timeout 180 python3 -m benchmarks.attention --prefill-lengths 4096 --decode-lengths 1024 4096 16384 \
-    --chain 8 --cache-pad 256 --output "$logs/h200-attention-cache-pad-float16.json" 2>&1 | tail -5 | tee -a "$log"
-  timeout 120 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
-  timeout 120 python3 tools/probes/kernel_timeline.py "$logs/h200-kernel-timeline.json" 2>&1 | tail -8 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay or prefill" test_attention_op test_input_layout
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay or prefill or compile or grad" test_attention_op test_input_layout test_model_ops_norms
 elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
   # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls

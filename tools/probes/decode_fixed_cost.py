@@ -8,6 +8,10 @@ launch, ramp and tail) or the host's work per graph node?
   metile's custom kernel), 16 a compiled call: the cost of one node when the GPU has
   nothing to do.
 
+Each metile side twice: as the ops are now (one MetileOp node an op under mx.compile) and
+traced with `_ext.fuse_ops(False)` ("_custom_function": the op's nodes inside
+mx.custom_function's StopGradient and CustomTransforms, as before s127).
+
 20 calls a sync, median of 7 alternating rounds.  Under ncu (NCU=1: 2 calls of each, no
 timing) the kernels' own durations come out to set beside the times.
 
@@ -23,12 +27,29 @@ import mlx.core as mx   # noqa: E402
 
 import metile   # noqa: E402
 from decode_chain_configs import card, chained, per_attention   # noqa: E402 (this folder)
-from metile import attention_ops   # noqa: E402
+from metile import _ext, attention_ops   # noqa: E402
 from probe_report import alternating_us   # noqa: E402
 
 CHAIN = 8
 NODES = 16
 DEFAULT = {"path": "decode_rows", "BLOCK_N": 8}
+
+
+def traced_unfused(fn):
+    """`fn` (a compiled function) traced, at its first call, with ops kept in
+    mx.custom_function's nodes."""
+    state = {"traced": False}
+
+    def call(*args):
+        if state["traced"]:
+            return fn(*args)
+        was = _ext.fuse_ops(False)
+        try:
+            return fn(*args)
+        finally:
+            _ext.fuse_ops(was)
+            state["traced"] = True
+    return call
 
 
 def timed(fns, x, args, per):
@@ -56,6 +77,8 @@ def main():
         mx.eval(q, *kv)
         fns = {"metile": chained(lambda a, b, c: attention_ops._run(a, b, c, scale, None,
                                                                      DEFAULT), CHAIN),
+               "metile_custom_function": traced_unfused(chained(
+                   lambda a, b, c: attention_ops._run(a, b, c, scale, None, DEFAULT), CHAIN)),
                "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
                    a, b, c, scale=scale), CHAIN)}
         us = timed(fns, q, kv, CHAIN)
@@ -75,6 +98,8 @@ def main():
         return mx.compile(step)
     fns = {"metile_rms_norm": nodes(lambda a, b: metile.ops.rms_norm(a, b, 1e-5,
                                                                       backend="metile")),
+           "metile_rms_norm_custom_function": traced_unfused(nodes(
+               lambda a, b: metile.ops.rms_norm(a, b, 1e-5, backend="metile"))),
            "mlx_rms_norm": nodes(lambda a, b: mx.fast.rms_norm(a, b, 1e-5))}
     us = timed(fns, x, [w], NODES)
     report["nodes"] = {"us_per_node": us, "nodes_a_call": NODES}

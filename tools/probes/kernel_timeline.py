@@ -23,6 +23,7 @@ import mlx.core as mx   # noqa: E402
 
 import metile   # noqa: E402
 from decode_chain_configs import card, chained   # noqa: E402 (this folder)
+from decode_fixed_cost import traced_unfused   # noqa: E402
 from metile import attention_ops   # noqa: E402
 from probe_report import save   # noqa: E402
 
@@ -106,6 +107,8 @@ def main():
         mx.eval(q, *kv)
         sides = {"metile": chained(lambda a, b, c: attention_ops._run(a, b, c, scale, None,
                                                                        decode), CHAIN),
+                 "metile_custom_function": traced_unfused(chained(
+                     lambda a, b, c: attention_ops._run(a, b, c, scale, None, decode), CHAIN)),
                  "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
                      a, b, c, scale=scale), CHAIN)}
         for side, fn in sides.items():
