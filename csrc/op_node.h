@@ -54,12 +54,13 @@ struct OpRules {
   std::string name;  // the op's name, for refusals
 };
 
-// Primitives an OpNode runs itself: metile's launches (eval allocates and encodes) and
-// MLX's primitives that only share, view or copy a buffer.
+// Primitives an OpNode runs itself: metile's launches (eval allocates and encodes), an
+// op's own OpNode (an op built from ops) and MLX's primitives that only share, view or
+// copy a buffer.
 inline bool fusable_primitive(const char* name) {
-  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "Reshape", "Contiguous",
-                            "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze", "Transpose",
-                            "Slice", "View", "Flatten", "Unflatten"}) {
+  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "MetileOp", "Reshape",
+                            "Contiguous", "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze",
+                            "Transpose", "Slice", "View", "Flatten", "Unflatten"}) {
     if (std::strcmp(name, known) == 0) return true;
   }
   return false;
@@ -144,7 +145,16 @@ class OpNode : public mx::Primitive {
 
   const char* name() const override { return "MetileOp"; }
   bool is_equivalent(const mx::Primitive& other) const override { return this == &other; }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override {
+  // Refused as the first launch refuses (by its kernel's name): a kernel is built for the
+  // shapes it was traced with.
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    for (const Step& step : steps_) {
+      const char* n = step.primitive->name();
+      if (std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0 ||
+          std::strcmp(n, "MetileOp") == 0) {
+        return step.primitive->output_shapes(inputs);
+      }
+    }
     metile::refuse_shapeless(rules_->name);
   }
 

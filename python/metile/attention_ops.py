@@ -16,7 +16,7 @@ the first candidate for up to ROWS_QUERIES queries).  Inputs are read row-major:
 (e.g. a (B, L, H, D) projection transposed to (B, H, L, D)) is copied once, as the
 custom-kernel call copies any non-contiguous input.
 
-Gradients (mx.custom_function vjp) come from MLX's own attention composite in float32,
+Gradients (the op's vjp, carried by its one node: op_replay.OpFunction) come from MLX's own attention composite in float32,
 recomputed from q, k, v: softmax(scale q kᵀ + mask) v differentiated by MLX, so the
 gradients are MLX's (for an additive mask too; a boolean mask gets zeros).
 

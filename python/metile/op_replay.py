@@ -1,7 +1,7 @@
 """Repeated eager op calls at the cost of their kernel launch.
 
-A `metile.ops` call checks its arguments, plans its operands, routes, and launches under
-an `mx.custom_function` that gives the kernel its backward: ~20 us of Python a call
+A `metile.ops` call checks its arguments, plans its operands, routes, and launches as
+an `OpFunction` that gives the kernel its backward: ~20 us of Python a call
 (tools/probes/eager_host_cost.py), where MLX's own op costs one or two.  All of it
 depends only on the call's signature (the arrays' shapes and dtypes and the options),
 the settings and the default device; so the first call of a signature that launched

@@ -5,8 +5,9 @@
     h = metile.ops.gated_mlp(x, w_gate, w_up, activation="silu")   # act(x@wg.T) * (x@wu.T)
 
 Both take and return lazy mx.arrays, work inside mx.compile, and are
-differentiable (mx.custom_function; the backward pass uses MLX ops, recomputing
-the pre-activation where the activation's derivative needs it).
+differentiable (op_replay.OpFunction: under a transform one MLX node carrying the
+op's vjp, as mx.custom_function would with two more nodes; the backward pass uses MLX
+ops, recomputing the pre-activation where the activation's derivative needs it).
 
 The GEMM epilogue is fused into the kernel's output store: the activation, and
 for `linear` the bias vector and the residual matrix, which the epilogue reads
