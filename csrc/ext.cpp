@@ -811,8 +811,13 @@ std::shared_ptr<metile::OpRules> op_rules(nb::object vjp_fn, nb::object jvp_fn,
 // output around them.
 std::vector<mx::array> op_node(const std::vector<mx::array>& primals,
                                const std::vector<mx::array>& outputs,
-                               std::shared_ptr<metile::OpRules> rules) {
-  if (auto fused = metile::fuse_op(primals, outputs, rules)) return std::move(*fused);
+                               std::shared_ptr<metile::OpRules> rules,
+                               const std::vector<std::optional<std::vector<int>>>& shapes) {
+  std::vector<std::optional<mx::Shape>> to;
+  for (const auto& s : shapes) {
+    to.push_back(s ? std::optional<mx::Shape>(mx::Shape(s->begin(), s->end())) : std::nullopt);
+  }
+  if (auto fused = metile::fuse_op(primals, outputs, rules, to)) return std::move(*fused);
   std::optional<std::function<std::vector<mx::array>(
       const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>>
       tangent;
@@ -822,8 +827,12 @@ std::vector<mx::array> op_node(const std::vector<mx::array>& primals,
       batched;
   if (rules->vmap) batched = rules->vmap;
   // (the forward already ran: the function hands back its outputs)
-  return mx::custom_function([outputs](const std::vector<mx::array>&) { return outputs; },
-                             rules->vjp, tangent, batched)(primals);
+  auto made = mx::custom_function([outputs](const std::vector<mx::array>&) { return outputs; },
+                                  rules->vjp, tangent, batched)(primals);
+  for (std::size_t j = 0; j < to.size() && j < made.size(); ++j) {
+    if (to[j]) made[j] = mx::reshape(made[j], *to[j]);
+  }
+  return made;
 }
 
 // The default device and the settings a decision was made under (EnvCheck's, and how
@@ -1058,8 +1067,9 @@ class Replay {
       }
       return launch->run(read);
     };
-    mx::array out = op_node(primals, forward(primals), rules_)[0];
-    return nb::cast(out_shape_ ? mx::reshape(out, *out_shape_) : out);
+    std::vector<std::optional<std::vector<int>>> shapes;
+    if (out_shape_) shapes.emplace_back(std::vector<int>(out_shape_->begin(), out_shape_->end()));
+    return nb::cast(op_node(primals, forward(primals), rules_, shapes)[0]);
   }
 
  private:
@@ -1720,8 +1730,10 @@ NB_MODULE(_ext, m) {
   m.def("op_rules", &op_rules, nb::arg("vjp"), nb::arg("jvp").none(), nb::arg("vmap").none(),
         nb::arg("name"));
   m.def("op_node", &op_node, nb::arg("primals"), nb::arg("outputs"), nb::arg("rules"),
+        nb::arg("shapes") = std::vector<std::optional<std::vector<int>>>{},
         "outputs (an op's forward of primals) as one node carrying the op's rules, or under "
-        "mx.custom_function's nodes where the forward cannot be one node.");
+        "mx.custom_function's nodes where the forward cannot be one node; with `shapes`, "
+        "each output reshaped to its shape (None: as it is).");
   m.def("fuse_ops", [](bool on) {
     bool was = metile::fusing_ops();
     metile::fusing_ops() = on;

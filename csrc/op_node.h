@@ -77,10 +77,16 @@ class OpNode : public mx::Primitive {
     std::vector<int> out;
   };
 
-  OpNode(mx::Stream stream, std::vector<Step> steps, int primals, int visible,
-         std::vector<bool> contiguous_out, std::shared_ptr<const OpRules> rules)
-      : mx::Primitive(stream), steps_(std::move(steps)), primals_(primals), visible_(visible),
-        contiguous_out_(std::move(contiguous_out)), rules_(std::move(rules)) {}
+  // `rule_in`: the shape the rules see each primal in (the op's rows, where the node takes
+  // the array the op reshaped to them); `rule_out`: the shape of each visible output the
+  // rules compute (before the op's reshape of it, which the node runs).
+  OpNode(mx::Stream stream, std::vector<Step> steps, std::vector<mx::Shape> rule_in,
+         std::vector<mx::Shape> rule_out, std::vector<bool> contiguous_out,
+         std::shared_ptr<const OpRules> rules)
+      : mx::Primitive(stream), steps_(std::move(steps)), primals_(int(rule_in.size())),
+        visible_(int(rule_out.size())), rule_in_(std::move(rule_in)),
+        rule_out_(std::move(rule_out)), contiguous_out_(std::move(contiguous_out)),
+        rules_(std::move(rules)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     run(inputs, outputs, false);
@@ -93,9 +99,12 @@ class OpNode : public mx::Primitive {
                              const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>& outputs) override {
-    std::vector<mx::array> ps(primals.begin(), primals.begin() + primals_);
-    std::vector<mx::array> cots(cotangents.begin(), cotangents.begin() + visible_);
-    std::vector<mx::array> outs(outputs.begin(), outputs.begin() + visible_);
+    auto ps = rule_primals(primals);
+    std::vector<mx::array> cots, outs;
+    for (int j = 0; j < visible_; ++j) {
+      cots.push_back(shaped(cotangents[j], rule_out_[j]));
+      outs.push_back(shaped(outputs[j], rule_out_[j]));
+    }
     auto grads = rules_->vjp(ps, cots, outs);
     if (grads.size() != std::size_t(primals_)) {
       throw std::runtime_error("[metile] " + rules_->name + "'s vjp gave " +
@@ -105,7 +114,8 @@ class OpNode : public mx::Primitive {
     std::vector<mx::array> out;
     for (int a : argnums) {
       // (the other inputs depend on no traced array: fuse_op checked)
-      out.push_back(a < primals_ ? grads[a] : mx::zeros_like(primals[a]));
+      out.push_back(a < primals_ ? shaped(grads[a], primals[a].shape())
+                                 : mx::zeros_like(primals[a]));
     }
     return out;
   }
@@ -116,16 +126,19 @@ class OpNode : public mx::Primitive {
     if (!rules_->jvp) {
       throw std::invalid_argument("[metile] " + rules_->name + " has no forward-mode derivative");
     }
-    std::vector<mx::array> ps(primals.begin(), primals.begin() + primals_);
     std::vector<mx::array> ts;
     std::vector<int> at;
     for (std::size_t j = 0; j < argnums.size(); ++j) {
       if (argnums[j] < primals_) {
-        ts.push_back(tangents[j]);
+        ts.push_back(shaped(tangents[j], rule_in_[argnums[j]]));
         at.push_back(argnums[j]);
       }
     }
-    return rules_->jvp(ps, ts, at);
+    auto got = rules_->jvp(rule_primals(primals), ts, at);
+    for (std::size_t j = 0; j < got.size() && j < visible_shapes_.size(); ++j) {
+      got[j] = shaped(got[j], visible_shapes_[j]);
+    }
+    return got;
   }
 
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
@@ -139,9 +152,23 @@ class OpNode : public mx::Primitive {
                                     "the op reads but was not given");
       }
     }
-    return rules_->vmap(std::vector<mx::array>(inputs.begin(), inputs.begin() + primals_),
-                        std::vector<int>(axes.begin(), axes.begin() + primals_));
+    // each primal in the rules' shape, batched along axis 0
+    std::vector<mx::array> xs;
+    std::vector<int> in_axes;
+    for (int i = 0; i < primals_; ++i) {
+      xs.push_back(batched(inputs[i], axes[i], rule_in_[i]));
+      in_axes.push_back(axes[i] < 0 ? -1 : 0);
+    }
+    auto [outs, out_axes] = rules_->vmap(xs, in_axes);
+    for (std::size_t j = 0; j < outs.size() && j < visible_shapes_.size(); ++j) {
+      outs[j] = batched(outs[j], out_axes[j], visible_shapes_[j]);
+      out_axes[j] = out_axes[j] < 0 ? -1 : 0;
+    }
+    return {outs, out_axes};
   }
+
+  // The visible outputs' shapes (set once the node's outputs are made: fuse_op).
+  void set_visible_shapes(std::vector<mx::Shape> shapes) { visible_shapes_ = std::move(shapes); }
 
   const char* name() const override { return "MetileOp"; }
   bool is_equivalent(const mx::Primitive& other) const override { return this == &other; }
@@ -181,8 +208,28 @@ class OpNode : public mx::Primitive {
     }
   }
 
+  static mx::array shaped(const mx::array& a, const mx::Shape& shape) {
+    return a.shape() == shape ? a : mx::reshape(a, shape);
+  }
+
+  // `a` batched along `axis` (-1: not batched) as (batch, *shape) (or `shape`)
+  static mx::array batched(const mx::array& a, int axis, const mx::Shape& shape) {
+    if (axis < 0) return shaped(a, shape);
+    mx::array front = axis == 0 ? a : mx::moveaxis(a, axis, 0);
+    mx::Shape full{front.shape(0)};
+    full.insert(full.end(), shape.begin(), shape.end());
+    return shaped(front, full);
+  }
+
+  std::vector<mx::array> rule_primals(const std::vector<mx::array>& inputs) const {
+    std::vector<mx::array> ps;
+    for (int i = 0; i < primals_; ++i) ps.push_back(shaped(inputs[i], rule_in_[i]));
+    return ps;
+  }
+
   std::vector<Step> steps_;
   int primals_, visible_;
+  std::vector<mx::Shape> rule_in_, rule_out_, visible_shapes_;
   std::vector<bool> contiguous_out_;
   std::shared_ptr<const OpRules> rules_;
 };
@@ -194,21 +241,52 @@ inline bool& fusing_ops() {
   return on;
 }
 
+// A reshape the op ran on an array before its forward (its rows), which the node can take
+// in: an unevaluated Reshape or Flatten of one array.
+inline bool absorbable_reshape(const mx::array& a) {
+  if (a.is_available() || !a.has_primitive() || a.inputs().size() != 1 || a.siblings().size()) {
+    return false;
+  }
+  const char* n = a.primitive().name();
+  return std::strcmp(n, "Reshape") == 0 || std::strcmp(n, "Flatten") == 0;
+}
+
 // `outputs` (computed lazily from `primals` by an op's forward) as the visible outputs of
-// one OpNode over `primals` carrying `rules`; nullopt where the forward cannot be one
-// (a node OpNode does not run, nodes on more than one stream, an output that is a primal
-// or computed from none, an array read that a transform traces but is not a primal).
-inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array>& primals,
-                                                     const std::vector<mx::array>& outputs,
-                                                     std::shared_ptr<const OpRules> rules) {
+// one OpNode carrying `rules`; nullopt where the forward cannot be one (a node OpNode does
+// not run, nodes on more than one stream, an output that is a primal or computed from
+// none, an array read that a transform traces but is not a primal).  The node's inputs are
+// the primals - or, for a primal that is a reshape of another array (the op's rows), that
+// array, the reshape run inside - then what else the forward reads; with `shapes`, output
+// j is reshaped to shapes[j] inside the node too.  The rules see the primals and outputs
+// as the forward does.
+inline std::optional<std::vector<mx::array>> fuse_op(
+    const std::vector<mx::array>& primals, std::vector<mx::array> outputs,
+    std::shared_ptr<const OpRules> rules,
+    const std::vector<std::optional<mx::Shape>>& shapes = {}) {
   if (outputs.empty() || !fusing_ops()) return std::nullopt;
+  if (!shapes.empty() && shapes.size() != outputs.size()) return std::nullopt;
+  std::vector<mx::Shape> rule_in, rule_out;
   std::unordered_map<std::uintptr_t, int> input_of;  // array id -> OpNode input
-  std::vector<mx::array> inputs(primals);
-  for (std::size_t i = 0; i < primals.size(); ++i) input_of.emplace(primals[i].id(), int(i));
-  // depends[id]: whether the array is computed from a primal (memo of the walk)
+  std::vector<mx::array> inputs;
+  for (const auto& p : primals) {
+    rule_in.push_back(p.shape());
+    mx::array taken = absorbable_reshape(p) && !input_of.count(p.inputs()[0].id())
+        ? p.inputs()[0] : p;
+    if (input_of.count(taken.id())) taken = p;   // (one array given twice: as given)
+    input_of.emplace(taken.id(), int(inputs.size()));
+    inputs.push_back(taken);
+  }
+  const int n_primals = int(inputs.size());
+  for (std::size_t j = 0; j < outputs.size(); ++j) {
+    rule_out.push_back(outputs[j].shape());
+    if (!shapes.empty() && shapes[j] && *shapes[j] != outputs[j].shape()) {
+      outputs[j] = mx::reshape(outputs[j], *shapes[j]);
+    }
+  }
+  // depends[id]: whether the array is computed from a node input that is a primal
   std::unordered_map<std::uintptr_t, bool> depends;
   std::function<bool(const mx::array&)> reaches = [&](const mx::array& a) -> bool {
-    if (input_of.count(a.id()) && input_of[a.id()] < int(primals.size())) return true;
+    if (auto it = input_of.find(a.id()); it != input_of.end()) return it->second < n_primals;
     if (auto it = depends.find(a.id()); it != depends.end()) return it->second;
     bool found = false;
     if (a.has_primitive() && !a.is_available()) {
@@ -226,7 +304,8 @@ inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array
     const mx::Primitive* p = &a.primitive();
     if (seen.count(p)) return;
     seen[p] = true;
-    if (!fusable_primitive(p->name()) || !(a.primitive().stream() == outputs[0].primitive().stream())) {
+    if (!fusable_primitive(p->name()) ||
+        !(a.primitive().stream() == outputs[0].primitive().stream())) {
       ok = false;
       return;
     }
@@ -243,26 +322,32 @@ inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array
 
   // outputs: the op's first, then every other array the nodes write
   std::unordered_map<std::uintptr_t, int> output_of;
-  std::vector<mx::Shape> shapes;
+  std::vector<mx::Shape> out_shapes;
   std::vector<mx::Dtype> dtypes;
   std::vector<bool> contiguous;
-  auto add_output = [&](const mx::array& a, bool written_fresh) {
-    output_of.emplace(a.id(), int(shapes.size()));
-    shapes.push_back(a.shape());
-    dtypes.push_back(a.dtype());
-    contiguous.push_back(written_fresh);
-  };
-  auto launches = [](const mx::array& a) {
+  // written row-contiguous: by a launch (its eval allocates), or a reshape of such
+  std::function<bool(const mx::array&)> fresh = [&](const mx::array& a) -> bool {
     const char* n = a.primitive().name();
-    return std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0;
+    if (std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0) {
+      return true;
+    }
+    return absorbable_reshape(a) && a.inputs()[0].has_primitive() && !a.inputs()[0].is_available() &&
+           fresh(a.inputs()[0]);
+  };
+  auto add_output = [&](const mx::array& a) {
+    output_of.emplace(a.id(), int(out_shapes.size()));
+    out_shapes.push_back(a.shape());
+    dtypes.push_back(a.dtype());
+    contiguous.push_back(fresh(a));
   };
   for (const auto& o : outputs) {
     if (output_of.count(o.id())) return std::nullopt;   // (one array returned twice)
-    add_output(o, launches(o));
+    add_output(o);
   }
+  std::vector<mx::Shape> visible(out_shapes);
   for (const auto& a : order) {
     for (const auto& s : a.outputs()) {
-      if (!output_of.count(s.id())) add_output(s, launches(s));
+      if (!output_of.count(s.id())) add_output(s);
     }
   }
   std::vector<OpNode::Step> steps;
@@ -287,9 +372,11 @@ inline std::optional<std::vector<mx::array>> fuse_op(const std::vector<mx::array
     steps.push_back(std::move(step));
   }
   auto node = std::make_shared<OpNode>(outputs[0].primitive().stream(), std::move(steps),
-                                       int(primals.size()), int(outputs.size()),
+                                       std::move(rule_in), std::move(rule_out),
                                        std::move(contiguous), std::move(rules));
-  auto made = mx::array::make_arrays(std::move(shapes), std::move(dtypes), node, std::move(inputs));
+  node->set_visible_shapes(visible);
+  auto made = mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node,
+                                     std::move(inputs));
   made.erase(made.begin() + outputs.size(), made.end());
   return made;
 }

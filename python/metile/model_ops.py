@@ -602,10 +602,12 @@ def rms_norm(x, weight, eps, *, backend: str = "auto", stream=None):
         op_replay.remember_composite(key, reference, route.decision)
         return mx.fast.rms_norm(x, weight, eps)
     with op_replay.recording() as launches:
-        out = _rms_fn(eps, weight is not None, _frozen(route.config))(_rows(x), *w)
+        rows_x = _rows(x)
+        out = _rms_fn(eps, weight is not None, _frozen(route.config))(rows_x, *w,
+                                                                       shapes=(x.shape,))
     _remember(key, launches, (0, 1)[:1 + len(w)], _rms_vjp(eps, weight is not None),
-              (x, *w), out.shape, reference)
-    return out.reshape(x.shape)
+              (x, *w), rows_x.shape, reference)
+    return out
 
 
 @op_replay.entry(("x", "weight", "bias"), ("eps", "backend", "stream"))
@@ -635,11 +637,13 @@ def layer_norm(x, weight, bias, eps, *, backend: str = "auto", stream=None):
         op_replay.remember_composite(key, reference, route.decision)
         return mx.fast.layer_norm(x, weight, bias, eps)
     with op_replay.recording() as launches:
-        out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(_rows(x), *params)
+        rows_x = _rows(x)
+        out = _layer_fn(eps, has_w, has_b, _frozen(route.config))(rows_x, *params,
+                                                                   shapes=(x.shape,))
     # (the kernel's arguments: x, weight, bias)
     _remember(key, launches, (0,) + ((1,) if has_w else ()) + ((2,) if has_b else ()),
-              _layer_vjp(eps, has_w, has_b), (x, *params), out.shape, reference)
-    return out.reshape(x.shape)
+              _layer_vjp(eps, has_w, has_b), (x, *params), rows_x.shape, reference)
+    return out
 
 
 @op_replay.entry(("x", "residual", "weight"), ("eps", "backend", "stream"))
@@ -706,8 +710,8 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
         # (a replay passes the call's arrays as given: either may broadcast)
         x, residual = (a if tuple(a.shape) == tuple(shape) else mx.broadcast_to(a, shape)
                        for a in (x, residual))
-        s, y = fused(_rows(x), _rows(residual), *w)
-        return s.reshape(shape), y.reshape(shape)
+        s, y = fused(_rows(x), _rows(residual), *w, shapes=(shape, shape))
+        return s, y
     out = run(x, residual, *w)
     op_replay.remember_composite(key, run, route.decision)
     return out
@@ -787,10 +791,10 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
             key, lambda x: mx.softmax(x, axis=mlx_axis, precise=precise), route.decision)
         return mx.softmax(x, axis=mlx_axis, precise=precise)
     with op_replay.recording() as launches:
-        y = _softmax_fn(_frozen(route.config), hold)(_axes_as_rows(moved, len(kept)))
+        rows_x = _axes_as_rows(moved, len(kept))
+        y = _softmax_fn(_frozen(route.config), hold)(rows_x, shapes=(moved.shape,))
     if moved is x:   # (the last axes: no transposes around the kernel)
-        _remember(key, launches, (0,), _softmax_vjp, (x,), y.shape, _softmax_composite)
-    y = y.reshape(moved.shape)
+        _remember(key, launches, (0,), _softmax_vjp, (x,), rows_x.shape, _softmax_composite)
     if moved is x:
         return y
     inverse = [0] * x.ndim
@@ -898,9 +902,9 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
 
     extra = tuple(a for a in (offset_array, kernel_freqs) if a is not None)
 
-    def kernel(c):
+    def kernel(c, shapes=None):
         f = _rope_fn(spec, offset_array is not None, freqs is not None, _frozen(c))
-        return lambda a: f(a, *extra)
+        return lambda a: f(a, *extra, shapes=shapes)
 
     flags = (("dims", dims), ("traditional", bool(traditional)), ("offset", kind),
              ("freqs", freqs is not None))
@@ -913,7 +917,7 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
             op_replay.remember_composite(key, _rope_mlx_replay(
                 dims, traditional, base, scale, freqs is not None), route.decision)
         return out
-    out = kernel(route.config)(_rows(x)).reshape(x.shape)
+    out = kernel(route.config, (x.shape,))(_rows(x))
     if key is not None:
         op_replay.remember_composite(key, _rope_kernel_replay(spec, freqs is not None,
                                                               _frozen(route.config)),
@@ -951,5 +955,5 @@ def _rope_kernel_replay(spec: _Rope, has_freqs: bool, cfg: tuple):
         freqs = rest[0] if has_freqs else None
         extra = () if freqs is None else (
             freqs if freqs.dtype in _DTYPES else freqs.astype(mx.float32),)
-        return shared(_rows(x), mx.array([offset], mx.int32), *extra).reshape(x.shape)
+        return shared(_rows(x), mx.array([offset], mx.int32), *extra, shapes=(x.shape,))
     return run

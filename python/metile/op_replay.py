@@ -363,14 +363,23 @@ class OpFunction:
             None if composite is None else vmap_rule(composite), self.__name__)
         return self._rules
 
-    def __call__(self, *arrays):
+    def __call__(self, *arrays, shapes=None):
+        """The forward of `arrays`; with `shapes` (one shape, or None, an output), each
+        output reshaped to its shape - inside the node, where there is one, as the reshapes
+        of arrays the op made its rows are (an op on (batch, T, D) is then one node)."""
         out = self._forward(*arrays)
+        single = isinstance(out, mx.array)
         if not _ext.any_tracer(*arrays):
-            return out
+            if shapes is None:
+                return out
+            outs = [o if s is None else o.reshape(s)
+                    for o, s in zip([out] if single else out, shapes)]
+            return outs[0] if single else type(out)(outs)
         rules = self._rules or self._made_rules()
-        if isinstance(out, mx.array):
-            return _ext.op_node(list(arrays), [out], rules)[0]
-        return type(out)(_ext.op_node(list(arrays), list(out), rules))
+        made = _ext.op_node(list(arrays), [out] if single else list(out), rules,
+                            [] if shapes is None else [None if s is None else list(s)
+                                                       for s in shapes])
+        return made[0] if single else type(out)(made)
 
 
 def op_function(forward):

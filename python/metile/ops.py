@@ -587,15 +587,15 @@ def _linear_operand(weight, block):
     return weight if block.get("TRANSPOSE_B") else weight.T
 
 
-def _linear_metile(x2, weight, bias, activation, slope, block, residual=None):
+def _linear_metile(x2, weight, bias, activation, slope, block, residual=None, shapes=None):
     # A TRANSPOSE_B kernel reads the weight as stored; any other block multiplies
     # weight.T, which the custom-kernel call copies to row-major.
     w = _linear_operand(weight, block)
     if bias is None and residual is None:
-        return _fused_matmul(activation, slope, block)(x2, w)
+        return _fused_matmul(activation, slope, block)(x2, w, shapes=shapes)
     extra = [a for a in (bias, residual) if a is not None]
     return _fused_linear(activation, slope, block, bias is not None,
-                         residual is not None)(x2, w, *extra)
+                         residual is not None)(x2, w, *extra, shapes=shapes)
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -929,13 +929,15 @@ def matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE, backend:
     elif p.flattened:
         a2, rhs = arrays[0], _as_rhs(arrays[1], route.block)
         with op_replay.recording() as launches:
-            out = _fused_matmul(epilogue, negative_slope, route.block)(a2, rhs)
+            out = _fused_matmul(epilogue, negative_slope, route.block)(
+                a2, rhs, shapes=(p.out_shape,))
         if key is not None and layout == "a@b" and not route.block.get("TRANSPOSE_B"):
             # (the row-major layout only: a transposed view's kernel reads its source)
+            rows = (a2.shape[0], rhs.shape[-1])
             op_replay.remember(key, launches, MATMUL_ARRAYS, (a, b),
                                _matmul_vjp(epilogue, negative_slope, route.block),
                                _reshapes((a, b), (a2, rhs)),
-                               None if out.shape == p.out_shape else p.out_shape, composite)
+                               None if rows == tuple(p.out_shape) else p.out_shape, composite)
     else:
         out = _fused_bmm(epilogue, negative_slope, route.block)(*arrays)
     return out.reshape(p.out_shape)
@@ -1088,7 +1090,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
         return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     else:
         with op_replay.recording() as launches:
-            out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2)
+            out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2,
+                                 shapes=((*x.shape[:-1], weight.shape[0]),))
         if key is not None and route.block.get("TRANSPOSE_B"):
             # (a TRANSPOSE_B kernel reads the weight as stored; others read weight.T)
             given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
@@ -1106,7 +1109,8 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                       if a is not None]
             shape = (*x.shape[:-1], weight.shape[0])
             op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),
-                               None if out.shape == shape else shape, composite)
+                               None if (x2.shape[0], weight.shape[0]) == shape else shape,
+                               composite)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -1222,12 +1226,12 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
         return _gated_mlx(x, w_gate, w_up, activation)
     else:
         with op_replay.recording() as launches:
-            out = _fused_gated(activation, route.block)(x2, w_gate, w_up)
+            out = _fused_gated(activation, route.block)(x2, w_gate, w_up, shapes=(shape,))
         if key is not None and route.block.get("TRANSPOSE_B"):
             # (a TRANSPOSE_B kernel reads the weights as stored: x2, w_gate, w_up first)
             op_replay.remember(key, launches, (0, 1, 2), given, _gated_vjp(activation),
                                _reshapes(given, (x2, w_gate, w_up)),
-                               None if out.shape == shape else shape,
+                               None if (x2.shape[0], w_gate.shape[0]) == shape else shape,
                                functools.partial(_gated_mlx, activation=activation))
     return out.reshape(shape)
 
