@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s128   -- after s127: decoder block / model layers with one node an op, eager cost, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s127   -- ops as one MetileOp node vs custom_function, timeline, int4 decode, cache in place, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
@@ -112,7 +113,21 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s127 ]; then
+if [ "$mode" = s128 ]; then
+  # after s127: the model-level effect of one node an op - the decoder block converted
+  # against unconverted (and the unconverted control), model layers, eager cost, then the
+  # GPU tests of the files the node change touched
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 130 python3 -m benchmarks.model_layers --dtypes float16 --tokens 512 2048 \
+    --layers gated_mlp mlp --rounds 5 --output "$logs/h200-model-layers.json" 2>&1 \
+    | grep -E "T=" | tail -8 | tee -a "$log"
+  eager_cost
+  timeout 240 python3 -m benchmarks.decoder_block --dtypes float16 \
+    --tokens 512 2048 --rounds 7 --variants auto mlx-again \
+    --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
+    | tail -10 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_jvp test_ops_vmap test_op_replay test_model_ops_norms
+elif [ "$mode" = s127 ]; then
   # s36: ops under mx.compile as one MetileOp node (against mx.custom_function's nodes in
   # the same run: decode_fixed_cost), the GPU's timeline of both, the int4 decode step; then
   # s35's cache read in place (eager, mlx_lm's form) and the attention GPU tests
@@ -124,7 +139,7 @@ if [ "$mode" = s127 ]; then
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
   KEYS="1024 4096 16384" timeout 120 python3 tools/probes/decode_cache_ahead.py \
     "$logs/h200-decode-cache-ahead.json" 2>&1 | tail -4 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "decode or cache or rows or replay or prefill or compile or grad" test_attention_op test_input_layout test_model_ops_norms
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_node test_input_layout test_attention_op
 elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
   # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls
