@@ -52,6 +52,25 @@ def traced_unfused(fn):
     return call
 
 
+def decode_sides(keys):
+    """A query, CHAIN caches of `keys` keys (1x32xkeysx128 float16) and the compiled chains
+    of decode attention over them: metile's op (one node), metile's traced with
+    mx.custom_function's nodes, MLX's."""
+    scale = 128 ** -0.5
+    rk = mx.random.split(mx.random.key(keys), 1 + 2 * CHAIN)
+    q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
+    kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
+          for i in range(2 * CHAIN)]
+    mx.eval(q, *kv)
+
+    def metile_op(a, b, c):
+        return attention_ops._run(a, b, c, scale, None, DEFAULT)
+    return q, kv, {"metile": chained(metile_op, CHAIN),
+                   "metile_custom_function": traced_unfused(chained(metile_op, CHAIN)),
+                   "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
+                       a, b, c, scale=scale), CHAIN)}
+
+
 def timed(fns, x, args, per):
     if os.environ.get("NCU"):
         for fn in fns.values():
@@ -63,24 +82,13 @@ def timed(fns, x, args, per):
 
 
 def main():
-    scale = 128 ** -0.5
     report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
                           "device": str(mx.default_device()), "card": card()},
               "metric": "us an op: decode attention 8 a compiled call (each its own cache), "
                         "rms_norm 16 a call; 20 calls a sync, median of 7 alternating rounds",
               "attention": [], "nodes": {}}
     for keys in [int(n) for n in os.environ.get("KEYS", "64 256 1024 4096").split()]:
-        rk = mx.random.split(mx.random.key(keys), 1 + 2 * CHAIN)
-        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-        kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
-              for i in range(2 * CHAIN)]
-        mx.eval(q, *kv)
-        fns = {"metile": chained(lambda a, b, c: attention_ops._run(a, b, c, scale, None,
-                                                                     DEFAULT), CHAIN),
-               "metile_custom_function": traced_unfused(chained(
-                   lambda a, b, c: attention_ops._run(a, b, c, scale, None, DEFAULT), CHAIN)),
-               "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
-                   a, b, c, scale=scale), CHAIN)}
+        q, kv, fns = decode_sides(keys)
         us = timed(fns, q, kv, CHAIN)
         case = {"keys": keys, "us_per_attention": us}
         print(json.dumps(case), flush=True)

@@ -22,9 +22,8 @@ sys.path.insert(0, "tools/probes")
 import mlx.core as mx   # noqa: E402
 
 import metile   # noqa: E402
-from decode_chain_configs import card, chained   # noqa: E402 (this folder)
-from decode_fixed_cost import traced_unfused   # noqa: E402
-from metile import attention_ops   # noqa: E402
+from decode_chain_configs import card   # noqa: E402 (this folder)
+from decode_fixed_cost import decode_sides   # noqa: E402
 from probe_report import save   # noqa: E402
 
 CHAIN = 8
@@ -92,25 +91,13 @@ def main():
     import torch
     torch.cuda.init()
     torch.zeros(1, device="cuda")
-    scale = 128 ** -0.5
     report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
                           "torch_version": torch.__version__, "card": card()},
               "metric": f"GPU timeline (torch profiler / CUPTI) of {CALLS} compiled calls "
                         f"synchronised once: decode attention {CHAIN} a call, rms_norm 16",
               "cases": []}
-    decode = {"path": "decode_rows", "BLOCK_N": 8}
     for keys in [int(n) for n in os.environ.get("KEYS", "1024 4096").split()]:
-        rk = mx.random.split(mx.random.key(keys), 1 + 2 * CHAIN)
-        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-        kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
-              for i in range(2 * CHAIN)]
-        mx.eval(q, *kv)
-        sides = {"metile": chained(lambda a, b, c: attention_ops._run(a, b, c, scale, None,
-                                                                       decode), CHAIN),
-                 "metile_custom_function": traced_unfused(chained(
-                     lambda a, b, c: attention_ops._run(a, b, c, scale, None, decode), CHAIN)),
-                 "mlx": chained(lambda a, b, c: mx.fast.scaled_dot_product_attention(
-                     a, b, c, scale=scale), CHAIN)}
+        q, kv, sides = decode_sides(keys)
         for side, fn in sides.items():
             case = {"op": "decode_attention", "keys": keys, "side": side,
                     **profiled(fn, [q, *kv], CHAIN, torch)}
