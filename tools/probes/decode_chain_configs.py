@@ -38,6 +38,16 @@ def card() -> str:
         return platform.processor()
 
 
+def decode_inputs(keys: int, chain: int):
+    """A query (1x32x1x128 float16) and `chain` caches (k, v, each 1x32xkeysx128), evaluated."""
+    rk = mx.random.split(mx.random.key(keys), 1 + 2 * chain)
+    q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
+    kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
+          for i in range(2 * chain)]
+    mx.eval(q, *kv)
+    return q, kv
+
+
 def chained(op, chain):
     def step(q, *kv):
         out = q
@@ -56,11 +66,7 @@ def main():
               "metric": f"us per attention, {chain} a compiled call each over its own cache, "
                         "20 calls a sync, median of 7 alternating rounds", "cases": []}
     for keys in lengths:
-        rk = mx.random.split(mx.random.key(keys), 1 + 2 * chain)
-        q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-        kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
-              for i in range(2 * chain)]
-        mx.eval(q, *kv)
+        q, kv = decode_inputs(keys, chain)
 
         def mlx_op(a, b, c):
             return mx.fast.scaled_dot_product_attention(a, b, c, scale=scale)

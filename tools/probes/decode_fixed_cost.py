@@ -26,7 +26,7 @@ sys.path.insert(0, "tools/probes")
 import mlx.core as mx   # noqa: E402
 
 import metile   # noqa: E402
-from decode_chain_configs import card, chained, per_attention   # noqa: E402 (this folder)
+from decode_chain_configs import card, chained, decode_inputs, per_attention   # noqa: E402 (this folder)
 from metile import _ext, attention_ops   # noqa: E402
 from probe_report import alternating_us   # noqa: E402
 
@@ -57,11 +57,7 @@ def decode_sides(keys):
     of decode attention over them: metile's op (one node), metile's traced with
     mx.custom_function's nodes, MLX's."""
     scale = 128 ** -0.5
-    rk = mx.random.split(mx.random.key(keys), 1 + 2 * CHAIN)
-    q = mx.random.normal((1, 32, 1, 128), key=rk[0]).astype(mx.float16)
-    kv = [mx.random.normal((1, 32, keys, 128), key=rk[1 + i]).astype(mx.float16)
-          for i in range(2 * CHAIN)]
-    mx.eval(q, *kv)
+    q, kv = decode_inputs(keys, CHAIN)
 
     def metile_op(a, b, c):
         return attention_ops._run(a, b, c, scale, None, DEFAULT)
