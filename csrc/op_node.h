@@ -30,6 +30,7 @@
 #include "mlx/array.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "lazy_slice.h"
 #include "no_vjp.h"
 
 namespace metile {
@@ -80,10 +81,13 @@ class OpNode : public mx::Primitive {
   // `rule_in`: the shape the rules see each primal in (the op's rows, where the node takes
   // the array the op reshaped to them); `rule_out`: the shape of each visible output the
   // rules compute (before the op's reshape of it, which the node runs).
+  // The inputs: the primals, then `sources` arrays some primals are slices of (read in
+  // their place), then arrays read that no transform traces.
   OpNode(mx::Stream stream, std::vector<Step> steps, std::vector<mx::Shape> rule_in,
          std::vector<mx::Shape> rule_out, std::vector<bool> contiguous_out,
-         std::shared_ptr<const OpRules> rules)
-      : mx::Primitive(stream), steps_(std::move(steps)), primals_(int(rule_in.size())),
+         std::shared_ptr<const OpRules> rules, int sources)
+      : mx::Primitive(stream), steps_(std::move(steps)), sources_(sources),
+        primals_(int(rule_in.size())),
         visible_(int(rule_out.size())), rule_in_(std::move(rule_in)),
         rule_out_(std::move(rule_out)), contiguous_out_(std::move(contiguous_out)),
         rules_(std::move(rules)) {}
@@ -113,7 +117,8 @@ class OpNode : public mx::Primitive {
     }
     std::vector<mx::array> out;
     for (int a : argnums) {
-      // (the other inputs depend on no traced array: fuse_op checked)
+      // (a slice's source: its gradient comes through the slice primal's; the other inputs
+      // depend on no traced array, fuse_op checked)
       out.push_back(a < primals_ ? shaped(grads[a], primals[a].shape())
                                  : mx::zeros_like(primals[a]));
     }
@@ -146,7 +151,8 @@ class OpNode : public mx::Primitive {
     if (!rules_->vmap) {
       throw std::invalid_argument("[metile] " + rules_->name + " cannot be batched by mx.vmap");
     }
-    for (std::size_t i = primals_; i < axes.size(); ++i) {
+    // (a slice's source batched: the slice primal is, and the rule reads that)
+    for (std::size_t i = primals_ + sources_; i < axes.size(); ++i) {
       if (axes[i] >= 0) {
         throw std::invalid_argument("[metile] " + rules_->name + ": mx.vmap batched an array "
                                     "the op reads but was not given");
@@ -228,6 +234,7 @@ class OpNode : public mx::Primitive {
   }
 
   std::vector<Step> steps_;
+  int sources_;
   int primals_, visible_;
   std::vector<mx::Shape> rule_in_, rule_out_, visible_shapes_;
   std::vector<bool> contiguous_out_;
@@ -277,6 +284,18 @@ inline std::optional<std::vector<mx::array>> fuse_op(
     inputs.push_back(taken);
   }
   const int n_primals = int(inputs.size());
+  // the arrays primals are basic slices of: a forward may read such a source in place of
+  // its slice (a KV cache's buffer for the cache's prefix, attention_ops._cache_view).  They
+  // are inputs after the primals, and what the forward computes from them is the node's:
+  // their derivatives (zero here) and batching reach the op through the slice primals
+  for (const auto& p : primals) {
+    auto slice = lazy_slice(p);
+    if (slice && !input_of.count(slice->source.id())) {
+      input_of.emplace(slice->source.id(), int(inputs.size()));
+      inputs.push_back(slice->source);
+    }
+  }
+  const int n_read = int(inputs.size());
   for (std::size_t j = 0; j < outputs.size(); ++j) {
     rule_out.push_back(outputs[j].shape());
     if (!shapes.empty() && shapes[j] && *shapes[j] != outputs[j].shape()) {
@@ -286,7 +305,7 @@ inline std::optional<std::vector<mx::array>> fuse_op(
   // depends[id]: whether the array is computed from a node input that is a primal
   std::unordered_map<std::uintptr_t, bool> depends;
   std::function<bool(const mx::array&)> reaches = [&](const mx::array& a) -> bool {
-    if (auto it = input_of.find(a.id()); it != input_of.end()) return it->second < n_primals;
+    if (auto it = input_of.find(a.id()); it != input_of.end()) return it->second < n_read;
     if (auto it = depends.find(a.id()); it != depends.end()) return it->second;
     bool found = false;
     if (a.has_primitive() && !a.is_available()) {
@@ -373,7 +392,8 @@ inline std::optional<std::vector<mx::array>> fuse_op(
   }
   auto node = std::make_shared<OpNode>(outputs[0].primitive().stream(), std::move(steps),
                                        std::move(rule_in), std::move(rule_out),
-                                       std::move(contiguous), std::move(rules));
+                                       std::move(contiguous), std::move(rules),
+                                       n_read - n_primals);
   node->set_visible_shapes(visible);
   auto made = mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node,
                                      std::move(inputs));

@@ -275,3 +275,31 @@ def test_a_shapeless_compile_is_refused_by_the_ops_name(rng, fusing):
     f = mx.compile(lambda a: ops.rms_norm(a, w, 1e-5, backend="metile"), shapeless=True)
     with pytest.raises(ValueError, match="shapeless=True"):
         mx.eval(f(x))
+
+
+def test_decode_over_a_cache_prefix_is_one_node_with_the_buffers_gradient(rng, fusing):
+    # the kernel reads the buffer a KV cache's prefix is a slice of (in place); the node takes
+    # the buffer as an input whose gradient reaches it through the slices (MLX's Slice vjp)
+    q = _normal(rng, (1, 4, 1, 64))
+    buffer = _normal(rng, (1, 2, 256, 64))
+    probe = _normal(rng, (1, 4, 1, 64))
+
+    def step(a, b, attend):
+        return attend(a, b[:, :, :100], b[:, :, :100])
+    ours = lambda a, k, v: ops.scaled_dot_product_attention(a, k, v, scale=0.125,  # noqa: E731
+                                                            backend="metile")
+    mlx = lambda a, k, v: mx.fast.scaled_dot_product_attention(a, k, v,  # noqa: E731
+                                                              scale=0.125)
+    out, labels = _graph(lambda a, b: step(a, b, ours), q, buffer)
+    assert labels.count("MetileOp") == 1 and "CustomTransforms" not in labels, labels
+    _close(out, step(q, buffer, mlx), 1e-4)
+    for grad in (mx.grad, lambda f, **kw: mx.compile(mx.grad(f, **kw))):
+        got = grad(lambda a, b: (step(a, b, ours) * probe).sum(), argnums=(0, 1))(q, buffer)
+        want = mx.grad(lambda a, b: (step(a, b, mlx) * probe).sum(), argnums=(0, 1))(q, buffer)
+        for g, h in zip(got, want):
+            _close(g, h, 1e-3)
+    # a batch of buffers under mx.vmap: the slices are batched, the rule reads them
+    buffers = mx.stack([buffer, 2.0 * buffer])
+    got = mx.vmap(lambda b: step(q, b, ours), in_axes=0)(buffers)
+    want = mx.vmap(lambda b: step(q, b, mlx), in_axes=0)(buffers)
+    _close(got, want, 1e-4)

@@ -379,9 +379,9 @@ def _no_weight_gradient(w):
         "as QLoRA does)"))
 
 
-def _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config):
+def _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config, shape=None):
     return _differentiable(n, k, transpose, group_size, bits, tuple(config.items()))(
-        x2, w, scales, biases)
+        x2, w, scales, biases, shapes=None if shape is None else (shape,))
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -577,7 +577,8 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
                                      decision)
         return out
     with op_replay.recording() as launches:
-        out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config)
+        out = _metile(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
+                      (*lead, n))
     if key is not None and x.dtype == out_dtype and config["kernel"] != "dequantize+gemm":
         # (one kernel: dequantize+gemm launches two); its arguments are x2, w, scales,
         # biases first
