@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <deque>
+#include <functional>
 #include <stdexcept>
 
 #include "mlx/allocator.h"
@@ -35,6 +36,7 @@ class CommandEncoder {
   void set_output_array(const array& arr);
   void add_kernel_node_raw(CUfunction func, dim3 grid_dim, dim3 block_dim, dim3 cluster_dim,
                            uint32_t smem_bytes, void** params);
+  void add_completed_handler(std::function<void()> task);
 };
 CommandEncoder& get_command_encoder(Stream s);
 class Device {
@@ -47,6 +49,16 @@ Device& device(mlx::core::Device device);
 namespace metile::cuda {
 
 namespace {
+
+// A MetileOp's temporaries (op_node.h) held until the commit that runs its kernels is done,
+// as MLX's encoder holds its own primitives' (add_temporary is inline in MLX's header, over
+// members this file does not declare; add_completed_handler is exported).
+[[maybe_unused]] const bool kKeepAliveSet = [] {
+  metile::gpu_keep_alive() = [](mx::Stream s, std::vector<mx::array> temps) {
+    mx::cu::get_command_encoder(s).add_completed_handler([temps = std::move(temps)]() {});
+  };
+  return true;
+}();
 
 // mlx/backend/cuda/allocator.h: every CUDA buffer's handle starts with its device pointer.
 struct CudaBufferHead {

@@ -1045,6 +1045,9 @@ class Replay {
       }
     }
     if (!traced) {
+      if (!sliced_) {
+        if (auto out = as_one_node(given, n)) return nb::cast(std::move(*out));
+      }
       mx::array out = sliced_
           ? launch_->output([&](int p) { return buffers[p] ? *buffers[p] : primal(*given[p], p); })
           : reshaped_
@@ -1076,6 +1079,67 @@ class Replay {
   // Primal p as the launch takes it: the op's array, or its reshaped view.
   mx::array primal(const mx::array& a, int p) const {
     return reshapes_[p] ? mx::reshape(a, *reshapes_[p]) : a;
+  }
+
+  // An eager call as one node: the MetileOp (op_node.h) the recorded launches make, built
+  // once from stand-ins of the op's arrays whose layout is unknown (so every contiguous()
+  // the launches may need is one of its steps, sharing the buffer of an array that is
+  // row-contiguous), then made again on each call's arrays - where the launches, their
+  // reshapes and copies were each a node MLX's evaluation visits.
+  struct OneNode {
+    std::shared_ptr<mx::Primitive> node;
+    std::vector<int> source;          // per node input: the op's array p, or -1: fixed[i]
+    // the arrays read that the op was not given (none where source >= 0: a stand-in kept
+    // would keep the first call's arrays alive)
+    std::vector<std::optional<mx::array>> fixed;
+    std::vector<mx::Shape> shapes;
+    std::vector<mx::Dtype> dtypes;
+    mx::Stream stream;
+  };
+  mutable std::optional<OneNode> one_node_;   // (calls hold the GIL)
+  mutable bool no_one_node_ = false;
+
+  std::optional<mx::array> as_one_node(mx::array* const* given, std::size_t n) const {
+    if (no_one_node_ || !metile::fusing_ops()) return std::nullopt;
+    mx::Stream stream = mx::default_stream(mx::default_device());
+    if (!one_node_) {
+      std::vector<mx::array> stand_ins, primals;
+      for (std::size_t p = 0; p < n; ++p) {
+        stand_ins.push_back(mx::copy(*given[p], stream));
+        primals.push_back(primal(stand_ins.back(), int(p)));
+      }
+      std::vector<std::optional<mx::Shape>> shapes;
+      if (out_shape_) shapes.push_back(*out_shape_);
+      auto made = metile::fuse_op(primals, launch_->run(primals), rules_, shapes);
+      if (!made) {
+        no_one_node_ = true;
+        return std::nullopt;
+      }
+      const mx::array& out = made->front();
+      OneNode one{out.primitive_ptr(), {}, {}, {}, {}, out.primitive().stream()};
+      for (const auto& in : out.inputs()) {
+        int from = -1;
+        for (std::size_t p = 0; p < n && from < 0; ++p) {
+          if (in.id() == stand_ins[p].id()) from = int(p);
+        }
+        one.source.push_back(from);
+        one.fixed.push_back(from < 0 ? std::optional<mx::array>(in) : std::nullopt);
+      }
+      for (const auto& o : out.outputs()) {
+        one.shapes.push_back(o.shape());
+        one.dtypes.push_back(o.dtype());
+      }
+      one_node_ = std::move(one);
+    }
+    const OneNode& one = *one_node_;
+    if (!(one.stream == stream)) return std::nullopt;
+    std::vector<mx::array> inputs;
+    inputs.reserve(one.source.size());
+    for (std::size_t i = 0; i < one.source.size(); ++i) {
+      inputs.push_back(one.source[i] >= 0 ? *given[one.source[i]] : *one.fixed[i]);
+    }
+    return std::move(mx::array::make_arrays(one.shapes, one.dtypes, one.node, std::move(inputs))
+                         .front());
   }
 
   std::shared_ptr<const Launch> launch_;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "lazy_slice.h"
@@ -67,11 +68,20 @@ inline bool fusable_primitive(const char* name) {
   return false;
 }
 
+// How an OpNode on a GPU stream keeps its temporaries until the GPU has run the kernels
+// reading them: set by the GPU backend's launch (cuda_launch.cpp); without one, fuse_op
+// makes no OpNode with temporaries on a GPU stream.
+using KeepAlive = void (*)(mx::Stream, std::vector<mx::array>);
+inline KeepAlive& gpu_keep_alive() {
+  static KeepAlive keep = nullptr;
+  return keep;
+}
+
 class OpNode : public mx::Primitive {
  public:
   // One of the forward's nodes: its primitive, where each input comes from (>= 0: the
-  // OpNode's input; < 0: its output -1 - i, written by an earlier step) and which of the
-  // OpNode's outputs it writes.
+  // OpNode's input; < 0: slot -1 - i, written by an earlier step) and which slots it
+  // writes (the OpNode's outputs first, then its temporaries).
   struct Step {
     std::shared_ptr<mx::Primitive> primitive;
     std::vector<int> in;
@@ -85,8 +95,10 @@ class OpNode : public mx::Primitive {
   // their place), then arrays read that no transform traces.
   OpNode(mx::Stream stream, std::vector<Step> steps, std::vector<mx::Shape> rule_in,
          std::vector<mx::Shape> rule_out, std::vector<bool> contiguous_out,
-         std::shared_ptr<const OpRules> rules, int sources)
-      : mx::Primitive(stream), steps_(std::move(steps)), sources_(sources),
+         std::shared_ptr<const OpRules> rules, int sources, std::vector<mx::Shape> temp_shapes,
+         std::vector<mx::Dtype> temp_dtypes)
+      : mx::Primitive(stream), steps_(std::move(steps)), temp_shapes_(std::move(temp_shapes)),
+        temp_dtypes_(std::move(temp_dtypes)), sources_(sources),
         primals_(int(rule_in.size())),
         visible_(int(rule_out.size())), rule_in_(std::move(rule_in)),
         rule_out_(std::move(rule_out)), contiguous_out_(std::move(contiguous_out)),
@@ -197,20 +209,44 @@ class OpNode : public mx::Primitive {
   }
 
  private:
+  // The forward's nodes in order; the arrays they write that the op does not return are
+  // temporaries made here, kept alive until the stream has run what reads them (MLX's
+  // encoders' temporaries: what MLX does for its own primitives' scratch arrays).
   void run(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool gpu) {
+    // (each made by the step that writes it, with its primitive: an eval may ask its output
+    // for its primitive's stream, as MLX's reshape does when it copies)
+    std::vector<std::optional<mx::array>> temps(temp_shapes_.size());
+    auto slot = [&](int s) -> const mx::array& {
+      return s < visible_ ? outputs[s] : *temps[s - visible_];
+    };
     for (const Step& step : steps_) {
       std::vector<mx::array> in;
       in.reserve(step.in.size());
-      for (int r : step.in) in.push_back(r >= 0 ? inputs[r] : outputs[-1 - r]);
-      // (copies of the handles: the step's eval sets the data of the OpNode's outputs)
+      for (int r : step.in) in.push_back(r >= 0 ? inputs[r] : slot(-1 - r));
+      // (copies of the handles: the step's eval sets the data of the arrays they share)
       std::vector<mx::array> out;
       out.reserve(step.out.size());
-      for (int o : step.out) out.push_back(outputs[o]);
+      for (int o : step.out) {
+        if (o >= visible_) {
+          temps[o - visible_].emplace(temp_shapes_[o - visible_], temp_dtypes_[o - visible_],
+                                      step.primitive, std::vector<mx::array>{});
+        }
+        out.push_back(slot(o));
+      }
       if (gpu) {
         step.primitive->eval_gpu(in, out);
       } else {
         step.primitive->eval_cpu(in, out);
       }
+    }
+    if (temps.empty()) return;
+    std::vector<mx::array> kept;
+    kept.reserve(temps.size());
+    for (auto& t : temps) kept.push_back(std::move(*t));
+    if (gpu) {
+      gpu_keep_alive()(stream(), std::move(kept));
+    } else {
+      mx::cpu::get_command_encoder(stream()).add_temporaries(std::move(kept));
     }
   }
 
@@ -234,6 +270,8 @@ class OpNode : public mx::Primitive {
   }
 
   std::vector<Step> steps_;
+  std::vector<mx::Shape> temp_shapes_;   // (the temporaries: slots visible_ and on)
+  std::vector<mx::Dtype> temp_dtypes_;
   int sources_;
   int primals_, visible_;
   std::vector<mx::Shape> rule_in_, rule_out_, visible_shapes_;
@@ -390,15 +428,22 @@ inline std::optional<std::vector<mx::array>> fuse_op(
     for (const auto& s : a.outputs()) step.out.push_back(output_of.at(s.id()));
     steps.push_back(std::move(step));
   }
-  auto node = std::make_shared<OpNode>(outputs[0].primitive().stream(), std::move(steps),
-                                       std::move(rule_in), std::move(rule_out),
-                                       std::move(contiguous), std::move(rules),
-                                       n_read - n_primals);
+  mx::Stream stream = outputs[0].primitive().stream();
+  const std::size_t n_out = outputs.size();
+  if (out_shapes.size() > n_out && stream.device.type == mx::Device::gpu && !gpu_keep_alive()) {
+    return std::nullopt;
+  }
+  std::vector<mx::Shape> temp_shapes(out_shapes.begin() + n_out, out_shapes.end());
+  std::vector<mx::Dtype> temp_dtypes(dtypes.begin() + n_out, dtypes.end());
+  out_shapes.resize(n_out);
+  dtypes.erase(dtypes.begin() + n_out, dtypes.end());
+  contiguous.resize(n_out);
+  auto node = std::make_shared<OpNode>(stream, std::move(steps), std::move(rule_in),
+                                       std::move(rule_out), std::move(contiguous),
+                                       std::move(rules), n_read - n_primals,
+                                       std::move(temp_shapes), std::move(temp_dtypes));
   node->set_visible_shapes(visible);
-  auto made = mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node,
-                                     std::move(inputs));
-  made.erase(made.begin() + outputs.size(), made.end());
-  return made;
+  return mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node, std::move(inputs));
 }
 
 }  // namespace metile

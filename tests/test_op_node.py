@@ -303,3 +303,62 @@ def test_decode_over_a_cache_prefix_is_one_node_with_the_buffers_gradient(rng, f
     got = mx.vmap(lambda b: step(q, b, ours), in_axes=0)(buffers)
     want = mx.vmap(lambda b: step(q, b, mlx), in_axes=0)(buffers)
     _close(got, want, 1e-4)
+
+
+# -- eager calls: a replayed op is one node too ---------------------------------------------
+
+def test_a_replayed_eager_call_is_one_node_on_any_layout(rng, fusing):
+    x, w = _normal(rng, (3, 5, 64)), _normal(rng, (64,))
+
+    def op(a):
+        return ops.rms_norm(a, w, 1e-5, backend="metile")
+    mx.eval(op(x))                      # (the first call records the replay)
+    again = op(x)
+    assert _labels(again) == ["MetileOp"], _labels(again)
+    _close(again, mx.fast.rms_norm(x, w, 1e-5), 1e-4)
+    # the same signature on a transposed view and on a lazy MLX result: the node's own
+    # contiguous() step copies what is not row-contiguous
+    view = mx.swapaxes(_normal(rng, (3, 64, 5)), 1, 2)
+    for other in (view, x * 2.0 + 1.0):
+        got = op(other)
+        assert _labels(got).count("MetileOp") == 1, _labels(got)
+        _close(got, mx.fast.rms_norm(other, w, 1e-5), 1e-4)
+
+
+def test_replayed_decode_attention_and_one_array_twice_are_one_node(rng, fusing):
+    q = _normal(rng, (1, 4, 1, 64))
+    k, v = _normal(rng, (1, 2, 300, 64)), _normal(rng, (1, 2, 300, 64))
+
+    def attend(a, b, c):
+        return ops.scaled_dot_product_attention(a, b, c, scale=0.125, backend="metile")
+    mx.eval(attend(q, k, v))
+    for keys, values in ((k, v), (2.0 * k, v + 1.0)):
+        got = attend(q, keys, values)
+        assert _labels(got).count("MetileOp") == 1, _labels(got)
+        _close(got, mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125), 1e-4)
+    a = _normal(rng, (24, 24))
+    mx.eval(ops.matmul(a, a, backend="metile"))
+    for m in (a, a + 1.0):
+        got = ops.matmul(m, m, backend="metile")
+        assert _labels(got).count("MetileOp") == 1, _labels(got)
+        _close(got, m @ m, 1e-4)
+
+
+def test_a_replay_on_another_stream_or_switched_off_takes_its_launches(rng):
+    x, w = _normal(rng, (4, 64)), _normal(rng, (64,))
+
+    def op(a):
+        return ops.rms_norm(a, w, 1e-5, backend="metile")
+    mx.eval(op(x))
+    mx.eval(op(x))                      # (the replay's node, made on the default stream)
+    with mx.stream(mx.new_stream(mx.cpu)):
+        got = op(x)
+    assert "MetileOp" not in _labels(got), _labels(got)
+    _close(got, mx.fast.rms_norm(x, w, 1e-5), 1e-4)
+    was = _ext.fuse_ops(False)
+    try:
+        got = op(x)
+    finally:
+        _ext.fuse_ops(was)
+    assert "MetileOp" not in _labels(got), _labels(got)
+    _close(got, mx.fast.rms_norm(x, w, 1e-5), 1e-4)
