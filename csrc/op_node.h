@@ -59,15 +59,6 @@ struct OpRules {
 // Primitives an OpNode runs itself: metile's launches (eval allocates and encodes), an
 // op's own OpNode (an op built from ops) and MLX's primitives that only share, view or
 // copy a buffer.
-inline bool fusable_primitive(const char* name) {
-  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "MetileOp", "Reshape",
-                            "Contiguous", "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze",
-                            "Transpose", "Slice", "View", "Flatten", "Unflatten"}) {
-    if (std::strcmp(name, known) == 0) return true;
-  }
-  return false;
-}
-
 // How an OpNode on a GPU stream keeps its temporaries until the GPU has run the kernels
 // reading them: set by the GPU backend's launch (cuda_launch.cpp); without one, fuse_op
 // makes no OpNode with temporaries on a GPU stream.
@@ -75,6 +66,19 @@ using KeepAlive = void (*)(mx::Stream, std::vector<mx::array>);
 inline KeepAlive& gpu_keep_alive() {
   static KeepAlive keep = nullptr;
   return keep;
+}
+
+inline bool fusable_primitive(const char* name) {
+  // MLX's own custom kernel (metile's launches through cuda_kernel: an output that starts
+  // from a value, METILE_CUDA_LAUNCH=mlx) where the CUDA launch is built: its eval is
+  // self-contained as metile's own; on Metal not run inside a node (not tested there)
+  if (std::strcmp(name, "CustomKernel") == 0) return gpu_keep_alive() != nullptr;
+  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "MetileOp", "Reshape",
+                            "Contiguous", "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze",
+                            "Transpose", "Slice", "View", "Flatten", "Unflatten"}) {
+    if (std::strcmp(name, known) == 0) return true;
+  }
+  return false;
 }
 
 class OpNode : public mx::Primitive {

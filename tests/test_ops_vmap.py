@@ -42,10 +42,6 @@ def _cases():
 
 @pytest.mark.parametrize("op", list(_cases()))
 def test_ops_batch_under_vmap_as_mlx_does(op):
-    if op == "attention" and mx.default_device() == mx.gpu and mx.cuda.is_available():
-        pytest.skip("not run on a GPU yet: attention's CUDA forward launches through MLX's "
-                    "cuda_kernel, which mx.jvp reached inside the op's custom function "
-                    "(tests/test_ops_jvp.py); vmap may meet it the same way")
     fn, shape = _cases()[op]
     xs = mx.random.normal((3, *shape), key=mx.random.key(9))
     want = mx.vmap(lambda v: fn(v, "mlx"))(xs)
