@@ -126,12 +126,14 @@ if [ "$mode" = s128 ]; then
     --tokens 512 2048 --rounds 7 --variants auto mlx-again \
     --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
     | tail -10 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_jvp test_ops_vmap test_op_replay test_model_ops_norms
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_model_ops_norms test_eager_fast_path
 elif [ "$mode" = s127 ]; then
-  # s36: ops under mx.compile as one MetileOp node (against mx.custom_function's nodes in
-  # the same run: decode_fixed_cost), the GPU's timeline of both, the int4 decode step; then
-  # s35's cache read in place (eager, mlx_lm's form) and the attention GPU tests
+  # s36: ops as one MetileOp node - first its GPU tests (the node's CUDA path has never run),
+  # then the node against mx.custom_function's nodes in one run (decode_fixed_cost), the
+  # GPU's timeline of both, the int4 decode step, s35's cache read in place, more tests
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 170 test_op_node test_ops_jvp
+  cp "$logs/pytest.txt" "$logs/pytest-first.txt"; cp "$out/device-run.json" "$logs/device-run-first.json"
   timeout 150 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
   KEYS="4096" timeout 100 python3 tools/probes/kernel_timeline.py "$logs/h200-kernel-timeline.json" 2>&1 | tail -8 | tee -a "$log"
   timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
@@ -139,7 +141,7 @@ elif [ "$mode" = s127 ]; then
     --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
   KEYS="1024 4096 16384" timeout 120 python3 tools/probes/decode_cache_ahead.py \
     "$logs/h200-decode-cache-ahead.json" 2>&1 | tail -4 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_node test_input_layout test_attention_op
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_ops_vmap test_input_layout test_attention_op
 elif [ "$mode" = s126 ]; then
   # is decode attention's ~18 us an attention (s125) the GPU's or the host's? short caches,
   # a tiny one-kernel op 16 a call, then ncu's kernel durations of the same calls
