@@ -5,12 +5,12 @@
 // MLX composite's jvp and vmap).  mx.custom_function gives it those with two more nodes an
 // output (StopGradient, CustomTransforms); each node an MLX graph holds costs host time at
 // every evaluation of a compiled call (s126, H100: a one-kernel op 8.0 us a node in a
-// compiled chain against MLX's own 4.7).  OpNode is the whole forward as one primitive: its
-// inputs are the op's arrays (then any array the forward reads that does not depend on
-// them), its eval runs the forward's nodes in order by calling their own eval_cpu/eval_gpu,
-// and it carries the op's rules.  The forward's intermediate arrays are the node's extra
-// outputs, so MLX keeps their buffers alive until the GPU is done with them, as it does an
-// evaluated node's siblings.
+// compiled chain against MLX's own 4.7), and eagerly too.  OpNode is the whole forward as
+// one primitive: its inputs are the op's arrays (then any array the forward reads that does
+// not depend on them), its eval runs the forward's nodes in order by calling their own
+// eval_cpu/eval_gpu, and it carries the op's rules.  The forward's intermediate arrays are
+// temporaries the eval hands to the stream's encoder, which holds them until what reads
+// them has run (as MLX holds its own primitives' scratch arrays).
 //
 // Only nodes whose evaluation needs nothing from MLX's evaluation loop beyond
 // eval_cpu/eval_gpu are taken in (metile's launches and MLX's layout primitives); a
@@ -56,9 +56,6 @@ struct OpRules {
   std::string name;  // the op's name, for refusals
 };
 
-// Primitives an OpNode runs itself: metile's launches (eval allocates and encodes), an
-// op's own OpNode (an op built from ops) and MLX's primitives that only share, view or
-// copy a buffer.
 // How an OpNode on a GPU stream keeps its temporaries until the GPU has run the kernels
 // reading them: set by the GPU backend's launch (cuda_launch.cpp); without one, fuse_op
 // makes no OpNode with temporaries on a GPU stream.
@@ -68,6 +65,9 @@ inline KeepAlive& gpu_keep_alive() {
   return keep;
 }
 
+// Primitives an OpNode runs itself: metile's launches (eval allocates and encodes), an
+// op's own OpNode (an op built from ops) and MLX's primitives that only share, view or
+// copy a buffer.
 inline bool fusable_primitive(const char* name) {
   // MLX's own custom kernel (metile's launches through cuda_kernel: an output that starts
   // from a value, METILE_CUDA_LAUNCH=mlx) where the CUDA launch is built: its eval is
@@ -92,11 +92,12 @@ class OpNode : public mx::Primitive {
     std::vector<int> out;
   };
 
-  // `rule_in`: the shape the rules see each primal in (the op's rows, where the node takes
-  // the array the op reshaped to them); `rule_out`: the shape of each visible output the
-  // rules compute (before the op's reshape of it, which the node runs).
   // The inputs: the primals, then `sources` arrays some primals are slices of (read in
-  // their place), then arrays read that no transform traces.
+  // their place), then arrays read that no transform traces.  `rule_in`: the shape the
+  // rules see each primal in (the op's rows, where the node takes the array the op reshaped
+  // to them); `rule_out`: the shape of each output the rules compute (before the op's
+  // reshape of it, which the node runs); `temp_*`: the temporaries' (slots after the
+  // outputs).
   OpNode(mx::Stream stream, std::vector<Step> steps, std::vector<mx::Shape> rule_in,
          std::vector<mx::Shape> rule_out, std::vector<bool> contiguous_out,
          std::shared_ptr<const OpRules> rules, int sources, std::vector<mx::Shape> temp_shapes,
