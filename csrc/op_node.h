@@ -53,7 +53,9 @@ struct OpRules {
   std::function<std::pair<std::vector<mx::array>, std::vector<int>>(
       const std::vector<mx::array>&, const std::vector<int>&)>
       vmap;
-  std::string name;  // the op's name, for refusals
+  // the op's name, for refusals: "kernel 'k'" style (a kernel's symbol or name: no_vjp.h's
+  // kernel_name) where the op has no jvp or vmap rule
+  std::string name;
 };
 
 // How an OpNode on a GPU stream keeps its temporaries until the GPU has run the kernels
@@ -146,7 +148,9 @@ class OpNode : public mx::Primitive {
                              const std::vector<mx::array>& tangents,
                              const std::vector<int>& argnums) override {
     if (!rules_->jvp) {
-      throw std::invalid_argument("[metile] " + rules_->name + " has no forward-mode derivative");
+      // (tangents whose evaluation raises, naming the op or kernel, as a bare launch's do)
+      return metile::refused_jvp(stream(), rules_->name, primals, visible_shapes_,
+                                 visible_dtypes_);
     }
     std::vector<mx::array> ts;
     std::vector<int> at;
@@ -166,7 +170,8 @@ class OpNode : public mx::Primitive {
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
     if (!rules_->vmap) {
-      throw std::invalid_argument("[metile] " + rules_->name + " cannot be batched by mx.vmap");
+      return metile::refused_vmap(stream(), rules_->name, inputs, axes, visible_shapes_,
+                                  visible_dtypes_);
     }
     // (a slice's source batched: the slice primal is, and the rule reads that)
     for (std::size_t i = primals_ + sources_; i < axes.size(); ++i) {
@@ -190,8 +195,11 @@ class OpNode : public mx::Primitive {
     return {outs, out_axes};
   }
 
-  // The visible outputs' shapes (set once the node's outputs are made: fuse_op).
-  void set_visible_shapes(std::vector<mx::Shape> shapes) { visible_shapes_ = std::move(shapes); }
+  // The outputs' shapes and dtypes (set once the node's outputs are made: fuse_op).
+  void set_visible(std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes) {
+    visible_shapes_ = std::move(shapes);
+    visible_dtypes_ = std::move(dtypes);
+  }
 
   const char* name() const override { return "MetileOp"; }
   bool is_equivalent(const mx::Primitive& other) const override { return this == &other; }
@@ -280,6 +288,7 @@ class OpNode : public mx::Primitive {
   int sources_;
   int primals_, visible_;
   std::vector<mx::Shape> rule_in_, rule_out_, visible_shapes_;
+  std::vector<mx::Dtype> visible_dtypes_;
   std::vector<bool> contiguous_out_;
   std::shared_ptr<const OpRules> rules_;
 };
@@ -447,7 +456,7 @@ inline std::optional<std::vector<mx::array>> fuse_op(
                                        std::move(rule_out), std::move(contiguous),
                                        std::move(rules), n_read - n_primals,
                                        std::move(temp_shapes), std::move(temp_dtypes));
-  node->set_visible_shapes(visible);
+  node->set_visible(visible, dtypes);
   return mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node, std::move(inputs));
 }
 

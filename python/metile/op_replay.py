@@ -334,14 +334,17 @@ class OpFunction:
     the forward holds a node that one cannot run).  Under mx.compile an op is then one
     node where mx.custom_function made it three (each costs host time at every call).
     The vjp takes what an mx.custom_function's does: the primals as a tuple, the cotangent
-    and output (tuples where the forward returns several)."""
+    and output (tuples where the forward returns several).  Without a composite, mx.jvp's
+    tangents and mx.vmap's outputs raise when evaluated, naming the op, as a bare launch's
+    do."""
 
-    def __init__(self, forward):
+    def __init__(self, forward, name=None):
         self._forward = forward
         self._vjp = None
         self._composite = None
         self._rules = None
-        self.__name__ = getattr(forward, "__name__", "op")
+        # (named in the refusals of mx.jvp and mx.vmap without a composite: "kernel 'name'")
+        self.__name__ = name or getattr(forward, "__name__", "op")
         self.__doc__ = forward.__doc__
 
     def vjp(self, fn):

@@ -312,13 +312,14 @@ def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_
     expression on the first `n` elements (what the kernel reads and writes).  A runtime
     scalar passed as a 0-d float mx.array is a primal too (its gradient is the sum over the
     elements; it was a constant, so mx.grad gave it zero, silently)."""
+    from ..op_replay import OpFunction
+
     traced = [k for k, v in scalars.items()
               if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating)]
     nl = len(loaded_names)
 
-    @mx.custom_function
-    def forward(*arrays):
-        return launch(*arrays[:nl])
+    # (one MLX node under a transform, as metile.ops are: op_replay.OpFunction)
+    forward = OpFunction(lambda *arrays: launch(*arrays[:nl]), name=fn.name)
 
     @forward.vjp
     def backward(primals, cotangents, outputs):
