@@ -1,8 +1,9 @@
-"""An op under a transform is one MetileOp node (csrc/op_node.h, op_replay.OpFunction):
-its launches, reshapes and contiguous copies run by one primitive that carries the op's
-vjp and its MLX composite's jvp and vmap, where mx.custom_function put StopGradient and
-CustomTransforms after them (each node costs host time at every compiled call).  Numbers
-against MLX's ops; graphs counted from mx.export_to_dot."""
+"""An op under a transform is one MetileOp node (csrc/op_node.h,
+runtime/op_function.OpFunction): its launches, reshapes and contiguous copies run by one
+primitive that carries the op's vjp and its MLX composite's jvp and vmap, where
+mx.custom_function put StopGradient and CustomTransforms after them (each node costs host
+time at every compiled call).  Numbers against MLX's ops; graphs counted from
+mx.export_to_dot."""
 import io
 import re
 
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 import metile
-from metile import _ext, attention_ops, op_replay, ops
+from metile import _ext, attention_ops, ops
+from metile.runtime.op_function import OpFunction
 
 
 def _labels(out) -> list:
@@ -208,7 +210,7 @@ def test_a_user_op_function_carries_its_own_rules(rng, fusing):
     # the vjp given is the one used (3x, not the kernel's 2x: a rule, not autodiff), and an
     # op function without a composite names what it cannot do
     x = _normal(rng, (100,))
-    f = op_replay.OpFunction(_launch_twice)
+    f = OpFunction(_launch_twice)
     f.vjp(lambda primals, cotangent, output: (3.0 * cotangent,))
     out, labels = _graph(f, x)
     assert labels.count("MetileOp") == 1, labels
@@ -230,7 +232,7 @@ def test_a_user_op_function_carries_its_own_rules(rng, fusing):
 def test_a_forward_with_other_nodes_keeps_custom_function_with_its_rules(rng, fusing):
     # a node OpNode does not run itself (an elementwise op) -> mx.custom_function's nodes
     x = _normal(rng, (100,))
-    f = op_replay.OpFunction(lambda a: _launch_twice(a) + 1.0)
+    f = OpFunction(lambda a: _launch_twice(a) + 1.0)
     f.vjp(lambda primals, cotangent, output: (3.0 * cotangent,))
     out, labels = _graph(f, x)
     assert "MetileOp" not in labels and "CustomTransforms" in labels, labels
@@ -252,7 +254,7 @@ def test_a_forward_reading_another_traced_array_keeps_custom_function(rng, fusin
     seen = {}
 
     def traced(a, captured):
-        f = op_replay.OpFunction(lambda b: _add[(2,)](b, captured, mx.zeros(b.shape), 100,
+        f = OpFunction(lambda b: _add[(2,)](b, captured, mx.zeros(b.shape), 100,
                                                       BLOCK=64))
         f.vjp(lambda primals, cotangent, output: (cotangent,))
         out = f(a)
@@ -265,7 +267,7 @@ def test_a_forward_reading_another_traced_array_keeps_custom_function(rng, fusin
 
 def test_an_op_built_from_ops_is_one_node(rng, fusing):
     x, w = _normal(rng, (4, 64)), _normal(rng, (64,))
-    f = op_replay.OpFunction(lambda a, b: ops.rms_norm(ops.rms_norm(a, b, 1e-5, backend="metile"),
+    f = OpFunction(lambda a, b: ops.rms_norm(ops.rms_norm(a, b, 1e-5, backend="metile"),
                                                        b, 1e-5, backend="metile"))
     f.vjp(lambda primals, cotangent, output: (cotangent, mx.zeros_like(primals[1])))
     out, labels = _graph(f, x, w)

@@ -1,5 +1,5 @@
 """Forward-mode derivatives (mx.jvp) of metile.ops on the metile kernels: each op's jvp is
-its MLX composite's (op_replay.jvp_rule; replayed calls too), checked against MLX's own
+its MLX composite's (runtime/op_function.jvp_rule; replayed calls too), checked against MLX's own
 op's jvp; a bare kernel launch refuses by name."""
 
 import mlx.core as mx

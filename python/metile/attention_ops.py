@@ -16,9 +16,10 @@ the first candidate for up to ROWS_QUERIES queries).  Inputs are read row-major:
 (e.g. a (B, L, H, D) projection transposed to (B, H, L, D)) is copied once, as the
 custom-kernel call copies any non-contiguous input.
 
-Gradients (the op's vjp, carried by its one node: op_replay.OpFunction) come from MLX's own attention composite in float32,
-recomputed from q, k, v: softmax(scale q kᵀ + mask) v differentiated by MLX, so the
-gradients are MLX's (for an additive mask too; a boolean mask gets zeros).
+Gradients (the op's vjp, carried by its one node: runtime/op_function.OpFunction) come
+from MLX's own attention composite in float32, recomputed from q, k, v: softmax(scale q
+kᵀ + mask) v differentiated by MLX, so the gradients are MLX's (for an additive mask
+too; a boolean mask gets zeros).
 
 `backend`: "mlx" runs mx.fast.scaled_dot_product_attention, "metile" the kernels, and
 "auto" (the default) routes as metile's other ops (runtime/routing.py): the kernels

@@ -25,7 +25,7 @@ MLX's op runs.  Measuring is explicit: `with metile.ops.tuning():` or
 METILE_OPS_TUNE=1, on eager calls.  The candidates are the kernel at a few
 thread counts (`configs`).
 
-Differentiable as one node carrying each op's vjp (`op_replay.OpFunction`, as
+Differentiable as one node carrying each op's vjp (`runtime/op_function.OpFunction`, as
 `mx.custom_function` would with two more nodes): the backward passes are MLX ops in
 float32 (the closed forms of each op's vjp), except rope's, which is the rope
 kernel with the angle negated (the inverse rotation); rope's `freqs` get MLX's op's

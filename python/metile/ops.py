@@ -5,7 +5,7 @@
     h = metile.ops.gated_mlp(x, w_gate, w_up, activation="silu")   # act(x@wg.T) * (x@wu.T)
 
 Both take and return lazy mx.arrays, work inside mx.compile, and are
-differentiable (op_replay.OpFunction: under a transform one MLX node carrying the
+differentiable (runtime/op_function.OpFunction: under a transform one MLX node carrying the
 op's vjp, as mx.custom_function would with two more nodes; the backward pass uses MLX
 ops, recomputing the pre-activation where the activation's derivative needs it).
 

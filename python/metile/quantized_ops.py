@@ -30,12 +30,13 @@ without a recorded decision MLX's op runs.  Measuring is explicit:
 kernels do not implement (bits other than 4 and 8, modes other than "affine")
 run MLX's op under "auto" and are refused by name under "metile".
 
-Differentiable (`op_replay.OpFunction`, mx.custom_function's rules on one node): the gradient w.r.t. x is
-`mx.quantized_matmul` of the cotangent with the other transpose (what MLX's own
-vjp computes); scales and biases get MLX's gradients (the dequantized weight's
-gradient summed per group, times q for the scales); the packed weight gets
-zeros, where MLX raises ("no gradient wrt the quantized weights"), since a
-vjp in mx.custom_function's form is not told which inputs were asked for.
+Differentiable (`runtime/op_function.OpFunction`, mx.custom_function's rules on one
+node): the gradient w.r.t. x is `mx.quantized_matmul` of the cotangent with the other
+transpose (what MLX's own vjp computes); scales and biases get MLX's gradients (the
+dequantized weight's gradient summed per group, times q for the scales); the packed
+weight's gradient is an array whose evaluation raises, where MLX raises at once ("no
+gradient wrt the quantized weights"), since a vjp in mx.custom_function's form is not told
+which inputs were asked for.
 """
 
 from __future__ import annotations

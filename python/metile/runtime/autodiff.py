@@ -36,6 +36,7 @@ from ..errors import CompilationError
 from ..ir.core import Function, walk
 from ..ir.types import elem_type
 from ..passes.buffer_usage import block_offsets, defining_op, strip_broadcasts
+from .op_function import OpFunction
 
 def _ignoring_nan(pick):
     """metile's maximum/minimum (Triton's): a NaN operand gives the other one, where MLX's
@@ -312,13 +313,11 @@ def differentiable_launch(fn: Function, launch, loaded_names: list[str], output_
     expression on the first `n` elements (what the kernel reads and writes).  A runtime
     scalar passed as a 0-d float mx.array is a primal too (its gradient is the sum over the
     elements; it was a constant, so mx.grad gave it zero, silently)."""
-    from ..op_replay import OpFunction
-
     traced = [k for k, v in scalars.items()
               if isinstance(v, mx.array) and mx.issubdtype(v.dtype, mx.floating)]
     nl = len(loaded_names)
 
-    # (one MLX node under a transform, as metile.ops are: op_replay.OpFunction)
+    # (one MLX node under a transform, as metile.ops are: op_function.py)
     forward = OpFunction(lambda *arrays: launch(*arrays[:nl]), name=fn.name)
 
     @forward.vjp
