@@ -367,3 +367,27 @@ def test_a_replay_on_another_stream_or_switched_off_takes_its_launches(rng):
         _ext.fuse_ops(was)
     assert "MetileOp" not in _labels(got), _labels(got)
     _close(got, mx.fast.rms_norm(x, w, 1e-5), 1e-4)
+
+
+@pytest.mark.parametrize("value, fused", [("0", False), ("1", True)])
+def test_the_environment_switch_is_read_at_import(value, fused):
+    import os
+    import subprocess
+    import sys
+    code = ("import io, mlx.core as mx, metile\n"
+            "x, w = mx.ones((2, 3, 8)), mx.ones((8,))\n"
+            "seen = {}\n"
+            "def f(a):\n"
+            "    y = metile.ops.rms_norm(a, w, 1e-5, backend='metile')\n"
+            "    d = io.StringIO(); mx.export_to_dot(d, y); seen['dot'] = d.getvalue()\n"
+            "    return y\n"
+            "mx.eval(mx.compile(f)(x))\n"
+            "print('MetileOp' in seen['dot'], 'CustomTransforms' in seen['dot'])\n")
+    env = {**os.environ, "METILE_OP_NODES": value}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(fused), str(not fused)], out.stdout
+    bad = subprocess.run([sys.executable, "-c", "import metile"], capture_output=True, text=True,
+                         env={**os.environ, "METILE_OP_NODES": "maybe"}, timeout=300)
+    assert bad.returncode != 0 and "METILE_OP_NODES='maybe' is not a boolean" in bad.stderr

@@ -136,6 +136,14 @@ def cuda_launch() -> str:
     return choice("METILE_CUDA_LAUNCH", ("metile", "mlx"), "metile")
 
 
+def op_nodes() -> bool:
+    """METILE_OP_NODES: whether a metile op under a transform, and a replayed eager op call,
+    is one MLX node (`MetileOp`, csrc/op_node.h: the default) or its launches, reshapes and
+    copies inside mx.custom_function's nodes as before the thirty-sixth session (0: a
+    switch should the one-node form misbehave somewhere).  Read when metile is imported."""
+    return flag("METILE_OP_NODES", True)
+
+
 def wgmma_refill() -> str:
     """METILE_WGMMA_REFILL: what orders a stage's refill after its products in the
     warpgroup GEMM's bulk-tensor (TMA) loop (passes/gemm_wgmma.py): "empty" (the default:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import _ext
+from .. import _ext, settings
+
+_ext.fuse_ops(settings.op_nodes())
 
 
 def vmap_rule(composite):
