@@ -1045,9 +1045,7 @@ class Replay {
       }
     }
     if (!traced) {
-      if (!sliced_) {
-        if (auto out = as_one_node(given, n)) return nb::cast(std::move(*out));
-      }
+      if (auto out = as_one_node(given, buffers, n)) return nb::cast(std::move(*out));
       mx::array out = sliced_
           ? launch_->output([&](int p) { return buffers[p] ? *buffers[p] : primal(*given[p], p); })
           : reshaped_
@@ -1099,14 +1097,22 @@ class Replay {
   mutable std::optional<OneNode> one_node_;   // (calls hold the GIL)
   mutable bool no_one_node_ = false;
 
-  std::optional<mx::array> as_one_node(mx::array* const* given, std::size_t n) const {
+  // (`buffers[p]`: the source of the op's array p where the launches read a slice's source
+  // in its place - a KV cache's buffer - and then the node's input; the slice itself is
+  // checked by the caller against the recorded one)
+  std::optional<mx::array> as_one_node(mx::array* const* given,
+                                       const std::optional<mx::array>* buffers,
+                                       std::size_t n) const {
     if (no_one_node_ || !metile::fusing_ops()) return std::nullopt;
     mx::Stream stream = mx::default_stream(mx::default_device());
+    auto read = [&](std::size_t p) -> const mx::array& {
+      return buffers[p] ? *buffers[p] : *given[p];
+    };
     if (!one_node_) {
       std::vector<mx::array> stand_ins, primals;
       for (std::size_t p = 0; p < n; ++p) {
-        stand_ins.push_back(mx::copy(*given[p], stream));
-        primals.push_back(primal(stand_ins.back(), int(p)));
+        stand_ins.push_back(mx::copy(read(p), stream));
+        primals.push_back(buffers[p] ? stand_ins.back() : primal(stand_ins.back(), int(p)));
       }
       std::vector<std::optional<mx::Shape>> shapes;
       if (out_shape_) shapes.push_back(*out_shape_);
@@ -1136,7 +1142,7 @@ class Replay {
     std::vector<mx::array> inputs;
     inputs.reserve(one.source.size());
     for (std::size_t i = 0; i < one.source.size(); ++i) {
-      inputs.push_back(one.source[i] >= 0 ? *given[one.source[i]] : *one.fixed[i]);
+      inputs.push_back(one.source[i] >= 0 ? read(one.source[i]) : *one.fixed[i]);
     }
     return std::move(mx::array::make_arrays(one.shapes, one.dtypes, one.node, std::move(inputs))
                          .front());

@@ -391,3 +391,25 @@ def test_the_environment_switch_is_read_at_import(value, fused):
     bad = subprocess.run([sys.executable, "-c", "import metile"], capture_output=True, text=True,
                          env={**os.environ, "METILE_OP_NODES": "maybe"}, timeout=300)
     assert bad.returncode != 0 and "METILE_OP_NODES='maybe' is not a boolean" in bad.stderr
+
+
+def test_an_eager_decode_over_a_cache_prefix_replays_as_one_node_reading_the_buffer(rng, fusing):
+    # mlx_lm's form: each layer's attention over `buffer[..., :offset, :]` of a cache
+    # allocated ahead; the replay reads the buffer in place, and its node takes the buffer
+    q = _normal(rng, (1, 4, 1, 64))
+    buffers = [_normal(rng, (1, 2, 256, 64)) for _ in range(3)]
+
+    def attend(b, end):
+        return ops.scaled_dot_product_attention(q, b[:, :, :end], b[:, :, :end], scale=0.125,
+                                                backend="metile")
+    mx.eval(attend(buffers[0], 100))               # (records the replay)
+    for b in buffers:
+        got = attend(b, 100)
+        assert _labels(got).count("MetileOp") == 1 and "Slice" not in _labels(got), \
+            _labels(got)
+        want = mx.fast.scaled_dot_product_attention(q, b[:, :, :100], b[:, :, :100],
+                                                    scale=0.125)
+        _close(got, want, 1e-4)
+    # another prefix length is another signature (the launches read it fresh)
+    _close(attend(buffers[1], 77), mx.fast.scaled_dot_product_attention(
+        q, buffers[1][:, :, :77], buffers[1][:, :, :77], scale=0.125), 1e-4)
