@@ -753,13 +753,13 @@ std::shared_ptr<nb::object> kept(nb::object o) {
   });
 }
 
-// An op's rules (op_node.h) calling Python: `vjp(primals, cotangents, outputs)` -> a list
-// of gradients, one a primal (op_replay._backward); `jvp(primals, tangents)` with a
-// tangent (None where absent) a primal -> a list, one an output (op_replay's
-// _forward_tangents); `vmap(inputs, axes)` with None for an unbatched input -> (output,
-// axis) or (outputs, axes) (op_replay.vmap_rule).  jvp and vmap may be None.
+// An op's rules (op_node.h) calling Python (python/metile/runtime/op_function.py):
+// `vjp(primals, cotangents, outputs)` -> a list of gradients, one a primal; `jvp(primals,
+// tangents)` with a tangent (None where absent) a primal -> a list, one an output
+// (forward_tangents); `vmap(inputs, axes)` with None for an unbatched input -> (output,
+// axis) or (outputs, axes) (vmap_rule).  jvp and vmap may be None.
 std::shared_ptr<metile::OpRules> op_rules(nb::object vjp_fn, nb::object jvp_fn,
-                                                nb::object vmap_fn, std::string name) {
+                                          nb::object vmap_fn, std::string name) {
   auto rules = std::make_shared<metile::OpRules>();
   rules->name = std::move(name);
   rules->vjp = [vjp = kept(std::move(vjp_fn))](const std::vector<mx::array>& primals,
