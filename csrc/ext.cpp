@@ -812,11 +812,7 @@ std::shared_ptr<metile::OpRules> op_rules(nb::object vjp_fn, nb::object jvp_fn,
 std::vector<mx::array> op_node(const std::vector<mx::array>& primals,
                                const std::vector<mx::array>& outputs,
                                std::shared_ptr<metile::OpRules> rules,
-                               const std::vector<std::optional<std::vector<int>>>& shapes) {
-  std::vector<std::optional<mx::Shape>> to;
-  for (const auto& s : shapes) {
-    to.push_back(s ? std::optional<mx::Shape>(mx::Shape(s->begin(), s->end())) : std::nullopt);
-  }
+                               const std::vector<std::optional<mx::Shape>>& to) {
   if (auto fused = metile::fuse_op(primals, outputs, rules, to)) return std::move(*fused);
   std::optional<std::function<std::vector<mx::array>(
       const std::vector<mx::array>&, const std::vector<mx::array>&, const std::vector<int>&)>>
@@ -1068,8 +1064,8 @@ class Replay {
       }
       return launch->run(read);
     };
-    std::vector<std::optional<std::vector<int>>> shapes;
-    if (out_shape_) shapes.emplace_back(std::vector<int>(out_shape_->begin(), out_shape_->end()));
+    std::vector<std::optional<mx::Shape>> shapes;
+    if (out_shape_) shapes.push_back(*out_shape_);
     return nb::cast(op_node(primals, forward(primals), rules_, shapes)[0]);
   }
 
@@ -1799,7 +1795,18 @@ NB_MODULE(_ext, m) {
                               "be None).");
   m.def("op_rules", &op_rules, nb::arg("vjp"), nb::arg("jvp").none(), nb::arg("vmap").none(),
         nb::arg("name"));
-  m.def("op_node", &op_node, nb::arg("primals"), nb::arg("outputs"), nb::arg("rules"),
+  m.def("op_node",
+        [](const std::vector<mx::array>& primals, const std::vector<mx::array>& outputs,
+           std::shared_ptr<metile::OpRules> rules,
+           const std::vector<std::optional<std::vector<int>>>& shapes) {
+          std::vector<std::optional<mx::Shape>> to;
+          for (const auto& s : shapes) {
+            to.push_back(s ? std::optional<mx::Shape>(mx::Shape(s->begin(), s->end()))
+                           : std::nullopt);
+          }
+          return op_node(primals, outputs, std::move(rules), to);
+        },
+        nb::arg("primals"), nb::arg("outputs"), nb::arg("rules"),
         nb::arg("shapes") = std::vector<std::optional<std::vector<int>>>{},
         "outputs (an op's forward of primals) as one node carrying the op's rules, or under "
         "mx.custom_function's nodes where the forward cannot be one node; with `shapes`, "
@@ -1817,10 +1824,6 @@ NB_MODULE(_ext, m) {
     }
     return false;
   }, "Whether a transform traces any of the arrays (None and other values are skipped).");
-  m.def("primitive_name", [](const mx::array& a) -> nb::object {
-    if (!a.has_primitive()) return nb::none();
-    return nb::str(a.primitive().name());
-  }, "The name of the primitive computing an array (None when it has none).");
   nb::class_<Replay>(m, "Replay")
       .def(nb::init<std::vector<Replay::StageArgs>,
                     std::vector<std::optional<std::vector<int>>>, std::optional<std::vector<int>>,

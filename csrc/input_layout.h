@@ -30,9 +30,7 @@ inline bool row_contiguous_when_evaluated(const mx::array& x, int depth = 0) {
   if (x.is_available()) return x.flags().row_contiguous;
   if (!x.has_primitive() || depth > 8) return false;
   const char* name = x.primitive().name();
-  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "Matmul"}) {
-    if (std::strcmp(name, known) == 0) return true;
-  }
+  if (metile_launch(name) || std::strcmp(name, "Matmul") == 0) return true;
   const auto& inputs = x.inputs();
   // SliceUpdate writes into a copy of its input that keeps the input's layout (or a
   // row-contiguous one), as a KV cache's update does

@@ -67,6 +67,12 @@ inline KeepAlive& gpu_keep_alive() {
   return keep;
 }
 
+// metile's own launch primitives (csrc/cuda_launch.cpp, csrc/msl_cpu/primitive.h): their
+// eval allocates every output, row-contiguous.
+inline bool metile_launch(const char* name) {
+  return std::strcmp(name, "MetileCudaKernel") == 0 || std::strcmp(name, "MetileMslCpuKernel") == 0;
+}
+
 // Primitives an OpNode runs itself: metile's launches (eval allocates and encodes), an
 // op's own OpNode (an op built from ops) and MLX's primitives that only share, view or
 // copy a buffer.
@@ -75,13 +81,20 @@ inline bool fusable_primitive(const char* name) {
   // from a value, METILE_CUDA_LAUNCH=mlx) where the CUDA launch is built: its eval is
   // self-contained as metile's own; on Metal not run inside a node (not tested there)
   if (std::strcmp(name, "CustomKernel") == 0) return gpu_keep_alive() != nullptr;
-  for (const char* known : {"MetileCudaKernel", "MetileMslCpuKernel", "MetileOp", "Reshape",
-                            "Contiguous", "Copy", "AsType", "Broadcast", "ExpandDims", "Squeeze",
-                            "Transpose", "Slice", "View", "Flatten", "Unflatten"}) {
+  if (metile_launch(name)) return true;
+  for (const char* known : {"MetileOp", "Reshape", "Contiguous", "Copy", "AsType", "Broadcast",
+                            "ExpandDims", "Squeeze", "Transpose", "Slice", "View", "Flatten",
+                            "Unflatten"}) {
     if (std::strcmp(name, known) == 0) return true;
   }
   return false;
 }
+
+// The shapes and dtypes of arrays an OpNode makes (its outputs, or its temporaries).
+struct ArraysOf {
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+};
 
 class OpNode : public mx::Primitive {
  public:
@@ -98,15 +111,13 @@ class OpNode : public mx::Primitive {
   // their place), then arrays read that no transform traces.  `rule_in`: the shape the
   // rules see each primal in (the op's rows, where the node takes the array the op reshaped
   // to them); `rule_out`: the shape of each output the rules compute (before the op's
-  // reshape of it, which the node runs); `temp_*`: the temporaries' (slots after the
-  // outputs).
+  // reshape of it, which the node runs); `outputs` (those `contiguous_out` says a launch
+  // writes row-contiguous) and `temps` (slots after the outputs).
   OpNode(mx::Stream stream, std::vector<Step> steps, std::vector<mx::Shape> rule_in,
-         std::vector<mx::Shape> rule_out, std::vector<bool> contiguous_out,
-         std::shared_ptr<const OpRules> rules, int sources, std::vector<mx::Shape> temp_shapes,
-         std::vector<mx::Dtype> temp_dtypes)
-      : mx::Primitive(stream), steps_(std::move(steps)), temp_shapes_(std::move(temp_shapes)),
-        temp_dtypes_(std::move(temp_dtypes)), sources_(sources),
-        primals_(int(rule_in.size())),
+         std::vector<mx::Shape> rule_out, ArraysOf outputs, std::vector<bool> contiguous_out,
+         ArraysOf temps, std::shared_ptr<const OpRules> rules, int sources)
+      : mx::Primitive(stream), steps_(std::move(steps)), outputs_(std::move(outputs)),
+        temps_(std::move(temps)), sources_(sources), primals_(int(rule_in.size())),
         visible_(int(rule_out.size())), rule_in_(std::move(rule_in)),
         rule_out_(std::move(rule_out)), contiguous_out_(std::move(contiguous_out)),
         rules_(std::move(rules)) {}
@@ -149,8 +160,8 @@ class OpNode : public mx::Primitive {
                              const std::vector<int>& argnums) override {
     if (!rules_->jvp) {
       // (tangents whose evaluation raises, naming the op or kernel, as a bare launch's do)
-      return metile::refused_jvp(stream(), rules_->name, primals, visible_shapes_,
-                                 visible_dtypes_);
+      return metile::refused_jvp(stream(), rules_->name, primals, outputs_.shapes,
+                                 outputs_.dtypes);
     }
     std::vector<mx::array> ts;
     std::vector<int> at;
@@ -161,8 +172,8 @@ class OpNode : public mx::Primitive {
       }
     }
     auto got = rules_->jvp(rule_primals(primals), ts, at);
-    for (std::size_t j = 0; j < got.size() && j < visible_shapes_.size(); ++j) {
-      got[j] = shaped(got[j], visible_shapes_[j]);
+    for (std::size_t j = 0; j < got.size() && j < outputs_.shapes.size(); ++j) {
+      got[j] = shaped(got[j], outputs_.shapes[j]);
     }
     return got;
   }
@@ -170,8 +181,8 @@ class OpNode : public mx::Primitive {
   std::pair<std::vector<mx::array>, std::vector<int>> vmap(
       const std::vector<mx::array>& inputs, const std::vector<int>& axes) override {
     if (!rules_->vmap) {
-      return metile::refused_vmap(stream(), rules_->name, inputs, axes, visible_shapes_,
-                                  visible_dtypes_);
+      return metile::refused_vmap(stream(), rules_->name, inputs, axes, outputs_.shapes,
+                                  outputs_.dtypes);
     }
     // (a slice's source batched: the slice primal is, and the rule reads that)
     for (std::size_t i = primals_ + sources_; i < axes.size(); ++i) {
@@ -188,17 +199,11 @@ class OpNode : public mx::Primitive {
       in_axes.push_back(axes[i] < 0 ? -1 : 0);
     }
     auto [outs, out_axes] = rules_->vmap(xs, in_axes);
-    for (std::size_t j = 0; j < outs.size() && j < visible_shapes_.size(); ++j) {
-      outs[j] = batched(outs[j], out_axes[j], visible_shapes_[j]);
+    for (std::size_t j = 0; j < outs.size() && j < outputs_.shapes.size(); ++j) {
+      outs[j] = batched(outs[j], out_axes[j], outputs_.shapes[j]);
       out_axes[j] = out_axes[j] < 0 ? -1 : 0;
     }
     return {outs, out_axes};
-  }
-
-  // The outputs' shapes and dtypes (set once the node's outputs are made: fuse_op).
-  void set_visible(std::vector<mx::Shape> shapes, std::vector<mx::Dtype> dtypes) {
-    visible_shapes_ = std::move(shapes);
-    visible_dtypes_ = std::move(dtypes);
   }
 
   const char* name() const override { return "MetileOp"; }
@@ -208,8 +213,7 @@ class OpNode : public mx::Primitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     for (const Step& step : steps_) {
       const char* n = step.primitive->name();
-      if (std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0 ||
-          std::strcmp(n, "MetileOp") == 0) {
+      if (metile_launch(n) || std::strcmp(n, "MetileOp") == 0) {
         return step.primitive->output_shapes(inputs);
       }
     }
@@ -228,7 +232,7 @@ class OpNode : public mx::Primitive {
   void run(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs, bool gpu) {
     // (each made by the step that writes it, with its primitive: an eval may ask its output
     // for its primitive's stream, as MLX's reshape does when it copies)
-    std::vector<std::optional<mx::array>> temps(temp_shapes_.size());
+    std::vector<std::optional<mx::array>> temps(temps_.shapes.size());
     auto slot = [&](int s) -> const mx::array& {
       return s < visible_ ? outputs[s] : *temps[s - visible_];
     };
@@ -241,7 +245,7 @@ class OpNode : public mx::Primitive {
       out.reserve(step.out.size());
       for (int o : step.out) {
         if (o >= visible_) {
-          temps[o - visible_].emplace(temp_shapes_[o - visible_], temp_dtypes_[o - visible_],
+          temps[o - visible_].emplace(temps_.shapes[o - visible_], temps_.dtypes[o - visible_],
                                       step.primitive, std::vector<mx::array>{});
         }
         out.push_back(slot(o));
@@ -283,12 +287,10 @@ class OpNode : public mx::Primitive {
   }
 
   std::vector<Step> steps_;
-  std::vector<mx::Shape> temp_shapes_;   // (the temporaries: slots visible_ and on)
-  std::vector<mx::Dtype> temp_dtypes_;
+  ArraysOf outputs_, temps_;   // (the temporaries: slots visible_ and on)
   int sources_;
   int primals_, visible_;
-  std::vector<mx::Shape> rule_in_, rule_out_, visible_shapes_;
-  std::vector<mx::Dtype> visible_dtypes_;
+  std::vector<mx::Shape> rule_in_, rule_out_;
   std::vector<bool> contiguous_out_;
   std::shared_ptr<const OpRules> rules_;
 };
@@ -391,41 +393,36 @@ inline std::optional<std::vector<mx::array>> fuse_op(
   }
   if (!ok) return std::nullopt;
 
-  // outputs: the op's first, then every other array the nodes write
-  std::unordered_map<std::uintptr_t, int> output_of;
-  std::vector<mx::Shape> out_shapes;
-  std::vector<mx::Dtype> dtypes;
+  // slots: the op's outputs first, then every other array the nodes write (temporaries)
+  std::unordered_map<std::uintptr_t, int> slot_of;
+  ArraysOf made, temps;
   std::vector<bool> contiguous;
   // written row-contiguous: by a launch (its eval allocates), or a reshape of such
   std::function<bool(const mx::array&)> fresh = [&](const mx::array& a) -> bool {
-    const char* n = a.primitive().name();
-    if (std::strcmp(n, "MetileCudaKernel") == 0 || std::strcmp(n, "MetileMslCpuKernel") == 0) {
-      return true;
-    }
-    return absorbable_reshape(a) && a.inputs()[0].has_primitive() && !a.inputs()[0].is_available() &&
-           fresh(a.inputs()[0]);
-  };
-  auto add_output = [&](const mx::array& a) {
-    output_of.emplace(a.id(), int(out_shapes.size()));
-    out_shapes.push_back(a.shape());
-    dtypes.push_back(a.dtype());
-    contiguous.push_back(fresh(a));
+    if (metile_launch(a.primitive().name())) return true;
+    return absorbable_reshape(a) && a.inputs()[0].has_primitive() &&
+           !a.inputs()[0].is_available() && fresh(a.inputs()[0]);
   };
   for (const auto& o : outputs) {
-    if (output_of.count(o.id())) return std::nullopt;   // (one array returned twice)
-    add_output(o);
+    if (slot_of.count(o.id())) return std::nullopt;   // (one array returned twice)
+    slot_of.emplace(o.id(), int(made.shapes.size()));
+    made.shapes.push_back(o.shape());
+    made.dtypes.push_back(o.dtype());
+    contiguous.push_back(fresh(o));
   }
-  std::vector<mx::Shape> visible(out_shapes);
   for (const auto& a : order) {
     for (const auto& s : a.outputs()) {
-      if (!output_of.count(s.id())) add_output(s);
+      if (slot_of.count(s.id())) continue;
+      slot_of.emplace(s.id(), int(outputs.size() + temps.shapes.size()));
+      temps.shapes.push_back(s.shape());
+      temps.dtypes.push_back(s.dtype());
     }
   }
   std::vector<OpNode::Step> steps;
   for (const auto& a : order) {
     OpNode::Step step{a.primitive_ptr(), {}, {}};
     for (const auto& in : a.inputs()) {
-      if (auto it = output_of.find(in.id()); it != output_of.end()) {
+      if (auto it = slot_of.find(in.id()); it != slot_of.end()) {
         step.in.push_back(-1 - it->second);
         continue;
       }
@@ -439,25 +436,18 @@ inline std::optional<std::vector<mx::array>> fuse_op(
       }
       step.in.push_back(it->second);
     }
-    for (const auto& s : a.outputs()) step.out.push_back(output_of.at(s.id()));
+    for (const auto& s : a.outputs()) step.out.push_back(slot_of.at(s.id()));
     steps.push_back(std::move(step));
   }
   mx::Stream stream = outputs[0].primitive().stream();
-  const std::size_t n_out = outputs.size();
-  if (out_shapes.size() > n_out && stream.device.type == mx::Device::gpu && !gpu_keep_alive()) {
+  if (!temps.shapes.empty() && stream.device.type == mx::Device::gpu && !gpu_keep_alive()) {
     return std::nullopt;
   }
-  std::vector<mx::Shape> temp_shapes(out_shapes.begin() + n_out, out_shapes.end());
-  std::vector<mx::Dtype> temp_dtypes(dtypes.begin() + n_out, dtypes.end());
-  out_shapes.resize(n_out);
-  dtypes.erase(dtypes.begin() + n_out, dtypes.end());
-  contiguous.resize(n_out);
   auto node = std::make_shared<OpNode>(stream, std::move(steps), std::move(rule_in),
-                                       std::move(rule_out), std::move(contiguous),
-                                       std::move(rules), n_read - n_primals,
-                                       std::move(temp_shapes), std::move(temp_dtypes));
-  node->set_visible(visible, dtypes);
-  return mx::array::make_arrays(std::move(out_shapes), std::move(dtypes), node, std::move(inputs));
+                                       std::move(rule_out), made, std::move(contiguous),
+                                       std::move(temps), std::move(rules), n_read - n_primals);
+  return mx::array::make_arrays(std::move(made.shapes), std::move(made.dtypes), node,
+                                std::move(inputs));
 }
 
 }  // namespace metile

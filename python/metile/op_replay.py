@@ -48,7 +48,7 @@ from .compiler.backend import device_type
 from .runtime import routing
 # (the ops' OpFunction and rules, kept where runtime/autodiff.py can import them too)
 from .runtime.op_function import (OpFunction, composite_rules, forward_tangents,  # noqa: F401
-                                  jvp_rule, op_function, vmap_rule)
+                                  jvp_rule, node_backward, op_function, vmap_rule)
 
 # signature (_ext.replay_key's bytes) -> (replay, provisional), looked up and run in C++
 # (_ext.ReplayTable: one call for a repeated op call).  A provisional replay is one of a
@@ -193,7 +193,7 @@ def remember(key, launches, at, given, vjp, reshapes, out_shape=None, composite=
         return False
     return _keep(key, _ext.Replay(stages, [None if r is None else list(r) for r in reshapes],
                                   None if out_shape is None else list(out_shape),
-                                  _backward(vjp), check,
+                                  node_backward(vjp), check,
                                   None if composite is None else vmap_rule(composite),
                                   None if composite is None else forward_tangents(composite),
                                   slices if any(slices) else []),
@@ -279,15 +279,6 @@ def _settings_now():
     # the check as the count of all variables would not)
     return _ext.SettingsCheck(environ, encoded, settings.raw_values(names), len(environ),
                               device_type(), ["METILE_*", "MLX_ENABLE_TF32"])
-
-
-def _backward(vjp):
-    """The replay's vjp (lists of arrays) calling an op's mx.custom_function vjp (its
-    primals as a tuple, one cotangent and output; one gradient or a tuple of them)."""
-    def backward(primals, cotangents, outputs):
-        grads = vjp(tuple(primals), cotangents[0], outputs[0])
-        return [grads] if isinstance(grads, mx.array) else list(grads)
-    return backward
 
 
 _variables_memo: list = [None, None]

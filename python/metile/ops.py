@@ -1089,9 +1089,10 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
         # shape for every later input), where MLX's ops follow the input's
         return _linear_mlx_residual(x, weight, bias, activation, negative_slope, residual)
     else:
+        shape = (*x.shape[:-1], weight.shape[0])
         with op_replay.recording() as launches:
             out = _linear_metile(x2, weight, bias, activation, negative_slope, route.block, r2,
-                                 shapes=((*x.shape[:-1], weight.shape[0]),))
+                                 shapes=(shape,))
         if key is not None and route.block.get("TRANSPOSE_B"):
             # (a TRANSPOSE_B kernel reads the weight as stored; others read weight.T)
             given = (x, weight) + tuple(a for a in (bias, residual) if a is not None)
@@ -1107,11 +1108,10 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
                 at = [places[n] for n, a in zip(("x", "w", "bias", "residual"),
                                                 (x, weight, bias, residual))
                       if a is not None]
-            shape = (*x.shape[:-1], weight.shape[0])
             op_replay.remember(key, launches, at, given, vjp, _reshapes(given, primals),
                                None if (x2.shape[0], weight.shape[0]) == shape else shape,
                                composite)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out
 
 
 GATED_ACTIVATIONS = ("silu", "gelu_tanh", "relu")
@@ -1233,7 +1233,7 @@ def gated_mlp(x, w_gate, w_up, activation: str = "silu", *, backend: str = "auto
                                _reshapes(given, (x2, w_gate, w_up)),
                                None if (x2.shape[0], w_gate.shape[0]) == shape else shape,
                                functools.partial(_gated_mlx, activation=activation))
-    return out.reshape(shape)
+    return out
 
 
 def tune_gated_mlp(x, w_gate, w_up, activation: str = "silu", *, budget_s: float | None = None,

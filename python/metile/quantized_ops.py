@@ -588,7 +588,7 @@ def quantized_matmul(x, w, scales, biases=None, transpose: bool = True, group_si
                            [None if x2.shape == x.shape else x2.shape, None, None, None],
                            None if x.ndim == 2 else (*lead, n),
                            _composite(transpose, group_size, bits))
-    return out.reshape(*lead, n)
+    return out
 
 
 def explain_quantized_matmul(x, w, scales, biases=None, transpose: bool = True,

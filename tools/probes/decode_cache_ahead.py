@@ -19,8 +19,7 @@ import metile
 
 sys.path.insert(0, "tools/probes")
 from decode_chain_configs import card   # noqa: E402 (this folder)
-from probe_report import (add_case, alternating_us, check_close, kv_bandwidth,  # noqa: E402
-                          mlx_over, save)
+from probe_report import check_close, decode_case, save   # noqa: E402
 
 LAYERS = 8
 STEP = 256
@@ -75,12 +74,8 @@ def main():
             mx.synchronize()
             return (time.perf_counter() - start) / (20 * LAYERS)
 
-        for attend in sides.values():
-            timed(attend)
-        us = alternating_us(sides, lambda n: timed(sides[n]), 7)
-        add_case(report, {"keys": keys, "allocated": alloc, "us_per_attention": us,
-                          "mlx_over": mlx_over(us, sides),
-                          "tb_per_s": kv_bandwidth(us, keys)})
+        decode_case(report, sides, lambda n: timed(sides[n]), lambda n: timed(sides[n]), keys,
+                    {"keys": keys, "allocated": alloc})
     save(report)
 
 

@@ -19,8 +19,7 @@ from metile import attention_ops
 
 sys.path[:0] = ["tools/probes", "."]
 from benchmarks.attention import seconds_per_call as per_attention   # noqa: E402
-from probe_report import (add_case, alternating_us, check_close, kv_bandwidth,  # noqa: E402
-                          mlx_over, save)
+from probe_report import check_close, decode_case, save   # noqa: E402
 
 CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4},
@@ -78,12 +77,9 @@ def main():
             got = op(q, kv[0], kv[1]).astype(mx.float32)
             check_close(got, want, keys, name)
         fns = {n: chained(op, chain) for n, op in ops.items()}
-        for fn in fns.values():
-            per_attention(fn, q, kv, 2, chain)
-        us = alternating_us(fns, lambda n: per_attention(fns[n], q, kv, 20, chain), 7)
-        add_case(report, {"keys": keys, "chain": chain, "us_per_attention": us,
-                          "mlx_over": mlx_over(us, CONFIGS),
-                          "tb_per_s": kv_bandwidth(us, keys)})
+        decode_case(report, fns, lambda n: per_attention(fns[n], q, kv, 20, chain),
+                    lambda n: per_attention(fns[n], q, kv, 2, chain), keys,
+                    {"keys": keys, "chain": chain}, CONFIGS)
     save(report)
 
 

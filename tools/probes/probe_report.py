@@ -36,6 +36,20 @@ def kv_bandwidth(us: dict, keys: int, heads: int = 32, d: int = 128, itemsize: i
     return {n: round(moved / (t * 1e-6) / 1e12, 3) for n, t in us.items()}
 
 
+def decode_case(report: dict, names, measure, warm, keys: int, fields: dict,
+                ratios=None) -> None:
+    """Time decode attention's sides: `warm(name)` each once, then `measure(name)`
+    (seconds an attention) over 7 alternating rounds; add the case - `fields`, the us an
+    attention, MLX's time over each side's in `ratios` (every side unless given), the TB/s
+    reading k and v of `keys` keys."""
+    for name in names:
+        warm(name)
+    us = alternating_us(names, measure, 7)
+    add_case(report, {**fields, "us_per_attention": us,
+                      "mlx_over": mlx_over(us, names if ratios is None else ratios),
+                      "tb_per_s": kv_bandwidth(us, keys)})
+
+
 def add_case(report: dict, case: dict) -> None:
     print(json.dumps(case), flush=True)
     report["cases"].append(case)

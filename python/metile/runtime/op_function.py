@@ -48,14 +48,9 @@ def jvp_rule(composite):
 
 
 def composite_rules(f, composite):
-    """Give the custom function `f` (an op's kernel launch: an OpFunction or an
-    mx.custom_function) the vmap and jvp rules of its MLX `composite` (a function of f's
-    arrays computing the same values)."""
-    if isinstance(f, OpFunction):
-        f.composite(composite)
-        return
-    f.vmap(vmap_rule(composite))
-    f.jvp(jvp_rule(composite))
+    """Give the OpFunction `f` (an op's kernel launch) the vmap and jvp rules of its MLX
+    `composite` (a function of f's arrays computing the same values)."""
+    f.composite(composite)
 
 
 class OpFunction:
@@ -94,7 +89,7 @@ class OpFunction:
             raise TypeError(f"[metile] op function {self.__name__!r} has no vjp")
         composite = self._composite
         self._rules = _ext.op_rules(
-            _node_backward(self._vjp),
+            node_backward(self._vjp),
             None if composite is None else forward_tangents(composite),
             None if composite is None else vmap_rule(composite), self.__name__)
         return self._rules
@@ -123,9 +118,10 @@ def op_function(forward):
     return OpFunction(forward)
 
 
-def _node_backward(vjp):
-    """_ext.op_node's vjp (lists of arrays) calling an op's vjp in mx.custom_function's
-    convention; a None gradient (an array not differentiated) is zeros."""
+def node_backward(vjp):
+    """_ext.op_node's and a replay's vjp (lists of arrays) calling an op's vjp in
+    mx.custom_function's convention; a None gradient (an array not differentiated) is
+    zeros."""
     def backward(primals, cotangents, outputs):
         one = len(outputs) == 1
         grads = vjp(tuple(primals), cotangents[0] if one else tuple(cotangents),
