@@ -403,6 +403,23 @@ def test_int64_offsets_are_bounded_and_proven_as_int32_ones():
         copy_wide[(1,)](mx.arange(16).astype(mx.float32), mx.zeros((10,)), 16, BLOCK=16)
 
 
+def test_a_bound_of_2_to_the_31_or_more_is_checked_as_a_smaller_one():
+    # a Python int of 2**31 or more reaches the kernel as an int64 scalar, so `offs < n`
+    # compares offs.to(int64): the analysis looked for offs itself, bounded nothing, and
+    # the launch wrote past Y and read past X (heap corruption, an abort at exit)
+    x = mx.arange(8).astype(mx.float32)
+    for n in (2**31, 2**40):
+        with pytest.raises(LaunchError, match=rf"kernel 'double' would store to element 15 "
+                                              rf"of 'Y', which has 8 elements: .* n={n}"):
+            double[(1,)](x, mx.zeros((8,)), n, BLOCK=16)
+    t = mx.arange(15).astype(mx.float32)
+    with pytest.raises(LaunchError, match=r"'tile_copy' would store to element 19 of 'Y', "
+                                          r"which has 15 elements"):
+        tile_copy[(1, 1)](t, mx.zeros((15,)), 2**31, 5, 5, BM=4, BN=8)
+    np.testing.assert_array_equal(np.array(double[(1,)](x, mx.zeros((8,)), 8, BLOCK=16)),
+                                  np.arange(8) * 2.0)
+
+
 @metile.kernel
 def residual_on_columns(A, B, R, C, M, N, K, BM: metile.constexpr, BN: metile.constexpr,
                         BK: metile.constexpr):

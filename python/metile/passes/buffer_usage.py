@@ -654,7 +654,9 @@ def _access_rule(ptr_value: Value, mask: Value | None, params: dict):
     if mask is None:
         return Coverage(block, None)
     m = defining_op(mask)
-    if m is None or m.name != "lt" or m.operands[0] is not offs:
+    # (an int64 bound - a Python int of 2**31 or more - compares offs.to(int64): the
+    # same elements)
+    if m is None or m.name != "lt" or _uncast(m.operands[0]) is not offs:
         return None
     bound = _scalar(m.operands[1], params)   # a scalar parameter's name, or an int constant
     if bound is None:
