@@ -172,6 +172,80 @@ def test_cas_spin_lock_protects_a_read_modify_write(tmp_path):
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
+PLAIN_LOCK = textwrap.dedent("""
+    import mlx.core as mx, numpy as np, metile
+
+    @metile.kernel
+    def locked_sum(Lock, Total, X, n, BLOCK: metile.constexpr):
+        # Triton's lock with its default semantics (acq_rel): a plain load and store of
+        # Total inside it, ordered by the cas (acquire) and the xchg (release)
+        pid = metile.program_id(0)
+        offs = pid * BLOCK + metile.arange(0, BLOCK)
+        s = metile.sum(metile.load(X + offs, mask=offs < n))
+        while metile.atomic_cas(Lock, 0, 1) == 1:
+            pass
+        metile.store(Total, metile.load(Total) + s)
+        metile.atomic_xchg(Lock, 0)
+
+    n = 64 * 200
+    x = np.random.default_rng(0).normal(size=n).astype(np.float32)
+    for _ in range(3):
+        lock, total = locked_sum[(metile.cdiv(n, 64),)](
+            mx.zeros((1,), mx.int32), mx.full((1,), 0.5), mx.array(x), n, BLOCK=64)
+        assert int(np.array(lock)[0]) == 0
+        np.testing.assert_allclose(np.array(total)[0], 0.5 + x.sum(dtype=np.float64),
+                                   rtol=1e-4)
+    print("ok")
+""")
+
+
+def test_a_lock_with_default_semantics_orders_plain_accesses(tmp_path):
+    script = tmp_path / "plain_lock.py"
+    script.write_text(PLAIN_LOCK)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+@metile.kernel
+def ordered(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.store(Y + offs, offs.to(metile.float32))
+    metile.atomic_add(X, 1)
+    metile.atomic_add(X + 1, 1, sem="relaxed")
+    metile.atomic_xchg(X + 2, 1, sem="release")
+    metile.atomic_max(X + 3, 1, sem="acquire", scope="cta")
+
+
+@pytest.mark.parametrize("backend,fence,block_fence,device_barrier", [
+    ("msl", "METILE_FENCE();", "METILE_FENCE();",
+     "threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);"),
+    ("cuda", "__threadfence();", "__threadfence_block();", None),
+])
+def test_memory_semantics_put_fences_around_the_atomic(backend, fence, block_fence,
+                                                       device_barrier):
+    # Triton's sem=: acq_rel (its default) fences before and after, release before, acquire
+    # after, relaxed none; scope="cta" a block's fence.  The atomic itself stays relaxed.
+    d = ordered[(2,)].prepare(mx.zeros((4,), mx.int32), mx.zeros((32,)), BLOCK=32,
+                              **({"backend": "cuda"} if backend == "cuda" else {}))
+    body = d.variant.data["body"]
+    calls = [line.strip() for line in body.splitlines()
+             if "atomic" in line and "init" not in line and "=" in line and "[" in line]
+    assert len(calls) == 4, body
+    lines = [line.strip() for line in body.splitlines()]
+    around = [(lines[lines.index(c) - 2], lines[lines.index(c) + 1]) for c in calls]
+    assert around[0] == (fence, fence)                  # default: acq_rel
+    assert fence not in around[1] and block_fence not in around[1]   # relaxed
+    assert around[2][0] == fence and around[2][1] != fence           # release
+    assert around[3][0] != block_fence and around[3][1] == block_fence   # acquire, cta
+    if device_barrier:
+        # a release done once per program publishes every thread's device writes first
+        first = lines.index(calls[0])
+        assert device_barrier in lines[:first]
+    np.testing.assert_array_equal(np.array(ordered[(2,)](mx.zeros((4,), mx.int32),
+                                                         mx.zeros((32,)), BLOCK=32)[0]),
+                                  [2, 2, 1, 1])
+
+
 @metile.kernel
 def bad_sem(X):
     metile.atomic_max(X, 1, sem="seq_cst")  # MARK

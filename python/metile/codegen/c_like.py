@@ -320,6 +320,9 @@ class CEmitter:
     ATOMIC: dict = {}
     ATOMIC_HELPER = "atomics"
     ATOMIC_INIT = ""
+    # scope -> the fence a release puts before the atomic and an acquire after it (the
+    # fence-based release/acquire patterns: the atomic itself stays relaxed)
+    ATOMIC_FENCE: dict = {}
 
     def atomic(self, op: Op, a: list[str], depth: int) -> None:
         at, r = op.attrs, op.result
@@ -332,7 +335,11 @@ class CEmitter:
         call = fmt.format(p=f"&{at['root']}[{a[0]}]", v=a[1], c=a[2] if cas else "", t=t)
         lines = [self.ATOMIC_INIT.format(state=at["state"], out=at["root"], init=at["init"],
                                          index=a[0])] if "init" in at else []
+        fence, sem = self.ATOMIC_FENCE.get(at.get("scope", "gpu")), at.get("sem", "acq_rel")
+        lines = ([fence] if fence and sem in ("release", "acq_rel") else []) + lines
         lines.append(f"{name} = {call};")
+        if fence and sem in ("acquire", "acq_rel"):
+            lines.append(fence)
         self.emit(f"{t} {name} = {t}(0);", depth)
         if mask is not None:
             self.emit(f"if ({mask}) {{", depth)

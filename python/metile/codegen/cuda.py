@@ -546,6 +546,8 @@ class CUDAEmitter(CEmitter):
         ("cas", "float32"): "metile_atomic_cas<float>(reinterpret_cast<float*>({p}), {c}, {v})",
     }
     ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
+    ATOMIC_FENCE = {"gpu": "__threadfence();", "cta": "__threadfence_block();",
+                    "sys": "__threadfence_system();"}
     GEOMETRY = {
         "program_id": "static_cast<int>(blockIdx.{axis})",
         "num_programs": "static_cast<int>(gridDim.{axis})",

@@ -72,6 +72,11 @@ _VLOADS = "\n".join(_vload(v, e) for v, e in (("float4", "float"), ("half4", "ha
 # compare-exchange on its aligned 32-bit word; the copying thread finishes inside the loop
 # iteration that won, so SIMD lockstep cannot starve it.
 _ATOMICS = """#define METILE_RELAXED metal::memory_order_relaxed
+#if !defined(__METAL_VERSION__) || __METAL_VERSION__ >= 320
+#define METILE_FENCE() metal::atomic_thread_fence(metal::mem_flags::mem_device, metal::memory_order_seq_cst, metal::thread_scope_device)
+#else
+#define METILE_FENCE()
+#endif
 inline float metile_atomic_fmax(device float* p, float v) {
   return as_type<int>(v) >= 0
       ? as_type<float>(metal::atomic_fetch_max_explicit((device metal::atomic_int*)p, as_type<int>(v), METILE_RELAXED))
@@ -188,6 +193,8 @@ class MSLEmitter(CEmitter):
         "cas": "metile_atomic_cas({p}, {c}, {v})",
     }
     ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
+    # Metal 3.2 (macOS 15) has device fences; before it, atomics stay relaxed (README)
+    ATOMIC_FENCE = {s: "METILE_FENCE();" for s in ("gpu", "cta", "sys")}
     GEOMETRY = {
         "program_id": "static_cast<int>(threadgroup_position_in_grid.{axis})",
         "num_programs": "static_cast<int>(threadgroups_per_grid.{axis})",

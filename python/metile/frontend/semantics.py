@@ -185,8 +185,8 @@ def with_number(d: dt.DType, x) -> dt.DType:
 ATOMIC_DTYPES = ("float32", "int32", "uint32")
 ATOMIC_KIND_DTYPES = {**{k: ATOMIC_DTYPES for k in ("add", "max", "min", "xchg", "cas")},
                       **{k: ("int32", "uint32") for k in ("and", "or", "xor")}}
-# Accepted for Triton's signature; every atomic is relaxed at device scope (Metal has only
-# memory_order_relaxed), see README "Coming from Triton".
+# Triton's memory semantics, its default (None) acq_rel: the emitters order the atomic's
+# thread's other memory accesses around it with fences (README "Coming from Triton").
 ATOMIC_SEMS = (None, "relaxed", "acquire", "release", "acq_rel")
 ATOMIC_SCOPES = (None, "gpu", "cta", "sys")
 
@@ -560,7 +560,8 @@ class Semantics:
         if shape_of(ptr.type) != shape:
             raise CompilationError(f"{what} value/mask of shape {shape} does not fit the "
                                    f"pointer tile of shape {shape_of(ptr.type)}")
-        op = self.b.op("store", ops, [with_shape(ScalarType(pt.dtype), shape)], {"atomic": kind})
+        op = self.b.op("store", ops, [with_shape(ScalarType(pt.dtype), shape)],
+                       {"atomic": kind, "sem": sem or "acq_rel", "scope": scope or "gpu"})
         return op.results[0]
 
     def _mask(self, mask):

@@ -432,7 +432,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         (buffer_usage.atomic_roots) is tracked: `init`/`state` name its input and its
         written-mask, which the emitter's atomic_init uses to copy each element in
         before its first atomic (and marks it written)."""
-        attrs = {"root": self.buffers[(ptr.root, "out")], "kind": op.attrs["atomic"]}
+        attrs = {"root": self.buffers[(ptr.root, "out")], "kind": op.attrs["atomic"],
+                 "sem": op.attrs.get("sem", "acq_rel"), "scope": op.attrs.get("scope", "gpu")}
         state = self.buffers.get((ptr.root, "written"))
         if state is not None:
             attrs.update(init=self.buffers[(ptr.root, "read")], state=state)
@@ -469,7 +470,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         old = self.emit_store(tb, op, operands)
         tb.op("mem_store", [self.const(tb, 0), old], [], {"root": slot, "space": "threadgroup"})
         first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
-        self.barrier(b)  # a loop's previous iteration may still read the slot
+        # a loop's previous iteration may still read the slot; a release also publishes
+        # what every thread of the program wrote before it (the barrier orders their
+        # device writes before the one thread's fence)
+        self.barrier(b, device=op.attrs.get("sem", "acq_rel") in ("release", "acq_rel"))
         b.op("if", [first], [], regions=[then, Block()])
         self.barrier(b)
         self.scalars[result.id] = b.value("mem_load", [self.const(b, 0)], ScalarType(dtype),

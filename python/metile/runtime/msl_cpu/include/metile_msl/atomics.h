@@ -32,6 +32,17 @@ enum memory_order {
 };
 
 enum class thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+// Metal spells the scopes metal::thread_scope_device, ...
+constexpr thread_scope thread_scope_thread = thread_scope::thread_scope_thread;
+constexpr thread_scope thread_scope_simdgroup = thread_scope::thread_scope_simdgroup;
+constexpr thread_scope thread_scope_threadgroup = thread_scope::thread_scope_threadgroup;
+constexpr thread_scope thread_scope_device = thread_scope::thread_scope_device;
+
+// Metal 3.2's fence: threadgroups run on OS threads here, so it is the CPU's fence.
+inline void atomic_thread_fence(mem_flags, memory_order order,
+                                thread_scope = thread_scope::thread_scope_device) {
+  __atomic_thread_fence(order);
+}
 
 }  // namespace metal
 

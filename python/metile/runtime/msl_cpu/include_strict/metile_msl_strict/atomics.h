@@ -28,6 +28,12 @@ enum memory_order {
   memory_order_seq_cst,
 };
 enum class thread_scope { thread_scope_thread, thread_scope_simdgroup, thread_scope_threadgroup, thread_scope_device };
+constexpr thread_scope thread_scope_thread = thread_scope::thread_scope_thread;
+constexpr thread_scope thread_scope_simdgroup = thread_scope::thread_scope_simdgroup;
+constexpr thread_scope thread_scope_threadgroup = thread_scope::thread_scope_threadgroup;
+constexpr thread_scope thread_scope_device = thread_scope::thread_scope_device;
+void atomic_thread_fence(mem_flags flags, memory_order order,
+                         thread_scope scope = thread_scope::thread_scope_device);
 
 #define METILE_ATOMIC_SPACE(S)                                                                                     \
   template <typename T>                                                                                            \
