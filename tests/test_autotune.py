@@ -277,6 +277,41 @@ def test_a_prune_that_keeps_nothing_is_an_error(tmp_path, monkeypatch):
         tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
 
 
+def test_a_prune_that_returns_none_is_named(tmp_path, monkeypatch):
+    # (a forgotten `return` in the prune function: "'NoneType' object is not iterable")
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=CANDIDATES,
+                            prune_configs_by={"early_config_prune": lambda c, a, **k: None})(
+        scaled_copy)
+    with pytest.raises(metile.LaunchError, match="early_config_prune returned None; it must "
+                                                 "return the configs to keep"):
+        tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
+
+
+def test_a_triton_prune_reads_the_configs_as_triton_gives_them(tmp_path, monkeypatch):
+    # Triton's pruning functions read conf.kwargs[...] (a dict), conf.num_warps and
+    # conf.num_stages, and perf models conf.all_kwargs()
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    c = metile.Config({"BLOCK": 64}, num_warps=8, num_stages=2)
+    assert c.kwargs == {"BLOCK": 64} and c.num_warps == 8 and c.num_stages == 2
+    assert c.all_kwargs() == {"BLOCK": 64, "num_warps": 8, "num_stages": 2}
+    assert metile.Config(BLOCK=32).num_warps is None
+    assert metile.Config(BLOCK=32, num_simdgroups=2).num_warps == 2
+    seen = []
+
+    def keep(configs, named, **kw):
+        seen.extend((c.kwargs["BLOCK"], c.num_warps) for c in configs)
+        return [c for c in configs if c.kwargs["BLOCK"] <= 128 and c.num_warps != 8]
+
+    tuned = metile.autotune(configs=CANDIDATES, warmup=1, reps=2,
+                            prune_configs_by={"early_config_prune": keep})(scaled_copy)
+    out = tuned[grid](mx.arange(300).astype(mx.float32), mx.zeros((300,)), 300, 3.0)
+    np.testing.assert_array_equal(np.array(out), 3.0 * np.arange(300))
+    assert len(seen) == len(CANDIDATES)
+    assert set(tuned.last_result.timings) == {"Config(BLOCK=32)", "Config(BLOCK=64)",
+                                              "Config(BLOCK=128,num_warps=4)"}
+
+
 @metile.kernel
 def block_sums_into(X, Total, n, BLOCK: metile.constexpr):
     offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)

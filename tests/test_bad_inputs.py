@@ -191,6 +191,9 @@ case("constexpr-non-power-of-two", lambda: launch_copy(X8, zeros8(), 8, BLOCK=3,
      correct(equal(np.arange(8, dtype=np.float32))))
 case("constexpr-huge-block", lambda: launch_copy(X8, zeros8(), 8, BLOCK=2**24),
      correct(equal(np.arange(8, dtype=np.float32))))
+case("constexpr-block-past-int32", lambda: double[(1,)](X8, zeros8(), BLOCK=2**31 + 64),
+     error(CompilationError, r"arange\(0, 2147483712\): its values are int32, so start and end "
+                             r"must lie in \[-2\*\*31, 2\*\*31\]"))
 case("constexpr-string-block", lambda: launch_copy(X8, zeros8(), 8, BLOCK="64"),
      error(CompilationError, r"unsupported operand: a runtime int32 value and str '64' "
                              r"\(the constant is constexpr BLOCK='64'\)"))

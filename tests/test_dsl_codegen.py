@@ -451,7 +451,9 @@ def test_corrupt_cache_entry_is_ignored(tmp_path, monkeypatch):
     d = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
     for f in (tmp_path / "dsl").glob("*.json"):
         f.write_text("{not json")
-    assert make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl").source == d.source
+    with pytest.warns(UserWarning, match="ignoring the damaged kernel cache entry"):
+        again = make()[(1,)].prepare(mx.zeros((8,)), BLOCK=8, backend="msl")
+    assert again.source == d.source
 
 
 def test_a_damaged_cache_entry_is_generated_again(tmp_path, monkeypatch):
@@ -478,6 +480,14 @@ def test_a_damaged_cache_entry_is_generated_again(tmp_path, monkeypatch):
         y = make()[(1,)](x, mx.zeros((8,)), BLOCK=8)
     np.testing.assert_array_equal(np.array(y), 3 * np.arange(8))
     json.loads(f.read_text())   # written again, whole
+    # truncated, binary junk, another JSON value: the same warning, the kernel made again
+    for junk in (text[:100].encode(), b"\xff\xfe\x00junk", b"null", b'{"key": 1}'):
+        f.write_bytes(junk)
+        with pytest.warns(UserWarning, match=r"ignoring the damaged kernel cache entry .* "
+                                             r"\(it is not a cache entry"):
+            y = make()[(1,)](x, mx.zeros((8,)), BLOCK=8)
+        np.testing.assert_array_equal(np.array(y), 3 * np.arange(8))
+        json.loads(f.read_text())
 
 
 def test_specialization_by_dtype():

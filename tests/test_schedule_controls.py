@@ -63,8 +63,8 @@ def test_schedule_key_is_stable_and_distinguishes_fields():
 def test_config_maps_num_simdgroups_to_num_sg():
     c = Config(num_simdgroups=4, BLOCK_M=64, BLOCK_N=32)
     assert c.num_simdgroups == 4
-    assert c.kwargs() == {"BLOCK_M": 64, "BLOCK_N": 32, "NUM_SG": 4}
-    assert Config(BLOCK=256).kwargs() == {"BLOCK": 256}
+    assert c.launch_kwargs() == {"BLOCK_M": 64, "BLOCK_N": 32, "NUM_SG": 4}
+    assert Config(BLOCK=256).launch_kwargs() == {"BLOCK": 256}
     assert Config(NUM_SG=2).num_simdgroups == 2
     assert Config(num_simdgroups=2, BLOCK=8) == Config(BLOCK=8, NUM_SG=2)
     assert hash(Config(num_simdgroups=2, BLOCK=8)) == hash(Config(BLOCK=8, NUM_SG=2))

@@ -31,8 +31,8 @@ class FakeKernel:
         return self.now
 
     def __call__(self, config):
-        self.calls.append(config.kwargs()["BLOCK"])
-        block = config.kwargs()["BLOCK"]
+        self.calls.append(config.launch_kwargs()["BLOCK"])
+        block = config.launch_kwargs()["BLOCK"]
         if block in self.fail:
             raise self.fail[block]
         self.now += self.costs[block] + self.stalls.get(len(self.calls), 0.0)

@@ -126,7 +126,7 @@ if [ "$mode" = s128 ]; then
     --tokens 512 2048 --rounds 7 --variants auto mlx-again \
     --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
     | tail -10 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_op_replay test_model_ops_norms test_eager_fast_path
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_atomics_triton test_op_replay test_model_ops_norms test_eager_fast_path
 elif [ "$mode" = s127 ]; then
   # s36: ops as one MetileOp node - first its GPU tests (the node's CUDA path has never run),
   # then the node against mx.custom_function's nodes in one run (decode_fixed_cost), the

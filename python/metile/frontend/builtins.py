@@ -100,6 +100,10 @@ def arange(gen, start, end):
     need_constexpr(end, "arange() end")
     if end <= start:
         raise CompilationError(f"arange({start}, {end}) is empty: end must be greater than start")
+    if start < -2**31 or end > 2**31:
+        # (its values are int32: a BLOCK of 2**31 compiled and overflowed at run time)
+        raise CompilationError(f"arange({start}, {end}): its values are int32, so start and "
+                               f"end must lie in [-2**31, 2**31]")
     return gen.b.value("arange", [], TileType((end - start,), ScalarType(dt.int32)),
                        start=start, end=end)
 

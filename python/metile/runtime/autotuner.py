@@ -143,7 +143,13 @@ class Autotuned:
         kept = self.configs
         early = self.prune.get("early_config_prune")
         if early is not None:
-            kept = list(early(list(kept), dict(named), **kwargs))
+            returned = early(list(kept), dict(named), **kwargs)
+            if returned is None:
+                # (a forgotten `return`: "'NoneType' object is not iterable" before)
+                raise LaunchError(f"{self.kernel.fn.__name__}: prune_configs_by's "
+                                  f"early_config_prune returned None; it must return the "
+                                  f"configs to keep")
+            kept = list(returned)
             if not kept:
                 raise LaunchError(f"{self.kernel.fn.__name__}: prune_configs_by's "
                                   f"early_config_prune left no config; it must return at least one")

@@ -109,16 +109,23 @@ def disk_load(key: str) -> dict | None:
         return None
     path = cache_dir() / f"{key}.json"
     try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):   # (UnicodeDecodeError is a ValueError;
-        return None                                 # RecursionError: nested past the parser)
+        text = path.read_bytes()
+    except OSError:                                 # (none yet, or unreadable)
+        return None
+    try:
+        entry = json.loads(text)
+    except (ValueError, RecursionError):            # (UnicodeDecodeError is a ValueError;
+        entry = None                                # RecursionError: nested past the parser)
     if not (isinstance(entry, dict) and entry.get("key") == key
             and isinstance(entry.get("data"), dict)):
-        return None
-    if entry.get("sha256") != _digest(entry["data"]):
-        warnings.warn(f"metile: ignoring the damaged kernel cache entry {path} (its contents "
-                      f"do not match their checksum); generating the kernel again")
-        return None
+        why = "it is not a cache entry (truncated or overwritten)"
+    elif entry.get("sha256") != _digest(entry["data"]):
+        why = "its contents do not match their checksum"
+    else:
+        return dict(entry["data"], key=key)
+    warnings.warn(f"metile: ignoring the damaged kernel cache entry {path} ({why}); "
+                  f"generating the kernel again")
+    return None
     return dict(entry["data"], key=key)
 
 

@@ -195,15 +195,43 @@ class Config:
     def meta(self) -> dict:
         return {k: v for k, v in self._meta if k != "NUM_SG"}
 
-    def kwargs(self) -> dict:
+    def launch_kwargs(self) -> dict:
         """The constexpr keyword arguments a launch receives (NUM_SG included when set)."""
         out = self.meta
         if self._nsg is not None:
             out["NUM_SG"] = self._nsg
         return out
 
+    # Triton's Config attributes, which its pruning functions and perf models read
+    # (`conf.kwargs["BLOCK_M"]`, `conf.num_warps`): metile's candidates answer them
+    @property
+    def kwargs(self) -> dict:
+        """Triton's `Config.kwargs`: the meta-parameters (without num_warps/num_stages)."""
+        return {k: v for k, v in self.meta.items() if k not in ("num_warps", "num_stages")}
+
+    @property
+    def num_warps(self) -> int | None:
+        """Triton's `Config.num_warps`: the SIMD-groups (warps) given, or None (the plan
+        chooses)."""
+        return self._nsg if self._nsg is not None else self.meta.get("num_warps")
+
+    @property
+    def num_stages(self) -> int | None:
+        """Triton's `Config.num_stages`, or None where the candidate gives none."""
+        return self.meta.get("num_stages")
+
+    def all_kwargs(self) -> dict:
+        """Triton's `Config.all_kwargs()`: the meta-parameters with num_warps and
+        num_stages where given."""
+        out = self.kwargs
+        for name in ("num_warps", "num_stages"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
     def key(self) -> str:
-        return "Config(" + ",".join(f"{k}={v!r}" for k, v in sorted(self.kwargs().items())) + ")"
+        return "Config(" + ",".join(f"{k}={v!r}" for k, v in
+                                    sorted(self.launch_kwargs().items())) + ")"
 
     def __eq__(self, other):
         return isinstance(other, Config) and self.key() == other.key()
