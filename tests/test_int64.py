@@ -365,3 +365,19 @@ def test_cuda_emission_compiles_with_nvrtc(launch):
     assert "int64_t" in source
     ok, log = compile_cuda(source, "sm_90")
     assert ok, log
+
+
+@metile.kernel
+def chosen_constant(O, n):
+    # the two numbers type as an `if` statement's two assignments do: 0 or 2**31 is uint32
+    # ("constant 2147483648 does not fit in int32" before), -1 or 2**40 int64
+    metile.store(O, 0 if n > 0 else 2**31)
+    metile.store(O + 1, metile.where(n > 0, -1, 2**40))
+    metile.store(O + 2, metile.where(n > 0, 1.5, 2))
+
+
+@pytest.mark.parametrize("n", [-1, 1])
+def test_a_choice_between_two_numbers_takes_their_common_type(n):
+    got = np.array(chosen_constant[(1,)](mx.zeros((3,), mx.int64), n))
+    want = [0, -1, 1] if n > 0 else [2**31, 2**40, 2]
+    np.testing.assert_array_equal(got, want)

@@ -456,7 +456,8 @@ class Semantics:
             v, x = (a, b) if isinstance(a, Value) else (b, a)
             d = with_number(dtype_of(v.type), x)
         else:
-            d = max((number_dtype(x) for x in (a, b)), key=lambda t: _KIND_RANK[t.kind])
+            # two numbers type as an `if` statement's two assignments do (0 or 2**31: uint32)
+            d = promote(number_dtype(a), number_dtype(b))
         (c, va, vb), shape = self.common(cond, self.convert(a, d), self.convert(b, d))
         return self.b.value("where", [c, va, vb], va.type)
 
