@@ -24,6 +24,7 @@
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
 #   OUT=$OUT bash tools/device_next.sh s128   -- after s127: decoder block / model layers with one node an op, eager cost, GPU tests
+#   OUT=$OUT bash tools/device_next.sh s127s  -- s127 for a short budget: node tests, its A/B, int4 decode, atomics/jvp tests
 #   OUT=$OUT bash tools/device_next.sh s127   -- ops as one MetileOp node vs custom_function, timeline, int4 decode, cache in place, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s126   -- decode's fixed cost: short caches, one node's cost, ncu kernel times
 #   OUT=$OUT bash tools/device_next.sh s125   -- decode configurations with no cache reused (8 caches a call) and one, then tests
@@ -127,6 +128,18 @@ if [ "$mode" = s128 ]; then
     --output "$logs/h200-decoder-block-float16.json" 2>&1 | tee "$logs/decoder-block.log" \
     | tail -10 | tee -a "$log"
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_atomics_triton test_op_replay test_model_ops_norms test_eager_fast_path
+elif [ "$mode" = s127s ]; then
+  # s127 for a short budget (s37: ~800 s of device time left after refusals): the node's
+  # CUDA tests, its A/B against mx.custom_function's nodes, the int4 decode step, then the
+  # jvp and atomics tests (the new fences) for what is left
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 140 test_op_node
+  cp "$logs/pytest.txt" "$logs/pytest-first.txt"; cp "$out/device-run.json" "$logs/device-run-first.json"
+  timeout 150 python3 tools/probes/decode_fixed_cost.py "$logs/h200-decode-fixed-cost.json" 2>&1 | tail -6 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_atomics_triton test_ops_jvp
 elif [ "$mode" = s127 ]; then
   # s36: ops as one MetileOp node - first its GPU tests (the node's CUDA path has never run),
   # then the node against mx.custom_function's nodes in one run (decode_fixed_cost), the
