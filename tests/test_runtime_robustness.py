@@ -436,3 +436,47 @@ def test_every_setting_the_code_reads_is_in_the_readme():
         read |= set(re.findall(r'"(METILE_[A-Z0-9_]+)"', path.read_text()))
     readme = (root / "README.md").read_text()
     assert sorted(n for n in read if n not in readme) == []
+
+
+SWEEP = textwrap.dedent("""
+    import gc, mlx.core as mx, numpy as np, metile
+    from metile.runtime import dispatch, kernel, metal_kernel
+
+    # the caches' bounds made small, so a short sweep crosses them
+    dispatch._LAUNCH_CACHE_SIZE = kernel.SPECIALIZATION_CACHE_SIZE = 4
+    metal_kernel._PRUNE_EVERY = metal_kernel._PRUNE_AT = 4
+
+    @metile.kernel
+    def scaled(X, Y, n, BLOCK: metile.constexpr):
+        offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        m = offs < n
+        metile.store(Y + offs, metile.load(X + offs, mask=m) * 2.0, mask=m)
+
+    def loaded():
+        return len({l.split()[-1] for l in open("/proc/self/maps")
+                    if "msl_cpu" in l and l.rstrip().endswith(".so")})
+
+    x = mx.arange(100).astype(mx.float32)
+    start = loaded()
+    for i in range(24):
+        out = scaled[(metile.cdiv(100, 8 * (i + 1)),)](x, mx.zeros((100,)), 100, BLOCK=8 * (i + 1))
+        np.testing.assert_array_equal(np.array(out), 2 * np.arange(100.0))
+    gc.collect()
+    # (4 launches, 4 families, 4 specializations and 4 not yet pruned at most)
+    print("loaded", loaded() - start, len(metal_kernel._libraries))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts loaded libraries "
+                    "in /proc/self/maps")
+def test_kernels_of_many_constexprs_do_not_stay_loaded(tmp_path):
+    # every distinct constexpr is a library; the launch cache was bounded, but the launch
+    # families, the specializations and the loaded-library table kept each one loaded
+    # (~65 KB a constexpr, never freed)
+    script = tmp_path / "sweep.py"   # a file: the kernel's source must be readable
+    script.write_text(SWEEP)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    loaded, table = map(int, r.stdout.split()[-2:])
+    assert loaded <= 12 and table <= 12, r.stdout

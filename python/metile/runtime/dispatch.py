@@ -372,7 +372,12 @@ class Launcher:
             if d._guard is not None:
                 launches.last = d
             if family is not None and d._family:
-                launches.families[family] = d
+                families = launches.families
+                # bounded as the launches are: a family per distinct constexpr held every
+                # one's specialization and loaded kernel (~65 KB each, never freed)
+                if family not in families and len(families) >= _LAUNCH_CACHE_SIZE:
+                    del families[next(iter(families))]
+                families[family] = d
         try:
             return d()
         finally:

@@ -68,6 +68,10 @@ RESERVED = frozenset(RESERVED_NAMES | {
     "bfloat16_t", "float16_t", "vec", "main", TMA_TEMPLATE, TMA_SLOTS} | METAL_ATTRIBUTES)
 
 
+# Specializations a kernel keeps in memory (Kernel.specialize), as many as its launches.
+SPECIALIZATION_CACHE_SIZE = 256
+
+
 class Variant:
     """One generated kernel (compiler.pipeline.CompiledKernel) and its callable."""
 
@@ -419,6 +423,11 @@ class Kernel:
         spec = self._specs.get(key)
         if spec is None:
             spec = Specialization(self, specs, consts, threads, backend, schedule, ints, debug)
+            # bounded as the launch cache is: each specialization holds its loaded kernel,
+            # and one per distinct constexpr kept every library loaded (~65 KB each); the
+            # oldest goes (a launch still holding it keeps it; again, it is read from disk)
+            if len(self._specs) >= SPECIALIZATION_CACHE_SIZE:
+                del self._specs[next(iter(self._specs))]
             self._specs[key] = spec
         return spec, specs
 

@@ -9,6 +9,8 @@ returns lazy arrays: nothing runs before `mx.eval`, and it traces through
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -22,8 +24,14 @@ from .source_kernel import SourceKernel, as_array, resolve_stream
 
 LANE_ORDERS = ("forward", "reverse", "shuffle")
 
+# Loaded libraries by path, shared by the kernels whose source is the same.  An entry only
+# this dict still holds is dropped (_prune): a kernel's launches and the graph's primitives
+# hold the library they run (C++ shared_ptr), so it is closed when the last of them goes -
+# every distinct constexpr is a library, and keeping them all grew the process ~65 KB each.
 _libraries: dict[str, _ext.KernelLibrary] = {}
-_checked: set[str] = set()
+_PRUNE_EVERY = 64
+_PRUNE_AT = _PRUNE_EVERY
+_checked: set[str] = set()      # sha256 of the translation units the strict check passed
 _lock = threading.Lock()
 
 forks.renew_lock_after_fork(globals())
@@ -52,14 +60,27 @@ def _load(tu: str, label: str) -> _ext.KernelLibrary:
             "it was built); install libboost-context-dev and reinstall metile"
         )
     with _lock:
-        if tu not in _checked and strict.enabled():
-            strict.check(tu, label)
-            _checked.add(tu)
+        if strict.enabled():
+            digest = hashlib.sha256(tu.encode()).hexdigest()
+            if digest not in _checked:
+                strict.check(tu, label)
+                _checked.add(digest)
         path = str(compiler.compile_library(tu, label))
         lib = _libraries.get(path)
         if lib is None:
+            if len(_libraries) >= _PRUNE_AT:
+                _prune()
             lib = _libraries[path] = _ext.KernelLibrary(path)
         return lib
+
+
+def _prune() -> None:
+    """Drop the libraries no kernel holds any more (their only reference is this dict's),
+    every _PRUNE_EVERY new ones: at most that many entries more than are in use."""
+    global _PRUNE_AT
+    for path in [p for p in list(_libraries) if sys.getrefcount(_libraries[p]) <= 2]:
+        del _libraries[path]       # (2: the dict's and getrefcount's argument)
+    _PRUNE_AT = len(_libraries) + _PRUNE_EVERY
 
 
 # MLX's math modes, in the order of its MathMode enum.
