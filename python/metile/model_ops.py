@@ -293,7 +293,12 @@ def _rms_backward(x, w, g, eps):
     return dx, dw
 
 
-@functools.lru_cache(maxsize=None)
+# Op functions kept per eps and configuration: bounded, as a sweep over eps values kept
+# one per value (~1.5 KB each, never freed).
+_FN_CACHE = 256
+
+
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _rms_fn(eps: float, has_weight: bool, cfg: tuple):
     @op_replay.op_function
     def f(*arrays):
@@ -309,7 +314,7 @@ def _rms_composite(eps: float, has_weight: bool):
     return lambda x2, *w: mx.fast.rms_norm(x2, w[0] if has_weight else None, eps)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _rms_vjp(eps: float, has_weight: bool):
     """_rms_fn's backward (also its replays': op_replay.py)."""
 
@@ -321,7 +326,7 @@ def _rms_vjp(eps: float, has_weight: bool):
     return f_vjp
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _layer_fn(eps: float, has_weight: bool, has_bias: bool, cfg: tuple):
     @op_replay.op_function
     def f(*arrays):
@@ -344,7 +349,7 @@ def _layer_composite(eps: float, has_weight: bool, has_bias: bool):
     return composite
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _layer_vjp(eps: float, has_weight: bool, has_bias: bool):
     """_layer_fn's backward (also its replays')."""
 
@@ -369,7 +374,7 @@ def _layer_vjp(eps: float, has_weight: bool, has_bias: bool):
     return f_vjp
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
     @op_replay.op_function
     def f(*arrays):
@@ -400,7 +405,7 @@ def _add_rms_fn(eps: float, has_weight: bool, cfg: tuple):
     return f
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=_FN_CACHE)
 def _softmax_fn(cfg: tuple, hold: bool):
     @op_replay.op_function
     def f(x2):
