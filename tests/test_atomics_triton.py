@@ -207,7 +207,7 @@ def test_memory_semantics_put_fences_around_the_atomic(backend, fence, block_fen
     # Triton's sem=: acq_rel (its default) fences before and after, release before, acquire
     # after, relaxed none; scope="cta" a block's fence.  The atomic itself stays relaxed.
     d = ordered[(2,)].prepare(mx.zeros((4,), mx.int32), mx.zeros((32,)), BLOCK=32,
-                              **({"backend": "cuda"} if backend == "cuda" else {}))
+                              backend=backend)
     body = d.variant.data["body"]
     calls = [line.strip() for line in body.splitlines()
              if "atomic" in line and "init" not in line and "=" in line and "[" in line]

@@ -305,8 +305,8 @@ class MetalKernel(SourceKernel):
         here (the caller's launch key holds the settings: runtime/dispatch.py).  A call
         whose stream is not the CPU's takes __call__; a launch on Metal is not bound (None)."""
         s = resolve_stream(stream, self.op)
-        if verbose or route(s.device, self.name) != "cpu":
-            return None
+        if verbose or route(s.device, self.name) != "cpu" or not _ext.has_msl_cpu:
+            return None     # (no CPU runtime: __call__ names what is missing)
         compare = race_compare(launch.get("order_dependent_outputs"), self.output_names)
         checked, grid, threadgroup, shapes = self.prepare_call(
             inputs, launch["output_shapes"], launch["output_dtypes"], launch["grid"],
