@@ -17,6 +17,8 @@
 // forward with anything else keeps mx.custom_function (fuse_op answers nullopt).
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -65,6 +67,16 @@ using KeepAlive = void (*)(mx::Stream, std::vector<mx::array>);
 inline KeepAlive& gpu_keep_alive() {
   static KeepAlive keep = nullptr;
   return keep;
+}
+
+// METILE_DEBUG=op_nodes: fuse_op says which node kept an op from being one MetileOp
+// (read once, at the first op).
+inline bool debug_op_nodes() {
+  static const bool on = [] {
+    const char* v = std::getenv("METILE_DEBUG");
+    return v != nullptr && std::strstr(v, "op_nodes") != nullptr;
+  }();
+  return on;
 }
 
 // metile's own launch primitives (csrc/cuda_launch.cpp, csrc/msl_cpu/primitive.h): their
@@ -379,6 +391,11 @@ inline std::optional<std::vector<mx::array>> fuse_op(
     seen[p] = true;
     if (!fusable_primitive(p->name()) ||
         !(a.primitive().stream() == outputs[0].primitive().stream())) {
+      if (debug_op_nodes()) {
+        // (why an op keeps mx.custom_function's nodes: a GPU run can say it in one call)
+        std::fprintf(stderr, "metile: an op is not one MetileOp: its forward has %s%s\n",
+                     p->name(), fusable_primitive(p->name()) ? " on another stream" : "");
+      }
       ok = false;
       return;
     }

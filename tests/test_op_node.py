@@ -414,3 +414,35 @@ def test_an_eager_decode_over_a_cache_prefix_replays_as_one_node_reading_the_buf
     # another prefix length is another signature (the launches read it fresh)
     _close(attend(buffers[1], 77), mx.fast.scaled_dot_product_attention(
         q, buffers[1][:, :, :77], buffers[1][:, :, :77], scale=0.125), 1e-4)
+
+
+DEBUG_SCRIPT = '''
+import mlx.core as mx, metile
+from metile.runtime.op_function import OpFunction
+
+@metile.kernel
+def doubled(X, Y, n, BLOCK: metile.constexpr):
+    i = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + i, metile.load(X + i, mask=i < n) * 2.0, mask=i < n)
+
+def forward(a):
+    return doubled[(1,)](a, mx.zeros_like(a), a.size, BLOCK=128) + 1.0
+
+f = OpFunction(forward)
+f.vjp(lambda primals, cotangent, output: (2.0 * cotangent,))
+print(mx.compile(f)(mx.ones((100,))).sum().item())
+'''
+
+
+def test_the_debug_word_names_what_kept_an_op_from_one_node(tmp_path):
+    # METILE_DEBUG=op_nodes: which node made an op keep mx.custom_function's nodes (a GPU
+    # run of attention's jvp fell back there, s127, with nothing to say why)
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "op_debug.py"   # a file: the kernel's source must be readable
+    script.write_text(DEBUG_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "METILE_DEBUG": "op_nodes"})
+    assert r.returncode == 0 and r.stdout.split()[-1] == "300.0", r.stderr[-2000:]
+    assert "metile: an op is not one MetileOp: its forward has Add" in r.stderr, r.stderr

@@ -21,7 +21,7 @@ _FALSE = {"", "0", "false", "no", "off"}
 # "asserts" compiles kernels with their device_assert checks (debug_asserts).
 DEBUG_WORDS = ("uniformity", "pointer_recurrence", "plan_schedule", "lower_tiles",
                "lower_fragments", "emit_msl", "emit_cuda", "tile_ir", "thread_ir", "msl", "cuda",
-               "schedule", "asserts")
+               "schedule", "asserts", "op_nodes")
 
 
 # os.environ's own dict where CPython keeps one (POSIX; os.environ writes and
