@@ -119,6 +119,18 @@ if [ "$mode" = s128 ]; then
   # against unconverted (and the unconverted control), model layers, eager cost, then the
   # GPU tests of the files the node change touched
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  # s37: why attention's jvp on CUDA keeps mx.custom_function's nodes (H100 s127) - the
+  # node fuse_op refused, named by METILE_DEBUG=op_nodes
+  METILE_DEBUG=op_nodes timeout 60 python3 -c "
+import mlx.core as mx, metile
+q, k, v = (mx.random.normal((1, 4, 64, 64)) for _ in range(3))
+f = lambda q: metile.ops.scaled_dot_product_attention(q, k, v, scale=0.125, mask='causal', backend='metile')
+for _ in range(2):
+    try:
+        print('jvp ok', mx.jvp(f, [q], [mx.ones_like(q)])[1][0].shape)
+    except Exception as e:
+        print('jvp failed:', str(e)[:200])
+" 2>&1 | tail -8 | tee -a "$log"
   timeout 130 python3 -m benchmarks.model_layers --dtypes float16 --tokens 512 2048 \
     --layers gated_mlp mlp --rounds 5 --output "$logs/h200-model-layers.json" 2>&1 \
     | grep -E "T=" | tail -8 | tee -a "$log"
