@@ -335,7 +335,7 @@ class CEmitter:
         call = fmt.format(p=f"&{at['root']}[{a[0]}]", v=a[1], c=a[2] if cas else "", t=t)
         lines = [self.ATOMIC_INIT.format(state=at["state"], out=at["root"], init=at["init"],
                                          index=a[0])] if "init" in at else []
-        fence, sem = self.ATOMIC_FENCE.get(at.get("scope", "gpu")), at.get("sem", "acq_rel")
+        fence, sem = self.ATOMIC_FENCE.get(at["scope"]), at["sem"]
         lines = ([fence] if fence and sem in ("release", "acq_rel") else []) + lines
         lines.append(f"{name} = {call};")
         if fence and sem in ("acquire", "acq_rel"):

@@ -433,7 +433,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         written-mask, which the emitter's atomic_init uses to copy each element in
         before its first atomic (and marks it written)."""
         attrs = {"root": self.buffers[(ptr.root, "out")], "kind": op.attrs["atomic"],
-                 "sem": op.attrs.get("sem", "acq_rel"), "scope": op.attrs.get("scope", "gpu")}
+                 "sem": op.attrs["sem"], "scope": op.attrs["scope"]}
         state = self.buffers.get((ptr.root, "written"))
         if state is not None:
             attrs.update(init=self.buffers[(ptr.root, "read")], state=state)
@@ -473,7 +473,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         # a loop's previous iteration may still read the slot; a release also publishes
         # what every thread of the program wrote before it (the barrier orders their
         # device writes before the one thread's fence)
-        self.barrier(b, device=op.attrs.get("sem", "acq_rel") in ("release", "acq_rel"))
+        self.barrier(b, device=op.attrs["sem"] in ("release", "acq_rel"))
         b.op("if", [first], [], regions=[then, Block()])
         self.barrier(b)
         self.scalars[result.id] = b.value("mem_load", [self.const(b, 0)], ScalarType(dtype),

@@ -101,15 +101,6 @@ def _prune_options(prune) -> dict:
     return {**prune, "top_k": top_k}
 
 
-def config_keywords(config: Config) -> dict:
-    """A candidate's keywords as Triton's Config.all_kwargs() gives a perf_model: its
-    meta-parameters, and num_warps for its SIMD-groups."""
-    out = config.meta
-    if config.num_simdgroups is not None:
-        out.setdefault("num_warps", config.num_simdgroups)
-    return out
-
-
 class Autotuned:
     def __init__(self, kernel: Kernel, configs, key, warmup: int, reps: int, prune=None,
                  reset_to_zero=None, restore_value=None):
@@ -161,7 +152,7 @@ class Autotuned:
         if model is not None:
             count = top_k if isinstance(top_k, int) else max(1, int(len(kept) * top_k))
             if len(kept) > count:
-                estimate = {c: model(**named, **kwargs, **config_keywords(c)) for c in kept}
+                estimate = {c: model(**named, **kwargs, **c.all_kwargs()) for c in kept}
                 bad = {c: t for c, t in estimate.items()
                        if isinstance(t, bool) or not isinstance(t, numbers.Real)}
                 if bad:

@@ -293,14 +293,19 @@ def _make_guard(grid, args, kwargs, key, plan, out_positions):
                  [v for _, v in plan], out_positions)
 
 
+def bounded_put(cache: dict, key, value, size: int) -> None:
+    """cache[key] = value, the oldest entry going first when the cache holds `size` (a dict
+    keeps insertion order).  Clearing a full cache whole cost ~0.7 ms every 256 new shapes
+    of an eager loop over a growing launch cache, and forgot the families the next new
+    shape resolves from."""
+    if key not in cache and len(cache) >= size:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
 def remember(kernel: "Kernel", key, d: "Dispatch") -> None:
-    """Keep `d` as the kernel's launch for `key` (a bounded cache: the oldest goes when it
-    is full).  Clearing it whole when full cost ~0.7 ms every 256 new shapes of an eager
-    loop over a growing cache, and forgot the families the next new shape resolves from."""
-    launches = kernel._launches
-    if len(launches) >= _LAUNCH_CACHE_SIZE:
-        del launches[next(iter(launches))]   # (a dict keeps insertion order)
-    launches[key] = d
+    """Keep `d` as the kernel's launch for `key` (a bounded cache)."""
+    bounded_put(kernel._launches, key, d, _LAUNCH_CACHE_SIZE)
 
 
 def _is_plain(grid) -> bool:
@@ -372,12 +377,9 @@ class Launcher:
             if d._guard is not None:
                 launches.last = d
             if family is not None and d._family:
-                families = launches.families
                 # bounded as the launches are: a family per distinct constexpr held every
                 # one's specialization and loaded kernel (~65 KB each, never freed)
-                if family not in families and len(families) >= _LAUNCH_CACHE_SIZE:
-                    del families[next(iter(families))]
-                families[family] = d
+                bounded_put(launches.families, family, d, _LAUNCH_CACHE_SIZE)
         try:
             return d()
         finally:

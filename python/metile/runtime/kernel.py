@@ -42,7 +42,7 @@ from ..schedule import Schedule
 from . import cache
 from .arguments import arg_spec
 from .dependencies import Snapshot
-from .dispatch import LaunchCache, Launcher, value_key
+from .dispatch import LaunchCache, Launcher, bounded_put, value_key
 from .metal_kernel import RESERVED_NAMES
 
 if TYPE_CHECKING:
@@ -426,9 +426,7 @@ class Kernel:
             # bounded as the launch cache is: each specialization holds its loaded kernel,
             # and one per distinct constexpr kept every library loaded (~65 KB each); the
             # oldest goes (a launch still holding it keeps it; again, it is read from disk)
-            if len(self._specs) >= SPECIALIZATION_CACHE_SIZE:
-                del self._specs[next(iter(self._specs))]
-            self._specs[key] = spec
+            bounded_put(self._specs, key, spec, SPECIALIZATION_CACHE_SIZE)
         return spec, specs
 
 
