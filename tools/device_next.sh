@@ -131,6 +131,13 @@ for _ in range(2):
     except Exception as e:
         print('jvp failed:', str(e)[:200])
 " 2>&1 | tail -8 | tee -a "$log"
+  # s38: issue 17's decode ratios after the one-node op (s127 measured them on an H100 only)
+  timeout 150 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths --decode-lengths 1024 4096 16384 --chain 8 --launches 20 --rounds 5 \
+    --output "$logs/h200-attention-decode-chain8-float16.json" 2>&1 | tail -5 | tee -a "$log"
+  timeout 90 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --chain 8 --prefill-off --launches 20 --rounds 7 \
+    --output "$logs/h200-quantized-int4-float16-decode.json" 2>&1 | tail -1 | tee -a "$log"
   timeout 130 python3 -m benchmarks.model_layers --dtypes float16 --tokens 512 2048 \
     --layers gated_mlp mlp --rounds 5 --output "$logs/h200-model-layers.json" 2>&1 \
     | grep -E "T=" | tail -8 | tee -a "$log"
