@@ -6,6 +6,7 @@ import inspect
 import traceback
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 import metile
@@ -349,3 +350,23 @@ def test_pointers_into_two_buffers_across_an_if_are_named():
     assert "points into 'a' in one branch of a runtime if and into 'b' in the other" in str(err)
     assert "cast" not in str(err)
     assert_points_at(err, pointer_per_branch, "MARK-pointers")
+
+
+@metile.kernel
+def outer_sum(x, out, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    t = i[:, None] * BLOCK + i[None, :]  # MARK-huge
+    metile.store(out + t, metile.load(x + t) + 1)
+
+
+def test_a_tile_past_tritons_element_bound_is_a_compile_error():
+    # (a hostile trial: a 2**27-element tile compiled and overflowed the CPU runtime's stack
+    # at run time) - 2048 x 2048 is past Triton's 2**20; 1024 x 1024 is at it and runs
+    n = 2048 * 2048
+    err = compile_error(lambda: outer_sum[(1,)](mx.zeros((n,)), mx.zeros((n,)), BLOCK=2048))
+    assert "a tile of shape (2048, 2048) has 4194304 elements" in str(err)
+    assert "1048576" in str(err)
+    assert_points_at(err, outer_sum, "MARK-huge")
+    x = np.arange(1024 * 1024, dtype=np.float32) % 97
+    out = outer_sum[(1,)](mx.array(x), mx.zeros((1024 * 1024,)), BLOCK=1024)
+    np.testing.assert_array_equal(np.array(out), x + 1)

@@ -190,6 +190,16 @@ def test_corrupt_entry_is_ignored_with_a_warning(cache):
             assert tune(FakeKernel({}), cache).from_cache  # rewritten entry is valid
 
 
+def test_a_winner_that_is_not_a_candidate_is_measured_again_with_a_warning(cache):
+    first = tune(FakeKernel({64: 3e-3, 128: 1e-3, 256: 2e-3}), cache)
+    entry = json.loads(cache.path(first.key).read_text())
+    cache.path(first.key).write_text(json.dumps({**entry, "winner": "BLOCK=4096"}))
+    kernel = FakeKernel({64: 1e-3, 128: 3e-3, 256: 2e-3})
+    with pytest.warns(UserWarning, match="winner 'BLOCK=4096' is not one of the candidates"):
+        result = tune(kernel, cache)
+    assert not result.from_cache and result.config == CANDIDATES[0] and kernel.calls
+
+
 def test_concurrent_writers_leave_a_valid_entry(cache):
     entry = {"format": 1, "key": "k" * 40, "winner": CANDIDATES[0].key(), "timings": {}}
     errors = []

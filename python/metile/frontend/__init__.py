@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import inspect
 
-from ..ir.core import Block, Builder, Function, Param, Value
-from ..ir.types import PointerType, ScalarType
+from ..ir.core import Block, Builder, Function, Param, Value, walk
+from ..ir.types import PointerType, ScalarType, TileType
 from ..language import dtypes as dt
+from ..language.core import TRITON_MAX_TENSOR_NUMEL
 from ..errors import CompilationError, LaunchError
 from .desugar_control import desugar
 from .generator import CompileContext, Generator, is_constexpr_annotation
@@ -63,10 +64,25 @@ def build_tile_ir(fn, specs: dict, constexprs: dict, fragments: bool = False, de
     ctx.relaxed_precision = constexprs.get("RELAXED_PRECISION") is True
     gen = Generator(src, builder, ctx, env)
     gen.visit_body(desugar(src, is_helper=False))
+    check_tile_sizes(body)
     out = Function(fn.__name__, params, body)
     if fragments:
         out.meta["fragments"] = True
     return out, ctx
+
+
+def check_tile_sizes(body: Block) -> None:
+    """Every tile the kernel makes holds at most TRITON_MAX_TENSOR_NUMEL elements, Triton's
+    bound: a program's tile lives in its threads' registers (or the CPU runtime's stack),
+    so a larger one compiled and then failed at run time (a 2**27-element tile overflowed
+    the CPU runtime's stack; on a GPU it spills without end)."""
+    for op in walk(body):
+        for r in op.results:
+            if isinstance(r.type, TileType) and r.type.numel > TRITON_MAX_TENSOR_NUMEL:
+                raise CompilationError(
+                    f"a tile of shape {r.type.shape} has {r.type.numel} elements, more than "
+                    f"the {TRITON_MAX_TENSOR_NUMEL} (2**20) a program's tile may hold (as in "
+                    f"Triton): use smaller BLOCK sizes and loop over the rest", op.loc)
 
 
 _ = dt

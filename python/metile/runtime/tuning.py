@@ -275,6 +275,10 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
     if entry is not None and entry["winner"] in by_key:
         return TuneResult(by_key[entry["winner"]], key, True, entry.get("timings", {}),
                           entry.get("unusable", {}))
+    if entry is not None:
+        # (the key names the candidates, so only an edited or damaged entry gets here)
+        warnings.warn(f"metile: ignoring tuning cache entry {cache.path(key)}: its winner "
+                      f"{entry['winner']!r} is not one of the candidates; measuring again")
 
     timings, reasons, groups = {}, {}, []      # groups: [reference outputs, [names]]
     for config in candidates:
