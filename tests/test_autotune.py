@@ -350,3 +350,59 @@ def test_triton_options_metile_does_not_take_say_why(option):
         metile.autotune(configs=CANDIDATES, **{option: None})
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'prune'"):
         metile.autotune(configs=CANDIDATES, prune={})
+
+
+def test_a_cached_winner_that_cannot_run_the_call_is_measured_again(tmp_path, monkeypatch):
+    # (a hostile trial: the entry's winner - here edited in, as a winner kept from another
+    # machine's run can be - failed to compile on every launch until the file was deleted)
+    import json
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    wide = metile.Config(BLOCK=128, SCHEDULE=metile.Schedule(vector_width=4))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), wide], warmup=1, reps=1)(scaled_copy)
+    x = mx.arange(100).astype(mx.float32)
+    tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    first = tuned.last_result
+    assert first.config == metile.Config(BLOCK=64) and wide.key() in first.unusable
+    path = next(tmp_path.rglob(f"{first.key}.json"))
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "winner": wide.key()}))
+    with pytest.warns(UserWarning, match=r"winner Config\(BLOCK=128.*cannot run this call "
+                                         r"\(CompilationError: .*vector_width=4"):
+        out = tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(100))
+    assert not tuned.last_result.from_cache and tuned.last_result.config == metile.Config(BLOCK=64)
+    assert json.loads(path.read_text())["winner"] == metile.Config(BLOCK=64).key()
+
+
+def test_a_cached_entry_with_mistyped_fields_is_ignored(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128)],
+                            warmup=1, reps=1)(scaled_copy)
+    x = mx.arange(100).astype(mx.float32)
+    tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    path = next(tmp_path.rglob(f"{tuned.last_result.key}.json"))
+    entry = json.loads(path.read_text())
+    for bad in ({"timings": [1, 2]}, {"unusable": "oops"}, {"timings": {"a": "fast"}}):
+        path.write_text(json.dumps({**entry, **bad}))
+        with pytest.warns(UserWarning, match="ignoring corrupt tuning cache entry"):
+            tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+        result = tuned.last_result
+        assert not result.from_cache and isinstance(result.timings, dict)
+
+
+def test_an_autotuned_launch_explains_and_prepares_its_winner(tuned):
+    # (a hostile trial: kernel[grid].explain existed, an autotuned one had neither)
+    import json
+    x = mx.arange(1000).astype(mx.float32)
+    report = json.loads(tuned[grid].explain(x, mx.zeros((1000,)), 1000, 2.0))
+    tune = report["autotune"]
+    assert tune["winner"] in {"Config(BLOCK=64)", "Config(BLOCK=256,NUM_SG=8)"}
+    assert not tune["from_cache"] and set(tune["timings"]) == {"Config(BLOCK=64)",
+                                                                "Config(BLOCK=256,NUM_SG=8)"}
+    assert "plan" in report
+    again = json.loads(tuned[grid].explain(x, mx.zeros((1000,)), 1000, 2.0))["autotune"]
+    assert again["from_cache"] and again["winner"] == tune["winner"]
+    d = tuned[grid].prepare(x, mx.zeros((1000,)), 1000, 2.0)
+    np.testing.assert_array_equal(np.array(d()[0] if isinstance(d(), list) else d()),
+                                  2.0 * np.arange(1000))

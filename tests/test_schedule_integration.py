@@ -265,3 +265,18 @@ def test_relaxed_precision_and_double_buffer_take_bools():
                                          BLOCK_N=32, RELAXED_PRECISION=value)
     assert Schedule(double_buffer=np.True_).double_buffer is True
     assert Schedule(double_buffer=np.False_) == Schedule(double_buffer=False)
+
+
+@pytest.mark.parametrize("options, message", [
+    # (a hostile trial: neither message named the control the caller had set)
+    (dict(SCHEDULE=Schedule(backend="simdgroup_inline")),
+     "cannot honour backend='simdgroup_inline': this tile is not an 8x8 matrix fragment"),
+    (dict(num_warps=3), "cannot be split over 96 threads (num_warps / num_simdgroups=3)"),
+])
+def test_a_library_gemm_refusing_a_control_names_it(options, message):
+    from metile_kernels.gemm import grid, matmul
+    n = 32
+    with pytest.raises(CompilationError) as info:
+        matmul[grid(n, n, 32, 32)].prepare(mx.ones((n, n)), mx.ones((n, n)), mx.zeros((n, n)),
+                                           n, n, n, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, **options)
+    assert message in str(info.value)

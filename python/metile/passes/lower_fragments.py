@@ -160,7 +160,10 @@ class FragmentLowering(Lowering):
         else:
             op = v.owner if isinstance(v.owner, Op) else None
             if op is None or not is_fragment(v):
-                raise CompilationError("this tile is not an 8x8 matrix fragment", op and op.loc)
+                raise CompilationError(
+                    "cannot honour backend='simdgroup_inline': this tile is not an 8x8 matrix "
+                    "fragment (such a kernel multiplies 8x8 views of its tensors; a whole-tile "
+                    "dot is lowered under backend 'auto' or 'simdgroup')", op and op.loc)
             if op.name in ("splat", "broadcast") and not isinstance(op.operands[0].type, TileType):
                 out = self.s(op.operands[0])
             elif op.name in ELEMENTWISE and op.name != "ptr_add":

@@ -160,7 +160,8 @@ def plan_gemm(g: GemmPattern, units, relaxed: bool, requested_threads: int | Non
             return GemmPlan(None, nsg * 32, grid)
     raise CompilationError(
         f"cannot lower the GEMM: the {bm}x{bn} tile cannot be split over "
-        f"{counts[0] * 32} threads (use a larger tile or fewer SIMD-groups)", g.loop.loc)
+        f"{counts[0] * 32} threads (num_warps / num_simdgroups={counts[0]}): use a larger "
+        f"tile or a count of SIMD-groups (warps) that divides it", g.loop.loc)
 
 
 class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):

@@ -29,6 +29,7 @@ the first usable one before it is timed.
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import mlx.core as mx
 import numpy as np
@@ -171,7 +172,8 @@ class _TunedLauncher:
     def __init__(self, tuned: Autotuned, grid):
         self.tuned, self.grid = tuned, grid
 
-    def _launch(self, config: Config, args, kwargs):
+    def _resolved(self, config: Config, args, kwargs):
+        """(the kernel's launcher, its keywords) for `config` at this call."""
         options = {**kwargs, **config.meta}
         if config.num_simdgroups is not None:
             options["num_simdgroups"] = config.num_simdgroups
@@ -184,11 +186,32 @@ class _TunedLauncher:
             # with the kernel's defaults, as a plain launch's grid callable sees them
             bound = {**kernel.defaults, **dict(zip(kernel.param_names, args)), **options}
             grid = resolve_grid(grid, bound)
+        return kernel[grid], options
+
+    def _launch(self, config: Config, args, kwargs):
+        launcher, options = self._resolved(config, args, kwargs)
         try:
-            return kernel[grid](*args, **options)
+            return launcher(*args, **options)
         except ArgumentError as e:
             # (Triton raises it too: a typo in a Config is not a candidate to skip)
             raise ArgumentError(f"{e} (from autotune {config})") from None
+
+    def prepare(self, *args, **kwargs):
+        """The winner's Dispatch for this call (the candidates are measured first unless
+        the tuning cache holds the winner)."""
+        launcher, options = self._resolved(self.best(*args, **kwargs), args, kwargs)
+        return launcher.prepare(*args, **options)
+
+    def explain(self, *args, **kwargs) -> str:
+        """The winner's plan and execution report (as `kernel[grid].explain`), with
+        "autotune": the winner, whether it came from the tuning cache, each candidate's
+        median seconds a launch and why the unusable ones were skipped."""
+        import json
+        report = json.loads(self.prepare(*args, **kwargs).explain())
+        result = self.tuned.last_result
+        report["autotune"] = {"winner": result.config.key(), "from_cache": result.from_cache,
+                              "timings": result.timings, "unusable": result.unusable}
+        return json.dumps(report, indent=2)
 
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""
@@ -232,7 +255,23 @@ class _TunedLauncher:
                               f"out of the call (or out of the configs)")
 
     def __call__(self, *args, **kwargs):
-        return self._launch(self.best(*args, **kwargs), args, kwargs)
+        config = self.best(*args, **kwargs)
+        try:
+            return self._launch(config, args, kwargs)
+        except ArgumentError:
+            raise
+        except (ScheduleError, CompilationError, LaunchError) as e:
+            result = self.tuned.last_result
+            if result is None or not result.from_cache:
+                raise
+            # A winner kept from another call (or an edited entry) that cannot compile or
+            # launch this one: measured again, as a damaged entry is, instead of failing
+            # every launch until the file is deleted by hand
+            warnings.warn(f"metile: the tuning cache's winner {config} for "
+                          f"{self.tuned.kernel.fn.__name__} cannot run this call "
+                          f"({type(e).__name__}: {str(e).splitlines()[0]}); measuring again")
+            tuning.TuningCache().forget(result.key)
+            return self._launch(self.best(*args, **kwargs), args, kwargs)
 
 
 # Triton's autotune options metile does not take, and why

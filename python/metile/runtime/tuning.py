@@ -156,11 +156,26 @@ class TuningCache:
             if not (isinstance(entry, dict) and entry.get("key") == key
                     and entry.get("format") == FORMAT and isinstance(entry.get("winner"), str)):
                 raise ValueError("not a tuning entry for this key")
+            timings, unusable = entry.get("timings", {}), entry.get("unusable", {})
+            if not (isinstance(timings, dict) and isinstance(unusable, dict)
+                    and all(isinstance(t, (int, float)) and not isinstance(t, bool)
+                            for t in timings.values())
+                    and all(isinstance(r, str) for r in unusable.values())):
+                # (handed on as TuneResult's dicts: a list there failed in the caller)
+                raise ValueError("its timings or unusable reasons are not the mappings "
+                                 "autotune writes")
         except (ValueError, RecursionError) as e:   # (nesting past the parser's depth)
             warnings.warn(f"metile: ignoring corrupt tuning cache entry {path}: "
                           f"{e if isinstance(e, ValueError) else 'nested too deeply'}")
             return None
         return entry
+
+    def forget(self, key: str) -> None:
+        """Drop the entry for `key` (one whose winner cannot run a call)."""
+        try:
+            self.path(key).unlink()
+        except OSError:
+            pass
 
     def store(self, key: str, entry: dict) -> bool:
         """Whether `entry` was written (an unwritable cache warns and keeps nothing)."""
