@@ -887,6 +887,34 @@ def test_a_loop_variable_first_bound_by_the_loop_is_undefined_after_it():
         after[(1,)](mx.zeros((1,), dtype=mx.int32), 3)
 
 
+@metile.kernel
+def first_bound_by_constant_loops(Y, n, BLOCK: metile.constexpr):
+    s = 0
+    for i in range(5):
+        s += i
+    metile.store(Y + 0, s * 100 + i)
+    for j in range(0, BLOCK, 3):
+        if j * 2 > n:
+            break
+    metile.store(Y + 1, j)
+    for k in range(BLOCK, 0, -4):
+        w = k * 2
+    metile.store(Y + 2, k)
+
+
+@pytest.mark.parametrize("n", [0, 5, 100])
+def test_a_loop_variable_first_bound_by_a_constant_range_that_runs_keeps_its_last_value(n):
+    # (a hostile trial: refused as "a loop that runs no iteration leaves it unset", though
+    # range(5) always runs)
+    def python(n, block=8):
+        for j in range(0, block, 3):
+            if j * 2 > n:
+                break
+        return [10 * 100 + 4, j, 4]
+    got = first_bound_by_constant_loops[(1,)](mx.zeros((3,), dtype=mx.int32), n, BLOCK=8)
+    assert got.tolist() == python(n)
+
+
 # -- `a if c else b` runs one side (twenty-ninth session) -------------------------------------
 
 @metile.kernel

@@ -402,3 +402,66 @@ def test_heuristics_compute_meta_parameters_from_the_arguments(tmp_path, monkeyp
         even_or_masked[(2,)](mx.array(x), mx.zeros((128,)), 100, BLOCK=64, EVEN=True)
     with pytest.raises(ValueError, match="has no parameter 'EVEN_K'"):
         metile.heuristics(values={"EVEN_K": lambda a: True})(scaled_copy)
+
+
+# -- Triton's constexpr objects and jit options (a hostile trial, session 38) ------------------
+
+USE_TWO = metile.constexpr(False)
+WIDTH = metile.constexpr(4)
+GAIN = metile.constexpr(2.5)
+
+
+@metile.kernel
+def constexpr_objects(Y, FLAG: metile.constexpr, B: metile.constexpr = metile.constexpr(4)):
+    o = metile.arange(0, WIDTH)
+    if USE_TWO:
+        metile.store(Y + o, (o + B).to(metile.float32))
+    elif FLAG:
+        metile.store(Y + o, (o + B).to(metile.float32) * GAIN)
+    else:
+        metile.store(Y + o, (o * metile.constexpr(3)).to(metile.float32))
+
+
+@pytest.mark.parametrize("flag", [False, True, metile.constexpr(False), metile.constexpr(True)])
+def test_constexpr_objects_read_as_their_values(flag):
+    # (`NAME = tl.constexpr(False)` at module level and `FLAG=tl.constexpr(False)` at the
+    # call took the true branch: the object is truthy)
+    got = constexpr_objects[(1,)](mx.zeros((4,)), FLAG=flag)
+    on = flag.value if isinstance(flag, metile.constexpr) else flag
+    expected = (np.arange(4) + 4) * 2.5 if on else np.arange(4) * 3.0
+    np.testing.assert_array_equal(np.array(got), expected)
+
+
+def test_do_not_specialize_is_taken_and_checked():
+    def copy(X, Y, n, BLOCK: metile.constexpr):
+        o = metile.arange(0, BLOCK)
+        metile.store(Y + o, metile.load(X + o, mask=o < n), mask=o < n)
+
+    k = metile.kernel(do_not_specialize=["n"])(copy)
+    assert metile.kernel(do_not_specialize=[2])(copy).do_not_specialize == {"n"}
+    got = k[(1,)](mx.arange(8).astype(mx.float32), mx.full((8,), -1.0), 5, BLOCK=8)
+    assert got.tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+    # under an explicit Schedule an int scalar is specialized for its proofs, unless named
+    sched = metile.Schedule(num_simdgroups=1)
+    k[(1,)](mx.arange(8).astype(mx.float32), mx.zeros((8,)), 5, BLOCK=8, SCHEDULE=sched)
+    assert k.last_dispatch.spec.int_values == {}
+    for bad, message in ((["m"], "names 'm', which is not a parameter"),
+                         (["BLOCK"], "names constexpr 'BLOCK'")):
+        with pytest.raises(TypeError, match=message):
+            metile.kernel(do_not_specialize=bad)(copy)
+
+
+def test_an_autotuned_kernel_has_tritons_best_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+
+    @metile.autotune(configs=[metile.Config(BLOCK=4), metile.Config(BLOCK=8)], key=["n"],
+                     warmup=1, reps=1)
+    @metile.kernel
+    def copy(X, Y, n, BLOCK: metile.constexpr):
+        o = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+        metile.store(Y + o, metile.load(X + o, mask=o < n), mask=o < n)
+
+    assert copy.best_config is None
+    copy[lambda m: (metile.cdiv(m["n"], m["BLOCK"]),)](mx.arange(10).astype(mx.float32),
+                                                      mx.zeros((10,)), 10)
+    assert copy.best_config == copy.last_result.config

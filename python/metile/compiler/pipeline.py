@@ -200,9 +200,16 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
     name = getattr(req.fn, "__name__", "kernel")
     outputs = [n for n in req.param_names if n in stored]
     if not outputs:
-        raise CompilationError(f"kernel {name!r} stores to no buffer, so it has no result: a "
-                               f"kernel's outputs are the buffers it writes with metile.store, "
-                               f"a tensor view's store or atomic_add", req.loc)
+        consts = ", ".join(f"{k}={v!r}" for k, v in req.constexprs.items()
+                           if k in req.param_names)
+        raise CompilationError(
+            f"kernel {name!r} stores to no buffer"
+            f"{f' with {consts}' if consts else ''}, so this launch has no result: a "
+            f"kernel's outputs are the buffers it writes with metile.store, a tensor view's "
+            f"store or atomic_add"
+            + (" - a store left out by a constexpr branch (or an early return before it) "
+               "does not count; skip such a launch on the host, where its result is the "
+               "arrays passed" if consts else ""), req.loc)
     atomic = atomic_roots(fn)
     if atomic:
         first = next(iter(atomic.values()))

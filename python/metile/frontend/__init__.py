@@ -12,7 +12,7 @@ import inspect
 from ..ir.core import Block, Builder, Function, Param, Value, walk
 from ..ir.types import PointerType, ScalarType, TileType
 from ..language import dtypes as dt
-from ..language.core import TRITON_MAX_TENSOR_NUMEL
+from ..language.core import TRITON_MAX_TENSOR_NUMEL, constexpr
 from ..errors import CompilationError, LaunchError
 from .desugar_control import desugar
 from .generator import CompileContext, Generator, is_constexpr_annotation
@@ -34,7 +34,8 @@ def constexpr_params(fn) -> tuple[list[str], set[str], dict]:
                 p.kind == p.KEYWORD_ONLY and p.default is not p.empty):
             consts.add(p.name)
         if p.default is not p.empty:
-            defaults[p.name] = p.default
+            # (`B: tl.constexpr = tl.constexpr(4)`: the value, as Triton reads it)
+            defaults[p.name] = p.default.value if isinstance(p.default, constexpr) else p.default
     return names, consts, defaults
 
 

@@ -299,6 +299,16 @@ class ControlFlow:
         # after the loop it holds what it held at the end of the last iteration (its
         # value before the loop when none ran).
         target = node.target.id
+        if all(is_const(v) for v in (start, end, step)) and len(range(start, end, step)):
+            # A constant range that runs: Python leaves the variable at its last value even
+            # when it had none before, so it is carried from `start` (never seen: the first
+            # iteration binds it) - only where it is read after the loop, so other loops
+            # keep their form.  (user_target: the user's variable of a loop with a break,
+            # which desugar_control binds in the body from its own counter.)
+            for name in (target, getattr(node, "user_target", None)):
+                if name and self._read_after(node, name) and \
+                        isinstance(self.env.get(name, Undefined(name, "")), Undefined):
+                    self.env[name] = self.sem.to_value(start, dt.int32)
         carried = self._carried(node.body, include=[target])
         body = Block()
         iv = body.add_arg(ScalarType(dt.int32), target)
@@ -325,6 +335,16 @@ class ControlFlow:
             self.env[target] = Undefined(target, "it is first assigned by the loop, and a loop "
                                                  "that runs no iteration leaves it unset; give "
                                                  "it a value before the loop")
+
+    def _read_after(self, node, name: str) -> bool:
+        """Whether the kernel's source reads `name` on a line after the loop `node` (a
+        conservative test: a read that a later assignment shadows counts too)."""
+        last = max((getattr(n, "end_lineno", None) or getattr(n, "lineno", 0)
+                    for n in ast.walk(node)), default=0)
+        if not last:
+            return False
+        return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                   and n.lineno > last for n in ast.walk(self.src.tree))
 
     def _trips(self, lo: Value, hi: Value, step: Value) -> Value:
         """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step, counted in

@@ -237,6 +237,8 @@ class _Desugar:
                 guard = ast.If(self.none_of(stops, s), body, [])
                 body = [self.mark(self.at(guard, exit_stmt), s.body, ("return", "break"))]
             new = ast.For(target, s.iter, prefix + body, [], getattr(s, "type_comment", None))
+            if target is not s.target:
+                new.user_target = s.target.id   # (bound by the first iteration: control.py)
         elif stops:
             run = ast.If(s.test, body, [self.assign(loop.broke, True, s)])
             new = ast.While(self.none_of(stops, s), prefix + [self.at(run, s)], [])

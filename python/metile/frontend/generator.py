@@ -60,7 +60,10 @@ _PY_FUNCS = {"min", "max", "abs", "int", "float", "bool", "len", "range"}
 def _plain_scalar(value):
     """A NumPy scalar (`np.float32(1e-5)`, `np.int64(3)`, `np.bool_`) read from Python as
     the Python number it holds, which the kernel language takes as a constant; anything
-    else as it is."""
+    else as it is; a `metile.constexpr(v)` object (Triton's module-level `NAME =
+    tl.constexpr(v)`) as v (the object is always truthy: `if NAME:` took the true branch)."""
+    if isinstance(value, constexpr):
+        return _plain_scalar(value.value)
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and \
             hasattr(value, "item") and not hasattr(value, "__len__"):
         item = value.item()
@@ -437,6 +440,12 @@ class Generator(ControlFlow):
             kwargs[k.arg] = self.visit(k.value)
         if isinstance(func, _Method):
             return func.fn(self, args, kwargs)
+        if func is constexpr:
+            # `tl.constexpr(v)` inside a kernel: v, which must be known at compile time
+            if kwargs or len(args) != 1 or not is_const(args[0]):
+                raise CompilationError("metile.constexpr(value) takes one compile-time "
+                                       f"constant, got {', '.join(map(describe, args)) or 'none'}")
+            return args[0]
         name = getattr(func, "__metile_builtin__", None)
         if name is not None:
             return IMPLS[name](self, args, kwargs)

@@ -164,6 +164,11 @@ class Autotuned:
         self._pruned[memo] = kept
         return kept
 
+    @property
+    def best_config(self) -> Config | None:
+        """Triton's Autotuner.best_config: the winner of the last tuned call (None before)."""
+        return None if self.last_result is None else self.last_result.config
+
     def __getitem__(self, grid):
         return _TunedLauncher(self, grid)
 

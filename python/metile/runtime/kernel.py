@@ -35,6 +35,7 @@ from ..compiler.backend import Backend, resolve_backend
 from ..compiler.debug_support import warn_unchecked_asserts
 from ..errors import ArgumentError, CompilationError, LaunchError
 from ..frontend import constexpr_params
+from ..language.core import constexpr
 from ..frontend import source
 from ..ir.core import Loc
 from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
@@ -215,7 +216,7 @@ class Kernel:
     __metile_kernel__ = True
 
     def __init__(self, fn, num_simdgroups: int | None = None, differentiable: bool = False,
-                 debug: bool | None = None):
+                 debug: bool | None = None, do_not_specialize=()):
         if not inspect.isfunction(fn):
             raise TypeError(f"metile.kernel decorates a Python function written with def, got "
                             f"{type(fn).__name__} {fn!r}")
@@ -231,6 +232,7 @@ class Kernel:
         except CompilationError as e:
             raise e.with_traceback(None) from None
         self.num_simdgroups = num_simdgroups
+        self.do_not_specialize = self._unspecialized(do_not_specialize)
         self._specs: dict = {}
         self.last_dispatch: "Dispatch | None" = None
         self._launches = LaunchCache()
@@ -240,6 +242,25 @@ class Kernel:
 
     def __getitem__(self, grid) -> "Launcher":
         return Launcher(self, grid)
+
+    def _unspecialized(self, names) -> frozenset:
+        """Triton's do_not_specialize (parameter names or positions) as names.  metile
+        specializes a runtime scalar on its value only under an explicit Schedule (for its
+        shape proofs); these are left out of that too."""
+        if isinstance(names, (str, int)):
+            names = [names]
+        out = []
+        for n in names:
+            if isinstance(n, int) and not isinstance(n, bool) and 0 <= n < len(self.param_names):
+                n = self.param_names[n]
+            if not isinstance(n, str) or n not in self.param_names:
+                raise TypeError(f"metile.kernel do_not_specialize names {n!r}, which is not a "
+                                f"parameter of {self.fn.__name__} (give names or positions)")
+            if n in self.constexpr_names:
+                raise TypeError(f"metile.kernel do_not_specialize names constexpr {n!r}: a "
+                                f"constexpr is always specialized")
+            out.append(n)
+        return frozenset(out)
 
     def refresh(self) -> None:
         """Forget compiled specializations and resolved launches when a global or
@@ -335,6 +356,10 @@ class Kernel:
         for k, v in self.defaults.items():
             bound.setdefault(k, v)
         for k, v in bound.items():
+            if isinstance(v, constexpr):
+                # (Triton's `FLAG=tl.constexpr(False)`: the object is always truthy, so an
+                # `if FLAG:` took the true branch)
+                bound[k] = v = v.value
             if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
                 bound[k] = v.item()  # NumPy scalars count as the Python numbers they hold
         missing = [n for n in self.param_names if n not in bound]
@@ -416,7 +441,8 @@ class Kernel:
         # An explicit schedule specializes integer scalars so that shape proofs
         # (divisibility, alignment) are exact for this launch.
         ints = {} if schedule is None else {
-            n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)}
+            n: v for n, v in runtime.items() if isinstance(v, int) and not isinstance(v, bool)
+            and n not in self.do_not_specialize}
         key = (tuple((n, s[0], s[1].name, s[2]) for n, s in specs.items()),
                tuple((k, *value_key(v)) for k, v in consts.items()), threads, backend,
                None if schedule is None else schedule.key(), tuple(sorted(ints.items())), debug)
@@ -431,14 +457,14 @@ class Kernel:
 
 
 def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False,
-           debug: bool | None = None):
+           debug: bool | None = None, do_not_specialize=()):
     """Decorator: compile a Python function as a metile kernel (see module docstring).
     `differentiable=True` gives pointwise kernels a vjp (see runtime/autodiff.py);
     `debug=True` checks its device_asserts (default: METILE_DEBUG=asserts; a launch's
-    debug= overrides both)."""
+    debug= overrides both); `do_not_specialize` as Triton's jit option (Kernel._unspecialized)."""
     if fn is None:
-        return lambda f: Kernel(f, num_simdgroups, differentiable, debug)
-    return Kernel(fn, num_simdgroups, differentiable, debug)
+        return lambda f: Kernel(f, num_simdgroups, differentiable, debug, do_not_specialize)
+    return Kernel(fn, num_simdgroups, differentiable, debug, do_not_specialize)
 
 
 def inline(fn):
