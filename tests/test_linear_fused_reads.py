@@ -89,3 +89,13 @@ def test_residual_is_checked():
         ops.linear(x, w, residual=mx.zeros((4, 4)))
     # a residual of another float dtype promotes as MLX's add (test_ops.py)
     assert ops.linear(x, w, residual=mx.zeros((4, 3), mx.float16)).dtype == mx.float32
+
+
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+def test_a_bias_that_would_widen_the_output_is_refused_by_name(backend):
+    # (a hostile trial: metile's message called a (1, 1, N) bias per-row and advised
+    # backend='auto' or 'mlx', where MLX's addmm failed with its own message)
+    x, w, b = mx.zeros((5, 8)), mx.zeros((4, 8)), mx.zeros((1, 1, 4))
+    with pytest.raises(ValueError, match=r"bias shape \(1, 1, 4\) does not broadcast to the 4 "
+                                         r"output features of the output shape \(5, 4\)"):
+        ops.linear(x, w, b, backend=backend)

@@ -77,13 +77,14 @@ MAX_ELEMENTS = 2**31 - 2**20
 # -- argument checks ----------------------------------------------------------------------------
 
 def _check_x(op: str, x, min_ndim: int = 1):
+    # (a wrong dtype is a ValueError, as MLX's own ops raise it: drop-in `except` clauses)
     if not isinstance(x, mx.array):
         raise TypeError(f"[metile.ops.{op}] x must be an mx.array, got {type(x).__name__}")
     if x.ndim < min_ndim:
         raise ValueError(f"[metile.ops.{op}] x must have at least {min_ndim} dimension"
                          f"{'s' if min_ndim > 1 else ''}, got shape {tuple(x.shape)}")
     if not mx.issubdtype(x.dtype, mx.floating):
-        raise TypeError(f"[metile.ops.{op}] x has dtype {x.dtype}; expected a floating type")
+        raise ValueError(f"[metile.ops.{op}] x has dtype {x.dtype}; expected a floating type")
 
 
 def _check_vector(op: str, name: str, v, x):
@@ -96,7 +97,7 @@ def _check_vector(op: str, name: str, v, x):
         raise ValueError(f"[metile.ops.{op}] {name} has shape {tuple(v.shape)}; expected "
                          f"({x.shape[-1]},), the size of x's last axis")
     if not mx.issubdtype(v.dtype, mx.floating):
-        raise TypeError(f"[metile.ops.{op}] {name} has dtype {v.dtype}; expected a floating type")
+        raise ValueError(f"[metile.ops.{op}] {name} has dtype {v.dtype}; expected a floating type")
 
 
 def _eps_taken(eps) -> bool:
@@ -819,12 +820,12 @@ def _rope_offset(x, offset):
     if isinstance(offset, numbers.Integral):   # (a NumPy integer too, as MLX's op takes;
         return int(offset), None, "scalar"     # its positions are range-checked in rope())
     if not mx.issubdtype(offset.dtype, mx.integer):
-        raise TypeError(f"[metile.ops.rope] offset must be an integer array, got dtype "
+        raise ValueError(f"[metile.ops.rope] offset must be an integer array, got dtype "
                         f"{offset.dtype}")
     if offset.dtype in _WIDE_OFFSETS:
         # the kernels' positions are int32 and an array's values are not known before it
         # runs: a wider offset would wrap silently (an int offset is range-checked above)
-        raise TypeError(f"[metile.ops.rope] backend='metile' takes int32 offset arrays, got "
+        raise ValueError(f"[metile.ops.rope] backend='metile' takes int32 offset arrays, got "
                         f"dtype {offset.dtype}; pass offset.astype(mx.int32) (values below "
                         "2**31), or backend='auto' or 'mlx' (MLX's op takes it)")
     if offset.size == 1 and offset.ndim <= 1:

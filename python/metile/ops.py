@@ -1008,17 +1008,18 @@ def _bias_vector(x, weight, bias):
 
 
 def _bias_broadcasts(x, weight, bias) -> bool:
-    """Whether `bias` is no (N,) vector but broadcasts with the output as MLX's `+` does (a
-    (T, N) bias: each row its own; one of more dimensions than the output widens it) -
-    MLX's composite computes it."""
+    """Whether `bias` is no (N,) vector but broadcasts to the output as MLX's addmm takes
+    it (a (T, N) bias: each row its own) - MLX's composite computes it.  One that would
+    widen the output (more dimensions than it) is not: addmm, and so mlx.nn.Linear,
+    refuses it."""
     if not (isinstance(bias, mx.array) and isinstance(weight, mx.array) and weight.ndim == 2
             and isinstance(x, mx.array) and x.ndim >= 1) or bias.shape == (weight.shape[0],):
         return False
+    out = (*x.shape[:-1], weight.shape[0])
     try:
-        np.broadcast_shapes(tuple(bias.shape), (*x.shape[:-1], weight.shape[0]))
+        return np.broadcast_shapes(tuple(bias.shape), out) == out
     except ValueError:
         return False
-    return True
 
 
 def _check_linear(x, weight, bias, activation, slope):
@@ -1044,8 +1045,12 @@ def _check_linear(x, weight, bias, activation, slope):
                              f"add one bias vector of {weight.shape[0]} output features to "
                              f"every row; pass a per-row bias as residual= (added after the "
                              f"activation), or use backend='auto' or 'mlx'")
+        out = (*x.shape[:-1], weight.shape[0]) if isinstance(x, mx.array) else None
         raise ValueError(f"[metile.ops] bias shape {tuple(bias.shape)} does not broadcast to "
-                         f"the {weight.shape[0]} output features")
+                         f"the {weight.shape[0]} output features"
+                         + (f" of the output shape {out} (a bias may not widen the output: "
+                            f"MLX's addmm, which mlx.nn.Linear uses, refuses that too)"
+                            if out is not None else ""))
     if bias.dtype != x.dtype:
         # as for x, weight and residual: one dtype (the fused epilogue would round a wider
         # bias to x's dtype where MLX promotes the result)

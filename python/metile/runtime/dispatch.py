@@ -78,9 +78,10 @@ def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError)
         "SCHEDULE" not in kwargs
     if not from_launch or f"num_stages={kwargs['num_stages']!r}" not in error.message:
         raise error
-    warnings.warn(f"num_stages={kwargs['num_stages']!r} is not honoured for kernel "
-                  f"{kernel.fn.__name__!r} and is ignored (as Triton ignores it where nothing "
-                  f"is pipelined): {error.message}", stacklevel=4)
+    if kwargs["num_stages"] != 1:   # (one stage is no pipelining: met, nothing to say)
+        warnings.warn(f"num_stages={kwargs['num_stages']!r} is not honoured for kernel "
+                      f"{kernel.fn.__name__!r} and is ignored (as Triton ignores it where "
+                      f"nothing is pipelined): {error.message}", stacklevel=4)
     rest = dataclasses.replace(schedule, num_stages=None)
     return None if rest == Schedule() else rest
 
