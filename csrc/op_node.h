@@ -94,9 +94,11 @@ inline bool fusable_primitive(const char* name) {
   // self-contained as metile's own; on Metal not run inside a node (not tested there)
   if (std::strcmp(name, "CustomKernel") == 0) return gpu_keep_alive() != nullptr;
   if (metile_launch(name)) return true;
+  // Select: the merge of a launch's output with its initial value where the output is not
+  // proven whole (attention at ragged lengths on CUDA; METILE_DEBUG=op_nodes named it, H100)
   for (const char* known : {"MetileOp", "Reshape", "Contiguous", "Copy", "AsType", "Broadcast",
                             "ExpandDims", "Squeeze", "Transpose", "Slice", "View", "Flatten",
-                            "Unflatten"}) {
+                            "Unflatten", "Select"}) {
     if (std::strcmp(name, known) == 0) return true;
   }
   return false;

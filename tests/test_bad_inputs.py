@@ -189,7 +189,12 @@ case("constexpr-negative-block", lambda: launch_copy(X8, zeros8(), 8, BLOCK=-64)
      error(CompilationError, r"arange\(0, -64\) is empty: end must be greater than start"))
 case("constexpr-non-power-of-two", lambda: launch_copy(X8, zeros8(), 8, BLOCK=3, grid=(3,)),
      correct(equal(np.arange(8, dtype=np.float32))))
+# (past Triton's 2**20 elements a tile is a compile error: 2**24 ran here and 2**27 overflowed
+# the CPU runtime's stack at run time; 2**20 itself runs)
 case("constexpr-huge-block", lambda: launch_copy(X8, zeros8(), 8, BLOCK=2**24),
+     error(CompilationError, r"a tile of shape \(16777216,\) has 16777216 elements, more than "
+                             r"the 1048576 \(2\*\*20\)"))
+case("constexpr-block-at-the-bound", lambda: launch_copy(X8, zeros8(), 8, BLOCK=2**20),
      correct(equal(np.arange(8, dtype=np.float32))))
 case("constexpr-block-past-int32", lambda: double[(1,)](X8, zeros8(), BLOCK=2**31 + 64),
      error(CompilationError, r"arange\(0, 2147483712\): its values are int32, so start and end "

@@ -47,12 +47,6 @@ def _cases(rng):
                                   "matmul", "gated_mlp", "quantized_matmul", "attention"])
 def test_jvp_matches_mlx(rng, name):
     # (found by a hostile test: mx.jvp of every op failed in MLX's Primitive::jvp)
-    if name == "attention" and mx.default_device() == mx.gpu and mx.cuda.is_available():
-        # attention's CUDA forward launches a kernel whose output starts from a value
-        # through MLX's cuda_kernel, whose primitive has no jvp; one MetileOp node was to
-        # take the composite's jvp instead, but on the H100 (s127) the op still fell back
-        # to mx.custom_function there and mx.jvp reached the CustomKernel
-        pytest.skip("CUDA: attention's jvp reaches MLX's CustomKernel (H100 s127); README")
     x, ours, theirs = _cases(rng)[name]
     t = mx.array(rng.standard_normal(x.shape).astype(np.float32))
     want_y, want_t = mx.jvp(theirs, [x], [t])

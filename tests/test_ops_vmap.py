@@ -42,9 +42,6 @@ def _cases():
 
 @pytest.mark.parametrize("op", list(_cases()))
 def test_ops_batch_under_vmap_as_mlx_does(op):
-    if op == "attention" and mx.default_device() == mx.gpu and mx.cuda.is_available():
-        pytest.skip("CUDA: attention's vmap reaches MLX's CustomKernel inside the op's "
-                    "custom function, as its jvp does (H100 s127, tests/test_ops_jvp.py)")
     fn, shape = _cases()[op]
     xs = mx.random.normal((3, *shape), key=mx.random.key(9))
     want = mx.vmap(lambda v: fn(v, "mlx"))(xs)

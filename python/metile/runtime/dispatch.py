@@ -9,7 +9,9 @@ import dataclasses
 import json
 import math
 import operator
+import threading
 import warnings
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -67,6 +69,24 @@ def _check_grid_limits(grid, threads: int, backend: str) -> None:
         if backend == "cuda" and grid[axis] > _CUDA_GRID_YZ:
             raise LaunchError(f"grid axis {axis} has {grid[axis]} programs; CUDA allows at most "
                               f"{_CUDA_GRID_YZ} on axes 1 and 2: put the large count on axis 0")
+
+
+_op_forward = threading.local()
+
+
+@contextmanager
+def op_forward():
+    """Launches made inside an op's forward (runtime/op_function.OpFunction), whose node or
+    custom function carries the op's own vjp, jvp and vmap: they go without the per-launch
+    no-vjp guard (an mx.custom_function), which nothing can reach there - and which kept
+    the op from being one MetileOp node where MLX's CustomKernel launches it (CUDA, an
+    output that starts from a value), so mx.jvp and mx.vmap met that kernel."""
+    depth = getattr(_op_forward, "depth", 0)
+    _op_forward.depth = depth + 1
+    try:
+        yield
+    finally:
+        _op_forward.depth = depth
 
 
 def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError):
@@ -795,6 +815,8 @@ class Dispatch:
                     raise LaunchError(message)
 
                 self._guarded = launch
+        if guard and getattr(_op_forward, "depth", 0):
+            guard = False
         outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
         if self._direct is None and self._bound:
             self._direct = self._bound.get("direct")

@@ -98,7 +98,9 @@ class OpFunction:
         """The forward of `arrays`; with `shapes` (one shape, or None, an output), each
         output reshaped to its shape - inside the node, where there is one, as the reshapes
         of arrays the op made its rows are (an op on (batch, T, D) is then one node)."""
-        out = self._forward(*arrays)
+        from .dispatch import op_forward
+        with op_forward():
+            out = self._forward(*arrays)
         single = isinstance(out, mx.array)
         if not _ext.any_tracer(*arrays):
             if shapes is None:
