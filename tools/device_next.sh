@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s130   -- s38's fixes: attention's jvp/vmap on CUDA at ragged lengths, the touched test files
 #   OUT=$OUT bash tools/device_next.sh s128   -- after s127: decoder block / model layers with one node an op, eager cost, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s127s  -- s127 for a short budget: node tests, its A/B, int4 decode, atomics/jvp tests
 #   OUT=$OUT bash tools/device_next.sh s127   -- ops as one MetileOp node vs custom_function, timeline, int4 decode, cache in place, GPU tests
@@ -114,7 +115,15 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s128 ]; then
+if [ "$mode" = s130 ]; then
+  # s38's changes on a GPU: attention's jvp/vmap at ragged lengths (Select in the node, no
+  # per-launch guard inside an op's forward), then the files the session's fixes touched
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  METILE_DEBUG=op_nodes timeout 100 python3 tools/probes/attention_transforms.py 2>&1 | tail -12 | tee -a "$log"
+  gpu_tests 200 test_ops_jvp test_ops_vmap test_op_node test_autotune test_triton_launch_and_calls
+  cp "$logs/pytest.txt" "$logs/pytest-first.txt"; cp "$out/device-run.json" "$logs/device-run-first.json"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_control_flow test_dsl_errors test_attention_op test_linear_fused_reads
+elif [ "$mode" = s128 ]; then
   # after s127: the model-level effect of one node an op - the decoder block converted
   # against unconverted (and the unconverted control), model layers, eager cost, then the
   # GPU tests of the files the node change touched
