@@ -104,6 +104,14 @@ class CudaKernel(SourceKernel):
         an mx.custom_function."""
         return True
 
+    def refusal_node(self, *, init_value=None, **launch) -> bool:
+        """Whether the refusal of this launch is a node of its own: MLX's cuda_kernel and
+        precompiled launch refuse under csrc/ext.cpp's custom vjp (a CustomTransforms node
+        after the CustomKernel), metile's own primitive in its vjp.  A Dispatch launching
+        inside an op's forward, whose node carries the op's rules, binds such a launch
+        without the refusal (dispatch.op_forward)."""
+        return not self._own_launch(init_value)
+
     def bind(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
              init_value=None, verbose=False, stream=None, scalars=None, no_vjp=""):
         """This launch reduced to its binding call, for a caller that keeps its signature

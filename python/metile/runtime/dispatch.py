@@ -779,32 +779,39 @@ class Dispatch:
             own = owns is not None and owns(**self.call_kwargs)
             # (without this call's arrays: the closure below outlives them, _release)
             kwargs = {k: v for k, v in self.call_kwargs.items() if k != "inputs"}
-            if own:
-                kwargs["no_vjp"] = message
-            bound = None   # not tried yet; False: the launcher cannot bind this launch
             found = self._bound   # (not self: the closure would make a reference cycle)
 
-            def run(inputs):
-                # The first launch binds: a launcher that can (CudaKernel.bind,
-                # MetalKernel.bind on the CPU runtime) makes its binding call with this
-                # launch's fixed arguments, running the checks of a full call once, and
-                # the launch runs through it, as do the relaunches (same dtypes and
-                # shapes; the settings it read are in the launch key).  Its `direct`, a
-                # C++ call answering None off its device, serves _fast.  A launcher
-                # without one (Metal) takes the full call each time.  (The first launch
-                # made the full call and then bound: every check twice, ~35 us each for
-                # a launch of a new shape on a 2-core CPU.)
-                nonlocal bound
-                if bound is None:
-                    bind = getattr(call, "bind", None)
-                    bound = (bind(**kwargs, inputs=inputs) if bind is not None else None) or False
-                    if own and bound:
-                        found["direct"] = getattr(bound, "direct", None)
-                if bound:
-                    return bound(inputs)
-                return call(**kwargs, inputs=inputs)
+            def binding(kw, keep_direct: bool):
+                bound = None   # not tried yet; False: the launcher cannot bind this launch
 
-            self._guarded = self._unguarded = run
+                def run(inputs):
+                    # The first launch binds: a launcher that can (CudaKernel.bind,
+                    # MetalKernel.bind on the CPU runtime) makes its binding call with this
+                    # launch's fixed arguments, running the checks of a full call once, and
+                    # the launch runs through it, as do the relaunches (same dtypes and
+                    # shapes; the settings it read are in the launch key).  Its `direct`, a
+                    # C++ call answering None off its device, serves _fast.  A launcher
+                    # without one (Metal) takes the full call each time.  (The first launch
+                    # made the full call and then bound: every check twice, ~35 us each for
+                    # a launch of a new shape on a 2-core CPU.)
+                    nonlocal bound
+                    if bound is None:
+                        bind = getattr(call, "bind", None)
+                        bound = (bind(**kw, inputs=inputs) if bind is not None else None) or False
+                        if keep_direct and bound:
+                            found["direct"] = getattr(bound, "direct", None)
+                    if bound:
+                        return bound(inputs)
+                    return call(**kw, inputs=inputs)
+                return run
+
+            run = binding({**kwargs, "no_vjp": message} if own else kwargs, own)
+            self._guarded = self._unguarded = self._in_op = run
+            node = getattr(call, "refusal_node", None)
+            if own and node is not None and node(**self.call_kwargs):
+                # (MLX's own launch primitive refuses under a custom vjp: a node of its own,
+                # which inside an op's forward kept the op from being one MetileOp)
+                self._in_op = binding(kwargs, False)
             if not own:
                 @mx.custom_function
                 def launch(inputs):
@@ -815,9 +822,10 @@ class Dispatch:
                     raise LaunchError(message)
 
                 self._guarded = launch
-        if guard and getattr(_op_forward, "depth", 0):
-            guard = False
-        outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
+        if getattr(_op_forward, "depth", 0):
+            outs = list(self._in_op(inputs))[:self.results]
+        else:
+            outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]
         if self._direct is None and self._bound:
             self._direct = self._bound.get("direct")
             if self._direct is not None and self._plain and self._guard is not None:
