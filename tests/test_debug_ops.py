@@ -139,6 +139,34 @@ def test_failing_assert_names_kernel_message_program_and_element():
     np.testing.assert_array_equal(np.array(y), 2 * np.arange(10, dtype=np.float32))
 
 
+def _twin():
+    @metile.kernel(debug=True)
+    def below_one(X, Y, BLOCK: metile.constexpr):
+        o = metile.arange(0, BLOCK)
+        metile.device_assert(metile.load(X + o) < 1.0, "too big")  # MARK-twin-a
+        metile.store(Y + o, metile.load(X + o))
+    return below_one
+
+
+@metile.kernel(debug=True)
+def below_one(X, Y, BLOCK: metile.constexpr):
+    o = metile.arange(0, BLOCK)
+    metile.device_assert(metile.load(X + o) < 1.0, "too big")  # MARK-twin-b
+    metile.store(Y + o, metile.load(X + o))
+
+
+@pytest.mark.skipif(ON_CUDA, reason="the CPU runtime's in-process report (CUDA: a child's)")
+def test_a_failed_assert_names_its_own_line_where_the_same_text_stands_twice():
+    # (a docs trial: the generated code is cached by the kernel's text, so the second of
+    # two identical kernels reported the first one's file and line)
+    import inspect
+    lines = inspect.getsource(sys.modules[__name__]).splitlines()
+    for kernel, mark in ((_twin(), "MARK-twin-a"), (below_one, "MARK-twin-b")):
+        line = next(i + 1 for i, t in enumerate(lines) if mark in t and "metile." in t)
+        with pytest.raises(RuntimeError, match=rf"test_debug_ops\.py:{line}\) in program"):
+            mx.eval(kernel[(1,)](mx.array([0.5, 2.0]), mx.zeros((2,)), BLOCK=2))
+
+
 @metile.kernel
 def _nonnegative(X, Y, n, BLOCK: metile.constexpr, MASKED: metile.constexpr):
     i = metile.arange(0, BLOCK)

@@ -77,6 +77,9 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
     seen.add(fn)
     src = function_source(fn)
     h = hashlib.sha256(src.text.encode())
+    # where it is: a failed device_assert names its file and line, compiled into the code
+    # (the same text elsewhere reused a kernel naming the first one's place)
+    h.update(f"@{src.file}:{src.first_line}:{src.indent};".encode())
     scope = {**fn.__globals__, **src.closure()}
     for name, attrs in dependencies.names(src.tree):
         if name not in scope:
