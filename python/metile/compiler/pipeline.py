@@ -203,13 +203,11 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
         consts = ", ".join(f"{k}={v!r}" for k, v in req.constexprs.items()
                            if k in req.param_names)
         raise CompilationError(
-            f"kernel {name!r} stores to no buffer"
-            f"{f' with {consts}' if consts else ''}, so this launch has no result: a "
-            f"kernel's outputs are the buffers it writes with metile.store, a tensor view's "
-            f"store or atomic_add"
-            + (" - a store left out by a constexpr branch (or an early return before it) "
-               "does not count; skip such a launch on the host, where its result is the "
-               "arrays passed" if consts else ""), req.loc)
+            f"kernel {name!r} stores to no buffer, so it has no result: a kernel's outputs "
+            f"are the buffers it writes with metile.store, a tensor view's store or atomic_add"
+            + (f" - with {consts}, a store a constexpr branch leaves out (or an early return "
+               f"before it) does not count; skip such a launch on the host, where its result "
+               f"is the arrays passed" if consts else ""), req.loc)
     atomic = atomic_roots(fn)
     if atomic:
         first = next(iter(atomic.values()))

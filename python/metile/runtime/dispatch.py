@@ -9,9 +9,7 @@ import dataclasses
 import json
 import math
 import operator
-import threading
 import warnings
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -22,6 +20,7 @@ from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .. import _ext
 from ..settings import raw_source, raw_values
 from . import tensor_maps
+from .op_function import in_op_forward
 from .arguments import arg_spec, check_buffer_sizes, int_scalar_dtype, scalar_array
 
 if TYPE_CHECKING:
@@ -69,24 +68,6 @@ def _check_grid_limits(grid, threads: int, backend: str) -> None:
         if backend == "cuda" and grid[axis] > _CUDA_GRID_YZ:
             raise LaunchError(f"grid axis {axis} has {grid[axis]} programs; CUDA allows at most "
                               f"{_CUDA_GRID_YZ} on axes 1 and 2: put the large count on axis 0")
-
-
-_op_forward = threading.local()
-
-
-@contextmanager
-def op_forward():
-    """Launches made inside an op's forward (runtime/op_function.OpFunction), whose node or
-    custom function carries the op's own vjp, jvp and vmap: they go without the per-launch
-    no-vjp guard (an mx.custom_function), which nothing can reach there - and which kept
-    the op from being one MetileOp node where MLX's CustomKernel launches it (CUDA, an
-    output that starts from a value), so mx.jvp and mx.vmap met that kernel."""
-    depth = getattr(_op_forward, "depth", 0)
-    _op_forward.depth = depth + 1
-    try:
-        yield
-    finally:
-        _op_forward.depth = depth
 
 
 def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError):
@@ -822,7 +803,7 @@ class Dispatch:
                     raise LaunchError(message)
 
                 self._guarded = launch
-        if getattr(_op_forward, "depth", 0):
+        if in_op_forward():
             outs = list(self._in_op(inputs))[:self.results]
         else:
             outs = list((self._guarded if guard else self._unguarded)(inputs))[:self.results]

@@ -4,6 +4,9 @@ op (metile.ops, through op_replay) and by kernel-level autodiff (runtime/autodif
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
+
 import mlx.core as mx
 
 from .. import _ext, settings
@@ -53,6 +56,28 @@ def composite_rules(f, composite):
     f.composite(composite)
 
 
+_op_forward = threading.local()
+
+
+@contextmanager
+def op_forward():
+    """Launches made inside an op's forward (OpFunction.__call__), whose node or
+    custom function carries the op's own vjp, jvp and vmap: they go without the per-launch
+    no-vjp guard (a custom vjp: Dispatch._launch), which nothing can reach there - and which
+    kept the op from being one MetileOp node where MLX's CustomKernel launches it (CUDA, an
+    output that starts from a value), so mx.jvp and mx.vmap met that kernel."""
+    depth = getattr(_op_forward, "depth", 0)
+    _op_forward.depth = depth + 1
+    try:
+        yield
+    finally:
+        _op_forward.depth = depth
+
+
+def in_op_forward() -> bool:
+    return getattr(_op_forward, "depth", 0) > 0
+
+
 class OpFunction:
     """An op's forward with its derivatives, used as mx.custom_function is (`f.vjp(rule)`,
     composite_rules) but without its nodes: called on arrays no transform traces, the
@@ -98,7 +123,6 @@ class OpFunction:
         """The forward of `arrays`; with `shapes` (one shape, or None, an output), each
         output reshaped to its shape - inside the node, where there is one, as the reshapes
         of arrays the op made its rows are (an op on (batch, T, D) is then one node)."""
-        from .dispatch import op_forward
         with op_forward():
             out = self._forward(*arrays)
         single = isinstance(out, mx.array)
