@@ -471,3 +471,60 @@ def test_an_autotuned_kernel_has_tritons_best_config(tmp_path, monkeypatch):
     copy[lambda m: (metile.cdiv(m["n"], m["BLOCK"]),)](mx.arange(10).astype(mx.float32),
                                                       mx.zeros((10,)), 10)
     assert copy.best_config == copy.last_result.config
+
+
+@metile.kernel
+def cast_to_out_type(X, Out, BLOCK: metile.constexpr):
+    o = metile.arange(0, BLOCK)
+    metile.store(Out + o, metile.load(X + o).to(Out.type.element_ty) * 3)
+
+
+def test_tritons_type_element_ty_spelling_names_the_element_type():
+    # (a tutorial port: the fused-attention tutorial casts with `Out.type.element_ty`;
+    # "a runtime value has no attribute 'type'" before)
+    x = mx.array(np.linspace(-2, 2, 8).astype(np.float32))
+    got = cast_to_out_type[(1,)](x, mx.zeros((8,), dtype=mx.float16), BLOCK=8)
+    assert got.dtype == mx.float16
+    np.testing.assert_array_equal(np.array(got), (np.array(x).astype(np.float16) * 3))
+
+
+def test_tritons_extra_libdevice_is_refused_with_the_portable_name():
+    @metile.kernel
+    def asin(X, Y, BLOCK: metile.constexpr):
+        o = metile.arange(0, BLOCK)
+        metile.store(Y + o, metile.extra.libdevice.asin(metile.load(X + o)))
+
+    with pytest.raises(metile.CompilationError, match=r"metile.extra \(Triton's tl.extra\) is "
+                                                      r"not supported: .*metile.math.asin"):
+        asin[(1,)](mx.zeros((8,)), mx.zeros((8,)), BLOCK=8)
+
+
+@metile.kernel
+def persistent_matmul(A, B, C, T, BM: metile.constexpr, BK: metile.constexpr,
+                      KT: metile.constexpr, RECURRENCE: metile.constexpr):
+    for t in range(metile.program_id(0), T, metile.num_programs(0)):
+        rm = t * BM + metile.arange(0, BM)
+        rk = metile.arange(0, BK)
+        acc = metile.zeros((BM, BM), dtype=metile.float32)
+        for ki in range(KT):
+            a = metile.load(A + rm[:, None] * (KT * BK) + ki * BK + rk[None, :])
+            b = metile.load(B + (ki * BK + rk[:, None]) * BM + metile.arange(0, BM)[None, :])
+            if RECURRENCE:
+                acc = metile.dot(a, b, acc)
+            else:
+                acc += metile.dot(a, b)
+        metile.store(C + rm[:, None] * BM + metile.arange(0, BM)[None, :], acc)
+
+
+def test_a_persistent_matmul_runs_as_a_sum_and_its_recurrence_form_says_how():
+    # (a tutorial port: Triton's persistent matmul nests the K loop in a loop over tiles,
+    # which the fused GEMM does not take; the `+=` form runs on the general lowering)
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((64, 32), (32, 16)))
+    got = persistent_matmul[(3,)](mx.array(a), mx.array(b), mx.zeros((64, 16)), 4, BM=16,
+                                  BK=16, KT=2, RECURRENCE=False)
+    np.testing.assert_allclose(np.array(got), a @ b, rtol=1e-4, atol=1e-4)
+    with pytest.raises(metile.CompilationError, match=r"nested inside control flow.*written "
+                                                      r"`acc \+= metile.dot\(a, b\)`"):
+        persistent_matmul[(3,)](mx.array(a), mx.array(b), mx.zeros((64, 16)), 4, BM=16, BK=16,
+                                KT=2, RECURRENCE=True)

@@ -359,6 +359,11 @@ class Generator(ControlFlow):
                 return e.dtype
             if attr == "shape":
                 return shape_of(obj.type)
+            if attr == "type":
+                # Triton's `Out.type.element_ty` / `x.type.scalar` (its tutorials' spelling
+                # of a buffer's element type): the dtype, as `.dtype` gives it
+                d = elem_type(obj.type).dtype
+                return types.SimpleNamespace(element_ty=d, scalar=d, shape=shape_of(obj.type))
             if attr == "to":
                 return _Method(lambda gen, args, kw: gen.sem.cast(obj, _dtype_arg(args, kw),
                                                                   bitcast=bool(kw.get("bitcast"))))

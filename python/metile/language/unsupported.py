@@ -24,6 +24,8 @@ REASONS = {
     "dot_scaled": "scaled (microscaling) dot products are not built",
     "full_like": _NOT_YET,
     "pointer_type": "pointer types cannot be named: MLX exposes no device addresses",
+    "extra": "backend libraries (tl.extra.cuda.libdevice) are CUDA-only; metile.math has "
+             "the portable functions (e.g. metile.math.asin for libdevice.asin)",
 }
 
 

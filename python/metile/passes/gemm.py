@@ -245,7 +245,9 @@ def _match(fn: Function, loop: Op, products: list[Op]) -> GemmPattern:
     dot = products[0]
     if not any(op is loop for op in fn.body.ops):
         raise _reject("the K loop is nested inside control flow; it must be at the top level of "
-                      "the kernel", loop)
+                      "the kernel (not inside a persistent loop over tiles, nor after an early "
+                      "return: mask the tail instead) - written `acc += metile.dot(a, b)`, such a "
+                      "loop runs on the general lowering, without the fused GEMM's tiling", loop)
     if len(loop.results) != len(products):
         accs = [d.operands[2] for d in products]
         others = ", ".join(f"{a.hint or 'a value'!r} ({a.type})"
