@@ -528,3 +528,23 @@ def test_a_persistent_matmul_runs_as_a_sum_and_its_recurrence_form_says_how():
                                                       r"`acc \+= metile.dot\(a, b\)`"):
         persistent_matmul[(3,)](mx.array(a), mx.array(b), mx.zeros((64, 16)), 4, BM=16, BK=16,
                                 KT=2, RECURRENCE=True)
+
+
+@metile.kernel
+def _scaled_rows(x, offs: metile.constexpr, SCALE: metile.constexpr):
+    return x * (offs[:, None] + SCALE).to(metile.float32)
+
+
+@metile.kernel
+def tile_to_a_constexpr_parameter(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs[:, None] * BLOCK + offs[None, :])
+    metile.store(Y + offs[:, None] * BLOCK + offs[None, :], _scaled_rows(x, offs, 2))
+
+
+def test_a_tile_passed_to_a_constexpr_helper_parameter_is_taken_as_triton_takes_it():
+    # (a tutorial port: Triton's fused attention annotates `offs_m: tl.constexpr` on its inner
+    # function and passes an arange; refused as "needs a compile-time value" before)
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    got = tile_to_a_constexpr_parameter[(1,)](mx.array(x.ravel()), mx.zeros((16,)), BLOCK=4)
+    np.testing.assert_array_equal(np.array(got).reshape(4, 4), x * (np.arange(4) + 2)[:, None])

@@ -57,6 +57,16 @@ if hasattr(ast, "Match"):
 _PY_FUNCS = {"min", "max", "abs", "int", "float", "bool", "len", "range"}
 
 
+def _check_constexpr_argument(fn, name: str, value) -> None:
+    """A called helper's constexpr parameter given a runtime scalar is refused at the
+    caller's line (rather than deep inside the helper): the usual slip is a BLOCK passed
+    as a runtime int.  A tile is taken as the runtime value it is, as Triton takes it (its
+    fused-attention tutorial annotates `offs_m: tl.constexpr` and passes an arange)."""
+    if isinstance(value, Value) and not isinstance(value.type, TileType):
+        raise CompilationError(f"{fn.__qualname__}(): constexpr parameter {name!r} needs a "
+                               f"compile-time value, got {describe(value)}")
+
+
 def _plain_scalar(value):
     """A NumPy scalar (`np.float32(1e-5)`, `np.int64(3)`, `np.bool_`) read from Python as
     the Python number it holds, which the kernel language takes as a constant; anything
@@ -495,10 +505,7 @@ class Generator(ControlFlow):
         fn = kernel.fn
         bound = self._bind_call(fn, args, kwargs)
         for name in kernel.constexpr_names:
-            if isinstance(bound[name], Value):
-                raise CompilationError(
-                    f"{fn.__qualname__}(): constexpr parameter {name!r} needs a compile-time "
-                    f"value, got {describe(bound[name])}")
+            _check_constexpr_argument(fn, name, bound[name])
         return self._inline_body(fn, bound)
 
     def inline_call(self, helper, args, kwargs):
@@ -506,10 +513,8 @@ class Generator(ControlFlow):
         bound = self._bind_call(fn, args, kwargs)
         import inspect
         for p in inspect.signature(fn).parameters.values():
-            # refused here, at the caller's line, rather than deep inside the helper
-            if is_constexpr_annotation(p.annotation) and isinstance(bound[p.name], Value):
-                raise CompilationError(f"{fn.__qualname__}(): constexpr parameter {p.name!r} needs "
-                                       f"a compile-time value, got {describe(bound[p.name])}")
+            if is_constexpr_annotation(p.annotation):
+                _check_constexpr_argument(fn, p.name, bound[p.name])
         return self._inline_body(fn, bound)
 
     @staticmethod
