@@ -428,6 +428,22 @@ def constexpr_objects(Y, FLAG: metile.constexpr, B: metile.constexpr = metile.co
         metile.store(Y + o, (o * metile.constexpr(3)).to(metile.float32))
 
 
+@metile.inline
+def _first_block(x_ptr, B: metile.constexpr = metile.constexpr(4)):
+    return metile.load(x_ptr + metile.arange(0, B))
+
+
+@metile.kernel
+def helper_constexpr_default(X, Y):
+    metile.store(Y + metile.arange(0, 4), _first_block(X) * 2)
+
+
+def test_a_helpers_constexpr_object_default_reads_as_its_value():
+    # (the review found the launch's defaults unwrapped and a called helper's not)
+    got = helper_constexpr_default[(1,)](mx.arange(4).astype(mx.float32), mx.zeros((4,)))
+    assert got.tolist() == [0, 2, 4, 6]
+
+
 @pytest.mark.parametrize("flag", [False, True, metile.constexpr(False), metile.constexpr(True)])
 def test_constexpr_objects_read_as_their_values(flag):
     # (`NAME = tl.constexpr(False)` at module level and `FLAG=tl.constexpr(False)` at the

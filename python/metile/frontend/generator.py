@@ -525,7 +525,10 @@ class Generator(ControlFlow):
         except TypeError as e:
             raise CompilationError(f"{fn.__qualname__}(): {e}") from None
         bound.apply_defaults()
-        return dict(bound.arguments)
+        # (a default written `B: tl.constexpr = tl.constexpr(4)` is the value, as the
+        # launch's defaults and module globals are: _plain_scalar)
+        return {k: _plain_scalar(v) if isinstance(v, constexpr) else v
+                for k, v in bound.arguments.items()}
 
     def _inline_body(self, fn, env: dict):
         if self.ctx.depth > 32:
