@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s131   -- L2 bulk prefetch ahead of decode attention's and the int4 GEMV's loads (tools/probes/decode_prefetch.py)
 #   OUT=$OUT bash tools/device_next.sh s130   -- s38's fixes: attention's jvp/vmap on CUDA at ragged lengths, the touched test files
 #   OUT=$OUT bash tools/device_next.sh s128   -- after s127: decoder block / model layers with one node an op, eager cost, GPU tests
 #   OUT=$OUT bash tools/device_next.sh s127s  -- s127 for a short budget: node tests, its A/B, int4 decode, atomics/jvp tests
@@ -115,7 +116,17 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s130 ]; then
+if [ "$mode" = s131 ]; then
+  # s39: do decode attention's split kernel and the int4 pair GEMV wait on HBM latency an L2
+  # bulk prefetch hides?  Generated CUDA patched per variant, each in its own process,
+  # measured as the benchmarks do against MLX's op in the same process
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 240 python3 tools/probes/decode_prefetch.py --all \
+    --output "$logs/h200-decode-prefetch.json" 2>&1 | tee -a "$log"
+  timeout 150 python3 tools/probes/decode_prefetch.py --target gemv --all --variants none whole none whole \
+    > "$logs/gemv-prefetch.txt" 2>&1; tail -40 "$logs/gemv-prefetch.txt" | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_attention_op
+elif [ "$mode" = s130 ]; then
   # s38's changes on a GPU: attention's jvp/vmap at ragged lengths (Select in the node, no
   # per-launch guard inside an op's forward), then the files the session's fixes touched
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
