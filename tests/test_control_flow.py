@@ -952,3 +952,171 @@ def test_a_conditional_expression_on_a_tile_selects_elementwise():
         metile.store(Y + offs, offs * 2 if offs > n else offs + 100)
 
     assert select[(1,)](mx.zeros((4,), dtype=mx.int32), 1, BLOCK=4).tolist() == [100, 101, 4, 6]
+
+
+# -- names first bound in a constant loop's body, read after it (fortieth session) -------------
+
+def _python_first_bound(x, n, block):
+    for i in range(0, 4):
+        t = i * 2
+        row = x[i * block:(i + 1) * block]
+        p = i * block
+    first = [t, None, None, None, None]
+    y = row + x[p:p + block]
+    for j in range(7, 8):
+        u = j * 10
+    first[1] = u
+    for k in range(10, 0, -3):
+        w = k + 100
+        if k < n:
+            break
+    first[2] = w * 1000 + k
+    s = 0
+    for a in range(0, 3):
+        for b in range(0, 2):
+            v = a * 10 + b
+        s += v
+    first[3] = s * 100 + v
+    for c in range(0, 5):
+        q = c * 3
+        if c % 2 == 1:
+            continue
+    first[4] = q
+    return y, first
+
+
+@metile.kernel
+def first_bound_in_constant_loop_bodies(X, Y, T, n, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    for i in range(0, 4):
+        t = i * 2
+        row = metile.load(X + i * BLOCK + offs)
+        p = X + i * BLOCK
+    metile.store(T + 0, t)
+    metile.store(Y + offs, row + metile.load(p + offs))
+    for j in range(7, 8):
+        u = j * 10
+    metile.store(T + 1, u)
+    for k in range(10, 0, -3):
+        w = k + 100
+        if k < n:
+            break
+    metile.store(T + 2, w * 1000 + k)
+    s = 0
+    for a in range(0, 3):
+        for b in range(0, 2):
+            v = a * 10 + b
+        s += v
+    metile.store(T + 3, s * 100 + v)
+    for c in range(0, 5):
+        q = c * 3
+        if c % 2 == 1:
+            continue
+    metile.store(T + 4, q)
+
+
+@pytest.mark.parametrize("n", [0, 8, 100])
+@pytest.mark.parametrize("block", [1, 7, 64])
+def test_a_name_first_bound_in_a_constant_loop_that_runs_keeps_its_last_value(rng, n, block):
+    # (refused as "not defined here: it is first assigned inside a loop body", though the
+    # range always runs and Python - and Triton - define the name after it)
+    x = _rows(rng, (4 * block,))
+    y, t = first_bound_in_constant_loop_bodies[(1,)](
+        mx.array(x), mx.zeros((block,)), mx.zeros((5,), dtype=mx.int32), n, BLOCK=block)
+    want_y, want_t = _python_first_bound(x, n, block)
+    np.testing.assert_allclose(np.array(y), want_y, rtol=RTOL, atol=ATOL)
+    assert t.tolist() == want_t
+
+
+def test_a_body_name_not_read_after_the_loop_leaves_the_loop_whole():
+    # a name the code after the loop binds again before reading (here, and in the next
+    # iteration of an enclosing loop) is not carried out of it: the body is compiled once,
+    # in the loop (the first iteration is compiled on its own only for a name read after)
+    @metile.kernel
+    def rebound(X, Y, rows, BLOCK: metile.constexpr):
+        offs = metile.arange(0, BLOCK)
+        for r in range(0, rows):
+            acc = metile.zeros((BLOCK,), dtype=metile.float32)
+            for i in range(0, 4):
+                x = metile.load(X + (r * 4 + i) * BLOCK + offs)
+                half = x * 0.5
+                acc += half
+            x = acc + 1.0
+            metile.store(Y + r * BLOCK + offs, x)
+
+    x = np.arange(64, dtype=np.float32)
+    args = (mx.array(x), mx.zeros((16,)), 2)
+    y = rebound[(1,)](*args, BLOCK=8)
+    np.testing.assert_allclose(np.array(y), x.reshape(2, 4, 8).sum(1).ravel() * 0.5 + 1.0,
+                               rtol=RTOL, atol=ATOL)
+    msl = rebound[(1,)].prepare(*args, BLOCK=8, backend="msl").source
+    assert msl.count("X[") == 1 and msl.count("* 0.5f") == 1
+
+
+@metile.kernel
+def runtime_range(Y, n, B: metile.constexpr):
+    for i in range(0, n):
+        t = i
+    metile.store(Y + 0, t)
+
+
+@metile.kernel
+def constexpr_range(Y, n, B: metile.constexpr):
+    for i in range(0, B):
+        t = i
+    metile.store(Y + 0, t)
+
+
+@metile.kernel
+def bound_after_a_break(Y, n, B: metile.constexpr):
+    for i in range(0, 4):
+        if i > n:
+            break
+        t = i
+    metile.store(Y + 0, t)
+
+
+@metile.kernel
+def bound_in_a_runtime_if(Y, n, B: metile.constexpr):
+    for i in range(0, 4):
+        if i > n:
+            t = i
+    metile.store(Y + 0, t)
+
+
+@pytest.mark.parametrize("kernel,why", [
+    (runtime_range, "a loop that may run no iteration"),
+    (constexpr_range, "a loop that may run no iteration"),
+    (bound_after_a_break, "its first iteration may not assign it"),
+    (bound_in_a_runtime_if, "its first iteration may not assign it"),
+])
+def test_a_name_a_loop_may_leave_unbound_is_refused_after_it(kernel, why):
+    # (range(0, B) with B = 0 runs no iteration; a break or a runtime if before the
+    # assignment may skip it in the first iteration, where Python raises NameError)
+    with pytest.raises(metile.CompilationError, match="'t' is not defined here: it is first "
+                                                      "assigned inside a loop body.*" + why):
+        kernel[(1,)](mx.zeros((1,), dtype=mx.int32), -1, B=0)
+
+
+@metile.inline
+def _last_scaled_row(X, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    for i in range(0, 3):
+        pair = (metile.load(X + i * BLOCK + offs), i)
+    return pair[0] * pair[1]
+
+
+@metile.kernel
+def first_bound_composites(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    metile.store(Y + offs, _last_scaled_row(X, BLOCK))
+    for i in range(0, 3):
+        block = metile.make_block_ptr(X, (3 * BLOCK,), (1,), (i * BLOCK,), (BLOCK,), (0,))
+    metile.store(Y + BLOCK + offs, metile.load(block))
+
+
+def test_a_tuple_or_block_pointer_first_bound_in_a_constant_loop_keeps_its_last_value(rng):
+    # (a helper's loop, and a composite carried part by part once the first iteration bound it)
+    x = _rows(rng, (24,))
+    y = np.array(first_bound_composites[(1,)](mx.array(x), mx.zeros((16,)), BLOCK=8))
+    np.testing.assert_allclose(y, np.concatenate([x[16:] * 2, x[16:]]), rtol=RTOL, atol=ATOL)

@@ -87,6 +87,71 @@ class Undefined:
         self.name, self.reason = name, reason
 
 
+# why a name first bound in a loop body is undefined after the loop
+_MAY_NOT_RUN = ("it is first assigned inside a loop body, and a loop that may run no "
+                "iteration leaves it unset; give it a value before the loop")
+_FIRST_MAY_SKIP = ("it is first assigned inside a loop body, and its first iteration may not "
+                   "assign it (a break, continue or runtime if before the assignment); give it "
+                   "a value before the loop")
+
+
+def _desugared(src, is_helper: bool) -> list:
+    from .desugar_control import desugar   # (desugar_control imports this module)
+    return desugar(src, is_helper)
+
+
+def _path_to(stmts, node, owner=None):
+    """[(owner, statement list, index)] from `stmts` down to `node`, or None."""
+    for i, s in enumerate(stmts):
+        if s is node:
+            return [(owner, stmts, i)]
+        for inner in (getattr(s, "body", None), getattr(s, "orelse", None)):
+            if isinstance(inner, list):
+                found = _path_to(inner, node, s)
+                if found is not None:
+                    return [(owner, stmts, i)] + found
+    return None
+
+
+def _reads(node, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(node))
+
+
+def _binds(target, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+               for n in ([target] if isinstance(target, ast.Name) else
+                         ast.walk(target) if isinstance(target, (ast.Tuple, ast.List)) else []))
+
+
+def _first_use(stmts, name: str):
+    """True when `stmts` may read `name` before binding it, False when they bind it first
+    on every path, None when they do neither.  A loop's body counts for its reads (before
+    a binding in it) and never as a binding: it may run no iteration."""
+    for s in stmts:
+        if isinstance(s, ast.If):
+            if _reads(s.test, name):
+                return True
+            sides = [_first_use(s.body, name), _first_use(s.orelse, name)]
+            if True in sides:
+                return True
+            if sides == [False, False]:
+                return False
+        elif isinstance(s, (ast.For, ast.While)):
+            heads = [s.iter] if isinstance(s, ast.For) else [s.test]
+            if any(_reads(h, name) for h in heads) or _first_use(s.body, name):
+                return True
+        elif _reads(s, name):
+            return True
+        elif isinstance(s, ast.Return):
+            return False   # (nothing after it runs)
+        elif isinstance(s, (ast.Assign, ast.AnnAssign)):
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+            if any(_binds(t, name) for t in targets):
+                return False
+    return None
+
+
 def assigned_names(stmts) -> set[str]:
     out: set[str] = set()
     for stmt in stmts:
@@ -280,6 +345,13 @@ class ControlFlow:
             raise CompilationError(f"{kind}() step must not be zero")
         if kind == "static_range":
             return self._unrolled(node, start, end, step)
+        runs = all(is_const(v) for v in (start, end, step)) and len(range(start, end, step)) > 0
+        unbound = _FIRST_MAY_SKIP if runs else _MAY_NOT_RUN
+        if runs and self._peel_first(node, start):
+            rest = range(start, end, step)[1:]
+            if not rest:
+                return
+            start = rest.start
         bounds = []
         for v in (start, end, step):
             v = self.sem.to_value(v, dt.int32)
@@ -299,7 +371,7 @@ class ControlFlow:
         # after the loop it holds what it held at the end of the last iteration (its
         # value before the loop when none ran).
         target = node.target.id
-        if all(is_const(v) for v in (start, end, step)) and len(range(start, end, step)):
+        if runs:
             # A constant range that runs: Python leaves the variable at its last value even
             # when it had none before, so it is carried from `start` (never seen: the first
             # iteration binds it) - only where it is read after the loop, so other loops
@@ -330,11 +402,53 @@ class ControlFlow:
         self._yield(body, env, carried, "loop")
         inits = self._carried_values(carried)
         op = self.b.op("for", bounds + inits, [v.type for v in inits], {"kind": kind}, [body])
-        self._after_loop(env, carried, op.results, node)
+        self._after_loop(env, carried, op.results, node, unbound)
         if target not in carried:
             self.env[target] = Undefined(target, "it is first assigned by the loop, and a loop "
                                                  "that runs no iteration leaves it unset; give "
                                                  "it a value before the loop")
+
+    def _peel_first(self, node, start) -> bool:
+        """A constant range that runs: a name first bound in the body and read after the
+        loop is defined there, as in Python (and Triton), when the first iteration binds it
+        on every path.  That iteration is compiled on its own, ahead of the loop over the
+        rest, so the name holds a value of the body's own type before the loop and is
+        carried; a name the first iteration may leave unbound (a break, continue or runtime
+        if before its assignment) stays undefined.  Only a loop with such a name is split:
+        others keep one copy of their body (and their form, which the GEMM lowering
+        matches).  Returns whether the first iteration was compiled."""
+        target = node.target.id
+        names = assigned_names(node.body) | {target}
+        unset = {n for n in names if isinstance(self.env.get(n, Undefined(n, "")), Undefined)}
+        live = {n for n in unset - {target} if self._live_after(node, n)}
+        if not live:
+            return False
+        self.env[target] = self.sem.to_value(start, dt.int32)
+        self.visit_body(node.body)
+        if self._read_after(node, target):   # (as the loop variable of a loop that runs)
+            live.add(target)
+        # the rest of the loop carries what had a value before it and what is read after
+        # it, not the body's temporaries
+        for n in unset - live:
+            self.env[n] = Undefined(n, _FIRST_MAY_SKIP)
+        return True
+
+    def _live_after(self, node, name: str) -> bool:
+        """Whether the code after loop `node` may read `name` before binding it again (on
+        the statements this generator compiles: the desugared body, where a break is a
+        flag).  Conservative: a read on any path counts, and a binding counts only when it
+        is certain (a plain assignment, or one in both branches of an if)."""
+        path = _path_to(_desugared(self.src, self.is_helper), node)
+        if path is None:
+            return self._read_after(node, name)
+        for owner, stmts, i in reversed(path):
+            later = _first_use(stmts[i + 1:], name)
+            if later is not None:
+                return later
+            if isinstance(owner, ast.While) and _reads(owner.test, name) or \
+                    isinstance(owner, (ast.For, ast.While)) and _first_use(owner.body, name):
+                return True   # the enclosing loop's next iteration may read it
+        return False
 
     def _read_after(self, node, name: str) -> bool:
         """Whether the kernel's source reads `name` on a line after the loop `node` (a
@@ -410,14 +524,14 @@ class ControlFlow:
             values.append(v)
         builder.op("yield", values, [])
 
-    def _after_loop(self, body_env, carried, results, node):
+    def _after_loop(self, body_env, carried, results, node, unbound=None):
         results = list(results)
         for n in carried:
             k = len(_flat(n, self.env[n]))
             self.env[n], results = _rebuild(self.env[n], results[:k]), results[k:]
         for n in assigned_names(node.body):
             if n not in carried:
-                self.env[n] = Undefined(n, "it is first assigned inside a loop body")
+                self.env[n] = Undefined(n, unbound or _MAY_NOT_RUN)
 
     def visit_While(self, node):
         if node.orelse:
