@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s132   -- attention_decode with per-row statistics (tools/probes/decode_variant_kernels.py) against the library kernel
 #   OUT=$OUT bash tools/device_next.sh s131   -- L2 bulk prefetch ahead of decode attention's and the int4 GEMV's loads (tools/probes/decode_prefetch.py)
 #   OUT=$OUT bash tools/device_next.sh s130   -- s38's fixes: attention's jvp/vmap on CUDA at ragged lengths, the touched test files
 #   OUT=$OUT bash tools/device_next.sh s128   -- after s127: decoder block / model layers with one node an op, eager cost, GPU tests
@@ -116,7 +117,14 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s131 ]; then
+if [ "$mode" = s132 ]; then
+  # s39: is attention_decode bound by its instructions?  The variant with one exponential a
+  # key (per-row statistics through threadgroup memory) against the library kernel
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  r1=replace=tools/probes/decode_variant_kernels.py:attention_decode_r1
+  timeout 300 python3 tools/probes/decode_prefetch.py --all --variants none $r1 none $r1 \
+    --output "$logs/h200-decode-variants.json" 2>&1 | tee -a "$log"
+elif [ "$mode" = s131 ]; then
   # s39: do decode attention's split kernel and the int4 pair GEMV wait on HBM latency an L2
   # bulk prefetch hides?  Generated CUDA patched per variant, each in its own process,
   # measured as the benchmarks do against MLX's op in the same process
@@ -124,8 +132,7 @@ if [ "$mode" = s131 ]; then
   timeout 240 python3 tools/probes/decode_prefetch.py --all \
     --output "$logs/h200-decode-prefetch.json" 2>&1 | tee -a "$log"
   timeout 150 python3 tools/probes/decode_prefetch.py --target gemv --all --variants none whole none whole \
-    > "$logs/gemv-prefetch.txt" 2>&1; tail -40 "$logs/gemv-prefetch.txt" | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_attention_op
+    > "$logs/gemv-prefetch.txt" 2>&1; grep -E "variant|decode 1x" "$logs/gemv-prefetch.txt" | sed -E 's/metile:kernel=(matvec|matvec_runs|matvec_rows|gemm),[^|]*us, //g' | tee -a "$log"
 elif [ "$mode" = s130 ]; then
   # s38's changes on a GPU: attention's jvp/vmap at ragged lengths (Select in the node, no
   # per-launch guard inside an op's forward), then the files the session's fixes touched

@@ -112,7 +112,7 @@ def run_gemv(variant: str, launches, rounds) -> None:
     patched = []
 
     def compile(source, arch, label="kernel"):
-        if label == "quantized_matvec_pairs":
+        if "quantized_matvec_pairs" in label:
             changed = patch_gemv(source, variant)
             patched.append(changed != source)
             source = changed
@@ -127,16 +127,25 @@ def run_gemv(variant: str, launches, rounds) -> None:
     print(f"gemv variant {variant} patched={patched}", flush=True)
 
 
-def run(variant: str, lengths, launches, rounds) -> list[dict]:
+def run(variant: str, lengths, launches, rounds, replace=None) -> list[dict]:
     import mlx.core as mx
     from metile.runtime import nvrtc
     from benchmarks import attention as bench
+    if replace:        # another attention_decode (FILE:NAME), which the op then launches
+        import importlib.util
+        from metile_kernels import attention as library
+        path, name = replace.split(":")
+        spec = importlib.util.spec_from_file_location("decode_variant", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        library.attention_decode = getattr(module, name)
+        variant = "none"
 
     original = nvrtc.compile
     patched = []
 
     def compile(source, arch, label="kernel"):
-        if label == "attention_decode":
+        if "attention_decode" in label:
             changed = patch(source, variant)
             patched.append(changed != source)
             source = changed
@@ -147,9 +156,9 @@ def run(variant: str, lengths, launches, rounds) -> list[dict]:
     for lk in lengths:
         case = dict(name="decode", b=1, hq=32, hkv=32, lq=1, lk=lk, d=128, mask=None)
         r = bench.measure(case, mx.float16, launches, rounds, chain=8)
-        r["variant"] = variant
+        r["variant"] = replace or variant
         r["patched"] = list(patched)
-        print(f"{variant:8s} {lk:6d} keys: metile {r['us_per_call']['metile']:.1f} us, mlx "
+        print(f"{replace or variant:8s} {lk:6d} keys: metile {r['us_per_call']['metile']:.1f} us, mlx "
               f"{r['us_per_call']['mlx']:.1f} ({r['mlx_over_metile']:.3f}x), "
               f"{r['tb_per_s']['metile']:.2f} TB/s, patched={patched}", flush=True)
         results.append(r)
@@ -167,18 +176,20 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--output")
     p.add_argument("--target", default="attention", choices=["attention", "gemv"])
+    p.add_argument("--replace", help="FILE:NAME of an attention_decode variant to run instead")
     a = p.parse_args()
     if a.target == "gemv" and not a.all:
         run_gemv(a.variant, a.launches, a.rounds)
         return
     if not a.all:
-        out = run(a.variant, a.lengths, a.launches, a.rounds)
+        out = run(a.variant, a.lengths, a.launches, a.rounds, a.replace)
         print("JSON " + json.dumps(out, default=str))
         return
     from benchmarks.common import machine
     everything = []
     for v in a.variants:   # a process each: the kernel compiles once per process
-        r = subprocess.run([sys.executable, __file__, "--target", a.target, "--variant", v, "--lengths",
+        extra = ["--replace", v[len("replace="):]] if v.startswith("replace=") else ["--variant", v]
+        r = subprocess.run([sys.executable, __file__, "--target", a.target, *extra, "--lengths",
                             *map(str, a.lengths), "--launches", str(a.launches),
                             "--rounds", str(a.rounds)], capture_output=True, text=True)
         sys.stdout.write("".join(l + "\n" for l in r.stdout.splitlines()
