@@ -146,7 +146,8 @@ def _line(kernel) -> str:
 
 @pytest.mark.parametrize("kernel,args,message", [
     (add_then_read, lambda: (mx.zeros((8,)), 8), "buffer 'X' is updated with atomics and also "
-                                                 "loaded in this kernel"),
+                                                 "stored to in this kernel; write it with "
+                                                 "metile.atomic_xchg"),
     (half_atomic, lambda: (mx.zeros((8,), mx.float16),), "atomic_add() on a float16 buffer is not "
                                                          "supported; it takes float32, int32, uint32"),
     (shared_atomic, lambda: (mx.zeros((8,)),), "atomic_add() on threadgroup memory is not supported"),

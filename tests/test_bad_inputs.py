@@ -463,9 +463,10 @@ def k_atomic(X, BLOCK: metile.constexpr):
 
 
 @metile.kernel
-def k_atomic_and_load(X):
+def k_atomic_and_store(X):
     offs = metile.arange(0, 8)
-    metile.atomic_add(X + offs, metile.load(X + offs))
+    metile.atomic_add(X + offs, 1.0)
+    metile.store(X + offs, 2.0)
 
 
 @metile.kernel
@@ -756,8 +757,9 @@ lang = [
     ("atomic-add-float16", lambda: k_atomic[(1,)](zeros8(mx.float16), BLOCK=8),
      r"atomic_add\(\) on a float16 buffer is not supported; it takes float32, int32, uint32 "
      r"buffers"),
-    ("atomic-add-and-load", lambda: k_atomic_and_load[(1,)](zeros8()),
-     r"buffer \'X\' is updated with atomics and also loaded in this kernel"),
+    ("atomic-add-and-store", lambda: k_atomic_and_store[(1,)](zeros8()),
+     r"buffer \'X\' is updated with atomics and also stored to in this kernel; write it with "
+     r"metile.atomic_xchg"),
     ("view-bad-access", lambda: k_view_access[(1,)](zeros8()),
      r"tensor\(\) access must be one of \(\'read\', \'write\', \'readwrite\'\), got \'w\'"),
     ("view-index-rank", lambda: k_view_rank[(1,)](zeros8()),

@@ -314,9 +314,10 @@ class CEmitter:
             self.emit(f"const {self.type(r.type)} {self.bind(r)} = {self.expr(op)};", depth)
 
     # mem_atomic: (kind, dtype name) or kind -> the call returning the old value, over {p} the
-    # element's address, {v} the value, {c} the compare value; ATOMIC_HELPERS name the
-    # header helpers those calls use; ATOMIC_INIT copies the element in first ({state},
-    # {out}, {init}, {index}).
+    # element's address, {v} the value, {c} the compare value, {t} the value's type (kind
+    # "read": a relaxed load of the element, a plain load of an atomic buffer); ATOMIC_HELPERS
+    # name the header helpers those calls use; ATOMIC_INIT copies the element in first
+    # ({state}, {out}, {init}, {index}).
     ATOMIC: dict = {}
     ATOMIC_HELPER = "atomics"
     ATOMIC_INIT = ""
@@ -329,10 +330,12 @@ class CEmitter:
         kind, dname = at["kind"], r.type.dtype.name
         fmt = self.ATOMIC.get((kind, dname)) or self.ATOMIC[kind]
         cas = kind == "cas"
-        mask = a[3 if cas else 2] if len(a) > (3 if cas else 2) else None
+        arity = {"cas": 3, "read": 1}.get(kind, 2)   # (a read takes no value)
+        mask = a[arity] if len(a) > arity else None
         self.helpers_used.add(self.ATOMIC_HELPER)
         name, t = self.bind(r), self.type(r.type)
-        call = fmt.format(p=f"&{at['root']}[{a[0]}]", v=a[1], c=a[2] if cas else "", t=t)
+        call = fmt.format(p=f"&{at['root']}[{a[0]}]", v=a[1] if arity > 1 else "",
+                          c=a[2] if cas else "", t=t)
         lines = [self.ATOMIC_INIT.format(state=at["state"], out=at["root"], init=at["init"],
                                          index=a[0])] if "init" in at else []
         fence, sem = self.ATOMIC_FENCE.get(at["scope"]), at["sem"]

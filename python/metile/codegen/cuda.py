@@ -500,6 +500,11 @@ template <typename T>
 __device__ inline T metile_atomic_cas(T* p, T c, T v) {
   return metile_from_u32<T>(atomicCAS(reinterpret_cast<unsigned*>(p), metile_u32(c), metile_u32(v)));
 }
+// a relaxed read (ld.volatile: not served from a stale L1 line, as a spin on it needs)
+template <typename T>
+__device__ inline T metile_atomic_read(const T* p) {
+  return *reinterpret_cast<const volatile T*>(p);
+}
 template <typename T>
 __device__ inline void metile_atomic_init(bool* state, T* out, const T* in, int i) {
   unsigned* w = reinterpret_cast<unsigned*>(reinterpret_cast<unsigned char*>(state) + (i & ~3));
@@ -544,6 +549,7 @@ class CUDAEmitter(CEmitter):
         ("cas", "int32"): "metile_atomic_cas<int>(reinterpret_cast<int*>({p}), {c}, {v})",
         ("cas", "uint32"): "metile_atomic_cas<unsigned>(reinterpret_cast<unsigned*>({p}), {c}, {v})",
         ("cas", "float32"): "metile_atomic_cas<float>(reinterpret_cast<float*>({p}), {c}, {v})",
+        "read": "metile_atomic_read({p})",
     }
     ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
     ATOMIC_FENCE = {"gpu": "__threadfence();", "cta": "__threadfence_block();",

@@ -102,6 +102,10 @@ inline T metile_atomic_cas(device T* p, T c, T v) {
   }
   return c;
 }
+template <typename T>
+inline T metile_atomic_read(device T* p) {
+  return as_type<T>(metal::atomic_load_explicit((device metal::atomic_uint*)p, METILE_RELAXED));
+}
 template <typename T, typename In>  // In: MLX passes small inputs in the constant space
 inline void metile_atomic_init(device bool* state, device T* out, In in, int i) {
   device metal::atomic_uint* w = (device metal::atomic_uint*)((device uchar*)state + (i & ~3));
@@ -191,6 +195,7 @@ class MSLEmitter(CEmitter):
         ("min", "float32"): "metile_atomic_fmin({p}, {v})",
         "xchg": "metile_atomic_xchg({p}, {v})",
         "cas": "metile_atomic_cas({p}, {c}, {v})",
+        "read": "metile_atomic_read({p})",
     }
     ATOMIC_INIT = "metile_atomic_init({state}, {out}, {init}, {index});"
     # Metal 3.2 (macOS 15) has device fences; before it, atomics stay relaxed (README)

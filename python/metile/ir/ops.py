@@ -46,7 +46,8 @@ Thread form (after passes.lower_tiles; every value is a scalar)
   var_get{name} var_set(v){name}
   mem_load(index, [mask, other]){root, space}  mem_store(index, v, [mask]){root, space}
   mem_atomic(index, v, [compare | mask]){root, kind, init?, state?} -> the old value: device
-                                        atomic (compare for kind "cas"); with init/state the
+                                        atomic (compare for kind "cas"; kind "read" takes no
+                                        v and returns the current value); with init/state the
                                         element is first copied in from buffer `init` once,
                                         marking byte `state`[index] (passes/buffer_usage.py)
   simd_reduce(v){kind, lanes?, xor?} simd_lane simd_group barrier simd_barrier

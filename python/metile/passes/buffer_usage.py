@@ -567,9 +567,12 @@ def order_dependent(fn: Function, outputs: list[str]) -> dict:
     """The outputs whose contents may depend on the order a program's threads run in
     (output -> None: the CPU runtime's race check skips them): float atomics' buffers
     (each order rounds the sum another way) and every output storing a value derived from
-    an atomic's old value (each order hands the old values out differently)."""
+    an atomic's old value (each order hands the old values out differently) or from a plain
+    load of a buffer atomics update (what it reads depends on which atomics came first)."""
     ops = list(walk(fn.body))
+    atomic = atomic_buffers(fn)
     derived = {r.id for op in ops if op.name == "store" and op.attrs.get("atomic")
+               or op.name == "load" and getattr(_root(op.operands[0]), "root", None) in atomic
                for r in op.results}
     for _ in range(2):   # (values carried through loops and branches, approximately)
         for op in ops:
@@ -598,21 +601,35 @@ def atomic_roots(fn: Function) -> dict[str, Op]:
     old value used) is left out: it is an ordinary tracked output whose elements the
     lowering initialises from the passed contents at their first atomic (lower_tiles
     `atomic_init`), so every old value and the result are Triton's.  An atomic buffer
-    takes no ordinary access (CompilationError at the access): a load would race with
-    the atomics.  Atomics in dot and simdgroup_inline kernels are refused here."""
+    may also be read with a plain load (Triton's layer-norm backward reads its lock
+    buffer's counter so): a relaxed read of the element's current contents, copied in
+    first like an atomic's (lower_tiles `emit_load`), so such a buffer starts from its
+    passed contents too.  A plain store to it is refused (CompilationError at the store):
+    it would race with the atomics and bypass the copy-in.  Atomics in dot and
+    simdgroup_inline kernels are refused here."""
     atomic: dict[str, list[Op]] = {}
     used: set[int] = set()
     for op in walk(fn.body):
         used.update(v.id for v in op.operands)
         if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0])):
             atomic.setdefault(p.root, []).append(op)
+    read: set[str] = set()
     for op in walk(fn.body):
-        if op.name in ("load", "store", "frag_view_load", "frag_view_store") and \
-                not op.attrs.get("atomic") and (p := _root(op.operands[0])) and p.root in atomic:
+        if op.name not in ("load", "store", "frag_view_load", "frag_view_store") or \
+                op.attrs.get("atomic") or not (p := _root(op.operands[0])) or \
+                p.root not in atomic:
+            continue
+        if op.name == "load":
+            read.add(p.root)
+        elif op.name == "store":
+            raise CompilationError(f"buffer {p.root!r} is updated with atomics and also stored "
+                                   "to in this kernel; write it with metile.atomic_xchg (its "
+                                   "old value unused) where it takes atomics", op.loc)
+        else:
             kind = "loaded" if op.name.endswith("load") else "stored to"
             raise CompilationError(f"buffer {p.root!r} is updated with atomics and also {kind} "
-                                   "in this kernel; a buffer takes either atomics or ordinary "
-                                   "accesses", op.loc)
+                                   "as matrix fragments in this kernel; a buffer takes either "
+                                   "atomics or fragment accesses", op.loc)
     if atomic:
         first = next(iter(atomic.values()))[0]
         why = ("kernels with dot" if any(op.name == "dot" for op in walk(fn.body)) else
@@ -620,15 +637,20 @@ def atomic_roots(fn: Function) -> dict[str, Op]:
         if why:
             raise CompilationError(f"atomic_{first.attrs['atomic']} is not supported in {why}",
                                    first.loc)
-    return {root: ops[0] for root, ops in atomic.items()
-            if all(op.attrs["atomic"] == "add" and op.results[0].id not in used for op in ops)}
+    return {root: ops[0] for root, ops in atomic.items() if root not in read and
+            all(op.attrs["atomic"] == "add" and op.results[0].id not in used for op in ops)}
+
+
+def atomic_buffers(fn: Function) -> set[str]:
+    """Device buffers the kernel updates with atomics (a plain load of one is a relaxed
+    atomic read: lower_tiles `emit_load`, uniformity)."""
+    return {p.root for op in walk(fn.body)
+            if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0]))}
 
 
 def atomic_init_roots(fn: Function) -> set[str]:
     """Atomic buffers initialised from the passed contents (see atomic_roots)."""
-    roots = {p.root for op in walk(fn.body)
-             if op.name == "store" and op.attrs.get("atomic") and (p := _root(op.operands[0]))}
-    return roots - set(atomic_roots(fn))
+    return atomic_buffers(fn) - set(atomic_roots(fn))
 
 
 def _access_rule(ptr_value: Value, mask: Value | None, params: dict):

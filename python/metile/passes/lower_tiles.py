@@ -33,6 +33,7 @@ from ..ir.ops import DEBUG, ELEMENTWISE
 from ..ir.types import PointerType, ScalarType, TileType, elem_type, is_pointer
 from ..language import dtypes as dt
 from .lane_layout import BOOL, I32, Ctx, Storage, scalar_of
+from .buffer_usage import atomic_buffers
 from .gemm import find_gemm
 from .lower_debug import lower_debug
 from .lower_dot_fragments import DotFragmentLowering
@@ -70,6 +71,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         self.decls: list[Op] = []
         self.scalars: dict[int, Value] = {}
         self._loaded_roots: set | None = None   # buffers a load reads (once-per-program stores)
+        self.atomic_buffers = atomic_buffers(fn)   # a plain load of one is an atomic read
         self.storage: dict[int, Storage] = {}
         # (value id, block id) -> its copy in threadgroup memory (shared_copy)
         self.shared_copies: dict[tuple[int, int], Storage] = {}
@@ -400,6 +402,8 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if ptr.space == "threadgroup":
             return b.value("mem_load", [index, *rest], rtype, root=ptr.root, space="threadgroup")
         written = self.buffers.get((ptr.root, "written"))
+        if ptr.root in self.atomic_buffers:
+            return self.atomic_read(b, ptr, index, rest)
         value = b.value("mem_load", [index, *rest], rtype, root=self.buffers[(ptr.root, "read")],
                         space="device")
         if written is None:
@@ -411,6 +415,39 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         new = b.value("mem_load", [index, *rest], rtype, root=self.buffers[(ptr.root, "out")],
                       space="device")
         return b.value("where", [w, new, value], rtype)
+
+    def atomic_read(self, b: Builder, ptr: PointerType, index: Value, rest: list) -> Value:
+        """A plain load of a buffer the kernel updates with atomics: a relaxed atomic read of
+        the element's current contents, as a load of such a buffer is on a GPU under Triton
+        (the atomics act on the buffer itself there).  The element is copied in from the
+        passed contents first, as before an atomic, so an untouched one reads as passed and
+        one another thread is copying in is waited for (buffer_usage.atomic_roots leaves
+        every such buffer initialised from its contents).  A masked-off element is `other`."""
+        rtype = ScalarType(ptr.dtype)
+        attrs = {"root": self.buffers[(ptr.root, "out")], "kind": "read", "sem": "relaxed",
+                 "scope": "gpu"}
+        state = self.buffers[(ptr.root, "written")]   # (never an add-from-zero buffer)
+        attrs.update(init=self.buffers[(ptr.root, "read")], state=state)
+        value = b.value("mem_atomic", [index, *rest[:1]], rtype, **attrs)
+        return b.value("where", [rest[0], value, rest[1]], rtype) if rest else value
+
+    def once_per_program(self, b: Builder, dtype, emit, device: bool = False) -> Value:
+        """The scalar `emit(builder)` computes, by the program's first thread and handed to
+        every thread through threadgroup memory (`device`: the barrier before it also
+        orders every thread's device writes before the one thread's access)."""
+        slot = self.decl("shared", dtype, 1, "_old")
+        then = Block()
+        tb = Builder(then)
+        tb.loc = b.loc
+        tb.op("mem_store", [self.const(tb, 0), emit(tb)], [],
+              {"root": slot, "space": "threadgroup"})
+        first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
+        # a loop's previous iteration may still read the slot
+        self.barrier(b, device=device)
+        b.op("if", [first], [], regions=[then, Block()])
+        self.barrier(b)
+        return b.value("mem_load", [self.const(b, 0)], ScalarType(dtype), root=slot,
+                       space="threadgroup")
 
     def emit_store(self, b: Builder, op: Op, operands: list[Value]) -> None:
         ptr: PointerType = elem_type(op.operands[0].type)
@@ -462,22 +499,10 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if not op.attrs.get("once_per_program"):
             self.scalars[result.id] = self.emit_store(b, op, operands)
             return
-        dtype = result.type.dtype
-        slot = self.decl("shared", dtype, 1, "_old")
-        then = Block()
-        tb = Builder(then)
-        tb.loc = b.loc
-        old = self.emit_store(tb, op, operands)
-        tb.op("mem_store", [self.const(tb, 0), old], [], {"root": slot, "space": "threadgroup"})
-        first = b.value("eq", [self.geom(b, "thread_id"), self.const(b, 0)], BOOL)
-        # a loop's previous iteration may still read the slot; a release also publishes
-        # what every thread of the program wrote before it (the barrier orders their
-        # device writes before the one thread's fence)
-        self.barrier(b, device=op.attrs["sem"] in ("release", "acq_rel"))
-        b.op("if", [first], [], regions=[then, Block()])
-        self.barrier(b)
-        self.scalars[result.id] = b.value("mem_load", [self.const(b, 0)], ScalarType(dtype),
-                                          root=slot, space="threadgroup")
+        # a release also publishes what every thread of the program wrote before it
+        self.scalars[result.id] = self.once_per_program(
+            b, result.type.dtype, lambda tb: self.emit_store(tb, op, operands),
+            device=op.attrs["sem"] in ("release", "acq_rel"))
 
     # -- statements ------------------------------------------------------------------------
     def shared_copy(self, v: Value, b: Builder) -> Storage:
@@ -617,6 +642,11 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             self.decls.append(Op("decl", [], [], {"name": ptr.root, "storage": "shared",
                                                   "dtype": ptr.dtype, "size": op.attrs["size"]}, []))
             self.scalars[result.id] = self.const(b, 0)
+        elif name == "load" and op.attrs.get("once_per_program"):
+            # a uniform read of a buffer atomics update (passes/uniformity.py)
+            operands = [self.s(o) for o in op.operands]
+            self.scalars[result.id] = self.once_per_program(
+                b, result.type.dtype, lambda tb: self.emit_load(tb, op, operands))
         elif name == "load":
             self.scalars[result.id] = self.emit_load(b, op, [self.s(o) for o in op.operands])
         elif name == "ptr_add":
