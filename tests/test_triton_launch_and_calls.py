@@ -564,3 +564,86 @@ def test_a_tile_passed_to_a_constexpr_helper_parameter_is_taken_as_triton_takes_
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
     got = tile_to_a_constexpr_parameter[(1,)](mx.array(x.ravel()), mx.zeros((16,)), BLOCK=4)
     np.testing.assert_array_equal(np.array(got).reshape(4, 4), x * (np.arange(4) + 2)[:, None])
+
+
+# -- kernel.warmup and the CompiledKernel it returns (fortieth session) -------------------------
+
+@metile.kernel
+def reversed_block(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    scratch = metile.shared(BLOCK)
+    metile.store(scratch + metile.arange(0, BLOCK), metile.load(X + offs, mask=offs < n,
+                                                                other=0.0))
+    metile.barrier()
+    metile.store(Y + offs, metile.load(scratch + BLOCK - 1 - metile.arange(0, BLOCK)) * 2.0,
+                 mask=offs < n)
+
+
+def _reversed_blocks(x, block):
+    padded = np.concatenate([x, np.zeros(-len(x) % block, x.dtype)])
+    return padded.reshape(-1, block)[:, ::-1].ravel()[:len(x)] * 2
+
+
+@pytest.mark.parametrize("n", [1, 7, 65, 1000])
+def test_warmup_compiles_without_running_and_the_result_runs(n, monkeypatch):
+    # (AttributeError: 'Kernel' object has no attribute 'warmup')
+    from metile.runtime.dispatch import Dispatch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("warmup ran the kernel")
+
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    grid = lambda meta: (metile.cdiv(meta["n"], meta["BLOCK"]),)
+    with monkeypatch.context() as m:
+        m.setattr(Dispatch, "_launch", refuse)
+        m.setattr(Dispatch, "_direct_call", refuse)
+        compiled = reversed_block.warmup(mx.array(x), mx.zeros((n,)), n, BLOCK=64, num_warps=2,
+                                         grid=grid)
+    assert isinstance(compiled, Dispatch)
+    np.testing.assert_array_equal(np.array(compiled()), _reversed_blocks(x, 64))
+    with pytest.raises(TypeError, match="grid"):
+        reversed_block.warmup(mx.array(x), mx.zeros((n,)), n, BLOCK=64)
+    # Triton's dtype placeholders for tensors: metile needs the arrays
+    with pytest.raises(LaunchError, match=r"reversed_block.warmup\(\): argument 'X' is the dtype "
+                                          r"mlx.core.float32; Triton's warmup takes a dtype"):
+        reversed_block.warmup(mx.float32, mx.zeros((n,)), n, BLOCK=64, grid=(1,))
+
+
+@pytest.mark.parametrize("backend", ["msl", "cuda"])
+def test_warmup_answers_tritons_compiled_kernel(backend):
+    compiled = reversed_block.warmup(mx.zeros((100,)), mx.zeros((100,)), 100, BLOCK=64,
+                                     num_warps=2, grid=(2,), backend=backend)
+    # asm: the generated source under its language, the checked Tile IR as Triton's ttir
+    assert set(compiled.asm) == {backend, "tile_ir"}
+    assert compiled.asm[backend] == compiled.source
+    assert compiled.metadata.name.startswith("metile_reversed_block_")
+    assert compiled.asm["tile_ir"].startswith("func @reversed_block(")
+    assert "shared_alloc" in compiled.asm["tile_ir"]
+    meta = compiled.metadata
+    assert (meta.num_warps, meta.num_stages, meta.shared) == (2, 1, 64 * 4)
+    # not known to metile: an AttributeError that says why (hasattr is False)
+    for name in ("n_regs", "n_spills"):
+        with pytest.raises(AttributeError, match=f"metile does not know {name} .*generates "
+                                                 f"{backend.upper()} source.*reports no "
+                                                 f"register use"):
+            getattr(compiled, name)
+        assert not hasattr(compiled, name)
+
+
+def test_warmup_of_heuristics_and_autotuned_kernels(tmp_path, monkeypatch):
+    # Triton's Autotuner.warmup: each candidate compiled, none measured (a list); a
+    # candidate the tuning would skip is left out
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    with_block = metile.heuristics(values={"BLOCK": lambda args: 128})(scaled_copy)
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64, num_warps=2),
+                                     metile.Config(BLOCK=256, num_warps=8),
+                                     metile.Config(BLOCK=0)], key=["n"])(scaled_copy)
+    x = np.arange(1000, dtype=np.float32)
+    args = (mx.array(x), mx.zeros((1000,)), 1000, 0.5)
+    one = with_block.warmup(*args, grid=copy_grid)
+    np.testing.assert_array_equal(np.array(one()), 0.5 * x)
+    several = tuned.warmup(*args, grid=copy_grid)
+    assert tuned.last_result is None and tuned.best_config is None   # nothing measured
+    assert [c.metadata.num_warps for c in several] == [2, 8]   # (BLOCK=0: arange(0, 0))
+    for compiled in several:
+        np.testing.assert_array_equal(np.array(compiled()), 0.5 * x)

@@ -39,6 +39,7 @@ from ..schedule import Config
 from . import cache, tuning
 from .dispatch import resolve_grid
 from ..compiler.backend import resolve_backend
+from .compiled_view import refuse_dtype_placeholders
 from .kernel import Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
@@ -116,7 +117,8 @@ class Autotuned:
             raise TypeError(f"metile.autotune key must be a list of parameter names, e.g. "
                             f"key=['n'], got {key!r}")
         self.key = _known(kernel, list(key), "key")
-        self.kernel, self.configs, self.warmup, self.reps = kernel, configs, warmup, reps
+        # (num_warmups, as Triton names it: `warmup` is Triton's compile-only call)
+        self.kernel, self.configs, self.num_warmups, self.reps = kernel, configs, warmup, reps
         self.prune = _prune_options(prune)
         self.reset_to_zero = _named_arrays(kernel, reset_to_zero, "reset_to_zero")
         self.restore_value = _named_arrays(kernel, restore_value, "restore_value")
@@ -172,6 +174,13 @@ class Autotuned:
     def __getitem__(self, grid):
         return _TunedLauncher(self, grid)
 
+    def warmup(self, *args, grid, **kwargs) -> list:
+        """Triton's Autotuner.warmup: every candidate prune_configs_by keeps, compiled for
+        this call and neither run nor measured - a list of the prepared launches.  A
+        candidate the tuning would skip as unusable (its ScheduleError, CompilationError or
+        LaunchError) is left out; when none is left, the first one's error is raised."""
+        return self[grid].warmup(*args, **kwargs)
+
 
 class _TunedLauncher:
     def __init__(self, tuned: Autotuned, grid):
@@ -218,8 +227,34 @@ class _TunedLauncher:
                               "timings": result.timings, "unusable": result.unusable}
         return json.dumps(report, indent=2)
 
+    def warmup(self, *args, **kwargs) -> list:
+        """Autotuned.warmup for this launcher's grid."""
+        refuse_dtype_placeholders(self.tuned.kernel, args, kwargs)
+        prepared, refused = [], []
+        for config in self._candidates(args, kwargs)[1]:
+            try:
+                launcher, options = self._resolved(config, args, kwargs)
+                prepared.append(launcher.prepare(*args, **options))
+            except ArgumentError as e:
+                raise ArgumentError(f"{e} (from autotune {config})") from None
+            except (ScheduleError, CompilationError, LaunchError) as e:
+                refused.append(e)
+        if not prepared:
+            raise refused[0]
+        return prepared
+
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""
+        parts, candidates = self._candidates(args, kwargs)
+        result = tuning.autotune(
+            candidates, lambda c: self._launch(c, args, kwargs), parts,
+            warmup=self.tuned.num_warmups, reps=self.tuned.reps, validate=_outputs_close,
+            unusable=(ScheduleError, CompilationError, LaunchError), fatal=(ArgumentError,))
+        self.tuned.last_result = result
+        return result.config
+
+    def _candidates(self, args, kwargs) -> tuple[dict, list]:
+        """(the tuning key's parts, the candidates prune_configs_by keeps) for this call."""
         self._check_conflicts(kwargs)
         kernel = self.tuned.kernel
         named = dict(zip(kernel.param_names, args))   # (Triton's named_args: the positional ones)
@@ -238,13 +273,7 @@ class _TunedLauncher:
             source=cache.source_fingerprint(kernel.fn), compiler=cache.compiler_fingerprint(),
             target=f"{backend.device}:{backend.language}:{backend.target.name}",
             by_value=self.tuned.key)
-        candidates = self.tuned.pruned(parts, named, kwargs)
-        result = tuning.autotune(
-            candidates, lambda c: self._launch(c, args, kwargs), parts,
-            warmup=self.tuned.warmup, reps=self.tuned.reps, validate=_outputs_close,
-            unusable=(ScheduleError, CompilationError, LaunchError), fatal=(ArgumentError,))
-        self.tuned.last_result = result
-        return result.config
+        return parts, self.tuned.pruned(parts, named, kwargs)
 
     def _check_conflicts(self, kwargs) -> None:
         """A meta-parameter given at the call that the configs also set would be overridden

@@ -20,6 +20,7 @@ from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .. import _ext
 from ..settings import raw_source, raw_values
 from . import tensor_maps
+from .compiled_view import CompiledKernelView
 from .op_function import in_op_forward
 from .arguments import arg_spec, check_buffer_sizes, int_scalar_dtype, scalar_array
 
@@ -401,8 +402,10 @@ class Launcher:
             raise e.with_traceback(None) from None  # hide compiler frames
 
 
-class Dispatch:
-    """A launch with everything resolved; calling it enqueues the kernel again."""
+class Dispatch(CompiledKernelView):
+    """A launch with everything resolved; calling it enqueues the kernel again.  It is
+    what `kernel.warmup(...)` returns, and answers Triton's CompiledKernel attributes
+    (`asm`, `metadata`; compiled_view.py)."""
 
     def __init__(self, kernel: "Kernel", grid, args, kwargs, like: "Dispatch | None" = None):
         runtime, consts, threads, schedule, backend, debug = kernel.bind(args, kwargs)

@@ -15,6 +15,7 @@ the call is an error, as autotune's are: the call would be silently overridden.
 from __future__ import annotations
 
 from ..errors import LaunchError
+from .compiled_view import refuse_dtype_placeholders
 from .kernel import Kernel
 
 
@@ -67,6 +68,11 @@ class Heuristics:
 
     def __getitem__(self, grid):
         return _Launcher(self, grid)
+
+    def warmup(self, *args, grid, **kwargs):
+        """Triton's `kernel.warmup(..., grid=grid)`: the prepared launch, not run."""
+        refuse_dtype_placeholders(self.base, args, kwargs)
+        return self[grid].prepare(*args, **kwargs)
 
     def __repr__(self):
         return f"metile.heuristics({sorted(self.values)}) over {self.kernel!r}"

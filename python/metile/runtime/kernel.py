@@ -42,6 +42,7 @@ from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..schedule import Schedule
 from . import cache
 from .arguments import arg_spec
+from .compiled_view import refuse_dtype_placeholders
 from .dependencies import Snapshot
 from .dispatch import LaunchCache, Launcher, bounded_put, value_key
 from .metal_kernel import RESERVED_NAMES
@@ -242,6 +243,14 @@ class Kernel:
 
     def __getitem__(self, grid) -> "Launcher":
         return Launcher(self, grid)
+
+    def warmup(self, *args, grid, **kwargs) -> "Dispatch":
+        """Triton's `kernel.warmup(*args, grid=grid, **kwargs)`: compile for this call
+        without running it - `kernel[grid].prepare(*args, **kwargs)`, the prepared launch,
+        which runs when called and answers Triton's CompiledKernel attributes (`asm`,
+        `metadata`; `n_regs`/`n_spills` are not known: compiled_view.py)."""
+        refuse_dtype_placeholders(self, args, kwargs)
+        return self[grid].prepare(*args, **kwargs)
 
     def _unspecialized(self, names) -> frozenset:
         """Triton's do_not_specialize (parameter names or positions) as names.  metile

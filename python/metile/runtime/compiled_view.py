@@ -1,0 +1,85 @@
+"""What Triton's `CompiledKernel` (the result of `kernel.warmup(...)`) exposes, read from
+a prepared launch (`Dispatch`): `asm`, `metadata`, and `n_regs` / `n_spills`, which
+metile does not know and says why.
+
+metile compiles a kernel to source (MSL or CUDA); the backend's own compiler (Metal's,
+NVRTC, the CPU runtime's clang) makes the machine code at the first launch and reports
+no register counts to metile, so there is no `ptx`/`cubin` here and no register or spill
+count on any backend.  (For CUDA they could be had from NVRTC's ptxas report without a
+GPU; not built.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+
+from ..errors import LaunchError
+from ..ir.printer import format_function
+
+_WARP = 32   # lanes of a CUDA warp and of a Metal SIMD-group alike
+
+_UNKNOWN = ("metile does not know {what}: it generates {language} source, and the "
+            "compiler that turns it into machine code at the first launch ({compiler}) "
+            "reports no register use to metile; read the generated code in .asm[{key!r}] "
+            "(README, Coming from Triton)")
+_COMPILER = {"msl": "Metal's, or the CPU runtime's clang",
+             "cuda": "NVRTC, in MLX's cuda_kernel or metile's cubin launch"}
+
+
+class CompiledKernelView:
+    """Triton's CompiledKernel attributes on a prepared launch (a mixin of Dispatch,
+    which provides `source`, `spec`, `variant`, `execution_report` and
+    `_refuse_unlowered`)."""
+
+    @property
+    def asm(self) -> dict:
+        """Triton's `compiled.asm`: the generated source under its language ("msl" or
+        "cuda": the code the backend compiles, as Triton's "ptx"), and the kernel's
+        checked Tile IR under "tile_ir" (what Triton's "ttir" is to it)."""
+        source = self.source   # (a launch planned for an unlowered backend: refused here)
+        return {self.variant.backend: source, "tile_ir": format_function(self.spec.tile_ir())}
+
+    @property
+    def metadata(self) -> SimpleNamespace:
+        """The fields of Triton's `compiled.metadata` metile knows: `name` (the generated
+        kernel's), `num_warps` (threads a program / 32), `num_stages` (the GEMM operand
+        stages lowering emitted, 1 without a staged K loop) and `shared` (bytes of
+        threadgroup memory the kernel declares)."""
+        self._refuse_unlowered()
+        report = self.execution_report
+        launch = self.variant.compiled.lowering.get("launch") or {}
+        return SimpleNamespace(
+            name=self.variant.compiled.name,
+            num_warps=-(-self.spec.threads // _WARP),
+            num_stages=report.num_stages or 1,
+            shared=launch.get("shared_memory") or report.threadgroup_bytes)
+
+    def _unknown(self, what: str):
+        self._refuse_unlowered()
+        language = self.variant.backend
+        raise AttributeError(_UNKNOWN.format(what=what, language=language.upper(),
+                                             compiler=_COMPILER.get(language, language),
+                                             key=language))
+
+    @property
+    def n_regs(self):
+        """Not known (AttributeError, saying why): see the module docstring."""
+        self._unknown("n_regs (registers a thread uses)")
+
+    @property
+    def n_spills(self):
+        """Not known (AttributeError, saying why): see the module docstring."""
+        self._unknown("n_spills (registers spilled to memory)")
+
+
+def refuse_dtype_placeholders(kernel, args, kwargs) -> None:
+    """Triton's warmup takes a dtype in place of a tensor; metile's compile needs the array
+    (its size enters the coverage proofs and the launch's checks): say so by name."""
+    named = {**dict(zip(kernel.param_names, args)), **kwargs}
+    for name, value in named.items():
+        if isinstance(value, mx.Dtype):
+            raise LaunchError(f"{kernel.fn.__name__}.warmup(): argument {name!r} is the dtype "
+                              f"{value}; Triton's warmup takes a dtype for a tensor, metile's "
+                              f"takes the array a launch takes (its size enters the compile's "
+                              f"proofs): pass an mx.array of that dtype and shape")
