@@ -594,3 +594,59 @@ def test_a_block_reduced_to_one_scalar_store(rng, block):
     got = np.array(whole_block_reductions[(1,)](mx.array(x), mx.zeros((3,)), BLOCK=block))
     np.testing.assert_allclose(got[:2], [x.sum(dtype=np.float64), x.max()], rtol=1e-5, atol=1e-4)
     assert got[2] == x.argmax()
+
+
+@metile.kernel
+def slot_softmax(X, V, Y, blocks, R: metile.constexpr, C: metile.constexpr,
+                 SPREAD: metile.constexpr):
+    """Decode attention's per-slot online softmax: row r's score in block b is the sum of
+    X[b, r, :] (SPREAD > 0 adds SPREAD * column, so it differs along the row); the running
+    maximum and sum are (R, C) tiles carried by the loop, equal along each row unless
+    SPREAD; Y = the softmax-weighted sum of the blocks' V rows (base 2)."""
+    r = metile.arange(0, R)[:, None]
+    c = metile.arange(0, C)[None, :]
+    m = metile.full((R, C), -float("inf"), dtype=metile.float32)
+    l = metile.zeros((R, C), dtype=metile.float32)
+    acc = metile.zeros((R, C), dtype=metile.float32)
+    for b in range(0, blocks):
+        x = metile.load(X + (b * R + r) * C + c)
+        s = metile.sum(x, axis=1)[:, None] + metile.zeros((R, C), dtype=metile.float32)
+        if SPREAD != 0.0:
+            s = s + c.to(metile.float32) * SPREAD
+        up = s > m
+        t = metile.exp2(-metile.abs(s - m))
+        p = metile.where(up, 1.0, t)
+        alpha = metile.where(up, t, 1.0)
+        l = l * alpha + p
+        acc = acc * alpha + p * metile.load(V + (b * R + r) * C + c)
+        m = metile.where(up, s, m)
+    metile.store(Y + r * C + c, acc / l)
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.01])
+def test_values_equal_along_runs_are_computed_once_a_run(rng, spread, monkeypatch):
+    # the loop-carried maximum and sum are equal along each row (spread 0): each run's
+    # elements take its first's value (vectorize_rows.run_constant) - one exponential a run
+    # where there was one an element; with spread they differ along the row and each
+    # element is computed (the fixpoint drops them), so both must match NumPy
+    blocks, R, C = 5, 8, 64
+    x = rng.normal(size=(blocks, R, C)).astype(np.float32) * 0.1
+    v = rng.normal(size=(blocks, R, C)).astype(np.float32)
+    y = slot_softmax[(1,)](mx.array(x), mx.array(v), mx.zeros((R, C)), blocks, R=R, C=C,
+                           SPREAD=spread, num_warps=1)
+    s = x.astype(np.float64).sum(axis=2)[:, :, None] + spread * np.arange(C)[None, None, :]
+    w = np.exp2(s - s.max(axis=0))
+    np.testing.assert_allclose(np.array(y), (w * v).sum(axis=0) / w.sum(axis=0),
+                               rtol=2e-5, atol=2e-6)
+    body = slot_softmax[(1,)].prepare(mx.array(x), mx.array(v), mx.zeros((R, C)), blocks, R=R,
+                                      C=C, SPREAD=spread, num_warps=1,
+                                      backend="cuda").variant.data["body"]
+    # (each element of a run is its own line of the lane loop over the thread's runs)
+    exps = re.findall(r"= metile_exp2\(", body)
+    assert len(exps) == (1 if spread == 0.0 else 4), body    # 4 float32 a 16-byte run
+    # METILE_RUN_CONSTANTS=0: the lowering before (one an element), for an A/B
+    monkeypatch.setenv("METILE_RUN_CONSTANTS", "0")
+    body = slot_softmax[(1,)].prepare(mx.array(x), mx.array(v), mx.zeros((R, C)), blocks, R=R,
+                                      C=C, SPREAD=spread, num_warps=1,
+                                      backend="cuda").variant.data["body"]
+    assert len(re.findall(r"= metile_exp2\(", body)) == 4

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s133   -- run-constant values once a run: decode attention and row ops A/B (METILE_RUN_CONSTANTS), GPU tests
 #   OUT=$OUT bash tools/device_next.sh s132   -- attention_decode with per-row statistics (tools/probes/decode_variant_kernels.py) against the library kernel
 #   OUT=$OUT bash tools/device_next.sh s131   -- L2 bulk prefetch ahead of decode attention's and the int4 GEMV's loads (tools/probes/decode_prefetch.py)
 #   OUT=$OUT bash tools/device_next.sh s130   -- s38's fixes: attention's jvp/vmap on CUDA at ragged lengths, the touched test files
@@ -117,7 +118,25 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s132 ]; then
+if [ "$mode" = s133 ]; then
+  # s39: values equal along runs computed once a run (vectorize_rows.run_constant) - decode
+  # attention's per-slot statistics - A/B against the old lowering (METILE_RUN_CONSTANTS=0)
+  # in one run, against MLX's op each time, then the GPU tests of the session's changes
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  for i in 1 2; do
+    for rc in 0 1; do
+      echo "METILE_RUN_CONSTANTS=$rc ($i)" | tee -a "$log"
+      METILE_RUN_CONSTANTS=$rc timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 \
+        --head-dim 128 --prefill-lengths --decode-lengths 1024 4096 16384 --chain 8 --launches 20 \
+        --rounds 5 --output "$logs/h200-attention-decode-chain8-rc$rc-$i.json" 2>&1 | tail -3 | tee -a "$log"
+    done
+  done
+  for rc in 0 1; do
+    METILE_RUN_CONSTANTS=$rc timeout 100 python3 -m benchmarks.model_ops --dtype float16 --rounds 5 \
+      --output "$logs/h200-model-ops-rc$rc.json" 2>&1 | tail -8 | sed "s/^/rc=$rc /" | tee -a "$log"
+  done
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_vectorize_rows test_attention_op test_model_ops_norms test_control_flow test_atomics_triton test_triton_launch_and_calls
+elif [ "$mode" = s132 ]; then
   # s39: is attention_decode bound by its instructions?  The variant with one exponential a
   # key (per-row statistics through threadgroup memory) against the library kernel
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
