@@ -19,25 +19,14 @@ from ..ir.core import Block, Builder, Value
 from ..ir.types import ScalarType, TileType, dtype_of, elem_type, is_pointer
 from ..language import dtypes as dt
 from ..errors import CompilationError
+from .desugar_control import desugar
 from .semantics import Semantics, describe, is_const
+from .sentinels import RETURN_VALUE, UNSET
 from .tuples import KernelTuple
 from .views import nonnegative
 
 _MISSING = object()
 
-# desugar_control's name for a helper's return value (not a Python identifier).
-RETURN_VALUE = "<return value>"
-
-
-class _Unset:
-    """A helper's return value on a path that has not returned yet: nothing will read
-    it there, so a runtime if merges it with whatever the other branch holds."""
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET = _Unset()
 
 
 # the name a runtime `a if c else b` assigns in each branch of the `if` it becomes
@@ -93,11 +82,6 @@ _MAY_NOT_RUN = ("it is first assigned inside a loop body, and a loop that may ru
 _FIRST_MAY_SKIP = ("it is first assigned inside a loop body, and its first iteration may not "
                    "assign it (a break, continue or runtime if before the assignment); give it "
                    "a value before the loop")
-
-
-def _desugared(src, is_helper: bool) -> list:
-    from .desugar_control import desugar   # (desugar_control imports this module)
-    return desugar(src, is_helper)
 
 
 def _path_to(stmts, node, owner=None):
@@ -438,7 +422,7 @@ class ControlFlow:
         the statements this generator compiles: the desugared body, where a break is a
         flag).  Conservative: a read on any path counts, and a binding counts only when it
         is certain (a plain assignment, or one in both branches of an if)."""
-        path = _path_to(_desugared(self.src, self.is_helper), node)
+        path = _path_to(desugar(self.src, self.is_helper), node)
         if path is None:
             return self._read_after(node, name)
         for owner, stmts, i in reversed(path):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ast
 
-from .control import RETURN_VALUE, UNSET
+from .sentinels import RETURN_VALUE, UNSET
 from ..errors import CompilationError
 
 RETURNED = "<returned>"
