@@ -26,7 +26,8 @@ CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4_s8": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 8},
            "w4_s16": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 16},
            "w2_s8": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 8},
-           "w2_s16": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 16}}
+           "w2_s16": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 16},
+           "w2_s64": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 64}}
 
 
 def card() -> str:
