@@ -104,21 +104,29 @@ def patch_gemv(source: str, variant: str) -> str:
     return source[:m.start()] + code + source[m.start():]
 
 
-def run_gemv(variant: str, launches, rounds) -> None:
+def patch_compiles(kernel: str, edit) -> list:
+    """NVRTC's compiles of `kernel` (its label holds the name) take `edit(source)`; the list
+    returned records, a compile each, whether the edit changed the source."""
     from metile.runtime import nvrtc
-    from benchmarks import quantized as bench
 
     original = nvrtc.compile
     patched = []
 
     def compile(source, arch, label="kernel"):
-        if "quantized_matvec_pairs" in label:
-            changed = patch_gemv(source, variant)
+        if kernel in label:
+            changed = edit(source)
             patched.append(changed != source)
             source = changed
         return original(source, arch, label)
 
     nvrtc.compile = compile
+    return patched
+
+
+def run_gemv(variant: str, launches, rounds) -> None:
+    from benchmarks import quantized as bench
+
+    patched = patch_compiles("quantized_matvec_pairs", lambda src: patch_gemv(src, variant))
     sys.argv = ["quantized", "--dtype", "float16", "--bits", "4", "--group-size", "64",
                 "--weights", "4", "--chain", "8", "--prefill-off", "--launches", str(launches),
                 "--rounds", str(rounds)]
@@ -129,7 +137,6 @@ def run_gemv(variant: str, launches, rounds) -> None:
 
 def run(variant: str, lengths, launches, rounds, replace=None) -> list[dict]:
     import mlx.core as mx
-    from metile.runtime import nvrtc
     from benchmarks import attention as bench
     if replace:        # another attention_decode (FILE:NAME), which the op then launches
         import importlib.util
@@ -140,18 +147,7 @@ def run(variant: str, lengths, launches, rounds, replace=None) -> list[dict]:
         spec.loader.exec_module(module)
         library.attention_decode = getattr(module, name)
         variant = "none"
-
-    original = nvrtc.compile
-    patched = []
-
-    def compile(source, arch, label="kernel"):
-        if "attention_decode" in label:
-            changed = patch(source, variant)
-            patched.append(changed != source)
-            source = changed
-        return original(source, arch, label)
-
-    nvrtc.compile = compile
+    patched = patch_compiles("attention_decode", lambda src: patch(src, variant))
     results = []
     for lk in lengths:
         case = dict(name="decode", b=1, hq=32, hkv=32, lq=1, lk=lk, d=128, mask=None)
