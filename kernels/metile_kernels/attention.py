@@ -308,10 +308,8 @@ def attention_decode(Q, K, V, Mask, Partial, Stats, kv_len, q_len, q_heads, grou
     the scores are only read broadcast back over the block) - and the values, weighted by
     their probabilities, accumulate in a (BLOCK_N, BLOCK_D) block.  Each row of the block
     is a slot of its own online softmax (keys slot, slot + BLOCK_N, ...: its running
-    maximum and sum held as (BLOCK_N, BLOCK_D) tiles equal along the row, which the
-    lowering computes once a run of the row: vectorize_rows.run_constant, one exponential
-    a key row where it was one an element), so no value crosses rows inside the loop: no
-    barrier there (with one maximum and sum for the
+    maximum and sum held as (BLOCK_N, BLOCK_D) tiles equal along the row), so no value
+    crosses rows inside the loop: no barrier there (with one maximum and sum for the
     block, two block reductions a key block put eight barriers into each iteration of 8
     keys on the H200, s39).  The slots merge once after the loop.  Each key and value is
     read as 16-byte runs, once per query.  (The split kernel's general products keep every
