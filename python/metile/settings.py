@@ -170,14 +170,6 @@ def wgmma_dual() -> str:
     return choice("METILE_WGMMA_DUAL", ("split", "joined"), "split")
 
 
-def run_constants() -> bool:
-    """METILE_RUN_CONSTANTS: whether a value laid out in runs whose elements are equal along
-    each run (passes/vectorize_rows.py run_constant: decode attention's per-slot softmax
-    statistics) is computed once a run (the default) or once an element (0: the lowering
-    before the thirty-ninth session, for an A/B in one run)."""
-    return flag("METILE_RUN_CONSTANTS", True)
-
-
 def wgmma_enabled() -> bool:
     """Unless METILE_CUDA_WGMMA=0: GEMMs on sm_90 may take the warpgroup MMA path."""
     return wgmma_variant() is not None

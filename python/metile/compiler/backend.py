@@ -44,8 +44,6 @@ class Backend:
     wgmma_dual: str = "split"
     # what orders a TMA stage's refill: "barrier" or "empty" mbarriers (settings.wgmma_refill)
     wgmma_refill: str = "empty"
-    # elements of a run equal along it computed once a run (settings.run_constants)
-    run_constants: bool = True
 
     @property
     def emitter(self):
@@ -125,7 +123,7 @@ def _fingerprint(kind: str) -> str:
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
                        "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY",
-                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL", "METILE_RUN_CONSTANTS")
+                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL")
 
 
 def device_type():
@@ -192,7 +190,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
                    fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True),
-                   settings.wgmma_dual(), settings.wgmma_refill(), settings.run_constants())
+                   settings.wgmma_dual(), settings.wgmma_refill())
 
 
 def _cuda_scalars() -> str:

@@ -243,29 +243,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         hit = ctx.memo.get(v.id)
         if hit is not None:
             return hit
-        out = self.run_first(v, ctx)
-        if out is None:
-            st = self.storage.get(v.id)
-            out = self.read(st, ctx) if st is not None else self.compute(v, ctx)
+        st = self.storage.get(v.id)
+        out = self.read(st, ctx) if st is not None else self.compute(v, ctx)
         ctx.memo[v.id] = out
-        return out
-
-    def run_first(self, v: Value, ctx: Ctx) -> Value | None:
-        """v at an element of a run whose every element holds the run's first's value
-        (vectorize_rows.run_constant), already computed there: that value, not a copy of
-        its code.  None elsewhere."""
-        run = ctx.run
-        if run is None or not ctx.run_index or not ctx.identity or ctx.b is not run.ctxs[0].b:
-            return None
-        first = run.ctxs[0].memo.get(v.id)
-        return first if first is not None and self.run_constant(v) else None
-
-    def computed(self, v: Value, ctx: Ctx) -> Value:
-        """compute(v, ctx) once a run where its elements are equal (run_first)."""
-        out = self.run_first(v, ctx)
-        if out is None:
-            out = self.compute(v, ctx)
-        ctx.memo.setdefault(v.id, out)
         return out
 
     def read(self, st: Storage, ctx: Ctx) -> Value:
@@ -559,7 +539,7 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
             self.barrier(b)
         if not self.async_run_copy(v, st, b):   # vectorize_rows.py
             self.lane_loop(b, v.type.shape, lambda ctx: self.write(st, ctx,
-                                                                   self.computed(v, ctx)))
+                                                                   self.compute(v, ctx)))
         if st.kind == "shared":
             self.barrier(b)
 
@@ -879,7 +859,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
                 shared_optin: int = 0, language: str | None = None,
                 dot_fragments: bool = False, mma_layout: bool = False,
                 wgmma_carry: bool = True, wgmma_dual: str = "split",
-                wgmma_refill: str = "empty", run_constants: bool = True) -> Function:
+                wgmma_refill: str = "empty") -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
@@ -888,8 +868,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     stay in its accumulator layout (mma_layout.py, lower_mma_layout.py); `wgmma_carry`
     lets a warpgroup product there run round a loop's back edge (carried_products);
     `wgmma_dual` is how a dual GEMM's products take the warpgroup unit, `wgmma_refill`
-    what orders its bulk-tensor loop's refills (gemm_wgmma.py); `run_constants` lets
-    values equal along runs be computed once a run (vectorize_rows.run_constant)."""
+    what orders its bulk-tensor loop's refills (gemm_wgmma.py)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
@@ -898,7 +877,6 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     first.wgmma_carry = wgmma_carry
     first.wgmma_dual = wgmma_dual
     first.wgmma_refill = wgmma_refill
-    first.run_constants_on = run_constants
     try:
         return first.run()
     except SharedOverflow:
@@ -910,5 +888,4 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     later.dot_fragments_allowed = False
     later.wgmma_dual = wgmma_dual
     later.wgmma_refill = wgmma_refill
-    later.run_constants_on = run_constants
     return later.run()

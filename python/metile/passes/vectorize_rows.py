@@ -134,73 +134,31 @@ def constant_on_runs(c: Value, axis: int, width: int) -> bool:
         and (k + _FLIP[name]) % width == 0 and _aligned(p, axis, width)
 
 
-def runs_constant(v: Value, axis: int, width: int, memo: dict,
-                  carried: frozenset = frozenset()) -> bool:
+def runs_constant(v: Value, axis: int, width: int, memo: dict) -> bool:
     """Whether tile `v` keeps one value along every run of `width` along `axis`: it does not
     move along the axis, or it is `u // D` with D an int constant multiple of the width and
     u aligned to runs and never negative (`_aligned(..., nonnegative=True)`: C's division
-    truncates, so a run below zero could straddle a quotient), a comparison that changes
-    only between runs (`constant_on_runs`), or an elementwise op (a comparison, a sum, a
-    pointer offset, a load) of such values.  A packed word's index `k // (32 // bits)` is
-    one: a load at it serves a whole run.  `carried`: ids of loop-carried tiles (a `for`
-    body's arguments and the loop's results) known to keep one value along runs
-    (`carried_run_constants`)."""
+    truncates, so a run below zero could straddle a quotient), or an elementwise op (a
+    comparison, a sum, a pointer offset) of such values.  A packed word's index
+    `k // (32 // bits)` is one: a load at it serves a whole run."""
     key = (v.id, axis, width)
     if key in memo:
         return memo[key]
     out = stride(v, axis, {}) == 0
     op = v.owner
-    if not out and not isinstance(op, Op):
-        out = v.id in carried
-    elif not out:
-        if op.name == "for":
-            out = v.id in carried
-        elif op.name in _FLIP and constant_on_runs(v, axis, width):
-            out = True
-        elif op.name == "idiv":
+    if not out and isinstance(op, Op):
+        if op.name == "idiv":
             d = _int_const(op.operands[1])
             out = d is not None and d > 0 and d % width == 0 and \
                 _aligned(op.operands[0], axis, width, nonnegative=True)
         elif op.name == "expand_dims":
             d = op.attrs["axis"]
-            out = runs_constant(op.operands[0], axis - (axis > d), width, memo, carried)
-        elif op.name in ELEMENTWISE or op.name in ("ptr_add", "broadcast", "load"):
+            out = runs_constant(op.operands[0], axis - (axis > d), width, memo)
+        elif op.name in ELEMENTWISE or op.name in ("ptr_add", "broadcast"):
             # same-rank operands (a broadcast source of extent 1 along the axis has stride 0)
-            out = all(runs_constant(o, axis, width, memo, carried) for o in op.operands)
+            out = all(runs_constant(o, axis, width, memo) for o in op.operands)
     memo[key] = out
     return out
-
-
-def carried_run_constants(fn: Function, width: int) -> frozenset:
-    """Ids of the loop-carried tiles of `fn` (each `for` body's tile arguments and the loop's
-    matching results) that keep one value along every run of `width` along their last
-    axis: the greatest set whose every member starts from such a value and is yielded
-    such a value when the set's members are taken to be such values.  Sound by induction
-    on the iterations: the first holds its initial value, each next one what the body
-    yields from values that hold it.  Decode attention's per-slot running maximum and
-    sum, (keys, head dim) tiles equal along each key's row, are such tiles."""
-    loops = {}
-    for op in walk(fn.body):
-        if op.name != "for":
-            continue
-        body = op.regions[0]
-        yielded = body.ops[-1].operands if body.ops and body.ops[-1].name == "yield" else None
-        inits = op.operands[3:]
-        for i, arg in enumerate(body.args[1:]):
-            if yielded is not None and isinstance(arg.type, TileType) and arg.type.shape:
-                loops[arg.id] = (inits[i], yielded[i], op.results[i])
-    held = set(loops)
-    changed = True
-    while changed:
-        changed = False
-        assumed = frozenset(held)
-        for aid in list(held):
-            init, out, _ = loops[aid]
-            axis = len(init.type.shape) - 1 if isinstance(init.type, TileType) else 0
-            if not all(runs_constant(x, axis, width, {}, assumed) for x in (init, out)):
-                held.discard(aid)
-                changed = True
-    return frozenset(held) | frozenset(loops[a][2].id for a in held)
 
 
 def _aligned(v: Value, axis: int, width: int, nonnegative: bool = False) -> bool:
@@ -359,11 +317,8 @@ class RowVectorLowering:
     """Mixin of `Lowering`: runs in `lane_loop`, vector loads through `load_rewrite`,
     vector stores in `lower_run_store`."""
 
-    run_constants_on = True   # the backend's (settings.run_constants)
-
     def prepare_row_runs(self, plan, language) -> None:
         self.row_runs, self.language = None, None
-        self._run_constants = None     # (memo, carried ids) of `run_constant`
         # the accesses of the run loop being built (`_run_access_test`), and whether it is
         # the copy a whole-runs test guards
         self.run_accesses, self.runs_unchecked = None, False
@@ -384,26 +339,6 @@ class RowVectorLowering:
             found.width = 4
             found.sizes = {n for n in found.sizes if n % (4 * self.T) == 0}
         self.row_runs = found
-
-    def run_constant(self, v: Value) -> bool:
-        """Whether tile `v`, laid out in runs, holds one value along each of its runs
-        (`runs_constant`, loop-carried tiles by `carried_run_constants`): lower_tiles.elem
-        then takes each element of a run from the run's first instead of computing it
-        again - one exponential a key row in decode attention, where its (keys, head dim)
-        statistics tiles computed one an element (16 a thread and key block on the H100's
-        8-key, 2-warp launch: ~40% of the loop's instructions, s39 SASS)."""
-        rr = self.row_runs
-        if not self.run_constants_on:
-            return False
-        # (a run lies in one row of v only where its last extent is a multiple of the run:
-        # a (n, 1) column's runs cross rows)
-        if rr is None or not isinstance(v.type, TileType) or not v.type.shape or \
-                v.type.shape[-1] % rr.width:
-            return False
-        if self._run_constants is None:
-            self._run_constants = ({}, carried_run_constants(self.fn, rr.width))
-        memo, carried = self._run_constants
-        return runs_constant(v, len(v.type.shape) - 1, rr.width, memo, carried)
 
     def occupancy_hint(self) -> int:
         """Blocks per SM for `__launch_bounds__` of a row kernel in runs on CUDA (0: none).
