@@ -353,6 +353,27 @@ def test_combines_agree(rng, splits, d, combine):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("combine", ["splits", "loop"])
+@pytest.mark.parametrize("warps", [1, 4])
+def test_combine_on_fewer_warps(rng, combine, warps):
+    # a configuration's combine_warps (the plan's own count is a thread an element: 1024
+    # for a (32, 32) block of the one-shot combine); both combines against NumPy
+    q, k, v = operands(rng, 1, 5, 5, 1, 8 * 37, 80)
+    config = {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 37, "combine": combine,
+              "combine_warps": warps}
+    got = attention_ops._launch(q, k, v, None, 0.2, config)
+    np.testing.assert_allclose(np.array(got), reference(q, k, v, 0.2, None), rtol=1e-4,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("warps", [0, 3, 64, 2.0, True])
+def test_combine_warps_are_checked(rng, warps):
+    q, k, v = operands(rng, 1, 3, 3, 1, 16, 64)
+    config = {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 2, "combine_warps": warps}
+    with pytest.raises(ValueError, match="combine_warps must be a power of two from 1 to 32"):
+        attention_ops._launch(q, k, v, None, 0.2, config)
+
+
 def test_an_unknown_combine_is_refused_by_name(rng):
     q, k, v = operands(rng, 1, 3, 3, 1, 16, 64)
     config = {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 2, "combine": "tree"}

@@ -424,15 +424,24 @@ def _combine(kernels, partial, stats, rows, splits, d, dtype, config, shape):
     if how == "splits" and splits > COMBINE_SPLITS:
         raise _fail(ValueError, f"combine='splits' merges at most {COMBINE_SPLITS} splits, "
                                 f"got {splits}; use combine='loop'")
+    # (a configuration may name the combine's warps: the plan's own count is one thread an
+    # element of the (splits, 32) block, 1024 for 32 splits)
+    warps = config.get("combine_warps")
+    if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool) or
+                              warps < 1 or warps > 32 or warps & (warps - 1)):
+        raise _fail(ValueError, f"combine_warps must be a power of two from 1 to 32, got "
+                                f"{warps!r}")
+    options = {"num_warps": warps} if warps else {}
     if how == "splits":
         block_s = 1 << max(0, (splits - 1).bit_length())
         block_d = min(32, _head_block(d))
         return op_replay.launch(
             kernels.attention_combine_splits, kernels.combine_grid(rows, d, block_d),
-            (partial, stats, out, rows, splits), dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s))
+            (partial, stats, out, rows, splits),
+            dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=block_s, **options))
     return op_replay.launch(kernels.attention_combine, (math.ceil(rows / 8),),
                             (partial, stats, out, rows, splits),
-                            dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_R=8))
+                            dict(HEAD_DIM=d, BLOCK_D=_head_block(d), BLOCK_R=8, **options))
 
 
 def reference(q, k, v, scale, mask):

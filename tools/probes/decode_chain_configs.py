@@ -27,7 +27,14 @@ CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4_s16": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4, "SPLITS": 16},
            "w2_s8": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 8},
            "w2_s16": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 16},
-           "w2_s64": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 64}}
+           "w2_s64": {"path": "decode_rows", "BLOCK_N": 8, "SPLITS": 64},
+           # the combine on fewer warps than the plan's one thread an element (s39)
+           "w2_c1": {"path": "decode_rows", "BLOCK_N": 8, "combine_warps": 1},
+           "w2_c2": {"path": "decode_rows", "BLOCK_N": 8, "combine_warps": 2},
+           "w2_c4": {"path": "decode_rows", "BLOCK_N": 8, "combine_warps": 4}}
+# CONFIGS="w2 w2_c1" (the environment): only those
+if os.environ.get("CONFIGS"):
+    CONFIGS = {n: CONFIGS[n] for n in os.environ["CONFIGS"].split()}
 
 
 def card() -> str:
