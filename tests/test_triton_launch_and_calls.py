@@ -647,3 +647,26 @@ def test_warmup_of_heuristics_and_autotuned_kernels(tmp_path, monkeypatch):
     assert [c.metadata.num_warps for c in several] == [2, 8]   # (BLOCK=0: arange(0, 0))
     for compiled in several:
         np.testing.assert_array_equal(np.array(compiled()), 0.5 * x)
+
+
+def test_an_autotuned_warmups_launches_size_their_grid_for_the_arguments_they_are_called_with(
+        tmp_path, monkeypatch):
+    # each prepared candidate called with a larger n ran the grid its warmup's n gave
+    # (cdiv(1000, 256) programs of BLOCK=256 left elements 1024.. of 3000 unwritten), where
+    # a plain kernel's warmup, called so, sizes its grid callable for the new arguments
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64, num_warps=2),
+                                     metile.Config(BLOCK=256, num_warps=8)],
+                            key=["n"])(scaled_copy)
+    seen = []
+
+    def grid(meta):   # (the config's num_warps is the grid's to read, as at a tuned launch)
+        seen.append(meta["num_warps"])
+        return copy_grid(meta)
+
+    several = tuned.warmup(mx.zeros((1000,)), mx.zeros((1000,)), 1000, 0.5, grid=grid)
+    x = np.arange(3000, dtype=np.float32)
+    for compiled in several:
+        got = compiled(mx.array(x), mx.full((3000,), -1.0), 3000, 2.0)
+        np.testing.assert_array_equal(np.array(got), 2.0 * x)
+    assert set(seen) == {2, 8}

@@ -28,6 +28,7 @@ the first usable one before it is timed.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 
@@ -182,12 +183,20 @@ class Autotuned:
         return self[grid].warmup(*args, **kwargs)
 
 
+def _grid_with(grid, options: dict, bound: dict):
+    """A warmup candidate's grid callable: `grid` of the launch's arguments and the
+    candidate's launch options."""
+    return grid({**options, **bound})
+
+
 class _TunedLauncher:
     def __init__(self, tuned: Autotuned, grid):
         self.tuned, self.grid = tuned, grid
 
-    def _resolved(self, config: Config, args, kwargs):
-        """(the kernel's launcher, its keywords) for `config` at this call."""
+    def _resolved(self, config: Config, args, kwargs, kept: bool = False):
+        """(the kernel's launcher, its keywords) for `config` at this call.  `kept`: for a
+        launch kept to be called again (warmup), a grid callable stays one, so a call with
+        other arguments sizes the grid for them."""
         options = {**kwargs, **config.meta}
         if config.num_simdgroups is not None:
             options["num_simdgroups"] = config.num_simdgroups
@@ -196,7 +205,12 @@ class _TunedLauncher:
         if complete is not None:   # metile.heuristics below: computed from this candidate
             options, kernel = complete(args, options), kernel.base
         grid = self.grid
-        if callable(grid):
+        if callable(grid) and kept:
+            # (the launch gives it the arguments by name; the candidate's launch options,
+            # num_warps say, which are no arguments, are added as a tuned launch adds them)
+            grid = functools.partial(_grid_with, grid, {k: v for k, v in options.items()
+                                                        if k not in kernel.param_names})
+        elif callable(grid):
             # with the kernel's defaults, as a plain launch's grid callable sees them
             bound = {**kernel.defaults, **dict(zip(kernel.param_names, args)), **options}
             grid = resolve_grid(grid, bound)
@@ -233,7 +247,7 @@ class _TunedLauncher:
         prepared, refused = [], []
         for config in self._candidates(args, kwargs)[1]:
             try:
-                launcher, options = self._resolved(config, args, kwargs)
+                launcher, options = self._resolved(config, args, kwargs, kept=True)
                 prepared.append(launcher.prepare(*args, **options))
             except ArgumentError as e:
                 raise ArgumentError(f"{e} (from autotune {config})") from None
