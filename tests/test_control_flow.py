@@ -1120,3 +1120,22 @@ def test_a_tuple_or_block_pointer_first_bound_in_a_constant_loop_keeps_its_last_
     x = _rows(rng, (24,))
     y = np.array(first_bound_composites[(1,)](mx.array(x), mx.zeros((16,)), BLOCK=8))
     np.testing.assert_allclose(y, np.concatenate([x[16:] * 2, x[16:]]), rtol=RTOL, atol=ATOL)
+
+
+@metile.kernel
+def float_bounded_range(Y, N: metile.constexpr):
+    for i in range(0, N):
+        t = i
+    metile.store(Y + 0, t)
+
+
+@pytest.mark.parametrize("bound,message", [
+    (4.0, "float constant 4.0 combined with an int32 value"),
+    (True, "bool constant True combined with int32"),
+])
+def test_a_constant_range_bound_that_is_not_an_int_is_refused_at_the_loop(bound, message):
+    # (a float bound raised Python's bare TypeError "'float' object cannot be interpreted as
+    # an integer", without the line, once the first iteration was peeled; a bool bound of a
+    # loop that runs once compiled, one that runs more was refused)
+    with pytest.raises(metile.CompilationError, match=message + r".*constexpr N="):
+        float_bounded_range[(1,)](mx.zeros((1,), dtype=mx.int32), N=bound)

@@ -329,7 +329,9 @@ class ControlFlow:
             raise CompilationError(f"{kind}() step must not be zero")
         if kind == "static_range":
             return self._unrolled(node, start, end, step)
-        runs = all(is_const(v) for v in (start, end, step)) and len(range(start, end, step)) > 0
+        # (a float or bool bound is refused below, where it meets the int32 counter)
+        runs = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)) \
+            and len(range(start, end, step)) > 0
         unbound = _FIRST_MAY_SKIP if runs else _MAY_NOT_RUN
         if runs and self._peel_first(node, start):
             rest = range(start, end, step)[1:]
