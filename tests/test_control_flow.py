@@ -1139,3 +1139,33 @@ def test_a_constant_range_bound_that_is_not_an_int_is_refused_at_the_loop(bound,
     # loop that runs once compiled, one that runs more was refused)
     with pytest.raises(metile.CompilationError, match=message + r".*constexpr N="):
         float_bounded_range[(1,)](mx.zeros((1,), dtype=mx.int32), N=bound)
+
+
+# -- nests of loops each peeled: copies of the innermost body linear in the depth ----------------
+
+@metile.kernel
+def peeled_nest(X, Y, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    for a in range(0, 2):
+        for b in range(0, 3):
+            for c in range(0, 2):
+                for d in range(0, 3):
+                    x4 = metile.load(X + d * BLOCK + offs) * (c + 1)
+                x3 = x4 + b
+            x2 = x3 * 2.0
+        x1 = x2 + a
+    metile.store(Y + offs, x1)
+
+
+def test_a_nest_of_peeled_loops_compiles_its_innermost_body_once_a_level(rng):
+    # Each loop here binds a name read after it, so its first iteration is compiled ahead of
+    # it.  The rest of an enclosing loop compiled each inner loop's first iteration again
+    # (the names it peeled for were dropped there, and an inner loop's own variable, read in
+    # its body, counted as read after the loop it is in): the innermost body 2**(depth-1)+1
+    # times, 9 here, 2 s of compile time at depth 10.  Now once per level, plus the loop.
+    x = _rows(rng, (3 * 8,))
+    y = peeled_nest[(1,)](mx.array(x), mx.zeros((8,)), BLOCK=8)
+    np.testing.assert_allclose(np.array(y), (x[16:] * 2 + 2) * 2.0 + 1, rtol=RTOL, atol=ATOL)
+    ir = peeled_nest.warmup(mx.array(x), mx.zeros((8,)), BLOCK=8, grid=(1,)).asm["tile_ir"]
+    assert ir.count("load(") == 4 + 1
+

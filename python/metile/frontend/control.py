@@ -123,7 +123,9 @@ def _first_use(stmts, name: str):
                 return False
         elif isinstance(s, (ast.For, ast.While)):
             heads = [s.iter] if isinstance(s, ast.For) else [s.test]
-            if any(_reads(h, name) for h in heads) or _first_use(s.body, name):
+            # (a for binds its variable ahead of each run of its body)
+            bound = isinstance(s, ast.For) and _binds(s.target, name)
+            if any(_reads(h, name) for h in heads) or not bound and _first_use(s.body, name):
                 return True
         elif _reads(s, name):
             return True
@@ -410,12 +412,26 @@ class ControlFlow:
         if not live:
             return False
         self.env[target] = self.sem.to_value(start, dt.int32)
-        self.visit_body(node.body)
+        enclosing, self._peeled_names = getattr(self, "_peeled_names", None), set()
+        try:
+            self.visit_body(node.body)
+            inner = self._peeled_names
+        finally:
+            self._peeled_names = enclosing
         if self._read_after(node, target):   # (as the loop variable of a loop that runs)
             live.add(target)
+        if enclosing is not None:
+            enclosing |= live | inner
         # the rest of the loop carries what had a value before it and what is read after
-        # it, not the body's temporaries
+        # it, not the body's temporaries - except the names the loops inside it peeled
+        # for: kept, the rest's copy of those loops carries them (the value left by the
+        # iteration before, as in Python) instead of peeling again, so a nest of such
+        # loops compiles its innermost body a number of times linear in the depth, not
+        # 2**depth
         for n in unset - live:
+            v = self.env.get(n)
+            if n in inner and (isinstance(v, Value) or is_const(v) or _is_composite(v)):
+                continue
             self.env[n] = Undefined(n, _FIRST_MAY_SKIP)
         return True
 
