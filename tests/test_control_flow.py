@@ -1169,3 +1169,20 @@ def test_a_nest_of_peeled_loops_compiles_its_innermost_body_once_a_level(rng):
     ir = peeled_nest.warmup(mx.array(x), mx.zeros((8,)), BLOCK=8, grid=(1,)).asm["tile_ir"]
     assert ir.count("load(") == 4 + 1
 
+
+
+@metile.kernel
+def augmented_after_the_loop(Y, T, n, B: metile.constexpr):
+    for i in range(0, 4):
+        t = i * 3
+        u = i
+    u += n   # (read by the augmented assignment alone)
+    t += n
+    metile.store(Y + 0, t)
+
+
+def test_an_augmented_assignment_after_a_constant_loop_reads_the_name_the_loop_bound():
+    # (`u += n`, u read nowhere else, was taken for no read of u: u was left undefined after
+    # the loop and refused as "its first iteration may not assign it", which it does)
+    assert augmented_after_the_loop[(1,)](mx.zeros((1,), dtype=mx.int32),
+                                          mx.zeros((1,), dtype=mx.int32), 5, B=1).tolist() == [14]

@@ -98,8 +98,10 @@ def _path_to(stmts, node, owner=None):
 
 
 def _reads(node, name: str) -> bool:
+    """Whether `node` reads `name` (an augmented assignment `name += v` reads it too)."""
     return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-               for n in ast.walk(node))
+               or isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)
+               and n.target.id == name for n in ast.walk(node))
 
 
 def _binds(target, name: str) -> bool:
@@ -459,8 +461,8 @@ class ControlFlow:
                     for n in ast.walk(node)), default=0)
         if not last:
             return False
-        return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                   and n.lineno > last for n in ast.walk(self.src.tree))
+        return any(_reads(n, name) and n.lineno > last for n in ast.walk(self.src.tree)
+                   if isinstance(n, (ast.Name, ast.AugAssign)))
 
     def _trips(self, lo: Value, hi: Value, step: Value) -> Value:
         """len(range(lo, hi, step)) for a step of either sign, 0 for a zero step, counted in
