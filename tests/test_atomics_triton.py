@@ -2,6 +2,7 @@
 runtime against NumPy.  A buffer updated with anything but unused-result atomic_add starts
 from the passed contents, so results are Triton's in-place updates."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -429,3 +430,38 @@ def test_the_race_check_takes_what_an_atomic_buffers_load_reads_as_order_depende
     mx.eval(count, seen)   # (the check's error raised here: np.array() would not show it)
     assert np.array(count).tolist() == [37]
     assert set(np.array(seen).tolist()) <= set(range(6, 38))
+
+
+TICKET = textwrap.dedent("""
+    import mlx.core as mx, numpy as np, metile
+
+    @metile.kernel
+    def in_turn(Turn, Order, n):
+        # program p waits for its turn (a plain read of the atomic buffer), records the
+        # order it ran in, then hands the turn on: earlier programs' atomics move the value
+        # past each waiting program's own
+        pid = metile.program_id(0)
+        while metile.load(Turn) != pid:
+            pass
+        at = metile.atomic_add(Turn + 1, 1)
+        metile.store(Order + pid, at)
+        metile.atomic_add(Turn, 1)
+
+    n = 24
+    turn, order = in_turn[(n,)](mx.zeros((2,), mx.int32), mx.zeros((n,), mx.int32), n)
+    mx.eval(turn, order)
+    assert np.array(turn).tolist() == [n, n], np.array(turn)
+    assert np.array(order).tolist() == list(range(n)), np.array(order)
+    print("ok")
+""")
+
+
+def test_a_ticket_spin_finishes_under_the_bounds_check(tmp_path):
+    # METILE_MSL_BOUNDS_CHECK runs a launch twice; both runs start from the outputs' initial
+    # contents (the second started from the first's, where every turn had passed, and spun)
+    script = tmp_path / "ticket.py"   # a file: the kernel's source must be readable
+    script.write_text(TICKET)
+    env = dict(os.environ, METILE_MSL_BOUNDS_CHECK="1", METILE_MSL_TIMEOUT_S="30")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -301,6 +301,13 @@ std::string buffer_name(const LaunchSpec& spec, std::size_t i, std::size_t n_inp
 
 void run_bounds_checked(const KernelLibrary& lib, const LaunchSpec& spec,
                         const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  // Both runs start from the outputs' initial contents: the second must not start from the
+  // first's results (a program waiting on a counter earlier programs' atomics moved would
+  // wait past the value it waits for, forever).
+  std::vector<std::vector<char>> initial;
+  for (const auto& out : outputs) {
+    initial.emplace_back(out.data<char>(), out.data<char>() + out.nbytes());
+  }
   for (bool at_end : {true, false}) {
     GuardedBuffers guarded(at_end);
     std::vector<void*> in_data, out_data;
@@ -310,7 +317,7 @@ void run_bounds_checked(const KernelLibrary& lib, const LaunchSpec& spec,
     }
     for (std::size_t o = 0; o < outputs.size(); ++o) {
       Extent whole{0, static_cast<std::int64_t>(outputs[o].nbytes())};
-      out_data.push_back(guarded.add(outputs[o].data<char>(), whole, 0,
+      out_data.push_back(guarded.add(initial[o].data(), whole, 0,
                                      buffer_name(spec, inputs.size() + o, inputs.size())));
     }
     Bindings b = bind_arguments(spec, inputs, in_data, out_data);
