@@ -609,6 +609,24 @@ def test_warmup_compiles_without_running_and_the_result_runs(n, monkeypatch):
         reversed_block.warmup(mx.float32, mx.zeros((n,)), n, BLOCK=64, grid=(1,))
 
 
+def test_the_warmups_result_launches_over_another_grid():
+    # Triton's softmax tutorial: compiled = kernel.warmup(..., grid=(1,)), then
+    # compiled[(programs, 1, 1)](every argument, constexprs in parameter order)
+    n = 300
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    compiled = reversed_block.warmup(mx.array(x), mx.zeros((n,)), n, BLOCK=64, num_warps=2,
+                                     grid=(1,))
+    np.testing.assert_array_equal(np.array(compiled[(5, 1, 1)](mx.array(x), mx.zeros((n,)), n,
+                                                                 64)),
+                                  _reversed_blocks(x, 64))
+    # the held constexpr when not passed, another block size when passed by keyword
+    np.testing.assert_array_equal(np.array(compiled[(5,)](mx.array(x), mx.zeros((n,)), n)),
+                                  _reversed_blocks(x, 64))
+    np.testing.assert_array_equal(np.array(compiled[(10,)](mx.array(x), mx.zeros((n,)), n,
+                                                           BLOCK=32)),
+                                  _reversed_blocks(x, 32))
+
+
 @pytest.mark.parametrize("backend", ["msl", "cuda"])
 def test_warmup_answers_tritons_compiled_kernel(backend):
     compiled = reversed_block.warmup(mx.zeros((100,)), mx.zeros((100,)), 100, BLOCK=64,

@@ -55,6 +55,20 @@ class CompiledKernelView:
             num_stages=report.num_stages or 1,
             shared=launch.get("shared_memory") or report.threadgroup_bytes)
 
+    def __getitem__(self, grid):
+        """Triton's `compiled[grid](*args)` (its softmax tutorial launches the warmup's
+        result so): this launch's kernel over `grid` with the call's keyword constexprs and
+        launch options held; a call may pass its own, by keyword or in parameter order, as
+        Triton's compiled kernel takes every argument."""
+        self._refuse_unlowered()
+        kernel, held = self.kernel, self._held
+
+        def launch(*args, **kwargs):
+            positional = set(kernel.param_names[:len(args)])
+            return kernel[grid](*args, **{**{k: v for k, v in held.items()
+                                             if k not in positional}, **kwargs})
+        return launch
+
     def _unknown(self, what: str):
         self._refuse_unlowered()
         language = self.variant.backend
