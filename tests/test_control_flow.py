@@ -1084,11 +1084,22 @@ def bound_in_a_runtime_if(Y, n, B: metile.constexpr):
     metile.store(Y + 0, t)
 
 
+@metile.kernel
+def bound_after_a_return(Y, n, B: metile.constexpr):
+    for i in range(0, 4):
+        if i > n:
+            return
+        t = i
+    metile.store(Y + 0, t)
+
+
 @pytest.mark.parametrize("kernel,why", [
     (runtime_range, "a loop that may run no iteration"),
     (constexpr_range, "a loop that may run no iteration"),
     (bound_after_a_break, "its first iteration may not assign it"),
     (bound_in_a_runtime_if, "its first iteration may not assign it"),
+    # (a return before the assignment: the message named only break, continue and if)
+    (bound_after_a_return, r"may not assign it \(a return, break"),
 ])
 def test_a_name_a_loop_may_leave_unbound_is_refused_after_it(kernel, why):
     # (range(0, B) with B = 0 runs no iteration; a break or a runtime if before the

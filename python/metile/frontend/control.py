@@ -80,8 +80,8 @@ class Undefined:
 _MAY_NOT_RUN = ("it is first assigned inside a loop body, and a loop that may run no "
                 "iteration leaves it unset; give it a value before the loop")
 _FIRST_MAY_SKIP = ("it is first assigned inside a loop body, and its first iteration may not "
-                   "assign it (a break, continue or runtime if before the assignment); give it "
-                   "a value before the loop")
+                   "assign it (a return, break, continue or runtime if before the "
+                   "assignment); give it a value before the loop")
 
 
 def _path_to(stmts, node, owner=None):
