@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s134   -- decode attention's combine on 1/2/4 warps against the plan's 32
+#   OUT=$OUT bash tools/device_next.sh s134   -- decode attention's combine on 1/2/4 warps against the plan's 32, then GPU tests of the session's last fixes
 #   OUT=$OUT bash tools/device_next.sh s133   -- run-constant values once a run: decode attention and row ops A/B (METILE_RUN_CONSTANTS), GPU tests
 #   OUT=$OUT bash tools/device_next.sh s132   -- attention_decode with per-row statistics (tools/probes/decode_variant_kernels.py) against the library kernel
 #   OUT=$OUT bash tools/device_next.sh s131   -- L2 bulk prefetch ahead of decode attention's and the int4 GEMV's loads (tools/probes/decode_prefetch.py)
@@ -125,6 +125,8 @@ if [ "$mode" = s134 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   CONFIGS="w2 w2_c1 w2_c2 w2_c4" CHAIN=8 KEYS="1024 4096 16384" timeout 170 python3 \
     tools/probes/decode_chain_configs.py "$logs/h200-decode-combine-warps.json" 2>&1 | tail -6 | tee -a "$log"
+  # the hostile trial's fixes after s133 (peeled loops, warmup grids, atomic reads)
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_control_flow test_triton_launch_and_calls test_atomics_triton
 elif [ "$mode" = s133 ]; then
   # s39: values equal along runs computed once a run (vectorize_rows.run_constant) - decode
   # attention's per-slot statistics - A/B against the old lowering (METILE_RUN_CONSTANTS=0)
