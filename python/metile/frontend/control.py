@@ -152,6 +152,10 @@ def assigned_names(stmts) -> set[str]:
 class ControlFlow:
     """Mixin of `Generator`: the statements that open regions."""
 
+    # inside a first-iteration-peeled loop: the names the loops in its body peeled for
+    # (`_peel_first`); None outside one
+    _peeled_names: set | None = None
+
     def visit_If(self, node):
         cond = self.visit(node.test)
         if not isinstance(cond, Value):
@@ -410,11 +414,13 @@ class ControlFlow:
         target = node.target.id
         names = assigned_names(node.body) | {target}
         unset = {n for n in names if isinstance(self.env.get(n, Undefined(n, "")), Undefined)}
-        live = {n for n in unset - {target} if self._live_after(node, n)}
+        candidates = unset - {target}
+        path = _path_to(desugar(self.src, self.is_helper), node) if candidates else None
+        live = {n for n in candidates if self._live_after(node, n, path)}
         if not live:
             return False
         self.env[target] = self.sem.to_value(start, dt.int32)
-        enclosing, self._peeled_names = getattr(self, "_peeled_names", None), set()
+        enclosing, self._peeled_names = self._peeled_names, set()
         try:
             self.visit_body(node.body)
             inner = self._peeled_names
@@ -437,12 +443,12 @@ class ControlFlow:
             self.env[n] = Undefined(n, _FIRST_MAY_SKIP)
         return True
 
-    def _live_after(self, node, name: str) -> bool:
+    def _live_after(self, node, name: str, path) -> bool:
         """Whether the code after loop `node` may read `name` before binding it again (on
         the statements this generator compiles: the desugared body, where a break is a
-        flag).  Conservative: a read on any path counts, and a binding counts only when it
-        is certain (a plain assignment, or one in both branches of an if)."""
-        path = _path_to(desugar(self.src, self.is_helper), node)
+        flag; `path` is `_path_to` that body's `node`).  Conservative: a read on any path
+        counts, and a binding counts only when it is certain (a plain assignment, or one in
+        both branches of an if)."""
         if path is None:
             return self._read_after(node, name)
         for owner, stmts, i in reversed(path):
