@@ -23,6 +23,8 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s136   -- gated_mlp from the dual-GEMM kernel up to the op (tools/probes/gated_forms.py), decode at COMBINE_WARPS, attention GPU tests
+#   OUT=$OUT bash tools/device_next.sh s135   -- decode attention's split kernel alone (no combine) against it with its combine and MLX's op: the bound of one kernel fewer
 #   OUT=$OUT bash tools/device_next.sh s134   -- decode attention's combine on 1/2/4 warps against the plan's 32, then GPU tests of the session's last fixes
 #   OUT=$OUT bash tools/device_next.sh s133   -- run-constant values once a run: decode attention and row ops A/B (METILE_RUN_CONSTANTS), GPU tests
 #   OUT=$OUT bash tools/device_next.sh s132   -- attention_decode with per-row statistics (tools/probes/decode_variant_kernels.py) against the library kernel
@@ -119,7 +121,22 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s134 ]; then
+if [ "$mode" = s136 ]; then
+  # s40: why ops.gated_mlp(backend="metile") measured slower than its kernel launched
+  # directly (float16 only), each form in one process; then decode at the new default
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 300 python3 tools/probes/gated_forms.py "$logs/h200-gated-forms.json" --tokens 512 2048 \
+    2>&1 | tail -6 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.attention --dtype float16 --heads 32 --head-dim 128 \
+    --prefill-lengths --decode-lengths 1024 4096 16384 --chain 8 --launches 20 --rounds 5 \
+    --output "$logs/h200-attention-decode-chain8.json" 2>&1 | tail -4 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_attention_op
+elif [ "$mode" = s135 ]; then
+  # s40: the split kernel alone, the most one kernel fewer (the last split merging) can give
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  CHAIN=8 KEYS="1024 4096 16384" timeout 200 python3 tools/probes/decode_split_only.py \
+    "$logs/h200-decode-split-only.json" 2>&1 | tail -6 | tee -a "$log"
+elif [ "$mode" = s134 ]; then
   # s39: the combine on 1, 2, 4 warps against the plan's 32 (one thread an element of its
   # (32, 32) block, six barriers), 8 attentions a call, no cache read twice
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"

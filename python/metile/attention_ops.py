@@ -259,6 +259,11 @@ def rows_tiles(d: int, itemsize: int) -> list[dict]:
 ROWS_QUERIES = 4
 # splits attention_combine_splits reads at once; more go through attention_combine's loop
 COMBINE_SPLITS = 64
+# warps of attention_combine_splits' programs: the plan's own count is a thread an element
+# of its (splits, 32) block, 1024 threads and six barriers for 32 splits.  Four warps (H100,
+# 8 attentions a compiled call, s134/s135): 1024 keys 18.4 -> 16.9 and 17.3 -> 16.0 us,
+# 4096 keys 33.6 -> 33.1 and 33.4 -> 32.9 us (1/2 warps between).
+COMBINE_WARPS = 4
 # warps attention_decode's splits aim for: 32 splits of 32 heads on 2 warps.  H200 (s121,
 # 1x32xLx128 float16, compiled chained calls): 4096 keys 35.0 us at 32 splits against 55.3
 # at 8 and 36.8 at 64.  (H100 runs that read one cache again and again ranked 8 splits
@@ -424,9 +429,9 @@ def _combine(kernels, partial, stats, rows, splits, d, dtype, config, shape):
     if how == "splits" and splits > COMBINE_SPLITS:
         raise _fail(ValueError, f"combine='splits' merges at most {COMBINE_SPLITS} splits, "
                                 f"got {splits}; use combine='loop'")
-    # (a configuration may name the combine's warps: the plan's own count is one thread an
-    # element of the (splits, 32) block, 1024 for 32 splits)
-    warps = config.get("combine_warps")
+    # (a configuration may name the combine's warps; COMBINE_WARPS for the splits' form, the
+    # plan's own count for the loop's)
+    warps = config.get("combine_warps", COMBINE_WARPS if how == "splits" else None)
     if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool) or
                               warps < 1 or warps > 32 or warps & (warps - 1)):
         raise _fail(ValueError, f"combine_warps must be a power of two from 1 to 32, got "
@@ -546,7 +551,8 @@ def _fingerprints() -> dict:
                 kernels.attention_combine, kernels.attention_combine_splits)),
             # how the decode launches split the keys: a decision measured under another
             # rule (s33's 8 splits ran 1.5x slower on the H200) is not this one's
-            "splits": [ROWS_TARGET_WARPS, ROWS_SPLIT_KEYS, COMBINE_SPLITS, ROWS_QUERIES]}
+            "splits": [ROWS_TARGET_WARPS, ROWS_SPLIT_KEYS, COMBINE_SPLITS, ROWS_QUERIES,
+                       COMBINE_WARPS]}
 
 
 def _signature(q, k, kind, cfgs) -> tuple[str, dict]:
