@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s137   -- gated_mlp through benchmarks.model_layers (0.71x on the H100 in s128) against gated_forms.py with NumPy and mx.random weights
 #   OUT=$OUT bash tools/device_next.sh s136   -- gated_mlp from the dual-GEMM kernel up to the op (tools/probes/gated_forms.py), decode at COMBINE_WARPS, attention GPU tests
 #   OUT=$OUT bash tools/device_next.sh s135   -- decode attention's split kernel alone (no combine) against it with its combine and MLX's op: the bound of one kernel fewer
 #   OUT=$OUT bash tools/device_next.sh s134   -- decode attention's combine on 1/2/4 warps against the plan's 32, then GPU tests of the session's last fixes
@@ -121,7 +122,17 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s136 ]; then
+if [ "$mode" = s137 ]; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  for i in 1 2; do
+    timeout 100 python3 -m benchmarks.model_layers --dtypes float16 --tokens 512 --layers gated_mlp \
+      --rounds 5 --output "$logs/h200-model-layers-gated-$i.json" 2>&1 | grep -E "T=" | tail -3 | tee -a "$log"
+    for w in numpy mlx; do
+      timeout 100 python3 tools/probes/gated_forms.py "$logs/h200-gated-forms-$w-$i.json" --tokens 512 \
+        --dtypes float16 --weights $w 2>&1 | tail -2 | tee -a "$log"
+    done
+  done
+elif [ "$mode" = s136 ]; then
   # s40: why ops.gated_mlp(backend="metile") measured slower than its kernel launched
   # directly (float16 only), each form in one process; then decode at the new default
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
