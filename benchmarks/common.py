@@ -105,15 +105,23 @@ def rotate_sized(fns: dict, x, rounds: int, sample_s: float = 0.03) -> dict:
     return rotate(fns, x, launches, rounds)
 
 
+def rotation(names: list, r: int) -> list:
+    """The order of round `r`: the names rotated by r // 2, reversed in odd rounds - with two
+    names every other round starts with each (a rotation by r reversed every other round
+    gave two names the same order in every round)."""
+    shift = (r // 2) % len(names)
+    order = names[shift:] + names[:shift]
+    return order if r % 2 == 0 else order[::-1]
+
+
 def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
-    """Median latency per name; the order rotates every round and reverses every other."""
+    """Median latency per name over `rounds` rounds in rotation()'s orders."""
     names, times = list(fns), {n: [] for n in fns}
     # one untimed sample each: the first to hold `launches` outputs at once allocates
     # them (a compiled graph's first calls ran 3-5x slower on the H200 until then)
     for n in names:
         sample(fns[n], x, launches)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order if r % 2 == 0 else order[::-1]:
+        for n in rotation(names, r):
             times[n].append(sample(fns[n], x, launches))
     return {n: float(np.median(t)) for n, t in times.items()}

@@ -107,3 +107,18 @@ def test_attention_benchmark_chains_ops_over_their_own_caches(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "benchmarks.attention", "--quick",
                           "--cache-pad", "-1"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "--cache-pad must be >= 0, got -1" in bad.stderr
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_rotation_puts_every_name_in_every_place(count):
+    # (two names once kept one order in every round: rotated by the round, reversed every
+    # other, the second always ran second - model_layers' metile variant measured 0.6x)
+    from benchmarks.common import rotation
+    names = [f"n{i}" for i in range(count)]
+    rounds = [rotation(names, r) for r in range(2 * count)]
+    for order in rounds:
+        assert sorted(order) == names
+    for place in range(count):
+        assert {order[place] for order in rounds} == set(names)
+    firsts = [order[0] for order in rounds]
+    assert all(firsts.count(n) == 2 for n in names)

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s138   -- model layers with benchmarks.common.rotate alternating two variants (it had kept one order), then gated_forms again
 #   OUT=$OUT bash tools/device_next.sh s137   -- gated_mlp through benchmarks.model_layers (0.71x on the H100 in s128) against gated_forms.py with NumPy and mx.random weights
 #   OUT=$OUT bash tools/device_next.sh s136   -- gated_mlp from the dual-GEMM kernel up to the op (tools/probes/gated_forms.py), decode at COMBINE_WARPS, attention GPU tests
 #   OUT=$OUT bash tools/device_next.sh s135   -- decode attention's split kernel alone (no combine) against it with its combine and MLX's op: the bound of one kernel fewer
@@ -122,7 +123,15 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s137 ]; then
+if [ "$mode" = s138 ]; then
+  # s40: rotate() had run two variants in one order every round (metile's always second)
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 330 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 \
+    --layers gated_mlp mlp linear_gelu --rounds 6 --output "$logs/h200-model-layers.json" 2>&1 \
+    | grep -E "T=" | tail -12 | tee -a "$log"
+  timeout 100 python3 tools/probes/gated_forms.py "$logs/h200-gated-forms-mlx.json" --tokens 512 \
+    --dtypes float16 --weights mlx 2>&1 | tail -2 | tee -a "$log"
+elif [ "$mode" = s137 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   for i in 1 2; do
     timeout 100 python3 -m benchmarks.model_layers --dtypes float16 --tokens 512 --layers gated_mlp \
