@@ -701,11 +701,12 @@ def gated_configs(dtype) -> list[dict]:
     gated_mlp to it at T=2048 and the block's forward+backward took 5747 us against the
     unconverted 4745 (0.83x; forward 0.99x) - its vjp recomputes both products, which
     MLX's composite keeps from the forward, and the forward cannot tell whether a
-    gradient follows (mx.compile and mx.grad both trace).  Its compiled float16 time in
-    `benchmarks.model_layers` is also bimodal (s78: 245/826 us at T 512/2048 where
-    mlp_parts' compiled launches take 151/594; bfloat16 144.7/561.3: not found why;
-    earlier, benchmarks/results/h200-gated-in-graph-2026-12-01.txt).  Auto, which must
-    never be slower, does not offer it."""
+    gradient follows (mx.compile and mx.grad both trace).  Auto, which must never be
+    slower, does not offer it.  (Its slower float16 times in `benchmarks.model_layers`,
+    245/826 us in s78 and 0.59-0.71x on the H100, were the benchmark's: two variants ran
+    in one order every round.  Alternated (s138, H100): 0.99x / 1.14x at T 512 / 2048.
+    Offering it needs a forward that also writes both products for the vjp to reuse: a
+    fused GEMM with three stores, which passes/gemm.py does not recognise.)"""
     # (no shape: metile_configs adds no SPLIT_K variants)
     return [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
 
