@@ -11,13 +11,17 @@
 Numbers on the MSL CPU runtime against NumPy; errors by their message.
 """
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
 import metile
 from metile import CompilationError, LaunchError, Schedule
+from metile.runtime.nvrtc import run_nvrtc
 from metile_kernels.gemm import grid as gemm_grid, matmul
+from nvrtc import TOOLKIT, translation_unit
 from test_gemm import check, operands
 
 RAGGED = (1, 7, 63, 65, 1000)
@@ -639,6 +643,8 @@ def test_warmup_answers_tritons_compiled_kernel(backend):
     assert "shared_alloc" in compiled.asm["tile_ir"]
     meta = compiled.metadata
     assert (meta.num_warps, meta.num_stages, meta.shared) == (2, 1, 64 * 4)
+    if backend == "cuda":
+        return     # n_regs / n_spills: test_warmup_reads_registers_from_ptxas
     # not known to metile: an AttributeError that says why (hasattr is False)
     for name in ("n_regs", "n_spills"):
         with pytest.raises(AttributeError, match=f"metile does not know {name} .*generates "
@@ -646,6 +652,22 @@ def test_warmup_answers_tritons_compiled_kernel(backend):
                                                  f"register use"):
             getattr(compiled, name)
         assert not hasattr(compiled, name)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+def test_warmup_reads_registers_from_ptxas():
+    # Triton's softmax tutorial sizes its grid from n_regs: on CUDA they are ptxas's, for
+    # the launch's own translation unit and arch (NVRTC, no GPU); checked against a
+    # separate -v compile of the source the NVRTC tests build
+    compiled = reversed_block.warmup(mx.zeros((100,)), mx.zeros((100,)), 100, BLOCK=64,
+                                     num_warps=2, grid=(2,), backend="cuda")
+    ok, log, _ = run_nvrtc(translation_unit(compiled), "sm_90",
+                           extra=("--ptxas-options=-v",))
+    assert ok, log
+    used = int(re.search(r"Used (\d+) registers", log).group(1))
+    spilled = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    assert isinstance(compiled.n_regs, int) and compiled.n_regs == used > 0
+    assert compiled.n_spills == spilled // 4 == 0
 
 
 def test_warmup_of_heuristics_and_autotuned_kernels(tmp_path, monkeypatch):

@@ -1,12 +1,11 @@
 """What Triton's `CompiledKernel` (the result of `kernel.warmup(...)`) exposes, read from
-a prepared launch (`Dispatch`): `asm`, `metadata`, and `n_regs` / `n_spills`, which
-metile does not know and says why.
+a prepared launch (`Dispatch`): `asm`, `metadata`, and `n_regs` / `n_spills`.
 
-metile compiles a kernel to source (MSL or CUDA); the backend's own compiler (Metal's,
-NVRTC, the CPU runtime's clang) makes the machine code at the first launch and reports
-no register counts to metile, so there is no `ptx`/`cubin` here and no register or spill
-count on any backend.  (For CUDA they could be had from NVRTC's ptxas report without a
-GPU; not built.)"""
+metile compiles a kernel to source (MSL or CUDA); the backend's own compiler makes the
+machine code.  For CUDA that is NVRTC, which needs no GPU: `n_regs` / `n_spills` come
+from ptxas's report of the launch's own translation unit for its architecture (compiled
+once more with --ptxas-options=-v).  Metal's compiler and the CPU runtime's clang report
+no register use, so on those backends reading them raises AttributeError saying why."""
 
 from __future__ import annotations
 
@@ -16,15 +15,17 @@ import mlx.core as mx
 
 from ..errors import LaunchError
 from ..ir.printer import format_function
+from .nvrtc import NvrtcUnavailable
+from .source_kernel import as_array
 
 _WARP = 32   # lanes of a CUDA warp and of a Metal SIMD-group alike
 
 _UNKNOWN = ("metile does not know {what}: it generates {language} source, and the "
             "compiler that turns it into machine code at the first launch ({compiler}) "
             "reports no register use to metile; read the generated code in .asm[{key!r}] "
-            "(README, Coming from Triton)")
+            "(README, Coming from Triton; a launch prepared with backend='cuda' has them)")
 _COMPILER = {"msl": "Metal's, or the CPU runtime's clang",
-             "cuda": "NVRTC, in MLX's cuda_kernel or metile's cubin launch"}
+             "cuda": "MLX's cuda_kernel, which builds this kernel from its source"}
 
 
 class CompiledKernelView:
@@ -76,15 +77,33 @@ class CompiledKernelView:
                                              compiler=_COMPILER.get(language, language),
                                              key=language))
 
-    @property
-    def n_regs(self):
-        """Not known (AttributeError, saying why): see the module docstring."""
-        self._unknown("n_regs (registers a thread uses)")
+    def _resources(self, what: str) -> dict:
+        """ptxas's report of a CUDA launch (CudaKernel.resources): registers a thread, bytes
+        of spill stores and loads, the arch; on other backends AttributeError naming `what`."""
+        self._refuse_unlowered()
+        kernel = self.variant.callable() if self.variant.backend == "cuda" else None
+        if kernel is None or kernel.arch is None:
+            self._unknown(what)
+        call = self.call_kwargs
+        inputs = [as_array(a, n, "n_regs").dtype for n, a in zip(kernel.input_names,
+                                                                  call["inputs"])]
+        try:
+            return kernel.resources(inputs, call["output_dtypes"], call["threadgroup"])
+        except NvrtcUnavailable as e:
+            raise AttributeError(f"metile reads {what} from NVRTC's ptxas report, and NVRTC "
+                                 f"is not available here: {e}") from None
 
     @property
-    def n_spills(self):
-        """Not known (AttributeError, saying why): see the module docstring."""
-        self._unknown("n_spills (registers spilled to memory)")
+    def n_regs(self) -> int:
+        """Registers a thread uses (CUDA: ptxas's report for the launch's arch); see the
+        module docstring."""
+        return self._resources("n_regs (registers a thread uses)")["registers"]
+
+    @property
+    def n_spills(self) -> int:
+        """Registers spilled to memory (CUDA: ptxas's bytes of spill stores / 4, as Triton
+        counts 4-byte registers); see the module docstring."""
+        return self._resources("n_spills (registers spilled to memory)")["spill_stores"] // 4
 
 
 def refuse_dtype_placeholders(kernel, args, kwargs) -> None:

@@ -73,6 +73,7 @@ class CudaKernel(SourceKernel):
         self._names: dict = {}
         self._headers: dict = {}
         self._cubins: dict = {}
+        self._resources: dict = {}
         self._functions: dict = {}
 
     def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup, template=None,
@@ -218,6 +219,26 @@ class CudaKernel(SourceKernel):
                 print(f"Generated source code for `{name}`:\n```\n{source}\n```")
             found = self._cubins[signature] = (name, nvrtc.compile(source, self.arch, self.name))
         return found
+
+    def resources(self, input_dtypes, output_dtypes, threadgroup) -> dict:
+        """ptxas's report of this kernel for `arch`: registers a thread uses and bytes of
+        spill stores and loads, from a compile of the translation unit `compiled` builds
+        with --ptxas-options=-v (NVRTC: no GPU needed); remembered per signature."""
+        threads = threadgroup[0] * threadgroup[1] * threadgroup[2]
+        signature = (tuple(input_dtypes), tuple(output_dtypes), threads)
+        found = self._resources.get(signature)
+        if found is None:
+            name, source = self.translation_unit(input_dtypes, output_dtypes, threadgroup)
+            ok, log, _ = nvrtc.run_nvrtc(source, self.arch, extra=("--ptxas-options=-v",))
+            used = re.search(r"Used (\d+) registers", log)
+            spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            if not ok or used is None or spills is None:
+                raise RuntimeError(self.error(f"NVRTC gave no resource report for kernel "
+                                              f"'{self.name}' ({self.arch}):\n{log[-2000:]}"))
+            found = self._resources[signature] = {
+                "arch": self.arch, "registers": int(used.group(1)),
+                "spill_stores": int(spills.group(1)), "spill_loads": int(spills.group(2))}
+        return dict(found)
 
     def translation_unit(self, input_dtypes, output_dtypes, threadgroup) -> tuple[str, str]:
         """(kernel symbol, CUDA source) that `arch` compiles for these dtypes and
