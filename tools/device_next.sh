@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s139   -- the MLP layers at T=4096 with the order fixed, GPU tests of the session's launch/autotune messages
+#   OUT=$OUT bash tools/device_next.sh s139   -- int4 prefill with the dequantize split along K (tools/probes/int4_prefill_split.py), n_regs GPU tests
 #   OUT=$OUT bash tools/device_next.sh s138   -- model layers with benchmarks.common.rotate alternating two variants (it had kept one order), then gated_forms again
 #   OUT=$OUT bash tools/device_next.sh s137   -- gated_mlp through benchmarks.model_layers (0.71x on the H100 in s128) against gated_forms.py with NumPy and mx.random weights
 #   OUT=$OUT bash tools/device_next.sh s136   -- gated_mlp from the dual-GEMM kernel up to the op (tools/probes/gated_forms.py), decode at COMBINE_WARPS, attention GPU tests
@@ -125,11 +125,14 @@ eager_cost() {
 }
 
 if [ "$mode" = s139 ]; then
+  # s40: int4 prefill with the dequantize split along K, each part's product accumulated
+  # (addmm): can the graph run part i+1's dequantize under part i's product?
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  timeout 200 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 4096 \
-    --layers gated_mlp mlp --rounds 6 --output "$logs/h200-model-layers-4096.json" 2>&1 \
-    | grep -E "T=" | tail -6 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) test_autotune test_triton_launch_and_calls test_dsl_errors test_benchmarks
+  timeout 200 python3 tools/probes/int4_prefill_split.py "$logs/h200-int4-prefill-split-float16.json" \
+    --rows 512 2048 2>&1 | tail -3 | tee -a "$log"
+  timeout 120 python3 tools/probes/int4_prefill_split.py "$logs/h200-int4-prefill-split-bfloat16.json" \
+    --rows 512 --dtype bfloat16 2>&1 | tail -2 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_triton_launch_and_calls
 elif [ "$mode" = s138 ]; then
   # s40: rotate() had run two variants in one order every round (metile's always second)
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
