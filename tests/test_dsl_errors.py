@@ -370,3 +370,20 @@ def test_a_tile_past_tritons_element_bound_is_a_compile_error():
     x = np.arange(1024 * 1024, dtype=np.float32) % 97
     out = outer_sum[(1,)](mx.array(x), mx.zeros((1024 * 1024,)), BLOCK=1024)
     np.testing.assert_array_equal(np.array(out), x + 1)
+
+
+@metile.kernel
+def min_with_wide_other(x, out, BLOCK: metile.constexpr):
+    i = metile.arange(0, BLOCK)
+    v = metile.load(x + i, mask=i < 3, other=0xFFFFFFFF)  # MARK-other
+    metile.store(out, metile.min(v, axis=0))
+
+
+def test_a_literal_is_not_blamed_on_a_constexpr_whose_digits_begin_it():
+    # (a hostile trial: "constant 4294967295 does not fit in int32 (the constant is
+    # constexpr BLOCK=4)" - the hint matched "constant 4" inside the literal's digits)
+    xi = mx.zeros((4,), mx.int32)
+    err = compile_error(lambda: min_with_wide_other[(1,)](xi, xi, BLOCK=4))
+    assert "constant 4294967295 does not fit in int32" in str(err)
+    assert "constexpr BLOCK" not in str(err)
+    assert_points_at(err, min_with_wide_other, "MARK-other")

@@ -20,6 +20,7 @@ Both results serialize to JSON for the disk cache (`to_json` / `from_json`).
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -253,10 +254,12 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
 def _name_constexprs(error: CompilationError, constexprs: dict) -> None:
     """Say which constexpr a constant in the message came from: `BLOCK=8.0` reaches
     the compiler as the bare constant 8.0."""
+    # whole numbers only: `constant 4` is not in "constant 4294967295" (an `other=` literal
+    # was blamed on BLOCK=4), nor `constant 8.0` in "constant 8.05"
     named = [f"{k}={v!r}" for k, v in constexprs.items()
              if (isinstance(v, (int, float, str)) or v is None)
-             and (f"constant {v!r}" in error.message
-                  or f"{type(v).__name__} {v!r}" in error.message)]
+             and re.search(rf"(constant|{type(v).__name__}) {re.escape(repr(v))}(?![\w]|\.\d)",
+                           error.message)]
     if named:
         error.message += f" (the constant is constexpr {', '.join(named)})"
 
