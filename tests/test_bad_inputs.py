@@ -530,7 +530,7 @@ def k_tile_if(X):
 @metile.kernel
 def k_tile_not(X):
     x = metile.load(X + metile.arange(0, 8))
-    metile.store(X + metile.arange(0, 8), 1.0, mask=not (x > 0))
+    metile.store(X + metile.arange(0, 8), 1.0, mask=not x)  # a bool tile's `not` is elementwise
 
 
 @metile.kernel
@@ -780,7 +780,8 @@ lang = [
     ("item-assignment", lambda: k_item_assign[(1,)](zeros8()), r"item assignment is not supported"),
     ("if-on-a-tile", lambda: k_tile_if[(1,)](zeros8()), r"if condition must be a scalar"),
     ("not-on-a-tile", lambda: k_tile_not[(1,)](zeros8()),
-     r"\'not\' needs a bool scalar; use ~ for tiles"),
+     r"\'not\' needs a bool scalar or tile, got a tile<8, float32> tile; write x == 0 "
+     r"\(or ~ for the bitwise complement\)"),
     ("runtime-power", lambda: k_runtime_pow[(1,)](zeros8(), 2),
      r"\*\* is only supported on compile-time constants"),
     ("constant-division-by-zero", lambda: k_const_div_zero[(1,)](zeros8()),

@@ -627,3 +627,45 @@ def test_division_of_mixed_signedness_is_refused_as_in_triton(op):
     want = np.fmod(np.array(x), np.array(y).astype(np.int32)) if op == "mod" else \
         np.trunc(np.array(x) / np.array(y).astype(np.int32)).astype(np.int32)
     np.testing.assert_array_equal(np.array(z), want)
+
+
+# -- `not`, `and`, `or` (a hostile trial: `not n` on a runtime int was refused with a hint
+# about tiles, and `and`/`or`/`not` on bool tiles, which Triton takes elementwise, too) ------
+
+@metile.kernel
+def truthiness(X, Out, n, f, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    x = metile.load(X + offs)
+    r = 0
+    if not n:
+        r += 1
+    if not f:
+        r += 10
+    pos, small = x > 0, x < 3
+    both = (pos and small).to(metile.int32)
+    either = (pos or small).to(metile.int32) * 100
+    neither = (not pos).to(metile.int32) * 1000
+    metile.store(Out + offs, both + either + neither + r * 10000)
+
+
+@pytest.mark.parametrize("n, f", [(0, 0.0), (3, -0.0), (-2, 0.5), (0, float("nan"))])
+def test_not_and_or_follow_python_on_scalars_and_bool_tiles(n, f):
+    x = np.array([-1, 0, 1, 2, 3, 4, -5, 2], np.float32)
+    out = np.array(truthiness[(1,)](mx.array(x), mx.zeros((8,), mx.int32), n, f, BLOCK=8))
+    pos, small = x > 0, x < 3
+    r = (not n) * 1 + (not f) * 10
+    np.testing.assert_array_equal(out, (pos & small) + (pos | small) * 100 + (~pos) * 1000
+                                  + r * 10000)
+
+
+@metile.kernel
+def and_of_ints(Out, n, m):
+    v = n and m
+    metile.store(Out, v)
+
+
+def test_and_of_runtime_ints_asks_for_the_comparison():
+    # Python's `n and m` is m or n, not a bool: no conversion keeps its meaning everywhere
+    with pytest.raises(metile.CompilationError,
+                       match=r"'and' needs bool scalars, got a runtime int32 value; compare it"):
+        and_of_ints[(1,)](mx.zeros((1,), mx.int32), 1, 2)

@@ -303,8 +303,16 @@ class Generator(ControlFlow):
             return self.sem.unary("neg", x)
         if isinstance(node.op, ast.Not):
             if isinstance(x, Value):
-                if isinstance(x.type, TileType) or dtype_of(x.type) != dt.bool_:
-                    raise CompilationError("'not' needs a bool scalar; use ~ for tiles")
+                if isinstance(x.type, TileType) and dtype_of(x.type) != dt.bool_:
+                    # a bool tile negates elementwise (Triton's `not x.to(tl.int1)`); on a
+                    # number tile the meaning is unclear, and `~` is bitwise there (~1 is -2)
+                    raise CompilationError(
+                        f"'not' needs a bool scalar or tile, got {describe(x)}; write "
+                        f"x == 0 (or ~ for the bitwise complement)")
+                if dtype_of(x.type) != dt.bool_:
+                    # Python's truthiness, as `if n:` tests n != 0 (and Triton's logical_not):
+                    # `not n` on a runtime int or float was refused with a hint about tiles
+                    return self.sem.binary("eq", x, 0)
                 return self.sem.unary("not", x)
             return not x
         if isinstance(node.op, ast.Invert):
@@ -324,9 +332,13 @@ class Generator(ControlFlow):
                 continue
             other = self.visit(v_node)
             for v in (result, other):
-                if isinstance(v, Value) and (isinstance(v.type, TileType) or
-                                             dtype_of(v.type) != dt.bool_):
-                    raise CompilationError(f"'{op}' needs bool scalars; use & and | for tiles")
+                if isinstance(v, Value) and dtype_of(v.type) != dt.bool_:
+                    # Python's `n and m` is an operand, not a bool, so no conversion keeps its
+                    # meaning everywhere: ask for the comparison meant
+                    raise CompilationError(f"'{op}' needs bool scalars, got {describe(v)}; "
+                                           f"compare it, e.g. (n != 0) {op} ...")
+            # bool tiles combine elementwise (Triton's logical_and / logical_or): both sides
+            # are computed, as they are for scalars
             result = self.sem.binary(op, result, other)
         return result
 
