@@ -406,3 +406,48 @@ def test_an_autotuned_launch_explains_and_prepares_its_winner(tuned):
     d = tuned[grid].prepare(x, mx.zeros((1000,)), 1000, 2.0)
     np.testing.assert_array_equal(np.array(d()[0] if isinstance(d(), list) else d()),
                                   2.0 * np.arange(1000))
+
+
+def test_a_call_missing_an_argument_is_a_type_error_before_any_candidate(tuned):
+    # (the grid callable's KeyError for the missing n failed every candidate: "no usable
+    # candidate", where calling a Python function names the missing argument)
+    called = []
+
+    def counted(meta):
+        called.append(meta)
+        return grid(meta)
+
+    x = mx.ones((100,))
+    for launch, message in (
+            (lambda: tuned[counted](x, mx.zeros((100,)), alpha=1.0), r"missing arguments: n"),
+            (lambda: tuned[(2,)](x, mx.zeros((100,)), 100), r"missing arguments: alpha"),
+            (lambda: tuned[counted].prepare(x, mx.zeros((100,)), alpha=1.0),
+             r"missing arguments: n"),
+            (lambda: tuned.warmup(x, mx.zeros((100,)), alpha=1.0, grid=counted),
+             r"missing arguments: n"),
+            (lambda: tuned[counted](x, mx.zeros((100,)), 100, 1.0, bogus=3),
+             r"got an unexpected argument 'bogus'"),
+            (lambda: tuned[counted](x, mx.zeros((100,)), 100, 1.0, 64, 4),
+             r"takes 5 arguments, got 6")):
+        with pytest.raises(TypeError, match=rf"^scaled_copy\(\) {message}$"):
+            launch()
+    assert called == [] and tuned.last_result is None
+    # (a plain launch's is the same error)
+    with pytest.raises(TypeError, match=r"^scaled_copy\(\) missing arguments: n$"):
+        scaled_copy[(2,)](x, mx.zeros((100,)), alpha=1.0, BLOCK=64)
+
+
+def test_a_grid_callables_own_key_error_is_named_not_every_candidate_skipped(tuned):
+    # (a typo in the grid callable - meta["N"] for meta["n"] - read "no usable candidate")
+    x = mx.ones((100,))
+    typo = lambda meta: (metile.cdiv(meta["N"], meta["BLOCK"]),)  # noqa: E731
+    message = (r"^the grid callable raised KeyError: 'N'; it receives a dict of the launch's "
+               r"arguments by name: 'X', 'Y', 'n', 'alpha', 'BLOCK' \(from autotune "
+               r"Config\(BLOCK=64\)\)$")
+    with pytest.raises(metile.LaunchError, match=message):
+        tuned[typo](x, mx.zeros((100,)), 100, 1.0)
+    with pytest.raises(metile.LaunchError, match=message):
+        tuned.warmup(x, mx.zeros((100,)), 100, 1.0, grid=typo)
+    with pytest.raises(metile.LaunchError, match=r"^grid must be 1 to 3 non-negative ints "
+                                                 r"\(programs per axis\), got \[\]$"):
+        tuned[[]](x, mx.zeros((100,)), 100, 1.0)

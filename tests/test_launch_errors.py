@@ -1,6 +1,8 @@
 """Launch-time mistakes a new user makes, each answered by an error that names
 the culprit and the fix (or by the correct result, checked against NumPy)."""
 
+import re
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -257,6 +259,26 @@ def test_num_simdgroups_true_and_array_grids_are_refused_by_name():
     with pytest.raises(metile.LaunchError, match=r"grid must be 1 to 3 non-negative ints .* got "
                                                  r"array\(\[1, 2\]"):
         named_like_metal_attributes[lambda m: mx.array([1, 2])](x, x, 4, BLOCK=4)
+
+
+@pytest.mark.parametrize("grid, shown", [
+    ([], "[]"), ((1, 2, 3, 4), "(1, 2, 3, 4)"), ("abc", "'abc'"), ([1.5], "[1.5]"),
+    (lambda m: [], "[] (returned by the grid callable)")])
+def test_a_refused_grid_is_named_as_the_call_gave_it(grid, shown):
+    # (the tuple made of a list was named: grid=[] read "got ()", [1.5] "got (1.5,)")
+    x = mx.zeros((8,))
+    message = (r"grid must be 1 to 3 non-negative ints \(programs per axis\), got "
+               + re.escape(shown) + "$")
+    with pytest.raises(LaunchError, match=message):
+        double[grid](x, x, 8, BLOCK=8)
+    with pytest.raises(LaunchError, match=message):
+        double.warmup(x, x, 8, BLOCK=8, grid=grid)
+
+
+def test_a_grid_of_no_programs_is_a_launch_that_runs_nothing():
+    # (not a refused grid: an axis of 0 programs is an empty launch, as in Triton)
+    out = double[[0]](mx.ones((8,)), mx.ones((8,)), 8, BLOCK=8)
+    np.testing.assert_array_equal(np.array(out), np.ones(8))
 
 
 def test_num_warps_against_the_schedule_names_both():

@@ -45,9 +45,15 @@ class LaunchError(ValueError):
     Raised before anything is compiled or enqueued."""
 
 
-class ArgumentError(LaunchError):
-    """A launch's arguments do not fit the kernel's signature (an unexpected or repeated
-    argument, too many): the caller's mistake, never a candidate autotune may skip."""
+class ArgumentError(LaunchError, TypeError):
+    """A launch's arguments do not fit the kernel's signature (an unexpected, repeated or
+    missing argument, too many): the caller's mistake, never a candidate autotune may skip.
+    A TypeError too, as Python raises for a call that does not fit a function's signature."""
+
+
+class GridError(LaunchError):
+    """A grid that cannot be resolved (not 1 to 3 non-negative ints, or its callable
+    raised): the caller's mistake, never a candidate autotune may skip."""
 
 
 class AxisError(ValueError, IndexError):

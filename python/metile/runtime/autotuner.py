@@ -35,13 +35,13 @@ import warnings
 import mlx.core as mx
 import numpy as np
 
-from ..errors import ArgumentError, CompilationError, LaunchError, ScheduleError
+from ..errors import ArgumentError, CompilationError, GridError, LaunchError, ScheduleError
 from ..schedule import Config
 from . import cache, tuning
 from .dispatch import resolve_grid
 from ..compiler.backend import resolve_backend
 from .compiled_view import refuse_dtype_placeholders
-from .kernel import Kernel
+from .kernel import LAUNCH_OPTIONS, Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
 POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE", "num_stages", "num_warps",
@@ -217,12 +217,13 @@ class _TunedLauncher:
         return kernel[grid], options
 
     def _launch(self, config: Config, args, kwargs):
-        launcher, options = self._resolved(config, args, kwargs)
         try:
+            launcher, options = self._resolved(config, args, kwargs)
             return launcher(*args, **options)
-        except ArgumentError as e:
-            # (Triton raises it too: a typo in a Config is not a candidate to skip)
-            raise ArgumentError(f"{e} (from autotune {config})") from None
+        except (ArgumentError, GridError) as e:
+            # (Triton raises them too: a typo in a Config or in the grid callable is not a
+            # candidate to skip - skipped, every candidate failed alike: "no usable candidate")
+            raise type(e)(f"{e} (from autotune {config})") from e.__cause__
 
     def prepare(self, *args, **kwargs):
         """The winner's Dispatch for this call (the candidates are measured first unless
@@ -249,8 +250,8 @@ class _TunedLauncher:
             try:
                 launcher, options = self._resolved(config, args, kwargs, kept=True)
                 prepared.append(launcher.prepare(*args, **options))
-            except ArgumentError as e:
-                raise ArgumentError(f"{e} (from autotune {config})") from None
+            except (ArgumentError, GridError) as e:
+                raise type(e)(f"{e} (from autotune {config})") from e.__cause__
             except (ScheduleError, CompilationError, LaunchError) as e:
                 refused.append(e)
         if not prepared:
@@ -263,13 +264,17 @@ class _TunedLauncher:
         result = tuning.autotune(
             candidates, lambda c: self._launch(c, args, kwargs), parts,
             warmup=self.tuned.num_warmups, reps=self.tuned.reps, validate=_outputs_close,
-            unusable=(ScheduleError, CompilationError, LaunchError), fatal=(ArgumentError,))
+            unusable=(ScheduleError, CompilationError, LaunchError),
+            fatal=(ArgumentError, GridError))
         self.tuned.last_result = result
         return result.config
 
     def _candidates(self, args, kwargs) -> tuple[dict, list]:
         """(the tuning key's parts, the candidates prune_configs_by keeps) for this call."""
         self._check_conflicts(kwargs)
+        self._check_arguments(args, kwargs)
+        if not callable(self.grid):
+            resolve_grid(self.grid, {})   # (the call's mistake, not the first candidate's)
         kernel = self.tuned.kernel
         named = dict(zip(kernel.param_names, args))   # (Triton's named_args: the positional ones)
         bound = {**named, **{k: v for k, v in kwargs.items() if k in kernel.param_names}}
@@ -289,6 +294,19 @@ class _TunedLauncher:
             by_value=self.tuned.key)
         return parts, self.tuned.pruned(parts, named, kwargs)
 
+    def _check_arguments(self, args, kwargs) -> None:
+        """The call against the kernel's signature before any candidate runs, as Python
+        checks a call: every candidate failed on a missing argument (the grid callable's
+        KeyError for it), which read as "no usable candidate".  A name some config or a
+        heuristic sets is no missing argument of the call."""
+        supplied = {k for c in self.tuned.configs for k in c.meta}
+        layer = self.tuned.kernel
+        while hasattr(layer, "complete"):    # metile.heuristics layers
+            supplied |= set(layer.values)
+            layer = layer.kernel
+        layer.check_arguments(args, [k for k in kwargs if k in layer.param_names or
+                                     k not in LAUNCH_OPTIONS], supplied)
+
     def _check_conflicts(self, kwargs) -> None:
         """A meta-parameter given at the call that the configs also set would be overridden
         by each config (the call sized its grid for its own value): an error, as in Triton."""
@@ -306,7 +324,7 @@ class _TunedLauncher:
         config = self.best(*args, **kwargs)
         try:
             return self._launch(config, args, kwargs)
-        except ArgumentError:
+        except (ArgumentError, GridError):
             raise
         except (ScheduleError, CompilationError, LaunchError) as e:
             result = self.tuned.last_result

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from ..compiler.backend import SELECTION_VARIABLES, device_type
-from ..errors import CompilationError, LaunchError
+from ..errors import CompilationError, GridError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
 from .. import _ext
 from ..settings import raw_source, raw_values
@@ -29,13 +29,15 @@ if TYPE_CHECKING:
 
 
 def resolve_grid(grid, bound: dict) -> tuple[int, int, int]:
-    if callable(grid):
+    # (an error names the grid as given: the tuple made of a list showed [] as "got ()")
+    given, returned = grid, callable(grid)
+    if returned:
         try:
-            grid = grid(bound)
+            grid = given = grid(bound)
         except Exception as e:
-            raise LaunchError(f"the grid callable raised {type(e).__name__}: {e}; it receives a "
-                              f"dict of the launch's arguments by name: "
-                              f"{', '.join(map(repr, bound))}") from e
+            raise GridError(f"the grid callable raised {type(e).__name__}: {e}; it receives a "
+                            f"dict of the launch's arguments by name: "
+                            f"{', '.join(map(repr, bound))}") from e
     try:
         if not isinstance(grid, (tuple, list, bool, float)) and hasattr(grid, "__index__"):
             grid = (operator.index(grid),)
@@ -44,12 +46,16 @@ def resolve_grid(grid, bound: dict) -> tuple[int, int, int]:
             grid = tuple(operator.index(g) if not isinstance(g, (bool, float)) and
                          hasattr(g, "__index__") else g for g in grid)
     except TypeError:   # (an array of several elements: MLX's own message named no grid)
-        raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got "
-                          f"{grid!r}") from None
+        raise _refused_grid(given, returned) from None
     if not isinstance(grid, (tuple, list)) or not 1 <= len(grid) <= 3 or \
             not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in grid):
-        raise LaunchError(f"grid must be 1 to 3 non-negative ints (programs per axis), got {grid!r}")
+        raise _refused_grid(given, returned)
     return tuple(grid) + (1,) * (3 - len(grid))
+
+
+def _refused_grid(grid, returned: bool) -> GridError:
+    return GridError(f"grid must be 1 to 3 non-negative ints (programs per axis), got "
+                     f"{grid!r}{' (returned by the grid callable)' if returned else ''}")
 
 
 # MLX's custom-kernel calls take the grid in threads as 32-bit ints; CUDA caps the

@@ -211,6 +211,13 @@ class Specialization:
         return v
 
 
+# The keywords a launch takes besides the kernel's arguments, which bind() reads (a kernel
+# with a parameter of one of these names gets it as that argument): a new one goes here too,
+# or a tuned launch refuses it as an unexpected argument (autotuner._check_arguments).
+LAUNCH_OPTIONS = frozenset({"num_simdgroups", "NUM_SG", "SCHEDULE", "backend", "target",
+                            "STRICT_MATH", "debug", "num_warps", "num_stages"})
+
+
 class Kernel:
     """A @metile.kernel function; index it with a grid to launch."""
 
@@ -352,16 +359,8 @@ class Kernel:
         strict = None if "STRICT_MATH" in self.param_names else kwargs.pop("STRICT_MATH", None)
         if strict is not None and not isinstance(strict, bool):
             raise LaunchError(f"STRICT_MATH must be True or False, got {strict!r}")
-        if len(args) > len(self.param_names):
-            raise ArgumentError(f"{self.fn.__name__}() takes {len(self.param_names)} arguments, "
-                                f"got {len(args)}")
-        bound = dict(zip(self.param_names, args))
-        for k, v in kwargs.items():
-            if k not in self.param_names:
-                raise ArgumentError(f"{self.fn.__name__}() got an unexpected argument {k!r}")
-            if k in bound:
-                raise ArgumentError(f"{self.fn.__name__}() got multiple values for {k!r}")
-            bound[k] = v
+        self.check_arguments(args, kwargs)
+        bound = {**dict(zip(self.param_names, args)), **kwargs}
         for k, v in self.defaults.items():
             bound.setdefault(k, v)
         for k, v in bound.items():
@@ -371,9 +370,6 @@ class Kernel:
                 bound[k] = v = v.value
             if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
                 bound[k] = v.item()  # NumPy scalars count as the Python numbers they hold
-        missing = [n for n in self.param_names if n not in bound]
-        if missing:
-            raise LaunchError(f"{self.fn.__name__}() missing arguments: {', '.join(missing)}")
         # A None for a runtime parameter (an optional pointer) is a constexpr None, as in
         # Triton: `if B is not None:` folds, and the launch passes nothing for it.
         runtime = {n: bound[n] for n in self.param_names
@@ -405,6 +401,26 @@ class Kernel:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
         return runtime, consts, threads, schedule, backend, debug
+
+    def check_arguments(self, args, keywords, supplied=()) -> None:
+        """The call's arguments against the kernel's signature, as Python binds a call: too
+        many, an unexpected, repeated or missing one is an ArgumentError.  `keywords`: the
+        names passed by keyword, launch options (LAUNCH_OPTIONS) left out; `supplied`: names
+        given otherwise (autotune's configs, heuristics)."""
+        name = self.fn.__name__
+        if len(args) > len(self.param_names):
+            raise ArgumentError(f"{name}() takes {len(self.param_names)} arguments, "
+                                f"got {len(args)}")
+        positional = self.param_names[:len(args)]
+        for k in keywords:
+            if k not in self.param_names:
+                raise ArgumentError(f"{name}() got an unexpected argument {k!r}")
+            if k in positional:
+                raise ArgumentError(f"{name}() got multiple values for {k!r}")
+        missing = [n for n in self.param_names[len(args):] if n not in keywords and
+                   n not in self.defaults and n not in supplied]
+        if missing:
+            raise ArgumentError(f"{name}() missing arguments: {', '.join(missing)}")
 
     def _debug(self, kwargs: dict) -> bool:
         """Debug builds check device_assert: the launch's debug= (popped from kwargs unless
