@@ -414,6 +414,21 @@ def test_heuristics_compute_meta_parameters_from_the_arguments(tmp_path, monkeyp
         metile.heuristics(values={"EVEN_K": lambda a: True})(scaled_copy)
 
 
+def test_a_heuristics_call_missing_an_argument_names_it():
+    # the heuristic reads a["n"]: a call without n raised its bare KeyError: 'n'
+    x = mx.zeros((128,))
+    for call, missing in ((lambda: even_or_masked[(2,)](x, mx.zeros((128,)), BLOCK=64), "n"),
+                          (lambda: even_or_masked[(2,)](x, mx.zeros((128,)), 100), "BLOCK"),
+                          (lambda: even_or_masked.warmup(x, mx.zeros((128,)), grid=(2,),
+                                                         BLOCK=64), "n")):
+        with pytest.raises(TypeError, match=f"even_or_masked\\(\\) missing arguments: {missing}$"):
+            call()
+    with pytest.raises(TypeError, match="unexpected argument 'BLOK'"):
+        even_or_masked[(2,)](x, mx.zeros((128,)), 100, BLOK=64)
+    with pytest.raises(TypeError, match="takes 5 arguments, got 6"):
+        even_or_masked[(2,)](x, mx.zeros((128,)), 100, 64, True, 1)
+
+
 # -- Triton's constexpr objects and jit options (a hostile trial, session 38) ------------------
 
 USE_TWO = metile.constexpr(False)

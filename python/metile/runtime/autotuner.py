@@ -301,9 +301,9 @@ class _TunedLauncher:
         heuristic sets is no missing argument of the call."""
         supplied = {k for c in self.tuned.configs for k in c.meta}
         layer = self.tuned.kernel
-        while hasattr(layer, "complete"):    # metile.heuristics layers
-            supplied |= set(layer.values)
-            layer = layer.kernel
+        if hasattr(layer, "computed"):        # metile.heuristics layers
+            supplied |= layer.computed()
+            layer = layer.base
         layer.check_arguments(args, [k for k in kwargs if k in layer.param_names or
                                      k not in LAUNCH_OPTIONS], supplied)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..errors import LaunchError
 from .compiled_view import refuse_dtype_placeholders
-from .kernel import Kernel
+from .kernel import LAUNCH_OPTIONS, Kernel
 
 
 class Heuristics:
@@ -46,6 +46,20 @@ class Heuristics:
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
+
+    def computed(self) -> set:
+        """The parameters this layer and the layers under it compute."""
+        inner = self.kernel.computed() if isinstance(self.kernel, Heuristics) else set()
+        return inner | set(self.values)
+
+    def checked(self, args, kwargs: dict) -> dict:
+        """complete() after the call is checked against the kernel's signature, so a missing
+        or unexpected argument is an ArgumentError naming it, not a KeyError from inside a
+        heuristic function that reads it."""
+        base = self.base
+        base.check_arguments(args, [k for k in kwargs if k in base.param_names or
+                                    k not in LAUNCH_OPTIONS], self.computed())
+        return self.complete(args, kwargs)
 
     def complete(self, args, kwargs: dict) -> dict:
         """`kwargs` with each computed parameter added (inner layers first)."""
@@ -84,11 +98,11 @@ class _Launcher:
 
     def __call__(self, *args, **kwargs):
         h = self.heuristics
-        return h.base[self.grid](*args, **h.complete(args, kwargs))
+        return h.base[self.grid](*args, **h.checked(args, kwargs))
 
     def prepare(self, *args, **kwargs):
         h = self.heuristics
-        return h.base[self.grid].prepare(*args, **h.complete(args, kwargs))
+        return h.base[self.grid].prepare(*args, **h.checked(args, kwargs))
 
 
 def heuristics(values: dict):
