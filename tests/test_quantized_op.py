@@ -460,6 +460,16 @@ def test_bits_mlx_does_not_take_are_refused_before_mlx_runs(rng, bits, backend):
                              backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["auto", "mlx", "metile"])
+def test_bits_zero_in_other_modes_is_refused_before_mlx_runs(backend):
+    # (found by a hostile test: mode="mxfp4" skipped the affine bits check, and bits=0
+    # reached MLX's op, which divides by it - SIGFPE, the process died; MLX 0.32.4)
+    w, s = mx.quantize(mx.ones((8, 64)), mode="mxfp4")
+    with pytest.raises(ValueError, match=r"bits=0: mode='mxfp4' quantizes to at least 1 bit"):
+        ops.quantized_matmul(mx.zeros((2, 64)), w, s, None, group_size=32, bits=0,
+                             mode="mxfp4", backend=backend)
+
+
 @pytest.mark.parametrize("case", ["K=0", "0 rows, bits 2", "0 rows, mixed scale dtypes"])
 def test_empty_products_are_zeros_on_every_path(rng, case):
     # (found by a hostile test: MLX 0.32.4's op divides by zero evaluating an empty product,

@@ -173,6 +173,12 @@ def _check(x, w, scales, biases, transpose, group_size, bits, mode, backend
     for name, v in (("group_size", group_size), ("bits", bits)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise _fail(TypeError, f"{name} must be an int, got {v!r}")
+    if mode != "affine" and bits == 0:
+        # before MLX's op sees it, as affine's bits are checked below: it divides by bits
+        # in every mode (found by a hostile test: mode="mxfp4", bits=0 under "auto" or
+        # "mlx" - SIGFPE, the process died); other bits it refuses by itself
+        raise _fail(ValueError, f"bits=0: mode={mode!r} quantizes to at least 1 bit (MLX's "
+                                f"op divides by bits)")
     if mode != "affine":
         if backend == "metile":
             raise _fail(ValueError, f"mode={mode!r}: metile's kernels implement 'affine' "
