@@ -225,6 +225,15 @@ def test_a_0d_mask_and_a_1_element_scale(rng, lq, mask):
     np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25, m), rtol=3e-4, atol=3e-5)
 
 
+@pytest.mark.parametrize("backend", ["metile", "auto", "mlx"])
+def test_a_0d_numpy_scale_as_mlx_takes_it(rng, backend):
+    # (found by a hostile test: MLX's op takes a 0-d NumPy array as scale - np.load's
+    # saved scalar; metile refused it as "scale must be a number" under every backend)
+    q, k, v = operands(rng, 1, 4, 2, 3, 9, 16)
+    out = sdpa(q, k, v, scale=np.array(0.25), backend=backend)
+    np.testing.assert_allclose(np.array(out), reference(q, k, v, 0.25), rtol=3e-4, atol=3e-5)
+
+
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 def test_half_precision(rng, dtype):
     check(*operands(rng, 1, 4, 2, 33, 40, 64, dtype), mask="causal")

@@ -163,6 +163,32 @@ def test_numpy_scalar_eps_and_axis_as_mlx_takes_them(rng):
               np_softmax(f64(x), axis=0), mx.float32)
 
 
+@pytest.mark.parametrize("backend", ["metile", "auto", "mlx"])
+def test_0d_numpy_and_bool_array_scalars_as_mlx_takes_them(rng, backend):
+    # (found by a hostile test: MLX's ops take a 0-d NumPy array for eps, scale and base -
+    # what np.load gives for a saved scalar - and a bool mx.array as its number; metile
+    # refused both with "must be a finite number" under every backend)
+    x, = arrays(rng, (5, 16), mx.float32)
+    eps = np.array(0.5)
+    close(ops.rms_norm(x, None, eps, backend=backend), np_rms(f64(x), None, 0.5), mx.float32)
+    close(ops.layer_norm(x, None, None, eps, backend=backend),
+          np_layer(f64(x), None, None, 0.5), mx.float32)
+    close(ops.add_rms_norm(x, x, None, eps, backend=backend)[1],
+          np_rms(2 * f64(x), None, 0.5), mx.float32)
+    q, = arrays(rng, (1, 2, 3, 8), mx.float32)
+    close(ops.rope(q, 8, traditional=False, base=np.array(100.0), scale=np.array(0.5),
+                   offset=2, backend=backend),
+          np_rope(f64(q), 8, False, 100.0, 0.5, 2), mx.float32)
+    # a bool array is MLX's number 1 (as a Python True, which MLX's op takes under "auto"
+    # and "mlx"); the kernels refuse a bool eps by name
+    if backend == "metile":
+        with pytest.raises(TypeError, match="eps must be a finite number, got True"):
+            ops.rms_norm(x, None, mx.array(True), backend=backend)
+    else:
+        close(ops.rms_norm(x, None, mx.array(True), backend=backend), np_rms(f64(x), None, 1.0),
+              mx.float32)
+
+
 def test_leading_dims_and_mixed_dtypes_follow_mlx(rng):
     x, = arrays(rng, (2, 3, 5, 64), mx.float16)
     w32, = arrays(rng, (64,), mx.float32)

@@ -11,6 +11,7 @@ import math
 import numbers
 
 import mlx.core as mx
+import numpy as np
 
 from .runtime import routing
 
@@ -33,12 +34,18 @@ def is_real(value) -> bool:
 
 
 def plain_number(value):
-    """A one-element numeric mx.array as the Python number MLX's ops convert it to (they
-    take eps, scale and base through float(), which evaluates the array); anything else
-    as given, for the checks to take or name."""
-    if (isinstance(value, mx.array) and value.size == 1 and value.dtype != mx.bool_
-            and (mx.issubdtype(value.dtype, mx.floating)
+    """A one-element numeric or bool mx.array, or a 0-d NumPy array (what np.load gives
+    for a saved scalar), as the Python number MLX's ops convert it to (they take eps,
+    scale and base through float(), which evaluates the array); anything else as given,
+    for the checks to take or name.  (A bool comes back a bool: MLX's op computes with
+    it, as with a Python True, and the kernels' checks refuse it; both were refused
+    under every backend, found by a hostile test.)"""
+    if (isinstance(value, mx.array) and value.size == 1
+            and (value.dtype == mx.bool_ or mx.issubdtype(value.dtype, mx.floating)
                  or mx.issubdtype(value.dtype, mx.integer))):
+        return value.item()
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+        # (float() takes only a 0-d one: MLX's ops refuse a (1,)-shaped NumPy array)
         return value.item()
     return value
 
