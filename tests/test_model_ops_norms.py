@@ -189,6 +189,22 @@ def test_0d_numpy_and_bool_array_scalars_as_mlx_takes_them(rng, backend):
               mx.float32)
 
 
+@pytest.mark.parametrize("backend", ["metile", "auto", "mlx"])
+def test_0d_integer_arrays_as_rope_dims_and_softmax_axis(rng, backend):
+    # (found by a hostile test: MLX's ops take a 0-d integer mx.array or NumPy array as an
+    # int argument; metile refused rope's dims and softmax's axis under every backend)
+    x, = arrays(rng, (5, 16), mx.float32)
+    for axis in (mx.array(0), np.array(-1)):
+        close(ops.softmax(x, axis, backend=backend), np_softmax(f64(x), axis=int(axis.item())),
+              mx.float32)
+    q, = arrays(rng, (1, 2, 3, 8), mx.float32)
+    close(ops.rope(q, np.array(4), traditional=True, base=100.0, scale=1.0, offset=2,
+                   backend=backend), np_rope(f64(q), 4, True, 100.0, 1.0, 2), mx.float32)
+    with pytest.raises(ValueError, match=r"dims must be a positive even int, got array\(\[8\]"):
+        ops.rope(q, mx.array([8]), traditional=True, base=100.0, scale=1.0, offset=2,
+                 backend=backend)
+
+
 def test_leading_dims_and_mixed_dtypes_follow_mlx(rng):
     x, = arrays(rng, (2, 3, 5, 64), mx.float16)
     w32, = arrays(rng, (64,), mx.float32)

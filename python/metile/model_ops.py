@@ -53,6 +53,7 @@ from .op_routing import (
     mlx_takes_values,
     type_name,
     plain_number,
+    plain_integer,
     check_backend,
     config_name as _config_name,
     is_integer,
@@ -767,6 +768,7 @@ def softmax(x, axis=-1, *, precise: bool = False, backend: str = "auto", stream=
     if mlx_takes_it(backend, x):
         return mx.softmax(x, axis=axis, precise=precise)
     key = op_replay.key("softmax", (axis, precise, backend, None), x)
+    axis = plain_integer(axis)   # (a 0-d integer array, as MLX's op takes it)
     if type(precise) is not bool:   # (MLX's op takes a bool only)
         raise TypeError(f"[metile.ops.softmax] precise must be a bool, got "
                         f"{type_name(precise)} {precise!r}")
@@ -853,6 +855,7 @@ def rope(x, dims: int, *, traditional: bool, base, scale: float, offset, freqs=N
         if type(offset) is int else None
     _check_x("rope", x, min_ndim=3)
     # NumPy scalars as MLX's op takes them (a config's values), as Python numbers
+    dims = plain_integer(dims)   # (a 0-d integer array too, as MLX's op takes it)
     if is_integer(dims):
         dims = int(dims)
     if not is_integer(dims) or dims <= 0 or dims % 2:

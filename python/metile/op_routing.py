@@ -50,6 +50,17 @@ def plain_number(value):
     return value
 
 
+def plain_integer(value):
+    """A 0-d integer mx.array or NumPy array as the int MLX's ops take it as (their int
+    arguments - rope's dims, softmax's axis - accept one; metile refused it as "not an
+    int", found by a hostile test); anything else as given."""
+    if isinstance(value, (mx.array, np.ndarray)) and value.ndim == 0 and (
+            np.issubdtype(value.dtype, np.integer) if isinstance(value, np.ndarray)
+            else mx.issubdtype(value.dtype, mx.integer)):
+        return int(value.item())
+    return value
+
+
 def mlx_takes_it(backend, *arrays) -> bool:
     """Whether a drop-in op hands this call to MLX's own op before its checks: under
     backend "auto" or "mlx", an array of a dtype metile's kernels do not take (an int or
