@@ -411,3 +411,40 @@ def test_shape_and_scan_errors(what, match):
     with pytest.raises(metile.CompilationError, match=match) as info:
         bad_shape_op[(1,)](mx.zeros((32,)), WHAT=what)
     assert "test_shape_and_scan_ops.py:" in str(info.value)
+
+
+# -- `...` in a tile index (a hostile trial: `x[..., None]` was refused as "element access",
+# as was `x[:2]`, which is no element access either) -------------------------------------
+
+@metile.kernel
+def ellipsis_index(X, Out, M: metile.constexpr, N: metile.constexpr):
+    rm = metile.arange(0, M)
+    rn = metile.arange(0, N)
+    x = metile.load(X + rm[:, None] * N + rn[None, :])
+    a = x[..., None]        # (M, N, 1)
+    b = x[None, ...]        # (1, M, N)
+    c = x[:, None, ...]     # (M, 1, N)
+    d = x[...]
+    metile.static_assert(a.shape == (M, N, 1) and b.shape == (1, M, N) and c.shape == (M, 1, N))
+    s = metile.sum(a * 1.0, axis=2) + metile.sum(b * 10.0, axis=0) \
+        + metile.sum(c * 100.0, axis=1) + d * 1000.0
+    metile.store(Out + rm[:, None] * N + rn[None, :], s)
+
+
+def test_ellipsis_in_a_tile_index_is_numpys():
+    x = np.arange(15, dtype=np.float32).reshape(3, 5) - 7
+    out = ellipsis_index[(1,)](mx.array(x), mx.zeros((15,)), M=3, N=5)
+    np.testing.assert_array_equal(np.array(out).reshape(3, 5), x * 1111)
+
+
+@metile.kernel
+def partial_slice(X, Out, N: metile.constexpr):
+    x = metile.load(X + metile.arange(0, N))
+    metile.store(Out + metile.arange(0, 2), x[:2])
+
+
+def test_a_partial_slice_of_a_tile_is_named():
+    with pytest.raises(metile.CompilationError, match=r"tiles can only be indexed with None, ':' "
+                                                      r"and '...' .*slicing part of an axis is "
+                                                      r"not supported"):
+        partial_slice[(1,)](mx.zeros((4,)), mx.zeros((4,)), N=4)

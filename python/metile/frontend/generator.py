@@ -425,15 +425,24 @@ class Generator(ControlFlow):
             if not isinstance(obj.type, TileType):
                 raise CompilationError("only tiles can be indexed (with None and :)")
             out, axis = obj, 0
-            for item in items:
-                if isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None:
+            full = [isinstance(item, ast.Slice) and item.lower is item.upper is item.step is None
+                    for item in items]
+            dots = [isinstance(item, ast.Constant) and item.value is Ellipsis for item in items]
+            if sum(dots) > 1:
+                raise CompilationError("an index can only have a single ellipsis ('...')")
+            for item, is_full, is_dots in zip(items, full, dots):
+                if is_full:
                     axis += 1
+                elif is_dots:   # NumPy's: the ':' the other items leave (x[..., None])
+                    axis += max(0, len(obj.type.shape) - sum(full))
                 elif isinstance(item, ast.Constant) and item.value is None:
                     out = self.sem.expand_dims(out, axis)
                     axis += 1
                 else:
-                    raise CompilationError("tiles can only be indexed with None and ':' "
-                                           "(e.g. x[:, None]); element access is not supported")
+                    what = "slicing part of an axis" if isinstance(item, ast.Slice) \
+                        else "element access"
+                    raise CompilationError(f"tiles can only be indexed with None, ':' and '...' "
+                                           f"(e.g. x[:, None]); {what} is not supported")
             if axis - (len(out.type.shape) - len(obj.type.shape)) > len(obj.type.shape):
                 raise CompilationError("too many ':' for the tile's rank")
             return out
