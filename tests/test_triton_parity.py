@@ -669,3 +669,35 @@ def test_and_of_runtime_ints_asks_for_the_comparison():
     with pytest.raises(metile.CompilationError,
                        match=r"'and' needs bool scalars, got a runtime int32 value; compare it"):
         and_of_ints[(1,)](mx.zeros((1,), mx.int32), 1, 2)
+
+
+# -- chained comparisons: Python's `a < b < c` is (a < b) and (b < c), b evaluated once
+# (a hostile trial: `if 0 <= i < n:` was a compile error; Triton refuses it too) ---------------
+
+@metile.kernel
+def chained(A, B, C, Out, lo, hi, BLOCK: metile.constexpr):
+    offs = metile.arange(0, BLOCK)
+    a = metile.load(A + offs)
+    b = metile.load(B + offs)
+    c = metile.load(C + offs)
+    r = (a < b < c).to(metile.int32) + (a <= b != c > 0).to(metile.int32) * 10
+    s = 0
+    if lo <= 3 < hi:
+        s = 100
+    if 0 < 1 < lo:      # a constant True link drops out
+        s += 1000
+    if 2 < 1 < lo:      # a constant False link is the answer
+        s += 10000
+    metile.store(Out + offs, r + s + (lo < a < hi).to(metile.int32) * 100000)
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 4), (4, 9), (2, 3)])
+def test_chained_comparisons_are_pythons(lo, hi):
+    a = np.array([1, 2, 3, 0, 5, np.nan], np.float32)
+    b = np.array([2, 1, 4, 0, 5, 1], np.float32)
+    c = np.array([3, 3, 3, 1, -1, 2], np.float32)
+    out = chained[(1,)](mx.array(a), mx.array(b), mx.array(c), mx.zeros((6,), mx.int32), lo, hi,
+                        BLOCK=6)
+    ref = ((a < b) & (b < c)) + ((a <= b) & (b != c) & (c > 0)) * 10 \
+        + (100 if lo <= 3 < hi else 0) + (1000 if 1 < lo else 0) + ((lo < a) & (a < hi)) * 100000
+    np.testing.assert_array_equal(np.array(out), ref)

@@ -344,9 +344,22 @@ class Generator(ControlFlow):
 
     def visit_Compare(self, node):
         if len(node.ops) != 1:
-            raise CompilationError("chained comparisons are not supported")
-        a, b = self.visit(node.left), self.visit(node.comparators[0])
-        op = node.ops[0]
+            # Python's `a < b < c`: (a < b) and (b < c), b evaluated once; elementwise on
+            # tiles (bool `and`), folded where a link is a compile-time False
+            result, left = True, self.visit(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = self.visit(right_node)
+                link = self._compare(op, left, right)
+                left = right
+                if not isinstance(link, Value):
+                    if not link:
+                        return link
+                    continue
+                result = link if result is True else self.sem.binary("and", result, link)
+            return result
+        return self._compare(node.ops[0], self.visit(node.left), self.visit(node.comparators[0]))
+
+    def _compare(self, op, a, b):
         if isinstance(op, (ast.Is, ast.IsNot)) and (a is None or b is None):
             # `B is not None` on a runtime value (a buffer or scalar is never None): known at
             # compile time, as in Triton, where a None argument is a constexpr
