@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s140   -- the place penalty probe (tools/probes/order_penalty.py), GPU tests of the session's hostile-trial fixes
 #   OUT=$OUT bash tools/device_next.sh s139   -- int4 prefill with the dequantize split along K (tools/probes/int4_prefill_split.py), n_regs GPU tests
 #   OUT=$OUT bash tools/device_next.sh s138   -- model layers with benchmarks.common.rotate alternating two variants (it had kept one order), then gated_forms again
 #   OUT=$OUT bash tools/device_next.sh s137   -- gated_mlp through benchmarks.model_layers (0.71x on the H100 in s128) against gated_forms.py with NumPy and mx.random weights
@@ -124,7 +125,11 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s139 ]; then
+if [ "$mode" = s140 ]; then
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 100 python3 tools/probes/order_penalty.py "$logs/h200-order-penalty.json" 2>&1 | tail -4 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_launch_errors test_autotune test_triton_parity test_shape_and_scan_ops test_dsl_errors test_model_ops_norms test_quantized_op test_bad_inputs
+elif [ "$mode" = s139 ]; then
   # s40: int4 prefill with the dequantize split along K, each part's product accumulated
   # (addmm): can the graph run part i+1's dequantize under part i's product?
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
