@@ -123,5 +123,8 @@ def rotate(fns: dict, x, launches: int, rounds: int) -> dict:
         sample(fns[n], x, launches)
     for r in range(rounds):
         for n in rotation(names, r):
+            # an untimed lead-in of the variant itself: a sample right after another
+            # variant's ran slower (H100, s140, tools/probes/order_penalty.py)
+            sample(fns[n], x, max(1, launches // 10))
             times[n].append(sample(fns[n], x, launches))
     return {n: float(np.median(t)) for n, t in times.items()}

@@ -342,6 +342,10 @@ def measure(key: str, parts: dict, candidates: Sequence[Candidate], operands: Se
     times: dict[str, list[float]] = {c.name: [] for c in usable}
     for i in range(samples):
         for c in (usable if i % 2 == 0 else usable[::-1]):   # alternate: drift hits all alike
+            # an untimed lead-in of the candidate itself first: a sample right after another
+            # candidate's ran slower (H100, s140: the dual GEMM after MLX's composite 17%,
+            # MLX's after it 5%; with a lead-in of 5 launches neither)
+            _time(c, operands, max(1, launches[c.name] // 10), clock)
             times[c.name].append(_time(c, operands, launches[c.name], clock))
     timings = {n: statistics.median(v) for n, v in times.items()}
 
