@@ -14,16 +14,16 @@ mx.compile'd, alternating:
     python3 tools/probes/gated_forms.py --tokens 16 --dims 64 --hidden 96 --rounds 1   # CPU
 """
 import argparse
-import json
 import sys
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-sys.path.insert(0, ".")
+sys.path[:0] = [".", "tools/probes"]
 from benchmarks.common import machine, rotate_sized  # noqa: E402
 from metile import ops  # noqa: E402
+from probe_report import add_case, save  # noqa: E402
 
 
 def main():
@@ -79,10 +79,8 @@ def main():
                     "op_tile": resolved, "errors": errors,
                     "us": {n: round(s * 1e6, 1) for n, s in times.items()},
                     "mlx_over": {n: round(times["mlx"] / s, 3) for n, s in times.items()}}
-            print(json.dumps(case), flush=True)
-            report["cases"].append(case)
-    if args.output:
-        json.dump(report, open(args.output, "w"), indent=1)
+            add_case(report, case)
+    save(report, args.output or "")   # ("": no file; argv[1] may be an option here)
 
 
 if __name__ == "__main__":

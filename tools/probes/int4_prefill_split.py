@@ -14,17 +14,17 @@ op's prefill path), the same in 2, 4 and 8 parts along K.
     python3 tools/probes/int4_prefill_split.py [out.json] [--rows 512] [--parts 2 4 8]
 """
 import argparse
-import json
 import math
 import platform
 import sys
 
-sys.path[:0] = ["kernels", "."]
+sys.path[:0] = ["kernels", ".", "tools/probes"]
 import mlx.core as mx   # noqa: E402
 import numpy as np      # noqa: E402
 
 from benchmarks.quantized import seconds_per_call   # noqa: E402
 from metile import quantized_ops                     # noqa: E402
+from probe_report import add_case, save              # noqa: E402
 
 
 def main():
@@ -110,10 +110,8 @@ def main():
         us = {name: round(float(np.median(t)) * 1e6, 1) for name, t in times.items()}
         case = {"rows": rows, "k": k, "n": n, "us": us, "errors": errors,
                 "mlx_over": {name: round(us["mlx"] / t, 3) for name, t in us.items()}}
-        print(json.dumps(case), flush=True)
-        report["cases"].append(case)
-    if args.output:
-        json.dump(report, open(args.output, "w"), indent=1)
+        add_case(report, case)
+    save(report, args.output or "")   # ("": no file; argv[1] may be an option here)
 
 
 if __name__ == "__main__":

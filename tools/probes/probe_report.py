@@ -55,6 +55,8 @@ def add_case(report: dict, case: dict) -> None:
     report["cases"].append(case)
 
 
-def save(report: dict) -> None:
-    if len(sys.argv) > 1:
-        json.dump(report, open(sys.argv[1], "w"), indent=1)
+def save(report: dict, path: str | None = None) -> None:
+    """The report to `path`, else to argv[1] where a probe takes its output there."""
+    path = path if path is not None else (sys.argv[1] if len(sys.argv) > 1 else None)
+    if path:
+        json.dump(report, open(path, "w"), indent=1)
