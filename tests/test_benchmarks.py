@@ -122,3 +122,19 @@ def test_rotation_puts_every_name_in_every_place(count):
         assert {order[place] for order in rounds} == set(names)
     firsts = [order[0] for order in rounds]
     assert all(firsts.count(n) == 2 for n in names)
+
+
+def test_model_layers_reports_what_auto_gives(tmp_path):
+    # beside the forced kernel, the routed ops a user gets: measured once, then compiled
+    out = tmp_path / "layers.json"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.model_layers", "--quick",
+                          "--dtypes", "float32", "--tokens", "16", "--layers", "mlp",
+                          "--rounds", "1", "--output", str(out)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    (case,) = report["cases"]
+    assert set(case["variants"]) == {"mlx", "metile", "auto"}
+    assert case["variants"]["auto"]["within_tolerance"] and case["auto_tuning_s"] >= 0
+    auto = [s for s in report["summary"]["mlp"] if s["variant"] == "auto"]
+    assert report["targets"]["mlp_forward_auto"]["speedups"] == [s["speedup"] for s in auto]
