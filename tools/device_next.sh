@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s141   -- (ready, not run) model layers with auto and the lead-in, the GPU tests s140 did not reach
 #   OUT=$OUT bash tools/device_next.sh s140   -- the place penalty probe (tools/probes/order_penalty.py), GPU tests of the session's hostile-trial fixes
 #   OUT=$OUT bash tools/device_next.sh s139   -- int4 prefill with the dequantize split along K (tools/probes/int4_prefill_split.py), n_regs GPU tests
 #   OUT=$OUT bash tools/device_next.sh s138   -- model layers with benchmarks.common.rotate alternating two variants (it had kept one order), then gated_forms again
@@ -125,7 +126,15 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s140 ]; then
+if [ "$mode" = s141 ]; then
+  # s40, for the next session: what auto gives on the model layers now that every timed
+  # sample has a lead-in (rotate, the routing), then the test files s140 ran out of time for
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 300 python3 -m benchmarks.model_layers --dtypes float16 bfloat16 --tokens 512 2048 \
+    --layers gated_mlp mlp --rounds 6 --output "$logs/h200-model-layers-auto.json" 2>&1 \
+    | grep -E "T=" | tail -8 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_quantized_op test_bad_inputs test_routing
+elif [ "$mode" = s140 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   timeout 100 python3 tools/probes/order_penalty.py "$logs/h200-order-penalty.json" 2>&1 | tail -4 | tee -a "$log"
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_launch_errors test_autotune test_triton_parity test_shape_and_scan_ops test_dsl_errors test_model_ops_norms test_quantized_op test_bad_inputs
