@@ -112,7 +112,9 @@ def describe(x) -> str:
         kind = "tile" if isinstance(x.type, TileType) else "scalar"
         return f"a {x.type} {kind}" if kind == "tile" else f"a runtime {x.type} value"
     if isinstance(x, tuple):   # frontend/tuples.py's KernelTuple too
-        return f"tuple {tuple(x)!r}"
+        # (each element by what it is: a Value's repr is its IR name, `%6:tile<4, float32>`)
+        return "tuple (" + ", ".join(str(v.type) if isinstance(v, Value) else describe(v)
+                                     for v in x) + ("," if len(x) == 1 else "") + ")"
     return f"{type(x).__name__} {x!r}"
 
 
