@@ -494,3 +494,18 @@ def test_a_product_operand_past_its_input_is_refused():
     got = one_tile_product[(1, 1)](mx.array(a), mx.array(b), mx.zeros((5, 6)), 5, 6, 7,
                                    BM=16, BN=16, BK=16)
     np.testing.assert_allclose(np.array(got), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_launch_options_list_every_keyword_bind_reads():
+    # a tuned call refuses keywords that are neither the kernel's parameters nor
+    # LAUNCH_OPTIONS: an option bind() reads but the list lacks would be refused there
+    import ast
+    import inspect
+
+    from metile.runtime import kernel as kernel_module
+    popped = {node.args[0].value for node in ast.walk(ast.parse(inspect.getsource(kernel_module)))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "pop" and isinstance(node.func.value, ast.Name)
+              and node.func.value.id == "kwargs" and node.args
+              and isinstance(node.args[0], ast.Constant)}
+    assert popped and popped == set(kernel_module.LAUNCH_OPTIONS)
