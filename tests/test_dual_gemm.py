@@ -476,3 +476,97 @@ def test_gated_tiles_on_sm_90(monkeypatch):
     x, w = mx.zeros((4096, 4096), mx.float16), mx.zeros((11008, 4096), mx.float16)
     forced = ops._route("gated_mlp", (x, w, w), "silu", None, "metile")
     assert core(forced.block) == ops.CUDA_WGMMA_SMALL_BLOCK and forced.block.get("TRANSPOSE_B")
+
+
+# -- several outputs from one epilogue (the products kept for a backward pass) ------------
+
+@metile.kernel
+def gated_and_products(x, w_gate, w_up, output, gate_out, up_out, rows, columns, inner,
+                       BLOCK_M: metile.constexpr = 32, BLOCK_N: metile.constexpr = 32,
+                       BLOCK_K: metile.constexpr = 16):
+    # silu(x @ w_gate.T) * (x @ w_up.T), and both products: the forward a vjp can reuse
+    a = metile.tensor(x, shape=(rows, inner), strides=(inner, 1),
+                      block_shape=(BLOCK_M, BLOCK_K), access="read")
+    gate = metile.tensor(w_gate, shape=(inner, columns), strides=(1, inner),
+                         block_shape=(BLOCK_K, BLOCK_N), access="read")
+    up = metile.tensor(w_up, shape=(inner, columns), strides=(1, inner),
+                       block_shape=(BLOCK_K, BLOCK_N), access="read")
+    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    cg = metile.tensor(gate_out, shape=(rows, columns), strides=(columns, 1),
+                       block_shape=(BLOCK_M, BLOCK_N), access="write")
+    cu = metile.tensor(up_out, shape=(rows, columns), strides=(columns, 1),
+                       block_shape=(BLOCK_M, BLOCK_N), access="write")
+    ro = metile.program_id(0) * BLOCK_M
+    co = metile.program_id(1) * BLOCK_N
+    g = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    u = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
+    for k in metile.tile_range(0, inner, BLOCK_K):
+        x_tile = a.load((ro, k))
+        g = metile.dot(x_tile, gate.load((k, co)), g)
+        u = metile.dot(x_tile, up.load((k, co)), u)
+    c.store((ro, co), (g * metile.sigmoid(g) * u).to(output.dtype))
+    cg.store((ro, co), g.to(output.dtype))
+    cu.store((ro, co), u.to(output.dtype))
+
+
+def _three_outputs(rng, m, n, k, dtype, **options):
+    (x, xr), (wg, wgr), (wu, wur) = (_rounded(rng, s, dtype, c) for s, c in
+                                     (((m, k), 1.0), ((n, k), 0.2), ((n, k), 0.2)))
+    zeros = [mx.zeros((m, n), x.dtype) for _ in range(3)]
+    bm, bn = options.get("BLOCK_M", 32), options.get("BLOCK_N", 32)
+    launch = gated_and_products[grid(m, n, bm, bn)]
+    return launch, (x, wg, wu, *zeros, m, n, k), (xr @ wgr.T, xr @ wur.T)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(75, 45, 37), (64, 64, 64)])
+def test_an_epilogue_stores_several_outputs(rng, dtype, shape):
+    # each output its own pointwise function of the accumulators at the same coordinates
+    # (the fused GEMM stored once: a kernel with three stores fell to the lanes' lowering)
+    launch, args, (g, u) = _three_outputs(rng, *shape, dtype)
+    d = launch.prepare(*args)
+    assert d.variant.data["lowering"]["matmul"]["products"] == 2
+    out, gate, up = launch(*args)
+    for got, want in ((out, _act(g, "silu") * u), (gate, g), (up, u)):
+        _check(got, want, dtype)
+
+
+@pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
+@pytest.mark.parametrize("shape", [(256, 256, 256), (200, 300, 100)])
+def test_several_outputs_on_the_warpgroup_mma(monkeypatch, rng, shape):
+    monkeypatch.setenv("METILE_CUDA_WGMMA", "1")
+    launch, args, _ = _three_outputs(rng, *shape, "float16", BLOCK_M=128, BLOCK_N=128)
+    d = launch.prepare(*args, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_simdgroups=8,
+                       backend="cuda")
+    mm = d.variant.data["lowering"]["matmul"]
+    assert mm["fragment"].startswith("wgmma") and mm["products"] == 2
+    source = translation_unit(d)
+    # every output written from the accumulators' registers, in pairs where aligned
+    assert "paired_epilogue_stores" in d.variant.data["passes"]
+    assert all(f"{name}[" in source for name in ("output", "gate_out", "up_out"))
+    ok, log = compile_cuda(source, "sm_90a")
+    assert ok, log
+    assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
+        "0 bytes spill", "")
+
+
+@metile.kernel
+def two_stores_one_buffer(x, w, out, n, BLOCK: metile.constexpr = 16):
+    a = metile.tensor(x, shape=(n, n), strides=(n, 1), block_shape=(BLOCK, BLOCK),
+                      access="read")
+    b = metile.tensor(w, shape=(n, n), strides=(n, 1), block_shape=(BLOCK, BLOCK),
+                      access="read")
+    c = metile.tensor(out, shape=(n, n), strides=(n, 1), block_shape=(BLOCK, BLOCK),
+                      access="write")
+    acc = metile.zeros((BLOCK, BLOCK), dtype=metile.float32)
+    for k in metile.tile_range(0, n, BLOCK):
+        acc = metile.dot(a.load((0, k)), b.load((k, 0)), acc)
+    c.store((0, 0), acc)
+    c.store((0, 0), acc * 2.0)
+
+
+def test_two_stores_into_one_output_are_refused():
+    with pytest.raises(metile.CompilationError, match="stores write one output each"):
+        two_stores_one_buffer[(1,)](mx.zeros((16, 16)), mx.zeros((16, 16)), mx.zeros((16, 16)),
+                                    16)

@@ -239,7 +239,9 @@ def int_output(A, B, C, M, N, K, BM: metile.constexpr = 16, BN: metile.constexpr
 REJECTED = [
     (reduction_epilogue, "a reduction of the accumulator is not a pointwise epilogue"),
     (control_flow_epilogue, "control flow in the epilogue"),
-    (two_stores, "this kernel has several stores"),
+    # (stores into outputs of their own are one epilogue: test_dual_gemm.py)
+    (two_stores, "a fused GEMM's stores write one output each; two of them store through "
+                 "one buffer"),
     (dimension_leaf, "dimension parameter 'K' used in the epilogue"),
     (early_narrowing, "the epilogue computes in float32 until the final conversion"),
     # (an int output was refused as "this cast produces int32 before the end", with no cast
@@ -301,3 +303,28 @@ def test_recurrence_next_to_a_second_product(rng):
     Q, K, V = (np.array(t).astype(np.float64) for t in (q, k, v))
     ref = sum((Q @ K[s:s + 32].T) @ V[s:s + 32] for s in (0, 32))
     np.testing.assert_allclose(np.array(out), ref, rtol=3e-4, atol=3e-4)
+
+
+@metile.kernel
+def product_and_activation(A, B, C, R, M, N, K, BM: metile.constexpr = 16,
+                           BN: metile.constexpr = 16, BK: metile.constexpr = 8):
+    rm = metile.program_id(0) * BM + metile.arange(0, BM)
+    rn = metile.program_id(1) * BN + metile.arange(0, BN)
+    acc = k_recurrence(A, B, M, N, K, rm, rn, BM, BN, BK)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    metile.store(C + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    metile.store(R + rm[:, None] * N + rn[None, :], metile.maximum(acc, 0.0) * 2.0, mask=mask)
+
+
+def test_pointer_stores_into_two_outputs_are_one_epilogue(rng):
+    # the product and its activation, each into its own output, from one fused GEMM
+    m, n, k = 37, 29, 21
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    grid = (metile.cdiv(m, 16), metile.cdiv(n, 16))
+    args = (mx.array(a), mx.array(b), mx.zeros((m, n)), mx.zeros((m, n)), m, n, k)
+    assert "matmul" in product_and_activation[grid].prepare(*args).variant.data["lowering"]
+    c, r = product_and_activation[grid](*args)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(np.array(c), want, rtol=3e-4, atol=3e-4)
+    np.testing.assert_allclose(np.array(r), np.maximum(want, 0) * 2, rtol=3e-4, atol=3e-4)

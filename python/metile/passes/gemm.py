@@ -5,7 +5,8 @@ The canonical shape is
     acc = zeros((BM, BN), float32)
     for k in tile_range(lo, hi, BK):          # top level, carries only acc
         acc = dot(<(BM, BK) tile>, <(BK, BN) tile>, acc)
-    store(<pointer tile>, <epilogue of acc>, <mask>)   # the kernel's only store
+    store(<pointer tile>, <epilogue of acc>, <mask>)   # the kernel's stores, each
+                                                       # into an output of its own
 
 where the operand tiles are computed in the loop body from loads and index
 arithmetic (Triton-style pointers + masks, or `tensor(...).load(...)` views,
@@ -23,15 +24,19 @@ unary math functions and one final cast to the output dtype; its other leaves
 are constants, runtime scalar parameters and the reads `gemm_epilogue_reads`
 admits (a bias vector along rows or columns, a matrix at the store's
 coordinates).  The scalars are captured at kernel entry under compiler-generated
-names (`_epi_<name>`).  Rejected, each with its own message: other memory reads
-(of the output, indirect, of another shape), reductions, control flow, several
-stores, a second matrix recurrence, intermediate narrowing casts, and
-dimension parameters (scalars that bound loops, addresses or masks) as leaves.
+names (`_epi_<name>`).  Several stores, each of its own pointwise function of
+the accumulators into an output of its own (a gated MLP's result and both
+products, kept for the backward pass), are one epilogue evaluated per element
+at the last of them; an epilogue that reads memory stores once.  Rejected, each
+with its own message: other memory reads (of the output, indirect, of another
+shape), reductions, control flow, two stores into one buffer, a second matrix
+recurrence, intermediate narrowing casts, and dimension parameters (scalars
+that bound loops, addresses or masks) as leaves.
 
 Dual GEMM (a gated MLP's two products).  A K loop carrying exactly two
 accumulators, each `acc_i = dot(a, b_i, acc_i)` from zeros, with the same left
 operand (one value, or two equal load expressions) and same-shaped right
-operands, followed by one pointwise epilogue of both results and one store, is
+operands, followed by one pointwise epilogue of both results (stored once or more), is
 one fused GEMM with two products: `GemmPattern.dots` / `results` hold both, the
 lowering stages A once and both B tiles.  Any other kernel with several dots
 (attention's product of a product, two products of different left operands, a
@@ -46,7 +51,7 @@ from dataclasses import dataclass, field
 from ..errors import CompilationError
 from ..ir.core import Block, Function, Op, Param, Value, walk
 from ..ir.ops import COMPARE, CONTROL
-from ..ir.types import dtype_of
+from ..ir.types import dtype_of, elem_type
 from ..language import dtypes as dt
 from .gemm_epilogue_reads import EpilogueRead, check_epilogue_reads, leaf_cone
 
@@ -84,10 +89,14 @@ class GemmPattern:
     # for one GEMM, two of each for a dual GEMM (module docstring).
     dots: tuple[Op, ...] = ()
     results: tuple[Value, ...] = ()
+    # every store of the epilogue (`store` is the first): a kernel may write several
+    # pointwise functions of the accumulators at the same tile coordinates
+    stores: tuple[Op, ...] = ()
 
     def __post_init__(self):
         self.dots = self.dots or (self.dot,)
         self.results = self.results or (self.result,)
+        self.stores = self.stores or (self.store,)
 
     @property
     def a(self) -> Value:
@@ -130,7 +139,7 @@ class GemmPattern:
 
     @property
     def outer_bounds_proven(self) -> bool:
-        return len(self.store.operands) < 3
+        return all(len(st.operands) < 3 for st in self.stores)
 
     @property
     def epilogue_regions(self) -> int:
@@ -268,14 +277,17 @@ def _match(fn: Function, loop: Op, products: list[Op]) -> GemmPattern:
     results = [loop.results[carried.index(d.operands[2]) - 1] for d in products]
     result = results[0]
     stores = [op for op in walk(fn.body) if op.name == "store"]
-    if len(stores) != 1:
-        extra = next((s for s in stores if s.loc is not None), None) if not stores else stores[1]
-        raise _reject("a fused GEMM stores its result once; this kernel has several stores"
-                      if stores else "the kernel never stores the accumulator", extra or loop)
-    (store,) = stores
-    if not any(op is store for op in fn.body.ops):
-        raise _reject("the output store is inside control flow (an epilogue has no control "
-                      "flow)", store)
+    if not stores:
+        raise _reject("the kernel never stores the accumulator", loop)
+    for store in stores:
+        if not any(op is store for op in fn.body.ops):
+            raise _reject("the output store is inside control flow (an epilogue has no "
+                          "control flow)", store)
+    roots = [getattr(elem_type(st.operands[0].type), "root", None) for st in stores]
+    if len(stores) > 1 and (None in roots or len(set(roots)) < len(roots)):
+        raise _reject("a fused GEMM's stores write one output each; two of them store "
+                      "through one buffer", stores[1])
+    store = stores[0]
 
     # Values that depend on the accumulator, in program order after the loop.
     dependent = {r.id for r in results}
@@ -288,23 +300,26 @@ def _match(fn: Function, loop: Op, products: list[Op]) -> GemmPattern:
                               "if/for/while)", op)
             continue
         if any(v.id in dependent for v in op.operands):
-            if op is store:
+            if any(op is st for st in stores):
                 continue
             dependent |= {r.id for r in op.results}
-    ptr, value, *mask = store.operands
-    if value.id not in dependent:
-        raise _reject("the stored value does not depend on the accumulator", store)
-    if any(v.id in dependent for v in [ptr, *mask]):
-        raise _reject("the store's address or mask depends on the accumulator", store)
+    for st in stores:
+        ptr, value, *mask = st.operands
+        if value.id not in dependent:
+            raise _reject("the stored value does not depend on the accumulator", st)
+        if any(v.id in dependent for v in [ptr, *mask]):
+            raise _reject("the store's address or mask depends on the accumulator", st)
+    values = [st.operands[1] for st in stores]
 
-    # The epilogue: the stored value's backward slice within the dependent values.
-    slice_ = _backward([value], stop=lambda v: v.id not in dependent
+    # The epilogue: the stored values' backward slice within the dependent values.
+    slice_ = _backward(values, stop=lambda v: v.id not in dependent
                        or any(v is r for r in results))
-    epilogue = [op for op in after if op is not store and any(r.id in slice_ for r in op.results)]
+    epilogue = [op for op in after if not any(op is st for st in stores)
+                and any(r.id in slice_ for r in op.results)]
     dims = _dimension_params(fn)
     leaves = []
     for op in epilogue:
-        _check_epilogue_op(op, op.result is value)
+        _check_epilogue_op(op, any(op.result is v for v in values))
         for v in op.operands:
             if v.id not in dependent:
                 _check_leaf(v, op, dims)
@@ -314,9 +329,13 @@ def _match(fn: Function, loop: Op, products: list[Op]) -> GemmPattern:
         for i, v in enumerate(op.operands):
             uses.setdefault(v.id, []).append((op, i))
     reads, fused = check_epilogue_reads(fn, epilogue, dependent, store, uses, leaves)
+    if reads and len(stores) > 1:
+        # (a read is checked against one store's coordinates and bounds)
+        raise _reject("an epilogue that reads memory (a bias, a residual) stores one output",
+                      stores[1])
     names = [p.name for p in fn.params if p.value is not None and p.value.id in dims]
     g = GemmPattern(loop, dot, store, result, epilogue, dependent, [], names, reads, fused,
-                    tuple(products), tuple(results))
+                    tuple(products), tuple(results), tuple(stores))
     g.captured = captured_params(fn, g)
     return g
 

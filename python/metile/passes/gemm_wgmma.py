@@ -518,7 +518,7 @@ class WarpgroupGemm:
                         "a": self.stage_a.name, "b": st_b.name,
                         "a_lbo": 16, "a_sbo": 8 * ATOM * size, **b_desc})
 
-    def _paired_stores(self, b: Builder, row: Value, col: Value) -> Value | None:
+    def _paired_stores(self, b: Builder, row: Value, col: Value, store: Op) -> Value | None:
         """A bool under which this thread may store each pair of adjacent accumulator
         columns (c, c+1), c even, with one 2-element vector store; None when the store's
         form does not allow it (then every element is stored alone).
@@ -529,33 +529,35 @@ class WarpgroupGemm:
         thread's first pair and of the one a row below are both aligned to the pair's size,
         so (affine, columns stepping by even numbers) every pair's is.  Masks stay per
         element: a pair whose two elements are not both in bounds is stored alone."""
-        g = self.gemm
-        ptr = elem_type(g.store.operands[0].type)
-        coeffs = _axis_coeffs(g.store.operands[0], {})
-        if (g.store.attrs.get("atomic") or ptr.space == "threadgroup"
+        ptr = elem_type(store.operands[0].type)
+        coeffs = _axis_coeffs(store.operands[0], {})
+        if (store.attrs.get("atomic") or ptr.space == "threadgroup"
                 or (ptr.root, "written") in self.buffers
                 or ptr.dtype.name not in PAIRED_STORE_DTYPES
                 or coeffs is False or coeffs.get(1) != 1):
             return None
         self.lowering_passes.append("paired_epilogue_stores")
         root, size = self.buffers[(ptr.root, "out")], 2 * ptr.dtype.itemsize
-        first = b.value("aligned16", [self.store_index(b, row, col)], BOOL, root=root, bytes=size)
-        below = b.value("aligned16", [self.store_index(b, self._i(b, "add", row, 1), col)],
+        first = b.value("aligned16", [self.store_index(b, row, col, store)], BOOL, root=root,
+                        bytes=size)
+        below = b.value("aligned16", [self.store_index(b, self._i(b, "add", row, 1), col, store)],
                         BOOL, root=root, bytes=size)
         return b.value("and", [first, below], BOOL)
 
-    def _epilogue_pair_values(self, b: Builder, row: Value, col: Value, values: list) -> list:
-        """(store index, value, guard) of the epilogue at (row, col) and (row, col + 1): its
-        reads (bias, residual) are loaded here."""
-        return [self._epilogue_value(b, row, self._i(b, "add", col, dc), v)
+    def _epilogue_pair_values(self, b: Builder, row: Value, col: Value, values: list,
+                              store: Op) -> list:
+        """(store index, value, guard) of the epilogue's `store` at (row, col) and (row,
+        col + 1): its reads (bias, residual) are loaded here."""
+        return [self._epilogue_value(b, row, self._i(b, "add", col, dc), v, store)
                 for dc, v in enumerate(values)]
 
-    def _epilogue_pair(self, b: Builder, parts: list, pairable: Value | None) -> None:
-        """Stores a pair's `_epilogue_pair_values`: as one vector where `pairable` and both
-        elements are in bounds, else element by element."""
+    def _epilogue_pair(self, b: Builder, parts: list, pairable: Value | None,
+                       store: Op) -> None:
+        """Stores a pair's `_epilogue_pair_values` for `store`: as one vector where
+        `pairable` and both elements are in bounds, else element by element."""
         if pairable is None:
             for index, stored, guard in parts:
-                self.emit_store(b, self.gemm.store, [index, stored] + guard)
+                self.emit_store(b, store, [index, stored] + guard)
             return
         ok = pairable
         for _, _, guard in parts:
@@ -564,11 +566,11 @@ class WarpgroupGemm:
         branch = b.op("if", [ok], [], {}, [_block(), _block()])
         tb, eb = Builder(branch.regions[0]), Builder(branch.regions[1])
         tb.loc = eb.loc = b.loc
-        ptr = elem_type(self.gemm.store.operands[0].type)
+        ptr = elem_type(store.operands[0].type)
         tb.op("vec_store", [parts[0][0], parts[0][1], parts[1][1]], [],
               {"root": self.buffers[(ptr.root, "out")], "space": "device"})
         for index, stored, guard in parts:
-            self.emit_store(eb, self.gemm.store, [index, stored] + guard)
+            self.emit_store(eb, store, [index, stored] + guard)
 
     def atom_offset(self, b: Builder, row: Value, col: Value, rows: int) -> Value:
         """Element offset of (row, col) (col a multiple of 8) in the swizzled atom layout of
@@ -600,7 +602,9 @@ class WarpgroupGemm:
         lane = self._i(b, "mod", tid, 32)
         rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
         cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
-        pairable = self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase)
+        stores = self.gemm.stores
+        pairables = [self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase, st)
+                     for st in stores]
         dual = len(self.wg_accs) > 1 or self.wg_split is not None
         split = self.wg_split
         # An epilogue that reads (bias, residual) evaluates EPILOGUE_READ_PAIRS pairs before
@@ -613,7 +617,7 @@ class WarpgroupGemm:
             row0 = self._i(b, "add", self.wg_row0, self._i(b, "add", rbase, i * 64))
             accs = [per_product[i] for per_product in self.wg_accs]
 
-            def pair_values(eb: Builder, p: Value, accs=accs, row0=row0) -> list:
+            def pair_values(eb: Builder, p: Value, store: Op, accs=accs, row0=row0) -> list:
                 # elements 2p, 2p+1: one row, columns c and c+1 (a dual GEMM's epilogue
                 # sees every product's accumulator there: the same register position, or,
                 # joined, the gate's position + BN/2 in the one array)
@@ -628,14 +632,15 @@ class WarpgroupGemm:
                     else:
                         got = [eb.value("local_get", [x], F32, name=acc) for acc in accs]
                     values.append(got if dual else got[0])
-                return self._epilogue_pair_values(eb, row, col, values)
+                return self._epilogue_pair_values(eb, row, col, values, store)
 
             def per_chunk(eb: Builder, p: Value) -> None:
                 # every pair's value (and read) of the chunk before any of its stores
-                parts = [pair_values(eb, p if j == 0 else self._i(eb, "add", p, j))
-                         for j in range(chunk)]
-                for pair in parts:
-                    self._epilogue_pair(eb, pair, pairable)
+                for store, pairable in zip(stores, pairables):
+                    parts = [pair_values(eb, p if j == 0 else self._i(eb, "add", p, j), store)
+                             for j in range(chunk)]
+                    for pair in parts:
+                        self._epilogue_pair(eb, pair, pairable, store)
 
             # Unrolled so the accumulator array is indexed by constants (registers).
             self._for(b, 0, bn // 4, chunk, "e", per_chunk, unroll=True)

@@ -321,15 +321,19 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             (v, st, (bk, bn)) for v, st in zip(self.gemm.bs, self.stage_bs)]
 
     def _epilogue_store(self, b: Builder, row: Value, col: Value, acc) -> None:
-        """Evaluate the epilogue at tile coordinates (row, col) and store it; `acc` is the
-        accumulator element there, or a list of one per product (a dual GEMM)."""
-        index, stored, guard = self._epilogue_value(b, row, col, acc)
-        self.emit_store(b, self.gemm.store, [index, stored] + guard)
+        """Evaluate the epilogue at tile coordinates (row, col) and store it, into each of
+        the kernel's outputs; `acc` is the accumulator element there, or a list of one per
+        product (a dual GEMM)."""
+        for store in self.gemm.stores:
+            index, stored, guard = self._epilogue_value(b, row, col, acc, store)
+            self.emit_store(b, store, [index, stored] + guard)
 
-    def _epilogue_value(self, b: Builder, row: Value, col: Value, acc):
-        """(store index, value, guard list) of the epilogue at tile coordinates (row, col),
-        its reads (bias, residual) loaded within the guard."""
+    def _epilogue_value(self, b: Builder, row: Value, col: Value, acc, store: Op | None = None):
+        """(store index, value, guard list) of the epilogue's `store` (the first unless
+        named) at tile coordinates (row, col), its reads (bias, residual) loaded within the
+        guard."""
         g = self.gemm
+        store = store or g.store
         bm, bn, _ = g.tile
         ctx = Ctx(self, b, (bm, bn), coords=[row, col], identity=False)
         accs = acc if isinstance(acc, (list, tuple)) else [acc]
@@ -348,7 +352,7 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
             memo[v.id] = out
             return out
 
-        ptr, val, *mask = g.store.operands
+        ptr, val, *mask = store.operands
         guard = [self.elem(m, ctx) for m in mask]
         if g.reads:
             # Bias / residual loads happen here, per element, within the store's bounds.
@@ -357,10 +361,11 @@ class MatmulLowering(GemmStaging, AsyncStaging, WarpgroupGemm, TensorOpsGemm):
         self.load_rewrite = None
         return self.elem(ptr, ctx), stored, guard
 
-    def store_index(self, b: Builder, row: Value, col: Value) -> Value:
-        """The element index the epilogue's store writes at tile coordinates (row, col)."""
+    def store_index(self, b: Builder, row: Value, col: Value, store: Op | None = None) -> Value:
+        """The element index the epilogue's `store` (the first unless named) writes at tile
+        coordinates (row, col)."""
         bm, bn, _ = self.gemm.tile
-        return self.elem(self.gemm.store.operands[0],
+        return self.elem((store or self.gemm.store).operands[0],
                          Ctx(self, b, (bm, bn), coords=[row, col], identity=False))
 
     def _epilogue_read(self, op: Op, ctx: Ctx, guard: list[Value]) -> Value:

@@ -569,8 +569,9 @@ class Lowering(ReductionLowering, SortLowering, MatmulLowering, ElementwiseVecto
         if g is not None:
             if op is g.loop:
                 return self.lower_gemm_loop(op, b)
-            if op is g.store:
-                return self.lower_gemm_store(op, b)
+            if any(op is st for st in g.stores):
+                # every output at the last store, where all their addresses are defined
+                return self.lower_gemm_store(op, b) if op is g.stores[-1] else None
             if any(r.id in g.dependent or r.id in g.fused_reads for r in op.results):
                 return  # epilogue values and reads: evaluated per element at the store
         if name == "for":
