@@ -167,7 +167,7 @@ GATED_ACTIVATIONS = ("silu", "gelu_tanh", "relu")
 
 
 @metile.kernel
-def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
+def gated_mlp(x, w_gate, w_up, output, rows, columns, inner, gate_out=None, up_out=None,
               BLOCK_M: metile.constexpr = 64, BLOCK_N: metile.constexpr = 64,
               BLOCK_K: metile.constexpr = 16, RELAXED_PRECISION: metile.constexpr = False,
               ACTIVATION: metile.constexpr = "silu", TRANSPOSE_B: metile.constexpr = True):
@@ -176,7 +176,9 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
     by both weight tiles into two float32 accumulators; the gate, the product and the
     conversion are one fused epilogue.  `w_gate` and `w_up` are (columns, inner) as a
     Linear stores them (TRANSPOSE_B, the default; False takes (inner, columns) row-major
-    weights).  ACTIVATION: "silu" (x * sigmoid(x)), "gelu_tanh" or "relu"."""
+    weights).  ACTIVATION: "silu" (x * sigmoid(x)), "gelu_tanh" or "relu".  `gate_out` and
+    `up_out` ((rows, columns) each, optional): the two products as well, in their dtype -
+    what a backward pass needs - from the same epilogue."""
     a = metile.tensor(x, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     gate = right_operand(w_gate, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
@@ -198,6 +200,14 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner,
     else:
         gated = metile.where(gate_acc < 0, 0.0, gate_acc)     # relu, NaN kept (activation)
     c.store((row_origin, column_origin), (gated * up_acc).to(output.dtype))
+    if gate_out is not None:
+        metile.tensor(gate_out, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write").store(
+            (row_origin, column_origin), gate_acc.to(gate_out.dtype))
+    if up_out is not None:
+        metile.tensor(up_out, shape=(rows, columns), strides=(columns, 1),
+                      block_shape=(BLOCK_M, BLOCK_N), access="write").store(
+            (row_origin, column_origin), up_acc.to(up_out.dtype))
 
 
 def batched_grid(batch: int, rows: int, columns: int, BLOCK_M: int = 64,
