@@ -41,7 +41,7 @@ from . import cache, tuning
 from .dispatch import resolve_grid
 from ..compiler.backend import resolve_backend
 from .compiled_view import refuse_dtype_placeholders
-from .kernel import LAUNCH_OPTIONS, Kernel
+from .kernel import Kernel
 
 # Launch keywords that change numerics or lowering: part of the tuning key.
 POLICY_KEYWORDS = ("RELAXED_PRECISION", "STRICT_MATH", "SCHEDULE", "num_stages", "num_warps",
@@ -304,8 +304,7 @@ class _TunedLauncher:
         if hasattr(layer, "computed"):        # metile.heuristics layers
             supplied |= layer.computed()
             layer = layer.base
-        layer.check_arguments(args, [k for k in kwargs if k in layer.param_names or
-                                     k not in LAUNCH_OPTIONS], supplied)
+        layer.check_call(args, kwargs, supplied)
 
     def _check_conflicts(self, kwargs) -> None:
         """A meta-parameter given at the call that the configs also set would be overridden

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..errors import LaunchError
 from .compiled_view import refuse_dtype_placeholders
-from .kernel import LAUNCH_OPTIONS, Kernel
+from .kernel import Kernel
 
 
 class Heuristics:
@@ -56,9 +56,7 @@ class Heuristics:
         """complete() after the call is checked against the kernel's signature, so a missing
         or unexpected argument is an ArgumentError naming it, not a KeyError from inside a
         heuristic function that reads it."""
-        base = self.base
-        base.check_arguments(args, [k for k in kwargs if k in base.param_names or
-                                    k not in LAUNCH_OPTIONS], self.computed())
+        self.base.check_call(args, kwargs, self.computed())
         return self.complete(args, kwargs)
 
     def complete(self, args, kwargs: dict) -> dict:

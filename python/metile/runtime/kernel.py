@@ -213,7 +213,7 @@ class Specialization:
 
 # The keywords a launch takes besides the kernel's arguments, which bind() reads (a kernel
 # with a parameter of one of these names gets it as that argument): a new one goes here too,
-# or a tuned launch refuses it as an unexpected argument (autotuner._check_arguments).
+# or a tuned or heuristics launch refuses it as an unexpected argument (Kernel.check_call).
 LAUNCH_OPTIONS = frozenset({"num_simdgroups", "NUM_SG", "SCHEDULE", "backend", "target",
                             "STRICT_MATH", "debug", "num_warps", "num_stages"})
 
@@ -401,6 +401,13 @@ class Kernel:
                 raise LaunchError(f"num_simdgroups must be an int in 1..32, got {nsg!r}")
             threads = 32 * nsg
         return runtime, consts, threads, schedule, backend, debug
+
+    def check_call(self, args, kwargs: dict, supplied=()) -> None:
+        """check_arguments for a call's keywords before bind() has taken its launch options
+        out: a keyword is an argument if the kernel has a parameter of that name, else a
+        launch option if it is one (LAUNCH_OPTIONS)."""
+        self.check_arguments(args, [k for k in kwargs if k in self.param_names or
+                                    k not in LAUNCH_OPTIONS], supplied)
 
     def check_arguments(self, args, keywords, supplied=()) -> None:
         """The call's arguments against the kernel's signature, as Python binds a call: too
