@@ -48,6 +48,14 @@ def right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B):
 
 
 @metile.inline
+def output_tile(output, rows, columns, BLOCK_M, BLOCK_N):
+    """The row-major (rows, columns) output `output` points at, written in
+    (BLOCK_M, BLOCK_N) tiles."""
+    return metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
+                         block_shape=(BLOCK_M, BLOCK_N), access="write")
+
+
+@metile.inline
 def tile_product(a, b, row_origin, column_origin, k_begin, k_end, BLOCK_M, BLOCK_N, BLOCK_K):
     """The float32 BLOCK_M x BLOCK_N product of views `a` and `b` at the output tile
     (row_origin, column_origin), over K from k_begin to k_end: the dot recurrence the
@@ -66,8 +74,7 @@ def matmul(left, right, output, rows, columns, inner,
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
-    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(output, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
@@ -109,8 +116,7 @@ def matmul_epilogue(left, right, output, rows, columns, inner, alpha, beta,
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
-    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(output, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
@@ -140,8 +146,7 @@ def linear_epilogue(left, right, output, bias, residual, rows, columns, inner,
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
-    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(output, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
@@ -183,8 +188,7 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner, gate_out=None, up_o
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     gate = right_operand(w_gate, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
     up = right_operand(w_up, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
-    c = metile.tensor(output, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(output, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     gate_acc = metile.zeros((BLOCK_M, BLOCK_N), dtype=metile.float32)
@@ -201,12 +205,10 @@ def gated_mlp(x, w_gate, w_up, output, rows, columns, inner, gate_out=None, up_o
         gated = metile.where(gate_acc < 0, 0.0, gate_acc)     # relu, NaN kept (activation)
     c.store((row_origin, column_origin), (gated * up_acc).to(output.dtype))
     if gate_out is not None:
-        metile.tensor(gate_out, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write").store(
+        output_tile(gate_out, rows, columns, BLOCK_M, BLOCK_N).store(
             (row_origin, column_origin), gate_acc.to(gate_out.dtype))
     if up_out is not None:
-        metile.tensor(up_out, shape=(rows, columns), strides=(columns, 1),
-                      block_shape=(BLOCK_M, BLOCK_N), access="write").store(
+        output_tile(up_out, rows, columns, BLOCK_M, BLOCK_N).store(
             (row_origin, column_origin), up_acc.to(up_out.dtype))
 
 
@@ -236,8 +238,7 @@ def batched_matmul_epilogue(left, right, output, rows, columns, inner, left_batc
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     b = right_operand(right + batch * right_batch_stride, inner, columns, BLOCK_K, BLOCK_N,
                       TRANSPOSE_B)
-    c = metile.tensor(output + batch * rows * columns, shape=(rows, columns),
-                      strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(output + batch * rows * columns, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     accumulator = tile_product(a, b, row_origin, column_origin, 0, inner, BLOCK_M, BLOCK_N,
@@ -271,8 +272,7 @@ def matmul_split_k(left, right, partial, rows, columns, inner, chunk,
     a = metile.tensor(left, shape=(rows, inner), strides=(inner, 1),
                       block_shape=(BLOCK_M, BLOCK_K), access="read")
     b = right_operand(right, inner, columns, BLOCK_K, BLOCK_N, TRANSPOSE_B)
-    c = metile.tensor(partial + split * rows * columns, shape=(rows, columns),
-                      strides=(columns, 1), block_shape=(BLOCK_M, BLOCK_N), access="write")
+    c = output_tile(partial + split * rows * columns, rows, columns, BLOCK_M, BLOCK_N)
     row_origin = metile.program_id(0) * BLOCK_M
     column_origin = metile.program_id(1) * BLOCK_N
     k_begin = split * metile.maximum(chunk, 0)   # (>= 0 provably: its views need no lower-bound mask)
