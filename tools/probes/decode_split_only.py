@@ -24,12 +24,18 @@ from probe_report import add_case, alternating_us, kv_bandwidth, mlx_over, save 
 CONFIG = {"path": "decode_rows", "BLOCK_N": 8, "combine_warps": 4}
 
 
-def split_only(q, k, v, scale):
-    """attention_decode's partial outputs and statistics, no combine."""
+def split_only(q, k, v, scale, before=None):
+    """attention_decode's partial outputs and statistics, no combine.  `before` (the previous
+    split's partial outputs) goes where the mask would be, which MASK "none" never reads:
+    the dependence on the attention before that a decode step's layers have, with no kernel
+    between (q stands there otherwise, as the op passes it)."""
+    from metile_kernels import attention as kernels
     combine = attention_ops._combine
     attention_ops._combine = lambda kernels, partial, stats, *rest: (partial, stats)
     try:
-        return attention_ops._launch(q, k, v, None, scale, CONFIG)
+        return attention_ops._launch_rows(kernels, q, k, (k, v, 0, 0),
+                                          q if before is None else before, "none",
+                                          [0, 0, 0, 0], scale * attention_ops.LOG2E, CONFIG)
     finally:
         attention_ops._combine = combine
 
@@ -44,27 +50,13 @@ def independent(op, chain):
     return mx.compile(step)
 
 
-def split_after(q, k, v, scale, before):
-    """split_only whose launch also takes `before` (the previous split's partial outputs)
-    where the mask would be, which MASK "none" never reads: the dependence on the attention
-    before that a decode step's layers have, with no kernel between."""
-    from metile_kernels import attention as kernels
-    combine = attention_ops._combine
-    attention_ops._combine = lambda kernels, partial, stats, *rest: (partial, stats)
-    try:
-        return attention_ops._launch_rows(kernels, q, k, (k, v, 0, 0), before, "none",
-                                          [0, 0, 0, 0], scale * attention_ops.LOG2E, CONFIG)[0]
-    finally:
-        attention_ops._combine = combine
-
-
 def dependent(op, chain, split=False):
     """CHAIN attentions each after the one before, the call's result what the next call
     starts from (as benchmarks.attention's chain): (q, carried, *kv) -> carried."""
     def step(q, carried, *kv):
         for i in range(chain):
             k, v = kv[2 * i], kv[2 * i + 1]
-            carried = split_after(q, k, v, op, carried) if split else op(carried, k, v)
+            carried = split_only(q, k, v, op, carried)[0] if split else op(carried, k, v)
         return carried
     return mx.compile(step)
 
