@@ -379,6 +379,59 @@ def test_fused_warpgroup_prefill_ragged(rng, dtype, m, n, k, bits, group_size):
     check(y, x, wq, s, b, True, group_size, bits, dtype)
 
 
+PAIRS_TILE = {"kernel": "gemm", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "PAIRS": True}
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("m,group_size", [(40, 64), (3, 32), (17, 128)])
+def test_pair_dequantized_gemm_is_the_float_form_bit_for_bit(rng, dtype, m, group_size):
+    # the weight tile in packed pair arithmetic (one pair_fma takes the magic off, one
+    # makes s q + b with one rounding) against the float32 form of the same tile: equal to
+    # the bit, rows ragged (x's rows stay masked), weights of a wide range
+    n, k = 64, 256
+    w = mx.array((rng.standard_normal((n, k)) * 7).astype(np.float32)).astype(dtype)
+    wq, s, b = mx.quantize(w, group_size=group_size, bits=4)
+    x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
+    y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4, PAIRS_TILE)
+    check(y, x, wq, s, b, True, group_size, 4, dtype)
+    plain = {key: v for key, v in PAIRS_TILE.items() if key != "PAIRS"}
+    same = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4, plain)
+    assert np.array_equal(np.array(y.astype(mx.float32)), np.array(same.astype(mx.float32)))
+    # x the identity: the product is the dequantized tile itself, every nibble position
+    eye = mx.eye(k, dtype=dtype)
+    tile = quantized_ops._metile(eye, wq, s, b, n, k, True, group_size, 4, PAIRS_TILE)
+    q = unpacked(wq, mx.ones_like(s), mx.zeros_like(b), group_size, 4)
+    sf, bf = (np.repeat(f64(a), group_size, axis=1) for a in (s, b))
+    want = mx.array((sf * q + bf).astype(np.float32)).astype(dtype)   # one rounding
+    assert np.array_equal(np.array(tile.astype(mx.float32)).T, np.array(want.astype(mx.float32)))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(bits=8), "4-bit weights"), (dict(n=48), "N of BLOCK_N"),
+    (dict(k=288, group=32), "K a multiple"),
+    (dict(dtype=mx.float32), "float16 or bfloat16 x"),
+])
+def test_pair_dequantized_gemm_refuses_what_it_does_not_take(rng, change, message):
+    bits, n, k, group, dtype = (change.get(a, d) for a, d in (
+        ("bits", 4), ("n", 64), ("k", 256), ("group", 64), ("dtype", mx.float16)))
+    wq, s, b = quantized(rng, (n, k), dtype, group, bits)
+    x = mx.zeros((4, k), dtype)
+    with pytest.raises(ValueError, match=message):
+        quantized_ops._metile(x, wq, s, b, n, k, True, group, bits, PAIRS_TILE)
+
+
+@pytest.mark.skipif(not ops._warpgroup_gemm(), reason="warpgroup MMA (an sm_90 GPU)")
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,group_size", [(200, 512, 4096, 64), (7, 256, 1152, 128),
+                                              (130, 768, 320, 32)])
+def test_pair_dequantized_warpgroup_prefill(rng, dtype, m, n, k, group_size):
+    wq, s, b = quantized(rng, (n, k), dtype, group_size, 4)
+    x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
+    y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4,
+                              quantized_ops.WGMMA_PAIRS)
+    check(y, x, wq, s, b, True, group_size, 4, dtype)
+
+
 # -- bad inputs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change,error,message", [
@@ -611,6 +664,18 @@ def test_cuda_emission_compiles_with_nvrtc():
     assert re.search(r"reinterpret_cast<uint4\*>\(&_sw\d+\[", d.source)
     ok, log = compile_cuda(translation_unit(d), "sm_90a")
     assert ok, log
+    # ...and in packed pairs (K and N whole tiles): no spills, no serialized products
+    meta = {k: v for k, v in quantized_ops.WGMMA_PAIRS.items() if k != "kernel"}
+    wq, s, b = mx.quantize(mx.zeros((512, 4096), mx.float16), group_size=64, bits=4)
+    from metile_kernels.quantized_pairs import unpack_constants
+    d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
+        x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
+        TRANSPOSE=True, backend="cuda", **meta, **unpack_constants("float16"))
+    assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    ok, log = compile_cuda(translation_unit(d), "sm_90a")
+    assert ok, log
+    assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
+        "0 bytes spill", "")
     # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
     for bits, group in ((4, 32), (8, 128)):
         wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)

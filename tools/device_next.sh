@@ -23,7 +23,8 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s141   -- (ready, not run) model layers with auto and the lead-in, the GPU tests s140 did not reach
+#   OUT=$OUT bash tools/device_next.sh s142   -- int4 prefill on the fused GEMM dequantizing in packed pairs, its GPU tests, then test_bad_inputs/test_routing/test_quantized_op
+#   OUT=$OUT bash tools/device_next.sh s141   --  model layers with auto and the lead-in, the GPU tests s140 did not reach
 #   OUT=$OUT bash tools/device_next.sh s140   -- the place penalty probe (tools/probes/order_penalty.py), GPU tests of the session's hostile-trial fixes
 #   OUT=$OUT bash tools/device_next.sh s139   -- int4 prefill with the dequantize split along K (tools/probes/int4_prefill_split.py), n_regs GPU tests
 #   OUT=$OUT bash tools/device_next.sh s138   -- model layers with benchmarks.common.rotate alternating two variants (it had kept one order), then gated_forms again
@@ -126,7 +127,22 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s141 ]; then
+if [ "$mode" = s142 ]; then
+  # s41: int4 prefill on the fused warpgroup GEMM with its weight tile dequantized in packed
+  # pairs (quantized_ops.WGMMA_PAIRS) beside the float form and dequantize + GEMM
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 150 -k "pair_dequantized or fused_warpgroup" test_quantized_op
+  cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
+  for dt in float16 bfloat16; do
+    timeout 120 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --rounds 5 --also WGMMA_GEMM WGMMA_PAIRS \
+      --output "$logs/h200-quantized-int4-$dt-prefill-pairs.json" 2>&1 | tail -8 | tee -a "$log"
+  done
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --prefill 2048 4096 11008 --prefill 128 4096 11008 --rounds 3 --also WGMMA_PAIRS \
+    --output "$logs/h200-quantized-int4-float16-prefill-pairs-sizes.json" 2>&1 | tail -12 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_bad_inputs test_routing test_quantized_op
+elif [ "$mode" = s141 ]; then
   # s40, for the next session: what auto gives on the model layers now that every timed
   # sample has a lead-in (rotate, the routing), then the test files s140 ran out of time for
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"

@@ -51,6 +51,15 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
             "CENTRE": centre, "IN_PLACE": dtype_name == "float16" and bits == 4}
 
 
+def unpack_constants(dtype_name: str) -> dict:
+    """quantized_matmul's PAIRS constants for 4-bit weights and x of `dtype_name`: MAGIC and
+    ONE as in `pair_constants`, UNMAGIC the pair -M (one pair_fma of M + q with ONE and
+    UNMAGIC is q, exactly)."""
+    c = pair_constants(dtype_name, 4)
+    minus = {"float16": 0xE400, "bfloat16": 0xC300}[dtype_name]   # -1024, -128
+    return {"MAGIC": c["MAGIC"], "ONE": c["ONE"], "UNMAGIC": minus | (minus << 16)}
+
+
 @metile.inline
 def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES, ROWS,
                DTYPE):

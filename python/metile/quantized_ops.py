@@ -134,6 +134,11 @@ DEQUANTIZE_MLX_GEMM = {"kernel": "dequantize+gemm", "DENSE": "mlx"}
 # (gemm_async._GroupInvariant) 301.1 us against 126.3 (s26): still not a candidate.
 WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
               "num_simdgroups": 8}
+# ...with the weight tile dequantized in packed 16-bit pairs (quantized.dequantized_pairs:
+# 4-bit weights, float16/bfloat16 x, K and N whole tiles): ~3 SASS instructions a weight in
+# the staging loop instead of ~20 (473 a K step and thread against ~1570, NVRTC sm_90a,
+# 512x4096x11008).
+WGMMA_PAIRS = {**WGMMA_GEMM, "PAIRS": True}
 # ...its warp-specialized form (METILE_CUDA_WGMMA=ws): a producer warpgroup evaluates the
 # weight tiles while the two others multiply (the form above has every warp do both);
 # slower still: 502.3 us (s29)
@@ -297,6 +302,19 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
         meta["TRANSPOSE"] = transpose
+        if params.get("PAIRS"):
+            from metile_kernels import quantized_pairs as pairs
+            name = _pair_dtype(x2.dtype, bits, transpose)
+            # its tiles carry no masks along K and N, and a group of 8 weights along K
+            # shares one packed word, scale and bias
+            if name is None or bits != 4 or k % params["BLOCK_K"] or n % params["BLOCK_N"] \
+                    or params["BLOCK_K"] % 8 or group_size % 8:
+                raise ValueError(
+                    f"quantized_matmul: the gemm kernel with PAIRS takes 4-bit weights with "
+                    f"transpose=True, float16 or bfloat16 x, K a multiple of BLOCK_K "
+                    f"({params['BLOCK_K']}) and N of BLOCK_N ({params['BLOCK_N']}); got "
+                    f"{x2.dtype}, {bits} bits, transpose={transpose}, K={k}, N={n}")
+            meta.update(pairs.unpack_constants(name))
     args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)
