@@ -954,6 +954,22 @@ def test_a_conditional_expression_on_a_tile_selects_elementwise():
     assert select[(1,)](mx.zeros((4,), dtype=mx.int32), 1, BLOCK=4).tolist() == [100, 101, 4, 6]
 
 
+@metile.kernel
+def numbers_of_two_kinds(Y, n):
+    metile.store(Y + 0, 2 ** 31 if n > 0 else -1)
+    metile.store(Y + 1, 2 ** 31 if n > 0 else 1)
+    metile.store(Y + 2, 2 ** 40 if n > 0 else 3)
+    metile.store(Y + 3, 1 if n > 0 else 2.5)
+
+
+@pytest.mark.parametrize("n", [1, 0])
+def test_a_conditional_expression_of_two_numbers_merges_as_an_if_statement(n):
+    # (the select typed 2**31 as uint32 and refused -1: "constant -1 does not fit in
+    # uint32", where the same values from an if statement's branches are int64)
+    got = numbers_of_two_kinds[(1,)](mx.zeros((4,), dtype=mx.int64), n).tolist()
+    assert got == ([2 ** 31, 2 ** 31, 2 ** 40, 1] if n else [-1, 1, 3, 2])
+
+
 # -- names first bound in a constant loop's body, read after it (fortieth session) -------------
 
 def _python_first_bound(x, n, block):

@@ -26,7 +26,7 @@ from .block_pointers import BlockPointer, TensorDescriptor
 from ..errors import CompilationError
 from .tuples import KernelTuple
 from .semantics import Semantics, describe, is_const
-from .control import UNSET, ControlFlow, Undefined
+from .control import UNSET, ControlFlow, Undefined, _const_dtype
 from .desugar_control import desugar
 from .source import FunctionSource, function_source
 from .views import TensorView
@@ -381,6 +381,11 @@ class Generator(ControlFlow):
             return self.sem.where(cond, self.visit(node.body), self.visit(node.orelse))
         if _plain_operands(node):   # both sides cost a select and cannot act or fault
             a, b = self.visit(node.body), self.visit(node.orelse)
+            if all(is_const(v) and not isinstance(v, bool) for v in (a, b)):
+                # two numbers take the type an if statement's branches give them (2**31 with
+                # -1 is int64); where's promotion would type -1 as 2**31's uint32 and refuse it
+                t = _const_dtype(a, b)
+                a, b = self.sem.const(a, t), self.sem.const(b, t)
             if all(isinstance(v, Value) or is_const(v) for v in (a, b)):
                 return self.sem.where(cond, a, b)
         return self.conditional_expression(cond, node)   # (control.py: one side runs)
