@@ -111,6 +111,27 @@ def test_gradient_at_a_zero_pre_activation_is_mlxs(activation, slope):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, err_msg=backend)
 
 
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_leaky_gradient_where_the_float16_output_underflows_to_minus_zero(residual):
+    # A small negative z (|z| < ~6e-6 at slope 0.01) gives slope * z = -0.0 in a float16
+    # output; its derivative is still the slope, as MLX's max(slope * z, z) gives it (the
+    # backward read the output's sign with >= 0 and took 1, 100x the slope).
+    z = np.array([-1e-6, -3e-6, -5e-6, -1e-5, 0.0, 1e-6, 2.0, -2.0], np.float32)
+    x = mx.array(np.ones((1, 1), np.float32)).astype(mx.float16)
+    w = mx.array(z[:, None]).astype(mx.float16)
+    r = mx.zeros((1, z.size), mx.float16) if residual else None
+    want = mx.grad(lambda w: nn.leaky_relu(x @ w.T).astype(mx.float32).sum())(w)
+    for backend in ("metile", "mlx"):
+        got = mx.grad(lambda w: ops.linear(x, w, None, "leaky_relu", residual=r,
+                                           backend=backend).astype(mx.float32).sum())(w)
+        np.testing.assert_array_equal(np.array(got.astype(mx.float32)),
+                                      np.array(want.astype(mx.float32)), err_msg=backend)
+        got = mx.grad(lambda w: ops.matmul(x, w.T, epilogue="leaky_relu", backend=backend)
+                      .astype(mx.float32).sum())(w)
+        np.testing.assert_array_equal(np.array(got.astype(mx.float32)),
+                                      np.array(want.astype(mx.float32)), err_msg=backend)
+
 def test_inside_compile_and_module(rng):
     layer = metile.nn.Linear(33, 20, activation="gelu_tanh", backend="metile")
     x, xr = arrays(rng, (4, 33), "float32")

@@ -161,8 +161,14 @@ def _upstream(cotangent, activation, slope, output, pre_activation):
                                (activation == "leaky_relu" and slope > 0)):
         # (a positive slope keeps z's sign in the output: leaky_relu's derivative is 1
         # where z >= 0, as MLX's; relu's is 0 at 0, as MLX's)
-        d = mx.where(output > 0, 1.0, 0.0) if activation == "relu" else \
-            mx.where(output >= 0, 1.0, float(slope))
+        if activation == "relu":
+            d = mx.where(output > 0, 1.0, 0.0)
+        else:
+            # a -0.0 output is a negative z whose slope * z underflowed (in float16 below
+            # |z| ~6e-6 at slope 0.01), which takes the slope as in MLX: the zero's sign
+            # tells (1 / -0.0 is -inf)
+            nonnegative = (output > 0) | ((output == 0) & (1 / output > 0))
+            d = mx.where(nonnegative, 1.0, float(slope))
     else:
         d = _activation_grad(pre_activation().astype(mx.float32), activation, slope)
     return (cotangent.astype(mx.float32) * d).astype(cotangent.dtype)
