@@ -364,3 +364,20 @@ def test_numpy_scalars_and_arrays_are_constants_that_key_the_caches(monkeypatch)
         np.testing.assert_allclose(_run(through_numpy, x), -xn + 7.5)
     finally:
         TABLE[2500] = 0.0
+
+
+SHAPE_OF_NUMPY_INTS = (np.int64(2), np.int32(4))
+
+
+@metile.kernel
+def numpy_shapes(Y, V: metile.constexpr, SHAPE: metile.constexpr):
+    z = metile.zeros(SHAPE, dtype=metile.float32) + V
+    rows, cols = SHAPE_OF_NUMPY_INTS
+    metile.store(Y + metile.arange(0, rows)[:, None] * cols + metile.arange(0, cols)[None, :], z)
+
+
+def test_numpy_ints_in_a_tuple_are_ints_too():
+    # (zeros() refused a shape of NumPy ints, a global's or a constexpr argument's, as "not
+    # a tuple of positive constexpr ints"; a NumPy int alone was already an int)
+    got = numpy_shapes[(1,)](mx.zeros((8,)), np.float32(1.5), (np.int64(2), np.uint8(4)))
+    assert got.tolist() == [1.5] * 8

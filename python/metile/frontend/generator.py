@@ -69,11 +69,14 @@ def _check_constexpr_argument(fn, name: str, value) -> None:
 
 def _plain_scalar(value):
     """A NumPy scalar (`np.float32(1e-5)`, `np.int64(3)`, `np.bool_`) read from Python as
-    the Python number it holds, which the kernel language takes as a constant; anything
+    the Python number it holds, which the kernel language takes as a constant (in a tuple
+    too); anything
     else as it is; a `metile.constexpr(v)` object (Triton's module-level `NAME =
     tl.constexpr(v)`) as v (the object is always truthy: `if NAME:` took the true branch)."""
     if isinstance(value, constexpr):
         return _plain_scalar(value.value)
+    if type(value) is tuple:   # (a shape of NumPy ints: zeros() refused it as not ints)
+        return tuple(_plain_scalar(v) for v in value)
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0 and \
             hasattr(value, "item") and not hasattr(value, "__len__"):
         item = value.item()

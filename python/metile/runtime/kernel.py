@@ -368,8 +368,7 @@ class Kernel:
                 # (Triton's `FLAG=tl.constexpr(False)`: the object is always truthy, so an
                 # `if FLAG:` took the true branch)
                 bound[k] = v = v.value
-            if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
-                bound[k] = v.item()  # NumPy scalars count as the Python numbers they hold
+            bound[k] = _plain_numbers(v)  # NumPy scalars count as the Python numbers they hold
         # A None for a runtime parameter (an optional pointer) is a constexpr None, as in
         # Triton: `if B is not None:` folds, and the launch passes nothing for it.
         runtime = {n: bound[n] for n in self.param_names
@@ -486,6 +485,16 @@ class Kernel:
             # oldest goes (a launch still holding it keeps it; again, it is read from disk)
             bounded_put(self._specs, key, spec, SPECIALIZATION_CACHE_SIZE)
         return spec, specs
+
+
+def _plain_numbers(v):
+    """`v` with each NumPy number, alone or in a tuple (a constexpr shape), as the Python
+    number it holds."""
+    if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
+        return v.item()
+    if type(v) is tuple:
+        return tuple(_plain_numbers(x) for x in v)
+    return v
 
 
 def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False,
