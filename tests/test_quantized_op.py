@@ -424,11 +424,12 @@ def test_pair_dequantized_gemm_refuses_what_it_does_not_take(rng, change, messag
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,group_size", [(200, 512, 4096, 64), (7, 256, 1152, 128),
                                               (130, 768, 320, 32)])
-def test_pair_dequantized_warpgroup_prefill(rng, dtype, m, n, k, group_size):
+@pytest.mark.parametrize("tile", ["WGMMA_PAIRS", "WGMMA_PAIRS_TALL"])
+def test_pair_dequantized_warpgroup_prefill(rng, dtype, m, n, k, group_size, tile):
     wq, s, b = quantized(rng, (n, k), dtype, group_size, 4)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
     y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4,
-                              quantized_ops.WGMMA_PAIRS)
+                              getattr(quantized_ops, tile))
     check(y, x, wq, s, b, True, group_size, 4, dtype)
 
 

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s143   -- the pair-dequantizing fused GEMM on a 256x128 tile beside 128x256, 512 and 2048 rows
 #   OUT=$OUT bash tools/device_next.sh s142   -- int4 prefill on the fused GEMM dequantizing in packed pairs, its GPU tests, then test_bad_inputs/test_routing/test_quantized_op
 #   OUT=$OUT bash tools/device_next.sh s141   --  model layers with auto and the lead-in, the GPU tests s140 did not reach
 #   OUT=$OUT bash tools/device_next.sh s140   -- the place penalty probe (tools/probes/order_penalty.py), GPU tests of the session's hostile-trial fixes
@@ -127,7 +128,17 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s142 ]; then
+if [ "$mode" = s143 ]; then
+  # s41: the pair-dequantizing fused GEMM on a 256x128 tile (half the staging a product)
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 100 -k "pair_dequantized" test_quantized_op
+  for dt in float16 bfloat16; do
+    timeout 100 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --rounds 5 --launches 100 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
+      --also WGMMA_PAIRS WGMMA_PAIRS_TALL \
+      --output "$logs/h200-quantized-int4-$dt-prefill-pairs-tall.json" 2>&1 | grep prefill | tee -a "$log"
+  done
+elif [ "$mode" = s142 ]; then
   # s41: int4 prefill on the fused warpgroup GEMM with its weight tile dequantized in packed
   # pairs (quantized_ops.WGMMA_PAIRS) beside the float form and dequantize + GEMM
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"

@@ -139,6 +139,10 @@ WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
 # the staging loop instead of ~20 (473 a K step and thread against ~1570, NVRTC sm_90a,
 # 512x4096x11008).
 WGMMA_PAIRS = {**WGMMA_GEMM, "PAIRS": True}
+# ...on a 256x128 tile: half the weight tile a K step for the same products (two m64n128
+# products a warpgroup), so half the staging work per tensor-core cycle
+WGMMA_PAIRS_TALL = {"kernel": "gemm", "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64,
+                    "num_simdgroups": 8, "PAIRS": True}
 # ...its warp-specialized form (METILE_CUDA_WGMMA=ws): a producer warpgroup evaluates the
 # weight tiles while the two others multiply (the form above has every warp do both);
 # slower still: 502.3 us (s29)
