@@ -133,8 +133,8 @@ if [ "$mode" = s143 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   gpu_tests 100 -k "pair_dequantized" test_quantized_op
   for dt in float16 bfloat16; do
-    timeout 100 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
-      --decode-off --rounds 5 --launches 100 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
+    timeout 150 python3 -m benchmarks.quantized --dtype $dt --bits 4 --group-size 64 --weights 4 \
+      --decode-off --rounds 5 --launches 60 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
       --also WGMMA_PAIRS WGMMA_PAIRS_TALL \
       --output "$logs/h200-quantized-int4-$dt-prefill-pairs-tall.json" 2>&1 | grep prefill | tee -a "$log"
   done
