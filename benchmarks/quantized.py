@@ -60,7 +60,8 @@ def sides(n, k, group_size, bits, rows, dtype, also=(), chain=1):
     for name in also:   # a configuration, or a list of them
         value = getattr(quantized_ops, name)
         extra += value if isinstance(value, list) else [value]
-    for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True, bits) + extra:
+    for config in quantized_ops.configs(quantized_ops.m_bucket(rows), dtype, True, bits, n, k,
+                                         group_size) + extra:
         def kernel(x, w, wq, scales, biases, config=config):
             return quantized_ops._metile(x, wq, scales, biases, n, k, True, group_size, bits,
                                          config)

@@ -347,6 +347,32 @@ def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
     assert quantized_ops.default_config(1, mx.float16, False) == quantized_ops.MATVEC_N
     assert quantized_ops.default_config(1, mx.float32, True) == quantized_ops.MATVEC
     assert quantized_ops.default_config(512, mx.float32, True) == quantized_ops.GEMM
+    # up to 128 rows on warpgroup MMA, the pair-dequantizing fused GEMM where it takes the
+    # call (4-bit, 16-bit x, K and N whole tiles); dequantize + GEMM past it or elsewhere
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
+    shape = (11008, 4096, 64)
+    assert quantized_ops.default_config(128, mx.float16, True, 4, *shape) == \
+        quantized_ops.WGMMA_PAIRS
+    assert quantized_ops.default_config(100, mx.bfloat16, True, 4, *shape) == \
+        quantized_ops.WGMMA_PAIRS
+    for rows, dtype, bits, at in ((129, mx.float16, 4, shape), (64, mx.float16, 8, shape),
+                                  (64, mx.float16, 4, (300, 4096, 64)),
+                                  (64, mx.float16, 4, (11008, 4000, 32))):
+        assert quantized_ops.default_config(rows, dtype, True, bits, *at) == \
+            quantized_ops.DEQUANTIZE_GEMM, (rows, dtype, bits, at)
+    assert quantized_ops.default_config(64, mx.float16, True) == quantized_ops.DEQUANTIZE_GEMM
+    # auto measures both pair tiles where they fit, the 256-wide one only where N allows it
+    candidates = quantized_ops.configs(512, mx.float16, True, 4, *shape)
+    assert candidates[-2:] == [quantized_ops.WGMMA_PAIRS, quantized_ops.WGMMA_PAIRS_TALL]
+    assert quantized_ops.WGMMA_PAIRS not in quantized_ops.configs(512, mx.float16, True, 4,
+                                                                  384, 4096, 64)
+    assert quantized_ops.WGMMA_PAIRS_TALL in quantized_ops.configs(512, mx.float16, True, 4,
+                                                                   384, 4096, 64)
+    monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: False)
+    assert quantized_ops.default_config(128, mx.float16, True, 4, *shape) == \
+        quantized_ops.DEQUANTIZE_GEMM
+    assert quantized_ops.configs(512, mx.float16, True, 4, *shape)[-1] == \
+        quantized_ops.DEQUANTIZE_MLX_GEMM
     monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: False)
     assert quantized_ops.default_config(1, mx.float16, True) == quantized_ops.MATVEC
     assert quantized_ops.default_config(512, mx.float16, True) == quantized_ops.GEMM
@@ -422,10 +448,11 @@ def test_pair_dequantized_gemm_refuses_what_it_does_not_take(rng, change, messag
 
 @pytest.mark.skipif(not ops._warpgroup_gemm(), reason="warpgroup MMA (an sm_90 GPU)")
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16], ids=str)
-@pytest.mark.parametrize("m,n,k,group_size", [(200, 512, 4096, 64), (7, 256, 1152, 128),
-                                              (130, 768, 320, 32)])
-@pytest.mark.parametrize("tile", ["WGMMA_PAIRS", "WGMMA_PAIRS_TALL"])
-def test_pair_dequantized_warpgroup_prefill(rng, dtype, m, n, k, group_size, tile):
+@pytest.mark.parametrize("tile,m,n,k,group_size", [
+    ("WGMMA_PAIRS", 200, 512, 4096, 64), ("WGMMA_PAIRS", 7, 256, 1152, 128),
+    ("WGMMA_PAIRS_TALL", 130, 384, 320, 32)])
+def test_pair_dequantized_warpgroup_prefill(rng, dtype, tile, m, n, k, group_size):
+    # (each case compiles its own ~17000-line kernel: ~15 s a case on the H100's host)
     wq, s, b = quantized(rng, (n, k), dtype, group_size, 4)
     x = mx.array(rng.standard_normal((m, k)).astype(np.float32)).astype(dtype)
     y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4,

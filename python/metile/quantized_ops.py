@@ -423,7 +423,33 @@ def _gemm(dtype) -> dict:
     return CUDA_GEMM if dtype != mx.float32 and _on_cuda() else GEMM
 
 
-def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
+def pair_gemm_fits(config: dict, dtype, transpose: bool, bits: int, n: int | None,
+                   k: int | None, group_size: int | None) -> bool:
+    """Whether a PAIRS gemm configuration takes this call (the checks `_launch` makes)."""
+    return n is not None and k is not None and group_size is not None and bits == 4 and \
+        _pair_dtype(dtype, bits, transpose) is not None and k % config["BLOCK_K"] == 0 and \
+        n % config["BLOCK_N"] == 0 and group_size % 8 == 0
+
+
+def _pair_prefill(dtype, transpose, bits, n, k, group_size) -> list[dict]:
+    """The pair-dequantizing fused GEMMs that take this call on a warpgroup-MMA GPU."""
+    from .ops import _warpgroup_gemm
+    if not (_on_cuda() and _warpgroup_gemm()):
+        return []
+    return [c for c in (WGMMA_PAIRS, WGMMA_PAIRS_TALL)
+            if pair_gemm_fits(c, dtype, transpose, bits, n, k, group_size)]
+
+
+# Up to this many rows backend="metile" runs the pair-dequantizing fused GEMM where it fits:
+# on an H100 (s142, 128x4096x11008 int4 group 64 float16, 4 weights cycled) 47.4 us against
+# 82.6 for dequantize + GEMM and MLX's 91.1; at 512 rows (s143) its 256x128 tile 123.7 us
+# against 121.8-122.9, at 2048 472.7 against 312.3-336.5 (every row block dequantizes the
+# whole weight again) - dequantize + GEMM stays the default there.
+PAIR_PREFILL_ROWS = 128
+
+
+def default_config(rows: int, dtype, transpose: bool, bits: int = 4, n: int | None = None,
+                   k: int | None = None, group_size: int | None = None) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
     Since s89 the GEMV in packed pairs where it applies (MATVEC_PAIRS[0]: float16 4/8-bit,
     bfloat16 4-bit; on the H200 13.2 us of kernel time against 18.8 for the runs GEMV).
@@ -446,6 +472,9 @@ def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
         if measured and _pair_dtype(dtype, bits, transpose):
             return MATVEC_PAIRS[0]
         return MATVEC_RUNS[0] if measured else MATVEC
+    if measured and rows <= PAIR_PREFILL_ROWS and \
+            WGMMA_PAIRS in _pair_prefill(dtype, transpose, bits, n, k, group_size):
+        return WGMMA_PAIRS
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
@@ -456,14 +485,17 @@ def _pair_dtype(dtype, bits: int, transpose: bool) -> str | None:
     return name if transpose and (name, bits) in PAIR_FORMS else None
 
 
-def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4) -> list[dict]:
-    """The metile candidates `auto` measures against MLX for a row bucket."""
+def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4, n: int | None = None,
+            k: int | None = None, group_size: int | None = None) -> list[dict]:
+    """The metile candidates `auto` measures against MLX for a row bucket (with the call's
+    N, K and group size, the pair-dequantizing fused GEMMs where they take it)."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
         pairs = MATVEC_PAIRS if _pair_dtype(dtype, bits, transpose) else []
         return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], *pairs, gemm] if transpose else \
             [MATVEC_N, gemm]
-    return [gemm, DEQUANTIZE_GEMM, DEQUANTIZE_MLX_GEMM]
+    return [gemm, DEQUANTIZE_GEMM, DEQUANTIZE_MLX_GEMM,
+            *_pair_prefill(dtype, transpose, bits, n, k, group_size)]
 
 
 @functools.lru_cache(maxsize=1)
@@ -490,7 +522,7 @@ def _signature(dtype, scales_dtype, m, n, k, transpose, group_size, bits):
              "device": _device_description(device),
              "candidates": [routing.REFERENCE] + [config_name(c)
                                                   for c in configs(bucket, dtype, transpose,
-                                                                   bits)],
+                                                                   bits, n, k, group_size)],
              "environment": dict(routing.environment()), "toolchain": routing.tuning.toolchain(),
              **_fingerprints()}
     return routing.decision_key(parts), parts
@@ -517,11 +549,11 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
     if backend == "mlx":
         return None, routing.Decision(routing.REFERENCE, "requested", "backend='mlx' requested")
     if backend == "metile":
-        config = default_config(m, dtype, transpose, bits)
+        config = default_config(m, dtype, transpose, bits, n, k, group_size)
         return config, routing.Decision(config_name(config), "requested",
                                         "backend='metile' requested")
     key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)
-    candidates = configs(parts["m_bucket"], dtype, transpose, bits)
+    candidates = configs(parts["m_bucket"], dtype, transpose, bits, n, k, group_size)
     decision = routing.recorded(key, lambda: map(config_name, candidates), force)
     if decision is None and routing.measuring_requested() and routing.can_evaluate(x2, scales):
         operands = _measure_operands(m, n, k, dtype, scales.dtype, transpose, group_size, bits)
