@@ -710,11 +710,11 @@ def gated_configs(dtype) -> list[dict]:
     gradient follows (mx.compile and mx.grad both trace).  Auto, which must never be
     slower, does not offer it.  (Its slower float16 times in `benchmarks.model_layers`,
     245/826 us in s78 and 0.59-0.71x on the H100, were the benchmark's: two variants ran
-    in one order every round.  Alternated (s138, H100): 0.99x / 1.14x at T 512 / 2048.
-    Offering it needs a forward that also writes both products for the vjp to reuse: a
-    fused GEMM with three stores, which passes/gemm.py takes since the fortieth session
-    (tests/test_dual_gemm.py); the op's forward and vjp on it, and its cost measured
-    against MLX's composite, are not built yet.)"""
+    in one order every round.  Alternated (s138, H100): 0.99x / 1.14x at T 512 / 2048;
+    alternated with a lead-in before every sample (s141, H100): float16 0.94x / 0.99x,
+    bfloat16 0.78x / 0.95x - no faster than the composite, so a forward that also writes
+    both products for the vjp (a fused GEMM with three stores, which passes/gemm.py takes
+    since the fortieth session) would have nothing to win back; not built.)"""
     # (no shape: metile_configs adds no SPLIT_K variants)
     return [c for c in metile_configs(dtype, "x@w.T") if not _is_warpgroup_tile(c)]
 
