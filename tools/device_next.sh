@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s145   -- (ready, not run) GPU tests: quantized op (pair GEMM), bad inputs, routing, the trials' fixes
 #   OUT=$OUT bash tools/device_next.sh s144   -- which shapes the pair-dequantizing GEMM finishes at, one process each
 #   OUT=$OUT bash tools/device_next.sh s143   -- the pair-dequantizing fused GEMM on a 256x128 tile beside 128x256, 512 and 2048 rows
 #   OUT=$OUT bash tools/device_next.sh s142   -- int4 prefill on the fused GEMM dequantizing in packed pairs, its GPU tests, then test_bad_inputs/test_routing/test_quantized_op
@@ -129,7 +130,13 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s144 ]; then
+if [ "$mode" = s145 ]; then
+  # s41, for the next session: the GPU tests s140-s143 ran out of time for, the pair GEMM's
+  # tests first (each case compiles a ~17000-line kernel), and the trials' fixes
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_quantized_op test_bad_inputs test_routing \
+    test_kernel_dependencies test_ops
+elif [ "$mode" = s144 ]; then
   # s41: the shapes the pair-dequantizing GEMM finishes at (the GPU test at 200x512x4096 hung)
   for shape in "256 512 4096" "200 512 4096" "200 11008 4096" "512 512 4096" "7 256 1152"; do
     timeout 40 python3 tools/probes/pair_gemm_shapes.py $shape 2>&1 | tail -1 | tee -a "$log"
