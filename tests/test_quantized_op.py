@@ -347,30 +347,26 @@ def test_metile_defaults_are_the_measured_kernels_on_cuda(monkeypatch):
     assert quantized_ops.default_config(1, mx.float16, False) == quantized_ops.MATVEC_N
     assert quantized_ops.default_config(1, mx.float32, True) == quantized_ops.MATVEC
     assert quantized_ops.default_config(512, mx.float32, True) == quantized_ops.GEMM
-    # up to 128 rows on warpgroup MMA, the pair-dequantizing fused GEMM where it takes the
-    # call (4-bit, 16-bit x, K and N whole tiles); dequantize + GEMM past it or elsewhere
+    # on warpgroup MMA auto also measures the pair-dequantizing fused GEMMs where they take
+    # the call (4-bit, 16-bit x, K and N whole tiles); backend="metile" keeps dequantize +
+    # GEMM (the pair kernel was measured at one N)
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: True)
     shape = (11008, 4096, 64)
-    assert quantized_ops.default_config(128, mx.float16, True, 4, *shape) == \
-        quantized_ops.WGMMA_PAIRS
-    assert quantized_ops.default_config(100, mx.bfloat16, True, 4, *shape) == \
-        quantized_ops.WGMMA_PAIRS
-    for rows, dtype, bits, at in ((129, mx.float16, 4, shape), (64, mx.float16, 8, shape),
-                                  (64, mx.float16, 4, (300, 4096, 64)),
-                                  (64, mx.float16, 4, (11008, 4000, 32))):
-        assert quantized_ops.default_config(rows, dtype, True, bits, *at) == \
-            quantized_ops.DEQUANTIZE_GEMM, (rows, dtype, bits, at)
-    assert quantized_ops.default_config(64, mx.float16, True) == quantized_ops.DEQUANTIZE_GEMM
-    # auto measures both pair tiles where they fit, the 256-wide one only where N allows it
+    assert quantized_ops.default_config(128, mx.float16, True) == quantized_ops.DEQUANTIZE_GEMM
     candidates = quantized_ops.configs(512, mx.float16, True, 4, *shape)
     assert candidates[-2:] == [quantized_ops.WGMMA_PAIRS, quantized_ops.WGMMA_PAIRS_TALL]
+    assert quantized_ops.configs(16, mx.bfloat16, True, 4, *shape)[-1] == \
+        quantized_ops.WGMMA_PAIRS_TALL
+    # the 256-wide tile only where N allows it; none at 8 bits, K not whole tiles, float32
     assert quantized_ops.WGMMA_PAIRS not in quantized_ops.configs(512, mx.float16, True, 4,
                                                                   384, 4096, 64)
     assert quantized_ops.WGMMA_PAIRS_TALL in quantized_ops.configs(512, mx.float16, True, 4,
                                                                    384, 4096, 64)
+    for dtype, bits, at in ((mx.float16, 8, shape), (mx.float16, 4, (11008, 4000, 32)),
+                            (mx.float32, 4, shape)):
+        assert not any(c.get("PAIRS") for c in quantized_ops.configs(512, dtype, True, bits,
+                                                                     *at)), (dtype, bits, at)
     monkeypatch.setattr(ops, "_warpgroup_gemm", lambda: False)
-    assert quantized_ops.default_config(128, mx.float16, True, 4, *shape) == \
-        quantized_ops.DEQUANTIZE_GEMM
     assert quantized_ops.configs(512, mx.float16, True, 4, *shape)[-1] == \
         quantized_ops.DEQUANTIZE_MLX_GEMM
     monkeypatch.setattr(quantized_ops, "_on_cuda", lambda: False)

@@ -1375,4 +1375,6 @@ from .model_ops import add_rms_norm, layer_norm, rms_norm, rope, softmax  # noqa
 from .quantized_ops import (explain_quantized_matmul, quantized_matmul,  # noqa: E402,F401
                             tune_quantized_matmul, _use_dense_products)
 
-_use_dense_products(linear, matmul)   # quantized_ops' dequantize-then-GEMM candidate
+# quantized_ops' dequantize-then-GEMM candidate, and its test for the warpgroup MMA (read
+# when called, so a test's monkeypatch of _warpgroup_gemm reaches it)
+_use_dense_products(linear, matmul, lambda: _warpgroup_gemm())

@@ -137,7 +137,11 @@ WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
 # ...with the weight tile dequantized in packed 16-bit pairs (quantized.dequantized_pairs:
 # 4-bit weights, float16/bfloat16 x, K and N whole tiles): ~3 SASS instructions a weight in
 # the staging loop instead of ~20 (473 a K step and thread against ~1570, NVRTC sm_90a,
-# 512x4096x11008).
+# 512x4096x11008).  Among auto's prefill candidates where it fits (`_pair_prefill`), not
+# backend="metile"'s default: on an H100 (s142/s143, x4096x11008 int4 group 64, 4 weights
+# cycled) 128 rows 47.4 us against 82.6 for dequantize + GEMM and MLX's 91.1; 512 rows
+# 151.9 (the 256x128 tile below 123.7) against 121.8-122.9; 2048 rows 565.9 (472.7) against
+# 312.3 - each row block dequantizes the whole weight again.  Measured at one N only.
 WGMMA_PAIRS = {**WGMMA_GEMM, "PAIRS": True}
 # ...on a 256x128 tile: half the weight tile a K step for the same products (two m64n128
 # products a warpgroup), so half the staging work per tensor-core cycle
@@ -332,8 +336,9 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
 _DENSE: dict = {}
 
 
-def _use_dense_products(linear, matmul) -> None:
-    _DENSE["linear"], _DENSE["matmul"] = linear, matmul
+def _use_dense_products(linear, matmul, warpgroup) -> None:
+    """`warpgroup()`: whether GEMMs here take the warpgroup MMA (ops._warpgroup_gemm)."""
+    _DENSE["linear"], _DENSE["matmul"], _DENSE["warpgroup"] = linear, matmul, warpgroup
 
 
 def _dequantize_gemm(x2, w, scales, biases, n, k, transpose, group_size, bits,
@@ -433,23 +438,13 @@ def pair_gemm_fits(config: dict, dtype, transpose: bool, bits: int, n: int | Non
 
 def _pair_prefill(dtype, transpose, bits, n, k, group_size) -> list[dict]:
     """The pair-dequantizing fused GEMMs that take this call on a warpgroup-MMA GPU."""
-    from .ops import _warpgroup_gemm
-    if not (_on_cuda() and _warpgroup_gemm()):
+    if not (_on_cuda() and _DENSE["warpgroup"]()):
         return []
     return [c for c in (WGMMA_PAIRS, WGMMA_PAIRS_TALL)
             if pair_gemm_fits(c, dtype, transpose, bits, n, k, group_size)]
 
 
-# Up to this many rows backend="metile" runs the pair-dequantizing fused GEMM where it fits:
-# on an H100 (s142, 128x4096x11008 int4 group 64 float16, 4 weights cycled) 47.4 us against
-# 82.6 for dequantize + GEMM and MLX's 91.1; at 512 rows (s143) its 256x128 tile 123.7 us
-# against 121.8-122.9, at 2048 472.7 against 312.3-336.5 (every row block dequantizes the
-# whole weight again) - dequantize + GEMM stays the default there.
-PAIR_PREFILL_ROWS = 128
-
-
-def default_config(rows: int, dtype, transpose: bool, bits: int = 4, n: int | None = None,
-                   k: int | None = None, group_size: int | None = None) -> dict:
+def default_config(rows: int, dtype, transpose: bool, bits: int = 4) -> dict:
     """What backend="metile" runs: the GEMV for up to DECODE_ROWS rows, else the GEMM.
     Since s89 the GEMV in packed pairs where it applies (MATVEC_PAIRS[0]: float16 4/8-bit,
     bfloat16 4-bit; on the H200 13.2 us of kernel time against 18.8 for the runs GEMV).
@@ -472,9 +467,6 @@ def default_config(rows: int, dtype, transpose: bool, bits: int = 4, n: int | No
         if measured and _pair_dtype(dtype, bits, transpose):
             return MATVEC_PAIRS[0]
         return MATVEC_RUNS[0] if measured else MATVEC
-    if measured and rows <= PAIR_PREFILL_ROWS and \
-            WGMMA_PAIRS in _pair_prefill(dtype, transpose, bits, n, k, group_size):
-        return WGMMA_PAIRS
     return DEQUANTIZE_GEMM if measured else _gemm(dtype)
 
 
@@ -549,7 +541,7 @@ def _route(x2, scales, n, k, transpose, group_size, bits, backend, force=False):
     if backend == "mlx":
         return None, routing.Decision(routing.REFERENCE, "requested", "backend='mlx' requested")
     if backend == "metile":
-        config = default_config(m, dtype, transpose, bits, n, k, group_size)
+        config = default_config(m, dtype, transpose, bits)
         return config, routing.Decision(config_name(config), "requested",
                                         "backend='metile' requested")
     key, parts = _signature(dtype, scales.dtype, m, n, k, transpose, group_size, bits)
