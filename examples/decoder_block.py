@@ -1,6 +1,6 @@
 """metile example: a small llama-style decoder, converted to metile ops.
 
-    python examples/decoder_block.py [--backend metile|auto|mlx] [--dtype float16]
+    python examples/decoder_block.py [--backend metile|auto|mlx] [--dtype float32|float16|bfloat16] [--tokens N]
 
 No downloads: the model is defined here (token embedding; N blocks of RMSNorm ->
 grouped-query attention with RoPE and a causal mask -> residual, RMSNorm -> gated

@@ -1,8 +1,9 @@
 """The errors every layer of metile raises, defined in one place.
 
 CompilationError  the compiler rejects a kernel; points at the user's line
-LaunchError       a launch cannot run with these arguments (raised before
-                  anything is compiled or enqueued)
+LaunchError       a launch cannot run with these arguments (raised at the call,
+                  before anything is enqueued; a gradient a launch cannot give
+                  raises it when evaluated)
 ScheduleError     a Schedule requirement cannot be honoured for this kernel
                   and target (the compiler re-raises it as a CompilationError
                   at the kernel's definition)
@@ -41,8 +42,12 @@ class CompilationError(Exception):
 
 
 class LaunchError(ValueError):
-    """A launch that cannot run: wrong arguments for the kernel's signature.
-    Raised before anything is compiled or enqueued."""
+    """A launch that cannot run: arguments that do not fit the kernel's signature
+    (ArgumentError), a grid that cannot be resolved (GridError), a bound or grid that
+    reaches past an array, a kernel compiled for a backend the default device cannot run.
+    Raised at the call, before anything is enqueued - signature errors before anything is
+    compiled, the checks that need the compiled kernel's analysis after its compile; a
+    gradient that a launch (or an op) cannot give is an array whose evaluation raises it."""
 
 
 class ArgumentError(LaunchError, TypeError):

@@ -90,6 +90,9 @@ class Linear(mlx_nn.Linear):
                           negative_slope=self.negative_slope)
 
     def explain(self, x: mx.array) -> str:
+        """Which path this layer's call on `x` takes and why, as JSON text
+        (`metile.ops.explain_linear` for the layer's weight, bias, activation and backend;
+        an `x` of another dtype than the weights runs MLX's composite).  Never measures."""
         if isinstance(x, mx.array) and x.dtype != self.weight.dtype:
             # what __call__ does with it (explain_linear would promote and route, as
             # ops.linear does)

@@ -4,7 +4,7 @@
     y = metile.ops.matmul(a, b, epilogue="relu")
     h = metile.ops.gated_mlp(x, w_gate, w_up, activation="silu")   # act(x@wg.T) * (x@wu.T)
 
-Both take and return lazy mx.arrays, work inside mx.compile, and are
+All three take and return lazy mx.arrays, work inside mx.compile, and are
 differentiable (runtime/op_function.OpFunction: under a transform one MLX node carrying the
 op's vjp, as mx.custom_function would with two more nodes; the backward pass uses MLX
 ops, recomputing the pre-activation where the activation's derivative needs it).
@@ -1072,9 +1072,10 @@ def linear(x, weight, bias=None, activation=None, *, residual=None, backend: str
            negative_slope: float = LEAKY_SLOPE):
     """activation(x @ weight.T + bias) + residual, weight stored (out_features,
     in_features) as in MLX; x is (..., in_features) of any rank >= 1, the result
-    (..., out_features); `residual` (optional) has x's dtype and broadcasts to the
-    output's shape (the transformer's residual add).  On the metile path bias, activation and residual
-    are one fused epilogue."""
+    (..., out_features); `residual` (optional) broadcasts to the output's shape (the
+    transformer's residual add; one that would widen it is refused).  Operands of different
+    float dtypes promote as MLX's addmm promotes them.  On the metile path bias, activation
+    and residual are one fused epilogue."""
     if mlx_takes_it(backend, x, weight, bias, residual):
         # an int or float64 operand: MLX's composite, as mlx.nn.Linear computes it
         _check_activation(activation, negative_slope)
@@ -1358,6 +1359,9 @@ def explain_matmul(a, b, *, epilogue=None, negative_slope: float = LEAKY_SLOPE,
 
 def explain_linear(x, weight, bias=None, activation=None, *, residual=None,
                    backend: str = "auto", negative_slope: float = LEAKY_SLOPE) -> str:
+    """Which path `linear` takes for these arguments, why (the routing decision with its
+    measured times per candidate, in microseconds), and the kernel's report, as JSON text.
+    Never measures: a call with no recorded decision reports the cost model."""
     x, weight, bias, residual = _promoted(x, weight, bias, residual)
     bias = _bias_vector(x, weight, bias)
     if _bias_broadcasts(x, weight, bias) and backend in ("auto", "mlx"):

@@ -350,12 +350,12 @@ def metal_kernel(
     Call the result with `inputs=`, `output_shapes=`, `output_dtypes=`, `grid=`
     (threads, not threadgroups), `threadgroup=`, and optionally `template=`,
     `init_value=`, `verbose=`, `stream=`.  CPU-only extras: `lane_order=`
-    ("forward", "reverse", "shuffle"; default `$METILE_LANE_ORDER`) and
-    `race_check=` (run all three orders and fail if the outputs differ;
-    default `$METILE_RACE_CHECK == "1"`) and `bounds_check=` (run on copies of
-    the buffers fenced by inaccessible pages, so an index before the start or
+    ("forward", "reverse", "shuffle"; default `$METILE_LANE_ORDER`, else "forward") and
+    `race_check=` (run all three orders and fail if the outputs differ; default
+    `$METILE_RACE_CHECK`, a boolean setting, off when unset) and `bounds_check=` (run on
+    copies of the buffers fenced by inaccessible pages, so an index before the start or
     past the 16-byte-rounded end of a buffer is an error naming it; default
-    `$METILE_MSL_BOUNDS_CHECK == "1"`) and `order_dependent_outputs=` (outputs
+    `$METILE_MSL_BOUNDS_CHECK`, off when unset) and `order_dependent_outputs=` (outputs
     the race check must not require to be equal across orders: a list of
     names, or a dict from name to None or a tolerance `rtol` / `(rtol, atol)`).
 
