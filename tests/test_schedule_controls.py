@@ -139,3 +139,19 @@ def test_numpy_integer_counts_are_taken_as_ints():
                                                                   group_size=8).key()
     with pytest.raises(TypeError, match="num_simdgroups must be an int"):
         Schedule(num_simdgroups=np.True_)
+
+
+def test_numpy_strings_and_config_counts_are_the_python_values_they_hold():
+    # (np.str_ went into the keys as np.str_('simdgroup'); Config refused NumPy counts that
+    # Schedule takes, and Config(BLOCK=np.int64(64)) was another candidate than BLOCK=64)
+    import numpy as np
+    s = Schedule(backend=np.str_("simdgroup"), staging=np.str_("threadgroup"))
+    assert type(s.backend) is str and s.key() == Schedule(backend="simdgroup",
+                                                          staging="threadgroup").key()
+    c = Config(num_simdgroups=np.int64(4), BLOCK=np.int64(64), num_stages=np.int32(2))
+    assert c == Config(num_simdgroups=4, BLOCK=64, num_stages=2)
+    assert type(c.num_simdgroups) is int and type(c.meta["BLOCK"]) is int
+    assert Config(NUM_SG=np.int8(2)).num_simdgroups == 2
+    assert Config({"BLOCK": np.int64(32)}, num_warps=np.int64(4)).num_warps == 4
+    with pytest.raises(ValueError, match="num_warps must be an int"):
+        Config(num_warps=np.float64(4.0))

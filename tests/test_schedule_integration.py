@@ -280,3 +280,17 @@ def test_a_library_gemm_refusing_a_control_names_it(options, message):
         matmul[grid(n, n, 32, 32)].prepare(mx.ones((n, n)), mx.ones((n, n)), mx.zeros((n, n)),
                                            n, n, n, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, **options)
     assert message in str(info.value)
+
+
+@requires_msl_device
+def test_numpy_launch_counts_are_ints():
+    # (num_warps=np.int64(8) was refused as no int, and num_stages=np.int64(2) on a kernel
+    # with no K loop failed where num_stages=2 is ignored with a warning, as Triton does)
+    n = 1000
+    for options in (dict(num_warps=np.int64(8)), dict(num_simdgroups=np.int32(8))):
+        out = vector_add[(4,)](*add_args(n)[:2], mx.zeros((n,)), n, BLOCK=256, **options)
+        np.testing.assert_array_equal(np.array(out), np.arange(n) + 1.0)
+    with pytest.warns(UserWarning, match="num_stages=2 is not honoured"):
+        out = vector_add[(4,)](*add_args(n)[:2], mx.zeros((n,)), n, BLOCK=256,
+                               num_stages=np.int64(2))
+    np.testing.assert_array_equal(np.array(out), np.arange(n) + 1.0)

@@ -17,6 +17,7 @@ import mlx.core as mx
 from ..compiler.backend import SELECTION_VARIABLES, device_type
 from ..errors import CompilationError, GridError, LaunchError
 from ..schedule import ExecutionReport, Schedule, SchedulePlan
+from ..schedule.schedule import plain_number
 from .. import _ext
 from ..settings import raw_source, raw_values
 from . import tensor_maps
@@ -84,10 +85,12 @@ def _drop_launch_stages(kernel, kwargs: dict, schedule, error: CompilationError)
     written into an explicit SCHEDULE (a requirement, refused as such)."""
     from_launch = "num_stages" in kwargs and "num_stages" not in kernel.param_names and \
         "SCHEDULE" not in kwargs
-    if not from_launch or f"num_stages={kwargs['num_stages']!r}" not in error.message:
+    # (bind() took a NumPy count as its int: the error names num_stages=3, not np.int64(3))
+    stages = plain_number(kwargs["num_stages"]) if from_launch else None
+    if not from_launch or f"num_stages={stages!r}" not in error.message:
         raise error
-    if kwargs["num_stages"] != 1:   # (one stage is no pipelining: met, nothing to say)
-        warnings.warn(f"num_stages={kwargs['num_stages']!r} is not honoured for kernel "
+    if stages != 1:   # (one stage is no pipelining: met, nothing to say)
+        warnings.warn(f"num_stages={stages!r} is not honoured for kernel "
                       f"{kernel.fn.__name__!r} and is ignored (as Triton ignores it where "
                       f"nothing is pipelined): {error.message}", stacklevel=4)
     rest = dataclasses.replace(schedule, num_stages=None)

@@ -320,6 +320,11 @@ class Kernel:
         """(runtime arguments by name, constexpr values by name, threads requested, schedule,
         backend requested, whether device_assert is checked)."""
         kwargs = dict(kwargs)
+        for name in ("num_simdgroups", "NUM_SG", "num_warps", "num_stages"):
+            if name in kwargs and name not in self.param_names:
+                # a NumPy count as the int it holds, as a Schedule or Config takes it (it
+                # was refused as no int, or its repr failed to match num_stages=3)
+                kwargs[name] = _plain_numbers(kwargs[name])
         debug = self._debug(kwargs)
         launch_nsg = "num_simdgroups" in kwargs or (
             "NUM_SG" in kwargs and "NUM_SG" not in self.param_names)

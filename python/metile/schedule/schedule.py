@@ -17,6 +17,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ScheduleError
 
 BACKENDS = ("auto", "simdgroup", "simdgroup_inline", "tensor_ops", "nax", "elementwise")
@@ -77,6 +79,12 @@ class Schedule:
     group_size: int | None = None
 
     def __post_init__(self):
+        for field in ("backend", "staging", "program_order"):
+            value = getattr(self, field)
+            if isinstance(value, str) and type(value) is not str:
+                # a NumPy string (a name read from an array or a config) as the str it
+                # holds: its repr went into the compile and tuning keys as np.str_('...')
+                object.__setattr__(self, field, str(value))
         for field in ("num_simdgroups", "vector_width", "num_stages", "group_size"):
             value = getattr(self, field)
             if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
@@ -156,6 +164,11 @@ class Config:
     __slots__ = ("_nsg", "_meta")
 
     def __init__(self, num_simdgroups: int | dict | None = None, **meta):
+        # NumPy numbers (a sweep over np.arange, counts read from a config) as the Python
+        # numbers they hold, as a launch and Schedule take them: they were refused as no
+        # int, and Config(BLOCK=np.int64(64)) was a candidate other than Config(BLOCK=64)
+        num_simdgroups = plain_number(num_simdgroups)
+        meta = {k: plain_number(v) for k, v in meta.items()}
         if isinstance(num_simdgroups, dict):
             # Triton's form, Config({"BLOCK": 64}, num_warps=4): the meta-parameters as a dict
             # (it was refused as a num_simdgroups that is no int)
@@ -165,7 +178,8 @@ class Config:
                                  f"keyword")
             if not all(isinstance(k, str) for k in num_simdgroups):
                 raise TypeError("Config: the meta-parameter dict's keys must be strings")
-            num_simdgroups, meta = None, {**num_simdgroups, **meta}
+            num_simdgroups, meta = None, {**{k: plain_number(v) for k, v in
+                                             num_simdgroups.items()}, **meta}
         check_num_simdgroups(num_simdgroups, "Config")
         if "NUM_SG" in meta:
             legacy = meta["NUM_SG"]
@@ -243,6 +257,13 @@ class Config:
         parts = [f"num_simdgroups={self._nsg}"] if self._nsg is not None else []
         parts += [f"{k}={v!r}" for k, v in sorted(self.meta.items())]
         return f"Config({', '.join(parts)})"
+
+
+def plain_number(value):
+    """A NumPy integer, float or bool as the Python number it holds; anything else as is."""
+    if isinstance(value, np.generic) and isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    return value
 
 
 def _check_triton_options(meta: dict, num_simdgroups) -> None:
