@@ -113,6 +113,33 @@ def test_a_wrong_first_candidate_does_not_win(tmp_path, monkeypatch):
     assert "outputs differ from the 2 of 3" in tuned.last_result.unusable["Config(BLOCK=128)"]
 
 
+
+def test_a_cached_winner_its_own_measurement_refused_is_measured_again(tmp_path, monkeypatch):
+    # (an entry naming as winner a candidate it lists as unusable - an outvoted, wrong one -
+    # was taken, and the launch returned its wrong numbers)
+    import json
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=128), metile.Config(BLOCK=256),
+                                     metile.Config(BLOCK=512)], warmup=1, reps=1)(
+        doubled_first_block_only)
+    x = mx.arange(200).astype(mx.float32)
+    with pytest.warns(UserWarning, match="candidates compute different outputs"):
+        tuned[(1,)](x, mx.zeros((200,)), 200)
+    path = next(tmp_path.rglob(f"{tuned.last_result.key}.json"))
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "winner": "Config(BLOCK=128)"}))
+    with pytest.warns(UserWarning, match="winner 'Config\\(BLOCK=128\\)' is listed as unusable"):
+        out = tuned[(1,)](x, mx.zeros((200,)), 200)
+    np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(200))
+    assert not tuned.last_result.from_cache
+
+
+def test_a_key_that_is_no_list_of_names_is_named():
+    for key in (None, "n", 3, ["n", 3]):
+        with pytest.raises(TypeError, match="key must be a list of parameter names"):
+            metile.autotune(configs=[metile.Config(BLOCK=64)], key=key)(scaled_copy)
+    assert metile.autotune(configs=[metile.Config(BLOCK=64)], key=("n",))(scaled_copy).key == ("n",)
+
 def test_a_tuned_meta_parameter_at_the_call_is_an_error(tuned):
     with pytest.raises(metile.LaunchError, match=r"conflicting meta-parameters BLOCK: the "
                                                 r"autotune configs set them"):
@@ -365,7 +392,8 @@ def test_a_cached_winner_that_cannot_run_the_call_is_measured_again(tmp_path, mo
     assert first.config == metile.Config(BLOCK=64) and wide.key() in first.unusable
     path = next(tmp_path.rglob(f"{first.key}.json"))
     entry = json.loads(path.read_text())
-    path.write_text(json.dumps({**entry, "winner": wide.key()}))
+    # (as another machine, where it compiled, would have recorded it: not unusable there)
+    path.write_text(json.dumps({**entry, "winner": wide.key(), "unusable": {}}))
     with pytest.warns(UserWarning, match=r"winner Config\(BLOCK=128.*cannot run this call "
                                          r"\(CompilationError: .*vector_width=4"):
         out = tuned[grid](x, mx.zeros((100,)), 100, 2.0)

@@ -150,6 +150,22 @@ def test_candidate_failing_validation_is_never_chosen(rng, monkeypatch):
     assert list(decision["timings_us"]) == ["mlx"]
 
 
+
+def test_a_decision_naming_a_candidate_that_failed_validation_is_ignored(rng, monkeypatch):
+    # (a decision file whose winner is a candidate it lists as failing validation - only an
+    # edited or damaged file says so - was followed: the wrong kernel ran)
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 1e-5}, wrong={"metile"})
+    x, w, b = operands(rng)
+    decision = ops.tune_linear(x, w, b, budget_s=0.01, clock=clock)
+    path = Path(decision["cache_file"])
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "winner": next(iter(decision["unusable"]))}))
+    routing.clear_memory()
+    with pytest.warns(UserWarning, match="is listed as unusable"):
+        info = json.loads(ops.explain_linear(x, w, b))
+    assert info["path"] == "mlx_composite" and info["route"]["source"] == "cost_model"
+
 def test_a_sleeping_candidate_loses_on_the_real_clock():
     a = mx.ones((8, 8))
 

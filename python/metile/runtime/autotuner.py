@@ -114,10 +114,14 @@ class Autotuned:
         configs = list(configs)
         if not configs or not all(isinstance(c, Config) for c in configs):
             raise TypeError("metile.autotune needs a non-empty list of metile.Config")
-        if isinstance(key, str) or not all(isinstance(k, str) for k in key):
+        try:
+            names = None if isinstance(key, str) else list(key)
+        except TypeError:      # (key=None: "'NoneType' object is not iterable" before)
+            names = None
+        if names is None or not all(isinstance(k, str) for k in names):
             raise TypeError(f"metile.autotune key must be a list of parameter names, e.g. "
                             f"key=['n'], got {key!r}")
-        self.key = _known(kernel, list(key), "key")
+        self.key = _known(kernel, names, "key")
         # (num_warmups, as Triton names it: `warmup` is Triton's compile-only call)
         self.kernel, self.configs, self.num_warmups, self.reps = kernel, configs, warmup, reps
         self.prune = _prune_options(prune)

@@ -164,6 +164,10 @@ class TuningCache:
                 # (handed on as TuneResult's dicts: a list there failed in the caller)
                 raise ValueError("its timings or unusable reasons are not the mappings "
                                  "autotune writes")
+            if entry["winner"] in unusable:
+                # a winner its own measurement refused (validation, compile): only an edited
+                # or damaged entry says so, and running it could give a wrong result
+                raise ValueError(f"its winner {entry['winner']!r} is listed as unusable")
         except (ValueError, RecursionError) as e:   # (nesting past the parser's depth)
             warnings.warn(f"metile: ignoring corrupt tuning cache entry {path}: "
                           f"{e if isinstance(e, ValueError) else 'nested too deeply'}")
