@@ -202,10 +202,13 @@ def target(known) -> str | None:
 def cache_root() -> Path:
     """Where metile keeps what it compiles and measures: $METILE_CACHE_DIR, else
     $XDG_CACHE_HOME/metile, else ~/.cache/metile.  Each cache is a folder below."""
-    explicit = _get("METILE_CACHE_DIR")
+    # "~/cache" written where no shell expands it (a .env file, a service unit) made a
+    # folder named "~" in the working directory; blank values count as unset, as "" does
+    explicit = (_get("METILE_CACHE_DIR") or "").strip()
     if explicit:
-        return Path(explicit)
-    return Path(_get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "metile"
+        return Path(os.path.expanduser(explicit))
+    xdg = (_get("XDG_CACHE_HOME") or "").strip()
+    return Path(os.path.expanduser(xdg or "~/.cache")) / "metile"
 
 
 _warned: set[str] = set()
