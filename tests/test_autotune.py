@@ -140,6 +140,34 @@ def test_a_key_that_is_no_list_of_names_is_named():
             metile.autotune(configs=[metile.Config(BLOCK=64)], key=key)(scaled_copy)
     assert metile.autotune(configs=[metile.Config(BLOCK=64)], key=("n",))(scaled_copy).key == ("n",)
 
+
+@metile.kernel
+def offset_when_narrow(X, Y, n, BLOCK: metile.constexpr):
+    # right for every BLOCK but 64, which adds one
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    mask = offs < n
+    metile.store(Y + offs, metile.load(X + offs, mask=mask) + (1 if BLOCK == 64 else 0),
+                 mask=mask)
+
+
+def test_integer_outputs_off_by_one_are_outvoted(tmp_path, monkeypatch):
+    # (compared through float32 with rtol=1e-3, counts near 1e6 off by one "agreed", and the
+    # wrong candidate could win on its time)
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128),
+                                     metile.Config(BLOCK=256)], warmup=1, reps=1)(
+        offset_when_narrow)
+    values = np.arange(1_000_000, 1_000_300, dtype=np.int32)
+
+    def launch():
+        return tuned[lambda meta: (metile.cdiv(300, meta["BLOCK"]),)](
+            mx.array(values), mx.zeros((300,), mx.int32), 300)
+
+    with pytest.warns(UserWarning, match=r"Config\(BLOCK=64\) differ"):
+        out = launch()
+    np.testing.assert_array_equal(np.array(out), values)
+    assert "validation failed" in tuned.last_result.unusable["Config(BLOCK=64)"]
+
 def test_a_tuned_meta_parameter_at_the_call_is_an_error(tuned):
     with pytest.raises(metile.LaunchError, match=r"conflicting meta-parameters BLOCK: the "
                                                 r"autotune configs set them"):
