@@ -430,6 +430,32 @@ def test_a_cached_winner_that_cannot_run_the_call_is_measured_again(tmp_path, mo
     assert json.loads(path.read_text())["winner"] == metile.Config(BLOCK=64).key()
 
 
+
+@pytest.mark.parametrize("use", ["explain", "prepare"])
+def test_explain_and_prepare_measure_again_past_a_winner_that_cannot_run(tmp_path, monkeypatch,
+                                                                         use):
+    # (the launch measured again past such a winner; explain() and prepare() raised its
+    # CompilationError)
+    import json
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    wide = metile.Config(BLOCK=128, SCHEDULE=metile.Schedule(vector_width=4))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), wide], warmup=1, reps=1)(scaled_copy)
+    x = mx.arange(100).astype(mx.float32)
+    tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    path = next(tmp_path.rglob(f"{tuned.last_result.key}.json"))
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({**entry, "winner": wide.key(), "unusable": {}}))
+    with pytest.warns(UserWarning, match=r"winner Config\(BLOCK=128.*cannot run this call"):
+        if use == "explain":
+            report = json.loads(tuned[grid].explain(x, mx.zeros((100,)), 100, 2.0))
+            assert report["autotune"]["winner"] == "Config(BLOCK=64)"
+            assert report["autotune"]["from_cache"] is False
+            assert report["plan"]["tile_shape"] == [64]
+        else:
+            out = tuned[grid].prepare(x, mx.zeros((100,)), 100, 2.0)()
+            np.testing.assert_array_equal(np.array(out), 2.0 * np.arange(100))
+    assert json.loads(path.read_text())["winner"] == "Config(BLOCK=64)"
+
 def test_a_cached_entry_with_mistyped_fields_is_ignored(tmp_path, monkeypatch):
     import json
     monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))

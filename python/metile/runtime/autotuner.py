@@ -238,8 +238,12 @@ class _TunedLauncher:
     def prepare(self, *args, **kwargs):
         """The winner's Dispatch for this call (the candidates are measured first unless
         the tuning cache holds the winner)."""
-        launcher, options = self._resolved(self.best(*args, **kwargs), args, kwargs)
-        return launcher.prepare(*args, **options)
+        def prepared(config):
+            launcher, options = self._resolved(config, args, kwargs)
+            return launcher.prepare(*args, **options)
+        # (a cached winner that cannot compile this call failed explain() and prepare()
+        # while the launch itself measured again)
+        return self._with_winner(args, kwargs, prepared)
 
     def explain(self, *args, **kwargs) -> str:
         """The winner's plan and execution report (as `kernel[grid].explain`), with
@@ -330,9 +334,13 @@ class _TunedLauncher:
                               f"out of the call (or out of the configs)")
 
     def __call__(self, *args, **kwargs):
+        return self._with_winner(args, kwargs, lambda config: self._launch(config, args, kwargs))
+
+    def _with_winner(self, args, kwargs, use):
+        """use(the winning Config for this call)."""
         config = self.best(*args, **kwargs)
         try:
-            return self._launch(config, args, kwargs)
+            return use(config)
         except (ArgumentError, GridError):
             raise
         except (ScheduleError, CompilationError, LaunchError) as e:
@@ -346,7 +354,7 @@ class _TunedLauncher:
                           f"{self.tuned.kernel.fn.__name__} cannot run this call "
                           f"({type(e).__name__}: {str(e).splitlines()[0]}); measuring again")
             tuning.TuningCache().forget(result.key)
-            return self._launch(self.best(*args, **kwargs), args, kwargs)
+            return use(self.best(*args, **kwargs))
 
 
 # Triton's autotune options metile does not take, and why
