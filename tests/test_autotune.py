@@ -533,3 +533,20 @@ def test_a_grid_callables_own_key_error_is_named_not_every_candidate_skipped(tun
     with pytest.raises(metile.LaunchError, match=r"^grid must be 1 to 3 non-negative ints "
                                                  r"\(programs per axis\), got \[\]$"):
         tuned[[]](x, mx.zeros((100,)), 100, 1.0)
+
+
+def test_an_unwritable_cache_measures_once_a_process_not_every_call(tmp_path, monkeypatch):
+    # (the winner was kept nowhere, so every launch measured every candidate again)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("METILE_CACHE_DIR", str(blocker / "cache"))
+    tuned = metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128)],
+                            warmup=1, reps=1)(scaled_copy)
+    x = mx.arange(100).astype(mx.float32)
+    with pytest.warns(RuntimeWarning, match="cannot write"):
+        tuned[grid](x, mx.zeros((100,)), 100, 2.0)
+    first = tuned.last_result
+    assert not first.from_cache
+    out = tuned[grid](x, mx.zeros((100,)), 100, 3.0)
+    np.testing.assert_array_equal(np.array(out), 3.0 * np.arange(100))
+    assert tuned.last_result.from_cache and tuned.last_result.config == first.config

@@ -135,6 +135,13 @@ def tuning_key(parts: dict) -> str:
 
 # -- cache ----------------------------------------------------------------------------------
 
+# Entries this process measured but could not write (an unwritable cache), by (folder, key):
+# without them an unwritable cache measured every candidate again at every call, not once
+# a process as its warning says.
+_unsaved: dict[tuple[str, str], dict] = {}
+_UNSAVED_LIMIT = 4096
+
+
 class TuningCache:
     def __init__(self, directory: str | os.PathLike | None = None):
         self.directory = Path(directory) if directory is not None else tuning_dir()
@@ -176,6 +183,7 @@ class TuningCache:
 
     def forget(self, key: str) -> None:
         """Drop the entry for `key` (one whose winner cannot run a call)."""
+        _unsaved.pop((str(self.directory), key), None)
         try:
             self.path(key).unlink()
         except OSError:
@@ -290,7 +298,8 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
     parts = {**key_parts, "candidates": [c.key() for c in candidates], "format": FORMAT}
     key = tuning_key(parts)
     by_key = {c.key(): c for c in candidates}
-    entry = cache.load(key)
+    slot = (str(cache.directory), key)
+    entry = _unsaved.get(slot) or cache.load(key)
     if entry is not None and entry["winner"] in by_key:
         return TuneResult(by_key[entry["winner"]], key, True, entry.get("timings", {}),
                           entry.get("unusable", {}))
@@ -345,7 +354,11 @@ def autotune(candidates: Sequence[Config], run_candidate: Callable[[Config], obj
         raise TuningError("no usable candidate: " +
                           "; ".join(f"{k}: {v}" for k, v in reasons.items()))
     winner = min(timings, key=timings.get)
-    cache.store(key, {"format": FORMAT, "key": key, "winner": winner, "timings": timings,
-                      "unusable": reasons, "parts": parts,
-                      "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    entry = {"format": FORMAT, "key": key, "winner": winner, "timings": timings,
+             "unusable": reasons, "parts": parts,
+             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if not cache.store(key, entry):
+        if len(_unsaved) >= _UNSAVED_LIMIT:
+            _unsaved.clear()
+        _unsaved[slot] = entry
     return TuneResult(by_key[winner], key, False, timings, reasons)
