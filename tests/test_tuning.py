@@ -278,6 +278,17 @@ def test_a_directory_at_an_entry_is_named_not_the_folder(cache):
         assert cache.store("k" * 40, entry) is False
 
 
+
+def test_a_directory_at_an_entrys_lock_is_named_not_the_folder(cache):
+    # (the warning blamed the tuning folder, "Is a directory", and said to point
+    # METILE_CACHE_DIR elsewhere)
+    entry = {"format": 1, "key": "k" * 40, "winner": CANDIDATES[0].key(), "timings": {}}
+    cache.directory.mkdir(parents=True, exist_ok=True)
+    (cache.directory / ("k" * 40 + ".json.lock")).mkdir()
+    with pytest.warns(RuntimeWarning, match=r"cannot write the tuning cache entry .*: a "
+                                            r"directory is there \(.*\.json\.lock\)"):
+        assert cache.store("k" * 40, entry) is False
+
 def test_a_cache_folder_that_cannot_be_entered_only_warns(cache, monkeypatch):
     # (a mode-000 folder, or another user's 0700 cache: the failed write's handler asked
     # Path.is_dir, which raised PermissionError out of the tuning call)

@@ -199,9 +199,12 @@ class TuningCache:
             from .cache import warn_unwritable
 
             path = self.path(key)
-            if _is_dir(path):   # (the folder is fine: the entry's own path is taken)
+            # (the folder is fine: the entry's own path, or its lock's, is taken - the lock's
+            # was reported as an unwritable cache directory)
+            taken = next((p for p in (path, Path(f"{path}.lock")) if _is_dir(p)), None)
+            if taken is not None:
                 warnings.warn(f"metile: cannot write the tuning cache entry {path}: a directory "
-                              f"is there; this result is measured again in each process",
+                              f"is there ({taken}); this result is measured again in each process",
                               RuntimeWarning, stacklevel=2)
                 return False
             warn_unwritable(self.directory, e, "autotuning results are not kept between runs, so "
