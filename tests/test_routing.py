@@ -301,9 +301,24 @@ def test_tuning_scope_measures_eager_calls_but_not_traced_ones(rng, monkeypatch,
         np.testing.assert_allclose(np.array(y), reference(x, w, b), rtol=3e-4, atol=3e-5)
         ops.linear(x, w, b, "relu")                                    # eager: measured
     assert json.loads(ops.explain_linear(x, w, b, "relu"))["route"]["source"] == "cache"
-    with pytest.raises(ValueError, match="budget_s must be a positive number of seconds, got 0"):
+    with pytest.raises(ValueError, match="budget_s must be a positive, finite number of "
+                                         "seconds, got 0"):
         with ops.tuning(budget_s=0):
             pass
+
+
+def test_budgets_of_every_positive_finite_size_measure(rng, monkeypatch):
+    # (an infinite budget, or one near the float maximum, failed inside the measurement with
+    # "cannot convert float infinity to integer"; a NumPy float was refused)
+    clock = FakeClock()
+    price(monkeypatch, clock, {"mlx": 1e-3, "metile": 5e-3})
+    x, w, _ = operands(rng)
+    for budget in (1e308, np.float32(0.01)):
+        decision = ops.tune_matmul(x, w.T, budget_s=budget, force=True, clock=clock)
+        assert decision["winner"] == "mlx" and decision["source"] == "measured"
+    for budget in (float("inf"), float("nan"), np.True_):
+        with pytest.raises(ValueError, match="budget_s must be a positive, finite number"):
+            ops.tune_matmul(x, w.T, budget_s=budget, force=True, clock=clock)
 
 
 def test_environment_switch_measures_the_first_eager_call(rng, monkeypatch):

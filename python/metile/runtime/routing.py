@@ -22,6 +22,7 @@ alternating order for about `budget_s` seconds in total.
 
 from __future__ import annotations
 
+import numbers
 import os
 import statistics
 import threading
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from .. import _ext, settings
 from . import forks, tuning
@@ -242,10 +244,13 @@ _tuning = _Tuning()
 @contextmanager
 def tuning_scope(budget_s: float | None = None, clock: Callable[[], float] | None = None):
     """Inside: an op call whose signature has no recorded decision measures it."""
-    if budget_s is not None and (isinstance(budget_s, bool) or not isinstance(budget_s, (int, float))
-                                 or not budget_s > 0):
-        raise ValueError(f"[metile.ops.tuning] budget_s must be a positive number of seconds, "
-                         f"got {budget_s!r}")
+    # (infinity failed deep in the measurement, "cannot convert float infinity to integer",
+    # and a NumPy float was refused as no number)
+    if budget_s is not None and (isinstance(budget_s, (bool, np.bool_))
+                                 or not isinstance(budget_s, numbers.Real)
+                                 or not 0 < budget_s < float("inf")):
+        raise ValueError(f"[metile.ops.tuning] budget_s must be a positive, finite number of "
+                         f"seconds, got {budget_s!r}")
     previous = _tuning.scope
     _tuning.scope = (budget_s, clock)
     _ext.tuning_scopes(1)   # (the count a replay table reads without calling Python)
@@ -337,7 +342,8 @@ def measure(key: str, parts: dict, candidates: Sequence[Candidate], operands: Se
 
     single = {c.name: max(_time(c, operands, 1, clock), 1e-9) for c in usable}
     per_sample = budget_s / (len(usable) * SAMPLES)
-    launches = {n: max(1, min(1000, int(per_sample / t))) for n, t in single.items()}
+    # (capped before int(): a budget near the float maximum overflowed to infinity here)
+    launches = {n: max(1, int(min(1000.0, per_sample / t))) for n, t in single.items()}
     samples = SAMPLES if all(t <= per_sample for t in single.values()) else MIN_SAMPLES
     times: dict[str, list[float]] = {c.name: [] for c in usable}
     for i in range(samples):
