@@ -98,13 +98,18 @@ def doubled_first_block_only(X, Y, n, BLOCK: metile.constexpr):
     metile.store(Y + offs, metile.load(X + offs, mask=offs < n) * 2.0, mask=offs < n)
 
 
+def _first_block_only_tuned(tmp_path, monkeypatch, reps):
+    """doubled_first_block_only autotuned over three blocks, the first too small for 200."""
+    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
+    return metile.autotune(configs=[metile.Config(BLOCK=128), metile.Config(BLOCK=256),
+                                    metile.Config(BLOCK=512)], warmup=1, reps=reps)(
+        doubled_first_block_only)
+
+
 def test_a_wrong_first_candidate_does_not_win(tmp_path, monkeypatch):
     # (validated against the first candidate alone, a first config that computes something
     # else made every right one "differ" and won with its wrong output)
-    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
-    tuned = metile.autotune(configs=[metile.Config(BLOCK=128), metile.Config(BLOCK=256),
-                                     metile.Config(BLOCK=512)], warmup=1, reps=2)(
-        doubled_first_block_only)
+    tuned = _first_block_only_tuned(tmp_path, monkeypatch, 2)
     x = mx.arange(200).astype(mx.float32)
     with pytest.warns(UserWarning, match=r"candidates compute different outputs - "
                                          r"Config\(BLOCK=128\) differ"):
@@ -113,15 +118,11 @@ def test_a_wrong_first_candidate_does_not_win(tmp_path, monkeypatch):
     assert "outputs differ from the 2 of 3" in tuned.last_result.unusable["Config(BLOCK=128)"]
 
 
-
 def test_a_cached_winner_its_own_measurement_refused_is_measured_again(tmp_path, monkeypatch):
     # (an entry naming as winner a candidate it lists as unusable - an outvoted, wrong one -
     # was taken, and the launch returned its wrong numbers)
     import json
-    monkeypatch.setenv("METILE_CACHE_DIR", str(tmp_path))
-    tuned = metile.autotune(configs=[metile.Config(BLOCK=128), metile.Config(BLOCK=256),
-                                     metile.Config(BLOCK=512)], warmup=1, reps=1)(
-        doubled_first_block_only)
+    tuned = _first_block_only_tuned(tmp_path, monkeypatch, 1)
     x = mx.arange(200).astype(mx.float32)
     with pytest.warns(UserWarning, match="candidates compute different outputs"):
         tuned[(1,)](x, mx.zeros((200,)), 200)
