@@ -1,6 +1,8 @@
 """`metile.nn.Linear`: a drop-in for `mlx.nn.Linear` whose matmul (and
 activation, when fused) runs as a metile kernel; see `metile.ops.linear`.
-`metile.nn.convert(model)` puts it into an existing MLX model in place."""
+`metile.nn.QuantizedLinear` does the same for `mlx.nn.QuantizedLinear` (metile.ops.
+quantized_matmul), and `metile.nn.RMSNorm` / `LayerNorm` for MLX's norms (nn_norms.py).
+`metile.nn.convert(model)` puts them into an existing MLX model in place."""
 
 from __future__ import annotations
 

@@ -158,7 +158,10 @@ class Config:
 
     Immutable and hashable, so candidates can be cache-key parts and dict keys.
     `num_simdgroups` is passed to kernels as NUM_SG; giving both with different
-    values is a contradiction and rejected.
+    values is a contradiction and rejected.  Triton's forms are taken too: the
+    meta-parameters as a dict (`Config({"BLOCK": 64}, num_warps=4)`); `num_warps` and
+    `num_stages` are kept as written and the launch reads them as `num_simdgroups` and
+    `Schedule(num_stages=)` (README, "Triton names").
     """
 
     __slots__ = ("_nsg", "_meta")
