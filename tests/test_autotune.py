@@ -553,3 +553,10 @@ def test_an_unwritable_cache_measures_once_a_process_not_every_call(tmp_path, mo
     out = tuned[grid](x, mx.zeros((100,)), 100, 3.0)
     np.testing.assert_array_equal(np.array(out), 3.0 * np.arange(100))
     assert tuned.last_result.from_cache and tuned.last_result.config == first.config
+
+
+def test_a_config_listed_twice_is_refused_at_the_decorator():
+    with pytest.raises(ValueError, match=r"configs list Config\(BLOCK=64\) twice"):
+        metile.autotune(configs=[metile.Config(BLOCK=64), metile.Config(BLOCK=128),
+                                 metile.Config(BLOCK=64)], key=["n"])(doubled_first_block_only)
+

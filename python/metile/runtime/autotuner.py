@@ -120,6 +120,11 @@ class Autotuned:
         configs = list(configs)
         if not configs or not all(isinstance(c, Config) for c in configs):
             raise TypeError("metile.autotune needs a non-empty list of metile.Config")
+        seen = set()
+        for c in configs:   # (refused only at the first launch before, unnamed)
+            if c in seen:
+                raise ValueError(f"metile.autotune configs list {c} twice")
+            seen.add(c)
         try:
             names = None if isinstance(key, str) else list(key)
         except TypeError:      # (key=None: "'NoneType' object is not iterable" before)
