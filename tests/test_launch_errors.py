@@ -1,6 +1,7 @@
 """Launch-time mistakes a new user makes, each answered by an error that names
 the culprit and the fix (or by the correct result, checked against NumPy)."""
 
+import json
 import re
 
 import mlx.core as mx
@@ -509,3 +510,23 @@ def test_launch_options_list_every_keyword_bind_reads():
               and node.func.value.id == "kwargs" and node.args
               and isinstance(node.args[0], ast.Constant)}
     assert popped and popped == set(kernel_module.LAUNCH_OPTIONS)
+
+
+@metile.kernel
+def _copy_n(X, Y, n, BLOCK: metile.constexpr):
+    o = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + o, metile.load(X + o, mask=o < n), mask=o < n)
+
+
+def test_explain_after_a_launch_that_failed_does_not_describe_the_one_before():
+    x = mx.arange(8).astype(mx.float32)
+    y = _copy_n[(1,)](x, mx.zeros((8,)), 8, BLOCK=8)
+    np.testing.assert_array_equal(np.array(y), np.arange(8))
+    assert json.loads(_copy_n.explain())
+    with pytest.raises(TypeError, match="n"):
+        _copy_n[(1,)](x, mx.zeros((8,)), BLOCK=8)          # n missing
+    with pytest.raises(RuntimeError, match=r"_copy_n's last launch failed before it was "
+                                           r"prepared \(\w+: "):
+        _copy_n.explain()
+    _copy_n[(1,)](x, mx.zeros((8,)), 8, BLOCK=8)          # a launch that runs: described again
+    assert json.loads(_copy_n.explain())

@@ -383,7 +383,12 @@ class Launcher:
             if like is not None:
                 d = like._resized(grid, args, kwargs, key)
         if d is None:
-            d = self.prepare(*args, **kwargs)
+            try:
+                d = self.prepare(*args, **kwargs)
+            except Exception as e:
+                # kernel.explain() must not go on describing an earlier, other launch
+                kernel.last_dispatch, kernel.last_failure = None, e
+                raise
         if d._key is not None:  # this call's key, when the launch can be reused
             remember(kernel, d._key, d)
             if d._guard is not None:

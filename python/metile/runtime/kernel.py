@@ -243,6 +243,8 @@ class Kernel:
         self.do_not_specialize = self._unspecialized(do_not_specialize)
         self._specs: dict = {}
         self.last_dispatch: "Dispatch | None" = None
+        # why the last launch could not be prepared (what _last names instead of a report)
+        self.last_failure: Exception | None = None
         self._launches = LaunchCache()
         self._deps: Snapshot | None = None
         code = getattr(fn, "__code__", None)
@@ -300,6 +302,10 @@ class Kernel:
     # launch; a prepared Dispatch has its own.
     def _last(self) -> "Dispatch":
         if self.last_dispatch is None:
+            if self.last_failure is not None:
+                raise RuntimeError(f"{self.fn.__name__}'s last launch failed before it was "
+                                   f"prepared ({type(self.last_failure).__name__}: "
+                                   f"{self.last_failure}); there is no launch to describe")
             raise RuntimeError(f"{self.fn.__name__} has not been launched or prepared yet; "
                                "prepare it (kernel[grid].prepare(...)) to inspect its plan")
         return self.last_dispatch
