@@ -694,8 +694,10 @@ def test_cuda_emission_compiles_with_nvrtc():
     from metile_kernels.quantized_pairs import unpack_constants
     d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
         x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
-        TRANSPOSE=True, backend="cuda", **meta, **unpack_constants("float16"))
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
     assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+    # one packed word read a staged group of 8 weights (its index k >> 3 is the group's)
+    assert len(re.findall(r"\bw\[", d.source)) == d.source.count("reinterpret_cast<uint4*>(&_sw")
     ok, log = compile_cuda(translation_unit(d), "sm_90a")
     assert ok, log
     assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(

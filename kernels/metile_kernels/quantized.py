@@ -91,7 +91,7 @@ def dequantized(w, scales, biases, k, n, K, N, BITS, GROUP, TRANSPOSE):
 
 
 @metile.inline
-def dequantized_pairs(w, scales, biases, k, n, K, GROUP, DTYPE, MAGIC, ONE, UNMAGIC):
+def dequantized_pairs(w, scales, biases, k, n, K, GROUP_SHIFT, DTYPE, MAGIC, ONE, UNMAGIC):
     """`dequantized`'s (len(k), len(n)) tile, 4-bit weights stored transposed, in DTYPE
     (float16 or bfloat16), for index tiles inside the matrix (no masks), computed in packed
     16-bit pair arithmetic: a word's nibbles i and i + 4 ORed into the mantissas of a pair
@@ -100,9 +100,11 @@ def dequantized_pairs(w, scales, biases, k, n, K, GROUP, DTYPE, MAGIC, ONE, UNMA
     Every element of a staged group of 8 along K evaluates its word's four pairs alike, so
     the CUDA compiler keeps each pair once: ~3 instructions a weight instead of ~20 for the
     float32 form with its per-element masks (SASS of the 512x4096x11008 warpgroup loop)."""
-    word = n[None, :] * (K // 8) + (k // 8)[:, None]
+    # (k >= 0: shifts, not the signed division's rounding fix-ups: 394 -> 382 SASS
+    # instructions a K step of the 256x128 tile; GROUP_SHIFT = log2(GROUP))
+    word = n[None, :] * (K // 8) + (k >> 3)[:, None]
     e = (k & 7)[:, None]
-    group = n[None, :] * (K // GROUP) + (k // GROUP)[:, None]
+    group = n[None, :] * (K >> GROUP_SHIFT) + (k >> GROUP_SHIFT)[:, None]
     packed = metile.load(w + word)
     s = metile.load(scales + group).to(metile.uint16, bitcast=True).to(metile.uint32)
     b = metile.load(biases + group).to(metile.uint16, bitcast=True).to(metile.uint32)
@@ -352,7 +354,7 @@ def quantized_matmul(x, w, scales, biases, out, M, N, K, BITS: metile.constexpr 
                      BLOCK_K: metile.constexpr = 32,
                      RELAXED_PRECISION: metile.constexpr = False, PAIRS: metile.constexpr = False,
                      MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
-                     UNMAGIC: metile.constexpr = 0):
+                     UNMAGIC: metile.constexpr = 0, GROUP_SHIFT: metile.constexpr = 0):
     """out = x @ W (x (M, K) row-major) with W dequantized while its K tile is staged:
     the `dot` recurrence below is lowered to matrix fragments with the operand tile
     computed per element from the packed words, scales and biases.  The operands meet
@@ -366,7 +368,7 @@ def quantized_matmul(x, w, scales, biases, out, M, N, K, BITS: metile.constexpr 
         a = metile.load(x + rm[:, None] * K + k[None, :], mask=(rm[:, None] < M) & (k[None, :] < K),
                         other=0.0)
         if PAIRS:
-            b = dequantized_pairs(w, scales, biases, k, rn, K, GROUP, x.dtype, MAGIC, ONE,
+            b = dequantized_pairs(w, scales, biases, k, rn, K, GROUP_SHIFT, x.dtype, MAGIC, ONE,
                                   UNMAGIC)
         else:
             b = dequantized(w, scales, biases, k, rn, K, N, BITS, GROUP, TRANSPOSE)

@@ -316,13 +316,13 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             # its tiles carry no masks along K and N, and a group of 8 weights along K
             # shares one packed word, scale and bias
             if name is None or bits != 4 or k % params["BLOCK_K"] or n % params["BLOCK_N"] \
-                    or params["BLOCK_K"] % 8 or group_size % 8:
+                    or params["BLOCK_K"] % 8 or group_size % 8 or group_size & (group_size - 1):
                 raise ValueError(
                     f"quantized_matmul: the gemm kernel with PAIRS takes 4-bit weights with "
                     f"transpose=True, float16 or bfloat16 x, K a multiple of BLOCK_K "
                     f"({params['BLOCK_K']}) and N of BLOCK_N ({params['BLOCK_N']}); got "
                     f"{x2.dtype}, {bits} bits, transpose={transpose}, K={k}, N={n}")
-            meta.update(pairs.unpack_constants(name))
+            meta.update(pairs.unpack_constants(name), GROUP_SHIFT=group_size.bit_length() - 1)
     args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)

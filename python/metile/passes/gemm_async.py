@@ -203,6 +203,10 @@ class _GroupInvariant:
             c = _int_const(op.operands[1])
             return c is not None and c > 0 and c % self.width == 0 and \
                 self._counter(op.operands[0], axis)
+        if op.name == "shr":   # x >> c of a counter from 0 up: x // 2^c
+            c = _int_const(op.operands[1])
+            return c is not None and 0 <= c < 31 and (1 << c) % self.width == 0 and \
+                self._counter(op.operands[0], axis)
         if op.name in ("add", "sub", "mul", "ptr_add", "and", "or", "xor", "broadcast",
                        "splat"):
             return all(self._invariant(o, axis) for o in op.operands)
