@@ -312,17 +312,15 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         meta["TRANSPOSE"] = transpose
         if params.get("PAIRS"):
             from metile_kernels import quantized_pairs as pairs
-            name = _pair_dtype(x2.dtype, bits, transpose)
-            # its tiles carry no masks along K and N, and a group of 8 weights along K
-            # shares one packed word, scale and bias
-            if name is None or bits != 4 or k % params["BLOCK_K"] or n % params["BLOCK_N"] \
-                    or params["BLOCK_K"] % 8 or group_size % 8 or group_size & (group_size - 1):
+            if not pair_gemm_fits(params, x2.dtype, transpose, bits, n, k, group_size):
                 raise ValueError(
                     f"quantized_matmul: the gemm kernel with PAIRS takes 4-bit weights with "
                     f"transpose=True, float16 or bfloat16 x, K a multiple of BLOCK_K "
-                    f"({params['BLOCK_K']}) and N of BLOCK_N ({params['BLOCK_N']}); got "
-                    f"{x2.dtype}, {bits} bits, transpose={transpose}, K={k}, N={n}")
-            meta.update(pairs.unpack_constants(name), GROUP_SHIFT=group_size.bit_length() - 1)
+                    f"({params['BLOCK_K']}) and N of BLOCK_N ({params['BLOCK_N']}), groups of "
+                    f"a power of two >= 8; got {x2.dtype}, {bits} bits, transpose={transpose}, "
+                    f"K={k}, N={n}, group_size={group_size}")
+            meta.update(pairs.unpack_constants(_pair_dtype(x2.dtype, bits, transpose)),
+                        GROUP_SHIFT=group_size.bit_length() - 1)
     args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)
@@ -430,15 +428,18 @@ def _gemm(dtype) -> dict:
 
 def pair_gemm_fits(config: dict, dtype, transpose: bool, bits: int, n: int | None,
                    k: int | None, group_size: int | None) -> bool:
-    """Whether a PAIRS gemm configuration takes this call (the checks `_launch` makes)."""
+    """Whether a PAIRS gemm configuration takes this call: its tiles carry no masks along
+    K and N, a group of 8 weights along K shares one packed word, scale and bias, and the
+    group index is a shift."""
     return n is not None and k is not None and group_size is not None and bits == 4 and \
         _pair_dtype(dtype, bits, transpose) is not None and k % config["BLOCK_K"] == 0 and \
-        n % config["BLOCK_N"] == 0 and group_size % 8 == 0
+        n % config["BLOCK_N"] == 0 and config["BLOCK_K"] % 8 == 0 and group_size >= 8 and \
+        group_size & (group_size - 1) == 0
 
 
 def _pair_prefill(dtype, transpose, bits, n, k, group_size) -> list[dict]:
     """The pair-dequantizing fused GEMMs that take this call on a warpgroup-MMA GPU."""
-    if not (_on_cuda() and _DENSE["warpgroup"]()):
+    if not (_on_cuda() and _DENSE.get("warpgroup", bool)()):
         return []
     return [c for c in (WGMMA_PAIRS, WGMMA_PAIRS_TALL)
             if pair_gemm_fits(c, dtype, transpose, bits, n, k, group_size)]
