@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s146   -- (ready, not run) ncu of the pair-dequantizing GEMM's two tiles at 512 rows, the int4 prefill benchmark (auto's pair candidates included)
 #   OUT=$OUT bash tools/device_next.sh s145   -- (ready, not run) GPU tests: quantized op (pair GEMM), bad inputs, routing, the trials' fixes
 #   OUT=$OUT bash tools/device_next.sh s144   -- which shapes the pair-dequantizing GEMM finishes at, one process each
 #   OUT=$OUT bash tools/device_next.sh s143   -- the pair-dequantizing fused GEMM on a 256x128 tile beside 128x256, 512 and 2048 rows
@@ -130,7 +131,23 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s145 ]; then
+if [ "$mode" = s146 ]; then
+  # s41, for the next session: where the pair-dequantizing GEMM's K step waits (512 rows:
+  # 1.6x the dense product although it issues fewer instructions than the tensor cores take
+  # cycles) - ncu sections of one launch of each tile, then the int4 prefill benchmark again
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  for tile in WGMMA_PAIRS_TALL WGMMA_PAIRS; do
+    timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --section LaunchStats -k regex:quantized_matmul --launch-count 1 \
+      python3 tools/probes/pair_gemm_shapes.py 512 11008 4096 $tile > "$logs/ncu-pair-gemm-$tile.txt" 2>&1
+    grep -E "Duration|Throughput|Occupancy|Registers|Warp Cycles|Active Warps|Issued|Eligible|L2|DRAM|stalled|Stall" \
+      "$logs/ncu-pair-gemm-$tile.txt" | head -40 | tee -a "$log"
+  done
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --launches 60 --prefill 512 4096 11008 --prefill 128 4096 11008 \
+    --output "$logs/h200-quantized-int4-float16-prefill-pairs-shifts.json" 2>&1 | grep prefill | tee -a "$log"
+elif [ "$mode" = s145 ]; then
   # s41, for the next session: the GPU tests s140-s143 ran out of time for, the pair GEMM's
   # tests first (each case compiles a ~17000-line kernel), and the trials' fixes
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
