@@ -27,7 +27,6 @@ import sys
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
-import numpy as np
 
 from .. import settings
 from ..compiler import pipeline
@@ -40,6 +39,7 @@ from ..frontend import source
 from ..ir.core import Loc
 from ..ir.ops import TMA_SLOTS, TMA_TEMPLATE
 from ..schedule import Schedule
+from ..schedule.schedule import plain_number
 from . import cache
 from .arguments import arg_spec
 from .compiled_view import refuse_dtype_placeholders
@@ -500,12 +500,10 @@ class Kernel:
 
 def _plain_numbers(v):
     """`v` with each NumPy number, alone or in a tuple (a constexpr shape), as the Python
-    number it holds."""
-    if isinstance(v, np.generic) and isinstance(v, (np.integer, np.floating, np.bool_)):
-        return v.item()
+    number it holds (plain_number)."""
     if type(v) is tuple:
         return tuple(_plain_numbers(x) for x in v)
-    return v
+    return plain_number(v)
 
 
 def kernel(fn=None, *, num_simdgroups: int | None = None, differentiable: bool = False,
