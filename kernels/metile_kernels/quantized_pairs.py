@@ -16,6 +16,25 @@ import metile
 PAIR_FORMS = (("float16", 4), ("float16", 8), ("bfloat16", 4))
 
 
+# the float M of each 16-bit dtype whose last mantissa bits an OR of q makes M + q exactly
+MAGICS = {"float16": 1024.0, "bfloat16": 128.0}
+
+
+def _twice(dtype_name: str, v: float) -> int:
+    """The bits of `v` as a 16-bit float of `dtype_name`, in both halves of a word."""
+    import numpy as np
+
+    f = np.array(v, dtype=np.float32)
+    if dtype_name == "float16":
+        h = f.astype(np.float16)
+        assert float(h) == v, v      # every constant here is exact
+        h = int(h.view(np.uint16))
+    else:
+        assert float(f) == v and int(f.view(np.uint32)) & 0xFFFF == 0, v
+        h = int(f.view(np.uint32)) >> 16
+    return h | (h << 16)
+
+
 def pair_constants(dtype_name: str, bits: int) -> dict:
     """The constants `quantized_matvec_pairs` takes for 16-bit floats of `dtype_name`, each
     16-bit one given twice, in both halves of a word:
@@ -27,24 +46,14 @@ def pair_constants(dtype_name: str, bits: int) -> dict:
            x q, and so is their rounding; the bias becomes b + C s);
     ONE_HI, SHIFT_HI  1/16 and -(M / 16 + C): the same for a nibble kept in place at bits
            4-7 (float16 4-bit: M + 16 q, IN_PLACE)."""
-    import numpy as np
-
     if (dtype_name, bits) not in PAIR_FORMS:
         raise ValueError(f"quantized_matvec_pairs takes {sorted(PAIR_FORMS)}, got "
                          f"{(dtype_name, bits)}")
-    magic = {"float16": 1024.0, "bfloat16": 128.0}[dtype_name]
+    magic = MAGICS[dtype_name]
     centre = float(1 << (bits - 1))
 
     def twice(v):
-        f = np.array(v, dtype=np.float32)
-        if dtype_name == "float16":
-            h = f.astype(np.float16)
-            assert float(h) == v, v      # every constant here is exact
-            h = int(h.view(np.uint16))
-        else:
-            assert float(f) == v and int(f.view(np.uint32)) & 0xFFFF == 0, v
-            h = int(f.view(np.uint32)) >> 16
-        return h | (h << 16)
+        return _twice(dtype_name, v)
 
     return {"MAGIC": twice(magic), "ONE": twice(1.0), "SHIFT": twice(-(magic + centre)),
             "ONE_HI": twice(1.0 / 16), "SHIFT_HI": twice(-(magic / 16 + centre)),
@@ -56,8 +65,8 @@ def unpack_constants(dtype_name: str) -> dict:
     ONE as in `pair_constants`, UNMAGIC the pair -M (one pair_fma of M + q with ONE and
     UNMAGIC is q, exactly)."""
     c = pair_constants(dtype_name, 4)
-    minus = {"float16": 0xE400, "bfloat16": 0xC300}[dtype_name]   # -1024, -128
-    return {"MAGIC": c["MAGIC"], "ONE": c["ONE"], "UNMAGIC": minus | (minus << 16)}
+    return {"MAGIC": c["MAGIC"], "ONE": c["ONE"],
+            "UNMAGIC": _twice(dtype_name, -MAGICS[dtype_name])}
 
 
 @metile.inline
