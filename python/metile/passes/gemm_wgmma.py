@@ -536,7 +536,8 @@ class WarpgroupGemm:
                 or ptr.dtype.name not in PAIRED_STORE_DTYPES
                 or coeffs is False or coeffs.get(1) != 1):
             return None
-        self.lowering_passes.append("paired_epilogue_stores")
+        if "paired_epilogue_stores" not in self.lowering_passes:   # (once for every store)
+            self.lowering_passes.append("paired_epilogue_stores")
         root, size = self.buffers[(ptr.root, "out")], 2 * ptr.dtype.itemsize
         first = b.value("aligned16", [self.store_index(b, row, col, store)], BOOL, root=root,
                         bytes=size)
@@ -603,8 +604,8 @@ class WarpgroupGemm:
         rbase = self._i(b, "add", self._i(b, "mul", quad, 16), self._i(b, "idiv", lane, 4))
         cbase = self._i(b, "mul", self._i(b, "mod", lane, 4), 2)
         stores = self.gemm.stores
-        pairables = [self._paired_stores(b, self._i(b, "add", self.wg_row0, rbase), cbase, st)
-                     for st in stores]
+        first_row = self._i(b, "add", self.wg_row0, rbase)
+        pairables = [self._paired_stores(b, first_row, cbase, st) for st in stores]
         dual = len(self.wg_accs) > 1 or self.wg_split is not None
         split = self.wg_split
         # An epilogue that reads (bias, residual) evaluates EPILOGUE_READ_PAIRS pairs before
