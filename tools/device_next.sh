@@ -23,6 +23,8 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s148   -- ncu of the pair GEMM with its words read ahead, then the s145 GPU tests
+#   OUT=$OUT bash tools/device_next.sh s147   -- the fused int4 GEMM's words read a K step ahead: its GPU tests, A/B against inline (tools/probes/staging_ahead.py)
 #   OUT=$OUT bash tools/device_next.sh s146   -- (ready, not run) ncu of the pair-dequantizing GEMM's two tiles at 512 rows, the int4 prefill benchmark (auto's pair candidates included)
 #   OUT=$OUT bash tools/device_next.sh s145   -- (ready, not run) GPU tests: quantized op (pair GEMM), bad inputs, routing, the trials' fixes
 #   OUT=$OUT bash tools/device_next.sh s144   -- which shapes the pair-dequantizing GEMM finishes at, one process each
@@ -131,7 +133,32 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s146 ]; then
+if [ "$mode" = s147 ]; then
+  # s42: the fused int4 GEMM's packed words, scales and biases loaded a K step ahead into
+  # registers (METILE_STAGING_AHEAD, default on): the warpgroup fused-GEMM tests, then the
+  # A/B at 512 and 128 rows (float16), 512 bfloat16, 2048 float16
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 200 -k "warpgroup or pair_dequantized" test_quantized_op
+  timeout 200 python3 tools/probes/staging_ahead.py "$logs/h200-staging-ahead-float16.json" --rows 512 128 2>&1 | tail -3 | cut -c1-1500 | tee -a "$log"
+  timeout 100 python3 tools/probes/staging_ahead.py "$logs/h200-staging-ahead-bfloat16.json" --rows 512 --dtype bfloat16 2>&1 | tail -2 | cut -c1-1500 | tee -a "$log"
+  timeout $((budget - 20 - (SECONDS - t0))) python3 tools/probes/staging_ahead.py "$logs/h200-staging-ahead-float16-2048.json" --rows 2048 --tiles WGMMA_PAIRS_TALL 2>&1 | tail -2 | cut -c1-1500 | tee -a "$log"
+elif [ "$mode" = s148 ]; then
+  # s42: where the pair GEMM's K step waits with its words read ahead (ncu), then the GPU
+  # tests s145 would run
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  for tile in WGMMA_PAIRS_TALL; do
+    for ahead in 1 0; do
+      METILE_STAGING_AHEAD=$ahead timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section LaunchStats -k regex:quantized_matmul --launch-count 1 \
+        python3 tools/probes/pair_gemm_shapes.py 512 11008 4096 $tile > "$logs/ncu-pair-gemm-$tile-ahead$ahead.txt" 2>&1
+      grep -E "Duration|Throughput|Registers|Warp Cycles|Issued|Eligible|Stall|stall" \
+        "$logs/ncu-pair-gemm-$tile-ahead$ahead.txt" | head -30 | tee -a "$log"
+    done
+  done
+  gpu_tests $((budget - 20 - (SECONDS - t0))) test_quantized_op test_bad_inputs test_routing \
+    test_kernel_dependencies test_ops
+elif [ "$mode" = s146 ]; then
   # s41, for the next session: where the pair-dequantizing GEMM's K step waits (512 rows:
   # 1.6x the dense product although it issues fewer instructions than the tensor cores take
   # cycles) - ncu sections of one launch of each tile, then the int4 prefill benchmark again

@@ -158,6 +158,15 @@ def wgmma_refill() -> str:
     return choice("METILE_WGMMA_REFILL", ("barrier", "empty"), "empty")
 
 
+def staging_ahead() -> bool:
+    """METILE_STAGING_AHEAD: whether a GEMM's operand tile that the threads evaluate while
+    staging it (a weight dequantized inside the warpgroup GEMM: quantized_matmul's fused
+    GEMM) loads its packed words, scales and biases one K step ahead into registers
+    (passes/gemm_async.py `carried_loads`; the default) or in the step that stores it, as
+    before the forty-second session (0: the A/B switch of tools/probes/staging_ahead.py)."""
+    return flag("METILE_STAGING_AHEAD", True)
+
+
 def wgmma_dual() -> str:
     """METILE_WGMMA_DUAL: how a dual GEMM (ops.gated_mlp's kernel) multiplies on Hopper's
     warpgroup unit: "split" (the default: one m64nBN product per B tile, each re-reading

@@ -44,6 +44,8 @@ class Backend:
     wgmma_dual: str = "split"
     # what orders a TMA stage's refill: "barrier" or "empty" mbarriers (settings.wgmma_refill)
     wgmma_refill: str = "empty"
+    # computed operand tiles load their words a K step ahead (settings.staging_ahead)
+    staging_ahead: bool = True
 
     @property
     def emitter(self):
@@ -123,7 +125,7 @@ def _fingerprint(kind: str) -> str:
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
                        "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY",
-                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL")
+                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL", "METILE_STAGING_AHEAD")
 
 
 def device_type():
@@ -190,7 +192,7 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
                    fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True),
-                   settings.wgmma_dual(), settings.wgmma_refill())
+                   settings.wgmma_dual(), settings.wgmma_refill(), settings.staging_ahead())
 
 
 def _cuda_scalars() -> str:

@@ -286,7 +286,8 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
                                 mma_layout=backend.mma_layout,
                                 wgmma_carry=backend.wgmma_carry,
                                 wgmma_dual=backend.wgmma_dual,
-                                wgmma_refill=backend.wgmma_refill)
+                                wgmma_refill=backend.wgmma_refill,
+                                staging_ahead=backend.staging_ahead)
         lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
     verify(thread_fn)
     scalar_ids = {p.value.id for p in fn.params if p.kind == "scalar" and p.value is not None}

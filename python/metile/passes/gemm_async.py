@@ -33,7 +33,7 @@ from __future__ import annotations
 from math import prod
 
 from ..ir.core import Builder, Op, Value
-from ..ir.types import TileType, elem_type
+from ..ir.types import ScalarType, TileType, elem_type
 from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx
 from ..schedule.targets import ffma_async_copies, ring_depth  # (the planner's too)
@@ -337,19 +337,20 @@ class AsyncStaging:
 
     def k_tiles(self, op: Op, b: Builder):
         """(the K loop's tile count, issue) for a pipelined K loop: `issue(lb, t, stage,
-        mode=None)` copies tile t (when t is below the count) into `stage`, binding K there
-        (`mode`: see `_async_copy`)."""
+        mode=None, carried=False)` copies tile t (when t is below the count) into `stage`,
+        binding K there (`mode`, `carried`: see `_async_copy`)."""
         lo, hi, step = (self.s(v) for v in op.operands[:3])
         span = b.value("sub", [hi, lo], I32)
         n = b.value("idiv", [b.value("add", [span, self._i(b, "sub", step, 1)], I32), step], I32)
         n = b.value("maximum", [n, self.const(b, 0)], I32)
 
-        def issue(lb: Builder, t: Value, stage, mode: str | None = None) -> None:
+        def issue(lb: Builder, t: Value, stage, mode: str | None = None,
+                  carried: bool = False) -> None:
             then = lb.op("if", [lb.value("lt", [t, n], BOOL)], [], {}, [_block(), _block()])
             tb = Builder(then.regions[0])
             tb.loc = lb.loc
             self._bind_k(tb, self.add(tb, lo, tb.value("mul", [t, step], I32)))
-            self._async_copy(tb, stage, mode)
+            self._async_copy(tb, stage, mode, carried)
 
         return n, issue
 
@@ -381,7 +382,8 @@ class AsyncStaging:
         branch = b.op("if", [whole], [], {}, [_block(), _block()])
         fb, sb = Builder(branch.regions[0]), Builder(branch.regions[1])
         fb.loc = sb.loc = b.loc
-        steps(fb, n, lambda lb, t, stage: issue(lb, t, stage, "whole"))
+        steps(fb, n, lambda lb, t, stage, mode=None, carried=False:
+              issue(lb, t, stage, mode or "whole", carried))
         steps(sb, n, issue)
 
     def _ring_steps(self, b: Builder, n: Value, issue) -> None:
@@ -402,18 +404,26 @@ class AsyncStaging:
         self._for(b, 0, n, 1, "t", body)
         b.op("cp_async_wait", [], [], {"pending": 0})
 
-    def _async_copy(self, b: Builder, stage, mode: str | None = None):
+    def _async_copy(self, b: Builder, stage, mode: str | None = None, carried: bool = False):
         """Copy every operand tile into `stage` (mode None, or "whole": see
         `whole_group_copies`), or (mode "check") return the bool that this thread's groups
-        of the bound K tile satisfy that form's conditions."""
+        of the bound K tile satisfy that form's conditions, or (mode "ahead") only load the
+        computed tiles' group-invariant words into this thread's registers
+        (`_computed_groups`); `carried`: the computed tiles read those registers."""
         ok = None
         for value, st, shape in self.operand_stages():   # A, then each product's B
             ld, checks, axis = self.async_entry(value)
-            base = self.stage_base(b, st, shape, stage)
             if ld is None:
-                if mode != "check":   # (computed: nothing to prove about its groups)
-                    self._computed_groups(b, value, st, shape, base, axis)
+                if mode == "ahead":
+                    self._computed_groups(b, value, st, shape, None, axis, "ahead")
+                elif mode != "check":   # (computed: nothing to prove about its groups)
+                    self._computed_groups(b, value, st, shape,
+                                          self.stage_base(b, st, shape, stage), axis,
+                                          "carried" if carried else None)
                 continue
+            if mode == "ahead":
+                continue
+            base = self.stage_base(b, st, shape, stage)
             part = self._copy_groups(b, ld, checks, st, shape, base, axis, mode)
             if part is not None:
                 ok = part if ok is None else b.value("and", [ok, part], BOOL)
@@ -436,14 +446,20 @@ class AsyncStaging:
         ld = staging_load(value)
         return self.async_loads[id(ld) if ld is not None else id(value)]
 
-    def _computed_groups(self, b: Builder, value: Value, st, shape, base: Value,
-                         axis: int) -> None:
+    def _computed_groups(self, b: Builder, value: Value, st, shape, base: Value | None,
+                         axis: int, phase: str | None = None) -> None:
         """A computed operand tile (`computed_axis`) into the stage: each thread evaluates
         the elements of its 16-byte groups along `axis` (each element with its own loads'
         masks, zero where they fail) and stores each group as one vector.  These are the
         threads' own writes: the step's fence.proxy.async before its barrier orders them
         before the tensor cores read the stage, as for the element copies of cp.async's
-        misaligned groups."""
+        misaligned groups.
+
+        `phase` "ahead" only loads the group-invariant words (`carried_loads`) of the bound
+        K tile into this thread's registers, one array a load and a slot a group, and
+        "carried" evaluates the tile from those registers: a pipeline that loads tile t+1's
+        words while tile t is evaluated hides their latency behind a K step (the stores
+        wait on nothing but arithmetic)."""
         rows, cols = shape
         group = 16 // st.dtype.itemsize
         along, across = (cols, rows) if axis == 1 else (rows, cols)
@@ -451,10 +467,12 @@ class AsyncStaging:
         swz = self.swizzles.get(st.name)
         n = across * groups
         tid, count = self._copiers(b)
+        slots = (n + count - 1) // count
 
         invariant = _GroupInvariant(axis, group, self.gemm.loop)
+        carried = self.carried_loads(value, invariant) if phase else {}
 
-        def body(lb: Builder, lin: Value) -> None:
+        def body(lb: Builder, lin: Value, slot: int) -> None:
             line = self._i(lb, "idiv", lin, groups)
             start = self._i(lb, "mul", self._i(lb, "mod", lin, groups), group)
             ctxs = []
@@ -464,24 +482,38 @@ class AsyncStaging:
                 ctxs.append(Ctx(self, lb, shape, coords=[row, col], identity=False))
             loaded = {}
 
+            def once(op: Op) -> Value:
+                """The load's one value for the group, under any element's mask."""
+                rest = []
+                if len(op.operands) > 1:
+                    anyone = None
+                    for c in ctxs:
+                        m = self.elem(op.operands[1], c)
+                        anyone = m if anyone is None else lb.value("or", [anyone, m], BOOL)
+                    rest = [anyone, self.elem(op.operands[2], ctxs[0])]
+                return self.emit_load(lb, op, [self.elem(op.operands[0], ctxs[0]), *rest])
+
+            if phase == "ahead":
+                for op, name in carried.values():
+                    lb.op("local_set", [self.const(lb, slot), once(op)], [], {"name": name})
+                return
+
             def group_load(op: Op, ctx: Ctx) -> Value:
                 # A load whose address is the same for every element of the group (a
-                # packed word, a group's scale) is issued once, under any element's mask;
-                # each element keeps its own mask and fill.
+                # packed word, a group's scale) is issued once, under any element's mask
+                # (or was, a step ahead: `carried`); each element keeps its own mask and
+                # fill.
                 if not invariant(op.operands[0]):
                     return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
-                masked = len(op.operands) > 1
                 if id(op) not in loaded:
-                    rest = []
-                    if masked:
-                        anyone = None
-                        for c in ctxs:
-                            m = self.elem(op.operands[1], c)
-                            anyone = m if anyone is None else lb.value("or", [anyone, m], BOOL)
-                        rest = [anyone, self.elem(op.operands[2], ctxs[0])]
-                    loaded[id(op)] = self.emit_load(
-                        lb, op, [self.elem(op.operands[0], ctxs[0]), *rest])
-                if not masked:
+                    if id(op) in carried:
+                        loaded[id(op)] = lb.value(
+                            "local_get", [self.const(lb, slot)],
+                            ScalarType(elem_type(op.operands[0].type).dtype),
+                            name=carried[id(op)][1])
+                    else:
+                        loaded[id(op)] = once(op)
+                if len(op.operands) == 1:
                     return loaded[id(op)]
                 return ctx.b.value("where", [self.elem(op.operands[1], ctx), loaded[id(op)],
                                              self.elem(op.operands[2], ctx)],
@@ -496,22 +528,55 @@ class AsyncStaging:
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
 
-        self._each_group(b, tid, n, count, body)
+        self._each_group(b, tid, n, count, body, with_slot=True)
 
-    def _each_group(self, b: Builder, tid: Value, n: int, count: int, body) -> None:
-        """`body(builder, lin)` for this thread's groups lin = tid, tid + count, ... < n,
-        unrolled: constant slot offsets let the compiler hoist the per-group address and
-        swizzle arithmetic out of the K loop; only the last slot may test lin < n."""
+    def carried_loads(self, value: Value, invariant) -> dict:
+        """{id(load): (load, register array)} of the loads a computed operand tile reads
+        once a group (`_GroupInvariant`) that may be read a K step early: plain device
+        loads of a buffer this kernel does not write.  The arrays (a slot for each of this
+        thread's groups) are declared once a tile and shared by the loops that stage it."""
+        memo = self.__dict__.setdefault("_carried", {})
+        if id(value) not in memo:
+            rows, cols = value.type.shape
+            group = 16 // self.gemm.operand_dtype.itemsize
+            slots = -(-(rows * cols // group) // self._copy_threads())
+            found = {}
+            for op in _loads_in(value, set()):
+                ptr = elem_type(op.operands[0].type)
+                if ptr.space == "threadgroup" or ptr.root in self.atomic_buffers or \
+                        self.buffers.get((ptr.root, "written")) is not None or \
+                        not invariant(op.operands[0]):
+                    continue
+                found[id(op)] = (op, self.decl("local", ptr.dtype, slots, "_ahead"))
+            memo[id(value)] = found
+        return memo[id(value)]
+
+    def loads_ahead(self) -> bool:
+        """Whether a computed operand tile reads words a pipeline may load a K step ahead
+        (`carried_loads`): then issue(..., mode="ahead") is worth a place in its steps."""
+        group = 16 // self.gemm.operand_dtype.itemsize
+        return any(self.carried_loads(value, _GroupInvariant(axis, group, self.gemm.loop))
+                   for value, _, _ in self.operand_stages()
+                   for ld, _, axis in [self.async_entry(value)] if ld is None)
+
+    def _each_group(self, b: Builder, tid: Value, n: int, count: int, body,
+                    with_slot: bool = False) -> None:
+        """`body(builder, lin)` (`with_slot`: and the slot number) for this thread's groups
+        lin = tid, tid + count, ... < n, unrolled: constant slot offsets let the compiler
+        hoist the per-group address and swizzle arithmetic out of the K loop; only the last
+        slot may test lin < n."""
         for slot in range((n + count - 1) // count):
             lin = self._i(b, "add", tid, slot * count)
+            call = (lambda lb, lin=lin, slot=slot: body(lb, lin, slot)) if with_slot else \
+                (lambda lb, lin=lin: body(lb, lin))
             if (slot + 1) * count <= n:
-                body(b, lin)
+                call(b)
             else:
                 part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
                             [_block(), _block()])
                 pb = Builder(part.regions[0])
                 pb.loc = b.loc
-                body(pb, lin)
+                call(pb)
 
     def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1,
                      mode: str | None = None):

@@ -74,6 +74,8 @@ class WarpgroupGemm:
     wgmma_dual = "split"
     # what orders the bulk-tensor loop's refills: "barrier" or "empty" (METILE_WGMMA_REFILL)
     wgmma_refill = "empty"
+    # whether a computed operand tile loads its words a K step ahead (METILE_STAGING_AHEAD)
+    staging_ahead = True
     # joined: the up projection's accumulator index past the gate's (BN/2), else None
     wg_split = None
 
@@ -465,6 +467,13 @@ class WarpgroupGemm:
         for t in range(dist):
             issue(b, self.const(b, t), t)
             b.op("cp_async_commit")
+        # A weight tile the threads evaluate (dequantized while staged) reads its packed
+        # words a step ahead, into registers: its loads then wait behind a K step's
+        # products instead of holding up the stores the next products need.
+        ahead = self.staging_ahead and self.loads_ahead()
+        if ahead and "staging_loads_ahead" not in self.lowering_passes:
+            self.lowering_passes.append("staging_loads_ahead")
+            issue(b, self.const(b, dist), None, "ahead")
 
         def body(lb: Builder, t: Value) -> None:
             lb.op("cp_async_wait", [], [], {"pending": dist - 1})
@@ -477,7 +486,9 @@ class WarpgroupGemm:
             # The stage refilled holds tile t+dist-S <= t-1-pending, whose products every
             # warpgroup finished before this step's barrier (its wait at step t-1).
             nxt = self._i(lb, "add", t, dist)
-            issue(lb, nxt, self._i(lb, "mod", nxt, s))
+            issue(lb, nxt, self._i(lb, "mod", nxt, s), carried=ahead)
+            if ahead:
+                issue(lb, self._i(lb, "add", nxt, 1), None, "ahead")
             lb.op("cp_async_commit")
             lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
 

@@ -860,7 +860,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
                 shared_optin: int = 0, language: str | None = None,
                 dot_fragments: bool = False, mma_layout: bool = False,
                 wgmma_carry: bool = True, wgmma_dual: str = "split",
-                wgmma_refill: str = "empty") -> Function:
+                wgmma_refill: str = "empty", staging_ahead: bool = True) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
@@ -869,7 +869,8 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     stay in its accumulator layout (mma_layout.py, lower_mma_layout.py); `wgmma_carry`
     lets a warpgroup product there run round a loop's back edge (carried_products);
     `wgmma_dual` is how a dual GEMM's products take the warpgroup unit, `wgmma_refill`
-    what orders its bulk-tensor loop's refills (gemm_wgmma.py)."""
+    what orders its bulk-tensor loop's refills (gemm_wgmma.py), `staging_ahead` whether a
+    computed operand tile loads its words a K step ahead (gemm_async.carried_loads)."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
@@ -878,6 +879,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     first.wgmma_carry = wgmma_carry
     first.wgmma_dual = wgmma_dual
     first.wgmma_refill = wgmma_refill
+    first.staging_ahead = staging_ahead
     try:
         return first.run()
     except SharedOverflow:
@@ -889,4 +891,5 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     later.dot_fragments_allowed = False
     later.wgmma_dual = wgmma_dual
     later.wgmma_refill = wgmma_refill
+    later.staging_ahead = staging_ahead
     return later.run()

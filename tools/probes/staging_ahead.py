@@ -1,0 +1,82 @@
+"""int4 prefill with the fused GEMM's packed words read a K step ahead (the default since
+the forty-second session, METILE_STAGING_AHEAD=1) against read in the step that stores the
+dequantized tile (METILE_STAGING_AHEAD=0), in one process, alternating: each side is
+compiled (its kernel resolved) under its setting, then timed beside the others.
+
+Sides (x4096x11008, group 64, 4 weights cycled, benchmarks.quantized's timing): MLX's
+quantized_matmul, the dense product x @ w.T, the op's candidates for the shape (auto's),
+and each of --tiles (quantized_ops names) with the loads ahead and inline.
+
+    python3 tools/probes/staging_ahead.py [out.json] [--rows 512 128] [--dtype float16]
+"""
+import argparse
+import math
+import os
+import platform
+import sys
+
+sys.path[:0] = ["kernels", ".", "tools/probes"]
+import mlx.core as mx   # noqa: E402
+import numpy as np      # noqa: E402
+
+from benchmarks.quantized import seconds_per_call, sides   # noqa: E402
+from metile import quantized_ops                            # noqa: E402
+from probe_report import add_case, alternating_us, save     # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("output", nargs="?")
+    p.add_argument("--rows", type=int, nargs="*", default=[512, 128])
+    p.add_argument("--k", type=int, default=4096)
+    p.add_argument("--n", type=int, default=11008)
+    p.add_argument("--dtype", default="float16")
+    p.add_argument("--tiles", nargs="*", default=["WGMMA_PAIRS_TALL", "WGMMA_PAIRS"])
+    p.add_argument("--copies", type=int, default=4)
+    p.add_argument("--launches", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    dtype, n, k, group, bits = getattr(mx, args.dtype), args.n, args.k, 64, 4
+    report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
+                          "device": str(mx.default_device()),
+                          "device_name": mx.device_info().get("device_name", "")},
+              "probe": "tools/probes/staging_ahead.py", "dtype": args.dtype,
+              "metric": f"us per product, {args.launches} a sync, {args.copies} weights "
+                        "cycled, alternating, median", "cases": []}
+    keys = mx.random.split(mx.random.key(0), 1 + args.copies)
+    weights = []
+    for key in keys[1:]:
+        w = (mx.random.normal((n, k), key=key) / math.sqrt(k)).astype(dtype)
+        weights.append((w, *mx.quantize(w, group_size=group, bits=bits)))
+        mx.eval(*weights[-1])
+    for rows in args.rows:
+        x = mx.random.normal((rows, k), key=keys[0]).astype(dtype)
+        mx.eval(x)
+        fns = {}
+        for ahead in ("0", "1"):
+            os.environ["METILE_STAGING_AHEAD"] = ahead
+            made = sides(n, k, group, bits, rows, dtype, args.tiles)
+            for name, fn in made.items():
+                if name in ("mlx", "dense"):
+                    fns.setdefault(name, fn)
+                    continue
+                label = f"{name} {'ahead' if ahead == '1' else 'inline'}"
+                fn(x, *weights[0])   # traced (its kernel resolved) under this setting
+                fns[label] = fn
+        os.environ.pop("METILE_STAGING_AHEAD")
+        want = np.array(fns["mlx"](x, *weights[0]).astype(mx.float32))
+        errors = {}
+        for name, fn in fns.items():
+            got = np.array(fn(x, *weights[0]).astype(mx.float32))
+            errors[name] = float(np.abs(got - want).max() / np.abs(want).max())
+            seconds_per_call(fn, x, 2, weights)
+        us = alternating_us(list(fns), lambda name: seconds_per_call(
+            fns[name], x, args.launches, weights), args.rounds)
+        case = {"rows": rows, "k": k, "n": n, "us": us, "errors": errors,
+                "mlx_over": {name: round(us["mlx"] / t, 3) for name, t in us.items()}}
+        add_case(report, case)
+    save(report, args.output or "")
+
+
+if __name__ == "__main__":
+    main()
