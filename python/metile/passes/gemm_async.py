@@ -34,6 +34,7 @@ from math import prod
 
 from ..ir.core import Builder, Op, Value
 from ..ir.types import ScalarType, TileType, elem_type
+from ..language import dtypes as dt
 from .gemm_bounds import staging_load
 from .lane_layout import BOOL, I32, Ctx
 from ..schedule.targets import ffma_async_copies, ring_depth  # (the planner's too)
@@ -495,7 +496,8 @@ class AsyncStaging:
 
             if phase == "ahead":
                 for op, name in carried.values():
-                    lb.op("local_set", [self.const(lb, slot), once(op)], [], {"name": name})
+                    lb.op("local_set", [self.const(lb, slot), _widened(lb, once(op))], [],
+                          {"name": name})
                 return
 
             def group_load(op: Op, ctx: Ctx) -> Value:
@@ -507,10 +509,12 @@ class AsyncStaging:
                     return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
                 if id(op) not in loaded:
                     if id(op) in carried:
-                        loaded[id(op)] = lb.value(
+                        loaded[id(op)] = _narrowed(lb, lb.value(
+                            "local_get", [self.const(lb, slot)], U32,
+                            name=carried[id(op)][1]) if _narrow(op) else lb.value(
                             "local_get", [self.const(lb, slot)],
                             ScalarType(elem_type(op.operands[0].type).dtype),
-                            name=carried[id(op)][1])
+                            name=carried[id(op)][1]), op)
                     else:
                         loaded[id(op)] = once(op)
                 if len(op.operands) == 1:
@@ -547,7 +551,10 @@ class AsyncStaging:
                         self.buffers.get((ptr.root, "written")) is not None or \
                         not invariant(op.operands[0]):
                     continue
-                found[id(op)] = (op, self.decl("local", ptr.dtype, slots, "_ahead"))
+                # (16-bit words a register each: packed two a register, every write
+                # would be a byte permute)
+                found[id(op)] = (op, self.decl("local", dt.uint32 if _narrow(op) else ptr.dtype,
+                                               slots, "_ahead"))
             memo[id(value)] = found
         return memo[id(value)]
 
@@ -805,6 +812,32 @@ class AsyncStaging:
         key = self._i(b, "mod", self._i(b, "idiv", row, u) if u > 1 else row, cm)
         moved = self._i(b, "mul", b.value("xor", [chunk, key], I32), group)
         return self._i(b, "add", self._i(b, "mul", row, ld), moved)
+
+
+U32 = ScalarType(dt.uint32)
+
+
+def _narrow(load: Op) -> bool:
+    return elem_type(load.operands[0].type).dtype.bits == 16
+
+
+def _widened(b: Builder, v: Value) -> Value:
+    """A loaded value as a 32-bit register word: a 16-bit one's bits zero-extended."""
+    d = v.type.dtype
+    if d.bits != 16:
+        return v
+    if d.kind == "f":
+        v = b.value("cast", [v], ScalarType(dt.uint16), bitcast=True)
+    return b.value("cast", [v], U32)
+
+
+def _narrowed(b: Builder, word: Value, load: Op) -> Value:
+    """The value `_widened` kept in `word`, as `load` reads it."""
+    if word.type.dtype.name != "uint32" or not _narrow(load):
+        return word
+    d = elem_type(load.operands[0].type).dtype
+    v = b.value("cast", [word], ScalarType(dt.uint16 if d.kind == "f" else d))
+    return b.value("cast", [v], ScalarType(d), bitcast=True) if d.kind == "f" else v
 
 
 _AFFINE_OPS = {"add", "sub", "ptr_add", "splat", "broadcast", "expand_dims", "cast"}
