@@ -147,13 +147,13 @@ elif [ "$mode" = s148 ]; then
   # tests s145 would run
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   for tile in WGMMA_PAIRS_TALL; do
-    for ahead in 1 0; do
+    for ahead in 1; do
       METILE_STAGING_AHEAD=$ahead timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy \
         --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-        --section LaunchStats -k regex:quantized_matmul --launch-count 1 \
+        --section LaunchStats --section SourceCounters -k regex:quantized_matmul --launch-count 1 \
         python3 tools/probes/pair_gemm_shapes.py 512 11008 4096 $tile > "$logs/ncu-pair-gemm-$tile-ahead$ahead.txt" 2>&1
-      grep -E "Duration|Throughput|Registers|Warp Cycles|Issued|Eligible|Stall|stall" \
-        "$logs/ncu-pair-gemm-$tile-ahead$ahead.txt" | head -30 | tee -a "$log"
+      grep -E "Duration|Throughput|Registers|Warp Cycles|Issued|Eligible|Stall|stall|Bandwidth|Shared" \
+        "$logs/ncu-pair-gemm-$tile-ahead$ahead.txt" | head -60 | tee -a "$log"
     done
   done
   gpu_tests $((budget - 20 - (SECONDS - t0))) test_quantized_op test_bad_inputs test_routing \
