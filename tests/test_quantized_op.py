@@ -654,7 +654,7 @@ def test_convert_swaps_quantized_linear(rng, backend):
 # -- CUDA ---------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
-def test_cuda_emission_compiles_with_nvrtc():
+def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     from metile_kernels import quantized as kernels
     x = mx.zeros((512, 4096), mx.float16)
     for transpose in (True, False):
@@ -696,12 +696,29 @@ def test_cuda_emission_compiles_with_nvrtc():
         x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
         TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
     assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
-    # one packed word read a staged group of 8 weights (its index k >> 3 is the group's)
-    assert len(re.findall(r"\bw\[", d.source)) == d.source.count("reinterpret_cast<uint4*>(&_sw")
+    # one packed word a staged group of 8 weights (its index k >> 3 is the group's): read
+    # from memory by the group's store, or a K step ahead into a register the store reads
+    assert "staging_loads_ahead" in d.execution_report.passes
+    src = d.source
+    loaded = set(re.findall(r"const uint32_t (_v\d+) = w\[", src))
+    sets = [a for a, v in re.findall(r"(_ahead\d+)\[\d+\] = (_v\d+);", src) if v in loaded]
+    words = set(sets)
+    assert len(words) == 1   # (one array of words; scales and biases have their own)
+    from_registers = len(re.findall(r"= %s\[\d+\];" % sets[0], src))
+    stores = src.count("reinterpret_cast<uint4*>(&_sw")
+    assert from_registers > 0 and len(loaded) - len(sets) + from_registers == stores
     ok, log = compile_cuda(translation_unit(d), "sm_90a")
     assert ok, log
     assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
         "0 bytes spill", "")
+    # ...and loaded in the step that stores them (METILE_STAGING_AHEAD=0): a read a store
+    monkeypatch.setenv("METILE_STAGING_AHEAD", "0")
+    d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
+        x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
+    assert "staging_loads_ahead" not in d.execution_report.passes and "_ahead" not in d.source
+    assert len(re.findall(r"\bw\[", d.source)) == d.source.count("reinterpret_cast<uint4*>(&_sw")
+    monkeypatch.delenv("METILE_STAGING_AHEAD")
     # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
     for bits, group in ((4, 32), (8, 128)):
         wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)
