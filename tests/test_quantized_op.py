@@ -719,6 +719,19 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     assert "staging_loads_ahead" not in d.execution_report.passes and "_ahead" not in d.source
     assert len(re.findall(r"\bw\[", d.source)) == d.source.count("reinterpret_cast<uint4*>(&_sw")
     monkeypatch.delenv("METILE_STAGING_AHEAD")
+    # ...and x by bulk tensor copies beside the threads' stores (METILE_MIXED_BULK=1): one
+    # tensor map (x's), the words still read ahead, no spills, no serialized products
+    monkeypatch.setenv("METILE_MIXED_BULK", "1")
+    d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
+        x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
+    passes = d.execution_report.passes
+    assert {"bulk_tensor_copies", "mixed_bulk_staging", "staging_loads_ahead"} <= set(passes)
+    assert [m["box"] for m in d.variant.data["lowering"]["launch"]["tensor_maps"]] == [[64, 128]]
+    ok, log = compile_cuda(translation_unit(d), "sm_90a")
+    assert ok, log
+    assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
+        "0 bytes spill", "")
     # the run-laid kernels at every packing they run (8-bit narrows float16's runs to 4)
     for bits, group in ((4, 32), (8, 128)):
         wq, s, b = mx.quantize(mx.zeros((256, 4096), mx.float16), group_size=group, bits=bits)

@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s149   -- (ready, not run) x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
 #   OUT=$OUT bash tools/device_next.sh s148   -- ncu of the pair GEMM with its words read ahead, then the s145 GPU tests
 #   OUT=$OUT bash tools/device_next.sh s147   -- the fused int4 GEMM's words read a K step ahead: its GPU tests, A/B against inline (tools/probes/staging_ahead.py)
 #   OUT=$OUT bash tools/device_next.sh s146   -- (ready, not run) ncu of the pair-dequantizing GEMM's two tiles at 512 rows, the int4 prefill benchmark (auto's pair candidates included)
@@ -133,7 +134,16 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s147 ]; then
+if [ "$mode" = s149 ]; then
+  # s42, for the next session: the fused int4 GEMM with x by bulk tensor copies (TMA) while
+  # the threads store the dequantized weight (METILE_MIXED_BULK=1, off by default): its GPU
+  # tests under the switch first (each pair case compiles a ~17000-line kernel: 300 s), then
+  # the A/B at 512 and 128 rows float16, 512 bfloat16
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  METILE_MIXED_BULK=1 gpu_tests 300 -k "warpgroup" test_quantized_op
+  timeout 200 python3 tools/probes/staging_ahead.py "$logs/h200-mixed-bulk-float16.json" --switch METILE_MIXED_BULK --rows 512 128 2>&1 | tail -3 | cut -c1-1500 | tee -a "$log"
+  timeout $((budget - 20 - (SECONDS - t0))) python3 tools/probes/staging_ahead.py "$logs/h200-mixed-bulk-bfloat16.json" --switch METILE_MIXED_BULK --rows 512 --dtype bfloat16 2>&1 | tail -2 | cut -c1-1500 | tee -a "$log"
+elif [ "$mode" = s147 ]; then
   # s42: the fused int4 GEMM's packed words, scales and biases loaded a K step ahead into
   # registers (METILE_STAGING_AHEAD, default on): the warpgroup fused-GEMM tests, then the
   # A/B at 512 and 128 rows (float16), 512 bfloat16, 2048 float16

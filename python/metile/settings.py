@@ -167,6 +167,18 @@ def staging_ahead() -> bool:
     return flag("METILE_STAGING_AHEAD", True)
 
 
+def mixed_bulk() -> bool:
+    """METILE_MIXED_BULK: whether a warpgroup GEMM with an operand tile the threads compute
+    while staging it (quantized_matmul's fused GEMM: the dequantized weight) takes its
+    loaded operand (x) by bulk tensor copies (TMA), one thread issuing them, the threads
+    evaluating the computed tile beside them (passes/gemm_wgmma.py `_wgmma_tma_steps`), or
+    by every thread's 16-byte cp.async groups (the default).  Off until measured: built in
+    the forty-second session to take x's copies (~80 of the 256x128 pair GEMM's 409 SASS
+    instructions a K step and thread) out of a loop whose warps wait on their own
+    instruction stream (ncu s148: 0.40 issued a cycle a scheduler, 2 warps each)."""
+    return flag("METILE_MIXED_BULK", False)
+
+
 def wgmma_dual() -> str:
     """METILE_WGMMA_DUAL: how a dual GEMM (ops.gated_mlp's kernel) multiplies on Hopper's
     warpgroup unit: "split" (the default: one m64nBN product per B tile, each re-reading

@@ -1,13 +1,16 @@
-"""int4 prefill with the fused GEMM's packed words read a K step ahead (the default since
-the forty-second session, METILE_STAGING_AHEAD=1) against read in the step that stores the
-dequantized tile (METILE_STAGING_AHEAD=0), in one process, alternating: each side is
-compiled (its kernel resolved) under its setting, then timed beside the others.
+"""int4 prefill with a switch of the fused GEMM's staging on and off, in one process,
+alternating: each side is compiled (its kernel resolved) under its setting, then timed
+beside the others.  --switch METILE_STAGING_AHEAD (the default: the packed words read a K
+step ahead, on since the forty-second session, against read in the step that stores the
+dequantized tile) or METILE_MIXED_BULK (x by bulk tensor copies beside the threads' stores,
+against every thread's cp.async copies).
 
 Sides (x4096x11008, group 64, 4 weights cycled, benchmarks.quantized's timing): MLX's
 quantized_matmul, the dense product x @ w.T, the op's candidates for the shape (auto's),
-and each of --tiles (quantized_ops names) with the loads ahead and inline.
+and each of --tiles (quantized_ops names), each with the switch on and off.
 
     python3 tools/probes/staging_ahead.py [out.json] [--rows 512 128] [--dtype float16]
+        [--switch METILE_MIXED_BULK]
 """
 import argparse
 import math
@@ -35,12 +38,17 @@ def main():
     p.add_argument("--copies", type=int, default=4)
     p.add_argument("--launches", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--switch", default="METILE_STAGING_AHEAD",
+                   choices=["METILE_STAGING_AHEAD", "METILE_MIXED_BULK"])
     args = p.parse_args()
+    names = {"METILE_STAGING_AHEAD": ("inline", "ahead"), "METILE_MIXED_BULK": ("copies", "bulk")}
+    off_on = names[args.switch]
     dtype, n, k, group, bits = getattr(mx, args.dtype), args.n, args.k, 64, 4
     report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
                           "device": str(mx.default_device()),
                           "device_name": mx.device_info().get("device_name", "")},
               "probe": "tools/probes/staging_ahead.py", "dtype": args.dtype,
+              "switch": args.switch,
               "metric": f"us per product, {args.launches} a sync, {args.copies} weights "
                         "cycled, alternating, median", "cases": []}
     keys = mx.random.split(mx.random.key(0), 1 + args.copies)
@@ -53,17 +61,17 @@ def main():
         x = mx.random.normal((rows, k), key=keys[0]).astype(dtype)
         mx.eval(x)
         fns = {}
-        for ahead in ("0", "1"):
-            os.environ["METILE_STAGING_AHEAD"] = ahead
+        for on in ("0", "1"):
+            os.environ[args.switch] = on
             made = sides(n, k, group, bits, rows, dtype, args.tiles)
             for name, fn in made.items():
                 if name in ("mlx", "dense"):
                     fns.setdefault(name, fn)
                     continue
-                label = f"{name} {'ahead' if ahead == '1' else 'inline'}"
+                label = f"{name} {off_on[int(on)]}"
                 fn(x, *weights[0])   # traced (its kernel resolved) under this setting
                 fns[label] = fn
-        os.environ.pop("METILE_STAGING_AHEAD")
+        os.environ.pop(args.switch)
         want = np.array(fns["mlx"](x, *weights[0]).astype(mx.float32))
         errors = {}
         for name, fn in fns.items():

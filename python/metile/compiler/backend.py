@@ -46,6 +46,8 @@ class Backend:
     wgmma_refill: str = "empty"
     # computed operand tiles load their words a K step ahead (settings.staging_ahead)
     staging_ahead: bool = True
+    # a computed operand's GEMM takes its loaded operands by bulk copies (settings.mixed_bulk)
+    mixed_bulk: bool = False
 
     @property
     def emitter(self):
@@ -125,7 +127,8 @@ def _fingerprint(kind: str) -> str:
 # must not be reused (runtime/dispatch.py's launch key).
 SELECTION_VARIABLES = ("METILE_BACKEND", "METILE_TARGET", "METILE_CUDA_WGMMA",
                        "METILE_DOT_FRAGMENTS", "METILE_MMA_LAYOUT", "METILE_WGMMA_CARRY",
-                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL", "METILE_STAGING_AHEAD")
+                       "METILE_WGMMA_DUAL", "METILE_WGMMA_REFILL", "METILE_STAGING_AHEAD",
+                       "METILE_MIXED_BULK")
 
 
 def device_type():
@@ -192,7 +195,8 @@ def resolve_backend(language: "str | Backend | None" = None, *, target: str | No
                    units_for(chosen, planned.name, settings.wgmma_variant()),
                    _cuda_scalars() if chosen == "cuda" else "array", fragments,
                    fragments and mma, settings.flag("METILE_WGMMA_CARRY", default=True),
-                   settings.wgmma_dual(), settings.wgmma_refill(), settings.staging_ahead())
+                   settings.wgmma_dual(), settings.wgmma_refill(), settings.staging_ahead(),
+                   settings.mixed_bulk())
 
 
 def _cuda_scalars() -> str:

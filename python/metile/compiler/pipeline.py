@@ -287,7 +287,8 @@ def generate(req: Request, fn: Function, analysis: Analysis, proven: tuple, name
                                 wgmma_carry=backend.wgmma_carry,
                                 wgmma_dual=backend.wgmma_dual,
                                 wgmma_refill=backend.wgmma_refill,
-                                staging_ahead=backend.staging_ahead)
+                                staging_ahead=backend.staging_ahead,
+                                mixed_bulk=backend.mixed_bulk)
         lowered = ["placement", "lower_tiles", *_lowering_steps(thread_fn)]
     verify(thread_fn)
     scalar_ids = {p.value.id for p in fn.params if p.kind == "scalar" and p.value is not None}

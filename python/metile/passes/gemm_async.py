@@ -410,7 +410,9 @@ class AsyncStaging:
         `whole_group_copies`), or (mode "check") return the bool that this thread's groups
         of the bound K tile satisfy that form's conditions, or (mode "ahead") only load the
         computed tiles' group-invariant words into this thread's registers
-        (`_computed_groups`); `carried`: the computed tiles read those registers."""
+        (`_computed_groups`), or (mode "computed") evaluate only the computed tiles (the
+        others arrive by bulk tensor copies: gemm_wgmma's mixed_bulk); `carried`: the
+        computed tiles read those registers."""
         ok = None
         for value, st, shape in self.operand_stages():   # A, then each product's B
             ld, checks, axis = self.async_entry(value)
@@ -422,7 +424,7 @@ class AsyncStaging:
                                           self.stage_base(b, st, shape, stage), axis,
                                           "carried" if carried else None)
                 continue
-            if mode == "ahead":
+            if mode in ("ahead", "computed"):
                 continue
             base = self.stage_base(b, st, shape, stage)
             part = self._copy_groups(b, ld, checks, st, shape, base, axis, mode)

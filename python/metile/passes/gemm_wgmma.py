@@ -76,6 +76,9 @@ class WarpgroupGemm:
     wgmma_refill = "empty"
     # whether a computed operand tile loads its words a K step ahead (METILE_STAGING_AHEAD)
     staging_ahead = True
+    # whether a GEMM with a computed operand tile takes its loaded ones by bulk tensor
+    # copies, the threads staging the computed one beside them (METILE_MIXED_BULK)
+    mixed_bulk = False
     # joined: the up projection's accumulator index past the gate's (BN/2), else None
     wg_split = None
 
@@ -258,7 +261,7 @@ class WarpgroupGemm:
                 branch = b.op("if", [form[0]], [], {}, [_block(), _block()])
                 tb, rest = Builder(branch.regions[0]), Builder(branch.regions[1])
                 tb.loc = rest.loc = b.loc
-                self._wgmma_tma_steps(tb, n, form[1])
+                self._wgmma_tma_steps(tb, n, form[1], issue)
         if self.gemm_plan.unit.whole_copies:
             self.steps_with_whole_copies(op, rest, n, issue, self._wgmma_steps)
         else:
@@ -296,8 +299,10 @@ class WarpgroupGemm:
         operands = []
         for value, st, shape in self.operand_stages():
             ld, checks, axis = self.async_entry(value)
-            if ld is None:   # a computed operand is no tensor the bulk copies can read
-                return None
+            if ld is None:   # a computed operand is no tensor the bulk copies can read:
+                if not self.mixed_bulk:   # the threads stage it beside them (mixed_bulk)
+                    return None
+                continue
             memo = {}
             coeffs = _axis_coeffs(ld.operands[0], {})
             if coeffs is False or coeffs.get(axis) != 1 or shape[1 - axis] > 256 \
@@ -319,6 +324,8 @@ class WarpgroupGemm:
             if not per_axis[0] or not per_axis[1]:
                 return None
             operands.append((ld, st, shape, axis, per_axis))
+        if not operands:
+            return None
 
         zero = self.const(b, 0)
         ok, maps, prepare = None, [], []
@@ -370,20 +377,30 @@ class WarpgroupGemm:
             prepare.append((root, st.dtype.itemsize, [i0, inner0, outer0, stride]))
         return b.value("block_all", [ok], BOOL), (maps, prepare)
 
-    def _wgmma_tma_steps(self, b: Builder, n: Value, form) -> None:
+    def _wgmma_tma_steps(self, b: Builder, n: Value, form, staged=None) -> None:
         """`_wgmma_steps` with bulk tensor copies: before the loop the block encodes its
         maps (tma_prepare: one thread, then a barrier) and thread 0 arms each stage's
         mbarrier with the tile's bytes and issues its boxes (one per 64-element atom
         along the contiguous axis; the box is the stage's SW128 atom layout).  Step t:
         wait for tile t's barrier phase (t / S) % 2, one barrier (every warpgroup has
         passed step t-1's wait: the stage of tile t+D-S <= t-1-W_p is free), refill it
-        with tile t+D, then the products as in `_wgmma_steps`."""
+        with tile t+D, then the products as in `_wgmma_steps`.
+
+        With a computed operand tile (mixed_bulk; `staged` is k_tiles' issue) the threads
+        evaluate it into the stage after the step's products, as `_wgmma_steps` does, and
+        fence their writes for the async proxy before the step's barrier; the refill waits
+        on that barrier ("barrier" order: the threads' stores need it every step)."""
         maps, prepare = form
         s = self.num_stages
         pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
         count = len(maps)
-        empty = self.wgmma_refill == "empty"
+        computed = staged is not None and any(
+            self.async_entry(v)[0] is None for v, _, _ in self.operand_stages())
+        empty = self.wgmma_refill == "empty" and not computed
+        ahead = computed and self.staging_ahead and self.loads_ahead()
+        if computed and "mixed_bulk_staging" not in self.lowering_passes:
+            self.lowering_passes.append("mixed_bulk_staging")
         if empty:
             self.lowering_passes.append("empty_barrier_refills")
         # 16 words a map (its encoded map), each stage's barrier, then (empty) each
@@ -429,18 +446,30 @@ class WarpgroupGemm:
 
         for t in range(dist):
             issue(b, self.const(b, t), self.const(b, t), refill=False)
+            if computed:
+                staged(b, self.const(b, t), t, "computed")
+        if ahead:
+            if "staging_loads_ahead" not in self.lowering_passes:
+                self.lowering_passes.append("staging_loads_ahead")
+            staged(b, self.const(b, dist), None, "ahead")
 
         def body(lb: Builder, t: Value) -> None:
             stage = self._i(lb, "mod", t, s)
             parity = self._i(lb, "mod", self._i(lb, "idiv", t, s), 2)
             lb.op("tma_wait", [stage, parity], [], {"smem": smem, "maps": count})
             nxt = self._i(lb, "add", t, dist)
+            if computed:   # this thread's stores of tile t, for the tensor cores' reads
+                lb.op("fence_proxy_async")
             if not empty:
                 lb.op("barrier")
                 issue(lb, nxt, self._i(lb, "mod", nxt, s))
             lb.op("wgmma_fence", [], [], {"acc": list(self.wg_acc)})
             self._wgmma_products(lb, stage, lb.value("ne", [t, self.const(lb, 0)], BOOL))
             lb.op("wgmma_commit")
+            if computed:
+                staged(lb, nxt, self._i(lb, "mod", nxt, s), "computed", carried=ahead)
+                if ahead:
+                    staged(lb, self._i(lb, "add", nxt, 1), None, "ahead")
             if empty:
                 # after this step's products are issued: thread 0's wait for the stage's
                 # release (tile t-1-W_p, released at the end of step t-1) overlaps the

@@ -860,7 +860,8 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
                 shared_optin: int = 0, language: str | None = None,
                 dot_fragments: bool = False, mma_layout: bool = False,
                 wgmma_carry: bool = True, wgmma_dual: str = "split",
-                wgmma_refill: str = "empty", staging_ahead: bool = True) -> Function:
+                wgmma_refill: str = "empty", staging_ahead: bool = True,
+                mixed_bulk: bool = False) -> Function:
     """Tile form -> thread form for kernels without kernel-written fragments
     (`simdgroup_inline` kernels lower through passes/lower_fragments.py).  `language`
     ("msl" | "cuda") sets the widest vector access (vectorize_rows.py); None keeps the
@@ -870,7 +871,8 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     lets a warpgroup product there run round a loop's back edge (carried_products);
     `wgmma_dual` is how a dual GEMM's products take the warpgroup unit, `wgmma_refill`
     what orders its bulk-tensor loop's refills (gemm_wgmma.py), `staging_ahead` whether a
-    computed operand tile loads its words a K step ahead (gemm_async.carried_loads)."""
+    computed operand tile loads its words a K step ahead (gemm_async.carried_loads), and
+    `mixed_bulk` whether its GEMM takes the loaded operands by bulk tensor copies."""
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
@@ -880,6 +882,7 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     first.wgmma_dual = wgmma_dual
     first.wgmma_refill = wgmma_refill
     first.staging_ahead = staging_ahead
+    first.mixed_bulk = mixed_bulk
     try:
         return first.run()
     except SharedOverflow:
@@ -892,4 +895,5 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     later.wgmma_dual = wgmma_dual
     later.wgmma_refill = wgmma_refill
     later.staging_ahead = staging_ahead
+    later.mixed_bulk = mixed_bulk
     return later.run()

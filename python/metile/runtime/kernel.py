@@ -138,6 +138,7 @@ class Specialization:
             **({} if backend.wgmma_dual == "split" else {"wgmma_dual": backend.wgmma_dual}),
             **({} if backend.wgmma_refill == "empty" else {"wgmma_refill": backend.wgmma_refill}),
             **({} if backend.staging_ahead else {"staging_ahead": False}),
+            **({"mixed_bulk": True} if backend.mixed_bulk else {}),
             "schedule": None if schedule is None else schedule.key(),
             "int_values": sorted(self.int_values.items()),
             "compiler": cache.compiler_fingerprint(),
