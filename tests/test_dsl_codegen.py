@@ -506,3 +506,25 @@ def test_explain_steps_takes_a_bool():
     assert "steps" in json.loads(d.explain(steps=True))
     with pytest.raises(TypeError, match=r"explain\(steps=\) takes True or False, got 'yes'"):
         d.explain(steps="yes")
+    # the launcher's explain takes it too (it passed steps= to the kernel as an argument:
+    # "unexpected argument 'steps'"), and the same report
+    launched = json.loads(vector_add[(1,)].explain(
+        mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64, backend="msl", steps=True))
+    assert launched["steps"] == json.loads(d.explain(steps=True))["steps"]
+    assert "steps" not in json.loads(vector_add[(1,)].explain(
+        mx.zeros((8,)), mx.zeros((8,)), mx.zeros((8,)), 8, BLOCK=64, backend="msl"))
+
+
+def test_a_kernel_parameter_named_steps_stays_the_kernels():
+    import json
+
+    @metile.kernel
+    def scaled(x, out, steps, BLOCK: metile.constexpr):
+        i = metile.arange(0, BLOCK)
+        metile.store(out + i, metile.load(x + i) * steps)
+
+    x = mx.arange(4, dtype=mx.float32)
+    report = json.loads(scaled[(1,)].explain(x, mx.zeros((4,)), steps=3.0, BLOCK=4))
+    assert "steps" not in report
+    out = scaled[(1,)](x, mx.zeros((4,)), steps=3.0, BLOCK=4)
+    np.testing.assert_array_equal(np.array(out), np.arange(4) * 3.0)

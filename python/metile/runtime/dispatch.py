@@ -404,8 +404,11 @@ class Launcher:
 
     def explain(self, *args, **kwargs) -> str:
         """`prepare(*args, **kwargs).explain()`: the plan and execution report of this
-        launch as JSON without running it (e.g. with target="apple10" on any machine)."""
-        return self.prepare(*args, **kwargs).explain()
+        launch as JSON without running it (e.g. with target="apple10" on any machine).
+        `steps=True` is explain's own (each compile step with what it proved), unless the
+        kernel has a parameter of that name."""
+        steps = kwargs.pop("steps", False) if "steps" not in self.kernel.param_names else False
+        return self.prepare(*args, **kwargs).explain(steps)
 
     def prepare(self, *args, **kwargs) -> "Dispatch":
         try:
