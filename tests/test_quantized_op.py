@@ -692,9 +692,11 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     meta = {k: v for k, v in quantized_ops.WGMMA_PAIRS.items() if k != "kernel"}
     wq, s, b = mx.quantize(mx.zeros((512, 4096), mx.float16), group_size=64, bits=4)
     from metile_kernels.quantized_pairs import unpack_constants
+    pair_args = {key.lower() if key == "MAGIC" else key: v
+                 for key, v in unpack_constants("float16").items()}   # (magic: an argument)
     d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
         x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
-        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **pair_args)
     assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
     # one packed word a staged group of 8 weights (its index k >> 3 is the group's): read
     # from memory by the group's store, or a K step ahead into a register the store reads
@@ -715,7 +717,7 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     monkeypatch.setenv("METILE_STAGING_AHEAD", "0")
     d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
         x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
-        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **pair_args)
     assert "staging_loads_ahead" not in d.execution_report.passes and "_ahead" not in d.source
     assert len(re.findall(r"\bw\[", d.source)) == d.source.count("reinterpret_cast<uint4*>(&_sw")
     monkeypatch.delenv("METILE_STAGING_AHEAD")
@@ -724,7 +726,7 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     monkeypatch.setenv("METILE_MIXED_BULK", "1")
     d = kernels.quantized_matmul[kernels.matmul_grid(200, 512, 128, 256)].prepare(
         x[:200], wq, s, b, mx.zeros((200, 512), mx.float16), 200, 512, 4096, BITS=4, GROUP=64,
-        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants("float16"))
+        TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **pair_args)
     passes = d.execution_report.passes
     assert {"bulk_tensor_copies", "mixed_bulk_staging", "staging_loads_ahead"} <= set(passes)
     assert [m["box"] for m in d.variant.data["lowering"]["launch"]["tensor_maps"]] == [[64, 128]]

@@ -319,8 +319,9 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
                     f"({params['BLOCK_K']}) and N of BLOCK_N ({params['BLOCK_N']}), groups of "
                     f"a power of two >= 8; got {x2.dtype}, {bits} bits, transpose={transpose}, "
                     f"K={k}, N={n}, group_size={group_size}")
-            meta.update(pairs.unpack_constants(_pair_dtype(x2.dtype, bits, transpose)),
-                        GROUP_SHIFT=group_size.bit_length() - 1)
+            constants = pairs.unpack_constants(_pair_dtype(x2.dtype, bits, transpose))
+            extra = (constants.pop("MAGIC"),)   # (a launch argument: see the kernel)
+            meta.update(constants, GROUP_SHIFT=group_size.bit_length() - 1)
     args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)

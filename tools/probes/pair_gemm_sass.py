@@ -29,7 +29,8 @@ def sass(tile: str, m: int, n: int, k: int, dtype: str = "float16", dump=None):
     x = mx.zeros((m, k), dt)
     d = kernels.quantized_matmul[kernels.matmul_grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"])].prepare(
         x, wq, s, b, mx.zeros((m, n), dt), m, n, k, BITS=4, GROUP=64, TRANSPOSE=True,
-        GROUP_SHIFT=6, backend="cuda", **meta, **unpack_constants(dtype))
+        GROUP_SHIFT=6, backend="cuda", **meta,
+        **{key.lower() if key == "MAGIC" else key: v for key, v in unpack_constants(dtype).items()})
     if dump:
         open(dump + ".cu", "w").write(d.source)
     data, log = tools.cubin(tools.translation_unit(d), "sm_90a", ("-Xptxas", "-v"))
