@@ -511,12 +511,9 @@ class AsyncStaging:
                     return self.emit_load(ctx.b, op, [self.elem(o, ctx) for o in op.operands])
                 if id(op) not in loaded:
                     if id(op) in carried:
-                        loaded[id(op)] = _narrowed(lb, lb.value(
-                            "local_get", [self.const(lb, slot)], U32,
-                            name=carried[id(op)][1]) if _narrow(op) else lb.value(
-                            "local_get", [self.const(lb, slot)],
-                            ScalarType(elem_type(op.operands[0].type).dtype),
-                            name=carried[id(op)][1]), op)
+                        held = lb.value("local_get", [self.const(lb, slot)],
+                                        ScalarType(_held_dtype(op)), name=carried[id(op)][1])
+                        loaded[id(op)] = _narrowed(lb, held, op)
                     else:
                         loaded[id(op)] = once(op)
                 if len(op.operands) == 1:
@@ -553,10 +550,7 @@ class AsyncStaging:
                         self.buffers.get((ptr.root, "written")) is not None or \
                         not invariant(op.operands[0]):
                     continue
-                # (16-bit words a register each: packed two a register, every write
-                # would be a byte permute)
-                found[id(op)] = (op, self.decl("local", dt.uint32 if _narrow(op) else ptr.dtype,
-                                               slots, "_ahead"))
+                found[id(op)] = (op, self.decl("local", _held_dtype(op), slots, "_ahead"))
             memo[id(value)] = found
         return memo[id(value)]
 
@@ -816,29 +810,30 @@ class AsyncStaging:
         return self._i(b, "add", self._i(b, "mul", row, ld), moved)
 
 
-U32 = ScalarType(dt.uint32)
-
-
-def _narrow(load: Op) -> bool:
-    return elem_type(load.operands[0].type).dtype.bits == 16
+def _held_dtype(load: Op):
+    """The dtype a register array keeps `load`'s values in (`carried_loads`): 16-bit values
+    a 32-bit word each (packed two a register, CUDA's 16-bit local arrays, every write would
+    be a byte permute), others as loaded."""
+    d = elem_type(load.operands[0].type).dtype
+    return dt.uint32 if d.bits == 16 else d
 
 
 def _widened(b: Builder, v: Value) -> Value:
-    """A loaded value as a 32-bit register word: a 16-bit one's bits zero-extended."""
+    """A loaded value as `_held_dtype` keeps it: a 16-bit one's bits zero-extended."""
     d = v.type.dtype
     if d.bits != 16:
         return v
     if d.kind == "f":
         v = b.value("cast", [v], ScalarType(dt.uint16), bitcast=True)
-    return b.value("cast", [v], U32)
+    return b.value("cast", [v], ScalarType(dt.uint32))
 
 
-def _narrowed(b: Builder, word: Value, load: Op) -> Value:
-    """The value `_widened` kept in `word`, as `load` reads it."""
-    if word.type.dtype.name != "uint32" or not _narrow(load):
-        return word
+def _narrowed(b: Builder, held: Value, load: Op) -> Value:
+    """The value `_widened` kept in `held`, as `load` reads it."""
     d = elem_type(load.operands[0].type).dtype
-    v = b.value("cast", [word], ScalarType(dt.uint16 if d.kind == "f" else d))
+    if d.bits != 16:
+        return held
+    v = b.value("cast", [held], ScalarType(dt.uint16 if d.kind == "f" else d))
     return b.value("cast", [v], ScalarType(d), bitcast=True) if d.kind == "f" else v
 
 
