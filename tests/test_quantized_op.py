@@ -401,6 +401,20 @@ def test_fused_warpgroup_prefill_ragged(rng, dtype, m, n, k, bits, group_size):
     check(y, x, wq, s, b, True, group_size, bits, dtype)
 
 
+@pytest.mark.skipif(not ops._warpgroup_gemm(), reason="warpgroup MMA (an sm_90 GPU)")
+@pytest.mark.parametrize("tile", ["WGMMA_GEMM", "WGMMA_PAIRS_TALL"])
+def test_fused_warpgroup_prefill_of_a_misaligned_x(rng, tile):
+    # x an offset view 2 bytes past a 16-byte boundary: the K loop whose copies test each
+    # group (not the whole-group loop), its weight words read a step ahead as well
+    m, n, k, group_size = 130, 256, 320, 32
+    wq, s, b = quantized(rng, (n, k), mx.float16, group_size, 4)
+    flat = mx.array(rng.standard_normal(m * k + 1).astype(np.float32)).astype(mx.float16)
+    x = flat[1:].reshape(m, k)
+    y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4,
+                              getattr(quantized_ops, tile))
+    check(y, x, wq, s, b, True, group_size, 4, mx.float16)
+
+
 PAIRS_TILE = {"kernel": "gemm", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "PAIRS": True}
 
 
@@ -701,14 +715,21 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
     # one packed word a staged group of 8 weights (its index k >> 3 is the group's): read
     # from memory by the group's store, or a K step ahead into a register the store reads
     assert "staging_loads_ahead" in d.execution_report.passes
-    src = d.source
-    loaded = set(re.findall(r"const uint32_t (_v\d+) = w\[", src))
-    sets = [a for a, v in re.findall(r"(_ahead\d+)\[\d+\] = (_v\d+);", src) if v in loaded]
-    words = set(sets)
-    assert len(words) == 1   # (one array of words; scales and biases have their own)
-    from_registers = len(re.findall(r"= %s\[\d+\];" % sets[0], src))
-    stores = src.count("reinterpret_cast<uint4*>(&_sw")
-    assert from_registers > 0 and len(loaded) - len(sets) + from_registers == stores
+    def words_ahead(src):
+        """(packed-word loads, their writes to a register array, that array's reads)"""
+        loaded = set(re.findall(r"const uint32_t (_v\d+) = w\[", src))
+        sets = [a for a, v in re.findall(r"(_ahead\d+)\[\d+\] = (_v\d+);", src)
+                if v in loaded]
+        assert len(set(sets)) == 1   # (one array of words; scales and biases have theirs)
+        return loaded, sets, re.findall(r"= %s\[\d+\];" % sets[0], src)
+
+    loaded, sets, reads = words_ahead(d.source)
+    stores = d.source.count("reinterpret_cast<uint4*>(&_sw")
+    assert reads and len(loaded) - len(sets) + len(reads) == stores
+    # each loop (whole-group copies, its checked twin) loads the words of its first step
+    # before it and of the next in every step, and reads them once a step: a loop without
+    # the first would read registers nothing wrote (the checked twin had lost it)
+    assert len(sets) == 2 * len(reads)
     ok, log = compile_cuda(translation_unit(d), "sm_90a")
     assert ok, log
     assert "C7514" not in log and "C7515" not in log and "spill" not in log.replace(
@@ -729,6 +750,8 @@ def test_cuda_emission_compiles_with_nvrtc(monkeypatch):
         TRANSPOSE=True, GROUP_SHIFT=6, backend="cuda", **meta, **pair_args)
     passes = d.execution_report.passes
     assert {"bulk_tensor_copies", "mixed_bulk_staging", "staging_loads_ahead"} <= set(passes)
+    _, sets, reads = words_ahead(d.source)   # (the bulk loop and both fallbacks)
+    assert reads and len(sets) == 2 * len(reads)
     assert [m["box"] for m in d.variant.data["lowering"]["launch"]["tensor_maps"]] == [[64, 128]]
     ok, log = compile_cuda(translation_unit(d), "sm_90a")
     assert ok, log

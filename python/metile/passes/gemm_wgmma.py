@@ -499,9 +499,12 @@ class WarpgroupGemm:
         # A weight tile the threads evaluate (dequantized while staged) reads its packed
         # words a step ahead, into registers: its loads then wait behind a K step's
         # products instead of holding up the stores the next products need.
+        # (every loop loads its first step's words here: the whole-copies loop and its
+        # checked twin are alternatives, and so is a bulk-tensor loop before them)
         ahead = self.staging_ahead and self.loads_ahead()
-        if ahead and "staging_loads_ahead" not in self.lowering_passes:
-            self.lowering_passes.append("staging_loads_ahead")
+        if ahead:
+            if "staging_loads_ahead" not in self.lowering_passes:
+                self.lowering_passes.append("staging_loads_ahead")
             issue(b, self.const(b, dist), None, "ahead")
 
         def body(lb: Builder, t: Value) -> None:
