@@ -310,6 +310,9 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         kernel = kernels.quantized_matmul
         grid = kernels.matmul_grid(m, n, params["BLOCK_M"], params["BLOCK_N"])
         meta["TRANSPOSE"] = transpose
+        # (`magic` always passed, 0 where unused: a launch whose scalar took its default
+        # was not replayed - op_replay records the arguments the op passes)
+        extra = (0,)
         if params.get("PAIRS"):
             from metile_kernels import quantized_pairs as pairs
             if not pair_gemm_fits(params, x2.dtype, transpose, bits, n, k, group_size):
