@@ -531,7 +531,7 @@ class AsyncStaging:
             dst = self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
             lb.op("vec_store", [dst, *values], [], {"root": st.name, "space": "threadgroup"})
 
-        self._each_group(b, tid, n, count, body, with_slot=True)
+        self._each_group(b, tid, n, count, body)
 
     def carried_loads(self, value: Value, invariant) -> dict:
         """{id(load): (load, register array)} of the loads a computed operand tile reads
@@ -562,24 +562,20 @@ class AsyncStaging:
                    for value, _, _ in self.operand_stages()
                    for ld, _, axis in [self.async_entry(value)] if ld is None)
 
-    def _each_group(self, b: Builder, tid: Value, n: int, count: int, body,
-                    with_slot: bool = False) -> None:
-        """`body(builder, lin)` (`with_slot`: and the slot number) for this thread's groups
-        lin = tid, tid + count, ... < n, unrolled: constant slot offsets let the compiler
-        hoist the per-group address and swizzle arithmetic out of the K loop; only the last
-        slot may test lin < n."""
+    def _each_group(self, b: Builder, tid: Value, n: int, count: int, body) -> None:
+        """`body(builder, lin, slot)` for this thread's groups lin = tid + slot * count < n,
+        unrolled: constant slot offsets let the compiler hoist the per-group address and
+        swizzle arithmetic out of the K loop; only the last slot may test lin < n."""
         for slot in range((n + count - 1) // count):
             lin = self._i(b, "add", tid, slot * count)
-            call = (lambda lb, lin=lin, slot=slot: body(lb, lin, slot)) if with_slot else \
-                (lambda lb, lin=lin: body(lb, lin))
             if (slot + 1) * count <= n:
-                call(b)
+                body(b, lin, slot)
             else:
                 part = b.op("if", [b.value("lt", [lin, self.const(b, n)], BOOL)], [], {},
                             [_block(), _block()])
                 pb = Builder(part.regions[0])
                 pb.loc = b.loc
-                call(pb)
+                body(pb, lin, slot)
 
     def _copy_groups(self, b, ld: Op, checks, st, shape, base: Value, axis: int = 1,
                      mode: str | None = None):
@@ -616,7 +612,7 @@ class AsyncStaging:
         def dst_at(lb, row, col):
             return self.add(lb, base, self.swizzled_offset(lb, row, col, cols, swz))
 
-        def body(lb: Builder, lin: Value) -> None:
+        def body(lb: Builder, lin: Value, slot: int | None = None) -> None:   # (_for: no slot)
             line, start, row, col = group_at(lb, lin)
             along_e = [self._i(lb, "add", start, e) for e in range(group)]
             index = source_at(lb, row, col)

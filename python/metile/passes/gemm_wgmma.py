@@ -377,7 +377,7 @@ class WarpgroupGemm:
             prepare.append((root, st.dtype.itemsize, [i0, inner0, outer0, stride]))
         return b.value("block_all", [ok], BOOL), (maps, prepare)
 
-    def _wgmma_tma_steps(self, b: Builder, n: Value, form, staged=None) -> None:
+    def _wgmma_tma_steps(self, b: Builder, n: Value, form, staged) -> None:
         """`_wgmma_steps` with bulk tensor copies: before the loop the block encodes its
         maps (tma_prepare: one thread, then a barrier) and thread 0 arms each stage's
         mbarrier with the tile's bytes and issues its boxes (one per 64-element atom
@@ -386,7 +386,7 @@ class WarpgroupGemm:
         passed step t-1's wait: the stage of tile t+D-S <= t-1-W_p is free), refill it
         with tile t+D, then the products as in `_wgmma_steps`.
 
-        With a computed operand tile (mixed_bulk; `staged` is k_tiles' issue) the threads
+        With a computed operand tile (mixed_bulk; `staged`: k_tiles' issue) the threads
         evaluate it into the stage after the step's products, as `_wgmma_steps` does, and
         fence their writes for the async proxy before the step's barrier; the refill waits
         on that barrier ("barrier" order: the threads' stores need it every step)."""
@@ -395,10 +395,8 @@ class WarpgroupGemm:
         pending = 1 if s >= 3 else 0
         dist = s - 1 - pending
         count = len(maps)
-        computed = staged is not None and any(
-            self.async_entry(v)[0] is None for v, _, _ in self.operand_stages())
+        computed = any(self.async_entry(v)[0] is None for v, _, _ in self.operand_stages())
         empty = self.wgmma_refill == "empty" and not computed
-        ahead = computed and self.staging_ahead and self.loads_ahead()
         if computed and "mixed_bulk_staging" not in self.lowering_passes:
             self.lowering_passes.append("mixed_bulk_staging")
         if empty:
@@ -448,10 +446,7 @@ class WarpgroupGemm:
             issue(b, self.const(b, t), self.const(b, t), refill=False)
             if computed:
                 staged(b, self.const(b, t), t, "computed")
-        if ahead:
-            if "staging_loads_ahead" not in self.lowering_passes:
-                self.lowering_passes.append("staging_loads_ahead")
-            staged(b, self.const(b, dist), None, "ahead")
+        ahead = computed and self._words_ahead(b, staged, dist)
 
         def body(lb: Builder, t: Value) -> None:
             stage = self._i(lb, "mod", t, s)
@@ -467,9 +462,7 @@ class WarpgroupGemm:
             self._wgmma_products(lb, stage, lb.value("ne", [t, self.const(lb, 0)], BOOL))
             lb.op("wgmma_commit")
             if computed:
-                staged(lb, nxt, self._i(lb, "mod", nxt, s), "computed", carried=ahead)
-                if ahead:
-                    staged(lb, self._i(lb, "add", nxt, 1), None, "ahead")
+                self._stage_next(lb, staged, nxt, ahead, "computed")
             if empty:
                 # after this step's products are issued: thread 0's wait for the stage's
                 # release (tile t-1-W_p, released at the end of step t-1) overlaps the
@@ -496,16 +489,7 @@ class WarpgroupGemm:
         for t in range(dist):
             issue(b, self.const(b, t), t)
             b.op("cp_async_commit")
-        # A weight tile the threads evaluate (dequantized while staged) reads its packed
-        # words a step ahead, into registers: its loads then wait behind a K step's
-        # products instead of holding up the stores the next products need.
-        # (every loop loads its first step's words here: the whole-copies loop and its
-        # checked twin are alternatives, and so is a bulk-tensor loop before them)
-        ahead = self.staging_ahead and self.loads_ahead()
-        if ahead:
-            if "staging_loads_ahead" not in self.lowering_passes:
-                self.lowering_passes.append("staging_loads_ahead")
-            issue(b, self.const(b, dist), None, "ahead")
+        ahead = self._words_ahead(b, issue, dist)
 
         def body(lb: Builder, t: Value) -> None:
             lb.op("cp_async_wait", [], [], {"pending": dist - 1})
@@ -518,15 +502,35 @@ class WarpgroupGemm:
             # The stage refilled holds tile t+dist-S <= t-1-pending, whose products every
             # warpgroup finished before this step's barrier (its wait at step t-1).
             nxt = self._i(lb, "add", t, dist)
-            issue(lb, nxt, self._i(lb, "mod", nxt, s), carried=ahead)
-            if ahead:
-                issue(lb, self._i(lb, "add", nxt, 1), None, "ahead")
+            self._stage_next(lb, issue, nxt, ahead)
             lb.op("cp_async_commit")
             lb.op("wgmma_wait", [], [], {"pending": pending, "acc": list(self.wg_acc)})
 
         self._for(b, 0, n, 1, "t", body)
         b.op("wgmma_wait", [], [], {"pending": 0, "acc": list(self.wg_acc)})
         b.op("cp_async_wait", [], [], {"pending": 0})
+
+    def _words_ahead(self, b: Builder, issue, first: int) -> bool:
+        """Whether a weight tile the threads evaluate (dequantized while staged) reads its
+        packed words a K step ahead into registers (staging_ahead, `carried_loads`): its
+        loads then wait behind a step's products instead of holding up the stores the next
+        products need.  If so, loads those of step `first`, as every K loop must before
+        its first step (the whole-copies loop, its checked twin and a bulk-tensor loop are
+        alternatives: each reads only what it loaded)."""
+        ahead = self.staging_ahead and self.loads_ahead()
+        if ahead:
+            if "staging_loads_ahead" not in self.lowering_passes:
+                self.lowering_passes.append("staging_loads_ahead")
+            issue(b, self.const(b, first), None, "ahead")
+        return ahead
+
+    def _stage_next(self, lb: Builder, issue, nxt: Value, ahead: bool,
+                    mode: str | None = None) -> None:
+        """Stage tile `nxt` into its stage (`mode`: see gemm_async._async_copy), from the
+        words loaded ahead where `ahead`, and load tile nxt+1's."""
+        issue(lb, nxt, self._i(lb, "mod", nxt, self.num_stages), mode, carried=ahead)
+        if ahead:
+            issue(lb, self._i(lb, "add", nxt, 1), None, "ahead")
 
     def _wgmma_products(self, b: Builder, stage: Value, accumulate: Value | None = None) -> None:
         """The step's BK/16 x FR products on `stage`; `accumulate` (a bool) is the first

@@ -876,13 +876,14 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     assert not fn.meta.get("fragments"), "fragment kernels lower through lower_fragments"
     args = (fn, threads, buffers, matrix_units, plan, scalars, shared_limit, gemm_plan,
             shared_optin, language)
+    # the GEMM lowering's switches, the same for both attempts (wgmma_carry concerns the
+    # mma layout the second has not)
+    switches = {"wgmma_dual": wgmma_dual, "wgmma_refill": wgmma_refill,
+                "staging_ahead": staging_ahead, "mixed_bulk": mixed_bulk}
     first = Lowering(*args, mma=dot_fragments and mma_layout)
     first.dot_fragments_allowed = dot_fragments
     first.wgmma_carry = wgmma_carry
-    first.wgmma_dual = wgmma_dual
-    first.wgmma_refill = wgmma_refill
-    first.staging_ahead = staging_ahead
-    first.mixed_bulk = mixed_bulk
+    first.__dict__.update(switches)
     try:
         return first.run()
     except SharedOverflow:
@@ -892,8 +893,5 @@ def lower_tiles(fn: Function, threads: int, buffers: dict, matrix_units=(), plan
     # scratch) than per-element products: where that passes the limit, the latter
     later = Lowering(*args)
     later.dot_fragments_allowed = False
-    later.wgmma_dual = wgmma_dual
-    later.wgmma_refill = wgmma_refill
-    later.staging_ahead = staging_ahead
-    later.mixed_bulk = mixed_bulk
+    later.__dict__.update(switches)
     return later.run()
