@@ -470,7 +470,6 @@ class AsyncStaging:
         swz = self.swizzles.get(st.name)
         n = across * groups
         tid, count = self._copiers(b)
-        slots = (n + count - 1) // count
 
         invariant = _GroupInvariant(axis, group, self.gemm.loop)
         carried = self.carried_loads(value, invariant) if phase else {}
