@@ -412,7 +412,10 @@ def test_fused_warpgroup_prefill_of_a_misaligned_x(rng, tile):
     x = flat[1:].reshape(m, k)
     y = quantized_ops._metile(x, wq, s, b, n, k, True, group_size, 4,
                               getattr(quantized_ops, tile))
-    check(y, x, wq, s, b, True, group_size, 4, mx.float16)
+    # MLX's peer reads an aligned copy: MLX 0.32.4's own CUDA quantized_matmul faults
+    # ("misaligned address", the context lost) on this view (H100, s149, after metile's y
+    # had passed its float64 check)
+    check(y, mx.array(np.array(x)), wq, s, b, True, group_size, 4, mx.float16)
 
 
 PAIRS_TILE = {"kernel": "gemm", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "PAIRS": True}
@@ -666,6 +669,31 @@ def test_convert_swaps_quantized_linear(rng, backend):
 
 
 # -- CUDA ---------------------------------------------------------------------------------------
+
+def test_bulk_x_config_takes_x_by_bulk_copies(monkeypatch):
+    # a config's BULK_X: that config's fused GEMM takes x by bulk tensor copies beside the
+    # threads' weight stores (the form METILE_MIXED_BULK=1 gives every fused GEMM), others
+    # keep every thread's cp.async copies; where the backend is not CUDA, it changes nothing
+    monkeypatch.setenv("METILE_BACKEND", "cuda")
+    m, n, k = 256, 256, 128
+    x = mx.zeros((m, k), mx.float16)
+    wq, s, b = mx.quantize(mx.zeros((n, k), mx.float16), group_size=64, bits=4)
+
+    def passes(config):
+        d = quantized_ops._launch(x, wq, s, b, n, k, True, 64, 4, config, dispatch_only=True)
+        assert d.variant.data["lowering"]["matmul"]["fragment"].startswith("wgmma")
+        return d.execution_report.passes
+
+    tall = quantized_ops.WGMMA_PAIRS_TALL
+    assert tall["BULK_X"] and "BULK_X" not in quantized_ops.WGMMA_PAIRS
+    assert {"bulk_tensor_copies", "mixed_bulk_staging"} <= set(passes(tall))
+    plain = passes({key: v for key, v in tall.items() if key != "BULK_X"})
+    assert "bulk_tensor_copies" not in plain and "whole_group_copies" in plain
+    assert "mixed_bulk_staging" not in passes(quantized_ops.WGMMA_PAIRS)
+    monkeypatch.setenv("METILE_BACKEND", "msl")
+    assert quantized_ops._bulk_x_backend().language == "msl"
+    assert not quantized_ops._bulk_x_backend().mixed_bulk
+
 
 @pytest.mark.skipif(TOOLKIT is None, reason="NVRTC not installed")
 def test_cuda_emission_compiles_with_nvrtc(monkeypatch):

@@ -23,7 +23,8 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s149   -- (ready, not run) x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
+#   OUT=$OUT bash tools/device_next.sh s150   -- the untransposed hang probe, mixed-bulk GPU tests, the s145 test files
+#   OUT=$OUT bash tools/device_next.sh s149   -- x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
 #   OUT=$OUT bash tools/device_next.sh s148   -- ncu of the pair GEMM with its words read ahead, then the s145 GPU tests
 #   OUT=$OUT bash tools/device_next.sh s147   -- the fused int4 GEMM's words read a K step ahead: its GPU tests, A/B against inline (tools/probes/staging_ahead.py)
 #   OUT=$OUT bash tools/device_next.sh s146   -- (ready, not run) ncu of the pair-dequantizing GEMM's two tiles at 512 rows, the int4 prefill benchmark (auto's pair candidates included)
@@ -134,7 +135,25 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s149 ]; then
+if [ "$mode" = s150 ]; then
+  # s43: which side of test_untransposed stops a GPU run (it hung in s125 and in s145's
+  # call); the pair GEMM's GPU tests, WGMMA_PAIRS_TALL now with x by bulk copies (its
+  # BULK_X; s149's were poisoned by MLX's own fault on a misaligned x: the test now gives
+  # MLX an aligned copy); the int4 prefill benchmark (auto's candidates); then the test
+  # files s145 never reached
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout -s KILL 90 python3 tools/probes/untransposed_hang.py --repeats 20 > "$logs/untransposed-hang.txt" 2>&1
+  echo "hang probe rc=$?" | tee -a "$log"
+  grep -vE "^start" "$logs/untransposed-hang.txt" | tail -25 | tee -a "$log"
+  grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+  gpu_tests 200 -k "warpgroup or pair_dequantized or bulk_x" test_quantized_op
+  cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
+  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 128 4096 11008 \
+    --output "$logs/h200-quantized-int4-float16-prefill-bulk-x.json" 2>&1 | grep -E "prefill|auto" | tail -8 | tee -a "$log"
+  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "not untransposed" test_bad_inputs test_routing \
+    test_kernel_dependencies test_ops test_quantized_op
+elif [ "$mode" = s149 ]; then
   # s42, for the next session: the fused int4 GEMM with x by bulk tensor copies (TMA) while
   # the threads store the dequantized weight (METILE_MIXED_BULK=1, off by default): its GPU
   # tests under the switch first (each pair case compiles a ~17000-line kernel: 300 s), then

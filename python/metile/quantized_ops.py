@@ -41,9 +41,9 @@ which inputs were asked for.
 
 from __future__ import annotations
 
-import json
-
+import dataclasses
 import functools
+import json
 import math
 
 import mlx.core as mx
@@ -144,9 +144,14 @@ WGMMA_GEMM = {"kernel": "gemm", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64,
 # 312.3 - each row block dequantizes the whole weight again.  Measured at one N only.
 WGMMA_PAIRS = {**WGMMA_GEMM, "PAIRS": True}
 # ...on a 256x128 tile: half the weight tile a K step for the same products (two m64n128
-# products a warpgroup), so half the staging work per tensor-core cycle
+# products a warpgroup), so half the staging work per tensor-core cycle; x by bulk tensor
+# copies (BULK_X: `_bulk_x_backend`) beside the threads' weight stores, 313 SASS
+# instructions a K step and thread against 402.  H100 (s149, x4096x11008 int4 group 64,
+# 4 weights cycled, one run alternating): 512 rows float16 110.4 us against 113.9 with
+# x by cp.async (MLX 339.0), bfloat16 107.3 against 113.0 (MLX 372.7); at 128 rows 75.2
+# against 63.5, where the 128x256 tile (51.0; 53.3 with BULK_X) takes the call.
 WGMMA_PAIRS_TALL = {"kernel": "gemm", "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64,
-                    "num_simdgroups": 8, "PAIRS": True}
+                    "num_simdgroups": 8, "PAIRS": True, "BULK_X": True}
 # ...its warp-specialized form (METILE_CUDA_WGMMA=ws): a producer warpgroup evaluates the
 # weight tiles while the two others multiply (the form above has every warp do both);
 # slower still: 502.3 us (s29)
@@ -325,6 +330,8 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             constants = pairs.unpack_constants(_pair_dtype(x2.dtype, bits, transpose))
             extra = (constants.pop("MAGIC"),)   # (a launch argument: see the kernel)
             meta.update(constants, GROUP_SHIFT=group_size.bit_length() - 1)
+        if meta.pop("BULK_X", False):
+            meta["backend"] = _bulk_x_backend()
     args = (x2, w, scales, biases, out, m, n, k, *extra)
     if dispatch_only:
         return kernel[grid].prepare(*args, **meta)
@@ -439,6 +446,16 @@ def pair_gemm_fits(config: dict, dtype, transpose: bool, bits: int, n: int | Non
         _pair_dtype(dtype, bits, transpose) is not None and k % config["BLOCK_K"] == 0 and \
         n % config["BLOCK_N"] == 0 and config["BLOCK_K"] % 8 == 0 and group_size >= 8 and \
         group_size & (group_size - 1) == 0
+
+
+def _bulk_x_backend():
+    """The resolved backend, on CUDA with x by bulk tensor copies (TMA) while the threads
+    store the dequantized weight tile (Backend.mixed_bulk; settings.mixed_bulk turns it
+    on for every fused GEMM): a config's "BULK_X" asks it for that config's launches."""
+    from .compiler.backend import resolve_backend
+    backend = resolve_backend()
+    return dataclasses.replace(backend, mixed_bulk=True) if backend.language == "cuda" \
+        else backend
 
 
 def _pair_prefill(dtype, transpose, bits, n, k, group_size) -> list[dict]:
