@@ -136,23 +136,26 @@ eager_cost() {
 }
 
 if [ "$mode" = s150 ]; then
-  # s43: which side of test_untransposed stops a GPU run (it hung in s125 and in s145's
-  # call); the pair GEMM's GPU tests, WGMMA_PAIRS_TALL now with x by bulk copies (its
+  # s43: the pair GEMM's GPU tests, WGMMA_PAIRS_TALL now with x by bulk copies (its
   # BULK_X; s149's were poisoned by MLX's own fault on a misaligned x: the test now gives
-  # MLX an aligned copy); the int4 prefill benchmark (auto's candidates); then the test
-  # files s145 never reached
+  # MLX an aligned copy); which side of test_untransposed stops a GPU run (it hung in s125
+  # and in s145's call); the int4 prefill benchmark (auto's candidates); then the test
+  # files s145 never reached - each step inside what is left of BUDGET
+  left() { echo $((budget - 15 - (SECONDS - t0))); }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  timeout -s KILL 90 python3 tools/probes/untransposed_hang.py --repeats 20 > "$logs/untransposed-hang.txt" 2>&1
+  gpu_tests $(left) -k "pair_dequantized or misaligned or bulk_x" test_quantized_op
+  cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
+  t=$(left); [ "$t" -gt 75 ] && t=75
+  timeout -s KILL $t python3 tools/probes/untransposed_hang.py --repeats 20 > "$logs/untransposed-hang.txt" 2>&1
   echo "hang probe rc=$?" | tee -a "$log"
   grep -vE "^start" "$logs/untransposed-hang.txt" | tail -25 | tee -a "$log"
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
-  gpu_tests 200 -k "warpgroup or pair_dequantized or bulk_x" test_quantized_op
-  cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
-  timeout 150 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+  t=$(left); [ "$t" -gt 150 ] && t=150
+  timeout $t python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
     --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 128 4096 11008 \
     --output "$logs/h200-quantized-int4-float16-prefill-bulk-x.json" 2>&1 | grep -E "prefill|auto" | tail -8 | tee -a "$log"
-  gpu_tests $((budget - 20 - (SECONDS - t0))) -k "not untransposed" test_bad_inputs test_routing \
-    test_kernel_dependencies test_ops test_quantized_op
+  [ "$(left)" -gt 30 ] && gpu_tests $(left) -k "not untransposed" test_bad_inputs test_routing \
+    test_kernel_dependencies test_ops
 elif [ "$mode" = s149 ]; then
   # s42, for the next session: the fused int4 GEMM with x by bulk tensor copies (TMA) while
   # the threads store the dequantized weight (METILE_MIXED_BULK=1, off by default): its GPU
