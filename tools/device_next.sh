@@ -145,9 +145,22 @@ if [ "$mode" = s150 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   gpu_tests $(left) -k "pair_dequantized or misaligned or bulk_x" test_quantized_op
   cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
+  # (a stall: the GPU's utilization - a kernel spinning or none running - and the native
+  # stacks, where gdb is installed)
   t=$(left); [ "$t" -gt 75 ] && t=75
-  timeout -s KILL $t python3 tools/probes/untransposed_hang.py --repeats 20 > "$logs/untransposed-hang.txt" 2>&1
-  echo "hang probe rc=$?" | tee -a "$log"
+  python3 tools/probes/untransposed_hang.py --repeats 20 --stall 15 > "$logs/untransposed-hang.txt" 2>&1 &
+  pid=$!
+  for i in $(seq 1 $t); do
+    sleep 1; kill -0 $pid 2>/dev/null || break
+    if grep -q "^Timeout (" "$logs/untransposed-hang.txt"; then
+      nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv | tee -a "$log"
+      command -v gdb > /dev/null && timeout 25 gdb -p $pid -batch -ex "thread apply all bt 20" \
+        > "$logs/untransposed-gdb.txt" 2>&1 && grep -E "^#|^Thread" "$logs/untransposed-gdb.txt" | head -40 | tee -a "$log"
+      break
+    fi
+  done
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  echo "hang probe done after ${i}s" | tee -a "$log"
   grep -vE "^start" "$logs/untransposed-hang.txt" | tail -25 | tee -a "$log"
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
   t=$(left); [ "$t" -gt 150 ] && t=150

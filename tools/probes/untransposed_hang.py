@@ -4,8 +4,9 @@ The test hung twice on the H100 (s125 in the 4-32 float32 case, s150's s145 call
 float32), past pytest-timeout (a thread stuck in a C call: the signal never ran).  This
 repeats the test's launches one side at a time - metile's op (backend="metile") and MLX's
 quantized_matmul - evaluating each alone, with faulthandler armed to print every thread's
-stack and exit when one launch takes longer than --stall seconds.  The last "start" line
-before the stacks names the side, case and row count.
+Python stack when one launch takes longer than --stall seconds (the process stays, for the
+caller's look at the GPU and the native stacks: tools/device_next.sh s150).  The last
+"start" line before the stacks names the side, case and row count.
 
     python3 tools/probes/untransposed_hang.py [--repeats 30] [--stall 20]
 """
@@ -41,7 +42,7 @@ def main() -> None:
                         mx.eval(x, wq, s, b)
                         print(f"start {side} {name} bits={bits} group={group} rows={rows} "
                               f"repeat {rep}", flush=True)
-                        faulthandler.dump_traceback_later(args.stall, exit=True)
+                        faulthandler.dump_traceback_later(args.stall)
                         if side == "metile":
                             y = ops.quantized_matmul(x, wq, s, b, False, group, bits,
                                                      backend="metile")
