@@ -147,8 +147,8 @@ if [ "$mode" = s150 ]; then
   cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
   # (a stall: the GPU's utilization - a kernel spinning or none running - and the native
   # stacks, where gdb is installed)
-  t=$(left); [ "$t" -gt 75 ] && t=75
-  python3 tools/probes/untransposed_hang.py --repeats 20 --stall 15 > "$logs/untransposed-hang.txt" 2>&1 &
+  t=$(left); [ "$t" -gt 180 ] && t=180
+  python3 tools/probes/untransposed_hang.py --repeats 10 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
   pid=$!
   for i in $(seq 1 $t); do
     sleep 1; kill -0 $pid 2>/dev/null || break
