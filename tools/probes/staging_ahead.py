@@ -42,6 +42,12 @@ def main():
                    choices=["METILE_STAGING_AHEAD", "METILE_MIXED_BULK"])
     args = p.parse_args()
     names = {"METILE_STAGING_AHEAD": ("inline", "ahead"), "METILE_MIXED_BULK": ("copies", "bulk")}
+    if args.switch == "METILE_MIXED_BULK":
+        # the switch alone decides x's copies: the 256x128 tile's BULK_X (its config's
+        # bulk form since the forty-third session) would take the copies side's too
+        for name in ("WGMMA_PAIRS_TALL", "WGMMA_PAIRS"):
+            setattr(quantized_ops, name, {key: v for key, v in getattr(quantized_ops, name).items()
+                                          if key != "BULK_X"})
     off_on = names[args.switch]
     dtype, n, k, group, bits = getattr(mx, args.dtype), args.n, args.k, 64, 4
     report = {"machine": {"platform": platform.platform(), "mlx_version": mx.__version__,
