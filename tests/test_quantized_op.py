@@ -61,6 +61,11 @@ def check(y, x, wq, scales, biases, transpose, group_size, bits, dtype):
     scale = max(np.abs(ref).max(), 1.0)
     err = np.abs(f64(y) - ref).max() / scale
     assert err <= TOL[dtype], f"error {err:.2e} of the largest value vs float64 > {TOL[dtype]}"
+    if dtype == mx.float32 and not transpose and mx.cuda.is_available():
+        # MLX 0.32.4's own CUDA quantized_matmul(transpose=False) on float32 stalled GPU runs
+        # (s125, s145; tools/probes/untransposed_hang.py: its first call did not return in
+        # 15 s with the GPU idle): the float64 check above stands alone there
+        return
     try:
         mlx = f64(mx.quantized_matmul(x, wq, scales, biases, transpose=transpose,
                                       group_size=group_size, bits=bits))

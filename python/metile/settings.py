@@ -172,10 +172,13 @@ def mixed_bulk() -> bool:
     while staging it (quantized_matmul's fused GEMM: the dequantized weight) takes its
     loaded operand (x) by bulk tensor copies (TMA), one thread issuing them, the threads
     evaluating the computed tile beside them (passes/gemm_wgmma.py `_wgmma_tma_steps`), or
-    by every thread's 16-byte cp.async groups (the default).  Off until measured: built in
-    the forty-second session to take x's copies (~80 of the 256x128 pair GEMM's 409 SASS
-    instructions a K step and thread) out of a loop whose warps wait on their own
-    instruction stream (ncu s148: 0.40 issued a cycle a scheduler, 2 warps each)."""
+    by every thread's 16-byte cp.async groups (the default).  Built in the forty-second
+    session to take x's copies (~90 of the 256x128 pair GEMM's 402 SASS instructions a K
+    step and thread) out of a loop whose warps wait on their own instruction stream (ncu
+    s148: 0.40 issued a cycle a scheduler, 2 warps each).  Measured (H100, s149) it wins
+    on that tile at 512 rows (110.4 against 113.9 us) and loses on the 128x256 tile and at
+    128 rows, so it stays off here and a configuration asks it for its own launches
+    (quantized_ops.WGMMA_PAIRS_TALL's BULK_X)."""
     return flag("METILE_MIXED_BULK", False)
 
 
