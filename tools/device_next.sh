@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op whole, int4 prefill bf16/2048 with BULK_X
 #   OUT=$OUT bash tools/device_next.sh s150   -- the untransposed hang probe, mixed-bulk GPU tests, the s145 test files
 #   OUT=$OUT bash tools/device_next.sh s149   -- x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
 #   OUT=$OUT bash tools/device_next.sh s148   -- ncu of the pair GEMM with its words read ahead, then the s145 GPU tests
@@ -135,7 +136,31 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
-if [ "$mode" = s150 ]; then
+if [ "$mode" = s151 ]; then
+  # s43, for the next session: the untransposed stall settled (every metile case before
+  # MLX's, 60 s a launch), test_quantized_op whole (its float32 transpose=False cases no
+  # longer ask MLX's op on CUDA), then int4 prefill bfloat16 and 2048 rows with the 256x128
+  # tile's BULK_X among auto's candidates
+  left() { echo $((budget - 15 - (SECONDS - t0))); }
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  python3 tools/probes/untransposed_hang.py --repeats 5 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
+  pid=$!
+  for i in $(seq 1 150); do
+    sleep 1; kill -0 $pid 2>/dev/null || break
+    if grep -q "^Timeout (" "$logs/untransposed-hang.txt"; then
+      nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv | tee -a "$log"; break
+    fi
+  done
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  echo "hang probe done after ${i}s" | tee -a "$log"
+  grep -vE "^start" "$logs/untransposed-hang.txt" | tail -20 | tee -a "$log"
+  grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+  gpu_tests $(( $(left) - 120 )) test_quantized_op
+  t=$(left); [ "$t" -gt 150 ] && t=150
+  timeout $t python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
+    --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
+elif [ "$mode" = s150 ]; then
   # s43: the pair GEMM's GPU tests, WGMMA_PAIRS_TALL now with x by bulk copies (its
   # BULK_X; s149's were poisoned by MLX's own fault on a misaligned x: the test now gives
   # MLX an aligned copy); which side of test_untransposed stops a GPU run (it hung in s125
