@@ -25,11 +25,17 @@ def sass(tile: str, m: int, n: int, k: int, dtype: str = "float16", dump=None):
     config = getattr(quantized_ops, tile)
     dt = getattr(mx, dtype)
     meta = {key: v for key, v in config.items() if key != "kernel"}
+    backend = "cuda"
+    if meta.pop("BULK_X", False):   # (the op's `_bulk_x_backend`, for CUDA on any machine)
+        import dataclasses
+
+        from metile.compiler.backend import resolve_backend
+        backend = dataclasses.replace(resolve_backend("cuda"), mixed_bulk=True)
     wq, s, b = mx.quantize(mx.zeros((n, k), dt), group_size=64, bits=4)
     x = mx.zeros((m, k), dt)
     d = kernels.quantized_matmul[kernels.matmul_grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"])].prepare(
         x, wq, s, b, mx.zeros((m, n), dt), m, n, k, BITS=4, GROUP=64, TRANSPOSE=True,
-        GROUP_SHIFT=6, backend="cuda", **meta,
+        GROUP_SHIFT=6, backend=backend, **meta,
         **{key.lower() if key == "MAGIC" else key: v for key, v in unpack_constants(dtype).items()})
     if dump:
         open(dump + ".cu", "w").write(d.source)
@@ -41,7 +47,7 @@ def sass(tile: str, m: int, n: int, k: int, dtype: str = "float16", dump=None):
 
 
 if __name__ == "__main__":
-    from pairs_sass import mix
+    from pairs_sass import loops, mix
     parser = argparse.ArgumentParser()
     parser.add_argument("tile", nargs="?", default="WGMMA_PAIRS_TALL")
     parser.add_argument("--m", type=int, default=512)
@@ -55,4 +61,10 @@ if __name__ == "__main__":
     print("passes:", " ".join(d.execution_report.passes))
     whole, loop = mix(text)
     print("kernel", sum(whole.values()), "instructions; largest loop", sum(loop.values()))
+    # each K loop (a loop issuing products), by how x arrives: TMA boxes or cp.async groups
+    for body in loops(text)[1]:
+        if any(op.startswith("HGMMA") for op in body):
+            how = "bulk tensor (UTMALDG)" if any(op.startswith("UTMALDG") for op in body) else \
+                "cp.async (LDGSTS)" if any(op.startswith("LDGSTS") for op in body) else "other"
+            print(f"  K loop of {sum(body.values())} instructions, x by {how}")
     print("  " + ", ".join(f"{op} {c}" for op, c in loop.most_common(30)))

@@ -39,6 +39,12 @@ def sass(config: dict, n=11008, k=4096, bits=4, dtype="float16") -> str:
 
 def mix(text: str) -> tuple[collections.Counter, collections.Counter]:
     """(opcode counts of the whole kernel, of its largest backward-branch loop body)."""
+    whole, bodies = loops(text)
+    return whole, max(bodies, key=lambda c: sum(c.values()), default=collections.Counter())
+
+
+def loops(text: str) -> tuple[collections.Counter, list[collections.Counter]]:
+    """(opcode counts of the whole kernel, of each backward-branch loop body)."""
     lines = [l for l in text.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", l)]
     ops = []
     for l in lines:
@@ -47,7 +53,7 @@ def mix(text: str) -> tuple[collections.Counter, collections.Counter]:
         ops.append((int(l.split("*/")[0].strip()[2:], 16), body.split()[0].rstrip(";")
                     if body else "", body))
     whole = collections.Counter(o for _, o, _ in ops)
-    best = collections.Counter()
+    bodies = []
     for at, op, body in ops:
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", body)
         target = re.search(r"\.L_x_(\d+)", body)
@@ -59,10 +65,8 @@ def mix(text: str) -> tuple[collections.Counter, collections.Counter]:
             start_line = text.splitlines()[starts[0] + 1]
             start = int(start_line.split("*/")[0].strip()[2:], 16) if "/*" in start_line else None
             if start is not None and start < at:
-                body_ops = collections.Counter(o for a, o, _ in ops if start <= a <= at)
-                if sum(body_ops.values()) > sum(best.values()):
-                    best = body_ops
-    return whole, best
+                bodies.append(collections.Counter(o for a, o, _ in ops if start <= a <= at))
+    return whole, bodies
 
 
 if __name__ == "__main__":
