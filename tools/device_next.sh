@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op whole, int4 prefill bf16/2048 with BULK_X
+#   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op and test_offset_views, int4 prefill bf16/2048 with BULK_X
 #   OUT=$OUT bash tools/device_next.sh s150   -- the untransposed hang probe, mixed-bulk GPU tests, the s145 test files
 #   OUT=$OUT bash tools/device_next.sh s149   -- x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
 #   OUT=$OUT bash tools/device_next.sh s148   -- ncu of the pair GEMM with its words read ahead, then the s145 GPU tests
@@ -139,8 +139,9 @@ eager_cost() {
 if [ "$mode" = s151 ]; then
   # s43, for the next session: the untransposed stall settled (every metile case before
   # MLX's, 60 s a launch), test_quantized_op whole (its float32 transpose=False cases no
-  # longer ask MLX's op on CUDA), then int4 prefill bfloat16 and 2048 rows with the 256x128
-  # tile's BULK_X among auto's candidates
+  # longer ask MLX's op on CUDA) and test_offset_views (every model op on views 2 bytes past
+  # a 16-byte boundary: last, as a fault loses the context), then int4 prefill bfloat16 and
+  # 2048 rows with the 256x128 tile's BULK_X among auto's candidates
   left() { echo $((budget - 15 - (SECONDS - t0))); }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   python3 tools/probes/untransposed_hang.py --repeats 5 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
@@ -155,7 +156,7 @@ if [ "$mode" = s151 ]; then
   echo "hang probe done after ${i}s" | tee -a "$log"
   grep -vE "^start" "$logs/untransposed-hang.txt" | tail -20 | tee -a "$log"
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
-  gpu_tests $(( $(left) - 120 )) test_quantized_op
+  gpu_tests $(( $(left) - 120 )) test_quantized_op test_offset_views
   t=$(left); [ "$t" -gt 150 ] && t=150
   timeout $t python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
     --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
