@@ -20,9 +20,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <stdexcept>
+#include <string>
 
 #include "mlx/allocator.h"
 #include "mlx/ops.h"
@@ -149,13 +151,28 @@ class CudaLaunch : public mx::Primitive {
     // values when it is created.
     std::deque<std::variant<void*, bool, int, float>> storage;
     std::vector<void*> params;
-    for (const auto& in : inputs) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& in = inputs[i];
       if (c.ensure_row_contiguous && !in.flags().row_contiguous) {
         throw std::runtime_error("[metile] kernel '" + c.fn->name() +
                                  "': an input reached the launch without row-contiguous "
                                  "layout (launch() makes such inputs contiguous)");
       }
-      params.push_back(&std::get<void*>(storage.emplace_back(device_pointer(in))));
+      void* data = device_pointer(in);
+      // An array viewed as a wider dtype at an offset its elements do not divide (a float16
+      // view one element in, read as uint64 words: the int4 pair GEMV's x) starts where the
+      // kernel's loads fault with "misaligned address", which loses the CUDA context for the
+      // process: refused here, by name, while it is still an error
+      auto past = reinterpret_cast<std::uintptr_t>(data) % in.itemsize();
+      if (past != 0) {
+        throw std::runtime_error(
+            "[metile] kernel '" + c.fn->name() + "': input " + std::to_string(i) + " starts " +
+            std::to_string(past) + " bytes past a multiple of its " +
+            std::to_string(in.itemsize()) + "-byte elements (a view reinterpreted as a wider "
+            "dtype at such an offset); a load there faults on the GPU - pass a copy "
+            "(mx.array(x)) of the view it was made from");
+      }
+      params.push_back(&std::get<void*>(storage.emplace_back(data)));
     }
     for (const auto& out : outputs) {
       params.push_back(&std::get<void*>(storage.emplace_back(device_pointer(out))));
