@@ -143,3 +143,22 @@ def test_decode_kernels_on_offset_views(rng, config):
         return
     same(on_views, quantized_ops._metile(x, wq, s, b, 64, 256, True, 64, 4, chosen),
          f64(x) @ dense.T)
+
+
+@pytest.mark.parametrize("k", [256, 1024])   # a row's words masked at the end, and EVEN
+def test_pair_gemv_reading_halves_on_offset_views(rng, k):
+    # MATVEC_PAIRS_HALVES joins x's 64-bit words from 16-bit loads: bit for bit the uint64
+    # view's numbers on an aligned x, and right on a view one element in (which the view's
+    # form is refused on CUDA); with |x| in the hundreds a 16-bit sum overflows and the
+    # float32 fallback (float_rows) reads x the same way
+    from metile import quantized_ops
+    wq, s, b = mx.quantize(values(rng, 64, k), group_size=64, bits=4)
+    dense = f64(mx.dequantize(wq, s, b, group_size=64, bits=4))
+    for scale in (1.0, 300.0):
+        x = (values(rng, 3, k).astype(mx.float32) * scale).astype(mx.float16)
+        words = quantized_ops._metile(x, wq, s, b, 64, k, True, 64, 4,
+                                      quantized_ops.MATVEC_PAIRS[0])
+        halves = quantized_ops._metile(offset(x), offset(wq), offset(s), offset(b), 64, k, True,
+                                       64, 4, quantized_ops.MATVEC_PAIRS_HALVES)
+        np.testing.assert_array_equal(np.array(halves), np.array(words))
+        same(halves, words, f64(x) @ dense.T)

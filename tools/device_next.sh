@@ -141,7 +141,8 @@ if [ "$mode" = s151 ]; then
   # MLX's, 60 s a launch), test_quantized_op whole (its float32 transpose=False cases no
   # longer ask MLX's op on CUDA) and test_offset_views (every model op on views 2 bytes past
   # a 16-byte boundary: last, as a fault loses the context), then int4 prefill bfloat16 and
-  # 2048 rows with the 256x128 tile's BULK_X among auto's candidates
+  # 2048 rows with the 256x128 tile's BULK_X among auto's candidates; first, the pair GEMV
+  # reading x as 16-bit values timed beside its uint64 form
   left() { echo $((budget - 15 - (SECONDS - t0))); }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   python3 tools/probes/untransposed_hang.py --repeats 5 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
@@ -156,6 +157,11 @@ if [ "$mode" = s151 ]; then
   echo "hang probe done after ${i}s" | tee -a "$log"
   grep -vE "^start" "$logs/untransposed-hang.txt" | tail -20 | tee -a "$log"
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+  # the pair GEMV reading x as 16-bit values (MATVEC_PAIRS_HALVES: any offset) beside the
+  # uint64 view's form (MATVEC_PAIRS[0]) at decode, 8 products a compiled call
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --prefill-off --chain 8 --rounds 5 --also-decode MATVEC_PAIRS_HALVES \
+    --output "$logs/h200-quantized-int4-float16-decode-halves.json" 2>&1 | grep -E "decode" | tail -3 | tee -a "$log"
   gpu_tests $(( $(left) - 120 )) test_quantized_op test_offset_views
   t=$(left); [ "$t" -gt 150 ] && t=150
   timeout $t python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \

@@ -70,8 +70,33 @@ def unpack_constants(dtype_name: str) -> dict:
 
 
 @metile.inline
+def x_half(at, i, live, EVEN):
+    """x's 16-bit value at `at + i` as the low bits of a uint64."""
+    if EVEN:
+        v = metile.load(at + i)
+    else:
+        v = metile.load(at + i, mask=live, other=0.0)
+    return v.to(metile.uint16, bitcast=True).to(metile.uint64)
+
+
+@metile.inline
+def x_word(at, j, live, X_HALVES, EVEN):
+    """x's 64-bit word j from `at` (its 16-bit values 4j .. 4j + 3, the first lowest): one
+    64-bit load of the uint64 view, or (X_HALVES, `at` then counting 16-bit values) four
+    loads of the values joined - which reads an x that starts anywhere (a view one element
+    in), where the view's 64-bit loads fault on CUDA (csrc/cuda_launch.cpp refuses that
+    input)."""
+    if X_HALVES:
+        return x_half(at, 4 * j, live, EVEN) | (x_half(at, 4 * j + 1, live, EVEN) << 16) | \
+            (x_half(at, 4 * j + 2, live, EVEN) << 32) | (x_half(at, 4 * j + 3, live, EVEN) << 48)
+    if EVEN:
+        return metile.load(at + j)
+    return metile.load(at + j, mask=live, other=0)
+
+
+@metile.inline
 def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES, ROWS,
-               DTYPE):
+               DTYPE, X_HALVES):
     """sum_k x[k] (s q_k + b) of rows nn in float32, a packed word a lane a step: what
     quantized_matvec_pairs computes where one of its 16-bit sums overflowed."""
     XPW = 8 // BITS
@@ -86,7 +111,7 @@ def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LAN
         b = metile.load(biases + nn[:, None] * groups + g, mask=live, other=0.0).to(
             metile.float32)
         for e in metile.static_range(XPW):
-            v = metile.load(x_row + (word * XPW + e)[None, :], mask=live, other=0)
+            v = x_word(x_row, (word * XPW + e)[None, :], live, X_HALVES, False)
             for h in metile.static_range(4):
                 xh = ((v >> (16 * h)) & 0xFFFF).to(metile.uint16).to(DTYPE, bitcast=True).to(
                     metile.float32)
@@ -104,7 +129,8 @@ def pair_halves(word, DTYPE):
 
 
 @metile.inline
-def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN):
+def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN,
+               X_HALVES):
     """What quantized_matvec_pairs reads for words first .. first + SPAN - 1 of rows nn (one
     group: SPAN divides WPG): the group's scale and bias (float32), the packed words and x's
     64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples."""
@@ -112,7 +138,7 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
     g = (first // WPG)[None, :]
     at = w + nn[:, None] * words + first[None, :]
     XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
-    xat = x_row + (first * XPW)[None, :]
+    xat = x_row + (first * (4 * XPW if X_HALVES else XPW))[None, :]
     if EVEN:
         s = metile.load(scales + nn[:, None] * groups + g).to(metile.float32)
         b = metile.load(biases + nn[:, None] * groups + g).to(metile.float32)
@@ -129,10 +155,7 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
         else:
             packed = packed + (metile.load(at + i, mask=live, other=0),)
         for e in metile.static_range(XPW):
-            if EVEN:
-                xs = xs + (metile.load(xat + (i * XPW + e)),)
-            else:
-                xs = xs + (metile.load(xat + (i * XPW + e), mask=live, other=0),)
+            xs = xs + (x_word(xat, i * XPW + e, live, X_HALVES, EVEN),)
     return s, b, packed, xs
 
 
@@ -180,13 +203,16 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            MAGIC: metile.constexpr = 0, ONE: metile.constexpr = 0,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
-                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False):
+                           IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False,
+                           X_HALVES: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
 
     `x` is the (rows, K / 4) uint64 view of the 16-bit activations (four a word, the first
-    lowest).  Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its
+    lowest), or with X_HALVES the (rows, K) activations themselves, each word joined from
+    four 16-bit loads (`x_word`: an x that starts at any element, where the view's 64-bit
+    loads would be misaligned).  Pair j of a packed word holds elements j and j + P (P = 32 / BITS / 2) in its
     16-bit halves, so one AND and OR with MAGIC (`magic`) turn the pair into M + q, one
     pair_fma into q - C exactly, and one pair_fma multiplies it by x's matching pair (x's
     halves regrouped once a word, shared by the ROWS rows) and adds it to the pair sums.
@@ -223,14 +249,17 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # x through a pointer broadcast over the rows, not a (LANES,) tile broadcast (placed in
     # threadgroup memory): lane l holds column l of every (ROWS, LANES) tile, so the ROWS
     # loads of one address are one load to the GPU compiler
-    x_row = x + r * (K // 4) + (nn * 0)[:, None]
+    if X_HALVES:   # x as its 16-bit values (`x_word`), else its uint64 view
+        x_row = x + r * K + (nn * 0)[:, None]
+    else:
+        x_row = x + r * (K // 4) + (nn * 0)[:, None]
     # MAGIC as the launch passes it (`magic`, its value): a register the loop keeps, where
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, STEP):
         s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
-                                      groups, WPG, BITS, SPAN, EVEN)
+                                      groups, WPG, BITS, SPAN, EVEN, X_HALVES)
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         for i in metile.static_range(SPAN):
@@ -249,7 +278,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # holding inf or NaN, whose result is that again)
     if metile.sum(metile.where(total - total == 0, 0, 1)) > 0:
         total = float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES,
-                           ROWS, DTYPE)
+                           ROWS, DTYPE, X_HALVES)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))

@@ -113,6 +113,10 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
 # groups of 4 words: every mx.quantize group at 4 and 8 bits.)
 MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1},
                 {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "num_warps": 1}]
+# ...reading x as its 16-bit values, four loads joined into each 64-bit word, where the form
+# above views x as uint64: an x that is a view at an odd element offset (which the uint64
+# view's loads would fault on, on CUDA) reads right.  Not a candidate until timed beside it.
+MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -309,7 +313,9 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
         meta.update(pairs.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
                     EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
-        x2 = x2.view(mx.uint64)
+        # (X_HALVES: the kernel joins them from 16-bit loads, for an x at any offset)
+        if not params.get("X_HALVES"):
+            x2 = x2.view(mx.uint64)
         extra = (meta["MAGIC"],)
     else:
         kernel = kernels.quantized_matmul

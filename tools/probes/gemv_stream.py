@@ -54,7 +54,7 @@ def quantized_matvec_pairs_stream(x, w, scales, biases, out, rows, N, K, magic, 
     mine = (blocks - p + programs - 1) // programs
     last = mine * steps - 1
     ahead = pair_fetch(w, x_row, scales, biases, metile.minimum(p * ROWS + rows_i, N - 1),
-                       lane * SPAN, words, groups, WPG, BITS, SPAN, True)
+                       lane * SPAN, words, groups, WPG, BITS, SPAN, True, False)
     for i in range(0, mine):
         acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
         for st in range(0, steps):
@@ -62,7 +62,7 @@ def quantized_matvec_pairs_stream(x, w, scales, biases, out, rows, N, K, magic, 
             t1 = metile.minimum(i * steps + st + 1, last)
             nn1 = metile.minimum((p + (t1 // steps) * programs) * ROWS + rows_i, N - 1)
             ahead = pair_fetch(w, x_row, scales, biases, nn1, (t1 % steps) * STEP + lane * SPAN,
-                               words, groups, WPG, BITS, SPAN, True)
+                               words, groups, WPG, BITS, SPAN, True, False)
             part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
             x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
             for j in metile.static_range(SPAN):
@@ -80,7 +80,7 @@ def quantized_matvec_pairs_stream(x, w, scales, biases, out, rows, N, K, magic, 
         total = metile.sum(acc, axis=1)
         if metile.sum(metile.where(total - total == 0, 0, 1)) > 0:
             total = float_rows(w, x_row, scales, biases, metile.minimum(n, N - 1), lane, words,
-                               groups, WPG, BITS, LANES, ROWS, DTYPE)
+                               groups, WPG, BITS, LANES, ROWS, DTYPE, False)
         one = metile.arange(0, 1)
         metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                      mask=((r + one)[:, None] < rows) & (n[None, :] < N))
