@@ -210,14 +210,14 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
 
     `x` is the (rows, K / 4) uint64 view of the 16-bit activations (four a word, the first
-    lowest), or with X_HALVES the (rows, K) activations themselves, each word joined from
-    four 16-bit loads (`x_word`: an x that starts at any element, where the view's 64-bit
-    loads would be misaligned).  Pair j of a packed word holds elements j and j + P
-    (P = 32 / BITS / 2) in its 16-bit halves, so one AND and OR with MAGIC (`magic`) turn
-    the pair into M + q, one pair_fma into q - C exactly, and one pair_fma multiplies it by x's matching pair (x's
-    halves regrouped once a word, shared by the ROWS rows) and adds it to the pair sums.
-    Those are summed in 16 bits over SPAN consecutive words of one group (SPAN divides the
-    group's words), then in float32 with the group's scale and bias:
+    lowest), or with X_HALVES the (rows, K) activations themselves, each word joined from four
+    16-bit loads (`x_word`: an x that starts at any element, where the view's 64-bit loads
+    would be misaligned).  Pair j of a packed word holds elements j and j + P (P = 16 / BITS)
+    in its 16-bit halves, so one AND and OR with MAGIC (`magic`) turn the pair into M + q, one
+    pair_fma into q - C exactly, and one pair_fma multiplies it by x's matching pair (x's
+    halves regrouped once a word, shared by the ROWS rows) and adds it to the pair sums.  Those
+    are summed in 16 bits over SPAN consecutive words of one group (SPAN divides the group's
+    words), then in float32 with the group's scale and bias:
         sum_k (s q_k + b) x_k = s * sum_k x_k (q_k - C) + (b + C s) * sum_k x_k.
     Program (i, r) computes outputs [i * ROWS, (i + 1) * ROWS) of row r on LANES lanes; a
     loop step covers LANES * SPAN consecutive packed words, lane l words l * SPAN and on, so
