@@ -136,6 +136,32 @@ eager_cost() {
   timeout 100 python3 tools/probes/launch_cost.py "$logs/h200-launch-cost.json" 2>&1 | tail -24 | tee -a "$log"
 }
 
+# left: the seconds of BUDGET left, less 15 for packing the logs
+left() { echo $((budget - 15 - (SECONDS - t0))); }
+
+# hang_probe SECONDS REPEATS: tools/probes/untransposed_hang.py in the background, killed
+# after SECONDS; where a launch stalls (faulthandler's "Timeout (" in its output), first the
+# GPU's utilization (a kernel spinning, or none running) and gdb's native stacks where gdb
+# is installed; then the stall lines and the last launch started in the log
+hang_probe() {
+  local limit=$1 repeats=$2 i pid
+  python3 tools/probes/untransposed_hang.py --repeats "$repeats" --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
+  pid=$!
+  for i in $(seq 1 "$limit"); do
+    sleep 1; kill -0 $pid 2>/dev/null || break
+    if grep -q "^Timeout (" "$logs/untransposed-hang.txt"; then
+      nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv | tee -a "$log"
+      command -v gdb > /dev/null && timeout 25 gdb -p $pid -batch -ex "thread apply all bt 20" \
+        > "$logs/untransposed-gdb.txt" 2>&1 && grep -E "^#|^Thread" "$logs/untransposed-gdb.txt" | head -40 | tee -a "$log"
+      break
+    fi
+  done
+  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  echo "hang probe done after ${i}s" | tee -a "$log"
+  grep -vE "^start" "$logs/untransposed-hang.txt" | tail -25 | tee -a "$log"
+  grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+}
+
 if [ "$mode" = s151 ]; then
   # s43, for the next session: the untransposed stall settled (every metile case before
   # MLX's, 60 s a launch), test_quantized_op whole (its float32 transpose=False cases no
@@ -143,20 +169,8 @@ if [ "$mode" = s151 ]; then
   # a 16-byte boundary: last, as a fault loses the context), then int4 prefill bfloat16 and
   # 2048 rows with the 256x128 tile's BULK_X among auto's candidates; first, the pair GEMV
   # reading x as 16-bit values timed beside its uint64 form
-  left() { echo $((budget - 15 - (SECONDS - t0))); }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  python3 tools/probes/untransposed_hang.py --repeats 5 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
-  pid=$!
-  for i in $(seq 1 150); do
-    sleep 1; kill -0 $pid 2>/dev/null || break
-    if grep -q "^Timeout (" "$logs/untransposed-hang.txt"; then
-      nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv | tee -a "$log"; break
-    fi
-  done
-  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
-  echo "hang probe done after ${i}s" | tee -a "$log"
-  grep -vE "^start" "$logs/untransposed-hang.txt" | tail -20 | tee -a "$log"
-  grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+  hang_probe 150 5
   # the pair GEMV reading x as 16-bit values (MATVEC_PAIRS_HALVES: any offset) beside the
   # uint64 view's form (MATVEC_PAIRS[0]) at decode, 8 products a compiled call
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
@@ -173,28 +187,11 @@ elif [ "$mode" = s150 ]; then
   # MLX an aligned copy); which side of test_untransposed stops a GPU run (it hung in s125
   # and in s145's call); the int4 prefill benchmark (auto's candidates); then the test
   # files s145 never reached - each step inside what is left of BUDGET
-  left() { echo $((budget - 15 - (SECONDS - t0))); }
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   gpu_tests $(left) -k "pair_dequantized or misaligned or bulk_x" test_quantized_op
   cp "$out/junit.xml" "$out/junit-pairs.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-pairs.txt"
-  # (a stall: the GPU's utilization - a kernel spinning or none running - and the native
-  # stacks, where gdb is installed)
   t=$(left); [ "$t" -gt 180 ] && t=180
-  python3 tools/probes/untransposed_hang.py --repeats 10 --stall 60 > "$logs/untransposed-hang.txt" 2>&1 &
-  pid=$!
-  for i in $(seq 1 $t); do
-    sleep 1; kill -0 $pid 2>/dev/null || break
-    if grep -q "^Timeout (" "$logs/untransposed-hang.txt"; then
-      nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv | tee -a "$log"
-      command -v gdb > /dev/null && timeout 25 gdb -p $pid -batch -ex "thread apply all bt 20" \
-        > "$logs/untransposed-gdb.txt" 2>&1 && grep -E "^#|^Thread" "$logs/untransposed-gdb.txt" | head -40 | tee -a "$log"
-      break
-    fi
-  done
-  kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
-  echo "hang probe done after ${i}s" | tee -a "$log"
-  grep -vE "^start" "$logs/untransposed-hang.txt" | tail -25 | tee -a "$log"
-  grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
+  hang_probe $t 10
   t=$(left); [ "$t" -gt 150 ] && t=150
   timeout $t python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
     --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 128 4096 11008 \
