@@ -42,11 +42,6 @@ def same(on_views, on_copies, reference=None):
         assert np.abs(f64(got) - reference).max() / scale <= TOL
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng(7)
-
-
 def test_norms_and_softmax_on_offset_views(rng):
     x, r, w, b = values(rng, 6, 200), values(rng, 6, 200), values(rng, 200), values(rng, 200)
     xv, rv, wv, bv = (offset(a) for a in (x, r, w, b))
