@@ -454,12 +454,13 @@ def pair_gemm_fits(config: dict, dtype, transpose: bool, bits: int, n: int | Non
         group_size & (group_size - 1) == 0
 
 
-def _bulk_x_backend():
-    """The resolved backend, on CUDA with x by bulk tensor copies (TMA) while the threads
-    store the dequantized weight tile (Backend.mixed_bulk; settings.mixed_bulk turns it
-    on for every fused GEMM): a config's "BULK_X" asks it for that config's launches."""
+def _bulk_x_backend(language: str | None = None):
+    """The backend resolved for `language` (None: the device's), on CUDA with x by bulk
+    tensor copies (TMA) while the threads store the dequantized weight tile
+    (Backend.mixed_bulk; settings.mixed_bulk turns it on for every fused GEMM): a config's
+    "BULK_X" asks it for that config's launches."""
     from .compiler.backend import resolve_backend
-    backend = resolve_backend()
+    backend = resolve_backend(language)
     return dataclasses.replace(backend, mixed_bulk=True) if backend.language == "cuda" \
         else backend
 

@@ -25,12 +25,8 @@ def sass(tile: str, m: int, n: int, k: int, dtype: str = "float16", dump=None):
     config = getattr(quantized_ops, tile)
     dt = getattr(mx, dtype)
     meta = {key: v for key, v in config.items() if key != "kernel"}
-    backend = "cuda"
-    if meta.pop("BULK_X", False):   # (the op's `_bulk_x_backend`, for CUDA on any machine)
-        import dataclasses
-
-        from metile.compiler.backend import resolve_backend
-        backend = dataclasses.replace(resolve_backend("cuda"), mixed_bulk=True)
+    # (a config's BULK_X as the op passes it, for CUDA on any machine)
+    backend = quantized_ops._bulk_x_backend("cuda") if meta.pop("BULK_X", False) else "cuda"
     wq, s, b = mx.quantize(mx.zeros((n, k), dt), group_size=64, bits=4)
     x = mx.zeros((m, k), dt)
     d = kernels.quantized_matmul[kernels.matmul_grid(m, n, meta["BLOCK_M"], meta["BLOCK_N"])].prepare(
