@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s152   -- the int4 GEMV's reads without its arithmetic, x as 16-bit values, offset views and quantized GPU tests
 #   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op and test_offset_views, int4 prefill bf16/2048 with BULK_X
 #   OUT=$OUT bash tools/device_next.sh s150   -- the untransposed hang probe, mixed-bulk GPU tests, the s145 test files
 #   OUT=$OUT bash tools/device_next.sh s149   -- x by bulk tensor copies beside the dequantizing threads (METILE_MIXED_BULK=1): GPU tests, A/B
@@ -162,7 +163,21 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s151 ]; then
+if [ "$mode" = s152 ]; then
+  # s44: what the int4 pair GEMV's reads cost without its arithmetic (its grid and loads, XORs
+  # for products; the weights alone as 4-byte and as 16-byte loads; a flat read of the same
+  # bytes), the pair GEMV reading x as 16-bit values beside its uint64 form, then the GPU
+  # tests waiting since s43: test_offset_views (csrc's refusal of a misaligned input: its
+  # first GPU build) and test_quantized_op without test_untransposed (its stall: s153)
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  CHAIN=8 timeout 150 python3 tools/probes/gemv_loads_only.py "$logs/h200-gemv-loads-only.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
+    --prefill-off --chain 8 --rounds 5 --also-decode MATVEC_PAIRS_HALVES \
+    --output "$logs/h200-quantized-int4-float16-decode-halves.json" 2>&1 | grep -E "decode" | tail -3 | tee -a "$log"
+  gpu_tests 100 test_offset_views
+  cp "$out/junit.xml" "$out/junit-views.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-views.txt"
+  gpu_tests $(left) -k "not untransposed" test_quantized_op
+elif [ "$mode" = s151 ]; then
   # s43, for the next session: the untransposed stall settled (every metile case before
   # MLX's, 60 s a launch), test_quantized_op whole (its float32 transpose=False cases no
   # longer ask MLX's op on CUDA) and test_offset_views (every model op on views 2 bytes past
