@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s153   -- after s152: the untransposed stall probe, int4 prefill bf16/2048 with BULK_X, test_untransposed
 #   OUT=$OUT bash tools/device_next.sh s152   -- the int4 GEMV's reads without its arithmetic, x as 16-bit values, offset views and quantized GPU tests
 #   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op and test_offset_views, int4 prefill bf16/2048 with BULK_X
 #   OUT=$OUT bash tools/device_next.sh s150   -- the untransposed hang probe, mixed-bulk GPU tests, the s145 test files
@@ -163,7 +164,17 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s152 ]; then
+if [ "$mode" = s153 ]; then
+  # s44, after s152: the untransposed stall settled (every metile case before MLX's, 60 s a
+  # launch), int4 prefill bfloat16 and 2048 rows with the 256x128 tile's BULK_X among auto's
+  # candidates, then test_untransposed itself
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  hang_probe 150 5
+  timeout 150 python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
+    --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
+  gpu_tests $(left) -k "untransposed" test_quantized_op
+elif [ "$mode" = s152 ]; then
   # s44: what the int4 pair GEMV's reads cost without its arithmetic (its grid and loads, XORs
   # for products; the weights alone as 4-byte and as 16-byte loads; a flat read of the same
   # bytes), the pair GEMV reading x as 16-bit values beside its uint64 form, then the GPU
