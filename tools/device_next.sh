@@ -175,7 +175,7 @@ if [ "$mode" = s153 ]; then
     --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
   gpu_tests $(left) -k "untransposed" test_quantized_op
 elif [ "$mode" = s152 ]; then
-  # s44: what the int4 pair GEMV's reads cost without its arithmetic (its grid and loads, XORs
+  # s44: the pair GEMV with its K steps unrolled (MATVEC_PAIRS_UNROLLED); what its reads cost without its arithmetic (its grid and loads, XORs
   # for products; the weights alone as 4-byte and as 16-byte loads; a flat read of the same
   # bytes), the pair GEMV reading x as 16-bit values beside its uint64 form, then the GPU
   # tests waiting since s43: test_offset_views (csrc's refusal of a misaligned input: its
@@ -183,7 +183,7 @@ elif [ "$mode" = s152 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   CHAIN=8 timeout 150 python3 tools/probes/gemv_loads_only.py "$logs/h200-gemv-loads-only.json" 2>&1 | tail -4 | tee -a "$log"
   timeout 120 python3 -m benchmarks.quantized --dtype float16 --bits 4 --group-size 64 --weights 4 \
-    --prefill-off --chain 8 --rounds 5 --also-decode MATVEC_PAIRS_HALVES \
+    --prefill-off --chain 8 --rounds 5 --also-decode MATVEC_PAIRS_HALVES MATVEC_PAIRS_UNROLLED \
     --output "$logs/h200-quantized-int4-float16-decode-halves.json" 2>&1 | grep -E "decode" | tail -3 | tee -a "$log"
   gpu_tests 100 test_offset_views
   cp "$out/junit.xml" "$out/junit-views.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-views.txt"

@@ -194,6 +194,27 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
     return part, x_part
 
 
+@metile.inline
+def pair_step(w, x_row, scales, biases, nn, first, words, groups, m, WPG, BITS, ROWS, LANES,
+              SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE, EVEN, X_HALVES):
+    """One K step of quantized_matvec_pairs: sum_k x_k (s q_k + b) over words first ..
+    first + SPAN - 1 of rows nn, a (ROWS, LANES) float32 tile."""
+    s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS,
+                                  SPAN, EVEN, X_HALVES)
+    part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+    x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
+    for i in metile.static_range(SPAN):
+        if BITS == 4:
+            part, x_part = pair_word(packed[i], xs[2 * i], xs[2 * i + 1], part, x_part, BITS,
+                                     DTYPE, m, ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
+        else:
+            part, x_part = pair_word(packed[i], xs[i], xs[i], part, x_part, BITS, DTYPE, m,
+                                     ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
+    lo, hi = pair_halves(part, DTYPE)
+    x_lo, x_hi = pair_halves(x_part, DTYPE)
+    return s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
+
+
 @metile.kernel
 def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            BITS: metile.constexpr = 4,
@@ -204,7 +225,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
                            IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False,
-                           X_HALVES: metile.constexpr = False):
+                           X_HALVES: metile.constexpr = False, UNROLL: metile.constexpr = 0):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
@@ -230,7 +251,8 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     rows spread over 2-4 warps a program (13.7-14.7), 16 rows a warp (16.1), SPAN 8 with
     64-bit loads (19.5-22.0) - removed.  A row past N reads row N - 1
     (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
-    (no load is masked).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
+    (no load is masked).  UNROLL: the first UNROLL K steps unrolled (at most the row's
+    steps: with EVEN their loads are not masked), the rest in a loop.  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
     a shift).  A 16-bit sum can overflow where |x| reaches the hundreds: its row's total is
     then not finite, and the program computes its rows again in float32 (`float_rows`)."""
@@ -257,21 +279,17 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # the constant was rematerialized (a MOV) before each OR that takes it (ptxas, sm_90)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    for w0 in range(0, words, STEP):
-        s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
-                                      groups, WPG, BITS, SPAN, EVEN, X_HALVES)
-        part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        for i in metile.static_range(SPAN):
-            if BITS == 4:
-                part, x_part = pair_word(packed[i], xs[2 * i], xs[2 * i + 1], part, x_part, BITS,
-                                         DTYPE, m, ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
-            else:
-                part, x_part = pair_word(packed[i], xs[i], xs[i], part, x_part, BITS, DTYPE, m,
-                                         ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
-        lo, hi = pair_halves(part, DTYPE)
-        x_lo, x_hi = pair_halves(x_part, DTYPE)
-        acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
+    # the first UNROLL steps in one block, the GPU compiler free to issue a later step's
+    # loads among an earlier step's arithmetic; the rest (all of them where UNROLL is 0) in
+    # a loop
+    for w0 in metile.static_range(0, UNROLL * STEP, STEP):
+        acc += pair_step(w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, m, WPG,
+                         BITS, ROWS, LANES, SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI,
+                         IN_PLACE, EVEN, X_HALVES)
+    for w0 in range(UNROLL * STEP, words, STEP):
+        acc += pair_step(w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, m, WPG,
+                         BITS, ROWS, LANES, SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI,
+                         IN_PLACE, EVEN, X_HALVES)
     total = metile.sum(acc, axis=1)
     # a 16-bit sum that overflowed (|x| in the hundreds and more) left its row's total
     # infinite or NaN: those programs compute their rows again in float32 (as does an x

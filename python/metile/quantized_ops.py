@@ -117,6 +117,13 @@ MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1}
 # above views x as uint64: an x that is a view at an odd element offset (which the uint64
 # view's loads would fault on, on CUDA) reads right.  Not a candidate until timed beside it.
 MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
+# ...with the K loop's steps unrolled (UNROLL: the launch passes the row's step count, at most
+# MAX_UNROLLED_STEPS, where a row's words are whole steps; the rest loop): ptxas then spreads a later step's
+# loads through an earlier step's arithmetic (sm_90 SASS: 128 registers against 96, no
+# spills), the carried-tuple form of that which was measured at 12.9 against 13.3 us (s93)
+# done by the GPU compiler.  Not a candidate until timed beside it.
+MATVEC_PAIRS_UNROLLED = {**MATVEC_PAIRS[0], "UNROLL": True}
+MAX_UNROLLED_STEPS = 8
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -310,8 +317,11 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
             raise ValueError(f"quantized_matmul: matvec_pairs with SPAN={span} needs groups of "
                              f"a multiple of {span} packed words, got group_size={group_size} "
                              f"at {bits} bits")
+        words, step = k * bits // 32, params.get("LANES", 32) * span
         meta.update(pairs.pair_constants(name, bits), DTYPE=dt.to_dtype(name),
-                    EVEN=(k * bits // 32) % (params.get("LANES", 32) * span) == 0)
+                    EVEN=words % step == 0)
+        if params.get("UNROLL"):
+            meta["UNROLL"] = min(words // step, MAX_UNROLLED_STEPS) if meta["EVEN"] else 0
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         # (X_HALVES: the kernel joins them from 16-bit loads, for an x at any offset)
         if not params.get("X_HALVES"):

@@ -134,6 +134,8 @@ def sides(n, k):
         "pairs": lambda x, q: quantized_ops._metile(x, *q, n, k, True, 64, 4, pairs),
         "pairs_halves": lambda x, q: quantized_ops._metile(
             x, *q, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS_HALVES),
+        "pairs_unrolled": lambda x, q: quantized_ops._metile(
+            x, *q, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS_UNROLLED),
         "loads": lambda x, q: loads(x, *q, n, k),
         "loads_4_2": lambda x, q: loads(x, *q, n, k, rows=4, span=2),
         "loads_weights": lambda x, q: loads(x, *q, n, k, weights_only=True),

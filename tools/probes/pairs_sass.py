@@ -34,7 +34,8 @@ def sass(config: dict, n=11008, k=4096, bits=4, dtype="float16") -> str:
         x if params.get("X_HALVES") else x.view(mx.uint64), w, s, s, mx.zeros((1, n), dt), 1, n,
         k, meta["MAGIC"], backend="cuda",
         **meta)
-    data, _ = tools.cubin(tools.translation_unit(d), "sm_90")
+    data, log = tools.cubin(tools.translation_unit(d), "sm_90", ("-Xptxas", "-v"))
+    print(" ".join(re.findall(r"Used \d+ registers|\d+ bytes spill \w+", log)))
     return tools.disassemble(data)
 
 
