@@ -10,6 +10,9 @@ dead), and `stream_read` reads the packed weight as one flat array, a program 16
 GEMV's time, its reads (grid, pattern) bound it; if they take the HBM's time, its
 arithmetic's latency does.
 
+Beside them the pair GEMV with its K steps unrolled (quantized_ops.MATVEC_PAIRS_UNROLLED: a
+later step's loads among an earlier step's arithmetic) at 8 rows / 4 words, 4 / 4 and 4 / 2.
+
 Sides, each CHAIN calls a compiled call over 4 weights cycled (100 MB, twice the H100's L2),
 20 calls a sync, median of alternating rounds; every GEMV side checked against MLX first:
 
@@ -136,6 +139,10 @@ def sides(n, k):
             x, *q, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS_HALVES),
         "pairs_unrolled": lambda x, q: quantized_ops._metile(
             x, *q, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS_UNROLLED),
+        "pairs_unrolled_4_4": lambda x, q: quantized_ops._metile(
+            x, *q, n, k, True, 64, 4, {**pairs, "ROWS": 4, "UNROLL": True}),
+        "pairs_unrolled_4_2": lambda x, q: quantized_ops._metile(
+            x, *q, n, k, True, 64, 4, {**quantized_ops.MATVEC_PAIRS[1], "UNROLL": True}),
         "loads": lambda x, q: loads(x, *q, n, k),
         "loads_4_2": lambda x, q: loads(x, *q, n, k, rows=4, span=2),
         "loads_weights": lambda x, q: loads(x, *q, n, k, weights_only=True),
