@@ -41,26 +41,23 @@ def matvec_loads(x, w, scales, biases, out, rows, N, K, BITS: metile.constexpr =
                  WEIGHTS_ONLY: metile.constexpr = False):
     """quantized_matvec_pairs' grid, loop and reads (EVEN shapes), every word XORed instead of
     multiplied; WEIGHTS_ONLY reads the packed words alone (no x, scales or biases)."""
-    PER = 32 // BITS
-    WPG = GROUP // PER
-    STEP = LANES * SPAN
-    words = K // PER
-    groups = K // GROUP
+    r = metile.program_id(1)
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
     nn = metile.minimum(n, N - 1)
-    r = metile.program_id(1)
     lane = metile.arange(0, LANES)
+    words, groups = K // (32 // BITS), K // GROUP     # (as the library kernel's)
     x_row = x + r * (K // 4) + (nn * 0)[:, None]
     acc = metile.zeros((ROWS, LANES), dtype=metile.uint32)
     facc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    for w0 in range(0, words, STEP):
+    for w0 in range(0, words, LANES * SPAN):
         if WEIGHTS_ONLY:
             at = w + nn[:, None] * words + (w0 + lane * SPAN)[None, :]
             for i in metile.static_range(SPAN):
                 acc = acc ^ metile.load(at + i)
         else:
             s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, w0 + lane * SPAN, words,
-                                          groups, WPG, BITS, SPAN, True, False)
+                                          groups, GROUP // (32 // BITS), BITS, SPAN, True,
+                                          False)
             for i in metile.static_range(SPAN):
                 xa = xs[2 * i] ^ xs[2 * i + 1]
                 acc = acc ^ packed[i] ^ ((xa ^ (xa >> 32)) & 0xFFFFFFFF).to(metile.uint32)
