@@ -265,37 +265,39 @@ def test_pair_gemv_any_magnitude_of_x(rng, dtype, bits, size):
         assert err <= TOL[dtype], err
 
 
-@pytest.mark.parametrize("k", [
-    1024,      # one step (128 words), unrolled
-    4096,      # four steps, all unrolled
-    9216,      # nine: eight unrolled (MAX_UNROLLED_STEPS), the last in the loop
-    1088,      # a partial step: not EVEN, nothing unrolled
-])
-def test_pair_gemv_unrolled_is_the_loop_bit_for_bit(rng, k):
+@pytest.mark.parametrize("dtype,bits,k", [
+    (mx.float16, 4, 1024),      # one step (128 words), unrolled
+    (mx.float16, 4, 4096),      # four steps, all unrolled
+    (mx.float16, 4, 9216),      # nine: eight unrolled (MAX_UNROLLED_STEPS), the last in the loop
+    (mx.float16, 4, 1088),      # a partial step: not EVEN, nothing unrolled
+    (mx.bfloat16, 4, 4096),
+    (mx.float16, 8, 4096),      # 1024 words: eight steps
+], ids=str)
+def test_pair_gemv_unrolled_is_the_loop_bit_for_bit(rng, dtype, bits, k):
     # MATVEC_PAIRS_UNROLLED adds the same step sums in the same order as the loop: the same
     # numbers to the bit, through the float32 fallback too
     n = 24
-    wq, s, b = quantized(rng, (n, k), mx.float16, 64, 4)
-    dense = f64(mx.dequantize(wq, s, b, group_size=64, bits=4))
+    wq, s, b = quantized(rng, (n, k), dtype, 64, bits)
+    dense = f64(mx.dequantize(wq, s, b, group_size=64, bits=bits))
     for outliers in (False, True):
         xv = rng.standard_normal((2, k)).astype(np.float32)
         if outliers:   # 16 values of 5000 of one sign: a 16-bit sum past float16's range
             xv[:, 128:144] = np.sign(xv[:, 128:129]) * 5000.0
-        x = mx.array(xv).astype(mx.float16)
-        loop = quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS[0])
-        unrolled = quantized_ops._metile(x, wq, s, b, n, k, True, 64, 4,
-                                         quantized_ops.MATVEC_PAIRS_UNROLLED)
-        np.testing.assert_array_equal(np.array(unrolled), np.array(loop))
+        x = mx.array(xv).astype(dtype)
+        loop, unrolled = (quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, config)
+                          for config in (quantized_ops.MATVEC_PAIRS[0],
+                                         quantized_ops.MATVEC_PAIRS_UNROLLED))
+        np.testing.assert_array_equal(f64(unrolled), f64(loop))
         ref = f64(x) @ dense.T
         fits = np.abs(ref) < 60000          # (past float16's range the output is inf)
         assert fits.mean() > 0.9
         err = np.abs(f64(unrolled) - ref)[fits].max() / np.abs(ref[fits]).max()
-        assert err <= TOL[mx.float16], err
+        assert err <= TOL[dtype], err
     # what the launch unrolls: whole steps only, at most MAX_UNROLLED_STEPS
-    words = k // 8
+    words = k * bits // 32
     want = min(words // 128, quantized_ops.MAX_UNROLLED_STEPS) if words % 128 == 0 else 0
-    d = quantized_ops._launch(x, wq, s, b, n, k, True, 64, 4, quantized_ops.MATVEC_PAIRS_UNROLLED,
-                              dispatch_only=True)
+    d = quantized_ops._launch(x, wq, s, b, n, k, True, 64, bits,
+                              quantized_ops.MATVEC_PAIRS_UNROLLED, dispatch_only=True)
     assert d.spec.constexprs["UNROLL"] == want
 
 
