@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
 #   OUT=$OUT bash tools/device_next.sh s153   -- after s152: the untransposed stall probe, int4 prefill bf16/2048 with BULK_X, test_untransposed
 #   OUT=$OUT bash tools/device_next.sh s152   -- the int4 GEMV's reads without its arithmetic, x as 16-bit values, offset views and quantized GPU tests
 #   OUT=$OUT bash tools/device_next.sh s151   -- (ready, not run) the untransposed stall settled, test_quantized_op and test_offset_views, int4 prefill bf16/2048 with BULK_X
@@ -164,7 +165,10 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s153 ]; then
+if [ "$mode" = views ]; then
+  # test_offset_views alone (s44: the pair GEMV's numbers on an offset x, on the GPU)
+  gpu_tests $(left) test_offset_views
+elif [ "$mode" = s153 ]; then
   # s44, after s152: the untransposed stall settled (every metile case before MLX's, 60 s a
   # launch), int4 prefill bfloat16 and 2048 rows with the 256x128 tile's BULK_X among auto's
   # candidates, then test_untransposed itself
