@@ -115,13 +115,15 @@ MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1}
                 {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "num_warps": 1}]
 # ...reading x as its 16-bit values, four loads joined into each 64-bit word, where the form
 # above views x as uint64: an x that is a view at an odd element offset (which the uint64
-# view's loads would fault on, on CUDA) reads right.  Not a candidate until timed beside it.
+# view's loads would fault on, on CUDA) reads right.  Not a candidate: 21.1 us a product
+# against 17.4 (H100, 8 a compiled call, 1x4096x11008 float16, s152), and MLX's CUDA view of
+# such an x reached the uint64 form aligned there (benchmarks/results/README.md).
 MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
 # ...with the K loop's steps unrolled (UNROLL: the launch passes the row's step count, at most
 # MAX_UNROLLED_STEPS, where a row's words are whole steps; the rest loop): ptxas then spreads a later step's
 # loads through an earlier step's arithmetic (sm_90 SASS: 128 registers against 96, no
 # spills), the carried-tuple form of that which was measured at 12.9 against 13.3 us (s93)
-# done by the GPU compiler.  Not a candidate until timed beside it.
+# done by the GPU compiler.  Not a candidate: 17.8 us a product against 17.4 (H100, s152).
 MATVEC_PAIRS_UNROLLED = {**MATVEC_PAIRS[0], "UNROLL": True}
 MAX_UNROLLED_STEPS = 8
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
