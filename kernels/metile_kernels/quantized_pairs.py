@@ -254,7 +254,7 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     (no load is masked).  UNROLL: the first UNROLL K steps unrolled (at most the row's
     steps: with EVEN their loads are not masked), the rest in a loop - ptxas then issues a
     later step's loads among an earlier step's arithmetic, no faster on the H100 (17.8 us a
-    product against 17.4, s152), where the kernel's reads alone took 12.0.  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
+    product against 17.4, s152).  MAGIC, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE:
     `pair_constants(DTYPE, BITS)` (IN_PLACE: float16 4-bit, pairs 1 and 3 unpacked without
     a shift).  A 16-bit sum can overflow where |x| reaches the hundreds: its row's total is
     then not finite, and the program computes its rows again in float32 (`float_rows`)."""
