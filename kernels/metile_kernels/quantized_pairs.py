@@ -84,8 +84,8 @@ def x_word(at, j, live, X_HALVES, EVEN):
     """x's 64-bit word j from `at` (its 16-bit values 4j .. 4j + 3, the first lowest): one
     64-bit load of the uint64 view, or (X_HALVES, `at` then counting 16-bit values) four
     loads of the values joined - which reads an x that starts anywhere (a view one element
-    in), where the view's 64-bit loads fault on CUDA (csrc/cuda_launch.cpp refuses that
-    input)."""
+    in), where the view's 64-bit loads would be misaligned (csrc/cuda_launch.cpp refuses
+    such a pointer; on the H100 MLX's view handed the kernel an aligned x, s152)."""
     if X_HALVES:
         return x_half(at, 4 * j, live, EVEN) | (x_half(at, 4 * j + 1, live, EVEN) << 16) | \
             (x_half(at, 4 * j + 2, live, EVEN) << 32) | (x_half(at, 4 * j + 3, live, EVEN) << 48)
