@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments) and its ncu kernel times, int4 prefill bf16/2048
 #   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
 #   OUT=$OUT bash tools/device_next.sh s153   -- after s152: the untransposed stall probe, int4 prefill bf16/2048 with BULK_X, test_untransposed
 #   OUT=$OUT bash tools/device_next.sh s152   -- the int4 GEMV's reads without its arithmetic, x as 16-bit values, offset views and quantized GPU tests
@@ -165,7 +166,19 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = views ]; then
+if [ "$mode" = s154 ]; then
+  # s45: the offset-view numbers on the GPU; the loads probe with each product its own
+  # arguments, then ncu's kernel times of the same sides (2 a compiled call, one round);
+  # int4 prefill bfloat16 / 2048 rows with BULK_X among auto's candidates
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 100 test_offset_views
+  cp "$out/junit.xml" "$out/junit-views.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-views.txt"
+  CHAIN=8 timeout 150 python3 tools/probes/gemv_loads_only.py "$logs/h200-gemv-loads-only.json" 2>&1 | tail -4 | tee -a "$log"
+  CHAIN=2 ROUNDS=1 ncu_times 130 gemv-loads-only-ncu tools/probes/gemv_loads_only.py "$logs/gemv-loads-only-under-ncu.json"
+  timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
+    --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
+    --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
+elif [ "$mode" = views ]; then
   # test_offset_views alone (s44: the pair GEMV's numbers on an offset x, on the GPU)
   gpu_tests $(left) test_offset_views
 elif [ "$mode" = s153 ]; then
