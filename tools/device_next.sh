@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments) and its ncu kernel times, int4 prefill bf16/2048
+#   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments), read_floor.py, the loads probe's ncu kernel times, int4 prefill bf16/2048
 #   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
 #   OUT=$OUT bash tools/device_next.sh s153   -- after s152: the untransposed stall probe, int4 prefill bf16/2048 with BULK_X, test_untransposed
 #   OUT=$OUT bash tools/device_next.sh s152   -- the int4 GEMV's reads without its arithmetic, x as 16-bit values, offset views and quantized GPU tests
@@ -174,8 +174,10 @@ if [ "$mode" = s154 ]; then
   gpu_tests 100 test_offset_views
   cp "$out/junit.xml" "$out/junit-views.xml" 2>/dev/null; cp "$logs/pytest.txt" "$logs/pytest-views.txt"
   CHAIN=8 timeout 150 python3 tools/probes/gemv_loads_only.py "$logs/h200-gemv-loads-only.json" 2>&1 | tail -4 | tee -a "$log"
+  timeout 100 python3 tools/probes/read_floor.py mlx "$logs/h200-read-floor-mlx.json" 2>&1 | tail -3 | tee -a "$log"
+  timeout 120 python3 tools/probes/read_floor.py torch "$logs/h200-read-floor-torch.json" 2>&1 | tail -3 | tee -a "$log"
   CHAIN=2 ROUNDS=1 ncu_times 130 gemv-loads-only-ncu tools/probes/gemv_loads_only.py "$logs/gemv-loads-only-under-ncu.json"
-  timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
+  [ "$(left)" -gt 60 ] && timeout $(( $(left) > 150 ? 150 : $(left) )) python3 -m benchmarks.quantized --dtype bfloat16 --bits 4 --group-size 64 --weights 4 \
     --decode-off --rounds 5 --launches 50 --prefill 512 4096 11008 --prefill 2048 4096 11008 \
     --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
 elif [ "$mode" = views ]; then
