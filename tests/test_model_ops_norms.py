@@ -758,6 +758,25 @@ def test_convert_swaps_norms_and_keeps_the_numbers(rng, backend):
     assert again.converted == {} and again.skipped["pre"] == "already a metile.nn.RMSNorm"
 
 
+@pytest.mark.parametrize("eps", [0.0, -1e-6])
+def test_convert_takes_a_norm_whose_eps_was_set_after_construction(rng, eps):
+    # MLX's constructors refuse eps <= 0, but a layer's eps set later runs in MLX's op:
+    # convert keeps that eps (it used to raise MLX's constructor error halfway through,
+    # leaving the model half converted)
+    reference = nn.Sequential(nn.Linear(16, 16), nn.RMSNorm(16), nn.LayerNorm(16))
+    reference.layers[1].eps = eps
+    reference.layers[2].eps = eps
+    model = nn.Sequential(nn.Linear(16, 16), nn.RMSNorm(16), nn.LayerNorm(16))
+    model.update(reference.parameters())
+    model.layers[1].eps = model.layers[2].eps = eps
+    report = mnn.convert(model, backend="metile")
+    assert sorted(report.converted) == ["layers.0", "layers.1", "layers.2"]
+    assert model.layers[1].eps == eps and model.layers[2].eps == eps
+    x, = arrays(rng, (3, 16), mx.float32)
+    np.testing.assert_allclose(np.array(model(x)), np.array(reference(x)), rtol=1e-4,
+                               atol=1e-4)
+
+
 # -- CUDA emission --------------------------------------------------------------------------------
 
 needs_nvrtc = pytest.mark.skipif(TOOLKIT is None, reason="NVRTC wheels not installed")

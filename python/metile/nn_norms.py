@@ -44,7 +44,10 @@ class RMSNorm(mlx_nn.RMSNorm):
     @classmethod
     def from_module(cls, layer: mlx_nn.RMSNorm, backend: str = "auto") -> "RMSNorm":
         """A metile.nn.RMSNorm holding `layer`'s own weight array (no copy)."""
-        new = cls(layer.weight.shape[0], layer.eps, backend)
+        # eps after construction: MLX's constructor refuses eps <= 0, which a layer's eps
+        # set later may be (and MLX's op, like metile's, runs with it)
+        new = cls(layer.weight.shape[0], 1e-5, backend)
+        new.eps = layer.eps
         new.weight = layer.weight   # the fresh ones(...) is lazy, so never computed
         return _adopt(new, layer)
 
@@ -68,7 +71,8 @@ class LayerNorm(mlx_nn.LayerNorm):
     @classmethod
     def from_module(cls, layer: mlx_nn.LayerNorm, backend: str = "auto") -> "LayerNorm":
         """A metile.nn.LayerNorm holding `layer`'s own weight and bias arrays (no copy)."""
-        new = cls(layer.dims, layer.eps, "weight" in layer, "bias" in layer, backend)
+        new = cls(layer.dims, 1e-5, "weight" in layer, "bias" in layer, backend)
+        new.eps = layer.eps            # (as RMSNorm.from_module's)
         if "weight" in layer:
             new.weight = layer.weight
         if "bias" in layer:
