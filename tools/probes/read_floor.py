@@ -83,11 +83,15 @@ def mlx_side(small: bool = False) -> dict:
         # every byte the product reads, summed by MLX's reduction
         # (as float32: uint32 + float16 is float16 in MLX)
         "mlx_sum": lambda w: sum(mx.sum(a, axis=-1).astype(mx.float32) for a in w),
+        # one launch reading next to nothing: what a product in the chain costs beyond its
+        # kernel's own time
+        "mlx_tiny": lambda w: mx.sum(w[1][:1], axis=-1),
     }
     attn_sides = {
         "mlx": lambda c: mx.fast.scaled_dot_product_attention(q, *c, scale=scale),
         "metile": lambda c: metile.ops.scaled_dot_product_attention(q, *c, scale=scale),
         "mlx_sum": lambda c: mx.sum(c[0], axis=(2, 3)) + mx.sum(c[1], axis=(2, 3)),
+        "mlx_tiny": lambda c: mx.sum(c[0][:, :1, :1], axis=-1),
     }
     int4_args = [a for i in range(CHAIN) for a in ws[i % count]]
     attn_args = [a for c in caches for a in c]
@@ -187,7 +191,9 @@ def torch_side() -> dict:
                                                                  CHAIN)):
         bufs = [torch.randint(-2**31, 2**31 - 1, (moved // 4,), dtype=torch.int32,
                               device="cuda") for _ in range(count)]
-        outs = [torch.empty(moved // 4, dtype=torch.int32, device="cuda") for _ in range(CHAIN)]
+        # one int32 a program: at most a program a 1024 words
+        outs = [torch.empty(moved // 4 // 1024 + 1, dtype=torch.int32, device="cuda")
+                for _ in range(CHAIN)]
         chain = [bufs[i % count] for i in range(CHAIN)]
         triton_us = {}
         for block, steps, warps in configs:
