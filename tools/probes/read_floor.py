@@ -78,8 +78,11 @@ def mlx_side(small: bool = False) -> dict:
 
     int4_sides = {
         "mlx": lambda w: mx.quantized_matmul(x, *w, transpose=True, group_size=GROUP, bits=4),
+        # backend="metile": auto is MLX's op until a tuning run measures the kernels (s154
+        # timed auto, so its "metile" column was MLX's op)
         "metile": lambda w: metile.ops.quantized_matmul(x, *w, transpose=True,
-                                                        group_size=GROUP, bits=4),
+                                                        group_size=GROUP, bits=4,
+                                                        backend="metile"),
         # every byte the product reads, summed by MLX's reduction
         # (as float32: uint32 + float16 is float16 in MLX)
         "mlx_sum": lambda w: sum(mx.sum(a, axis=-1).astype(mx.float32) for a in w),
@@ -89,7 +92,8 @@ def mlx_side(small: bool = False) -> dict:
     }
     attn_sides = {
         "mlx": lambda c: mx.fast.scaled_dot_product_attention(q, *c, scale=scale),
-        "metile": lambda c: metile.ops.scaled_dot_product_attention(q, *c, scale=scale),
+        "metile": lambda c: metile.ops.scaled_dot_product_attention(q, *c, scale=scale,
+                                                                     backend="metile"),
         "mlx_sum": lambda c: mx.sum(c[0], axis=(2, 3)) + mx.sum(c[1], axis=(2, 3)),
         "mlx_tiny": lambda c: mx.sum(c[0][:, :1, :1], axis=-1),
     }
