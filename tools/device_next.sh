@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s155   -- the pair GEMV's K split over warps in the chain, read_floor's MLX side again
 #   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments), read_floor.py, the loads probe's ncu kernel times, int4 prefill bf16/2048
 #   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
 #   OUT=$OUT bash tools/device_next.sh s153   -- after s152: the untransposed stall probe, int4 prefill bf16/2048 with BULK_X, test_untransposed
@@ -166,7 +167,13 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s154 ]; then
+if [ "$mode" = s155 ]; then
+  # s45, after s154: the pair GEMV's K split over 2-4 warps (LANES 64/128) timed in the chain,
+  # then read_floor's MLX side with metile's kernels asked for
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 200 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-warps-chain.json" 2>&1 | tail -3 | tee -a "$log"
+  timeout 120 python3 tools/probes/read_floor.py mlx "$logs/h200-read-floor-mlx.json" 2>&1 | tail -3 | tee -a "$log"
+elif [ "$mode" = s154 ]; then
   # s45: the offset-view numbers on the GPU; the loads probe with each product its own
   # arguments, then ncu's kernel times of the same sides (2 a compiled call, one round);
   # int4 prefill bfloat16 / 2048 rows with BULK_X among auto's candidates
