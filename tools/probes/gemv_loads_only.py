@@ -22,7 +22,6 @@ Sides, each CHAIN calls a compiled call over 4 weights cycled (100 MB, twice the
 import math
 import os
 import sys
-import time
 
 sys.path[:0] = ["tools/probes", ".", "kernels"]
 import mlx.core as mx  # noqa: E402
@@ -31,7 +30,7 @@ import numpy as np  # noqa: E402
 import metile  # noqa: E402
 from metile import quantized_ops  # noqa: E402
 from metile_kernels.quantized_pairs import pair_fetch  # noqa: E402
-from probe_report import add_case, alternating_us, check_close, save  # noqa: E402
+from probe_report import add_case, chained_us, check_close, machine_info, save  # noqa: E402
 
 
 @metile.kernel
@@ -185,42 +184,21 @@ def main():
     n, k = 11008, 4096
     x, qs = operands(1, n, k, 4)
     want = mx.quantized_matmul(x, *qs[0], transpose=True, group_size=64, bits=4)
-    fns = {}
     for name, op in sides(n, k).items():
         if name.startswith("pairs"):
             check_close(op(x, qs[0]), want, name)
-
-        # each product its own arguments (weights cycled among them): a product repeated on
-        # the same traced arrays is one node to mx.compile (metile's launches compare equal),
-        # which timed half the metile products in s152
-        def step(x, *flat_q, op=op):
-            return [op(x, flat_q[3 * i:3 * i + 3]) for i in range(chain)]
-        fns[name] = mx.compile(step)
-    flat_q = [a for i in range(chain) for a in qs[i % 4]]
-
-    def measure(name, launches=20):
-        mx.synchronize()
-        start = time.perf_counter()
-        outs = [fns[name](x, *flat_q) for _ in range(launches)]
-        mx.eval(outs)
-        mx.synchronize()
-        return (time.perf_counter() - start) / (launches * chain)
-    for name in fns:
-        measure(name, 2)
-    us = alternating_us(list(fns), measure, rounds)
+    # each product its own arguments (weights cycled among them): a product repeated on the
+    # same traced arrays is one node to mx.compile (metile's launches compare equal), which
+    # timed half the metile products in s152
+    us = chained_us({name: (lambda x, *q, op=op: op(x, q)) for name, op in sides(n, k).items()},
+                    [(x, *qs[i % 4]) for i in range(chain)], rounds)
     weight_bytes = qs[0][0].nbytes
     all_bytes = weight_bytes + qs[0][1].nbytes + qs[0][2].nbytes
-    report = {"machine": {"platform": __import__("platform").platform(),
-                          "mlx_version": mx.__version__, "device": str(mx.default_device())},
+    report = {"machine": machine_info(device=str(mx.default_device())),
               "metric": f"us a call, {chain} a compiled call over 4 int4 weights cycled "
                         f"(1x{k}x{n}, group 64, float16), 20 calls a sync, median of {rounds} "
                         "alternating rounds",
               "cases": []}
-    try:
-        from decode_chain_configs import card
-        report["machine"]["card"] = card()
-    except Exception as e:   # noqa: BLE001 - the card's name is a label only
-        report["machine"]["card"] = repr(e)
     add_case(report, {"n": n, "k": k, "us": us,
                       "mlx_over": {s: round(us["mlx"] / t, 3) for s, t in us.items()},
                       "tb_per_s_all_bytes": {s: round(all_bytes / (t * 1e-6) / 1e12, 3)

@@ -23,7 +23,6 @@ loads, 64 a step and 1107 instructions a loop.)
 import math
 import os
 import sys
-import time
 
 sys.path[:0] = ["tools/probes", ".", "kernels"]
 import mlx.core as mx  # noqa: E402
@@ -77,7 +76,7 @@ def main():
     if "--check" in sys.argv:
         check()
         return
-    from probe_report import add_case, alternating_us, check_close, save
+    from probe_report import add_case, chained_us, check_close, machine_info, save
     chain = int(os.environ.get("CHAIN", "8"))
     rounds = int(os.environ.get("ROUNDS", "7"))
     n, k = 11008, 4096
@@ -85,37 +84,15 @@ def main():
     want = mx.quantized_matmul(x, *qs[0], transpose=True, group_size=64, bits=4)
     sides = {name: product(form, n, k) for name, form in FORMS.items()}
     sides["mlx"] = lambda x, q: mx.quantized_matmul(x, *q, transpose=True, group_size=64, bits=4)
-    fns = {}
     for name, op in sides.items():
         check_close(op(x, qs[0]), want, name)
-
-        def step(x, *flat_q, op=op):
-            return [op(x, flat_q[3 * i:3 * i + 3]) for i in range(chain)]
-        fns[name] = mx.compile(step)
-    flat_q = [a for i in range(chain) for a in qs[i % 4]]
-
-    def measure(name, launches=20):
-        mx.synchronize()
-        begin = time.perf_counter()
-        outs = [fns[name](x, *flat_q) for _ in range(launches)]
-        mx.eval(outs)
-        mx.synchronize()
-        return (time.perf_counter() - begin) / (launches * chain)
-    for name in fns:
-        measure(name, 2)
-    us = alternating_us(list(fns), measure, rounds)
-    report = {"machine": {"platform": __import__("platform").platform(),
-                          "mlx_version": mx.__version__},
+    us = chained_us({name: (lambda x, *q, op=op: op(x, q)) for name, op in sides.items()},
+                    [(x, *qs[i % 4]) for i in range(chain)], rounds)
+    report = {"machine": machine_info(),
               "metric": f"us a product, {chain} a compiled call over 4 int4 weights cycled "
                         f"(1x{k}x{n}, group 64, float16), 20 calls a sync, median of "
                         f"{rounds} alternating rounds",
-              "forms": {name: {k2: v for k2, v in f.items()} for name, f in FORMS.items()},
-              "cases": []}
-    try:
-        from decode_chain_configs import card
-        report["machine"]["card"] = card()
-    except Exception as e:   # noqa: BLE001 - the card's name is a label only
-        report["machine"]["card"] = repr(e)
+              "forms": FORMS, "cases": []}
     add_case(report, {"n": n, "k": k, "us": us,
                       "mlx_over": {s: round(us["mlx"] / t, 3) for s, t in us.items()}})
     save(report)

@@ -60,3 +60,51 @@ def save(report: dict, path: str | None = None) -> None:
     path = path if path is not None else (sys.argv[1] if len(sys.argv) > 1 else None)
     if path:
         json.dump(report, open(path, "w"), indent=1)
+
+
+def chained_us(ops: dict, groups: list, rounds: int, calls: int = 20) -> dict:
+    """Median microseconds a call of each op in `ops` (name -> op(*group)): len(groups) calls
+    a compiled call, call i on groups[i] - no two on the same arrays, since mx.compile merges
+    a call repeated on the same traced arrays (s152) - `calls` compiled calls a
+    synchronisation, `rounds` alternating rounds after two warm calls each."""
+    import time
+
+    import mlx.core as mx
+
+    sizes = [len(g) for g in groups]
+    flat = [a for g in groups for a in g]
+
+    def compiled(op):
+        def step(*args):
+            outs, at = [], 0
+            for size in sizes:
+                outs.append(op(*args[at:at + size]))
+                at += size
+            return outs
+        return mx.compile(step)
+    fns = {name: compiled(op) for name, op in ops.items()}
+
+    def measure(name, launches=calls):
+        mx.synchronize()
+        start = time.perf_counter()
+        outs = [fns[name](*flat) for _ in range(launches)]
+        mx.eval(outs)
+        mx.synchronize()
+        return (time.perf_counter() - start) / (launches * len(groups))
+    for name in fns:
+        measure(name, 2)
+    return alternating_us(list(fns), measure, rounds)
+
+
+def machine_info(**extra) -> dict:
+    """The platform, MLX's version where MLX is loaded and the card's name (a label only), with `extra`."""
+    import platform
+    info = {"platform": platform.platform(), **extra}
+    if "mlx" in sys.modules:     # (a torch-only probe process does not load MLX for a label)
+        info["mlx_version"] = sys.modules["mlx.core"].__version__
+    try:
+        from decode_chain_configs import card
+        info["card"] = card()
+    except Exception as e:   # noqa: BLE001 - the card's name is a label only
+        info["card"] = repr(e)
+    return info

@@ -41,23 +41,12 @@ ROUNDS = int(os.environ.get("ROUNDS", "7"))
 CALLS = int(os.environ.get("CALLS", "20"))
 
 
-def machine() -> dict:
-    import platform
-    info = {"platform": platform.platform()}
-    try:
-        from decode_chain_configs import card
-        info["card"] = card()
-    except Exception as e:   # noqa: BLE001 - the card's name is a label only
-        info["card"] = repr(e)
-    return info
-
-
 def mlx_side(small: bool = False) -> dict:
     import mlx.core as mx
     import numpy as np
 
     import metile
-    from probe_report import alternating_us, check_close
+    from probe_report import chained_us, check_close
 
     n, k, keys = (256, 512, 256) if small else (N, K, KEYS)
     heads = 4 if small else HEADS
@@ -113,27 +102,13 @@ def mlx_side(small: bool = False) -> dict:
         print("check: int4 and attention sides agree with MLX; mlx_sum with NumPy")
         return {}
 
-    def chained(op, per):
-        def step(*args):
-            return [op(args[per * i:per * i + per]) for i in range(CHAIN)]
-        return mx.compile(step)
-
     cases = {}
     for case, sides, args, per, moved in (("int4_decode", int4_sides, int4_args, 3, INT4_BYTES),
                                           ("decode_attention", attn_sides, attn_args, 2,
                                            ATTN_BYTES)):
-        fns = {name: chained(op, per) for name, op in sides.items()}
-
-        def measure(name, calls=CALLS, fns=fns, args=args):
-            mx.synchronize()
-            start = time.perf_counter()
-            outs = [fns[name](*args) for _ in range(calls)]
-            mx.eval(outs)
-            mx.synchronize()
-            return (time.perf_counter() - start) / (calls * CHAIN)
-        for name in fns:
-            measure(name, 2)
-        us = alternating_us(list(fns), measure, ROUNDS)
+        us = chained_us({name: (lambda *a, op=op: op(a)) for name, op in sides.items()},
+                        [tuple(args[per * i:per * i + per]) for i in range(CHAIN)], ROUNDS,
+                        CALLS)
         cases[case] = {"us": us, "bytes": moved,
                        "tb_per_s": {s: round(moved / (t * 1e-6) / 1e12, 3) for s, t in us.items()},
                        "mlx_over_metile": round(us["mlx"] / us["metile"], 3),
@@ -226,7 +201,8 @@ def main():
         mlx_side(small=True)
         return
     side = sys.argv[1]
-    report = {"machine": machine(), "chain": CHAIN, "calls_a_sync": CALLS, "rounds": ROUNDS,
+    from probe_report import machine_info
+    report = {"machine": machine_info(), "chain": CHAIN, "calls_a_sync": CALLS, "rounds": ROUNDS,
               "metric": "us a product / attention, median of alternating rounds",
               **(mlx_side() if side == "mlx" else torch_side())}
     if len(sys.argv) > 2:
