@@ -111,6 +111,10 @@ MATVEC_WARPS = [{"kernel": "matvec_warps", "BLOCK_K": 256, "ROWS": 4, "num_warps
 # 13.2 us, 4 / 2 13.9, 4 / 4 14.8, against 18.8 for the runs GEMV and ~30 for MLX's qmv; 8
 # products a compiled call: 20.0 us a product against 24.6 and MLX's 32.4.  (SPAN 4 needs
 # groups of 4 words: every mx.quantize group at 4 and 8 bits.)
+# Its reads bound it: with the products replaced by XORs its grid and loads take as long
+# (H200 14.0 against 14.1 us a product, s154).  K split over 2 or 4 warps of a program
+# (LANES 64 / 128, 8 rows a warp) for more warps an SM: no faster (H100, s155:
+# tools/probes/gemv_warps_chain.py).
 MATVEC_PAIRS = [{"kernel": "matvec_pairs", "ROWS": 8, "SPAN": 4, "num_warps": 1},
                 {"kernel": "matvec_pairs", "ROWS": 4, "SPAN": 2, "num_warps": 1}]
 # ...reading x as its 16-bit values, four loads joined into each 64-bit word, where the form
