@@ -97,7 +97,8 @@ def chained_us(ops: dict, groups: list, rounds: int, calls: int = 20) -> dict:
 
 
 def machine_info(**extra) -> dict:
-    """The platform, MLX's version where MLX is loaded and the card's name (a label only), with `extra`."""
+    """The platform, MLX's version where MLX is loaded and the card's name (a label only),
+    with `extra`."""
     import platform
     info = {"platform": platform.platform(), **extra}
     if "mlx" in sys.modules:     # (a torch-only probe process does not load MLX for a label)
