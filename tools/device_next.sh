@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s156   -- the pair GEMV's words two a 64-bit load in the chain, twice
 #   OUT=$OUT bash tools/device_next.sh s155   -- the pair GEMV's K split over warps in the chain, read_floor's MLX side again
 #   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments), read_floor.py, the loads probe's ncu kernel times, int4 prefill bf16/2048
 #   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
@@ -167,7 +168,12 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s155 ]; then
+if [ "$mode" = s156 ]; then
+  # s45: the pair GEMV's words two a 64-bit load, timed in the chain against the default
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain.json" 2>&1 | tail -3 | tee -a "$log"
+  ROUNDS=9 timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain-2.json" 2>&1 | tail -3 | tee -a "$log"
+elif [ "$mode" = s155 ]; then
   # s45, after s154: the pair GEMV's K split over 2-4 warps (LANES 64/128) timed in the chain,
   # then read_floor's MLX side with metile's kernels asked for
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
