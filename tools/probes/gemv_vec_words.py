@@ -162,7 +162,7 @@ def timed():
     import os
 
     from probe_report import add_case, chained_us, check_close, machine_info, save
-    n, k, chain = 11008, 4096, 8
+    n, k, chain = int(os.environ.get("N", "11008")), 4096, 8
     x = mx.random.normal((1, k), key=mx.random.key(99)).astype(mx.float16)
     qs = [mx.quantize((mx.random.normal((n, k), key=mx.random.key(i)) / 64).astype(
         mx.float16), group_size=64, bits=4) for i in range(4)]
