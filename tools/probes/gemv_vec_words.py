@@ -11,7 +11,7 @@ bit, CPU runtime), but the sm_90 SASS (NVRTC, `--sass`) moves the split through 
 671.  `split` lowers per element (passes/lower_tiles.py); a split along an axis each thread
 holds whole would be register-local - the compiler change this form waits on.
 
-A second form, `pairs_w64`, reads the words two a load through a uint64 view and takes them
+A second form (FORM "w64") reads the words two a load through a uint64 view and takes them
 apart by shift and mask: 656 instructions a loop, 24 LDG.E.64, no shared memory (s93 timed
 it by ncu's single launches: 14.0 against 13.3 us; `--time` times it in the chain).
 
@@ -32,67 +32,17 @@ from metile_kernels.quantized_pairs import pair_constants, pair_halves, pair_wor
 
 
 @metile.kernel
-def pairs_vec(x, wf, scales, biases, out, rows, N, K, magic, BITS: metile.constexpr = 4,
-              GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 8,
-              LANES: metile.constexpr = 32, SPAN: metile.constexpr = 4,
-              DTYPE: metile.constexpr = metile.float16, MAGIC: metile.constexpr = 0,
-              ONE: metile.constexpr = 0, SHIFT: metile.constexpr = 0,
-              CENTRE: metile.constexpr = 0.0, ONE_HI: metile.constexpr = 0,
-              SHIFT_HI: metile.constexpr = 0, IN_PLACE: metile.constexpr = False):
+def pairs_words(x, wv, scales, biases, out, rows, N, K, magic, BITS: metile.constexpr = 4,
+                GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 8,
+                LANES: metile.constexpr = 32, SPAN: metile.constexpr = 4,
+                DTYPE: metile.constexpr = metile.float16, MAGIC: metile.constexpr = 0,
+                ONE: metile.constexpr = 0, SHIFT: metile.constexpr = 0,
+                CENTRE: metile.constexpr = 0.0, ONE_HI: metile.constexpr = 0,
+                SHIFT_HI: metile.constexpr = 0, IN_PLACE: metile.constexpr = False,
+                FORM: metile.constexpr = "vec"):
     """quantized_matvec_pairs (EVEN, float16 4-bit, no float32 fallback) with each lane's SPAN
-    packed words loaded as one run of the float32 view `wf` and split apart."""
-    PER = 32 // BITS
-    WPG = GROUP // PER
-    STEP = LANES * SPAN
-    words = K // PER
-    groups = K // GROUP
-    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
-    nn = metile.minimum(n, N - 1)
-    r = metile.program_id(1)
-    lane = metile.arange(0, LANES)
-    cols = metile.arange(0, STEP)
-    x_row = x + r * (K // 4) + (nn * 0)[:, None]
-    m = magic.to(metile.uint32)
-    acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
-    for w0 in range(0, words, STEP):
-        first = w0 + lane * SPAN
-        g = (first // WPG)[None, :]
-        s = metile.load(scales + nn[:, None] * groups + g).to(metile.float32)
-        b = metile.load(biases + nn[:, None] * groups + g).to(metile.float32)
-        v = metile.load(wf + nn[:, None] * words + (w0 + cols)[None, :]).to(
-            metile.uint32, bitcast=True)
-        q4 = metile.reshape(v, ROWS, LANES, 2, 2)
-        ev, od = metile.split(q4)
-        p0, p2 = metile.split(ev)
-        p1, p3 = metile.split(od)
-        packed = (p0, p1, p2, p3)
-        xat = x_row + (first * 2)[None, :]
-        part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
-        for j in metile.static_range(SPAN):
-            part, x_part = pair_word(packed[j], metile.load(xat + 2 * j),
-                                     metile.load(xat + 2 * j + 1), part, x_part, BITS, DTYPE, m,
-                                     ONE, SHIFT, ONE_HI, SHIFT_HI, IN_PLACE)
-        lo, hi = pair_halves(part, DTYPE)
-        x_lo, x_hi = pair_halves(x_part, DTYPE)
-        acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
-    total = metile.sum(acc, axis=1)
-    one = metile.arange(0, 1)
-    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
-
-
-
-@metile.kernel
-def pairs_w64(x, w64, scales, biases, out, rows, N, K, magic, BITS: metile.constexpr = 4,
-              GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 8,
-              LANES: metile.constexpr = 32, SPAN: metile.constexpr = 4,
-              DTYPE: metile.constexpr = metile.float16, MAGIC: metile.constexpr = 0,
-              ONE: metile.constexpr = 0, SHIFT: metile.constexpr = 0,
-              CENTRE: metile.constexpr = 0.0, ONE_HI: metile.constexpr = 0,
-              SHIFT_HI: metile.constexpr = 0, IN_PLACE: metile.constexpr = False):
-    """pairs_vec with each lane's SPAN words read through the uint64 view `w64`, two words a
-    load taken apart by a shift and a mask (register arithmetic, no split)."""
+    packed words read through the view `wv`: FORM "vec" one run of its float32 view split
+    apart, "w64" two words a load of its uint64 view, taken apart by shift and mask."""
     PER = 32 // BITS
     WPG = GROUP // PER
     STEP = LANES * SPAN
@@ -110,12 +60,20 @@ def pairs_w64(x, w64, scales, biases, out, rows, N, K, magic, BITS: metile.const
         g = (first // WPG)[None, :]
         s = metile.load(scales + nn[:, None] * groups + g).to(metile.float32)
         b = metile.load(biases + nn[:, None] * groups + g).to(metile.float32)
-        at = w64 + nn[:, None] * (words // 2) + (first // 2)[None, :]
-        packed = ()
-        for h in metile.static_range(SPAN // 2):
-            pair = metile.load(at + h)
-            packed = packed + ((pair & 0xFFFFFFFF).to(metile.uint32),
-                               (pair >> 32).to(metile.uint32))
+        if FORM == "vec":
+            v = metile.load(wv + nn[:, None] * words + (w0 + metile.arange(0, STEP))[None, :])
+            ev, od = metile.split(metile.reshape(v.to(metile.uint32, bitcast=True), ROWS,
+                                                 LANES, 2, 2))
+            p0, p2 = metile.split(ev)
+            p1, p3 = metile.split(od)
+            packed = (p0, p1, p2, p3)
+        else:
+            at = wv + nn[:, None] * (words // 2) + (first // 2)[None, :]
+            packed = ()
+            for h in metile.static_range(SPAN // 2):
+                pair = metile.load(at + h)
+                packed = packed + ((pair & 0xFFFFFFFF).to(metile.uint32),
+                                   (pair >> 32).to(metile.uint32))
         xat = x_row + (first * 2)[None, :]
         part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
         x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
@@ -134,11 +92,12 @@ def pairs_w64(x, w64, scales, biases, out, rows, N, K, magic, BITS: metile.const
 
 def launch(x, w, s, b, n, k, backend=None, form="vec"):
     consts = pair_constants("float16", 4)
-    kernel, view = (pairs_vec, mx.float32) if form == "vec" else (pairs_w64, mx.uint64)
-    call = kernel[(math.ceil(n / 8), 1)]
+    view = mx.float32 if form == "vec" else mx.uint64
+    call = pairs_words[(math.ceil(n / 8), 1)]
     args = (x.view(mx.uint64), w.view(view), s, b, mx.zeros((1, n), x.dtype), 1, n, k,
             consts["MAGIC"])
-    meta = dict(BITS=4, GROUP=64, ROWS=8, SPAN=4, DTYPE=metile.float16, num_warps=1, **consts)
+    meta = dict(BITS=4, GROUP=64, ROWS=8, SPAN=4, DTYPE=metile.float16, FORM=form,
+                num_warps=1, **consts)
     if backend:
         return call.prepare(*args, backend=backend, **meta)
     return call(*args, **meta)
