@@ -207,8 +207,8 @@ elif [ "$mode" = s153 ]; then
     --output "$logs/h200-quantized-int4-bfloat16-prefill-bulk-x.json" 2>&1 | grep -E "prefill" | tail -4 | tee -a "$log"
   gpu_tests $(left) -k "untransposed" test_quantized_op
 elif [ "$mode" = s152 ]; then
-  # s44: the pair GEMV with its K steps unrolled (MATVEC_PAIRS_UNROLLED); what its reads cost without its arithmetic (its grid and loads, XORs
-  # for products; the weights alone as 4-byte and as 16-byte loads; a flat read of the same
+  # s44: the pair GEMV with its K steps unrolled (MATVEC_PAIRS_UNROLLED); what its reads
+  # cost without its arithmetic (its grid and loads, XORs for products; the weights alone as 4-byte and as 16-byte loads; a flat read of the same
   # bytes), the pair GEMV reading x as 16-bit values beside its uint64 form, then the GPU
   # tests waiting since s43: test_offset_views (csrc's refusal of a misaligned input: its
   # first GPU build) and test_quantized_op without test_untransposed (its stall: s153)

@@ -127,7 +127,8 @@ MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
 # MAX_UNROLLED_STEPS, where a row's words are whole steps; the rest loop): ptxas then spreads
 # a later step's loads through an earlier step's arithmetic (sm_90 SASS: 128 registers
 # against 96, no spills), the carried-tuple form of that which was measured at 12.9 against
-# 13.3 us (s93) done by the GPU compiler.  Not a candidate: 17.8 us a product against 17.4 (H100, s152).
+# 13.3 us (s93) done by the GPU compiler.  Not a candidate: 17.8 us a product against 17.4
+# (H100, s152).
 MATVEC_PAIRS_UNROLLED = {**MATVEC_PAIRS[0], "UNROLL": True}
 MAX_UNROLLED_STEPS = 8
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}

@@ -10,7 +10,6 @@ it may stay in the 50 MB L2 between calls, and its H100 runs (s117, s124) read 8
 """
 import os
 import platform
-import subprocess
 import sys
 
 import mlx.core as mx
@@ -19,7 +18,8 @@ from metile import attention_ops
 
 sys.path[:0] = ["tools/probes", "."]
 from benchmarks.attention import seconds_per_call as per_attention   # noqa: E402
-from probe_report import check_close, decode_case, save   # noqa: E402
+# (card: imported from here by the other decode probes)
+from probe_report import card, check_close, decode_case, save   # noqa: E402,F401
 
 CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
            "w4": {"path": "decode_rows", "BLOCK_N": 8, "num_warps": 4},
@@ -35,14 +35,6 @@ CONFIGS = {"w2": {"path": "decode_rows", "BLOCK_N": 8},
 # CONFIGS="w2 w2_c1" (the environment): only those
 if os.environ.get("CONFIGS"):
     CONFIGS = {n: CONFIGS[n] for n in os.environ["CONFIGS"].split()}
-
-
-def card() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor()
 
 
 def decode_inputs(keys: int, chain: int):

@@ -96,16 +96,22 @@ def chained_us(ops: dict, groups: list, rounds: int, calls: int = 20) -> dict:
     return alternating_us(list(fns), measure, rounds)
 
 
-def machine_info(**extra) -> dict:
-    """The platform, MLX's version where MLX is loaded and the card's name (a label only),
-    with `extra`."""
+def card() -> str:
+    """The GPU's name from nvidia-smi (a label), else the processor's."""
     import platform
-    info = {"platform": platform.platform(), **extra}
-    if "mlx" in sys.modules:     # (a torch-only probe process does not load MLX for a label)
-        info["mlx_version"] = sys.modules["mlx.core"].__version__
+    import subprocess
     try:
-        from decode_chain_configs import card
-        info["card"] = card()
-    except Exception as e:   # noqa: BLE001 - the card's name is a label only
-        info["card"] = repr(e)
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return platform.processor()
+
+
+def machine_info(**extra) -> dict:
+    """The platform, MLX's version where MLX is loaded (a torch-only probe process does not
+    load it for a label) and the card's name, with `extra`."""
+    import platform
+    info = {"platform": platform.platform(), **extra, "card": card()}
+    if "mlx.core" in sys.modules:
+        info["mlx_version"] = sys.modules["mlx.core"].__version__
     return info
