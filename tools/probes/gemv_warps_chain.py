@@ -42,6 +42,12 @@ FORMS = {
     "rows4_lanes64_2w": {**PAIRS, "ROWS": 4, "LANES": 64, "num_warps": 2},
     "rows4_lanes128_4w": {**PAIRS, "ROWS": 4, "LANES": 128, "num_warps": 4},
     "rows16_lanes64_2w": {**PAIRS, "ROWS": 16, "LANES": 64, "num_warps": 2},
+    # rows spread over the warps (the (ROWS, 32) tile's row r on warp r % num_warps, 8 rows
+    # a warp): a program reads 2-4x the contiguous weight bytes, as the 4-warp flat read that
+    # streamed faster (9.3 us against 11.0 by 1-warp programs, H200 s154); s93 ranked this by
+    # ncu only (13.7-14.7 against 13.3)
+    "rows16_2w": {**PAIRS, "ROWS": 16, "num_warps": 2},
+    "rows32_4w": {**PAIRS, "ROWS": 32, "num_warps": 4},
 }
 
 
