@@ -48,6 +48,10 @@ FORMS = {
     # ncu only (13.7-14.7 against 13.3)
     "rows16_2w": {**PAIRS, "ROWS": 16, "num_warps": 2},
     "rows32_4w": {**PAIRS, "ROWS": 32, "num_warps": 4},
+    # the K steps unrolled (a later step's loads among an earlier step's arithmetic): timed
+    # in the chain on the H100 only (17.8 against 17.4, s152), where runs differ by 3 us
+    "unrolled": quantized_ops.MATVEC_PAIRS_UNROLLED,
+    "rows32_4w_unrolled": {**quantized_ops.MATVEC_PAIRS_UNROLLED, "ROWS": 32, "num_warps": 4},
 }
 
 
