@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s156   -- the pair GEMV's words two a 64-bit load in the chain, twice; the warps forms on the H200
+#   OUT=$OUT bash tools/device_next.sh s156   -- the pair GEMV's words two a 64-bit load in the chain, twice; the warps forms on the H200; Triton's int4 GEMV
 #   OUT=$OUT bash tools/device_next.sh s155   -- the pair GEMV's K split over warps in the chain, read_floor's MLX side again
 #   OUT=$OUT bash tools/device_next.sh s154   -- views, the loads probe (own arguments), read_floor.py, the loads probe's ncu kernel times, int4 prefill bf16/2048
 #   OUT=$OUT bash tools/device_next.sh views  -- test_offset_views alone
@@ -175,6 +175,8 @@ if [ "$mode" = s156 ]; then
   ROUNDS=9 timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain-2.json" 2>&1 | tail -3 | tee -a "$log"
   # s46: the K split and rows spread over 2-4 warps (never timed on the H200)
   timeout 240 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-warps-chain.json" 2>&1 | tail -3 | tee -a "$log"
+  # s46: Triton's own int4 GEMV on MLX's packing (every block and warps), the peer's reach
+  timeout 200 python3 tools/probes/triton_int4_gemv.py "$logs/h200-triton-int4-gemv.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s155 ]; then
   # s45, after s154: the pair GEMV's K split over 2-4 warps (LANES 64/128) timed in the chain,
   # then read_floor's MLX side with metile's kernels asked for
