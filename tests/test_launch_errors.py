@@ -124,6 +124,24 @@ def test_parameters_named_like_metal_keywords_are_renamed():
     assert "arg_vertex" in src and "arg_fragment" in src
 
 
+
+@metile.kernel
+def macro_names(NAN, errno, uint3, M_PI_F, as_type, BLOCK: metile.constexpr):
+    o = metile.arange(0, BLOCK)
+    v = metile.load(NAN + o) * uint3 + M_PI_F
+    metile.store(errno + o, v + v.to(metile.int32, bitcast=True).to(metile.float32) * as_type)
+
+
+def test_parameters_named_like_macros_vector_types_and_builtins_are_renamed():
+    # (a hostile trial: the C preprocessor expanded a parameter named NAN or errno, MSL
+    # read uint3 as its vector type and as_type as the bitcast it calls - a clang error
+    # dump at the first launch instead of a kernel)
+    x = mx.arange(4, dtype=mx.float32)
+    got = macro_names[(1,)](x, mx.zeros((4,)), 2.0, 0.5, 0.0, BLOCK=4)
+    np.testing.assert_array_equal(np.array(got), np.arange(4) * 2.0 + 0.5)
+    src = macro_names[(1,)].prepare(x, mx.zeros((4,)), 2.0, 0.5, 0.0, BLOCK=4).source
+    assert all(f"arg_{n}" in src for n in ("NAN", "errno", "uint3", "M_PI_F", "as_type"))
+
 def test_buffers_beyond_32_bit_offsets_are_refused():
     # lazy arrays: nothing is allocated, the launch is refused before anything runs
     big = mx.zeros((2**16, 2**15), dtype=mx.float16)  # MLX shapes are int32 per axis
@@ -400,6 +418,41 @@ def test_a_load_past_its_input_is_refused_before_it_runs():
     # the second program's block lies past X, and the guard skips it
     got = np.array(guarded_copy[(2,)](x, mx.full((16,), -1.0), 8, BLOCK=8))
     np.testing.assert_array_equal(got, np.r_[np.arange(8.0), np.full(8, -1.0)])
+
+
+@metile.kernel
+def store_moved(X, Y, base, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    metile.store(Y + offs + base, metile.load(X + offs))
+
+
+@metile.kernel
+def load_moved(X, Y, n, BLOCK: metile.constexpr):
+    offs = metile.program_id(0) * BLOCK + metile.arange(0, BLOCK)
+    m = offs < n
+    metile.store(Y + offs, metile.load(X + (offs + 1), mask=m), mask=m)
+
+
+def test_offsets_moved_by_a_constant_or_scalar_are_bounded_too():
+    # (a hostile trial: `Y + offs + 1` or `X + offs + base` dropped the launch's check, so
+    # an off-by-one wrote Y[8] of 8 elements, or read the bytes after X, silently)
+    x = mx.arange(8).astype(mx.int32)
+    y = lambda: mx.full((8,), -7, mx.int32)
+    with pytest.raises(LaunchError, match=r"'store_moved' would store to element 8 of 'Y', "
+                                          r"which has 8 elements: its store reaches \[1, 9\)"):
+        store_moved[(2,)](x, y(), 1, BLOCK=4)
+    with pytest.raises(LaunchError, match=r"'store_moved' would store to element -1 of 'Y' "
+                                          r"\(which has 8 elements\), before its start"):
+        store_moved[(2,)](x, y(), -1, BLOCK=4)
+    with pytest.raises(LaunchError, match=r"'load_moved' would load from element 8 of 'X', "
+                                          r"which has 8 elements: .* and n=8"):
+        load_moved[(2,)](x, y(), 8, BLOCK=4)
+    # in bounds they run, and a moved store proves no coverage (the rest is kept)
+    np.testing.assert_array_equal(np.array(store_moved[(2,)](x, y(), 0, BLOCK=4)), np.arange(8))
+    np.testing.assert_array_equal(np.array(store_moved[(1,)](x, y(), 4, BLOCK=4)),
+                                  [-7] * 4 + [0, 1, 2, 3])
+    np.testing.assert_array_equal(np.array(load_moved[(2,)](x, y(), 7, BLOCK=4)),
+                                  [1, 2, 3, 4, 5, 6, 7, -7])
 
 
 @metile.kernel

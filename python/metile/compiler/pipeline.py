@@ -50,6 +50,18 @@ _COVERAGE = {"Coverage": "full coverage provable from the grid: 1-D block stores
              "TileCoverage": "full coverage provable from the grid: 2-D tile stores",
              "FirstElementCoverage": "full coverage of a one-element output: a scalar store"}
 
+
+
+def _coverage_words(rule) -> str:
+    unproven = "no coverage proof: a written-mask keeps unwritten elements"
+    if rule is None:
+        return unproven
+    if getattr(rule, "shift", (0, ())) != (0, ()):
+        # (the rule still bounds the range the launch checks against the array)
+        return f"{unproven} (its offsets are moved by a term of no index)"
+    return _COVERAGE.get(type(rule).__name__, "coverage proof")
+
+
 # What METILE_DEBUG prints after a step, and the older word for the same dump.
 DUMP_ALIASES = {"uniformity": "tile_ir", "lower_tiles": "thread_ir",
                 "lower_fragments": "thread_ir", "emit_msl": "msl", "emit_cuda": "cuda",
@@ -237,8 +249,7 @@ def analyze(req: Request, fn: Function, steps: list[str]) -> Analysis:
         "uniformity": "no barrier or tile op under thread-dependent control"
                       + (f"; {once} uniform scalar store(s) once per program" if once else ""),
         "buffer_usage": "outputs " + ", ".join(
-            f"{n} ({_COVERAGE.get(type(cov[n]).__name__, 'coverage proof') if n in cov else 'no coverage proof: a written-mask keeps unwritten elements'})"
-            for n in outputs),
+            f"{n} ({_coverage_words(cov.get(n))})" for n in outputs),
         "plan_schedule": f"{plan.backend}, {threads} threads"
                          + (f", {gemm.fragment} on a {gemm.grid[0]}x{gemm.grid[1]} grid" if gemm else ""),
     }

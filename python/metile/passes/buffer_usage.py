@@ -25,6 +25,12 @@ writes exactly [0, M * N) when S == N; the launch checks S == N, both grid
 axes cover M and N, and M * N >= Out.size.  A block of one row may be spelled
 `program_id(a) + arange(0, 1)` (a GEMV's one output row per program).  Any other store pattern is
 conservatively "not proven" (the launch then preserves unwritten elements).
+
+The same rules bound the elements an access reaches (`last_index`), which the launch
+checks against the array (runtime/dispatch.py `_refuse_overruns`).  A mixed-radix offset
+plus a term of no index (`Out + offs + 1`, `X + offs + base`) keeps its rule with that
+term as a shift: the range it reaches moves (`first_index` may fall below 0), and it proves
+coverage only where the shift is 0 at launch.
 """
 
 from __future__ import annotations
@@ -140,9 +146,24 @@ class RadixCoverage:
 
     digits: tuple   # (kind, coef, data): kind "pid" (axis,), "arange" (block, bound),
                     # "block" (axis, block, bound); coef (int, (symbols...))
+    # a term of no index added to every element's offset (`Out + offs + 1`, `X + offs +
+    # base`): it moves the accessed range, so the overrun check (first_index, last_index)
+    # sees it; coverage is proven only where its value is 0
+    shift: tuple = (0, ())
 
     def to_json(self) -> list:
-        return ["radix", [[k, [c[0], list(c[1])], list(d)] for k, c, d in self.digits]]
+        return ["radix", [[k, [c[0], list(c[1])], list(d)] for k, c, d in self.digits],
+                [self.shift[0], list(self.shift[1])]]
+
+    def _shift(self, grid: tuple, args: dict) -> int | None:
+        const, syms = self.shift
+        for sym in syms:
+            v = grid[int(sym[5:])] if sym.startswith("grid:") and int(sym[5:]) < len(grid) \
+                else 1 if sym.startswith("grid:") else args.get(sym)
+            if not isinstance(v, int) or isinstance(v, bool):
+                return None
+            const *= v
+        return const
 
     def _digits(self, grid: tuple, args: dict) -> list | None:
         """Per digit (coefficient, extent, bound) at these launch values - the extent the
@@ -179,7 +200,7 @@ class RadixCoverage:
 
     def covers(self, grid: tuple, size: int, args: dict) -> bool:
         digits = self._digits(grid, args)
-        if digits is None:
+        if digits is None or self._shift(grid, args) != 0:
             return False
         chain = []
         for coef, extent, bound in digits:
@@ -198,9 +219,11 @@ class RadixCoverage:
             reach *= radix
         return reach >= size
 
-    def last_index(self, grid: tuple, args: dict) -> int | None:
-        digits = self._digits(grid, args)
-        if digits is None:
+    def _span(self, grid: tuple, args: dict) -> tuple | None:
+        """(first, last) element the access reaches at this launch, or None (nothing
+        accessed, a value not known, or a negative coefficient)."""
+        digits, shift = self._digits(grid, args), self._shift(grid, args)
+        if digits is None or shift is None:
             return None
         last = 0
         for coef, extent, bound in digits:
@@ -210,14 +233,24 @@ class RadixCoverage:
             if coef < 0:
                 return None      # (not a form the analysis proves anything of)
             last += coef * (count - 1)
-        return last
+        return shift, shift + last
+
+    def last_index(self, grid: tuple, args: dict) -> int | None:
+        span = self._span(grid, args)
+        return None if span is None else span[1]
+
+    def first_index(self, grid: tuple, args: dict) -> int | None:
+        span = self._span(grid, args)
+        return None if span is None else span[0]
 
 
 def coverage_from_json(data: list):
     if data[0] == "first":
         return FirstElementCoverage()
     if data[0] == "radix":
-        return RadixCoverage(tuple((k, (c[0], tuple(c[1])), tuple(d)) for k, c, d in data[1]))
+        shift = (data[2][0], tuple(data[2][1])) if len(data) > 2 else (0, ())
+        return RadixCoverage(tuple((k, (c[0], tuple(c[1])), tuple(d)) for k, c, d in data[1]),
+                             shift)
     if data[0] == "2d":
         return TileCoverage(tuple(data[1]), tuple(data[2]), tuple(data[3]), data[4])
     return Coverage(*data[1:])
@@ -525,8 +558,9 @@ def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
         if part is None or set(part) & set(total):
             return None
         total.update(part)
-    if ("one",) in total:
-        return None
+    # (a term of no index: the range moves by it; a mask on the moved index - `offs + 1 <
+    # n` - bounds no digit below, so no rule)
+    shift = total.pop(("one",), (0, ()))
     bounds = [] if mask is None else _linear_bounds(mask, params)
     if bounds is None:
         return None
@@ -560,7 +594,7 @@ def _radix_coverage(offsets: list[Value], mask: Value | None, params: dict):
             order is not None and any(axes.get(x, order) != order for x in order[:2])
             for order in axes.values()):
         return None
-    return RadixCoverage(tuple(digits))
+    return RadixCoverage(tuple(digits), shift)
 
 
 def order_dependent(fn: Function, outputs: list[str]) -> dict:

@@ -113,28 +113,40 @@ def _refuse_overruns(kernel, spec, outputs, out_arrays, runtime, grid, scalars) 
     these argument values - a bound `n` larger than the array, or no mask with a grid past
     its end: a store there wrote out of bounds (on the CPU runtime it corrupted the
     process's heap), a load read another buffer's bytes into the result."""
-    def refuse(verb, name, last, size):
+    def refuse(verb, name, last, size, first=0):
         ints = ", ".join(f"{k}={v}" for k, v in scalars.items() if type(v) is int)
         raise LaunchError(
             f"kernel {kernel.fn.__name__!r} would {verb} element {last} of {name!r}, which "
-            f"has {size} elements: its {verb.split()[0]} reaches [0, {last + 1}) at grid "
-            f"{tuple(grid)}"
+            f"has {size} elements: its {verb.split()[0]} reaches [{first}, {last + 1}) at "
+            f"grid {tuple(grid)}"
             f"{f' and {ints}' if ints else ''}; pass bounds no larger than the array, a "
             f"smaller grid or a mask (or a larger array)")
 
+    def before(verb, name, first, size):
+        raise LaunchError(
+            f"kernel {kernel.fn.__name__!r} would {verb} element {first} of {name!r} (which "
+            f"has {size} elements), before its start: its offsets begin at {first} at grid "
+            f"{tuple(grid)}; keep the offsets added to the pointer at 0 or more")
+
+    def check(verb, name, rule, size):
+        first = getattr(rule, "first_index", None)
+        first = None if first is None else first(grid, scalars)
+        if first is not None and first < 0:
+            before(verb, name, first, size)
+        last = rule.last_index(grid, scalars)
+        if last is not None and last >= size:
+            refuse(verb, name, last, size, first or 0)
+
     for name, out in zip(outputs, out_arrays):
         rule = spec.coverage.get(name)
-        last = None if rule is None else rule.last_index(grid, scalars)
-        if last is not None and last >= out.size:
-            refuse("store to", name, last, out.size)
+        if rule is not None:
+            check("store to", name, rule, out.size)
     for name, rules in spec.reads.items():
         size = getattr(runtime.get(name), "size", None)
         if size is None:
             continue
         for rule in rules:
-            last = rule.last_index(grid, scalars)
-            if last is not None and last >= size:
-                refuse("load from", name, last, size)
+            check("load from", name, rule, size)
 
 
 def _host_value(value, name: str):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -63,11 +64,48 @@ METAL_ATTRIBUTES = frozenset({
     "threadgroup_position_in_grid", "threadgroups_per_grid", "threads_per_grid",
     "threads_per_simdgroup", "threads_per_threadgroup"})
 
-# Generated argument names avoid MSL/C++ keywords and the shim's type names; a
-# Python parameter that collides is renamed (arg_<name>), never refused.
-RESERVED = frozenset(RESERVED_NAMES | {
+# Macros the generated source sees (C's math, float, limits, stddef and errno headers,
+# MSL's constants, CUDA's): a parameter of that name was expanded by the preprocessor and
+# failed in the C++ compiler, far from its cause (a hostile trial: `NAN`, `errno`, `NULL`).
+C_MACROS = frozenset("""
+    NAN INFINITY HUGE_VAL HUGE_VALF HUGE_VALL FP_NAN FP_INFINITE FP_ZERO FP_SUBNORMAL FP_NORMAL
+    FLT_MAX FLT_MIN FLT_EPSILON FLT_DIG FLT_MANT_DIG FLT_RADIX FLT_TRUE_MIN FLT_MAX_EXP
+    FLT_MIN_EXP DBL_MAX DBL_MIN DBL_EPSILON DBL_DIG DBL_MANT_DIG HALF_MAX HALF_MIN HALF_EPSILON
+    CHAR_BIT CHAR_MAX CHAR_MIN SCHAR_MAX SCHAR_MIN UCHAR_MAX SHRT_MAX SHRT_MIN USHRT_MAX
+    INT_MAX INT_MIN UINT_MAX LONG_MAX LONG_MIN ULONG_MAX LLONG_MAX LLONG_MIN ULLONG_MAX
+    INT8_MAX INT8_MIN INT16_MAX INT16_MIN INT32_MAX INT32_MIN INT64_MAX INT64_MIN UINT8_MAX
+    UINT16_MAX UINT32_MAX UINT64_MAX SIZE_MAX PTRDIFF_MAX PTRDIFF_MIN INTPTR_MAX UINTPTR_MAX
+    NULL EOF errno assert offsetof EDOM ERANGE EINVAL MAXFLOAT
+    M_E M_LOG2E M_LOG10E M_LN2 M_LN10 M_PI M_PI_2 M_PI_4 M_1_PI M_2_PI M_2_SQRTPI M_SQRT2
+    M_SQRT1_2 M_E_F M_LOG2E_F M_LOG10E_F M_LN2_F M_LN10_F M_PI_F M_PI_2_F M_PI_4_F M_1_PI_F
+    M_2_PI_F M_2_SQRTPI_F M_SQRT2_F M_SQRT1_2_F
+    CUDART_INF_F CUDART_NAN_F CUDART_PI_F CUDA_VERSION CUDART_VERSION
+    """.split())
+# CUDA's built-in variables and the functions the emitters call unqualified (a parameter
+# of that name shadows them: `as_type` where the kernel bitcasts)
+BUILTIN_NAMES = frozenset("""
+    threadIdx blockIdx blockDim gridDim warpSize as_type
+    """.split())
+# MSL's and CUDA's vector and matrix types: float2, uint3, half4, float4x4, ushort2, ...
+_VECTOR_TYPE = re.compile(r"(u?(char|short|int|long|longlong)|half|float|double|bfloat|bool)"
+                          r"[1-4](x[1-4])?")
+
+# Generated argument names avoid MSL/C++ keywords, macros, built-in names and the shim's
+# type names; a Python parameter that collides is renamed (arg_<name>), never refused.
+RESERVED = frozenset(RESERVED_NAMES | C_MACROS | BUILTIN_NAMES | {
     "half", "float", "int", "uint", "bool", "char", "short", "long", "void", "bfloat",
     "bfloat16_t", "float16_t", "vec", "main", TMA_TEMPLATE, TMA_SLOTS} | METAL_ATTRIBUTES)
+
+
+class _Reserved(frozenset):
+    """RESERVED, and every name of a vector or matrix type."""
+
+    def __contains__(self, name) -> bool:
+        return frozenset.__contains__(self, name) or \
+            (isinstance(name, str) and _VECTOR_TYPE.fullmatch(name) is not None)
+
+
+RESERVED = _Reserved(RESERVED)
 
 
 # Specializations a kernel keeps in memory (Kernel.specialize), as many as its launches.
