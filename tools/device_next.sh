@@ -169,14 +169,13 @@ hang_probe() {
 }
 
 if [ "$mode" = s156 ]; then
-  # s45: the pair GEMV's words two a 64-bit load, timed in the chain against the default
+  # s46: rows spread over 2-4 warps, the K split and the unrolled forms in the chain (never
+  # timed on the H200), Triton's own int4 GEMV (the peer's reach), then the words two a
+  # 64-bit load (s45's form) in the chain
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain.json" 2>&1 | tail -3 | tee -a "$log"
-  ROUNDS=9 timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain-2.json" 2>&1 | tail -3 | tee -a "$log"
-  # s46: the K split and rows spread over 2-4 warps (never timed on the H200)
   timeout 240 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-warps-chain.json" 2>&1 | tail -3 | tee -a "$log"
-  # s46: Triton's own int4 GEMV on MLX's packing (every block and warps), the peer's reach
   timeout 200 python3 tools/probes/triton_int4_gemv.py "$logs/h200-triton-int4-gemv.json" 2>&1 | tail -3 | tee -a "$log"
+  timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s155 ]; then
   # s45, after s154: the pair GEMV's K split over 2-4 warps (LANES 64/128) timed in the chain,
   # then read_floor's MLX side with metile's kernels asked for
