@@ -117,6 +117,47 @@ def test_disk_cache_keyed_on_globals(tmp_path):
     assert outs == ["[1.0, 2.0, 3.0, 4.0]", "[100.0, 101.0, 102.0, 103.0]", "[1.0, 2.0, 3.0, 4.0]"]
 
 
+def test_disk_cache_keyed_on_the_defaults_of_helpers_and_called_kernels(tmp_path):
+    # (a hostile trial, forty-sixth session: a default evaluated from a global when the
+    # helper was defined - `s=FACTOR` - is not in the source's text, so a process with
+    # another FACTOR loaded the kernel built with the first one's, silently)
+    script = textwrap.dedent("""
+        import sys, mlx.core as mx, numpy as np, metile
+        FACTOR = float(sys.argv[1])
+
+        @metile.inline
+        def scaled(x, s=FACTOR):
+            return x * s
+
+        @metile.kernel
+        def shifted(X, Z, S: metile.constexpr = FACTOR, BLOCK: metile.constexpr = 4):
+            offs = metile.arange(0, BLOCK)
+            metile.store(Z + offs, metile.load(X + offs) + S)
+
+        @metile.kernel
+        def k(X, Y, Z, BLOCK: metile.constexpr):
+            offs = metile.arange(0, BLOCK)
+            metile.store(Y + offs, scaled(metile.load(X + offs)))
+            shifted(X, Z)
+
+        y, z = k[(1,)](mx.arange(4, dtype=mx.float32), mx.zeros((4,)), mx.zeros((4,)), BLOCK=4)
+        print(np.array(y).tolist(), np.array(z).tolist())
+    """)
+    path = tmp_path / "k.py"
+    path.write_text(script)
+    import os
+    env = {**os.environ, "METILE_CACHE_DIR": str(tmp_path / "cache")}
+    outs = []
+    for value in ("2", "3", "2"):
+        r = subprocess.run([sys.executable, str(path), value], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.strip())
+    want = {f: f"{(np.arange(4.0) * f).tolist()} {(np.arange(4.0) + f).tolist()}"
+            for f in (2, 3)}
+    assert outs == [want[2], want[3], want[2]]
+
+
 # -- a hostile test's findings (twenty-eighth session) ---------------------------------------
 
 PARAMS = {"scale": 2.0}

@@ -55,10 +55,42 @@ def int4_gemv(x, w, s, b, out, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
     tl.store(out + rows, tl.sum(acc, axis=1).to(out.dtype.element_ty), mask=live)
 
 
-def gemv(x, w, s, b, out, block_n, block_k, warps):
+@triton.jit
+def int4_gemv_nibbles(x, w, s, b, out, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int4_gemv with no 3-D tile: nibble j of each word times x[8 w + j] (a strided read
+    of x), eight 2-D products a step, the scale and bias applied a word (each word lies in
+    one group)."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = rows < N
+    rows = tl.where(live, rows, 0)
+    words = K // 8
+    groups = K // 64
+    acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K):
+        wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        packed = tl.load(w + rows[:, None] * words + wi[None, :])
+        gi = wi // 8
+        sv = tl.load(s + rows[:, None] * groups + gi[None, :]).to(tl.float32)
+        bv = tl.load(b + rows[:, None] * groups + gi[None, :]).to(tl.float32)
+        part = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        xs = tl.zeros([BLOCK_K // 8], dtype=tl.float32)
+        for j in tl.static_range(8):
+            xj = tl.load(x + wi * 8 + j).to(tl.float32)
+            q = ((packed >> (4 * j)) & 0xF).to(tl.float32)
+            part += q * xj[None, :]
+            xs += xj
+        acc += sv * part + bv * xs[None, :]
+    tl.store(out + rows, tl.sum(acc, axis=1).to(out.dtype.element_ty), mask=live)
+
+
+KERNELS = {"tiles": int4_gemv, "nibbles": int4_gemv_nibbles}
+
+
+def gemv(x, w, s, b, out, block_n, block_k, warps, form="tiles"):
     n, k = s.shape[0], x.shape[-1]
-    int4_gemv[(triton.cdiv(n, block_n),)](x, w, s, b, out, n, k, BLOCK_N=block_n,
-                                          BLOCK_K=block_k, num_warps=warps)
+    KERNELS[form][(triton.cdiv(n, block_n),)](x, w, s, b, out, n, k, BLOCK_N=block_n,
+                                              BLOCK_K=block_k, num_warps=warps)
     return out
 
 
@@ -88,10 +120,12 @@ def check():
     for n, k, bn, bk in ((37, 512, 16, 256), (64, 1024, 32, 512)):
         x, qs = operands(n, k, 1, device)
         out = torch.empty(n, dtype=torch.float16, device=device)
-        got = gemv(x, *qs[0], out, bn, bk, 4).double()
-        want = reference(x, *qs[0])
-        err = (got - want).abs().max().item() / want.abs().max().item()
-        print(n, k, bn, bk, f"relative max error {err:.2e}", "ok" if err < 1e-2 else "WRONG")
+        for form in KERNELS:
+            got = gemv(x, *qs[0], out, bn, bk, 4, form).double()
+            want = reference(x, *qs[0])
+            err = (got - want).abs().max().item() / want.abs().max().item()
+            print(form, n, k, bn, bk, f"relative max error {err:.2e}",
+                  "ok" if err < 1e-2 else "WRONG")
 
 
 def timed(fns) -> float:
@@ -124,14 +158,15 @@ def main():
     outs = [torch.empty(n, dtype=torch.float16, device="cuda") for _ in range(CHAIN)]
     want = reference(x, *qs[0]).float()
     us, errors = {}, {}
-    configs = [(bn, bk, wp) for bn in (4, 8, 16, 32, 64) for bk in (256, 512, 1024)
-               for wp in (1, 2, 4, 8) if bn * bk // 8 >= 32 * wp]
-    for bn, bk, wp in configs:
-        name = f"{bn}x{bk}/{wp}w"
+    forms = os.environ.get("FORMS", "tiles,nibbles").split(",")
+    configs = [(f, bn, bk, wp) for f in forms for bn in (4, 8, 16, 32, 64)
+               for bk in (256, 512, 1024) for wp in (1, 2, 4, 8) if bn * bk // 8 >= 32 * wp]
+    for form, bn, bk, wp in configs:
+        name = f"{form} {bn}x{bk}/{wp}w"
         try:
-            got = gemv(x, *qs[0], outs[0], bn, bk, wp).float()
+            got = gemv(x, *qs[0], outs[0], bn, bk, wp, form).float()
             errors[name] = round((got - want).abs().max().item() / want.abs().max().item(), 5)
-            us[name] = timed([lambda q=qs[i % 4], o=outs[i]: gemv(x, *q, o, bn, bk, wp)
+            us[name] = timed([lambda q=qs[i % 4], o=outs[i]: gemv(x, *q, o, bn, bk, wp, form)
                               for i in range(CHAIN)])
         except Exception as e:  # a configuration Triton cannot compile (registers, shared)
             us[name] = f"{type(e).__name__}: {str(e)[:120]}"

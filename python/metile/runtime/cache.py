@@ -89,6 +89,13 @@ def source_fingerprint(fn, seen: set | None = None) -> str:
             # consts.SCALE, pkg.consts.SCALE, cfg.VAL: the value read, not only the
             # module's name or the object's repr
             h.update(f"{'.'.join((name, *attrs))}={_describe(value, seen)};".encode())
+    # default values, evaluated when the function was defined: the source names the
+    # expression (`s=FACTOR`), not the value it had - a helper's default fed by a changed
+    # global reused the kernel built with the old one (a hostile trial)
+    for value in fn.__defaults__ or ():
+        h.update(f"default={_describe(value, seen)};".encode())
+    for key, value in sorted((fn.__kwdefaults__ or {}).items()):
+        h.update(f"default {key}={_describe(value, seen)};".encode())
     return h.hexdigest()[:24]
 
 
