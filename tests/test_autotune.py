@@ -52,6 +52,20 @@ def test_a_config_setting_an_argument_the_kernel_lacks_is_an_error(tmp_path, mon
         tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
 
 
+def test_a_first_call_inside_mx_compile_says_to_tune_eagerly(tuned):
+    # (a hostile trial: MLX's "[eval] Attempting to eval an array during function
+    # transformations", naming neither autotune nor the cure)
+    x = mx.arange(100).astype(mx.float32)
+    f = mx.compile(lambda x: tuned[grid](x, mx.zeros((100,)), 100, 2.0))
+    with pytest.raises(metile.LaunchError, match=r"autotuned kernel 'scaled_copy' has no tuned "
+                                                 r"winner for this call .* cannot measure its "
+                                                 r"candidates while mx.compile or mx.vmap"):
+        f(x)
+    tuned[grid](x, mx.zeros((100,)), 100, 3.0)   # eager: measured, the winner kept
+    np.testing.assert_array_equal(np.array(mx.compile(
+        lambda x: tuned[grid](x, mx.zeros((100,)), 100, 2.0))(x)), 2.0 * np.arange(100))
+
+
 def test_other_dtype_is_tuned_again(tuned):
     tuned[grid](mx.ones((100,)), mx.zeros((100,)), 100, 1.0)
     key32 = tuned.last_result.key

@@ -280,11 +280,26 @@ class _TunedLauncher:
     def best(self, *args, **kwargs) -> Config:
         """The winning Config for these arguments (measured or from the tuning cache)."""
         parts, candidates = self._candidates(args, kwargs)
-        result = tuning.autotune(
-            candidates, lambda c: self._launch(c, args, kwargs), parts,
-            warmup=self.tuned.num_warmups, reps=self.tuned.reps, validate=_outputs_close,
-            unusable=(ScheduleError, CompilationError, LaunchError),
-            fatal=(ArgumentError, GridError))
+        try:
+            result = tuning.autotune(
+                candidates, lambda c: self._launch(c, args, kwargs), parts,
+                warmup=self.tuned.num_warmups, reps=self.tuned.reps, validate=_outputs_close,
+                unusable=(ScheduleError, CompilationError, LaunchError),
+                fatal=(ArgumentError, GridError))
+        except ValueError as e:
+            # measuring runs the candidates: inside mx.compile / mx.vmap tracing MLX refuses
+            # the evaluation with its own words, which name neither autotune nor the cure
+            if "function transformations" not in str(e):
+                raise
+            named = {**dict(zip(self.tuned.kernel.param_names, args)), **kwargs}
+            key = ", ".join(f"{k}={named[k]!r}" for k in self.tuned.key if k in named)
+            raise LaunchError(
+                f"autotuned kernel {self.tuned.kernel.fn.__name__!r} has no tuned winner for "
+                f"this call{f' ({key})' if key else ''} and cannot measure its candidates "
+                f"while mx.compile "
+                f"or mx.vmap traces it; call it once eagerly with arguments of these shapes "
+                f"and dtypes first (the winner is kept in the tuning cache), or launch a chosen "
+                f"Config without autotune inside the transformation") from None
         self.tuned.last_result = result
         return result.config
 
