@@ -445,6 +445,11 @@ class Kernel:
                     from None
             if isinstance(v, mx.array):
                 raise LaunchError(f"constexpr {n!r} must be a Python value, got an mx.array")
+        if nsg is None and schedule is not None and schedule.num_simdgroups is not None:
+            # the SCHEDULE's count is the launch's, as num_warps= is: an elementwise or
+            # reduction kernel is traced on that many lanes (it was only checked against
+            # the default geometry, and refused where num_warps= of the same count ran)
+            nsg = schedule.num_simdgroups
         threads = None
         if nsg is not None:
             if isinstance(nsg, bool) or not isinstance(nsg, int) or not 1 <= nsg <= 32:
