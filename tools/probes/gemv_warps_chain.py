@@ -19,6 +19,9 @@ loads, 64 a step and 1107 instructions a loop.)
 
 Measured (H100, s155 / s155b, us a product): default 21.6 / 18.3, LANES 64 on 2 warps 21.5 /
 19.1, LANES 128 on 4 warps 22.9 / 20.8, MLX 31.0 / 30.0 - no faster, not a candidate.
+s156 (another H100, whose chain ran faster throughout): default 14.6, 4 rows / 2 words 14.9,
+rows over 2 / 4 warps 14.7 / 14.8, LANES 64 / 128 15.4 / 16.8, unrolled 15.0 (on 4 warps
+15.0), MLX 28.0 - none faster than the default.
 
     python3 tools/probes/gemv_warps_chain.py [out.json]   # GPU
     python3 tools/probes/gemv_warps_chain.py --check      # CPU: each form against the default
