@@ -115,3 +115,35 @@ def machine_info(**extra) -> dict:
     if "mlx.core" in sys.modules:
         info["mlx_version"] = sys.modules["mlx.core"].__version__
     return info
+
+
+def cuda_graph_us(fns, rounds: int, calls: int) -> tuple:
+    """(wall clock, CUDA events) median microseconds a call of `fns` (torch side): every fn
+    recorded in one CUDA graph after a warm call each, `calls` graph replays a
+    synchronisation, `rounds` rounds."""
+    import statistics
+    import time
+
+    import torch
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    wall, events = [], []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        a.record()
+        for _ in range(calls):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - start) * 1e6 / (calls * len(fns)))
+        events.append(a.elapsed_time(b) * 1e3 / (calls * len(fns)))
+    return round(statistics.median(wall), 2), round(statistics.median(events), 2)

@@ -24,9 +24,7 @@ also by CUDA events: graph replays have no host gaps, so its floor is if anythin
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
 sys.path[:0] = ["tools/probes", "."]
 
@@ -123,6 +121,8 @@ def torch_side() -> dict:
     import triton
     import triton.language as tl
 
+    from probe_report import cuda_graph_us
+
     @triton.jit
     def read_words(src, out, total, BLOCK: tl.constexpr, STEPS: tl.constexpr):
         # STEPS blocks of BLOCK consecutive int32 words from pid * STEPS * BLOCK, XORed
@@ -141,28 +141,7 @@ def torch_side() -> dict:
     def timed(fns) -> tuple:
         """us a read by the wall clock and by CUDA events: CHAIN reads a graph, CALLS graph
         replays a synchronisation."""
-        for fn in fns:
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for fn in fns:
-                fn()
-        g.replay()
-        torch.cuda.synchronize()
-        wall, events = [], []
-        for _ in range(ROUNDS):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            a.record()
-            for _ in range(CALLS):
-                g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            wall.append((time.perf_counter() - start) * 1e6 / (CALLS * len(fns)))
-            events.append(a.elapsed_time(b) * 1e3 / (CALLS * len(fns)))
-        return round(statistics.median(wall), 2), round(statistics.median(events), 2)
+        return cuda_graph_us(fns, ROUNDS, CALLS)
 
     cases = {}
     configs = [(b, s, w) for b in (1024, 2048, 4096) for s in (1, 4, 8) for w in (4, 8)]

@@ -20,13 +20,14 @@ reaches ~1.9-2.0x (a CUDA graph against MLX's compiled chain, so the ratio is ap
 """
 import json
 import os
-import statistics
 import sys
-import time
 
+sys.path[:0] = ["tools/probes"]
 import torch
 import triton
 import triton.language as tl
+
+from probe_report import cuda_graph_us  # noqa: E402
 
 GROUP = 64
 CHAIN, CALLS, ROUNDS = 8, 20, int(os.environ.get("ROUNDS", "7"))
@@ -134,24 +135,7 @@ def check():
 
 
 def timed(fns) -> float:
-    for fn in fns:
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in fns:
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    wall = []
-    for _ in range(ROUNDS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(CALLS):
-            g.replay()
-        torch.cuda.synchronize()
-        wall.append((time.perf_counter() - start) * 1e6 / (CALLS * len(fns)))
-    return round(statistics.median(wall), 2)
+    return cuda_graph_us(fns, ROUNDS, CALLS)[0]
 
 
 def main():
