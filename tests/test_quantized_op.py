@@ -301,6 +301,35 @@ def test_pair_gemv_unrolled_is_the_loop_bit_for_bit(rng, dtype, bits, k):
     assert d.spec.constexprs["UNROLL"] == want
 
 
+@pytest.mark.parametrize("dtype,bits,k", [
+    (mx.float16, 4, 4096),      # four whole steps: the words two a 64-bit load
+    (mx.float16, 4, 1088),      # a partial step: not EVEN, the 32-bit loads
+    (mx.bfloat16, 4, 1024),
+    (mx.float16, 8, 2048),
+], ids=str)
+def test_pair_gemv_words_two_a_load_are_the_default_bit_for_bit(rng, dtype, bits, k):
+    # MATVEC_PAIRS_W64 reads the same words through the uint64 view (the first the low
+    # half): the same sums to the bit, through the float32 fallback too
+    n = 20
+    wq, s, b = quantized(rng, (n, k), dtype, 64, bits)
+    for outliers in (False, True):
+        xv = rng.standard_normal((3, k)).astype(np.float32)
+        if outliers:   # a 16-bit sum past float16's range: float_rows recomputes the rows
+            xv[:, 128:144] = np.sign(xv[:, 128:129]) * 5000.0
+        x = mx.array(xv).astype(dtype)
+        base, w64 = (quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, config)
+                     for config in (quantized_ops.MATVEC_PAIRS[0],
+                                    quantized_ops.MATVEC_PAIRS_W64))
+        np.testing.assert_array_equal(f64(w64), f64(base))
+        ref = f64(x) @ f64(mx.dequantize(wq, s, b, group_size=64, bits=bits)).T
+        fits = np.abs(ref) < 60000
+        err = np.abs(f64(w64) - ref)[fits].max() / np.abs(ref[fits]).max()
+        assert err <= TOL[dtype], err
+    d = quantized_ops._launch(x, wq, s, b, n, k, True, 64, bits,
+                              quantized_ops.MATVEC_PAIRS_W64, dispatch_only=True)
+    assert d.spec.constexprs["W64"] == (k * bits // 32 % 128 == 0)
+
+
 def test_pair_gemv_refuses_what_its_unpacking_cannot_hold(rng):
     config = quantized_ops.MATVEC_PAIRS[0]
     for dtype, bits, transpose in ((mx.bfloat16, 8, True), (mx.float32, 4, True),

@@ -96,15 +96,22 @@ def x_word(at, j, live, X_HALVES, EVEN):
 
 @metile.inline
 def float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES, ROWS,
-               DTYPE, X_HALVES):
+               DTYPE, X_HALVES, W64=False):
     """sum_k x[k] (s q_k + b) of rows nn in float32, a packed word a lane a step: what
-    quantized_matvec_pairs computes where one of its 16-bit sums overflowed."""
+    quantized_matvec_pairs computes where one of its 16-bit sums overflowed (W64: `w` the
+    weights' uint64 view, two packed words an element, the first lowest)."""
     XPW = 8 // BITS
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, LANES):
         word = w0 + lane
         live = (word < words)[None, :]
-        packed = metile.load(w + nn[:, None] * words + word[None, :], mask=live, other=0)
+        if W64:
+            pair = metile.load(w + nn[:, None] * (words // 2) + (word // 2)[None, :],
+                               mask=live, other=0)
+            packed = ((pair >> (32 * (word % 2)).to(metile.uint64)[None, :]) &
+                      0xFFFFFFFF).to(metile.uint32)
+        else:
+            packed = metile.load(w + nn[:, None] * words + word[None, :], mask=live, other=0)
         g = (word // WPG)[None, :]
         s = metile.load(scales + nn[:, None] * groups + g, mask=live, other=0.0).to(
             metile.float32)
@@ -130,13 +137,16 @@ def pair_halves(word, DTYPE):
 
 @metile.inline
 def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SPAN, EVEN,
-               X_HALVES):
+               X_HALVES, W64=False):
     """What quantized_matvec_pairs reads for words first .. first + SPAN - 1 of rows nn (one
     group: SPAN divides WPG): the group's scale and bias (float32), the packed words and x's
-    64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples."""
+    64-bit words for them (two a 4-bit word, one an 8-bit one), as tuples.  W64 (with EVEN,
+    SPAN even): `w` is the weights' uint64 view, a lane's words read two a 64-bit load."""
     live = (first < words)[None, :]
     g = (first // WPG)[None, :]
     at = w + nn[:, None] * words + first[None, :]
+    if W64:
+        at = w + nn[:, None] * (words // 2) + (first // 2)[None, :]
     XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
     xat = x_row + (first * (4 * XPW if X_HALVES else XPW))[None, :]
     if EVEN:
@@ -150,7 +160,12 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
     packed = ()
     xs = ()
     for i in metile.static_range(SPAN):
-        if EVEN:
+        if W64:
+            if i % 2 == 0:
+                pair = metile.load(at + i // 2)
+                packed = packed + ((pair & 0xFFFFFFFF).to(metile.uint32),
+                                   (pair >> 32).to(metile.uint32))
+        elif EVEN:
             packed = packed + (metile.load(at + i),)
         else:
             packed = packed + (metile.load(at + i, mask=live, other=0),)
@@ -196,11 +211,12 @@ def pair_word(packed, xa, xb, part, x_part, BITS, DTYPE, MAGIC, ONE, SHIFT, ONE_
 
 @metile.inline
 def pair_step(w, x_row, scales, biases, nn, first, words, groups, m, WPG, BITS, ROWS, LANES,
-              SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE, EVEN, X_HALVES):
+              SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI, IN_PLACE, EVEN, X_HALVES,
+              W64=False):
     """One K step of quantized_matvec_pairs: sum_k x_k (s q_k + b) over words first ..
     first + SPAN - 1 of rows nn, a (ROWS, LANES) float32 tile."""
     s, b, packed, xs = pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS,
-                                  SPAN, EVEN, X_HALVES)
+                                  SPAN, EVEN, X_HALVES, W64)
     part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
     x_part = metile.zeros((ROWS, LANES), dtype=metile.uint32)
     for i in metile.static_range(SPAN):
@@ -225,7 +241,8 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
                            SHIFT: metile.constexpr = 0, CENTRE: metile.constexpr = 0.0,
                            ONE_HI: metile.constexpr = 0, SHIFT_HI: metile.constexpr = 0,
                            IN_PLACE: metile.constexpr = False, EVEN: metile.constexpr = False,
-                           X_HALVES: metile.constexpr = False, UNROLL: metile.constexpr = 0):
+                           X_HALVES: metile.constexpr = False, UNROLL: metile.constexpr = 0,
+                           W64: metile.constexpr = False):
     """out[r, n] = sum_k x[r, k] * W[n, k] (TRANSPOSE=True) in packed 16-bit pair arithmetic:
     two weights an instruction where the other GEMVs spend ~6.7 instructions a weight
     (unpack, convert, scale, multiply, add: benchmarks/results/README.md, s65).
@@ -264,6 +281,8 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     # at most 32 products a 16-bit sum (a sum that overflows falls back: float_rows)
     metile.static_assert(SPAN * PER // 2 <= 32 and WPG % SPAN == 0,
                          "SPAN words must lie in one group, at most 32 products a sum")
+    metile.static_assert(not W64 or (EVEN and SPAN % 2 == 0),
+                         "W64 reads a lane's words two a load: it needs EVEN and an even SPAN")
     words = K // PER
     groups = K // GROUP
     n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
@@ -287,18 +306,18 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     for w0 in metile.static_range(0, UNROLL * STEP, STEP):
         acc += pair_step(w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, m, WPG,
                          BITS, ROWS, LANES, SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI,
-                         IN_PLACE, EVEN, X_HALVES)
+                         IN_PLACE, EVEN, X_HALVES, W64)
     for w0 in range(UNROLL * STEP, words, STEP):
         acc += pair_step(w, x_row, scales, biases, nn, w0 + lane * SPAN, words, groups, m, WPG,
                          BITS, ROWS, LANES, SPAN, DTYPE, ONE, SHIFT, CENTRE, ONE_HI, SHIFT_HI,
-                         IN_PLACE, EVEN, X_HALVES)
+                         IN_PLACE, EVEN, X_HALVES, W64)
     total = metile.sum(acc, axis=1)
     # a 16-bit sum that overflowed (|x| in the hundreds and more) left its row's total
     # infinite or NaN: those programs compute their rows again in float32 (as does an x
     # holding inf or NaN, whose result is that again)
     if metile.sum(metile.where(total - total == 0, 0, 1)) > 0:
         total = float_rows(w, x_row, scales, biases, nn, lane, words, groups, WPG, BITS, LANES,
-                           ROWS, DTYPE, X_HALVES)
+                           ROWS, DTYPE, X_HALVES, W64)
     one = metile.arange(0, 1)
     metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
                  mask=((r + one)[:, None] < rows) & (n[None, :] < N))

@@ -131,6 +131,11 @@ MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
 # (H100, s152).
 MATVEC_PAIRS_UNROLLED = {**MATVEC_PAIRS[0], "UNROLL": True}
 MAX_UNROLLED_STEPS = 8
+# ...reading a lane's packed words two a 64-bit load of the weights' uint64 view (W64; where
+# a row's words are whole steps, else the 32-bit loads): 13.9-14.0 us a product against
+# 14.4-14.6 in four runs (H100, 8 a compiled call, 1x4096x11008 float16, s156), not yet
+# measured on the H200 - a candidate `auto` measures, not the default.
+MATVEC_PAIRS_W64 = {**MATVEC_PAIRS[0], "W64": True}
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
 # NVIDIA, 16-bit operands: the dense GEMM's measured 8-warp tile (ops.CUDA_BLOCK).
@@ -329,6 +334,11 @@ def _launch(x2, w, scales, biases, n, k, transpose, group_size, bits, config,
                     EVEN=words % step == 0)
         if params.get("UNROLL"):
             meta["UNROLL"] = min(words // step, MAX_UNROLLED_STEPS) if meta["EVEN"] else 0
+        if params.get("W64"):
+            # (whole steps of an even SPAN: a lane's words pair up within its own run)
+            meta["W64"] = meta["EVEN"] and span % 2 == 0
+            if meta["W64"]:
+                w = w.view(mx.uint64)
         # x's 16-bit values as 64-bit words (a view, no copy): K is a multiple of the group
         # (X_HALVES: the kernel joins them from 16-bit loads, for an x at any offset)
         if not params.get("X_HALVES"):
@@ -529,7 +539,7 @@ def configs(rows_bucket: int, dtype, transpose: bool, bits: int = 4, n: int | No
     N, K and group size, the pair-dequantizing fused GEMMs where they take it)."""
     gemm = _gemm(dtype)
     if rows_bucket <= DECODE_ROWS:
-        pairs = MATVEC_PAIRS if _pair_dtype(dtype, bits, transpose) else []
+        pairs = [*MATVEC_PAIRS, MATVEC_PAIRS_W64] if _pair_dtype(dtype, bits, transpose) else []
         return [MATVEC, *MATVEC_RUNS[:2], MATVEC_ROWS[0], *pairs, gemm] if transpose else \
             [MATVEC_N, gemm]
     return [gemm, DEQUANTIZE_GEMM, DEQUANTIZE_MLX_GEMM,

@@ -31,7 +31,8 @@ def sass(config: dict, n=11008, k=4096, bits=4, dtype="float16") -> str:
                 EVEN=(k * bits // 32) % (params.get("LANES", 32) * params["SPAN"]) == 0)
     grid = (math.ceil(n / params["ROWS"]), 1)
     d = kernels.quantized_matvec_pairs[grid].prepare(
-        x if params.get("X_HALVES") else x.view(mx.uint64), w, s, s, mx.zeros((1, n), dt), 1, n,
+        x if params.get("X_HALVES") else x.view(mx.uint64),
+        w.view(mx.uint64) if params.get("W64") else w, s, s, mx.zeros((1, n), dt), 1, n,
         k, meta["MAGIC"], backend="cuda",
         **meta)
     data, log = tools.cubin(tools.translation_unit(d), "sm_90", ("-Xptxas", "-v"))
