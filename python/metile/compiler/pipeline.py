@@ -51,7 +51,6 @@ _COVERAGE = {"Coverage": "full coverage provable from the grid: 1-D block stores
              "FirstElementCoverage": "full coverage of a one-element output: a scalar store"}
 
 
-
 def _coverage_words(rule) -> str:
     unproven = "no coverage proof: a written-mask keeps unwritten elements"
     if rule is None:

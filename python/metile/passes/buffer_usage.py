@@ -130,6 +130,16 @@ class TileCoverage:
         return (rows - 1) * s + cols - 1
 
 
+def _symbol(name: str, grid: tuple, args: dict) -> int | None:
+    """A coefficient's symbol at launch: `num_programs(axis)` ("grid:axis") or a runtime int
+    scalar by name (None where the launch's value is not an int)."""
+    if name.startswith("grid:"):
+        axis = int(name[5:])
+        return grid[axis] if axis < len(grid) else 1
+    v = args.get(name)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 @dataclass(frozen=True)
 class RadixCoverage:
     """A store whose offset is a sum of independent digits, each an index times a
@@ -158,9 +168,8 @@ class RadixCoverage:
     def _shift(self, grid: tuple, args: dict) -> int | None:
         const, syms = self.shift
         for sym in syms:
-            v = grid[int(sym[5:])] if sym.startswith("grid:") and int(sym[5:]) < len(grid) \
-                else 1 if sym.startswith("grid:") else args.get(sym)
-            if not isinstance(v, int) or isinstance(v, bool):
+            v = _symbol(sym, grid, args)
+            if v is None:
                 return None
             const *= v
         return const
@@ -173,12 +182,7 @@ class RadixCoverage:
             return grid[axis] if axis < len(grid) else 1
 
         def value(s):
-            if isinstance(s, int):
-                return s
-            if s.startswith("grid:"):
-                return programs(int(s[5:]))
-            v = args.get(s)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
+            return s if isinstance(s, int) else _symbol(s, grid, args)
 
         out = []
         for kind, (const, syms), data in self.digits:

@@ -296,10 +296,10 @@ class _TunedLauncher:
             raise LaunchError(
                 f"autotuned kernel {self.tuned.kernel.fn.__name__!r} has no tuned winner for "
                 f"this call{f' ({key})' if key else ''} and cannot measure its candidates "
-                f"while mx.compile "
-                f"or mx.vmap traces it; call it once eagerly with arguments of these shapes "
-                f"and dtypes first (the winner is kept in the tuning cache), or launch a chosen "
-                f"Config without autotune inside the transformation") from None
+                f"while mx.compile or mx.vmap traces it; call it once eagerly with arguments "
+                f"of these shapes and dtypes first (the winner is kept in the tuning cache), "
+                f"or launch a chosen Config without autotune inside the transformation") \
+                from None
         self.tuned.last_result = result
         return result.config
 
