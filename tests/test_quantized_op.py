@@ -265,6 +265,27 @@ def test_pair_gemv_any_magnitude_of_x(rng, dtype, bits, size):
         assert err <= TOL[dtype], err
 
 
+def _matches_the_default_pairs(rng, wq, s, b, n, k, dtype, bits, config):
+    """`config`'s pair GEMV against MATVEC_PAIRS[0] to the bit and against float64, with
+    and without outliers (16 values of 5000 of one sign: a 16-bit sum past float16's range,
+    which the float32 fallback recomputes); the last x."""
+    dense = f64(mx.dequantize(wq, s, b, group_size=64, bits=bits))
+    for outliers in (False, True):
+        xv = rng.standard_normal((2, k)).astype(np.float32)
+        if outliers:
+            xv[:, 128:144] = np.sign(xv[:, 128:129]) * 5000.0
+        x = mx.array(xv).astype(dtype)
+        base, got = (quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, c)
+                     for c in (quantized_ops.MATVEC_PAIRS[0], config))
+        np.testing.assert_array_equal(f64(got), f64(base))
+        ref = f64(x) @ dense.T
+        fits = np.abs(ref) < 60000          # (past float16's range the output is inf)
+        assert fits.mean() > 0.9
+        err = np.abs(f64(got) - ref)[fits].max() / np.abs(ref[fits]).max()
+        assert err <= TOL[dtype], err
+    return x
+
+
 @pytest.mark.parametrize("dtype,bits,k", [
     (mx.float16, 4, 1024),      # one step (128 words), unrolled
     (mx.float16, 4, 4096),      # four steps, all unrolled
@@ -278,21 +299,8 @@ def test_pair_gemv_unrolled_is_the_loop_bit_for_bit(rng, dtype, bits, k):
     # numbers to the bit, through the float32 fallback too
     n = 24
     wq, s, b = quantized(rng, (n, k), dtype, 64, bits)
-    dense = f64(mx.dequantize(wq, s, b, group_size=64, bits=bits))
-    for outliers in (False, True):
-        xv = rng.standard_normal((2, k)).astype(np.float32)
-        if outliers:   # 16 values of 5000 of one sign: a 16-bit sum past float16's range
-            xv[:, 128:144] = np.sign(xv[:, 128:129]) * 5000.0
-        x = mx.array(xv).astype(dtype)
-        loop, unrolled = (quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, config)
-                          for config in (quantized_ops.MATVEC_PAIRS[0],
-                                         quantized_ops.MATVEC_PAIRS_UNROLLED))
-        np.testing.assert_array_equal(f64(unrolled), f64(loop))
-        ref = f64(x) @ dense.T
-        fits = np.abs(ref) < 60000          # (past float16's range the output is inf)
-        assert fits.mean() > 0.9
-        err = np.abs(f64(unrolled) - ref)[fits].max() / np.abs(ref[fits]).max()
-        assert err <= TOL[dtype], err
+    x = _matches_the_default_pairs(rng, wq, s, b, n, k, dtype, bits,
+                                   quantized_ops.MATVEC_PAIRS_UNROLLED)
     # what the launch unrolls: whole steps only, at most MAX_UNROLLED_STEPS
     words = k * bits // 32
     want = min(words // 128, quantized_ops.MAX_UNROLLED_STEPS) if words % 128 == 0 else 0
@@ -312,19 +320,8 @@ def test_pair_gemv_words_two_a_load_are_the_default_bit_for_bit(rng, dtype, bits
     # half): the same sums to the bit, through the float32 fallback too
     n = 20
     wq, s, b = quantized(rng, (n, k), dtype, 64, bits)
-    for outliers in (False, True):
-        xv = rng.standard_normal((3, k)).astype(np.float32)
-        if outliers:   # a 16-bit sum past float16's range: float_rows recomputes the rows
-            xv[:, 128:144] = np.sign(xv[:, 128:129]) * 5000.0
-        x = mx.array(xv).astype(dtype)
-        base, w64 = (quantized_ops._metile(x, wq, s, b, n, k, True, 64, bits, config)
-                     for config in (quantized_ops.MATVEC_PAIRS[0],
-                                    quantized_ops.MATVEC_PAIRS_W64))
-        np.testing.assert_array_equal(f64(w64), f64(base))
-        ref = f64(x) @ f64(mx.dequantize(wq, s, b, group_size=64, bits=bits)).T
-        fits = np.abs(ref) < 60000
-        err = np.abs(f64(w64) - ref)[fits].max() / np.abs(ref[fits]).max()
-        assert err <= TOL[dtype], err
+    x = _matches_the_default_pairs(rng, wq, s, b, n, k, dtype, bits,
+                                   quantized_ops.MATVEC_PAIRS_W64)
     d = quantized_ops._launch(x, wq, s, b, n, k, True, 64, bits,
                               quantized_ops.MATVEC_PAIRS_W64, dispatch_only=True)
     assert d.spec.constexprs["W64"] == (k * bits // 32 % 128 == 0)
