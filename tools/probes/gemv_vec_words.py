@@ -15,9 +15,9 @@ A second form (FORM "w64") reads the words two a load through a uint64 view and 
 apart by shift and mask: 656 instructions a loop, 24 LDG.E.64, no shared memory (s93 timed
 it by ncu's single launches: 14.0 against 13.3 us; `--time` times it in the chain).  In the
 chain (s156, H100, four runs): 13.9-14.0 us a product against 14.4-14.6 for the library
-form, MLX 27.8-27.9 - 3-4% faster, 1.99x of MLX against 1.92x.  Not yet in the library: the
-uint64 view of the weights needs them 8-byte aligned (an offset view of w would reach the
-launch's misaligned-pointer refusal) and its H200 timing is not measured.
+form, MLX 27.8-27.9 - 3-4% faster, 1.99x of MLX against 1.92x.  In the library since as the
+W64 form (quantized_ops.MATVEC_PAIRS_W64, a candidate `auto` measures; not the default until
+the H200 confirms it).
 
     python3 tools/probes/gemv_vec_words.py [--sass]   # CPU: against the library kernel
     python3 tools/probes/gemv_vec_words.py --time [out.json]   # GPU: the chain
