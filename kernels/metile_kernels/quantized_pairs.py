@@ -263,8 +263,10 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     x 128 bytes apart, a cache line a lane: 33-98 us on the H200, s85).  On the H200 (1x4096
     x11008 int4 group 64 float16, ncu kernel time, second s89 run): ROWS 8 SPAN 4 13.2 us,
     ROWS 4 SPAN 2 13.9, ROWS 4 SPAN 4 14.8, SPAN 8 19.7-36.7; the runs GEMV 18.8 and MLX's
-    qmv ~30.  No faster (s93, same measure, 8/4 at 13.3 in that run): the packed words read
-    two a 64-bit load (14.0), that with the next step's reads issued a step ahead (12.9),
+    qmv ~30.  W64 (with EVEN and an even SPAN; `w` the weights' uint64 view): a lane's words
+    two a 64-bit load - ncu ranked it slower (s93: 14.0 against 13.3), the chain 3-4% faster
+    (H100 s156: 13.9-14.0 us a product against 14.4-14.6).  No faster (s93, same measure, 8/4
+    at 13.3 in that run): that with the next step's reads issued a step ahead (12.9),
     rows spread over 2-4 warps a program (13.7-14.7), 16 rows a warp (16.1), SPAN 8 with
     64-bit loads (19.5-22.0) - removed.  A row past N reads row N - 1
     (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
