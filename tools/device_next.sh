@@ -185,7 +185,7 @@ elif [ "$mode" = s156 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
   timeout 240 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-warps-chain.json" 2>&1 | tail -3 | tee -a "$log"
   timeout 200 python3 tools/probes/triton_int4_gemv.py "$logs/h200-triton-int4-gemv.json" 2>&1 | tail -3 | tee -a "$log"
-  timeout 150 python3 tools/probes/gemv_vec_words.py --time "$logs/h200-gemv-w64-chain.json" 2>&1 | tail -3 | tee -a "$log"
+  FORMS=pairs,w64 timeout 150 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-w64-chain.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s155 ]; then
   # s45, after s154: the pair GEMV's K split over 2-4 warps (LANES 64/128) timed in the chain,
   # then read_floor's MLX side with metile's kernels asked for

@@ -144,9 +144,8 @@ def pair_fetch(w, x_row, scales, biases, nn, first, words, groups, WPG, BITS, SP
     SPAN even): `w` is the weights' uint64 view, a lane's words read two a 64-bit load."""
     live = (first < words)[None, :]
     g = (first // WPG)[None, :]
-    at = w + nn[:, None] * words + first[None, :]
-    if W64:
-        at = w + nn[:, None] * (words // 2) + (first // 2)[None, :]
+    at = (w + nn[:, None] * (words // 2) + (first // 2)[None, :] if W64
+          else w + nn[:, None] * words + first[None, :])
     XPW = 8 // BITS                  # x's 64-bit words a packed word: 2 (4-bit), 1 (8-bit)
     xat = x_row + (first * (4 * XPW if X_HALVES else XPW))[None, :]
     if EVEN:

@@ -55,7 +55,7 @@ FORMS = {
     # in the chain on the H100 only (17.8 against 17.4, s152), where runs differ by 3 us
     "unrolled": quantized_ops.MATVEC_PAIRS_UNROLLED,
     "rows32_4w_unrolled": {**quantized_ops.MATVEC_PAIRS_UNROLLED, "ROWS": 32, "num_warps": 4},
-    # the library's words two a 64-bit load (gemv_vec_words FORM "w64" in the kernel)
+    # the library's words two a 64-bit load (s45 timed it first as gemv_vec_words FORM "w64")
     "w64": quantized_ops.MATVEC_PAIRS_W64,
 }
 # FORMS="pairs,w64" times those alone
