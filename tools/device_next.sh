@@ -23,6 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
+#   OUT=$OUT bash tools/device_next.sh s158   -- the pair GEMV's GPU tests whole (s157 ran out of time at 34)
 #   OUT=$OUT bash tools/device_next.sh s157   -- the library's W64 GEMV in the chain, twice; GPU tests of s46's changes
 #   OUT=$OUT bash tools/device_next.sh s156   -- the pair GEMV's words two a 64-bit load in the chain, twice; the warps forms on the H200; Triton's int4 GEMV
 #   OUT=$OUT bash tools/device_next.sh s155   -- the pair GEMV's K split over warps in the chain, read_floor's MLX side again
@@ -169,15 +170,21 @@ hang_probe() {
   grep -E "^start" "$logs/untransposed-hang.txt" | tail -2 | tee -a "$log"
 }
 
-if [ "$mode" = s157 ]; then
+if [ "$mode" = s158 ]; then
+  # s47, after s157 (whose pair tests hit their 120 s limit at 34 passed): the pair GEMV's GPU
+  # tests whole, the W64 ones first
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  gpu_tests 420 -k "words_two or pair" test_quantized_op
+elif [ "$mode" = s157 ]; then
   # s46, after s156: the library's W64 GEMV (the words two a 64-bit load) against the default
   # and MLX in the chain, twice; the GPU tests of the session's changes
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-  for i in 1 2; do
-    FORMS=pairs,w64,unrolled ROUNDS=9 timeout 120 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-w64-library-$i.json" 2>&1 | tail -2 | tee -a "$log"
-  done
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_quantized_op.py -k "pair" 2>&1 | tail -6 | tee "$logs/tests-s157-pairs.txt" | tee -a "$log"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_dependencies.py tests/test_autotune.py tests/test_schedule_integration.py tests/test_launch_errors.py 2>&1 | tail -6 | tee "$logs/tests-s157-runtime.txt" | tee -a "$log"
+  FORMS=pairs,w64,unrolled,rows16_2w,rows32_4w ROUNDS=9 timeout 150 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-w64-library-1.json" 2>&1 | tail -2 | tee -a "$log"
+  FORMS=pairs,w64 ROUNDS=9 timeout 100 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-w64-library-2.json" 2>&1 | tail -2 | tee -a "$log"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_quantized_op.py -k "pair" 2>&1 | tail -6 | tee "$logs/tests-s157-pairs.txt" | tee -a "$log"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_dependencies.py tests/test_autotune.py tests/test_schedule_integration.py tests/test_launch_errors.py 2>&1 | tail -6 | tee "$logs/tests-s157-runtime.txt" | tee -a "$log"
+  # Triton's own int4 GEMV has been timed on an H100 only
+  timeout 150 python3 tools/probes/triton_int4_gemv.py "$logs/h200-triton-int4-gemv.json" 2>&1 | tail -3 | tee -a "$log"
 elif [ "$mode" = s156 ]; then
   # s46: rows spread over 2-4 warps, the K split and the unrolled forms in the chain (never
   # timed on the H200), Triton's own int4 GEMV (the peer's reach), then the words two a

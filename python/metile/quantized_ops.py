@@ -132,9 +132,11 @@ MATVEC_PAIRS_HALVES = {**MATVEC_PAIRS[0], "X_HALVES": True}
 MATVEC_PAIRS_UNROLLED = {**MATVEC_PAIRS[0], "UNROLL": True}
 MAX_UNROLLED_STEPS = 8
 # ...reading a lane's packed words two a 64-bit load of the weights' uint64 view (W64; where
-# a row's words are whole steps, else the 32-bit loads): 13.9-14.0 us a product against
-# 14.4-14.6 in four runs (H100, 8 a compiled call, 1x4096x11008 float16, s156), not yet
-# measured on the H200 - a candidate `auto` measures, not the default.
+# a row's words are whole steps, else the 32-bit loads).  Its probe form took 13.9-14.0 us a
+# product against 14.4-14.6 in four runs (H100, 8 a compiled call, 1x4096x11008 float16,
+# s156); this library form, with the same SASS loop counts, took 15.2 / 16.6 against 14.6 /
+# 15.0 in two runs on another H100 (s157).  No H200 has timed it: a candidate `auto`
+# measures, not the default.
 MATVEC_PAIRS_W64 = {**MATVEC_PAIRS[0], "W64": True}
 MATVEC_N = {"kernel": "matvec_n", "BLOCK_N": 256, "BLOCK_K": 8}
 GEMM = {"kernel": "gemm", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
