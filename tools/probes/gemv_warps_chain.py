@@ -57,6 +57,11 @@ FORMS = {
     "rows32_4w_unrolled": {**quantized_ops.MATVEC_PAIRS_UNROLLED, "ROWS": 32, "num_warps": 4},
     # the library's words two a 64-bit load (s45 timed it first as gemv_vec_words FORM "w64")
     "w64": quantized_ops.MATVEC_PAIRS_W64,
+    # 4 rows a warp at 4 words a lane: twice the warps of the default (the 4/2 reads alone
+    # streamed at 11.9 against 14.0 us, H200 s154) at the default's per-step overheads a
+    # word; ranked by ncu only (13.7 against 13.3, s93)
+    "rows4": {**PAIRS, "ROWS": 4},
+    "rows4_w64": {**quantized_ops.MATVEC_PAIRS_W64, "ROWS": 4},
 }
 # FORMS="pairs,w64" times those alone
 if os.environ.get("FORMS"):
