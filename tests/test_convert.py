@@ -439,3 +439,28 @@ def test_quantized_layer_takes_an_integer_x_under_every_backend():
     for backend in ("metile", "auto", "mlx"):
         layer = mnn.QuantizedLinear.from_quantized(q, backend=backend)
         np.testing.assert_array_equal(np.array(layer(x)), np.array(q(x)))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint8", "float64"])
+def test_norm_layers_take_what_mlx_layers_take_under_every_backend(dtype):
+    # (an int or float64 x raised "x has dtype ..." under backend="metile", where the mlx.nn
+    # layers promote it; the norm layers now hand it to MLX's layer, as metile.nn.Linear does)
+    x = mx.arange(-8, 16).reshape(3, 8).astype(getattr(mx, dtype))
+    for layer in (nn.RMSNorm(8), nn.LayerNorm(8)):
+        layer.update({k: mx.arange(1, 9).astype(mx.float32) / 4 for k in layer.parameters()})
+        with mx.stream(mx.cpu):      # (float64 runs on MLX's CPU stream only)
+            want = layer(x)
+        xs = np.array(x.astype(mx.float32) if dtype == "float64" else x).astype(np.float64)
+        w = np.arange(1, 9) / 4
+        if isinstance(layer, nn.RMSNorm):
+            ref = xs / np.sqrt((xs ** 2).mean(-1, keepdims=True) + 1e-5) * w
+        else:
+            centred = xs - xs.mean(-1, keepdims=True)
+            ref = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5) * w + w
+        for backend in ("metile", "auto", "mlx"):
+            model = nn.Sequential(layer)
+            mnn.convert(model, backend=backend)
+            with mx.stream(mx.cpu):
+                got = model(x)
+            assert got.dtype == want.dtype
+            np.testing.assert_allclose(np.array(got), ref, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,13 @@ def _adopt(new, layer):
     return new
 
 
+def _mlx_dtype(x) -> bool:
+    """Whether `x` is an array of a dtype metile's norm kernels do not take (an integer,
+    float64): the layer then computes what the mlx.nn layer does, promoting as MLX does,
+    whatever its backend - as metile.nn.Linear hands over an x of another dtype."""
+    return hasattr(x, "dtype") and x.dtype not in FLOAT_DTYPES
+
+
 class RMSNorm(mlx_nn.RMSNorm):
     """x * rsqrt(mean(x^2) + eps) * weight over the last axis, as `mlx.nn.RMSNorm`."""
 
@@ -52,6 +59,8 @@ class RMSNorm(mlx_nn.RMSNorm):
         return _adopt(new, layer)
 
     def __call__(self, x):
+        if _mlx_dtype(x):
+            return super().__call__(x)
         return model_ops.rms_norm(x, self["weight"], self.eps, backend=self.backend)
 
     def _extra_repr(self) -> str:
@@ -80,6 +89,8 @@ class LayerNorm(mlx_nn.LayerNorm):
         return _adopt(new, layer)
 
     def __call__(self, x):
+        if _mlx_dtype(x):
+            return super().__call__(x)
         return model_ops.layer_norm(x, self.get("weight"), self.get("bias"), self.eps,
                                     backend=self.backend)
 
