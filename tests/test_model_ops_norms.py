@@ -626,6 +626,9 @@ def test_bad_inputs_give_clear_errors():
         ops.rms_norm(x, None, "1e-5")
     with pytest.raises(ValueError, match=r"x has dtype mlx.core.int32; expected a floating"):
         ops.rms_norm(x.astype(mx.int32), None, 1e-5, backend="metile")
+    # (a ValueError as for x: it was a TypeError for the residual alone)
+    with pytest.raises(ValueError, match=r"residual has dtype mlx.core.int32; expected a float"):
+        ops.add_rms_norm(x, x.astype(mx.int32), None, 1e-5, backend="metile")
     with pytest.raises(ValueError, match=r"axis 2 is out of range for x of shape \(3, 8\)"):
         ops.softmax(x, axis=2)
     with pytest.raises(IndexError):   # (as mx.softmax raises it)
