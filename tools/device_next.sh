@@ -23,7 +23,7 @@
 #       decoder block (float16, auto, T 512 and 2048).
 #   OUT=$OUT bash tools/device_next.sh s13    -- row, rope and int4 tests, row/rope benchmarks, int4.
 #   OUT=$OUT bash tools/device_next.sh s14    -- quantized and row tests, the int4 benchmark.
-#   OUT=$OUT bash tools/device_next.sh s158   -- 4 rows a warp in the chain; the pair GEMV's GPU tests whole (s157 ran out of time at 34)
+#   OUT=$OUT bash tools/device_next.sh s158   -- the GEMV with lanes interleaved along K, 4 rows a warp in the chain; the pair GEMV's GPU tests whole (s157 ran out of time at 34)
 #   OUT=$OUT bash tools/device_next.sh s157   -- the library's W64 GEMV in the chain, twice; GPU tests of s46's changes
 #   OUT=$OUT bash tools/device_next.sh s156   -- the pair GEMV's words two a 64-bit load in the chain, twice; the warps forms on the H200; Triton's int4 GEMV
 #   OUT=$OUT bash tools/device_next.sh s155   -- the pair GEMV's K split over warps in the chain, read_floor's MLX side again
@@ -171,11 +171,14 @@ hang_probe() {
 }
 
 if [ "$mode" = s158 ]; then
-  # s47, after s157 (whose pair tests hit their 120 s limit at 34 passed): 4 rows a warp in the
-  # chain, then the pair GEMV's GPU tests whole
+  # s47, after s157 (whose pair tests hit their 120 s limit at 34 passed): the GEMV with its
+  # lanes interleaved along K (tools/probes/gemv_interleaved.py) twice, 4 rows a warp in the
+  # chain, then the pair GEMV's GPU tests for what is left
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv | tee -a "$log"
+  ROUNDS=9 timeout 150 python3 tools/probes/gemv_interleaved.py --time "$logs/h200-gemv-interleaved.json" 2>&1 | tail -2 | tee -a "$log"
   FORMS=pairs,w64,rows4,rows4_w64 ROUNDS=9 timeout 130 python3 tools/probes/gemv_warps_chain.py "$logs/h200-gemv-rows4-chain.json" 2>&1 | tail -2 | tee -a "$log"
-  gpu_tests 400 -k "words_two or pair" test_quantized_op
+  ROUNDS=9 timeout 150 python3 tools/probes/gemv_interleaved.py --time "$logs/h200-gemv-interleaved-2.json" 2>&1 | tail -2 | tee -a "$log"
+  gpu_tests $(left) -k "words_two or pair" test_quantized_op
 elif [ "$mode" = s157 ]; then
   # s46, after s156: the library's W64 GEMV (the words two a 64-bit load) against the default
   # and MLX in the chain, twice; the GPU tests of the session's changes
