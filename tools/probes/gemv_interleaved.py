@@ -33,6 +33,27 @@ from metile import quantized_ops  # noqa: E402
 from metile_kernels.quantized_pairs import pair_constants, pair_halves, pair_word  # noqa: E402
 
 
+@metile.inline
+def program_rows(x, N, K, ROWS, LANES):
+    """Program (i, r) of a pair GEMV probe: its rows n (ROWS of them), those clamped to N - 1
+    (nn: no row branches), r, the lanes and x's row r (the uint64 view) as a pointer
+    broadcast over the rows, as quantized_matvec_pairs sets them up."""
+    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
+    nn = metile.minimum(n, N - 1)
+    r = metile.program_id(1)
+    return n, nn, r, metile.arange(0, LANES), x + r * (K // 4) + (nn * 0)[:, None]
+
+
+@metile.inline
+def store_rows(out, acc, n, r, rows, N):
+    """The lanes' float32 sums `acc` (ROWS, LANES) of rows n, summed and stored in out's
+    row r."""
+    total = metile.sum(acc, axis=1)
+    one = metile.arange(0, 1)
+    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
+                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+
+
 @metile.kernel
 def pairs_interleaved(x, w, scales, biases, out, rows, N, K, magic,
                       GROUP: metile.constexpr = 64, ROWS: metile.constexpr = 8,
@@ -49,11 +70,7 @@ def pairs_interleaved(x, w, scales, biases, out, rows, N, K, magic,
     STEP = LANES * SPAN
     words = K // 8
     groups = K // GROUP
-    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
-    nn = metile.minimum(n, N - 1)
-    r = metile.program_id(1)
-    lane = metile.arange(0, LANES)
-    x_row = x + r * (K // 4) + (nn * 0)[:, None]
+    n, nn, r, lane, x_row = program_rows(x, N, K, ROWS, LANES)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, STEP):
@@ -81,10 +98,7 @@ def pairs_interleaved(x, w, scales, biases, out, rows, N, K, magic,
             lo, hi = pair_halves(part, DTYPE)
             x_lo, x_hi = pair_halves(x_part, DTYPE)
             acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
-    total = metile.sum(acc, axis=1)
-    one = metile.arange(0, 1)
-    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+    store_rows(out, acc, n, r, rows, N)
 
 
 # name -> (rows a warp, words a load)

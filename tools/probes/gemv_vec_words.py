@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 import metile  # noqa: E402
 from metile import quantized_ops  # noqa: E402
+from gemv_interleaved import program_rows, store_rows  # noqa: E402
 from metile_kernels.quantized_pairs import pair_constants, pair_halves, pair_word  # noqa: E402
 
 
@@ -44,11 +45,7 @@ def pairs_words(x, wv, scales, biases, out, rows, N, K, magic, BITS: metile.cons
     STEP = LANES * SPAN
     words = K // PER
     groups = K // GROUP
-    n = metile.program_id(0) * ROWS + metile.arange(0, ROWS)
-    nn = metile.minimum(n, N - 1)
-    r = metile.program_id(1)
-    lane = metile.arange(0, LANES)
-    x_row = x + r * (K // 4) + (nn * 0)[:, None]
+    n, nn, r, lane, x_row = program_rows(x, N, K, ROWS, LANES)
     m = magic.to(metile.uint32)
     acc = metile.zeros((ROWS, LANES), dtype=metile.float32)
     for w0 in range(0, words, STEP):
@@ -72,10 +69,7 @@ def pairs_words(x, wv, scales, biases, out, rows, N, K, magic, BITS: metile.cons
         lo, hi = pair_halves(part, DTYPE)
         x_lo, x_hi = pair_halves(x_part, DTYPE)
         acc += s * (lo + hi) + (b + CENTRE * s) * (x_lo + x_hi)
-    total = metile.sum(acc, axis=1)
-    one = metile.arange(0, 1)
-    metile.store(out + (r + one)[:, None] * N + n[None, :], total[None, :].to(out.dtype),
-                 mask=((r + one)[:, None] < rows) & (n[None, :] < N))
+    store_rows(out, acc, n, r, rows, N)
 
 
 def launch(x, w, s, b, n, k, backend=None):
