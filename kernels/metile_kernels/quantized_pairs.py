@@ -263,12 +263,12 @@ def quantized_matvec_pairs(x, w, scales, biases, out, rows, N, K, magic,
     x11008 int4 group 64 float16, ncu kernel time, second s89 run): ROWS 8 SPAN 4 13.2 us,
     ROWS 4 SPAN 2 13.9, ROWS 4 SPAN 4 14.8, SPAN 8 19.7-36.7; the runs GEMV 18.8 and MLX's
     qmv ~30.  W64 (with EVEN and an even SPAN; `w` the weights' uint64 view): a lane's words
-    two a 64-bit load - ncu ranked it slower (s93: 14.0 against 13.3), the chain 3-4% faster
-    (H100 s156: 13.9-14.0 us a product against 14.4-14.6).  No faster (s93, same measure, 8/4
-    at 13.3 in that run): that with the next step's reads issued a step ahead (12.9),
-    rows spread over 2-4 warps a program (13.7-14.7), 16 rows a warp (16.1), SPAN 8 with
-    64-bit loads (19.5-22.0) - removed.  A row past N reads row N - 1
-    (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
+    two a 64-bit load - ncu ranked it slower (s93: 14.0 against 13.3); in the chain its probe
+    form was 3-4% faster on one H100 (s156), this form 4-10% slower on another (s157).
+    No faster (s93, same measure, 8/4 at 13.3 in that run): that with the next step's reads
+    issued a step ahead (12.9), rows spread over 2-4 warps a program (13.7-14.7), 16 rows a
+    warp (16.1), SPAN 8 with 64-bit loads (19.5-22.0) - removed.  A row past N reads row
+    N - 1 (not stored), so no row branches.  EVEN: a row's words are a multiple of LANES * SPAN
     (no load is masked).  UNROLL: the first UNROLL K steps unrolled (at most the row's
     steps: with EVEN their loads are not masked), the rest in a loop - ptxas then issues a
     later step's loads among an earlier step's arithmetic, no faster on the H100 (17.8 us a

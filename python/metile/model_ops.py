@@ -688,7 +688,7 @@ def add_rms_norm(x, residual, weight, eps, *, backend: str = "auto", stream=None
                         f"{type(residual).__name__}")
     if not mx.issubdtype(residual.dtype, mx.floating):
         raise ValueError(f"[metile.ops.add_rms_norm] residual has dtype {residual.dtype}; "
-                        f"expected a floating type")
+                         f"expected a floating type")
     _check_vector("add_rms_norm", "weight", weight, x)
     if mlx_takes_values(backend, (eps, _eps_taken(eps))):
         check_backend("metile.ops.add_rms_norm", backend)

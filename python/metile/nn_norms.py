@@ -6,6 +6,7 @@ swaps them into an existing model (see `swap_norm`)."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import mlx.nn as mlx_nn
 
 from . import model_ops
@@ -37,7 +38,7 @@ def _mlx_dtype(x) -> bool:
     """Whether `x` is an array of a dtype metile's norm kernels do not take (an integer,
     float64): the layer then computes what the mlx.nn layer does, promoting as MLX does,
     whatever its backend - as metile.nn.Linear hands over an x of another dtype."""
-    return hasattr(x, "dtype") and x.dtype not in FLOAT_DTYPES
+    return isinstance(x, mx.array) and x.dtype not in FLOAT_DTYPES
 
 
 class RMSNorm(mlx_nn.RMSNorm):
